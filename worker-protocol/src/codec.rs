@@ -1,0 +1,190 @@
+//! Frames and the msgpack step.
+//!
+//! Framing is tokio-util's [`LengthDelimitedCodec`] (4-byte big-endian length, then that many
+//! bytes) capped at [`MAX_FRAME_BYTES`]; this module adds only the msgpack map inside each frame.
+//! [`ProxyCodec`] is the proxy's end of a connection (reads worker messages, writes proxy
+//! messages); [`WorkerCodec`] is the other end, for Rust workers and tests.
+//!
+//! A decode error means the peer is broken or hostile: the caller drops that connection.
+
+use std::io;
+use std::marker::PhantomData;
+
+use bytes::{Bytes, BytesMut};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
+
+use crate::{ProxyMessage, WorkerMessage, MAX_FRAME_BYTES};
+
+/// Why a frame could not be turned into a message.
+#[derive(Debug, thiserror::Error)]
+pub enum DecodeError {
+    #[error("frame is not a msgpack map (first byte {0:#04x})")]
+    NotAMap(u8),
+    #[error("frame is empty")]
+    Empty,
+    #[error("frame is not a valid message: {0}")]
+    Msgpack(#[from] rmp_serde::decode::Error),
+    #[error("frame has {0} bytes after its message")]
+    TrailingBytes(usize),
+}
+
+/// The length-delimited framing both sides use.
+pub fn frame_codec() -> LengthDelimitedCodec {
+    LengthDelimitedCodec::builder()
+        .length_field_length(4)
+        .big_endian()
+        .max_frame_length(MAX_FRAME_BYTES)
+        .new_codec()
+}
+
+/// Encodes a message as a msgpack map (struct fields by name). Frame body only: no length.
+pub fn encode<T: Serialize>(message: &T) -> Vec<u8> {
+    // Serializing our own message types into a Vec cannot fail: every key is a string and every
+    // value a msgpack type.
+    rmp_serde::to_vec_named(message).expect("protocol messages always serialize")
+}
+
+/// Decodes one frame body into a message; the body must be exactly one msgpack map.
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
+    let first = *body.first().ok_or(DecodeError::Empty)?;
+    let is_map = matches!(first, 0x80..=0x8f | 0xde | 0xdf);
+    if !is_map {
+        return Err(DecodeError::NotAMap(first));
+    }
+    // Reading from a `&[u8]` advances it, so what is left afterwards is the trailing garbage.
+    let mut rest = body;
+    let message = T::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))?;
+    if !rest.is_empty() {
+        return Err(DecodeError::TrailingBytes(rest.len()));
+    }
+    Ok(message)
+}
+
+/// A codec that reads `In` and writes `Out`, one msgpack map per length-delimited frame.
+pub struct MessageCodec<In, Out> {
+    frames: LengthDelimitedCodec,
+    _types: PhantomData<fn(Out) -> In>,
+}
+
+/// The proxy's end: reads what workers send, writes what the proxy sends.
+pub type ProxyCodec = MessageCodec<WorkerMessage, ProxyMessage>;
+/// A worker's end: reads what the proxy sends, writes what workers send.
+pub type WorkerCodec = MessageCodec<ProxyMessage, WorkerMessage>;
+
+impl<In, Out> Default for MessageCodec<In, Out> {
+    fn default() -> Self {
+        Self {
+            frames: frame_codec(),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
+    type Item = In;
+    type Error = io::Error;
+
+    fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<In>> {
+        match self.frames.decode(src)? {
+            None => Ok(None),
+            Some(body) => decode(&body)
+                .map(Some)
+                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+        }
+    }
+}
+
+impl<In, Out: Serialize> Encoder<&Out> for MessageCodec<In, Out> {
+    type Error = io::Error;
+
+    fn encode(&mut self, message: &Out, dst: &mut BytesMut) -> io::Result<()> {
+        // A frame over the limit is refused here (InvalidInput) rather than sent to a peer that
+        // would refuse it; the proxy keeps batches under the limit so this is a last guard.
+        self.frames.encode(Bytes::from(encode(message)), dst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Hello, JobId, JobResult, Results};
+
+    fn hello_map() -> Vec<u8> {
+        encode(&WorkerMessage::Hello(Hello {
+            version: 1,
+            stage: "default".into(),
+            pid: 1,
+            name: String::new(),
+        }))
+    }
+
+    #[test]
+    fn refuses_a_frame_that_is_not_a_map() {
+        let err = decode::<WorkerMessage>(&[0x93, 1, 2, 3]).unwrap_err();
+        assert!(matches!(err, DecodeError::NotAMap(0x93)), "{err}");
+        assert!(matches!(
+            decode::<WorkerMessage>(&[]),
+            Err(DecodeError::Empty)
+        ));
+    }
+
+    #[test]
+    fn refuses_trailing_bytes() {
+        let mut body = hello_map();
+        body.push(0xc0);
+        let err = decode::<WorkerMessage>(&body).unwrap_err();
+        assert!(matches!(err, DecodeError::TrailingBytes(1)), "{err}");
+    }
+
+    #[test]
+    fn refuses_an_unknown_type_and_a_truncated_map() {
+        let unknown = rmp_serde::to_vec_named(&serde_json::json!({"type": "nope"})).unwrap();
+        assert!(decode::<WorkerMessage>(&unknown).is_err());
+        let body = hello_map();
+        assert!(decode::<WorkerMessage>(&body[..body.len() - 3]).is_err());
+    }
+
+    #[test]
+    fn ignores_unknown_keys() {
+        let value = serde_json::json!({
+            "type": "hello", "version": 1, "stage": "s", "pid": 7, "future": [1, 2],
+        });
+        let body = rmp_serde::to_vec_named(&value).unwrap();
+        let WorkerMessage::Hello(hello) = decode(&body).unwrap() else {
+            panic!("not a hello")
+        };
+        assert_eq!((hello.pid, hello.name.as_str()), (7, ""));
+    }
+
+    #[test]
+    fn refuses_a_job_id_that_is_not_16_bytes() {
+        let value = serde_json::json!({"type": "results", "results": [
+            {"id": "not-bytes", "status": "ok", "data": []},
+        ]});
+        let body = rmp_serde::to_vec_named(&value).unwrap();
+        assert!(decode::<WorkerMessage>(&body).is_err());
+    }
+
+    #[test]
+    fn refuses_a_length_prefix_over_the_limit() {
+        let mut codec = ProxyCodec::default();
+        let mut buf = BytesMut::from(&((MAX_FRAME_BYTES as u32) + 1).to_be_bytes()[..]);
+        assert!(codec.decode(&mut buf).is_err());
+    }
+
+    #[test]
+    fn a_partial_frame_is_not_an_error() {
+        let mut codec = ProxyCodec::default();
+        let mut whole = BytesMut::new();
+        let results = WorkerMessage::Results(Results {
+            results: vec![JobResult::ok(JobId::new(), vec![0xc0])],
+        });
+        WorkerCodec::default().encode(&results, &mut whole).unwrap();
+        let mut buf = BytesMut::from(&whole[..whole.len() - 1]);
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        buf.extend_from_slice(&whole[whole.len() - 1..]);
+        assert_eq!(codec.decode(&mut buf).unwrap(), Some(results));
+    }
+}

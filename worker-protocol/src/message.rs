@@ -1,0 +1,130 @@
+//! Every message that crosses the worker socket.
+//!
+//! Each message is one msgpack map with a `type` key naming it (`serde(tag = "type")`); the other
+//! keys follow in the order the structs declare them. Receivers ignore keys they do not know, so a
+//! later minor addition does not break an older peer; anything incompatible bumps
+//! [`crate::PROTOCOL_VERSION`].
+//!
+//! The conversation is pull-based: a worker says `hello`, which also means "I am idle"; the proxy
+//! answers with one `batch` when it has work; the worker answers with one `results`, which again
+//! means "I am idle". A worker never holds more than one batch.
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::JobId;
+
+/// What a worker sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum WorkerMessage {
+    Hello(Hello),
+    Results(Results),
+}
+
+/// What the proxy sends.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum ProxyMessage {
+    Batch(Batch),
+    Reject(Reject),
+}
+
+/// The worker's first frame: who it is and what it speaks. It also marks the worker idle.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Hello {
+    /// Protocol version the worker speaks; must equal [`crate::PROTOCOL_VERSION`].
+    pub version: u32,
+    /// The stage this worker serves (`"default"` for a single-stage proxy).
+    pub stage: String,
+    /// The worker's process id, for logs.
+    pub pid: u32,
+    /// A free-form name for logs (e.g. the worker class).
+    #[serde(default)]
+    pub name: String,
+}
+
+/// The proxy refuses a worker (e.g. an unknown protocol version) and then closes the connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reject {
+    pub message: String,
+}
+
+/// Work for an idle worker.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Batch {
+    pub jobs: Vec<BatchJob>,
+}
+
+/// One job of a batch.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BatchJob {
+    pub id: JobId,
+    /// Milliseconds left before this job's deadline, as of sending. Past it the client has its
+    /// 408 already and the result will be dropped, so a worker may skip such jobs.
+    pub timeout_ms: u64,
+    /// The job's input: one complete msgpack value, carried as `bin` so that the proxy never
+    /// re-encodes it and the worker can decode (and reject) each job on its own.
+    pub payload: Bytes,
+}
+
+/// A worker's answer to one batch: exactly one result per job of that batch, in any order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Results {
+    pub results: Vec<JobResult>,
+}
+
+/// How one job ended in the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultStatus {
+    /// `data` holds the output (one msgpack value as `bin`); the client gets 200.
+    Ok,
+    /// The worker rejected this job's input; `message` says why; the client gets 422.
+    Invalid,
+    /// The worker failed on this job; `message` says why; the client gets 500.
+    Error,
+}
+
+/// One job's result. `data` is present exactly when `status` is `ok`, `message` otherwise.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobResult {
+    pub id: JobId,
+    pub status: ResultStatus,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data: Option<Bytes>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+impl JobResult {
+    pub fn ok(id: JobId, data: impl Into<Bytes>) -> Self {
+        let data = Some(data.into());
+        Self {
+            id,
+            status: ResultStatus::Ok,
+            data,
+            message: None,
+        }
+    }
+
+    pub fn invalid(id: JobId, message: impl Into<String>) -> Self {
+        let message = Some(message.into());
+        Self {
+            id,
+            status: ResultStatus::Invalid,
+            data: None,
+            message,
+        }
+    }
+
+    pub fn error(id: JobId, message: impl Into<String>) -> Self {
+        let message = Some(message.into());
+        Self {
+            id,
+            status: ResultStatus::Error,
+            data: None,
+            message,
+        }
+    }
+}

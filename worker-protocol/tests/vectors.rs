@@ -1,0 +1,118 @@
+//! Golden frames: `vectors/*.bin` are complete frames (length prefix included). Each must decode
+//! to the message built here and re-encode to the same bytes. The Python package's tests read
+//! the same files, so the two implementations cannot drift apart.
+//!
+//! To regenerate after a deliberate protocol change: `UPDATE_VECTORS=1 cargo test -p corral-protocol`.
+
+use std::path::PathBuf;
+
+use bytes::{Bytes, BytesMut};
+use corral_protocol::*;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio_util::codec::{Decoder, Encoder};
+
+fn id(byte: u8) -> JobId {
+    JobId::from_bytes([byte; 16])
+}
+
+/// msgpack of a small JSON-like value, as the proxy would transcode it.
+fn mp(value: &serde_json::Value) -> Bytes {
+    Bytes::from(rmp_serde::to_vec(value).unwrap())
+}
+
+fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
+    vec![
+        (
+            "hello",
+            WorkerMessage::Hello(Hello {
+                version: 1,
+                stage: "default".into(),
+                pid: 4242,
+                name: "Echo".into(),
+            }),
+        ),
+        (
+            "results",
+            WorkerMessage::Results(Results {
+                results: vec![
+                    JobResult::ok(id(1), mp(&serde_json::json!({"label": 7, "p": 0.5}))),
+                    JobResult::invalid(id(2), "expected 64 pixels, got 3"),
+                    JobResult::error(id(3), "ZeroDivisionError: division by zero"),
+                ],
+            }),
+        ),
+    ]
+}
+
+fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
+    vec![
+        (
+            "batch",
+            ProxyMessage::Batch(Batch {
+                jobs: vec![
+                    BatchJob {
+                        id: id(1),
+                        timeout_ms: 4999,
+                        payload: mp(&serde_json::json!([1, 2, 3])),
+                    },
+                    BatchJob {
+                        id: id(2),
+                        timeout_ms: 70_000,
+                        payload: mp(&serde_json::json!({"text": "héllo"})),
+                    },
+                ],
+            }),
+        ),
+        (
+            "reject",
+            ProxyMessage::Reject(Reject {
+                message: "protocol version 9 is not supported; this proxy speaks 1".into(),
+            }),
+        ),
+    ]
+}
+
+fn vector_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("vectors")
+        .join(format!("{name}.bin"))
+}
+
+fn check<T>(name: &str, message: &T)
+where
+    T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+{
+    let mut codec = codec::MessageCodec::<T, T>::default();
+    let mut frame = BytesMut::new();
+    codec.encode(message, &mut frame).unwrap();
+    let path = vector_path(name);
+    if std::env::var_os("UPDATE_VECTORS").is_some() {
+        std::fs::write(&path, &frame).unwrap();
+    }
+    let golden = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert_eq!(
+        frame.as_ref(),
+        golden.as_slice(),
+        "{name}: encoding differs from the golden frame"
+    );
+
+    let mut buf = BytesMut::from(golden.as_slice());
+    let decoded = codec.decode(&mut buf).unwrap().expect("one whole frame");
+    assert!(buf.is_empty());
+    assert_eq!(decoded, *message, "{name}: decoding differs");
+}
+
+#[test]
+fn worker_message_vectors() {
+    for (name, message) in worker_messages() {
+        check(name, &message);
+    }
+}
+
+#[test]
+fn proxy_message_vectors() {
+    for (name, message) in proxy_messages() {
+        check(name, &message);
+    }
+}
