@@ -1,1 +1,43 @@
-fn main() {}
+//! The `corral` binary: parse the options, set up logging, run until SIGINT or SIGTERM.
+
+use clap::Parser;
+use tokio::signal::unix::{signal, SignalKind};
+use tracing_subscriber::EnvFilter;
+
+use corral::config::Config;
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let config = Config::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match corral::run(config, stop_signal()).await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!(error = %e, "corral could not run");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Completes on the first SIGINT or SIGTERM; a second one exits at once.
+async fn stop_signal() {
+    let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        tracing::warn!("second signal: exiting now");
+        std::process::exit(1);
+    });
+}

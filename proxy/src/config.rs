@@ -1,0 +1,68 @@
+//! Command line and environment: every option is a flag and a `CORRAL_<NAME>` variable.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+/// Corral: a sidecar batching proxy for model serving.
+///
+/// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
+/// and hands each batch over a Unix socket to an idle inference worker. Every option also reads
+/// CORRAL_<NAME> from the environment (e.g. CORRAL_MAX_BATCH_SIZE).
+#[derive(Debug, Clone, Parser)]
+#[command(name = "corral", version, about, long_about = None)]
+#[command(after_help = "Example: corral --workers 2 -- python examples/echo/worker.py")]
+pub struct Config {
+    /// HTTP address to serve on (port 0 picks a free port, logged at start).
+    #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:8000")]
+    pub listen: SocketAddr,
+
+    /// Unix socket that workers connect to.
+    #[arg(long, env = "CORRAL_SOCKET", default_value = "corral.sock")]
+    pub socket: PathBuf,
+
+    /// Most jobs in one batch.
+    #[arg(long, env = "CORRAL_MAX_BATCH_SIZE", default_value_t = 32,
+          value_parser = clap::value_parser!(u32).range(1..=4096))]
+    pub max_batch_size: u32,
+
+    /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival.
+    #[arg(long, env = "CORRAL_MAX_WAIT_MS", default_value_t = 10)]
+    pub max_wait_ms: u64,
+
+    /// Default job deadline; a client's x-corral-timeout-ms may shorten it, never lengthen it.
+    #[arg(long, env = "CORRAL_TIMEOUT_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub timeout_ms: u64,
+
+    /// Queued jobs before new ones are shed with 503.
+    #[arg(long, env = "CORRAL_QUEUE_CAPACITY", default_value_t = 1024,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub queue_capacity: u32,
+
+    /// Request body limit in bytes (default 16 MiB).
+    #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
+    pub max_body_bytes: usize,
+
+    /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
+    #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers: u32,
+
+    /// Worker command to spawn (after `--`). Without it, workers are started elsewhere and
+    /// connect to --socket on their own.
+    #[arg(last = true, value_name = "WORKER_CMD")]
+    pub worker_cmd: Vec<String>,
+}
+
+impl Config {
+    pub fn max_wait(&self) -> Duration {
+        Duration::from_millis(self.max_wait_ms)
+    }
+
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}

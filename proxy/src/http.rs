@@ -1,0 +1,20 @@
+//! The HTTP edge: the server loop, the routes, and everything between a request and its job.
+
+pub mod error;
+pub mod format;
+pub mod infer;
+pub mod routes;
+pub mod server;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::stage::Stage;
+
+/// What every request handler needs.
+pub struct App {
+    pub stage: Arc<Stage>,
+    pub max_body_bytes: usize,
+    /// Default and longest deadline of a job.
+    pub timeout: Duration,
+}

@@ -1,0 +1,112 @@
+//! The one place that maps every failure to an HTTP answer: status, a stable code word, a
+//! message for humans, and `Retry-After` for shed requests. Error bodies are always JSON
+//! (`{"error": "...", "message": "..."}`), whatever the request's format, so that every client
+//! can read them.
+
+use http::StatusCode;
+
+use crate::job::Outcome;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    /// A stable code word clients can match on.
+    pub code: &'static str,
+    pub message: String,
+    /// Seconds, for 503 answers.
+    pub retry_after: Option<u64>,
+    /// The methods a route takes, for 405 answers.
+    pub allow: Option<&'static str>,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+            allow: None,
+        }
+    }
+
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    pub fn not_found(path: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no route for {path}"),
+        )
+    }
+
+    pub fn method_not_allowed(method: &http::Method, allow: &'static str) -> Self {
+        let message = format!("{method} is not allowed here; use {allow}");
+        let mut error = Self::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            message,
+        );
+        error.allow = Some(allow);
+        error
+    }
+
+    pub fn not_acceptable() -> Self {
+        let message = "Accept must allow application/json or application/msgpack";
+        Self::new(StatusCode::NOT_ACCEPTABLE, "not_acceptable", message)
+    }
+
+    pub fn unsupported_media_type() -> Self {
+        let message = "Content-Type must be application/json or application/msgpack";
+        Self::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        )
+    }
+
+    pub fn body_too_large(limit: usize) -> Self {
+        let message = format!("the body is larger than {limit} bytes");
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+    }
+
+    pub fn deadline_exceeded() -> Self {
+        let message = "the job's deadline passed before it was answered";
+        Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
+    }
+
+    pub fn queue_full() -> Self {
+        let message = "the queue is full; retry later";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message);
+        error.retry_after = Some(1);
+        error
+    }
+
+    pub fn not_ready(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message)
+    }
+
+    pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
+        Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
+    }
+
+    /// The HTTP answer for a job outcome that is not a result.
+    pub fn from_outcome(outcome: Outcome) -> Self {
+        match outcome {
+            Outcome::Done(_) => Self::internal("internal", "a result was treated as an error"),
+            Outcome::Invalid(message) => {
+                Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
+            }
+            Outcome::Failed(message) => Self::internal("worker_error", message),
+            Outcome::WorkerLost(message) => Self::internal("worker_died", message),
+            Outcome::Expired => Self::deadline_exceeded(),
+        }
+    }
+
+    pub fn body(&self) -> Vec<u8> {
+        let body = serde_json::json!({ "error": self.code, "message": self.message });
+        serde_json::to_vec(&body).expect("a JSON object of strings always serializes")
+    }
+}

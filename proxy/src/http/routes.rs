@@ -1,0 +1,71 @@
+//! Routing: which handler answers which method and path, and the headers every answer carries.
+
+use bytes::Bytes;
+use corral_protocol::JobId;
+use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+
+use super::error::ApiError;
+use super::{infer, App};
+
+/// Header carrying the request's (and its job's) id on every answer.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
+
+pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    // Every request gets an id, job or not, so every answer can be traced.
+    let id = JobId::new();
+    let method = request.method().clone();
+    let answer = match request.uri().path() {
+        "/infer" if method == Method::POST => infer::handle(app, id, request).await,
+        "/infer" => Err(ApiError::method_not_allowed(&method, "POST")),
+        "/healthz" if is_get(&method) => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
+        "/readyz" if is_get(&method) => ready(app),
+        "/healthz" | "/readyz" => Err(ApiError::method_not_allowed(&method, "GET")),
+        path => Err(ApiError::not_found(path)),
+    };
+    let mut response = answer.unwrap_or_else(error_response);
+    let id = HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value");
+    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+    response
+}
+
+fn is_get(method: &Method) -> bool {
+    method == Method::GET || method == Method::HEAD
+}
+
+/// Ready once the stage has a connected worker: before that, jobs would only queue.
+fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
+    let workers = app.stage.workers();
+    if workers == 0 {
+        let stage = app.stage.name();
+        return Err(ApiError::not_ready(format!(
+            "stage {stage:?} has no connected worker"
+        )));
+    }
+    Ok(json(
+        StatusCode::OK,
+        format!(r#"{{"status":"ready","workers":{workers}}}"#),
+    ))
+}
+
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(body.into()))
+        .expect("static headers are valid")
+}
+
+fn error_response(error: ApiError) -> Response<Full<Bytes>> {
+    let mut response = json(error.status, error.body());
+    let headers = response.headers_mut();
+    if let Some(seconds) = error.retry_after {
+        headers.insert(RETRY_AFTER, HeaderValue::from(seconds));
+    }
+    if let Some(allow) = error.allow {
+        headers.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    response
+}

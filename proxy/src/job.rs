@@ -1,0 +1,80 @@
+//! A job: one client request on its way to a worker, and the one answer it will get.
+//!
+//! The HTTP handler keeps the receiving end of the job's reply channel and waits on it until the
+//! job's deadline; whoever holds the [`Job`] (the stage queue, then a worker connection) answers
+//! through it exactly once, because [`Job::answer`] consumes the job. A client that disconnects
+//! drops the receiver, which the queue sees as [`Job::is_abandoned`].
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_protocol::JobId;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+/// How a job ended, as told to the HTTP handler waiting for it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// The worker's output: one msgpack value.
+    Done(Bytes),
+    /// The worker rejected this job's input (422).
+    Invalid(String),
+    /// The worker raised while processing this job (500).
+    Failed(String),
+    /// The worker's connection broke or misbehaved while it held this job (500).
+    WorkerLost(String),
+    /// The deadline passed before the job could be dispatched (408).
+    Expired,
+}
+
+/// One unit of work: a payload, its identity and its deadline.
+#[derive(Debug)]
+pub struct Job {
+    pub id: JobId,
+    /// The job's input: one complete msgpack value.
+    pub payload: Bytes,
+    /// When the job was queued; the batch window counts from the oldest queued job's arrival.
+    pub arrived: Instant,
+    pub deadline: Instant,
+    reply: oneshot::Sender<Outcome>,
+}
+
+impl Job {
+    /// A new job and the receiver its answer will arrive on.
+    pub fn new(
+        id: JobId,
+        payload: Bytes,
+        arrived: Instant,
+        deadline: Instant,
+    ) -> (Self, oneshot::Receiver<Outcome>) {
+        let (reply, answer) = oneshot::channel();
+        let job = Self {
+            id,
+            payload,
+            arrived,
+            deadline,
+            reply,
+        };
+        (job, answer)
+    }
+
+    /// Answers the job. Returns false when nobody was waiting any more (the client left, or its
+    /// deadline passed and it already got 408): the answer is dropped.
+    pub fn answer(self, outcome: Outcome) -> bool {
+        self.reply.send(outcome).is_ok()
+    }
+
+    /// Whether the client stopped waiting (disconnected, or answered 408 at its deadline).
+    pub fn is_abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    pub fn is_expired(&self, now: Instant) -> bool {
+        now >= self.deadline
+    }
+
+    /// Time left before the deadline, as of `now` (zero once past it).
+    pub fn remaining(&self, now: Instant) -> Duration {
+        self.deadline.saturating_duration_since(now)
+    }
+}

@@ -1,0 +1,118 @@
+//! Corral: a sidecar batching proxy for model serving.
+//!
+//! Clients send single requests over HTTP; each becomes a [`job::Job`] with an id and a deadline,
+//! waits in its [`stage::Stage`]'s bounded queue, and leaves in a batch for an idle inference
+//! worker connected over a Unix socket. Every job gets exactly one answer.
+//!
+//! # Layout
+//! - [`config`]: flags and `CORRAL_*` environment variables.
+//! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler, and the one
+//!   mapping from failures to status codes.
+//! - [`job`]: a job and its one-shot answer.
+//! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
+//! - [`worker`]: the worker socket and one task per connected worker (protocol in
+//!   `corral-protocol`).
+//! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
+//! - [`run`]: wires these together and shuts them down in order.
+
+pub mod config;
+pub mod http;
+pub mod job;
+pub mod stage;
+pub mod supervisor;
+pub mod worker;
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_protocol::{FRAME_OVERHEAD_PER_JOB, MAX_FRAME_BYTES};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::info;
+
+use config::Config;
+use stage::{BatchSettings, Stage};
+
+/// How long open requests may take to finish once shutdown begins.
+const GRACE_PERIOD: Duration = Duration::from_secs(10);
+
+/// The single stage a command-line-configured proxy serves.
+pub const DEFAULT_STAGE: &str = "default";
+
+/// Runs the proxy until `shutdown` completes, then drains: stop taking HTTP connections, let open
+/// requests finish (their workers still serve them), then close worker connections, stop spawned
+/// workers and remove the socket file.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+    let socket = absolute(&config.socket)?;
+    let http_listener = TcpListener::bind(config.listen).await?;
+    let worker_listener = worker::listener::bind(&socket).await?;
+    info!(addr = %http_listener.local_addr()?, "listening for HTTP");
+    info!(socket = %socket.display(), "listening for workers");
+
+    let settings = BatchSettings {
+        max_batch_size: config.max_batch_size as usize,
+        max_wait: config.max_wait(),
+        max_batch_bytes: max_batch_bytes(config.max_batch_size as usize),
+    };
+    let stage = Arc::new(Stage::new(
+        DEFAULT_STAGE,
+        settings,
+        config.queue_capacity as usize,
+    ));
+    let app = Arc::new(http::App {
+        stage: stage.clone(),
+        max_body_bytes: config.max_body_bytes,
+        timeout: config.timeout(),
+    });
+
+    let stop_http = CancellationToken::new();
+    let stop_workers = CancellationToken::new();
+    let workers = TaskTracker::new();
+    workers.spawn(worker::listener::accept(
+        worker_listener,
+        stage,
+        workers.clone(),
+        stop_workers.clone(),
+    ));
+    if !config.worker_cmd.is_empty() {
+        let command = supervisor::WorkerCommand {
+            argv: config.worker_cmd.clone(),
+            socket: socket.clone(),
+        };
+        supervisor::spawn(command, config.workers, &workers, stop_workers.clone());
+    }
+    let server = tokio::spawn(http::server::serve(
+        http_listener,
+        app,
+        stop_http.clone(),
+        GRACE_PERIOD,
+    ));
+
+    shutdown.await;
+    info!("shutting down");
+    stop_http.cancel();
+    let _ = server.await;
+    stop_workers.cancel();
+    workers.close();
+    workers.wait().await;
+    worker::listener::remove(&socket);
+    info!("stopped");
+    Ok(())
+}
+
+/// Payload bytes one batch may carry so that its frame stays under the protocol's limit.
+fn max_batch_bytes(max_batch_size: usize) -> usize {
+    MAX_FRAME_BYTES - max_batch_size * FRAME_OVERHEAD_PER_JOB - 1024
+}
+
+/// The socket path as spawned workers must see it, whatever their working directory.
+fn absolute(path: &std::path::Path) -> std::io::Result<PathBuf> {
+    if path.is_absolute() {
+        Ok(path.to_path_buf())
+    } else {
+        Ok(std::env::current_dir()?.join(path))
+    }
+}

@@ -1,0 +1,186 @@
+//! One connected worker: handshake, then "wait for a batch, send it, read its results" until the
+//! connection ends.
+//!
+//! The task owns the jobs of the batch its worker holds, so when the connection breaks or the
+//! worker breaks the protocol it knows exactly which jobs to fail: each gets 500, nobody waits for
+//! a deadline because of a dead worker. Only this connection is closed; the proxy and the other
+//! workers carry on.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_protocol::{
+    Batch, BatchJob, Hello, JobId, ProxyCodec, ProxyMessage, Reject, ResultStatus, Results,
+    WorkerMessage, PROTOCOL_VERSION,
+};
+use futures_util::{SinkExt, StreamExt};
+use tokio::net::UnixStream;
+use tokio::time::Instant;
+use tokio_util::codec::Framed;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::job::{Job, Outcome};
+use crate::stage::Stage;
+
+/// How long a new connection has to say hello before it is dropped.
+const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Conn = Framed<UnixStream, ProxyCodec>;
+
+/// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
+pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: CancellationToken) {
+    let mut conn = Framed::new(stream, ProxyCodec::default());
+    let Some(hello) = handshake(&mut conn, &stage).await else {
+        return;
+    };
+    let _seat = stage.worker_joined();
+    info!(
+        stage = stage.name(),
+        pid = hello.pid,
+        name = %hello.name,
+        workers = stage.workers(),
+        "worker connected"
+    );
+    let why = tokio::select! {
+        why = work(&mut conn, &stage) => why,
+        _ = shutdown.cancelled() => "proxy shutting down".to_string(),
+    };
+    info!(stage = stage.name(), pid = hello.pid, reason = %why, "worker disconnected");
+}
+
+/// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
+async fn handshake(conn: &mut Conn, stage: &Stage) -> Option<Hello> {
+    let first = match tokio::time::timeout(HELLO_TIMEOUT, conn.next()).await {
+        Err(_) => {
+            warn!("worker connection closed: no hello within {HELLO_TIMEOUT:?}");
+            return None;
+        }
+        Ok(None) => return None,
+        Ok(Some(Err(e))) => {
+            warn!(error = %e, "worker connection closed: undecodable hello");
+            return None;
+        }
+        Ok(Some(Ok(message))) => message,
+    };
+    let refusal = match first {
+        WorkerMessage::Hello(hello) if hello.version != PROTOCOL_VERSION => format!(
+            "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
+            hello.version
+        ),
+        WorkerMessage::Hello(hello) if hello.stage != stage.name() => format!(
+            "unknown stage {:?}; this proxy serves stage {:?}",
+            hello.stage,
+            stage.name()
+        ),
+        WorkerMessage::Hello(hello) => return Some(hello),
+        WorkerMessage::Results(_) => "the first message must be a hello".to_string(),
+    };
+    warn!(reason = %refusal, "worker refused");
+    let reject = ProxyMessage::Reject(Reject { message: refusal });
+    // The worker may already be gone; the refusal is logged either way.
+    let _ = conn.send(&reject).await;
+    None
+}
+
+/// The pull loop. Returns why it ended; every job it took has been answered by then.
+async fn work(conn: &mut Conn, stage: &Stage) -> String {
+    loop {
+        // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
+        // meanwhile, so no batch is ever sent to a dead connection.
+        let jobs = tokio::select! {
+            jobs = stage.next_batch() => jobs,
+            message = conn.next() => return match message {
+                None => "connection closed".to_string(),
+                Some(Ok(_)) => "protocol error: message while idle".to_string(),
+                Some(Err(e)) => format!("protocol error: {e}"),
+            },
+        };
+        let now = Instant::now();
+        let batch = Batch {
+            jobs: jobs
+                .iter()
+                .map(|job| BatchJob {
+                    id: job.id,
+                    timeout_ms: job.remaining(now).as_millis() as u64,
+                    payload: job.payload.clone(),
+                })
+                .collect(),
+        };
+        if let Err(e) = conn.send(&ProxyMessage::Batch(batch)).await {
+            let why = format!("could not send a batch: {e}");
+            fail(jobs, &why);
+            return why;
+        }
+        let why = match conn.next().await {
+            Some(Ok(WorkerMessage::Results(results))) => match deliver(jobs, results) {
+                Ok(()) => continue,
+                Err(why) => return format!("protocol error: {why}"),
+            },
+            Some(Ok(WorkerMessage::Hello(_))) => {
+                "protocol error: hello while holding a batch".into()
+            }
+            Some(Err(e)) => format!("protocol error: {e}"),
+            None => "connection closed while holding a batch".to_string(),
+        };
+        fail(jobs, &why);
+        return why;
+    }
+}
+
+/// Answers each job of a batch with its result. The whole frame is checked first: a result for
+/// an unknown or repeated id, a missing result, or an `ok` without data fails every job of the
+/// batch (500) and the caller closes the connection, since the worker can no longer be trusted.
+fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
+    let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
+    let mut answers = Vec::with_capacity(pending.len());
+    let mut problem = None;
+    for result in results.results {
+        let Some(job) = pending.remove(&result.id) else {
+            problem = Some(format!(
+                "result for unknown or repeated job id {}",
+                result.id
+            ));
+            break;
+        };
+        let outcome = match (result.status, result.data) {
+            (ResultStatus::Ok, Some(data)) => Outcome::Done(data),
+            (ResultStatus::Ok, None) => {
+                problem = Some(format!("ok result without data for job {}", job.id));
+                answers.push((job, Outcome::WorkerLost(String::new())));
+                break;
+            }
+            (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
+            (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
+        };
+        answers.push((job, outcome));
+    }
+    if problem.is_none() && !pending.is_empty() {
+        problem = Some(format!(
+            "{} job(s) of the batch have no result",
+            pending.len()
+        ));
+    }
+    match problem {
+        None => {
+            for (job, outcome) in answers {
+                job.answer(outcome);
+            }
+            Ok(())
+        }
+        Some(why) => {
+            let message = format!("worker broke the protocol: {why}");
+            fail(answers.into_iter().map(|(job, _)| job), &message);
+            fail(pending.into_values(), &message);
+            Err(why)
+        }
+    }
+}
+
+/// Answers every job 500: the worker holding them is gone or untrustworthy.
+fn fail(jobs: impl IntoIterator<Item = Job>, why: &str) {
+    for job in jobs {
+        job.answer(Outcome::WorkerLost(why.to_string()));
+    }
+}

@@ -1,0 +1,61 @@
+//! The Unix socket workers connect to.
+
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use tokio::net::{UnixListener, UnixStream};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::warn;
+
+use crate::stage::Stage;
+use crate::worker::connection;
+
+/// Binds the worker socket. A socket file left behind by a proxy that died is replaced; one that a
+/// live proxy still answers on is an error, so two proxies never share a path by accident.
+pub async fn bind(path: &Path) -> io::Result<UnixListener> {
+    if path.exists() {
+        if UnixStream::connect(path).await.is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{} is in use by another process", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    UnixListener::bind(path)
+}
+
+/// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`.
+pub async fn accept(
+    listener: UnixListener,
+    stage: Arc<Stage>,
+    tasks: TaskTracker,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    // Typically out of file descriptors: keep the listener, try again.
+                    warn!(error = %e, "could not accept a worker connection");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = shutdown.cancelled() => return,
+        };
+        tasks.spawn(connection::serve(stream, stage.clone(), shutdown.clone()));
+    }
+}
+
+/// Removes the socket file at shutdown.
+pub fn remove(path: &PathBuf) {
+    if let Err(e) = std::fs::remove_file(path) {
+        if e.kind() != io::ErrorKind::NotFound {
+            warn!(path = %path.display(), error = %e, "could not remove the worker socket");
+        }
+    }
+}
