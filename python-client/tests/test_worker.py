@@ -1,0 +1,158 @@
+"""The Worker base class against a fake proxy: per-item hooks, failures kept to their items, and
+the protocol rules a worker must follow."""
+
+import socket
+import struct
+import threading
+
+import corral
+from corral import _protocol as protocol
+from corral.testing import FakeProxy, Result
+
+
+class Echo(corral.Worker):
+    def forward(self, batch):
+        return batch
+
+
+class Picky(corral.Worker):
+    """Rejects negative numbers in preprocess, fails the batch on 13, doubles the rest."""
+
+    def preprocess(self, item):
+        if not isinstance(item, int) or item < 0:
+            raise corral.ValidationError(f"want a natural number, got {item!r}")
+        return item
+
+    def forward(self, batch):
+        if 13 in batch:
+            raise ValueError("unlucky batch")
+        return [x * 2 for x in batch]
+
+    def postprocess(self, output):
+        return {"doubled": output}
+
+
+def test_says_hello_with_version_stage_and_pid():
+    with FakeProxy(Echo()) as proxy:
+        assert proxy.hello["version"] == corral.PROTOCOL_VERSION
+        assert proxy.hello["stage"] == "default"
+        assert proxy.hello["name"] == "Echo"
+        assert isinstance(proxy.hello["pid"], int)
+
+
+def test_echo_answers_each_item_in_order():
+    items = [1, "two", [3.5, None], {"four": True}]
+    with FakeProxy(Echo()) as proxy:
+        assert proxy.infer(items) == [Result("ok", value=v) for v in items]
+        assert proxy.infer([42]) == [Result("ok", value=42)]
+
+
+def test_validation_error_rejects_only_that_item():
+    with FakeProxy(Picky()) as proxy:
+        got = proxy.infer([1, -1, 2, "x"])
+    assert got[0] == Result("ok", value={"doubled": 2})
+    assert got[1].status == "invalid" and "-1" in got[1].message
+    assert got[2] == Result("ok", value={"doubled": 4})
+    assert got[3].status == "invalid"
+
+
+def test_forward_exception_fails_the_batch_and_the_worker_lives_on():
+    with FakeProxy(Picky()) as proxy:
+        got = proxy.infer([13, 1, -5])
+        assert [r.status for r in got] == ["error", "error", "invalid"]
+        assert "unlucky batch" in got[0].message
+        assert proxy.infer([3]) == [Result("ok", value={"doubled": 6})]
+
+
+def test_wrong_output_count_is_an_error_for_the_batch():
+    class Short(corral.Worker):
+        def forward(self, batch):
+            return batch[:-1]
+
+    with FakeProxy(Short()) as proxy:
+        got = proxy.infer([1, 2])
+    assert [r.status for r in got] == ["error", "error"]
+    assert "1 outputs for 2 inputs" in got[0].message
+
+
+def test_unencodable_output_fails_only_that_item():
+    class Odd(corral.Worker):
+        def forward(self, batch):
+            return [object() if x == "bad" else x for x in batch]
+
+    with FakeProxy(Odd()) as proxy:
+        got = proxy.infer(["bad", "good"])
+    assert got[0].status == "error" and "object" in got[0].message
+    assert got[1] == Result("ok", value="good")
+
+
+def test_objects_with_tolist_are_encoded():
+    class Vector:
+        def tolist(self):
+            return [1.0, 2.0]
+
+    class Arrays(corral.Worker):
+        def forward(self, batch):
+            return [Vector() for _ in batch]
+
+    with FakeProxy(Arrays()) as proxy:
+        assert proxy.infer([0]) == [Result("ok", value=[1.0, 2.0])]
+
+
+def test_undecodable_payload_is_invalid_for_that_item_only():
+    with FakeProxy(Echo()) as proxy:
+        proxy.send(
+            protocol_batch([(b"a" * 16, b"\xc1"), (b"b" * 16, b"\x01"), (b"c" * 16, b"\x92\x01")])
+        )
+        answer = proxy.receive()
+    statuses = {r["id"][:1]: r["status"] for r in answer["results"]}
+    assert statuses == {b"a": "invalid", b"b": "ok", b"c": "invalid"}
+
+
+def test_reject_stops_the_worker():
+    with FakeProxy(Echo()) as proxy:
+        proxy.send({"type": "reject", "message": "version 9 is not supported"})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, SystemExit)
+    assert "version 9" in str(proxy.worker_error)
+
+
+def test_a_frame_over_the_limit_is_a_protocol_error():
+    with FakeProxy(Echo()) as proxy:
+        proxy.send_raw(struct.pack(">I", corral.MAX_FRAME_BYTES + 1))
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
+
+
+def test_an_unknown_message_is_a_protocol_error():
+    with FakeProxy(Echo()) as proxy:
+        proxy.send({"type": "dance"})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
+
+
+def test_run_connects_to_the_socket_and_reconnects(tmp_path):
+    """Worker.run against a real listening Unix socket: hello, a batch, then a second connection
+    after the first one is closed by the 'proxy'."""
+    path = str(tmp_path / "w.sock")
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(path)
+    server.listen()
+    thread = threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
+    thread.start()
+    for _ in range(2):
+        conn, _ = server.accept()
+        stream = conn.makefile("rb")
+        assert protocol.read_frame(stream)["type"] == "hello"
+        conn.sendall(protocol.encode_frame(protocol_batch([(b"i" * 16, b"\x07")])))
+        assert protocol.read_frame(stream)["results"] == [protocol.ok(b"i" * 16, b"\x07")]
+        stream.close()
+        conn.close()
+    server.close()
+
+
+def protocol_batch(jobs):
+    return {
+        "type": "batch",
+        "jobs": [{"id": i, "timeout_ms": 1000, "payload": p} for i, p in jobs],
+    }
