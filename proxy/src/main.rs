@@ -1,5 +1,7 @@
 //! The `corral` binary: parse the options, set up logging, run until SIGINT or SIGTERM.
 
+use std::io::IsTerminal;
+
 use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
@@ -14,6 +16,7 @@ async fn main() -> std::process::ExitCode {
             EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     match corral::run(config, stop_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

@@ -44,10 +44,9 @@ fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
             "stage {stage:?} has no connected worker"
         )));
     }
-    Ok(json(
-        StatusCode::OK,
-        format!(r#"{{"status":"ready","workers":{workers}}}"#),
-    ))
+    let queued = app.stage.queued();
+    let body = format!(r#"{{"status":"ready","workers":{workers},"queued":{queued}}}"#);
+    Ok(json(StatusCode::OK, body))
 }
 
 fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

@@ -68,6 +68,9 @@ class Worker:
             pass
 
     def _run_forever(self, path: str) -> None:
+        """Connect and serve; an external worker reconnects whenever the connection drops, a
+        worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead."""
+        spawned = "CORRAL_WORKER_INDEX" in os.environ
         delay = 0.05
         waiting_logged = False
         while True:
@@ -85,13 +88,17 @@ class Worker:
             delay, waiting_logged = 0.05, False
             try:
                 self.serve(sock)
-                log.info("proxy closed the connection; reconnecting")
+                log.info("proxy closed the connection")
             except ProtocolError as e:
-                log.error("protocol error, reconnecting: %s", e)
+                log.error("protocol error: %s", e)
             except OSError as e:
-                log.warning("connection to the proxy lost, reconnecting: %s", e)
+                log.warning("connection to the proxy lost: %s", e)
             finally:
                 sock.close()
+            if spawned:
+                # The proxy that spawned us restarts us if it still wants a worker; reconnecting
+                # on our own could outlive it.
+                return
 
     def serve(self, sock: socket.socket) -> None:
         """Serve one connected socket until the proxy closes it: hello, then one results frame

@@ -1,0 +1,18 @@
+"""Echo: the smallest Corral worker. Each item comes back as it was sent.
+
+Run it behind the proxy with `make run` (which starts
+`corral --workers 2 -- .venv/bin/python examples/echo/worker.py`), then:
+
+    curl -s localhost:8000/infer -H 'content-type: application/json' -d '{"hello": "world"}'
+"""
+
+import corral
+
+
+class Echo(corral.Worker):
+    def forward(self, batch: list) -> list:
+        return batch
+
+
+if __name__ == "__main__":
+    Echo.run()

@@ -1,0 +1,119 @@
+"""End-to-end harness: start the real `corral` binary (built by `make test`, or CORRAL_BIN) with
+real Python workers on a real Unix socket, and wait for what it logs instead of sleeping."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BINARY = os.environ.get("CORRAL_BIN", str(ROOT / "target" / "debug" / "corral"))
+SCRIPTED = str(ROOT / "tests" / "workers" / "scripted.py")
+ECHO = str(ROOT / "examples" / "echo" / "worker.py")
+
+
+class Corral:
+    """One running proxy. Its stderr (and its spawned workers') is collected line by line."""
+
+    def __init__(
+        self,
+        tmp_path: Path,
+        *args: str,
+        worker: str | None = SCRIPTED,
+        workers: int = 1,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.socket = tmp_path / "corral.sock"
+        command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(self.socket), *args]
+        if worker:
+            command += ["--workers", str(workers), "--", sys.executable, worker]
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            env={**os.environ, "RUST_LOG": "info", **(env or {})},
+            cwd=tmp_path,
+        )
+        threading.Thread(target=self._collect, daemon=True).start()
+        line = self.wait_for_log(r"listening for HTTP")
+        self.url = "http://" + re.search(r"addr=(\S+)", line).group(1)
+        self.client = httpx.Client(base_url=self.url, timeout=30)
+        if worker:
+            self.wait_for_log(r"worker connected", count=workers)
+
+    def _collect(self) -> None:
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip("\n"))
+                self._changed.notify_all()
+        with self._changed:
+            self._changed.notify_all()
+
+    def wait_for_log(self, pattern: str, count: int = 1, timeout: float = 30) -> str:
+        """Block until `count` lines match `pattern`; return the last of them."""
+        regex = re.compile(pattern)
+        with self._changed:
+            ok = self._changed.wait_for(
+                lambda: (
+                    len([x for x in self.lines if regex.search(x)]) >= count
+                    or self.proc.poll() is not None
+                ),
+                timeout=timeout,
+            )
+            matches = [x for x in self.lines if regex.search(x)]
+        if len(matches) < count:
+            log = "\n".join(self.lines[-40:])
+            state = "timed out" if not ok else f"exited with {self.proc.poll()}"
+            raise AssertionError(f"{state} waiting for {count}x {pattern!r}; log:\n{log}")
+        return matches[count - 1]
+
+    def wait_until(self, condition, timeout: float = 30, what: str = "condition"):
+        """Poll a condition that has no log line of its own (e.g. queue depth)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            value = condition()
+            if value:
+                return value
+            time.sleep(0.01)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def post(self, body=None, **kwargs) -> httpx.Response:
+        if body is not None:
+            kwargs["json"] = body
+        return self.client.post("/infer", **kwargs)
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=30)
+        finally:
+            self.client.close()
+
+
+@pytest.fixture
+def corral_factory(tmp_path_factory):
+    started: list[Corral] = []
+
+    def start(*args: str, **kwargs) -> Corral:
+        proxy = Corral(tmp_path_factory.mktemp("corral"), *args, **kwargs)
+        started.append(proxy)
+        return proxy
+
+    yield start
+    for proxy in started:
+        # SIGTERM, not SIGKILL, so that the proxy stops the workers it spawned.
+        proxy.stop()

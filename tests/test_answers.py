@@ -1,0 +1,158 @@
+"""Every answer /infer can give, driven through the real binary and real Python workers."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+import msgpack
+import pytest
+
+from conftest import ECHO
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    from conftest import Corral
+
+    corral = Corral(
+        tmp_path_factory.mktemp("answers"),
+        "--max-body-bytes=65536",
+        "--max-batch-size=16",
+        "--max-wait-ms=20",
+        workers=2,
+    )
+    yield corral
+    assert corral.stop() == 0
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict:
+    assert response.status_code == status, response.text
+    assert response.headers["content-type"] == "application/json"
+    body = response.json()
+    assert body["error"] == code, body
+    assert isinstance(body["message"], str) and body["message"]
+    uuid.UUID(response.headers["x-request-id"])
+    return body
+
+
+def test_200_json_echo_with_request_id(proxy):
+    response = proxy.post({"hello": "world", "n": [1, 2.5, None]})
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"
+    assert response.json()["echo"] == {"hello": "world", "n": [1, 2.5, None]}
+    assert uuid.UUID(response.headers["x-request-id"]).version == 4
+
+
+def test_each_response_has_its_own_request_id(proxy):
+    ids = {proxy.post(1).headers["x-request-id"] for _ in range(3)}
+    assert len(ids) == 3
+
+
+def test_200_msgpack_in_and_out(proxy):
+    body = msgpack.packb({"bytes": b"\x00\x01", "x": 7})
+    response = proxy.client.post(
+        "/infer", content=body, headers={"content-type": "application/msgpack"}
+    )
+    assert response.status_code == 200
+    assert response.headers["content-type"] == "application/msgpack"
+    assert msgpack.unpackb(response.content)["echo"] == {"bytes": b"\x00\x01", "x": 7}
+
+
+def test_json_in_msgpack_out_by_accept(proxy):
+    response = proxy.post([1, 2], headers={"accept": "application/msgpack"})
+    assert response.status_code == 200
+    assert msgpack.unpackb(response.content)["echo"] == [1, 2]
+
+
+def test_400_malformed_json_and_msgpack(proxy):
+    bad_json = proxy.client.post(
+        "/infer", content=b'{"a": ', headers={"content-type": "application/json"}
+    )
+    assert "JSON" in assert_error(bad_json, 400, "bad_request")["message"]
+    bad_msgpack = proxy.client.post(
+        "/infer", content=b"\x92\x01", headers={"content-type": "application/msgpack"}
+    )
+    assert "msgpack" in assert_error(bad_msgpack, 400, "bad_request")["message"]
+
+
+def test_400_bad_timeout_header(proxy):
+    response = proxy.post(1, headers={"x-corral-timeout-ms": "soon"})
+    assert_error(response, 400, "bad_request")
+
+
+def test_404_unknown_route(proxy):
+    assert_error(proxy.client.get("/nope"), 404, "not_found")
+
+
+def test_405_wrong_method(proxy):
+    response = proxy.client.get("/infer")
+    assert_error(response, 405, "method_not_allowed")
+    assert response.headers["allow"] == "POST"
+
+
+def test_406_unacceptable_accept(proxy):
+    response = proxy.post(1, headers={"accept": "text/html"})
+    assert_error(response, 406, "not_acceptable")
+
+
+def test_415_unsupported_content_type(proxy):
+    response = proxy.client.post("/infer", content=b"1", headers={"content-type": "text/plain"})
+    assert_error(response, 415, "unsupported_media_type")
+
+
+def test_413_declared_and_streamed(proxy):
+    big = json.dumps("x" * 70_000).encode()
+    declared = proxy.client.post(
+        "/infer", content=big, headers={"content-type": "application/json"}
+    )
+    assert_error(declared, 413, "body_too_large")
+
+    def chunks():  # no Content-Length: the limit must hold while streaming
+        for _ in range(10):
+            yield b"x" * 10_000
+
+    streamed = proxy.client.post(
+        "/infer", content=chunks(), headers={"content-type": "application/json"}
+    )
+    assert_error(streamed, 413, "body_too_large")
+
+
+def test_500_when_forward_raises_and_the_worker_lives_on(proxy):
+    body = assert_error(proxy.post({"raise": "kaboom"}), 500, "worker_error")
+    assert "kaboom" in body["message"]
+    assert proxy.post("after").json()["echo"] == "after"
+
+
+def test_healthz_and_readyz(proxy):
+    assert proxy.client.get("/healthz").status_code == 200
+    ready = proxy.client.get("/readyz")
+    assert ready.status_code == 200 and ready.json()["workers"] == 2
+
+
+def test_256_concurrent_requests_form_batches(proxy):
+    async def drive():
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(base_url=proxy.url, limits=limits, timeout=60) as client:
+            return await asyncio.gather(
+                *(
+                    client.post("/infer", json={"n": n, "nonce": str(uuid.uuid4())})
+                    for n in range(256)
+                )
+            )
+
+    responses = asyncio.run(drive())
+    assert [r.status_code for r in responses] == [200] * 256
+    for n, response in enumerate(responses):
+        assert response.json()["echo"]["n"] == n
+    sizes = [r.json()["batch_size"] for r in responses]
+    assert max(sizes) > 1
+    assert len({r.headers["x-request-id"] for r in responses}) == 256
+    assert max(sizes) <= 16
+
+
+def test_echo_example_serves(corral_factory):
+    proxy = corral_factory(worker=ECHO, workers=1)
+    assert proxy.post({"a": 1}).json() == {"a": 1}

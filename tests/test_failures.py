@@ -1,0 +1,103 @@
+"""Answers that need a proxy of their own: 422 among valid batch-mates, 408 in the queue and in
+the worker, 503 when the queue is full, and a worker that dies holding a batch."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+
+def received(log_path) -> list:
+    """Items the scripted worker has received so far."""
+    if not log_path.exists():
+        return []
+    return [json.loads(line) for line in log_path.read_text().splitlines() if line]
+
+
+def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
+    # A batch is released only when full (the wait is long), so the four jobs share one batch.
+    proxy = corral_factory("--max-batch-size", "4", "--max-wait-ms", "60000")
+    items = [{"v": 1}, {"invalid": "not a number"}, {"v": 2}, {"v": 3}]
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(proxy.post, items))
+    assert [r.status_code for r in responses] == [200, 422, 200, 200]
+    assert responses[1].json() == {"error": "invalid_input", "message": "not a number"}
+    for item, response in zip(items, responses):
+        if response.status_code == 200:
+            # Three valid jobs went to forward together; the invalid one was set aside.
+            assert response.json() == {**response.json(), "echo": item, "batch_size": 3}
+
+
+def test_408_while_in_the_worker(corral_factory):
+    proxy = corral_factory("--max-wait-ms", "0")
+    response = proxy.post({"sleep_ms": 1500}, headers={"x-corral-timeout-ms": "100"})
+    assert response.status_code == 408
+    assert response.json()["error"] == "deadline_exceeded"
+
+
+def test_408_while_queued_and_never_dispatched(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-batch-size", "1", "--max-wait-ms", "0", env={"SCRIPTED_LOG": str(log)}
+    )
+    with ThreadPoolExecutor(1) as pool:
+        slow = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 1000})
+        proxy.wait_until(lambda: any(i.get("tag") == "A" for i in received(log)), what="A")
+        # The only worker is busy with A: B waits in the queue past its deadline.
+        late = proxy.post({"tag": "B"}, headers={"x-corral-timeout-ms": "50"})
+        assert late.status_code == 408
+        assert slow.result().status_code == 200
+    # C queued after B: once C is answered the worker has pulled past B's place in the queue.
+    assert proxy.post({"tag": "C"}).status_code == 200
+    assert [i["tag"] for i in received(log)] == ["A", "C"]
+
+
+def test_503_with_retry_after_when_the_queue_is_full(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-batch-size=1",
+        "--max-wait-ms=0",
+        "--queue-capacity=2",
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    with ThreadPoolExecutor(3) as pool:
+        busy = pool.submit(proxy.post, {"tag": "busy", "sleep_ms": 1500})
+        proxy.wait_until(lambda: received(log), what="the worker to be busy")
+        queued = [pool.submit(proxy.post, {"tag": t}) for t in ("q1", "q2")]
+        proxy.wait_until(
+            lambda: proxy.client.get("/readyz").json().get("queued") == 2, what="two queued jobs"
+        )
+        shed = proxy.post({"tag": "shed"})
+        assert shed.status_code == 503
+        assert shed.json()["error"] == "queue_full"
+        assert int(shed.headers["retry-after"]) >= 1
+        assert busy.result().status_code == 200
+        assert [q.result().status_code for q in queued] == [200, 200]
+
+
+def test_worker_killed_mid_batch_is_answered_500_and_service_goes_on(corral_factory):
+    proxy = corral_factory("--max-wait-ms", "0", workers=2)
+    response = proxy.post({"exit": True})
+    assert response.status_code == 500
+    assert response.json()["error"] == "worker_died"
+    # The other worker (and the restarted one) keep serving.
+    assert proxy.post("still here").json()["echo"] == "still here"
+    proxy.wait_for_log(r"worker exited; restarting")
+    proxy.wait_for_log(r"worker connected", count=3)
+    for _ in range(4):
+        assert proxy.post(1).status_code == 200
+
+
+def test_sigterm_stops_workers_and_removes_the_socket(corral_factory):
+    proxy = corral_factory(workers=2)
+    assert proxy.post(1).status_code == 200
+    assert proxy.stop() == 0
+    assert not proxy.socket.exists()
+    proxy.wait_for_log(r"stopped")
+    try:
+        httpx.get(proxy.url + "/healthz", timeout=2)
+        raise AssertionError("the proxy still answers after stopping")
+    except httpx.TransportError:
+        pass

@@ -1,0 +1,154 @@
+"""The proxy against scripted workers that break the protocol: each breakage costs that worker's
+connection and its batch (500), never the proxy, never a hang."""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from corral import _protocol as protocol
+
+
+class FakeWorker:
+    """A worker scripted by the test, speaking raw frames over the proxy's socket."""
+
+    def __init__(self, path, version: int = protocol.PROTOCOL_VERSION) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(path))
+        self.stream = self.sock.makefile("rb")
+        hello = protocol.hello("default", os.getpid(), "fake")
+        hello["version"] = version
+        self.sock.sendall(protocol.encode_frame(hello))
+
+    def receive(self):
+        return protocol.read_frame(self.stream)
+
+    def send(self, message) -> None:
+        self.sock.sendall(protocol.encode_frame(message))
+
+    def closed_by_proxy(self) -> bool:
+        return self.stream.read(1) == b""
+
+    def close(self) -> None:
+        self.stream.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def sidecar(corral_factory):
+    """A proxy with no spawned workers: the tests connect their own."""
+    return corral_factory("--max-wait-ms", "0", worker=None)
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(4) as executor:
+        yield executor
+
+
+def serve_one_batch(sidecar, pool, answer):
+    """Connect a fake worker, send one request, let `answer(batch)` reply; return the client's
+    response and the fake worker."""
+    worker = FakeWorker(sidecar.socket)
+    sidecar.wait_for_log(r"worker connected")
+    response = pool.submit(sidecar.post, {"x": 1}, headers={"x-corral-timeout-ms": "20000"})
+    batch = worker.receive()
+    assert batch["type"] == "batch" and len(batch["jobs"]) == 1
+    answer(worker, batch)
+    return response.result(timeout=30), worker
+
+
+def test_batch_carries_id_payload_and_remaining_time(sidecar, pool):
+    def answer(worker, batch):
+        job = batch["jobs"][0]
+        assert len(job["id"]) == 16
+        assert 0 < job["timeout_ms"] <= 20000
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+
+    response, worker = serve_one_batch(sidecar, pool, answer)
+    assert response.status_code == 200 and response.json() == {"x": 1}
+    assert uuid.UUID(response.headers["x-request-id"]).bytes  # the same id the worker saw
+    worker.close()
+
+
+@pytest.mark.parametrize(
+    "breakage",
+    [
+        "unknown id",
+        "missing result",
+        "repeated id",
+        "ok without data",
+        "not a map",
+        "undecodable",
+        "frame over the limit",
+        "hello again",
+        "disconnect",
+    ],
+)
+def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, breakage):
+    def answer(worker, batch):
+        job_id = batch["jobs"][0]["id"]
+        ok = protocol.ok(job_id, b"\x01")
+        stranger = protocol.ok(b"?" * 16, b"\x01")
+        frames = {
+            "unknown id": protocol.encode_frame(protocol.results([stranger])),
+            "missing result": protocol.encode_frame(protocol.results([])),
+            "repeated id": protocol.encode_frame(protocol.results([ok, ok])),
+            "ok without data": protocol.encode_frame(
+                protocol.results([{"id": job_id, "status": "ok"}])
+            ),
+            "not a map": struct.pack(">I", 3) + b"\x92\x01\x02",
+            "undecodable": struct.pack(">I", 2) + b"\x81\xc1",
+            "frame over the limit": struct.pack(">I", 0xFFFFFFFF),
+            "hello again": protocol.encode_frame(protocol.hello("default", 1, "again")),
+            "disconnect": b"",
+        }
+        if frames[breakage]:
+            worker.sock.sendall(frames[breakage])
+        else:
+            worker.sock.shutdown(socket.SHUT_WR)
+
+    response, worker = serve_one_batch(sidecar, pool, answer)
+    assert response.status_code == 500, response.text
+    assert response.json()["error"] == "worker_died"
+    assert worker.closed_by_proxy()
+    worker.close()
+    sidecar.wait_for_log(r"worker disconnected")
+
+    # The proxy is unharmed: a well-behaved worker is served next.
+    def echo(worker, batch):
+        job = batch["jobs"][0]
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+
+    response, good = serve_one_batch(sidecar, pool, echo)
+    assert response.status_code == 200
+    good.close()
+
+
+def test_an_incompatible_version_is_refused_with_a_reason(sidecar):
+    worker = FakeWorker(sidecar.socket, version=99)
+    reject = worker.receive()
+    assert reject["type"] == "reject"
+    assert "version 99" in reject["message"]
+    assert worker.closed_by_proxy()
+    sidecar.wait_for_log(r"worker refused.*version 99")
+    assert sidecar.client.get("/healthz").status_code == 200
+    assert sidecar.client.get("/readyz").status_code == 503
+
+
+def test_a_worker_for_an_unknown_stage_is_refused(sidecar):
+    worker = FakeWorker(sidecar.socket)
+    worker.close()
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.connect(str(sidecar.socket))
+    other.sendall(protocol.encode_frame(protocol.hello("resize", 1, "x")))
+    stream = other.makefile("rb")
+    assert "unknown stage" in protocol.read_frame(stream)["message"]
+    stream.close()
+    other.close()

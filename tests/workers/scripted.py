@@ -1,0 +1,46 @@
+"""A worker whose behaviour each request scripts, for the end-to-end tests.
+
+An item is a JSON object; what it holds decides what happens to it:
+- `{"invalid": "why"}`: preprocess raises ValidationError (422 for this item alone);
+- `{"raise": "why"}`: forward raises (500 for the whole batch);
+- `{"exit": true}`: the process dies in forward (the proxy must answer the batch 500);
+- `{"sleep_ms": n}`: forward sleeps n ms before answering (408 tests);
+- anything else is echoed.
+Every answer is `{"echo": item, "batch_size": n, "pid": pid}`, so tests can see batches form.
+If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line, so tests
+can check what reached a worker (and what never did).
+"""
+
+import json
+import os
+import time
+
+import corral
+
+
+class Scripted(corral.Worker):
+    def preprocess(self, item):
+        log = os.environ.get("SCRIPTED_LOG")
+        if log:
+            with open(log, "a") as f:
+                f.write(json.dumps(item) + "\n")
+        if isinstance(item, dict) and "invalid" in item:
+            raise corral.ValidationError(item["invalid"])
+        return item
+
+    def forward(self, batch):
+        for item in batch:
+            if not isinstance(item, dict):
+                continue
+            if "raise" in item:
+                raise RuntimeError(item["raise"])
+            if item.get("exit"):
+                os._exit(3)
+        sleep_ms = max((i.get("sleep_ms", 0) for i in batch if isinstance(i, dict)), default=0)
+        if sleep_ms:
+            time.sleep(sleep_ms / 1000)
+        return [{"echo": item, "batch_size": len(batch), "pid": os.getpid()} for item in batch]
+
+
+if __name__ == "__main__":
+    Scripted.run()
