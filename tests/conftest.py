@@ -47,7 +47,8 @@ class Corral:
             env={**os.environ, "RUST_LOG": "info", **(env or {})},
             cwd=tmp_path,
         )
-        threading.Thread(target=self._collect, daemon=True).start()
+        self._collector = threading.Thread(target=self._collect, daemon=True)
+        self._collector.start()
         line = self.wait_for_log(r"listening for HTTP")
         self.url = "http://" + re.search(r"addr=(\S+)", line).group(1)
         self.client = httpx.Client(base_url=self.url, timeout=30)
@@ -102,6 +103,10 @@ class Corral:
             return self.proc.wait(timeout=30)
         finally:
             self.client.close()
+            # The log pipe ends once the proxy and every worker it spawned have exited.
+            self._collector.join(timeout=30)
+            if not self._collector.is_alive():
+                self.proc.stdout.close()
 
 
 @pytest.fixture

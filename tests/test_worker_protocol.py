@@ -137,6 +137,7 @@ def test_an_incompatible_version_is_refused_with_a_reason(sidecar):
     assert reject["type"] == "reject"
     assert "version 99" in reject["message"]
     assert worker.closed_by_proxy()
+    worker.close()
     sidecar.wait_for_log(r"worker refused.*version 99")
     assert sidecar.client.get("/healthz").status_code == 200
     assert sidecar.client.get("/readyz").status_code == 503

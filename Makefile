@@ -1,0 +1,38 @@
+# The two commands a newcomer needs: `make run` (serve the echo model on :8000) and `make test`
+# (everything CI checks). Both set up what they need: the Rust build and a Python venv in .venv.
+
+VENV   := .venv
+PY     := $(VENV)/bin/python
+CORRAL := target/release/corral
+
+.PHONY: run test lint build release venv bench clean
+
+run: release venv
+	$(CORRAL) --workers 2 -- $(PY) examples/echo/worker.py
+
+test: lint build venv
+	cargo test --workspace
+	$(PY) -m pytest
+
+lint: venv
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+build:
+	cargo build --workspace
+
+release:
+	cargo build --release -p corral
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: requirements-dev.txt python-client/pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ./python-client -r requirements-dev.txt
+	touch $@
+
+clean:
+	cargo clean
+	rm -rf $(VENV)
