@@ -219,3 +219,6 @@ impl Drop for WorkerSeat<'_> {
         self.0.workers.fetch_sub(1, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests;
