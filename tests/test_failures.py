@@ -18,7 +18,7 @@ def received(log_path) -> list:
 
 def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
     # A batch is released only when full (the wait is long), so the four jobs share one batch.
-    proxy = corral_factory("--max-batch-size", "4", "--max-wait-ms", "60000")
+    proxy = corral_factory("--batch-policy=fixed", "--max-batch-size=4", "--max-wait-ms=60000")
     items = [{"v": 1}, {"invalid": "not a number"}, {"v": 2}, {"v": 3}]
     with ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(proxy.post, items))

@@ -6,6 +6,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
+use crate::stage::Policy;
+
 /// Corral: a sidecar batching proxy for model serving.
 ///
 /// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
@@ -31,6 +33,11 @@ pub struct Config {
     /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival.
     #[arg(long, env = "CORRAL_MAX_WAIT_MS", default_value_t = 10)]
     pub max_wait_ms: u64,
+
+    /// When a batch is released: `adaptive` sends as soon as waiting no longer pays (learned
+    /// batch cost and arrival rate), `fixed` always waits up to max-wait for a full batch.
+    #[arg(long, env = "CORRAL_BATCH_POLICY", value_enum, default_value_t = Policy::Adaptive)]
+    pub batch_policy: Policy,
 
     /// Default job deadline; a client's x-corral-timeout-ms may shorten it, never lengthen it.
     #[arg(long, env = "CORRAL_TIMEOUT_MS", default_value_t = 5000,

@@ -56,6 +56,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         max_batch_size: config.max_batch_size as usize,
         max_wait: config.max_wait(),
         max_batch_bytes: max_batch_bytes(config.max_batch_size as usize),
+        policy: config.batch_policy,
     };
     let stage = Arc::new(Stage::new(
         DEFAULT_STAGE,

@@ -5,6 +5,8 @@
 //! of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose client
 //! left are dropped here, so neither is ever dispatched.
 
+pub mod arrivals;
+pub mod cost;
 pub mod policy;
 
 use std::collections::VecDeque;
@@ -15,8 +17,10 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::job::{Job, Outcome};
-pub use policy::BatchSettings;
-use policy::{QueueView, Release};
+use arrivals::Arrivals;
+use cost::CostModel;
+pub use policy::{BatchSettings, Policy};
+use policy::{Forecast, QueueView, Release};
 
 /// Why a job was not admitted.
 #[derive(Debug)]
@@ -40,6 +44,8 @@ struct Queue {
     jobs: VecDeque<Job>,
     /// Payload bytes of the queued jobs.
     bytes: usize,
+    arrivals: Arrivals,
+    cost: CostModel,
 }
 
 impl Queue {
@@ -75,10 +81,20 @@ impl Queue {
     }
 
     fn view(&self) -> QueueView {
+        let oldest = self.jobs.front();
         QueueView {
             jobs: self.jobs.len(),
             bytes: self.bytes,
-            oldest: self.jobs.front().map(|j| j.arrived),
+            oldest: oldest.map(|j| j.arrived),
+            oldest_deadline: oldest.map(|j| j.deadline),
+        }
+    }
+
+    fn forecast(&self) -> Forecast {
+        Forecast {
+            mean_gap: self.arrivals.mean_gap(),
+            last_arrival: self.arrivals.last(),
+            cost: self.cost.estimate(),
         }
     }
 }
@@ -120,6 +136,7 @@ impl Stage {
             if queue.jobs.len() >= self.capacity {
                 return Err(Shed::QueueFull(job));
             }
+            queue.arrivals.record(job.arrived);
             queue.push(job);
         }
         self.arrivals.notify_waiters();
@@ -141,7 +158,7 @@ impl Stage {
             let wake_at = {
                 let mut queue = self.lock();
                 queue.drop_dead(now, false);
-                match policy::decide(queue.view(), now, &self.settings) {
+                match policy::decide(queue.view(), now, &self.settings, &queue.forecast()) {
                     Release::Now => {
                         let batch = self.take(&mut queue, now);
                         if !batch.is_empty() {
@@ -185,6 +202,16 @@ impl Stage {
             batch.push(job);
         }
         batch
+    }
+
+    /// Teaches the cost model: a batch of `size` jobs took `took` in a worker.
+    pub fn record_batch(&self, size: usize, took: std::time::Duration) {
+        self.lock().cost.record(size, took);
+    }
+
+    /// The batch cost learned so far.
+    pub fn cost(&self) -> Option<cost::Cost> {
+        self.lock().cost.estimate()
     }
 
     /// Jobs waiting in the queue (live or not yet cleaned up).

@@ -1,14 +1,36 @@
 //! When an idle worker's batch is released: the pure decision, kept apart from the queue so that
 //! each rule is tested on its own with plain numbers.
 //!
-//! The wait is counted from the oldest queued job's arrival, never restarted per arrival: a
-//! sliding window lets a steady trickle hold the first job back indefinitely.
+//! Hard bounds, for every policy: a full batch (by count or bytes) goes at once, and no job waits
+//! for batch-mates longer than `max_wait` counted from the oldest queued job's arrival (never
+//! restarted per arrival: a sliding window lets a steady trickle hold the first job back forever).
+//!
+//! Within them, [`Policy::Adaptive`] waits only while waiting pays. Holding k queued jobs for a
+//! moment longer costs each of them that moment; a job arriving in that moment and joining the
+//! batch saves itself the wait for the batch that would otherwise be running, and the batch
+//! overhead of a batch of its own. At the margin, waiting pays while the jobs expected to arrive
+//! during one batch overhead outnumber the jobs already queued: `k < overhead / mean_gap`. With
+//! no history there is nothing to expect, so nothing waits; one closed-loop client (a gap longer
+//! than the batch overhead) never waits either. It also stops waiting when arrivals dry up (no
+//! arrival for two mean gaps: a closed-loop burst is over) and when the oldest job's deadline
+//! leaves no more slack than the expected batch duration.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-/// The batch bounds of one stage.
+use super::cost::Cost;
+
+/// Which release rule a stage follows (`--batch-policy`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Policy {
+    /// Release as soon as waiting no longer pays, within the hard bounds.
+    Adaptive,
+    /// Always wait up to max-wait for a full batch, as MOSEC and Triton's dynamic batcher do.
+    Fixed,
+}
+
+/// The batch bounds and rule of one stage.
 #[derive(Debug, Clone, Copy)]
 pub struct BatchSettings {
     /// Most jobs in one batch.
@@ -17,6 +39,7 @@ pub struct BatchSettings {
     pub max_wait: Duration,
     /// Most payload bytes in one batch, so that a batch frame stays under the protocol's limit.
     pub max_batch_bytes: usize,
+    pub policy: Policy,
 }
 
 /// What an idle worker should do now.
@@ -31,24 +54,46 @@ pub enum Release {
 }
 
 /// What the queue looks like to the policy.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct QueueView {
     pub jobs: usize,
     pub bytes: usize,
     /// Arrival of the oldest queued job (None when empty).
     pub oldest: Option<Instant>,
+    /// Deadline of the oldest queued job.
+    pub oldest_deadline: Option<Instant>,
 }
 
-/// Fixed-window release: full batches go at once, others when the oldest job has waited
-/// `max_wait`.
-pub fn decide(queue: QueueView, now: Instant, settings: &BatchSettings) -> Release {
+/// What the stage has learned about its traffic and its workers.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Forecast {
+    /// Mean time between arrivals.
+    pub mean_gap: Option<Duration>,
+    /// When the latest job arrived.
+    pub last_arrival: Option<Instant>,
+    /// The learned batch cost.
+    pub cost: Option<Cost>,
+}
+
+pub fn decide(
+    queue: QueueView,
+    now: Instant,
+    settings: &BatchSettings,
+    forecast: &Forecast,
+) -> Release {
     let Some(oldest) = queue.oldest else {
         return Release::Idle;
     };
     if queue.jobs >= settings.max_batch_size || queue.bytes >= settings.max_batch_bytes {
         return Release::Now;
     }
-    let release_at = oldest + settings.max_wait;
+    let mut release_at = oldest + settings.max_wait;
+    if settings.policy == Policy::Adaptive {
+        match adaptive_limit(queue, now, forecast) {
+            None => return Release::Now,
+            Some(limit) => release_at = release_at.min(limit),
+        }
+    }
     if now >= release_at {
         Release::Now
     } else {
@@ -56,63 +101,197 @@ pub fn decide(queue: QueueView, now: Instant, settings: &BatchSettings) -> Relea
     }
 }
 
+/// The latest instant worth waiting until, by the adaptive rules; None when waiting does not pay
+/// at all.
+fn adaptive_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option<Instant> {
+    let cost = forecast.cost?;
+    let gap = forecast.mean_gap?;
+    let last_arrival = forecast.last_arrival?;
+    let expected = cost.overhead.as_secs_f64() / gap.as_secs_f64().max(1e-9);
+    if queue.jobs as f64 >= expected {
+        return None;
+    }
+    let mut limit = last_arrival + gap * 2;
+    if let Some(deadline) = queue.oldest_deadline {
+        // Leave the batch (one job larger than now) time to run before the oldest job's deadline.
+        let latest = deadline.checked_sub(cost.of(queue.jobs + 1)).unwrap_or(now);
+        limit = limit.min(latest);
+    }
+    (now < limit).then_some(limit)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const SETTINGS: BatchSettings = BatchSettings {
-        max_batch_size: 4,
-        max_wait: Duration::from_millis(10),
-        max_batch_bytes: 1000,
-    };
+    const WAIT: Duration = Duration::from_millis(10);
 
-    fn view(jobs: usize, bytes: usize, oldest: Option<Instant>) -> QueueView {
+    fn settings(policy: Policy) -> BatchSettings {
+        BatchSettings {
+            max_batch_size: 4,
+            max_wait: WAIT,
+            max_batch_bytes: 1000,
+            policy,
+        }
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    fn view(jobs: usize, oldest: Instant) -> QueueView {
         QueueView {
             jobs,
-            bytes,
-            oldest,
+            bytes: jobs * 10,
+            oldest: Some(oldest),
+            oldest_deadline: Some(oldest + Duration::from_secs(5)),
+        }
+    }
+
+    /// Busy traffic: a job every 0.5 ms, batches with 2 ms overhead — four expected per overhead.
+    fn busy(last_arrival: Instant) -> Forecast {
+        Forecast {
+            mean_gap: Some(Duration::from_micros(500)),
+            last_arrival: Some(last_arrival),
+            cost: Some(Cost {
+                overhead: ms(2),
+                per_item: Duration::from_micros(200),
+            }),
         }
     }
 
     #[test]
     fn an_empty_queue_is_idle() {
-        assert_eq!(
-            decide(view(0, 0, None), Instant::now(), &SETTINGS),
-            Release::Idle
-        );
+        for policy in [Policy::Adaptive, Policy::Fixed] {
+            let release = decide(
+                QueueView::default(),
+                Instant::now(),
+                &settings(policy),
+                &busy(Instant::now()),
+            );
+            assert_eq!(release, Release::Idle);
+        }
     }
 
     #[test]
     fn a_full_batch_goes_at_once() {
         let now = Instant::now();
-        assert_eq!(decide(view(4, 40, Some(now)), now, &SETTINGS), Release::Now);
-        assert_eq!(decide(view(9, 40, Some(now)), now, &SETTINGS), Release::Now);
+        for policy in [Policy::Adaptive, Policy::Fixed] {
+            assert_eq!(
+                decide(view(4, now), now, &settings(policy), &busy(now)),
+                Release::Now
+            );
+            let by_bytes = QueueView {
+                bytes: 1000,
+                ..view(2, now)
+            };
+            assert_eq!(
+                decide(by_bytes, now, &settings(policy), &busy(now)),
+                Release::Now
+            );
+        }
     }
 
     #[test]
-    fn a_batch_full_by_bytes_goes_at_once() {
+    fn fixed_waits_max_wait_from_the_oldest_arrival() {
+        let oldest = Instant::now();
+        let fixed = settings(Policy::Fixed);
+        let now = oldest + ms(4);
+        assert_eq!(
+            decide(view(2, oldest), now, &fixed, &Forecast::default()),
+            Release::At(oldest + WAIT)
+        );
+        let later = oldest + WAIT;
+        assert_eq!(
+            decide(view(2, oldest), later, &fixed, &Forecast::default()),
+            Release::Now
+        );
+    }
+
+    #[test]
+    fn adaptive_without_history_does_not_wait() {
         let now = Instant::now();
+        let adaptive = settings(Policy::Adaptive);
         assert_eq!(
-            decide(view(2, 1000, Some(now)), now, &SETTINGS),
+            decide(view(1, now), now, &adaptive, &Forecast::default()),
             Release::Now
         );
     }
 
     #[test]
-    fn a_partial_batch_waits_from_the_oldest_arrival() {
-        let oldest = Instant::now();
-        let now = oldest + Duration::from_millis(4);
-        let expected = Release::At(oldest + Duration::from_millis(10));
-        assert_eq!(decide(view(2, 20, Some(oldest)), now, &SETTINGS), expected);
+    fn adaptive_with_no_expected_arrivals_does_not_wait() {
+        // One closed-loop client: a request every 3 ms, batches with 0.1 ms overhead.
+        let now = Instant::now();
+        let lone = Forecast {
+            mean_gap: Some(ms(3)),
+            last_arrival: Some(now),
+            cost: Some(Cost {
+                overhead: Duration::from_micros(100),
+                per_item: Duration::from_micros(10),
+            }),
+        };
+        assert_eq!(
+            decide(view(1, now), now, &settings(Policy::Adaptive), &lone),
+            Release::Now
+        );
     }
 
     #[test]
-    fn a_partial_batch_goes_once_the_oldest_has_waited_max_wait() {
-        let oldest = Instant::now();
-        let now = oldest + Duration::from_millis(10);
+    fn adaptive_waits_while_more_jobs_are_expected_than_queued() {
+        let now = Instant::now();
+        let adaptive = settings(Policy::Adaptive);
+        // 2 queued < 4 expected per overhead: wait, until arrivals would count as dried up.
         assert_eq!(
-            decide(view(1, 10, Some(oldest)), now, &SETTINGS),
+            decide(view(2, now), now, &adaptive, &busy(now)),
+            Release::At(now + ms(1))
+        );
+        // 4 queued: but the batch is full anyway. Use a bigger batch to see the rule itself.
+        let roomy = BatchSettings {
+            max_batch_size: 32,
+            ..adaptive
+        };
+        assert_eq!(decide(view(4, now), now, &roomy, &busy(now)), Release::Now);
+    }
+
+    #[test]
+    fn adaptive_stops_waiting_when_arrivals_dry_up() {
+        let oldest = Instant::now();
+        let now = oldest + ms(1);
+        let adaptive = settings(Policy::Adaptive);
+        assert_eq!(
+            decide(view(2, oldest), now, &adaptive, &busy(oldest)),
             Release::Now
         );
+    }
+
+    #[test]
+    fn adaptive_never_waits_past_max_wait() {
+        let oldest = Instant::now();
+        let now = oldest + WAIT;
+        let adaptive = settings(Policy::Adaptive);
+        assert_eq!(
+            decide(view(1, oldest), now, &adaptive, &busy(now)),
+            Release::Now
+        );
+    }
+
+    #[test]
+    fn adaptive_leaves_the_oldest_job_time_to_make_its_deadline() {
+        let now = Instant::now();
+        let adaptive = settings(Policy::Adaptive);
+        // Deadline in 2.5 ms; a batch of 2 is expected to take 2.4 ms: 0.1 ms of slack left.
+        let tight = QueueView {
+            oldest_deadline: Some(now + Duration::from_micros(2500)),
+            ..view(1, now)
+        };
+        assert_eq!(
+            decide(tight, now, &adaptive, &busy(now)),
+            Release::At(now + Duration::from_micros(100))
+        );
+        let none_left = QueueView {
+            oldest_deadline: Some(now + ms(2)),
+            ..view(1, now)
+        };
+        assert_eq!(decide(none_left, now, &adaptive, &busy(now)), Release::Now);
     }
 }

@@ -16,6 +16,7 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
         max_batch_size,
         max_wait: WAIT,
         max_batch_bytes: 100,
+        policy: Policy::Fixed,
     };
     Stage::new("default", settings, capacity)
 }
@@ -126,4 +127,104 @@ async fn workers_are_counted_while_seated() {
     assert_eq!(stage.workers(), 1);
     drop(seat);
     assert_eq!(stage.workers(), 0);
+}
+
+fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
+    let settings = BatchSettings {
+        max_batch_size,
+        max_wait: Duration::from_millis(100),
+        max_batch_bytes: 1 << 20,
+        policy: Policy::Adaptive,
+    };
+    std::sync::Arc::new(Stage::new("default", settings, 10_000))
+}
+
+/// A worker whose batches take 20 ms + 2 ms per job (in paused time, exactly: tokio's timer
+/// counts whole milliseconds, so the tests' durations are whole milliseconds too).
+fn scripted_worker(stage: std::sync::Arc<Stage>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let batch = stage.next_batch().await;
+            let started = Instant::now();
+            let took = Duration::from_millis(20 + 2 * batch.len() as u64);
+            tokio::time::sleep(took).await;
+            stage.record_batch(batch.len(), started.elapsed());
+            for job in batch {
+                job.answer(Outcome::Done(Bytes::new()));
+            }
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_learned_cost_converges_on_a_scripted_worker() {
+    let stage = adaptive_stage(32);
+    let worker = scripted_worker(stage.clone());
+    // Open-loop arrivals at a varying rate, so that batches of several sizes are seen.
+    let mut answers = Vec::new();
+    for i in 0..600u64 {
+        answers.push(submit(&stage, b"x"));
+        let gap = if (i / 100) % 2 == 0 { 1 } else { 7 };
+        tokio::time::sleep(Duration::from_millis(gap)).await;
+    }
+    for answer in answers {
+        assert_eq!(answer.await.unwrap(), Outcome::Done(Bytes::new()));
+    }
+    let cost = stage.cost().expect("batches were recorded");
+    let (overhead, per_item) = (
+        cost.overhead.as_secs_f64() * 1e3,
+        cost.per_item.as_secs_f64() * 1e3,
+    );
+    assert!((overhead - 20.0).abs() < 0.01, "overhead {overhead} ms");
+    assert!((per_item - 2.0).abs() < 0.01, "per item {per_item} ms");
+    worker.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lone_closed_loop_client_never_waits_for_batch_mates() {
+    let stage = adaptive_stage(32);
+    let worker = scripted_worker(stage.clone());
+    for _ in 0..50 {
+        let answer = submit(&stage, b"x");
+        let sent = Instant::now();
+        answer.await.unwrap();
+        // Answered after exactly one batch of one: 22 ms, no batch window.
+        assert_eq!(sent.elapsed(), Duration::from_millis(22));
+        tokio::time::sleep(Duration::from_millis(3)).await; // the client's think time
+    }
+    worker.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn adaptive_batches_busy_open_loop_traffic() {
+    let stage = adaptive_stage(32);
+    let sizes = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let worker = tokio::spawn({
+        let (stage, sizes) = (stage.clone(), sizes.clone());
+        async move {
+            loop {
+                let batch = stage.next_batch().await;
+                sizes.lock().unwrap().push(batch.len());
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_millis(20 + 2 * batch.len() as u64)).await;
+                stage.record_batch(batch.len(), started.elapsed());
+                batch.into_iter().for_each(|job| {
+                    job.answer(Outcome::Done(Bytes::new()));
+                });
+            }
+        }
+    });
+    // A job every 4 ms against a 20 ms overhead: several arrive per overhead, so batches form.
+    let mut answers = Vec::new();
+    for _ in 0..400 {
+        answers.push(submit(&stage, b"x"));
+        tokio::time::sleep(Duration::from_millis(4)).await;
+    }
+    for answer in answers {
+        answer.await.unwrap();
+    }
+    let sizes = sizes.lock().unwrap();
+    let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
+    assert!(mean > 3.0, "mean batch size {mean}");
+    worker.abort();
 }

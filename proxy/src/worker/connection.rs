@@ -113,9 +113,13 @@ async fn work(conn: &mut Conn, stage: &Stage) -> String {
             fail(jobs, &why);
             return why;
         }
+        let size = jobs.len();
         let why = match conn.next().await {
             Some(Ok(WorkerMessage::Results(results))) => match deliver(jobs, results) {
-                Ok(()) => continue,
+                Ok(()) => {
+                    stage.record_batch(size, now.elapsed());
+                    continue;
+                }
                 Err(why) => return format!("protocol error: {why}"),
             },
             Some(Ok(WorkerMessage::Hello(_))) => {
