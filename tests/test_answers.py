@@ -156,3 +156,52 @@ def test_256_concurrent_requests_form_batches(proxy):
 def test_echo_example_serves(corral_factory):
     proxy = corral_factory(worker=ECHO, workers=1)
     assert proxy.post({"a": 1}).json() == {"a": 1}
+
+
+MANY = {"x-corral-items": "many"}
+
+
+def test_many_items_answer_an_array_in_order(proxy):
+    items = [{"n": n} for n in range(5)]
+    response = proxy.post(items, headers=MANY)
+    assert response.status_code == 200, response.text
+    assert [r["echo"] for r in response.json()] == items
+    # Five items that fit in one batch travel together.
+    assert {r["batch_size"] for r in response.json()} == {5}
+
+
+def test_many_items_larger_than_a_batch_are_split_and_reassembled(proxy):
+    items = list(range(40))  # max batch size here is 16
+    response = proxy.post(items, headers=MANY)
+    assert response.status_code == 200
+    body = response.json()
+    assert [r["echo"] for r in body] == items
+    assert max(r["batch_size"] for r in body) <= 16
+
+
+def test_many_items_in_msgpack(proxy):
+    response = proxy.client.post(
+        "/infer",
+        content=msgpack.packb([b"\x01", "two"]),
+        headers={**MANY, "content-type": "application/msgpack"},
+    )
+    assert response.status_code == 200
+    assert [r["echo"] for r in msgpack.unpackb(response.content)] == [b"\x01", "two"]
+
+
+def test_many_items_with_a_failure_list_each_failed_index(proxy):
+    items = [1, {"invalid": "no good"}, 3, {"invalid": "nor this"}]
+    body = assert_error(proxy.post(items, headers=MANY), 422, "invalid_input")
+    assert body["message"] == "2 of 4 items failed"
+    assert [(i["index"], i["status"], i["message"]) for i in body["items"]] == [
+        (1, 422, "no good"),
+        (3, 422, "nor this"),
+    ]
+
+
+def test_many_items_edge_cases(proxy):
+    assert proxy.post([], headers=MANY).json() == []
+    assert_error(proxy.post({"not": "an array"}, headers=MANY), 400, "bad_request")
+    assert_error(proxy.post([1], headers={"x-corral-items": "several"}), 400, "bad_request")
+    # Without the header an array is one item.
+    assert proxy.post([1, 2]).json()["echo"] == [1, 2]

@@ -3,6 +3,7 @@
 pub mod error;
 pub mod format;
 pub mod infer;
+pub mod items;
 pub mod routes;
 pub mod server;
 

@@ -36,6 +36,9 @@ pub struct Job {
     /// When the job was queued; the batch window counts from the oldest queued job's arrival.
     pub arrived: Instant,
     pub deadline: Instant,
+    /// Jobs in the request this job starts (1 for a single-item request, and for every job of a
+    /// multi-item request but its first). The batcher keeps such a group together where it fits.
+    pub group_len: usize,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -48,13 +51,7 @@ impl Job {
         deadline: Instant,
     ) -> (Self, oneshot::Receiver<Outcome>) {
         let (reply, answer) = oneshot::channel();
-        let job = Self {
-            id,
-            payload,
-            arrived,
-            deadline,
-            reply,
-        };
+        let job = Self { id, payload, arrived, deadline, group_len: 1, reply };
         (job, answer)
     }
 

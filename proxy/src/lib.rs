@@ -58,11 +58,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         max_batch_bytes: max_batch_bytes(config.max_batch_size as usize),
         policy: config.batch_policy,
     };
-    let stage = Arc::new(Stage::new(
-        DEFAULT_STAGE,
-        settings,
-        config.queue_capacity as usize,
-    ));
+    let stage = Arc::new(Stage::new(DEFAULT_STAGE, settings, config.queue_capacity as usize));
     let app = Arc::new(http::App {
         stage: stage.clone(),
         max_body_bytes: config.max_body_bytes,
@@ -79,18 +75,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         stop_workers.clone(),
     ));
     if !config.worker_cmd.is_empty() {
-        let command = supervisor::WorkerCommand {
-            argv: config.worker_cmd.clone(),
-            socket: socket.clone(),
-        };
+        let command =
+            supervisor::WorkerCommand { argv: config.worker_cmd.clone(), socket: socket.clone() };
         supervisor::spawn(command, config.workers, &workers, stop_workers.clone());
     }
-    let server = tokio::spawn(http::server::serve(
-        http_listener,
-        app,
-        stop_http.clone(),
-        GRACE_PERIOD,
-    ));
+    let server =
+        tokio::spawn(http::server::serve(http_listener, app, stop_http.clone(), GRACE_PERIOD));
 
     shutdown.await;
     info!("shutting down");

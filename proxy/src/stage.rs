@@ -22,11 +22,11 @@ use cost::CostModel;
 pub use policy::{BatchSettings, Policy};
 use policy::{Forecast, QueueView, Release};
 
-/// Why a job was not admitted.
-#[derive(Debug)]
+/// Why jobs were not admitted.
+#[derive(Debug, PartialEq, Eq)]
 pub enum Shed {
-    /// The queue holds `--queue-capacity` live jobs already.
-    QueueFull(Job),
+    /// The queue has no room for them under `--queue-capacity`.
+    QueueFull,
 }
 
 pub struct Stage {
@@ -66,9 +66,8 @@ impl Queue {
     fn drop_dead(&mut self, now: Instant, whole: bool) {
         let dead = |job: &Job| job.is_abandoned() || job.is_expired(now);
         if whole {
-            let (live, gone): (VecDeque<Job>, VecDeque<Job>) = std::mem::take(&mut self.jobs)
-                .into_iter()
-                .partition(|j| !dead(j));
+            let (live, gone): (VecDeque<Job>, VecDeque<Job>) =
+                std::mem::take(&mut self.jobs).into_iter().partition(|j| !dead(j));
             self.jobs = live;
             self.bytes = self.jobs.iter().map(|j| j.payload.len()).sum();
             gone.into_iter().for_each(|job| bury(job, now));
@@ -126,21 +125,38 @@ impl Stage {
         &self.settings
     }
 
-    /// Queues a job, or hands it back when the queue is full.
+    /// Queues a job, unless the queue is full.
     pub fn submit(&self, job: Job) -> Result<(), Shed> {
+        self.submit_all(vec![job])
+    }
+
+    /// Queues jobs back to back, all or none, so that the items of one request stay in order and
+    /// together (see [`Stage::take`]).
+    pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), Shed> {
+        let count = jobs.len();
+        if let Some(first) = jobs.first_mut() {
+            first.group_len = count;
+        }
         {
             let mut queue = self.lock();
-            if queue.jobs.len() >= self.capacity {
+            if queue.jobs.len() + count > self.capacity {
                 queue.drop_dead(Instant::now(), true);
             }
-            if queue.jobs.len() >= self.capacity {
-                return Err(Shed::QueueFull(job));
+            if queue.jobs.len() + count > self.capacity {
+                return Err(Shed::QueueFull);
             }
-            queue.arrivals.record(job.arrived);
-            queue.push(job);
+            for job in jobs {
+                queue.arrivals.record(job.arrived);
+                queue.push(job);
+            }
         }
         self.arrivals.notify_waiters();
         Ok(())
+    }
+
+    /// Most jobs the queue holds.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     /// Waits until the policy releases a batch, then takes it: between 1 and `max_batch_size`
@@ -182,15 +198,17 @@ impl Stage {
         }
     }
 
+    /// Takes the next batch off the front of the queue. A batch ends early rather than split a
+    /// multi-item request that would fit whole in the next batch.
     fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
-        let mut batch = Vec::with_capacity(self.settings.max_batch_size.min(queue.jobs.len()));
+        let max = self.settings.max_batch_size;
+        let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
         let mut bytes = 0;
-        while batch.len() < self.settings.max_batch_size {
-            let Some(next) = queue.jobs.front() else {
-                break;
-            };
+        while batch.len() < max {
+            let Some(next) = queue.jobs.front() else { break };
             let fits = bytes + next.payload.len() <= self.settings.max_batch_bytes;
-            if !batch.is_empty() && !fits {
+            let group_fits_later = next.group_len > max - batch.len() && next.group_len <= max;
+            if !batch.is_empty() && (!fits || group_fits_later) {
                 break;
             }
             let job = queue.pop().expect("front exists");
@@ -232,9 +250,7 @@ impl Stage {
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // A panic while holding this lock would be a bug in the few lines above; the queue is
         // still consistent (every mutation is a single push/pop), so keep serving.
-        self.queue
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 

@@ -78,10 +78,7 @@ async fn supervise(command: WorkerCommand, index: u32, stop: CancellationToken) 
 }
 
 fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
-    let (program, args) = command
-        .argv
-        .split_first()
-        .expect("a worker command is never empty");
+    let (program, args) = command.argv.split_first().expect("a worker command is never empty");
     Command::new(program)
         .args(args)
         .env("CORRAL_SOCKET", &command.socket)

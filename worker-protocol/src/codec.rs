@@ -75,10 +75,7 @@ pub type WorkerCodec = MessageCodec<ProxyMessage, WorkerMessage>;
 
 impl<In, Out> Default for MessageCodec<In, Out> {
     fn default() -> Self {
-        Self {
-            frames: frame_codec(),
-            _types: PhantomData,
-        }
+        Self { frames: frame_codec(), _types: PhantomData }
     }
 }
 
@@ -89,9 +86,9 @@ impl<In: DeserializeOwned, Out> Decoder for MessageCodec<In, Out> {
     fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<In>> {
         match self.frames.decode(src)? {
             None => Ok(None),
-            Some(body) => decode(&body)
-                .map(Some)
-                .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e)),
+            Some(body) => {
+                decode(&body).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+            }
         }
     }
 }
@@ -124,10 +121,7 @@ mod tests {
     fn refuses_a_frame_that_is_not_a_map() {
         let err = decode::<WorkerMessage>(&[0x93, 1, 2, 3]).unwrap_err();
         assert!(matches!(err, DecodeError::NotAMap(0x93)), "{err}");
-        assert!(matches!(
-            decode::<WorkerMessage>(&[]),
-            Err(DecodeError::Empty)
-        ));
+        assert!(matches!(decode::<WorkerMessage>(&[]), Err(DecodeError::Empty)));
     }
 
     #[test]
@@ -152,9 +146,7 @@ mod tests {
             "type": "hello", "version": 1, "stage": "s", "pid": 7, "future": [1, 2],
         });
         let body = rmp_serde::to_vec_named(&value).unwrap();
-        let WorkerMessage::Hello(hello) = decode(&body).unwrap() else {
-            panic!("not a hello")
-        };
+        let WorkerMessage::Hello(hello) = decode(&body).unwrap() else { panic!("not a hello") };
         assert_eq!((hello.pid, hello.name.as_str()), (7, ""));
     }
 

@@ -68,9 +68,7 @@ impl Visitor<'_> for JobIdVisitor {
     }
 
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<JobId, E> {
-        let bytes: [u8; 16] = v
-            .try_into()
-            .map_err(|_| E::invalid_length(v.len(), &self))?;
+        let bytes: [u8; 16] = v.try_into().map_err(|_| E::invalid_length(v.len(), &self))?;
         Ok(JobId::from_bytes(bytes))
     }
 }

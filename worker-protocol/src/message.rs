@@ -100,31 +100,16 @@ pub struct JobResult {
 impl JobResult {
     pub fn ok(id: JobId, data: impl Into<Bytes>) -> Self {
         let data = Some(data.into());
-        Self {
-            id,
-            status: ResultStatus::Ok,
-            data,
-            message: None,
-        }
+        Self { id, status: ResultStatus::Ok, data, message: None }
     }
 
     pub fn invalid(id: JobId, message: impl Into<String>) -> Self {
         let message = Some(message.into());
-        Self {
-            id,
-            status: ResultStatus::Invalid,
-            data: None,
-            message,
-        }
+        Self { id, status: ResultStatus::Invalid, data: None, message }
     }
 
     pub fn error(id: JobId, message: impl Into<String>) -> Self {
         let message = Some(message.into());
-        Self {
-            id,
-            status: ResultStatus::Error,
-            data: None,
-            message,
-        }
+        Self { id, status: ResultStatus::Error, data: None, message }
     }
 }

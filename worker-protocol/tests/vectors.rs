@@ -74,9 +74,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
 }
 
 fn vector_path(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("vectors")
-        .join(format!("{name}.bin"))
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("vectors").join(format!("{name}.bin"))
 }
 
 fn check<T>(name: &str, message: &T)
@@ -91,11 +89,7 @@ where
         std::fs::write(&path, &frame).unwrap();
     }
     let golden = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    assert_eq!(
-        frame.as_ref(),
-        golden.as_slice(),
-        "{name}: encoding differs from the golden frame"
-    );
+    assert_eq!(frame.as_ref(), golden.as_slice(), "{name}: encoding differs from the golden frame");
 
     let mut buf = BytesMut::from(golden.as_slice());
     let decoded = codec.decode(&mut buf).unwrap().expect("one whole frame");

@@ -17,17 +17,13 @@ pub struct ApiError {
     pub retry_after: Option<u64>,
     /// The methods a route takes, for 405 answers.
     pub allow: Option<&'static str>,
+    /// The failed elements of a multi-item request.
+    pub items: Option<Vec<serde_json::Value>>,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self {
-            status,
-            code,
-            message: message.into(),
-            retry_after: None,
-            allow: None,
-        }
+        Self { status, code, message: message.into(), retry_after: None, allow: None, items: None }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -35,20 +31,12 @@ impl ApiError {
     }
 
     pub fn not_found(path: &str) -> Self {
-        Self::new(
-            StatusCode::NOT_FOUND,
-            "not_found",
-            format!("no route for {path}"),
-        )
+        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {path}"))
     }
 
     pub fn method_not_allowed(method: &http::Method, allow: &'static str) -> Self {
         let message = format!("{method} is not allowed here; use {allow}");
-        let mut error = Self::new(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "method_not_allowed",
-            message,
-        );
+        let mut error = Self::new(StatusCode::METHOD_NOT_ALLOWED, "method_not_allowed", message);
         error.allow = Some(allow);
         error
     }
@@ -60,16 +48,18 @@ impl ApiError {
 
     pub fn unsupported_media_type() -> Self {
         let message = "Content-Type must be application/json or application/msgpack";
-        Self::new(
-            StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            "unsupported_media_type",
-            message,
-        )
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
     pub fn body_too_large(limit: usize) -> Self {
         let message = format!("the body is larger than {limit} bytes");
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)
+    }
+
+    pub fn too_many_items(items: usize, capacity: usize) -> Self {
+        let message =
+            format!("the request carries {items} items; the queue holds at most {capacity}");
+        Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_items", message)
     }
 
     pub fn deadline_exceeded() -> Self {
@@ -106,7 +96,10 @@ impl ApiError {
     }
 
     pub fn body(&self) -> Vec<u8> {
-        let body = serde_json::json!({ "error": self.code, "message": self.message });
+        let mut body = serde_json::json!({ "error": self.code, "message": self.message });
+        if let Some(items) = &self.items {
+            body["items"] = serde_json::Value::Array(items.clone());
+        }
         serde_json::to_vec(&body).expect("a JSON object of strings always serializes")
     }
 }

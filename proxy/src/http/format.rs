@@ -81,8 +81,7 @@ pub fn to_msgpack(format: Format, body: &[u8]) -> Result<Bytes, String> {
             let mut de = serde_json::Deserializer::from_slice(body);
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
                 .map_err(|e| format!("body is not valid JSON: {e}"))?;
-            de.end()
-                .map_err(|e| format!("body is not valid JSON: {e}"))?;
+            de.end().map_err(|e| format!("body is not valid JSON: {e}"))?;
             Ok(Bytes::from(out))
         }
         Format::Msgpack => {
@@ -133,28 +132,16 @@ mod tests {
         assert_eq!(negotiate(None, Format::Msgpack), Some(Format::Msgpack));
         assert_eq!(accept("*/*"), Some(Format::Json));
         assert_eq!(accept("application/msgpack"), Some(Format::Msgpack));
-        assert_eq!(
-            accept("text/html, application/msgpack;q=0.5"),
-            Some(Format::Msgpack)
-        );
-        assert_eq!(
-            accept("application/msgpack;q=0.2, application/json"),
-            Some(Format::Json)
-        );
+        assert_eq!(accept("text/html, application/msgpack;q=0.5"), Some(Format::Msgpack));
+        assert_eq!(accept("application/msgpack;q=0.2, application/json"), Some(Format::Json));
         assert_eq!(accept("text/html"), None);
         assert_eq!(accept("application/json;q=0"), None);
     }
 
     #[test]
     fn reads_content_types() {
-        assert_eq!(
-            Format::from_media_type("application/json; charset=utf-8"),
-            Some(Format::Json)
-        );
-        assert_eq!(
-            Format::from_media_type("application/x-msgpack"),
-            Some(Format::Msgpack)
-        );
+        assert_eq!(Format::from_media_type("application/json; charset=utf-8"), Some(Format::Json));
+        assert_eq!(Format::from_media_type("application/x-msgpack"), Some(Format::Msgpack));
         assert_eq!(Format::from_media_type("text/plain"), None);
     }
 
@@ -171,19 +158,10 @@ mod tests {
         assert!(to_msgpack(Format::Json, b"{\"a\": ").is_err());
         assert!(to_msgpack(Format::Json, b"1 2").is_err());
         assert!(to_msgpack(Format::Json, b"").is_err());
-        assert!(
-            to_msgpack(Format::Msgpack, &[0x92, 0x01]).is_err(),
-            "truncated array"
-        );
-        assert!(
-            to_msgpack(Format::Msgpack, &[0x01, 0x02]).is_err(),
-            "trailing bytes"
-        );
+        assert!(to_msgpack(Format::Msgpack, &[0x92, 0x01]).is_err(), "truncated array");
+        assert!(to_msgpack(Format::Msgpack, &[0x01, 0x02]).is_err(), "trailing bytes");
         assert!(to_msgpack(Format::Msgpack, &[]).is_err());
-        assert!(
-            to_msgpack(Format::Msgpack, &[0xc1]).is_err(),
-            "reserved byte"
-        );
+        assert!(to_msgpack(Format::Msgpack, &[0xc1]).is_err(), "reserved byte");
         assert!(to_msgpack(Format::Msgpack, &[0x92, 0x01, 0x02]).is_ok());
     }
 

@@ -1,9 +1,11 @@
-//! `POST /infer`: one request becomes one job, and the job's one answer becomes the response.
+//! `POST /infer`: a request becomes one job (or, with `x-corral-items: many`, one job per array
+//! element), and the jobs' answers become the response.
 
 use std::time::Duration;
 
 use bytes::Bytes;
 use corral_protocol::JobId;
+use futures_util::future::join_all;
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
@@ -12,12 +14,14 @@ use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::format::{self, Format};
+use super::items;
 use super::App;
 use crate::job::{Job, Outcome};
-use crate::stage::Shed;
 
 /// Header with which a client shortens its job's deadline.
 pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
+/// Header that marks a request carrying several items (`many`) or one (`one`, the default).
+pub const ITEMS_HEADER: &str = "x-corral-items";
 
 pub async fn handle(
     app: &App,
@@ -27,7 +31,7 @@ pub async fn handle(
     let arrived = Instant::now();
     let headers = request.headers();
     let input = match headers.get(CONTENT_TYPE) {
-        // A client that names no type is most likely sending JSON (curl -d does not say).
+        // A client that names no type almost always means JSON.
         None => Format::Json,
         Some(value) => value
             .to_str()
@@ -38,50 +42,82 @@ pub async fn handle(
     let output =
         format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?;
     let timeout = requested_timeout(headers)?.map_or(app.timeout, |t| t.min(app.timeout));
+    let many = carries_many(headers)?;
     check_declared_length(headers, app.max_body_bytes)?;
 
     let body = read_body(request.into_body(), app.max_body_bytes).await?;
     let payload = format::to_msgpack(input, &body).map_err(ApiError::bad_request)?;
-    let batch_bytes = app.stage.settings().max_batch_bytes;
-    if payload.len() > batch_bytes {
-        let message =
-            format!("the payload is larger than {batch_bytes} bytes once encoded as msgpack");
-        return Err(ApiError {
-            message,
-            ..ApiError::body_too_large(app.max_body_bytes)
-        });
+    let deadline = arrived + timeout;
+    if !many {
+        check_payload_size(app, &payload)?;
+        let outcome = run(app, vec![(id, payload)], arrived, deadline).await?;
+        return match outcome.into_iter().next().expect("one job, one outcome") {
+            Outcome::Done(data) => ok(output, data),
+            other => Err(ApiError::from_outcome(other)),
+        };
     }
 
-    let deadline = arrived + timeout;
-    let (job, answer) = Job::new(id, payload, arrived, deadline);
-    if let Err(Shed::QueueFull(_)) = app.stage.submit(job) {
+    let elements = items::split(&payload).map_err(ApiError::bad_request)?;
+    for element in &elements {
+        check_payload_size(app, element)?;
+    }
+    let capacity = app.stage.capacity();
+    if elements.len() > capacity {
+        return Err(ApiError::too_many_items(elements.len(), capacity));
+    }
+    let jobs = elements.into_iter().map(|element| (JobId::new(), element)).collect();
+    let outcomes = run(app, jobs, arrived, deadline).await?;
+    let data = items::assemble(outcomes)?;
+    ok(output, data)
+}
+
+/// Queues the jobs (all or none) and waits, until the shared deadline at most, for each answer.
+/// A job still unanswered at the deadline is [`Outcome::Expired`].
+///
+/// Waiting here is what makes 408 hold wherever a job is, queued or inside a worker; and if the
+/// client leaves, hyper drops this future with the receivers, so the queue skips the jobs.
+async fn run(
+    app: &App,
+    payloads: Vec<(JobId, Bytes)>,
+    arrived: Instant,
+    deadline: Instant,
+) -> Result<Vec<Outcome>, ApiError> {
+    let (jobs, answers): (Vec<Job>, Vec<_>) =
+        payloads.into_iter().map(|(id, payload)| Job::new(id, payload, arrived, deadline)).unzip();
+    if app.stage.submit_all(jobs).is_err() {
         return Err(ApiError::queue_full());
     }
-    // Waiting here until the deadline is what makes 408 hold wherever the job is: still queued
-    // or inside a worker. If the client leaves, this future is dropped with the receiver, and the
-    // queue skips the job.
-    let outcome = match tokio::time::timeout_at(deadline, answer).await {
-        Err(_elapsed) => Outcome::Expired,
-        Ok(Ok(outcome)) => outcome,
-        Ok(Err(_dropped)) => {
-            return Err(ApiError::internal(
-                "internal",
-                "the job was dropped without an answer",
-            ))
+    let waits = answers.into_iter().map(|answer| async move {
+        match tokio::time::timeout_at(deadline, answer).await {
+            Err(_elapsed) => Outcome::Expired,
+            Ok(Ok(outcome)) => outcome,
+            // Only a bug drops a job unanswered; say so rather than hang or guess.
+            Ok(Err(_dropped)) => {
+                Outcome::WorkerLost("the job was dropped without an answer".into())
+            }
         }
-    };
-    match outcome {
-        Outcome::Done(data) => {
-            let body = format::from_msgpack(output, data)
-                .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
-            Ok(Response::builder()
-                .status(StatusCode::OK)
-                .header(CONTENT_TYPE, output.content_type())
-                .body(Full::new(body))
-                .expect("static headers are valid"))
-        }
-        other => Err(ApiError::from_outcome(other)),
+    });
+    Ok(join_all(waits).await)
+}
+
+fn ok(output: Format, data: Bytes) -> Result<Response<Full<Bytes>>, ApiError> {
+    let body = format::from_msgpack(output, data)
+        .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, output.content_type())
+        .body(Full::new(body))
+        .expect("static headers are valid"))
+}
+
+/// A single payload must fit in one batch frame.
+fn check_payload_size(app: &App, payload: &Bytes) -> Result<(), ApiError> {
+    let limit = app.stage.settings().max_batch_bytes;
+    if payload.len() <= limit {
+        return Ok(());
     }
+    let message = format!("an item is larger than {limit} bytes once encoded as msgpack");
+    Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) })
 }
 
 fn requested_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
@@ -101,6 +137,17 @@ fn requested_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> 
     Ok(Some(Duration::from_millis(ms)))
 }
 
+fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
+    match headers.get(ITEMS_HEADER).map(|v| v.to_str().map(str::trim)) {
+        None => Ok(false),
+        Some(Ok(v)) if v.eq_ignore_ascii_case("one") => Ok(false),
+        Some(Ok(v)) if v.eq_ignore_ascii_case("many") => Ok(true),
+        Some(_) => {
+            Err(ApiError::bad_request(format!("{ITEMS_HEADER} must be \"one\" or \"many\"")))
+        }
+    }
+}
+
 /// Refuses a body whose declared length is over the limit before reading any of it.
 fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
     let declared = headers
@@ -118,8 +165,6 @@ async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
     match Limited::new(body, limit).collect().await {
         Ok(collected) => Ok(collected.to_bytes()),
         Err(e) if e.is::<LengthLimitError>() => Err(ApiError::body_too_large(limit)),
-        Err(e) => Err(ApiError::bad_request(format!(
-            "could not read the body: {e}"
-        ))),
+        Err(e) => Err(ApiError::bad_request(format!("could not read the body: {e}"))),
     }
 }

@@ -40,9 +40,7 @@ fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
     let workers = app.stage.workers();
     if workers == 0 {
         let stage = app.stage.name();
-        return Err(ApiError::not_ready(format!(
-            "stage {stage:?} has no connected worker"
-        )));
+        return Err(ApiError::not_ready(format!("stage {stage:?} has no connected worker")));
     }
     let queued = app.stage.queued();
     let body = format!(r#"{{"status":"ready","workers":{workers},"queued":{queued}}}"#);

@@ -40,9 +40,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, stop: CancellationToken
             let app = app.clone();
             async move { Ok::<_, Infallible>(routes::route(&app, request).await) }
         });
-        let connection = builder
-            .serve_connection(TokioIo::new(stream), service)
-            .into_owned();
+        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
         let connection = graceful.watch(connection);
         tokio::spawn(async move {
             if let Err(e) = connection.await {
@@ -52,10 +50,7 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, stop: CancellationToken
     }
     drop(listener);
     info!("no longer accepting HTTP connections; draining open requests");
-    if tokio::time::timeout(grace, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
         warn!("open HTTP connections outlived the grace period");
     }
 }

@@ -99,14 +99,8 @@ mod tests {
             model.record(n, ms(2.0 + 0.2 * n as f64));
         }
         let cost = model.estimate().unwrap();
-        assert!(
-            (cost.overhead.as_secs_f64() * 1e3 - 2.0).abs() < 1e-6,
-            "{cost:?}"
-        );
-        assert!(
-            (cost.per_item.as_secs_f64() * 1e3 - 0.2).abs() < 1e-6,
-            "{cost:?}"
-        );
+        assert!((cost.overhead.as_secs_f64() * 1e3 - 2.0).abs() < 1e-6, "{cost:?}");
+        assert!((cost.per_item.as_secs_f64() * 1e3 - 0.2).abs() < 1e-6, "{cost:?}");
         assert!((cost.of(10).as_secs_f64() * 1e3 - 4.0).abs() < 1e-6);
     }
 
@@ -120,10 +114,7 @@ mod tests {
             model.record(1 + i % 8, ms(1.0 + 0.5 * (1 + i % 8) as f64));
         }
         let cost = model.estimate().unwrap();
-        assert!(
-            (cost.overhead.as_secs_f64() * 1e3 - 1.0).abs() < 1e-6,
-            "{cost:?}"
-        );
+        assert!((cost.overhead.as_secs_f64() * 1e3 - 1.0).abs() < 1e-6, "{cost:?}");
     }
 
     #[test]

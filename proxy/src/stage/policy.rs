@@ -127,12 +127,7 @@ mod tests {
     const WAIT: Duration = Duration::from_millis(10);
 
     fn settings(policy: Policy) -> BatchSettings {
-        BatchSettings {
-            max_batch_size: 4,
-            max_wait: WAIT,
-            max_batch_bytes: 1000,
-            policy,
-        }
+        BatchSettings { max_batch_size: 4, max_wait: WAIT, max_batch_bytes: 1000, policy }
     }
 
     fn ms(ms: u64) -> Duration {
@@ -153,10 +148,7 @@ mod tests {
         Forecast {
             mean_gap: Some(Duration::from_micros(500)),
             last_arrival: Some(last_arrival),
-            cost: Some(Cost {
-                overhead: ms(2),
-                per_item: Duration::from_micros(200),
-            }),
+            cost: Some(Cost { overhead: ms(2), per_item: Duration::from_micros(200) }),
         }
     }
 
@@ -177,18 +169,9 @@ mod tests {
     fn a_full_batch_goes_at_once() {
         let now = Instant::now();
         for policy in [Policy::Adaptive, Policy::Fixed] {
-            assert_eq!(
-                decide(view(4, now), now, &settings(policy), &busy(now)),
-                Release::Now
-            );
-            let by_bytes = QueueView {
-                bytes: 1000,
-                ..view(2, now)
-            };
-            assert_eq!(
-                decide(by_bytes, now, &settings(policy), &busy(now)),
-                Release::Now
-            );
+            assert_eq!(decide(view(4, now), now, &settings(policy), &busy(now)), Release::Now);
+            let by_bytes = QueueView { bytes: 1000, ..view(2, now) };
+            assert_eq!(decide(by_bytes, now, &settings(policy), &busy(now)), Release::Now);
         }
     }
 
@@ -202,20 +185,14 @@ mod tests {
             Release::At(oldest + WAIT)
         );
         let later = oldest + WAIT;
-        assert_eq!(
-            decide(view(2, oldest), later, &fixed, &Forecast::default()),
-            Release::Now
-        );
+        assert_eq!(decide(view(2, oldest), later, &fixed, &Forecast::default()), Release::Now);
     }
 
     #[test]
     fn adaptive_without_history_does_not_wait() {
         let now = Instant::now();
         let adaptive = settings(Policy::Adaptive);
-        assert_eq!(
-            decide(view(1, now), now, &adaptive, &Forecast::default()),
-            Release::Now
-        );
+        assert_eq!(decide(view(1, now), now, &adaptive, &Forecast::default()), Release::Now);
     }
 
     #[test]
@@ -230,10 +207,7 @@ mod tests {
                 per_item: Duration::from_micros(10),
             }),
         };
-        assert_eq!(
-            decide(view(1, now), now, &settings(Policy::Adaptive), &lone),
-            Release::Now
-        );
+        assert_eq!(decide(view(1, now), now, &settings(Policy::Adaptive), &lone), Release::Now);
     }
 
     #[test]
@@ -241,15 +215,9 @@ mod tests {
         let now = Instant::now();
         let adaptive = settings(Policy::Adaptive);
         // 2 queued < 4 expected per overhead: wait, until arrivals would count as dried up.
-        assert_eq!(
-            decide(view(2, now), now, &adaptive, &busy(now)),
-            Release::At(now + ms(1))
-        );
+        assert_eq!(decide(view(2, now), now, &adaptive, &busy(now)), Release::At(now + ms(1)));
         // 4 queued: but the batch is full anyway. Use a bigger batch to see the rule itself.
-        let roomy = BatchSettings {
-            max_batch_size: 32,
-            ..adaptive
-        };
+        let roomy = BatchSettings { max_batch_size: 32, ..adaptive };
         assert_eq!(decide(view(4, now), now, &roomy, &busy(now)), Release::Now);
     }
 
@@ -258,10 +226,7 @@ mod tests {
         let oldest = Instant::now();
         let now = oldest + ms(1);
         let adaptive = settings(Policy::Adaptive);
-        assert_eq!(
-            decide(view(2, oldest), now, &adaptive, &busy(oldest)),
-            Release::Now
-        );
+        assert_eq!(decide(view(2, oldest), now, &adaptive, &busy(oldest)), Release::Now);
     }
 
     #[test]
@@ -269,10 +234,7 @@ mod tests {
         let oldest = Instant::now();
         let now = oldest + WAIT;
         let adaptive = settings(Policy::Adaptive);
-        assert_eq!(
-            decide(view(1, oldest), now, &adaptive, &busy(now)),
-            Release::Now
-        );
+        assert_eq!(decide(view(1, oldest), now, &adaptive, &busy(now)), Release::Now);
     }
 
     #[test]
@@ -280,18 +242,13 @@ mod tests {
         let now = Instant::now();
         let adaptive = settings(Policy::Adaptive);
         // Deadline in 2.5 ms; a batch of 2 is expected to take 2.4 ms: 0.1 ms of slack left.
-        let tight = QueueView {
-            oldest_deadline: Some(now + Duration::from_micros(2500)),
-            ..view(1, now)
-        };
+        let tight =
+            QueueView { oldest_deadline: Some(now + Duration::from_micros(2500)), ..view(1, now) };
         assert_eq!(
             decide(tight, now, &adaptive, &busy(now)),
             Release::At(now + Duration::from_micros(100))
         );
-        let none_left = QueueView {
-            oldest_deadline: Some(now + ms(2)),
-            ..view(1, now)
-        };
+        let none_left = QueueView { oldest_deadline: Some(now + ms(2)), ..view(1, now) };
         assert_eq!(decide(none_left, now, &adaptive, &busy(now)), Release::Now);
     }
 }

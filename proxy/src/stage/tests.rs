@@ -23,12 +23,7 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
 
 fn job(payload: &'static [u8], timeout: Duration) -> (Job, oneshot::Receiver<Outcome>) {
     let now = Instant::now();
-    Job::new(
-        JobId::new(),
-        Bytes::from_static(payload),
-        now,
-        now + timeout,
-    )
+    Job::new(JobId::new(), Bytes::from_static(payload), now, now + timeout)
 }
 
 fn submit(stage: &Stage, payload: &'static [u8]) -> oneshot::Receiver<Outcome> {
@@ -103,7 +98,7 @@ async fn a_full_queue_sheds_but_first_clears_out_dead_jobs() {
     drop(submit(&stage, b"gone"));
     let _c = submit(&stage, b"c"); // fits: "gone" made room
     let (d, _answer) = job(b"d", Duration::from_secs(1));
-    assert!(matches!(stage.submit(d), Err(Shed::QueueFull(_))));
+    assert!(matches!(stage.submit(d), Err(Shed::QueueFull)));
     assert_eq!(stage.queued(), 2);
 }
 
@@ -111,11 +106,7 @@ async fn a_full_queue_sheds_but_first_clears_out_dead_jobs() {
 async fn a_batch_stays_within_its_byte_budget() {
     let stage = stage(8, 10);
     let big: &'static [u8] = &[7; 60];
-    let _answers = [
-        submit(&stage, big),
-        submit(&stage, big),
-        submit(&stage, b"x"),
-    ];
+    let _answers = [submit(&stage, big), submit(&stage, big), submit(&stage, b"x")];
     assert_eq!(stage.next_batch().await.len(), 1, "60 + 60 > 100 bytes");
     assert_eq!(stage.next_batch().await.len(), 2);
 }
@@ -171,10 +162,8 @@ async fn the_learned_cost_converges_on_a_scripted_worker() {
         assert_eq!(answer.await.unwrap(), Outcome::Done(Bytes::new()));
     }
     let cost = stage.cost().expect("batches were recorded");
-    let (overhead, per_item) = (
-        cost.overhead.as_secs_f64() * 1e3,
-        cost.per_item.as_secs_f64() * 1e3,
-    );
+    let (overhead, per_item) =
+        (cost.overhead.as_secs_f64() * 1e3, cost.per_item.as_secs_f64() * 1e3);
     assert!((overhead - 20.0).abs() < 0.01, "overhead {overhead} ms");
     assert!((per_item - 2.0).abs() < 0.01, "per item {per_item} ms");
     worker.abort();
@@ -227,4 +216,39 @@ async fn adaptive_batches_busy_open_loop_traffic() {
     let mean = sizes.iter().sum::<usize>() as f64 / sizes.len() as f64;
     assert!(mean > 3.0, "mean batch size {mean}");
     worker.abort();
+}
+
+fn group(stage: &Stage, len: usize) -> Vec<oneshot::Receiver<Outcome>> {
+    let (jobs, answers) = (0..len).map(|_| job(b"g", Duration::from_secs(5))).unzip();
+    stage.submit_all(jobs).expect("queue has room");
+    answers
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_fits_in_a_batch_is_not_split() {
+    let stage = stage(4, 100);
+    let _a = submit(&stage, b"a");
+    let _group = group(&stage, 4);
+    // The group does not fit next to "a" but fits in a batch of its own.
+    assert_eq!(payloads(&stage.next_batch().await), [b"a"]);
+    assert_eq!(payloads(&stage.next_batch().await), [b"g"; 4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_larger_than_a_batch_is_split_in_order() {
+    let stage = stage(4, 100);
+    let _a = submit(&stage, b"a");
+    let _group = group(&stage, 6);
+    assert_eq!(payloads(&stage.next_batch().await), [b"a", b"g", b"g", b"g"]);
+    assert_eq!(payloads(&stage.next_batch().await), [b"g"; 3]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_is_admitted_whole_or_not_at_all() {
+    let stage = stage(4, 5);
+    let _a = submit(&stage, b"a");
+    let (jobs, _answers): (Vec<_>, Vec<_>) =
+        (0..5).map(|_| job(b"g", Duration::from_secs(5))).unzip();
+    assert_eq!(stage.submit_all(jobs), Err(Shed::QueueFull));
+    assert_eq!(stage.queued(), 1);
 }

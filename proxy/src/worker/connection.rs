@@ -69,11 +69,9 @@ async fn handshake(conn: &mut Conn, stage: &Stage) -> Option<Hello> {
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
-        WorkerMessage::Hello(hello) if hello.stage != stage.name() => format!(
-            "unknown stage {:?}; this proxy serves stage {:?}",
-            hello.stage,
-            stage.name()
-        ),
+        WorkerMessage::Hello(hello) if hello.stage != stage.name() => {
+            format!("unknown stage {:?}; this proxy serves stage {:?}", hello.stage, stage.name())
+        }
         WorkerMessage::Hello(hello) => return Some(hello),
         WorkerMessage::Results(_) => "the first message must be a hello".to_string(),
     };
@@ -142,10 +140,7 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
     let mut problem = None;
     for result in results.results {
         let Some(job) = pending.remove(&result.id) else {
-            problem = Some(format!(
-                "result for unknown or repeated job id {}",
-                result.id
-            ));
+            problem = Some(format!("result for unknown or repeated job id {}", result.id));
             break;
         };
         let outcome = match (result.status, result.data) {
@@ -161,10 +156,7 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
         answers.push((job, outcome));
     }
     if problem.is_none() && !pending.is_empty() {
-        problem = Some(format!(
-            "{} job(s) of the batch have no result",
-            pending.len()
-        ));
+        problem = Some(format!("{} job(s) of the batch have no result", pending.len()));
     }
     match problem {
         None => {
