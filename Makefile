@@ -5,6 +5,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 CORRAL := target/release/corral
 
+BENCH_VENV := bench/.venv
+OHA        := bench/.tools/bin/oha
+
 .PHONY: run test lint build release venv bench clean
 
 run: release venv
@@ -32,6 +35,19 @@ $(VENV)/.installed: requirements-dev.txt python-client/pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e ./python-client -r requirements-dev.txt
 	touch $@
+
+# Corral against MOSEC in one run (see BENCHMARKS.md); BENCH_ARGS passes options to bench/bench.py.
+bench: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/bench.py --oha $(OHA) $(BENCH_ARGS)
+
+$(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ./python-client -r bench/requirements.txt
+	touch $@
+
+# The load generator, built from crates.io (a few minutes, once).
+$(OHA):
+	cargo install --locked oha --version 1.16.0 --root bench/.tools
 
 clean:
 	cargo clean
