@@ -24,11 +24,11 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import workloads  # bench/ is on sys.path: this file runs as a script
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
-sys.path.insert(0, str(HERE))
 
-import workloads  # noqa: E402
 
 BODY = json.dumps({"x": [1.0, 2.0, 3.0, 4.0]})
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -286,7 +286,7 @@ def main() -> None:
             "--workers", "1", "--max-batch-size", "32", "--max-wait-ms", "10",
             "--queue-capacity", "1024", "--timeout-ms", "10000", *extra, *worker,
         ]  # fmt: skip
-        return System(name, command, f"http://127.0.0.1:{port}/infer", ("corral", "tokio-rt-worker"))
+        return System(name, command, f"http://127.0.0.1:{port}/infer", ("corral",))
 
     every = {
         "corral": corral("corral", 18100),

@@ -1,12 +1,9 @@
 """The benchmark's Corral worker: the workload named by BENCH_WORKLOAD."""
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import corral  # noqa: E402
-import workloads  # noqa: E402
+import corral
+import workloads
 
 WORKLOAD = os.environ.get("BENCH_WORKLOAD", "echo")
 

@@ -1,13 +1,10 @@
 """The benchmark's MOSEC server: the same workload, one worker, max batch 32, max wait 10 ms."""
 
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from mosec import Server, Worker
 
-from mosec import Server, Worker  # noqa: E402
-
-import workloads  # noqa: E402
+import workloads
 
 WORKLOAD = os.environ.get("BENCH_WORKLOAD", "echo")
 
