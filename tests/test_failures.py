@@ -4,6 +4,7 @@ the worker, 503 when the queue is full, and a worker that dies holding a batch."
 from __future__ import annotations
 
 import json
+import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -101,3 +102,34 @@ def test_sigterm_stops_workers_and_removes_the_socket(corral_factory):
         raise AssertionError("the proxy still answers after stopping")
     except httpx.TransportError:
         pass
+
+
+def test_a_path_that_is_not_a_socket_is_never_replaced(tmp_path):
+    from conftest import BINARY
+
+    precious = tmp_path / "corral.sock"
+    precious.write_text("not a socket")
+    result = subprocess.run(
+        [BINARY, "--listen", "127.0.0.1:0", "--socket", str(precious)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert "not a socket" in result.stderr
+    assert precious.read_text() == "not a socket"
+
+
+def test_a_socket_in_use_by_a_live_proxy_is_an_error(corral_factory):
+    from conftest import BINARY
+
+    live = corral_factory(worker=None)
+    result = subprocess.run(
+        [BINARY, "--listen", "127.0.0.1:0", "--socket", str(live.socket)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode != 0
+    assert "in use" in result.stderr
+    assert live.client.get("/healthz").status_code == 200

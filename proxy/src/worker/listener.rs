@@ -1,6 +1,7 @@
 //! The Unix socket workers connect to.
 
 use std::io;
+use std::os::unix::fs::FileTypeExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -13,9 +14,16 @@ use crate::stage::Stage;
 use crate::worker::connection;
 
 /// Binds the worker socket. A socket file left behind by a proxy that died is replaced; one that a
-/// live proxy still answers on is an error, so two proxies never share a path by accident.
+/// live proxy still answers on is an error, so two proxies never share a path by accident; and a
+/// path that is not a socket at all is never deleted.
 pub async fn bind(path: &Path) -> io::Result<UnixListener> {
-    if path.exists() {
+    if let Ok(metadata) = std::fs::symlink_metadata(path) {
+        if !metadata.file_type().is_socket() {
+            return Err(io::Error::new(
+                io::ErrorKind::AlreadyExists,
+                format!("{} exists and is not a socket; refusing to replace it", path.display()),
+            ));
+        }
         if UnixStream::connect(path).await.is_ok() {
             return Err(io::Error::new(
                 io::ErrorKind::AddrInUse,
