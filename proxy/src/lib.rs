@@ -12,12 +12,14 @@
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
 //! - [`worker`]: the worker socket and one task per connected worker (protocol in
 //!   `corral-protocol`).
+//! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
 //! - [`run`]: wires these together and shuts them down in order.
 
 pub mod config;
 pub mod http;
 pub mod job;
+pub mod metrics;
 pub mod stage;
 pub mod supervisor;
 pub mod worker;

@@ -3,20 +3,23 @@
 //! HTTP handlers [`Stage::submit`] jobs; each worker connection, whenever its worker is idle,
 //! awaits [`Stage::next_batch`], which applies the batch [`policy`] and hands over up to a batch
 //! of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose client
-//! left are dropped here, so neither is ever dispatched.
+//! left are dropped here, so neither is ever dispatched. Admission refuses jobs that the queue has
+//! no room for, or that could not finish before their deadline ([`admission`]).
 
+pub mod admission;
 pub mod arrivals;
 pub mod cost;
 pub mod policy;
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::job::{Job, Outcome};
+use crate::metrics::metrics;
 use arrivals::Arrivals;
 use cost::CostModel;
 pub use policy::{BatchSettings, Policy};
@@ -27,6 +30,8 @@ use policy::{Forecast, QueueView, Release};
 pub enum Shed {
     /// The queue has no room for them under `--queue-capacity`.
     QueueFull,
+    /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
+    DeadlineUnreachable { retry_after: Duration },
 }
 
 pub struct Stage {
@@ -36,7 +41,6 @@ pub struct Stage {
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
-    workers: AtomicUsize,
 }
 
 #[derive(Default)]
@@ -46,6 +50,9 @@ struct Queue {
     bytes: usize,
     arrivals: Arrivals,
     cost: CostModel,
+    /// One slot per connected worker (None: a free slot); the inner value is the start and size
+    /// of the batch the worker holds, if any.
+    seats: Vec<Option<Option<(Instant, usize)>>>,
 }
 
 impl Queue {
@@ -89,6 +96,18 @@ impl Queue {
         }
     }
 
+    /// When each connected worker can take its next batch, by the learned cost.
+    fn free_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
+        self.seats
+            .iter()
+            .flatten()
+            .map(|busy| match busy {
+                None => now,
+                Some((since, size)) => (*since + cost.of(*size)).max(now),
+            })
+            .collect()
+    }
+
     fn forecast(&self) -> Forecast {
         Forecast {
             mean_gap: self.arrivals.mean_gap(),
@@ -98,10 +117,14 @@ impl Queue {
     }
 }
 
-/// Ends a job that will never be dispatched.
+/// Ends a job that will never be dispatched: expired (408, if its client is still there to be
+/// told) or cancelled (its client left).
 fn bury(job: Job, now: Instant) {
-    if !job.is_abandoned() && job.is_expired(now) {
+    if job.is_expired(now) {
+        metrics().expired.with_label_values(&["queue"]).inc();
         job.answer(Outcome::Expired);
+    } else {
+        metrics().cancelled.with_label_values(&["queue"]).inc();
     }
 }
 
@@ -113,7 +136,6 @@ impl Stage {
             capacity,
             queue: Mutex::default(),
             arrivals: Notify::new(),
-            workers: AtomicUsize::new(0),
         }
     }
 
@@ -131,7 +153,8 @@ impl Stage {
     }
 
     /// Queues jobs back to back, all or none, so that the items of one request stay in order and
-    /// together (see [`Stage::take`]).
+    /// together (see [`Stage::take`]). Refuses them when the queue has no room, or when the last
+    /// of them is predicted to finish past its deadline.
     pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), Shed> {
         let count = jobs.len();
         if let Some(first) = jobs.first_mut() {
@@ -139,11 +162,22 @@ impl Stage {
         }
         {
             let mut queue = self.lock();
+            let now = Instant::now();
             if queue.jobs.len() + count > self.capacity {
-                queue.drop_dead(Instant::now(), true);
+                queue.drop_dead(now, true);
             }
             if queue.jobs.len() + count > self.capacity {
                 return Err(Shed::QueueFull);
+            }
+            if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
+                let mut free_at = queue.free_at(now, cost);
+                let ahead = queue.jobs.len();
+                let max = self.settings.max_batch_size;
+                let finish = admission::predicted_finish(ahead, count, max, cost, &mut free_at);
+                if let Some(finish) = finish.filter(|&finish| finish > last.deadline) {
+                    let retry_after = admission::retry_after(finish, last.deadline);
+                    return Err(Shed::DeadlineUnreachable { retry_after });
+                }
             }
             for job in jobs {
                 queue.arrivals.record(job.arrived);
@@ -219,12 +253,13 @@ impl Stage {
             bytes += job.payload.len();
             batch.push(job);
         }
+        if !batch.is_empty() {
+            let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
+            for job in &batch {
+                waited.observe(now.saturating_duration_since(job.arrived).as_secs_f64());
+            }
+        }
         batch
-    }
-
-    /// Teaches the cost model: a batch of `size` jobs took `took` in a worker.
-    pub fn record_batch(&self, size: usize, took: std::time::Duration) {
-        self.lock().cost.record(size, took);
     }
 
     /// The batch cost learned so far.
@@ -237,14 +272,29 @@ impl Stage {
         self.lock().jobs.len()
     }
 
-    /// Counts a connected worker until the returned guard is dropped.
+    /// Seats a connected worker; it counts (and its batches are tracked for admission) until the
+    /// returned seat is dropped.
     pub fn worker_joined(&self) -> WorkerSeat<'_> {
-        self.workers.fetch_add(1, Ordering::Relaxed);
-        WorkerSeat(self)
+        let mut queue = self.lock();
+        let slot = match queue.seats.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                queue.seats.push(None);
+                queue.seats.len() - 1
+            }
+        };
+        queue.seats[slot] = Some(None);
+        WorkerSeat { stage: self, slot }
     }
 
+    /// Connected workers.
     pub fn workers(&self) -> usize {
-        self.workers.load(Ordering::Relaxed)
+        self.lock().seats.iter().flatten().count()
+    }
+
+    /// Connected workers holding a batch.
+    pub fn busy_workers(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|busy| busy.is_some()).count()
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -254,12 +304,37 @@ impl Stage {
     }
 }
 
-/// A connected worker's place in its stage's count.
-pub struct WorkerSeat<'a>(&'a Stage);
+/// A connected worker's place in its stage: it pulls batches through its seat, so the stage
+/// knows which workers are busy, since when, and with how many jobs.
+pub struct WorkerSeat<'a> {
+    stage: &'a Stage,
+    slot: usize,
+}
+
+impl WorkerSeat<'_> {
+    /// [`Stage::next_batch`], then marks this worker busy with it. Cancel-safe like it.
+    pub async fn next_batch(&self) -> Vec<Job> {
+        let batch = self.stage.next_batch().await;
+        let mut queue = self.stage.lock();
+        queue.seats[self.slot] = Some(Some((Instant::now(), batch.len())));
+        batch
+    }
+
+    /// The worker answered its batch of `size` jobs after `took`: it is idle again, and the cost
+    /// model learns from it.
+    pub fn finished(&self, size: usize, took: Duration) {
+        let mut queue = self.stage.lock();
+        queue.seats[self.slot] = Some(None);
+        queue.cost.record(size, took);
+        let stage = [self.stage.name.as_str()];
+        metrics().batch_size.with_label_values(&stage).observe(size as f64);
+        metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());
+    }
+}
 
 impl Drop for WorkerSeat<'_> {
     fn drop(&mut self) {
-        self.0.workers.fetch_sub(1, Ordering::Relaxed);
+        self.stage.lock().seats[self.slot] = None;
     }
 }
 

@@ -61,6 +61,7 @@ async fn supervise(command: WorkerCommand, index: u32, stop: CancellationToken) 
             }
         };
         restarts += 1;
+        crate::metrics::metrics().worker_restarts.inc();
         match status {
             Ok(status) => warn!(worker = index, %status, restarts, "worker exited; restarting"),
             Err(e) => {

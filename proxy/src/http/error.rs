@@ -78,6 +78,13 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message)
     }
 
+    pub fn deadline_unreachable(retry_after_secs: u64) -> Self {
+        let message = "the job cannot finish before its deadline at the current load; retry later";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "deadline_unreachable", message);
+        error.retry_after = Some(retry_after_secs.max(1));
+        error
+    }
+
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
     }

@@ -3,12 +3,12 @@
 
 use std::time::Duration;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use corral_protocol::JobId;
 use futures_util::future::join_all;
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
-use http_body_util::{BodyExt, Full, LengthLimitError, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
@@ -17,6 +17,8 @@ use super::format::{self, Format};
 use super::items;
 use super::App;
 use crate::job::{Job, Outcome};
+use crate::metrics::metrics;
+use crate::stage::Shed;
 
 /// Header with which a client shortens its job's deadline.
 pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
@@ -43,9 +45,9 @@ pub async fn handle(
         format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?;
     let timeout = requested_timeout(headers)?.map_or(app.timeout, |t| t.min(app.timeout));
     let many = carries_many(headers)?;
-    check_declared_length(headers, app.max_body_bytes)?;
+    let declared_too_large = declared_too_large(headers, app.max_body_bytes);
 
-    let body = read_body(request.into_body(), app.max_body_bytes).await?;
+    let body = read_body(request.into_body(), app.max_body_bytes, declared_too_large).await?;
     let payload = format::to_msgpack(input, &body).map_err(ApiError::bad_request)?;
     let deadline = arrived + timeout;
     if !many {
@@ -84,8 +86,16 @@ async fn run(
 ) -> Result<Vec<Outcome>, ApiError> {
     let (jobs, answers): (Vec<Job>, Vec<_>) =
         payloads.into_iter().map(|(id, payload)| Job::new(id, payload, arrived, deadline)).unzip();
-    if app.stage.submit_all(jobs).is_err() {
-        return Err(ApiError::queue_full());
+    if let Err(shed) = app.stage.submit_all(jobs) {
+        // Counted, not logged: shedding must stay cheap under overload.
+        let error = match shed {
+            Shed::QueueFull => ApiError::queue_full(),
+            Shed::DeadlineUnreachable { retry_after } => {
+                ApiError::deadline_unreachable(retry_after.as_secs())
+            }
+        };
+        metrics().shed.with_label_values(&[error.code]).inc();
+        return Err(error);
     }
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {
@@ -148,23 +158,51 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
     }
 }
 
-/// Refuses a body whose declared length is over the limit before reading any of it.
-fn check_declared_length(headers: &HeaderMap, limit: usize) -> Result<(), ApiError> {
+/// A body whose declared length is over the limit: refused (413) before reading any of it.
+fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
     let declared = headers
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    match declared {
-        Some(length) if length > limit as u64 => Err(ApiError::body_too_large(limit)),
-        _ => Ok(()),
-    }
+    declared.is_some_and(|length| length > limit as u64)
 }
 
+/// After a 413 the rest of the body is read and thrown away, up to this much, so that a client
+/// still sending gets to read the answer instead of a connection reset. Beyond it, the connection
+/// is simply closed.
+const DRAIN_BYTES: usize = 4 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
 /// Reads the body, stopping (413) as soon as it passes the limit rather than buffering it all.
-async fn read_body(body: Incoming, limit: usize) -> Result<Bytes, ApiError> {
-    match Limited::new(body, limit).collect().await {
-        Ok(collected) => Ok(collected.to_bytes()),
-        Err(e) if e.is::<LengthLimitError>() => Err(ApiError::body_too_large(limit)),
-        Err(e) => Err(ApiError::bad_request(format!("could not read the body: {e}"))),
+async fn read_body(mut body: Incoming, limit: usize, declared: bool) -> Result<Bytes, ApiError> {
+    if declared {
+        drain(body).await;
+        return Err(ApiError::body_too_large(limit));
     }
+    let mut buf = BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        let frame =
+            frame.map_err(|e| ApiError::bad_request(format!("could not read the body: {e}")))?;
+        if let Ok(data) = frame.into_data() {
+            if buf.len() + data.len() > limit {
+                drain(body).await;
+                return Err(ApiError::body_too_large(limit));
+            }
+            buf.extend_from_slice(&data);
+        }
+    }
+    Ok(buf.freeze())
+}
+
+async fn drain(mut body: Incoming) {
+    let discard = async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
 }

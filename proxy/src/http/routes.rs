@@ -7,28 +7,63 @@ use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
 
+use tokio::time::Instant;
+
 use super::error::ApiError;
 use super::{infer, App};
+use crate::metrics::metrics;
 
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes>> {
+    let arrived = Instant::now();
     // Every request gets an id, job or not, so every answer can be traced.
     let id = JobId::new();
     let method = request.method().clone();
-    let answer = match request.uri().path() {
-        "/infer" if method == Method::POST => infer::handle(app, id, request).await,
-        "/infer" => Err(ApiError::method_not_allowed(&method, "POST")),
-        "/healthz" if is_get(&method) => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
-        "/readyz" if is_get(&method) => ready(app),
-        "/healthz" | "/readyz" => Err(ApiError::method_not_allowed(&method, "GET")),
-        path => Err(ApiError::not_found(path)),
+    // The route label takes known paths only, so that a scan of random URLs cannot grow it.
+    let (route, answer) = match request.uri().path() {
+        "/infer" if method == Method::POST => ("/infer", infer::handle(app, id, request).await),
+        "/infer" => ("/infer", Err(ApiError::method_not_allowed(&method, "POST"))),
+        "/healthz" if is_get(&method) => {
+            ("/healthz", Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)))
+        }
+        "/readyz" if is_get(&method) => ("/readyz", ready(app)),
+        "/metrics" if is_get(&method) => ("/metrics", Ok(prometheus_text(app))),
+        path @ ("/healthz" | "/readyz" | "/metrics") => {
+            (path_label(path), Err(ApiError::method_not_allowed(&method, "GET")))
+        }
+        path => ("other", Err(ApiError::not_found(path))),
     };
     let mut response = answer.unwrap_or_else(error_response);
     let id = HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value");
     response.headers_mut().insert(REQUEST_ID_HEADER, id);
+    let code = response.status();
+    metrics().requests.with_label_values(&[route, code.as_str()]).inc();
+    metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());
     response
+}
+
+fn path_label(path: &str) -> &'static str {
+    match path {
+        "/healthz" => "/healthz",
+        "/readyz" => "/readyz",
+        _ => "/metrics",
+    }
+}
+
+/// The metrics page; state gauges are read at scrape time.
+fn prometheus_text(app: &App) -> Response<Full<Bytes>> {
+    let m = metrics();
+    let stage = [app.stage.name()];
+    m.queue_depth.with_label_values(&stage).set(app.stage.queued() as i64);
+    m.workers_connected.with_label_values(&stage).set(app.stage.workers() as i64);
+    m.workers_busy.with_label_values(&stage).set(app.stage.busy_workers() as i64);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
+        .body(Full::new(Bytes::from(m.render())))
+        .expect("static headers are valid")
 }
 
 fn is_get(method: &Method) -> bool {

@@ -134,12 +134,13 @@ fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
 /// counts whole milliseconds, so the tests' durations are whole milliseconds too).
 fn scripted_worker(stage: std::sync::Arc<Stage>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let seat = stage.worker_joined();
         loop {
-            let batch = stage.next_batch().await;
+            let batch = seat.next_batch().await;
             let started = Instant::now();
             let took = Duration::from_millis(20 + 2 * batch.len() as u64);
             tokio::time::sleep(took).await;
-            stage.record_batch(batch.len(), started.elapsed());
+            seat.finished(batch.len(), started.elapsed());
             for job in batch {
                 job.answer(Outcome::Done(Bytes::new()));
             }
@@ -191,12 +192,13 @@ async fn adaptive_batches_busy_open_loop_traffic() {
     let worker = tokio::spawn({
         let (stage, sizes) = (stage.clone(), sizes.clone());
         async move {
+            let seat = stage.worker_joined();
             loop {
-                let batch = stage.next_batch().await;
+                let batch = seat.next_batch().await;
                 sizes.lock().unwrap().push(batch.len());
                 let started = Instant::now();
                 tokio::time::sleep(Duration::from_millis(20 + 2 * batch.len() as u64)).await;
-                stage.record_batch(batch.len(), started.elapsed());
+                seat.finished(batch.len(), started.elapsed());
                 batch.into_iter().for_each(|job| {
                     job.answer(Outcome::Done(Bytes::new()));
                 });

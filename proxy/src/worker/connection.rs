@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::job::{Job, Outcome};
-use crate::stage::Stage;
+use crate::metrics::metrics;
+use crate::stage::{Stage, WorkerSeat};
 
 /// How long a new connection has to say hello before it is dropped.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -35,7 +36,7 @@ pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: Cancellation
     let Some(hello) = handshake(&mut conn, &stage).await else {
         return;
     };
-    let _seat = stage.worker_joined();
+    let seat = stage.worker_joined();
     info!(
         stage = stage.name(),
         pid = hello.pid,
@@ -43,11 +44,14 @@ pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: Cancellation
         workers = stage.workers(),
         "worker connected"
     );
-    let why = tokio::select! {
-        why = work(&mut conn, &stage) => why,
-        _ = shutdown.cancelled() => "proxy shutting down".to_string(),
+    let ended = tokio::select! {
+        ended = work(&mut conn, &seat) => ended,
+        _ = shutdown.cancelled() => Ended::Stopped,
     };
-    info!(stage = stage.name(), pid = hello.pid, reason = %why, "worker disconnected");
+    if let Ended::Failed { reason, .. } = &ended {
+        metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
+    }
+    info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
@@ -76,23 +80,49 @@ async fn handshake(conn: &mut Conn, stage: &Stage) -> Option<Hello> {
         WorkerMessage::Results(_) => "the first message must be a hello".to_string(),
     };
     warn!(reason = %refusal, "worker refused");
+    metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
     let reject = ProxyMessage::Reject(Reject { message: refusal });
     // The worker may already be gone; the refusal is logged either way.
     let _ = conn.send(&reject).await;
     None
 }
 
+/// Why a worker connection ended.
+enum Ended {
+    /// The worker hung up while idle.
+    Closed,
+    /// The proxy is shutting down.
+    Stopped,
+    /// The worker broke the protocol (`reason` = "protocol") or its connection broke while it
+    /// held a batch ("died").
+    Failed { reason: &'static str, why: String },
+}
+
+impl std::fmt::Display for Ended {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Ended::Closed => f.write_str("connection closed"),
+            Ended::Stopped => f.write_str("proxy shutting down"),
+            Ended::Failed { why, .. } => f.write_str(why),
+        }
+    }
+}
+
+fn protocol_error(why: impl std::fmt::Display) -> Ended {
+    Ended::Failed { reason: "protocol", why: format!("protocol error: {why}") }
+}
+
 /// The pull loop. Returns why it ended; every job it took has been answered by then.
-async fn work(conn: &mut Conn, stage: &Stage) -> String {
+async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>) -> Ended {
     loop {
         // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
         // meanwhile, so no batch is ever sent to a dead connection.
         let jobs = tokio::select! {
-            jobs = stage.next_batch() => jobs,
+            jobs = seat.next_batch() => jobs,
             message = conn.next() => return match message {
-                None => "connection closed".to_string(),
-                Some(Ok(_)) => "protocol error: message while idle".to_string(),
-                Some(Err(e)) => format!("protocol error: {e}"),
+                None => Ended::Closed,
+                Some(Ok(_)) => protocol_error("message while idle"),
+                Some(Err(e)) => protocol_error(e),
             },
         };
         let now = Instant::now();
@@ -109,25 +139,26 @@ async fn work(conn: &mut Conn, stage: &Stage) -> String {
         if let Err(e) = conn.send(&ProxyMessage::Batch(batch)).await {
             let why = format!("could not send a batch: {e}");
             fail(jobs, &why);
-            return why;
+            return Ended::Failed { reason: "died", why };
         }
         let size = jobs.len();
-        let why = match conn.next().await {
+        let ended = match conn.next().await {
             Some(Ok(WorkerMessage::Results(results))) => match deliver(jobs, results) {
                 Ok(()) => {
-                    stage.record_batch(size, now.elapsed());
+                    seat.finished(size, now.elapsed());
                     continue;
                 }
-                Err(why) => return format!("protocol error: {why}"),
+                Err(why) => return protocol_error(why),
             },
-            Some(Ok(WorkerMessage::Hello(_))) => {
-                "protocol error: hello while holding a batch".into()
-            }
-            Some(Err(e)) => format!("protocol error: {e}"),
-            None => "connection closed while holding a batch".to_string(),
+            Some(Ok(WorkerMessage::Hello(_))) => protocol_error("hello while holding a batch"),
+            Some(Err(e)) => protocol_error(e),
+            None => Ended::Failed {
+                reason: "died",
+                why: "connection closed while holding a batch".into(),
+            },
         };
-        fail(jobs, &why);
-        return why;
+        fail(jobs, &ended.to_string());
+        return ended;
     }
 }
 
@@ -160,8 +191,9 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
     }
     match problem {
         None => {
+            let now = Instant::now();
             for (job, outcome) in answers {
-                job.answer(outcome);
+                answer(job, outcome, now);
             }
             Ok(())
         }
@@ -176,7 +208,22 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
 
 /// Answers every job 500: the worker holding them is gone or untrustworthy.
 fn fail(jobs: impl IntoIterator<Item = Job>, why: &str) {
+    let now = Instant::now();
     for job in jobs {
-        job.answer(Outcome::WorkerLost(why.to_string()));
+        answer(job, Outcome::WorkerLost(why.to_string()), now);
+    }
+}
+
+/// Answers a job that a worker held. Nobody listening means the client got its 408 already (a
+/// late result, dropped) or disconnected (a cancelled job): either is counted.
+fn answer(job: Job, outcome: Outcome, now: Instant) {
+    let expired = job.is_expired(now);
+    if !job.answer(outcome) {
+        if expired {
+            metrics().late_results.inc();
+            metrics().expired.with_label_values(&["worker"]).inc();
+        } else {
+            metrics().cancelled.with_label_values(&["worker"]).inc();
+        }
     }
 }

@@ -1,0 +1,188 @@
+//! Prometheus metrics, served as text at `GET /metrics`.
+//!
+//! One process serves one proxy, so the metrics live in one process-wide registry ([`metrics`])
+//! rather than being threaded through every constructor. Every label has a bounded set of values:
+//! route paths from the configuration, stage names, status codes, and fixed reason words.
+//! Gauges that mirror state (queue depth, workers) are set when scraped, not on every change.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGaugeVec, Opts, Registry,
+    TextEncoder,
+};
+
+/// Latency buckets for model serving: sub-millisecond proxy work to tens of seconds of model.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+    5.0, 10.0, 30.0,
+];
+const BATCH_SIZE_BUCKETS: &[f64] =
+    &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
+
+pub struct Metrics {
+    registry: Registry,
+    /// Answers by route and status code.
+    pub requests: IntCounterVec,
+    /// Time from request arrival to answer, by route.
+    pub request_seconds: HistogramVec,
+    /// Jobs refused at admission, by reason (`queue_full`, `deadline_unreachable`).
+    pub shed: IntCounterVec,
+    /// Jobs answered 408, by where they were (`queue`, `worker`).
+    pub expired: IntCounterVec,
+    /// Jobs whose client left before the answer, by where they were (`queue`, `worker`).
+    pub cancelled: IntCounterVec,
+    /// Results that came back after their job's deadline and were dropped.
+    pub late_results: IntCounter,
+    /// Time jobs spent queued before dispatch, by stage.
+    pub queue_wait_seconds: HistogramVec,
+    /// Jobs per batch, by stage.
+    pub batch_size: HistogramVec,
+    /// Time from sending a batch to receiving its results, by stage.
+    pub batch_seconds: HistogramVec,
+    /// Queued jobs, by stage (set at scrape time).
+    pub queue_depth: IntGaugeVec,
+    /// Connected workers, by stage (set at scrape time).
+    pub workers_connected: IntGaugeVec,
+    /// Workers holding a batch, by stage (set at scrape time).
+    pub workers_busy: IntGaugeVec,
+    /// Worker connections that ended in a failure, by stage and reason
+    /// (`protocol`, `died`, `refused`).
+    pub worker_failures: IntCounterVec,
+    /// Spawned worker processes restarted after exiting.
+    pub worker_restarts: IntCounter,
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    &METRICS
+}
+
+fn counter(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let metric = IntCounterVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric name");
+    metric
+}
+
+fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    let metric = IntGaugeVec::new(Opts::new(name, help), labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric name");
+    metric
+}
+
+fn histogram(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+    buckets: &[f64],
+) -> HistogramVec {
+    let opts = HistogramOpts::new(name, help).buckets(buckets.to_vec());
+    let metric = HistogramVec::new(opts, labels).expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric name");
+    metric
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let r = Registry::new();
+        let late = IntCounter::new(
+            "corral_late_results_total",
+            "Worker results that arrived after their job's deadline and were dropped.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(late.clone())).expect("unique metric name");
+        let restarts = IntCounter::new(
+            "corral_worker_restarts_total",
+            "Spawned worker processes restarted after they exited.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(restarts.clone())).expect("unique metric name");
+        Self {
+            requests: counter(
+                &r,
+                "corral_requests_total",
+                "HTTP answers by route and status code.",
+                &["route", "code"],
+            ),
+            request_seconds: histogram(
+                &r,
+                "corral_request_duration_seconds",
+                "Time from request arrival to its answer.",
+                &["route"],
+                SECONDS_BUCKETS,
+            ),
+            shed: counter(
+                &r,
+                "corral_jobs_shed_total",
+                "Jobs refused at admission (503), by reason.",
+                &["reason"],
+            ),
+            expired: counter(
+                &r,
+                "corral_jobs_expired_total",
+                "Jobs whose deadline passed before their answer (408), by where they were.",
+                &["where"],
+            ),
+            cancelled: counter(
+                &r,
+                "corral_jobs_cancelled_total",
+                "Jobs whose client disconnected before the answer, by where they were.",
+                &["where"],
+            ),
+            late_results: late,
+            queue_wait_seconds: histogram(
+                &r,
+                "corral_queue_wait_seconds",
+                "Time jobs spent queued before dispatch.",
+                &["stage"],
+                SECONDS_BUCKETS,
+            ),
+            batch_size: histogram(
+                &r,
+                "corral_batch_size",
+                "Jobs per dispatched batch.",
+                &["stage"],
+                BATCH_SIZE_BUCKETS,
+            ),
+            batch_seconds: histogram(
+                &r,
+                "corral_batch_duration_seconds",
+                "Time from sending a batch to a worker to receiving its results.",
+                &["stage"],
+                SECONDS_BUCKETS,
+            ),
+            queue_depth: gauge(&r, "corral_queue_depth", "Jobs queued, by stage.", &["stage"]),
+            workers_connected: gauge(
+                &r,
+                "corral_workers_connected",
+                "Workers connected, by stage.",
+                &["stage"],
+            ),
+            workers_busy: gauge(
+                &r,
+                "corral_workers_busy",
+                "Workers holding a batch, by stage.",
+                &["stage"],
+            ),
+            worker_failures: counter(
+                &r,
+                "corral_worker_failures_total",
+                "Worker connections that ended in a failure, by stage and reason.",
+                &["stage", "reason"],
+            ),
+            worker_restarts: restarts,
+            registry: r,
+        }
+    }
+
+    /// The Prometheus text exposition of every metric.
+    pub fn render(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(16 * 1024);
+        TextEncoder::new()
+            .encode(&self.registry.gather(), &mut out)
+            .expect("encoding metrics into a Vec cannot fail");
+        out
+    }
+}

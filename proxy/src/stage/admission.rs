@@ -1,0 +1,98 @@
+//! Deadline-aware admission: at arrival, predict when a job would finish, and refuse it at once
+//! (503) if that is past its deadline, instead of queueing work nobody will wait for
+//! (../shared/seeds/004_*).
+//!
+//! The prediction replays the queue onto the workers: the jobs ahead, plus this request's, go out
+//! in full batches, each to the worker that frees up first; a batch costs what the learned model
+//! says. A busy worker frees up when its batch is expected to end. With no learned cost yet, or no
+//! connected worker, there is nothing to predict from and the job is admitted.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::cost::Cost;
+
+/// When the last of `group` new jobs, queued behind `ahead` jobs, is expected to be answered.
+/// `free_at` holds, per connected worker, when it can take its next batch (now if idle).
+pub fn predicted_finish(
+    ahead: usize,
+    group: usize,
+    max_batch: usize,
+    cost: Cost,
+    free_at: &mut [Instant],
+) -> Option<Instant> {
+    if free_at.is_empty() || group == 0 {
+        return None;
+    }
+    free_at.sort_unstable();
+    let total = ahead + group;
+    let batches = total.div_ceil(max_batch);
+    let last_batch_size = total - (batches - 1) * max_batch;
+    // Batch j goes to the j-th worker to free up, in round j / workers: with equal batch costs
+    // the workers take turns in the order they free up.
+    let j = batches - 1;
+    let rounds_before = (j / free_at.len()) as u32;
+    Some(free_at[j % free_at.len()] + cost.of(max_batch) * rounds_before + cost.of(last_batch_size))
+}
+
+/// `Retry-After` for a refused job: how far past its deadline it was predicted to finish,
+/// rounded up to whole seconds (at least one).
+pub fn retry_after(finish: Instant, deadline: Instant) -> Duration {
+    let late = finish.saturating_duration_since(deadline).as_secs_f64();
+    Duration::from_secs(late.ceil().max(1.0) as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    /// The seed's model: 500 ms per job, no batching.
+    const SLOW: Cost = Cost { overhead: Duration::from_millis(500), per_item: Duration::ZERO };
+
+    #[test]
+    fn nothing_to_predict_without_workers() {
+        assert_eq!(predicted_finish(3, 1, 1, SLOW, &mut []), None);
+    }
+
+    #[test]
+    fn an_idle_worker_and_an_empty_queue_finish_after_one_batch() {
+        let now = Instant::now();
+        assert_eq!(predicted_finish(0, 1, 1, SLOW, &mut [now]), Some(now + ms(500)));
+    }
+
+    #[test]
+    fn jobs_ahead_and_a_busy_worker_add_up() {
+        let now = Instant::now();
+        // The worker is 200 ms from done; 2 queued ahead; one batch each.
+        let finish = predicted_finish(2, 1, 1, SLOW, &mut [now + ms(200)]);
+        assert_eq!(finish, Some(now + ms(200 + 3 * 500)));
+    }
+
+    #[test]
+    fn workers_share_the_queue() {
+        let now = Instant::now();
+        // 3 ahead + 1 = 4 batches over 2 idle workers: 2 rounds.
+        assert_eq!(predicted_finish(3, 1, 1, SLOW, &mut [now, now]), Some(now + ms(1000)));
+    }
+
+    #[test]
+    fn batching_packs_the_queue() {
+        let now = Instant::now();
+        let cost = Cost { overhead: ms(2), per_item: Duration::from_micros(200) };
+        // 40 ahead + 1 = 41 jobs at batch 32: a full batch (8.4 ms), then a batch of 9 (3.8 ms).
+        let finish = predicted_finish(40, 1, 32, cost, &mut [now]).unwrap();
+        assert_eq!(finish - now, Duration::from_micros(8400 + 3800));
+    }
+
+    #[test]
+    fn retry_after_is_whole_seconds_and_at_least_one() {
+        let now = Instant::now();
+        assert_eq!(retry_after(now + ms(100), now), Duration::from_secs(1));
+        assert_eq!(retry_after(now + ms(2100), now), Duration::from_secs(3));
+    }
+}
