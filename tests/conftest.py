@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 ROOT = Path(__file__).resolve().parents[1]
 BINARY = os.environ.get("CORRAL_BIN", str(ROOT / "target" / "debug" / "corral"))
@@ -90,6 +91,17 @@ class Corral:
                 return value
             time.sleep(0.01)
         raise AssertionError(f"timed out waiting for {what}")
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample from /metrics, read with Prometheus' own text parser (0 if absent)."""
+        text = self.client.get("/metrics").text
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                if sample.name == name and all(
+                    sample.labels.get(k) == v for k, v in labels.items()
+                ):
+                    return sample.value
+        return 0.0
 
     def post(self, body=None, **kwargs) -> httpx.Response:
         if body is not None:

@@ -4,6 +4,7 @@ the protocol rules a worker must follow."""
 import socket
 import struct
 import threading
+import time
 
 import corral
 from corral import _protocol as protocol
@@ -156,3 +157,32 @@ def protocol_batch(jobs):
         "type": "batch",
         "jobs": [{"id": i, "timeout_ms": 1000, "payload": p} for i, p in jobs],
     }
+
+
+def test_deadlines_are_exposed_to_every_hook():
+    class Clock(corral.Worker):
+        def preprocess(self, item):
+            self.seen_pre = self.remaining()
+            return item
+
+        def forward(self, batch):
+            now = time.monotonic()
+            return [round((d - now) * 1000) for d in self.deadlines]
+
+    with FakeProxy(Clock()) as proxy:
+        got = proxy.infer([1, 2], timeout_ms=3000)
+    assert all(r.status == "ok" and 2000 < r.value <= 3000 for r in got)
+
+
+def test_a_job_already_past_its_deadline_is_not_processed():
+    calls = []
+
+    class Counting(corral.Worker):
+        def forward(self, batch):
+            calls.append(batch)
+            return batch
+
+    with FakeProxy(Counting()) as proxy:
+        got = proxy.infer([1], timeout_ms=0)
+    assert got[0].status == "error" and "deadline" in got[0].message
+    assert calls == []

@@ -6,7 +6,8 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"exit": true}`: the process dies in forward (the proxy must answer the batch 500);
 - `{"sleep_ms": n}`: forward sleeps n ms before answering (408 tests);
 - anything else is echoed.
-Every answer is `{"echo": item, "batch_size": n, "pid": pid}`, so tests can see batches form.
+Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`, so tests can
+see batches form and the remaining time the worker was told.
 If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line, so tests
 can check what reached a worker (and what never did).
 """
@@ -39,7 +40,16 @@ class Scripted(corral.Worker):
         sleep_ms = max((i.get("sleep_ms", 0) for i in batch if isinstance(i, dict)), default=0)
         if sleep_ms:
             time.sleep(sleep_ms / 1000)
-        return [{"echo": item, "batch_size": len(batch), "pid": os.getpid()} for item in batch]
+        now = time.monotonic()
+        return [
+            {
+                "echo": item,
+                "batch_size": len(batch),
+                "pid": os.getpid(),
+                "timeout_ms": round((deadline - now) * 1000),
+            }
+            for item, deadline in zip(batch, self.deadlines)
+        ]
 
 
 if __name__ == "__main__":

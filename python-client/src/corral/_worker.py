@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import socket
 import sys
@@ -36,6 +37,13 @@ class Worker:
     """
 
     stage: ClassVar[str] = "default"
+
+    deadline: float = math.inf
+    """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
+    ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped."""
+
+    deadlines: list[float]
+    """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``)."""
 
     def preprocess(self, item: Any) -> Any:
         """Turn one decoded request into a model input. Raise :class:`ValidationError` to reject
@@ -126,15 +134,26 @@ class Worker:
         finally:
             stream.close()
 
+    def remaining(self) -> float:
+        """Seconds left before the current item's deadline (see :attr:`deadline`)."""
+        return self.deadline - time.monotonic()
+
     def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One result per job of a batch (the protocol's ``results`` list)."""
+        received = time.monotonic()
         answers: list[dict[str, Any] | None] = [None] * len(jobs)
+        deadlines = [received + _timeout_ms(job) / 1000 for job in jobs]
         inputs: list[Any] = []
         positions: list[int] = []
         for position, job in enumerate(jobs):
             job_id = job.get("id")
             if not isinstance(job_id, bytes):
                 raise ProtocolError("a job id must be bytes")
+            self.deadline = deadlines[position]
+            if self.deadline <= time.monotonic():
+                # Its client has had a 408 already; the proxy would drop the result.
+                answers[position] = protocol.error(job_id, "the deadline passed before processing")
+                continue
             try:
                 item = self.preprocess(_decode_payload(job.get("payload")))
             except ValidationError as e:
@@ -146,7 +165,8 @@ class Worker:
                 inputs.append(item)
                 positions.append(position)
         if inputs:
-            self._forward_and_encode(jobs, inputs, positions, answers)
+            self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
+        self.deadline = math.inf
         return _fit_in_frame([a for a in answers if a is not None])
 
     def _forward_and_encode(
@@ -155,7 +175,9 @@ class Worker:
         inputs: list[Any],
         positions: list[int],
         answers: list[dict[str, Any] | None],
+        deadlines: list[float],
     ) -> None:
+        self.deadlines = [deadlines[p] for p in positions]
         try:
             outputs = list(self.forward(inputs))
             if len(outputs) != len(inputs):
@@ -170,6 +192,7 @@ class Worker:
             return
         for position, output in zip(positions, outputs):
             job_id = jobs[position]["id"]
+            self.deadline = deadlines[position]
             try:
                 data = msgpack.packb(self.postprocess(output), use_bin_type=True, default=_plain)
             except Exception as e:
@@ -177,6 +200,13 @@ class Worker:
                 answers[position] = protocol.error(job_id, _describe(e))
             else:
                 answers[position] = protocol.ok(job_id, data)
+
+
+def _timeout_ms(job: dict[str, Any]) -> int:
+    timeout = job.get("timeout_ms")
+    if not isinstance(timeout, int) or timeout < 0:
+        raise ProtocolError("a job's timeout_ms must be a non-negative integer")
+    return timeout
 
 
 def _decode_payload(payload: Any) -> Any:

@@ -1,0 +1,77 @@
+"""Overload without collapse: deadline-aware admission, deadlines wherever a job is,
+cancellation of jobs whose client left, late results dropped and counted."""
+
+from __future__ import annotations
+
+import json
+import socket
+from concurrent.futures import ThreadPoolExecutor
+from urllib.parse import urlparse
+
+from test_failures import received
+
+
+def test_503_deadline_unreachable_when_the_predicted_finish_is_too_late(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", env={"SCRIPTED_LOG": str(log)})
+    # Teach the proxy what a batch costs here: about 300 ms.
+    assert proxy.post({"tag": "learn", "sleep_ms": 300}).status_code == 200
+    shed = proxy.post({"tag": "hopeless"}, headers={"x-corral-timeout-ms": "100"})
+    assert shed.status_code == 503
+    assert shed.json()["error"] == "deadline_unreachable"
+    assert int(shed.headers["retry-after"]) >= 1
+    # A job whose deadline allows the predicted finish is admitted.
+    assert proxy.post({"tag": "fine"}, headers={"x-corral-timeout-ms": "5000"}).status_code == 200
+    assert [i["tag"] for i in received(log)] == ["learn", "fine"]
+    assert proxy.metric("corral_jobs_shed_total", reason="deadline_unreachable") == 1
+
+
+def test_the_worker_is_told_the_remaining_time(corral_factory):
+    proxy = corral_factory("--max-wait-ms=0")
+    body = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "3000"}).json()
+    assert 0 < body["timeout_ms"] <= 3000
+
+
+def test_a_late_result_is_dropped_and_counted(corral_factory):
+    proxy = corral_factory("--max-wait-ms=0")
+    late = proxy.post({"sleep_ms": 500}, headers={"x-corral-timeout-ms": "100"})
+    assert late.status_code == 408
+    # The next request is served once the worker has delivered (and the proxy dropped) the
+    # late result: one worker, so it queues behind it.
+    assert proxy.post("next").status_code == 200
+    assert proxy.metric("corral_late_results_total") == 1
+    assert proxy.metric("corral_jobs_expired_total", where="worker") == 1
+
+
+def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", env={"SCRIPTED_LOG": str(log)})
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(proxy.post, {"tag": "busy", "sleep_ms": 800})
+        proxy.wait_until(lambda: received(log), what="the worker to be busy")
+        # A client queues a job, then hangs up before its answer.
+        url = urlparse(proxy.url)
+        body = json.dumps({"tag": "gone"}).encode()
+        with socket.create_connection((url.hostname, url.port)) as client:
+            client.sendall(
+                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"content-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            proxy.wait_until(
+                lambda: proxy.client.get("/readyz").json()["queued"] == 1, what="queued job"
+            )
+        assert busy.result().status_code == 200
+    assert proxy.post({"tag": "after"}).status_code == 200
+    assert [i["tag"] for i in received(log)] == ["busy", "after"]
+    assert proxy.metric("corral_jobs_cancelled_total", where="queue") == 1
+
+
+def test_shed_requests_are_not_logged_one_by_one(corral_factory):
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--queue-capacity=1")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda _: proxy.post({"sleep_ms": 200}), range(8)))
+    shed = [a for a in answers if a.status_code == 503]
+    assert shed, "some requests were shed"
+    assert not [line for line in proxy.lines if "queue_full" in line or "shed" in line]
+    assert proxy.metric("corral_jobs_shed_total", reason="queue_full") == len(shed)
