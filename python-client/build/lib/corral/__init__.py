@@ -1,0 +1,19 @@
+"""Write inference workers for the Corral batching proxy.
+
+Subclass :class:`Worker`, implement :meth:`Worker.forward` (a batch in, one output per input out),
+and call ``YourWorker.run()``: the package connects to the proxy's Unix socket, says hello, and
+then pulls batches whenever it is idle. Optional per-item hooks ``preprocess`` and ``postprocess``
+run around ``forward``; raising :class:`ValidationError` in ``preprocess`` rejects that item alone
+(the client gets 422) while its batch-mates go on.
+
+Modules: ``_worker`` (the Worker base class and its serve loop), ``_protocol`` (frames and
+messages, as documented in the repository's worker-protocol/PROTOCOL.md), ``testing`` (a fake
+proxy for unit-testing a worker without the Corral binary).
+"""
+
+from corral._errors import ProtocolError, ValidationError
+from corral._protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from corral._worker import Worker
+
+__all__ = ["MAX_FRAME_BYTES", "PROTOCOL_VERSION", "ProtocolError", "ValidationError", "Worker"]
+__version__ = "0.1.0"

@@ -1,0 +1,253 @@
+"""The :class:`Worker` base class: per-item hooks around a batched ``forward``, and the loop that
+serves a proxy connection.
+
+Each job's payload is decoded on its own, so one undecodable or invalid item is answered alone
+(422) and never costs its batch-mates their results. Only an exception in ``forward`` itself,
+which sees the whole batch, fails every item that reached it (500). The worker lives on either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import socket
+import sys
+import time
+from typing import Any, ClassVar
+
+import msgpack
+
+from corral import _protocol as protocol
+from corral._errors import ProtocolError, ValidationError
+
+log = logging.getLogger("corral")
+
+# Room for a results frame's own keys and per-result overhead when keeping it under the limit.
+_FRAME_SLACK = 64 * 1024
+_RESULT_OVERHEAD = 64
+
+
+class Worker:
+    """Base class for an inference worker. Override :meth:`forward`; optionally
+    :meth:`preprocess` and :meth:`postprocess`.
+
+    ``stage`` names the proxy stage this worker serves (``"default"`` for a single-stage proxy).
+    """
+
+    stage: ClassVar[str] = "default"
+
+    deadline: float = math.inf
+    """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
+    ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped."""
+
+    deadlines: list[float]
+    """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``)."""
+
+    def preprocess(self, item: Any) -> Any:
+        """Turn one decoded request into a model input. Raise :class:`ValidationError` to reject
+        this item alone (422)."""
+        return item
+
+    def forward(self, batch: list[Any]) -> list[Any]:
+        """Run the model on a batch; return one output per input, in the same order."""
+        raise NotImplementedError("a Worker must implement forward(batch)")
+
+    def postprocess(self, output: Any) -> Any:
+        """Turn one model output into the response value (anything msgpack can encode; objects
+        with a ``tolist()`` method, such as numpy arrays, are converted)."""
+        return output
+
+    # -- running ---------------------------------------------------------------------------
+
+    @classmethod
+    def run(cls, socket_path: str | None = None) -> None:
+        """Create the worker and serve the proxy at ``socket_path`` (default: ``--socket`` on the
+        command line, else ``CORRAL_SOCKET``, else ``corral.sock``), reconnecting if the
+        connection drops, until the process is stopped."""
+        if not logging.getLogger().handlers:
+            logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+        path = socket_path or _socket_from_argv() or os.environ.get("CORRAL_SOCKET", "corral.sock")
+        worker = cls()
+        try:
+            worker._run_forever(path)
+        except KeyboardInterrupt:
+            pass
+
+    def _run_forever(self, path: str) -> None:
+        """Connect and serve; an external worker reconnects whenever the connection drops, a
+        worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead."""
+        spawned = "CORRAL_WORKER_INDEX" in os.environ
+        delay = 0.05
+        waiting_logged = False
+        while True:
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                sock.connect(path)
+            except OSError as e:
+                sock.close()
+                if not waiting_logged:
+                    log.info("waiting for the proxy at %s (%s)", path, e)
+                    waiting_logged = True
+                time.sleep(delay)  # nothing to await: the proxy is not there yet
+                delay = min(delay * 2, 1.0)
+                continue
+            delay, waiting_logged = 0.05, False
+            try:
+                self.serve(sock)
+                log.info("proxy closed the connection")
+            except ProtocolError as e:
+                log.error("protocol error: %s", e)
+            except OSError as e:
+                log.warning("connection to the proxy lost: %s", e)
+            finally:
+                sock.close()
+            if spawned:
+                # The proxy that spawned us restarts us if it still wants a worker; reconnecting
+                # on our own could outlive it.
+                return
+
+    def serve(self, sock: socket.socket) -> None:
+        """Serve one connected socket until the proxy closes it: hello, then one results frame
+        per batch. Raises :class:`ProtocolError` on a frame the protocol does not allow and
+        ``SystemExit`` when the proxy refuses this worker."""
+        stream = sock.makefile("rb")
+        try:
+            name = type(self).__name__
+            sock.sendall(protocol.encode_frame(protocol.hello(self.stage, os.getpid(), name)))
+            while True:
+                message = protocol.read_frame(stream)
+                if message is None:
+                    return
+                kind = message["type"]
+                if kind == "batch":
+                    jobs = message.get("jobs")
+                    if not isinstance(jobs, list):
+                        raise ProtocolError("a batch must carry a list of jobs")
+                    answer = protocol.results(self.process(jobs))
+                    sock.sendall(protocol.encode_frame(answer))
+                elif kind == "reject":
+                    raise SystemExit(f"corral refused this worker: {message.get('message')}")
+                else:
+                    raise ProtocolError(f"unexpected message type {kind!r}")
+        finally:
+            stream.close()
+
+    def remaining(self) -> float:
+        """Seconds left before the current item's deadline (see :attr:`deadline`)."""
+        return self.deadline - time.monotonic()
+
+    def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One result per job of a batch (the protocol's ``results`` list)."""
+        received = time.monotonic()
+        answers: list[dict[str, Any] | None] = [None] * len(jobs)
+        deadlines = [received + _timeout_ms(job) / 1000 for job in jobs]
+        inputs: list[Any] = []
+        positions: list[int] = []
+        for position, job in enumerate(jobs):
+            job_id = job.get("id")
+            if not isinstance(job_id, bytes):
+                raise ProtocolError("a job id must be bytes")
+            self.deadline = deadlines[position]
+            if self.deadline <= time.monotonic():
+                # Its client has had a 408 already; the proxy would drop the result.
+                answers[position] = protocol.error(job_id, "the deadline passed before processing")
+                continue
+            try:
+                item = self.preprocess(_decode_payload(job.get("payload")))
+            except ValidationError as e:
+                answers[position] = protocol.invalid(job_id, str(e))
+            except Exception as e:
+                log.exception("preprocess failed")
+                answers[position] = protocol.error(job_id, _describe(e))
+            else:
+                inputs.append(item)
+                positions.append(position)
+        if inputs:
+            self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
+        self.deadline = math.inf
+        return _fit_in_frame([a for a in answers if a is not None])
+
+    def _forward_and_encode(
+        self,
+        jobs: list[dict[str, Any]],
+        inputs: list[Any],
+        positions: list[int],
+        answers: list[dict[str, Any] | None],
+        deadlines: list[float],
+    ) -> None:
+        self.deadlines = [deadlines[p] for p in positions]
+        try:
+            outputs = list(self.forward(inputs))
+            if len(outputs) != len(inputs):
+                raise RuntimeError(
+                    f"forward returned {len(outputs)} outputs for {len(inputs)} inputs"
+                )
+        except Exception as e:
+            log.exception("forward failed on a batch of %d", len(inputs))
+            message = _describe(e)
+            for position in positions:
+                answers[position] = protocol.error(jobs[position]["id"], message)
+            return
+        for position, output in zip(positions, outputs):
+            job_id = jobs[position]["id"]
+            self.deadline = deadlines[position]
+            try:
+                data = msgpack.packb(self.postprocess(output), use_bin_type=True, default=_plain)
+            except Exception as e:
+                log.exception("postprocess or encoding failed")
+                answers[position] = protocol.error(job_id, _describe(e))
+            else:
+                answers[position] = protocol.ok(job_id, data)
+
+
+def _timeout_ms(job: dict[str, Any]) -> int:
+    timeout = job.get("timeout_ms")
+    if not isinstance(timeout, int) or timeout < 0:
+        raise ProtocolError("a job's timeout_ms must be a non-negative integer")
+    return timeout
+
+
+def _decode_payload(payload: Any) -> Any:
+    if not isinstance(payload, bytes):
+        raise ProtocolError("a job payload must be bytes")
+    try:
+        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+    except Exception as e:
+        raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+
+
+def _plain(value: Any) -> Any:
+    """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
+
+
+def _describe(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}"
+
+
+def _fit_in_frame(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Replace results that would push the frame over the protocol limit with errors, so one
+    huge output fails alone instead of breaking the connection for the whole batch."""
+    budget = protocol.MAX_FRAME_BYTES - _FRAME_SLACK
+    used = 0
+    fitted = []
+    for answer in answers:
+        size = len(answer.get("data") or answer.get("message", "")) + _RESULT_OVERHEAD
+        if used + size > budget:
+            answer = protocol.error(answer["id"], "the output is too large for one frame")
+            size = _RESULT_OVERHEAD * 2
+        used += size
+        fitted.append(answer)
+    return fitted
+
+
+def _socket_from_argv() -> str | None:
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--socket")
+    known, _ = parser.parse_known_args(sys.argv[1:])
+    return known.socket
