@@ -39,6 +39,12 @@ pub struct Config {
     #[arg(long, env = "CORRAL_BATCH_POLICY", value_enum, default_value_t = Policy::Adaptive)]
     pub batch_policy: Policy,
 
+    /// Whether a saturated stage (every worker busy, a full batch queued) may send a busy worker
+    /// its next batch ahead, hiding the round trip between two batches (`true` or `false`).
+    #[arg(long, env = "CORRAL_WORKER_PREFETCH", default_value_t = true,
+          action = clap::ArgAction::Set, value_name = "BOOL")]
+    pub worker_prefetch: bool,
+
     /// Default job deadline; a client's x-corral-timeout-ms may shorten it, never lengthen it.
     #[arg(long, env = "CORRAL_TIMEOUT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..))]

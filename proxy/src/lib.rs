@@ -59,6 +59,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         max_wait: config.max_wait(),
         max_batch_bytes: max_batch_bytes(config.max_batch_size as usize),
         policy: config.batch_policy,
+        prefetch: config.worker_prefetch,
     };
     let stage = Arc::new(Stage::new(DEFAULT_STAGE, settings, config.queue_capacity as usize));
     let app = Arc::new(http::App {

@@ -50,9 +50,17 @@ struct Queue {
     bytes: usize,
     arrivals: Arrivals,
     cost: CostModel,
-    /// One slot per connected worker (None: a free slot); the inner value is the start and size
-    /// of the batch the worker holds, if any.
-    seats: Vec<Option<Option<(Instant, usize)>>>,
+    /// One slot per connected worker (None: a free slot).
+    seats: Vec<Option<Seat>>,
+}
+
+/// What the stage knows of one connected worker.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seat {
+    /// The batch the worker is working on: when it started and how many jobs.
+    busy: Option<(Instant, usize)>,
+    /// Jobs of a batch sent ahead, waiting in the worker's socket (0: none).
+    ahead: usize,
 }
 
 impl Queue {
@@ -101,9 +109,12 @@ impl Queue {
         self.seats
             .iter()
             .flatten()
-            .map(|busy| match busy {
+            .map(|seat| match seat.busy {
                 None => now,
-                Some((since, size)) => (*since + cost.of(*size)).max(now),
+                Some((since, size)) => {
+                    let ahead = if seat.ahead > 0 { cost.of(seat.ahead) } else { Duration::ZERO };
+                    (since + cost.of(size)).max(now) + ahead
+                }
             })
             .collect()
     }
@@ -232,6 +243,33 @@ impl Stage {
         }
     }
 
+    /// Waits until the stage is saturated — a full batch queued while every connected worker is
+    /// busy — then takes that batch. An idle worker always gets work before one is sent ahead.
+    /// Cancel-safe like [`Stage::next_batch`].
+    pub async fn next_saturated_batch(&self) -> Vec<Job> {
+        loop {
+            let arrival = self.arrivals.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            {
+                let mut queue = self.lock();
+                let now = Instant::now();
+                queue.drop_dead(now, false);
+                let full = queue.jobs.len() >= self.settings.max_batch_size
+                    || queue.bytes >= self.settings.max_batch_bytes;
+                let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
+                if full && all_busy {
+                    let batch = self.take(&mut queue, now);
+                    if !batch.is_empty() {
+                        return batch;
+                    }
+                    continue;
+                }
+            }
+            arrival.await;
+        }
+    }
+
     /// Takes the next batch off the front of the queue. A batch ends early rather than split a
     /// multi-item request that would fit whole in the next batch.
     fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
@@ -283,7 +321,7 @@ impl Stage {
                 queue.seats.len() - 1
             }
         };
-        queue.seats[slot] = Some(None);
+        queue.seats[slot] = Some(Seat::default());
         WorkerSeat { stage: self, slot }
     }
 
@@ -294,7 +332,7 @@ impl Stage {
 
     /// Connected workers holding a batch.
     pub fn busy_workers(&self) -> usize {
-        self.lock().seats.iter().flatten().filter(|busy| busy.is_some()).count()
+        self.lock().seats.iter().flatten().filter(|seat| seat.busy.is_some()).count()
     }
 
     fn lock(&self) -> MutexGuard<'_, Queue> {
@@ -315,16 +353,30 @@ impl WorkerSeat<'_> {
     /// [`Stage::next_batch`], then marks this worker busy with it. Cancel-safe like it.
     pub async fn next_batch(&self) -> Vec<Job> {
         let batch = self.stage.next_batch().await;
-        let mut queue = self.stage.lock();
-        queue.seats[self.slot] = Some(Some((Instant::now(), batch.len())));
+        self.update(|seat| seat.busy = Some((Instant::now(), batch.len())));
         batch
     }
 
-    /// The worker answered its batch of `size` jobs after `took`: it is idle again, and the cost
-    /// model learns from it.
+    /// For a worker that holds a batch already: waits until the stage is saturated (a full batch
+    /// queued and every worker busy), then takes a batch to send ahead. Cancel-safe.
+    pub async fn next_batch_ahead(&self) -> Vec<Job> {
+        let batch = self.stage.next_saturated_batch().await;
+        self.update(|seat| seat.ahead = batch.len());
+        batch
+    }
+
+    fn update(&self, change: impl FnOnce(&mut Seat)) {
+        let mut queue = self.stage.lock();
+        change(queue.seats[self.slot].as_mut().expect("a seated worker has a seat"));
+    }
+
+    /// The worker answered its oldest batch, of `size` jobs, after `took`: it moves on to the
+    /// batch sent ahead or is idle again, and the cost model learns from it.
     pub fn finished(&self, size: usize, took: Duration) {
         let mut queue = self.stage.lock();
-        queue.seats[self.slot] = Some(None);
+        let seat = queue.seats[self.slot].as_mut().expect("a seated worker has a seat");
+        seat.busy = (seat.ahead > 0).then(|| (Instant::now(), seat.ahead));
+        seat.ahead = 0;
         queue.cost.record(size, took);
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);

@@ -40,6 +40,8 @@ pub struct BatchSettings {
     /// Most payload bytes in one batch, so that a batch frame stays under the protocol's limit.
     pub max_batch_bytes: usize,
     pub policy: Policy,
+    /// Whether a saturated stage may send a busy worker its next batch ahead.
+    pub prefetch: bool,
 }
 
 /// What an idle worker should do now.
@@ -127,7 +129,13 @@ mod tests {
     const WAIT: Duration = Duration::from_millis(10);
 
     fn settings(policy: Policy) -> BatchSettings {
-        BatchSettings { max_batch_size: 4, max_wait: WAIT, max_batch_bytes: 1000, policy }
+        BatchSettings {
+            max_batch_size: 4,
+            max_wait: WAIT,
+            max_batch_bytes: 1000,
+            policy,
+            prefetch: false,
+        }
     }
 
     fn ms(ms: u64) -> Duration {

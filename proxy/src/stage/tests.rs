@@ -17,6 +17,7 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
         max_wait: WAIT,
         max_batch_bytes: 100,
         policy: Policy::Fixed,
+        prefetch: false,
     };
     Stage::new("default", settings, capacity)
 }
@@ -126,6 +127,7 @@ fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
         max_wait: Duration::from_millis(100),
         max_batch_bytes: 1 << 20,
         policy: Policy::Adaptive,
+        prefetch: false,
     };
     std::sync::Arc::new(Stage::new("default", settings, 10_000))
 }
@@ -253,4 +255,24 @@ async fn a_request_is_admitted_whole_or_not_at_all() {
         (0..5).map(|_| job(b"g", Duration::from_secs(5))).unzip();
     assert_eq!(stage.submit_all(jobs), Err(Shed::QueueFull));
     assert_eq!(stage.queued(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_goes_ahead_only_when_the_stage_is_saturated() {
+    let stage = stage(2, 100);
+    let busy = stage.worker_joined();
+    let _answers: Vec<_> = [b"a", b"b", b"c"].map(|p| submit(&stage, p)).into();
+    assert_eq!(busy.next_batch().await.len(), 2);
+    // One queued job is not a full batch: nothing goes ahead yet.
+    let ahead = busy.next_batch_ahead();
+    tokio::pin!(ahead);
+    assert!(futures_util::poll!(&mut ahead).is_pending());
+    // An idle worker joins: it, not the busy one, must get the next batch.
+    let idle = stage.worker_joined();
+    let _d = submit(&stage, b"d");
+    assert!(futures_util::poll!(&mut ahead).is_pending());
+    assert_eq!(payloads(&idle.next_batch().await), [b"c", b"d"]);
+    // Now every worker is busy; a full batch queued goes ahead to a busy worker.
+    let _more: Vec<_> = [b"e", b"f"].map(|p| submit(&stage, p)).into();
+    assert_eq!(payloads(&ahead.await), [b"e", b"f"]);
 }

@@ -6,7 +6,7 @@
 //! a deadline because of a dead worker. Only this connection is closed; the proxy and the other
 //! workers carry on.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,7 +45,7 @@ pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: Cancellation
         "worker connected"
     );
     let ended = tokio::select! {
-        ended = work(&mut conn, &seat) => ended,
+        ended = work(&mut conn, &seat, stage.settings().prefetch) => ended,
         _ = shutdown.cancelled() => Ended::Stopped,
     };
     if let Ended::Failed { reason, .. } = &ended {
@@ -112,53 +112,104 @@ fn protocol_error(why: impl std::fmt::Display) -> Ended {
     Ended::Failed { reason: "protocol", why: format!("protocol error: {why}") }
 }
 
+/// A batch sent to the worker and not yet answered.
+struct InFlight {
+    jobs: Vec<Job>,
+    sent: Instant,
+}
+
 /// The pull loop. Returns why it ended; every job it took has been answered by then.
-async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>) -> Ended {
-    loop {
-        // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
-        // meanwhile, so no batch is ever sent to a dead connection.
-        let jobs = tokio::select! {
-            jobs = seat.next_batch() => jobs,
-            message = conn.next() => return match message {
-                None => Ended::Closed,
-                Some(Ok(_)) => protocol_error("message while idle"),
-                Some(Err(e)) => protocol_error(e),
-            },
-        };
-        let now = Instant::now();
-        let batch = Batch {
-            jobs: jobs
-                .iter()
-                .map(|job| BatchJob {
-                    id: job.id,
-                    timeout_ms: job.remaining(now).as_millis() as u64,
-                    payload: job.payload.clone(),
-                })
-                .collect(),
-        };
-        if let Err(e) = conn.send(&ProxyMessage::Batch(batch)).await {
-            let why = format!("could not send a batch: {e}");
-            fail(jobs, &why);
-            return Ended::Failed { reason: "died", why };
-        }
-        let size = jobs.len();
-        let ended = match conn.next().await {
-            Some(Ok(WorkerMessage::Results(results))) => match deliver(jobs, results) {
-                Ok(()) => {
-                    seat.finished(size, now.elapsed());
+///
+/// A worker holds one batch, plus — only while the stage is saturated (every worker busy and a
+/// full batch queued), and if the stage allows it — one more, sent ahead so that it is already in
+/// the worker's socket when the worker finishes: the proxy's round trip between two batches is
+/// then hidden from a saturated worker. Batches are answered in the order they were sent.
+async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
+    let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
+    // When the worker finished its previous batch: a batch sent ahead starts only then.
+    let mut last_done = Instant::now();
+    let ended = loop {
+        let message = if in_flight.is_empty() {
+            // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
+            // meanwhile, so no batch is ever sent to a dead connection.
+            tokio::select! {
+                jobs = seat.next_batch() => {
+                    match send(conn, jobs).await {
+                        Ok(sent) => in_flight.push_back(sent),
+                        Err(ended) => break ended,
+                    }
                     continue;
                 }
-                Err(why) => return protocol_error(why),
-            },
-            Some(Ok(WorkerMessage::Hello(_))) => protocol_error("hello while holding a batch"),
-            Some(Err(e)) => protocol_error(e),
-            None => Ended::Failed {
-                reason: "died",
-                why: "connection closed while holding a batch".into(),
-            },
+                message = conn.next() => break match message {
+                    None => Ended::Closed,
+                    Some(Ok(_)) => protocol_error("message while idle"),
+                    Some(Err(e)) => protocol_error(e),
+                },
+            }
+        } else {
+            let may_prefetch = prefetch && in_flight.len() < 2;
+            tokio::select! {
+                jobs = seat.next_batch_ahead(), if may_prefetch => {
+                    match send(conn, jobs).await {
+                        Ok(sent) => in_flight.push_back(sent),
+                        Err(ended) => break ended,
+                    }
+                    continue;
+                }
+                message = conn.next() => message,
+            }
         };
-        fail(jobs, &ended.to_string());
-        return ended;
+        let batch = in_flight.pop_front().expect("a batch is in flight");
+        let size = batch.jobs.len();
+        match message {
+            Some(Ok(WorkerMessage::Results(results))) => match deliver(batch.jobs, results) {
+                Ok(()) => {
+                    let now = Instant::now();
+                    seat.finished(size, now - batch.sent.max(last_done));
+                    last_done = now;
+                }
+                Err(why) => break protocol_error(why),
+            },
+            other => {
+                let ended = match other {
+                    Some(Ok(_)) => protocol_error("hello while holding a batch"),
+                    Some(Err(e)) => protocol_error(e),
+                    None => Ended::Failed {
+                        reason: "died",
+                        why: "connection closed while holding a batch".into(),
+                    },
+                };
+                fail(batch.jobs, &ended.to_string());
+                break ended;
+            }
+        }
+    };
+    for batch in in_flight {
+        fail(batch.jobs, &ended.to_string());
+    }
+    ended
+}
+
+/// Sends a batch: each job's id, remaining time and payload.
+async fn send(conn: &mut Conn, jobs: Vec<Job>) -> Result<InFlight, Ended> {
+    let sent = Instant::now();
+    let batch = Batch {
+        jobs: jobs
+            .iter()
+            .map(|job| BatchJob {
+                id: job.id,
+                timeout_ms: job.remaining(sent).as_millis() as u64,
+                payload: job.payload.clone(),
+            })
+            .collect(),
+    };
+    match conn.send(&ProxyMessage::Batch(batch)).await {
+        Ok(()) => Ok(InFlight { jobs, sent }),
+        Err(e) => {
+            let why = format!("could not send a batch: {e}");
+            fail(jobs, &why);
+            Err(Ended::Failed { reason: "died", why })
+        }
     }
 }
 

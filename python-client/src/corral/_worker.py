@@ -194,7 +194,7 @@ class Worker:
             job_id = jobs[position]["id"]
             self.deadline = deadlines[position]
             try:
-                data = msgpack.packb(self.postprocess(output), use_bin_type=True, default=_plain)
+                data = _pack(self.postprocess(output))
             except Exception as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
@@ -218,6 +218,11 @@ def _decode_payload(payload: Any) -> Any:
         raise ValidationError(f"the payload is not valid msgpack: {e}") from e
 
 
+def _pack(value: Any) -> bytes:
+    # A Packer per call: a shared one would be left in a bad state by an encoding error.
+    return msgpack.packb(value, use_bin_type=True, default=_plain)
+
+
 def _plain(value: Any) -> Any:
     """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
     tolist = getattr(value, "tolist", None)
@@ -234,6 +239,9 @@ def _fit_in_frame(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replace results that would push the frame over the protocol limit with errors, so one
     huge output fails alone instead of breaking the connection for the whole batch."""
     budget = protocol.MAX_FRAME_BYTES - _FRAME_SLACK
+    sizes = [len(a.get("data") or a.get("message", "")) + _RESULT_OVERHEAD for a in answers]
+    if sum(sizes) <= budget:
+        return answers
     used = 0
     fitted = []
     for answer in answers:
