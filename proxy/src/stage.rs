@@ -244,9 +244,13 @@ impl Stage {
     }
 
     /// Waits until the stage is saturated — a full batch queued while every connected worker is
-    /// busy — then takes that batch. An idle worker always gets work before one is sent ahead.
-    /// Cancel-safe like [`Stage::next_batch`].
-    pub async fn next_saturated_batch(&self) -> Vec<Job> {
+    /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
+    /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
+    /// its jobs can wait out the worker's current batch and still make its deadline (by the
+    /// learned cost; with none learned yet, nothing goes ahead). Cancel-safe like
+    /// [`Stage::next_batch`].
+    async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
+        let max = self.settings.max_batch_size;
         loop {
             let arrival = self.arrivals.notified();
             tokio::pin!(arrival);
@@ -255,15 +259,25 @@ impl Stage {
                 let mut queue = self.lock();
                 let now = Instant::now();
                 queue.drop_dead(now, false);
-                let full = queue.jobs.len() >= self.settings.max_batch_size
-                    || queue.bytes >= self.settings.max_batch_bytes;
+                let full = queue.jobs.len() >= max || queue.bytes >= self.settings.max_batch_bytes;
                 let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
-                if full && all_busy {
-                    let batch = self.take(&mut queue, now);
-                    if !batch.is_empty() {
-                        return batch;
+                let cost = queue.cost.estimate();
+                if let (true, true, Some(cost)) = (full, all_busy, cost) {
+                    let mut free_at = now;
+                    if let Some(Some(Seat { busy: Some((since, size)), .. })) =
+                        queue.seats.get(slot)
+                    {
+                        free_at = free_at.max(*since + cost.of(*size));
                     }
-                    continue;
+                    let done_by = free_at + cost.of(max);
+                    let slack = queue.jobs.iter().take(max).all(|job| job.deadline >= done_by);
+                    if slack {
+                        let batch = self.take(&mut queue, now);
+                        if !batch.is_empty() {
+                            return batch;
+                        }
+                        continue;
+                    }
                 }
             }
             arrival.await;
@@ -357,10 +371,10 @@ impl WorkerSeat<'_> {
         batch
     }
 
-    /// For a worker that holds a batch already: waits until the stage is saturated (a full batch
-    /// queued and every worker busy), then takes a batch to send ahead. Cancel-safe.
+    /// For a worker that holds a batch already: [`Stage::next_batch_ahead`], the batch to send
+    /// ahead of time. Cancel-safe.
     pub async fn next_batch_ahead(&self) -> Vec<Job> {
-        let batch = self.stage.next_saturated_batch().await;
+        let batch = self.stage.next_batch_ahead(self.slot).await;
         self.update(|seat| seat.ahead = batch.len());
         batch
     }

@@ -258,7 +258,7 @@ async fn a_request_is_admitted_whole_or_not_at_all() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_batch_goes_ahead_only_when_the_stage_is_saturated() {
+async fn a_batch_goes_ahead_only_when_the_stage_is_saturated_and_it_can_wait() {
     let stage = stage(2, 100);
     let busy = stage.worker_joined();
     let _answers: Vec<_> = [b"a", b"b", b"c"].map(|p| submit(&stage, p)).into();
@@ -272,7 +272,32 @@ async fn a_batch_goes_ahead_only_when_the_stage_is_saturated() {
     let _d = submit(&stage, b"d");
     assert!(futures_util::poll!(&mut ahead).is_pending());
     assert_eq!(payloads(&idle.next_batch().await), [b"c", b"d"]);
-    // Now every worker is busy; a full batch queued goes ahead to a busy worker.
+    // Every worker is busy and a full batch is queued, but no batch cost is known yet.
     let _more: Vec<_> = [b"e", b"f"].map(|p| submit(&stage, p)).into();
-    assert_eq!(payloads(&ahead.await), [b"e", b"f"]);
+    assert!(futures_util::poll!(&mut ahead).is_pending());
+    // Once it is (1 s per batch), the full batch goes ahead: its jobs have 5 s to live.
+    idle.finished(2, Duration::from_secs(1));
+    let _g = submit(&stage, b"g");
+    let _again = idle.next_batch().await;
+    let _h = submit(&stage, b"h");
+    assert_eq!(payloads(&ahead.await), [b"g", b"h"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_that_cannot_wait_out_the_current_batch_does_not_go_ahead() {
+    let stage = stage(1, 100);
+    let busy = stage.worker_joined();
+    let teacher = stage.worker_joined();
+    let _a = submit(&stage, b"a");
+    let _ = busy.next_batch().await;
+    // Admitted while no batch cost is known yet.
+    let (short, _answer) = job(b"short", Duration::from_millis(500));
+    stage.submit(short).unwrap();
+    // Now the stage learns that a batch takes 1 s; the teacher leaves.
+    teacher.finished(1, Duration::from_secs(1));
+    drop(teacher);
+    // Saturated, but "short" could not wait out "a" (1 s) and still make its 500 ms deadline.
+    let ahead = busy.next_batch_ahead();
+    tokio::pin!(ahead);
+    assert!(futures_util::poll!(&mut ahead).is_pending());
 }
