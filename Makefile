@@ -8,7 +8,7 @@ CORRAL := target/release/corral
 BENCH_VENV := bench/.venv
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run test lint build release venv bench clean
+.PHONY: run test lint build release venv bench bench-overload clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/echo/worker.py
@@ -39,6 +39,10 @@ $(VENV)/.installed: requirements-dev.txt python-client/pyproject.toml
 # Corral against MOSEC in one run (see BENCHMARKS.md); BENCH_ARGS passes options to bench/bench.py.
 bench: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/bench.py --oha $(OHA) $(BENCH_ARGS)
+
+# Overload without collapse: load shedding against MOSEC (see BENCHMARKS.md, "Overload").
+bench-overload: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/overload.py --oha $(OHA) $(BENCH_ARGS)
 
 $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)

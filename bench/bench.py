@@ -40,6 +40,7 @@ class System:
     command: list[str]
     url: str
     proxy_names: tuple[str, ...]  # process names that count as "proxy" CPU; the rest is worker
+    env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     log: Path | None = None
 
@@ -112,7 +113,7 @@ def cpu_and_rss(system: System) -> tuple[float, float, float]:
 
 def start(system: System, workload: str, workdir: Path) -> None:
     system.log = workdir / f"{system.name}-{workload}.log"
-    env = {**os.environ, "BENCH_WORKLOAD": workload, "RUST_LOG": "warn"}
+    env = {**os.environ, "BENCH_WORKLOAD": workload, "RUST_LOG": "warn", **system.env}
     system.proc = subprocess.Popen(
         system.command,
         cwd=workdir,
@@ -246,11 +247,12 @@ def plot(rows: list[Row], path: Path) -> None:
     fig, axes = plt.subplots(1, len(names), figsize=(5 * len(names), 4), squeeze=False)
     for ax, workload in zip(axes[0], names):
         for system in sorted({r.system for r in rows}):
-            points = sorted(
+            # In load order (1, 8, 64, 256 connections): past saturation the line turns up.
+            points = [
                 (r.median("rps"), r.median("p99_ms"))
                 for r in rows
                 if r.workload == workload and r.system == system and r.load.startswith("c=")
-            )
+            ]
             ax.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=system)
         ax.set_title(workload)
         ax.set_xlabel("throughput (req/s)")
@@ -279,6 +281,15 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
+    # What the user passed through BENCH_ARGS (the Makefile adds --oha itself).
+    argv, passed = sys.argv[1:], []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--oha":
+            argv.pop(0)
+        else:
+            passed.append(arg)
+    args.passed = " ".join(passed)
 
     python = sys.executable
     worker = ["--", python, str(HERE / "corral_worker.py")]
@@ -339,9 +350,7 @@ def main() -> None:
 
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(rows, Path(args.plot))
-    command = "make bench" + (
-        f" BENCH_ARGS='{' '.join(sys.argv[1:])}'" if len(sys.argv) > 1 else ""
-    )
+    command = "make bench" + (f" BENCH_ARGS='{args.passed}'" if args.passed else "")
     report = "\n\n".join(
         [
             "## Latest run",
@@ -356,11 +365,22 @@ def main() -> None:
             f"![p99 against throughput]({os.path.relpath(args.plot, Path(args.out).parent)})",
         ]
     )
-    out = Path(args.out)
-    text = out.read_text() if out.exists() else "# Benchmarks\n"
-    head = text.split("## Latest run")[0].rstrip()
-    out.write_text(head + "\n\n" + report + "\n")
+    replace_section(Path(args.out), report)
     print(report)
+
+
+def replace_section(path: Path, section: str) -> None:
+    """Put `section` (starting with its "## Title" line) into the markdown file at `path`, in
+    place of the section with the same title, or at the end."""
+    title = section.split("\n", 1)[0]
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    before, found, after = text.partition(title + "\n")
+    if not found:
+        path.write_text(text.rstrip() + "\n\n" + section + "\n")
+        return
+    rest = after.split("\n## ", 1)
+    tail = "\n## " + rest[1] if len(rest) == 2 else ""
+    path.write_text(before + section + "\n" + tail)
 
 
 if __name__ == "__main__":

@@ -4,17 +4,20 @@ the worker, 503 when the queue is full, and a worker that dies holding a batch."
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 
 
-def received(log_path) -> list:
-    """Items the scripted worker has received so far."""
+def received(log_path, with_pid: bool = False) -> list:
+    """Items the scripted workers have received so far (with the receiving pid if asked)."""
     if not log_path.exists():
         return []
-    return [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    entries = [json.loads(line) for line in log_path.read_text().splitlines() if line]
+    return [(e["pid"], e["item"]) if with_pid else e["item"] for e in entries]
 
 
 def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
@@ -78,17 +81,37 @@ def test_503_with_retry_after_when_the_queue_is_full(corral_factory, tmp_path):
         assert [q.result().status_code for q in queued] == [200, 200]
 
 
-def test_worker_killed_mid_batch_is_answered_500_and_service_goes_on(corral_factory):
-    proxy = corral_factory("--max-wait-ms", "0", workers=2)
+def test_a_killed_worker_s_jobs_succeed_on_another_worker(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(proxy.post, {"tag": "t", "sleep_ms": 1500})
+        holder = proxy.wait_until(lambda: received(log, with_pid=True), what="the job")[0][0]
+        os.kill(holder, signal.SIGKILL)
+        response = pending.result()
+    assert response.status_code == 200, response.text
+    assert response.json()["pid"] != holder
+    assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
+    proxy.wait_for_log(r"worker exited; restarting")
+
+
+def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corral_factory):
+    proxy = corral_factory("--max-wait-ms=0", workers=2)
     response = proxy.post({"exit": True})
     assert response.status_code == 500
     assert response.json()["error"] == "worker_died"
-    # The other worker (and the restarted one) keep serving.
+    # Both workers died with it (one try, one retry); both are restarted and serve again.
+    proxy.wait_for_log(r"worker connected", count=4)
     assert proxy.post("still here").json()["echo"] == "still here"
-    proxy.wait_for_log(r"worker exited; restarting")
-    proxy.wait_for_log(r"worker connected", count=3)
-    for _ in range(4):
-        assert proxy.post(1).status_code == 200
+
+
+def test_with_retries_off_a_dead_worker_s_job_is_not_run_again(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--retries=0", workers=2, env={"SCRIPTED_LOG": str(log)}
+    )
+    assert proxy.post({"exit": True}).status_code == 500
+    assert len(received(log)) == 1
 
 
 def test_sigterm_stops_workers_and_removes_the_socket(corral_factory):

@@ -42,8 +42,9 @@ class FakeWorker:
 
 @pytest.fixture
 def sidecar(corral_factory):
-    """A proxy with no spawned workers: the tests connect their own."""
-    return corral_factory("--max-wait-ms", "0", worker=None)
+    """A proxy with no spawned workers: the tests connect their own. No retries, so that a
+    broken worker's job is answered at once (retries have a test of their own)."""
+    return corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
 
 
 @pytest.fixture
@@ -129,6 +130,23 @@ def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, brea
     response, good = serve_one_batch(sidecar, pool, echo)
     assert response.status_code == 200
     good.close()
+
+
+def test_a_broken_worker_s_job_is_retried_on_the_next_worker(corral_factory, pool):
+    proxy = corral_factory("--max-wait-ms=0", worker=None)
+    first = FakeWorker(proxy.socket)
+    proxy.wait_for_log(r"worker connected")
+    response = pool.submit(proxy.post, {"x": 1})
+    job = first.receive()["jobs"][0]
+    first.sock.sendall(struct.pack(">I", 3) + b"\x92\x01\x02")  # garbage
+    assert first.closed_by_proxy()
+    first.close()
+    second = FakeWorker(proxy.socket)
+    retried = second.receive()["jobs"][0]
+    assert retried["id"] == job["id"] and retried["payload"] == job["payload"]
+    second.send(protocol.results([protocol.ok(retried["id"], retried["payload"])]))
+    assert response.result().json() == {"x": 1}
+    second.close()
 
 
 def test_an_incompatible_version_is_refused_with_a_reason(sidecar):

@@ -45,6 +45,11 @@ pub struct Config {
           action = clap::ArgAction::Set, value_name = "BOOL")]
     pub worker_prefetch: bool,
 
+    /// How many times a job is given to another worker when its worker dies (or breaks the
+    /// protocol) while holding it; 0 for models that must not run an input twice.
+    #[arg(long, env = "CORRAL_RETRIES", default_value_t = 1)]
+    pub retries: u32,
+
     /// Default job deadline; a client's x-corral-timeout-ms may shorten it, never lengthen it.
     #[arg(long, env = "CORRAL_TIMEOUT_MS", default_value_t = 5000,
           value_parser = clap::value_parser!(u64).range(1..))]

@@ -18,4 +18,6 @@ pub struct App {
     pub max_body_bytes: usize,
     /// Default and longest deadline of a job.
     pub timeout: Duration,
+    /// Times a job may be retried on another worker when its worker dies with it.
+    pub retries: u32,
 }

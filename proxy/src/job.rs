@@ -39,6 +39,8 @@ pub struct Job {
     /// Jobs in the request this job starts (1 for a single-item request, and for every job of a
     /// multi-item request but its first). The batcher keeps such a group together where it fits.
     pub group_len: usize,
+    /// How many more times the job may be given to another worker if its worker dies with it.
+    pub retries: u32,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -51,7 +53,7 @@ impl Job {
         deadline: Instant,
     ) -> (Self, oneshot::Receiver<Outcome>) {
         let (reply, answer) = oneshot::channel();
-        let job = Self { id, payload, arrived, deadline, group_len: 1, reply };
+        let job = Self { id, payload, arrived, deadline, group_len: 1, retries: 0, reply };
         (job, answer)
     }
 

@@ -66,6 +66,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         stage: stage.clone(),
         max_body_bytes: config.max_body_bytes,
         timeout: config.timeout(),
+        retries: config.retries,
     });
 
     let stop_http = CancellationToken::new();

@@ -49,6 +49,8 @@ pub struct Metrics {
     /// Worker connections that ended in a failure, by stage and reason
     /// (`protocol`, `died`, `refused`).
     pub worker_failures: IntCounterVec,
+    /// Jobs given to another worker after theirs failed, by stage.
+    pub retried: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
 }
@@ -171,6 +173,12 @@ impl Metrics {
                 "corral_worker_failures_total",
                 "Worker connections that ended in a failure, by stage and reason.",
                 &["stage", "reason"],
+            ),
+            retried: counter(
+                &r,
+                "corral_jobs_retried_total",
+                "Jobs put back in the queue for another worker after theirs failed.",
+                &["stage"],
             ),
             worker_restarts: restarts,
             registry: r,

@@ -199,6 +199,19 @@ impl Stage {
         Ok(())
     }
 
+    /// Puts jobs back at the front of the queue, in order, whatever its capacity: they were
+    /// admitted once already (a worker died holding them) and go to the next idle worker.
+    pub fn requeue(&self, jobs: Vec<Job>) {
+        {
+            let mut queue = self.lock();
+            for job in jobs.into_iter().rev() {
+                queue.bytes += job.payload.len();
+                queue.jobs.push_front(job);
+            }
+        }
+        self.arrivals.notify_waiters();
+    }
+
     /// Most jobs the queue holds.
     pub fn capacity(&self) -> usize {
         self.capacity
@@ -377,6 +390,15 @@ impl WorkerSeat<'_> {
         let batch = self.stage.next_batch_ahead(self.slot).await;
         self.update(|seat| seat.ahead = batch.len());
         batch
+    }
+
+    /// [`Stage::requeue`].
+    pub fn requeue(&self, jobs: Vec<Job>) {
+        self.stage.requeue(jobs);
+    }
+
+    pub fn stage_name(&self) -> &str {
+        &self.stage.name
     }
 
     fn update(&self, change: impl FnOnce(&mut Seat)) {

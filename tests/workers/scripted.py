@@ -8,8 +8,8 @@ An item is a JSON object; what it holds decides what happens to it:
 - anything else is echoed.
 Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`, so tests can
 see batches form and the remaining time the worker was told.
-If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line, so tests
-can check what reached a worker (and what never did).
+If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line
+(`{"pid": ..., "item": ...}`), so tests can check what reached which worker (and what never did).
 """
 
 import json
@@ -24,7 +24,7 @@ class Scripted(corral.Worker):
         log = os.environ.get("SCRIPTED_LOG")
         if log:
             with open(log, "a") as f:
-                f.write(json.dumps(item) + "\n")
+                f.write(json.dumps({"pid": os.getpid(), "item": item}) + "\n")
         if isinstance(item, dict) and "invalid" in item:
             raise corral.ValidationError(item["invalid"])
         return item

@@ -84,8 +84,14 @@ async fn run(
     arrived: Instant,
     deadline: Instant,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let (jobs, answers): (Vec<Job>, Vec<_>) =
-        payloads.into_iter().map(|(id, payload)| Job::new(id, payload, arrived, deadline)).unzip();
+    let (jobs, answers): (Vec<Job>, Vec<_>) = payloads
+        .into_iter()
+        .map(|(id, payload)| {
+            let (mut job, answer) = Job::new(id, payload, arrived, deadline);
+            job.retries = app.retries;
+            (job, answer)
+        })
+        .unzip();
     if let Err(shed) = app.stage.submit_all(jobs) {
         // Counted, not logged: shedding must stay cheap under overload.
         let error = match shed {

@@ -134,7 +134,7 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
             // meanwhile, so no batch is ever sent to a dead connection.
             tokio::select! {
                 jobs = seat.next_batch() => {
-                    match send(conn, jobs).await {
+                    match send(conn, seat, jobs).await {
                         Ok(sent) => in_flight.push_back(sent),
                         Err(ended) => break ended,
                     }
@@ -150,7 +150,7 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
             let may_prefetch = prefetch && in_flight.len() < 2;
             tokio::select! {
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
-                    match send(conn, jobs).await {
+                    match send(conn, seat, jobs).await {
                         Ok(sent) => in_flight.push_back(sent),
                         Err(ended) => break ended,
                     }
@@ -168,7 +168,11 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
                     seat.finished(size, now - batch.sent.max(last_done));
                     last_done = now;
                 }
-                Err(why) => break protocol_error(why),
+                Err((why, jobs)) => {
+                    let ended = protocol_error(why);
+                    give_back(seat, jobs, &ended.to_string());
+                    break ended;
+                }
             },
             other => {
                 let ended = match other {
@@ -179,19 +183,19 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
                         why: "connection closed while holding a batch".into(),
                     },
                 };
-                fail(batch.jobs, &ended.to_string());
+                give_back(seat, batch.jobs, &ended.to_string());
                 break ended;
             }
         }
     };
     for batch in in_flight {
-        fail(batch.jobs, &ended.to_string());
+        give_back(seat, batch.jobs, &ended.to_string());
     }
     ended
 }
 
 /// Sends a batch: each job's id, remaining time and payload.
-async fn send(conn: &mut Conn, jobs: Vec<Job>) -> Result<InFlight, Ended> {
+async fn send(conn: &mut Conn, seat: &WorkerSeat<'_>, jobs: Vec<Job>) -> Result<InFlight, Ended> {
     let sent = Instant::now();
     let batch = Batch {
         jobs: jobs
@@ -207,16 +211,17 @@ async fn send(conn: &mut Conn, jobs: Vec<Job>) -> Result<InFlight, Ended> {
         Ok(()) => Ok(InFlight { jobs, sent }),
         Err(e) => {
             let why = format!("could not send a batch: {e}");
-            fail(jobs, &why);
+            give_back(seat, jobs, &why);
             Err(Ended::Failed { reason: "died", why })
         }
     }
 }
 
 /// Answers each job of a batch with its result. The whole frame is checked first: a result for
-/// an unknown or repeated id, a missing result, or an `ok` without data fails every job of the
-/// batch (500) and the caller closes the connection, since the worker can no longer be trusted.
-fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
+/// an unknown or repeated id, a missing result, or an `ok` without data hands every job of the
+/// batch back to the caller, which closes the connection, since the worker can no longer be
+/// trusted.
+fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), (String, Vec<Job>)> {
     let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
     let mut answers = Vec::with_capacity(pending.len());
     let mut problem = None;
@@ -249,19 +254,29 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), String> {
             Ok(())
         }
         Some(why) => {
-            let message = format!("worker broke the protocol: {why}");
-            fail(answers.into_iter().map(|(job, _)| job), &message);
-            fail(pending.into_values(), &message);
-            Err(why)
+            let jobs = answers.into_iter().map(|(job, _)| job).chain(pending.into_values());
+            Err((why, jobs.collect()))
         }
     }
 }
 
-/// Answers every job 500: the worker holding them is gone or untrustworthy.
-fn fail(jobs: impl IntoIterator<Item = Job>, why: &str) {
+/// Jobs whose worker is gone or untrustworthy: those with a retry left and time before their
+/// deadline go back to the front of the queue for the next idle worker; the others are
+/// answered 500 (`worker_died`).
+fn give_back(seat: &WorkerSeat<'_>, jobs: Vec<Job>, why: &str) {
     let now = Instant::now();
-    for job in jobs {
-        answer(job, Outcome::WorkerLost(why.to_string()), now);
+    let mut retry = Vec::new();
+    for mut job in jobs {
+        if job.retries > 0 && !job.is_expired(now) && !job.is_abandoned() {
+            job.retries -= 1;
+            retry.push(job);
+        } else {
+            answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
+        }
+    }
+    if !retry.is_empty() {
+        metrics().retried.with_label_values(&[seat.stage_name()]).inc_by(retry.len() as u64);
+        seat.requeue(retry);
     }
 }
 
