@@ -64,6 +64,22 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
+    /// jobs retried or failed, a spawned worker killed and restarted). 0: until the batch's
+    /// latest deadline plus one second.
+    #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
+    pub batch_timeout_ms: u64,
+
+    /// At SIGTERM/SIGINT: how long queued and in-flight jobs get to finish before what is left
+    /// is answered 503.
+    #[arg(long, env = "CORRAL_GRACE_PERIOD_MS", default_value_t = 10_000)]
+    pub grace_period_ms: u64,
+
+    /// Permissions of the worker socket, in octal: owner-only by default; 660 lets the socket's
+    /// group in (workers running as another user of that group).
+    #[arg(long, env = "CORRAL_SOCKET_MODE", default_value = "600", value_parser = parse_mode)]
+    pub socket_mode: u32,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -75,7 +91,22 @@ pub struct Config {
     pub worker_cmd: Vec<String>,
 }
 
+fn parse_mode(text: &str) -> Result<u32, String> {
+    u32::from_str_radix(text, 8)
+        .ok()
+        .filter(|mode| *mode <= 0o777)
+        .ok_or_else(|| format!("{text:?} is not an octal file mode such as 600 or 660"))
+}
+
 impl Config {
+    pub fn batch_timeout(&self) -> Option<Duration> {
+        (self.batch_timeout_ms > 0).then(|| Duration::from_millis(self.batch_timeout_ms))
+    }
+
+    pub fn grace_period(&self) -> Duration {
+        Duration::from_millis(self.grace_period_ms)
+    }
+
     pub fn max_wait(&self) -> Duration {
         Duration::from_millis(self.max_wait_ms)
     }

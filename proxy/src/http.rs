@@ -7,6 +7,7 @@ pub mod items;
 pub mod routes;
 pub mod server;
 
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,4 +21,6 @@ pub struct App {
     pub timeout: Duration,
     /// Times a job may be retried on another worker when its worker dies with it.
     pub retries: u32,
+    /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
+    pub draining: AtomicBool,
 }

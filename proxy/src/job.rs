@@ -25,6 +25,8 @@ pub enum Outcome {
     WorkerLost(String),
     /// The deadline passed before the job could be dispatched (408).
     Expired,
+    /// The proxy is stopping and its grace period ran out before this job was answered (503).
+    ShuttingDown,
 }
 
 /// One unit of work: a payload, its identity and its deadline.

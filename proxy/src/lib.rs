@@ -26,8 +26,8 @@ pub mod worker;
 
 use std::future::Future;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use corral_protocol::{FRAME_OVERHEAD_PER_JOB, MAX_FRAME_BYTES};
 use tokio::net::TcpListener;
@@ -38,9 +38,6 @@ use tracing::info;
 use config::Config;
 use stage::{BatchSettings, Stage};
 
-/// How long open requests may take to finish once shutdown begins.
-const GRACE_PERIOD: Duration = Duration::from_secs(10);
-
 /// The single stage a command-line-configured proxy serves.
 pub const DEFAULT_STAGE: &str = "default";
 
@@ -50,7 +47,7 @@ pub const DEFAULT_STAGE: &str = "default";
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
     let socket = absolute(&config.socket)?;
     let http_listener = TcpListener::bind(config.listen).await?;
-    let worker_listener = worker::listener::bind(&socket).await?;
+    let worker_listener = worker::listener::bind(&socket, config.socket_mode).await?;
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
     info!(socket = %socket.display(), "listening for workers");
 
@@ -67,29 +64,50 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         max_body_bytes: config.max_body_bytes,
         timeout: config.timeout(),
         retries: config.retries,
+        draining: AtomicBool::new(false),
     });
 
     let stop_http = CancellationToken::new();
     let stop_workers = CancellationToken::new();
     let workers = TaskTracker::new();
-    workers.spawn(worker::listener::accept(
-        worker_listener,
-        stage,
-        workers.clone(),
-        stop_workers.clone(),
-    ));
+    let children = supervisor::Children::default();
+    let context = worker::connection::Context {
+        stage: stage.clone(),
+        shutdown: stop_workers.clone(),
+        children: children.clone(),
+        batch_timeout: config.batch_timeout(),
+    };
+    workers.spawn(worker::listener::accept(worker_listener, context, workers.clone()));
     if !config.worker_cmd.is_empty() {
         let command =
             supervisor::WorkerCommand { argv: config.worker_cmd.clone(), socket: socket.clone() };
-        supervisor::spawn(command, config.workers, &workers, stop_workers.clone());
+        supervisor::spawn(command, config.workers, &children, &workers, stop_workers.clone());
     }
-    let server =
-        tokio::spawn(http::server::serve(http_listener, app, stop_http.clone(), GRACE_PERIOD));
+    let expired = CancellationToken::new();
+    let server = tokio::spawn(http::server::serve(
+        http_listener,
+        app.clone(),
+        stop_http.clone(),
+        config.grace_period(),
+        expired.clone(),
+    ));
 
     shutdown.await;
-    info!("shutting down");
+    info!(grace_ms = config.grace_period_ms, "shutting down: draining open requests");
+    app.draining.store(true, Ordering::Relaxed);
     stop_http.cancel();
+    // If the grace period runs out, the queue and the workers answer what they hold 503.
+    let give_up = tokio::spawn({
+        let (stage, stop_workers) = (stage.clone(), stop_workers.clone());
+        async move {
+            expired.cancelled().await;
+            stage.close();
+            stop_workers.cancel();
+        }
+    });
     let _ = server.await;
+    give_up.abort();
+    stage.close();
     stop_workers.cancel();
     workers.close();
     workers.wait().await;

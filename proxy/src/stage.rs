@@ -32,6 +32,8 @@ pub enum Shed {
     QueueFull,
     /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
     DeadlineUnreachable { retry_after: Duration },
+    /// The stage is closed: the proxy is stopping.
+    ShuttingDown,
 }
 
 pub struct Stage {
@@ -52,6 +54,8 @@ struct Queue {
     cost: CostModel,
     /// One slot per connected worker (None: a free slot).
     seats: Vec<Option<Seat>>,
+    /// Set once the proxy stops: nothing more is admitted.
+    closed: bool,
 }
 
 /// What the stage knows of one connected worker.
@@ -173,6 +177,9 @@ impl Stage {
         }
         {
             let mut queue = self.lock();
+            if queue.closed {
+                return Err(Shed::ShuttingDown);
+            }
             let now = Instant::now();
             if queue.jobs.len() + count > self.capacity {
                 queue.drop_dead(now, true);
@@ -185,7 +192,8 @@ impl Stage {
                 let ahead = queue.jobs.len();
                 let max = self.settings.max_batch_size;
                 let finish = admission::predicted_finish(ahead, count, max, cost, &mut free_at);
-                if let Some(finish) = finish.filter(|&finish| finish > last.deadline) {
+                let latest = last.deadline - admission::margin(last.deadline - last.arrived);
+                if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     let retry_after = admission::retry_after(finish, last.deadline);
                     return Err(Shed::DeadlineUnreachable { retry_after });
                 }
@@ -210,6 +218,19 @@ impl Stage {
             }
         }
         self.arrivals.notify_waiters();
+    }
+
+    /// Closes the stage at shutdown: admits nothing more and answers what is queued 503.
+    pub fn close(&self) {
+        let queued = {
+            let mut queue = self.lock();
+            queue.closed = true;
+            queue.bytes = 0;
+            std::mem::take(&mut queue.jobs)
+        };
+        for job in queued {
+            job.answer(Outcome::ShuttingDown);
+        }
     }
 
     /// Most jobs the queue holds.

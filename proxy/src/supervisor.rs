@@ -1,24 +1,32 @@
 //! Spawned workers: `corral --workers N -- CMD ARGS…` runs N copies of CMD, each told the socket
 //! path (`CORRAL_SOCKET`) and its index (`CORRAL_WORKER_INDEX`), restarts a copy that exits (with
 //! a capped exponential backoff, so a crash loop costs little and never takes the proxy down),
-//! and stops them all when the proxy stops.
+//! kills and restarts a copy found hung, and stops them all when the proxy stops.
 //!
-//! Workers inherit Corral's stdout and stderr, so their output lands in the same log stream.
+//! Each worker's stdout and stderr reach Corral's own, line by line, prefixed `[worker N]`.
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{error, info, warn};
+
+use crate::metrics::metrics;
 
 /// First restart delay; doubled after each quick exit up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 /// A worker that ran this long before exiting is restarted without delay.
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
+/// At shutdown, how long a worker gets to exit on its own (it was sent `shutdown`) before it is
+/// killed.
+const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start the workers.
 #[derive(Debug, Clone)]
@@ -27,15 +35,59 @@ pub struct WorkerCommand {
     pub socket: PathBuf,
 }
 
-/// Spawns `count` supervised copies of the worker command on `tasks`; each is killed once `stop`
-/// is cancelled.
-pub fn spawn(command: WorkerCommand, count: u32, tasks: &TaskTracker, stop: CancellationToken) {
-    for index in 0..count {
-        tasks.spawn(supervise(command.clone(), index, stop.clone()));
+/// The worker processes this proxy runs, by pid: a connection that finds its worker hung asks
+/// for it to be killed (and so restarted) through here. Pids of processes this proxy did not
+/// spawn are never touched.
+#[derive(Clone, Default)]
+pub struct Children(Arc<Mutex<HashMap<u32, CancellationToken>>>);
+
+impl Children {
+    /// Asks the supervisor to kill the worker with this pid; false if it is not ours.
+    pub fn kill(&self, pid: u32) -> bool {
+        match self.lock().get(&pid) {
+            Some(kill) => {
+                kill.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn register(&self, pid: u32) -> CancellationToken {
+        let kill = CancellationToken::new();
+        self.lock().insert(pid, kill.clone());
+        kill
+    }
+
+    fn forget(&self, pid: u32) {
+        self.lock().remove(&pid);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, CancellationToken>> {
+        self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
 
-async fn supervise(command: WorkerCommand, index: u32, stop: CancellationToken) {
+/// Spawns `count` supervised copies of the worker command on `tasks`; each is stopped once `stop`
+/// is cancelled.
+pub fn spawn(
+    command: WorkerCommand,
+    count: u32,
+    children: &Children,
+    tasks: &TaskTracker,
+    stop: CancellationToken,
+) {
+    for index in 0..count {
+        tasks.spawn(supervise(command.clone(), index, children.clone(), stop.clone()));
+    }
+}
+
+async fn supervise(
+    command: WorkerCommand,
+    index: u32,
+    children: Children,
+    stop: CancellationToken,
+) {
     let mut backoff = FIRST_BACKOFF;
     let mut restarts = 0u64;
     loop {
@@ -52,16 +104,24 @@ async fn supervise(command: WorkerCommand, index: u32, stop: CancellationToken) 
                 continue;
             }
         };
-        info!(worker = index, pid = child.id(), restarts, "worker started");
+        let pid = child.id().unwrap_or_default();
+        let kill = children.register(pid);
+        info!(worker = index, pid, restarts, "worker started");
         let status = tokio::select! {
-            status = child.wait() => status,
+            status = child.wait() => status.map(|s| s.to_string()),
+            _ = kill.cancelled() => {
+                let _ = child.kill().await;
+                Ok("killed: hung".to_string())
+            }
             _ = stop.cancelled() => {
                 stop_child(&mut child, index).await;
+                children.forget(pid);
                 return;
             }
         };
+        children.forget(pid);
         restarts += 1;
-        crate::metrics::metrics().worker_restarts.inc();
+        metrics().worker_restarts.inc();
         match status {
             Ok(status) => warn!(worker = index, %status, restarts, "worker exited; restarting"),
             Err(e) => {
@@ -80,13 +140,35 @@ async fn supervise(command: WorkerCommand, index: u32, stop: CancellationToken) 
 
 fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
     let (program, args) = command.argv.split_first().expect("a worker command is never empty");
-    Command::new(program)
+    let mut child = Command::new(program)
         .args(args)
         .env("CORRAL_SOCKET", &command.socket)
         .env("CORRAL_WORKER_INDEX", index.to_string())
         .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
-        .spawn()
+        .spawn()?;
+    if let Some(out) = child.stdout.take() {
+        tokio::spawn(forward(out, index, false));
+    }
+    if let Some(err) = child.stderr.take() {
+        tokio::spawn(forward(err, index, true));
+    }
+    Ok(child)
+}
+
+/// Copies a worker's output to ours, one prefixed line at a time (whole lines, so that workers'
+/// output never interleaves mid-line); ends when the worker closes it.
+async fn forward(stream: impl AsyncRead + Unpin, index: u32, to_stderr: bool) {
+    let mut lines = BufReader::new(stream).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        if to_stderr {
+            eprintln!("[worker {index}] {line}");
+        } else {
+            println!("[worker {index}] {line}");
+        }
+    }
 }
 
 /// Sleeps for `delay` unless stopped first; true when stopped.
@@ -97,7 +179,12 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
     }
 }
 
+/// Lets a worker exit on its own after the proxy's `shutdown` message, then kills it.
 async fn stop_child(child: &mut Child, index: u32) {
+    if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
+        return;
+    }
+    warn!(worker = index, "worker did not exit after shutdown; killing it");
     if let Err(e) = child.kill().await {
         warn!(worker = index, error = %e, "could not stop worker");
     }

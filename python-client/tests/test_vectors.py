@@ -35,6 +35,7 @@ EXPECTED = {
             {"id": job_id(2), "timeout_ms": 70_000, "payload": mp({"text": "héllo"})},
         ],
     },
+    "shutdown": {"type": "shutdown", "message": "proxy shutting down"},
     "reject": {
         "type": "reject",
         "message": "protocol version 9 is not supported; this proxy speaks 1",

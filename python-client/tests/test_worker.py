@@ -186,3 +186,46 @@ def test_a_job_already_past_its_deadline_is_not_processed():
         got = proxy.infer([1], timeout_ms=0)
     assert got[0].status == "error" and "deadline" in got[0].message
     assert calls == []
+
+
+def test_shutdown_stops_the_worker_cleanly():
+    with FakeProxy(Echo()) as proxy:
+        proxy.send({"type": "shutdown", "message": "proxy shutting down"})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, SystemExit)
+    assert proxy.worker_error.code == 0
+
+
+def test_warm_up_runs_the_examples_through_every_hook():
+    seen = []
+
+    class Warm(corral.Worker):
+        examples = (1, 2)
+
+        def preprocess(self, item):
+            seen.append(("pre", item))
+            return item
+
+        def forward(self, batch):
+            seen.append(("forward", list(batch)))
+            return batch
+
+    Warm().warm_up()
+    assert seen == [("pre", 1), ("pre", 2), ("forward", [1, 2])]
+
+
+def test_a_failing_warm_up_keeps_the_worker_from_serving(tmp_path, monkeypatch):
+    class Broken(corral.Worker):
+        examples = ("boom",)
+
+        def forward(self, batch):
+            raise RuntimeError("model weights missing")
+
+    connected = []
+    monkeypatch.setattr(Broken, "_run_forever", lambda self, path: connected.append(path))
+    try:
+        Broken.run(str(tmp_path / "never.sock"))
+        raise AssertionError("run() returned")
+    except SystemExit as e:
+        assert "model weights missing" in str(e)
+    assert connected == []

@@ -2,7 +2,8 @@
 //!
 //! # Layout
 //! - [`message`]: every message that crosses the Unix socket, as Rust types. Workers send
-//!   [`WorkerMessage`]s (`hello`, `results`); the proxy sends [`ProxyMessage`]s (`batch`, `reject`).
+//!   [`WorkerMessage`]s (`hello`, `results`); the proxy sends [`ProxyMessage`]s (`batch`, `reject`,
+//!   `shutdown`).
 //! - [`job_id`]: the 16-byte job identifier and its msgpack form.
 //! - [`codec`]: frames (tokio-util's length-delimited codec: 4-byte big-endian length) around one
 //!   msgpack map each, and the msgpack step itself.
@@ -19,7 +20,8 @@ pub mod message;
 pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCodec};
 pub use job_id::JobId;
 pub use message::{
-    Batch, BatchJob, Hello, JobResult, ProxyMessage, Reject, ResultStatus, Results, WorkerMessage,
+    Batch, BatchJob, Hello, JobResult, ProxyMessage, Reject, ResultStatus, Results, Shutdown,
+    WorkerMessage,
 };
 
 /// The protocol version this crate speaks. A worker that says hello with another version is

@@ -28,6 +28,7 @@ pub enum WorkerMessage {
 pub enum ProxyMessage {
     Batch(Batch),
     Reject(Reject),
+    Shutdown(Shutdown),
 }
 
 /// The worker's first frame: who it is and what it speaks. It also marks the worker idle.
@@ -47,6 +48,13 @@ pub struct Hello {
 /// The proxy refuses a worker (e.g. an unknown protocol version) and then closes the connection.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Reject {
+    pub message: String,
+}
+
+/// The proxy is stopping: the worker should exit (not reconnect). Sent once the jobs the worker
+/// held are answered; the proxy then closes the connection.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shutdown {
     pub message: String,
 }
 

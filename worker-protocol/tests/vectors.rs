@@ -64,6 +64,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                 ],
             }),
         ),
+        ("shutdown", ProxyMessage::Shutdown(Shutdown { message: "proxy shutting down".into() })),
         (
             "reject",
             ProxyMessage::Reject(Reject {

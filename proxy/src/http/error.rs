@@ -85,6 +85,13 @@ impl ApiError {
         error
     }
 
+    pub fn shutting_down() -> Self {
+        let message = "the proxy is shutting down; retry on another instance";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message);
+        error.retry_after = Some(1);
+        error
+    }
+
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
     }
@@ -99,6 +106,7 @@ impl ApiError {
             Outcome::Failed(message) => Self::internal("worker_error", message),
             Outcome::WorkerLost(message) => Self::internal("worker_died", message),
             Outcome::Expired => Self::deadline_exceeded(),
+            Outcome::ShuttingDown => Self::shutting_down(),
         }
     }
 

@@ -99,6 +99,7 @@ async fn run(
             Shed::DeadlineUnreachable { retry_after } => {
                 ApiError::deadline_unreachable(retry_after.as_secs())
             }
+            Shed::ShuttingDown => ApiError::shutting_down(),
         };
         metrics().shed.with_label_values(&[error.code]).inc();
         return Err(error);

@@ -1,5 +1,7 @@
 //! Routing: which handler answers which method and path, and the headers every answer carries.
 
+use std::sync::atomic::Ordering;
+
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
@@ -23,6 +25,9 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes
     let method = request.method().clone();
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let (route, answer) = match request.uri().path() {
+        "/infer" if method == Method::POST && app.draining.load(Ordering::Relaxed) => {
+            ("/infer", Err(ApiError::shutting_down()))
+        }
         "/infer" if method == Method::POST => ("/infer", infer::handle(app, id, request).await),
         "/infer" => ("/infer", Err(ApiError::method_not_allowed(&method, "POST"))),
         "/healthz" if is_get(&method) => {
@@ -72,6 +77,9 @@ fn is_get(method: &Method) -> bool {
 
 /// Ready once the stage has a connected worker: before that, jobs would only queue.
 fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
+    if app.draining.load(Ordering::Relaxed) {
+        return Err(ApiError::not_ready("shutting down"));
+    }
     let workers = app.stage.workers();
     if workers == 0 {
         let stage = app.stage.name();

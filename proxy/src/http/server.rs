@@ -15,9 +15,19 @@ use tracing::{debug, info, warn};
 use super::routes;
 use super::App;
 
+/// How long answers given at the end of the grace period get to reach their clients.
+const FLUSH: Duration = Duration::from_secs(2);
+
 /// Serves until `stop` is cancelled, then stops accepting and lets open requests finish for up
-/// to `grace`.
-pub async fn serve(listener: TcpListener, app: Arc<App>, stop: CancellationToken, grace: Duration) {
+/// to `grace`. If that runs out, `expired` is cancelled (whoever holds the remaining jobs answers
+/// them) and the answers get [`FLUSH`] to go out.
+pub async fn serve(
+    listener: TcpListener,
+    app: Arc<App>,
+    stop: CancellationToken,
+    grace: Duration,
+    expired: CancellationToken,
+) {
     let builder = auto::Builder::new(TokioExecutor::new());
     let graceful = GracefulShutdown::new();
     loop {
@@ -50,7 +60,11 @@ pub async fn serve(listener: TcpListener, app: Arc<App>, stop: CancellationToken
     }
     drop(listener);
     info!("no longer accepting HTTP connections; draining open requests");
-    if tokio::time::timeout(grace, graceful.shutdown()).await.is_err() {
-        warn!("open HTTP connections outlived the grace period");
+    let drained = graceful.shutdown();
+    tokio::pin!(drained);
+    if tokio::time::timeout(grace, &mut drained).await.is_err() {
+        warn!("the grace period ran out; answering what is left 503");
+        expired.cancel();
+        let _ = tokio::time::timeout(FLUSH, drained).await;
     }
 }

@@ -2,7 +2,8 @@
 //! (503) if that is past its deadline, instead of queueing work nobody will wait for
 //! (../shared/seeds/004_*).
 //!
-//! The prediction replays the queue onto the workers: the jobs ahead, plus this request's, go out
+//! A job is admitted only if predicted to finish with a [`margin`] to spare. The prediction
+//! replays the queue onto the workers: the jobs ahead, plus this request's, go out
 //! in full batches, each to the worker that frees up first; a batch costs what the learned model
 //! says. A busy worker frees up when its batch is expected to end. With no learned cost yet, or no
 //! connected worker, there is nothing to predict from and the job is admitted.
@@ -34,6 +35,13 @@ pub fn predicted_finish(
     let j = batches - 1;
     let rounds_before = (j / free_at.len()) as u32;
     Some(free_at[j % free_at.len()] + cost.of(max_batch) * rounds_before + cost.of(last_batch_size))
+}
+
+/// What admission keeps back from a job's time budget: the prediction is an average, and the
+/// answer must still travel to a client whose own timeout runs on the same budget. A job is
+/// admitted only if it is predicted to finish with 5% of its timeout to spare.
+pub fn margin(timeout: Duration) -> Duration {
+    timeout / 20
 }
 
 /// `Retry-After` for a refused job: how far past its deadline it was predicted to finish,

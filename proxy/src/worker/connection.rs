@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use corral_protocol::{
     Batch, BatchJob, Hello, JobId, ProxyCodec, ProxyMessage, Reject, ResultStatus, Results,
-    WorkerMessage, PROTOCOL_VERSION,
+    Shutdown, WorkerMessage, PROTOCOL_VERSION,
 };
 use futures_util::{SinkExt, StreamExt};
 use tokio::net::UnixStream;
@@ -24,16 +24,34 @@ use tracing::{info, warn};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::{Stage, WorkerSeat};
+use crate::supervisor::Children;
 
 /// How long a new connection has to say hello before it is dropped.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
 type Conn = Framed<UnixStream, ProxyCodec>;
 
+/// What a worker connection needs besides its socket.
+#[derive(Clone)]
+pub struct Context {
+    pub stage: Arc<Stage>,
+    /// Cancelled when the proxy stops: the worker is told to exit.
+    pub shutdown: CancellationToken,
+    /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
+    pub children: Children,
+    /// Longest a worker may hold a batch; None: until its latest deadline plus a margin.
+    pub batch_timeout: Option<Duration>,
+}
+
+/// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
+/// batch's latest deadline: by then every client has its 408 and nobody waits for the worker.
+const HUNG_MARGIN: Duration = Duration::from_secs(1);
+
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
-pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: CancellationToken) {
+pub async fn serve(stream: UnixStream, context: Context) {
+    let stage = &context.stage;
     let mut conn = Framed::new(stream, ProxyCodec::default());
-    let Some(hello) = handshake(&mut conn, &stage).await else {
+    let Some(hello) = handshake(&mut conn, stage).await else {
         return;
     };
     let seat = stage.worker_joined();
@@ -44,12 +62,20 @@ pub async fn serve(stream: UnixStream, stage: Arc<Stage>, shutdown: Cancellation
         workers = stage.workers(),
         "worker connected"
     );
-    let ended = tokio::select! {
-        ended = work(&mut conn, &seat, stage.settings().prefetch) => ended,
-        _ = shutdown.cancelled() => Ended::Stopped,
-    };
-    if let Ended::Failed { reason, .. } = &ended {
-        metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
+    let ended = work(&mut conn, &seat, &context).await;
+    match &ended {
+        Ended::Stopped => {
+            let message = "proxy shutting down".to_string();
+            // Best effort: the worker may be gone already.
+            let _ = conn.send(&ProxyMessage::Shutdown(Shutdown { message })).await;
+        }
+        Ended::Failed { reason, .. } => {
+            metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
+            if *reason == "hung" && context.children.kill(hello.pid) {
+                warn!(pid = hello.pid, "killed a hung worker; it will be restarted");
+            }
+        }
+        Ended::Closed => {}
     }
     info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
 }
@@ -93,8 +119,8 @@ enum Ended {
     Closed,
     /// The proxy is shutting down.
     Stopped,
-    /// The worker broke the protocol (`reason` = "protocol") or its connection broke while it
-    /// held a batch ("died").
+    /// The worker broke the protocol (`reason` = "protocol"), its connection broke while it
+    /// held a batch ("died"), or it held a batch past the limit ("hung").
     Failed { reason: &'static str, why: String },
 }
 
@@ -124,7 +150,8 @@ struct InFlight {
 /// full batch queued), and if the stage allows it — one more, sent ahead so that it is already in
 /// the worker's socket when the worker finishes: the proxy's round trip between two batches is
 /// then hidden from a saturated worker. Batches are answered in the order they were sent.
-async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
+async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, context: &Context) -> Ended {
+    let prefetch = context.stage.settings().prefetch;
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
     // When the worker finished its previous batch: a batch sent ahead starts only then.
     let mut last_done = Instant::now();
@@ -145,9 +172,18 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
                     Some(Ok(_)) => protocol_error("message while idle"),
                     Some(Err(e)) => protocol_error(e),
                 },
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
             }
         } else {
             let may_prefetch = prefetch && in_flight.len() < 2;
+            let front = in_flight.front().expect("a batch is in flight");
+            let hung_at = match context.batch_timeout {
+                Some(limit) => front.sent.max(last_done) + limit,
+                None => {
+                    front.jobs.iter().map(|job| job.deadline).max().unwrap_or(front.sent)
+                        + HUNG_MARGIN
+                }
+            };
             tokio::select! {
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
                     match send(conn, seat, jobs).await {
@@ -157,6 +193,11 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
                     continue;
                 }
                 message = conn.next() => message,
+                _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
+                    reason: "hung",
+                    why: "the worker held a batch past its limit".into(),
+                },
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
             }
         };
         let batch = in_flight.pop_front().expect("a batch is in flight");
@@ -189,7 +230,13 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, prefetch: bool) -> Ended {
         }
     };
     for batch in in_flight {
-        give_back(seat, batch.jobs, &ended.to_string());
+        if matches!(ended, Ended::Stopped) {
+            // The grace period is over: no retry, the client hears that the proxy is stopping.
+            let now = Instant::now();
+            batch.jobs.into_iter().for_each(|job| answer(job, Outcome::ShuttingDown, now));
+        } else {
+            give_back(seat, batch.jobs, &ended.to_string());
+        }
     }
     ended
 }

@@ -1,22 +1,20 @@
 //! The Unix socket workers connect to.
 
 use std::io;
-use std::os::unix::fs::FileTypeExt;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use tokio::net::{UnixListener, UnixStream};
-use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::warn;
 
-use crate::stage::Stage;
 use crate::worker::connection;
 
 /// Binds the worker socket. A socket file left behind by a proxy that died is replaced; one that a
 /// live proxy still answers on is an error, so two proxies never share a path by accident; and a
-/// path that is not a socket at all is never deleted.
-pub async fn bind(path: &Path) -> io::Result<UnixListener> {
+/// path that is not a socket at all is never deleted. The socket gets permissions `mode`
+/// (owner-only by default): whoever can connect sees every payload.
+pub async fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
     if let Ok(metadata) = std::fs::symlink_metadata(path) {
         if !metadata.file_type().is_socket() {
             return Err(io::Error::new(
@@ -32,16 +30,14 @@ pub async fn bind(path: &Path) -> io::Result<UnixListener> {
         }
         std::fs::remove_file(path)?;
     }
-    UnixListener::bind(path)
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
+    Ok(listener)
 }
 
 /// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`.
-pub async fn accept(
-    listener: UnixListener,
-    stage: Arc<Stage>,
-    tasks: TaskTracker,
-    shutdown: CancellationToken,
-) {
+pub async fn accept(listener: UnixListener, context: connection::Context, tasks: TaskTracker) {
+    let shutdown = context.shutdown.clone();
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -55,7 +51,7 @@ pub async fn accept(
             },
             _ = shutdown.cancelled() => return,
         };
-        tasks.spawn(connection::serve(stream, stage.clone(), shutdown.clone()));
+        tasks.spawn(connection::serve(stream, context.clone()));
     }
 }
 

@@ -15,6 +15,7 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgpack
@@ -37,6 +38,11 @@ class Worker:
     """
 
     stage: ClassVar[str] = "default"
+
+    examples: ClassVar[Sequence[Any]] = ()
+    """Example requests (as a client would send them, decoded) run through the hooks and
+    ``forward`` once at start, before the worker connects, so that the first real batch is not
+    the slow one. If any fails, the worker logs why and exits instead of serving."""
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -71,9 +77,28 @@ class Worker:
         path = socket_path or _socket_from_argv() or os.environ.get("CORRAL_SOCKET", "corral.sock")
         worker = cls()
         try:
+            worker.warm_up()
+        except Exception as e:
+            log.exception("warm-up failed; this worker will not serve")
+            raise SystemExit(f"warm-up failed: {_describe(e)}") from e
+        try:
             worker._run_forever(path)
         except KeyboardInterrupt:
             pass
+
+    def warm_up(self) -> None:
+        """Run :attr:`examples` through ``preprocess``, ``forward`` and ``postprocess`` as one
+        batch; raise if any step fails or an output cannot be encoded."""
+        if not self.examples:
+            return
+        started = time.monotonic()
+        inputs = [self.preprocess(example) for example in self.examples]
+        outputs = list(self.forward(inputs))
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
+        for output in outputs:
+            _pack(self.postprocess(output))
+        log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
 
     def _run_forever(self, path: str) -> None:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
@@ -94,6 +119,7 @@ class Worker:
                 delay = min(delay * 2, 1.0)
                 continue
             delay, waiting_logged = 0.05, False
+            log.info("connected to corral at %s", path)
             try:
                 self.serve(sock)
                 log.info("proxy closed the connection")
@@ -129,6 +155,9 @@ class Worker:
                     sock.sendall(protocol.encode_frame(answer))
                 elif kind == "reject":
                     raise SystemExit(f"corral refused this worker: {message.get('message')}")
+                elif kind == "shutdown":
+                    log.info("corral is shutting down: %s", message.get("message"))
+                    raise SystemExit(0)
                 else:
                     raise ProtocolError(f"unexpected message type {kind!r}")
         finally:

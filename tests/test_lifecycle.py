@@ -1,0 +1,99 @@
+"""Workers that come and go: graceful shutdown, hung workers, crash loops, warm-up and readiness,
+the socket file's permissions, and worker output in Corral's log."""
+
+from __future__ import annotations
+
+import signal
+import stat
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from conftest import ROOT
+from test_failures import received
+
+WARM = str(ROOT / "tests" / "workers" / "warm.py")
+
+
+def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
+    with ThreadPoolExecutor(4) as pool:
+        pending = [pool.submit(proxy.post, {"n": n, "sleep_ms": 700}) for n in range(4)]
+        proxy.wait_until(lambda: len(received(log)) >= 2, what="jobs in the workers")
+        proxy.proc.send_signal(signal.SIGTERM)
+        answers = [p.result() for p in pending]
+    assert [a.status_code for a in answers] == [200] * 4
+    assert proxy.proc.wait(timeout=30) == 0
+    assert not proxy.socket.exists()
+    proxy.wait_for_log(r"corral is shutting down")  # the workers were told
+
+
+def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory):
+    proxy = corral_factory("--max-wait-ms=0", "--grace-period-ms=300")
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(proxy.post, {"sleep_ms": 5000})
+        # Let the job reach the worker, then stop.
+        proxy.wait_until(lambda: proxy.metric("corral_workers_busy", stage="default"), what="busy")
+        proxy.proc.send_signal(signal.SIGTERM)
+        answer = pending.result()
+    assert answer.status_code == 503
+    assert answer.json()["error"] == "shutting_down"
+    assert answer.headers["retry-after"] == "1"
+    assert proxy.proc.wait(timeout=30) == 0
+
+
+def test_a_hung_worker_is_killed_and_restarted(corral_factory):
+    proxy = corral_factory("--max-wait-ms=0", "--batch-timeout-ms=300")
+    response = proxy.post({"sleep_ms": 60_000})
+    # Hung once (killed, job retried on the restarted worker), hung again: out of retries.
+    assert response.status_code == 500
+    assert response.json()["error"] == "worker_died"
+    proxy.wait_for_log(r"killed a hung worker", count=2)
+    proxy.wait_for_log(r"worker connected", count=3)
+    assert proxy.post("after").json()["echo"] == "after"
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
+
+
+def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
+    looping = corral_factory("--workers=1", "--", sys.executable, "-c", "raise SystemExit(3)",
+                             worker=None)  # fmt: skip
+    looping.wait_for_log(r"worker exited; restarting", count=3)
+    assert looping.client.get("/healthz").status_code == 200
+    assert looping.client.get("/readyz").status_code == 503
+
+
+def test_readyz_waits_for_warm_up(corral_factory):
+    warm = corral_factory(
+        "--workers=1", "--", sys.executable, WARM, worker=None, env={"WARM_SECONDS": "1"}
+    )
+    not_yet = warm.client.get("/readyz")
+    assert not_yet.status_code == 503
+    assert "no connected worker" in not_yet.json()["message"]
+    warm.wait_for_log(r"warmed up on 1 examples")
+    warm.wait_for_log(r"worker connected")
+    assert warm.client.get("/readyz").status_code == 200
+
+
+def test_a_failing_warm_up_keeps_the_worker_out(corral_factory):
+    warm = corral_factory(
+        "--workers=1", "--", sys.executable, WARM, worker=None,
+        env={"WARM_SECONDS": "0", "WARM_FAIL": "1"},
+    )  # fmt: skip
+    warm.wait_for_log(r"warm-up failed")
+    warm.wait_for_log(r"worker exited; restarting")
+    assert not [line for line in warm.lines if "worker connected" in line]
+    assert warm.client.get("/readyz").status_code == 503
+
+
+def test_the_socket_is_owner_only_unless_widened(corral_factory):
+    default = corral_factory(worker=None)
+    assert stat.S_IMODE(Path(default.socket).stat().st_mode) == 0o600
+    group = corral_factory("--socket-mode=660", worker=None)
+    assert stat.S_IMODE(Path(group.socket).stat().st_mode) == 0o660
+
+
+def test_worker_output_is_prefixed_with_its_index(corral_factory):
+    proxy = corral_factory(workers=2)
+    proxy.wait_for_log(r"^\[worker 0\] .*connected to corral")
+    proxy.wait_for_log(r"^\[worker 1\] .*connected to corral")
