@@ -8,7 +8,7 @@ CORRAL := target/release/corral
 BENCH_VENV := bench/.venv
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run test lint build release venv bench bench-overload clean
+.PHONY: run test lint build release venv bench bench-overload bench-chaos clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/echo/worker.py
@@ -43,6 +43,10 @@ bench: release $(BENCH_VENV)/.installed $(OHA)
 # Overload without collapse: load shedding against MOSEC (see BENCHMARKS.md, "Overload").
 bench-overload: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/overload.py --oha $(OHA) $(BENCH_ARGS)
+
+# Workers killed at random under steady load (see BENCHMARKS.md, "Chaos").
+bench-chaos: release $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/chaos.py $(BENCH_ARGS)
 
 $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)

@@ -1,5 +1,5 @@
-"""The benchmark's MOSEC server: the same workload, one worker, max batch 32 (BENCH_MAX_BATCH),
-max wait 10 ms."""
+"""The benchmark's MOSEC server: the same workload, one worker (BENCH_WORKERS), max batch 32
+(BENCH_MAX_BATCH), max wait 10 ms."""
 
 import os
 
@@ -18,5 +18,6 @@ class Bench(Worker):
 if __name__ == "__main__":
     server = Server()
     max_batch = int(os.environ.get("BENCH_MAX_BATCH", "32"))
-    server.append_worker(Bench, num=1, max_batch_size=max_batch, max_wait_time=10)
+    workers = int(os.environ.get("BENCH_WORKERS", "1"))
+    server.append_worker(Bench, num=workers, max_batch_size=max_batch, max_wait_time=10)
     server.run()

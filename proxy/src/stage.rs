@@ -56,7 +56,12 @@ struct Queue {
     seats: Vec<Option<Seat>>,
     /// Set once the proxy stops: nothing more is admitted.
     closed: bool,
+    /// When dead jobs were last cleared out of the whole queue.
+    last_purge: Option<Instant>,
 }
+
+/// Shortest time between two sweeps of the whole queue for dead jobs.
+const PURGE_EVERY: Duration = Duration::from_millis(10);
 
 /// What the stage knows of one connected worker.
 #[derive(Debug, Clone, Copy, Default)]
@@ -181,8 +186,15 @@ impl Stage {
                 return Err(Shed::ShuttingDown);
             }
             let now = Instant::now();
-            if queue.jobs.len() + count > self.capacity {
+            // Jobs whose clients left or whose deadline passed still sit in the queue until a
+            // worker reaches them; cleared out now and then, they neither fill the queue nor
+            // inflate the admission prediction. Never more often than every PURGE_EVERY: under
+            // overload this runs on every arrival, and the queue can be long.
+            let due = queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY);
+            let long = queue.jobs.len() > self.settings.max_batch_size;
+            if due && (long || queue.jobs.len() + count > self.capacity) {
                 queue.drop_dead(now, true);
+                queue.last_purge = Some(now);
             }
             if queue.jobs.len() + count > self.capacity {
                 return Err(Shed::QueueFull);
