@@ -67,7 +67,8 @@ def worker_pids(system: bench.System) -> list[int]:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if "corral_worker.py" in cmdline or ("mosec_server.py" in cmdline and "python" in cmdline):
+        # Corral spawns the worker script; MOSEC forks its workers through multiprocessing.
+        if "corral_worker.py" in cmdline or "multiprocessing.spawn" in cmdline:
             pids.append(pid)
     return pids
 
@@ -110,7 +111,7 @@ async def drive(args, system: bench.System) -> tuple[list, list]:
     stop = asyncio.Event()
     rng = random.Random(args.seed)
     deadline_s = args.deadline_ms / 1000
-    limits = httpx.Limits(max_connections=2000, max_keepalive_connections=2000)
+    limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
     async with httpx.AsyncClient(limits=limits) as client:
         chaos = asyncio.create_task(killer(system, stop, rng, kills))
         tasks = []
@@ -118,9 +119,8 @@ async def drive(args, system: bench.System) -> tuple[list, list]:
         count = int(args.rate * args.seconds)
         for n in range(count):
             # Open loop: request n leaves at start + n / rate, whatever happened to the others.
-            delay = start + n / args.rate - time.monotonic()
-            if delay > 0:
-                await asyncio.sleep(delay)
+            # Always yield, even when behind: the answers must be read while requests go out.
+            await asyncio.sleep(max(0.0, start + n / args.rate - time.monotonic()))
             tasks.append(asyncio.create_task(one(client, system.url, deadline_s, results)))
         stop.set()
         await asyncio.gather(*tasks)

@@ -51,7 +51,7 @@ class Corral:
         self._collector = threading.Thread(target=self._collect, daemon=True)
         self._collector.start()
         line = self.wait_for_log(r"listening for HTTP")
-        self.url = "http://" + re.search(r"addr=(\S+)", line).group(1)
+        self.url = "http://" + re.search(r"addr\W+([\d.]+:\d+)", line).group(1)  # text or JSON
         self.client = httpx.Client(base_url=self.url, timeout=30)
         if worker:
             self.wait_for_log(r"worker connected", count=workers)

@@ -97,3 +97,20 @@ def test_worker_output_is_prefixed_with_its_index(corral_factory):
     proxy = corral_factory(workers=2)
     proxy.wait_for_log(r"^\[worker 0\] .*connected to corral")
     proxy.wait_for_log(r"^\[worker 1\] .*connected to corral")
+
+
+def test_a_stale_socket_from_a_dead_proxy_is_replaced(corral_factory, tmp_path):
+    import socket as sockets
+
+    from conftest import Corral
+
+    stale = tmp_path / "corral.sock"
+    leftover = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    leftover.bind(str(stale))  # a socket file nobody listens on any more
+    leftover.close()
+    assert stale.exists()
+    proxy = Corral(tmp_path, workers=1)  # its socket path is tmp_path / "corral.sock"
+    try:
+        assert proxy.post("fresh").json()["echo"] == "fresh"
+    finally:
+        assert proxy.stop() == 0

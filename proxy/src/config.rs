@@ -80,6 +80,11 @@ pub struct Config {
     #[arg(long, env = "CORRAL_SOCKET_MODE", default_value = "600", value_parser = parse_mode)]
     pub socket_mode: u32,
 
+    /// Log lines as human-readable text or as one JSON object per line (for log pipelines).
+    /// The level comes from RUST_LOG (default: info; per-request lines appear at debug).
+    #[arg(long, env = "CORRAL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
+    pub log_format: LogFormat,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -89,6 +94,13 @@ pub struct Config {
     /// connect to --socket on their own.
     #[arg(last = true, value_name = "WORKER_CMD")]
     pub worker_cmd: Vec<String>,
+}
+
+/// How log lines are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 fn parse_mode(text: &str) -> Result<u32, String> {

@@ -4,6 +4,7 @@ pub mod error;
 pub mod format;
 pub mod infer;
 pub mod items;
+pub mod openapi;
 pub mod routes;
 pub mod server;
 

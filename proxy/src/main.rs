@@ -6,18 +6,17 @@ use clap::Parser;
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-use corral::config::Config;
+use corral::config::{Config, LogFormat};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let config = Config::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    match config.log_format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
+    }
     match corral::run(config, stop_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

@@ -36,8 +36,18 @@ pub enum Shed {
     ShuttingDown,
 }
 
+/// What the stage's workers declared about their inputs and outputs (parsed JSON Schemas).
+#[derive(Debug, Clone, Default)]
+pub struct Schemas {
+    pub input: Option<serde_json::Value>,
+    pub output: Option<serde_json::Value>,
+    pub components: serde_json::Map<String, serde_json::Value>,
+}
+
 pub struct Stage {
     name: String,
+    /// The schemas of the latest worker that declared any.
+    schemas: Mutex<Option<Schemas>>,
     settings: BatchSettings,
     capacity: usize,
     queue: Mutex<Queue>,
@@ -152,6 +162,7 @@ impl Stage {
     pub fn new(name: impl Into<String>, settings: BatchSettings, capacity: usize) -> Self {
         Self {
             name: name.into(),
+            schemas: Mutex::default(),
             settings,
             capacity,
             queue: Mutex::default(),
@@ -243,6 +254,16 @@ impl Stage {
         for job in queued {
             job.answer(Outcome::ShuttingDown);
         }
+    }
+
+    /// Records what a worker declared (the latest declaration wins: workers of one stage are
+    /// copies of one program).
+    pub fn declare(&self, schemas: Schemas) {
+        *self.schemas.lock().unwrap_or_else(|p| p.into_inner()) = Some(schemas);
+    }
+
+    pub fn schemas(&self) -> Option<Schemas> {
+        self.schemas.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Most jobs the queue holds.

@@ -8,6 +8,7 @@
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -22,7 +23,8 @@ use crate::metrics::metrics;
 /// First restart delay; doubled after each quick exit up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// A worker that ran this long before exiting is restarted without delay.
+/// A worker that ran this long before exiting is restarted without delay, as is one that got as
+/// far as connecting: only a worker that dies before serving is crash-looping.
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 /// At shutdown, how long a worker gets to exit on its own (it was sent `shutdown`) before it is
 /// killed.
@@ -39,31 +41,45 @@ pub struct WorkerCommand {
 /// for it to be killed (and so restarted) through here. Pids of processes this proxy did not
 /// spawn are never touched.
 #[derive(Clone, Default)]
-pub struct Children(Arc<Mutex<HashMap<u32, CancellationToken>>>);
+pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
+
+/// What the supervisor and the connections share about one spawned worker.
+#[derive(Clone, Default)]
+struct SpawnedWorker {
+    kill: CancellationToken,
+    connected: Arc<AtomicBool>,
+}
 
 impl Children {
     /// Asks the supervisor to kill the worker with this pid; false if it is not ours.
     pub fn kill(&self, pid: u32) -> bool {
         match self.lock().get(&pid) {
-            Some(kill) => {
-                kill.cancel();
+            Some(child) => {
+                child.kill.cancel();
                 true
             }
             None => false,
         }
     }
 
-    fn register(&self, pid: u32) -> CancellationToken {
-        let kill = CancellationToken::new();
-        self.lock().insert(pid, kill.clone());
-        kill
+    /// Notes that the worker with this pid (if ours) connected: it is not crash-looping.
+    pub fn connected(&self, pid: u32) {
+        if let Some(child) = self.lock().get(&pid) {
+            child.connected.store(true, Ordering::Relaxed);
+        }
+    }
+
+    fn register(&self, pid: u32) -> SpawnedWorker {
+        let child = SpawnedWorker::default();
+        self.lock().insert(pid, child.clone());
+        child
     }
 
     fn forget(&self, pid: u32) {
         self.lock().remove(&pid);
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, CancellationToken>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, SpawnedWorker>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 }
@@ -105,11 +121,11 @@ async fn supervise(
             }
         };
         let pid = child.id().unwrap_or_default();
-        let kill = children.register(pid);
+        let registered = children.register(pid);
         info!(worker = index, pid, restarts, "worker started");
         let status = tokio::select! {
             status = child.wait() => status.map(|s| s.to_string()),
-            _ = kill.cancelled() => {
+            _ = registered.kill.cancelled() => {
                 let _ = child.kill().await;
                 Ok("killed: hung".to_string())
             }
@@ -128,7 +144,7 @@ async fn supervise(
                 warn!(worker = index, error = %e, restarts, "lost track of worker; restarting")
             }
         }
-        if started.elapsed() >= HEALTHY_RUN {
+        if started.elapsed() >= HEALTHY_RUN || registered.connected.load(Ordering::Relaxed) {
             backoff = FIRST_BACKOFF;
         }
         if wait_or_stop(backoff, &stop).await {

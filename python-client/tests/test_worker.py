@@ -184,7 +184,7 @@ def test_a_job_already_past_its_deadline_is_not_processed():
 
     with FakeProxy(Counting()) as proxy:
         got = proxy.infer([1], timeout_ms=0)
-    assert got[0].status == "error" and "deadline" in got[0].message
+    assert got[0].status == "expired" and "deadline" in got[0].message
     assert calls == []
 
 

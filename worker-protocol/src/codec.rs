@@ -114,6 +114,9 @@ mod tests {
             stage: "default".into(),
             pid: 1,
             name: String::new(),
+            input_schema: None,
+            output_schema: None,
+            schema_components: None,
         }))
     }
 

@@ -43,6 +43,16 @@ pub struct Hello {
     /// A free-form name for logs (e.g. the worker class).
     #[serde(default)]
     pub name: String,
+    /// Optional: JSON Schema (as JSON text) of one request, for the proxy's OpenAPI document.
+    /// References point into `#/components/schemas/`, defined by `schema_components`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub input_schema: Option<String>,
+    /// Optional: JSON Schema (as JSON text) of one response.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_schema: Option<String>,
+    /// Optional: a JSON object (as JSON text) of named schemas the two above refer to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub schema_components: Option<String>,
 }
 
 /// The proxy refuses a worker (e.g. an unknown protocol version) and then closes the connection.
@@ -92,6 +102,8 @@ pub enum ResultStatus {
     Invalid,
     /// The worker failed on this job; `message` says why; the client gets 500.
     Error,
+    /// The worker skipped this job because its deadline had passed; the client gets 408.
+    Expired,
 }
 
 /// One job's result. `data` is present exactly when `status` is `ok`, `message` otherwise.

@@ -30,6 +30,9 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 stage: "default".into(),
                 pid: 4242,
                 name: "Echo".into(),
+                input_schema: None,
+                output_schema: None,
+                schema_components: None,
             }),
         ),
         (

@@ -10,9 +10,10 @@ use http_body_util::Full;
 use hyper::body::Incoming;
 
 use tokio::time::Instant;
+use tracing::{debug, debug_span, Instrument};
 
 use super::error::ApiError;
-use super::{infer, App};
+use super::{infer, openapi, App};
 use crate::metrics::metrics;
 
 /// Header carrying the request's (and its job's) id on every answer.
@@ -20,8 +21,21 @@ pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
 pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes>> {
     let arrived = Instant::now();
-    // Every request gets an id, job or not, so every answer can be traced.
+    // Every request gets an id, job or not, so every answer can be traced. Log lines about it
+    // (debug level: none per request by default) carry that id, and the client's own
+    // x-request-id if it sent one.
     let id = JobId::new();
+    let client_id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+    let span = debug_span!("request", request_id = %id, client_request_id = client_id);
+    route_in(app, request, id, arrived).instrument(span).await
+}
+
+async fn route_in(
+    app: &App,
+    request: Request<Incoming>,
+    id: JobId,
+    arrived: Instant,
+) -> Response<Full<Bytes>> {
     let method = request.method().clone();
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let (route, answer) = match request.uri().path() {
@@ -35,7 +49,11 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes
         }
         "/readyz" if is_get(&method) => ("/readyz", ready(app)),
         "/metrics" if is_get(&method) => ("/metrics", Ok(prometheus_text(app))),
-        path @ ("/healthz" | "/readyz" | "/metrics") => {
+        "/openapi.json" if is_get(&method) => {
+            let document = serde_json::to_vec(&openapi::document(app)).expect("JSON values encode");
+            ("/openapi.json", Ok(json(StatusCode::OK, document)))
+        }
+        path @ ("/healthz" | "/readyz" | "/metrics" | "/openapi.json") => {
             (path_label(path), Err(ApiError::method_not_allowed(&method, "GET")))
         }
         path => ("other", Err(ApiError::not_found(path))),
@@ -44,6 +62,7 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes
     let id = HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value");
     response.headers_mut().insert(REQUEST_ID_HEADER, id);
     let code = response.status();
+    debug!(route, status = code.as_u16(), "answered");
     metrics().requests.with_label_values(&[route, code.as_str()]).inc();
     metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());
     response
@@ -53,6 +72,7 @@ fn path_label(path: &str) -> &'static str {
     match path {
         "/healthz" => "/healthz",
         "/readyz" => "/readyz",
+        "/openapi.json" => "/openapi.json",
         _ => "/metrics",
     }
 }

@@ -19,11 +19,11 @@ use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::codec::Framed;
 use tokio_util::sync::CancellationToken;
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
-use crate::stage::{Stage, WorkerSeat};
+use crate::stage::{Schemas, Stage, WorkerSeat};
 use crate::supervisor::Children;
 
 /// How long a new connection has to say hello before it is dropped.
@@ -54,6 +54,8 @@ pub async fn serve(stream: UnixStream, context: Context) {
     let Some(hello) = handshake(&mut conn, stage).await else {
         return;
     };
+    declare_schemas(stage, &hello);
+    context.children.connected(hello.pid);
     let seat = stage.worker_joined();
     info!(
         stage = stage.name(),
@@ -78,6 +80,26 @@ pub async fn serve(stream: UnixStream, context: Context) {
         Ended::Closed => {}
     }
     info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+}
+
+/// Keeps the JSON Schemas a worker declared, for `/openapi.json`. Schemas that do not parse are
+/// logged and ignored: they are documentation, and must not cost the worker its connection.
+fn declare_schemas(stage: &Stage, hello: &Hello) {
+    let parse = |text: &Option<String>| -> Option<serde_json::Value> {
+        let text = text.as_deref()?;
+        serde_json::from_str(text)
+            .inspect_err(|e| warn!(pid = hello.pid, error = %e, "ignoring a worker's schema"))
+            .ok()
+    };
+    let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
+    if input.is_none() && output.is_none() {
+        return;
+    }
+    let components = match parse(&hello.schema_components) {
+        Some(serde_json::Value::Object(map)) => map,
+        _ => serde_json::Map::new(),
+    };
+    stage.declare(Schemas { input, output, components });
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
@@ -249,7 +271,9 @@ async fn send(conn: &mut Conn, seat: &WorkerSeat<'_>, jobs: Vec<Job>) -> Result<
             .iter()
             .map(|job| BatchJob {
                 id: job.id,
-                timeout_ms: job.remaining(sent).as_millis() as u64,
+                // Rounded up: 0 would tell the worker the job is already late, and the queue never
+                // dispatches a job that is.
+                timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
                 payload: job.payload.clone(),
             })
             .collect(),
@@ -286,6 +310,7 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), (String, Vec<Job>)> {
             }
             (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
             (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
+            (ResultStatus::Expired, _) => Outcome::Expired,
         };
         answers.push((job, outcome));
     }
@@ -315,9 +340,11 @@ fn give_back(seat: &WorkerSeat<'_>, jobs: Vec<Job>, why: &str) {
     let mut retry = Vec::new();
     for mut job in jobs {
         if job.retries > 0 && !job.is_expired(now) && !job.is_abandoned() {
+            debug!(request_id = %job.id, "job goes back to the queue for another worker");
             job.retries -= 1;
             retry.push(job);
         } else {
+            debug!(request_id = %job.id, reason = why, "job failed with its worker");
             answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
         }
     }

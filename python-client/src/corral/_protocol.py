@@ -39,6 +39,10 @@ def error(job_id: bytes, message: str) -> dict[str, Any]:
     return {"id": job_id, "status": "error", "message": message}
 
 
+def expired(job_id: bytes, message: str) -> dict[str, Any]:
+    return {"id": job_id, "status": "expired", "message": message}
+
+
 def results(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "results", "results": items}
 

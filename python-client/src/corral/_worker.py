@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgpack
+import msgspec
 
 from corral import _protocol as protocol
 from corral._errors import ProtocolError, ValidationError
@@ -43,6 +44,17 @@ class Worker:
     """Example requests (as a client would send them, decoded) run through the hooks and
     ``forward`` once at start, before the worker connects, so that the first real batch is not
     the slow one. If any fails, the worker logs why and exits instead of serving."""
+
+    input_type: ClassVar[Any] = None
+    """Optional: the type each request must have — typically a ``msgspec.Struct``, or any type
+    msgspec can validate (``list[float]``, ``dict[str, int]``, …). Each payload is decoded and
+    validated straight from msgpack into it; a payload that does not fit answers 422 with
+    msgspec's message and the path of the bad field, and its batch-mates go on. Its JSON Schema
+    goes to the proxy in the handshake, for ``GET /openapi.json``."""
+
+    output_type: ClassVar[Any] = None
+    """Optional: the type of each response (documented in ``/openapi.json``; outputs are encoded
+    with msgspec, so ``msgspec.Struct`` instances need no conversion)."""
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -92,12 +104,13 @@ class Worker:
         if not self.examples:
             return
         started = time.monotonic()
-        inputs = [self.preprocess(example) for example in self.examples]
+        # The same path as a real request: encoded, decoded (and validated), then the hooks.
+        inputs = [self.preprocess(self._decode(_pack(example))) for example in self.examples]
         outputs = list(self.forward(inputs))
         if len(outputs) != len(inputs):
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
         for output in outputs:
-            _pack(self.postprocess(output))
+            self._encode(self.postprocess(output))
         log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
 
     def _run_forever(self, path: str) -> None:
@@ -141,7 +154,8 @@ class Worker:
         stream = sock.makefile("rb")
         try:
             name = type(self).__name__
-            sock.sendall(protocol.encode_frame(protocol.hello(self.stage, os.getpid(), name)))
+            hello = {**protocol.hello(self.stage, os.getpid(), name), **self.schemas()}
+            sock.sendall(protocol.encode_frame(hello))
             while True:
                 message = protocol.read_frame(stream)
                 if message is None:
@@ -163,6 +177,40 @@ class Worker:
         finally:
             stream.close()
 
+    def _decode(self, payload: Any) -> Any:
+        if self.input_type is None:
+            return _decode_payload(payload)
+        if not isinstance(payload, bytes):
+            raise ProtocolError("a job payload must be bytes")
+        try:
+            return _typed(type(self)).decoder.decode(payload)
+        except msgspec.ValidationError as e:
+            raise ValidationError(str(e)) from e
+        except msgspec.DecodeError as e:
+            raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+
+    def _encode(self, output: Any) -> bytes:
+        if self.input_type is None and self.output_type is None:
+            return _pack(output)
+        return _typed(type(self)).encoder.encode(output)
+
+    def schemas(self) -> dict[str, str]:
+        """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
+        text, references pointing into ``#/components/schemas/``), and those components."""
+        declared = [t for t in (self.input_type, self.output_type) if t is not None]
+        if not declared:
+            return {}
+        template = "#/components/schemas/{name}"
+        found, components = msgspec.json.schema_components(declared, ref_template=template)
+        found = list(found)
+        schemas = {}
+        if self.input_type is not None:
+            schemas["input_schema"] = msgspec.json.encode(found.pop(0)).decode()
+        if self.output_type is not None:
+            schemas["output_schema"] = msgspec.json.encode(found.pop(0)).decode()
+        schemas["schema_components"] = msgspec.json.encode(components).decode()
+        return schemas
+
     def remaining(self) -> float:
         """Seconds left before the current item's deadline (see :attr:`deadline`)."""
         return self.deadline - time.monotonic()
@@ -181,10 +229,12 @@ class Worker:
             self.deadline = deadlines[position]
             if self.deadline <= time.monotonic():
                 # Its client has had a 408 already; the proxy would drop the result.
-                answers[position] = protocol.error(job_id, "the deadline passed before processing")
+                answers[position] = protocol.expired(
+                    job_id, "the deadline passed before processing"
+                )
                 continue
             try:
-                item = self.preprocess(_decode_payload(job.get("payload")))
+                item = self.preprocess(self._decode(job.get("payload")))
             except ValidationError as e:
                 answers[position] = protocol.invalid(job_id, str(e))
             except Exception as e:
@@ -223,7 +273,7 @@ class Worker:
             job_id = jobs[position]["id"]
             self.deadline = deadlines[position]
             try:
-                data = _pack(self.postprocess(output))
+                data = self._encode(self.postprocess(output))
             except Exception as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
@@ -245,6 +295,24 @@ def _decode_payload(payload: Any) -> Any:
         return msgpack.unpackb(payload, raw=False, strict_map_key=False)
     except Exception as e:
         raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+
+
+class _Typed:
+    """A worker class's msgspec decoder (for its input_type) and encoder, built once."""
+
+    def __init__(self, worker: type[Worker]) -> None:
+        self.decoder = msgspec.msgpack.Decoder(worker.input_type or Any)
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
+
+
+_TYPED: dict[type, _Typed] = {}
+
+
+def _typed(worker: type[Worker]) -> _Typed:
+    typed = _TYPED.get(worker)
+    if typed is None:
+        typed = _TYPED[worker] = _Typed(worker)
+    return typed
 
 
 def _pack(value: Any) -> bytes:

@@ -15,9 +15,11 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import msgpack
+import msgspec
 
 from corral import _protocol as protocol
 from corral._errors import ProtocolError, ValidationError
@@ -37,6 +39,22 @@ class Worker:
     """
 
     stage: ClassVar[str] = "default"
+
+    examples: ClassVar[Sequence[Any]] = ()
+    """Example requests (as a client would send them, decoded) run through the hooks and
+    ``forward`` once at start, before the worker connects, so that the first real batch is not
+    the slow one. If any fails, the worker logs why and exits instead of serving."""
+
+    input_type: ClassVar[Any] = None
+    """Optional: the type each request must have — typically a ``msgspec.Struct``, or any type
+    msgspec can validate (``list[float]``, ``dict[str, int]``, …). Each payload is decoded and
+    validated straight from msgpack into it; a payload that does not fit answers 422 with
+    msgspec's message and the path of the bad field, and its batch-mates go on. Its JSON Schema
+    goes to the proxy in the handshake, for ``GET /openapi.json``."""
+
+    output_type: ClassVar[Any] = None
+    """Optional: the type of each response (documented in ``/openapi.json``; outputs are encoded
+    with msgspec, so ``msgspec.Struct`` instances need no conversion)."""
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -71,9 +89,29 @@ class Worker:
         path = socket_path or _socket_from_argv() or os.environ.get("CORRAL_SOCKET", "corral.sock")
         worker = cls()
         try:
+            worker.warm_up()
+        except Exception as e:
+            log.exception("warm-up failed; this worker will not serve")
+            raise SystemExit(f"warm-up failed: {_describe(e)}") from e
+        try:
             worker._run_forever(path)
         except KeyboardInterrupt:
             pass
+
+    def warm_up(self) -> None:
+        """Run :attr:`examples` through ``preprocess``, ``forward`` and ``postprocess`` as one
+        batch; raise if any step fails or an output cannot be encoded."""
+        if not self.examples:
+            return
+        started = time.monotonic()
+        # The same path as a real request: encoded, decoded (and validated), then the hooks.
+        inputs = [self.preprocess(self._decode(_pack(example))) for example in self.examples]
+        outputs = list(self.forward(inputs))
+        if len(outputs) != len(inputs):
+            raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
+        for output in outputs:
+            _pack(self.postprocess(output))
+        log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
 
     def _run_forever(self, path: str) -> None:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
@@ -94,6 +132,7 @@ class Worker:
                 delay = min(delay * 2, 1.0)
                 continue
             delay, waiting_logged = 0.05, False
+            log.info("connected to corral at %s", path)
             try:
                 self.serve(sock)
                 log.info("proxy closed the connection")
@@ -115,7 +154,8 @@ class Worker:
         stream = sock.makefile("rb")
         try:
             name = type(self).__name__
-            sock.sendall(protocol.encode_frame(protocol.hello(self.stage, os.getpid(), name)))
+            hello = {**protocol.hello(self.stage, os.getpid(), name), **self.schemas()}
+            sock.sendall(protocol.encode_frame(hello))
             while True:
                 message = protocol.read_frame(stream)
                 if message is None:
@@ -129,10 +169,47 @@ class Worker:
                     sock.sendall(protocol.encode_frame(answer))
                 elif kind == "reject":
                     raise SystemExit(f"corral refused this worker: {message.get('message')}")
+                elif kind == "shutdown":
+                    log.info("corral is shutting down: %s", message.get("message"))
+                    raise SystemExit(0)
                 else:
                     raise ProtocolError(f"unexpected message type {kind!r}")
         finally:
             stream.close()
+
+    def _decode(self, payload: Any) -> Any:
+        if self.input_type is None:
+            return _decode_payload(payload)
+        if not isinstance(payload, bytes):
+            raise ProtocolError("a job payload must be bytes")
+        try:
+            return _typed(type(self)).decoder.decode(payload)
+        except msgspec.ValidationError as e:
+            raise ValidationError(str(e)) from e
+        except msgspec.DecodeError as e:
+            raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+
+    def _encode(self, output: Any) -> bytes:
+        if self.input_type is None and self.output_type is None:
+            return _pack(output)
+        return _typed(type(self)).encoder.encode(output)
+
+    def schemas(self) -> dict[str, str]:
+        """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
+        text, references pointing into ``#/components/schemas/``), and those components."""
+        declared = [t for t in (self.input_type, self.output_type) if t is not None]
+        if not declared:
+            return {}
+        template = "#/components/schemas/{name}"
+        found, components = msgspec.json.schema_components(declared, ref_template=template)
+        found = list(found)
+        schemas = {}
+        if self.input_type is not None:
+            schemas["input_schema"] = msgspec.json.encode(found.pop(0)).decode()
+        if self.output_type is not None:
+            schemas["output_schema"] = msgspec.json.encode(found.pop(0)).decode()
+        schemas["schema_components"] = msgspec.json.encode(components).decode()
+        return schemas
 
     def remaining(self) -> float:
         """Seconds left before the current item's deadline (see :attr:`deadline`)."""
@@ -155,7 +232,7 @@ class Worker:
                 answers[position] = protocol.error(job_id, "the deadline passed before processing")
                 continue
             try:
-                item = self.preprocess(_decode_payload(job.get("payload")))
+                item = self.preprocess(self._decode(job.get("payload")))
             except ValidationError as e:
                 answers[position] = protocol.invalid(job_id, str(e))
             except Exception as e:
@@ -194,7 +271,7 @@ class Worker:
             job_id = jobs[position]["id"]
             self.deadline = deadlines[position]
             try:
-                data = msgpack.packb(self.postprocess(output), use_bin_type=True, default=_plain)
+                data = self._encode(self.postprocess(output))
             except Exception as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
@@ -218,6 +295,29 @@ def _decode_payload(payload: Any) -> Any:
         raise ValidationError(f"the payload is not valid msgpack: {e}") from e
 
 
+class _Typed:
+    """A worker class's msgspec decoder (for its input_type) and encoder, built once."""
+
+    def __init__(self, worker: type[Worker]) -> None:
+        self.decoder = msgspec.msgpack.Decoder(worker.input_type or Any)
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
+
+
+_TYPED: dict[type, _Typed] = {}
+
+
+def _typed(worker: type[Worker]) -> _Typed:
+    typed = _TYPED.get(worker)
+    if typed is None:
+        typed = _TYPED[worker] = _Typed(worker)
+    return typed
+
+
+def _pack(value: Any) -> bytes:
+    # A Packer per call: a shared one would be left in a bad state by an encoding error.
+    return msgpack.packb(value, use_bin_type=True, default=_plain)
+
+
 def _plain(value: Any) -> Any:
     """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
     tolist = getattr(value, "tolist", None)
@@ -234,6 +334,9 @@ def _fit_in_frame(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Replace results that would push the frame over the protocol limit with errors, so one
     huge output fails alone instead of breaking the connection for the whole batch."""
     budget = protocol.MAX_FRAME_BYTES - _FRAME_SLACK
+    sizes = [len(a.get("data") or a.get("message", "")) + _RESULT_OVERHEAD for a in answers]
+    if sum(sizes) <= budget:
+        return answers
     used = 0
     fitted = []
     for answer in answers:

@@ -1,0 +1,169 @@
+//! `GET /openapi.json`: an OpenAPI 3.1 description of this proxy, built on request from what the
+//! workers declared (their JSON Schemas arrive in the handshake) and from the answers Corral
+//! itself can give. Without declared schemas, requests and results are any JSON value.
+
+use serde_json::{json, Map, Value};
+
+use super::infer::{ITEMS_HEADER, TIMEOUT_HEADER};
+use super::routes::REQUEST_ID_HEADER;
+use super::App;
+
+/// Every error status `/infer` can answer, with what it means.
+const INFER_ERRORS: &[(&str, &str)] = &[
+    ("400", "Malformed body or header (`bad_request`)."),
+    ("406", "Accept allows neither JSON nor msgpack (`not_acceptable`)."),
+    ("408", "The deadline passed, queued or in the worker (`deadline_exceeded`)."),
+    ("413", "Body or item too large, or too many items (`body_too_large`, `too_many_items`)."),
+    ("415", "Content-Type is neither JSON nor msgpack (`unsupported_media_type`)."),
+    ("422", "The worker rejected this input (`invalid_input`)."),
+    ("500", "The worker failed (`worker_error`, `worker_died`)."),
+    ("503", "Shed: `queue_full`, `deadline_unreachable` or `shutting_down`; see Retry-After."),
+];
+
+pub fn document(app: &App) -> Value {
+    let schemas = app.stage.schemas().unwrap_or_default();
+    let any = json!({});
+    let input = schemas.input.unwrap_or_else(|| any.clone());
+    let output = schemas.output.unwrap_or(any);
+    let mut components = schemas.components;
+    components.insert("Error".into(), error_schema());
+
+    let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
+    let formats = |schema: Value| {
+        json!({
+            "application/json": {"schema": schema.clone()},
+            "application/msgpack": {"schema": schema},
+        })
+    };
+    let mut infer_responses = Map::new();
+    infer_responses.insert(
+        "200".into(),
+        json!({
+            "description": "The worker's result (an array of results for a multi-item request).",
+            "headers": request_id_header(),
+            "content": formats(body(&output)),
+        }),
+    );
+    for (status, description) in INFER_ERRORS {
+        infer_responses.insert((*status).into(), error_response(description, *status == "503"));
+    }
+
+    json!({
+        "openapi": "3.1.0",
+        "info": {
+            "title": "Corral",
+            "version": env!("CARGO_PKG_VERSION"),
+            "description": "A batching proxy in front of a model: each request is a job, \
+                answered with its result or a JSON error body.",
+        },
+        "paths": {
+            "/infer": {
+                "post": {
+                    "summary": "Run one job (or one per element, with x-corral-items: many).",
+                    "operationId": "infer",
+                    "parameters": [
+                        {
+                            "name": TIMEOUT_HEADER,
+                            "in": "header",
+                            "required": false,
+                            "description": "Deadline in milliseconds (capped by the proxy's \
+                                --timeout-ms).",
+                            "schema": {"type": "integer", "minimum": 1},
+                        },
+                        {
+                            "name": ITEMS_HEADER,
+                            "in": "header",
+                            "required": false,
+                            "description": "`many`: the body is an array, one job per element.",
+                            "schema": {"type": "string", "enum": ["one", "many"]},
+                        },
+                    ],
+                    "requestBody": {"required": true, "content": formats(body(&input))},
+                    "responses": infer_responses,
+                }
+            },
+            "/healthz": {"get": plain_get("healthz", "The process serves.", false)},
+            "/readyz": {"get": plain_get("readyz", "Every stage has a warmed-up worker.", true)},
+            "/metrics": {"get": {
+                "operationId": "metrics",
+                "summary": "Prometheus metrics.",
+                "responses": {"200": {
+                    "description": "Prometheus text exposition format.",
+                    "headers": request_id_header(),
+                    "content": {"text/plain": {"schema": {"type": "string"}}},
+                }},
+            }},
+            "/openapi.json": {"get": {
+                "operationId": "openapi",
+                "summary": "This document.",
+                "responses": {"200": {
+                    "description": "OpenAPI 3.1.",
+                    "headers": request_id_header(),
+                    "content": {"application/json": {"schema": {"type": "object"}}},
+                }},
+            }},
+        },
+        "components": {"schemas": components},
+    })
+}
+
+fn error_schema() -> Value {
+    json!({
+        "type": "object",
+        "required": ["error", "message"],
+        "properties": {
+            "error": {"type": "string", "description": "A stable code word."},
+            "message": {"type": "string"},
+            "items": {
+                "type": "array",
+                "description": "For a multi-item request: each failed element.",
+                "items": {
+                    "type": "object",
+                    "required": ["index", "status", "error", "message"],
+                    "properties": {
+                        "index": {"type": "integer"},
+                        "status": {"type": "integer"},
+                        "error": {"type": "string"},
+                        "message": {"type": "string"},
+                    },
+                },
+            },
+        },
+    })
+}
+
+fn request_id_header() -> Value {
+    json!({REQUEST_ID_HEADER: {
+        "description": "The request's (and its job's) UUID.",
+        "schema": {"type": "string", "format": "uuid"},
+    }})
+}
+
+fn error_response(description: &str, retry_after: bool) -> Value {
+    let mut headers = request_id_header();
+    if retry_after {
+        headers["Retry-After"] = json!({
+            "description": "Seconds after which a retry may succeed.",
+            "schema": {"type": "integer"},
+        });
+    }
+    json!({
+        "description": description,
+        "headers": headers,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+    })
+}
+
+fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value {
+    let ok = json!({
+        "description": "OK.",
+        "headers": request_id_header(),
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    });
+    let mut responses = json!({"200": ok});
+    if may_be_unavailable {
+        responses["503"] =
+            error_response("Not ready (`not_ready`): no worker yet, or stopping.", false);
+    }
+    json!({"operationId": operation, "summary": summary, "responses": responses})
+}

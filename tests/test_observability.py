@@ -1,0 +1,98 @@
+"""Observability end to end: Prometheus metrics read with Prometheus' own parser, JSON logs that
+carry request ids, and an OpenAPI document that a real validator accepts and that schemathesis
+cannot break against a typed worker."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+
+from openapi_spec_validator import validate
+
+from conftest import ROOT
+
+TYPED = str(ROOT / "examples" / "typed" / "worker.py")
+
+
+def test_metrics_count_every_kind_of_answer(corral_factory):
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--queue-capacity=1")
+    assert proxy.post({"n": 1}).status_code == 200
+    assert proxy.post({"invalid": "no"}).status_code == 422
+    expired = proxy.post({"sleep_ms": 300}, headers={"x-corral-timeout-ms": "50"})
+    assert expired.status_code == 408
+    # One job in the worker, one queued: the rest are shed.
+    with ThreadPoolExecutor(6) as pool:
+        codes = [r.status_code for r in pool.map(lambda _: proxy.post({"sleep_ms": 300}), range(6))]
+    shed = codes.count(503)
+    assert shed >= 1
+    assert proxy.post("after").status_code == 200
+
+    def count(name, **labels):
+        return proxy.metric(name, **labels)
+
+    assert count("corral_requests_total", route="/infer", code="200") == codes.count(200) + 2
+    assert count("corral_requests_total", route="/infer", code="422") == 1
+    assert count("corral_requests_total", route="/infer", code="408") == 1
+    assert count("corral_requests_total", route="/infer", code="503") == shed
+    assert (
+        count("corral_jobs_shed_total", reason="queue_full")
+        + count("corral_jobs_shed_total", reason="deadline_unreachable")
+        == shed
+    )
+    answered = codes.count(200) + 2 + 1 + 1 + shed
+    assert count("corral_request_duration_seconds_count", route="/infer") == answered
+    assert count("corral_batch_size_count", stage="default") >= codes.count(200) + 3
+    assert count("corral_batch_duration_seconds_count", stage="default") >= 3
+    assert count("corral_queue_wait_seconds_count", stage="default") >= 3
+    assert count("corral_workers_connected", stage="default") == 1
+    assert count("corral_queue_depth", stage="default") == 0
+
+
+def test_json_logs_carry_request_ids(corral_factory):
+    proxy = corral_factory(
+        "--log-format=json", env={"RUST_LOG": "info,corral::http=debug"}, workers=1
+    )
+    response = proxy.post("hi", headers={"x-request-id": "client-abc"})
+    ours = response.headers["x-request-id"]
+    line = proxy.wait_for_log(r'"message":"answered"')
+    record = json.loads(line)
+    assert record["span"]["request_id"] == ours
+    assert record["span"]["client_request_id"] == "client-abc"
+    assert record["status"] == 200
+    # Every line the proxy itself writes is JSON.
+    for own in (x for x in proxy.lines if x.startswith("{")):
+        json.loads(own)
+
+
+def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
+    proxy = corral_factory(worker=TYPED)
+    document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    schemas = document["components"]["schemas"]
+    assert set(schemas) >= {"Vector", "Norm", "Error"}
+    infer = document["paths"]["/infer"]["post"]
+    body = infer["requestBody"]["content"]["application/json"]["schema"]
+    assert {"$ref": "#/components/schemas/Vector"} in body["anyOf"]
+    assert set(infer["responses"]) >= {"200", "400", "408", "413", "422", "500", "503"}
+    assert {p["name"] for p in infer["parameters"]} == {"x-corral-timeout-ms", "x-corral-items"}
+    assert set(document["paths"]) == {"/infer", "/healthz", "/readyz", "/metrics", "/openapi.json"}
+
+
+def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(corral_factory):
+    proxy = corral_factory(worker=TYPED)
+    result = subprocess.run(
+        [
+            str(ROOT / ".venv" / "bin" / "schemathesis"),
+            "--config-file", str(ROOT / "tests" / "schemathesis.toml"),
+            "run", proxy.url + "/openapi.json",
+            "--checks", "not_a_server_error,status_code_conformance,content_type_conformance,"
+            "response_headers_conformance,response_schema_conformance",
+            "--max-examples", "40", "--generation-deterministic",
+            "--phases", "examples,coverage,fuzzing", "--request-timeout", "10",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[:8000] + result.stderr[-2000:]
