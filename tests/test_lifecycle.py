@@ -20,7 +20,11 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
     proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
     with ThreadPoolExecutor(4) as pool:
         pending = [pool.submit(proxy.post, {"n": n, "sleep_ms": 700}) for n in range(4)]
-        proxy.wait_until(lambda: len(received(log)) >= 2, what="jobs in the workers")
+        # All four are in (in a worker or queued) before the signal: none is refused at the door.
+        proxy.wait_until(
+            lambda: len(received(log)) + proxy.client.get("/readyz").json()["queued"] == 4,
+            what="all jobs in the proxy",
+        )
         proxy.proc.send_signal(signal.SIGTERM)
         answers = [p.result() for p in pending]
     assert [a.status_code for a in answers] == [200] * 4

@@ -70,6 +70,25 @@ pub struct Config {
     #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
     pub batch_timeout_ms: u64,
 
+    /// Most open HTTP connections; one more is answered 503 (`too_many_connections`) and closed.
+    #[arg(long, env = "CORRAL_MAX_CONNECTIONS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_connections: u32,
+
+    /// Time a client has to send a request's headers; also how long an idle keep-alive
+    /// connection waits for its next request.
+    #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub header_read_timeout_ms: u64,
+
+    /// Largest request head (request line and headers) in bytes; larger is answered 431.
+    #[arg(long, env = "CORRAL_MAX_HEADER_BYTES", default_value_t = 65_536)]
+    pub max_header_bytes: usize,
+
+    /// Most headers in a request; more is answered 431.
+    #[arg(long, env = "CORRAL_MAX_HEADERS", default_value_t = 100)]
+    pub max_headers: usize,
+
     /// At SIGTERM/SIGINT: how long queued and in-flight jobs get to finish before what is left
     /// is answered 503.
     #[arg(long, env = "CORRAL_GRACE_PERIOD_MS", default_value_t = 10_000)]

@@ -28,6 +28,7 @@ use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use corral_protocol::{FRAME_OVERHEAD_PER_JOB, MAX_FRAME_BYTES};
 use tokio::net::TcpListener;
@@ -90,6 +91,12 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         stop_http.clone(),
         config.grace_period(),
         expired.clone(),
+        http::server::Limits {
+            max_connections: config.max_connections as usize,
+            header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            max_header_bytes: config.max_header_bytes,
+            max_headers: config.max_headers,
+        },
     ));
 
     shutdown.await;

@@ -1,22 +1,43 @@
-//! The HTTP server loop: accept, one task per connection (HTTP/1.1 and h2c), graceful drain.
+//! The HTTP server loop: accept, one task per connection (HTTP/1.1 and h2c), graceful drain, and
+//! the limits that keep one client from holding resources: a cap on open connections, a deadline
+//! for a request's headers (a client dribbling them, slowloris-style, is cut off; the same clock
+//! bounds how long an idle keep-alive connection waits for its next request), and a cap on
+//! header size and count (431).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::routes;
 use super::App;
+use crate::metrics::metrics;
 
 /// How long answers given at the end of the grace period get to reach their clients.
 const FLUSH: Duration = Duration::from_secs(2);
+
+/// The limits of the HTTP edge.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub max_connections: usize,
+    pub header_read_timeout: Duration,
+    pub max_header_bytes: usize,
+    pub max_headers: usize,
+}
+
+/// The body of the answer to a connection over `max_connections`. The answer is written straight
+/// to the socket: hyper is not involved, so it costs no buffers and cannot hang.
+const TOO_MANY_CONNECTIONS: &str =
+    r#"{"error":"too_many_connections","message":"the proxy holds its maximum of connections"}"#;
 
 /// Serves until `stop` is cancelled, then stops accepting and lets open requests finish for up
 /// to `grace`. If that runs out, `expired` is cancelled (whoever holds the remaining jobs answers
@@ -27,8 +48,18 @@ pub async fn serve(
     stop: CancellationToken,
     grace: Duration,
     expired: CancellationToken,
+    limits: Limits,
 ) {
-    let builder = auto::Builder::new(TokioExecutor::new());
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout)
+        .max_headers(limits.max_headers)
+        // hyper reads a request head into this buffer; a head that does not fit is a 431.
+        .max_buf_size(limits.max_header_bytes.max(8192));
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
+    let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     loop {
         let stream = tokio::select! {
@@ -45,6 +76,11 @@ pub async fn serve(
         };
         // Small answers go out at once rather than waiting for Nagle's timer.
         let _ = stream.set_nodelay(true);
+        let Ok(permit) = connections.clone().try_acquire_owned() else {
+            metrics().shed.with_label_values(&["too_many_connections"]).inc();
+            tokio::spawn(refuse(stream));
+            continue;
+        };
         let app = app.clone();
         let service = service_fn(move |request| {
             let app = app.clone();
@@ -56,6 +92,7 @@ pub async fn serve(
             if let Err(e) = connection.await {
                 debug!(error = %e, "HTTP connection ended with an error");
             }
+            drop(permit);
         });
     }
     drop(listener);
@@ -67,4 +104,19 @@ pub async fn serve(
         expired.cancel();
         let _ = tokio::time::timeout(FLUSH, drained).await;
     }
+}
+
+/// Answers a connection over the cap 503 and closes it, without reading its request.
+async fn refuse(mut stream: TcpStream) {
+    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        let answer = format!(
+            "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+             retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
+            TOO_MANY_CONNECTIONS.len(),
+            TOO_MANY_CONNECTIONS
+        );
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
