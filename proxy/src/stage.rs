@@ -235,6 +235,14 @@ impl Stage {
     pub fn requeue(&self, jobs: Vec<Job>) {
         {
             let mut queue = self.lock();
+            if queue.closed {
+                // Nobody will take them any more: the proxy is stopping.
+                drop(queue);
+                for job in jobs {
+                    job.answer(Outcome::ShuttingDown);
+                }
+                return;
+            }
             for job in jobs.into_iter().rev() {
                 queue.bytes += job.payload.len();
                 queue.jobs.push_front(job);
