@@ -1,4 +1,4 @@
-# The two commands a newcomer needs: `make run` (serve the echo model on :8000) and `make test`
+# The two commands a newcomer needs: `make run` (serve the digits model on :8000) and `make test`
 # (everything CI checks). Both set up what they need: the Rust build and a Python venv in .venv.
 
 VENV   := .venv
@@ -11,7 +11,7 @@ OHA        := bench/.tools/bin/oha
 .PHONY: run test lint build release venv bench bench-overload bench-chaos clean
 
 run: release venv
-	$(CORRAL) --workers 2 -- $(PY) examples/echo/worker.py
+	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
 
 test: lint build venv
 	cargo test --workspace
@@ -31,9 +31,10 @@ release:
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: requirements-dev.txt python-client/pyproject.toml
+$(VENV)/.installed: requirements-dev.txt examples/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ./python-client -r requirements-dev.txt
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ./python-client \
+		-r requirements-dev.txt -r examples/requirements.txt
 	touch $@
 
 # Corral against MOSEC in one run (see BENCHMARKS.md); BENCH_ARGS passes options to bench/bench.py.

@@ -1,0 +1,53 @@
+"""The examples, served for real: the digits classifier (make run's model) and the typed worker."""
+
+from __future__ import annotations
+
+import json
+
+from sklearn.datasets import load_digits
+
+from conftest import ROOT
+
+DIGITS = str(ROOT / "examples" / "digits" / "worker.py")
+
+
+def test_digits_classifies_real_digits_in_batches(corral_factory):
+    proxy = corral_factory(worker=DIGITS, workers=1)
+    digits = load_digits()
+    images = [{"pixels": row.tolist()} for row in digits.data[:40]]
+    response = proxy.post(images, headers={"x-corral-items": "many"})
+    assert response.status_code == 200, response.text
+    answers = response.json()
+    assert len(answers) == 40
+    correct = sum(a["label"] == t for a, t in zip(answers, digits.target[:40]))
+    assert correct >= 38
+    for answer in answers:
+        assert len(answer["probabilities"]) == 10
+        assert abs(sum(answer["probabilities"]) - 1) < 1e-3
+        assert answer["label"] == max(range(10), key=lambda k: answer["probabilities"][k])
+
+
+def test_digits_sample_from_the_readme(corral_factory):
+    proxy = corral_factory(worker=DIGITS, workers=1)
+    sample = json.loads((ROOT / "examples" / "digits" / "sample.json").read_text())
+    assert proxy.post(sample).json()["label"] == 0
+
+
+def test_digits_rejects_malformed_images_alone(corral_factory):
+    proxy = corral_factory(worker=DIGITS, workers=1)
+    good = {"pixels": [0.0] * 64}
+    short = {"pixels": [0.0] * 63}
+    wrong_type = {"pixels": ["dark"] + [0.0] * 63}
+    too_dark = {"pixels": [17.0] + [0.0] * 63}
+    extra = {"pixels": [0.0] * 64, "colour": "blue"}
+    response = proxy.post(
+        [good, short, wrong_type, too_dark, extra], headers={"x-corral-items": "many"}
+    )
+    assert response.status_code == 422
+    failed = {item["index"]: item["message"] for item in response.json()["items"]}
+    assert set(failed) == {1, 2, 3, 4}
+    assert "length >= 64" in failed[1] and "$.pixels" in failed[1]
+    assert "$.pixels[0]" in failed[2]
+    assert "<= 16" in failed[3]
+    assert "colour" in failed[4]
+    assert proxy.post(good).status_code == 200
