@@ -26,7 +26,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// Time from request arrival to answer, by route.
     pub request_seconds: HistogramVec,
-    /// Jobs refused at admission, by reason (`queue_full`, `deadline_unreachable`).
+    /// Jobs (and connections) refused with 503, by reason: `queue_full`,
+    /// `deadline_unreachable`, `shutting_down`, `too_many_connections`.
     pub shed: IntCounterVec,
     /// Jobs answered 408, by where they were (`queue`, `worker`).
     pub expired: IntCounterVec,

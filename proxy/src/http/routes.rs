@@ -40,6 +40,7 @@ async fn route_in(
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let (route, answer) = match request.uri().path() {
         "/infer" if method == Method::POST && app.draining.load(Ordering::Relaxed) => {
+            metrics().shed.with_label_values(&["shutting_down"]).inc();
             ("/infer", Err(ApiError::shutting_down()))
         }
         "/infer" if method == Method::POST => ("/infer", infer::handle(app, id, request).await),
