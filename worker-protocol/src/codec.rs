@@ -17,6 +17,9 @@ use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
 use crate::{ProxyMessage, WorkerMessage, MAX_FRAME_BYTES};
 
+/// Deepest nesting accepted in a frame (payloads are opaque `bin`, so messages are shallow).
+const MAX_DEPTH: usize = 32;
+
 /// Why a frame could not be turned into a message.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -55,7 +58,11 @@ pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     }
     // Reading from a `&[u8]` advances it, so what is left afterwards is the trailing garbage.
     let mut rest = body;
-    let message = T::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))?;
+    let mut de = rmp_serde::Deserializer::new(&mut rest);
+    // Messages are a few levels deep; a hostile frame nesting an ignored key a million levels
+    // deep must be an error, not a stack overflow.
+    de.set_max_depth(MAX_DEPTH);
+    let message = T::deserialize(&mut de)?;
     if !rest.is_empty() {
         return Err(DecodeError::TrailingBytes(rest.len()));
     }
@@ -151,6 +158,18 @@ mod tests {
         let body = rmp_serde::to_vec_named(&value).unwrap();
         let WorkerMessage::Hello(hello) = decode(&body).unwrap() else { panic!("not a hello") };
         assert_eq!((hello.pid, hello.name.as_str()), (7, ""));
+    }
+
+    #[test]
+    fn refuses_deep_nesting_without_overflowing() {
+        // A hello whose ignored extra key nests a million arrays deep.
+        let mut body = vec![0x82];
+        body.extend(rmp_serde::to_vec(&"type").unwrap());
+        body.extend(rmp_serde::to_vec(&"hello").unwrap());
+        body.extend(rmp_serde::to_vec(&"x").unwrap());
+        body.extend(std::iter::repeat_n(0x91u8, 1_000_000));
+        body.push(0xc0);
+        assert!(decode::<WorkerMessage>(&body).is_err());
     }
 
     #[test]

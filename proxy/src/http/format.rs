@@ -97,12 +97,25 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
         Format::Msgpack => Ok(data),
         Format::Json => {
             let mut out = Vec::with_capacity(data.len() + data.len() / 2);
-            let mut de = rmp_serde::Deserializer::new(&data[..]);
+            let mut de = msgpack_reader(&data[..]);
             serde_transcode::transcode(&mut de, &mut serde_json::Serializer::new(&mut out))
                 .map_err(|e| format!("the worker's output cannot be written as JSON: {e}"))?;
             Ok(Bytes::from(out))
         }
     }
+}
+
+/// Deepest nesting accepted in a msgpack value, as serde_json allows for JSON: every decoder here
+/// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
+pub const MAX_DEPTH: usize = 128;
+
+/// A msgpack decoder over `input` with the nesting limit set.
+pub fn msgpack_reader<R: std::io::Read>(
+    input: R,
+) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<R>> {
+    let mut de = rmp_serde::Deserializer::new(input);
+    de.set_max_depth(MAX_DEPTH);
+    de
 }
 
 /// Exactly one well-formed msgpack value, nothing after it.
@@ -111,8 +124,7 @@ fn check_msgpack(body: &[u8]) -> Result<(), String> {
         return Err("empty body".into());
     }
     let mut rest = body;
-    IgnoredAny::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))
-        .map_err(|e| e.to_string())?;
+    IgnoredAny::deserialize(&mut msgpack_reader(&mut rest)).map_err(|e| e.to_string())?;
     if !rest.is_empty() {
         return Err(format!("{} bytes after the value", rest.len()));
     }
@@ -163,6 +175,17 @@ mod tests {
         assert!(to_msgpack(Format::Msgpack, &[]).is_err());
         assert!(to_msgpack(Format::Msgpack, &[0xc1]).is_err(), "reserved byte");
         assert!(to_msgpack(Format::Msgpack, &[0x92, 0x01, 0x02]).is_ok());
+    }
+
+    #[test]
+    fn deep_msgpack_is_refused_not_overflowed() {
+        let mut deep = vec![0x91u8; 1_000_000];
+        deep.push(0xc0);
+        assert!(to_msgpack(Format::Msgpack, &deep).is_err());
+        assert!(from_msgpack(Format::Json, Bytes::from(deep)).is_err());
+        let mut fine = vec![0x91u8; 100];
+        fine.push(0xc0);
+        assert!(to_msgpack(Format::Msgpack, &fine).is_ok());
     }
 
     #[test]

@@ -11,6 +11,7 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::error::ApiError;
+use super::format::msgpack_reader;
 use crate::job::Outcome;
 
 /// One msgpack value per element of a msgpack array.
@@ -21,7 +22,7 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
     let mut elements = Vec::with_capacity((len as usize).min(rest.len()));
     for _ in 0..len {
         let start = array.len() - rest.len();
-        IgnoredAny::deserialize(&mut rmp_serde::Deserializer::new(&mut rest))
+        IgnoredAny::deserialize(&mut msgpack_reader(&mut rest))
             .map_err(|e| format!("array element {} is malformed: {e}", elements.len()))?;
         elements.push(array.slice(start..array.len() - rest.len()));
     }
