@@ -205,3 +205,20 @@ def test_many_items_edge_cases(proxy):
     assert_error(proxy.post([1], headers={"x-corral-items": "several"}), 400, "bad_request")
     # Without the header an array is one item.
     assert proxy.post([1, 2]).json()["echo"] == [1, 2]
+
+
+def test_413_too_many_items_for_the_queue(proxy):
+    # The queue holds 1024 jobs here: a request carrying more could never be admitted.
+    body = assert_error(proxy.post(list(range(1025)), headers=MANY), 413, "too_many_items")
+    assert "1025" in body["message"]
+
+
+def test_options_read_their_corral_environment_variables(corral_factory):
+    proxy = corral_factory(worker=None, env={"CORRAL_MAX_BODY_BYTES": "100"})
+    assert_error(proxy.post("x" * 200), 413, "body_too_large")
+
+
+def test_a_client_timeout_is_capped_by_the_proxy_s(corral_factory):
+    proxy = corral_factory("--timeout-ms=2000", "--max-wait-ms=0")
+    told = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "60000"}).json()["timeout_ms"]
+    assert 0 < told <= 2000
