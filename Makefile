@@ -8,7 +8,7 @@ CORRAL := target/release/corral
 BENCH_VENV := bench/.venv
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run test lint build release venv bench bench-overload bench-chaos clean
+.PHONY: run test lint build release venv bench bench-overload bench-chaos bench-soak clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -48,6 +48,10 @@ bench-overload: release $(BENCH_VENV)/.installed $(OHA)
 # Workers killed at random under steady load (see BENCHMARKS.md, "Chaos").
 bench-chaos: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/chaos.py $(BENCH_ARGS)
+
+# A long run of mixed traffic, checked for lost or wrong answers and leaks ("Soak").
+bench-soak: release $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/soak.py $(BENCH_ARGS)
 
 $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)
