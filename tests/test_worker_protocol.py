@@ -171,3 +171,39 @@ def test_a_worker_for_an_unknown_stage_is_refused(sidecar):
     assert "unknown stage" in protocol.read_frame(stream)["message"]
     stream.close()
     other.close()
+
+
+def test_a_flood_of_unsolicited_frames_closes_that_connection_only(sidecar, pool):
+    flooder = FakeWorker(sidecar.socket)
+    sidecar.wait_for_log(r"worker connected")
+    for _ in range(1000):  # results nobody asked for, while idle
+        try:
+            flooder.send(protocol.results([]))
+        except OSError:
+            break  # the proxy has hung up on it already
+    assert flooder.closed_by_proxy()
+    flooder.close()
+    sidecar.wait_for_log(r"protocol error: message while idle")
+    assert sidecar.metric("corral_worker_failures_total", stage="default", reason="protocol") == 1
+
+    def echo(worker, batch):
+        job = batch["jobs"][0]
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+
+    response, good = serve_one_batch(sidecar, pool, echo)
+    assert response.status_code == 200
+    good.close()
+
+
+def test_a_truncated_frame_then_silence_is_a_hung_worker(corral_factory, pool):
+    proxy = corral_factory("--max-wait-ms=0", "--retries=0", "--batch-timeout-ms=300", worker=None)
+    worker = FakeWorker(proxy.socket)
+    proxy.wait_for_log(r"worker connected")
+    response = pool.submit(proxy.post, {"x": 1})
+    worker.receive()
+    worker.sock.sendall(struct.pack(">I", 1000) + b"\x81")  # 1 byte of 1000, then nothing
+    answer = response.result(timeout=30)
+    assert answer.status_code == 500 and answer.json()["error"] == "worker_died"
+    assert worker.closed_by_proxy()
+    worker.close()
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
