@@ -222,3 +222,10 @@ def test_a_client_timeout_is_capped_by_the_proxy_s(corral_factory):
     proxy = corral_factory("--timeout-ms=2000", "--max-wait-ms=0")
     told = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "60000"}).json()["timeout_ms"]
     assert 0 < told <= 2000
+
+
+def test_405_on_read_only_routes(proxy):
+    for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
+        response = proxy.client.post(path)
+        assert_error(response, 405, "method_not_allowed")
+        assert response.headers["allow"] == "GET"

@@ -57,6 +57,11 @@ def pool():
         yield executor
 
 
+def echo_back(worker, batch):
+    """A well-behaved answer: each job's payload as its result."""
+    worker.send(protocol.results([protocol.ok(j["id"], j["payload"]) for j in batch["jobs"]]))
+
+
 def serve_one_batch(sidecar, pool, answer):
     """Connect a fake worker, send one request, let `answer(batch)` reply; return the client's
     response and the fake worker."""
@@ -127,11 +132,7 @@ def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, brea
     sidecar.wait_for_log(r"worker disconnected")
 
     # The proxy is unharmed: a well-behaved worker is served next.
-    def echo(worker, batch):
-        job = batch["jobs"][0]
-        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
-
-    response, good = serve_one_batch(sidecar, pool, echo)
+    response, good = serve_one_batch(sidecar, pool, echo_back)
     assert response.status_code == 200
     good.close()
 
@@ -190,11 +191,7 @@ def test_a_flood_of_unsolicited_frames_closes_that_connection_only(sidecar, pool
     sidecar.wait_for_log(r"protocol error: message while idle")
     assert sidecar.metric("corral_worker_failures_total", stage="default", reason="protocol") == 1
 
-    def echo(worker, batch):
-        job = batch["jobs"][0]
-        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
-
-    response, good = serve_one_batch(sidecar, pool, echo)
+    response, good = serve_one_batch(sidecar, pool, echo_back)
     assert response.status_code == 200
     good.close()
 

@@ -178,7 +178,9 @@ impl Stage {
         &self.settings
     }
 
-    /// Queues a job, unless the queue is full.
+    /// Queues one job ([`Stage::submit_all`] of one); the HTTP edge always submits a request's
+    /// jobs together, so this is for tests.
+    #[cfg(test)]
     pub fn submit(&self, job: Job) -> Result<(), Shed> {
         self.submit_all(vec![job])
     }
@@ -389,7 +391,8 @@ impl Stage {
         batch
     }
 
-    /// The batch cost learned so far.
+    /// The batch cost learned so far (what admission and the policy see).
+    #[cfg(test)]
     pub fn cost(&self) -> Option<cost::Cost> {
         self.lock().cost.estimate()
     }
