@@ -1,4 +1,9 @@
-//! Command line and environment: every option is a flag and a `CORRAL_<NAME>` variable.
+//! Command line, environment and config file: every option is a flag and a `CORRAL_<NAME>`
+//! variable; `--config FILE` adds stages, pipelines and routes ([`file`], resolved and checked
+//! in [`topology`]).
+
+pub mod file;
+pub mod topology;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -15,8 +20,13 @@ use crate::stage::Policy;
 /// CORRAL_<NAME> from the environment (e.g. CORRAL_MAX_BATCH_SIZE).
 #[derive(Debug, Clone, Parser)]
 #[command(name = "corral", version, about, long_about = None)]
-#[command(after_help = "Example: corral --workers 2 -- python examples/echo/worker.py")]
+#[command(after_help = AFTER_HELP)]
 pub struct Config {
+    /// TOML file with stages, pipelines and routes (see below); flags and CORRAL_* variables
+    /// that are set override what it says.
+    #[arg(long, env = "CORRAL_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+
     /// HTTP address to serve on (port 0 picks a free port, logged at start).
     #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:8000")]
     pub listen: SocketAddr,
@@ -75,11 +85,16 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
-    /// Time a client has to send a request's headers; also how long an idle keep-alive
-    /// connection waits for its next request.
+    /// Time a client has to send a request's headers, counted from the request's first byte.
     #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_ms: u64,
+
+    /// How long a keep-alive connection may sit idle (no request in progress) before it is
+    /// closed.
+    #[arg(long, env = "CORRAL_IDLE_TIMEOUT_MS", default_value_t = 60_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub idle_timeout_ms: u64,
 
     /// Largest request head (request line and headers) in bytes; larger is answered 431.
     #[arg(long, env = "CORRAL_MAX_HEADER_BYTES", default_value_t = 65_536)]
@@ -115,14 +130,18 @@ pub struct Config {
     pub worker_cmd: Vec<String>,
 }
 
+/// `corral --help`'s closing part: examples and the config file, in full.
+const AFTER_HELP: &str = include_str!("config/after_help.txt");
+
 /// How log lines are written.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum LogFormat {
     Text,
     Json,
 }
 
-fn parse_mode(text: &str) -> Result<u32, String> {
+pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 8)
         .ok()
         .filter(|mode| *mode <= 0o777)

@@ -5,11 +5,13 @@
 //! worker connected over a Unix socket. Every job gets exactly one answer.
 //!
 //! # Layout
-//! - [`config`]: flags and `CORRAL_*` environment variables.
+//! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
+//!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
 //! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler, and the one
 //!   mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
+//! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker (protocol in
 //!   `corral-protocol`).
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
@@ -20,10 +22,12 @@ pub mod config;
 pub mod http;
 pub mod job;
 pub mod metrics;
+pub mod pipeline;
 pub mod stage;
 pub mod supervisor;
 pub mod worker;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -36,34 +40,50 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::info;
 
+use config::topology::{StageSpec, Topology};
 use config::Config;
+use pipeline::Pipeline;
 use stage::{BatchSettings, Stage};
-
-/// The single stage a command-line-configured proxy serves.
-pub const DEFAULT_STAGE: &str = "default";
 
 /// Runs the proxy until `shutdown` completes, then drains: stop taking HTTP connections, let open
 /// requests finish (their workers still serve them), then close worker connections, stop spawned
 /// workers and remove the socket file.
-pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io::Result<()> {
+pub async fn run(
+    config: Config,
+    topology: Topology,
+    shutdown: impl Future<Output = ()>,
+) -> std::io::Result<()> {
     let socket = absolute(&config.socket)?;
     let http_listener = TcpListener::bind(config.listen).await?;
     let worker_listener = worker::listener::bind(&socket, config.socket_mode).await?;
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
     info!(socket = %socket.display(), "listening for workers");
 
-    let settings = BatchSettings {
-        max_batch_size: config.max_batch_size as usize,
-        max_wait: config.max_wait(),
-        max_batch_bytes: max_batch_bytes(config.max_batch_size as usize),
-        policy: config.batch_policy,
-        prefetch: config.worker_prefetch,
-    };
-    let stage = Arc::new(Stage::new(DEFAULT_STAGE, settings, config.queue_capacity as usize));
+    let stages: Vec<Arc<Stage>> =
+        topology.stages.iter().map(|spec| Arc::new(stage(spec))).collect();
+    let by_name: HashMap<String, Arc<Stage>> =
+        stages.iter().map(|stage| (stage.name().to_string(), stage.clone())).collect();
+    let routes = topology
+        .routes
+        .iter()
+        .map(|route| {
+            let pipeline = Pipeline {
+                name: route.pipeline.clone(),
+                stages: route.stages.iter().map(|name| by_name[name].clone()).collect(),
+            };
+            info!(path = %route.path, stages = ?route.stages, "serving route");
+            http::Route {
+                name: route.name.clone(),
+                path: route.path.clone(),
+                pipeline,
+                timeout: route.timeout,
+            }
+        })
+        .collect();
     let app = Arc::new(http::App {
-        stage: stage.clone(),
+        routes,
+        stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
-        timeout: config.timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),
     });
@@ -73,16 +93,19 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
     let workers = TaskTracker::new();
     let children = supervisor::Children::default();
     let context = worker::connection::Context {
-        stage: stage.clone(),
+        stages: Arc::new(by_name),
         shutdown: stop_workers.clone(),
         children: children.clone(),
-        batch_timeout: config.batch_timeout(),
     };
     workers.spawn(worker::listener::accept(worker_listener, context, workers.clone()));
-    if !config.worker_cmd.is_empty() {
-        let command =
-            supervisor::WorkerCommand { argv: config.worker_cmd.clone(), socket: socket.clone() };
-        supervisor::spawn(command, config.workers, &children, &workers, stop_workers.clone());
+    for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
+        let command = supervisor::WorkerCommand {
+            argv: spec.command.clone(),
+            socket: socket.clone(),
+            stage: spec.name.clone(),
+            cpus: spec.cpus.clone(),
+        };
+        supervisor::spawn(command, spec.workers, &children, &workers, stop_workers.clone());
     }
     let expired = CancellationToken::new();
     let server = tokio::spawn(http::server::serve(
@@ -94,6 +117,7 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
         http::server::Limits {
             max_connections: config.max_connections as usize,
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
+            idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,
             max_headers: config.max_headers,
         },
@@ -105,22 +129,42 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> std::io:
     stop_http.cancel();
     // If the grace period runs out, the queue and the workers answer what they hold 503.
     let give_up = tokio::spawn({
-        let (stage, stop_workers) = (stage.clone(), stop_workers.clone());
+        let (stages, stop_workers) = (stages.clone(), stop_workers.clone());
         async move {
             expired.cancelled().await;
-            stage.close();
+            stages.iter().for_each(|stage| stage.close());
             stop_workers.cancel();
         }
     });
     let _ = server.await;
     give_up.abort();
-    stage.close();
+    stages.iter().for_each(|stage| stage.close());
     stop_workers.cancel();
     workers.close();
     workers.wait().await;
     worker::listener::remove(&socket);
     info!("stopped");
     Ok(())
+}
+
+fn stage(spec: &StageSpec) -> Stage {
+    let max_batch_size = spec.max_batch_size as usize;
+    let settings = BatchSettings {
+        max_batch_size,
+        max_wait: spec.max_wait,
+        max_batch_bytes: max_batch_bytes(max_batch_size),
+        policy: spec.batch_policy,
+        prefetch: spec.worker_prefetch,
+        batch_timeout: spec.batch_timeout,
+    };
+    info!(
+        stage = %spec.name,
+        max_batch_size,
+        max_wait_ms = spec.max_wait.as_millis() as u64,
+        workers = spec.workers,
+        "stage"
+    );
+    Stage::new(spec.name.clone(), settings, spec.queue_capacity as usize)
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

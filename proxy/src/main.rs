@@ -2,22 +2,39 @@
 
 use std::io::IsTerminal;
 
-use clap::Parser;
+use clap::parser::ValueSource;
+use clap::{CommandFactory, FromArgMatches};
 use tokio::signal::unix::{signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
-use corral::config::{Config, LogFormat};
+use corral::config::{topology, Config, LogFormat};
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let config = Config::parse();
+    let matches = Config::command().get_matches();
+    let mut config = Config::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    // Flags and variables that were set win over the config file.
+    let explicit = |id: &str| {
+        matches!(
+            matches.value_source(id),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        )
+    };
+    let topology = match topology::load(&mut config, &explicit) {
+        Ok(topology) => topology,
+        Err(problem) => {
+            // Before anything starts, and before logging is set up: plainly, like clap's errors.
+            eprintln!("error: {problem}");
+            return std::process::ExitCode::from(2);
+        }
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
     }
-    match corral::run(config, stop_signal()).await {
+    match corral::run(config, topology, stop_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!(error = %e, "corral could not run");

@@ -1,9 +1,13 @@
-//! Spawned workers: `corral --workers N -- CMD ARGS…` runs N copies of CMD, each told the socket
-//! path (`CORRAL_SOCKET`) and its index (`CORRAL_WORKER_INDEX`), restarts a copy that exits (with
+//! Spawned workers: `corral --workers N -- CMD ARGS…` (or a stage's `command` in the config file)
+//! runs N copies of CMD, each told the socket path (`CORRAL_SOCKET`), its stage (`CORRAL_STAGE`)
+//! and its index (`CORRAL_WORKER_INDEX`), optionally pinned to a core ([`affinity`]), restarts a copy that exits (with
 //! a capped exponential backoff, so a crash loop costs little and never takes the proxy down),
 //! kills and restarts a copy found hung, and stops them all when the proxy stops.
 //!
-//! Each worker's stdout and stderr reach Corral's own, line by line, prefixed `[worker N]`.
+//! Each worker's stdout and stderr reach Corral's own, line by line, prefixed `[worker N]` (or
+//! `[STAGE worker N]` for a stage other than `default`).
+
+pub mod affinity;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,6 +39,21 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 pub struct WorkerCommand {
     pub argv: Vec<String>,
     pub socket: PathBuf,
+    /// The stage the workers serve.
+    pub stage: String,
+    /// Core of each worker, by index (empty: not pinned).
+    pub cpus: Vec<usize>,
+}
+
+impl WorkerCommand {
+    /// How the worker's output lines and log lines name it.
+    fn label(&self, index: u32) -> String {
+        if self.stage == crate::config::topology::DEFAULT_STAGE {
+            format!("worker {index}")
+        } else {
+            format!("{} worker {index}", self.stage)
+        }
+    }
 }
 
 /// The worker processes this proxy runs, by pid: a connection that finds its worker hung asks
@@ -111,7 +130,7 @@ async fn supervise(
         let mut child = match start(&command, index) {
             Ok(child) => child,
             Err(e) => {
-                error!(worker = index, command = ?command.argv, error = %e, "could not start worker");
+                error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, "could not start worker");
                 // Keep trying: the command may appear (a volume mounted late, say).
                 if wait_or_stop(backoff, &stop).await {
                     return;
@@ -122,7 +141,7 @@ async fn supervise(
         };
         let pid = child.id().unwrap_or_default();
         let registered = children.register(pid);
-        info!(worker = index, pid, restarts, "worker started");
+        info!(stage = %command.stage, worker = index, pid, restarts, "worker started");
         let status = tokio::select! {
             status = child.wait() => status.map(|s| s.to_string()),
             _ = registered.kill.cancelled() => {
@@ -139,9 +158,11 @@ async fn supervise(
         restarts += 1;
         metrics().worker_restarts.inc();
         match status {
-            Ok(status) => warn!(worker = index, %status, restarts, "worker exited; restarting"),
+            Ok(status) => {
+                warn!(stage = %command.stage, worker = index, %status, restarts, "worker exited; restarting")
+            }
             Err(e) => {
-                warn!(worker = index, error = %e, restarts, "lost track of worker; restarting")
+                warn!(stage = %command.stage, worker = index, error = %e, restarts, "lost track of worker; restarting")
             }
         }
         if started.elapsed() >= HEALTHY_RUN || registered.connected.load(Ordering::Relaxed) {
@@ -156,33 +177,39 @@ async fn supervise(
 
 fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
     let (program, args) = command.argv.split_first().expect("a worker command is never empty");
-    let mut child = Command::new(program)
+    let mut spawn = Command::new(program);
+    spawn
         .args(args)
         .env("CORRAL_SOCKET", &command.socket)
+        .env("CORRAL_STAGE", &command.stage)
         .env("CORRAL_WORKER_INDEX", index.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+        .kill_on_drop(true);
+    if let Some(&cpu) = command.cpus.get(index as usize) {
+        affinity::pin(&mut spawn, cpu);
+    }
+    let mut child = spawn.spawn()?;
+    let label = Arc::new(command.label(index));
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(forward(out, index, false));
+        tokio::spawn(forward(out, label.clone(), false));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(forward(err, index, true));
+        tokio::spawn(forward(err, label, true));
     }
     Ok(child)
 }
 
 /// Copies a worker's output to ours, one prefixed line at a time (whole lines, so that workers'
 /// output never interleaves mid-line); ends when the worker closes it.
-async fn forward(stream: impl AsyncRead + Unpin, index: u32, to_stderr: bool) {
+async fn forward(stream: impl AsyncRead + Unpin, label: Arc<String>, to_stderr: bool) {
     let mut lines = BufReader::new(stream).lines();
     while let Ok(Some(line)) = lines.next_line().await {
         if to_stderr {
-            eprintln!("[worker {index}] {line}");
+            eprintln!("[{label}] {line}");
         } else {
-            println!("[worker {index}] {line}");
+            println!("[{label}] {line}");
         }
     }
 }

@@ -1,11 +1,11 @@
-//! `POST /infer`: a request becomes one job (or, with `x-corral-items: many`, one job per array
-//! element), and the jobs' answers become the response.
+//! `POST` to a route (`/infer` by default): a request becomes one job (or, with
+//! `x-corral-items: many`, one job per array element) that goes through the route's pipeline, and
+//! the jobs' answers become the response.
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocol::JobId;
-use futures_util::future::join_all;
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -15,8 +15,8 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::format::{self, Format};
 use super::items;
-use super::App;
-use crate::job::{Job, Outcome};
+use super::{App, Route};
+use crate::job::Outcome;
 use crate::metrics::metrics;
 use crate::stage::Shed;
 
@@ -27,6 +27,7 @@ pub const ITEMS_HEADER: &str = "x-corral-items";
 
 pub async fn handle(
     app: &App,
+    route: &Route,
     id: JobId,
     request: Request<Incoming>,
 ) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -43,7 +44,7 @@ pub async fn handle(
     };
     let output =
         format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?;
-    let timeout = requested_timeout(headers)?.map_or(app.timeout, |t| t.min(app.timeout));
+    let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
     let many = carries_many(headers)?;
     let declared_too_large = declared_too_large(headers, app.max_body_bytes);
 
@@ -51,8 +52,8 @@ pub async fn handle(
     let payload = format::to_msgpack(input, &body).map_err(ApiError::bad_request)?;
     let deadline = arrived + timeout;
     if !many {
-        check_payload_size(app, &payload)?;
-        let outcome = run(app, vec![(id, payload)], arrived, deadline).await?;
+        check_payload_size(app, route, &payload)?;
+        let outcome = run(app, route, vec![(id, payload)], arrived, deadline).await?;
         return match outcome.into_iter().next().expect("one job, one outcome") {
             Outcome::Done(data) => ok(output, data),
             other => Err(ApiError::from_outcome(other)),
@@ -61,38 +62,27 @@ pub async fn handle(
 
     let elements = items::split(&payload).map_err(ApiError::bad_request)?;
     for element in &elements {
-        check_payload_size(app, element)?;
+        check_payload_size(app, route, element)?;
     }
-    let capacity = app.stage.capacity();
+    let capacity = route.pipeline.capacity();
     if elements.len() > capacity {
         return Err(ApiError::too_many_items(elements.len(), capacity));
     }
     let jobs = elements.into_iter().map(|element| (JobId::new(), element)).collect();
-    let outcomes = run(app, jobs, arrived, deadline).await?;
+    let outcomes = run(app, route, jobs, arrived, deadline).await?;
     let data = items::assemble(outcomes)?;
     ok(output, data)
 }
 
-/// Queues the jobs (all or none) and waits, until the shared deadline at most, for each answer.
-/// A job still unanswered at the deadline is [`Outcome::Expired`].
-///
-/// Waiting here is what makes 408 hold wherever a job is, queued or inside a worker; and if the
-/// client leaves, hyper drops this future with the receivers, so the queue skips the jobs.
+/// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503.
 async fn run(
     app: &App,
-    payloads: Vec<(JobId, Bytes)>,
+    route: &Route,
+    jobs: Vec<(JobId, Bytes)>,
     arrived: Instant,
     deadline: Instant,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let (jobs, answers): (Vec<Job>, Vec<_>) = payloads
-        .into_iter()
-        .map(|(id, payload)| {
-            let (mut job, answer) = Job::new(id, payload, arrived, deadline);
-            job.retries = app.retries;
-            (job, answer)
-        })
-        .unzip();
-    if let Err(shed) = app.stage.submit_all(jobs) {
+    route.pipeline.run(jobs, arrived, deadline, app.retries).await.map_err(|shed| {
         // Counted, not logged: shedding must stay cheap under overload.
         let error = match shed {
             Shed::QueueFull => ApiError::queue_full(),
@@ -102,19 +92,8 @@ async fn run(
             Shed::ShuttingDown => ApiError::shutting_down(),
         };
         metrics().shed.with_label_values(&[error.code]).inc();
-        return Err(error);
-    }
-    let waits = answers.into_iter().map(|answer| async move {
-        match tokio::time::timeout_at(deadline, answer).await {
-            Err(_elapsed) => Outcome::Expired,
-            Ok(Ok(outcome)) => outcome,
-            // Only a bug drops a job unanswered; say so rather than hang or guess.
-            Ok(Err(_dropped)) => {
-                Outcome::WorkerLost("the job was dropped without an answer".into())
-            }
-        }
-    });
-    Ok(join_all(waits).await)
+        error
+    })
 }
 
 fn ok(output: Format, data: Bytes) -> Result<Response<Full<Bytes>>, ApiError> {
@@ -128,8 +107,8 @@ fn ok(output: Format, data: Bytes) -> Result<Response<Full<Bytes>>, ApiError> {
 }
 
 /// A single payload must fit in one batch frame.
-fn check_payload_size(app: &App, payload: &Bytes) -> Result<(), ApiError> {
-    let limit = app.stage.settings().max_batch_bytes;
+fn check_payload_size(app: &App, route: &Route, payload: &Bytes) -> Result<(), ApiError> {
+    let limit = route.pipeline.first().settings().max_batch_bytes;
     if payload.len() <= limit {
         return Ok(());
     }

@@ -6,9 +6,9 @@ use serde_json::{json, Map, Value};
 
 use super::infer::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
-use super::App;
+use super::{App, Route};
 
-/// Every error status `/infer` can answer, with what it means.
+/// Every error status a route (`/infer`) can answer, with what it means.
 const INFER_ERRORS: &[(&str, &str)] = &[
     ("400", "Malformed body or header (`bad_request`)."),
     ("406", "Accept allows neither JSON nor msgpack (`not_acceptable`)."),
@@ -21,33 +21,46 @@ const INFER_ERRORS: &[(&str, &str)] = &[
 ];
 
 pub fn document(app: &App) -> Value {
-    let schemas = app.stage.schemas().unwrap_or_default();
-    let any = json!({});
-    let input = schemas.input.unwrap_or_else(|| any.clone());
-    let output = schemas.output.unwrap_or(any);
-    let mut components = schemas.components;
-    components.insert("Error".into(), error_schema());
-
-    let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
-    let formats = |schema: Value| {
-        json!({
-            "application/json": {"schema": schema.clone()},
-            "application/msgpack": {"schema": schema},
-        })
-    };
-    let mut infer_responses = Map::new();
-    infer_responses.insert(
-        "200".into(),
-        json!({
-            "description": "The worker's result (an array of results for a multi-item request).",
-            "headers": request_id_header(),
-            "content": formats(body(&output)),
-        }),
-    );
-    for (status, description) in INFER_ERRORS {
-        infer_responses.insert((*status).into(), error_response(description, *status == "503"));
+    let mut components = Map::new();
+    let mut paths = Map::new();
+    for route in &app.routes {
+        let (operation, schemas) = route_operation(route);
+        paths.insert(route.path.clone(), json!({"post": operation}));
+        components.extend(schemas);
     }
-
+    components.insert("Error".into(), error_schema());
+    paths.insert(
+        "/healthz".into(),
+        json!({"get": plain_get("healthz", "The process serves.", false)}),
+    );
+    paths.insert(
+        "/readyz".into(),
+        json!({"get": plain_get("readyz", "Every stage has a warmed-up worker.", true)}),
+    );
+    paths.insert(
+        "/metrics".into(),
+        json!({"get": {
+            "operationId": "metrics",
+            "summary": "Prometheus metrics.",
+            "responses": {"200": {
+                "description": "Prometheus text exposition format.",
+                "headers": request_id_header(),
+                "content": {"text/plain": {"schema": {"type": "string"}}},
+            }},
+        }}),
+    );
+    paths.insert(
+        "/openapi.json".into(),
+        json!({"get": {
+            "operationId": "openapi",
+            "summary": "This document.",
+            "responses": {"200": {
+                "description": "OpenAPI 3.1.",
+                "headers": request_id_header(),
+                "content": {"application/json": {"schema": {"type": "object"}}},
+            }},
+        }}),
+    );
     json!({
         "openapi": "3.1.0",
         "info": {
@@ -56,55 +69,85 @@ pub fn document(app: &App) -> Value {
             "description": "A batching proxy in front of a model: each request is a job, \
                 answered with its result or a JSON error body.",
         },
-        "paths": {
-            "/infer": {
-                "post": {
-                    "summary": "Run one job (or one per element, with x-corral-items: many).",
-                    "operationId": "infer",
-                    "parameters": [
-                        {
-                            "name": TIMEOUT_HEADER,
-                            "in": "header",
-                            "required": false,
-                            "description": "Deadline in milliseconds (capped by the proxy's \
-                                --timeout-ms).",
-                            "schema": {"type": "integer", "minimum": 1},
-                        },
-                        {
-                            "name": ITEMS_HEADER,
-                            "in": "header",
-                            "required": false,
-                            "description": "`many`: the body is an array, one job per element.",
-                            "schema": {"type": "string", "enum": ["one", "many"]},
-                        },
-                    ],
-                    "requestBody": {"required": true, "content": formats(body(&input))},
-                    "responses": infer_responses,
-                }
-            },
-            "/healthz": {"get": plain_get("healthz", "The process serves.", false)},
-            "/readyz": {"get": plain_get("readyz", "Every stage has a warmed-up worker.", true)},
-            "/metrics": {"get": {
-                "operationId": "metrics",
-                "summary": "Prometheus metrics.",
-                "responses": {"200": {
-                    "description": "Prometheus text exposition format.",
-                    "headers": request_id_header(),
-                    "content": {"text/plain": {"schema": {"type": "string"}}},
-                }},
-            }},
-            "/openapi.json": {"get": {
-                "operationId": "openapi",
-                "summary": "This document.",
-                "responses": {"200": {
-                    "description": "OpenAPI 3.1.",
-                    "headers": request_id_header(),
-                    "content": {"application/json": {"schema": {"type": "object"}}},
-                }},
-            }},
-        },
+        "paths": paths,
         "components": {"schemas": components},
     })
+}
+
+/// A route's POST operation: its request is what the pipeline's first stage takes, its result
+/// what the last stage gives (as their workers declared; any JSON value otherwise). Returns the
+/// schema components those declarations refer to; components of the same name from different
+/// stages are taken to be the same type (the last stage's wins).
+fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
+    let stages = &route.pipeline.stages;
+    let first = stages.first().and_then(|stage| stage.schemas()).unwrap_or_default();
+    let last = stages.last().and_then(|stage| stage.schemas()).unwrap_or_default();
+    let any = json!({});
+    let input = first.input.unwrap_or_else(|| any.clone());
+    let output = last.output.unwrap_or(any);
+    let mut components = first.components;
+    components.extend(last.components);
+
+    let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
+    let formats = |schema: Value| {
+        json!({
+            "application/json": {"schema": schema.clone()},
+            "application/msgpack": {"schema": schema},
+        })
+    };
+    let mut responses = Map::new();
+    responses.insert(
+        "200".into(),
+        json!({
+            "description": "The worker's result (an array of results for a multi-item request).",
+            "headers": request_id_header(),
+            "content": formats(body(&output)),
+        }),
+    );
+    for (status, description) in INFER_ERRORS {
+        responses.insert((*status).into(), error_response(description, *status == "503"));
+    }
+    let names: Vec<&str> = stages.iter().map(|stage| stage.name()).collect();
+    let summary = if names.len() == 1 {
+        "Run one job (or one per element, with x-corral-items: many).".to_string()
+    } else {
+        format!(
+            "Run one job (or one per element, with x-corral-items: many) through stages {}.",
+            names.join(" → ")
+        )
+    };
+    let operation = json!({
+        "summary": summary,
+        "operationId": operation_id(&route.name),
+        "parameters": [
+            {
+                "name": TIMEOUT_HEADER,
+                "in": "header",
+                "required": false,
+                "description": "Deadline in milliseconds (capped by the route's timeout).",
+                "schema": {"type": "integer", "minimum": 1},
+            },
+            {
+                "name": ITEMS_HEADER,
+                "in": "header",
+                "required": false,
+                "description": "`many`: the body is an array, one job per element.",
+                "schema": {"type": "string", "enum": ["one", "many"]},
+            },
+        ],
+        "requestBody": {"required": true, "content": formats(body(&input))},
+        "responses": responses,
+    });
+    (operation, components)
+}
+
+/// The route's name, unless one of Corral's own operations has it.
+fn operation_id(name: &str) -> String {
+    if ["healthz", "readyz", "metrics", "openapi"].contains(&name) {
+        format!("route_{name}")
+    } else {
+        name.to_string()
+    }
 }
 
 fn error_schema() -> Value {

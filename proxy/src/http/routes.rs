@@ -38,26 +38,34 @@ async fn route_in(
 ) -> Response<Full<Bytes>> {
     let method = request.method().clone();
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
-    let (route, answer) = match request.uri().path() {
-        "/infer" if method == Method::POST && app.draining.load(Ordering::Relaxed) => {
+    let path = request.uri().path();
+    let (route, answer) = if let Some(route) = app.route(path) {
+        let answer = if method != Method::POST {
+            Err(ApiError::method_not_allowed(&method, "POST"))
+        } else if app.draining.load(Ordering::Relaxed) {
             metrics().shed.with_label_values(&["shutting_down"]).inc();
-            ("/infer", Err(ApiError::shutting_down()))
+            Err(ApiError::shutting_down())
+        } else {
+            infer::handle(app, route, id, request).await
+        };
+        (route.path.as_str(), answer)
+    } else {
+        match path {
+            "/healthz" if is_get(&method) => {
+                ("/healthz", Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)))
+            }
+            "/readyz" if is_get(&method) => ("/readyz", ready(app)),
+            "/metrics" if is_get(&method) => ("/metrics", Ok(prometheus_text(app))),
+            "/openapi.json" if is_get(&method) => {
+                let document =
+                    serde_json::to_vec(&openapi::document(app)).expect("JSON values encode");
+                ("/openapi.json", Ok(json(StatusCode::OK, document)))
+            }
+            path @ ("/healthz" | "/readyz" | "/metrics" | "/openapi.json") => {
+                (path_label(path), Err(ApiError::method_not_allowed(&method, "GET")))
+            }
+            path => ("other", Err(ApiError::not_found(path))),
         }
-        "/infer" if method == Method::POST => ("/infer", infer::handle(app, id, request).await),
-        "/infer" => ("/infer", Err(ApiError::method_not_allowed(&method, "POST"))),
-        "/healthz" if is_get(&method) => {
-            ("/healthz", Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)))
-        }
-        "/readyz" if is_get(&method) => ("/readyz", ready(app)),
-        "/metrics" if is_get(&method) => ("/metrics", Ok(prometheus_text(app))),
-        "/openapi.json" if is_get(&method) => {
-            let document = serde_json::to_vec(&openapi::document(app)).expect("JSON values encode");
-            ("/openapi.json", Ok(json(StatusCode::OK, document)))
-        }
-        path @ ("/healthz" | "/readyz" | "/metrics" | "/openapi.json") => {
-            (path_label(path), Err(ApiError::method_not_allowed(&method, "GET")))
-        }
-        path => ("other", Err(ApiError::not_found(path))),
     };
     let mut response = answer.unwrap_or_else(error_response);
     let id = HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value");
@@ -81,10 +89,12 @@ fn path_label(path: &str) -> &'static str {
 /// The metrics page; state gauges are read at scrape time.
 fn prometheus_text(app: &App) -> Response<Full<Bytes>> {
     let m = metrics();
-    let stage = [app.stage.name()];
-    m.queue_depth.with_label_values(&stage).set(app.stage.queued() as i64);
-    m.workers_connected.with_label_values(&stage).set(app.stage.workers() as i64);
-    m.workers_busy.with_label_values(&stage).set(app.stage.busy_workers() as i64);
+    for stage in &app.stages {
+        let label = [stage.name()];
+        m.queue_depth.with_label_values(&label).set(stage.queued() as i64);
+        m.workers_connected.with_label_values(&label).set(stage.workers() as i64);
+        m.workers_busy.with_label_values(&label).set(stage.busy_workers() as i64);
+    }
     Response::builder()
         .status(StatusCode::OK)
         .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
@@ -96,19 +106,31 @@ fn is_get(method: &Method) -> bool {
     method == Method::GET || method == Method::HEAD
 }
 
-/// Ready once the stage has a connected worker: before that, jobs would only queue.
+/// Ready once every stage has a connected worker: before that, some jobs would only queue.
+/// The body has the totals and each stage's own figures.
 fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
     if app.draining.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready("shutting down"));
     }
-    let workers = app.stage.workers();
-    if workers == 0 {
-        let stage = app.stage.name();
-        return Err(ApiError::not_ready(format!("stage {stage:?} has no connected worker")));
+    if let Some(stage) = app.stages.iter().find(|stage| stage.workers() == 0) {
+        let name = stage.name();
+        return Err(ApiError::not_ready(format!("stage {name:?} has no connected worker")));
     }
-    let queued = app.stage.queued();
-    let body = format!(r#"{{"status":"ready","workers":{workers},"queued":{queued}}}"#);
-    Ok(json(StatusCode::OK, body))
+    let stages: serde_json::Map<String, serde_json::Value> = app
+        .stages
+        .iter()
+        .map(|stage| {
+            let figures = serde_json::json!({"workers": stage.workers(), "queued": stage.queued()});
+            (stage.name().to_string(), figures)
+        })
+        .collect();
+    let body = serde_json::json!({
+        "status": "ready",
+        "workers": app.stages.iter().map(|stage| stage.workers()).sum::<usize>(),
+        "queued": app.stages.iter().map(|stage| stage.queued()).sum::<usize>(),
+        "stages": stages,
+    });
+    Ok(json(StatusCode::OK, body.to_string()))
 }
 
 fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {

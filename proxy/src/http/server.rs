@@ -30,6 +30,8 @@ const FLUSH: Duration = Duration::from_secs(2);
 pub struct Limits {
     pub max_connections: usize,
     pub header_read_timeout: Duration,
+    /// How long a keep-alive connection may wait, idle, for its next request.
+    pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
 }

@@ -22,7 +22,8 @@ use tokio::time::Instant;
 use super::cost::Cost;
 
 /// Which release rule a stage follows (`--batch-policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Policy {
     /// Release as soon as waiting no longer pays, within the hard bounds.
     Adaptive,
@@ -42,6 +43,9 @@ pub struct BatchSettings {
     pub policy: Policy,
     /// Whether a saturated stage may send a busy worker its next batch ahead.
     pub prefetch: bool,
+    /// Longest a worker may hold a batch before it is declared hung (None: until the batch's
+    /// latest deadline plus a margin).
+    pub batch_timeout: Option<Duration>,
 }
 
 /// What an idle worker should do now.
@@ -135,6 +139,7 @@ mod tests {
             max_batch_bytes: 1000,
             policy,
             prefetch: false,
+            batch_timeout: None,
         }
     }
 

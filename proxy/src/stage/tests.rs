@@ -18,6 +18,7 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
         max_batch_bytes: 100,
         policy: Policy::Fixed,
         prefetch: false,
+        batch_timeout: None,
     };
     Stage::new("default", settings, capacity)
 }
@@ -128,6 +129,7 @@ fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
         max_batch_bytes: 1 << 20,
         policy: Policy::Adaptive,
         prefetch: false,
+        batch_timeout: None,
     };
     std::sync::Arc::new(Stage::new("default", settings, 10_000))
 }

@@ -34,13 +34,12 @@ type Conn = Framed<UnixStream, ProxyCodec>;
 /// What a worker connection needs besides its socket.
 #[derive(Clone)]
 pub struct Context {
-    pub stage: Arc<Stage>,
+    /// The stages a worker may serve, by name: its hello says which.
+    pub stages: Arc<HashMap<String, Arc<Stage>>>,
     /// Cancelled when the proxy stops: the worker is told to exit.
     pub shutdown: CancellationToken,
     /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
     pub children: Children,
-    /// Longest a worker may hold a batch; None: until its latest deadline plus a margin.
-    pub batch_timeout: Option<Duration>,
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
@@ -49,11 +48,11 @@ const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(stream: UnixStream, context: Context) {
-    let stage = &context.stage;
     let mut conn = Framed::new(stream, ProxyCodec::default());
-    let Some(hello) = handshake(&mut conn, stage).await else {
+    let Some((hello, stage)) = handshake(&mut conn, &context.stages).await else {
         return;
     };
+    let stage = &stage;
     declare_schemas(stage, &hello);
     context.children.connected(hello.pid);
     let seat = stage.worker_joined();
@@ -64,7 +63,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         workers = stage.workers(),
         "worker connected"
     );
-    let ended = work(&mut conn, &seat, &context).await;
+    let ended = work(&mut conn, stage, &seat, &context).await;
     match &ended {
         Ended::Stopped => {
             let message = "proxy shutting down".to_string();
@@ -103,7 +102,10 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
-async fn handshake(conn: &mut Conn, stage: &Stage) -> Option<Hello> {
+async fn handshake(
+    conn: &mut Conn,
+    stages: &HashMap<String, Arc<Stage>>,
+) -> Option<(Hello, Arc<Stage>)> {
     let first = match tokio::time::timeout(HELLO_TIMEOUT, conn.next()).await {
         Err(_) => {
             warn!("worker connection closed: no hello within {HELLO_TIMEOUT:?}");
@@ -121,14 +123,20 @@ async fn handshake(conn: &mut Conn, stage: &Stage) -> Option<Hello> {
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
-        WorkerMessage::Hello(hello) if hello.stage != stage.name() => {
-            format!("unknown stage {:?}; this proxy serves stage {:?}", hello.stage, stage.name())
-        }
-        WorkerMessage::Hello(hello) => return Some(hello),
+        WorkerMessage::Hello(hello) => match stages.get(&hello.stage) {
+            Some(stage) => return Some((hello, stage.clone())),
+            None => {
+                let mut names: Vec<&str> = stages.keys().map(String::as_str).collect();
+                names.sort_unstable();
+                let names = names.join(", ");
+                format!("unknown stage {:?}; this proxy serves: {names}", hello.stage)
+            }
+        },
         WorkerMessage::Results(_) => "the first message must be a hello".to_string(),
     };
     warn!(reason = %refusal, "worker refused");
-    metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
+    // Not labelled with the stage the worker claimed: a claim must not grow the label set.
+    metrics().worker_failures.with_label_values(&["unknown", "refused"]).inc();
     let reject = ProxyMessage::Reject(Reject { message: refusal });
     // The worker may already be gone; the refusal is logged either way.
     let _ = conn.send(&reject).await;
@@ -172,8 +180,8 @@ struct InFlight {
 /// full batch queued), and if the stage allows it — one more, sent ahead so that it is already in
 /// the worker's socket when the worker finishes: the proxy's round trip between two batches is
 /// then hidden from a saturated worker. Batches are answered in the order they were sent.
-async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, context: &Context) -> Ended {
-    let prefetch = context.stage.settings().prefetch;
+async fn work(conn: &mut Conn, stage: &Stage, seat: &WorkerSeat<'_>, context: &Context) -> Ended {
+    let prefetch = stage.settings().prefetch;
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
     // When the worker finished its previous batch: a batch sent ahead starts only then.
     let mut last_done = Instant::now();
@@ -199,7 +207,7 @@ async fn work(conn: &mut Conn, seat: &WorkerSeat<'_>, context: &Context) -> Ende
         } else {
             let may_prefetch = prefetch && in_flight.len() < 2;
             let front = in_flight.front().expect("a batch is in flight");
-            let hung_at = match context.batch_timeout {
+            let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => front.sent.max(last_done) + limit,
                 None => {
                     front.jobs.iter().map(|job| job.deadline).max().unwrap_or(front.sent)

@@ -1,0 +1,89 @@
+//! The config file (`--config corral.toml`) as written: every key optional, unknown keys refused.
+//!
+//! Top-level keys are the command-line options under their long names with underscores
+//! (`max_batch_size` for `--max-batch-size`); the stage options among them are defaults for every
+//! stage. Then three tables: `[stages.NAME]`, `[pipelines.NAME]` and `[routes.NAME]`. Turning this
+//! into what the proxy runs, with every check, is [`super::topology`]'s job.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::LogFormat;
+use crate::stage::Policy;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct File {
+    pub listen: Option<SocketAddr>,
+    pub socket: Option<PathBuf>,
+    /// Octal, as a string ("660"): TOML has no octal literals that read naturally.
+    pub socket_mode: Option<String>,
+    pub log_format: Option<LogFormat>,
+    pub retries: Option<u32>,
+    pub timeout_ms: Option<u64>,
+    pub max_body_bytes: Option<usize>,
+    pub max_connections: Option<u32>,
+    pub header_read_timeout_ms: Option<u64>,
+    pub idle_timeout_ms: Option<u64>,
+    pub max_header_bytes: Option<usize>,
+    pub max_headers: Option<usize>,
+    pub grace_period_ms: Option<u64>,
+    // Defaults for every stage.
+    pub max_batch_size: Option<u32>,
+    pub max_wait_ms: Option<u64>,
+    pub batch_policy: Option<Policy>,
+    pub worker_prefetch: Option<bool>,
+    pub batch_timeout_ms: Option<u64>,
+    pub queue_capacity: Option<u32>,
+    pub workers: Option<u32>,
+
+    #[serde(default)]
+    pub stages: BTreeMap<String, StageFile>,
+    #[serde(default)]
+    pub pipelines: BTreeMap<String, PipelineFile>,
+    #[serde(default)]
+    pub routes: BTreeMap<String, RouteFile>,
+}
+
+/// `[stages.NAME]`: one step of a pipeline, its batching and its workers.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StageFile {
+    /// Worker command to spawn; without it the stage's workers are started elsewhere.
+    pub command: Option<Vec<String>>,
+    pub workers: Option<u32>,
+    /// Cores to pin the spawned workers to, one worker per core.
+    pub cpus: Option<Vec<usize>>,
+    pub max_batch_size: Option<u32>,
+    pub max_wait_ms: Option<u64>,
+    pub batch_policy: Option<Policy>,
+    pub worker_prefetch: Option<bool>,
+    pub batch_timeout_ms: Option<u64>,
+    pub queue_capacity: Option<u32>,
+}
+
+/// `[pipelines.NAME]`: stages a job goes through, in order.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PipelineFile {
+    pub stages: Vec<String>,
+}
+
+/// `[routes.NAME]`: an HTTP path served by a pipeline.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteFile {
+    /// Defaults to `/NAME`.
+    pub path: Option<String>,
+    pub pipeline: String,
+    /// Default and longest deadline of this route's jobs.
+    pub timeout_ms: Option<u64>,
+}
+
+/// Parses the file's text; the error says where (line, column, key) and what is wrong.
+pub fn parse(text: &str) -> Result<File, String> {
+    toml::from_str(text).map_err(|e| e.to_string())
+}

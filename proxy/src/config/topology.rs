@@ -1,0 +1,376 @@
+//! What the proxy serves: its stages (batching, workers) and its routes (an HTTP path and the
+//! stages its jobs go through), resolved from the command line, the environment and the config
+//! file, and checked before anything starts.
+//!
+//! Precedence, for every option: a flag or `CORRAL_*` variable that was set, then the stage's own
+//! key in the file, then the file's top-level key, then the built-in default. Without a file the
+//! proxy serves one stage, `default`, on one route, `POST /infer`.
+
+use std::collections::{BTreeMap, HashSet};
+use std::time::Duration;
+
+use super::file::{self, File, StageFile};
+use super::{parse_mode, Config};
+use crate::stage::Policy;
+
+/// The name of the single stage (and pipeline) of a proxy configured without a file.
+pub const DEFAULT_STAGE: &str = "default";
+/// The route a proxy serves when nothing else is configured.
+pub const DEFAULT_PATH: &str = "/infer";
+/// Paths Corral answers itself; no route may take them.
+pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Topology {
+    pub stages: Vec<StageSpec>,
+    pub routes: Vec<RouteSpec>,
+}
+
+/// One stage as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StageSpec {
+    pub name: String,
+    pub max_batch_size: u32,
+    pub max_wait: Duration,
+    pub batch_policy: Policy,
+    pub worker_prefetch: bool,
+    /// Longest a worker may hold a batch (None: the batch's latest deadline plus a margin).
+    pub batch_timeout: Option<Duration>,
+    pub queue_capacity: u32,
+    /// Worker command to spawn (empty: external workers connect on their own).
+    pub command: Vec<String>,
+    pub workers: u32,
+    /// Cores to pin spawned workers to, worker i on `cpus[i]` (empty: no pinning).
+    pub cpus: Vec<usize>,
+}
+
+/// One route as configured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RouteSpec {
+    /// The config key naming the route (`infer` for the default route): the operation's name in
+    /// `/openapi.json`.
+    pub name: String,
+    pub path: String,
+    pub pipeline: String,
+    /// Stage names, in the order a job goes through them.
+    pub stages: Vec<String>,
+    pub timeout: Duration,
+}
+
+/// A config error: which key, and what is wrong with it.
+#[derive(Debug, PartialEq, thiserror::Error)]
+#[error("{key}: {problem}")]
+pub struct ConfigError {
+    pub key: String,
+    pub problem: String,
+}
+
+fn error(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError { key: key.into(), problem: problem.into() }
+}
+
+/// Reads `--config` if given and resolves the topology; `explicit(id)` tells whether option `id`
+/// (a `Config` field name) was set on the command line or in the environment. Top-level file
+/// options land in `config`, so that the rest of the proxy reads one place.
+pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topology, String> {
+    let Some(path) = config.config.clone() else {
+        return Ok(single(config));
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
+    let shown = path.display();
+    let file = file::parse(&text).map_err(|e| format!("config file {shown}: {e}"))?;
+    resolve(config, file, explicit).map_err(|e| format!("config file {shown}: {e}"))
+}
+
+/// The topology of a proxy configured by flags alone.
+pub fn single(config: &Config) -> Topology {
+    Topology {
+        stages: vec![StageSpec {
+            name: DEFAULT_STAGE.into(),
+            max_batch_size: config.max_batch_size,
+            max_wait: config.max_wait(),
+            batch_policy: config.batch_policy,
+            worker_prefetch: config.worker_prefetch,
+            batch_timeout: config.batch_timeout(),
+            queue_capacity: config.queue_capacity,
+            command: config.worker_cmd.clone(),
+            workers: config.workers,
+            cpus: Vec::new(),
+        }],
+        routes: vec![RouteSpec {
+            name: "infer".into(),
+            path: DEFAULT_PATH.into(),
+            pipeline: DEFAULT_STAGE.into(),
+            stages: vec![DEFAULT_STAGE.into()],
+            timeout: config.timeout(),
+        }],
+    }
+}
+
+/// Sets `config.$field` from the file's top level unless the option was set explicitly.
+macro_rules! top_level {
+    ($config:ident, $file:ident, $explicit:ident, $($field:ident),+) => {
+        $(if let Some(value) = $file.$field.take() {
+            if !$explicit(stringify!($field)) {
+                $config.$field = value;
+            }
+        })+
+    };
+}
+
+pub fn resolve(
+    config: &mut Config,
+    mut file: File,
+    explicit: &dyn Fn(&str) -> bool,
+) -> Result<Topology, ConfigError> {
+    if let Some(mode) = file.socket_mode.take() {
+        let mode = parse_mode(&mode).map_err(|problem| error("socket_mode", problem))?;
+        if !explicit("socket_mode") {
+            config.socket_mode = mode;
+        }
+    }
+    let f = &mut file;
+    top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
+    top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
+    top_level!(config, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);
+    top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
+    top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
+    check_options("", config)?;
+
+    if file.stages.is_empty() {
+        return Err(error("stages", "the file declares no stage; add a [stages.NAME] table"));
+    }
+    let command_line_command = !config.worker_cmd.is_empty();
+    if command_line_command && file.stages.len() > 1 {
+        return Err(error(
+            "stages",
+            "a worker command after `--` needs a file with exactly one stage; with several, \
+             give each stage its own `command`",
+        ));
+    }
+    let mut stages = Vec::new();
+    for (name, stage) in std::mem::take(&mut file.stages) {
+        stages.push(stage_spec(config, &name, stage, explicit)?);
+    }
+    let known: HashSet<&str> = stages.iter().map(|s| s.name.as_str()).collect();
+
+    let mut pipelines: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (name, pipeline) in &file.pipelines {
+        let key = format!("pipelines.{name}.stages");
+        if pipeline.stages.is_empty() {
+            return Err(error(key, "a pipeline needs at least one stage"));
+        }
+        for (i, stage) in pipeline.stages.iter().enumerate() {
+            if !known.contains(stage.as_str()) {
+                let problem = format!("no stage named {stage:?} (stages: {})", list(&known));
+                return Err(error(format!("{key}[{i}]"), problem));
+            }
+        }
+        pipelines.insert(name.clone(), pipeline.stages.clone());
+    }
+    // One stage and no pipeline: that stage is the pipeline, under its own name.
+    if pipelines.is_empty() && stages.len() == 1 {
+        pipelines.insert(stages[0].name.clone(), vec![stages[0].name.clone()]);
+    }
+
+    let routes = if file.routes.is_empty() {
+        default_route(config, &pipelines)?
+    } else {
+        let mut routes = Vec::new();
+        let mut paths = HashSet::new();
+        for (name, route) in &file.routes {
+            let key = format!("routes.{name}");
+            let path = route.path.clone().unwrap_or_else(|| format!("/{name}"));
+            check_path(&format!("{key}.path"), &path)?;
+            if !paths.insert(path.clone()) {
+                return Err(error(format!("{key}.path"), format!("{path} is served twice")));
+            }
+            let Some(pipeline) = pipelines.get(&route.pipeline) else {
+                let names: HashSet<&str> = pipelines.keys().map(String::as_str).collect();
+                let problem =
+                    format!("no pipeline named {:?} (pipelines: {})", route.pipeline, list(&names));
+                return Err(error(format!("{key}.pipeline"), problem));
+            };
+            let timeout_ms = match route.timeout_ms {
+                Some(ms) if !explicit("timeout_ms") => ms,
+                _ => config.timeout_ms,
+            };
+            positive(&format!("{key}.timeout_ms"), timeout_ms)?;
+            routes.push(RouteSpec {
+                name: name.clone(),
+                path,
+                pipeline: route.pipeline.clone(),
+                stages: pipeline.clone(),
+                timeout: Duration::from_millis(timeout_ms),
+            });
+        }
+        routes
+    };
+    // A stage no route reaches would take workers and never a job: surely a mistake.
+    let used: HashSet<&str> =
+        routes.iter().flat_map(|r| r.stages.iter().map(String::as_str)).collect();
+    if let Some(idle) = stages.iter().find(|s| !used.contains(s.name.as_str())) {
+        return Err(error(format!("stages.{}", idle.name), "no route's pipeline uses this stage"));
+    }
+    Ok(Topology { stages, routes })
+}
+
+/// Without `[routes]`: `POST /infer` serves the file's only pipeline.
+fn default_route(
+    config: &Config,
+    pipelines: &BTreeMap<String, Vec<String>>,
+) -> Result<Vec<RouteSpec>, ConfigError> {
+    let mut only = pipelines.iter();
+    match (only.next(), only.next()) {
+        (Some((name, stages)), None) => Ok(vec![RouteSpec {
+            name: "infer".into(),
+            path: DEFAULT_PATH.into(),
+            pipeline: name.clone(),
+            stages: stages.clone(),
+            timeout: config.timeout(),
+        }]),
+        (None, _) => Err(error(
+            "pipelines",
+            "with several stages, declare a [pipelines.NAME] table with `stages = [...]`",
+        )),
+        (Some(_), Some(_)) => Err(error(
+            "routes",
+            "with several pipelines, declare [routes.NAME] tables saying which path serves which",
+        )),
+    }
+}
+
+fn stage_spec(
+    config: &Config,
+    name: &str,
+    stage: StageFile,
+    explicit: &dyn Fn(&str) -> bool,
+) -> Result<StageSpec, ConfigError> {
+    let key = |field: &str| format!("stages.{name}.{field}");
+    let valid_name = !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+    if !valid_name {
+        let problem = "a stage name is letters, digits, `_`, `-` and `.`";
+        return Err(error(format!("stages.{name:?}"), problem));
+    }
+    // A flag or variable that was set wins over the stage's own key.
+    macro_rules! pick {
+        ($field:ident) => {
+            match stage.$field {
+                Some(value) if !explicit(stringify!($field)) => value,
+                _ => config.$field,
+            }
+        };
+    }
+    let max_batch_size = pick!(max_batch_size);
+    in_range(&key("max_batch_size"), max_batch_size.into(), 1, 4096)?;
+    let queue_capacity = pick!(queue_capacity);
+    positive(&key("queue_capacity"), queue_capacity.into())?;
+    let batch_timeout_ms = pick!(batch_timeout_ms);
+
+    let command = match stage.command {
+        _ if !config.worker_cmd.is_empty() => config.worker_cmd.clone(),
+        Some(command) if command.is_empty() => {
+            return Err(error(
+                key("command"),
+                "an empty command; leave the key out for workers started elsewhere",
+            ));
+        }
+        Some(command) => command,
+        None => Vec::new(),
+    };
+    let cpus = stage.cpus.unwrap_or_default();
+    let workers = match (stage.workers, cpus.len()) {
+        (Some(workers), pinned) if pinned > 0 && workers as usize != pinned => {
+            let problem = format!("{workers} workers but {pinned} cpus: one worker per core");
+            return Err(error(key("workers"), problem));
+        }
+        _ if explicit("workers") => config.workers,
+        (Some(workers), _) => workers,
+        (None, 0) => config.workers,
+        (None, pinned) => pinned as u32,
+    };
+    in_range(&key("workers"), workers.into(), 1, 1024)?;
+    if !cpus.is_empty() {
+        if command.is_empty() {
+            return Err(error(key("cpus"), "only spawned workers can be pinned; add `command`"));
+        }
+        check_cpus(&key("cpus"), &cpus)?;
+    }
+    Ok(StageSpec {
+        name: name.to_string(),
+        max_batch_size,
+        max_wait: Duration::from_millis(pick!(max_wait_ms)),
+        batch_policy: pick!(batch_policy),
+        worker_prefetch: pick!(worker_prefetch),
+        batch_timeout: (batch_timeout_ms > 0).then(|| Duration::from_millis(batch_timeout_ms)),
+        queue_capacity,
+        command,
+        workers,
+        cpus,
+    })
+}
+
+/// The ranges clap enforces on flags, enforced on the file's top-level values too.
+fn check_options(prefix: &str, config: &Config) -> Result<(), ConfigError> {
+    let key = |field: &str| format!("{prefix}{field}");
+    in_range(&key("max_batch_size"), config.max_batch_size.into(), 1, 4096)?;
+    in_range(&key("workers"), config.workers.into(), 1, 1024)?;
+    positive(&key("timeout_ms"), config.timeout_ms)?;
+    positive(&key("queue_capacity"), config.queue_capacity.into())?;
+    positive(&key("max_connections"), config.max_connections.into())?;
+    positive(&key("header_read_timeout_ms"), config.header_read_timeout_ms)?;
+    positive(&key("idle_timeout_ms"), config.idle_timeout_ms)?;
+    Ok(())
+}
+
+fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
+    if !path.starts_with('/') || path.len() < 2 {
+        return Err(error(key, format!("{path:?} is not a path such as \"/embed\"")));
+    }
+    if path.contains(['?', '#', ' ']) {
+        return Err(error(key, format!("{path:?}: a route path has no query, fragment or space")));
+    }
+    if RESERVED_PATHS.contains(&path) {
+        return Err(error(key, format!("{path} is Corral's own route")));
+    }
+    Ok(())
+}
+
+fn check_cpus(key: &str, cpus: &[usize]) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for &cpu in cpus {
+        if !seen.insert(cpu) {
+            return Err(error(key, format!("core {cpu} is listed twice: one worker per core")));
+        }
+    }
+    let allowed = crate::supervisor::affinity::allowed_cpus()
+        .map_err(|e| error(key, format!("cannot pin workers here: {e}")))?;
+    if let Some(cpu) = cpus.iter().find(|cpu| !allowed.contains(cpu)) {
+        let problem = format!("core {cpu} is not available to this process (cores: {allowed:?})");
+        return Err(error(key, problem));
+    }
+    Ok(())
+}
+
+fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
+    if (low..=high).contains(&value) {
+        Ok(())
+    } else {
+        Err(error(key, format!("{value} is not in {low}..={high}")))
+    }
+}
+
+fn positive(key: &str, value: u64) -> Result<(), ConfigError> {
+    if value == 0 {
+        return Err(error(key, "must be at least 1"));
+    }
+    Ok(())
+}
+
+fn list(names: &HashSet<&str>) -> String {
+    let mut names: Vec<&str> = names.iter().copied().collect();
+    names.sort_unstable();
+    names.join(", ")
+}
