@@ -374,3 +374,73 @@ fn list(names: &HashSet<&str>) -> String {
     names.sort_unstable();
     names.join(", ")
 }
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    fn resolve_with(text: &str, flags: &[&str], set: &[&str]) -> Result<Topology, ConfigError> {
+        let mut config = Config::parse_from([&["corral"], flags].concat());
+        let explicit = |id: &str| set.contains(&id);
+        resolve(&mut config, file::parse(text).unwrap(), &explicit)
+    }
+
+    const TWO_STAGES: &str = r#"
+        max_batch_size = 4
+        max_wait_ms = 3
+        [stages.decode]
+        command = ["python", "decode.py"]
+        workers = 2
+        [stages.model]
+        max_batch_size = 16
+        [pipelines.p]
+        stages = ["decode", "model"]
+    "#;
+
+    #[test]
+    fn without_a_file_one_default_stage_serves_infer() {
+        let config = Config::parse_from(["corral", "--max-batch-size", "8", "--", "w"]);
+        let topology = single(&config);
+        assert_eq!(topology.stages.len(), 1);
+        assert_eq!((topology.stages[0].max_batch_size, topology.stages[0].workers), (8, 1));
+        assert_eq!(topology.routes[0].path, "/infer");
+        assert_eq!(topology.routes[0].stages, ["default"]);
+    }
+
+    #[test]
+    fn a_stage_key_beats_the_top_level_which_beats_the_default() {
+        let topology = resolve_with(TWO_STAGES, &[], &[]).unwrap();
+        let [decode, model] = &topology.stages[..] else { panic!("two stages") };
+        assert_eq!((decode.max_batch_size, model.max_batch_size), (4, 16));
+        assert_eq!(decode.max_wait, Duration::from_millis(3));
+        assert_eq!((decode.workers, decode.command.len()), (2, 2));
+        assert!(model.command.is_empty(), "no command: external workers");
+        assert_eq!(decode.queue_capacity, 1024, "the built-in default");
+        let route = &topology.routes[0];
+        assert_eq!(route.path, "/infer");
+        assert_eq!(route.stages, ["decode", "model"]);
+    }
+
+    #[test]
+    fn a_flag_that_was_set_beats_the_file() {
+        let flags = ["--max-batch-size", "2", "--timeout-ms", "900"];
+        let topology = resolve_with(TWO_STAGES, &flags, &["max_batch_size", "timeout_ms"]).unwrap();
+        assert!(topology.stages.iter().all(|stage| stage.max_batch_size == 2));
+        assert_eq!(topology.routes[0].timeout, Duration::from_millis(900));
+    }
+
+    #[test]
+    fn cpus_set_the_worker_count() {
+        let text = "[stages.a]\ncommand = [\"w\"]\ncpus = [0]\n";
+        assert_eq!(resolve_with(text, &[], &[]).unwrap().stages[0].workers, 1);
+    }
+
+    #[test]
+    fn a_route_path_defaults_to_its_name() {
+        let text = "[stages.a]\n[routes.embed]\npipeline = \"a\"\ntimeout_ms = 50\n";
+        let route = &resolve_with(text, &[], &[]).unwrap().routes[0];
+        assert_eq!((route.path.as_str(), route.timeout), ("/embed", Duration::from_millis(50)));
+    }
+}

@@ -35,10 +35,12 @@ class Worker:
     """Base class for an inference worker. Override :meth:`forward`; optionally
     :meth:`preprocess` and :meth:`postprocess`.
 
-    ``stage`` names the proxy stage this worker serves (``"default"`` for a single-stage proxy).
+    ``stage`` names the proxy stage this worker serves (``"default"`` for a single-stage proxy);
+    ``run(stage=...)``, ``--stage`` on the command line and ``CORRAL_STAGE`` (which Corral sets
+    for the workers it spawns) override it, in that order.
     """
 
-    stage: ClassVar[str] = "default"
+    stage: str = "default"
 
     examples: ClassVar[Sequence[Any]] = ()
     """Example requests (as a client would send them, decoded) run through the hooks and
@@ -80,14 +82,17 @@ class Worker:
     # -- running ---------------------------------------------------------------------------
 
     @classmethod
-    def run(cls, socket_path: str | None = None) -> None:
+    def run(cls, socket_path: str | None = None, stage: str | None = None) -> None:
         """Create the worker and serve the proxy at ``socket_path`` (default: ``--socket`` on the
-        command line, else ``CORRAL_SOCKET``, else ``corral.sock``), reconnecting if the
+        command line, else ``CORRAL_SOCKET``, else ``corral.sock``) for ``stage`` (default:
+        ``--stage``, else ``CORRAL_STAGE``, else the class's :attr:`stage`), reconnecting if the
         connection drops, until the process is stopped."""
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
-        path = socket_path or _socket_from_argv() or os.environ.get("CORRAL_SOCKET", "corral.sock")
+        argv = _options_from_argv()
+        path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET", "corral.sock")
         worker = cls()
+        worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or cls.stage
         try:
             worker.warm_up()
         except Exception as e:
@@ -351,8 +356,11 @@ def _fit_in_frame(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return fitted
 
 
-def _socket_from_argv() -> str | None:
+def _options_from_argv() -> argparse.Namespace:
+    """``--socket`` and ``--stage`` if the command line has them; other arguments are the
+    worker's own."""
     parser = argparse.ArgumentParser(add_help=False)
     parser.add_argument("--socket")
+    parser.add_argument("--stage")
     known, _ = parser.parse_known_args(sys.argv[1:])
-    return known.socket
+    return known

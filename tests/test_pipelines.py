@@ -1,0 +1,291 @@
+"""Pipelines, routes and the config file, end to end: the real binary reads a real TOML file,
+spawns each stage's workers, and carries every job through the stages of its route."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from conftest import BINARY, ROOT
+
+ARITH = str(ROOT / "tests" / "workers" / "arith.py")
+
+
+def command(*args: str) -> str:
+    """A TOML array spawning the arith worker with these arguments."""
+    return "[" + ", ".join(f'"{part}"' for part in (sys.executable, ARITH, *args)) + "]"
+
+
+# The classic two-stage example: scale (x*2, two workers, batches of up to 8), then shift
+# (x+3, one worker, no batching).
+ARITH_TOML = f"""
+[stages.scale]
+command = {command("scale")}
+workers = 2
+max_batch_size = 8
+
+[stages.shift]
+command = {command("shift")}
+workers = 1
+max_batch_size = 1
+
+[pipelines.arith]
+stages = ["scale", "shift"]
+"""
+
+
+def write(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "corral.toml"
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.fixture
+def arith(corral_factory, tmp_path):
+    proxy = corral_factory("--config", write(tmp_path, ARITH_TOML), worker=None)
+    proxy.wait_for_log(r"worker connected", count=3)
+    return proxy
+
+
+def batches(proxy, stage: str) -> tuple[float, float]:
+    """(batches, jobs) a stage has sent its workers so far."""
+    count = proxy.metric("corral_batch_size_count", stage=stage)
+    return count, proxy.metric("corral_batch_size_sum", stage=stage)
+
+
+def test_a_job_goes_through_both_stages(arith):
+    answer = arith.post(3)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == 9
+    assert batches(arith, "scale") == (1, 1)
+    assert batches(arith, "shift") == (1, 1)
+    ready = arith.client.get("/readyz").json()
+    assert ready["stages"]["scale"]["workers"] == 2
+    assert ready["stages"]["shift"]["workers"] == 1
+
+
+def test_a_thousand_concurrent_requests_all_come_back_right(arith):
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda x: arith.post(x), range(1000)))
+    assert [a.status_code for a in answers] == [200] * 1000
+    assert [a.json() for a in answers] == [x * 2 + 3 for x in range(1000)]
+    # Each stage batched on its own terms: scale up to 8 jobs a batch, shift exactly one.
+    scale_batches, scale_jobs = batches(arith, "scale")
+    assert scale_jobs == 1000
+    assert arith.metric("corral_batch_size_bucket", stage="scale", le="8") == scale_batches
+    assert batches(arith, "shift") == (1000, 1000)
+
+
+def test_an_input_rejected_in_the_first_stage_never_reaches_the_second(arith):
+    answer = arith.post("three")
+    assert answer.status_code == 422
+    assert answer.json()["error"] == "invalid_input"
+    assert "expected a number" in answer.json()["message"]
+    assert batches(arith, "scale") == (1, 1)
+    assert batches(arith, "shift") == (0, 0)
+
+
+def test_a_failure_in_the_second_stage_answers_500(arith):
+    answer = arith.post(600_000)  # scale gives 1.2 million: more than shift takes
+    assert answer.status_code == 500
+    assert answer.json()["error"] == "worker_error"
+    assert "up to a million" in answer.json()["message"]
+    assert arith.post(1).json() == 5, "the stage's worker lives on"
+
+
+def test_each_item_of_a_request_goes_through_the_pipeline(arith):
+    answer = arith.post([1, 2, 3], headers={"x-corral-items": "many"})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == [5, 7, 9]
+    answer = arith.post([1, "two", 3], headers={"x-corral-items": "many"})
+    assert answer.status_code == 422
+    assert [item["index"] for item in answer.json()["items"]] == [1]
+    assert batches(arith, "shift")[1] == 3, "the rejected request's items went no further"
+
+
+def test_two_routes_served_at_once(corral_factory, tmp_path):
+    text = (
+        ARITH_TOML
+        + """
+[pipelines.double]
+stages = ["scale"]
+
+[routes.infer]
+pipeline = "arith"
+path = "/infer"
+
+[routes.double]
+pipeline = "double"
+"""
+    )
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r"worker connected", count=3)
+    with ThreadPoolExecutor(16) as pool:
+        both = list(
+            pool.map(
+                lambda x: (proxy.post(x).json(), proxy.client.post("/double", json=x).json()),
+                range(100),
+            )
+        )
+    assert both == [(x * 2 + 3, x * 2) for x in range(100)]
+    assert proxy.metric("corral_requests_total", route="/double", code="200") == 100
+    assert proxy.metric("corral_requests_total", route="/infer", code="200") == 100
+    assert proxy.client.get("/double").status_code == 405
+    assert proxy.client.post("/triple", json=1).status_code == 404
+    paths = proxy.client.get("/openapi.json").json()["paths"]
+    assert {"/infer", "/double"} <= set(paths)
+    assert paths["/double"]["post"]["operationId"] == "double"
+
+
+def test_an_external_worker_names_its_stage(corral_factory, tmp_path):
+    text = """
+[stages.shift]
+max_batch_size = 1
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    worker = subprocess.Popen(
+        [sys.executable, ARITH, "where", "--socket", str(proxy.socket), "--stage", "shift"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proxy.wait_for_log(r"worker connected.*shift|shift.*worker connected")
+        assert proxy.post(1).json()["stage"] == "shift"
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
+def test_spawned_workers_are_pinned_to_their_cores(corral_factory, tmp_path):
+    core = min(os.sched_getaffinity(0))
+    text = f"""
+[stages.pinned]
+command = {command("where")}
+cpus = [{core}]
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    answer = proxy.post(1).json()
+    assert answer["cores"] == [core]
+    assert answer["stage"] == "pinned", "the spawned worker learned its stage from CORRAL_STAGE"
+
+
+def test_set_flags_and_variables_win_over_the_file(corral_factory, tmp_path):
+    text = f"""
+max_wait_ms = 7
+
+[stages.scale]
+command = {command("scale")}
+max_batch_size = 8
+"""
+    proxy = corral_factory(
+        "--config",
+        write(tmp_path, text),
+        "--max-batch-size",
+        "3",
+        worker=None,
+        env={"CORRAL_QUEUE_CAPACITY": "5"},
+    )
+    line = proxy.wait_for_log(r"max_batch_size")
+    assert "max_batch_size=3" in line
+    assert "max_wait_ms=7" in line, "the file's top level applies where nothing overrides it"
+    proxy.wait_for_log(r"worker connected")
+    assert proxy.post(4).json() == 8
+    answer = proxy.post(list(range(6)), headers={"x-corral-items": "many"})
+    assert answer.status_code == 413, "CORRAL_QUEUE_CAPACITY=5 holds at most 5 items"
+
+
+def run_config(tmp_path: Path, text: str | None, *args: str) -> subprocess.CompletedProcess:
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock")]
+    if text is not None:
+        command += ["--config", write(tmp_path, text)]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=30, cwd=tmp_path
+    )
+
+
+STAGE = '[stages.a]\ncommand = ["true"]\n'
+TWO = STAGE + '[stages.b]\ncommand = ["true"]\n'
+
+CONFIG_ERRORS = {
+    "toml syntax": ("[stages.a\n", "TOML parse error"),
+    "unknown key": ("max_batchsize = 3\n" + STAGE, "unknown field `max_batchsize`"),
+    "unknown stage key": (STAGE + "batch = 3\n", "unknown field `batch`"),
+    "wrong type": (STAGE + 'max_batch_size = "big"\n', "invalid type"),
+    "no stage": ("timeout_ms = 100\n", "stages: the file declares no stage"),
+    "batch size 0": (STAGE + "max_batch_size = 0\n", "stages.a.max_batch_size: 0 is not in"),
+    "top-level value": ("timeout_ms = 0\n" + STAGE, "timeout_ms: must be at least 1"),
+    "socket mode": ('socket_mode = "999"\n' + STAGE, "socket_mode"),
+    "stage name": ('[stages."a b"]\ncommand = ["true"]\n', "a stage name is"),
+    "empty command": ("[stages.a]\ncommand = []\n", "stages.a.command: an empty command"),
+    "too many workers": (STAGE + "workers = 5000\n", "stages.a.workers: 5000 is not in"),
+    "workers vs cpus": (STAGE + "workers = 2\ncpus = [0]\n", "stages.a.workers: 2 workers but 1"),
+    "core twice": (STAGE + "cpus = [0, 0]\n", "stages.a.cpus: core 0 is listed twice"),
+    "missing core": (STAGE + "cpus = [4095]\n", "stages.a.cpus: core 4095 is not available"),
+    "pin external": ("[stages.a]\ncpus = [0]\n", "stages.a.cpus: only spawned workers"),
+    "pipeline unknown stage": (
+        STAGE + '[pipelines.p]\nstages = ["a", "c"]\n',
+        'pipelines.p.stages[1]: no stage named "c"',
+    ),
+    "empty pipeline": (STAGE + "[pipelines.p]\nstages = []\n", "pipelines.p.stages: a pipeline"),
+    "several stages, no pipeline": (TWO, "pipelines: with several stages"),
+    "several pipelines, no route": (
+        TWO + '[pipelines.p]\nstages = ["a"]\n[pipelines.q]\nstages = ["b"]\n',
+        "routes: with several pipelines",
+    ),
+    "route to unknown pipeline": (
+        STAGE + '[routes.r]\npipeline = "nope"\n',
+        'routes.r.pipeline: no pipeline named "nope"',
+    ),
+    "reserved path": (
+        STAGE + '[routes.r]\npath = "/metrics"\npipeline = "a"\n',
+        "routes.r.path: /metrics is Corral's own route",
+    ),
+    "not a path": (STAGE + '[routes.r]\npath = "embed"\npipeline = "a"\n', "routes.r.path"),
+    "path twice": (
+        STAGE
+        + '[routes.r]\npath = "/x"\npipeline = "a"\n'
+        + '[routes.s]\npath = "/x"\npipeline = "a"\n',
+        "routes.s.path: /x is served twice",
+    ),
+    "unused stage": (
+        TWO + '[pipelines.p]\nstages = ["a"]\n',
+        "stages.b: no route's pipeline uses this stage",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", CONFIG_ERRORS, ids=list(CONFIG_ERRORS))
+def test_config_errors_name_the_key_and_nothing_starts(tmp_path, case):
+    text, expected = CONFIG_ERRORS[case]
+    result = run_config(tmp_path, text)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "listening" not in result.stderr
+    assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_missing_config_file_is_an_error(tmp_path):
+    result = run_config(tmp_path, None, "--config", str(tmp_path / "nowhere.toml"))
+    assert result.returncode == 2
+    assert "cannot read the config file" in result.stderr
+
+
+def test_a_command_line_worker_needs_a_single_stage_file(tmp_path):
+    result = run_config(tmp_path, TWO, "--", "true")
+    assert result.returncode == 2
+    assert "exactly one stage" in result.stderr
+
+
+def test_help_documents_the_config_file():
+    result = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=30)
+    assert "--config <FILE>" in result.stdout
+    assert "[pipelines.arith]" in result.stdout
+    assert "[routes.infer]" in result.stdout
