@@ -8,10 +8,14 @@ CORRAL := target/release/corral
 BENCH_VENV := bench/.venv
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run test lint build release venv bench bench-overload bench-chaos bench-soak clean
+.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
+
+# The two-stage example: scan → prepare (2 workers) → classify (digits, batched).
+run-pipeline: release venv
+	$(CORRAL) --config examples/pipeline/corral.toml
 
 test: lint build venv
 	cargo test --workspace
@@ -52,6 +56,10 @@ bench-chaos: release $(BENCH_VENV)/.installed
 # A long run of mixed traffic, checked for lost or wrong answers and leaks ("Soak").
 bench-soak: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/soak.py $(BENCH_ARGS)
+
+# A two-stage pipeline against the same work in one stage ("Pipeline").
+bench-pipeline: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/pipeline.py --oha $(OHA) $(BENCH_ARGS)
 
 $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)

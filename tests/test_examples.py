@@ -1,8 +1,10 @@
-"""The examples, served for real: the digits classifier (make run's model) and the typed worker."""
+"""The examples, served for real: the digits classifier (make run's model), the typed worker and
+the pipeline (scan → prepare → classify)."""
 
 from __future__ import annotations
 
 import json
+import sys
 
 from sklearn.datasets import load_digits
 
@@ -51,3 +53,41 @@ def test_digits_rejects_malformed_images_alone(corral_factory):
     assert "<= 16" in failed[3]
     assert "colour" in failed[4]
     assert proxy.post(good).status_code == 200
+
+
+def pipeline_example(corral_factory, tmp_path):
+    """The pipeline example's own config, with its commands pointed at this checkout."""
+    text = (ROOT / "examples" / "pipeline" / "corral.toml").read_text()
+    text = text.replace('".venv/bin/python"', json.dumps(sys.executable))
+    text = text.replace('"examples/', json.dumps(str(ROOT / "examples"))[:-1] + "/")
+    config = tmp_path / "corral.toml"
+    config.write_text(text)
+    proxy = corral_factory("--config", str(config), worker=None)
+    proxy.wait_for_log(r"worker connected", count=3)
+    return proxy
+
+
+def test_pipeline_example_reads_scans(corral_factory, tmp_path):
+    proxy = pipeline_example(corral_factory, tmp_path)
+    sample = json.loads((ROOT / "examples" / "pipeline" / "sample.json").read_text())
+    assert proxy.post(sample).json()["label"] == 0
+    digits = load_digits()
+    scans = [
+        {"image": [[round(255 - v * 255 / 16) for v in row] for row in image.tolist()]}
+        for image in digits.images[:40]
+    ]
+    answers = proxy.post(scans, headers={"x-corral-items": "many"}).json()
+    correct = sum(a["label"] == t for a, t in zip(answers, digits.target[:40]))
+    assert correct >= 38
+    paths = proxy.client.get("/openapi.json").json()["paths"]
+    request = paths["/infer"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert "Scan" in json.dumps(request), "the route takes what the first stage declares"
+
+
+def test_pipeline_example_rejects_a_bad_scan_before_the_model(corral_factory, tmp_path):
+    proxy = pipeline_example(corral_factory, tmp_path)
+    answer = proxy.post({"image": [[0] * 8] * 7})
+    assert answer.status_code == 422
+    assert "$.image" in answer.json()["message"]
+    assert proxy.post({"image": [[256] * 8] * 8}).status_code == 422
+    assert proxy.metric("corral_batch_size_count", stage="classify") == 0

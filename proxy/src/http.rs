@@ -7,6 +7,7 @@ pub mod items;
 pub mod openapi;
 pub mod routes;
 pub mod server;
+pub mod timeouts;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

@@ -1,8 +1,8 @@
 //! The HTTP server loop: accept, one task per connection (HTTP/1.1 and h2c), graceful drain, and
 //! the limits that keep one client from holding resources: a cap on open connections, a deadline
-//! for a request's headers (a client dribbling them, slowloris-style, is cut off; the same clock
-//! bounds how long an idle keep-alive connection waits for its next request), and a cap on
-//! header size and count (431).
+//! for a request's headers (a client dribbling them, slowloris-style, is cut off), an idle
+//! timeout for keep-alive connections (both in [`super::timeouts`]), and a cap on header size and
+//! count (431).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -18,8 +18,8 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::routes;
-use super::App;
+use super::timeouts::{Clock, Expired, Watched};
+use super::{routes, App};
 use crate::metrics::metrics;
 
 /// How long answers given at the end of the grace period get to reach their clients.
@@ -56,7 +56,8 @@ pub async fn serve(
     builder
         .http1()
         .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout)
+        // Corral keeps the header deadline itself: hyper's would also cut idle connections.
+        .header_read_timeout(None)
         .max_headers(limits.max_headers)
         // hyper reads a request head into this buffer; a head that does not fit is a 431.
         .max_buf_size(limits.max_header_bytes.max(8192));
@@ -84,15 +85,31 @@ pub async fn serve(
             continue;
         };
         let app = app.clone();
-        let service = service_fn(move |request| {
-            let app = app.clone();
-            async move { Ok::<_, Infallible>(routes::route(&app, request).await) }
+        let clock = Clock::new(limits.header_read_timeout, limits.idle_timeout);
+        let service = service_fn({
+            let clock = clock.clone();
+            move |request| {
+                let (app, in_progress) = (app.clone(), clock.request());
+                async move {
+                    let response = routes::route(&app, request).await;
+                    drop(in_progress);
+                    Ok::<_, Infallible>(response)
+                }
+            }
         });
-        let connection = builder.serve_connection(TokioIo::new(stream), service).into_owned();
-        let connection = graceful.watch(connection);
+        let io = TokioIo::new(Watched::new(stream, clock.clone()));
+        let connection = graceful.watch(builder.serve_connection(io, service).into_owned());
         tokio::spawn(async move {
-            if let Err(e) = connection.await {
-                debug!(error = %e, "HTTP connection ended with an error");
+            tokio::select! {
+                ended = connection => if let Err(e) = ended {
+                    debug!(error = %e, "HTTP connection ended with an error");
+                },
+                // Dropping the connection closes it: either no request is in progress (idle),
+                // or a head is still arriving after its deadline, with no handler to cut short.
+                why = clock.expired() => match why {
+                    Expired::Header => debug!("closed a connection: request head too slow"),
+                    Expired::Idle => debug!("closed an idle keep-alive connection"),
+                },
             }
             drop(permit);
         });
