@@ -1,5 +1,6 @@
 """The HTTP edge holds against hostile or careless clients: a slowloris is cut off, an idle
-keep-alive connection is closed on its own clock, oversized or overlong headers get 431, and connections past the cap get a clear 503 instead of a hang."""
+keep-alive connection is closed on its own clock, oversized or overlong headers get 431, and
+connections past the cap get a clear 503 instead of a hang."""
 
 from __future__ import annotations
 
