@@ -6,9 +6,11 @@ PY     := $(VENV)/bin/python
 CORRAL := target/release/corral
 
 BENCH_VENV := bench/.venv
+CARGO_FUZZ := fuzz/.tools/bin/cargo-fuzz
+FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline clean
+.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline fuzz clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -65,6 +67,20 @@ $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ./python-client -r bench/requirements.txt
 	touch $@
+
+# Each fuzz target for FUZZ_SECONDS (libFuzzer through cargo-fuzz). RUSTC_BOOTSTRAP lets the
+# stable toolchain take the sanitizer flags cargo-fuzz passes. A crash leaves its input in
+# fuzz/artifacts/TARGET/: fix the bug, then copy the input to fuzz/regressions/TARGET/, where
+# `cargo test` re-runs it for good.
+fuzz: $(CARGO_FUZZ)
+	cd fuzz && for target in frame_decoder body_transcoding; do \
+		mkdir -p corpus/$$target && \
+		RUSTC_BOOTSTRAP=1 ../$(CARGO_FUZZ) run -O $$target corpus/$$target seeds/$$target \
+			-- -max_total_time=$(FUZZ_SECONDS) || exit 1; \
+	done
+
+$(CARGO_FUZZ):
+	cargo install --locked cargo-fuzz --version 0.13.2 --root fuzz/.tools
 
 # The load generator, built from crates.io (a few minutes, once).
 $(OHA):

@@ -2,6 +2,8 @@
 
 pub mod error;
 pub mod format;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod infer;
 pub mod items;
 pub mod openapi;

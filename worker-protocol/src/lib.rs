@@ -14,6 +14,8 @@
 //! this crate's tests and the Python package's tests both decode and re-encode byte for byte.
 
 pub mod codec;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod job_id;
 pub mod message;
 

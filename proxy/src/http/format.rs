@@ -135,6 +135,20 @@ fn check_msgpack(body: &[u8]) -> Result<(), String> {
 mod tests {
     use super::*;
 
+    #[test]
+    fn json_numbers_reach_the_worker_correctly_rounded() {
+        // Found by the body_transcoding fuzz target: serde_json's default float parser can be
+        // one unit in the last place off; the worker must get the same f64 as any correct parser
+        // (Python's float(), say) would give.
+        for (text, bits) in
+            [("4.4074073709595514e39", 0x4829e787910aa736_u64), ("0.1", 0x3fb999999999999a)]
+        {
+            let payload = to_msgpack(Format::Json, text.as_bytes()).unwrap();
+            let value: f64 = rmp_serde::from_slice(&payload).unwrap();
+            assert_eq!(value.to_bits(), bits, "{text}");
+        }
+    }
+
     fn accept(value: &'static str) -> Option<Format> {
         negotiate(Some(&HeaderValue::from_static(value)), Format::Json)
     }
