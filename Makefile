@@ -7,10 +7,11 @@ CORRAL := target/release/corral
 
 BENCH_VENV := bench/.venv
 CARGO_FUZZ := fuzz/.tools/bin/cargo-fuzz
+EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline fuzz clean
+.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -67,6 +68,24 @@ $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ./python-client -r bench/requirements.txt
 	touch $@
+
+# The embeddings example is opt-in: torch from PyPI pulls ~3 GB (about two minutes to install).
+embeddings-venv: $(EMB_VENV)/.installed
+
+$(EMB_VENV)/.installed: examples/embeddings/requirements.txt requirements-dev.txt bench/requirements.txt python-client/pyproject.toml
+	python3 -m venv $(EMB_VENV)
+	$(EMB_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e ./python-client \
+		-r examples/embeddings/requirements.txt -r requirements-dev.txt -r bench/requirements.txt
+	touch $@
+
+run-embeddings: release embeddings-venv
+	$(CORRAL) --workers 1 --max-batch-size 32 -- $(EMB_VENV)/bin/python examples/embeddings/worker.py
+
+test-embeddings: build embeddings-venv
+	$(EMB_VENV)/bin/python -m pytest -m embeddings tests/test_embeddings.py
+
+bench-embeddings: release embeddings-venv $(OHA)
+	$(EMB_VENV)/bin/python bench/embeddings.py --oha $(OHA) $(BENCH_ARGS)
 
 # Each fuzz target for FUZZ_SECONDS (libFuzzer through cargo-fuzz). RUSTC_BOOTSTRAP lets the
 # stable toolchain take the sanitizer flags cargo-fuzz passes. A crash leaves its input in

@@ -111,7 +111,7 @@ def cpu_and_rss(system: System) -> tuple[float, float, float]:
     return proxy, worker, rss_kb / 1024
 
 
-def start(system: System, workload: str, workdir: Path) -> None:
+def start(system: System, workload: str, workdir: Path, body: str = BODY) -> None:
     system.log = workdir / f"{system.name}-{workload}.log"
     env = {**os.environ, "BENCH_WORKLOAD": workload, "RUST_LOG": "warn", **system.env}
     system.proc = subprocess.Popen(
@@ -122,13 +122,13 @@ def start(system: System, workload: str, workdir: Path) -> None:
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + 180  # a torch model takes a while to load
     while time.monotonic() < deadline:  # no readiness event to await across two products
         if system.proc.poll() is not None:
             raise SystemExit(f"{system.name} exited; see {system.log}")
         try:
             request = urllib.request.Request(
-                system.url, data=BODY.encode(), headers={"content-type": "application/json"}
+                system.url, data=body.encode(), headers={"content-type": "application/json"}
             )
             with urllib.request.urlopen(request, timeout=2) as response:
                 if response.status == 200:
@@ -136,7 +136,7 @@ def start(system: System, workload: str, workdir: Path) -> None:
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.2)
-    raise SystemExit(f"{system.name} did not answer within 60 s; see {system.log}")
+    raise SystemExit(f"{system.name} did not answer within 180 s; see {system.log}")
 
 
 def stop(system: System) -> None:
@@ -152,10 +152,12 @@ def stop(system: System) -> None:
 # -- load --------------------------------------------------------------------------------------
 
 
-def oha(oha_bin: str, url: str, seconds: float, connections: int, rate: int | None) -> dict:
+def oha(
+    oha_bin: str, url: str, seconds: float, connections: int, rate: int | None, body: str = BODY
+) -> dict:
     command = [
         oha_bin, "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
-        "-c", str(connections), "-m", "POST", "-T", "application/json", "-d", BODY,
+        "-c", str(connections), "-m", "POST", "-T", "application/json", "-d", body,
         "-t", "10s", url,
     ]  # fmt: skip
     if rate:
@@ -164,10 +166,10 @@ def oha(oha_bin: str, url: str, seconds: float, connections: int, rate: int | No
     return json.loads(result.stdout)
 
 
-def measure(args, system: System, connections: int, rate: int | None) -> Sample:
-    oha(args.oha, system.url, args.warmup, connections, rate)
+def measure(args, system: System, connections: int, rate: int | None, body: str = BODY) -> Sample:
+    oha(args.oha, system.url, args.warmup, connections, rate, body)
     proxy0, worker0, _ = cpu_and_rss(system)
-    report = oha(args.oha, system.url, args.seconds, connections, rate)
+    report = oha(args.oha, system.url, args.seconds, connections, rate, body)
     proxy1, worker1, _ = cpu_and_rss(system)
     codes = report.get("statusCodeDistribution", {})
     ok = int(codes.get("200", 0))
