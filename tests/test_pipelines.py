@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from openapi_spec_validator import validate
 
 from conftest import BINARY, ROOT
 
@@ -98,6 +99,13 @@ def test_a_failure_in_the_second_stage_answers_500(arith):
     assert arith.post(1).json() == 5, "the stage's worker lives on"
 
 
+def test_a_deadline_passing_in_the_second_stage_answers_408_at_once(arith):
+    answer = arith.post(777, headers={"x-corral-timeout-ms": "300"})
+    assert answer.status_code == 408
+    assert answer.json()["error"] == "deadline_exceeded"
+    assert batches(arith, "shift") == (1, 1), "it reached the second stage"
+
+
 def test_each_item_of_a_request_goes_through_the_pipeline(arith):
     answer = arith.post([1, 2, 3], headers={"x-corral-items": "many"})
     assert answer.status_code == 200, answer.text
@@ -140,6 +148,7 @@ pipeline = "double"
     paths = proxy.client.get("/openapi.json").json()["paths"]
     assert {"/infer", "/double"} <= set(paths)
     assert paths["/double"]["post"]["operationId"] == "double"
+    validate(proxy.client.get("/openapi.json").json())
 
 
 def test_an_external_worker_names_its_stage(corral_factory, tmp_path):

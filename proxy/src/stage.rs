@@ -10,6 +10,7 @@ pub mod admission;
 pub mod arrivals;
 pub mod cost;
 pub mod policy;
+pub mod returns;
 
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -24,6 +25,7 @@ use arrivals::Arrivals;
 use cost::CostModel;
 pub use policy::{BatchSettings, Policy};
 use policy::{Forecast, QueueView, Release};
+use returns::Returns;
 
 /// Why jobs were not admitted.
 #[derive(Debug, PartialEq, Eq)]
@@ -62,6 +64,7 @@ struct Queue {
     bytes: usize,
     arrivals: Arrivals,
     cost: CostModel,
+    returns: Returns,
     /// One slot per connected worker (None: a free slot).
     seats: Vec<Option<Seat>>,
     /// Set once the proxy stops: nothing more is admitted.
@@ -138,11 +141,12 @@ impl Queue {
             .collect()
     }
 
-    fn forecast(&self) -> Forecast {
+    fn forecast(&self, now: Instant, window: Duration) -> Forecast {
         Forecast {
             mean_gap: self.arrivals.mean_gap(),
             last_arrival: self.arrivals.last(),
             cost: self.cost.estimate(),
+            returns: self.returns.expected(now, window),
         }
     }
 }
@@ -225,6 +229,7 @@ impl Stage {
             }
             for job in jobs {
                 queue.arrivals.record(job.arrived);
+                queue.returns.arrived(job.arrived, self.settings.max_wait);
                 queue.push(job);
             }
         }
@@ -296,7 +301,8 @@ impl Stage {
             let wake_at = {
                 let mut queue = self.lock();
                 queue.drop_dead(now, false);
-                match policy::decide(queue.view(), now, &self.settings, &queue.forecast()) {
+                let forecast = queue.forecast(now, self.settings.max_wait);
+                match policy::decide(queue.view(), now, &self.settings, &forecast) {
                     Release::Now => {
                         let batch = self.take(&mut queue, now);
                         if !batch.is_empty() {
@@ -479,6 +485,7 @@ impl WorkerSeat<'_> {
         seat.busy = (seat.ahead > 0).then(|| (Instant::now(), seat.ahead));
         seat.ahead = 0;
         queue.cost.record(size, took);
+        queue.returns.answered(Instant::now(), size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());

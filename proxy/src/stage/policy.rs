@@ -14,12 +14,21 @@
 //! than the batch overhead) never waits either. It also stops waiting when arrivals dry up (no
 //! arrival for two mean gaps: a closed-loop burst is over) and when the oldest job's deadline
 //! leaves no more slack than the expected batch duration.
+//!
+//! Right after a batch is answered, the adaptive policy also weighs the jobs expected back from
+//! it ([`super::returns`]): waiting until they are due, with k jobs queued, costs k × that wait;
+//! each returning job that joins saves itself the batch it would otherwise wait out. It waits
+//! when the saving is larger (and the oldest job's deadline allows). That wait may go past
+//! `max_wait` counted from the oldest arrival — those jobs queued while every worker was busy —
+//! but never past `max_wait` after the worker became free: `max_wait` bounds the time a job is
+//! held back while a worker could run it.
 
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::cost::Cost;
+use super::returns::Expected;
 
 /// Which release rule a stage follows (`--batch-policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Deserialize)]
@@ -79,6 +88,8 @@ pub struct Forecast {
     pub last_arrival: Option<Instant>,
     /// The learned batch cost.
     pub cost: Option<Cost>,
+    /// Jobs expected back from the batch just answered.
+    pub returns: Option<Expected>,
 }
 
 pub fn decide(
@@ -95,6 +106,9 @@ pub fn decide(
     }
     let mut release_at = oldest + settings.max_wait;
     if settings.policy == Policy::Adaptive {
+        if let Some(until) = returns_limit(queue, now, forecast) {
+            return Release::At(until);
+        }
         match adaptive_limit(queue, now, forecast) {
             None => return Release::Now,
             Some(limit) => release_at = release_at.min(limit),
@@ -105,6 +119,27 @@ pub fn decide(
     } else {
         Release::At(release_at)
     }
+}
+
+/// Until when to wait for the jobs expected back from the batch just answered; None when it does
+/// not pay, or the oldest job's deadline leaves no room for it.
+fn returns_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option<Instant> {
+    let (cost, returns) = (forecast.cost?, forecast.returns?);
+    if now >= returns.by {
+        return None;
+    }
+    let waiting = queue.jobs as f64 * (returns.by - now).as_secs_f64();
+    let saved = returns.jobs * cost.of(queue.jobs).as_secs_f64();
+    if saved <= waiting {
+        return None;
+    }
+    let joined = queue.jobs + returns.jobs.ceil() as usize;
+    if let Some(deadline) = queue.oldest_deadline {
+        if returns.by + cost.of(joined) > deadline {
+            return None;
+        }
+    }
+    Some(returns.by)
 }
 
 /// The latest instant worth waiting until, by the adaptive rules; None when waiting does not pay
@@ -162,6 +197,7 @@ mod tests {
             mean_gap: Some(Duration::from_micros(500)),
             last_arrival: Some(last_arrival),
             cost: Some(Cost { overhead: ms(2), per_item: Duration::from_micros(200) }),
+            returns: None,
         }
     }
 
@@ -219,6 +255,7 @@ mod tests {
                 overhead: Duration::from_micros(100),
                 per_item: Duration::from_micros(10),
             }),
+            returns: None,
         };
         assert_eq!(decide(view(1, now), now, &settings(Policy::Adaptive), &lone), Release::Now);
     }
@@ -263,5 +300,50 @@ mod tests {
         );
         let none_left = QueueView { oldest_deadline: Some(now + ms(2)), ..view(1, now) };
         assert_eq!(decide(none_left, now, &adaptive, &busy(now)), Release::Now);
+    }
+
+    /// A batch was just answered: 16 jobs queued while it ran, its 16 clients expected back within
+    /// 1 ms; a model call costs 20 ms + 6 ms per item.
+    fn returning(now: Instant, per_item_us: u64, overhead_us: u64) -> Forecast {
+        Forecast {
+            mean_gap: Some(ms(10)),
+            last_arrival: Some(now - ms(100)),
+            cost: Some(Cost {
+                overhead: Duration::from_micros(overhead_us),
+                per_item: Duration::from_micros(per_item_us),
+            }),
+            returns: Some(Expected { jobs: 16.0, by: now + ms(1) }),
+        }
+    }
+
+    #[test]
+    fn adaptive_waits_for_the_clients_it_just_answered() {
+        let now = Instant::now();
+        let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
+        // The 16 queued jobs have waited far longer than max_wait already (the worker was busy).
+        let queued = view(16, now - ms(150));
+        let expensive = returning(now, 6000, 20_000);
+        assert_eq!(decide(queued, now, &roomy, &expensive), Release::At(now + ms(1)));
+        // The fixed policy keeps the peers' behaviour: max_wait from the oldest arrival.
+        let fixed = BatchSettings { policy: Policy::Fixed, ..roomy };
+        assert_eq!(decide(queued, now, &fixed, &expensive), Release::Now);
+    }
+
+    #[test]
+    fn adaptive_does_not_wait_for_returns_when_batches_are_cheap() {
+        let now = Instant::now();
+        let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
+        // 16 jobs × 1 ms of waiting costs more than 16 returns save on a 16 µs batch.
+        let cheap = returning(now, 0, 16);
+        assert_eq!(decide(view(16, now - ms(150)), now, &roomy, &cheap), Release::Now);
+    }
+
+    #[test]
+    fn adaptive_does_not_wait_for_returns_past_the_oldest_deadline() {
+        let now = Instant::now();
+        let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
+        // A joined batch of 32 takes 212 ms; the oldest job has 200 ms left.
+        let tight = QueueView { oldest_deadline: Some(now + ms(200)), ..view(16, now - ms(150)) };
+        assert_eq!(decide(tight, now, &roomy, &returning(now, 6000, 20_000)), Release::Now);
     }
 }
