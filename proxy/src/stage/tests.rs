@@ -303,3 +303,47 @@ async fn a_job_that_cannot_wait_out_the_current_batch_does_not_go_ahead() {
     tokio::pin!(ahead);
     assert!(futures_util::poll!(&mut ahead).is_pending());
 }
+
+#[tokio::test(start_paused = true)]
+async fn closed_loop_clients_are_waited_for_and_batches_fill() {
+    // 32 clients, each sending its next request 1 ms after its answer, against one worker with
+    // room for 32: without learning the returns, the clients split into groups that take turns,
+    // each group's batch paying the 20 ms overhead.
+    let stage = adaptive_stage(32);
+    let sizes = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let worker = tokio::spawn({
+        let (stage, sizes) = (stage.clone(), sizes.clone());
+        async move {
+            let seat = stage.worker_joined();
+            loop {
+                let batch = seat.next_batch().await;
+                sizes.lock().unwrap().push(batch.len());
+                let started = Instant::now();
+                tokio::time::sleep(Duration::from_millis(20 + 2 * batch.len() as u64)).await;
+                seat.finished(batch.len(), started.elapsed());
+                batch.into_iter().for_each(|job| {
+                    job.answer(Outcome::Done(Bytes::new()));
+                });
+            }
+        }
+    });
+    let clients: Vec<_> = (0..32)
+        .map(|i| {
+            let stage = stage.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(i)).await; // staggered starts
+                for _ in 0..40 {
+                    submit(&stage, b"x").await.unwrap();
+                    tokio::time::sleep(Duration::from_millis(1)).await;
+                }
+            })
+        })
+        .collect();
+    for client in clients {
+        client.await.unwrap();
+    }
+    let sizes = sizes.lock().unwrap();
+    let settled = &sizes[sizes.len() - 20..sizes.len() - 1];
+    assert!(settled.iter().all(|&size| size == 32), "batch sizes {sizes:?}");
+    worker.abort();
+}
