@@ -40,7 +40,8 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch_size: u32,
 
-    /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival.
+    /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival (or,
+    /// for jobs that queued while every worker was busy, from when a worker became free).
     #[arg(long, env = "CORRAL_MAX_WAIT_MS", default_value_t = 10)]
     pub max_wait_ms: u64,
 
