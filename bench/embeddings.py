@@ -2,7 +2,8 @@
 model's own in-process throughput and MOSEC serving the same model, in one run.
 
 - in-process: the example's `embed` called directly in this process, batch 1 and batch 32: the
-  limit any server can reach (sentences/s) and the model's own batch-1 latency;
+  limit any server can reach (sentences/s) and the model's own batch-1 latency, measured at every
+  load point and repeat in turn with the servers (this machine drifts by ±15% over minutes);
 - Corral and MOSEC, each with one worker (one torch thread, EMBEDDINGS_THREADS), max batch 1 and
   max batch 32, max wait 10 ms, at 1, 8 and 32 concurrent clients (oha, closed loop).
 
@@ -34,28 +35,34 @@ SENTENCE = "Corral gathers single requests into batches so that the model runs t
 BODY = json.dumps({"text": SENTENCE})
 
 
-def in_process(seconds: float, repeats: int) -> dict[int, tuple[float, float]]:
-    """Sentences/s and median call latency (ms) at batch 1 and 32, in this process."""
-    model = embeddings.load_model()
-    results = {}
-    for batch in (1, 32):
-        texts = [SENTENCE] * batch
-        embeddings.embed(model, texts)  # warm-up
-        rates, latencies = [], []
-        for _ in range(repeats):
+class InProcess:
+    """The example's `embed` called directly in this process: the limit (sentences/s at batch 1
+    and 32) and the model's own batch-1 latency. Measured in turn with the servers, at every
+    repeat, so that this noisy machine's drifts hit the limit and the servers alike."""
+
+    def __init__(self) -> None:
+        self.model = embeddings.load_model()
+        self.samples: dict[int, list[tuple[float, float]]] = {1: [], 32: []}
+
+    def measure(self, seconds: float) -> None:
+        for batch in (1, 32):
+            texts = [SENTENCE] * batch
+            embeddings.embed(self.model, texts)  # warm-up
             calls = []
             start = time.perf_counter()
             while time.perf_counter() - start < seconds:
                 t = time.perf_counter()
-                embeddings.embed(model, texts)
+                embeddings.embed(self.model, texts)
                 calls.append(time.perf_counter() - t)
-            rates.append(batch * len(calls) / (time.perf_counter() - start))
-            latencies.append(statistics.median(calls) * 1000)
-        results[batch] = (statistics.median(rates), statistics.median(latencies))
-        print(f"in-process batch {batch:2}: {results[batch][0]:7.1f} sentences/s, "
-              f"{results[batch][1]:.2f} ms per call", flush=True)  # fmt: skip
-    del model
-    return results
+            rate = batch * len(calls) / (time.perf_counter() - start)
+            latency = statistics.median(calls) * 1000
+            self.samples[batch].append((rate, latency))
+            print(f"in-process b={batch:<2}  {rate:8.1f} sentences/s  call {latency:7.2f} ms",
+                  flush=True)  # fmt: skip
+
+    def median(self, batch: int) -> tuple[float, float]:
+        rates, latencies = zip(*self.samples[batch])
+        return statistics.median(rates), statistics.median(latencies)
 
 
 def main() -> None:
@@ -77,7 +84,7 @@ def main() -> None:
             kept.append(arg)
 
     threads = os.environ.setdefault("EMBEDDINGS_THREADS", "1")
-    limits = in_process(args.seconds, args.repeats)
+    model = InProcess()
     python = sys.executable
     worker = str(ROOT / "examples" / "embeddings" / "worker.py")
 
@@ -106,6 +113,7 @@ def main() -> None:
         for connections in [int(c) for c in args.connections.split(",")]:
             for repeat in range(args.repeats):
                 order = systems if repeat % 2 == 0 else systems[::-1]
+                model.measure(args.seconds)  # the limit, in turn with the servers
                 for system in order:
                     sample = bench.measure(args, system, connections, None, BODY)
                     key = (system.name, connections)
@@ -121,6 +129,7 @@ def main() -> None:
         for system in systems:
             bench.stop(system)
 
+    limits = {batch: model.median(batch) for batch in (1, 32)}
     limit32, latency1 = limits[32][0], limits[1][1]
     lines = [
         "| clients | system | sentences/s | % of in-process b=32 | p50 ms | p99 ms | errors |",
