@@ -2,7 +2,7 @@
 
 - ``scale``: x * 2; anything but a number is rejected (422);
 - ``shift``: x + 3; fails its whole batch (500) on a value over a million, and takes 5 s over
-  the value 1554 (from scale's 777), to outlast a short deadline;
+  the value -2 (from scale's -1), to outlast a short deadline;
 - ``where``: answers the stage it serves and the cores it may run on (for CPU pinning).
 """
 
@@ -35,7 +35,7 @@ class Shift(corral.Worker):
     def forward(self, batch: list) -> list:
         if any(x > 1_000_000 for x in batch):
             raise RuntimeError("shift takes values up to a million")
-        if 1554 in batch:
+        if -2 in batch:
             time.sleep(5)  # a slow model call; the proxy answers 408 without waiting for it
         return [x + 3 for x in batch]
 

@@ -136,7 +136,7 @@ pub fn resolve(
     top_level!(config, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
-    check_options("", config)?;
+    check_options(config)?;
 
     if file.stages.is_empty() {
         return Err(error("stages", "the file declares no stage; add a [stages.NAME] table"));
@@ -313,15 +313,14 @@ fn stage_spec(
 }
 
 /// The ranges clap enforces on flags, enforced on the file's top-level values too.
-fn check_options(prefix: &str, config: &Config) -> Result<(), ConfigError> {
-    let key = |field: &str| format!("{prefix}{field}");
-    in_range(&key("max_batch_size"), config.max_batch_size.into(), 1, 4096)?;
-    in_range(&key("workers"), config.workers.into(), 1, 1024)?;
-    positive(&key("timeout_ms"), config.timeout_ms)?;
-    positive(&key("queue_capacity"), config.queue_capacity.into())?;
-    positive(&key("max_connections"), config.max_connections.into())?;
-    positive(&key("header_read_timeout_ms"), config.header_read_timeout_ms)?;
-    positive(&key("idle_timeout_ms"), config.idle_timeout_ms)?;
+fn check_options(config: &Config) -> Result<(), ConfigError> {
+    in_range("max_batch_size", config.max_batch_size.into(), 1, 4096)?;
+    in_range("workers", config.workers.into(), 1, 1024)?;
+    positive("timeout_ms", config.timeout_ms)?;
+    positive("queue_capacity", config.queue_capacity.into())?;
+    positive("max_connections", config.max_connections.into())?;
+    positive("header_read_timeout_ms", config.header_read_timeout_ms)?;
+    positive("idle_timeout_ms", config.idle_timeout_ms)?;
     Ok(())
 }
 
