@@ -233,11 +233,16 @@ async fn work(conn: &mut Conn, stage: &Stage, seat: &WorkerSeat<'_>, context: &C
         let batch = in_flight.pop_front().expect("a batch is in flight");
         let size = batch.jobs.len();
         match message {
-            Some(Ok(WorkerMessage::Results(results))) => match deliver(batch.jobs, results) {
-                Ok(()) => {
+            Some(Ok(WorkerMessage::Results(results))) => match pair(batch.jobs, results) {
+                Ok(answers) => {
                     let now = Instant::now();
+                    // Before the answers go out: the clients they release may be back at once,
+                    // and the stage counts arrivals after this moment as returns.
                     seat.finished(size, now - batch.sent.max(last_done));
                     last_done = now;
+                    for (job, outcome) in answers {
+                        answer(job, outcome, now);
+                    }
                 }
                 Err((why, jobs)) => {
                     let ended = protocol_error(why);
@@ -296,11 +301,14 @@ async fn send(conn: &mut Conn, seat: &WorkerSeat<'_>, jobs: Vec<Job>) -> Result<
     }
 }
 
-/// Answers each job of a batch with its result. The whole frame is checked first: a result for
-/// an unknown or repeated id, a missing result, or an `ok` without data hands every job of the
-/// batch back to the caller, which closes the connection, since the worker can no longer be
-/// trusted.
-fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), (String, Vec<Job>)> {
+/// Why a results frame cannot be trusted, and every job of its batch, handed back.
+type Untrusted = (String, Vec<Job>);
+
+/// Pairs each job of a batch with its outcome. The whole frame is checked before any job is
+/// answered: a result for an unknown or repeated id, a missing result, or an `ok` without data
+/// hands every job of the batch back to the caller, which closes the connection, since the worker
+/// can no longer be trusted.
+fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Untrusted> {
     let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
     let mut answers = Vec::with_capacity(pending.len());
     let mut problem = None;
@@ -326,13 +334,7 @@ fn deliver(jobs: Vec<Job>, results: Results) -> Result<(), (String, Vec<Job>)> {
         problem = Some(format!("{} job(s) of the batch have no result", pending.len()));
     }
     match problem {
-        None => {
-            let now = Instant::now();
-            for (job, outcome) in answers {
-                answer(job, outcome, now);
-            }
-            Ok(())
-        }
+        None => Ok(answers),
         Some(why) => {
             let jobs = answers.into_iter().map(|(job, _)| job).chain(pending.into_values());
             Err((why, jobs.collect()))
