@@ -191,6 +191,44 @@ def measure(args, system: System, connections: int, rate: int | None, body: str 
     )
 
 
+def rotate(
+    args, systems: list[System], workload: str, body: str = BODY, between=None
+) -> dict[tuple[str, int], Row]:
+    """Every closed-loop load point of `--connections` on every system, `--repeats` times, the
+    order alternating so that slow drifts of this noisy machine hit every system alike. Calls
+    `between()` once per load point and repeat (a measurement to take in turn with them)."""
+    rows: dict[tuple[str, int], Row] = {}
+    for connections in [int(c) for c in args.connections.split(",")]:
+        for repeat in range(args.repeats):
+            if between:
+                between()
+            for system in systems if repeat % 2 == 0 else systems[::-1]:
+                sample = measure(args, system, connections, None, body)
+                key = (system.name, connections)
+                rows.setdefault(key, Row(workload, f"c={connections}", system.name))
+                rows[key].samples.append(sample)
+                print(
+                    f"c={connections:<4} {system.name:14} {sample.rps:9,.1f} req/s"
+                    f"  p50 {sample.p50_ms:7.2f} ms  p99 {sample.p99_ms:7.2f} ms"
+                    f"  errors {sample.errors}",
+                    flush=True,
+                )
+    return rows
+
+
+def user_args() -> str:
+    """What the user passed through BENCH_ARGS (the Makefile adds --oha itself), for the report's
+    command line."""
+    argv, passed = sys.argv[1:], []
+    while argv:
+        arg = argv.pop(0)
+        if arg == "--oha":
+            argv.pop(0)
+        else:
+            passed.append(arg)
+    return " ".join(passed)
+
+
 # -- report ------------------------------------------------------------------------------------
 
 
@@ -283,15 +321,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
-    # What the user passed through BENCH_ARGS (the Makefile adds --oha itself).
-    argv, passed = sys.argv[1:], []
-    while argv:
-        arg = argv.pop(0)
-        if arg == "--oha":
-            argv.pop(0)
-        else:
-            passed.append(arg)
-    args.passed = " ".join(passed)
+    args.passed = user_args()
 
     python = sys.executable
     worker = ["--", python, str(HERE / "corral_worker.py")]

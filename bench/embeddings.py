@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import bench  # bench/ is on sys.path: this file runs as a script
-from bench import HERE, ROOT, Row, System
+from bench import HERE, ROOT, System
 
 sys.path.insert(0, str(ROOT / "examples" / "embeddings"))
 import worker as embeddings  # the example's model code
@@ -75,13 +75,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
-    argv, kept = sys.argv[1:], []
-    while argv:  # what the user passed through BENCH_ARGS (the Makefile adds --oha itself)
-        arg = argv.pop(0)
-        if arg == "--oha":
-            argv.pop(0)
-        else:
-            kept.append(arg)
+    passed = bench.user_args()
 
     threads = os.environ.setdefault("EMBEDDINGS_THREADS", "1")
     model = InProcess()
@@ -106,25 +100,11 @@ def main() -> None:
 
     systems = [corral(1, 18400), corral(32, 18401), mosec(1, 18402), mosec(32, 18403)]
     workdir = Path(tempfile.mkdtemp(prefix="corral-embeddings-"))
-    rows: dict[tuple[str, int], Row] = {}
     for system in systems:
         bench.start(system, "embeddings", workdir, BODY)
     try:
-        for connections in [int(c) for c in args.connections.split(",")]:
-            for repeat in range(args.repeats):
-                order = systems if repeat % 2 == 0 else systems[::-1]
-                model.measure(args.seconds)  # the limit, in turn with the servers
-                for system in order:
-                    sample = bench.measure(args, system, connections, None, BODY)
-                    key = (system.name, connections)
-                    rows.setdefault(key, Row("embeddings", f"c={connections}", system.name))
-                    rows[key].samples.append(sample)
-                    print(
-                        f"c={connections:<3} {system.name:12} {sample.rps:8.1f} sentences/s"
-                        f"  p50 {sample.p50_ms:7.2f} ms  p99 {sample.p99_ms:7.2f} ms"
-                        f"  errors {sample.errors}",
-                        flush=True,
-                    )
+        # The limit is measured in turn with the servers, once per load point and repeat.
+        rows = bench.rotate(args, systems, "embeddings", BODY, lambda: model.measure(args.seconds))
     finally:
         for system in systems:
             bench.stop(system)
@@ -156,7 +136,7 @@ def main() -> None:
         f"- Corral b=1 at 1 client: p50 {gap:+.2f} ms against the model's own batch-1 call "
         "(target within 2 ms).",
     ]
-    command = "make bench-embeddings" + (f" BENCH_ARGS='{' '.join(kept)}'" if kept else "")
+    command = "make bench-embeddings" + (f" BENCH_ARGS='{passed}'" if passed else "")
     report = "\n\n".join(
         [
             "## Embeddings",

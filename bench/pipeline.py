@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import bench  # bench/ is on sys.path: this file runs as a script
-from bench import HERE, ROOT, Row, System
+from bench import HERE, ROOT, System
 
 WORKER = str(HERE / "pipeline_worker.py")
 LIMITS = {"pipeline": 2 / 0.001, "one stage": 32 / (32 * 0.001 + 0.0084)}
@@ -66,15 +66,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
-    # What the user passed through BENCH_ARGS (the Makefile adds --oha itself).
-    argv, kept = sys.argv[1:], []
-    while argv:
-        arg = argv.pop(0)
-        if arg == "--oha":
-            argv.pop(0)
-        else:
-            kept.append(arg)
-    passed = " ".join(kept)
+    passed = bench.user_args()
 
     python = sys.executable
     workdir = Path(tempfile.mkdtemp(prefix="corral-pipeline-"))
@@ -100,24 +92,10 @@ def main() -> None:
         one_stage("one stage", 18301, 1),
         one_stage("one stage ×2", 18302, 2),
     ]  # fmt: skip
-    rows: dict[tuple[str, int], Row] = {}
     for system in systems:
         bench.start(system, "pipeline", workdir)
     try:
-        for connections in [int(c) for c in args.connections.split(",")]:
-            for repeat in range(args.repeats):
-                order = systems if repeat % 2 == 0 else systems[::-1]
-                for system in order:
-                    sample = bench.measure(args, system, connections, None)
-                    key = (system.name, connections)
-                    rows.setdefault(key, Row("pipeline", f"c={connections}", system.name))
-                    rows[key].samples.append(sample)
-                    print(
-                        f"c={connections:<4} {system.name:14} {sample.rps:9,.0f} req/s"
-                        f"  p50 {sample.p50_ms:7.2f} ms  p99 {sample.p99_ms:7.2f} ms"
-                        f"  errors {sample.errors}",
-                        flush=True,
-                    )
+        rows = bench.rotate(args, systems, "pipeline")
     finally:
         for system in systems:
             bench.stop(system)

@@ -31,7 +31,8 @@ pub struct File {
     pub max_header_bytes: Option<usize>,
     pub max_headers: Option<usize>,
     pub grace_period_ms: Option<u64>,
-    // Defaults for every stage.
+    // Defaults for every stage: the same keys as `StageFile`'s. Listed twice because serde cannot
+    // flatten one struct into another that refuses unknown keys, and refusing typos matters more.
     pub max_batch_size: Option<u32>,
     pub max_wait_ms: Option<u64>,
     pub batch_policy: Option<Policy>,

@@ -135,12 +135,19 @@ fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
 }
 
 /// A worker whose batches take 20 ms + 2 ms per job (in paused time, exactly: tokio's timer
-/// counts whole milliseconds, so the tests' durations are whole milliseconds too).
-fn scripted_worker(stage: std::sync::Arc<Stage>) -> tokio::task::JoinHandle<()> {
+/// counts whole milliseconds, so the tests' durations are whole milliseconds too); it notes the
+/// size of each batch in `sizes` if given.
+fn scripted_worker(
+    stage: std::sync::Arc<Stage>,
+    sizes: Option<std::sync::Arc<Mutex<Vec<usize>>>>,
+) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let seat = stage.worker_joined();
         loop {
             let batch = seat.next_batch().await;
+            if let Some(sizes) = &sizes {
+                sizes.lock().unwrap().push(batch.len());
+            }
             let started = Instant::now();
             let took = Duration::from_millis(20 + 2 * batch.len() as u64);
             tokio::time::sleep(took).await;
@@ -155,7 +162,7 @@ fn scripted_worker(stage: std::sync::Arc<Stage>) -> tokio::task::JoinHandle<()> 
 #[tokio::test(start_paused = true)]
 async fn the_learned_cost_converges_on_a_scripted_worker() {
     let stage = adaptive_stage(32);
-    let worker = scripted_worker(stage.clone());
+    let worker = scripted_worker(stage.clone(), None);
     // Open-loop arrivals at a varying rate, so that batches of several sizes are seen.
     let mut answers = Vec::new();
     for i in 0..600u64 {
@@ -177,7 +184,7 @@ async fn the_learned_cost_converges_on_a_scripted_worker() {
 #[tokio::test(start_paused = true)]
 async fn a_lone_closed_loop_client_never_waits_for_batch_mates() {
     let stage = adaptive_stage(32);
-    let worker = scripted_worker(stage.clone());
+    let worker = scripted_worker(stage.clone(), None);
     for _ in 0..50 {
         let answer = submit(&stage, b"x");
         let sent = Instant::now();
@@ -193,22 +200,7 @@ async fn a_lone_closed_loop_client_never_waits_for_batch_mates() {
 async fn adaptive_batches_busy_open_loop_traffic() {
     let stage = adaptive_stage(32);
     let sizes = std::sync::Arc::new(Mutex::new(Vec::new()));
-    let worker = tokio::spawn({
-        let (stage, sizes) = (stage.clone(), sizes.clone());
-        async move {
-            let seat = stage.worker_joined();
-            loop {
-                let batch = seat.next_batch().await;
-                sizes.lock().unwrap().push(batch.len());
-                let started = Instant::now();
-                tokio::time::sleep(Duration::from_millis(20 + 2 * batch.len() as u64)).await;
-                seat.finished(batch.len(), started.elapsed());
-                batch.into_iter().for_each(|job| {
-                    job.answer(Outcome::Done(Bytes::new()));
-                });
-            }
-        }
-    });
+    let worker = scripted_worker(stage.clone(), Some(sizes.clone()));
     // A job every 4 ms against a 20 ms overhead: several arrive per overhead, so batches form.
     let mut answers = Vec::new();
     for _ in 0..400 {
@@ -311,22 +303,7 @@ async fn closed_loop_clients_are_waited_for_and_batches_fill() {
     // each group's batch paying the 20 ms overhead.
     let stage = adaptive_stage(32);
     let sizes = std::sync::Arc::new(Mutex::new(Vec::new()));
-    let worker = tokio::spawn({
-        let (stage, sizes) = (stage.clone(), sizes.clone());
-        async move {
-            let seat = stage.worker_joined();
-            loop {
-                let batch = seat.next_batch().await;
-                sizes.lock().unwrap().push(batch.len());
-                let started = Instant::now();
-                tokio::time::sleep(Duration::from_millis(20 + 2 * batch.len() as u64)).await;
-                seat.finished(batch.len(), started.elapsed());
-                batch.into_iter().for_each(|job| {
-                    job.answer(Outcome::Done(Bytes::new()));
-                });
-            }
-        }
-    });
+    let worker = scripted_worker(stage.clone(), Some(sizes.clone()));
     let clients: Vec<_> = (0..32)
         .map(|i| {
             let stage = stage.clone();
