@@ -107,6 +107,24 @@ def test_a_deadline_passing_in_the_second_stage_answers_408_at_once(arith):
     assert arith.metric("corral_workers_busy", stage="shift") == 1
 
 
+def test_a_full_later_stage_sheds_the_request(corral_factory, tmp_path):
+    text = ARITH_TOML.replace("max_batch_size = 1\n", "max_batch_size = 1\nqueue_capacity = 1\n")
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r"worker connected", count=3)
+    # Shift's only worker is held for 5 s; one job then fills shift's queue.
+    assert proxy.post(-1, headers={"x-corral-timeout-ms": "200"}).status_code == 408
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(proxy.post, 1)
+        proxy.wait_until(
+            lambda: proxy.metric("corral_queue_depth", stage="shift") == 1, what="a queued job"
+        )
+        answer = proxy.post(2)
+        assert answer.status_code == 503
+        assert answer.json()["error"] == "queue_full"
+        assert "retry-after" in answer.headers
+        assert waiting.result().status_code in (200, 408)
+
+
 def test_each_item_of_a_request_goes_through_the_pipeline(arith):
     answer = arith.post([1, 2, 3], headers={"x-corral-items": "many"})
     assert answer.status_code == 200, answer.text
