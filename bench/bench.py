@@ -216,6 +216,19 @@ def rotate(
     return rows
 
 
+def options(doc: str, connections: str, seconds: float) -> argparse.ArgumentParser:
+    """The options every benchmark program takes: tools, load points, repeats, report file."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
+    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
+    parser.add_argument("--connections", default=connections)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=seconds)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    return parser
+
+
 def user_args() -> str:
     """What the user passed through BENCH_ARGS (the Makefile adds --oha itself), for the report's
     command line."""
@@ -308,17 +321,10 @@ def plot(rows: list[Row], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
-    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
+    parser = options(__doc__, connections="1,8,64,256", seconds=3.0)
     parser.add_argument("--workloads", default="echo,cost,cost_sleep")
-    parser.add_argument("--connections", default="1,8,64,256")
     parser.add_argument("--rates", default="500,1500,3000", help="open-loop req/s (cost only)")
     parser.add_argument("--systems", default="corral,mosec", help="also: corral-fixed")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=3.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
     args.passed = user_args()

@@ -16,7 +16,6 @@ report replaces BENCHMARKS.md's "Embeddings" section.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -66,14 +65,7 @@ class InProcess:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
-    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
-    parser.add_argument("--connections", default="1,8,32")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    parser = bench.options(__doc__, connections="1,8,32", seconds=5.0)
     args = parser.parse_args()
     passed = bench.user_args()
 

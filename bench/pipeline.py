@@ -19,14 +19,13 @@ replaces BENCHMARKS.md's "Pipeline" section.
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 import bench  # bench/ is on sys.path: this file runs as a script
-from bench import HERE, ROOT, System
+from bench import HERE, System
 
 WORKER = str(HERE / "pipeline_worker.py")
 LIMITS = {"pipeline": 2 / 0.001, "one stage": 32 / (32 * 0.001 + 0.0084)}
@@ -57,14 +56,7 @@ stages = ["prepare", "model"]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
-    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
-    parser.add_argument("--connections", default="8,64")
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--warmup", type=float, default=1.0)
-    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    parser = bench.options(__doc__, connections="8,64", seconds=5.0)
     args = parser.parse_args()
     passed = bench.user_args()
 
