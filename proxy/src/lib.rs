@@ -68,10 +68,9 @@ pub async fn run(
         .iter()
         .map(|route| {
             let pipeline = Pipeline {
-                name: route.pipeline.clone(),
                 stages: route.stages.iter().map(|name| by_name[name].clone()).collect(),
             };
-            info!(path = %route.path, stages = ?route.stages, "serving route");
+            info!(path = %route.path, pipeline = %route.pipeline, stages = ?route.stages, "serving route");
             http::Route {
                 name: route.name.clone(),
                 path: route.path.clone(),

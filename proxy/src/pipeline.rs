@@ -19,7 +19,6 @@ use crate::job::{Job, Outcome};
 use crate::stage::{Shed, Stage};
 
 pub struct Pipeline {
-    pub name: String,
     pub stages: Vec<Arc<Stage>>,
 }
 
@@ -37,51 +36,56 @@ impl Pipeline {
     /// refused them at admission.
     pub async fn run(
         &self,
-        jobs: Vec<(JobId, Bytes)>,
+        mut jobs: Vec<(JobId, Bytes)>,
         arrived: Instant,
         deadline: Instant,
         retries: u32,
     ) -> Result<Vec<Outcome>, Shed> {
-        let ids: Vec<JobId> = jobs.iter().map(|(id, _)| *id).collect();
-        let mut jobs = jobs;
+        let (last, _) = self.stages.split_last().expect("a pipeline has at least one stage");
         let mut entered = arrived;
-        for (k, stage) in self.stages.iter().enumerate() {
+        for pair in self.stages.windows(2) {
+            let (stage, next) = (&pair[0], &pair[1]);
+            let ids: Vec<JobId> = jobs.iter().map(|(id, _)| *id).collect();
             let outcomes = run_stage(stage, jobs, entered, deadline, retries).await?;
-            let Some(next) = self.stages.get(k + 1) else {
-                return Ok(outcomes);
+            jobs = match hand_over(stage, next, ids, outcomes) {
+                Ok(inputs) => inputs,
+                Err(outcomes) => return Ok(outcomes),
             };
-            // An output too large for the next stage's batches fails its job here.
-            let limit = next.settings().max_batch_bytes;
-            let outcomes: Vec<Outcome> = outcomes
-                .into_iter()
-                .map(|outcome| match outcome {
-                    Outcome::Done(output) if output.len() > limit => Outcome::Failed(format!(
-                        "stage {:?} produced {} bytes, more than stage {:?} takes in a batch",
-                        stage.name(),
-                        output.len(),
-                        next.name()
-                    )),
-                    other => other,
-                })
-                .collect();
-            let passed = outcomes.iter().all(|outcome| matches!(outcome, Outcome::Done(_)));
-            if !passed {
-                return Ok(outcomes);
-            }
-            let inputs = ids
-                .iter()
-                .zip(outcomes)
-                .map(|(id, outcome)| match outcome {
-                    Outcome::Done(output) => (*id, output),
-                    _ => unreachable!("every outcome was checked to be a result"),
-                })
-                .collect();
-            jobs = inputs;
             // The next stage's batch window counts from the jobs' arrival there.
             entered = Instant::now();
         }
-        unreachable!("a pipeline has at least one stage")
+        run_stage(last, jobs, entered, deadline, retries).await
     }
+}
+
+/// The outputs of `from` as the inputs of `to`, if every job has one that fits in `to`'s batches;
+/// otherwise the outcomes that answer the request (an output too large fails its job).
+fn hand_over(
+    from: &Stage,
+    to: &Stage,
+    ids: Vec<JobId>,
+    outcomes: Vec<Outcome>,
+) -> Result<Vec<(JobId, Bytes)>, Vec<Outcome>> {
+    let limit = to.settings().max_batch_bytes;
+    let fits =
+        |outcome: &Outcome| matches!(outcome, Outcome::Done(output) if output.len() <= limit);
+    if outcomes.iter().all(fits) {
+        let inputs = ids.into_iter().zip(outcomes).filter_map(|(id, outcome)| match outcome {
+            Outcome::Done(output) => Some((id, output)),
+            _ => None,
+        });
+        return Ok(inputs.collect());
+    }
+    let outcomes = outcomes.into_iter().map(|outcome| match outcome {
+        Outcome::Done(output) if output.len() > limit => Outcome::Failed(format!(
+            "stage {:?} produced {} bytes, more than stage {:?} takes in a batch",
+            from.name(),
+            output.len(),
+            to.name()
+        )),
+        other => other,
+    });
+    Err(outcomes.collect())
 }
 
 /// Queues the jobs on one stage (all or none) and waits, until the shared deadline at most, for
@@ -116,4 +120,56 @@ async fn run_stage(
         }
     });
     Ok(join_all(waits).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::stage::{BatchSettings, Policy};
+
+    fn stage(name: &str, max_batch_bytes: usize) -> Stage {
+        let settings = BatchSettings {
+            max_batch_size: 8,
+            max_wait: Duration::from_millis(10),
+            max_batch_bytes,
+            policy: Policy::Fixed,
+            prefetch: false,
+            batch_timeout: None,
+        };
+        Stage::new(name, settings, 100)
+    }
+
+    fn done(bytes: &'static [u8]) -> Outcome {
+        Outcome::Done(Bytes::from_static(bytes))
+    }
+
+    #[test]
+    fn results_that_fit_become_the_next_stage_inputs_with_the_same_ids() {
+        let (from, to) = (stage("a", 100), stage("b", 4));
+        let ids = vec![JobId::new(), JobId::new()];
+        let inputs = hand_over(&from, &to, ids.clone(), vec![done(b"ab"), done(b"abcd")]).unwrap();
+        assert_eq!(
+            inputs,
+            vec![(ids[0], Bytes::from_static(b"ab")), (ids[1], Bytes::from_static(b"abcd"))]
+        );
+    }
+
+    #[test]
+    fn an_output_too_large_for_the_next_stage_fails_its_job_and_ends_the_request() {
+        let (from, to) = (stage("a", 100), stage("b", 4));
+        let ids = vec![JobId::new(), JobId::new()];
+        let outcomes = hand_over(&from, &to, ids, vec![done(b"abcde"), done(b"ok")]).unwrap_err();
+        assert!(matches!(&outcomes[0], Outcome::Failed(why) if why.contains("5 bytes")));
+        assert_eq!(outcomes[1], done(b"ok"));
+    }
+
+    #[test]
+    fn a_failure_ends_the_request_with_every_outcome() {
+        let (from, to) = (stage("a", 100), stage("b", 100));
+        let ids = vec![JobId::new(), JobId::new()];
+        let outcomes = vec![done(b"x"), Outcome::Invalid("bad".into())];
+        assert_eq!(hand_over(&from, &to, ids, outcomes.clone()).unwrap_err(), outcomes);
+    }
 }

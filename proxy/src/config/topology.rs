@@ -431,6 +431,44 @@ mod tests {
     }
 
     #[test]
+    fn every_option_the_file_sets_is_a_command_line_option() {
+        // main.rs asks clap whether each of these was set; an id clap does not know would panic.
+        let matches = <Config as clap::CommandFactory>::command().get_matches_from(["corral"]);
+        let keys = [
+            "listen",
+            "socket",
+            "socket_mode",
+            "log_format",
+            "retries",
+            "timeout_ms",
+            "max_body_bytes",
+            "max_connections",
+            "header_read_timeout_ms",
+            "idle_timeout_ms",
+            "max_header_bytes",
+            "max_headers",
+            "grace_period_ms",
+            "max_batch_size",
+            "max_wait_ms",
+            "batch_policy",
+            "worker_prefetch",
+            "batch_timeout_ms",
+            "queue_capacity",
+            "workers",
+        ];
+        for key in keys {
+            assert!(matches.try_contains_id(key).is_ok(), "{key}");
+        }
+        // And the file takes every one of them at its top level (a value of the wrong type is
+        // refused as such, not as an unknown key).
+        for key in keys {
+            if let Err(refused) = file::parse(&format!("{key} = 0\n")) {
+                assert!(!refused.contains("unknown field"), "{refused}");
+            }
+        }
+    }
+
+    #[test]
     fn cpus_set_the_worker_count() {
         let text = "[stages.a]\ncommand = [\"w\"]\ncpus = [0]\n";
         assert_eq!(resolve_with(text, &[], &[]).unwrap().stages[0].workers, 1);

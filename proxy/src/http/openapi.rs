@@ -210,3 +210,15 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
     }
     json!({"operationId": operation, "summary": summary, "responses": responses})
 }
+
+#[cfg(test)]
+mod tests {
+    use super::operation_id;
+
+    #[test]
+    fn a_route_named_like_one_of_corrals_own_operations_gets_a_prefix() {
+        assert_eq!(operation_id("embed"), "embed");
+        assert_eq!(operation_id("metrics"), "route_metrics");
+        assert_eq!(operation_id("healthz"), "route_healthz");
+    }
+}
