@@ -48,10 +48,12 @@ pub struct Metrics {
     /// Workers holding a batch, by stage (set at scrape time).
     pub workers_busy: IntGaugeVec,
     /// Worker connections that ended in a failure, by stage and reason
-    /// (`protocol`, `died`, `refused`).
+    /// (`protocol`, `died`, `hung`, `refused`).
     pub worker_failures: IntCounterVec,
     /// Jobs given to another worker after theirs failed, by stage.
     pub retried: IntCounterVec,
+    /// Batches sent to a busy worker ahead of time (the stage was saturated), by stage.
+    pub batches_ahead: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
 }
@@ -179,6 +181,12 @@ impl Metrics {
                 &r,
                 "corral_jobs_retried_total",
                 "Jobs put back in the queue for another worker after theirs failed.",
+                &["stage"],
+            ),
+            batches_ahead: counter(
+                &r,
+                "corral_batches_sent_ahead_total",
+                "Batches sent to a busy worker ahead of time, by stage.",
                 &["stage"],
             ),
             worker_restarts: restarts,

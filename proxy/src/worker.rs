@@ -1,5 +1,8 @@
 //! The worker side of the proxy: the Unix socket workers connect to, and one task per connected
-//! worker that feeds it batches and routes its results back to the waiting jobs.
+//! worker that feeds it batches and routes its results back to the waiting jobs: the connection
+//! task reads, its outbox writes, and settling answers or hands back the jobs a worker held.
 
 pub mod connection;
 pub mod listener;
+pub mod outbox;
+pub mod settle;

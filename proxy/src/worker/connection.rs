@@ -1,26 +1,35 @@
 //! One connected worker: handshake, then "wait for a batch, send it, read its results" until the
 //! connection ends.
 //!
-//! The task owns the jobs of the batch its worker holds, so when the connection breaks or the
-//! worker breaks the protocol it knows exactly which jobs to fail: each gets 500, nobody waits for
-//! a deadline because of a dead worker. Only this connection is closed; the proxy and the other
-//! workers carry on.
+//! The socket is split: this task reads, an [`Outbox`] task writes. Reading never waits on a
+//! write, so a worker blocked writing a large `results` frame is always read while a large batch
+//! goes out to it (see [`super::outbox`]); and the hung timer and the shutdown signal stay in
+//! sight while a write is under way.
+//!
+//! The task owns the jobs of the batches its worker holds, so when the connection breaks or the
+//! worker breaks the protocol it knows exactly which jobs to hand back ([`settle`]): nobody waits
+//! for a deadline because of a dead worker. Only this connection is closed; the proxy and the
+//! other workers carry on.
 
 use std::collections::{HashMap, VecDeque};
+use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::{
-    Batch, BatchJob, Hello, JobId, ProxyCodec, ProxyMessage, Reject, ResultStatus, Results,
-    Shutdown, WorkerMessage, PROTOCOL_VERSION,
+    Batch, BatchJob, Hello, ProxyCodec, ProxyMessage, Reject, Shutdown, WorkerMessage,
+    PROTOCOL_VERSION,
 };
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
+use tokio::net::unix::OwnedReadHalf;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
-use tokio_util::codec::Framed;
+use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
+use super::outbox::{Delivery, Outbox};
+use super::settle::{self, answer, give_back, Orphan};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::{Schemas, Stage, WorkerSeat};
@@ -29,7 +38,12 @@ use crate::supervisor::Children;
 /// How long a new connection has to say hello before it is dropped.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 
-type Conn = Framed<UnixStream, ProxyCodec>;
+/// How long the closing frame (`shutdown`, `reject`) and anything queued before it get to reach
+/// a worker: one that does not read must not hold up the proxy's exit.
+const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
+
+/// The reading half of a worker connection.
+type Inbox = FramedRead<OwnedReadHalf, ProxyCodec>;
 
 /// What a worker connection needs besides its socket.
 #[derive(Clone)]
@@ -48,8 +62,13 @@ const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(stream: UnixStream, context: Context) {
-    let mut conn = Framed::new(stream, ProxyCodec::default());
-    let Some((hello, stage)) = handshake(&mut conn, &context.stages).await else {
+    let (read, write) = stream.into_split();
+    let mut inbox = FramedRead::new(read, ProxyCodec::default());
+    let mut outbox = Outbox::new(write);
+    let Some((hello, stage)) =
+        handshake(&mut inbox, &mut outbox, &context.stages, &context.shutdown).await
+    else {
+        outbox.close(CLOSE_WRITE_LIMIT).await;
         return;
     };
     let stage = &stage;
@@ -63,12 +82,13 @@ pub async fn serve(stream: UnixStream, context: Context) {
         workers = stage.workers(),
         "worker connected"
     );
-    let ended = work(&mut conn, stage, &seat, &context).await;
+    let ended = work(&mut inbox, &mut outbox, stage, &seat, &context).await;
     match &ended {
         Ended::Stopped => {
             let message = "proxy shutting down".to_string();
-            // Best effort: the worker may be gone already.
-            let _ = conn.send(&ProxyMessage::Shutdown(Shutdown { message })).await;
+            outbox.send(ProxyMessage::Shutdown(Shutdown { message }));
+            // Best effort: the worker may be gone already, or not reading.
+            outbox.close(CLOSE_WRITE_LIMIT).await;
         }
         Ended::Failed { reason, .. } => {
             metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
@@ -102,11 +122,18 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
+/// A connection that has not said hello when the proxy stops is dropped at once.
 async fn handshake(
-    conn: &mut Conn,
+    inbox: &mut Inbox,
+    outbox: &mut Outbox,
     stages: &HashMap<String, Arc<Stage>>,
+    shutdown: &CancellationToken,
 ) -> Option<(Hello, Arc<Stage>)> {
-    let first = match tokio::time::timeout(HELLO_TIMEOUT, conn.next()).await {
+    let first = tokio::select! {
+        first = tokio::time::timeout(HELLO_TIMEOUT, inbox.next()) => first,
+        _ = shutdown.cancelled() => return None,
+    };
+    let first = match first {
         Err(_) => {
             warn!("worker connection closed: no hello within {HELLO_TIMEOUT:?}");
             return None;
@@ -137,9 +164,8 @@ async fn handshake(
     warn!(reason = %refusal, "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
     metrics().worker_failures.with_label_values(&["unknown", "refused"]).inc();
-    let reject = ProxyMessage::Reject(Reject { message: refusal });
     // The worker may already be gone; the refusal is logged either way.
-    let _ = conn.send(&reject).await;
+    outbox.send(ProxyMessage::Reject(Reject { message: refusal }));
     None
 }
 
@@ -164,23 +190,46 @@ impl std::fmt::Display for Ended {
     }
 }
 
+/// How a broken read ends the connection: a frame that does not decode is the worker breaking
+/// the protocol; anything else (reset, closed inside a frame) is the connection dying.
+fn read_error(e: io::Error) -> Ended {
+    match e.kind() {
+        io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => protocol_error(e),
+        _ => died(format!("connection broken: {e}")),
+    }
+}
+
 fn protocol_error(why: impl std::fmt::Display) -> Ended {
     Ended::Failed { reason: "protocol", why: format!("protocol error: {why}") }
 }
 
-/// A batch sent to the worker and not yet answered.
-struct InFlight {
-    jobs: Vec<Job>,
-    sent: Instant,
+fn died(why: String) -> Ended {
+    Ended::Failed { reason: "died", why }
 }
 
-/// The pull loop. Returns why it ended; every job it took has been answered by then.
+/// A batch queued for the worker and not yet answered.
+struct InFlight {
+    jobs: Vec<Job>,
+    /// When it was queued for writing: its hung timer counts the write too.
+    sent: Instant,
+    /// Its frame's index in the outbox, to tell whether it ever reached the worker.
+    frame: u64,
+}
+
+/// The pull loop. Returns why it ended; every job it took has been answered or handed back by
+/// then.
 ///
 /// A worker holds one batch, plus — only while the stage is saturated (every worker busy and a
 /// full batch queued), and if the stage allows it — one more, sent ahead so that it is already in
 /// the worker's socket when the worker finishes: the proxy's round trip between two batches is
 /// then hidden from a saturated worker. Batches are answered in the order they were sent.
-async fn work(conn: &mut Conn, stage: &Stage, seat: &WorkerSeat<'_>, context: &Context) -> Ended {
+async fn work(
+    inbox: &mut Inbox,
+    outbox: &mut Outbox,
+    stage: &Stage,
+    seat: &WorkerSeat<'_>,
+    context: &Context,
+) -> Ended {
     let prefetch = stage.settings().prefetch;
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
     // When the worker finished its previous batch: a batch sent ahead starts only then.
@@ -188,21 +237,20 @@ async fn work(conn: &mut Conn, stage: &Stage, seat: &WorkerSeat<'_>, context: &C
     let ended = loop {
         let message = if in_flight.is_empty() {
             // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
-            // meanwhile, so no batch is ever sent to a dead connection.
+            // meanwhile, so that a batch is sent to a live connection whenever that can be told.
             tokio::select! {
-                jobs = seat.next_batch() => {
-                    match send(conn, seat, jobs).await {
-                        Ok(sent) => in_flight.push_back(sent),
-                        Err(ended) => break ended,
-                    }
-                    continue;
-                }
-                message = conn.next() => break match message {
+                biased;
+                message = inbox.next() => break match message {
                     None => Ended::Closed,
                     Some(Ok(_)) => protocol_error("message while idle"),
-                    Some(Err(e)) => protocol_error(e),
+                    Some(Err(e)) => read_error(e),
                 },
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
+                jobs = seat.next_batch() => {
+                    in_flight.push_back(send(outbox, jobs));
+                    continue;
+                }
             }
         } else {
             let may_prefetch = prefetch && in_flight.len() < 2;
@@ -214,70 +262,80 @@ async fn work(conn: &mut Conn, stage: &Stage, seat: &WorkerSeat<'_>, context: &C
                         + HUNG_MARGIN
                 }
             };
+            // Biased, results first: after a long write the results and an expired hung timer
+            // can be ready together, and a worker that answered is not hung.
             tokio::select! {
-                jobs = seat.next_batch_ahead(), if may_prefetch => {
-                    match send(conn, seat, jobs).await {
-                        Ok(sent) => in_flight.push_back(sent),
-                        Err(ended) => break ended,
-                    }
-                    continue;
-                }
-                message = conn.next() => message,
+                biased;
+                message = inbox.next() => message,
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
                     reason: "hung",
                     why: "the worker held a batch past its limit".into(),
                 },
-                _ = context.shutdown.cancelled() => break Ended::Stopped,
+                jobs = seat.next_batch_ahead(), if may_prefetch => {
+                    metrics().batches_ahead.with_label_values(&[stage.name()]).inc();
+                    in_flight.push_back(send(outbox, jobs));
+                    continue;
+                }
             }
         };
-        let batch = in_flight.pop_front().expect("a batch is in flight");
-        let size = batch.jobs.len();
         match message {
-            Some(Ok(WorkerMessage::Results(results))) => match pair(batch.jobs, results) {
-                Ok(answers) => {
-                    let now = Instant::now();
-                    // Before the answers go out: the clients they release may be back at once,
-                    // and the stage counts arrivals after this moment as returns.
-                    seat.finished(size, now - batch.sent.max(last_done));
-                    last_done = now;
-                    for (job, outcome) in answers {
-                        answer(job, outcome, now);
+            Some(Ok(WorkerMessage::Results(results))) => {
+                let batch = in_flight.pop_front().expect("a batch is in flight");
+                let size = batch.jobs.len();
+                match settle::pair(batch.jobs, results) {
+                    Ok(answers) => {
+                        let now = Instant::now();
+                        // Before the answers go out: the clients they release may be back at
+                        // once, and the stage counts arrivals after this moment as returns.
+                        seat.finished(size, now - batch.sent.max(last_done));
+                        last_done = now;
+                        for (job, outcome) in answers {
+                            answer(job, outcome, now);
+                        }
+                    }
+                    Err((why, jobs)) => {
+                        // Put back in front, so that the jobs are handed back oldest first.
+                        in_flight.push_front(InFlight { jobs, ..batch });
+                        break protocol_error(why);
                     }
                 }
-                Err((why, jobs)) => {
-                    let ended = protocol_error(why);
-                    give_back(seat, jobs, &ended.to_string());
-                    break ended;
-                }
-            },
-            other => {
-                let ended = match other {
-                    Some(Ok(_)) => protocol_error("hello while holding a batch"),
-                    Some(Err(e)) => protocol_error(e),
-                    None => Ended::Failed {
-                        reason: "died",
-                        why: "connection closed while holding a batch".into(),
-                    },
-                };
-                give_back(seat, batch.jobs, &ended.to_string());
-                break ended;
             }
+            Some(Ok(_)) => break protocol_error("hello while holding a batch"),
+            Some(Err(e)) => break read_error(e),
+            None => break died("connection closed while holding a batch".into()),
         }
     };
-    for batch in in_flight {
-        if matches!(ended, Ended::Stopped) {
-            // The grace period is over: no retry, the client hears that the proxy is stopping.
-            let now = Instant::now();
+    if matches!(ended, Ended::Stopped) {
+        // The grace period is over: no retry, the client hears that the proxy is stopping.
+        let now = Instant::now();
+        for batch in in_flight {
             batch.jobs.into_iter().for_each(|job| answer(job, Outcome::ShuttingDown, now));
-        } else {
-            give_back(seat, batch.jobs, &ended.to_string());
         }
+    } else if !in_flight.is_empty() {
+        // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
+        let hung = matches!(ended, Ended::Failed { reason: "hung", .. });
+        let orphans = in_flight
+            .into_iter()
+            .flat_map(|batch| {
+                // A worker that hung inside a frame had that batch in hand as far as anyone can
+                // tell; a write that failed (the worker was gone) delivered nothing.
+                let reached = match outbox.delivery(batch.frame) {
+                    Delivery::Whole => true,
+                    Delivery::Partial => hung,
+                    Delivery::None => false,
+                };
+                batch.jobs.into_iter().map(move |job| Orphan { job, reached })
+            })
+            .collect();
+        give_back(seat, orphans, &ended.to_string());
     }
     ended
 }
 
-/// Sends a batch: each job's id, remaining time and payload.
-async fn send(conn: &mut Conn, seat: &WorkerSeat<'_>, jobs: Vec<Job>) -> Result<InFlight, Ended> {
+/// Queues a batch for the worker: each job's id, remaining time and payload.
+fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
     let sent = Instant::now();
     let batch = Batch {
         jobs: jobs
@@ -291,89 +349,6 @@ async fn send(conn: &mut Conn, seat: &WorkerSeat<'_>, jobs: Vec<Job>) -> Result<
             })
             .collect(),
     };
-    match conn.send(&ProxyMessage::Batch(batch)).await {
-        Ok(()) => Ok(InFlight { jobs, sent }),
-        Err(e) => {
-            let why = format!("could not send a batch: {e}");
-            give_back(seat, jobs, &why);
-            Err(Ended::Failed { reason: "died", why })
-        }
-    }
-}
-
-/// Why a results frame cannot be trusted, and every job of its batch, handed back.
-type Untrusted = (String, Vec<Job>);
-
-/// Pairs each job of a batch with its outcome. The whole frame is checked before any job is
-/// answered: a result for an unknown or repeated id, a missing result, or an `ok` without data
-/// hands every job of the batch back to the caller, which closes the connection, since the worker
-/// can no longer be trusted.
-fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Untrusted> {
-    let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
-    let mut answers = Vec::with_capacity(pending.len());
-    let mut problem = None;
-    for result in results.results {
-        let Some(job) = pending.remove(&result.id) else {
-            problem = Some(format!("result for unknown or repeated job id {}", result.id));
-            break;
-        };
-        let outcome = match (result.status, result.data) {
-            (ResultStatus::Ok, Some(data)) => Outcome::Done(data),
-            (ResultStatus::Ok, None) => {
-                problem = Some(format!("ok result without data for job {}", job.id));
-                answers.push((job, Outcome::WorkerLost(String::new())));
-                break;
-            }
-            (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
-            (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
-            (ResultStatus::Expired, _) => Outcome::Expired,
-        };
-        answers.push((job, outcome));
-    }
-    if problem.is_none() && !pending.is_empty() {
-        problem = Some(format!("{} job(s) of the batch have no result", pending.len()));
-    }
-    match problem {
-        None => Ok(answers),
-        Some(why) => {
-            let jobs = answers.into_iter().map(|(job, _)| job).chain(pending.into_values());
-            Err((why, jobs.collect()))
-        }
-    }
-}
-
-/// Jobs whose worker is gone or untrustworthy: those with a retry left and time before their
-/// deadline go back to the front of the queue for the next idle worker; the others are
-/// answered 500 (`worker_died`).
-fn give_back(seat: &WorkerSeat<'_>, jobs: Vec<Job>, why: &str) {
-    let now = Instant::now();
-    let mut retry = Vec::new();
-    for mut job in jobs {
-        if job.retries > 0 && !job.is_expired(now) && !job.is_abandoned() {
-            debug!(request_id = %job.id, "job goes back to the queue for another worker");
-            job.retries -= 1;
-            retry.push(job);
-        } else {
-            debug!(request_id = %job.id, reason = why, "job failed with its worker");
-            answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
-        }
-    }
-    if !retry.is_empty() {
-        metrics().retried.with_label_values(&[seat.stage_name()]).inc_by(retry.len() as u64);
-        seat.requeue(retry);
-    }
-}
-
-/// Answers a job that a worker held. Nobody listening means the client got its 408 already (a
-/// late result, dropped) or disconnected (a cancelled job): either is counted.
-fn answer(job: Job, outcome: Outcome, now: Instant) {
-    let expired = job.is_expired(now);
-    if !job.answer(outcome) {
-        if expired {
-            metrics().late_results.inc();
-            metrics().expired.with_label_values(&["worker"]).inc();
-        } else {
-            metrics().cancelled.with_label_values(&["worker"]).inc();
-        }
-    }
+    let frame = outbox.send(ProxyMessage::Batch(batch));
+    InFlight { jobs, sent, frame }
 }

@@ -1,0 +1,128 @@
+//! The writing half of a worker connection: frames go out in order on a task of their own, so
+//! the connection task never waits on a write.
+//!
+//! Why a task of its own: a batch frame larger than the socket buffer (~208 KiB) is written only
+//! as fast as the worker reads it. A worker busy writing its own large `results` frame reads
+//! nothing until that write is done, and that write is done only if someone reads it. With one
+//! task doing both in turn, each side waited on the other for good (issue #15: a stage jammed at
+//! default settings by embedding-sized outputs). Here the connection task keeps reading — and
+//! keeps its hung timer and the shutdown signal in sight — while this task writes.
+//!
+//! A write has no deadline of its own: it counts toward the batch's. The connection task's hung
+//! timer for a batch starts when the batch is queued here, so a worker that stops reading
+//! mid-frame is declared hung like one that stops answering, and the writer is aborted with the
+//! connection.
+
+use std::io;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_protocol::{ProxyCodec, ProxyMessage};
+use futures_util::SinkExt;
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::codec::FramedWrite;
+
+/// Frames queued for one worker, and the task writing them.
+pub struct Outbox {
+    queue: Option<mpsc::UnboundedSender<ProxyMessage>>,
+    /// How far the writer got: frames it began and frames it wrote whole.
+    progress: Arc<Progress>,
+    queued: u64,
+    writer: JoinHandle<io::Result<()>>,
+}
+
+impl Outbox {
+    /// Starts the writer over the socket's write half.
+    pub fn new(half: OwnedWriteHalf) -> Self {
+        let (queue, frames) = mpsc::unbounded_channel();
+        let progress = Arc::new(Progress::default());
+        let sink = FramedWrite::new(half, ProxyCodec::default());
+        let writer = tokio::spawn(write(sink, frames, progress.clone()));
+        Self { queue: Some(queue), progress, queued: 0, writer }
+    }
+
+    /// Queues a frame; returns its index (see [`Outbox::delivery`]). Never waits. The queue is
+    /// unbounded in type only: the connection task queues at most two batches and one closing
+    /// frame before it hears back.
+    pub fn send(&mut self, message: ProxyMessage) -> u64 {
+        let index = self.queued;
+        self.queued += 1;
+        if let Some(queue) = &self.queue {
+            // A closed queue means the writer has stopped; `broken` reports why.
+            let _ = queue.send(message);
+        }
+        index
+    }
+
+    /// How far the frame at `index` got.
+    pub fn delivery(&self, index: u64) -> Delivery {
+        if index < self.progress.written.load(Ordering::Acquire) {
+            Delivery::Whole
+        } else if index < self.progress.begun.load(Ordering::Acquire) {
+            Delivery::Partial
+        } else {
+            Delivery::None
+        }
+    }
+
+    /// Completes when a write fails (the worker is gone, or closed its end), with the error.
+    /// Not to be polled again once it has completed: the connection ends then.
+    pub async fn broken(&mut self) -> io::Error {
+        match (&mut self.writer).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => io::Error::other("the writer stopped"),
+            Err(join) => io::Error::other(join),
+        }
+    }
+
+    /// Lets what is queued go out, for up to `limit`, then stops the writer either way: a worker
+    /// that does not read must not hold up the proxy's exit.
+    pub async fn close(mut self, limit: Duration) {
+        self.queue = None;
+        if tokio::time::timeout(limit, &mut self.writer).await.is_err() {
+            self.writer.abort();
+        }
+    }
+}
+
+impl Drop for Outbox {
+    /// A connection that ends without [`Outbox::close`] (a failed or hung worker) stops writing
+    /// at once; the write half closes with the task.
+    fn drop(&mut self) {
+        self.writer.abort();
+    }
+}
+
+/// How far a frame got to the worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Not a byte of it was written.
+    None,
+    /// Its write began and did not finish: the worker may be reading it (or stuck in it).
+    Partial,
+    /// Written whole into the worker's socket.
+    Whole,
+}
+
+/// Frames the writer began, and frames it wrote whole (each counts from the first frame).
+#[derive(Default)]
+struct Progress {
+    begun: AtomicU64,
+    written: AtomicU64,
+}
+
+async fn write(
+    mut sink: FramedWrite<OwnedWriteHalf, ProxyCodec>,
+    mut frames: mpsc::UnboundedReceiver<ProxyMessage>,
+    progress: Arc<Progress>,
+) -> io::Result<()> {
+    while let Some(frame) = frames.recv().await {
+        progress.begun.fetch_add(1, Ordering::Release);
+        sink.send(&frame).await?;
+        progress.written.fetch_add(1, Ordering::Release);
+    }
+    Ok(())
+}

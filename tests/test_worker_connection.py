@@ -1,0 +1,124 @@
+"""The worker connection under large frames: it must never jam (issue #15).
+
+Every frame here is larger than a Unix socket's buffer (~208 KiB): results of embedding-sized
+outputs while a batch is sent ahead, batches and results of several MiB each way, and a worker that
+stops reading in the middle of a batch frame, which must be declared hung and must not keep the
+proxy from stopping.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from conftest import ROOT
+
+EMBEDDER = str(ROOT / "tests" / "workers" / "embedder.py")
+STALLING = str(ROOT / "tests" / "workers" / "stalling.py")
+
+
+def closed_loop(url: str, clients: int, seconds: float, body_for) -> tuple[list[int], int]:
+    """`clients` threads, each posting one request after another on its own keep-alive
+    connection until `seconds` have passed. Returns every status seen and the request count."""
+    statuses: list[int] = []
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=30) as http:
+            i = 0
+            while time.monotonic() < stop_at:
+                response = http.post("/infer", json=body_for(n, i))
+                with lock:
+                    statuses.append(response.status_code)
+                i += 1
+
+    with ThreadPoolExecutor(clients) as pool:
+        list(pool.map(client, range(clients)))
+    return statuses, len(statuses)
+
+
+def test_embedding_sized_results_with_batches_sent_ahead_never_jam(corral_factory):
+    # All defaults: batch 32, prefetch on, no batch timeout. 64 clients each post ~8 KB texts;
+    # each answer is 1024 floats. Before the fix about 100 requests succeeded, then every request
+    # was a 408 for good.
+    proxy = corral_factory(worker=EMBEDDER)
+    text = "lorem ipsum " * 700
+
+    statuses, sent = closed_loop(proxy.url, 64, 12, lambda n, i: f"{n}-{i} {text}")
+    assert sent > 500, "the load must run long enough to saturate the worker"
+    assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
+    assert proxy.metric("corral_batches_sent_ahead_total", stage="default") > 0
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+
+
+def test_batches_and_results_of_several_mib_each_way(corral_factory):
+    # Batches of 4 items of 2 MiB each (an 8 MiB frame out, 8 MiB back), one sent ahead while
+    # the worker is busy with the one before.
+    proxy = corral_factory("--max-batch-size=4", "--max-wait-ms=50")
+    blob = "x" * (2 * 1024 * 1024)
+
+    def one(n: int) -> tuple[int, bool]:
+        with httpx.Client(base_url=proxy.url, timeout=60) as http:
+            ok = 0
+            for i in range(4):
+                tag = f"{n}-{i}"
+                response = http.post("/infer", json={"tag": tag, "blob": blob, "sleep_ms": 30})
+                echo = response.json().get("echo", {}) if response.status_code == 200 else {}
+                ok += echo.get("tag") == tag and echo.get("blob") == blob
+            return ok
+
+    with ThreadPoolExecutor(12) as pool:
+        answered = list(pool.map(one, range(12)))
+    assert answered == [4] * 12
+    assert proxy.metric("corral_batches_sent_ahead_total", stage="default") > 0
+
+
+def test_a_worker_that_stops_reading_mid_frame_is_declared_hung(corral_factory):
+    # A 4 MiB batch cannot fit in the socket buffers: the worker stops reading inside it. The
+    # job's deadline is 20 s; the hung limit 500 ms. Before the fix the write blocked outside the
+    # connection's timers: no hung worker, and the client waited for its 408.
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--batch-timeout-ms=500", "--timeout-ms=20000", worker=STALLING
+    )
+    response = proxy.post({"blob": "x" * (4 * 1024 * 1024)})
+    # Hung, killed, the job retried on the restarted worker, which stalls too: out of retries.
+    assert response.status_code == 500
+    assert response.json()["error"] == "worker_died"
+    proxy.wait_for_log(r"killed a hung worker", count=2)
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
+    assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
+
+
+def test_sigterm_with_a_worker_that_stops_reading_exits(corral_factory, tmp_path):
+    # An external worker stalls inside a batch frame; the shutdown frame can never be written.
+    proxy = corral_factory("--max-wait-ms=0", "--grace-period-ms=300", worker=None)
+    stalling = subprocess.Popen(
+        [sys.executable, STALLING],
+        env={**os.environ, "CORRAL_SOCKET": str(proxy.socket)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        proxy.wait_for_log(r"worker connected")
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(proxy.post, {"blob": "x" * (4 * 1024 * 1024)})
+            assert stalling.stdout.readline().strip() == "stalled"
+            proxy.proc.send_signal(signal.SIGTERM)
+            answer = pending.result()
+        assert answer.status_code == 503
+        assert answer.json()["error"] == "shutting_down"
+        # Before the fix the proxy never exited.
+        assert proxy.proc.wait(timeout=20) == 0
+        assert not proxy.socket.exists()
+    finally:
+        stalling.kill()
+        stalling.wait()
+        stalling.stdout.close()
