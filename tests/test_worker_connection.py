@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -22,6 +23,8 @@ from conftest import ROOT
 
 EMBEDDER = str(ROOT / "tests" / "workers" / "embedder.py")
 STALLING = str(ROOT / "tests" / "workers" / "stalling.py")
+DEAF = str(ROOT / "tests" / "workers" / "deaf.py")
+ECHOING = str(ROOT / "tests" / "workers" / "echoing.py")
 
 
 def closed_loop(url: str, clients: int, seconds: float, body_for) -> tuple[list[int], int]:
@@ -122,3 +125,67 @@ def test_sigterm_with_a_worker_that_stops_reading_exits(corral_factory, tmp_path
         stalling.kill()
         stalling.wait()
         stalling.stdout.close()
+
+
+def test_a_worker_that_dies_inside_a_frame_died(corral_factory):
+    # The batch fits in the socket buffer, so the proxy's write completes; the worker exits with
+    # most of it unread, and the proxy's read fails with a connection reset. That is a worker
+    # that died, not one that broke the protocol.
+    proxy = corral_factory("--max-wait-ms=0", worker=STALLING, env={"STALLING_EXIT": "1"})
+    response = proxy.post({"blob": "x" * (64 * 1024)})
+    assert response.status_code == 500
+    assert response.json()["error"] == "worker_died"
+    # Each attempt ends as `died` (a reset read, or a failed write, whichever the proxy sees
+    # first); none as `protocol`.
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="died") >= 2
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="protocol") == 0
+
+
+def external(proxy, script: str) -> subprocess.Popen:
+    """A worker the test starts itself; returns once it printed its first line."""
+    worker = subprocess.Popen(
+        [sys.executable, script],
+        env={**os.environ, "CORRAL_SOCKET": str(proxy.socket)},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    worker.stdout.readline()
+    return worker
+
+
+def test_a_batch_that_never_reached_a_worker_costs_no_retry(corral_factory):
+    # With --retries 0 a job may not run twice; but a batch whose write failed never ran at all.
+    proxy = corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
+    deaf = external(proxy, DEAF)
+    workers = [deaf]
+    try:
+        proxy.wait_for_log(r"worker connected")
+        with ThreadPoolExecutor(1) as pool:
+            pending = pool.submit(proxy.post, {"tag": "never seen"})
+            proxy.wait_for_log(r"worker disconnected.*Broken pipe")
+            # The job is back in the queue, for the next worker.
+            workers.append(external(proxy, ECHOING))
+            answer = pending.result()
+        assert answer.status_code == 200
+        assert answer.json() == {"tag": "never seen"}
+        assert proxy.metric("corral_jobs_retried_total", stage="default") == 0
+    finally:
+        for worker in workers:
+            worker.kill()
+            worker.wait()
+            worker.stdout.close()
+
+
+def test_shutdown_does_not_wait_for_a_silent_connection(corral_factory):
+    # A connection that never says hello used to hold the proxy's exit for its 10 s hello
+    # timeout, whatever the grace period.
+    proxy = corral_factory("--grace-period-ms=0", worker=None)
+    silent = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    silent.connect(str(proxy.socket))
+    try:
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(timeout=20) == 0
+        proxy.wait_for_log(r"stopped")
+        assert not any("no hello within" in line for line in proxy.lines)
+    finally:
+        silent.close()

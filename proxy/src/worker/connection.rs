@@ -315,17 +315,12 @@ async fn work(
         }
     } else if !in_flight.is_empty() {
         // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
-        let hung = matches!(ended, Ended::Failed { reason: "hung", .. });
         let orphans = in_flight
             .into_iter()
             .flat_map(|batch| {
-                // A worker that hung inside a frame had that batch in hand as far as anyone can
-                // tell; a write that failed (the worker was gone) delivered nothing.
-                let reached = match outbox.delivery(batch.frame) {
-                    Delivery::Whole => true,
-                    Delivery::Partial => hung,
-                    Delivery::None => false,
-                };
+                // A worker that hung or died inside a frame had that batch in hand as far as
+                // anyone can tell; one whose socket took not a byte of it never saw it.
+                let reached = outbox.delivery(batch.frame) != Delivery::None;
                 batch.jobs.into_iter().map(move |job| Orphan { job, reached })
             })
             .collect();

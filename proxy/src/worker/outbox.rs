@@ -18,12 +18,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::{Buf, BytesMut};
 use corral_protocol::{ProxyCodec, ProxyMessage};
-use futures_util::SinkExt;
+use tokio::io::AsyncWriteExt;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
-use tokio_util::codec::FramedWrite;
+use tokio_util::codec::Encoder;
 
 /// Frames queued for one worker, and the task writing them.
 pub struct Outbox {
@@ -39,8 +40,7 @@ impl Outbox {
     pub fn new(half: OwnedWriteHalf) -> Self {
         let (queue, frames) = mpsc::unbounded_channel();
         let progress = Arc::new(Progress::default());
-        let sink = FramedWrite::new(half, ProxyCodec::default());
-        let writer = tokio::spawn(write(sink, frames, progress.clone()));
+        let writer = tokio::spawn(write(half, frames, progress.clone()));
         Self { queue: Some(queue), progress, queued: 0, writer }
     }
 
@@ -101,27 +101,42 @@ impl Drop for Outbox {
 pub enum Delivery {
     /// Not a byte of it was written.
     None,
-    /// Its write began and did not finish: the worker may be reading it (or stuck in it).
+    /// Some of it was written, not all: the worker was reading it (or stuck in it).
     Partial,
     /// Written whole into the worker's socket.
     Whole,
 }
 
-/// Frames the writer began, and frames it wrote whole (each counts from the first frame).
+/// Frames of which the writer wrote some bytes, and frames it wrote whole (each counts from the
+/// first frame).
 #[derive(Default)]
 struct Progress {
     begun: AtomicU64,
     written: AtomicU64,
 }
 
+/// Writes each queued frame whole, in order. The codec encodes; the write loop is by hand only to
+/// know whether any byte of a frame went out before an error (see [`Delivery`]).
 async fn write(
-    mut sink: FramedWrite<OwnedWriteHalf, ProxyCodec>,
+    mut half: OwnedWriteHalf,
     mut frames: mpsc::UnboundedReceiver<ProxyMessage>,
     progress: Arc<Progress>,
 ) -> io::Result<()> {
+    let mut codec = ProxyCodec::default();
+    let mut buf = BytesMut::new();
     while let Some(frame) = frames.recv().await {
-        progress.begun.fetch_add(1, Ordering::Release);
-        sink.send(&frame).await?;
+        codec.encode(&frame, &mut buf)?;
+        drop(frame);
+        let mut begun = false;
+        while buf.has_remaining() {
+            if half.write_buf(&mut buf).await? == 0 {
+                return Err(io::ErrorKind::WriteZero.into());
+            }
+            if !begun {
+                begun = true;
+                progress.begun.fetch_add(1, Ordering::Release);
+            }
+        }
         progress.written.fetch_add(1, Ordering::Release);
     }
     Ok(())

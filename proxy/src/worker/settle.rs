@@ -102,3 +102,71 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::stage::{BatchSettings, Policy, Stage};
+
+    fn stage() -> Stage {
+        let settings = BatchSettings {
+            max_batch_size: 8,
+            max_wait: Duration::ZERO,
+            max_batch_bytes: 1000,
+            policy: Policy::Fixed,
+            prefetch: true,
+            batch_timeout: None,
+        };
+        Stage::new("default", settings, 100)
+    }
+
+    fn orphan(
+        payload: &'static [u8],
+        retries: u32,
+        reached: bool,
+    ) -> (Orphan, oneshot::Receiver<Outcome>) {
+        let now = Instant::now();
+        let (mut job, answer) =
+            Job::new(JobId::new(), Bytes::from_static(payload), now, now + Duration::from_secs(5));
+        job.retries = retries;
+        (Orphan { job, reached }, answer)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_dead_workers_batches_go_back_oldest_first() {
+        let stage = stage();
+        let seat = stage.worker_joined();
+        // The batch the worker held (a, b), then the batch sent ahead (c), which it never read.
+        let (a, _a) = orphan(b"a", 1, true);
+        let (b, _b) = orphan(b"b", 1, true);
+        let (c, _c) = orphan(b"c", 1, false);
+        give_back(&seat, vec![a, b, c], "died");
+        let batch = seat.next_batch().await;
+        let order: Vec<&[u8]> = batch.iter().map(|job| &job.payload[..]).collect();
+        assert_eq!(order, [b"a", b"b", b"c"]);
+        // Only the jobs the worker had in hand spent a retry.
+        let retries: Vec<u32> = batch.iter().map(|job| job.retries).collect();
+        assert_eq!(retries, [0, 0, 1]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_the_worker_never_saw_costs_nothing_even_without_retries() {
+        let stage = stage();
+        let seat = stage.worker_joined();
+        let (unseen, mut unseen_answer) = orphan(b"unseen", 0, false);
+        let (seen, seen_answer) = orphan(b"seen", 0, true);
+        give_back(&seat, vec![unseen, seen], "died");
+        assert!(matches!(seen_answer.await, Ok(Outcome::WorkerLost(_))));
+        assert!(unseen_answer.try_recv().is_err(), "not answered: queued again");
+        assert_eq!(payloads_of(seat.next_batch().await), [b"unseen"]);
+    }
+
+    fn payloads_of(batch: Vec<Job>) -> Vec<Vec<u8>> {
+        batch.iter().map(|job| job.payload.to_vec()).collect()
+    }
+}
