@@ -296,3 +296,10 @@ def test_a_spawned_worker_exits_when_its_parent_proxy_dies_even_unreaped(tmp_pat
                 pass
         parent.wait()
     assert "proxy" in remaining and "gone" in remaining
+
+
+def test_a_stage_name_from_an_undecodable_argument_still_makes_a_hello():
+    worker = Sized()
+    worker.stage = os.fsdecode(b"stage-\xff")  # as sys.argv holds a non-UTF-8 --stage
+    with FakeProxy(worker) as proxy:
+        assert proxy.hello["stage"] == "stage-\\xff"
