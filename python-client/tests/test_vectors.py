@@ -52,3 +52,8 @@ def test_vector_round_trips(name):
     golden = (VECTORS / f"{name}.bin").read_bytes()
     assert protocol.encode_frame(EXPECTED[name]) == golden
     assert protocol.decode_body(golden[4:]) == EXPECTED[name]
+
+
+def test_results_frames_are_written_item_by_item_into_the_same_bytes():
+    golden = (VECTORS / "results.bin").read_bytes()
+    assert protocol.encode_results(EXPECTED["results"]["results"]) == golden

@@ -6,9 +6,11 @@ then pulls batches whenever it is idle. Optional per-item hooks ``preprocess`` a
 run around ``forward``; raising :class:`ValidationError` in ``preprocess`` rejects that item alone
 (the client gets 422) while its batch-mates go on.
 
-Modules: ``_worker`` (the Worker base class and its serve loop), ``_protocol`` (frames and
-messages, as documented in the repository's worker-protocol/PROTOCOL.md), ``testing`` (a fake
-proxy for unit-testing a worker without the Corral binary).
+Modules: ``_worker`` (the Worker base class: hooks and per-item processing), ``_serve`` (one
+proxy connection with its reader thread, and the connect loop), ``_typing`` (payload decoding,
+output encoding, schemas), ``_protocol`` (frames and messages, as documented in the repository's
+worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for unit-testing a worker
+without the Corral binary).
 """
 
 from corral._errors import ProtocolError, ValidationError

@@ -23,8 +23,34 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 _LENGTH = struct.Struct(">I")
 
 
+_TOO_LARGE = "the output is too large for one frame"
+
+
+def safe_text(text: str) -> str:
+    """``text`` as valid UTF-8, which a msgpack ``str`` must be. Python strings may hold lone
+    surrogates: ``os.fsdecode`` and ``sys.argv`` turn each undecodable byte of a name into one,
+    and such a string cannot be encoded. Those bytes come back as ``\\xNN`` escapes of the
+    original byte; any other lone surrogate as ``\\uDNNN``."""
+    try:
+        text.encode("utf-8")
+        return text
+    except UnicodeEncodeError:
+        pass
+    try:
+        raw = text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:  # a surrogate that no undecodable byte stands for
+        return text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return raw.decode("utf-8", "backslashreplace")
+
+
 def hello(stage: str, pid: int, name: str) -> dict[str, Any]:
-    return {"type": "hello", "version": PROTOCOL_VERSION, "stage": stage, "pid": pid, "name": name}
+    return {
+        "type": "hello",
+        "version": PROTOCOL_VERSION,
+        "stage": safe_text(stage),
+        "pid": pid,
+        "name": safe_text(name),
+    }
 
 
 def ok(job_id: bytes, data: bytes) -> dict[str, Any]:
@@ -32,15 +58,15 @@ def ok(job_id: bytes, data: bytes) -> dict[str, Any]:
 
 
 def invalid(job_id: bytes, message: str) -> dict[str, Any]:
-    return {"id": job_id, "status": "invalid", "message": message}
+    return {"id": job_id, "status": "invalid", "message": safe_text(message)}
 
 
 def error(job_id: bytes, message: str) -> dict[str, Any]:
-    return {"id": job_id, "status": "error", "message": message}
+    return {"id": job_id, "status": "error", "message": safe_text(message)}
 
 
 def expired(job_id: bytes, message: str) -> dict[str, Any]:
-    return {"id": job_id, "status": "expired", "message": message}
+    return {"id": job_id, "status": "expired", "message": safe_text(message)}
 
 
 def results(items: list[dict[str, Any]]) -> dict[str, Any]:
@@ -53,6 +79,50 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes is over the {MAX_FRAME_BYTES} limit")
     return _LENGTH.pack(len(body)) + body
+
+
+def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) -> bytes:
+    """The ``results`` frame for ``items`` (the same bytes as ``encode_frame(results(items))``).
+
+    Each result is encoded on its own, so that one that cannot be encoded becomes an error
+    result for its job alone, and results that would take the body past ``limit`` become
+    errors too (the earliest results keep their place): one bad or huge output fails its own
+    job instead of the connection and the whole batch.
+    """
+    packer = msgpack.Packer(use_bin_type=True)  # autoreset: each call returns its own bytes
+    head = b"".join(
+        [
+            packer.pack_map_header(2),
+            packer.pack("type"),
+            packer.pack("results"),
+            packer.pack("results"),
+            packer.pack_array_header(len(items)),
+        ]
+    )
+    encoded = [_encode_result(packer, item) for item in items]
+    # Start from the frame in which every result is the short "too large" error, which must
+    # fit, then let each result in turn have its real size while the body stays within limit.
+    fallbacks = [packer.pack(error(item["id"], _TOO_LARGE)) for item in items]
+    used = len(head) + sum(len(f) for f in fallbacks)
+    parts = [head]
+    for body, fallback in zip(encoded, fallbacks):
+        if used - len(fallback) + len(body) <= limit:
+            used += len(body) - len(fallback)
+            parts.append(body)
+        else:
+            parts.append(fallback)
+    frame = b"".join(parts)
+    if len(frame) > limit:  # only if even the errors alone are over it
+        raise ProtocolError(f"{len(items)} results cannot fit in a frame of {limit} bytes")
+    return _LENGTH.pack(len(frame)) + frame
+
+
+def _encode_result(packer: msgpack.Packer, item: dict[str, Any]) -> bytes:
+    try:
+        return packer.pack(item)
+    except Exception as e:  # msgpack raises TypeError, ValueError, OverflowError, ...
+        packer.reset()  # a failed pack may leave partial output in the packer's buffer
+        return packer.pack(error(item["id"], f"the result could not be encoded: {e}"))
 
 
 def decode_body(body: bytes) -> dict[str, Any]:

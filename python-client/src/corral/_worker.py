@@ -1,9 +1,12 @@
-"""The :class:`Worker` base class: per-item hooks around a batched ``forward``, and the loop that
-serves a proxy connection.
+"""The :class:`Worker` base class: per-item hooks around a batched ``forward``, turning one
+batch's jobs into their results, and starting a worker (options, warm-up). The connection itself
+is ``_serve``'s; payload decoding and output encoding are ``_typing``'s.
 
 Each job's payload is decoded on its own, so one undecodable or invalid item is answered alone
 (422) and never costs its batch-mates their results. Only an exception in ``forward`` itself,
-which sees the whole batch, fails every item that reached it (500). The worker lives on either way.
+which sees the whole batch, fails every item that reached it (500). The worker lives on either
+way, whatever a hook raises (any ``BaseException`` included), except ``KeyboardInterrupt`` and
+``SystemExit``, which stop it.
 """
 
 from __future__ import annotations
@@ -18,17 +21,15 @@ import time
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import msgpack
-import msgspec
-
 from corral import _protocol as protocol
+from corral import _serve, _typing
 from corral._errors import ProtocolError, ValidationError
 
 log = logging.getLogger("corral")
 
-# Room for a results frame's own keys and per-result overhead when keeping it under the limit.
-_FRAME_SLACK = 64 * 1024
-_RESULT_OVERHEAD = 64
+# What a hook may raise and still stop the worker; anything else fails the items it touched
+# (a GeneratorExit or a library's own BaseException included) and the worker goes on.
+_STOPS = (KeyboardInterrupt, SystemExit)
 
 
 class Worker:
@@ -110,7 +111,7 @@ class Worker:
             return
         started = time.monotonic()
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
-        inputs = [self.preprocess(self._decode(_pack(example))) for example in self.examples]
+        inputs = [self.preprocess(self._decode(_typing.pack(example))) for example in self.examples]
         outputs = list(self.forward(inputs))
         if len(outputs) != len(inputs):
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
@@ -120,101 +121,28 @@ class Worker:
 
     def _run_forever(self, path: str) -> None:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
-        worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead."""
-        spawned = "CORRAL_WORKER_INDEX" in os.environ
-        delay = 0.05
-        waiting_logged = False
-        while True:
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:
-                sock.connect(path)
-            except OSError as e:
-                sock.close()
-                if not waiting_logged:
-                    log.info("waiting for the proxy at %s (%s)", path, e)
-                    waiting_logged = True
-                time.sleep(delay)  # nothing to await: the proxy is not there yet
-                delay = min(delay * 2, 1.0)
-                continue
-            delay, waiting_logged = 0.05, False
-            log.info("connected to corral at %s", path)
-            try:
-                self.serve(sock)
-                log.info("proxy closed the connection")
-            except ProtocolError as e:
-                log.error("protocol error: %s", e)
-            except OSError as e:
-                log.warning("connection to the proxy lost: %s", e)
-            finally:
-                sock.close()
-            if spawned:
-                # The proxy that spawned us restarts us if it still wants a worker; reconnecting
-                # on our own could outlive it.
-                return
+        worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead, and so does
+        one waiting for a proxy that is gone (CORRAL_PROXY_PID)."""
+        _serve.run_forever(path, self.serve)
 
     def serve(self, sock: socket.socket) -> None:
         """Serve one connected socket until the proxy closes it: hello, then one results frame
         per batch. Raises :class:`ProtocolError` on a frame the protocol does not allow and
-        ``SystemExit`` when the proxy refuses this worker."""
-        stream = sock.makefile("rb")
-        try:
-            name = type(self).__name__
-            hello = {**protocol.hello(self.stage, os.getpid(), name), **self.schemas()}
-            sock.sendall(protocol.encode_frame(hello))
-            while True:
-                message = protocol.read_frame(stream)
-                if message is None:
-                    return
-                kind = message["type"]
-                if kind == "batch":
-                    jobs = message.get("jobs")
-                    if not isinstance(jobs, list):
-                        raise ProtocolError("a batch must carry a list of jobs")
-                    answer = protocol.results(self.process(jobs))
-                    sock.sendall(protocol.encode_frame(answer))
-                elif kind == "reject":
-                    raise SystemExit(f"corral refused this worker: {message.get('message')}")
-                elif kind == "shutdown":
-                    log.info("corral is shutting down: %s", message.get("message"))
-                    raise SystemExit(0)
-                else:
-                    raise ProtocolError(f"unexpected message type {kind!r}")
-        finally:
-            stream.close()
+        ``SystemExit`` when the proxy refuses this worker or shuts down. The proxy's frames are
+        read all along, also while results are written."""
+        hello = protocol.hello(self.stage, os.getpid(), type(self).__name__)
+        _serve.serve(sock, {**hello, **self.schemas()}, self.process)
 
     def _decode(self, payload: Any) -> Any:
-        if self.input_type is None:
-            return _decode_payload(payload)
-        if not isinstance(payload, bytes):
-            raise ProtocolError("a job payload must be bytes")
-        try:
-            return _typed(type(self)).decoder.decode(payload)
-        except msgspec.ValidationError as e:
-            raise ValidationError(str(e)) from e
-        except msgspec.DecodeError as e:
-            raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+        return _typing.decode(type(self), payload)
 
     def _encode(self, output: Any) -> bytes:
-        if self.input_type is None and self.output_type is None:
-            return _pack(output)
-        return _typed(type(self)).encoder.encode(output)
+        return _typing.encode(type(self), output)
 
     def schemas(self) -> dict[str, str]:
         """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
         text, references pointing into ``#/components/schemas/``), and those components."""
-        declared = [t for t in (self.input_type, self.output_type) if t is not None]
-        if not declared:
-            return {}
-        template = "#/components/schemas/{name}"
-        found, components = msgspec.json.schema_components(declared, ref_template=template)
-        found = list(found)
-        schemas = {}
-        if self.input_type is not None:
-            schemas["input_schema"] = msgspec.json.encode(found.pop(0)).decode()
-        if self.output_type is not None:
-            schemas["output_schema"] = msgspec.json.encode(found.pop(0)).decode()
-        schemas["schema_components"] = msgspec.json.encode(components).decode()
-        return schemas
+        return _typing.schemas(self.input_type, self.output_type)
 
     def remaining(self) -> float:
         """Seconds left before the current item's deadline (see :attr:`deadline`)."""
@@ -241,8 +169,10 @@ class Worker:
             try:
                 item = self.preprocess(self._decode(job.get("payload")))
             except ValidationError as e:
-                answers[position] = protocol.invalid(job_id, str(e))
-            except Exception as e:
+                answers[position] = protocol.invalid(job_id, _text(e))
+            except _STOPS:
+                raise
+            except BaseException as e:
                 log.exception("preprocess failed")
                 answers[position] = protocol.error(job_id, _describe(e))
             else:
@@ -251,7 +181,7 @@ class Worker:
         if inputs:
             self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
         self.deadline = math.inf
-        return _fit_in_frame([a for a in answers if a is not None])
+        return [a for a in answers if a is not None]
 
     def _forward_and_encode(
         self,
@@ -268,7 +198,9 @@ class Worker:
                 raise RuntimeError(
                     f"forward returned {len(outputs)} outputs for {len(inputs)} inputs"
                 )
-        except Exception as e:
+        except _STOPS:
+            raise
+        except BaseException as e:
             log.exception("forward failed on a batch of %d", len(inputs))
             message = _describe(e)
             for position in positions:
@@ -279,7 +211,9 @@ class Worker:
             self.deadline = deadlines[position]
             try:
                 data = self._encode(self.postprocess(output))
-            except Exception as e:
+            except _STOPS:
+                raise
+            except BaseException as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
             else:
@@ -293,67 +227,15 @@ def _timeout_ms(job: dict[str, Any]) -> int:
     return timeout
 
 
-def _decode_payload(payload: Any) -> Any:
-    if not isinstance(payload, bytes):
-        raise ProtocolError("a job payload must be bytes")
+def _text(error: BaseException) -> str:
     try:
-        return msgpack.unpackb(payload, raw=False, strict_map_key=False)
-    except Exception as e:
-        raise ValidationError(f"the payload is not valid msgpack: {e}") from e
-
-
-class _Typed:
-    """A worker class's msgspec decoder (for its input_type) and encoder, built once."""
-
-    def __init__(self, worker: type[Worker]) -> None:
-        self.decoder = msgspec.msgpack.Decoder(worker.input_type or Any)
-        self.encoder = msgspec.msgpack.Encoder(enc_hook=_plain)
-
-
-_TYPED: dict[type, _Typed] = {}
-
-
-def _typed(worker: type[Worker]) -> _Typed:
-    typed = _TYPED.get(worker)
-    if typed is None:
-        typed = _TYPED[worker] = _Typed(worker)
-    return typed
-
-
-def _pack(value: Any) -> bytes:
-    # A Packer per call: a shared one would be left in a bad state by an encoding error.
-    return msgpack.packb(value, use_bin_type=True, default=_plain)
-
-
-def _plain(value: Any) -> Any:
-    """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        return tolist()
-    raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
+        return str(error)
+    except Exception:  # a broken __str__ must not cost more than its own message
+        return "(the exception's message could not be read)"
 
 
 def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {error}"
-
-
-def _fit_in_frame(answers: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Replace results that would push the frame over the protocol limit with errors, so one
-    huge output fails alone instead of breaking the connection for the whole batch."""
-    budget = protocol.MAX_FRAME_BYTES - _FRAME_SLACK
-    sizes = [len(a.get("data") or a.get("message", "")) + _RESULT_OVERHEAD for a in answers]
-    if sum(sizes) <= budget:
-        return answers
-    used = 0
-    fitted = []
-    for answer in answers:
-        size = len(answer.get("data") or answer.get("message", "")) + _RESULT_OVERHEAD
-        if used + size > budget:
-            answer = protocol.error(answer["id"], "the output is too large for one frame")
-            size = _RESULT_OVERHEAD * 2
-        used += size
-        fitted.append(answer)
-    return fitted
+    return f"{type(error).__name__}: {_text(error)}"
 
 
 def _options_from_argv() -> argparse.Namespace:

@@ -91,6 +91,11 @@ class FakeProxy:
     def send_raw(self, data: bytes) -> None:
         self._sock.sendall(data)
 
+    def half_close(self) -> None:
+        """Close the proxy's sending side, as a proxy that closes the connection after its last
+        frame does; the worker's answers can still be received."""
+        self._sock.shutdown(socket.SHUT_WR)
+
     def receive(self) -> dict[str, Any] | None:
         """The worker's next message, or None once it closed the connection."""
         return protocol.read_frame(self._stream)

@@ -1,0 +1,90 @@
+"""Payloads and outputs: each job's payload decoded on its own (plain msgpack, or validated by
+msgspec straight into a worker's ``input_type``), each output encoded to msgpack (objects with a
+``tolist`` method, such as numpy arrays, converted), and the JSON Schemas the hello carries.
+
+A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
+codecs for a worker class are built once and kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgpack
+import msgspec
+
+from corral._errors import ProtocolError, ValidationError
+
+
+class _Codec:
+    """A worker class's msgspec decoder (for its input_type) and encoder, built once."""
+
+    def __init__(self, input_type: Any) -> None:
+        self.decoder = msgspec.msgpack.Decoder(input_type or Any)
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
+
+
+_CODECS: dict[type, _Codec] = {}
+
+
+def _codec(worker: type) -> _Codec:
+    codec = _CODECS.get(worker)
+    if codec is None:
+        codec = _CODECS[worker] = _Codec(getattr(worker, "input_type", None))
+    return codec
+
+
+def decode(worker: type, payload: Any) -> Any:
+    """One job's payload, as ``worker`` (a Worker subclass) declares its inputs."""
+    if not isinstance(payload, bytes):
+        raise ProtocolError("a job payload must be bytes")
+    if worker.input_type is None:
+        try:
+            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+        except Exception as e:  # msgpack raises several unrelated types for bad input
+            raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+    try:
+        return _codec(worker).decoder.decode(payload)
+    except msgspec.ValidationError as e:
+        raise ValidationError(str(e)) from e
+    except msgspec.DecodeError as e:
+        raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+
+
+def encode(worker: type, output: Any) -> bytes:
+    """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
+    plain msgpack otherwise."""
+    if worker.input_type is None and worker.output_type is None:
+        return pack(output)
+    return _codec(worker).encoder.encode(output)
+
+
+def pack(value: Any) -> bytes:
+    # A Packer per call: a shared one would be left in a bad state by an encoding error.
+    return msgpack.packb(value, use_bin_type=True, default=plain)
+
+
+def plain(value: Any) -> Any:
+    """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
+    tolist = getattr(value, "tolist", None)
+    if callable(tolist):
+        return tolist()
+    raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
+
+
+def schemas(input_type: Any, output_type: Any) -> dict[str, str]:
+    """The hello's schema keys: JSON Schemas of the declared types (as JSON text, references
+    pointing into ``#/components/schemas/``), and those components; empty if none is declared."""
+    declared = [t for t in (input_type, output_type) if t is not None]
+    if not declared:
+        return {}
+    template = "#/components/schemas/{name}"
+    found, components = msgspec.json.schema_components(declared, ref_template=template)
+    found = list(found)
+    result = {}
+    if input_type is not None:
+        result["input_schema"] = msgspec.json.encode(found.pop(0)).decode()
+    if output_type is not None:
+        result["output_schema"] = msgspec.json.encode(found.pop(0)).decode()
+    result["schema_components"] = msgspec.json.encode(components).decode()
+    return result

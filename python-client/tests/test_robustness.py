@@ -1,0 +1,305 @@
+"""The serve loop cannot be stopped by what it carries: it keeps reading while it writes (no
+deadlock with a batch sent ahead), nothing a hook raises ends it, and a spawned worker whose proxy
+is gone stops waiting for it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import msgpack
+import pytest
+
+import corral
+from corral import _protocol as protocol
+from corral.testing import FakeProxy, Result
+
+MIB = 1024 * 1024
+
+
+class Sized(corral.Worker):
+    """Each item is ``{"out": n, ...}``; the output is ``n`` bytes (the rest of the item is
+    padding that makes the batch large)."""
+
+    def forward(self, batch):
+        return [b"r" * item["out"] for item in batch]
+
+
+def batch_of(*payloads: object) -> dict:
+    jobs = [
+        {"id": bytes([n]) * 16, "timeout_ms": 60_000, "payload": msgpack.packb(p)}
+        for n, p in enumerate(payloads, start=1)
+    ]
+    return {"type": "batch", "jobs": jobs}
+
+
+# -- reading while writing ------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_a_large_results_frame_while_a_large_batch_arrives_does_not_deadlock():
+    """A results frame and a batch sent ahead, each many times a socket buffer, cross on one
+    socket pair, and the fake proxy reads nothing until its own write is done (as the proxy's
+    batch-ahead write did). A worker that stops reading while it writes blocks forever here."""
+    with FakeProxy(Sized()) as proxy:
+        proxy.send(batch_of({"out": 8 * MIB}))
+        # The worker is now writing 8 MiB of results that nobody reads yet.
+        proxy.send(batch_of({"out": 1, "pad": b"p" * 8 * MIB}))
+        first, second = proxy.receive(), proxy.receive()
+    assert [r["status"] for r in first["results"]] == ["ok"]
+    assert len(msgpack.unpackb(first["results"][0]["data"])) == 8 * MIB
+    assert msgpack.unpackb(second["results"][0]["data"]) == b"r"
+
+
+def test_a_close_after_a_batch_is_seen_after_that_batch_is_answered():
+    with FakeProxy(Sized()) as proxy:
+        proxy.send(batch_of({"out": 3}))
+        proxy.send(batch_of({"out": 4}))
+        proxy.half_close()
+        answers = [proxy.receive(), proxy.receive(), proxy.receive()]
+    assert [len(msgpack.unpackb(a["results"][0]["data"])) for a in answers[:2]] == [3, 4]
+    assert answers[2] is None
+    assert proxy.worker_error is None
+
+
+def test_a_broken_frame_after_a_batch_is_seen_after_that_batch_is_answered():
+    with FakeProxy(Sized()) as proxy:
+        proxy.send_raw(
+            protocol.encode_frame(batch_of({"out": 2})) + protocol.encode_frame({"type": "dance"})
+        )
+        answer = proxy.receive()
+        assert proxy.receive() is None
+    assert msgpack.unpackb(answer["results"][0]["data"]) == b"rr"
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
+
+
+def test_a_protocol_error_seen_by_the_serve_loop_ends_serve_while_the_proxy_stays():
+    """The proxy keeps the connection open after a batch the worker must refuse: ``serve`` still
+    returns (its reader does not keep it, or the socket, waiting)."""
+    with FakeProxy(Sized()) as proxy:
+        job = {"id": "not bytes", "timeout_ms": 1, "payload": b""}
+        proxy.send({"type": "batch", "jobs": [job]})
+        assert proxy.receive() is None
+        assert isinstance(proxy.worker_error, corral.ProtocolError)
+        assert not [t for t in threading.enumerate() if t.name.startswith("corral-reader")]
+
+
+def test_shutdown_behind_a_batch_answers_the_batch_then_stops():
+    with FakeProxy(Sized()) as proxy:
+        proxy.send(batch_of({"out": 1}))
+        proxy.send({"type": "shutdown", "message": "bye"})
+        assert proxy.receive()["type"] == "results"
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, SystemExit) and proxy.worker_error.code == 0
+
+
+# -- nothing a hook raises ends the loop ----------------------------------------------------
+
+
+class Hostile(corral.Worker):
+    """Raises what the item names, at the step it names: ``["pre" | "forward" | "post", what]``;
+    any other item is echoed."""
+
+    def preprocess(self, item):
+        self._raise(item, "pre")
+        return item
+
+    def forward(self, batch):
+        for item in batch:
+            self._raise(item, "forward")
+        return batch
+
+    def postprocess(self, output):
+        self._raise(output, "post")
+        return output
+
+    @staticmethod
+    def _raise(item, step):
+        if isinstance(item, list) and len(item) == 2 and item[0] == step:
+            raise RAISABLE[item[1]]()
+
+
+class Custom(BaseException):
+    pass
+
+
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text for you")
+
+
+RAISABLE = {
+    "surrogate": lambda: ValueError(os.fsdecode(b"bad name \xff.jpg")),
+    "lone": lambda: ValueError("half a pair \ud800"),
+    "invalid": lambda: corral.ValidationError("file \udcfe is not an image"),
+    "generator": GeneratorExit,
+    "custom": lambda: Custom("custom base exception"),
+    "unprintable": Unprintable,
+    "interrupt": KeyboardInterrupt,
+    "exit": lambda: SystemExit(3),
+}
+
+
+@pytest.mark.parametrize("step", ["pre", "forward", "post"])
+def test_a_message_with_lone_surrogates_is_sent_readable_and_the_worker_lives_on(step):
+    with FakeProxy(Hostile()) as proxy:
+        (bad,) = proxy.infer([[step, "surrogate"]])
+        (lone,) = proxy.infer([[step, "lone"]])
+        assert proxy.infer([1]) == [Result("ok", value=1)]
+    # The undecodable byte of an os.fsdecode'd name comes back as itself, escaped.
+    assert bad == Result("error", message="ValueError: bad name \\xff.jpg")
+    assert lone == Result("error", message="ValueError: half a pair \\ud800")
+
+
+def test_a_validation_error_with_a_surrogate_is_still_a_422():
+    with FakeProxy(Hostile()) as proxy:
+        (bad,) = proxy.infer([["pre", "invalid"]])
+    assert bad == Result("invalid", message="file \\xfe is not an image")
+
+
+@pytest.mark.parametrize("step", ["pre", "forward", "post"])
+@pytest.mark.parametrize("what", ["generator", "custom", "unprintable"])
+def test_base_exceptions_and_unprintable_errors_fail_their_items_only(step, what):
+    with FakeProxy(Hostile()) as proxy:
+        bad, good = proxy.infer([[step, what], "fine"])
+        assert proxy.infer(["again"]) == [Result("ok", value="again")]
+    assert bad.status == "error"
+    assert bad.message.startswith(type(RAISABLE[what]()).__name__)
+    if step == "forward":  # forward saw the whole batch
+        assert good == Result("error", message=bad.message)
+    else:
+        assert good == Result("ok", value="fine")
+
+
+@pytest.mark.parametrize("what", ["interrupt", "exit"])
+def test_keyboard_interrupt_and_system_exit_still_stop_the_worker(what):
+    with FakeProxy(Hostile()) as proxy:
+        proxy.send(batch_of(["forward", what]))
+        assert proxy.receive() is None
+    assert type(proxy.worker_error) is type(RAISABLE[what]())
+
+
+def test_an_unencodable_result_becomes_an_error_result_alone():
+    items = [
+        protocol.ok(b"a" * 16, b"\x01"),
+        {"id": b"b" * 16, "status": "ok", "data": object()},
+        protocol.error(b"c" * 16, "fine \udcff"),
+    ]
+    frame = protocol.encode_results(items)
+    decoded = protocol.decode_body(frame[4:])
+    assert decoded["results"][0] == items[0]
+    assert decoded["results"][1]["status"] == "error"
+    assert "could not be encoded" in decoded["results"][1]["message"]
+    assert decoded["results"][2] == protocol.error(b"c" * 16, "fine \\xff")
+
+
+def test_results_over_the_frame_limit_fail_alone_and_the_frame_stays_under_it():
+    items = [protocol.ok(bytes([n]) * 16, b"\xc4\xff" + b"x" * 255) for n in range(10)]
+    frame = protocol.encode_results(items, limit=1500)
+    decoded = protocol.decode_body(frame[4:])
+    assert len(frame) - 4 <= 1500
+    statuses = [r["status"] for r in decoded["results"]]
+    assert statuses[:3] == ["ok"] * 3 and set(statuses[3:]) == {"error"}
+    assert [r["id"] for r in decoded["results"]] == [r["id"] for r in items]
+    assert "too large" in decoded["results"][-1]["message"]
+
+
+# -- a spawned worker exits when its proxy is gone ------------------------------------------
+
+WORKER = """
+import corral
+
+class Echo(corral.Worker):
+    def forward(self, batch):
+        return batch
+
+Echo.run()
+"""
+
+
+def wait_until_waiting(stream) -> None:
+    """Read the worker's log until it says it is waiting for the proxy (its retry loop)."""
+    for line in stream:
+        if "waiting for the proxy" in line:
+            return
+    raise AssertionError("the worker exited before waiting for the proxy")
+
+
+def spawned_env(tmp_path, proxy_pid: int) -> dict[str, str]:
+    return {
+        **os.environ,
+        "CORRAL_WORKER_INDEX": "0",
+        "CORRAL_PROXY_PID": str(proxy_pid),
+        "CORRAL_SOCKET": str(tmp_path / "nobody-listens.sock"),
+    }
+
+
+@pytest.mark.timeout(60)
+def test_a_spawned_worker_waiting_to_connect_exits_once_its_proxy_is_gone(tmp_path):
+    proxy = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    worker = subprocess.Popen(
+        [sys.executable, "-c", WORKER],
+        env=spawned_env(tmp_path, proxy.pid),
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_until_waiting(worker.stderr)
+        proxy.kill()
+        proxy.wait()
+        assert worker.wait(timeout=30) == 0
+    finally:
+        for process in (worker, proxy):
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+        worker.stderr.close()
+
+
+SPAWNER = """
+import os, subprocess, sys
+env = {**os.environ, "CORRAL_PROXY_PID": str(os.getpid())}
+worker = subprocess.Popen([sys.executable, "-c", sys.argv[1]], env=env, stdin=subprocess.DEVNULL)
+print(worker.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_spawned_worker_exits_when_its_parent_proxy_dies_even_unreaped(tmp_path):
+    """The proxy is the worker's parent and stays a zombie (nobody reaps it while the test
+    waits), so only the change of parent tells the worker it is gone."""
+    env = spawned_env(tmp_path, 0)
+    parent = subprocess.Popen(
+        [sys.executable, "-c", SPAWNER, WORKER],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    worker_pid = int(parent.stdout.readline())
+    try:
+        wait_until_waiting(parent.stdout)
+        os.kill(parent.pid, signal.SIGKILL)
+        # The log pipe ends when the worker, the last process holding it, exits; the parent is
+        # reaped only after that.
+        remaining, _ = parent.communicate(timeout=30)
+    finally:
+        for pid in (worker_pid, parent.pid):
+            try:
+                os.kill(pid, signal.SIGKILL)  # only if the test failed: no orphan left behind
+            except ProcessLookupError:
+                pass
+        parent.wait()
+    assert "proxy" in remaining and "gone" in remaining
+
+
+def test_a_stage_name_from_an_undecodable_argument_still_makes_a_hello():
+    worker = Sized()
+    worker.stage = os.fsdecode(b"stage-\xff")  # as sys.argv holds a non-UTF-8 --stage
+    with FakeProxy(worker) as proxy:
+        assert proxy.hello["stage"] == "stage-\\xff"
