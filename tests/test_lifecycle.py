@@ -118,3 +118,38 @@ def test_a_stale_socket_from_a_dead_proxy_is_replaced(corral_factory, tmp_path):
         assert proxy.post("fresh").json()["echo"] == "fresh"
     finally:
         assert proxy.stop() == 0
+
+
+def test_a_live_socket_that_cannot_take_a_connection_now_is_never_deleted(tmp_path):
+    import socket as sockets
+    import subprocess
+
+    from conftest import BINARY
+
+    path = tmp_path / "corral.sock"
+    busy = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    busy.bind(str(path))
+    busy.listen(0)  # a live proxy that is slow to accept: its backlog fills up
+    queued = []
+    for _ in range(64):
+        client = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+        client.setblocking(False)
+        queued.append(client)
+        try:
+            client.connect(str(path))
+        except BlockingIOError:
+            break  # EAGAIN: what the next proxy's connect sees too
+    else:
+        raise AssertionError("the backlog never filled")
+    try:
+        started = subprocess.run(
+            [BINARY, "--listen", "127.0.0.1:0", "--socket", str(path)],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+        assert started.returncode != 0
+        assert "refusing to replace it" in started.stderr
+        assert path.exists()  # the live socket is still there for its workers
+    finally:
+        for client in queued:
+            client.close()
+        busy.close()

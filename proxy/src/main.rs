@@ -43,7 +43,8 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
-/// Completes on the first SIGINT or SIGTERM; a second one exits at once.
+/// Completes on the first SIGINT or SIGTERM; a second one exits at once, killing the spawned
+/// workers first (the orderly stop that would have ended them is cut short).
 async fn stop_signal() {
     let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
@@ -57,6 +58,7 @@ async fn stop_signal() {
             _ = int.recv() => {}
         }
         tracing::warn!("second signal: exiting now");
+        corral::supervisor::group::kill_all();
         std::process::exit(1);
     });
 }

@@ -4,10 +4,19 @@
 //! a capped exponential backoff, so a crash loop costs little and never takes the proxy down),
 //! kills and restarts a copy found hung, and stops them all when the proxy stops.
 //!
+//! Each worker runs in a process group of its own ([`group`]), which is what gets killed: a
+//! worker started through a wrapper (`sh -c`, `uv run`) dies with it. Spawned workers never
+//! outlive the proxy: the group is stopped at shutdown, killed on a hurried exit, and the spawned
+//! process gets a parent-death signal ([`spawner`]); workers are told the proxy's pid
+//! (`CORRAL_PROXY_PID`) to watch for themselves.
+//!
 //! Each worker's stdout and stderr reach Corral's own, line by line, prefixed `[worker N]` (or
-//! `[STAGE worker N]` for a stage other than `default`).
+//! `[STAGE worker N]` for a stage other than `default`) ([`output`]).
 
 pub mod affinity;
+pub mod group;
+pub mod output;
+mod spawner;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -16,7 +25,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -56,9 +64,10 @@ impl WorkerCommand {
     }
 }
 
-/// The worker processes this proxy runs, by pid: a connection that finds its worker hung asks
-/// for it to be killed (and so restarted) through here. Pids of processes this proxy did not
-/// spawn are never touched.
+/// The worker processes this proxy runs, by process group (the spawned pid): a connection that
+/// finds its worker hung asks for it to be killed (and so restarted) through here, naming the
+/// pid the worker announced, which is the spawned one or, through a wrapper, one in its group.
+/// Processes this proxy did not spawn are never touched.
 #[derive(Clone, Default)]
 pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 
@@ -70,9 +79,10 @@ struct SpawnedWorker {
 }
 
 impl Children {
-    /// Asks the supervisor to kill the worker with this pid; false if it is not ours.
+    /// Asks the supervisor to kill the worker with this pid (its whole process group); false if
+    /// it is not ours.
     pub fn kill(&self, pid: u32) -> bool {
-        match self.lock().get(&pid) {
+        match self.find(pid) {
             Some(child) => {
                 child.kill.cancel();
                 true
@@ -83,9 +93,19 @@ impl Children {
 
     /// Notes that the worker with this pid (if ours) connected: it is not crash-looping.
     pub fn connected(&self, pid: u32) {
-        if let Some(child) = self.lock().get(&pid) {
+        if let Some(child) = self.find(pid) {
             child.connected.store(true, Ordering::Relaxed);
         }
+    }
+
+    /// The spawned worker that `pid` is, or runs under: the spawned pid itself, else the group
+    /// `pid` belongs to (a process Corral spawned leads a group of its own).
+    fn find(&self, pid: u32) -> Option<SpawnedWorker> {
+        if let Some(child) = self.lock().get(&pid) {
+            return Some(child.clone());
+        }
+        let group = group::of(pid)?;
+        self.lock().get(&group).cloned()
     }
 
     fn register(&self, pid: u32) -> SpawnedWorker {
@@ -127,7 +147,7 @@ async fn supervise(
     let mut restarts = 0u64;
     loop {
         let started = tokio::time::Instant::now();
-        let mut child = match start(&command, index) {
+        let mut child = match start(&command, index).await {
             Ok(child) => child,
             Err(e) => {
                 error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, "could not start worker");
@@ -140,20 +160,23 @@ async fn supervise(
             }
         };
         let pid = child.id().unwrap_or_default();
+        group::register(pid);
         let registered = children.register(pid);
         info!(stage = %command.stage, worker = index, pid, restarts, "worker started");
         let status = tokio::select! {
             status = child.wait() => status.map(|s| s.to_string()),
             _ = registered.kill.cancelled() => {
-                let _ = child.kill().await;
-                Ok("killed: hung".to_string())
+                group::signal(pid, libc::SIGKILL);
+                child.wait().await.map(|_| "killed: hung".to_string())
             }
             _ = stop.cancelled() => {
-                stop_child(&mut child, index).await;
+                stop_child(&mut child, pid, &registered, index).await;
+                group::finish(pid);
                 children.forget(pid);
                 return;
             }
         };
+        group::finish(pid);
         children.forget(pid);
         restarts += 1;
         metrics().worker_restarts.inc();
@@ -175,7 +198,7 @@ async fn supervise(
     }
 }
 
-fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
+async fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
     let (program, args) = command.argv.split_first().expect("a worker command is never empty");
     let mut spawn = Command::new(program);
     spawn
@@ -183,35 +206,24 @@ fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
         .env("CORRAL_SOCKET", &command.socket)
         .env("CORRAL_STAGE", &command.stage)
         .env("CORRAL_WORKER_INDEX", index.to_string())
+        .env("CORRAL_PROXY_PID", std::process::id().to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    group::configure(&mut spawn);
     if let Some(&cpu) = command.cpus.get(index as usize) {
         affinity::pin(&mut spawn, cpu);
     }
-    let mut child = spawn.spawn()?;
+    let mut child = spawner::spawn(spawn).await?;
     let label = Arc::new(command.label(index));
     if let Some(out) = child.stdout.take() {
-        tokio::spawn(forward(out, label.clone(), false));
+        tokio::spawn(output::forward(out, label.clone(), false));
     }
     if let Some(err) = child.stderr.take() {
-        tokio::spawn(forward(err, label, true));
+        tokio::spawn(output::forward(err, label, true));
     }
     Ok(child)
-}
-
-/// Copies a worker's output to ours, one prefixed line at a time (whole lines, so that workers'
-/// output never interleaves mid-line); ends when the worker closes it.
-async fn forward(stream: impl AsyncRead + Unpin, label: Arc<String>, to_stderr: bool) {
-    let mut lines = BufReader::new(stream).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        if to_stderr {
-            eprintln!("[{label}] {line}");
-        } else {
-            println!("[{label}] {line}");
-        }
-    }
 }
 
 /// Sleeps for `delay` unless stopped first; true when stopped.
@@ -222,13 +234,18 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
     }
 }
 
-/// Lets a worker exit on its own after the proxy's `shutdown` message, then kills it.
-async fn stop_child(child: &mut Child, index: u32) {
+/// Lets a worker exit on its own after the proxy's `shutdown` message, then kills its group. A
+/// worker that never connected gets no such message: it is sent SIGTERM instead.
+async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index: u32) {
+    if !worker.connected.load(Ordering::Relaxed) {
+        group::signal(group, libc::SIGTERM);
+    }
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
         return;
     }
     warn!(worker = index, "worker did not exit after shutdown; killing it");
-    if let Err(e) = child.kill().await {
+    group::signal(group, libc::SIGKILL);
+    if let Err(e) = child.wait().await {
         warn!(worker = index, error = %e, "could not stop worker");
     }
 }

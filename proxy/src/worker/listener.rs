@@ -1,7 +1,8 @@
-//! The Unix socket workers connect to.
+//! The Unix socket workers connect to: created with its final permissions, a stale file from a
+//! dead proxy replaced, a live proxy's never touched, and removed at exit.
 
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use tokio::net::{UnixListener, UnixStream};
@@ -15,24 +16,115 @@ use crate::worker::connection;
 /// path that is not a socket at all is never deleted. The socket gets permissions `mode`
 /// (owner-only by default): whoever can connect sees every payload.
 pub async fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
-    if let Ok(metadata) = std::fs::symlink_metadata(path) {
-        if !metadata.file_type().is_socket() {
-            return Err(io::Error::new(
-                io::ErrorKind::AlreadyExists,
-                format!("{} exists and is not a socket; refusing to replace it", path.display()),
-            ));
-        }
-        if UnixStream::connect(path).await.is_ok() {
-            return Err(io::Error::new(
-                io::ErrorKind::AddrInUse,
-                format!("{} is in use by another process", path.display()),
-            ));
-        }
-        std::fs::remove_file(path)?;
+    clear_stale(path).await?;
+    let listener = publish(path, mode)?;
+    listener.set_nonblocking(true)?;
+    UnixListener::from_std(listener)
+}
+
+/// Removes a socket file nobody listens on any more. Only a refused connection proves that:
+/// any other failure (EAGAIN from a live proxy whose backlog is full, EACCES from a socket we
+/// may not use) leaves the file alone and refuses to start, as deleting a live proxy's socket
+/// would cut it off from its workers without a word.
+async fn clear_stale(path: &Path) -> io::Result<()> {
+    let Ok(metadata) = std::fs::symlink_metadata(path) else {
+        return Ok(());
+    };
+    if !metadata.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket; refusing to replace it", path.display()),
+        ));
     }
-    let listener = UnixListener::bind(path)?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))?;
-    Ok(listener)
+    match existing(UnixStream::connect(path).await.map(drop)) {
+        Existing::Live => Err(in_use(path)),
+        Existing::Gone => Ok(()),
+        Existing::Stale => match std::fs::remove_file(path) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        },
+        Existing::Unknown(e) => Err(io::Error::new(
+            e.kind(),
+            format!(
+                "{} exists and connecting to it failed ({e}), so it may belong to a live \
+                 process; refusing to replace it (remove it if nothing uses it)",
+                path.display()
+            ),
+        )),
+    }
+}
+
+/// What connecting to an existing socket file says about it.
+#[derive(Debug)]
+enum Existing {
+    /// Something listens on it.
+    Live,
+    /// Nothing listens on it: left behind by a process that died.
+    Stale,
+    /// It went away meanwhile.
+    Gone,
+    /// Cannot tell.
+    Unknown(io::Error),
+}
+
+fn existing(connect: io::Result<()>) -> Existing {
+    match connect {
+        Ok(()) => Existing::Live,
+        Err(e) if e.raw_os_error() == Some(libc::ECONNREFUSED) => Existing::Stale,
+        Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Existing::Gone,
+        Err(e) => Existing::Unknown(e),
+    }
+}
+
+/// Binds and listens in a private directory beside `path` (mode 0700: nobody else can reach a
+/// socket inside), sets the socket's mode, then links it into place. The file at `path` thus has
+/// its final mode from the moment it exists, whatever the umask, and the umask is never touched
+/// (it is process-wide, and the runtime's threads are already running). A hard link, not a
+/// rename, so that a file that appeared at `path` meanwhile is never replaced: that is a proxy
+/// starting at the same time, and the later one fails as `bind` would have.
+fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    // Short names: a socket path has to fit in 108 bytes, and this one is a little longer.
+    let private = parent.join(format!(".corral-{}", std::process::id()));
+    let staged = private.join("s");
+    make_private_dir(&private, &staged)?;
+    let published = std::os::unix::net::UnixListener::bind(&staged).and_then(|listener| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+        std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => in_use(path),
+            _ => e,
+        })?;
+        Ok(listener)
+    });
+    let _ = std::fs::remove_file(&staged);
+    let _ = std::fs::remove_dir(&private);
+    published
+}
+
+/// Creates the private directory, replacing one left empty (but for its socket) by a proxy
+/// with the same pid that was killed while binding — common in containers, where the pid
+/// repeats. A directory holding anything else is not ours to clear, and the error says so.
+fn make_private_dir(private: &Path, staged: &Path) -> io::Result<()> {
+    let create = || std::fs::DirBuilder::new().mode(0o700).create(private);
+    match create() {
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
+            let _ = std::fs::remove_file(staged);
+            std::fs::remove_dir(private)
+                .and_then(|()| create())
+                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", private.display())))
+        }
+        created => created,
+    }
+}
+
+fn in_use(path: &Path) -> io::Error {
+    io::Error::new(
+        io::ErrorKind::AddrInUse,
+        format!("{} is in use by another process", path.display()),
+    )
 }
 
 /// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`.
@@ -63,3 +155,6 @@ pub fn remove(path: &PathBuf) {
         }
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,175 @@
+//! A spawned worker's stdout and stderr, copied to Corral's own one prefixed line at a time.
+//!
+//! The pipe is read as bytes until the worker closes it, whatever it writes: text that is not
+//! UTF-8 is forwarded lossily (U+FFFD for each bad sequence) rather than ending the copy, because
+//! a pipe nobody reads any more breaks the worker (`BrokenPipeError`, or SIGPIPE for a worker in
+//! C++) at its next write. A line is at most [`MAX_LINE`] bytes: a longer run (a `\r` progress bar
+//! never ends its line) is cut into pieces, each forwarded with the prefix, so memory stays bounded
+//! whatever the worker prints.
+
+use std::io::Write;
+use std::sync::Arc;
+
+use tokio::io::{AsyncRead, AsyncReadExt};
+
+/// The longest piece forwarded as one line.
+pub const MAX_LINE: usize = 16 * 1024;
+/// How much is read from the pipe at once.
+const READ_CHUNK: usize = 64 * 1024;
+
+/// Copies a worker's output to ours until the worker closes it (end of file, or a read error).
+pub async fn forward(mut stream: impl AsyncRead + Unpin, label: Arc<String>, to_stderr: bool) {
+    let mut lines = Lines::new(MAX_LINE);
+    let mut chunk = vec![0; READ_CHUNK];
+    loop {
+        let read = match stream.read(&mut chunk).await {
+            Ok(0) | Err(_) => break,
+            Ok(read) => read,
+        };
+        lines.push(&chunk[..read], |line| emit(&label, line, to_stderr));
+    }
+    lines.finish(|line| emit(&label, line, to_stderr));
+}
+
+/// Writes one prefixed line. A write error (our own stdout closed, say) is ignored: the worker's
+/// pipe must still be drained, and `println!` would panic and end the copy instead.
+fn emit(label: &str, line: &[u8], to_stderr: bool) {
+    let text = String::from_utf8_lossy(line);
+    let _ = if to_stderr {
+        writeln!(std::io::stderr().lock(), "[{label}] {text}")
+    } else {
+        writeln!(std::io::stdout().lock(), "[{label}] {text}")
+    };
+}
+
+/// Splits bytes into lines of at most `max` bytes (without their `\n`, or `\r\n`), keeping only
+/// the unfinished line between pushes.
+pub struct Lines {
+    pending: Vec<u8>,
+    max: usize,
+}
+
+impl Lines {
+    pub fn new(max: usize) -> Self {
+        assert!(max >= 4, "a piece must hold at least one UTF-8 character");
+        Lines { pending: Vec::new(), max }
+    }
+
+    /// Adds bytes; calls `line` for every line they finish and every piece of `max` bytes.
+    pub fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&[u8])) {
+        while !bytes.is_empty() {
+            let room = self.max - self.pending.len();
+            let window = &bytes[..bytes.len().min(room)];
+            if let Some(end) = window.iter().position(|&b| b == b'\n') {
+                self.pending.extend_from_slice(&window[..end]);
+                if self.pending.last() == Some(&b'\r') {
+                    self.pending.pop();
+                }
+                line(&self.pending);
+                self.pending.clear();
+                bytes = &bytes[end + 1..];
+                continue;
+            }
+            self.pending.extend_from_slice(window);
+            bytes = &bytes[window.len()..];
+            if self.pending.len() == self.max {
+                // Cut before a character split by the limit, so that it reaches the next piece
+                // whole instead of as two replacement characters.
+                let cut = self.max - incomplete_tail(&self.pending);
+                line(&self.pending[..cut]);
+                self.pending.drain(..cut);
+            }
+        }
+    }
+
+    /// Forwards what is left after the last newline (output that ended without one).
+    pub fn finish(self, mut line: impl FnMut(&[u8])) {
+        if !self.pending.is_empty() {
+            line(&self.pending);
+        }
+    }
+}
+
+/// How many bytes at the end of `bytes` begin a UTF-8 character that is not complete yet (0 to 3).
+fn incomplete_tail(bytes: &[u8]) -> usize {
+    for back in 1..=bytes.len().min(3) {
+        let byte = bytes[bytes.len() - back];
+        if byte & 0b1100_0000 == 0b1000_0000 {
+            continue; // a continuation byte: the character began further back
+        }
+        let length = match byte {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => 1, // ASCII, or a byte that begins nothing: no character to keep whole
+        };
+        return if length > back { back } else { 0 };
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn split(max: usize, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
+        let mut out = Vec::new();
+        let mut lines = Lines::new(max);
+        for chunk in chunks {
+            lines.push(chunk, |line| out.push(line.to_vec()));
+        }
+        lines.finish(|line| out.push(line.to_vec()));
+        out
+    }
+
+    #[test]
+    fn lines_are_split_on_newlines_across_reads() {
+        let out = split(64, &[b"one\ntw", b"o\r\nthree", b"\n\nlast"]);
+        assert_eq!(out, [&b"one"[..], b"two", b"three", b"", b"last"]);
+    }
+
+    #[test]
+    fn a_line_longer_than_the_limit_is_cut_into_pieces() {
+        let out = split(8, &[b"0123456789abcdefXYZ", b"\nnext\n"]);
+        assert_eq!(out, [&b"01234567"[..], b"89abcdef", b"XYZ", b"next"]);
+    }
+
+    #[test]
+    fn output_without_any_newline_is_held_at_most_one_piece_at_a_time() {
+        let mut lines = Lines::new(16);
+        let mut pieces = 0;
+        for _ in 0..10_000 {
+            lines.push(b"progress 42%\r", |line| {
+                assert_eq!(line.len(), 16);
+                pieces += 1;
+            });
+            assert!(lines.pending.len() < 16);
+            assert!(lines.pending.capacity() <= 32, "the buffer grew");
+        }
+        assert_eq!(pieces, 10_000 * 13 / 16);
+    }
+
+    #[test]
+    fn invalid_utf8_is_passed_on_as_bytes() {
+        let out = split(64, &[b"ok \xff\xfe bad\n", b"after\n"]);
+        assert_eq!(out, [&b"ok \xff\xfe bad"[..], b"after"]);
+        assert_eq!(String::from_utf8_lossy(&out[0]), "ok \u{fffd}\u{fffd} bad");
+    }
+
+    #[test]
+    fn a_character_split_by_the_limit_moves_whole_to_the_next_piece() {
+        // Seven bytes of "a", then "€" (3 bytes): the limit of 8 falls inside the "€".
+        let out = split(8, &["aaaaaaa€z".as_bytes()]);
+        assert_eq!(out, ["aaaaaaa".as_bytes(), "€z".as_bytes()]);
+        // A two-byte "é" that ends exactly at the limit stays where it is.
+        let out = split(8, &["aaaaaaéz".as_bytes()]);
+        assert_eq!(out, ["aaaaaaé".as_bytes(), b"z"]);
+        assert!(out.iter().all(|piece| std::str::from_utf8(piece).is_ok()));
+    }
+
+    #[test]
+    fn bytes_that_begin_no_character_are_cut_at_the_limit() {
+        let out = split(4, &[b"\xff\xff\xff\xff\xff\n"]);
+        assert_eq!(out, [&b"\xff\xff\xff\xff"[..], b"\xff"]);
+    }
+}

@@ -1,0 +1,123 @@
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+
+use super::*;
+
+/// A fresh directory for one test (removed when dropped).
+struct Scratch(PathBuf);
+
+impl Scratch {
+    fn new(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("corral-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir(&dir).unwrap();
+        Scratch(dir)
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn os_error(code: i32) -> io::Result<()> {
+    Err(io::Error::from_raw_os_error(code))
+}
+
+#[test]
+fn only_a_refused_connection_makes_a_socket_file_stale() {
+    assert!(matches!(existing(Ok(())), Existing::Live));
+    assert!(matches!(existing(os_error(libc::ECONNREFUSED)), Existing::Stale));
+    assert!(matches!(existing(os_error(libc::ENOENT)), Existing::Gone));
+    // A live proxy whose backlog is full, a socket we may not use, anything else: cannot tell.
+    for code in [libc::EAGAIN, libc::EACCES, libc::EPERM, libc::ETIMEDOUT] {
+        assert!(matches!(existing(os_error(code)), Existing::Unknown(_)), "errno {code}");
+    }
+}
+
+/// Watches `dir` for entries created, moved in, or whose metadata changes (IN_ATTRIB: a chmod).
+fn watch(dir: &Path) -> libc::c_int {
+    let path = CString::new(dir.as_os_str().as_bytes()).unwrap();
+    // SAFETY: plain system calls; `path` outlives them.
+    unsafe {
+        let fd = libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC);
+        assert!(fd >= 0);
+        let mask = libc::IN_CREATE | libc::IN_ATTRIB | libc::IN_MOVED_TO;
+        assert!(libc::inotify_add_watch(fd, path.as_ptr(), mask) >= 0);
+        fd
+    }
+}
+
+/// The events queued on `fd` for entries named `name`, in order.
+fn events_for(fd: libc::c_int, name: &str) -> Vec<u32> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    // SAFETY: the kernel writes at most the buffer's length.
+    let read = unsafe { libc::read(fd, buffer.as_mut_ptr().cast(), buffer.len()) };
+    // SAFETY: closing the descriptor `watch` opened.
+    unsafe { libc::close(fd) };
+    let read = usize::try_from(read).unwrap_or(0);
+    let header = std::mem::size_of::<libc::inotify_event>();
+    let (mut at, mut masks) = (0, Vec::new());
+    while at + header <= read {
+        // SAFETY: the kernel wrote a whole event header here; read_unaligned copes with alignment.
+        let event: libc::inotify_event =
+            unsafe { std::ptr::read_unaligned(buffer[at..].as_ptr().cast()) };
+        let raw = &buffer[at + header..at + header + event.len as usize];
+        let entry = raw.split(|&b| b == 0).next().unwrap_or_default();
+        if entry == name.as_bytes() {
+            masks.push(event.mask);
+        }
+        at += header + event.len as usize;
+    }
+    masks
+}
+
+#[tokio::test]
+async fn the_socket_appears_with_its_final_mode_and_is_never_changed_in_place() {
+    let scratch = Scratch::new("mode");
+    let path = scratch.0.join("corral.sock");
+    let events = watch(&scratch.0);
+    let _listener = bind(&path, 0o600).await.unwrap();
+    // Created once (linked into place) and never chmodded there: it never had another mode.
+    assert_eq!(events_for(events, "corral.sock"), [libc::IN_CREATE]);
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    // And nothing is left beside it.
+    let names: Vec<_> =
+        std::fs::read_dir(&scratch.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(names, ["corral.sock"]);
+    UnixStream::connect(&path).await.expect("it listens");
+}
+
+#[tokio::test]
+async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
+    let scratch = Scratch::new("stale");
+    let path = scratch.0.join("corral.sock");
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap()); // the file stays, nobody listens
+    let live = bind(&path, 0o600).await.expect("a stale socket is replaced");
+    let again = bind(&path, 0o600).await.expect_err("a live socket is never replaced");
+    assert_eq!(again.kind(), io::ErrorKind::AddrInUse);
+    drop(live);
+}
+
+#[tokio::test]
+async fn a_private_directory_left_by_a_killed_proxy_with_our_pid_is_replaced() {
+    let scratch = Scratch::new("leftover");
+    let private = scratch.0.join(format!(".corral-{}", std::process::id()));
+    std::fs::create_dir(&private).unwrap();
+    drop(std::os::unix::net::UnixListener::bind(private.join("s")).unwrap());
+    let path = scratch.0.join("corral.sock");
+    let _listener = bind(&path, 0o600).await.unwrap();
+    assert!(!private.exists());
+}
+
+#[tokio::test]
+async fn a_file_that_appears_while_binding_is_never_replaced() {
+    let scratch = Scratch::new("race");
+    let path = scratch.0.join("corral.sock");
+    std::fs::write(&path, b"not ours").unwrap();
+    // As if it appeared after the stale check: publishing must not replace it.
+    let refused = publish(&path, 0o600).expect_err("an existing file is never replaced");
+    assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
+    assert_eq!(std::fs::read(&path).unwrap(), b"not ours");
+}

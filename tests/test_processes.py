@@ -1,0 +1,147 @@
+"""Spawned worker processes: their output reaches Corral's log whatever they write, a hung one is
+killed even when started through a wrapper, and none outlives the proxy."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from conftest import ROOT, SCRIPTED, Corral
+from test_failures import received
+
+NOISY = str(ROOT / "tests" / "workers" / "noisy.py")
+
+
+def peak_rss_kib(pid: int) -> int:
+    """The most memory the process has held at once (VmHWM), so a buffer freed since counts."""
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+
+
+def gone(pid: int) -> bool:
+    """True once the process has exited (a zombie nobody reaped yet counts as exited)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return True
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def test_output_that_is_not_utf8_is_forwarded_and_the_worker_keeps_serving(corral_factory):
+    proxy = corral_factory(worker=NOISY)
+    bad = proxy.post({"print_hex": b"before \xff\xfe after\n".hex()})
+    assert bad.status_code == 200
+    proxy.wait_for_log(r"^\[worker 0\] before \ufffd\ufffd after$")
+    # The pipe is still read: the worker's later writes succeed and reach the log.
+    for n in range(3):
+        later = proxy.post({"print_hex": f"still here {n}\n".encode().hex()})
+        assert later.status_code == 200
+        proxy.wait_for_log(rf"^\[worker 0\] still here {n}$")
+
+
+def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral_factory):
+    proxy = corral_factory(worker=NOISY)
+    assert proxy.post("warm").status_code == 200
+    before = peak_rss_kib(proxy.proc.pid)
+    size = 50 * 1024 * 1024
+    answer = proxy.post({"print_run": size})
+    assert answer.status_code == 200
+    proxy.post({"print_hex": b"\ndone\n".hex()})
+    proxy.wait_for_log(r"^\[worker 0\] done$")
+    grown = peak_rss_kib(proxy.proc.pid) - before
+    assert grown < 8 * 1024, f"peak RSS grew {grown} KiB forwarding {size >> 20} MiB in one line"
+    pieces = [line for line in proxy.lines if re.fullmatch(r"\[worker 0\] #+", line)]
+    assert sum(len(line) - len("[worker 0] ") for line in pieces) == size
+    assert max(len(line) for line in pieces) <= len("[worker 0] ") + 16 * 1024
+    assert proxy.post("after").json()["echo"] == "after"
+
+
+# A command that stays the parent of the worker (no exec), as `uv run` or `conda run` do.
+def wrapped(*argv: str) -> list[str]:
+    return ["sh", "-c", '"$@"; true', "wrapper", *argv]
+
+
+def test_a_hung_worker_started_through_a_wrapper_is_killed_and_replaced(corral_factory):
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--batch-timeout-ms=300", "--workers=1", "--",
+        *wrapped(sys.executable, SCRIPTED), worker=None,
+    )  # fmt: skip
+    spawned = re.search(r"pid\W+(\d+)", proxy.wait_for_log(r"worker started")).group(1)
+    announced = re.search(r"pid\W+(\d+)", proxy.wait_for_log(r"worker connected")).group(1)
+    assert spawned != announced  # the worker is the wrapper's child, not Corral's
+    response = proxy.post({"sleep_ms": 60_000})
+    # Hung once (its group killed, the job retried on the new worker), hung again: out of retries.
+    assert response.status_code == 500
+    assert response.json()["error"] == "worker_died"
+    proxy.wait_for_log(r"killed a hung worker", count=2)
+    proxy.wait_for_log(r"worker connected", count=3)
+    assert proxy.post("after").json()["echo"] == "after"
+
+
+# Starts, writes its pid to argv[1] and then waits forever without connecting, deaf to SIGTERM:
+# a worker still loading its model when the proxy goes.
+STUCK = """
+import os, signal, sys
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+with open(sys.argv[1] + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])
+while True:
+    signal.pause()
+"""
+
+
+def start_stuck(corral_factory, tmp_path, *argv_prefix: str) -> tuple[Corral, int]:
+    pidfile = tmp_path / "stuck.pid"
+    command = [*argv_prefix, sys.executable, "-c", STUCK, str(pidfile)]
+    proxy = corral_factory("--workers=1", "--", *command, worker=None)
+    proxy.wait_until(pidfile.exists, what="the worker to start")
+    return proxy, int(pidfile.read_text())
+
+
+def assert_gone(proxy: Corral, pid: int) -> None:
+    try:
+        proxy.wait_until(lambda: gone(pid), timeout=10, what=f"worker {pid} to exit")
+    finally:
+        if not gone(pid):
+            os.kill(pid, signal.SIGKILL)  # do not leave it behind for the next test
+
+
+def test_a_second_signal_kills_a_worker_that_has_not_connected(corral_factory, tmp_path):
+    proxy, worker = start_stuck(corral_factory, tmp_path)
+    proxy.proc.send_signal(signal.SIGTERM)
+    proxy.wait_for_log(r"shutting down")
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert proxy.proc.wait(timeout=30) == 1
+    assert_gone(proxy, worker)
+
+
+def test_a_second_signal_kills_the_whole_group_of_a_busy_wrapped_worker(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--workers=1", "--", *wrapped(sys.executable, SCRIPTED),
+        worker=None, env={"SCRIPTED_LOG": str(log)},
+    )  # fmt: skip
+    proxy.wait_for_log(r"worker connected")
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(proxy.post, {"sleep_ms": 60_000})
+        proxy.wait_until(lambda: received(log), what="the job in the worker")
+        [(worker, _)] = received(log, with_pid=True)  # the wrapper's child: only a group kill
+        # reaches it, as the parent-death signal reaches the wrapper alone
+        proxy.proc.send_signal(signal.SIGTERM)
+        proxy.wait_for_log(r"shutting down")
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(timeout=30) == 1
+        assert_gone(proxy, worker)
+        pending.exception()  # the connection went with the proxy
+
+
+def test_a_killed_proxy_takes_its_spawned_worker_with_it(corral_factory, tmp_path):
+    proxy, worker = start_stuck(corral_factory, tmp_path)
+    proxy.proc.kill()  # nothing runs in the proxy: the parent-death signal does it
+    proxy.proc.wait(timeout=30)
+    assert_gone(proxy, worker)
