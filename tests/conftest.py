@@ -32,7 +32,9 @@ class Corral:
         worker: str | None = SCRIPTED,
         workers: int = 1,
         env: dict[str, str] | None = None,
+        preexec_fn=None,
     ) -> None:
+        """`preexec_fn` runs in the child before `corral` starts (e.g. to set a resource limit)."""
         self.socket = tmp_path / "corral.sock"
         command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(self.socket), *args]
         if worker:
@@ -47,6 +49,7 @@ class Corral:
             text=True,
             env={**os.environ, "RUST_LOG": "info", **(env or {})},
             cwd=tmp_path,
+            preexec_fn=preexec_fn,
         )
         self._collector = threading.Thread(target=self._collect, daemon=True)
         self._collector.start()

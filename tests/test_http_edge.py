@@ -1,12 +1,18 @@
-"""The HTTP edge holds against hostile or careless clients: a slowloris is cut off, an idle
-keep-alive connection is closed on its own clock, oversized or overlong headers get 431, and
-connections past the cap get a clear 503 instead of a hang."""
+"""The HTTP edge holds against hostile or careless clients: a slowloris is cut off, and so is a
+client dribbling its body (408), an idle keep-alive connection is closed on its own clock,
+oversized or overlong headers get 431, and connections past the cap, or past what the open-file
+limit allows, get a clear 503 instead of a hang."""
 
 from __future__ import annotations
 
+import re
+import resource
 import socket
 import time
 from urllib.parse import urlparse
+
+import httpx
+import pytest
 
 
 def connect(proxy) -> socket.socket:
@@ -79,3 +85,69 @@ def test_connections_past_the_cap_get_503_and_are_closed(corral_factory):
     finally:
         for conn in held:
             conn.close()
+
+
+@pytest.mark.parametrize(
+    ("args", "headers"),
+    [
+        (["--body-read-timeout-ms=300"], b""),
+        # The job's deadline ends the wait for the body sooner than the flag.
+        ([], b"x-corral-timeout-ms: 300\r\n"),
+    ],
+    ids=["body-read-timeout", "deadline"],
+)
+def test_clients_dribbling_bodies_get_408_and_free_their_connections(corral_factory, args, headers):
+    proxy = corral_factory("--max-connections=2", *args)
+    proxy.client.close()  # its pooled connection would take a slot
+    slow = [connect(proxy), connect(proxy)]
+    try:
+        for conn in slow:
+            conn.sendall(
+                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 10\r\n" + headers + b"\r\n["  # ...1 byte of 10, then nothing
+            )
+        for conn in slow:
+            answer = read_all(conn)  # returns once the proxy closes the connection
+            assert answer.startswith(b"HTTP/1.1 408"), answer
+            assert b'"error":"body_timeout"' in answer
+            assert b"connection: close" in answer.lower()
+    finally:
+        for conn in slow:
+            conn.close()
+
+    # Their slots are free again: a normal client is served. (The proxy releases a slot just
+    # after closing its connection, so the first try may still find both taken.)
+    def served() -> bool:
+        with httpx.Client(base_url=proxy.url, timeout=20) as client:
+            response = client.post("/infer", json={"x": 1})
+        assert response.status_code in (200, 503), response.text
+        return response.status_code == 200
+
+    proxy.wait_until(served, what="a normal client to be served")
+
+
+def test_connections_past_the_open_file_limit_get_503_not_a_hang(corral_factory):
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+
+    proxy = corral_factory(worker=None, preexec_fn=low_limit)
+    proxy.client.close()
+    held = []
+    answers = []
+    try:
+        # More connections than the proxy can open files: each one either is served or is
+        # refused at once; none may wait for an answer that never comes (the socket timeout).
+        for _ in range(80):
+            conn = connect(proxy)
+            held.append(conn)
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            answers.append(conn.recv(65536))
+    finally:
+        for conn in held:
+            conn.close()
+    served = [a for a in answers if a.startswith(b"HTTP/1.1 200")]
+    refused = [a for a in answers[len(served) :] if a.startswith(b"HTTP/1.1 503")]
+    assert len(served) + len(refused) == len(answers), "served first, then refused"
+    assert all(b'"error":"too_many_connections"' in a for a in refused)
+    line = proxy.wait_for_log(r"open-file limit leaves room for")
+    assert len(served) == int(re.search(r"effective\W+(\d+)", line).group(1))

@@ -30,6 +30,10 @@ def send(proxy, body: bytes, content_type: str = "application/json", **headers):
         ("deep msgpack", b"\x91" * 1_000_000 + b"\xc0", "application/msgpack"),
         ("huge number", b"1e999999", "application/json"),
         ("invalid UTF-8", b'"\xff\xfe"', "application/json"),
+        ("invalid UTF-8 in a msgpack string", b"\xa2\xff\xfe", "application/msgpack"),
+        ("invalid UTF-8 in a msgpack map key", b"\x81\xa1\xc3\x01", "application/msgpack"),
+        ("integer beyond 64 bits", b"12345678901234567890123", "application/json"),
+        ("negative integer beyond 64 bits", b'{"id": -9223372036854775809}', "application/json"),
         ("empty JSON", b"", "application/json"),
         ("empty msgpack", b"", "application/msgpack"),
         ("msgpack with trailing bytes", b"\x01\x02", "application/msgpack"),
@@ -61,3 +65,29 @@ def test_a_body_shorter_than_its_content_length_is_400(proxy):
             answer += chunk
     assert answer == b"" or answer.startswith(b"HTTP/1.1 400")
     assert proxy.client.get("/healthz").status_code == 200
+
+
+def test_an_integer_beyond_64_bits_is_refused_with_the_reason(proxy):
+    response = send(proxy, b'{"id": 12345678901234567890123}')
+    assert response.status_code == 400
+    assert "64 bits" in response.json()["message"]
+
+
+def test_a_msgpack_string_that_is_not_utf8_is_refused_with_the_reason(proxy):
+    response = send(proxy, b"\x91\xa2\xff\xfe", "application/msgpack")
+    assert response.status_code == 400
+    assert "UTF-8" in response.json()["message"]
+
+
+def test_integers_within_64_bits_reach_the_worker_exactly(corral_factory):
+    proxy = corral_factory()
+    numbers = [18446744073709551615, -9223372036854775808, 9007199254740993]
+    body = b"[18446744073709551615, -9223372036854775808, 9007199254740993]"
+    response = send(proxy, body)
+    assert response.status_code == 200
+    assert response.json()["echo"] == numbers
+    # Raw bytes (msgpack bin) are not strings: they pass whatever they hold.
+    packed = b"\x81\xa4blob\xc4\x02\xff\xfe"
+    response = send(proxy, packed, "application/msgpack", accept="application/json")
+    assert response.status_code == 200, response.text
+    assert response.json()["echo"] == {"blob": [255, 254]}  # bytes, written as JSON

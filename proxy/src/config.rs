@@ -71,6 +71,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub queue_capacity: u32,
 
+    /// Payload bytes a stage's queue holds (default 1 GiB); a request that would pass it is shed
+    /// with 503 (`queue_full`). An empty queue takes any one request that passes the body limit.
+    #[arg(long, env = "CORRAL_QUEUE_CAPACITY_BYTES", default_value_t = 1 << 30,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub queue_capacity_bytes: u64,
+
     /// Request body limit in bytes (default 16 MiB).
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_body_bytes: usize,
@@ -90,6 +96,12 @@ pub struct Config {
     #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_ms: u64,
+
+    /// Time a client has to send a request's body, counted from the end of its headers; the
+    /// job's deadline ends it sooner. Past it: 408 (`body_timeout`) and the connection closed.
+    #[arg(long, env = "CORRAL_BODY_READ_TIMEOUT_MS", default_value_t = 30_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub body_read_timeout_ms: u64,
 
     /// How long a keep-alive connection may sit idle (no request in progress) before it is
     /// closed.
@@ -152,6 +164,10 @@ pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
 impl Config {
     pub fn batch_timeout(&self) -> Option<Duration> {
         (self.batch_timeout_ms > 0).then(|| Duration::from_millis(self.batch_timeout_ms))
+    }
+
+    pub fn body_read_timeout(&self) -> Duration {
+        Duration::from_millis(self.body_read_timeout_ms)
     }
 
     pub fn grace_period(&self) -> Duration {

@@ -10,6 +10,7 @@ pub mod openapi;
 pub mod routes;
 pub mod server;
 pub mod timeouts;
+pub mod validate;
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -25,6 +26,8 @@ pub struct App {
     /// Every stage, once, whichever routes share it.
     pub stages: Vec<Arc<Stage>>,
     pub max_body_bytes: usize,
+    /// Longest a request's body may take to arrive, from the request's start.
+    pub body_read_timeout: Duration,
     /// Times a job may be retried on another worker when its worker dies with it.
     pub retries: u32,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.

@@ -15,6 +15,7 @@
 //! - [`worker`]: the worker socket and one task per connected worker (protocol in
 //!   `corral-protocol`).
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
+//! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
 //! - [`run`]: wires these together and shuts them down in order.
 
@@ -22,6 +23,7 @@ pub mod config;
 pub mod http;
 pub mod job;
 pub mod metrics;
+pub mod open_files;
 pub mod pipeline;
 pub mod stage;
 pub mod supervisor;
@@ -54,6 +56,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let socket = absolute(&config.socket)?;
+    let workers: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
+    let max_connections =
+        open_files::connection_cap(config.max_connections as usize, workers as usize);
     let http_listener = TcpListener::bind(config.listen).await?;
     let worker_listener = worker::listener::bind(&socket, config.socket_mode).await?;
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
@@ -83,6 +88,7 @@ pub async fn run(
         routes,
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
+        body_read_timeout: config.body_read_timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),
     });
@@ -114,7 +120,7 @@ pub async fn run(
         config.grace_period(),
         expired.clone(),
         http::server::Limits {
-            max_connections: config.max_connections as usize,
+            max_connections,
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,
@@ -163,7 +169,9 @@ fn stage(spec: &StageSpec) -> Stage {
         workers = spec.workers,
         "stage"
     );
+    let capacity_bytes = usize::try_from(spec.queue_capacity_bytes).unwrap_or(usize::MAX);
     Stage::new(spec.name.clone(), settings, spec.queue_capacity as usize)
+        .with_capacity_bytes(capacity_bytes)
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

@@ -30,7 +30,7 @@ use returns::Returns;
 /// Why jobs were not admitted.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Shed {
-    /// The queue has no room for them under `--queue-capacity`.
+    /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`.
     QueueFull,
     /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
     DeadlineUnreachable { retry_after: Duration },
@@ -52,6 +52,8 @@ pub struct Stage {
     schemas: Mutex<Option<Schemas>>,
     settings: BatchSettings,
     capacity: usize,
+    /// Payload bytes the queue holds; an empty queue takes any one request.
+    capacity_bytes: usize,
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
@@ -169,9 +171,16 @@ impl Stage {
             schemas: Mutex::default(),
             settings,
             capacity,
+            capacity_bytes: usize::MAX,
             queue: Mutex::default(),
             arrivals: Notify::new(),
         }
+    }
+
+    /// Bounds the payload bytes queued (unbounded by default).
+    pub fn with_capacity_bytes(mut self, bytes: usize) -> Self {
+        self.capacity_bytes = bytes;
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -209,11 +218,18 @@ impl Stage {
             // overload this runs on every arrival, and the queue can be long.
             let due = queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY);
             let long = queue.jobs.len() > self.settings.max_batch_size;
-            if due && (long || queue.jobs.len() + count > self.capacity) {
+            let bytes: usize = jobs.iter().map(|job| job.payload.len()).sum();
+            // An empty queue takes any one request, so that a payload larger than the byte
+            // capacity (it passed the body limit) is served rather than shed forever.
+            let full = |queue: &Queue| {
+                queue.jobs.len() + count > self.capacity
+                    || (!queue.jobs.is_empty() && queue.bytes + bytes > self.capacity_bytes)
+            };
+            if due && (long || full(&queue)) {
                 queue.drop_dead(now, true);
                 queue.last_purge = Some(now);
             }
-            if queue.jobs.len() + count > self.capacity {
+            if full(&queue) {
                 return Err(Shed::QueueFull);
             }
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {

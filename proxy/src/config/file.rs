@@ -27,6 +27,7 @@ pub struct File {
     pub max_body_bytes: Option<usize>,
     pub max_connections: Option<u32>,
     pub header_read_timeout_ms: Option<u64>,
+    pub body_read_timeout_ms: Option<u64>,
     pub idle_timeout_ms: Option<u64>,
     pub max_header_bytes: Option<usize>,
     pub max_headers: Option<usize>,
@@ -39,6 +40,7 @@ pub struct File {
     pub worker_prefetch: Option<bool>,
     pub batch_timeout_ms: Option<u64>,
     pub queue_capacity: Option<u32>,
+    pub queue_capacity_bytes: Option<u64>,
     pub workers: Option<u32>,
 
     #[serde(default)]
@@ -64,6 +66,7 @@ pub struct StageFile {
     pub worker_prefetch: Option<bool>,
     pub batch_timeout_ms: Option<u64>,
     pub queue_capacity: Option<u32>,
+    pub queue_capacity_bytes: Option<u64>,
 }
 
 /// `[pipelines.NAME]`: stages a job goes through, in order.

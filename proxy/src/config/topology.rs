@@ -37,6 +37,8 @@ pub struct StageSpec {
     /// Longest a worker may hold a batch (None: the batch's latest deadline plus a margin).
     pub batch_timeout: Option<Duration>,
     pub queue_capacity: u32,
+    /// Payload bytes the queue holds (an empty queue takes any one request).
+    pub queue_capacity_bytes: u64,
     /// Worker command to spawn (empty: external workers connect on their own).
     pub command: Vec<String>,
     pub workers: u32,
@@ -94,6 +96,7 @@ pub fn single(config: &Config) -> Topology {
             worker_prefetch: config.worker_prefetch,
             batch_timeout: config.batch_timeout(),
             queue_capacity: config.queue_capacity,
+            queue_capacity_bytes: config.queue_capacity_bytes,
             command: config.worker_cmd.clone(),
             workers: config.workers,
             cpus: Vec::new(),
@@ -133,7 +136,8 @@ pub fn resolve(
     let f = &mut file;
     top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
     top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
-    top_level!(config, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);
+    top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
+    top_level!(config, f, explicit, max_headers, queue_capacity_bytes);
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     check_options(config)?;
@@ -267,6 +271,8 @@ fn stage_spec(
     in_range(&key("max_batch_size"), max_batch_size.into(), 1, 4096)?;
     let queue_capacity = pick!(queue_capacity);
     positive(&key("queue_capacity"), queue_capacity.into())?;
+    let queue_capacity_bytes = pick!(queue_capacity_bytes);
+    positive(&key("queue_capacity_bytes"), queue_capacity_bytes)?;
     let batch_timeout_ms = pick!(batch_timeout_ms);
 
     let command = match stage.command {
@@ -306,6 +312,7 @@ fn stage_spec(
         worker_prefetch: pick!(worker_prefetch),
         batch_timeout: (batch_timeout_ms > 0).then(|| Duration::from_millis(batch_timeout_ms)),
         queue_capacity,
+        queue_capacity_bytes,
         command,
         workers,
         cpus,
@@ -318,8 +325,10 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("workers", config.workers.into(), 1, 1024)?;
     positive("timeout_ms", config.timeout_ms)?;
     positive("queue_capacity", config.queue_capacity.into())?;
+    positive("queue_capacity_bytes", config.queue_capacity_bytes)?;
     positive("max_connections", config.max_connections.into())?;
     positive("header_read_timeout_ms", config.header_read_timeout_ms)?;
+    positive("body_read_timeout_ms", config.body_read_timeout_ms)?;
     positive("idle_timeout_ms", config.idle_timeout_ms)?;
     Ok(())
 }
@@ -417,6 +426,7 @@ mod tests {
         assert_eq!((decode.workers, decode.command.len()), (2, 2));
         assert!(model.command.is_empty(), "no command: external workers");
         assert_eq!(decode.queue_capacity, 1024, "the built-in default");
+        assert_eq!(decode.queue_capacity_bytes, 1 << 30, "the built-in default");
         let route = &topology.routes[0];
         assert_eq!(route.path, "/infer");
         assert_eq!(route.stages, ["decode", "model"]);
@@ -444,6 +454,7 @@ mod tests {
             "max_body_bytes",
             "max_connections",
             "header_read_timeout_ms",
+            "body_read_timeout_ms",
             "idle_timeout_ms",
             "max_header_bytes",
             "max_headers",
@@ -454,6 +465,7 @@ mod tests {
             "worker_prefetch",
             "batch_timeout_ms",
             "queue_capacity",
+            "queue_capacity_bytes",
             "workers",
         ];
         for key in keys {

@@ -3,6 +3,8 @@
 //! (`{"error": "...", "message": "..."}`), whatever the request's format, so that every client
 //! can read them.
 
+use std::time::Duration;
+
 use http::StatusCode;
 
 use crate::job::Outcome;
@@ -19,11 +21,14 @@ pub struct ApiError {
     pub allow: Option<&'static str>,
     /// The failed elements of a multi-item request.
     pub items: Option<Vec<serde_json::Value>>,
+    /// Whether the connection is closed after the answer (`Connection: close`).
+    pub close: bool,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        Self { status, code, message: message.into(), retry_after: None, allow: None, items: None }
+        let message = message.into();
+        Self { status, code, message, retry_after: None, allow: None, items: None, close: false }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {
@@ -65,6 +70,15 @@ impl ApiError {
     pub fn deadline_exceeded() -> Self {
         let message = "the job's deadline passed before it was answered";
         Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
+    }
+
+    /// The body did not arrive in time (`--body-read-timeout-ms`, or the job's deadline).
+    pub fn body_timeout(allowed: Duration) -> Self {
+        let message = format!("the body did not arrive within {} ms", allowed.as_millis());
+        let mut error = Self::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", message);
+        // What is left of the body may still be on its way: the connection cannot be reused.
+        error.close = true;
+        error
     }
 
     pub fn queue_full() -> Self {

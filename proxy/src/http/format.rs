@@ -1,13 +1,14 @@
 //! Body formats: content negotiation and JSON ↔ msgpack transcoding.
 //!
 //! Workers always see msgpack: a JSON body is transcoded once at the edge (streamed through
-//! serde-transcode, no intermediate tree), a msgpack body is checked and passed on untouched.
-//! Results travel back the same way.
+//! serde-transcode, no intermediate tree) and dropped, a msgpack body is checked
+//! ([`super::validate`]) and passed on as the same buffer, so that a queued request holds one
+//! copy of its body. Results travel back the same way.
 
 use bytes::Bytes;
 use http::HeaderValue;
-use serde::de::IgnoredAny;
-use serde::Deserialize;
+
+use super::validate;
 
 /// A body format Corral speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -73,20 +74,25 @@ pub fn negotiate(accept: Option<&HeaderValue>, default: Format) -> Option<Format
     best.map(|(_, format)| format)
 }
 
-/// Turns a request body into one msgpack value, or says why it is malformed.
-pub fn to_msgpack(format: Format, body: &[u8]) -> Result<Bytes, String> {
+/// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
+/// back as itself (no copy); a JSON body is consumed, so that only its transcoding lives on.
+pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
     match format {
         Format::Json => {
             let mut out = Vec::with_capacity(body.len());
-            let mut de = serde_json::Deserializer::from_slice(body);
+            let mut de = serde_json::Deserializer::from_slice(&body);
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
                 .map_err(|e| format!("body is not valid JSON: {e}"))?;
             de.end().map_err(|e| format!("body is not valid JSON: {e}"))?;
+            validate::json_integers(&body)?;
+            // Numbers pack smaller than they are written, mostly, floats larger: the buffer
+            // sized by the JSON is rarely the right size, and a queued job would keep its slack.
+            out.shrink_to_fit();
             Ok(Bytes::from(out))
         }
         Format::Msgpack => {
-            check_msgpack(body).map_err(|e| format!("body is not valid msgpack: {e}"))?;
-            Ok(Bytes::copy_from_slice(body))
+            validate::msgpack(&body).map_err(|e| format!("body is not valid msgpack: {e}"))?;
+            Ok(body)
         }
     }
 }
@@ -118,22 +124,13 @@ pub fn msgpack_reader<R: std::io::Read>(
     de
 }
 
-/// Exactly one well-formed msgpack value, nothing after it.
-fn check_msgpack(body: &[u8]) -> Result<(), String> {
-    if body.is_empty() {
-        return Err("empty body".into());
-    }
-    let mut rest = body;
-    IgnoredAny::deserialize(&mut msgpack_reader(&mut rest)).map_err(|e| e.to_string())?;
-    if !rest.is_empty() {
-        return Err(format!("{} bytes after the value", rest.len()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn pack(format: Format, body: &[u8]) -> Result<Bytes, String> {
+        to_msgpack(format, Bytes::copy_from_slice(body))
+    }
 
     #[test]
     fn json_numbers_reach_the_worker_correctly_rounded() {
@@ -143,7 +140,7 @@ mod tests {
         for (text, bits) in
             [("4.4074073709595514e39", 0x4829e787910aa736_u64), ("0.1", 0x3fb999999999999a)]
         {
-            let payload = to_msgpack(Format::Json, text.as_bytes()).unwrap();
+            let payload = pack(Format::Json, text.as_bytes()).unwrap();
             let value: f64 = rmp_serde::from_slice(&payload).unwrap();
             assert_eq!(value.to_bits(), bits, "{text}");
         }
@@ -174,37 +171,62 @@ mod tests {
     #[test]
     fn json_round_trips_through_msgpack() {
         let body = br#"{"a": [1, -2, 3.5, "x", null, true]}"#;
-        let packed = to_msgpack(Format::Json, body).unwrap();
+        let packed = pack(Format::Json, body).unwrap();
         let back = from_msgpack(Format::Json, packed).unwrap();
         assert_eq!(&back[..], br#"{"a":[1,-2,3.5,"x",null,true]}"#);
     }
 
     #[test]
     fn malformed_bodies_are_refused() {
-        assert!(to_msgpack(Format::Json, b"{\"a\": ").is_err());
-        assert!(to_msgpack(Format::Json, b"1 2").is_err());
-        assert!(to_msgpack(Format::Json, b"").is_err());
-        assert!(to_msgpack(Format::Msgpack, &[0x92, 0x01]).is_err(), "truncated array");
-        assert!(to_msgpack(Format::Msgpack, &[0x01, 0x02]).is_err(), "trailing bytes");
-        assert!(to_msgpack(Format::Msgpack, &[]).is_err());
-        assert!(to_msgpack(Format::Msgpack, &[0xc1]).is_err(), "reserved byte");
-        assert!(to_msgpack(Format::Msgpack, &[0x92, 0x01, 0x02]).is_ok());
+        assert!(pack(Format::Json, b"{\"a\": ").is_err());
+        assert!(pack(Format::Json, b"1 2").is_err());
+        assert!(pack(Format::Json, b"").is_err());
+        assert!(pack(Format::Msgpack, &[0x92, 0x01]).is_err(), "truncated array");
+        assert!(pack(Format::Msgpack, &[0x01, 0x02]).is_err(), "trailing bytes");
+        assert!(pack(Format::Msgpack, &[]).is_err());
+        assert!(pack(Format::Msgpack, &[0xc1]).is_err(), "reserved byte");
+        assert!(pack(Format::Msgpack, &[0x92, 0x01, 0x02]).is_ok());
     }
 
     #[test]
     fn deep_msgpack_is_refused_not_overflowed() {
         let mut deep = vec![0x91u8; 1_000_000];
         deep.push(0xc0);
-        assert!(to_msgpack(Format::Msgpack, &deep).is_err());
+        assert!(pack(Format::Msgpack, &deep).is_err());
         assert!(from_msgpack(Format::Json, Bytes::from(deep)).is_err());
         let mut fine = vec![0x91u8; 100];
         fine.push(0xc0);
-        assert!(to_msgpack(Format::Msgpack, &fine).is_ok());
+        assert!(pack(Format::Msgpack, &fine).is_ok());
     }
 
     #[test]
     fn deep_json_is_refused_not_overflowed() {
         let deep = "[".repeat(100_000) + &"]".repeat(100_000);
-        assert!(to_msgpack(Format::Json, deep.as_bytes()).is_err());
+        assert!(pack(Format::Json, deep.as_bytes()).is_err());
+    }
+
+    #[test]
+    fn integers_stay_exact_or_are_refused() {
+        let body = b"[18446744073709551615, -9223372036854775808, 12345678901234567]";
+        let values: (u64, i64, u64) =
+            rmp_serde::from_slice(&pack(Format::Json, body).unwrap()).unwrap();
+        assert_eq!(values, (u64::MAX, i64::MIN, 12_345_678_901_234_567));
+        let error = pack(Format::Json, b"{\"id\": 12345678901234567890123}").unwrap_err();
+        assert!(error.contains("does not fit in 64 bits"), "{error}");
+        assert!(pack(Format::Json, b"1.2345678901234567890123e22").is_ok(), "a float stays one");
+    }
+
+    #[test]
+    fn msgpack_strings_must_be_utf8() {
+        let error = pack(Format::Msgpack, &[0xa2, 0xff, 0xfe]).unwrap_err();
+        assert!(error.contains("not valid UTF-8"), "{error}");
+        assert!(pack(Format::Msgpack, &[0xc4, 0x02, 0xff, 0xfe]).is_ok(), "bin is raw bytes");
+    }
+
+    #[test]
+    fn a_msgpack_body_is_passed_on_without_a_copy() {
+        let body = Bytes::from_static(&[0x92, 0x01, 0x02]);
+        let payload = to_msgpack(Format::Msgpack, body.clone()).unwrap();
+        assert_eq!(payload.as_ptr(), body.as_ptr());
     }
 }

@@ -46,11 +46,18 @@ pub async fn handle(
         format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?;
     let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
     let many = carries_many(headers)?;
-    let declared_too_large = declared_too_large(headers, app.max_body_bytes);
-
-    let body = read_body(request.into_body(), app.max_body_bytes, declared_too_large).await?;
-    let payload = format::to_msgpack(input, &body).map_err(ApiError::bad_request)?;
+    let declared = declared_length(headers);
     let deadline = arrived + timeout;
+
+    // No connection clock runs while a handler does (a slow body is not a slow head), so the
+    // body gets its own, ending at the job's deadline at the latest.
+    let read_by = deadline.min(arrived + app.body_read_timeout);
+    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by)
+        .await
+        .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
+    // one copy of its payload.
+    let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     if !many {
         check_payload_size(app, route, &payload)?;
         let outcome = run(app, route, vec![(id, payload)], arrived, deadline).await?;
@@ -144,13 +151,9 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
     }
 }
 
-/// A body whose declared length is over the limit: refused (413) before reading any of it.
-fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
-    let declared = headers
-        .get(CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok());
-    declared.is_some_and(|length| length > limit as u64)
+/// The body's length as its `Content-Length` declares it, if it does.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 
 /// After a 413 the rest of the body is read and thrown away, up to this much, so that a client
@@ -159,23 +162,37 @@ fn declared_too_large(headers: &HeaderMap, limit: usize) -> bool {
 const DRAIN_BYTES: usize = 4 * 1024 * 1024;
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
-/// Reads the body, stopping (413) as soon as it passes the limit rather than buffering it all.
-async fn read_body(mut body: Incoming, limit: usize, declared: bool) -> Result<Bytes, ApiError> {
-    if declared {
+/// Reads the body by `read_by` (`Err(None)` after it), stopping (413) as soon as it passes the
+/// limit rather than buffering it all. The buffer is sized once from a declared length; an undeclared one (chunked) grows by
+/// doubling and is trimmed at the end if much of it is slack, since a queued job keeps the whole
+/// allocation alive.
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    declared: Option<u64>,
+    read_by: Instant,
+) -> Result<Bytes, Option<ApiError>> {
+    let too_large = Some(ApiError::body_too_large(limit));
+    if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
-        return Err(ApiError::body_too_large(limit));
+        return Err(too_large);
     }
-    let mut buf = BytesMut::new();
-    while let Some(frame) = body.frame().await {
-        let frame =
-            frame.map_err(|e| ApiError::bad_request(format!("could not read the body: {e}")))?;
+    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    while let Some(frame) =
+        tokio::time::timeout_at(read_by, body.frame()).await.map_err(|_| None)?
+    {
+        let frame = frame
+            .map_err(|e| Some(ApiError::bad_request(format!("could not read the body: {e}"))))?;
         if let Ok(data) = frame.into_data() {
             if buf.len() + data.len() > limit {
                 drain(body).await;
-                return Err(ApiError::body_too_large(limit));
+                return Err(too_large);
             }
             buf.extend_from_slice(&data);
         }
+    }
+    if buf.capacity() - buf.len() > buf.len() / 8 {
+        return Ok(Bytes::copy_from_slice(&buf));
     }
     Ok(buf.freeze())
 }

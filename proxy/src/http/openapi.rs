@@ -12,7 +12,11 @@ use super::{App, Route};
 const INFER_ERRORS: &[(&str, &str)] = &[
     ("400", "Malformed body or header (`bad_request`)."),
     ("406", "Accept allows neither JSON nor msgpack (`not_acceptable`)."),
-    ("408", "The deadline passed, queued or in the worker (`deadline_exceeded`)."),
+    (
+        "408",
+        "The deadline passed, queued or in the worker (`deadline_exceeded`), or the body did not \
+         arrive in time (`body_timeout`).",
+    ),
     ("413", "Body or item too large, or too many items (`body_too_large`, `too_many_items`)."),
     ("415", "Content-Type is neither JSON nor msgpack (`unsupported_media_type`)."),
     ("422", "The worker rejected this input (`invalid_input`)."),

@@ -4,7 +4,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 use corral_protocol::JobId;
-use http::header::{ALLOW, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::Full;
 use hyper::body::Incoming;
@@ -149,6 +149,11 @@ fn error_response(error: ApiError) -> Response<Full<Bytes>> {
     }
     if let Some(allow) = error.allow {
         headers.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if error.close {
+        // hyper closes an HTTP/1.1 connection after an answer that says so (HTTP/2 has no such
+        // header; hyper drops it there, and the stream alone ends).
+        headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
 }

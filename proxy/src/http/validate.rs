@@ -1,0 +1,264 @@
+//! What a body must be, beyond what its parser checks, before it becomes a job: the edge answers
+//! 400 for it rather than let a worker find out (422) or a value change on the way.
+//!
+//! - A msgpack body is walked marker by marker (no recursion, no allocation beyond one counter
+//!   per open container): exactly one value, nesting within [`MAX_DEPTH`], no reserved byte, and
+//!   every `str` valid UTF-8. Decoders built on serde cannot check the last: they hand an invalid
+//!   string to their visitor as bytes, exactly as they hand a `bin`.
+//! - A JSON body's integers must fit in 64 bits (`i64` or `u64`), the widest integers msgpack
+//!   has. serde_json would read a longer one as the nearest `f64`, and the worker would get
+//!   another number than the client sent.
+
+use super::format::MAX_DEPTH;
+
+/// Checks that `body` is exactly one well-formed msgpack value whose strings are all UTF-8.
+pub fn msgpack(body: &[u8]) -> Result<(), String> {
+    if body.is_empty() {
+        return Err("empty body".into());
+    }
+    let mut reader = Reader { body, at: 0 };
+    // Values still to read in each open container; the body itself is a container of one.
+    let mut pending: Vec<u64> = vec![1];
+    while let Some(left) = pending.last_mut() {
+        if *left == 0 {
+            pending.pop();
+            continue;
+        }
+        *left -= 1;
+        let at = reader.at;
+        let opened = match reader.byte()? {
+            0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff => None,
+            marker @ 0x80..=0x8f => Some(2 * u64::from(marker & 0x0f)),
+            marker @ 0x90..=0x9f => Some(u64::from(marker & 0x0f)),
+            marker @ 0xa0..=0xbf => {
+                reader.string(usize::from(marker & 0x1f), at)?;
+                None
+            }
+            0xc1 => return Err(format!("byte {at}: 0xc1 is never used in msgpack")),
+            // bin 8, 16, 32
+            0xc4 => reader.skip_sized(1, 0)?,
+            0xc5 => reader.skip_sized(2, 0)?,
+            0xc6 => reader.skip_sized(4, 0)?,
+            // ext 8, 16, 32: a length, a type byte, the data
+            0xc7 => reader.skip_sized(1, 1)?,
+            0xc8 => reader.skip_sized(2, 1)?,
+            0xc9 => reader.skip_sized(4, 1)?,
+            // float 32, 64; uint 8..64; int 8..64
+            0xca | 0xce | 0xd2 => reader.skip(4)?,
+            0xcb | 0xcf | 0xd3 => reader.skip(8)?,
+            0xcc | 0xd0 => reader.skip(1)?,
+            0xcd | 0xd1 => reader.skip(2)?,
+            // fixext 1, 2, 4, 8, 16: a type byte, the data
+            0xd4 => reader.skip(2)?,
+            0xd5 => reader.skip(3)?,
+            0xd6 => reader.skip(5)?,
+            0xd7 => reader.skip(9)?,
+            0xd8 => reader.skip(17)?,
+            // str 8, 16, 32
+            0xd9 => reader.sized_string(1, at)?,
+            0xda => reader.sized_string(2, at)?,
+            0xdb => reader.sized_string(4, at)?,
+            // array 16, 32; map 16, 32
+            0xdc => Some(reader.length(2)?),
+            0xdd => Some(reader.length(4)?),
+            0xde => Some(2 * reader.length(2)?),
+            0xdf => Some(2 * reader.length(4)?),
+        };
+        if let Some(values) = opened {
+            // `pending` holds the body's own level besides the containers.
+            if pending.len() > MAX_DEPTH {
+                return Err(format!("byte {at}: nested deeper than {MAX_DEPTH} levels"));
+            }
+            pending.push(values);
+        }
+    }
+    match body.len() - reader.at {
+        0 => Ok(()),
+        rest => Err(format!("{rest} bytes after the value")),
+    }
+}
+
+/// A cursor over a msgpack body; every read says where the body ended too early.
+struct Reader<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.body.len());
+        let Some(end) = end else {
+            return Err(format!("truncated: {n} more bytes expected at byte {}", self.at));
+        };
+        let taken = &self.body[self.at..end];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn skip(&mut self, n: usize) -> Result<Option<u64>, String> {
+        self.take(n)?;
+        Ok(None)
+    }
+
+    /// A big-endian length of `width` bytes.
+    fn length(&mut self, width: usize) -> Result<u64, String> {
+        Ok(self.take(width)?.iter().fold(0, |n, &b| n << 8 | u64::from(b)))
+    }
+
+    /// Skips a length-prefixed value (`extra` bytes sit between the length and the data).
+    fn skip_sized(&mut self, width: usize, extra: usize) -> Result<Option<u64>, String> {
+        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
+        self.skip(length.saturating_add(extra))
+    }
+
+    fn string(&mut self, length: usize, at: usize) -> Result<(), String> {
+        let text = self.take(length)?;
+        std::str::from_utf8(text).map(drop).map_err(|e| {
+            format!(
+                "the string at byte {at} is not valid UTF-8 ({e}); send raw bytes as bin, not str"
+            )
+        })
+    }
+
+    fn sized_string(&mut self, width: usize, at: usize) -> Result<Option<u64>, String> {
+        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
+        self.string(length, at)?;
+        Ok(None)
+    }
+}
+
+/// Checks that every integer in a JSON text (one that serde_json accepted) fits in `i64` or
+/// `u64`. Numbers with a fraction or an exponent are floats, and stay so.
+pub fn json_integers(json: &[u8]) -> Result<(), String> {
+    let mut at = 0;
+    while let Some(&byte) = json.get(at) {
+        match byte {
+            b'"' => at = string_end(json, at + 1),
+            b'-' | b'0'..=b'9' => {
+                let start = at;
+                while json.get(at).is_some_and(|b| b"0123456789+-.eE".contains(b)) {
+                    at += 1;
+                }
+                check_integer(&json[start..at])?;
+            }
+            // Outside strings, the letters of true, false and null are the only other tokens
+            // with an `e`; none starts a number.
+            _ => at += 1,
+        }
+    }
+    Ok(())
+}
+
+/// The index just past the closing quote of the string whose text starts at `at`.
+fn string_end(json: &[u8], mut at: usize) -> usize {
+    while let Some(offset) =
+        json[at.min(json.len())..].iter().position(|&b| b == b'"' || b == b'\\')
+    {
+        at += offset;
+        if json[at] == b'"' {
+            return at + 1;
+        }
+        at += 2; // a backslash and the character it escapes (in \uXXXX, the `u`)
+    }
+    json.len()
+}
+
+fn check_integer(number: &[u8]) -> Result<(), String> {
+    let digits = number.strip_prefix(b"-").unwrap_or(number);
+    // 18 digits always fit; only longer integers need parsing.
+    if digits.len() <= 18 || number.iter().any(|b| b".eE".contains(b)) {
+        return Ok(());
+    }
+    let text = std::str::from_utf8(number).expect("the bytes of a JSON number are ASCII");
+    let fits =
+        if number[0] == b'-' { text.parse::<i64>().is_ok() } else { text.parse::<u64>().is_ok() };
+    if fits {
+        return Ok(());
+    }
+    let shown = if text.len() > 40 { format!("{}…", &text[..40]) } else { text.to_string() };
+    Err(format!(
+        "the integer {shown} does not fit in 64 bits, the widest integer msgpack (what workers \
+         receive) has; send it as a string, or as a float (with a fraction or an exponent) if \
+         rounding is acceptable"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(value: serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec(&value).unwrap()
+    }
+
+    #[test]
+    fn accepts_every_kind_of_msgpack_value() {
+        let value = serde_json::json!({
+            "s": "héllo", "long": "x".repeat(300), "n": [0, -1, 200, -200, 70000, -70000,
+            5_000_000_000_u64, -5_000_000_000_i64, u64::MAX, 0.5], "t": true, "f": false,
+            "z": null, "nested": [[[]], {}],
+        });
+        assert_eq!(msgpack(&packed(value)), Ok(()));
+        let bin = [&[0xc5, 0x01, 0x2c][..], &[0xff; 300]].concat();
+        assert_eq!(msgpack(&bin), Ok(()), "bin 16 holds any bytes");
+        for ext in [&[0xd4, 0x01, 0xff][..], &[0xc7, 0x02, 0x05, 0xff, 0xfe]] {
+            assert_eq!(msgpack(ext), Ok(()), "{ext:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_a_string_that_is_not_utf8() {
+        let error = msgpack(&[0x91, 0xa2, 0xff, 0xfe]).unwrap_err();
+        assert!(error.contains("byte 1 is not valid UTF-8"), "{error}");
+        assert!(msgpack(&[0xd9, 0x01, 0x80]).is_err(), "str 8");
+        assert!(msgpack(&[0x81, 0xa1, 0xc3, 0x01]).is_err(), "a map key");
+    }
+
+    #[test]
+    fn refuses_what_is_not_one_whole_value() {
+        assert!(msgpack(&[]).is_err());
+        assert!(msgpack(&[0x92, 0x01]).unwrap_err().starts_with("truncated"));
+        assert!(msgpack(&[0xdd, 0xff, 0xff, 0xff, 0xff]).is_err(), "a huge array, no elements");
+        assert!(msgpack(&[0xc6, 0xff, 0xff, 0xff, 0xff]).is_err(), "a huge bin, no data");
+        assert_eq!(msgpack(&[0x01, 0x02]).unwrap_err(), "1 bytes after the value");
+        assert!(msgpack(&[0xc1]).is_err());
+    }
+
+    #[test]
+    fn bounds_nesting() {
+        let nested = |depth: usize| [vec![0x91; depth], vec![0xc0]].concat();
+        assert_eq!(msgpack(&nested(MAX_DEPTH)), Ok(()));
+        assert!(msgpack(&nested(MAX_DEPTH + 1)).unwrap_err().contains("nested deeper"));
+        assert!(msgpack(&nested(1_000_000)).is_err());
+    }
+
+    #[test]
+    fn integers_within_64_bits_pass() {
+        let body = br#"[0, -0, 18446744073709551615, -9223372036854775808, 1e400, 1.5,
+            123456789012345678901234567890.0, 1E+30, true, false, null, {"e": -1}]"#;
+        assert_eq!(json_integers(body), Ok(()));
+    }
+
+    #[test]
+    fn integers_beyond_64_bits_are_refused() {
+        for body in [
+            &b"12345678901234567890123"[..],
+            b"18446744073709551616",
+            b"[1, {\"a\": -9223372036854775809}]",
+        ] {
+            let error = json_integers(body).unwrap_err();
+            assert!(error.contains("does not fit in 64 bits"), "{error}");
+        }
+    }
+
+    #[test]
+    fn digits_inside_strings_are_text() {
+        let body = br#"["12345678901234567890123", "a \" 99999999999999999999999", "\\"]"#;
+        assert_eq!(json_integers(body), Ok(()));
+        assert!(json_integers(br#"["\\", 99999999999999999999999]"#).is_err());
+    }
+}

@@ -1,0 +1,97 @@
+//! The process's open-file limit and the HTTP connection cap it allows.
+//!
+//! Every HTTP connection is a file descriptor. If the cap on connections (`--max-connections`,
+//! 10 000 by default) is above what the process may open (a soft `RLIMIT_NOFILE` of 1024 is
+//! common), `accept` fails with EMFILE once the descriptors run out, and the clients beyond wait
+//! in the kernel's backlog with no answer, instead of getting the documented 503. So at start the
+//! soft limit is raised to the hard one (allowed without privileges), and the effective cap is
+//! kept below the limit, with room left for what else the process opens: its listeners, the
+//! runtime's own descriptors, each worker's socket and output pipes, and connections being
+//! refused (each holds a descriptor while its 503 is written).
+
+use tracing::{info, warn};
+
+/// Descriptors kept for the process itself beyond the workers' (listeners, runtime, signals,
+/// stdio, config and `/proc` reads, and refusals under way).
+const RESERVED: u64 = 64;
+/// Descriptors per worker: its socket, the stdout and stderr pipes of a spawned one, the handle
+/// the supervisor waits on.
+const PER_WORKER: u64 = 4;
+
+/// Raises the soft open-file limit as far as the process may and returns the cap on HTTP
+/// connections it leaves room for: `requested` or less (logged when less).
+pub fn connection_cap(requested: usize, workers: usize) -> usize {
+    let Some(limit) = raise_soft_limit() else {
+        return requested;
+    };
+    let cap = cap_under(limit, workers as u64).min(requested as u64) as usize;
+    if cap < requested {
+        warn!(
+            max_connections = requested,
+            open_file_limit = limit,
+            effective = cap,
+            "--max-connections is more than the open-file limit leaves room for; connections \
+             past the effective cap are answered 503 (raise the hard limit, e.g. `ulimit -Hn`, \
+             to allow more)"
+        );
+    }
+    cap
+}
+
+/// The connections a process with `limit` descriptors can hold besides its own and its
+/// workers'. Under a tiny limit, at most half of it goes to the reserve.
+fn cap_under(limit: u64, workers: u64) -> u64 {
+    let reserve = (RESERVED + PER_WORKER * workers).min(limit / 2);
+    limit.saturating_sub(reserve).max(1)
+}
+
+/// Sets the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in force after, or
+/// None if it cannot be read (or is unlimited).
+fn raise_soft_limit() -> Option<u64> {
+    let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes into the struct it is given, which lives for the call.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) } != 0 {
+        warn!(error = %std::io::Error::last_os_error(), "cannot read the open-file limit");
+        return None;
+    }
+    let hard = if limit.rlim_max == libc::RLIM_INFINITY {
+        // An unlimited hard limit still stops at the kernel's per-process maximum.
+        match std::fs::read_to_string("/proc/sys/fs/nr_open")
+            .ok()
+            .and_then(|t| t.trim().parse().ok())
+        {
+            Some(most) => most,
+            None => return (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur),
+        }
+    } else {
+        limit.rlim_max
+    };
+    if limit.rlim_cur < hard {
+        let raised = libc::rlimit { rlim_cur: hard, rlim_max: limit.rlim_max };
+        // SAFETY: setrlimit only reads the struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
+            info!(from = limit.rlim_cur, to = hard, "raised the open-file limit");
+            return Some(hard);
+        }
+        warn!(error = %std::io::Error::last_os_error(), "cannot raise the open-file limit");
+    }
+    (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_leaves_room_for_the_process_and_its_workers() {
+        assert_eq!(cap_under(1024, 1), 1024 - 64 - 4);
+        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - 32);
+        assert_eq!(cap_under(64, 1), 32, "a tiny limit: half of it");
+        assert_eq!(cap_under(1, 1), 1);
+    }
+
+    #[test]
+    fn the_cap_is_never_above_the_flag() {
+        assert_eq!(connection_cap(2, 1), 2);
+    }
+}

@@ -1,0 +1,86 @@
+"""Memory behind the edge is bounded: a stage's queue holds at most `--queue-capacity-bytes` of
+payload (503 `queue_full` past it), and a queued request holds one copy of its body, whichever
+its format."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import msgpack
+
+from test_failures import received
+
+# One worker that takes one job at a time and never a batch ahead; jobs wait a minute before
+# their 408; stopping answers what is left at once.
+GATED = ("--max-batch-size=1", "--worker-prefetch=false", "--timeout-ms=60000")
+STOP_NOW = "--grace-period-ms=100"
+
+
+def queued(proxy) -> int:
+    return proxy.client.get("/readyz").json()["queued"]
+
+
+def hold_the_worker(proxy, pool, log: Path) -> None:
+    """Keeps the only worker busy until the proxy stops, so that every later job queues."""
+    pool.submit(proxy.post, {"tag": "gate", "sleep_ms": 60_000})
+    proxy.wait_until(lambda: received(log), what="the worker to be busy")
+
+
+def rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmRSS:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_a_queue_past_its_byte_capacity_sheds_503_queue_full(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--queue-capacity-bytes=10000", *GATED, STOP_NOW, env={"SCRIPTED_LOG": str(log)}
+    )
+    with ThreadPoolExecutor(3) as pool:
+        hold_the_worker(proxy, pool, log)
+        first = pool.submit(proxy.post, {"tag": "a" * 6000})
+        proxy.wait_until(lambda: queued(proxy) == 1, what="the first job queued")
+
+        shed = proxy.post({"tag": "b" * 6000})
+        assert shed.status_code == 503
+        assert shed.json()["error"] == "queue_full"
+        assert int(shed.headers["retry-after"]) >= 1
+        # The bound is on bytes, not jobs: a small one still fits.
+        small = pool.submit(proxy.post, {"tag": "small"})
+        proxy.wait_until(lambda: queued(proxy) == 2, what="the small job queued")
+        assert proxy.metric("corral_jobs_shed_total", reason="queue_full") == 1
+
+        assert proxy.stop() == 0
+        assert [first.result().status_code, small.result().status_code] == [503, 503]
+
+
+def test_queued_requests_hold_one_copy_of_their_bodies(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(*GATED, STOP_NOW, env={"SCRIPTED_LOG": str(log)})
+    size, count = 4 * 1024 * 1024, 32
+    bodies = {
+        "application/json": json.dumps({"blob": "x" * size}).encode(),
+        "application/msgpack": msgpack.packb({"blob": b"\x01" * size}),
+    }
+    with ThreadPoolExecutor(count + 1) as pool:
+        hold_the_worker(proxy, pool, log)
+        before = rss_bytes(proxy.proc.pid)
+        pending = []
+        for i in range(count):
+            content_type = list(bodies)[i % 2]
+            post = proxy.client.post
+            headers = {"content-type": content_type}
+            pending.append(
+                pool.submit(post, "/infer", content=bodies[content_type], headers=headers)
+            )
+            # One at a time: what a request needs only while it is read is freed (and reused)
+            # before the next, so what stays is what queued requests hold.
+            proxy.wait_until(lambda n=i + 1: queued(proxy) == n, what=f"request {i} queued")
+        grown = rss_bytes(proxy.proc.pid) - before
+        assert proxy.stop() == 0
+        assert {future.result().status_code for future in pending} == {503}
+    total = count * size
+    assert grown < 1.3 * total, f"RSS grew {grown / total:.2f}x the queued bodies"
