@@ -372,10 +372,10 @@ async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_work
     let max_wait = stage.settings().max_wait;
     let [a, b, c] = [(); 3].map(|()| stage.worker_joined());
     learn_slow_returns(&stage, &a).await;
-    // b and c take a job each; then two jobs queue while all three workers are busy.
+    // b and c take 16 jobs each; then two jobs queue while all three workers are busy.
     for seat in [&b, &c] {
-        let _answer = submit(&stage, b"x");
-        assert_eq!(seat.next_batch().await.len(), 1);
+        let _answers: Vec<_> = (0..16).map(|_| submit(&stage, b"x")).collect();
+        assert_eq!(seat.next_batch().await.len(), 16);
     }
     let _queued = [submit(&stage, b"q"), submit(&stage, b"q")];
     tokio::time::advance(Duration::from_millis(150)).await;
@@ -390,7 +390,7 @@ async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_work
     let others_answer = async {
         for seat in [&b, &c] {
             tokio::time::sleep(max_wait * 9 / 10).await;
-            seat.finished(1, Duration::from_millis(52));
+            seat.finished(16, Duration::from_millis(82));
         }
     };
     let ((jobs, at), ()) = tokio::join!(released, others_answer);
