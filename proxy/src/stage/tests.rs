@@ -1,4 +1,5 @@
-//! The stage queue under tokio's paused clock: every timer rule is checked without sleeping.
+//! The stage queue under tokio's paused clock: every timer rule is checked without sleeping. The
+//! races between admission and a worker taking a batch run on real threads, with no timer at all.
 
 use std::time::Duration;
 
@@ -397,4 +398,62 @@ async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_work
     assert_eq!(jobs, 2);
     let held = at - free;
     assert!(held <= max_wait, "held {held:?} after the worker became free");
+}
+
+/// Admission against a worker taking a batch on another thread, many times over (real threads,
+/// no timers: a batch costs 30 s, far longer than a trial can stall). One job per batch, one
+/// worker, busy with a batch already if `busy`, and one job queued that
+/// `take` takes. A probe fits (in `probe_timeout`) only if the batch being taken is counted
+/// nowhere — neither queued nor on the worker's seat — so every probe must be refused.
+fn race_admission_against(
+    busy: bool,
+    take: impl Fn(&WorkerSeat<'_>) -> bool + Sync,
+    probe_timeout: Duration,
+) {
+    use futures_util::FutureExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for _ in 0..2000 {
+        let stage = stage(1, 100);
+        let seat = stage.worker_joined();
+        seat.finished(1, Duration::from_secs(30));
+        let mut answers = Vec::new();
+        for _ in 0..=usize::from(busy) {
+            let (queued, answer) = job(b"queued", Duration::from_secs(1000));
+            stage.submit(queued).unwrap();
+            answers.push(answer);
+        }
+        if busy {
+            assert_eq!(seat.next_batch().now_or_never().map(|batch| batch.len()), Some(1));
+        }
+        let taken = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !take(&seat) {}
+                taken.store(true, Ordering::Release);
+            });
+            while !taken.load(Ordering::Acquire) {
+                let (probe, answer) = job(b"probe", probe_timeout);
+                assert!(stage.submit(probe).is_err(), "admitted while a batch was being taken");
+                answers.push(answer);
+            }
+        });
+    }
+}
+
+#[test]
+fn admission_sees_a_batch_as_it_is_taken() {
+    use futures_util::FutureExt;
+    // Queued or taken, the job is one batch ahead of the probe: 60 s > 47.5 s (its timeout
+    // less admission's margin); counted nowhere, the probe would fit in 30 s.
+    let take = |seat: &WorkerSeat<'_>| seat.next_batch().now_or_never().is_some();
+    race_admission_against(false, take, Duration::from_secs(50));
+}
+
+#[test]
+fn admission_sees_a_batch_as_it_is_sent_ahead() {
+    use futures_util::FutureExt;
+    // Queued or sent ahead, the job is a batch behind the worker's current one and ahead of the
+    // probe: 90 s > 76 s; counted nowhere, the probe would fit in 60 s.
+    let take = |seat: &WorkerSeat<'_>| seat.next_batch_ahead().now_or_never().is_some();
+    race_admission_against(true, take, Duration::from_secs(80));
 }
