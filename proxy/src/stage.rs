@@ -1,10 +1,15 @@
 //! A stage: a bounded queue of jobs and the idle workers that pull batches from it.
 //!
 //! HTTP handlers [`Stage::submit`] jobs; each worker connection, whenever its worker is idle,
-//! awaits [`Stage::next_batch`], which applies the batch [`policy`] and hands over up to a batch
-//! of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose client
-//! left are dropped here, so neither is ever dispatched. Admission refuses jobs that the queue has
-//! no room for, or that could not finish before their deadline ([`admission`]).
+//! awaits [`WorkerSeat::next_batch`], which applies the batch [`policy`] and hands over up to a
+//! batch of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose
+//! client left are dropped here, so neither is ever dispatched. Admission refuses jobs that the
+//! queue has no room for, or that could not finish before their deadline ([`admission`]).
+//!
+//! Admission predicts from the queue and the seats (what each worker holds), so a job is always
+//! in exactly one of them: a batch leaves the queue and lands on its worker's seat in the same
+//! locked step. Were the seat marked a moment later, jobs admitted in between would see an idle
+//! worker and an empty queue, and be admitted to time out.
 
 pub mod admission;
 pub mod arrivals;
@@ -79,12 +84,21 @@ struct Queue {
 const PURGE_EVERY: Duration = Duration::from_millis(10);
 
 /// What the stage knows of one connected worker.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Copy)]
 struct Seat {
     /// The batch the worker is working on: when it started and how many jobs.
     busy: Option<(Instant, usize)>,
     /// Jobs of a batch sent ahead, waiting in the worker's socket (0: none).
     ahead: usize,
+    /// When the worker last became free (joined, or answered with nothing sent ahead): the
+    /// policy holds queued jobs back at most `max_wait` from then.
+    free_since: Instant,
+}
+
+impl Seat {
+    fn free(now: Instant) -> Self {
+        Self { busy: None, ahead: 0, free_since: now }
+    }
 }
 
 impl Queue {
@@ -118,14 +132,20 @@ impl Queue {
         }
     }
 
-    fn view(&self) -> QueueView {
+    /// The queue as the policy sees it, for a worker free since `free_since`.
+    fn view(&self, free_since: Instant) -> QueueView {
         let oldest = self.jobs.front();
         QueueView {
             jobs: self.jobs.len(),
             bytes: self.bytes,
             oldest: oldest.map(|j| j.arrived),
             oldest_deadline: oldest.map(|j| j.deadline),
+            worker_free_since: Some(free_since),
         }
+    }
+
+    fn seat(&mut self, slot: usize) -> &mut Seat {
+        self.seats[slot].as_mut().expect("a seated worker has a seat")
     }
 
     /// When each connected worker can take its next batch, by the learned cost.
@@ -302,11 +322,19 @@ impl Stage {
         self.capacity
     }
 
+    /// [`Stage::next_batch_for`] a worker without a seat (free from the call on), for tests.
+    #[cfg(test)]
+    pub async fn next_batch(&self) -> Vec<Job> {
+        self.next_batch_for(None).await
+    }
+
     /// Waits until the policy releases a batch, then takes it: between 1 and `max_batch_size`
-    /// live jobs, oldest first.
+    /// live jobs, oldest first. The worker in `slot` (if any) is marked busy with it under the
+    /// same lock, so that admission never sees the batch in neither place.
     ///
     /// Cancel-safe: jobs leave the queue only in the same synchronous step that returns them.
-    pub async fn next_batch(&self) -> Vec<Job> {
+    async fn next_batch_for(&self, slot: Option<usize>) -> Vec<Job> {
+        let called = Instant::now();
         loop {
             // Register for arrivals before looking at the queue, so none is missed in between.
             let arrival = self.arrivals.notified();
@@ -317,14 +345,18 @@ impl Stage {
             let wake_at = {
                 let mut queue = self.lock();
                 queue.drop_dead(now, false);
+                let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
                 let forecast = queue.forecast(now, self.settings.max_wait);
-                match policy::decide(queue.view(), now, &self.settings, &forecast) {
+                match policy::decide(queue.view(free_since), now, &self.settings, &forecast) {
                     Release::Now => {
                         let batch = self.take(&mut queue, now);
-                        if !batch.is_empty() {
-                            return batch;
+                        if batch.is_empty() {
+                            continue;
                         }
-                        continue;
+                        if let Some(slot) = slot {
+                            queue.seat(slot).busy = Some((now, batch.len()));
+                        }
+                        return batch;
                     }
                     Release::At(at) => Some(at),
                     Release::Idle => None,
@@ -346,8 +378,8 @@ impl Stage {
     /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
     /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
     /// its jobs can wait out the worker's current batch and still make its deadline (by the
-    /// learned cost; with none learned yet, nothing goes ahead). Cancel-safe like
-    /// [`Stage::next_batch`].
+    /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
+    /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
     async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
         let max = self.settings.max_batch_size;
         loop {
@@ -372,10 +404,11 @@ impl Stage {
                     let slack = queue.jobs.iter().take(max).all(|job| job.deadline >= done_by);
                     if slack {
                         let batch = self.take(&mut queue, now);
-                        if !batch.is_empty() {
-                            return batch;
+                        if batch.is_empty() {
+                            continue;
                         }
-                        continue;
+                        queue.seat(slot).ahead = batch.len();
+                        return batch;
                     }
                 }
             }
@@ -435,7 +468,7 @@ impl Stage {
                 queue.seats.len() - 1
             }
         };
-        queue.seats[slot] = Some(Seat::default());
+        queue.seats[slot] = Some(Seat::free(Instant::now()));
         WorkerSeat { stage: self, slot }
     }
 
@@ -464,19 +497,16 @@ pub struct WorkerSeat<'a> {
 }
 
 impl WorkerSeat<'_> {
-    /// [`Stage::next_batch`], then marks this worker busy with it. Cancel-safe like it.
+    /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
+    /// Cancel-safe.
     pub async fn next_batch(&self) -> Vec<Job> {
-        let batch = self.stage.next_batch().await;
-        self.update(|seat| seat.busy = Some((Instant::now(), batch.len())));
-        batch
+        self.stage.next_batch_for(Some(self.slot)).await
     }
 
     /// For a worker that holds a batch already: [`Stage::next_batch_ahead`], the batch to send
     /// ahead of time. Cancel-safe.
     pub async fn next_batch_ahead(&self) -> Vec<Job> {
-        let batch = self.stage.next_batch_ahead(self.slot).await;
-        self.update(|seat| seat.ahead = batch.len());
-        batch
+        self.stage.next_batch_ahead(self.slot).await
     }
 
     /// [`Stage::requeue`].
@@ -488,20 +518,18 @@ impl WorkerSeat<'_> {
         &self.stage.name
     }
 
-    fn update(&self, change: impl FnOnce(&mut Seat)) {
-        let mut queue = self.stage.lock();
-        change(queue.seats[self.slot].as_mut().expect("a seated worker has a seat"));
-    }
-
     /// The worker answered its oldest batch, of `size` jobs, after `took`: it moves on to the
     /// batch sent ahead or is idle again, and the cost model learns from it.
     pub fn finished(&self, size: usize, took: Duration) {
         let mut queue = self.stage.lock();
-        let seat = queue.seats[self.slot].as_mut().expect("a seated worker has a seat");
-        seat.busy = (seat.ahead > 0).then(|| (Instant::now(), seat.ahead));
-        seat.ahead = 0;
+        let now = Instant::now();
+        let seat = queue.seat(self.slot);
+        match seat.ahead {
+            0 => *seat = Seat::free(now),
+            ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
+        }
         queue.cost.record(size, took);
-        queue.returns.answered(Instant::now(), size);
+        queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());

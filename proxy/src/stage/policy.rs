@@ -20,8 +20,10 @@
 //! each returning job that joins saves itself the batch it would otherwise wait out. It waits
 //! when the saving is larger (and the oldest job's deadline allows). That wait may go past
 //! `max_wait` counted from the oldest arrival — those jobs queued while every worker was busy —
-//! but never past `max_wait` after the worker became free: `max_wait` bounds the time a job is
-//! held back while a worker could run it.
+//! but never past `max_wait` after the worker asking became free: `max_wait` bounds the time a
+//! job is held back while a worker could run it. The bound is the worker's own, not the latest
+//! answer's: with several workers, each answer announces returns due a little later, and a free
+//! worker that followed them would wait as long as the others kept answering.
 
 use std::time::Duration;
 
@@ -68,7 +70,7 @@ pub enum Release {
     Idle,
 }
 
-/// What the queue looks like to the policy.
+/// What the queue, and the worker asking, look like to the policy.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct QueueView {
     pub jobs: usize,
@@ -77,6 +79,8 @@ pub struct QueueView {
     pub oldest: Option<Instant>,
     /// Deadline of the oldest queued job.
     pub oldest_deadline: Option<Instant>,
+    /// When the worker asking became free (None: before the oldest job arrived).
+    pub worker_free_since: Option<Instant>,
 }
 
 /// What the stage has learned about its traffic and its workers.
@@ -106,7 +110,12 @@ pub fn decide(
     }
     let mut release_at = oldest + settings.max_wait;
     if settings.policy == Policy::Adaptive {
-        if let Some(until) = returns_limit(queue, now, forecast) {
+        // Since when a worker could have run the oldest job: the hold for returns ends max_wait
+        // after that, however many answers announce more returns meanwhile.
+        let held_since = queue.worker_free_since.map_or(oldest, |free| free.max(oldest));
+        let hold_until = held_since + settings.max_wait;
+        let returns = returns_limit(queue, now, forecast).map(|until| until.min(hold_until));
+        if let Some(until) = returns.filter(|&until| now < until) {
             return Release::At(until);
         }
         match adaptive_limit(queue, now, forecast) {
@@ -188,6 +197,7 @@ mod tests {
             bytes: jobs * 10,
             oldest: Some(oldest),
             oldest_deadline: Some(oldest + Duration::from_secs(5)),
+            worker_free_since: None,
         }
     }
 
@@ -316,12 +326,18 @@ mod tests {
         }
     }
 
+    /// `jobs` queued while every worker was busy, 150 ms ago; the worker asking became free at
+    /// `free`.
+    fn queued_while_busy(jobs: usize, now: Instant, free: Instant) -> QueueView {
+        QueueView { worker_free_since: Some(free), ..view(jobs, now - ms(150)) }
+    }
+
     #[test]
     fn adaptive_waits_for_the_clients_it_just_answered() {
         let now = Instant::now();
         let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
         // The 16 queued jobs have waited far longer than max_wait already (the worker was busy).
-        let queued = view(16, now - ms(150));
+        let queued = queued_while_busy(16, now, now);
         let expensive = returning(now, 6000, 20_000);
         assert_eq!(decide(queued, now, &roomy, &expensive), Release::At(now + ms(1)));
         // The fixed policy keeps the peers' behaviour: max_wait from the oldest arrival.
@@ -330,12 +346,31 @@ mod tests {
     }
 
     #[test]
+    fn adaptive_waits_for_returns_at_most_max_wait_after_the_worker_became_free() {
+        let now = Instant::now();
+        let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
+        // Another worker's answer announces returns due 1 ms from now.
+        let expensive = returning(now, 6000, 20_000);
+        // Free for 9 ms: 1 ms left of max_wait; free for 10 ms: no wait left.
+        let almost = queued_while_busy(16, now, now - ms(9));
+        assert_eq!(decide(almost, now, &roomy, &expensive), Release::At(now + ms(1)));
+        let free_long = queued_while_busy(16, now, now - WAIT + Duration::from_micros(500));
+        let at_the_bound = now + Duration::from_micros(500);
+        assert_eq!(decide(free_long, now, &roomy, &expensive), Release::At(at_the_bound));
+        let spent = queued_while_busy(16, now, now - WAIT);
+        assert_eq!(decide(spent, now, &roomy, &expensive), Release::Now);
+        // Jobs that arrived while the worker was already free: max_wait from their arrival.
+        let fresh = QueueView { worker_free_since: Some(now - ms(150)), ..view(16, now - WAIT) };
+        assert_eq!(decide(fresh, now, &roomy, &expensive), Release::Now);
+    }
+
+    #[test]
     fn adaptive_does_not_wait_for_returns_when_batches_are_cheap() {
         let now = Instant::now();
         let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
         // 16 jobs × 1 ms of waiting costs more than 16 returns save on a 16 µs batch.
         let cheap = returning(now, 0, 16);
-        assert_eq!(decide(view(16, now - ms(150)), now, &roomy, &cheap), Release::Now);
+        assert_eq!(decide(queued_while_busy(16, now, now), now, &roomy, &cheap), Release::Now);
     }
 
     #[test]
@@ -343,7 +378,8 @@ mod tests {
         let now = Instant::now();
         let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
         // A joined batch of 32 takes 212 ms; the oldest job has 200 ms left.
-        let tight = QueueView { oldest_deadline: Some(now + ms(200)), ..view(16, now - ms(150)) };
+        let tight =
+            QueueView { oldest_deadline: Some(now + ms(200)), ..queued_while_busy(16, now, now) };
         assert_eq!(decide(tight, now, &roomy, &returning(now, 6000, 20_000)), Release::Now);
     }
 }

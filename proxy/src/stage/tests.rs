@@ -1,4 +1,5 @@
-//! The stage queue under tokio's paused clock: every timer rule is checked without sleeping.
+//! The stage queue under tokio's paused clock: every timer rule is checked without sleeping. The
+//! races between admission and a worker taking a batch run on real threads, with no timer at all.
 
 use std::time::Duration;
 
@@ -337,4 +338,136 @@ async fn closed_loop_clients_are_waited_for_and_batches_fill() {
     let settled = &sizes[sizes.len() - 20..sizes.len() - 1];
     assert!(settled.iter().all(|&size| size == 32), "batch sizes {sizes:?}");
     worker.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_counts_the_batch_a_worker_took_and_the_one_sent_ahead() {
+    // One job per batch, 300 ms each, 1 s to live (950 ms with admission's margin): three fit.
+    let stage = stage(1, 100);
+    let seat = stage.worker_joined();
+    seat.finished(1, Duration::from_millis(300));
+    let admit = || {
+        let (job, answer) = job(b"x", Duration::from_secs(1));
+        stage.submit(job).map(|()| answer)
+    };
+    let _first = admit().unwrap();
+    assert_eq!(seat.next_batch().await.len(), 1);
+    // The taken batch is on the worker's seat, not nowhere: two more fit behind it, not three.
+    let _second = admit().unwrap();
+    let _third = admit().unwrap();
+    assert!(matches!(admit(), Err(Shed::DeadlineUnreachable { .. })));
+    // The same for a batch sent ahead: it leaves the queue onto the seat, and still counts.
+    assert_eq!(seat.next_batch_ahead().await.len(), 1);
+    assert!(matches!(admit(), Err(Shed::DeadlineUnreachable { .. })));
+    // Once the worker answers, it works on the batch sent ahead, from now: with one queued
+    // behind it, one more fits.
+    tokio::time::advance(Duration::from_millis(300)).await;
+    seat.finished(1, Duration::from_millis(300));
+    assert_eq!(stage.busy_workers(), 1);
+    let _fourth = admit().unwrap();
+    assert!(matches!(admit(), Err(Shed::DeadlineUnreachable { .. })));
+}
+
+/// Teaches the stage through `seat` that batches cost 50 ms + 2 ms per job and that every
+/// answered client comes back 30 ms later; leaves the seat busy with the last returns.
+async fn learn_slow_returns(stage: &Stage, seat: &WorkerSeat<'_>) {
+    for round in 0..20 {
+        let size = if round % 2 == 0 { 8 } else { 16 };
+        seat.finished(size, Duration::from_millis(50 + 2 * size as u64));
+        tokio::time::advance(Duration::from_millis(30)).await;
+        let returned: Vec<_> = (0..size).map(|_| submit(stage, b"x")).collect();
+        assert_eq!(seat.next_batch().await.len(), size);
+        drop(returned);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_workers_answer() {
+    let stage = adaptive_stage(32);
+    let max_wait = stage.settings().max_wait;
+    let [a, b, c] = [(); 3].map(|()| stage.worker_joined());
+    learn_slow_returns(&stage, &a).await;
+    // b and c take 16 jobs each; then two jobs queue while all three workers are busy.
+    for seat in [&b, &c] {
+        let _answers: Vec<_> = (0..16).map(|_| submit(&stage, b"x")).collect();
+        assert_eq!(seat.next_batch().await.len(), 16);
+    }
+    let _queued = [submit(&stage, b"q"), submit(&stage, b"q")];
+    tokio::time::advance(Duration::from_millis(150)).await;
+    // a answers its 16 jobs and is free: their clients are expected back within max_wait.
+    a.finished(16, Duration::from_millis(82));
+    let free = Instant::now();
+    let released = async {
+        let batch = a.next_batch().await;
+        (batch.len(), Instant::now())
+    };
+    // Meanwhile b and c answer too, each announcing returns due later still; none come back.
+    let others_answer = async {
+        for seat in [&b, &c] {
+            tokio::time::sleep(max_wait * 9 / 10).await;
+            seat.finished(16, Duration::from_millis(82));
+        }
+    };
+    let ((jobs, at), ()) = tokio::join!(released, others_answer);
+    assert_eq!(jobs, 2);
+    let held = at - free;
+    assert!(held <= max_wait, "held {held:?} after the worker became free");
+}
+
+/// Admission against a worker taking a batch on another thread, many times over (real threads,
+/// no timers: a batch costs 30 s, far longer than a trial can stall). One job per batch, one
+/// worker, busy with a batch already if `busy`, and one job queued that
+/// `take` takes. A probe fits (in `probe_timeout`) only if the batch being taken is counted
+/// nowhere — neither queued nor on the worker's seat — so every probe must be refused.
+fn race_admission_against(
+    busy: bool,
+    take: impl Fn(&WorkerSeat<'_>) -> bool + Sync,
+    probe_timeout: Duration,
+) {
+    use futures_util::FutureExt;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    for _ in 0..2000 {
+        let stage = stage(1, 100);
+        let seat = stage.worker_joined();
+        seat.finished(1, Duration::from_secs(30));
+        let mut answers = Vec::new();
+        for _ in 0..=usize::from(busy) {
+            let (queued, answer) = job(b"queued", Duration::from_secs(1000));
+            stage.submit(queued).unwrap();
+            answers.push(answer);
+        }
+        if busy {
+            assert_eq!(seat.next_batch().now_or_never().map(|batch| batch.len()), Some(1));
+        }
+        let taken = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            scope.spawn(|| {
+                while !take(&seat) {}
+                taken.store(true, Ordering::Release);
+            });
+            while !taken.load(Ordering::Acquire) {
+                let (probe, answer) = job(b"probe", probe_timeout);
+                assert!(stage.submit(probe).is_err(), "admitted while a batch was being taken");
+                answers.push(answer);
+            }
+        });
+    }
+}
+
+#[test]
+fn admission_sees_a_batch_as_it_is_taken() {
+    use futures_util::FutureExt;
+    // Queued or taken, the job is one batch ahead of the probe: 60 s > 47.5 s (its timeout
+    // less admission's margin); counted nowhere, the probe would fit in 30 s.
+    let take = |seat: &WorkerSeat<'_>| seat.next_batch().now_or_never().is_some();
+    race_admission_against(false, take, Duration::from_secs(50));
+}
+
+#[test]
+fn admission_sees_a_batch_as_it_is_sent_ahead() {
+    use futures_util::FutureExt;
+    // Queued or sent ahead, the job is a batch behind the worker's current one and ahead of the
+    // probe: 90 s > 76 s; counted nowhere, the probe would fit in 60 s.
+    let take = |seat: &WorkerSeat<'_>| seat.next_batch_ahead().now_or_never().is_some();
+    race_admission_against(true, take, Duration::from_secs(80));
 }
