@@ -55,7 +55,7 @@ def test_embedding_sized_results_with_batches_sent_ahead_never_jam(corral_factor
     proxy = corral_factory(worker=EMBEDDER)
     text = "lorem ipsum " * 700
 
-    statuses, sent = closed_loop(proxy.url, 64, 12, lambda n, i: f"{n}-{i} {text}")
+    statuses, sent = closed_loop(proxy.url, 64, 20, lambda n, i: f"{n}-{i} {text}")
     assert sent > 500, "the load must run long enough to saturate the worker"
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
     assert proxy.metric("corral_batches_sent_ahead_total", stage="default") > 0
