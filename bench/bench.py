@@ -324,7 +324,13 @@ def main() -> None:
     parser = options(__doc__, connections="1,8,64,256", seconds=3.0)
     parser.add_argument("--workloads", default="echo,cost,cost_sleep")
     parser.add_argument("--rates", default="500,1500,3000", help="open-loop req/s (cost only)")
-    parser.add_argument("--systems", default="corral,mosec", help="also: corral-fixed")
+    parser.add_argument(
+        "--systems", default="corral,mosec", help="also: corral-fixed, corral-before"
+    )
+    parser.add_argument(
+        "--corral-before",
+        help="another corral binary (e.g. built from main before a change), run as corral-before",
+    )
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
     args.passed = user_args()
@@ -332,9 +338,9 @@ def main() -> None:
     python = sys.executable
     worker = ["--", python, str(HERE / "corral_worker.py")]
 
-    def corral(name: str, port: int, *extra: str) -> System:
+    def corral(name: str, port: int, *extra: str, binary: str | None = None) -> System:
         command = [
-            args.corral, "--listen", f"127.0.0.1:{port}", "--socket", f"{name}.sock",
+            binary or args.corral, "--listen", f"127.0.0.1:{port}", "--socket", f"{name}.sock",
             "--workers", "1", "--max-batch-size", "32", "--max-wait-ms", "10",
             "--queue-capacity", "1024", "--timeout-ms", "10000", *extra, *worker,
         ]  # fmt: skip
@@ -343,6 +349,7 @@ def main() -> None:
     every = {
         "corral": corral("corral", 18100),
         "corral-fixed": corral("corral-fixed", 18101, "--batch-policy", "fixed"),
+        "corral-before": corral("corral-before", 18102, binary=args.corral_before),
         "mosec": System(
             "mosec",
             [python, str(HERE / "mosec_server.py"), "--port", "18200", "--address", "127.0.0.1",

@@ -35,6 +35,26 @@ EXPECTED = {
             {"id": job_id(2), "timeout_ms": 70_000, "payload": mp({"text": "héllo"})},
         ],
     },
+    "hello_stream": {
+        **protocol.hello("generate", 4243, "Generate"),
+        "features": ["stream", "cancel", "join"],
+    },
+    "chunks": {
+        "type": "chunks",
+        "chunks": [
+            {"id": job_id(1), "data": mp("Hel")},
+            {"id": job_id(2), "data": mp({"token": 17})},
+            {"id": job_id(1), "data": mp("lo")},
+        ],
+    },
+    "pull": {"type": "pull", "max": 3},
+    "results_end": protocol.results(
+        [
+            {"id": job_id(1), "status": "end"},
+            protocol.error(job_id(2), "RuntimeError: out of memory"),
+        ]
+    ),
+    "cancel": {"type": "cancel", "ids": [job_id(2), job_id(3)]},
     "shutdown": {"type": "shutdown", "message": "proxy shutting down"},
     "reject": {
         "type": "reject",

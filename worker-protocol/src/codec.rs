@@ -124,6 +124,7 @@ mod tests {
             input_schema: None,
             output_schema: None,
             schema_components: None,
+            features: vec![],
         }))
     }
 

@@ -22,8 +22,8 @@ pub mod message;
 pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCodec};
 pub use job_id::JobId;
 pub use message::{
-    Batch, BatchJob, Hello, JobResult, ProxyMessage, Reject, ResultStatus, Results, Shutdown,
-    WorkerMessage,
+    Batch, BatchJob, Cancel, Chunk, Chunks, Hello, JobResult, ProxyMessage, Pull, Reject,
+    ResultStatus, Results, Shutdown, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN, FEATURE_STREAM,
 };
 
 /// The protocol version this crate speaks. A worker that says hello with another version is

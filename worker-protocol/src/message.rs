@@ -20,6 +20,10 @@ use crate::JobId;
 pub enum WorkerMessage {
     Hello(Hello),
     Results(Results),
+    /// Streaming workers only: partial answers of jobs the worker holds.
+    Chunks(Chunks),
+    /// Joining workers only: room for more jobs while the worker holds some.
+    Pull(Pull),
 }
 
 /// What the proxy sends.
@@ -29,6 +33,8 @@ pub enum ProxyMessage {
     Batch(Batch),
     Reject(Reject),
     Shutdown(Shutdown),
+    /// Workers that declared `cancel` only: jobs nobody waits for any more.
+    Cancel(Cancel),
 }
 
 /// The worker's first frame: who it is and what it speaks. It also marks the worker idle.
@@ -53,6 +59,25 @@ pub struct Hello {
     /// Optional: a JSON object (as JSON text) of named schemas the two above refer to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub schema_components: Option<String>,
+    /// Optional: what the worker does beyond one answer per job — [`FEATURE_STREAM`],
+    /// [`FEATURE_CANCEL`], [`FEATURE_JOIN`]. Unknown names are ignored, so a worker may declare
+    /// features a proxy does not know yet.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features: Vec<String>,
+}
+
+/// The worker may send `chunks` before a job's result, and end a job with status `end`.
+pub const FEATURE_STREAM: &str = "stream";
+/// The worker understands `cancel`.
+pub const FEATURE_CANCEL: &str = "cancel";
+/// The worker (also streaming) takes more jobs while it holds some, asking with `pull`.
+pub const FEATURE_JOIN: &str = "join";
+
+impl Hello {
+    /// Whether the worker declared `feature`.
+    pub fn declares(&self, feature: &str) -> bool {
+        self.features.iter().any(|f| f == feature)
+    }
 }
 
 /// The proxy refuses a worker (e.g. an unknown protocol version) and then closes the connection.
@@ -104,6 +129,8 @@ pub enum ResultStatus {
     Error,
     /// The worker skipped this job because its deadline had passed; the client gets 408.
     Expired,
+    /// Streaming workers only: the job's stream ended after its chunks (no `data`).
+    End,
 }
 
 /// One job's result. `data` is present exactly when `status` is `ok`, `message` otherwise.
@@ -115,6 +142,35 @@ pub struct JobResult {
     pub data: Option<Bytes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Partial answers: each entry is one chunk of one job's stream (one msgpack value as `bin`).
+/// Several jobs' chunks share a frame; one job's chunks are in order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chunks {
+    pub chunks: Vec<Chunk>,
+}
+
+/// One chunk of one job's stream.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Chunk {
+    pub id: JobId,
+    pub data: Bytes,
+}
+
+/// A joining worker can take up to `max` more jobs now (0 withdraws an earlier offer). The proxy
+/// answers with one `batch` of 1 to `max` jobs when it has queued work, or not at all; a later
+/// `pull` replaces the offer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pull {
+    pub max: u32,
+}
+
+/// Jobs whose client left or whose deadline passed: the worker may stop computing them. Each
+/// still gets its one result (any status: the proxy drops it).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Cancel {
+    pub ids: Vec<JobId>,
 }
 
 impl JobResult {
@@ -131,5 +187,9 @@ impl JobResult {
     pub fn error(id: JobId, message: impl Into<String>) -> Self {
         let message = Some(message.into());
         Self { id, status: ResultStatus::Error, data: None, message }
+    }
+
+    pub fn end(id: JobId) -> Self {
+        Self { id, status: ResultStatus::End, data: None, message: None }
     }
 }

@@ -33,6 +33,40 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 input_schema: None,
                 output_schema: None,
                 schema_components: None,
+                features: vec![],
+            }),
+        ),
+        (
+            "hello_stream",
+            WorkerMessage::Hello(Hello {
+                version: 1,
+                stage: "generate".into(),
+                pid: 4243,
+                name: "Generate".into(),
+                input_schema: None,
+                output_schema: None,
+                schema_components: None,
+                features: vec!["stream".into(), "cancel".into(), "join".into()],
+            }),
+        ),
+        (
+            "chunks",
+            WorkerMessage::Chunks(Chunks {
+                chunks: vec![
+                    Chunk { id: id(1), data: mp(&serde_json::json!("Hel")) },
+                    Chunk { id: id(2), data: mp(&serde_json::json!({"token": 17})) },
+                    Chunk { id: id(1), data: mp(&serde_json::json!("lo")) },
+                ],
+            }),
+        ),
+        ("pull", WorkerMessage::Pull(Pull { max: 3 })),
+        (
+            "results_end",
+            WorkerMessage::Results(Results {
+                results: vec![
+                    JobResult::end(id(1)),
+                    JobResult::error(id(2), "RuntimeError: out of memory"),
+                ],
             }),
         ),
         (
@@ -68,6 +102,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
             }),
         ),
         ("shutdown", ProxyMessage::Shutdown(Shutdown { message: "proxy shutting down".into() })),
+        ("cancel", ProxyMessage::Cancel(Cancel { ids: vec![id(2), id(3)] })),
         (
             "reject",
             ProxyMessage::Reject(Reject {

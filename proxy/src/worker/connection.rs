@@ -159,7 +159,7 @@ async fn handshake(
                 format!("unknown stage {:?}; this proxy serves: {names}", hello.stage)
             }
         },
-        WorkerMessage::Results(_) => "the first message must be a hello".to_string(),
+        _ => "the first message must be a hello".to_string(),
     };
     warn!(reason = %refusal, "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.

@@ -37,6 +37,11 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
             (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
             (ResultStatus::Expired, _) => Outcome::Expired,
+            (ResultStatus::End, _) => {
+                problem = Some(format!("end of a stream that was never started, job {}", job.id));
+                answers.push((job, Outcome::WorkerLost(String::new())));
+                break;
+            }
         };
         answers.push((job, outcome));
     }
