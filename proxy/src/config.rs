@@ -81,6 +81,20 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Streaming answers (Accept: text/event-stream or application/x-ndjson): longest a stream
+    /// may last from the request's arrival; past it the stream ends with an error event
+    /// (deadline_exceeded) and the job is cancelled in the worker. The job's own deadline
+    /// (--timeout-ms, x-corral-timeout-ms) bounds the time to the first chunk.
+    #[arg(long, env = "CORRAL_STREAM_TIMEOUT_MS", default_value_t = 300_000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_timeout_ms: u64,
+
+    /// Streaming answers: most bytes of chunks a client may fall behind by; past it its job is
+    /// cancelled and its stream ends with an error event (slow_client). One chunk always fits.
+    #[arg(long, env = "CORRAL_STREAM_BUFFER_BYTES", default_value_t = 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub stream_buffer_bytes: u64,
+
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
     /// jobs retried or failed, a spawned worker killed and restarted). 0: until the batch's
     /// latest deadline plus one second.

@@ -1,6 +1,7 @@
 //! The HTTP edge: the server loop, the routes, and everything between a request and its job.
 
 pub mod error;
+pub mod events;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
@@ -9,15 +10,23 @@ pub mod items;
 pub mod openapi;
 pub mod routes;
 pub mod server;
+pub mod stream;
 pub mod timeouts;
 pub mod validate;
 
+use std::convert::Infallible;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
+
+use crate::metrics::metrics;
 use crate::pipeline::Pipeline;
-use crate::stage::Stage;
+use crate::stage::{Shed, Stage};
+
+/// Every answer's body: whole (most answers) or streamed ([`stream`]).
+pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
 
 /// What every request handler needs.
 pub struct App {
@@ -30,6 +39,10 @@ pub struct App {
     pub body_read_timeout: Duration,
     /// Times a job may be retried on another worker when its worker dies with it.
     pub retries: u32,
+    /// Most bytes of chunks a streaming client may fall behind by before its job is cancelled.
+    pub stream_buffer_bytes: usize,
+    /// Longest a streamed answer may last, from the request's arrival.
+    pub stream_timeout: Duration,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
     pub draining: AtomicBool,
 }
@@ -42,6 +55,20 @@ pub struct Route {
     pub pipeline: Pipeline,
     /// Default and longest deadline of a job.
     pub timeout: Duration,
+}
+
+/// The answer to a request refused at admission; counted, not logged: shedding must stay cheap
+/// under overload.
+pub fn shed_error(shed: Shed) -> error::ApiError {
+    let error = match shed {
+        Shed::QueueFull => error::ApiError::queue_full(),
+        Shed::DeadlineUnreachable { retry_after } => {
+            error::ApiError::deadline_unreachable(retry_after.as_secs())
+        }
+        Shed::ShuttingDown => error::ApiError::shutting_down(),
+    };
+    metrics().shed.with_label_values(&[error.code]).inc();
+    error
 }
 
 impl App {

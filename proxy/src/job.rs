@@ -3,7 +3,12 @@
 //! The HTTP handler keeps the receiving end of the job's reply channel and waits on it until the
 //! job's deadline; whoever holds the [`Job`] (the stage queue, then a worker connection) answers
 //! through it exactly once, because [`Job::answer`] consumes the job. A client that disconnects
-//! drops the receiver, which the queue sees as [`Job::is_abandoned`].
+//! drops the receiver, which the queue sees as [`Job::is_abandoned`]; the waiting side also
+//! cancels the job's `left` token when it stops waiting, so that a worker holding the job can be
+//! told (`cancel`).
+//!
+//! A streamed job also carries a [`ChunkSink`]: its chunks go to the client as they arrive, and
+//! its outcome only ends the stream.
 
 use std::time::Duration;
 
@@ -11,6 +16,9 @@ use bytes::Bytes;
 use corral_protocol::JobId;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::stream::ChunkSink;
 
 /// How a job ended, as told to the HTTP handler waiting for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +35,10 @@ pub enum Outcome {
     Expired,
     /// The proxy is stopping and its grace period ran out before this job was answered (503).
     ShuttingDown,
+    /// A streamed job's stream ended normally: every chunk went through its sink.
+    Ended,
+    /// A streamed job's client fell behind by more than its buffer: the job was cancelled.
+    SlowClient,
 }
 
 /// One unit of work: a payload, its identity and its deadline.
@@ -43,6 +55,13 @@ pub struct Job {
     pub group_len: usize,
     /// How many more times the job may be given to another worker if its worker dies with it.
     pub retries: u32,
+    /// Cancelled once nobody waits for the answer any more (client left, deadline passed).
+    pub left: CancellationToken,
+    /// Where a streamed job's chunks go (None: a one-shot job; chunks, if its worker streams,
+    /// are gathered into one answer).
+    pub stream: Option<ChunkSink>,
+    /// When a streamed job's whole stream must be over (its `deadline` bounds the first chunk).
+    pub stream_deadline: Option<Instant>,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -55,7 +74,18 @@ impl Job {
         deadline: Instant,
     ) -> (Self, oneshot::Receiver<Outcome>) {
         let (reply, answer) = oneshot::channel();
-        let job = Self { id, payload, arrived, deadline, group_len: 1, retries: 0, reply };
+        let job = Self {
+            id,
+            payload,
+            arrived,
+            deadline,
+            group_len: 1,
+            retries: 0,
+            left: CancellationToken::new(),
+            stream: None,
+            stream_deadline: None,
+            reply,
+        };
         (job, answer)
     }
 
@@ -68,6 +98,11 @@ impl Job {
     /// Whether the client stopped waiting (disconnected, or answered 408 at its deadline).
     pub fn is_abandoned(&self) -> bool {
         self.reply.is_closed()
+    }
+
+    /// When the job's worker must be done with it: the end of its stream, or its deadline.
+    pub fn finish_by(&self) -> Instant {
+        self.stream_deadline.unwrap_or(self.deadline).max(self.deadline)
     }
 
     pub fn is_expired(&self, now: Instant) -> bool {

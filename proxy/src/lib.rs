@@ -10,6 +10,7 @@
 //! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler, and the one
 //!   mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
+//! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker (protocol in
@@ -26,6 +27,7 @@ pub mod metrics;
 pub mod open_files;
 pub mod pipeline;
 pub mod stage;
+pub mod stream;
 pub mod supervisor;
 pub mod worker;
 
@@ -64,8 +66,11 @@ pub async fn run(
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
     info!(socket = %socket.display(), "listening for workers");
 
-    let stages: Vec<Arc<Stage>> =
-        topology.stages.iter().map(|spec| Arc::new(stage(spec))).collect();
+    let stages: Vec<Arc<Stage>> = topology
+        .stages
+        .iter()
+        .map(|spec| Arc::new(stage(spec, feeds(&topology, &spec.name))))
+        .collect();
     let by_name: HashMap<String, Arc<Stage>> =
         stages.iter().map(|stage| (stage.name().to_string(), stage.clone())).collect();
     let routes = topology
@@ -85,6 +90,8 @@ pub async fn run(
         })
         .collect();
     let app = Arc::new(http::App {
+        stream_buffer_bytes: config.stream_buffer_bytes as usize,
+        stream_timeout: Duration::from_millis(config.stream_timeout_ms),
         routes,
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
@@ -152,7 +159,16 @@ pub async fn run(
     Ok(())
 }
 
-fn stage(spec: &StageSpec) -> Stage {
+/// Whether some route's pipeline passes the stage's outputs on to another stage.
+fn feeds(topology: &Topology, stage: &str) -> bool {
+    topology.routes.iter().any(|route| {
+        let (_, before_last) = route.stages.split_last().expect("a pipeline has a stage");
+        before_last.iter().any(|name| name == stage)
+    })
+}
+
+/// A stage of the topology; `feeds` when some pipeline passes its outputs on to another stage.
+fn stage(spec: &StageSpec, feeds: bool) -> Stage {
     let max_batch_size = spec.max_batch_size as usize;
     let settings = BatchSettings {
         max_batch_size,
@@ -172,6 +188,7 @@ fn stage(spec: &StageSpec) -> Stage {
     let capacity_bytes = usize::try_from(spec.queue_capacity_bytes).unwrap_or(usize::MAX);
     Stage::new(spec.name.clone(), settings, spec.queue_capacity as usize)
         .with_capacity_bytes(capacity_bytes)
+        .feeding(feeds)
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

@@ -54,6 +54,14 @@ pub struct Metrics {
     pub retried: IntCounterVec,
     /// Batches sent to a busy worker ahead of time (the stage was saturated), by stage.
     pub batches_ahead: IntCounterVec,
+    /// Streaming stages: time from sending a batch to its first chunk (or first result).
+    pub time_to_first_chunk: HistogramVec,
+    /// Chunks delivered towards streaming clients, by stage.
+    pub chunks_sent: IntCounterVec,
+    /// Streams open towards clients (SSE or NDJSON answers in progress).
+    pub streams_open: prometheus::IntGauge,
+    /// Streams ended early, by reason (`client_left`, `deadline`, `slow_client`).
+    pub streams_cancelled: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
 }
@@ -188,6 +196,34 @@ impl Metrics {
                 "corral_batches_sent_ahead_total",
                 "Batches sent to a busy worker ahead of time, by stage.",
                 &["stage"],
+            ),
+            time_to_first_chunk: histogram(
+                &r,
+                "corral_time_to_first_chunk_seconds",
+                "Streaming stages: time from sending a batch to its first chunk.",
+                &["stage"],
+                SECONDS_BUCKETS,
+            ),
+            chunks_sent: counter(
+                &r,
+                "corral_chunks_sent_total",
+                "Chunks delivered towards streaming clients, by stage.",
+                &["stage"],
+            ),
+            streams_open: {
+                let gauge = prometheus::IntGauge::new(
+                    "corral_streams_open",
+                    "Streamed answers (SSE or NDJSON) in progress.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(gauge.clone())).expect("unique metric name");
+                gauge
+            },
+            streams_cancelled: counter(
+                &r,
+                "corral_streams_cancelled_total",
+                "Streams ended early, by reason (client_left, deadline, slow_client).",
+                &["reason"],
             ),
             worker_restarts: restarts,
             registry: r,

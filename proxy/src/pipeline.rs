@@ -32,16 +32,22 @@ impl Pipeline {
         self.stages.iter().map(|stage| stage.capacity()).min().unwrap_or(0)
     }
 
-    /// Runs the jobs through every stage; one outcome per job, in order. `Err` when a stage
-    /// refused them at admission.
-    pub async fn run(
+    /// The stage whose answers go to the client (the only one that may stream).
+    pub fn last(&self) -> &Stage {
+        self.stages.last().expect("a pipeline has at least one stage")
+    }
+
+    /// Runs the jobs through every stage but the last, for a streamed answer from the last one.
+    /// `Ok(Ok((entered, inputs)))`: the last stage's inputs, and when they arrived there;
+    /// `Ok(Err(outcomes))`: an earlier stage ended the request.
+    #[allow(clippy::type_complexity)]
+    pub async fn run_before_last(
         &self,
         mut jobs: Vec<(JobId, Bytes)>,
         arrived: Instant,
         deadline: Instant,
         retries: u32,
-    ) -> Result<Vec<Outcome>, Shed> {
-        let (last, _) = self.stages.split_last().expect("a pipeline has at least one stage");
+    ) -> Result<Result<(Instant, Vec<(JobId, Bytes)>), Vec<Outcome>>, Shed> {
         let mut entered = arrived;
         for pair in self.stages.windows(2) {
             let (stage, next) = (&pair[0], &pair[1]);
@@ -49,12 +55,28 @@ impl Pipeline {
             let outcomes = run_stage(stage, jobs, entered, deadline, retries).await?;
             jobs = match hand_over(stage, next, ids, outcomes) {
                 Ok(inputs) => inputs,
-                Err(outcomes) => return Ok(outcomes),
+                Err(outcomes) => return Ok(Err(outcomes)),
             };
-            // The next stage's batch window counts from the jobs' arrival there.
             entered = Instant::now();
         }
-        run_stage(last, jobs, entered, deadline, retries).await
+        Ok(Ok((entered, jobs)))
+    }
+
+    /// Runs the jobs through every stage; one outcome per job, in order. `Err` when a stage
+    /// refused them at admission.
+    pub async fn run(
+        &self,
+        jobs: Vec<(JobId, Bytes)>,
+        arrived: Instant,
+        deadline: Instant,
+        retries: u32,
+    ) -> Result<Vec<Outcome>, Shed> {
+        match self.run_before_last(jobs, arrived, deadline, retries).await? {
+            Ok((entered, inputs)) => {
+                run_stage(self.last(), inputs, entered, deadline, retries).await
+            }
+            Err(outcomes) => Ok(outcomes),
+        }
     }
 }
 
@@ -108,6 +130,9 @@ async fn run_stage(
             (job, answer)
         })
         .unzip();
+    // Cancelled when this wait ends, whichever way (answered, deadline, or the client left and
+    // hyper dropped it): a worker still holding the job is then told to stop (`cancel`).
+    let _left: Vec<_> = jobs.iter().map(|job| job.left.clone().drop_guard()).collect();
     stage.submit_all(jobs)?;
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {

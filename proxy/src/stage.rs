@@ -59,6 +59,8 @@ pub struct Stage {
     capacity: usize,
     /// Payload bytes the queue holds; an empty queue takes any one request.
     capacity_bytes: usize,
+    /// Some pipeline passes this stage's outputs to another stage: its workers may not stream.
+    feeds: bool,
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
@@ -192,6 +194,7 @@ impl Stage {
             settings,
             capacity,
             capacity_bytes: usize::MAX,
+            feeds: false,
             queue: Mutex::default(),
             arrivals: Notify::new(),
         }
@@ -201,6 +204,17 @@ impl Stage {
     pub fn with_capacity_bytes(mut self, bytes: usize) -> Self {
         self.capacity_bytes = bytes;
         self
+    }
+
+    /// Marks a stage whose outputs some pipeline passes on: only a pipeline's last stage may
+    /// stream, since a partial answer cannot be the next stage's input.
+    pub fn feeding(mut self, feeds: bool) -> Self {
+        self.feeds = feeds;
+        self
+    }
+
+    pub fn feeds_another(&self) -> bool {
+        self.feeds
     }
 
     pub fn name(&self) -> &str {
@@ -416,10 +430,42 @@ impl Stage {
         }
     }
 
+    /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
+    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
+    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
+    async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
+        loop {
+            let arrival = self.arrivals.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            {
+                let mut queue = self.lock();
+                let now = Instant::now();
+                queue.drop_dead(now, false);
+                if !queue.jobs.is_empty() {
+                    let batch =
+                        self.take_up_to(&mut queue, now, max.min(self.settings.max_batch_size));
+                    if batch.is_empty() {
+                        continue;
+                    }
+                    let seat = queue.seat(slot);
+                    let (since, size) = seat.busy.unwrap_or((now, 0));
+                    seat.busy = Some((since, size + batch.len()));
+                    return batch;
+                }
+            }
+            arrival.await;
+        }
+    }
+
     /// Takes the next batch off the front of the queue. A batch ends early rather than split a
     /// multi-item request that would fit whole in the next batch.
     fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
-        let max = self.settings.max_batch_size;
+        self.take_up_to(queue, now, self.settings.max_batch_size)
+    }
+
+    /// [`Stage::take`], at most `max` jobs.
+    fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
         let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
         let mut bytes = 0;
         while batch.len() < max {
@@ -507,6 +553,29 @@ impl WorkerSeat<'_> {
     /// ahead of time. Cancel-safe.
     pub async fn next_batch_ahead(&self) -> Vec<Job> {
         self.stage.next_batch_ahead(self.slot).await
+    }
+
+    /// For a streaming worker with room for `max` more jobs: [`Stage::next_join`]. Cancel-safe.
+    pub async fn next_join(&self, max: usize) -> Vec<Job> {
+        self.stage.next_join(self.slot, max).await
+    }
+
+    /// A streaming batch of `size` jobs sent its first chunk (or first result) `took` after it
+    /// was sent: what admission and the policy learn for a streaming stage is the time to first
+    /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
+    pub fn first_chunk(&self, size: usize, took: Duration) {
+        let mut queue = self.stage.lock();
+        queue.cost.record(size, took);
+        let stage = [self.stage.name.as_str()];
+        metrics().batch_size.with_label_values(&stage).observe(size as f64);
+        metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
+    }
+
+    /// A streaming worker holds no job any more: it is idle.
+    pub fn released(&self) {
+        let mut queue = self.stage.lock();
+        let now = Instant::now();
+        *queue.seat(self.slot) = Seat::free(now);
     }
 
     /// [`Stage::requeue`].

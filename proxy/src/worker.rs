@@ -3,6 +3,8 @@
 //! task reads, its outbox writes, and settling answers or hands back the jobs a worker held.
 
 pub mod connection;
+pub mod departures;
 pub mod listener;
 pub mod outbox;
 pub mod settle;
+pub mod streaming;

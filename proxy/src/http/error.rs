@@ -106,6 +106,12 @@ impl ApiError {
         error
     }
 
+    /// A streaming client fell behind by more than `--stream-buffer-bytes`; its job was cancelled.
+    pub fn slow_client() -> Self {
+        let message = "the client read the stream too slowly; its job was cancelled";
+        Self::new(StatusCode::SERVICE_UNAVAILABLE, "slow_client", message)
+    }
+
     pub fn internal(code: &'static str, message: impl Into<String>) -> Self {
         Self::new(StatusCode::INTERNAL_SERVER_ERROR, code, message)
     }
@@ -121,6 +127,8 @@ impl ApiError {
             Outcome::WorkerLost(message) => Self::internal("worker_died", message),
             Outcome::Expired => Self::deadline_exceeded(),
             Outcome::ShuttingDown => Self::shutting_down(),
+            Outcome::Ended => Self::internal("internal", "a stream's end was treated as an error"),
+            Outcome::SlowClient => Self::slow_client(),
         }
     }
 

@@ -13,12 +13,11 @@ use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::error::ApiError;
+use super::events::Framing;
 use super::format::{self, Format};
 use super::items;
-use super::{App, Route};
+use super::{shed_error, stream, App, Body, Route};
 use crate::job::Outcome;
-use crate::metrics::metrics;
-use crate::stage::Shed;
 
 /// Header with which a client shortens its job's deadline.
 pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
@@ -30,7 +29,7 @@ pub async fn handle(
     route: &Route,
     id: JobId,
     request: Request<Incoming>,
-) -> Result<Response<Full<Bytes>>, ApiError> {
+) -> Result<Response<Body>, ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
     let input = match headers.get(CONTENT_TYPE) {
@@ -42,8 +41,14 @@ pub async fn handle(
             .and_then(Format::from_media_type)
             .ok_or_else(ApiError::unsupported_media_type)?,
     };
-    let output =
-        format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?;
+    let streamed = Framing::requested(headers.get(ACCEPT));
+    let output = match streamed {
+        // The output format is moot for a stream (events are JSON) but for its plain errors.
+        Some(_) => Format::Json,
+        None => {
+            format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?
+        }
+    };
     let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
     let many = carries_many(headers)?;
     let declared = declared_length(headers);
@@ -58,6 +63,14 @@ pub async fn handle(
     // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
     // one copy of its payload.
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
+    if let Some(framing) = streamed {
+        if many {
+            let message = "a request of several items (x-corral-items: many) cannot be streamed";
+            return Err(ApiError::bad_request(message));
+        }
+        check_payload_size(app, route, &payload)?;
+        return stream::answer(app, route, id, payload, arrived, deadline, framing).await;
+    }
     if !many {
         check_payload_size(app, route, &payload)?;
         let outcome = run(app, route, vec![(id, payload)], arrived, deadline).await?;
@@ -89,27 +102,16 @@ async fn run(
     arrived: Instant,
     deadline: Instant,
 ) -> Result<Vec<Outcome>, ApiError> {
-    route.pipeline.run(jobs, arrived, deadline, app.retries).await.map_err(|shed| {
-        // Counted, not logged: shedding must stay cheap under overload.
-        let error = match shed {
-            Shed::QueueFull => ApiError::queue_full(),
-            Shed::DeadlineUnreachable { retry_after } => {
-                ApiError::deadline_unreachable(retry_after.as_secs())
-            }
-            Shed::ShuttingDown => ApiError::shutting_down(),
-        };
-        metrics().shed.with_label_values(&[error.code]).inc();
-        error
-    })
+    route.pipeline.run(jobs, arrived, deadline, app.retries).await.map_err(shed_error)
 }
 
-fn ok(output: Format, data: Bytes) -> Result<Response<Full<Bytes>>, ApiError> {
+fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
     let body = format::from_msgpack(output, data)
         .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
     Ok(Response::builder()
         .status(StatusCode::OK)
         .header(CONTENT_TYPE, output.content_type())
-        .body(Full::new(body))
+        .body(Full::new(body).boxed_unsync())
         .expect("static headers are valid"))
 }
 

@@ -6,20 +6,20 @@ use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
 use http::{HeaderValue, Method, Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
 use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
 use super::error::ApiError;
-use super::{infer, openapi, App};
+use super::{infer, openapi, App, Body};
 use crate::metrics::metrics;
 
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-pub async fn route(app: &App, request: Request<Incoming>) -> Response<Full<Bytes>> {
+pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let arrived = Instant::now();
     // Every request gets an id, job or not, so every answer can be traced. Log lines about it
     // (debug level: none per request by default) carry that id, and the client's own
@@ -35,7 +35,7 @@ async fn route_in(
     request: Request<Incoming>,
     id: JobId,
     arrived: Instant,
-) -> Response<Full<Bytes>> {
+) -> Response<Body> {
     let method = request.method().clone();
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let path = request.uri().path();
@@ -87,7 +87,7 @@ fn path_label(path: &str) -> &'static str {
 }
 
 /// The metrics page; state gauges are read at scrape time.
-fn prometheus_text(app: &App) -> Response<Full<Bytes>> {
+fn prometheus_text(app: &App) -> Response<Body> {
     let m = metrics();
     for stage in &app.stages {
         let label = [stage.name()];
@@ -98,7 +98,7 @@ fn prometheus_text(app: &App) -> Response<Full<Bytes>> {
     Response::builder()
         .status(StatusCode::OK)
         .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
-        .body(Full::new(Bytes::from(m.render())))
+        .body(Full::new(Bytes::from(m.render())).boxed_unsync())
         .expect("static headers are valid")
 }
 
@@ -108,7 +108,7 @@ fn is_get(method: &Method) -> bool {
 
 /// Ready once every stage has a connected worker: before that, some jobs would only queue.
 /// The body has the totals and each stage's own figures.
-fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
+fn ready(app: &App) -> Result<Response<Body>, ApiError> {
     if app.draining.load(Ordering::Relaxed) {
         return Err(ApiError::not_ready("shutting down"));
     }
@@ -133,15 +133,15 @@ fn ready(app: &App) -> Result<Response<Full<Bytes>>, ApiError> {
     Ok(json(StatusCode::OK, body.to_string()))
 }
 
-fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(body.into()))
+        .body(Full::new(body.into()).boxed_unsync())
         .expect("static headers are valid")
 }
 
-fn error_response(error: ApiError) -> Response<Full<Bytes>> {
+fn error_response(error: ApiError) -> Response<Body> {
     let mut response = json(error.status, error.body());
     let headers = response.headers_mut();
     if let Some(seconds) = error.retry_after {

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::{
-    Batch, BatchJob, Hello, ProxyCodec, ProxyMessage, Reject, Shutdown, WorkerMessage,
-    PROTOCOL_VERSION,
+    Batch, BatchJob, Cancel, Hello, ProxyCodec, ProxyMessage, Reject, Shutdown, WorkerMessage,
+    FEATURE_CANCEL, FEATURE_STREAM, PROTOCOL_VERSION,
 };
 use futures_util::StreamExt;
 use tokio::net::unix::OwnedReadHalf;
@@ -28,8 +28,10 @@ use tokio_util::codec::FramedRead;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, give_back, Orphan};
+use super::streaming;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::{Schemas, Stage, WorkerSeat};
@@ -43,7 +45,7 @@ const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
 /// The reading half of a worker connection.
-type Inbox = FramedRead<OwnedReadHalf, ProxyCodec>;
+pub(super) type Inbox = FramedRead<OwnedReadHalf, ProxyCodec>;
 
 /// What a worker connection needs besides its socket.
 #[derive(Clone)]
@@ -58,7 +60,7 @@ pub struct Context {
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
 /// batch's latest deadline: by then every client has its 408 and nobody waits for the worker.
-const HUNG_MARGIN: Duration = Duration::from_secs(1);
+pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(stream: UnixStream, context: Context) {
@@ -72,6 +74,17 @@ pub async fn serve(stream: UnixStream, context: Context) {
         return;
     };
     let stage = &stage;
+    if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
+        let message = format!(
+            "stage {:?} feeds another stage; only the last stage of a pipeline may stream",
+            stage.name()
+        );
+        warn!(reason = %message, "worker refused");
+        metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
+        outbox.send(ProxyMessage::Reject(Reject { message }));
+        outbox.close(CLOSE_WRITE_LIMIT).await;
+        return;
+    }
     declare_schemas(stage, &hello);
     context.children.connected(hello.pid);
     let seat = stage.worker_joined();
@@ -82,7 +95,12 @@ pub async fn serve(stream: UnixStream, context: Context) {
         workers = stage.workers(),
         "worker connected"
     );
-    let ended = work(&mut inbox, &mut outbox, stage, &seat, &context).await;
+    let ended = if hello.declares(FEATURE_STREAM) {
+        streaming::work(&mut inbox, &mut outbox, stage, &seat, &context, &hello).await
+    } else {
+        let cancels = hello.declares(FEATURE_CANCEL);
+        work(&mut inbox, &mut outbox, stage, &seat, &context, cancels).await
+    };
     match &ended {
         Ended::Stopped => {
             let message = "proxy shutting down".to_string();
@@ -170,7 +188,7 @@ async fn handshake(
 }
 
 /// Why a worker connection ended.
-enum Ended {
+pub(super) enum Ended {
     /// The worker hung up while idle.
     Closed,
     /// The proxy is shutting down.
@@ -192,28 +210,28 @@ impl std::fmt::Display for Ended {
 
 /// How a broken read ends the connection: a frame that does not decode is the worker breaking
 /// the protocol; anything else (reset, closed inside a frame) is the connection dying.
-fn read_error(e: io::Error) -> Ended {
+pub(super) fn read_error(e: io::Error) -> Ended {
     match e.kind() {
         io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => protocol_error(e),
         _ => died(format!("connection broken: {e}")),
     }
 }
 
-fn protocol_error(why: impl std::fmt::Display) -> Ended {
+pub(super) fn protocol_error(why: impl std::fmt::Display) -> Ended {
     Ended::Failed { reason: "protocol", why: format!("protocol error: {why}") }
 }
 
-fn died(why: String) -> Ended {
+pub(super) fn died(why: String) -> Ended {
     Ended::Failed { reason: "died", why }
 }
 
 /// A batch queued for the worker and not yet answered.
-struct InFlight {
-    jobs: Vec<Job>,
+pub(super) struct InFlight {
+    pub jobs: Vec<Job>,
     /// When it was queued for writing: its hung timer counts the write too.
-    sent: Instant,
+    pub sent: Instant,
     /// Its frame's index in the outbox, to tell whether it ever reached the worker.
-    frame: u64,
+    pub frame: u64,
 }
 
 /// The pull loop. Returns why it ended; every job it took has been answered or handed back by
@@ -229,8 +247,10 @@ async fn work(
     stage: &Stage,
     seat: &WorkerSeat<'_>,
     context: &Context,
+    cancels: bool,
 ) -> Ended {
     let prefetch = stage.settings().prefetch;
+    let mut departures = Departures::new(cancels);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
     // When the worker finished its previous batch: a batch sent ahead starts only then.
     let mut last_done = Instant::now();
@@ -248,7 +268,9 @@ async fn work(
                 e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 jobs = seat.next_batch() => {
-                    in_flight.push_back(send(outbox, jobs));
+                    let batch = send(outbox, jobs);
+                    batch.jobs.iter().for_each(|job| departures.watch(job));
+                    in_flight.push_back(batch);
                     continue;
                 }
             }
@@ -273,9 +295,18 @@ async fn work(
                     reason: "hung",
                     why: "the worker held a batch past its limit".into(),
                 },
+                id = departures.next() => {
+                    let held = in_flight.iter().flat_map(|batch| &batch.jobs).any(|job| job.id == id);
+                    if held {
+                        outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
+                    }
+                    continue;
+                }
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
                     metrics().batches_ahead.with_label_values(&[stage.name()]).inc();
-                    in_flight.push_back(send(outbox, jobs));
+                    let batch = send(outbox, jobs);
+                    batch.jobs.iter().for_each(|job| departures.watch(job));
+                    in_flight.push_back(batch);
                     continue;
                 }
             }
@@ -330,7 +361,7 @@ async fn work(
 }
 
 /// Queues a batch for the worker: each job's id, remaining time and payload.
-fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
+pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
     let sent = Instant::now();
     let batch = Batch {
         jobs: jobs

@@ -1,0 +1,101 @@
+//! How a streamed answer is written: Server-Sent Events (`Accept: text/event-stream`) or
+//! newline-delimited JSON (`Accept: application/x-ndjson`). Chunks are msgpack from the worker,
+//! written as JSON; the end is a `done` event, or an `error` event with the same code words as a
+//! one-shot answer's error body.
+
+use bytes::Bytes;
+use http::HeaderValue;
+
+use super::error::ApiError;
+use super::format::{self, Format};
+
+/// A streamed answer's framing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Framing {
+    Sse,
+    Ndjson,
+}
+
+impl Framing {
+    pub fn content_type(self) -> &'static str {
+        match self {
+            Framing::Sse => "text/event-stream",
+            Framing::Ndjson => "application/x-ndjson",
+        }
+    }
+
+    /// The streamed framing an `Accept` header asks for, if any: a stream is what a client that
+    /// names one wants, whatever else it lists.
+    pub fn requested(accept: Option<&HeaderValue>) -> Option<Framing> {
+        let accept = accept?.to_str().ok()?;
+        accept.split(',').find_map(|range| {
+            let mut parts = range.split(';');
+            let media = parts.next().unwrap_or("").trim();
+            let refused = parts.any(|p| matches!(p.trim(), "q=0" | "q=0.0" | "q=0.00" | "q=0.000"));
+            match media {
+                _ if refused => None,
+                m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::Sse),
+                m if m.eq_ignore_ascii_case("application/x-ndjson") => Some(Framing::Ndjson),
+                _ => None,
+            }
+        })
+    }
+
+    /// One chunk (a msgpack value) as an event; an error event if it has no JSON form.
+    pub fn chunk(self, data: Bytes) -> Result<Bytes, Bytes> {
+        let json = format::from_msgpack(Format::Json, data)
+            .map_err(|e| self.error(&ApiError::internal("unrepresentable_output", e)))?;
+        Ok(match self {
+            Framing::Sse => [b"data: ", &json[..], b"\n\n"].concat().into(),
+            Framing::Ndjson => [&json[..], b"\n"].concat().into(),
+        })
+    }
+
+    /// The end of a stream that went well.
+    pub fn done(self) -> Bytes {
+        match self {
+            Framing::Sse => Bytes::from_static(b"event: done\ndata: {}\n\n"),
+            Framing::Ndjson => Bytes::from_static(b"{\"done\":true}\n"),
+        }
+    }
+
+    /// The end of a stream that failed, with the error's code word and message.
+    pub fn error(self, error: &ApiError) -> Bytes {
+        let body = serde_json::json!({ "error": error.code, "message": error.message });
+        let json = serde_json::to_vec(&body).expect("a JSON object of strings always serializes");
+        match self {
+            Framing::Sse => [b"event: error\ndata: ", &json[..], b"\n\n"].concat().into(),
+            Framing::Ndjson => [&json[..], b"\n"].concat().into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mp(value: serde_json::Value) -> Bytes {
+        Bytes::from(rmp_serde::to_vec(&value).unwrap())
+    }
+
+    #[test]
+    fn a_stream_is_what_a_client_naming_one_gets() {
+        let accept = |v: &'static str| Framing::requested(Some(&HeaderValue::from_static(v)));
+        assert_eq!(accept("text/event-stream"), Some(Framing::Sse));
+        assert_eq!(accept("application/json, application/x-ndjson"), Some(Framing::Ndjson));
+        assert_eq!(accept("text/event-stream;q=0, application/json"), None);
+        assert_eq!(accept("application/json"), None);
+        assert_eq!(Framing::requested(None), None);
+    }
+
+    #[test]
+    fn events_are_json_lines() {
+        let chunk = mp(serde_json::json!({"token": "hé"}));
+        assert_eq!(Framing::Sse.chunk(chunk.clone()).unwrap(), "data: {\"token\":\"hé\"}\n\n");
+        assert_eq!(Framing::Ndjson.chunk(chunk).unwrap(), "{\"token\":\"hé\"}\n");
+        let error = ApiError::slow_client();
+        let sse = Framing::Sse.error(&error);
+        assert!(sse.starts_with(b"event: error\ndata: {\"error\":\"slow_client\""), "{sse:?}");
+        assert_eq!(Framing::Ndjson.done(), "{\"done\":true}\n");
+    }
+}

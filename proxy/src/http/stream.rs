@@ -1,0 +1,230 @@
+//! The streamed answer path, beside the one-shot one in [`super::infer`]: a job whose chunks go
+//! to the client as Server-Sent Events or NDJSON as they arrive ([`super::events`]).
+//!
+//! Until the first chunk the answer is still undecided: every error known by then (a shed, a 422
+//! from preprocess, a 408 when nothing came by the job's deadline) is a plain HTTP error with its
+//! status. From the first chunk on the status is 200 and the stream carries the rest: chunks, then
+//! `done`, or an `error` event. The whole stream is bounded by `--stream-timeout-ms`; past it the
+//! stream ends with `deadline_exceeded`. However the answer ends — done, error, timeout, or hyper
+//! dropping it because the client left — the job's `left` token is cancelled with it, and a
+//! worker still holding the job is told to stop.
+
+use std::convert::Infallible;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use corral_protocol::JobId;
+use futures_util::stream;
+use http::header::{CACHE_CONTROL, CONTENT_TYPE};
+use http::{Response, StatusCode};
+use http_body_util::{BodyExt, StreamBody};
+use hyper::body::Frame;
+use tokio::sync::oneshot;
+use tokio::time::{Instant, Sleep};
+use tokio_util::sync::DropGuard;
+
+use super::error::ApiError;
+use super::events::Framing;
+use super::{shed_error, App, Body, Route};
+use crate::job::{Job, Outcome};
+use crate::metrics::metrics;
+use crate::stream::{self as chunks, ChunkSource};
+
+/// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
+/// pipeline's last stage streams.
+pub async fn answer(
+    app: &App,
+    route: &Route,
+    id: JobId,
+    payload: Bytes,
+    arrived: Instant,
+    deadline: Instant,
+    framing: Framing,
+) -> Result<Response<Body>, ApiError> {
+    let inputs = route
+        .pipeline
+        .run_before_last(vec![(id, payload)], arrived, deadline, app.retries)
+        .await
+        .map_err(shed_error)?;
+    let (entered, payload) = match inputs {
+        Ok((entered, mut inputs)) => (entered, inputs.pop().expect("one job in, one out").1),
+        Err(outcomes) => {
+            let outcome = outcomes.into_iter().next().expect("one job in, one outcome out");
+            return Err(ApiError::from_outcome(outcome));
+        }
+    };
+
+    let (sink, mut source) = chunks::channel(app.stream_buffer_bytes);
+    let (mut job, mut reply) = Job::new(id, payload, entered, deadline);
+    job.retries = app.retries;
+    job.stream = Some(sink);
+    let stream_deadline = arrived + app.stream_timeout.max(deadline - arrived);
+    job.stream_deadline = Some(stream_deadline);
+    let left = job.left.clone().drop_guard();
+    route.pipeline.last().submit_all(vec![job]).map_err(shed_error)?;
+
+    // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
+    let mut first = Vec::new();
+    let outcome = tokio::select! {
+        biased;
+        chunk = source.next() => match chunk {
+            Some(chunk) => {
+                first.push(chunk);
+                None
+            }
+            // The job was answered without a chunk: its outcome is on its way.
+            None => Some(outcome(&mut reply).await),
+        },
+        answered = &mut reply => Some(answered.unwrap_or_else(dropped)),
+        _ = tokio::time::sleep_until(deadline) => return Err(ApiError::deadline_exceeded()),
+    };
+    let mut pending: Vec<Bytes> = Vec::new();
+    let mut finished = false;
+    match outcome {
+        None => {}
+        Some(Outcome::Done(data)) => {
+            pending.extend(last_chunk(framing, data));
+            finished = true;
+        }
+        Some(Outcome::Ended) => {
+            pending.push(framing.done());
+            finished = true;
+        }
+        Some(other) => return Err(ApiError::from_outcome(other)),
+    }
+    for chunk in first {
+        pending.push(event(framing, chunk, &mut finished));
+    }
+    let events = Events {
+        framing,
+        source,
+        reply,
+        deadline: Box::pin(tokio::time::sleep_until(stream_deadline)),
+        pending: pending.into(),
+        finished,
+        _left: left,
+        _open: Open::new(),
+    };
+    let body = StreamBody::new(stream::unfold(events, Events::next_frame));
+    Ok(Response::builder()
+        .status(StatusCode::OK)
+        .header(CONTENT_TYPE, framing.content_type())
+        .header(CACHE_CONTROL, "no-cache")
+        // Proxies in front (nginx) must pass events on as they come.
+        .header("x-accel-buffering", "no")
+        .body(BodyExt::boxed_unsync(body))
+        .expect("static headers are valid"))
+}
+
+/// A chunk as an event; one that has no JSON form ends the stream with an error event.
+fn event(framing: Framing, chunk: Bytes, finished: &mut bool) -> Bytes {
+    framing.chunk(chunk).unwrap_or_else(|error| {
+        *finished = true;
+        error
+    })
+}
+
+/// A one-shot answer as the last chunk of a stream, then `done` (or the error event alone).
+fn last_chunk(framing: Framing, data: Bytes) -> Vec<Bytes> {
+    match framing.chunk(data) {
+        Ok(chunk) => vec![chunk, framing.done()],
+        Err(error) => vec![error],
+    }
+}
+
+async fn outcome(reply: &mut oneshot::Receiver<Outcome>) -> Outcome {
+    reply.await.unwrap_or_else(dropped)
+}
+
+/// Only a bug drops a job unanswered; say so rather than hang or guess.
+fn dropped(_: oneshot::error::RecvError) -> Outcome {
+    Outcome::WorkerLost("the job was dropped without an answer".into())
+}
+
+/// The rest of a stream, as body frames.
+struct Events {
+    framing: Framing,
+    source: ChunkSource,
+    reply: oneshot::Receiver<Outcome>,
+    deadline: Pin<Box<Sleep>>,
+    /// Events ready to go out before anything else.
+    pending: std::collections::VecDeque<Bytes>,
+    /// The last event is out (or queued in `pending`).
+    finished: bool,
+    /// Cancels the job's `left` token when the answer ends, however it ends.
+    _left: DropGuard,
+    _open: Open,
+}
+
+impl Events {
+    async fn next_frame(mut self) -> Option<(Result<Frame<Bytes>, Infallible>, Self)> {
+        if let Some(event) = self.pending.pop_front() {
+            return Some((Ok(Frame::data(event)), self));
+        }
+        if self.finished {
+            self._open.finished = true;
+            return None;
+        }
+        let event = tokio::select! {
+            biased;
+            chunk = self.source.next() => match chunk {
+                Some(chunk) => event(self.framing, chunk, &mut self.finished),
+                None => {
+                    let outcome = outcome(&mut self.reply).await;
+                    self.end(outcome)
+                }
+            },
+            answered = &mut self.reply => {
+                // Every chunk was pushed before the outcome: they go first.
+                while let Some(chunk) = self.source.try_next() {
+                    if self.finished {
+                        break;
+                    }
+                    let event = event(self.framing, chunk, &mut self.finished);
+                    self.pending.push_back(event);
+                }
+                self.end(answered.unwrap_or_else(dropped))
+            }
+            _ = &mut self.deadline => {
+                metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+                self.finished = true;
+                self.framing.error(&ApiError::deadline_exceeded())
+            }
+        };
+        Some((Ok(Frame::data(event)), self))
+    }
+
+    /// Queues the last events for the job's outcome and returns the first event due.
+    fn end(&mut self, outcome: Outcome) -> Bytes {
+        if !self.finished {
+            self.finished = true;
+            match outcome {
+                Outcome::Ended => self.pending.push_back(self.framing.done()),
+                Outcome::Done(data) => self.pending.extend(last_chunk(self.framing, data)),
+                other => self.pending.push_back(self.framing.error(&ApiError::from_outcome(other))),
+            }
+        }
+        self.pending.pop_front().unwrap_or_else(|| self.framing.done())
+    }
+}
+
+/// Counts an open stream; one dropped before its last event is a client that left.
+struct Open {
+    finished: bool,
+}
+
+impl Open {
+    fn new() -> Self {
+        metrics().streams_open.inc();
+        Self { finished: false }
+    }
+}
+
+impl Drop for Open {
+    fn drop(&mut self) {
+        metrics().streams_open.dec();
+        if !self.finished {
+            metrics().streams_cancelled.with_label_values(&["client_left"]).inc();
+        }
+    }
+}

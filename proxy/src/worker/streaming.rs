@@ -1,0 +1,312 @@
+//! The pull loop for a worker that declared `stream` (PROTOCOL.md, "Streams, cancellation and
+//! joining"): the streamed answer path beside the one-shot one in [`super::connection`], sharing
+//! its jobs, its queue and its connection.
+//!
+//! Such a worker holds a set of jobs rather than a queue of batches: it sends `chunks` for any of
+//! them, ends any subset with a `results` frame, and, with `join`, offers room for more (`pull`)
+//! while it holds some. Each chunk goes to its job's client at once (or is gathered into one
+//! answer for a client that did not ask for a stream). The worker is idle when it holds nothing;
+//! only then does it get a batch the ordinary way. Its hung clock counts from its last frame, so a
+//! worker that streams steadily is never declared hung.
+
+use std::collections::HashMap;
+
+use bytes::Bytes;
+use corral_protocol::{
+    Cancel, Chunks, Hello, JobId, ProxyMessage, ResultStatus, Results, WorkerMessage,
+    FEATURE_CANCEL, FEATURE_JOIN, MAX_FRAME_BYTES,
+};
+use futures_util::StreamExt;
+use tokio::time::Instant;
+
+use super::connection::{
+    died, protocol_error, read_error, send, Context, Ended, Inbox, HUNG_MARGIN,
+};
+use super::departures::Departures;
+use super::outbox::{Delivery, Outbox};
+use super::settle::{answer, give_back, Orphan};
+use crate::job::{Job, Outcome};
+use crate::metrics::metrics;
+use crate::stage::{Stage, WorkerSeat};
+use crate::stream::Refused;
+
+/// A job the worker holds.
+struct Held {
+    /// None once the job was answered early (its client fell behind): what the worker still
+    /// sends for it is dropped.
+    job: Option<Job>,
+    /// Its batch's frame in the outbox, to tell whether it ever reached the worker.
+    frame: u64,
+    /// Order of arrival, so that a failed worker's jobs go back oldest first.
+    seq: u64,
+    /// Chunks gathered for a client that asked for one answer.
+    gathered: Vec<Bytes>,
+    gathered_bytes: usize,
+    /// Whether a chunk of it went out: from then on it is never retried elsewhere (the client
+    /// has seen part of an answer).
+    streamed: bool,
+}
+
+/// A batch waiting for its first chunk or result: what the cost model learns for a streaming
+/// stage is the time to first chunk.
+struct Pending {
+    sent: Instant,
+    size: usize,
+}
+
+/// Serves a streaming worker until its connection ends; every job it took has been answered or
+/// handed back by then.
+pub(super) async fn work(
+    inbox: &mut Inbox,
+    outbox: &mut Outbox,
+    stage: &Stage,
+    seat: &WorkerSeat<'_>,
+    context: &Context,
+    hello: &Hello,
+) -> Ended {
+    let mut state = State {
+        held: HashMap::new(),
+        first: HashMap::new(),
+        seq: 0,
+        departures: Departures::new(hello.declares(FEATURE_CANCEL)),
+        cancels: hello.declares(FEATURE_CANCEL),
+    };
+    let joins = hello.declares(FEATURE_JOIN);
+    // Room the worker offered for more jobs (`pull`), while it holds some.
+    let mut offer: Option<usize> = None;
+    // When the worker last sent a frame, or was given work while idle: its hung clock.
+    let mut heard = Instant::now();
+    let ended = loop {
+        let message = if state.held.is_empty() {
+            tokio::select! {
+                biased;
+                message = inbox.next() => break match message {
+                    None => Ended::Closed,
+                    Some(Ok(_)) => protocol_error("message while idle"),
+                    Some(Err(e)) => read_error(e),
+                },
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
+                jobs = seat.next_batch() => {
+                    heard = Instant::now();
+                    state.hold(outbox, jobs);
+                    continue;
+                }
+            }
+        } else {
+            let hung_at = match stage.settings().batch_timeout {
+                Some(limit) => heard + limit,
+                None => state.finish_by() + HUNG_MARGIN,
+            };
+            tokio::select! {
+                biased;
+                message = inbox.next() => message,
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
+                _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
+                    reason: "hung",
+                    why: "the streaming worker sent nothing past its limit".into(),
+                },
+                id = state.departures.next() => {
+                    state.cancel(outbox, id, "client_left");
+                    continue;
+                }
+                jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
+                    offer = None;
+                    state.hold(outbox, jobs);
+                    continue;
+                }
+            }
+        };
+        heard = Instant::now();
+        let outcome = match message {
+            Some(Ok(WorkerMessage::Chunks(chunks))) => state.chunks(outbox, seat, chunks),
+            Some(Ok(WorkerMessage::Results(results))) => state.results(seat, results),
+            Some(Ok(WorkerMessage::Pull(pull))) if joins => {
+                offer = (pull.max > 0).then_some(pull.max as usize);
+                Ok(())
+            }
+            Some(Ok(WorkerMessage::Pull(_))) => Err(protocol_error("pull without join")),
+            Some(Ok(WorkerMessage::Hello(_))) => Err(protocol_error("hello while holding jobs")),
+            Some(Err(e)) => Err(read_error(e)),
+            None => Err(died("connection closed while holding jobs".into())),
+        };
+        if let Err(ended) = outcome {
+            break ended;
+        }
+        if state.held.is_empty() {
+            offer = None;
+            seat.released();
+        }
+    };
+    state.settle(outbox, seat, &ended);
+    ended
+}
+
+struct State {
+    held: HashMap<JobId, Held>,
+    first: HashMap<u64, Pending>,
+    seq: u64,
+    departures: Departures,
+    cancels: bool,
+}
+
+impl State {
+    /// Sends a batch (to an idle worker, or joining the jobs it holds) and holds its jobs.
+    fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>) {
+        let sent = send(outbox, jobs);
+        self.first.insert(sent.frame, Pending { sent: sent.sent, size: sent.jobs.len() });
+        for job in sent.jobs {
+            self.departures.watch(&job);
+            self.seq += 1;
+            let held = Held {
+                job: Some(job),
+                frame: sent.frame,
+                seq: self.seq,
+                gathered: Vec::new(),
+                gathered_bytes: 0,
+                streamed: false,
+            };
+            self.held.insert(held.job.as_ref().expect("just held").id, held);
+        }
+    }
+
+    /// When the last held job must be over: past it (and a margin) a silent worker is hung.
+    fn finish_by(&self) -> Instant {
+        let jobs = self.held.values().filter_map(|held| held.job.as_ref());
+        jobs.map(Job::finish_by).max().unwrap_or_else(Instant::now)
+    }
+
+    /// Tells the worker (if it listens) that nobody waits for `id` any more.
+    fn cancel(&mut self, outbox: &mut Outbox, id: JobId, reason: &str) {
+        let Some(held) = self.held.get(&id) else { return };
+        if held.job.as_ref().is_some_and(|job| job.stream.is_some()) {
+            metrics().streams_cancelled.with_label_values(&[reason]).inc();
+        }
+        if self.cancels {
+            outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
+        }
+    }
+
+    /// The first chunk or result of a batch: the stage learns its time to first chunk.
+    fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
+        if let Some(pending) = self.first.remove(&frame) {
+            seat.first_chunk(pending.size, pending.sent.elapsed());
+        }
+    }
+
+    fn chunks(
+        &mut self,
+        outbox: &mut Outbox,
+        seat: &WorkerSeat<'_>,
+        chunks: Chunks,
+    ) -> Result<(), Ended> {
+        let mut slow = Vec::new();
+        for chunk in chunks.chunks {
+            let Some(held) = self.held.get_mut(&chunk.id) else {
+                return Err(protocol_error(format!("chunk for a job not held: {}", chunk.id)));
+            };
+            let frame = held.frame;
+            held.streamed = true;
+            let Some(job) = held.job.as_ref() else { continue };
+            match &job.stream {
+                Some(sink) => match sink.push(chunk.data) {
+                    Ok(()) => metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc(),
+                    Err(Refused::SlowClient) => slow.push(chunk.id),
+                    // The client left: its `left` token tells the worker.
+                    Err(Refused::Gone) => {}
+                },
+                None => {
+                    held.gathered_bytes += chunk.data.len();
+                    held.gathered.push(chunk.data);
+                    if held.gathered_bytes > MAX_FRAME_BYTES {
+                        let job = held.job.take().expect("checked above");
+                        let why = "the stream is larger than one answer can carry; ask for a \
+                                   stream (Accept: text/event-stream)";
+                        answer(job, Outcome::Failed(why.into()), Instant::now());
+                    }
+                }
+            }
+            self.heard_from(seat, frame);
+        }
+        for id in slow {
+            if let Some(job) = self.held.get_mut(&id).and_then(|held| held.job.take()) {
+                answer(job, Outcome::SlowClient, Instant::now());
+                self.cancel(outbox, id, "slow_client");
+            }
+        }
+        Ok(())
+    }
+
+    fn results(&mut self, seat: &WorkerSeat<'_>, results: Results) -> Result<(), Ended> {
+        let now = Instant::now();
+        for result in results.results {
+            let Some(held) = self.held.remove(&result.id) else {
+                return Err(protocol_error(format!(
+                    "result for a job not held (unknown or repeated): {}",
+                    result.id
+                )));
+            };
+            self.heard_from(seat, held.frame);
+            let Some(job) = held.job else { continue };
+            let outcome = match (result.status, result.data) {
+                (ResultStatus::End, _) if job.stream.is_some() => Outcome::Ended,
+                (ResultStatus::End, _) => Outcome::Done(gather(held.gathered, None)),
+                (ResultStatus::Ok, Some(data))
+                    if job.stream.is_some() || held.gathered.is_empty() =>
+                {
+                    Outcome::Done(data)
+                }
+                (ResultStatus::Ok, Some(data)) => Outcome::Done(gather(held.gathered, Some(data))),
+                (ResultStatus::Ok, None) => {
+                    // The worker broke the protocol on this job: it fails alone (no retry on a
+                    // worker that answers like this), the connection ends, the rest go back.
+                    let why = format!("ok result without data for job {}", job.id);
+                    answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
+                    return Err(protocol_error(why));
+                }
+                (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
+                (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
+                (ResultStatus::Expired, _) => Outcome::Expired,
+            };
+            answer(job, outcome, now);
+        }
+        Ok(())
+    }
+
+    /// Every job still held when the connection ended: at shutdown answered 503; otherwise a job
+    /// not streamed yet is handed back (retried or 500, as for a plain worker), and one that
+    /// streamed ends with `worker_died` — its client has seen part of an answer.
+    fn settle(self, outbox: &Outbox, seat: &WorkerSeat<'_>, ended: &Ended) {
+        let now = Instant::now();
+        let mut held: Vec<Held> = self.held.into_values().collect();
+        held.sort_by_key(|held| held.seq);
+        let mut orphans = Vec::new();
+        for Held { job, frame, streamed, .. } in held {
+            let Some(job) = job else { continue };
+            if matches!(ended, Ended::Stopped) {
+                answer(job, Outcome::ShuttingDown, now);
+            } else if streamed {
+                answer(job, Outcome::WorkerLost(format!("the worker failed: {ended}")), now);
+            } else {
+                let reached = outbox.delivery(frame) != Delivery::None;
+                orphans.push(Orphan { job, reached });
+            }
+        }
+        if !orphans.is_empty() {
+            give_back(seat, orphans, &ended.to_string());
+        }
+    }
+}
+
+/// One answer out of a stream's chunks, for a client that did not ask for a stream: a msgpack
+/// array of them (and a final `ok` value, if the worker ended with one).
+fn gather(chunks: Vec<Bytes>, last: Option<Bytes>) -> Bytes {
+    let all: Vec<Bytes> = chunks.into_iter().chain(last).collect();
+    let mut out = Vec::with_capacity(5 + all.iter().map(Bytes::len).sum::<usize>());
+    rmp::encode::write_array_len(&mut out, all.len() as u32).expect("a Vec takes any write");
+    for chunk in &all {
+        out.extend_from_slice(chunk);
+    }
+    Bytes::from(out)
+}
