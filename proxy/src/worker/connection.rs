@@ -345,6 +345,7 @@ async fn work(
             batch.jobs.into_iter().for_each(|job| answer(job, Outcome::ShuttingDown, now));
         }
     } else if !in_flight.is_empty() {
+        outbox.halt().await;
         // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
         let orphans = in_flight
             .into_iter()

@@ -33,6 +33,8 @@ pub struct Outbox {
     progress: Arc<Progress>,
     queued: u64,
     writer: JoinHandle<io::Result<()>>,
+    /// The writer's end was seen (by [`Outbox::broken`]); its handle must not be awaited again.
+    ended: bool,
 }
 
 impl Outbox {
@@ -41,7 +43,7 @@ impl Outbox {
         let (queue, frames) = mpsc::unbounded_channel();
         let progress = Arc::new(Progress::default());
         let writer = tokio::spawn(write(half, frames, progress.clone()));
-        Self { queue: Some(queue), progress, queued: 0, writer }
+        Self { queue: Some(queue), progress, queued: 0, writer, ended: false }
     }
 
     /// Queues a frame; returns its index (see [`Outbox::delivery`]). Never waits. The queue is
@@ -57,7 +59,7 @@ impl Outbox {
         index
     }
 
-    /// How far the frame at `index` got.
+    /// How far the frame at `index` got; final once the writer has stopped ([`Outbox::halt`]).
     pub fn delivery(&self, index: u64) -> Delivery {
         if index < self.progress.written.load(Ordering::Acquire) {
             Delivery::Whole
@@ -71,10 +73,23 @@ impl Outbox {
     /// Completes when a write fails (the worker is gone, or closed its end), with the error.
     /// Not to be polled again once it has completed: the connection ends then.
     pub async fn broken(&mut self) -> io::Error {
-        match (&mut self.writer).await {
+        let ended = (&mut self.writer).await;
+        self.ended = true;
+        match ended {
             Ok(Err(e)) => e,
             Ok(Ok(())) => io::Error::other("the writer stopped"),
             Err(join) => io::Error::other(join),
+        }
+    }
+
+    /// Stops the writer and waits until it has: [`Outbox::delivery`] is final from then on. A
+    /// write that returned has been counted by then (the writer stops only where it waits), so a
+    /// worker that answered a batch is never taken for one that did not get it.
+    pub async fn halt(&mut self) {
+        self.writer.abort();
+        if !self.ended {
+            let _ = (&mut self.writer).await;
+            self.ended = true;
         }
     }
 
@@ -82,7 +97,7 @@ impl Outbox {
     /// that does not read must not hold up the proxy's exit.
     pub async fn close(mut self, limit: Duration) {
         self.queue = None;
-        if tokio::time::timeout(limit, &mut self.writer).await.is_err() {
+        if !self.ended && tokio::time::timeout(limit, &mut self.writer).await.is_err() {
             self.writer.abort();
         }
     }

@@ -139,6 +139,9 @@ pub(super) async fn work(
             seat.released();
         }
     };
+    if !matches!(ended, Ended::Stopped) {
+        outbox.halt().await;
+    }
     state.settle(outbox, seat, &ended);
     ended
 }

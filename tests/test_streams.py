@@ -1,0 +1,235 @@
+"""Streamed answers end to end (issue #13): the real binary, real sockets, and a streaming worker
+written from PROTOCOL.md alone (tests/workers/streamer.py), so that these tests are about the
+proxy's side of streams.
+
+Nothing here is timed: a stream is shown to arrive piece by piece by a worker that waits, after
+its first chunk, on a file the test creates only once it has read that chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+
+from conftest import ROOT
+
+STREAMER = str(ROOT / "tests" / "workers" / "streamer.py")
+SSE = {"accept": "text/event-stream"}
+
+
+def events(response: httpx.Response):
+    """(event, data) pairs of a Server-Sent Events answer, as they arrive."""
+    name, data = "message", []
+    for line in response.iter_lines():
+        if line == "":
+            if data:
+                yield name, json.loads("\n".join(data))
+            name, data = "message", []
+        elif line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            data.append(line[len("data: ") :])
+
+
+def stream_all(proxy, item, headers=SSE):
+    with proxy.client.stream("POST", "/infer", json=item, headers=headers) as response:
+        return response, list(events(response))
+
+
+def ids(path) -> list[str]:
+    if not path.exists():
+        return []
+    return [uuid.UUID(line).hex for line in path.read_text().split()]
+
+
+def test_a_stream_arrives_chunk_by_chunk_and_ends_with_done(corral_factory, tmp_path):
+    proxy = corral_factory(worker=STREAMER)
+    gate = tmp_path / "gate"
+    item = {"chunks": 3, "gate": str(gate)}
+    with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        assert "content-length" not in response.headers
+        received = events(response)
+        # The worker holds the rest until the test has read the first chunk.
+        assert next(received) == ("message", "c-0")
+        gate.touch()
+        assert list(received) == [("message", "c-1"), ("message", "c-2"), ("done", {})]
+    assert proxy.metric("corral_chunks_sent_total", stage="default") == 3
+    assert proxy.metric("corral_streams_open") == 0
+
+
+def test_ndjson_streams_one_object_per_line(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    headers = {"accept": "application/x-ndjson"}
+    with proxy.client.stream("POST", "/infer", json={"chunks": 2}, headers=headers) as response:
+        assert response.headers["content-type"] == "application/x-ndjson"
+        lines = [json.loads(line) for line in response.iter_lines() if line]
+    assert lines == ["c-0", "c-1", {"done": True}]
+
+
+def test_a_one_shot_client_of_a_streaming_worker_gets_every_chunk_at_once(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    response = proxy.post({"chunks": 3})
+    assert response.status_code == 200
+    assert response.json() == ["c-0", "c-1", "c-2"]
+
+
+def test_a_streaming_client_of_a_plain_worker_gets_one_chunk(corral_factory):
+    proxy = corral_factory()  # the scripted, non-streaming worker
+    response, received = stream_all(proxy, {"hello": "world"})
+    assert response.status_code == 200
+    (name, chunk), done = received
+    assert name == "message" and chunk["echo"] == {"hello": "world"}
+    assert done == ("done", {})
+
+
+def test_64_concurrent_streams_each_get_their_own_chunks_in_order(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+
+    def one(n: int):
+        with httpx.Client(base_url=proxy.url, timeout=30) as http:
+            item = {"chunks": 5, "tag": f"s{n}"}
+            with http.stream("POST", "/infer", json=item, headers=SSE) as response:
+                return list(events(response))
+
+    with ThreadPoolExecutor(64) as pool:
+        streams = list(pool.map(one, range(64)))
+    for n, received in enumerate(streams):
+        assert received == [("message", f"s{n}-{i}") for i in range(5)] + [("done", {})]
+    # Streams shared batches.
+    assert proxy.metric("corral_batch_size_count", stage="default") < 64
+
+
+def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(corral_factory, tmp_path):
+    cancels, gate = tmp_path / "cancels", tmp_path / "gate"
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=2",
+        "--max-wait-ms=60000",
+        worker=STREAMER,
+        env={"STREAMER_CANCELS": str(cancels)},
+    )
+    leaving = {"chunks": 3, "gate": str(gate), "tag": "a"}
+    staying = {"chunks": 3, "gate": str(gate), "tag": "b"}
+    with (
+        httpx.Client(base_url=proxy.url, timeout=30) as a,
+        httpx.Client(base_url=proxy.url, timeout=30) as b,
+    ):
+        with b.stream("POST", "/infer", json=staying, headers=SSE) as kept:
+            # The two jobs share one batch (it leaves only when full).
+            with a.stream("POST", "/infer", json=leaving, headers=SSE) as left:
+                left_id = uuid.UUID(left.headers["x-request-id"]).hex
+                assert next(events(left)) == ("message", "a-0")
+            # The client hung up: the worker hears of it while b's stream waits on the gate.
+            proxy.wait_until(lambda: left_id in ids(cancels), what="a cancel in the worker")
+            gate.touch()
+            assert list(events(kept)) == [
+                ("message", "b-0"),
+                ("message", "b-1"),
+                ("message", "b-2"),
+                ("done", {}),
+            ]
+    assert proxy.metric("corral_streams_cancelled_total", reason="client_left") == 1
+
+
+def test_a_slow_client_is_cancelled_and_its_batch_mates_are_not(corral_factory, tmp_path):
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=2",
+        "--max-wait-ms=60000",
+        "--stream-buffer-bytes=65536",
+        worker=STREAMER,
+        env={"STREAMER_CANCELS": str(cancels)},
+    )
+    # 400 chunks of 64 KiB: more than the socket buffers take while the client reads nothing.
+    slow_item = {"chunks": 400, "size": 65536, "tag": "slow"}
+    with (
+        httpx.Client(base_url=proxy.url, timeout=30) as a,
+        httpx.Client(base_url=proxy.url, timeout=30) as b,
+    ):
+        with a.stream("POST", "/infer", json=slow_item, headers=SSE) as slow:
+            slow_id = uuid.UUID(slow.headers["x-request-id"]).hex
+            with b.stream("POST", "/infer", json={"chunks": 400, "tag": "b"}, headers=SSE) as fast:
+                received = list(events(fast))
+            assert received[-1] == ("done", {})
+            assert len(received) == 401
+            proxy.wait_until(lambda: slow_id in ids(cancels), what="the slow client cancelled")
+            last = list(events(slow))[-1]
+    assert last == ("error", {"error": "slow_client", "message": last[1]["message"]})
+    assert proxy.metric("corral_streams_cancelled_total", reason="slow_client") == 1
+
+
+def test_a_worker_dying_mid_stream_ends_its_streams_with_an_error(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    response, received = stream_all(proxy, {"chunks": 5, "die_after": 2})
+    assert response.status_code == 200
+    assert received[:2] == [("message", "c-0"), ("message", "c-1")]
+    assert received[2][0] == "error" and received[2][1]["error"] == "worker_died"
+    assert len(received) == 3
+    # Service restored by the restarted worker.
+    proxy.wait_for_log(r"worker connected", count=2)
+    assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
+
+
+def test_a_failure_after_chunks_is_an_error_event(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    _, received = stream_all(proxy, {"chunks": 5, "fail_after": 1})
+    assert received[0] == ("message", "c-0")
+    assert received[1] == (
+        "error",
+        {"error": "worker_error", "message": "RuntimeError: scripted failure"},
+    )
+
+
+def test_no_first_chunk_by_the_deadline_is_a_plain_408(corral_factory, tmp_path):
+    proxy = corral_factory(worker=STREAMER)
+    item = {"chunks": 1, "gate_first": str(tmp_path / "never")}
+    response = proxy.post(item, headers={**SSE, "x-corral-timeout-ms": "300"})
+    assert response.status_code == 408
+    assert response.json()["error"] == "deadline_exceeded"
+
+
+def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_factory, tmp_path):
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--stream-timeout-ms=500", worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)}
+    )
+    item = {"chunks": 3, "gate": str(tmp_path / "never")}
+    with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+        job = uuid.UUID(response.headers["x-request-id"]).hex
+        received = list(events(response))
+    assert received[0] == ("message", "c-0")
+    assert received[1][0] == "error" and received[1][1]["error"] == "deadline_exceeded"
+    proxy.wait_until(lambda: job in ids(cancels), what="the job cancelled in the worker")
+    assert proxy.metric("corral_streams_cancelled_total", reason="deadline") == 1
+
+
+def test_a_new_job_joins_a_running_batch(corral_factory, tmp_path):
+    joined, gate = tmp_path / "joined", tmp_path / "gate"
+    proxy = corral_factory(
+        worker=STREAMER, env={"STREAMER_JOIN": "4", "STREAMER_JOINED": str(joined)}
+    )
+    long_item = {"chunks": 3, "gate": str(gate), "tag": "long"}
+    with proxy.client.stream("POST", "/infer", json=long_item, headers=SSE) as long_stream:
+        long_events = events(long_stream)
+        assert next(long_events) == ("message", "long-0")
+        # The long job holds the worker (it waits on the gate); a new job joins it and runs to
+        # its end meanwhile. Without joining it would wait for the long one (and time out).
+        with httpx.Client(base_url=proxy.url, timeout=30) as other:
+            with other.stream(
+                "POST", "/infer", json={"chunks": 2, "tag": "new"}, headers=SSE
+            ) as new:
+                new_id = uuid.UUID(new.headers["x-request-id"]).hex
+                assert list(events(new)) == [
+                    ("message", "new-0"),
+                    ("message", "new-1"),
+                    ("done", {}),
+                ]
+        assert ids(joined) == [new_id]
+        gate.touch()
+        assert list(long_events) == [("message", "long-1"), ("message", "long-2"), ("done", {})]

@@ -1,0 +1,151 @@
+"""A streaming worker written from PROTOCOL.md alone (frames by hand, no Worker class): the proxy
+side of streams is tested against it, whatever the Python package does.
+
+It declares `stream` and `cancel` (and `join` when STREAMER_JOIN is set, offering room for
+STREAMER_JOIN jobs in all). Each job's item scripts its stream:
+- `{"chunks": n}`: n chunks, one per step, each `"<tag>-<i>"` (tag: the item's `tag`, default
+  "c"); `"size": k` pads each chunk to k characters;
+- `"gate": path`: after its first chunk, the job waits (other jobs go on) until that file exists;
+  `"gate_first": path` waits before the first chunk;
+- `"fail_after": k`: after k chunks the job ends with an `error` result;
+- `"die_after": k`: after k chunks the process exits at once.
+Cancelled job ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
+"""
+
+import os
+import select
+import socket
+import struct
+import sys
+
+import msgpack
+
+from corral import _protocol as protocol
+
+JOIN = int(os.environ.get("STREAMER_JOIN", "0"))
+
+
+def log(variable, job_id):
+    path = os.environ.get(variable)
+    if path:
+        with open(path, "a") as f:
+            f.write(job_id.hex() + "\n")
+
+
+class Frames:
+    """Frames from the proxy, read without blocking while jobs are held."""
+
+    def __init__(self, sock):
+        self.sock, self.buf = sock, bytearray()
+
+    def poll(self, timeout):
+        """Every complete frame that arrived, waiting up to `timeout` (None: until one does)."""
+        while True:
+            ready = select.select([self.sock], [], [], 0)[0]
+            while ready:
+                data = self.sock.recv(1 << 20)
+                if not data:
+                    raise EOFError
+                self.buf += data
+                ready = select.select([self.sock], [], [], 0)[0]
+            frames = []
+            while len(self.buf) >= 4:
+                (length,) = struct.unpack(">I", self.buf[:4])
+                if len(self.buf) < 4 + length:
+                    break
+                frames.append(protocol.decode_body(bytes(self.buf[4 : 4 + length])))
+                del self.buf[: 4 + length]
+            if frames or timeout == 0:
+                return frames
+            if not select.select([self.sock], [], [], timeout)[0] and timeout is not None:
+                return []
+
+
+class Job:
+    def __init__(self, raw):
+        self.id = raw["id"]
+        self.item = msgpack.unpackb(raw["payload"], raw=False)
+        self.sent = 0
+
+    def gated(self):
+        gate = self.item.get("gate_first") if self.sent == 0 else self.item.get("gate")
+        return bool(gate) and not os.path.exists(gate)
+
+    def next_chunk(self):
+        chunk = f"{self.item.get('tag', 'c')}-{self.sent}"
+        self.sent += 1
+        return chunk.ljust(self.item.get("size", 0), ".")
+
+
+def main():
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(os.environ.get("CORRAL_SOCKET", "corral.sock"))
+    frames = Frames(sock)
+    features = ["stream", "cancel"] + (["join"] if JOIN else [])
+    hello = {**protocol.hello("default", os.getpid(), "streamer"), "features": features}
+    sock.sendall(protocol.encode_frame(hello))
+    held = {}
+    offered = 0
+
+    def receive(frame):
+        kind = frame["type"]
+        if kind == "batch":
+            for raw in frame["jobs"]:
+                if held:
+                    log("STREAMER_JOINED", raw["id"])
+                held[raw["id"]] = Job(raw)
+        elif kind == "cancel":
+            ended = []
+            for job_id in frame["ids"]:
+                log("STREAMER_CANCELS", job_id)
+                if held.pop(job_id, None) is not None:
+                    ended.append({"id": job_id, "status": "end"})
+            if ended:
+                sock.sendall(protocol.encode_frame(protocol.results(ended)))
+        elif kind in ("shutdown", "reject"):
+            sys.exit(0)
+
+    while True:
+        # Idle: block for a batch. Busy: take what arrived without blocking.
+        try:
+            arrived = frames.poll(None if not held else 0)
+        except EOFError:
+            return
+        for frame in arrived:
+            receive(frame)
+        if not held:
+            offered = 0
+            continue
+        if JOIN and len(held) < JOIN and offered != JOIN - len(held):
+            offered = JOIN - len(held)
+            sock.sendall(protocol.encode_frame({"type": "pull", "max": offered}))
+        chunks, results = [], []
+        for job in list(held.values()):
+            if job.gated():
+                continue
+            item = job.item
+            if "die_after" in item and job.sent >= item["die_after"]:
+                os._exit(3)
+            if "fail_after" in item and job.sent >= item["fail_after"]:
+                results.append(protocol.error(job.id, "RuntimeError: scripted failure"))
+            elif job.sent >= item.get("chunks", 1):
+                results.append({"id": job.id, "status": "end"})
+            else:
+                chunks.append({"id": job.id, "data": msgpack.packb(job.next_chunk())})
+        if chunks:
+            sock.sendall(protocol.encode_frame({"type": "chunks", "chunks": chunks}))
+        if results:
+            for result in results:
+                held.pop(result["id"], None)
+            sock.sendall(protocol.encode_frame(protocol.results(results)))
+        if not chunks and not results:
+            # Only gated jobs: wait for a frame, or look at the gates again shortly.
+            try:
+                for frame in frames.poll(0.01):
+                    receive(frame)
+            except EOFError:
+                return
+
+
+if __name__ == "__main__":
+    main()
