@@ -9,6 +9,7 @@ import struct
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+import msgpack
 import pytest
 
 from corral import _protocol as protocol
@@ -208,3 +209,91 @@ def test_a_truncated_frame_then_silence_is_a_hung_worker(corral_factory, pool):
     assert worker.closed_by_proxy()
     worker.close()
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
+
+
+def test_output_that_is_not_one_msgpack_value_fails_that_job_alone(sidecar, pool):
+    """A result's data is checked: trailing bytes or a truncated value answer that job 500
+    `bad_output` (msgpack and JSON clients alike); its batch-mates keep their answers and the
+    worker keeps its connection."""
+    msgpack_only = {"accept": "application/msgpack"}
+    requests = {
+        "good": pool.submit(sidecar.post, {"job": "good"}, headers=msgpack_only),
+        "trailing": pool.submit(sidecar.post, {"job": "trailing"}, headers=msgpack_only),
+        "truncated": pool.submit(sidecar.post, {"job": "truncated"}),  # answered as JSON
+    }
+    sidecar.wait_until(
+        lambda: sidecar.metric("corral_queue_depth", stage="default") == 3, what="three queued jobs"
+    )
+    worker = FakeWorker(sidecar.socket)
+    batch = worker.receive()
+    assert len(batch["jobs"]) == 3
+    data = {"good": b"\x92\x01\x02", "trailing": b"\x92\x01\x02\xc0", "truncated": b"\x92\x01"}
+    worker.send(
+        protocol.results(
+            [
+                protocol.ok(job["id"], data[msgpack.unpackb(job["payload"])["job"]])
+                for job in batch["jobs"]
+            ]
+        )
+    )
+    good = requests["good"].result(timeout=30)
+    assert good.status_code == 200 and good.content == data["good"]
+    for name, problem in [("trailing", "1 bytes after the value"), ("truncated", "truncated")]:
+        response = requests[name].result(timeout=30)
+        assert response.status_code == 500, (name, response.content)
+        assert response.json()["error"] == "bad_output", response.text
+        assert problem in response.json()["message"]
+
+    # The worker kept the protocol: its connection stays and it is sent the next job.
+    response = pool.submit(sidecar.post, {"x": 1})
+    echo_back(worker, worker.receive())
+    assert response.result(timeout=30).json() == {"x": 1}
+    worker.close()
+
+
+@pytest.mark.parametrize(
+    ("status", "code", "error"), [("invalid", 422, "invalid_input"), ("error", 500, "worker_error")]
+)
+@pytest.mark.parametrize("message", [None, ""])
+def test_a_result_without_a_message_says_the_worker_gave_no_reason(
+    sidecar, pool, status, code, error, message
+):
+    def answer(worker, batch):
+        result = {"id": batch["jobs"][0]["id"], "status": status}
+        if message is not None:
+            result["message"] = message
+        worker.send(protocol.results([result]))
+
+    response, worker = serve_one_batch(sidecar, pool, answer)
+    assert response.status_code == code
+    assert response.json() == {"error": error, "message": "the worker gave no reason"}
+    worker.close()
+
+
+@pytest.mark.parametrize(
+    ("change", "problem"),
+    [
+        ({"pid": None}, "missing field `pid`"),
+        ({"pid": "1234"}, 'invalid type: string "1234"'),
+        ({"version": "1"}, 'invalid type: string "1"'),
+        ({"version": 1.0}, "invalid type: floating point"),
+        ({"stage": None}, "missing field `stage`"),
+    ],
+)
+def test_a_malformed_hello_is_refused_with_a_reason(sidecar, change, problem):
+    hello = protocol.hello("default", os.getpid(), "malformed")
+    hello.update(change)
+    hello = {key: value for key, value in hello.items() if value is not None}
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(sidecar.socket))
+        sock.sendall(protocol.encode_frame(hello))
+        with sock.makefile("rb") as stream:
+            reject = protocol.read_frame(stream)
+            assert reject is not None, "closed without a reject"
+            assert reject["type"] == "reject"
+            assert reject["message"].startswith("malformed hello: "), reject
+            assert problem in reject["message"]
+            assert "`pid` (an integer)" in reject["message"]  # what a hello needs
+            assert stream.read(1) == b""  # then closed
+    sidecar.wait_for_log(r"worker refused.*malformed hello")

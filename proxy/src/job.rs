@@ -29,6 +29,8 @@ pub enum Outcome {
     Invalid(String),
     /// The worker raised while processing this job (500).
     Failed(String),
+    /// The worker answered `ok` with `data` that is not one well-formed msgpack value (500).
+    BadOutput(String),
     /// The worker's connection broke or misbehaved while it held this job (500).
     WorkerLost(String),
     /// The deadline passed before the job could be dispatched (408).

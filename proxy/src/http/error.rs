@@ -124,6 +124,7 @@ impl ApiError {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
             }
             Outcome::Failed(message) => Self::internal("worker_error", message),
+            Outcome::BadOutput(message) => Self::internal("bad_output", message),
             Outcome::WorkerLost(message) => Self::internal("worker_died", message),
             Outcome::Expired => Self::deadline_exceeded(),
             Outcome::ShuttingDown => Self::shutting_down(),

@@ -20,7 +20,12 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     ("413", "Body or item too large, or too many items (`body_too_large`, `too_many_items`)."),
     ("415", "Content-Type is neither JSON nor msgpack (`unsupported_media_type`)."),
     ("422", "The worker rejected this input (`invalid_input`)."),
-    ("500", "The worker failed (`worker_error`, `worker_died`)."),
+    (
+        "500",
+        "The worker failed (`worker_error`, `worker_died`), or its output for this job is not \
+         one well-formed msgpack value (`bad_output`) or has no JSON form \
+         (`unrepresentable_output`).",
+    ),
     ("503", "Shed: `queue_full`, `deadline_unreachable` or `shutting_down`; see Retry-After."),
 ];
 

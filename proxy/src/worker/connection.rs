@@ -157,18 +157,30 @@ async fn handshake(
             return None;
         }
         Ok(None) => return None,
+        // A frame that arrived whole but is not a valid message (a hello without `pid`, a
+        // version that is not an integer, a frame over the limit): refused, saying why.
+        Ok(Some(Err(e)))
+            if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput) =>
+        {
+            Err(format!(
+                "malformed hello: {e}; a hello needs `type` \"hello\", `version` (an integer), \
+                 `stage` (a string) and `pid` (an integer)"
+            ))
+        }
+        // The connection broke inside the first frame: nobody is there to tell.
         Ok(Some(Err(e))) => {
-            warn!(error = %e, "worker connection closed: undecodable hello");
+            warn!(error = %e, "worker connection closed before its hello");
             return None;
         }
-        Ok(Some(Ok(message))) => message,
+        Ok(Some(Ok(message))) => Ok(message),
     };
     let refusal = match first {
-        WorkerMessage::Hello(hello) if hello.version != PROTOCOL_VERSION => format!(
+        Err(malformed) => malformed,
+        Ok(WorkerMessage::Hello(hello)) if hello.version != PROTOCOL_VERSION => format!(
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
-        WorkerMessage::Hello(hello) => match stages.get(&hello.stage) {
+        Ok(WorkerMessage::Hello(hello)) => match stages.get(&hello.stage) {
             Some(stage) => return Some((hello, stage.clone())),
             None => {
                 let mut names: Vec<&str> = stages.keys().map(String::as_str).collect();
@@ -177,7 +189,7 @@ async fn handshake(
                 format!("unknown stage {:?}; this proxy serves: {names}", hello.stage)
             }
         },
-        _ => "the first message must be a hello".to_string(),
+        Ok(_) => "the first message must be a hello".to_string(),
     };
     warn!(reason = %refusal, "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.

@@ -7,6 +7,7 @@ use corral_protocol::{JobId, ResultStatus, Results};
 use tokio::time::Instant;
 use tracing::debug;
 
+use crate::http::validate;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::WorkerSeat;
@@ -14,10 +15,15 @@ use crate::stage::WorkerSeat;
 /// Why a results frame cannot be trusted, and every job of its batch, handed back.
 pub type Untrusted = (String, Vec<Job>);
 
+/// What a client is told for an `invalid` or `error` result that carries no message.
+pub const NO_REASON: &str = "the worker gave no reason";
+
 /// Pairs each job of a batch with its outcome. The whole frame is checked before any job is
 /// answered: a result for an unknown or repeated id, a missing result, or an `ok` without data
 /// hands every job of the batch back to the caller, which closes the connection, since the worker
-/// can no longer be trusted.
+/// can no longer be trusted. An `ok` whose data is not exactly one well-formed msgpack value (one
+/// skip-pass, as for request bodies) fails that job alone ([`Outcome::BadOutput`]): the worker
+/// kept the protocol, its model's output is broken.
 pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Untrusted> {
     let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
     let mut answers = Vec::with_capacity(pending.len());
@@ -28,14 +34,19 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             break;
         };
         let outcome = match (result.status, result.data) {
-            (ResultStatus::Ok, Some(data)) => Outcome::Done(data),
+            (ResultStatus::Ok, Some(data)) => match validate::msgpack(&data) {
+                Ok(()) => Outcome::Done(data),
+                Err(e) => Outcome::BadOutput(format!(
+                    "the worker's output for this job is not one well-formed msgpack value: {e}"
+                )),
+            },
             (ResultStatus::Ok, None) => {
                 problem = Some(format!("ok result without data for job {}", job.id));
                 answers.push((job, Outcome::WorkerLost(String::new())));
                 break;
             }
-            (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
-            (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
+            (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
+            (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
             (ResultStatus::Expired, _) => Outcome::Expired,
             (ResultStatus::End, _) => {
                 problem = Some(format!("end of a stream that was never started, job {}", job.id));
@@ -55,6 +66,12 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             Err((why, jobs.collect()))
         }
     }
+}
+
+/// The message of an `invalid` or `error` result; a missing or empty one becomes [`NO_REASON`],
+/// so that the client is never answered with an empty message.
+fn reason(message: Option<String>) -> String {
+    message.filter(|m| !m.is_empty()).unwrap_or_else(|| NO_REASON.to_string())
 }
 
 /// A job whose worker is gone or untrustworthy, and whether its batch ever reached that worker.
@@ -113,6 +130,7 @@ mod tests {
     use std::time::Duration;
 
     use bytes::Bytes;
+    use corral_protocol::JobResult;
     use tokio::sync::oneshot;
 
     use super::*;
@@ -173,5 +191,65 @@ mod tests {
 
     fn payloads_of(batch: Vec<Job>) -> Vec<Vec<u8>> {
         batch.iter().map(|job| job.payload.to_vec()).collect()
+    }
+
+    fn job() -> Job {
+        let now = Instant::now();
+        Job::new(JobId::new(), Bytes::from_static(b"\xc0"), now, now + Duration::from_secs(5)).0
+    }
+
+    fn result(job: &Job, status: ResultStatus, data: Option<&'static [u8]>) -> JobResult {
+        JobResult { id: job.id, status, data: data.map(Bytes::from_static), message: None }
+    }
+
+    /// The outcomes of `pair`, in the batch's order.
+    fn outcomes(jobs: Vec<Job>, results: Vec<JobResult>) -> Vec<Outcome> {
+        let order: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
+        let answers = pair(jobs, Results { results }).unwrap_or_else(|(why, _)| panic!("{why}"));
+        let mut by_id: HashMap<JobId, Outcome> =
+            answers.into_iter().map(|(job, outcome)| (job.id, outcome)).collect();
+        order.iter().map(|id| by_id.remove(id).unwrap()).collect()
+    }
+
+    #[test]
+    fn output_that_is_not_one_msgpack_value_fails_that_job_alone() {
+        let jobs: Vec<Job> = (0..4).map(|_| job()).collect();
+        let results = vec![
+            result(&jobs[0], ResultStatus::Ok, Some(b"\x92\x01\x02")), // [1, 2]
+            result(&jobs[1], ResultStatus::Ok, Some(b"\x01\x02")),     // 1, then a stray byte
+            result(&jobs[2], ResultStatus::Ok, Some(b"\x92\x01")),     // [1, …: truncated
+            result(&jobs[3], ResultStatus::Ok, Some(b"")),             // nothing at all
+        ];
+        let outcomes = outcomes(jobs, results);
+        assert_eq!(outcomes[0], Outcome::Done(Bytes::from_static(b"\x92\x01\x02")));
+        for (outcome, expected) in
+            outcomes[1..].iter().zip(["1 bytes after the value", "truncated", "empty"])
+        {
+            let Outcome::BadOutput(why) = outcome else { panic!("{outcome:?}") };
+            assert!(why.contains("not one well-formed msgpack value"), "{why}");
+            assert!(why.contains(expected), "{why}");
+        }
+    }
+
+    #[test]
+    fn a_missing_or_empty_message_becomes_no_reason() {
+        let jobs: Vec<Job> = (0..4).map(|_| job()).collect();
+        let mut results = vec![
+            result(&jobs[0], ResultStatus::Invalid, None),
+            result(&jobs[1], ResultStatus::Error, None),
+            result(&jobs[2], ResultStatus::Error, None),
+            result(&jobs[3], ResultStatus::Invalid, None),
+        ];
+        results[2].message = Some(String::new());
+        results[3].message = Some("expected 64 pixels".into());
+        assert_eq!(
+            outcomes(jobs, results),
+            [
+                Outcome::Invalid(NO_REASON.into()),
+                Outcome::Failed(NO_REASON.into()),
+                Outcome::Failed(NO_REASON.into()),
+                Outcome::Invalid("expected 64 pixels".into()),
+            ]
+        );
     }
 }
