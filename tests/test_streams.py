@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 
 import httpx
 
@@ -37,6 +38,18 @@ def events(response: httpx.Response):
 def stream_all(proxy, item, headers=SSE):
     with proxy.client.stream("POST", "/infer", json=item, headers=headers) as response:
         return response, list(events(response))
+
+
+def open_streams(proxy, items, stacks):
+    """Opens one stream per item at once, each closed with its own ExitStack (from threads: a
+    stream's headers come with its first chunk, which may wait for batch-mates)."""
+
+    def open_one(item, stack):
+        client = stack.enter_context(httpx.Client(base_url=proxy.url, timeout=30))
+        return stack.enter_context(client.stream("POST", "/infer", json=item, headers=SSE))
+
+    with ThreadPoolExecutor(len(items)) as pool:
+        return list(pool.map(open_one, items, stacks))
 
 
 def ids(path) -> list[str]:
@@ -115,24 +128,21 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(corral_fa
     )
     leaving = {"chunks": 3, "gate": str(gate), "tag": "a"}
     staying = {"chunks": 3, "gate": str(gate), "tag": "b"}
-    with (
-        httpx.Client(base_url=proxy.url, timeout=30) as a,
-        httpx.Client(base_url=proxy.url, timeout=30) as b,
-    ):
-        with b.stream("POST", "/infer", json=staying, headers=SSE) as kept:
-            # The two jobs share one batch (it leaves only when full).
-            with a.stream("POST", "/infer", json=leaving, headers=SSE) as left:
-                left_id = uuid.UUID(left.headers["x-request-id"]).hex
-                assert next(events(left)) == ("message", "a-0")
-            # The client hung up: the worker hears of it while b's stream waits on the gate.
-            proxy.wait_until(lambda: left_id in ids(cancels), what="a cancel in the worker")
-            gate.touch()
-            assert list(events(kept)) == [
-                ("message", "b-0"),
-                ("message", "b-1"),
-                ("message", "b-2"),
-                ("done", {}),
-            ]
+    # The two jobs share one batch (it leaves only when full).
+    with ExitStack() as leaves, ExitStack() as stays:
+        left, kept = open_streams(proxy, [leaving, staying], [leaves, stays])
+        left_id = uuid.UUID(left.headers["x-request-id"]).hex
+        assert next(events(left)) == ("message", "a-0")
+        leaves.close()
+        # The client hung up: the worker hears of it while b's stream waits on the gate.
+        proxy.wait_until(lambda: left_id in ids(cancels), what="a cancel in the worker")
+        gate.touch()
+        assert list(events(kept)) == [
+            ("message", "b-0"),
+            ("message", "b-1"),
+            ("message", "b-2"),
+            ("done", {}),
+        ]
     assert proxy.metric("corral_streams_cancelled_total", reason="client_left") == 1
 
 
@@ -148,18 +158,16 @@ def test_a_slow_client_is_cancelled_and_its_batch_mates_are_not(corral_factory, 
     )
     # 400 chunks of 64 KiB: more than the socket buffers take while the client reads nothing.
     slow_item = {"chunks": 400, "size": 65536, "tag": "slow"}
-    with (
-        httpx.Client(base_url=proxy.url, timeout=30) as a,
-        httpx.Client(base_url=proxy.url, timeout=30) as b,
-    ):
-        with a.stream("POST", "/infer", json=slow_item, headers=SSE) as slow:
-            slow_id = uuid.UUID(slow.headers["x-request-id"]).hex
-            with b.stream("POST", "/infer", json={"chunks": 400, "tag": "b"}, headers=SSE) as fast:
-                received = list(events(fast))
-            assert received[-1] == ("done", {})
-            assert len(received) == 401
-            proxy.wait_until(lambda: slow_id in ids(cancels), what="the slow client cancelled")
-            last = list(events(slow))[-1]
+    with ExitStack() as slow_stack, ExitStack() as fast_stack:
+        slow, fast = open_streams(
+            proxy, [slow_item, {"chunks": 400, "tag": "b"}], [slow_stack, fast_stack]
+        )
+        slow_id = uuid.UUID(slow.headers["x-request-id"]).hex
+        received = list(events(fast))
+        assert received[-1] == ("done", {})
+        assert len(received) == 401
+        proxy.wait_until(lambda: slow_id in ids(cancels), what="the slow client cancelled")
+        last = list(events(slow))[-1]
     assert last == ("error", {"error": "slow_client", "message": last[1]["message"]})
     assert proxy.metric("corral_streams_cancelled_total", reason="slow_client") == 1
 

@@ -34,12 +34,7 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             break;
         };
         let outcome = match (result.status, result.data) {
-            (ResultStatus::Ok, Some(data)) => match validate::msgpack(&data) {
-                Ok(()) => Outcome::Done(data),
-                Err(e) => Outcome::BadOutput(format!(
-                    "the worker's output for this job is not one well-formed msgpack value: {e}"
-                )),
-            },
+            (ResultStatus::Ok, Some(data)) => output(data),
             (ResultStatus::Ok, None) => {
                 problem = Some(format!("ok result without data for job {}", job.id));
                 answers.push((job, Outcome::WorkerLost(String::new())));
@@ -68,9 +63,20 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
     }
 }
 
+/// An `ok` result's data: the job's answer if it is exactly one well-formed msgpack value; a
+/// model's broken output fails that job alone (`bad_output`).
+pub fn output(data: bytes::Bytes) -> Outcome {
+    match validate::msgpack(&data) {
+        Ok(()) => Outcome::Done(data),
+        Err(e) => Outcome::BadOutput(format!(
+            "the worker's output for this job is not one well-formed msgpack value: {e}"
+        )),
+    }
+}
+
 /// The message of an `invalid` or `error` result; a missing or empty one becomes [`NO_REASON`],
 /// so that the client is never answered with an empty message.
-fn reason(message: Option<String>) -> String {
+pub fn reason(message: Option<String>) -> String {
     message.filter(|m| !m.is_empty()).unwrap_or_else(|| NO_REASON.to_string())
 }
 

@@ -24,7 +24,7 @@ use super::connection::{
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
-use super::settle::{answer, give_back, Orphan};
+use super::settle::{answer, give_back, output, reason, Orphan};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::{Stage, WorkerSeat};
@@ -108,7 +108,7 @@ pub(super) async fn work(
                     why: "the streaming worker sent nothing past its limit".into(),
                 },
                 id = state.departures.next() => {
-                    state.cancel(outbox, id, "client_left");
+                    state.cancel(outbox, id);
                     continue;
                 }
                 jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
@@ -180,11 +180,11 @@ impl State {
         jobs.map(Job::finish_by).max().unwrap_or_else(Instant::now)
     }
 
-    /// Tells the worker (if it listens) that nobody waits for `id` any more.
-    fn cancel(&mut self, outbox: &mut Outbox, id: JobId, reason: &str) {
-        let Some(held) = self.held.get(&id) else { return };
-        if held.job.as_ref().is_some_and(|job| job.stream.is_some()) {
-            metrics().streams_cancelled.with_label_values(&[reason]).inc();
+    /// Tells the worker (if it listens) that nobody waits for `id` any more. (The answer's side
+    /// counts why a stream ended early; the connection only for a slow client.)
+    fn cancel(&mut self, outbox: &mut Outbox, id: JobId) {
+        if !self.held.contains_key(&id) {
+            return;
         }
         if self.cancels {
             outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
@@ -235,7 +235,8 @@ impl State {
         for id in slow {
             if let Some(job) = self.held.get_mut(&id).and_then(|held| held.job.take()) {
                 answer(job, Outcome::SlowClient, Instant::now());
-                self.cancel(outbox, id, "slow_client");
+                metrics().streams_cancelled.with_label_values(&["slow_client"]).inc();
+                self.cancel(outbox, id);
             }
         }
         Ok(())
@@ -255,12 +256,12 @@ impl State {
             let outcome = match (result.status, result.data) {
                 (ResultStatus::End, _) if job.stream.is_some() => Outcome::Ended,
                 (ResultStatus::End, _) => Outcome::Done(gather(held.gathered, None)),
-                (ResultStatus::Ok, Some(data))
-                    if job.stream.is_some() || held.gathered.is_empty() =>
-                {
-                    Outcome::Done(data)
-                }
-                (ResultStatus::Ok, Some(data)) => Outcome::Done(gather(held.gathered, Some(data))),
+                (ResultStatus::Ok, Some(data)) => match output(data) {
+                    Outcome::Done(data) if job.stream.is_none() && !held.gathered.is_empty() => {
+                        Outcome::Done(gather(held.gathered, Some(data)))
+                    }
+                    other => other,
+                },
                 (ResultStatus::Ok, None) => {
                     // The worker broke the protocol on this job: it fails alone (no retry on a
                     // worker that answers like this), the connection ends, the rest go back.
@@ -268,8 +269,8 @@ impl State {
                     answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
                     return Err(protocol_error(why));
                 }
-                (ResultStatus::Invalid, _) => Outcome::Invalid(result.message.unwrap_or_default()),
-                (ResultStatus::Error, _) => Outcome::Failed(result.message.unwrap_or_default()),
+                (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
+                (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
                 (ResultStatus::Expired, _) => Outcome::Expired,
             };
             answer(job, outcome, now);
