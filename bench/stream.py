@@ -97,14 +97,15 @@ async def open_stream(url: str, body: dict, started: asyncio.Event | None = None
                     events += raw[:size]
                     del raw[: size + 2]
                     size = None
-            # Count whole events: each ends with a blank line; `event:` ones (done, error) are
-            # not chunks. Chunks are JSON, so a blank line never occurs inside one.
+            # Count whole events: each ends with a blank line; `event:` ones (done, error) and
+            # comments (MOSEC sends `:` to keep an idle stream open) are not chunks. Chunks are
+            # JSON, so a blank line never occurs inside one.
             end = events.rfind(b"\n\n")
             if end >= 0:
-                whole = bytes(events[: end + 2])
+                whole = b"\n\n" + bytes(events[: end + 2])  # each event now follows a blank line
                 del events[: end + 2]
-                named = whole.count(b"\n\nevent:") + whole.startswith(b"event:")
-                got = whole.count(b"\n\n") - named
+                other = whole.count(b"\n\nevent:") + whole.count(b"\n\n:")
+                got = whole.count(b"\n\n") - 1 - other
                 stream.error |= b"event: error" in whole
                 if got:
                     now = time.perf_counter() - t0
