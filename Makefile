@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -63,6 +63,10 @@ bench-soak: release $(BENCH_VENV)/.installed
 # A two-stage pipeline against the same work in one stage ("Pipeline").
 bench-pipeline: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/pipeline.py --oha $(OHA) $(BENCH_ARGS)
+
+# The generation example streamed through Corral and through MOSEC's SSE ("Streaming").
+bench-stream: release $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/stream.py $(BENCH_ARGS)
 
 $(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
 	python3 -m venv $(BENCH_VENV)
