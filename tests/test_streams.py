@@ -9,6 +9,7 @@ its first chunk, on a file the test creates only once it has read that chunk.
 from __future__ import annotations
 
 import json
+import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -241,3 +242,36 @@ def test_a_new_job_joins_a_running_batch(corral_factory, tmp_path):
         assert ids(joined) == [new_id]
         gate.touch()
         assert list(long_events) == [("message", "long-1"), ("message", "long-2"), ("done", {})]
+
+
+def pipeline_config(tmp_path, streaming_stage_first: bool, stream_timeout_ms: int = 300_000):
+    python, scripted = sys.executable, str(ROOT / "tests" / "workers" / "scripted.py")
+    streamer = f'command = ["{python}", "{STREAMER}"]\nstream_timeout_ms = {stream_timeout_ms}'
+    plain = f'command = ["{python}", "{scripted}"]'
+    first, last = (streamer, plain) if streaming_stage_first else (plain, streamer)
+    path = tmp_path / "corral.toml"
+    path.write_text(
+        f"[stages.first]\n{first}\n\n[stages.last]\n{last}\n\n"
+        '[pipelines.two]\nstages = ["first", "last"]\n\n'
+        '[routes.infer]\npath = "/infer"\npipeline = "two"\n'
+    )
+    return str(path)
+
+
+def test_only_the_last_stage_of_a_pipeline_may_stream(corral_factory, tmp_path):
+    proxy = corral_factory("--config", pipeline_config(tmp_path, True), worker=None)
+    proxy.wait_for_log(r"only the last stage of a pipeline may stream")
+    assert proxy.metric("corral_worker_failures_total", stage="first", reason="refused") >= 1
+
+
+def test_a_pipeline_streams_from_its_last_stage_within_its_stream_timeout(corral_factory, tmp_path):
+    config = pipeline_config(tmp_path, False, stream_timeout_ms=500)
+    proxy = corral_factory("--config", config, worker=None)
+    proxy.wait_for_log(r"worker connected", count=2)
+    # The first stage (the scripted worker) echoes the item to the streaming last stage.
+    _, received = stream_all(proxy, {"chunks": 2})
+    assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
+    # A stream held past the last stage's stream_timeout_ms ends with an error event.
+    _, received = stream_all(proxy, {"chunks": 2, "gate": str(tmp_path / "never")})
+    assert received[0] == ("message", "c-0")
+    assert received[1][0] == "error" and received[1][1]["error"] == "deadline_exceeded"

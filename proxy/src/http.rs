@@ -41,8 +41,6 @@ pub struct App {
     pub retries: u32,
     /// Most bytes of chunks a streaming client may fall behind by before its job is cancelled.
     pub stream_buffer_bytes: usize,
-    /// Longest a streamed answer may last, from the request's arrival.
-    pub stream_timeout: Duration,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
     pub draining: AtomicBool,
 }

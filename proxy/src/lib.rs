@@ -91,7 +91,6 @@ pub async fn run(
         .collect();
     let app = Arc::new(http::App {
         stream_buffer_bytes: config.stream_buffer_bytes as usize,
-        stream_timeout: Duration::from_millis(config.stream_timeout_ms),
         routes,
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
@@ -189,6 +188,7 @@ fn stage(spec: &StageSpec, feeds: bool) -> Stage {
     Stage::new(spec.name.clone(), settings, spec.queue_capacity as usize)
         .with_capacity_bytes(capacity_bytes)
         .feeding(feeds)
+        .with_stream_timeout(spec.stream_timeout)
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

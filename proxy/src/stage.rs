@@ -61,6 +61,8 @@ pub struct Stage {
     capacity_bytes: usize,
     /// Some pipeline passes this stage's outputs to another stage: its workers may not stream.
     feeds: bool,
+    /// Longest a streamed answer from this stage may last, from the request's arrival.
+    stream_timeout: Duration,
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
@@ -195,6 +197,7 @@ impl Stage {
             capacity,
             capacity_bytes: usize::MAX,
             feeds: false,
+            stream_timeout: Duration::from_secs(300),
             queue: Mutex::default(),
             arrivals: Notify::new(),
         }
@@ -211,6 +214,16 @@ impl Stage {
     pub fn feeding(mut self, feeds: bool) -> Self {
         self.feeds = feeds;
         self
+    }
+
+    /// Sets the longest a streamed answer from this stage may last (`stream_timeout_ms`).
+    pub fn with_stream_timeout(mut self, timeout: Duration) -> Self {
+        self.stream_timeout = timeout;
+        self
+    }
+
+    pub fn stream_timeout(&self) -> Duration {
+        self.stream_timeout
     }
 
     pub fn feeds_another(&self) -> bool {

@@ -9,7 +9,8 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
   `"gate_first": path` waits before the first chunk;
 - `"fail_after": k`: after k chunks the job ends with an `error` result;
 - `"die_after": k`: after k chunks the process exits at once.
-Cancelled job ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
+Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
+ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
 """
 
 import os
@@ -64,7 +65,9 @@ class Frames:
 class Job:
     def __init__(self, raw):
         self.id = raw["id"]
-        self.item = msgpack.unpackb(raw["payload"], raw=False)
+        item = msgpack.unpackb(raw["payload"], raw=False)
+        # Behind the scripted worker in a pipeline, the item arrives as its echo.
+        self.item = item["echo"] if isinstance(item, dict) and "echo" in item else item
         self.sent = 0
 
     def gated(self):
@@ -82,7 +85,8 @@ def main():
     sock.connect(os.environ.get("CORRAL_SOCKET", "corral.sock"))
     frames = Frames(sock)
     features = ["stream", "cancel"] + (["join"] if JOIN else [])
-    hello = {**protocol.hello("default", os.getpid(), "streamer"), "features": features}
+    stage = os.environ.get("CORRAL_STAGE", "default")
+    hello = {**protocol.hello(stage, os.getpid(), "streamer"), "features": features}
     sock.sendall(protocol.encode_frame(hello))
     held = {}
     offered = 0

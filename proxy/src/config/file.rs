@@ -32,6 +32,7 @@ pub struct File {
     pub max_header_bytes: Option<usize>,
     pub max_headers: Option<usize>,
     pub grace_period_ms: Option<u64>,
+    pub stream_buffer_bytes: Option<u64>,
     // Defaults for every stage: the same keys as `StageFile`'s. Listed twice because serde cannot
     // flatten one struct into another that refuses unknown keys, and refusing typos matters more.
     pub max_batch_size: Option<u32>,
@@ -41,6 +42,7 @@ pub struct File {
     pub batch_timeout_ms: Option<u64>,
     pub queue_capacity: Option<u32>,
     pub queue_capacity_bytes: Option<u64>,
+    pub stream_timeout_ms: Option<u64>,
     pub workers: Option<u32>,
 
     #[serde(default)]
@@ -67,6 +69,7 @@ pub struct StageFile {
     pub batch_timeout_ms: Option<u64>,
     pub queue_capacity: Option<u32>,
     pub queue_capacity_bytes: Option<u64>,
+    pub stream_timeout_ms: Option<u64>,
 }
 
 /// `[pipelines.NAME]`: stages a job goes through, in order.

@@ -39,6 +39,8 @@ pub struct StageSpec {
     pub queue_capacity: u32,
     /// Payload bytes the queue holds (an empty queue takes any one request).
     pub queue_capacity_bytes: u64,
+    /// Longest a streamed answer from this stage may last.
+    pub stream_timeout: Duration,
     /// Worker command to spawn (empty: external workers connect on their own).
     pub command: Vec<String>,
     pub workers: u32,
@@ -97,6 +99,7 @@ pub fn single(config: &Config) -> Topology {
             batch_timeout: config.batch_timeout(),
             queue_capacity: config.queue_capacity,
             queue_capacity_bytes: config.queue_capacity_bytes,
+            stream_timeout: Duration::from_millis(config.stream_timeout_ms),
             command: config.worker_cmd.clone(),
             workers: config.workers,
             cpus: Vec::new(),
@@ -137,7 +140,8 @@ pub fn resolve(
     top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
     top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
-    top_level!(config, f, explicit, max_headers, queue_capacity_bytes);
+    top_level!(config, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
+    top_level!(config, f, explicit, stream_buffer_bytes);
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     check_options(config)?;
@@ -274,6 +278,8 @@ fn stage_spec(
     let queue_capacity_bytes = pick!(queue_capacity_bytes);
     positive(&key("queue_capacity_bytes"), queue_capacity_bytes)?;
     let batch_timeout_ms = pick!(batch_timeout_ms);
+    let stream_timeout_ms = pick!(stream_timeout_ms);
+    positive(&key("stream_timeout_ms"), stream_timeout_ms)?;
 
     let command = match stage.command {
         _ if !config.worker_cmd.is_empty() => config.worker_cmd.clone(),
@@ -313,6 +319,7 @@ fn stage_spec(
         batch_timeout: (batch_timeout_ms > 0).then(|| Duration::from_millis(batch_timeout_ms)),
         queue_capacity,
         queue_capacity_bytes,
+        stream_timeout: Duration::from_millis(stream_timeout_ms),
         command,
         workers,
         cpus,
@@ -330,6 +337,8 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     positive("header_read_timeout_ms", config.header_read_timeout_ms)?;
     positive("body_read_timeout_ms", config.body_read_timeout_ms)?;
     positive("idle_timeout_ms", config.idle_timeout_ms)?;
+    positive("stream_timeout_ms", config.stream_timeout_ms)?;
+    positive("stream_buffer_bytes", config.stream_buffer_bytes)?;
     Ok(())
 }
 
@@ -466,6 +475,8 @@ mod tests {
             "batch_timeout_ms",
             "queue_capacity",
             "queue_capacity_bytes",
+            "stream_timeout_ms",
+            "stream_buffer_bytes",
             "workers",
         ];
         for key in keys {

@@ -58,7 +58,8 @@ pub async fn answer(
     let (mut job, mut reply) = Job::new(id, payload, entered, deadline);
     job.retries = app.retries;
     job.stream = Some(sink);
-    let stream_deadline = arrived + app.stream_timeout.max(deadline - arrived);
+    let stream_timeout = route.pipeline.last().stream_timeout();
+    let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
     job.stream_deadline = Some(stream_deadline);
     let left = job.left.clone().drop_guard();
     route.pipeline.last().submit_all(vec![job]).map_err(shed_error)?;
