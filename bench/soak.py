@@ -247,8 +247,8 @@ def large_phase(args, workdir: Path) -> tuple[list[str], list[tuple[str, bool]]]
     ]  # fmt: skip
     lines = [
         f"Large frames and misbehaving workers: {sent:,} requests in {took:.0f} s from "
-        f"{args.large_concurrency} concurrent clients against 4 workers (batch 8, batches sent "
-        "ahead, --batch-timeout-ms 2000, --retries 3); each body and each answer a random size "
+        f"{args.large_concurrency} concurrent clients against 4 workers (batch 8, sending batches "
+        "ahead on, --batch-timeout-ms 2000, --retries 3); each body and each answer a random size "
         f"up to 4 MiB; meanwhile {signals['SIGKILL']} workers SIGKILLed and "
         f"{signals['SIGSTOP']} SIGSTOPped at random.",
         "| outcome | count |\n| --- | ---: |\n"
