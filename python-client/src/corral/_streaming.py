@@ -213,17 +213,21 @@ class _Run:
             message = "the deadline passed before the first chunk"
             self._cancel(position, protocol.expired(self.ids[position], message))
         self.flush()
-        if self.limit and not self.offer and self.running < self.limit:
+        if not self.live:
+            self.offer = 0  # holding no job, the worker is idle: an offer lapses with that
+        elif self.limit and not self.offer and self.running < self.limit:
             # One offer at a time: a new one only once the last was answered, so that the
-            # proxy can never send more than the room there was.
+            # proxy can never send more than the room there was. None while holding no job:
+            # the proxy then sends a batch anyway, as to any idle worker.
             self.offer = self.limit - self.running
             self.link.send(protocol.encode_frame(protocol.pull(self.offer)))
         return joined
 
     def finish(self, failure: BaseException | None) -> None:
-        """After the generator: withdraw a standing offer, then end every job still live
-        (``end``, or ``error`` if the generator failed)."""
-        if self.offer:
+        """After the generator: withdraw a standing offer (while still holding jobs: one that
+        holds none is idle, and its offer lapsed), then end every job still live (``end``, or
+        ``error`` if the generator failed)."""
+        if self.offer and self.live:
             self.link.send(protocol.encode_frame(protocol.pull(0)))
             self.offer = 0
         for position in sorted(self.live):
