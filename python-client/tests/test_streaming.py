@@ -410,3 +410,40 @@ def test_chunks_over_the_frame_limit_split_and_a_chunk_too_large_alone_is_left_o
     frames, too_large = protocol.encode_chunks([entries[0], big, entries[1]], limit=100)
     assert too_large == [1]
     assert [e for f in frames for e in protocol.decode_body(f[4:])["chunks"]] == entries[:2]
+
+
+def test_a_shutdown_while_a_joining_worker_streams_closes_the_generator_and_stops_it():
+    closed = threading.Event()
+
+    class Forever(corral.Worker):
+        max_running = 2
+
+        def forward(self, batch):
+            try:
+                yield ["started"]
+                while True:
+                    yield [None]
+            finally:
+                closed.set()
+
+    with FakeProxy(Forever()) as proxy:
+        proxy.send(protocol.batch([protocol.job(b"\1" * 16, 5000, msgpack.packb(1))]))
+        assert proxy.receive()["type"] == "chunks"
+        proxy.send(protocol.shutdown("stopping"))
+        while proxy.receive() is not None:  # the pull, then the end of the connection
+            pass
+        assert closed.wait(WAIT)
+    assert isinstance(proxy.worker_error, SystemExit) and proxy.worker_error.code == 0
+
+
+def test_a_plain_worker_ignores_a_cancel_and_a_malformed_cancel_is_a_protocol_error():
+    class Echo(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Echo()) as proxy:
+        proxy.send(protocol.cancel([b"\1" * 16]))
+        assert proxy.infer([5]) == [Result("ok", value=5)]
+        proxy.send({"type": "cancel", "ids": "nope"})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
