@@ -447,3 +447,18 @@ def test_a_plain_worker_ignores_a_cancel_and_a_malformed_cancel_is_a_protocol_er
         proxy.send({"type": "cancel", "ids": "nope"})
         assert proxy.receive() is None
     assert isinstance(proxy.worker_error, corral.ProtocolError)
+
+
+def test_a_workers_own_helper_methods_do_not_replace_the_packages():
+    class Helpers(corral.Worker):
+        def forward(self, batch):
+            return [self._answer(x) for x in self._prepare(batch)]
+
+        def _answer(self, x):
+            return x + 1
+
+        def _prepare(self, batch):
+            return batch
+
+    with FakeProxy(Helpers()) as proxy:
+        assert proxy.infer([1, 2]) == [Result("ok", value=2), Result("ok", value=3)]

@@ -143,7 +143,7 @@ class _Run:
     def admit(self, jobs: list[dict[str, Any]]) -> list[Any]:
         """Prepare a batch's jobs: those that fail (422, 500, expired) are answered at the next
         flush; the others take the next positions. Returns their inputs, in order."""
-        answers, inputs, deadlines = self.worker._prepare(jobs)
+        answers, inputs, deadlines = self.worker._corral_prepare(jobs)
         for job, answer, deadline in zip(jobs, answers, deadlines):
             if answer is not None:
                 self.results.append(answer)

@@ -7,7 +7,9 @@ Each job's payload is decoded on its own, so one undecodable or invalid item is 
 which sees the whole batch, fails every item that reached it (500). The worker lives on either
 way, whatever a hook raises (any ``BaseException`` included), except ``KeyboardInterrupt`` and
 ``SystemExit``, which stop it. A ``forward`` that is a generator streams; running it is
-``_streaming``'s, which uses the per-job preparation here (:meth:`Worker._prepare`).
+``_streaming``'s, which uses the per-job preparation here (:meth:`Worker._corral_prepare`; the
+methods the package adds are named ``_corral_*`` so that a subclass's own helpers, such as an
+``_answer`` or a ``_prepare``, never replace them).
 """
 
 from __future__ import annotations
@@ -195,9 +197,11 @@ class Worker:
             schemas=self.schemas(),
             features=_streaming.features(type(self)),
         )
-        _serve.serve(sock, hello, self._answer)
+        _serve.serve(sock, hello, self._corral_answer)
 
-    def _answer(self, jobs: list[dict[str, Any]], link: _serve.Link) -> list[dict[str, Any]] | None:
+    def _corral_answer(
+        self, jobs: list[dict[str, Any]], link: _serve.Link
+    ) -> list[dict[str, Any]] | None:
         if _streaming.is_streaming(type(self)):
             _streaming.run(self, jobs, link)
             return None
@@ -220,14 +224,14 @@ class Worker:
 
     def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One result per job of a batch (the protocol's ``results`` list; a plain worker)."""
-        answers, inputs, deadlines = self._prepare(jobs)
+        answers, inputs, deadlines = self._corral_prepare(jobs)
         positions = [position for position, answer in enumerate(answers) if answer is None]
         if inputs:
             self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
         self.deadline = math.inf
         return [a for a in answers if a is not None]
 
-    def _prepare(
+    def _corral_prepare(
         self, jobs: list[dict[str, Any]]
     ) -> tuple[list[dict[str, Any] | None], list[Any], list[float]]:
         """Each job decoded and preprocessed on its own: the answers of those that fail
