@@ -28,38 +28,32 @@ EXPECTED = {
             protocol.error(job_id(3), "ZeroDivisionError: division by zero"),
         ]
     ),
-    "batch": {
-        "type": "batch",
-        "jobs": [
-            {"id": job_id(1), "timeout_ms": 4999, "payload": mp([1, 2, 3])},
-            {"id": job_id(2), "timeout_ms": 70_000, "payload": mp({"text": "héllo"})},
-        ],
-    },
-    "hello_stream": {
-        **protocol.hello("generate", 4243, "Generate"),
-        "features": ["stream", "cancel", "join"],
-    },
-    "chunks": {
-        "type": "chunks",
-        "chunks": [
-            {"id": job_id(1), "data": mp("Hel")},
-            {"id": job_id(2), "data": mp({"token": 17})},
-            {"id": job_id(1), "data": mp("lo")},
-        ],
-    },
-    "pull": {"type": "pull", "max": 3},
+    "batch": protocol.batch(
+        [
+            protocol.job(job_id(1), 4999, mp([1, 2, 3])),
+            protocol.job(job_id(2), 70_000, mp({"text": "héllo"})),
+        ]
+    ),
+    "hello_stream": protocol.hello(
+        "generate", 4243, "Generate", features=["stream", "cancel", "join"]
+    ),
+    "chunks": protocol.chunks(
+        [
+            protocol.chunk(job_id(1), mp("Hel")),
+            protocol.chunk(job_id(2), mp({"token": 17})),
+            protocol.chunk(job_id(1), mp("lo")),
+        ]
+    ),
+    "pull": protocol.pull(3),
     "results_end": protocol.results(
         [
-            {"id": job_id(1), "status": "end"},
+            protocol.end(job_id(1)),
             protocol.error(job_id(2), "RuntimeError: out of memory"),
         ]
     ),
-    "cancel": {"type": "cancel", "ids": [job_id(2), job_id(3)]},
-    "shutdown": {"type": "shutdown", "message": "proxy shutting down"},
-    "reject": {
-        "type": "reject",
-        "message": "protocol version 9 is not supported; this proxy speaks 1",
-    },
+    "cancel": protocol.cancel([job_id(2), job_id(3)]),
+    "shutdown": protocol.shutdown("proxy shutting down"),
+    "reject": protocol.reject("protocol version 9 is not supported; this proxy speaks 1"),
 }
 
 
@@ -77,3 +71,13 @@ def test_vector_round_trips(name):
 def test_results_frames_are_written_item_by_item_into_the_same_bytes():
     golden = (VECTORS / "results.bin").read_bytes()
     assert protocol.encode_results(EXPECTED["results"]["results"]) == golden
+
+
+def test_chunks_frames_are_written_entry_by_entry_into_the_same_bytes():
+    golden = (VECTORS / "chunks.bin").read_bytes()
+    assert protocol.encode_chunks(EXPECTED["chunks"]["chunks"]) == ([golden], [])
+
+
+def test_a_streaming_workers_hello_with_schemas_keeps_features_last():
+    hello = protocol.hello("s", 1, "W", schemas={"input_schema": "{}"}, features=["stream"])
+    assert list(hello) == ["type", "version", "stage", "pid", "name", "input_schema", "features"]

@@ -4,18 +4,29 @@ Subclass :class:`Worker`, implement :meth:`Worker.forward` (a batch in, one outp
 and call ``YourWorker.run()``: the package connects to the proxy's Unix socket, says hello, and
 then pulls batches whenever it is idle. Optional per-item hooks ``preprocess`` and ``postprocess``
 run around ``forward``; raising :class:`ValidationError` in ``preprocess`` rejects that item alone
-(the client gets 422) while its batch-mates go on.
+(the client gets 422) while its batch-mates go on. A ``forward`` written as a generator streams:
+each ``yield`` gives a chunk (or None, or :data:`END`) per item, and with ``max_running`` set new
+items join the running generator between steps.
 
-Modules: ``_worker`` (the Worker base class: hooks and per-item processing), ``_serve`` (one
-proxy connection with its reader thread, and the connect loop), ``_typing`` (payload decoding,
-output encoding, schemas), ``_protocol`` (frames and messages, as documented in the repository's
+Modules: ``_worker`` (the Worker base class: hooks and per-item processing), ``_streaming``
+(running a generator ``forward``: chunks, END, cancellation, joining), ``_serve`` (one proxy
+connection with its reader thread, and the connect loop), ``_typing`` (payload decoding, output
+encoding, schemas), ``_protocol`` (frames and messages, as documented in the repository's
 worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for unit-testing a worker
 without the Corral binary).
 """
 
 from corral._errors import ProtocolError, ValidationError
 from corral._protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
+from corral._streaming import END
 from corral._worker import Worker
 
-__all__ = ["MAX_FRAME_BYTES", "PROTOCOL_VERSION", "ProtocolError", "ValidationError", "Worker"]
+__all__ = [
+    "END",
+    "MAX_FRAME_BYTES",
+    "PROTOCOL_VERSION",
+    "ProtocolError",
+    "ValidationError",
+    "Worker",
+]
 __version__ = "0.1.0"

@@ -1,4 +1,4 @@
-"""Exceptions a worker author raises or may see."""
+"""Exceptions a worker author raises or may see, and how a failure is told to a client."""
 
 
 class ValidationError(Exception):
@@ -8,3 +8,21 @@ class ValidationError(Exception):
 
 class ProtocolError(Exception):
     """The peer sent something the worker protocol does not allow; the connection is dropped."""
+
+
+STOPS = (KeyboardInterrupt, SystemExit)
+"""What a hook may raise and still stop the worker; anything else fails the items it touched
+(a GeneratorExit or a library's own BaseException included) and the worker goes on."""
+
+
+def text(error: BaseException) -> str:
+    """An exception's message, even when its ``__str__`` is broken."""
+    try:
+        return str(error)
+    except Exception:  # a broken __str__ must not cost more than its own message
+        return "(the exception's message could not be read)"
+
+
+def describe(error: BaseException) -> str:
+    """``Type: message``, as an error result's message."""
+    return f"{type(error).__name__}: {text(error)}"

@@ -43,14 +43,28 @@ def safe_text(text: str) -> str:
     return raw.decode("utf-8", "backslashreplace")
 
 
-def hello(stage: str, pid: int, name: str) -> dict[str, Any]:
-    return {
+def hello(
+    stage: str,
+    pid: int,
+    name: str,
+    *,
+    schemas: dict[str, str] | None = None,
+    features: list[str] | None = None,
+) -> dict[str, Any]:
+    """The worker's first message. ``schemas`` (the optional ``input_schema``,
+    ``output_schema`` and ``schema_components`` keys) and ``features`` (``"stream"``,
+    ``"cancel"``, ``"join"``) are left out when empty, so a plain worker's hello is the v1 bytes."""
+    message: dict[str, Any] = {
         "type": "hello",
         "version": PROTOCOL_VERSION,
         "stage": safe_text(stage),
         "pid": pid,
         "name": safe_text(name),
     }
+    message.update(schemas or {})
+    if features:
+        message["features"] = list(features)
+    return message
 
 
 def ok(job_id: bytes, data: bytes) -> dict[str, Any]:
@@ -69,8 +83,49 @@ def expired(job_id: bytes, message: str) -> dict[str, Any]:
     return {"id": job_id, "status": "expired", "message": safe_text(message)}
 
 
+def end(job_id: bytes) -> dict[str, Any]:
+    """The result that ends a job that streamed (no ``data``)."""
+    return {"id": job_id, "status": "end"}
+
+
 def results(items: list[dict[str, Any]]) -> dict[str, Any]:
     return {"type": "results", "results": items}
+
+
+def chunk(job_id: bytes, data: bytes) -> dict[str, Any]:
+    """One entry of a ``chunks`` message: one chunk (``data``, one msgpack value) of one job."""
+    return {"id": job_id, "data": data}
+
+
+def chunks(entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """Chunks of several jobs' streams in one message (one job's entries in order)."""
+    return {"type": "chunks", "chunks": entries}
+
+
+def pull(room: int) -> dict[str, Any]:
+    """A joining worker's offer to take ``room`` more jobs now (0 withdraws an offer)."""
+    return {"type": "pull", "max": room}
+
+
+def job(job_id: bytes, timeout_ms: int, payload: bytes) -> dict[str, Any]:
+    return {"id": job_id, "timeout_ms": timeout_ms, "payload": payload}
+
+
+def batch(jobs: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"type": "batch", "jobs": jobs}
+
+
+def cancel(ids: list[bytes]) -> dict[str, Any]:
+    """The proxy's message: these held jobs' clients left or their deadlines passed."""
+    return {"type": "cancel", "ids": ids}
+
+
+def shutdown(message: str) -> dict[str, Any]:
+    return {"type": "shutdown", "message": message}
+
+
+def reject(message: str) -> dict[str, Any]:
+    return {"type": "reject", "message": message}
 
 
 def encode_frame(message: dict[str, Any]) -> bytes:
@@ -115,6 +170,43 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
     if len(frame) > limit:  # only if even the errors alone are over it
         raise ProtocolError(f"{len(items)} results cannot fit in a frame of {limit} bytes")
     return _LENGTH.pack(len(frame)) + frame
+
+
+def encode_chunks(
+    entries: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES
+) -> tuple[list[bytes], list[int]]:
+    """The ``chunks`` frames for ``entries``: one frame (the same bytes as
+    ``encode_frame(chunks(entries))``) unless they would take its body past ``limit``; then as
+    few frames as keep each within it, entries in order. Also returns the indices of the
+    entries too large for any frame on their own: they are left out, and their jobs must end
+    with an error."""
+    packer = msgpack.Packer(use_bin_type=True)
+    prefix = packer.pack("type") + packer.pack("chunks") + packer.pack("chunks")
+    head_room = 1 + len(prefix) + 5  # map header, keys, the largest array header
+    frames: list[bytes] = []
+    too_large: list[int] = []
+    group: list[bytes] = []
+    used = head_room
+
+    def flush() -> None:
+        if group:
+            body = b"".join(
+                [packer.pack_map_header(2), prefix, packer.pack_array_header(len(group)), *group]
+            )
+            frames.append(_LENGTH.pack(len(body)) + body)
+
+    for index, entry in enumerate(entries):
+        body = packer.pack(entry)
+        if head_room + len(body) > limit:
+            too_large.append(index)
+            continue
+        if used + len(body) > limit:
+            flush()
+            group, used = [], head_room
+        group.append(body)
+        used += len(body)
+    flush()
+    return frames, too_large
 
 
 def _encode_result(packer: msgpack.Packer, item: dict[str, Any]) -> bytes:

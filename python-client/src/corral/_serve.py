@@ -1,10 +1,12 @@
 """A worker's side of one proxy connection, and the connect loop around it.
 
-:func:`serve` runs one connection: the hello, then one results frame per batch. A reader thread
+:func:`serve` runs one connection: the hello, then the answers to each batch. A reader thread
 reads and decodes the proxy's frames the whole time, so the worker never stops reading while it
 computes or writes: the proxy may send a batch ahead while the worker writes a results frame,
 and with both frames larger than a socket buffer two sides that each write before they read
-would wait on each other forever.
+would wait on each other forever. The reader queues batches, ``shutdown`` and ``reject`` in
+order, and folds ``cancel`` frames into a locked set of job ids instead, which a streaming batch
+(``_streaming``) reads between steps through :class:`Link`, along with batches that join it.
 
 :func:`run_forever` connects, serves, and then reconnects (an external worker) or returns (a
 worker spawned by the proxy); while it waits for the proxy to listen it gives up once the proxy
@@ -27,11 +29,15 @@ from corral._errors import ProtocolError
 
 log = logging.getLogger("corral")
 
-# Frames read ahead of the serve loop. The proxy sends one batch ahead at most, and nothing
-# else until it has a batch's results, so two (that batch, and a shutdown behind it) is all a
-# well-behaved proxy can make wait here. A proxy sending more is held back by the socket rather
-# than buffered: each waiting frame may be up to 64 MiB.
-_READ_AHEAD = 2
+# Frames read ahead of the serve loop (cancel frames are not queued: they only add ids to a
+# set). A plain worker: the proxy sends one batch ahead at most, and nothing else until it has a
+# batch's results, so that batch and a shutdown behind it is all a well-behaved proxy can make
+# wait here. A joining worker: the proxy sends no batch ahead, and a batch while the worker holds
+# jobs only to answer its offer (pull); the worker offers again only once that batch is taken
+# in, so at most one joined batch waits, plus, when the worker goes idle as it arrives, the
+# batch sent to the idle worker and a shutdown: three. A proxy sending more is held back by the
+# socket rather than buffered: each waiting frame may be up to 64 MiB.
+_READ_AHEAD = 3
 
 # The parent as this process started: a parent that changes later has exited (see _ProxyWatch).
 _FIRST_PARENT = os.getppid()
@@ -41,14 +47,22 @@ _FIRST_PARENT = os.getppid()
 _Read = Union[dict[str, Any], None, BaseException]
 
 
-class _Reader:
-    """Reads and decodes frames in a thread of its own, into a small queue, in order."""
+class _Closed(Exception):
+    """The proxy closed the connection (cleanly, between frames)."""
 
-    def __init__(self, sock: socket.socket) -> None:
+
+class _Reader:
+    """Reads and decodes frames in a thread of its own, into a small queue, in order; the ids of
+    ``cancel`` frames go into a set instead (kept only with ``track_cancels``)."""
+
+    def __init__(self, sock: socket.socket, track_cancels: bool = False) -> None:
         self._sock = sock
         self._stream = sock.makefile("rb")
         self._queue: queue.Queue[_Read] = queue.Queue(maxsize=_READ_AHEAD)
         self._ended = False  # the serve loop has taken the last item (None or an error)
+        self._track_cancels = track_cancels
+        self._cancel_lock = threading.Lock()
+        self._cancelled: set[bytes] = set()
         self._thread = threading.Thread(target=self._read, name="corral-reader", daemon=True)
         self._thread.start()
 
@@ -56,6 +70,9 @@ class _Reader:
         try:
             while True:
                 message = protocol.read_frame(self._stream)
+                if message is not None and message["type"] == "cancel":
+                    self._note_cancel(message)
+                    continue
                 self._queue.put(message)
                 if message is None:
                     return
@@ -64,15 +81,35 @@ class _Reader:
         finally:
             self._stream.close()
 
-    def next(self) -> dict[str, Any] | None:
-        """The next message, None once the proxy closed the connection; raises what ended the
-        reading (:class:`ProtocolError`, ``OSError``) when the messages before it are done."""
-        item = self._queue.get()
+    def _note_cancel(self, message: dict[str, Any]) -> None:
+        ids = message.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, bytes) for i in ids):
+            raise ProtocolError("a cancel must carry a list of job ids")
+        if self._track_cancels:  # a worker that did not declare "cancel" is sent none
+            with self._cancel_lock:
+                self._cancelled.update(ids)
+
+    def take_cancelled(self) -> set[bytes]:
+        """The ids of every ``cancel`` read since the last call (without blocking)."""
+        with self._cancel_lock:
+            taken, self._cancelled = self._cancelled, set()
+        return taken
+
+    def _take(self, item: _Read) -> dict[str, Any] | None:
         if item is None or isinstance(item, BaseException):
             self._ended = True
         if isinstance(item, BaseException):
             raise item
         return item
+
+    def next(self) -> dict[str, Any] | None:
+        """The next message, None once the proxy closed the connection; raises what ended the
+        reading (:class:`ProtocolError`, ``OSError``) when the messages before it are done."""
+        return self._take(self._queue.get())
+
+    def poll(self) -> dict[str, Any] | None:
+        """As :meth:`next` without waiting; raises ``queue.Empty`` when nothing is queued."""
+        return self._take(self._queue.get_nowait())
 
     def stop(self) -> None:
         """End the reader, whatever the proxy does: shutting our reading side down makes its
@@ -91,36 +128,78 @@ class _Reader:
         self._thread.join()
 
 
-def serve(
-    sock: socket.socket,
-    hello: dict[str, Any],
-    process: Callable[[list[dict[str, Any]]], list[dict[str, Any]]],
-) -> None:
-    """Say ``hello`` on a connected socket, then answer each batch with the results ``process``
-    returns for its jobs, until the proxy closes the connection. Raises :class:`ProtocolError` on
+def _jobs(message: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """The jobs of a ``batch``; any other message ends serving: ``_Closed`` for the end of the
+    connection, ``SystemExit`` for ``reject`` and ``shutdown``, :class:`ProtocolError` for a
+    message a worker is not sent."""
+    if message is None:
+        raise _Closed
+    kind = message["type"]
+    if kind == "batch":
+        jobs = message.get("jobs")
+        if not isinstance(jobs, list):
+            raise ProtocolError("a batch must carry a list of jobs")
+        return jobs
+    if kind == "reject":
+        raise SystemExit(f"corral refused this worker: {message.get('message')}")
+    if kind == "shutdown":
+        log.info("corral is shutting down: %s", message.get("message"))
+        raise SystemExit(0)
+    raise ProtocolError(f"unexpected message type {kind!r}")
+
+
+class Link:
+    """The connection as a batch in progress uses it: what a streaming batch sends as it goes
+    (``chunks``, ``results`` of some of its jobs, ``pull``), and what it takes in between steps
+    without blocking (cancelled job ids, batches that join it)."""
+
+    def __init__(self, sock: socket.socket, reader: _Reader) -> None:
+        self._sock = sock
+        self._reader = reader
+
+    def send(self, frame: bytes) -> None:
+        """Write one encoded frame (the proxy is read all along meanwhile)."""
+        self._sock.sendall(frame)
+
+    def take_cancelled(self) -> set[bytes]:
+        """Ids from the ``cancel`` frames read since the last call."""
+        return self._reader.take_cancelled()
+
+    def take_batches(self) -> list[list[dict[str, Any]]]:
+        """The jobs of each batch already read, oldest first. A ``shutdown``, ``reject`` or the
+        end of the connection behind them ends serving as it does between batches (after the
+        batches before it are taken in: their jobs are then the caller's to abandon)."""
+        batches = []
+        while True:
+            try:
+                message = self._reader.poll()
+            except queue.Empty:
+                return batches
+            batches.append(_jobs(message))
+
+
+# What answers one batch: the results frame's list (a plain worker), or None when it sent its
+# answers itself through the link (a streaming worker).
+Answer = Callable[[list[dict[str, Any]], Link], Union[list[dict[str, Any]], None]]
+
+
+def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
+    """Say ``hello`` on a connected socket, then answer each batch with ``answer`` until the
+    proxy closes the connection: the results it returns go out as one frame; a streaming
+    worker's ``answer`` sends its own frames and returns None. Raises :class:`ProtocolError` on
     a frame the protocol does not allow, ``OSError`` when the connection breaks, and
     ``SystemExit`` on ``reject`` or ``shutdown``. Reading ends with it (the socket's reading side
     is shut down); closing the socket is the caller's."""
     sock.sendall(protocol.encode_frame(hello))
-    reader = _Reader(sock)
+    reader = _Reader(sock, track_cancels="cancel" in hello.get("features", ()))
+    link = Link(sock, reader)
     try:
         while True:
-            message = reader.next()
-            if message is None:
-                return
-            kind = message["type"]
-            if kind == "batch":
-                jobs = message.get("jobs")
-                if not isinstance(jobs, list):
-                    raise ProtocolError("a batch must carry a list of jobs")
-                sock.sendall(protocol.encode_results(process(jobs)))
-            elif kind == "reject":
-                raise SystemExit(f"corral refused this worker: {message.get('message')}")
-            elif kind == "shutdown":
-                log.info("corral is shutting down: %s", message.get("message"))
-                raise SystemExit(0)
-            else:
-                raise ProtocolError(f"unexpected message type {kind!r}")
+            results = answer(_jobs(reader.next()), link)
+            if results is not None:
+                sock.sendall(protocol.encode_results(results))
+    except _Closed:
+        return
     finally:
         reader.stop()
 

@@ -6,7 +6,10 @@ Each job's payload is decoded on its own, so one undecodable or invalid item is 
 (422) and never costs its batch-mates their results. Only an exception in ``forward`` itself,
 which sees the whole batch, fails every item that reached it (500). The worker lives on either
 way, whatever a hook raises (any ``BaseException`` included), except ``KeyboardInterrupt`` and
-``SystemExit``, which stop it.
+``SystemExit``, which stop it. A ``forward`` that is a generator streams; running it is
+``_streaming``'s, which uses the per-job preparation here (:meth:`Worker._corral_prepare`; the
+methods the package adds are named ``_corral_*`` so that a subclass's own helpers, such as an
+``_answer`` or a ``_prepare``, never replace them).
 """
 
 from __future__ import annotations
@@ -18,18 +21,17 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
 from corral import _protocol as protocol
-from corral import _serve, _typing
+from corral import _serve, _streaming, _typing
+from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
+from corral._errors import describe as _describe
+from corral._errors import text as _text
 
 log = logging.getLogger("corral")
-
-# What a hook may raise and still stop the worker; anything else fails the items it touched
-# (a GeneratorExit or a library's own BaseException included) and the worker goes on.
-_STOPS = (KeyboardInterrupt, SystemExit)
 
 
 class Worker:
@@ -39,6 +41,48 @@ class Worker:
     ``stage`` names the proxy stage this worker serves (``"default"`` for a single-stage proxy);
     ``run(stage=...)``, ``--stage`` on the command line and ``CORRAL_STAGE`` (which Corral sets
     for the workers it spawns) override it, in that order.
+
+    **Streaming.** A ``forward`` written as a generator streams each item's answer in pieces.
+    Each ``yield`` is a list with one entry per item: a chunk for each item that has one this
+    step, ``None`` for an item with nothing this step, or :data:`corral.END` to end that item's
+    stream now (its client's stream closes at once; later entries at its position are ignored).
+    The chunks of one yield go to the proxy in one frame, each through ``postprocess`` first.
+    When the generator returns, every item not yet ended ends; if it raises, those items get an
+    error (500 / an error event) and the ones already ended are unaffected. Between yields,
+    :attr:`cancelled` holds the positions whose stream is over without an ``END`` from you —
+    the client left, the proxy's stream timeout passed, the deadline passed before the item's
+    first chunk, or its chunk failed ``postprocess`` — each already ended for you: stop
+    computing them (their chunks are dropped). A streaming worker declares ``stream`` and
+    ``cancel`` in its hello; a plain one declares nothing (it could not act on a cancel in the
+    middle of ``forward``), so its frames are exactly protocol v1's.
+
+    **Joining.** With :attr:`max_running` set, items join a running generator between steps:
+    while fewer than ``max_running`` items are running, the package asks the proxy for more,
+    and each ``yield`` *returns* the list of the new items' inputs (preprocessed; ``[]`` when
+    none joined). They take the next positions, in order: from the next yield on, the yielded
+    list, :attr:`cancelled` and :attr:`deadlines` cover them too. Positions never move during
+    one generator: an ended item keeps its position (yield ``None`` there). ::
+
+        class Generate(corral.Worker):
+            max_running = 32
+
+            def forward(self, prompts):
+                texts = list(prompts)                     # position -> text so far
+                left = [100] * len(texts)                 # characters to go; 0: END next; -1: over
+                while True:
+                    for p in self.cancelled:              # ended for us already
+                        left[p] = -1
+                    if all(n < 0 for n in left):
+                        return
+                    live = [p for p, n in enumerate(left) if n > 0]
+                    step = [corral.END if n == 0 else None for n in left]
+                    for p, char in zip(live, self.sample([texts[p] for p in live])):
+                        texts[p] += char                  # one model step for the whole batch
+                        step[p] = char
+                    left = [n - 1 if n > 0 else -1 for n in left]
+                    new = yield step                      # inputs of the items that joined
+                    texts += new
+                    left += [100] * len(new)
     """
 
     stage: str = "default"
@@ -64,7 +108,17 @@ class Worker:
     ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped."""
 
     deadlines: list[float]
-    """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``)."""
+    """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
+    A streaming item's deadline bounds the time to its first chunk."""
+
+    max_running: ClassVar[int | None] = None
+    """A streaming worker that sets it (a positive integer) lets items join its running
+    generator between steps, up to this many running at once (see the class docstring);
+    ``None`` or 0: each generator runs only the batch it started with."""
+
+    cancelled: Set[int] = frozenset()
+    """During a streaming ``forward``: the positions whose stream is over without an ``END``
+    (client gone, deadline passed, chunk failed), updated between yields without blocking."""
 
     def preprocess(self, item: Any) -> Any:
         """Turn one decoded request into a model input. Raise :class:`ValidationError` to reject
@@ -72,7 +126,8 @@ class Worker:
         return item
 
     def forward(self, batch: list[Any]) -> list[Any]:
-        """Run the model on a batch; return one output per input, in the same order."""
+        """Run the model on a batch; return one output per input, in the same order. Or write
+        it as a generator to stream (see the class docstring)."""
         raise NotImplementedError("a Worker must implement forward(batch)")
 
     def postprocess(self, output: Any) -> Any:
@@ -112,6 +167,10 @@ class Worker:
         started = time.monotonic()
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
         inputs = [self.preprocess(self._decode(_typing.pack(example))) for example in self.examples]
+        if _streaming.is_streaming(type(self)):
+            _streaming.warm_up(self, inputs)
+            log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
+            return
         outputs = list(self.forward(inputs))
         if len(outputs) != len(inputs):
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
@@ -127,11 +186,26 @@ class Worker:
 
     def serve(self, sock: socket.socket) -> None:
         """Serve one connected socket until the proxy closes it: hello, then one results frame
-        per batch. Raises :class:`ProtocolError` on a frame the protocol does not allow and
-        ``SystemExit`` when the proxy refuses this worker or shuts down. The proxy's frames are
-        read all along, also while results are written."""
-        hello = protocol.hello(self.stage, os.getpid(), type(self).__name__)
-        _serve.serve(sock, {**hello, **self.schemas()}, self.process)
+        per batch (a streaming worker: chunks as they come, and each job's result as it ends).
+        Raises :class:`ProtocolError` on a frame the protocol does not allow and ``SystemExit``
+        when the proxy refuses this worker or shuts down. The proxy's frames are read all
+        along, also while results are written."""
+        hello = protocol.hello(
+            self.stage,
+            os.getpid(),
+            type(self).__name__,
+            schemas=self.schemas(),
+            features=_streaming.features(type(self)),
+        )
+        _serve.serve(sock, hello, self._corral_answer)
+
+    def _corral_answer(
+        self, jobs: list[dict[str, Any]], link: _serve.Link
+    ) -> list[dict[str, Any]] | None:
+        if _streaming.is_streaming(type(self)):
+            _streaming.run(self, jobs, link)
+            return None
+        return self.process(jobs)
 
     def _decode(self, payload: Any) -> Any:
         return _typing.decode(type(self), payload)
@@ -149,12 +223,24 @@ class Worker:
         return self.deadline - time.monotonic()
 
     def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One result per job of a batch (the protocol's ``results`` list)."""
+        """One result per job of a batch (the protocol's ``results`` list; a plain worker)."""
+        answers, inputs, deadlines = self._corral_prepare(jobs)
+        positions = [position for position, answer in enumerate(answers) if answer is None]
+        if inputs:
+            self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
+        self.deadline = math.inf
+        return [a for a in answers if a is not None]
+
+    def _corral_prepare(
+        self, jobs: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any] | None], list[Any], list[float]]:
+        """Each job decoded and preprocessed on its own: the answers of those that fail
+        (``expired``, ``invalid``, ``error``) or None for each that goes on to ``forward``, the
+        inputs of the latter in order, and every job's deadline (all aligned with ``jobs``)."""
         received = time.monotonic()
         answers: list[dict[str, Any] | None] = [None] * len(jobs)
         deadlines = [received + _timeout_ms(job) / 1000 for job in jobs]
         inputs: list[Any] = []
-        positions: list[int] = []
         for position, job in enumerate(jobs):
             job_id = job.get("id")
             if not isinstance(job_id, bytes):
@@ -177,11 +263,8 @@ class Worker:
                 answers[position] = protocol.error(job_id, _describe(e))
             else:
                 inputs.append(item)
-                positions.append(position)
-        if inputs:
-            self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
         self.deadline = math.inf
-        return [a for a in answers if a is not None]
+        return answers, inputs, deadlines
 
     def _forward_and_encode(
         self,
@@ -225,17 +308,6 @@ def _timeout_ms(job: dict[str, Any]) -> int:
     if not isinstance(timeout, int) or timeout < 0:
         raise ProtocolError("a job's timeout_ms must be a non-negative integer")
     return timeout
-
-
-def _text(error: BaseException) -> str:
-    try:
-        return str(error)
-    except Exception:  # a broken __str__ must not cost more than its own message
-        return "(the exception's message could not be read)"
-
-
-def _describe(error: BaseException) -> str:
-    return f"{type(error).__name__}: {_text(error)}"
 
 
 def _options_from_argv() -> argparse.Namespace:

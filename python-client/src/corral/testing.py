@@ -6,6 +6,14 @@ protocol over a socket pair and runs the worker's serve loop in a thread.
     def test_echo():
         with FakeProxy(Echo()) as proxy:
             assert [r.value for r in proxy.infer([1, "two"])] == [1, "two"]
+
+    def test_generate():
+        with FakeProxy(Generate()) as proxy:
+            a, b = proxy.stream(["ab", "c"], cancel_after={1: 2}, join=["d"])
+            assert a.status == "end" and a.chunks == [...]
+
+``infer`` gives what a client that does not stream gets (a streaming worker's chunks as one
+list); ``stream`` gives each item's chunks as they came and how its stream ended.
 """
 
 from __future__ import annotations
@@ -13,6 +21,7 @@ from __future__ import annotations
 import socket
 import threading
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,7 +30,7 @@ import msgpack
 from corral import _protocol as protocol
 from corral._worker import Worker
 
-__all__ = ["FakeProxy", "Result"]
+__all__ = ["FakeProxy", "Result", "Stream"]
 
 
 @dataclass(frozen=True)
@@ -34,8 +43,23 @@ class Result:
     message: str | None = None
 
 
+@dataclass(frozen=True)
+class Stream:
+    """One item's stream: its ``chunks`` (postprocessed values, decoded) in the order they came,
+    and ``status``, how it ended: ``"end"`` (closed normally: the client's ``done``; also a one-
+    piece answer, which is then the one chunk), ``"invalid"``, ``"error"`` or ``"expired"``
+    (``message`` says why; chunks before it were sent)."""
+
+    chunks: list[Any]
+    status: str
+    message: str | None = None
+
+
 class FakeProxy:
-    """The proxy's end of one worker connection."""
+    """The proxy's end of one worker connection. ``hello`` is the worker's hello; ``pulls``
+    every ``max`` the worker has offered; ``events`` what the last :meth:`stream` saw, in order:
+    ``("batch", [indices])``, ``("chunk", index, value)``, ``("cancel", index)``,
+    ``("pull", max)``, ``("end", index, status)``."""
 
     def __init__(self, worker: Worker) -> None:
         self._sock, worker_sock = socket.socketpair()
@@ -44,6 +68,8 @@ class FakeProxy:
         self._thread = threading.Thread(target=self._serve, args=(worker,), daemon=True)
         self.hello: dict[str, Any] | None = None
         self.worker_error: BaseException | None = None
+        self.pulls: list[int] = []
+        self.events: list[tuple[Any, ...]] = []
 
     def _serve(self, worker: Worker) -> None:
         try:
@@ -69,14 +95,26 @@ class FakeProxy:
         self._stream.close()
         self._sock.close()
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the worker declared ``stream`` in its hello."""
+        return "stream" in (self.hello or {}).get("features", ())
+
     def infer(self, items: list[Any], timeout_ms: int = 5000) -> list[Result]:
-        """Send the items as one batch; return their results in the same order."""
-        ids = [uuid.uuid4().bytes for _ in items]
-        jobs = [
-            {"id": job_id, "timeout_ms": timeout_ms, "payload": msgpack.packb(item)}
-            for job_id, item in zip(ids, items)
-        ]
-        self.send({"type": "batch", "jobs": jobs})
+        """Send the items as one batch; return their results in the same order. A streaming
+        worker's item is ``ok`` with the list of its chunks as the value, as a client that does
+        not stream gets it (a failure after chunks is that failure)."""
+        if self.streaming:
+            streams = self.stream(items, timeout_ms=timeout_ms)
+            return [
+                Result("ok", value=s.chunks)
+                if s.status == "end"
+                else Result(s.status, None, s.message)
+                for s in streams
+            ]
+        jobs = _jobs(items, timeout_ms)
+        ids = [job["id"] for job in jobs]
+        self.send(protocol.batch(jobs))
         answer = self.receive()
         if answer is None or answer.get("type") != "results":
             raise AssertionError(f"expected results, got {answer!r}")
@@ -84,6 +122,85 @@ class FakeProxy:
         if sorted(by_id) != sorted(ids) or len(answer["results"]) != len(ids):
             raise AssertionError("the worker did not answer each job exactly once")
         return [_result(by_id[job_id]) for job_id in ids]
+
+    def stream(
+        self,
+        items: list[Any],
+        *,
+        timeout_ms: int = 5000,
+        cancel_after: dict[int, int] | None = None,
+        join: Sequence[Any] = (),
+        on_chunk: Callable[[int, Any], None] | None = None,
+    ) -> list[Stream]:
+        """Send ``items`` as one batch and follow every job until it has its result; return one
+        :class:`Stream` per item, then one per ``join`` item.
+
+        ``cancel_after={i: n}`` sends a ``cancel`` for item ``i`` once its ``n``-th chunk has
+        come (``0``: right after the batch). ``join`` items wait, as queued jobs do in the
+        proxy: each ``pull`` the worker sends is answered with a batch of up to ``max`` of them,
+        and those left when the worker holds no job go to it as a batch, as to an idle worker.
+        ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is)."""
+        first, waiting = _jobs(items, timeout_ms), _jobs(list(join), timeout_ms)
+        jobs = first + waiting
+        index = {job["id"]: i for i, job in enumerate(jobs)}
+        chunks: list[list[Any]] = [[] for _ in jobs]
+        ends: list[dict[str, Any] | None] = [None] * len(jobs)
+        cancels = dict(cancel_after or {})
+        held: set[bytes] = set()
+        self.events = []
+
+        def send_batch(batch: list[dict[str, Any]]) -> None:
+            self.send(protocol.batch(batch))
+            held.update(job["id"] for job in batch)
+            self.events.append(("batch", [index[job["id"]] for job in batch]))
+            for job in batch:
+                if cancels.get(index[job["id"]]) == 0:
+                    cancel(index[job["id"]])
+
+        def cancel(i: int) -> None:
+            self.send(protocol.cancel([jobs[i]["id"]]))
+            self.events.append(("cancel", i))
+
+        send_batch(first)
+        while held or waiting:
+            if not held:
+                send_batch(waiting)
+                waiting = []
+                continue
+            message = self.receive()
+            kind = None if message is None else message.get("type")
+            if kind == "chunks":
+                for entry in message["chunks"]:
+                    i = self._held(index, held, entry["id"], "a chunk")
+                    value = _unpack(entry["data"])
+                    chunks[i].append(value)
+                    self.events.append(("chunk", i, value))
+                    if on_chunk is not None:
+                        on_chunk(i, value)
+                    if cancels.get(i) == len(chunks[i]):
+                        cancel(i)
+            elif kind == "pull":
+                self.pulls.append(message["max"])
+                self.events.append(("pull", message["max"]))
+                if message["max"] > 0 and waiting:
+                    send_batch(waiting[: message["max"]])
+                    waiting = waiting[message["max"] :]
+            elif kind == "results":
+                for result in message["results"]:
+                    i = self._held(index, held, result["id"], "a result")
+                    held.discard(result["id"])
+                    ends[i] = result
+                    self.events.append(("end", i, result["status"]))
+            else:
+                raise AssertionError(f"expected chunks, pull or results, got {message!r}")
+        return [_stream(c, e) for c, e in zip(chunks, ends) if e is not None]  # all ended
+
+    @staticmethod
+    def _held(index: dict[bytes, int], held: set[bytes], job_id: Any, what: str) -> int:
+        if job_id not in held:
+            known = "an unknown job" if job_id not in index else "a job that has ended"
+            raise AssertionError(f"the worker sent {what} for {known}")
+        return index[job_id]
 
     def send(self, message: dict[str, Any]) -> None:
         self._sock.sendall(protocol.encode_frame(message))
@@ -101,7 +218,21 @@ class FakeProxy:
         return protocol.read_frame(self._stream)
 
 
+def _jobs(items: list[Any], timeout_ms: int) -> list[dict[str, Any]]:
+    return [protocol.job(uuid.uuid4().bytes, timeout_ms, msgpack.packb(item)) for item in items]
+
+
+def _unpack(data: bytes) -> Any:
+    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+
+
 def _result(raw: dict[str, Any]) -> Result:
     if raw["status"] == "ok":
-        return Result("ok", value=msgpack.unpackb(raw["data"], raw=False, strict_map_key=False))
+        return Result("ok", value=_unpack(raw["data"]))
     return Result(raw["status"], message=raw.get("message"))
+
+
+def _stream(chunks: list[Any], raw: dict[str, Any]) -> Stream:
+    if raw["status"] == "ok":
+        return Stream([*chunks, _unpack(raw["data"])], "end")
+    return Stream(chunks, raw["status"], raw.get("message"))

@@ -1,0 +1,292 @@
+"""Streaming workers: a ``forward`` that is a generator, run step by step for one batch and the
+batches that join it.
+
+Lives here: :data:`END`; which ``features`` a worker class declares in its hello; :func:`run`,
+which drives one generator from the batch that starts it until it returns — each ``yield``
+becomes one ``chunks`` frame (postprocessed, aligned with the positions), ``END`` and every
+failure end their jobs at once in a ``results`` frame, and between two yields the cancelled ids
+and the deadlines become ``worker.cancelled``, queued batches join (a joining worker), and a
+``pull`` offers the room left under ``max_running``; and :func:`warm_up` for the examples.
+
+Positions: the items of the batch that starts the generator are positions ``0 .. n-1``; each
+joined item gets the next position, in order; a position is never reused or moved during one
+run, whether its item ended or not. Each yield is a list with one entry per position so far.
+
+The connection (``_serve.Link``) and the worker (``_worker.Worker``, its hooks and per-job
+preparation) are passed in; this module imports neither, so there is no import circle.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import time
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any
+
+from corral import _protocol as protocol
+from corral._errors import STOPS as _STOPS
+from corral._errors import describe as _describe
+
+if TYPE_CHECKING:
+    from corral._serve import Link
+    from corral._worker import Worker
+
+log = logging.getLogger("corral")
+
+# The clock deadlines are compared with (time.monotonic; a test may put a fake one here).
+_now = time.monotonic
+
+
+class _End:
+    """The type of :data:`END`."""
+
+    _instance: _End | None = None
+
+    def __new__(cls) -> _End:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "corral.END"
+
+    def __reduce__(self) -> str:
+        return "END"
+
+
+END = _End()
+"""Yield this at an item's position to end its stream now: its ``end`` result goes out at
+once, so its client's stream closes while its batch-mates go on."""
+
+
+def is_streaming(worker: type) -> bool:
+    """Whether a Worker class's ``forward`` is a generator function."""
+    return inspect.isgeneratorfunction(getattr(worker, "forward", None))
+
+
+def features(worker: type) -> list[str]:
+    """The hello's ``features``: ``stream`` and ``cancel`` for a generator ``forward``, and
+    ``join`` when it also sets ``max_running``; none for a plain worker (which could not act on a
+    cancel in the middle of ``forward``), so its hello stays the v1 bytes."""
+    if not is_streaming(worker):
+        return []
+    return ["stream", "cancel", "join"] if _max_running(worker) else ["stream", "cancel"]
+
+
+def _max_running(worker: Any) -> int:
+    limit = getattr(worker, "max_running", None)
+    if limit is None:
+        return 0
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise TypeError(f"max_running must be None or a non-negative integer, not {limit!r}")
+    return limit
+
+
+def run(worker: Worker, jobs: list[dict[str, Any]], link: Link) -> None:
+    """Answer a batch with a streaming ``forward``, sending every frame through ``link``: the
+    jobs that fail before ``forward`` at once, then chunks step by step, and each job's result
+    as soon as it ends. Returns once the generator has returned (or failed) and every job it
+    was given has its result."""
+    state = _Run(worker, link)
+    inputs = state.admit(jobs)
+    state.flush()  # a job that failed preprocess is answered now, not after the stream
+    if not inputs:
+        return
+    worker.cancelled = state.cancelled
+    worker.deadlines = state.deadlines
+    generator = worker.forward(inputs)
+    failure: BaseException | None = None
+    try:
+        joined: list[Any] | None = None
+        while True:
+            try:
+                out = next(generator) if joined is None else generator.send(joined)
+                _check(out, len(state.ids))
+            except StopIteration:
+                break
+            except _STOPS:
+                raise
+            except BaseException as e:
+                failure = e
+                break
+            state.step(out)
+            joined = state.between_steps()
+    finally:
+        _close(generator)
+    if failure is not None:
+        log.error("forward failed while streaming %d items", state.running, exc_info=failure)
+    state.finish(failure)
+
+
+class _Run:
+    """One generator's jobs, by position, and what has been sent for them."""
+
+    def __init__(self, worker: Worker, link: Link) -> None:
+        self.worker = worker
+        self.link = link
+        self.limit = _max_running(worker)
+        self.ids: list[bytes] = []
+        self.deadlines: list[float] = []  # worker.deadlines during the run
+        self.cancelled: set[int] = set()  # worker.cancelled during the run
+        self.live: set[int] = set()  # positions not yet ended
+        self.waiting: set[int] = set()  # live positions that have sent no chunk yet
+        self.by_id: dict[bytes, int] = {}
+        self.results: list[dict[str, Any]] = []  # to send at the next flush
+        self.offer = 0  # the standing pull offer, 0 for none
+
+    @property
+    def running(self) -> int:
+        return len(self.live)
+
+    def admit(self, jobs: list[dict[str, Any]]) -> list[Any]:
+        """Prepare a batch's jobs: those that fail (422, 500, expired) are answered at the next
+        flush; the others take the next positions. Returns their inputs, in order."""
+        answers, inputs, deadlines = self.worker._corral_prepare(jobs)
+        for job, answer, deadline in zip(jobs, answers, deadlines):
+            if answer is not None:
+                self.results.append(answer)
+                continue
+            position = len(self.ids)
+            self.ids.append(job["id"])
+            self.deadlines.append(deadline)
+            self.by_id[job["id"]] = position
+            self.live.add(position)
+            self.waiting.add(position)
+        return inputs
+
+    def step(self, out: list[Any]) -> None:
+        """Send one yield: its chunks in one frame, its ENDs and failures in a results frame."""
+        worker = self.worker
+        entries: list[dict[str, Any]] = []
+        owners: list[int] = []
+        for position, value in enumerate(out):
+            if value is None or position not in self.live:
+                continue  # nothing this step, or the stream is over: dropped
+            job_id = self.ids[position]
+            if value is END:
+                self._end(position, protocol.end(job_id))
+                continue
+            worker.deadline = self.deadlines[position]
+            try:
+                data = worker._encode(worker.postprocess(value))
+            except _STOPS:
+                raise
+            except BaseException as e:
+                log.exception("postprocess or encoding of a chunk failed")
+                self._fail(position, protocol.error(job_id, _describe(e)))
+                continue
+            entries.append(protocol.chunk(job_id, data))
+            owners.append(position)
+            self.waiting.discard(position)
+        worker.deadline = math.inf
+        if entries:
+            frames, too_large = protocol.encode_chunks(entries)
+            for index in too_large:
+                position = owners[index]
+                message = "a chunk is too large for one frame"
+                self._fail(position, protocol.error(self.ids[position], message))
+            for frame in frames:
+                self.link.send(frame)
+        self.flush()
+
+    def between_steps(self) -> list[Any]:
+        """Take in what the proxy sent meanwhile, cancel what is over, offer room; returns the
+        inputs of the jobs that join (empty for a worker that does not join)."""
+        # Cancels first: a cancel was read after the batch of the job it names, so that batch
+        # is queued by now and is taken in below.
+        cancelled = self.link.take_cancelled()
+        joined: list[Any] = []
+        if self.limit:
+            for jobs in self.link.take_batches():
+                self.offer = 0  # the batch answering an offer uses it up
+                joined.extend(self.admit(jobs))
+        for job_id in cancelled:
+            position = self.by_id.get(job_id)
+            if position is not None and position in self.live:
+                self._cancel(position, protocol.end(job_id))
+        # The job's deadline bounds the time to its first chunk; once it streams, the proxy
+        # says when it is over (its stream timeout) with a cancel.
+        now = _now()
+        for position in [p for p in self.waiting if self.deadlines[p] <= now]:
+            message = "the deadline passed before the first chunk"
+            self._cancel(position, protocol.expired(self.ids[position], message))
+        self.flush()
+        if not self.live:
+            self.offer = 0  # holding no job, the worker is idle: an offer lapses with that
+        elif self.limit and not self.offer and self.running < self.limit:
+            # One offer at a time: a new one only once the last was answered, so that the
+            # proxy can never send more than the room there was. None while holding no job:
+            # the proxy then sends a batch anyway, as to any idle worker.
+            self.offer = self.limit - self.running
+            self.link.send(protocol.encode_frame(protocol.pull(self.offer)))
+        return joined
+
+    def finish(self, failure: BaseException | None) -> None:
+        """After the generator: withdraw a standing offer (while still holding jobs: one that
+        holds none is idle, and its offer lapsed), then end every job still live (``end``, or
+        ``error`` if the generator failed)."""
+        if self.offer and self.live:
+            self.link.send(protocol.encode_frame(protocol.pull(0)))
+            self.offer = 0
+        for position in sorted(self.live):
+            job_id = self.ids[position]
+            if failure is None:
+                self._end(position, protocol.end(job_id))
+            else:
+                self._end(position, protocol.error(job_id, _describe(failure)))
+        self.flush()
+
+    def flush(self) -> None:
+        if self.results:
+            self.link.send(protocol.encode_results(self.results))
+            self.results = []
+
+    def _end(self, position: int, result: dict[str, Any]) -> None:
+        self.live.discard(position)
+        self.waiting.discard(position)
+        self.results.append(result)
+
+    def _fail(self, position: int, result: dict[str, Any]) -> None:
+        """End a job with an error of its own; the worker sees it as cancelled."""
+        self._end(position, result)
+        self.cancelled.add(position)
+
+    _cancel = _fail
+
+
+def warm_up(worker: Worker, inputs: list[Any]) -> None:
+    """Run a streaming ``forward`` on ``inputs`` to its end, each chunk postprocessed and encoded;
+    raises as the first failure does."""
+    worker.cancelled = set()
+    worker.deadlines = [math.inf] * len(inputs)
+    generator = worker.forward(inputs)
+    try:
+        out = next(generator)
+        while True:
+            _check(out, len(inputs))
+            for value in out:
+                if value is not None and value is not END:
+                    worker._encode(worker.postprocess(value))
+            out = generator.send([])
+    except StopIteration:
+        pass
+    finally:
+        _close(generator)
+
+
+def _check(out: Any, positions: int) -> None:
+    if not isinstance(out, (list, tuple)):
+        raise TypeError(f"forward must yield a list with one entry per item, not {out!r:.80}")
+    if len(out) != positions:
+        raise RuntimeError(f"forward yielded {len(out)} entries for {positions} items")
+
+
+def _close(generator: Generator[Any, Any, Any]) -> None:
+    try:
+        generator.close()
+    except _STOPS:
+        raise
+    except BaseException:
+        log.exception("closing the forward generator failed")

@@ -1,0 +1,464 @@
+"""Streaming workers (a generator ``forward``) against the fake proxy over a real socket pair:
+chunks as they come, END, cancellation, deadlines, failures, joining a running generator, and
+plain workers unchanged."""
+
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+
+import corral
+from corral import _protocol as protocol
+from corral import _streaming
+from corral.testing import FakeProxy, Result, Stream
+
+WAIT = 10  # seconds an Event may take before the test fails (a hang guard, not a timing)
+VECTORS = Path(__file__).resolve().parents[2] / "worker-protocol" / "vectors"
+
+
+class Spell(corral.Worker):
+    """Streams each word one letter per step; a word that runs out yields None."""
+
+    def forward(self, words):
+        for step in range(max(len(w) for w in words)):
+            yield [w[step] if step < len(w) else None for w in words]
+
+
+class Joining(corral.Worker):
+    """Each item is a word streamed one letter per step, then ended; items join between steps.
+    The first items ("long" ones) hold their last letter until a joined item has ended, so the
+    joined one provably streams while they are still running."""
+
+    max_running = 4
+
+    def __init__(self):
+        self.joined_batches = []
+
+    def forward(self, words):
+        words = list(words)
+        sent = [0] * len(words)
+        ended = [False] * len(words)
+        first = len(words)
+        while not all(ended):
+            step = [None] * len(words)
+            some_joined_ended = any(ended[first:])
+            for p, word in enumerate(words):
+                if ended[p] or p in self.cancelled:
+                    ended[p] = True
+                    continue
+                if sent[p] < len(word) - 1 or (
+                    sent[p] == len(word) - 1 and (p >= first or some_joined_ended)
+                ):
+                    step[p] = word[sent[p]]
+                    sent[p] += 1
+                elif sent[p] == len(word):
+                    step[p] = corral.END
+                    ended[p] = True
+            new = yield step
+            if new:
+                self.joined_batches.append(list(new))
+            words += new
+            sent += [0] * len(new)
+            ended += [False] * len(new)
+
+
+def test_a_streaming_worker_declares_stream_and_cancel_and_a_plain_one_nothing():
+    class Plain(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Spell()) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel"]
+    with FakeProxy(Joining()) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel", "join"]
+    with FakeProxy(Plain()) as proxy:
+        assert "features" not in proxy.hello
+        assert list(proxy.hello) == ["type", "version", "stage", "pid", "name"]
+
+
+def test_hello_features_come_last_in_the_documented_order():
+    golden = (VECTORS / "hello_stream.bin").read_bytes()
+    hello = protocol.hello("generate", 4243, "Generate", features=["stream", "cancel", "join"])
+    assert protocol.encode_frame(hello) == golden
+
+
+def test_each_item_gets_exactly_its_own_chunks_in_order():
+    with FakeProxy(Spell()) as proxy:
+        got = proxy.stream(["hello", "ab", "", "xyz"])
+        assert got == [
+            Stream(list("hello"), "end"),
+            Stream(["a", "b"], "end"),
+            Stream([], "end"),
+            Stream(list("xyz"), "end"),
+        ]
+        # One chunks frame per step, carrying every item that had a chunk.
+        assert proxy.events[1:4] == [("chunk", 0, "h"), ("chunk", 1, "a"), ("chunk", 3, "x")]
+        # The worker goes on serving batches.
+        assert proxy.stream(["ok"]) == [Stream(["o", "k"], "end")]
+
+
+def test_one_yield_goes_out_as_one_chunks_frame():
+    with FakeProxy(Spell()) as proxy:
+        jobs = [
+            protocol.job(bytes([i]) * 16, 5000, msgpack.packb(w)) for i, w in [(1, "ab"), (2, "c")]
+        ]
+        proxy.send(protocol.batch(jobs))
+        first = proxy.receive()
+        assert first == protocol.chunks(
+            [
+                protocol.chunk(b"\1" * 16, msgpack.packb("a")),
+                protocol.chunk(b"\2" * 16, msgpack.packb("c")),
+            ]
+        )
+        assert proxy.receive() == protocol.chunks([protocol.chunk(b"\1" * 16, msgpack.packb("b"))])
+        assert proxy.receive() == protocol.results(
+            [protocol.end(b"\1" * 16), protocol.end(b"\2" * 16)]
+        )
+
+
+def test_chunks_arrive_before_the_generator_goes_on():
+    go_on = threading.Event()
+
+    class Waits(corral.Worker):
+        def forward(self, batch):
+            yield ["first"] * len(batch)
+            # The proxy must have the first chunk before this returns: only then is go_on set.
+            assert go_on.wait(WAIT)
+            yield ["second"] * len(batch)
+
+    def on_chunk(index, value):
+        if value == "first":
+            go_on.set()
+
+    with FakeProxy(Waits()) as proxy:
+        assert proxy.stream([1], on_chunk=on_chunk) == [Stream(["first", "second"], "end")]
+
+
+def test_end_closes_one_item_at_once_while_the_others_go_on():
+    release = threading.Event()
+
+    class Ends(corral.Worker):
+        def forward(self, batch):
+            yield ["a0", "b0"]
+            yield [corral.END, "b1"]
+            assert release.wait(WAIT)  # set once the proxy has item 0's end
+            yield ["dropped", "b2"]  # item 0 is over: its entry is ignored
+
+    with FakeProxy(Ends()) as proxy:
+        original = proxy.receive
+
+        def receive():
+            message = original()
+            if message and message["type"] == "results":
+                release.set()
+            return message
+
+        proxy.receive = receive
+        got = proxy.stream(["x", "y"])
+        assert got == [Stream(["a0"], "end"), Stream(["b0", "b1", "b2"], "end")]
+        ends = [e for e in proxy.events if e[0] == "end"]
+        assert ends == [("end", 0, "end"), ("end", 1, "end")]
+        assert proxy.events.index(("end", 0, "end")) < proxy.events.index(("chunk", 1, "b2"))
+
+
+def test_a_cancel_shows_in_cancelled_and_its_later_chunks_are_not_sent():
+    class Records(corral.Worker):
+        def __init__(self):
+            self.seen = []
+
+        def forward(self, batch):
+            yield ["a1", "b1"]
+            yield ["a2", "b2"]
+            steps = 0
+            while 1 not in self.cancelled:  # the cancel is read by the reader thread
+                steps += 1
+                yield [f"a-wait{steps}", None]
+            self.seen = sorted(self.cancelled)
+            yield ["a-last", "b-late"]  # b's chunk is dropped
+
+    worker = Records()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream(["x", "y"], cancel_after={1: 2})
+        assert worker.seen == [1]
+        assert b == Stream(["b1", "b2"], "end")
+        assert a.chunks[:2] == ["a1", "a2"] and a.chunks[-1] == "a-last" and a.status == "end"
+        # Item 1 was ended as soon as its cancel was seen, before the generator returned.
+        assert proxy.events.index(("end", 1, "end")) < proxy.events.index(("chunk", 0, "a-last"))
+
+
+def test_a_deadline_passing_before_the_first_chunk_shows_in_cancelled(monkeypatch):
+    offset = [0.0]
+    monkeypatch.setattr(_streaming, "_now", lambda: time.monotonic() + offset[0])
+
+    class Late(corral.Worker):
+        def __init__(self):
+            self.seen = None
+
+        def forward(self, batch):
+            yield ["a1", None]  # item 1 has no chunk yet
+            offset[0] = 3600.0  # an hour passes: both deadlines are behind us
+            yield ["a2", None]
+            self.seen = set(self.cancelled)
+            yield ["a3", "b-late"]
+
+    worker = Late()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream(["x", "y"])
+    # Item 0 streams: its deadline only bounded its first chunk. Item 1 never started.
+    assert worker.seen == {1}
+    assert a == Stream(["a1", "a2", "a3"], "end")
+    assert b.chunks == [] and b.status == "expired" and "deadline" in b.message
+
+
+def test_a_generator_raising_ends_the_remaining_items_with_an_error_and_the_worker_lives_on():
+    class Breaks(corral.Worker):
+        def forward(self, batch):
+            if len(batch) == 1:
+                yield ["fine"]
+                return
+            yield ["a1", "b1", "c1"]
+            yield [corral.END, "b2", None]
+            raise ValueError("the model fell over")
+
+    with FakeProxy(Breaks()) as proxy:
+        a, b, c = proxy.stream([1, 2, 3])
+        assert a == Stream(["a1"], "end")
+        assert b.chunks == ["b1", "b2"] and b.status == "error"
+        assert "ValueError: the model fell over" in b.message
+        assert c.chunks == ["c1"] and c.status == "error"
+        assert proxy.stream([7]) == [Stream(["fine"], "end")]
+        assert proxy.worker_error is None
+
+
+def test_a_wrong_length_yield_fails_the_items_not_ended():
+    class Short(corral.Worker):
+        def forward(self, batch):
+            yield ["a", "b"]
+            yield ["c"]
+
+    with FakeProxy(Short()) as proxy:
+        got = proxy.stream([1, 2])
+        assert [s.status for s in got] == ["error", "error"]
+        assert "1 entries for 2 items" in got[0].message
+        assert got[0].chunks == ["a"]
+
+
+def test_postprocess_applies_to_each_chunk_and_a_failing_chunk_ends_only_its_item():
+    class Shouts(corral.Worker):
+        def __init__(self):
+            self.cancelled_seen = None
+
+        def forward(self, batch):
+            yield ["a", "b"]
+            yield ["c", 13]
+            self.cancelled_seen = set(self.cancelled)
+            yield ["d", "e"]
+
+        def postprocess(self, chunk):
+            if chunk == 13:
+                raise ValueError("unlucky chunk")
+            return {"text": chunk.upper()}
+
+    worker = Shouts()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream([1, 2])
+    assert a == Stream([{"text": "A"}, {"text": "C"}, {"text": "D"}], "end")
+    assert b.chunks == [{"text": "B"}] and b.status == "error" and "unlucky chunk" in b.message
+    assert worker.cancelled_seen == {1}
+
+
+def test_preprocess_failures_are_answered_before_the_stream_and_never_reach_forward():
+    class Picky(Spell):
+        def preprocess(self, item):
+            if not isinstance(item, str):
+                raise corral.ValidationError("want text")
+            return item
+
+        def forward(self, words):
+            assert all(isinstance(w, str) for w in words)
+            yield from super().forward(words)
+
+    with FakeProxy(Picky()) as proxy:
+        a, b = proxy.stream(["hi", 5])
+        assert a == Stream(["h", "i"], "end")
+        assert b == Stream([], "invalid", "want text")
+        assert proxy.events[1] == ("end", 1, "invalid")
+
+
+def test_a_new_item_joins_a_running_generator_and_streams_while_the_first_ones_go_on():
+    worker = Joining()
+    with FakeProxy(worker) as proxy:
+        got = proxy.stream(["abc", "de"], join=["xy"])
+        assert got == [
+            Stream(list("abc"), "end"),
+            Stream(list("de"), "end"),
+            Stream(list("xy"), "end"),
+        ]
+        assert worker.joined_batches == [["xy"]]
+        events = proxy.events
+        # The offer came from the running generator, and the joined item's stream ended while
+        # the first items still had a letter to send.
+        assert events.index(("pull", 2)) < events.index(("batch", [2]))
+        assert events.index(("end", 2, "end")) < events.index(("chunk", 0, "c"))
+        assert events.index(("end", 2, "end")) < events.index(("chunk", 1, "e"))
+        # One offer at a time: room for 2, then (the batch took one) for 1, never answered;
+        # it lapsed when the last items ended (a worker holding no job is idle).
+        assert proxy.pulls == [2, 1]
+
+
+def test_a_standing_offer_is_withdrawn_before_the_last_results():
+    class Once(corral.Worker):
+        max_running = 4
+
+        def forward(self, batch):
+            yield ["only"] * len(batch)
+
+    with FakeProxy(Once()) as proxy:
+        assert proxy.stream(["a"]) == [Stream(["only"], "end")]
+        assert proxy.pulls == [3, 0]
+        assert proxy.events[-2:] == [("pull", 0), ("end", 0, "end")]
+
+
+def test_an_offer_never_exceeds_the_room_and_joined_items_line_up_with_their_positions():
+    class Counts(corral.Worker):
+        max_running = 3
+
+        def __init__(self):
+            self.most_running = 0
+
+        def forward(self, batch):
+            items = list(batch)
+            left = [2] * len(items)  # chunks to go; 0: END next; -1: over
+            while any(n >= 0 for n in left):
+                step = [
+                    corral.END if n == 0 else (f"{items[p]}{n}" if n > 0 else None)
+                    for p, n in enumerate(left)
+                ]
+                left = [n - 1 if n >= 0 else -1 for n in left]
+                new = yield step
+                items += new
+                left += [2] * len(new)
+                self.most_running = max(self.most_running, sum(n >= 0 for n in left))
+
+    worker = Counts()
+    with FakeProxy(worker) as proxy:
+        got = proxy.stream(["a", "b"], join=["c", "d", "e", "f"])
+        assert [s.status for s in got] == ["end"] * 6
+        assert [s.chunks for s in got] == [[f"{w}2", f"{w}1"] for w in "abcdef"]
+        assert proxy.pulls[0] == 1
+        assert all(0 <= m <= 3 for m in proxy.pulls)
+        assert worker.most_running <= 3
+
+
+def test_no_pull_without_max_running_and_queued_items_come_as_a_new_batch():
+    with FakeProxy(Spell()) as proxy:
+        got = proxy.stream(["ab"], join=["c"])
+        assert got == [Stream(["a", "b"], "end"), Stream(["c"], "end")]
+        assert proxy.pulls == []
+        assert ("batch", [1]) in proxy.events
+
+
+def test_infer_on_a_streaming_worker_returns_the_chunk_list():
+    with FakeProxy(Spell()) as proxy:
+        assert proxy.infer(["abc", "d"]) == [
+            Result("ok", value=["a", "b", "c"]),
+            Result("ok", value=["d"]),
+        ]
+
+
+def test_stream_on_a_plain_worker_gives_its_answer_as_one_chunk():
+    class Echo(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Echo()) as proxy:
+        assert proxy.stream([1, "two"]) == [Stream([1], "end"), Stream(["two"], "end")]
+
+
+def test_warm_up_runs_a_streaming_forward_through_postprocess():
+    class Warm(Spell):
+        examples = ("hi",)
+
+        def postprocess(self, chunk):
+            if chunk == "i":
+                raise ValueError("no i")
+            return chunk
+
+    with pytest.raises(ValueError, match="no i"):
+        Warm().warm_up()
+    Spell().warm_up()
+
+
+def test_end_is_one_object_with_a_readable_name():
+    import pickle
+
+    assert repr(corral.END) == "corral.END"
+    assert pickle.loads(pickle.dumps(corral.END)) is corral.END
+    assert type(corral.END)() is corral.END
+
+
+def test_chunks_over_the_frame_limit_split_and_a_chunk_too_large_alone_is_left_out():
+    entries = [protocol.chunk(bytes([i]) * 16, b"\xc4\x10" + b"x" * 16) for i in range(4)]
+    (one,), too_large = protocol.encode_chunks(entries)
+    assert one == protocol.encode_frame(protocol.chunks(entries)) and too_large == []
+    frames, too_large = protocol.encode_chunks(entries, limit=100)
+    assert too_large == [] and len(frames) > 1
+    assert [e for f in frames for e in protocol.decode_body(f[4:])["chunks"]] == entries
+    big = protocol.chunk(b"\x09" * 16, b"y" * 200)
+    frames, too_large = protocol.encode_chunks([entries[0], big, entries[1]], limit=100)
+    assert too_large == [1]
+    assert [e for f in frames for e in protocol.decode_body(f[4:])["chunks"]] == entries[:2]
+
+
+def test_a_shutdown_while_a_joining_worker_streams_closes_the_generator_and_stops_it():
+    closed = threading.Event()
+
+    class Forever(corral.Worker):
+        max_running = 2
+
+        def forward(self, batch):
+            try:
+                yield ["started"]
+                while True:
+                    yield [None]
+            finally:
+                closed.set()
+
+    with FakeProxy(Forever()) as proxy:
+        proxy.send(protocol.batch([protocol.job(b"\1" * 16, 5000, msgpack.packb(1))]))
+        assert proxy.receive()["type"] == "chunks"
+        proxy.send(protocol.shutdown("stopping"))
+        while proxy.receive() is not None:  # the pull, then the end of the connection
+            pass
+        assert closed.wait(WAIT)
+    assert isinstance(proxy.worker_error, SystemExit) and proxy.worker_error.code == 0
+
+
+def test_a_plain_worker_ignores_a_cancel_and_a_malformed_cancel_is_a_protocol_error():
+    class Echo(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Echo()) as proxy:
+        proxy.send(protocol.cancel([b"\1" * 16]))
+        assert proxy.infer([5]) == [Result("ok", value=5)]
+        proxy.send({"type": "cancel", "ids": "nope"})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
+
+
+def test_a_workers_own_helper_methods_do_not_replace_the_packages():
+    class Helpers(corral.Worker):
+        def forward(self, batch):
+            return [self._answer(x) for x in self._prepare(batch)]
+
+        def _answer(self, x):
+            return x + 1
+
+        def _prepare(self, batch):
+            return batch
+
+    with FakeProxy(Helpers()) as proxy:
+        assert proxy.infer([1, 2]) == [Result("ok", value=2), Result("ok", value=3)]
