@@ -230,7 +230,7 @@ def main() -> None:
         return System(name, command, f"http://127.0.0.1:{port}/infer", ("corral",), env)
 
     every = {
-        "corral": corral("corral", 18600, {}),
+        "corral": corral("corral", 18600, {"GENERATE_MAX_RUNNING": "0"}),
         # Joining is the worker's opt-in (issue #13: `max_running`): examples/generate/worker.py.
         "corral-join": corral("corral-join", 18601, {"GENERATE_MAX_RUNNING": "32"}),
         "mosec": System(

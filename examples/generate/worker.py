@@ -8,10 +8,10 @@ that ships with Python (about a second, nothing downloaded). Each request is
         -H 'content-type: application/json' -d '{"prompt": "The ", "max_tokens": 80}'
 """
 
-# DRAFT until the streaming API of issue #13 lands in the corral package: `forward` as a
-# generator, `corral.END` and `self.cancelled` are used as the issue names them. Joining a running
-# batch (`max_running`) is not wired yet: once its mechanism is settled, new items enter through
-# `self.model.add(state, ...)` between steps and their positions are appended to `rows` below.
+# Joining: with `max_running` set (32 here; GENERATE_MAX_RUNNING overrides it, 0 turns joining
+# off), requests that arrive while a batch is generating join it between two steps instead of
+# waiting for its slowest stream. Each `yield` returns the inputs that joined; they take the next
+# positions and the next rows of the model.
 
 import itertools
 import os
@@ -33,28 +33,25 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True):
 
 class Generate(corral.Worker):
     input_type = Prompt
+    max_running = 32
 
     def __init__(self) -> None:
         self.model = Model.train(corpus())
         self.seeds = itertools.count()  # a different text per request unless it names a seed
 
     def forward(self, batch: list[Prompt]):
-        state = self.model.start(
-            [item.prompt for item in batch],
-            [next(self.seeds) if item.seed is None else item.seed for item in batch],
-        )
-        rows = list(range(len(batch)))  # rows[r]: the batch position of the model's row r
-        left = [item.max_tokens for item in batch]
+        items = list(batch)
+        state = self.model.start([item.prompt for item in items], self.seeds_for(items))
+        rows = list(range(len(items)))  # rows[r]: the position of the model's row r
+        left = [item.max_tokens for item in items]
         ending: list[int] = []  # positions whose last character went out in the previous yield
-        while rows:
+        while rows or ending:
             # Stop computing for clients that left: their rows leave the model's batch.
             gone = [r for r, position in enumerate(rows) if position in self.cancelled]
             if gone:
                 self.model.remove(state, gone)
                 rows = [position for position in rows if position not in self.cancelled]
-                if not rows:
-                    break
-            chunks: list = [None] * len(batch)
+            chunks: list = [None] * len(items)
             for position in ending:
                 chunks[position] = corral.END
             finished = []
@@ -66,11 +63,19 @@ class Generate(corral.Worker):
             ending = [rows[r] for r in finished]
             self.model.remove(state, finished)
             rows = [position for r, position in enumerate(rows) if r not in finished]
-            yield chunks
-        # Returning ends every stream still open (the last finishers and the cancelled).
+            joined = yield chunks
+            if joined:
+                rows += range(len(items), len(items) + len(joined))
+                items += joined
+                left += [item.max_tokens for item in joined]
+                self.model.add(state, [item.prompt for item in joined], self.seeds_for(joined))
+        # Returning ends every stream still open.
+
+    def seeds_for(self, items: list[Prompt]) -> list[int]:
+        return [next(self.seeds) if item.seed is None else item.seed for item in items]
 
 
 if __name__ == "__main__":
-    if "GENERATE_MAX_RUNNING" in os.environ:  # bench/stream.py's corral-join (draft, see above)
-        Generate.max_running = int(os.environ["GENERATE_MAX_RUNNING"])
+    if "GENERATE_MAX_RUNNING" in os.environ:
+        Generate.max_running = int(os.environ["GENERATE_MAX_RUNNING"]) or None
     Generate.run()

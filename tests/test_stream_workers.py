@@ -1,0 +1,84 @@
+"""Streaming workers written with the Python package (generator `forward`, `corral.END`,
+`self.cancelled`, `max_running`) behind the real proxy, and the generation example."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+
+from conftest import ROOT
+from test_streams import SSE, events, open_streams, stream_all
+
+TOKENS = str(ROOT / "tests" / "workers" / "tokens.py")
+GENERATE = str(ROOT / "examples" / "generate" / "worker.py")
+
+
+def test_a_generator_worker_streams_each_item_its_own_tokens(corral_factory, tmp_path):
+    proxy = corral_factory(worker=TOKENS, env={"TOKENS_CANCELS": str(tmp_path / "c")})
+    gate = tmp_path / "gate"
+    with proxy.client.stream(
+        "POST", "/infer", json={"n": 3, "gate": str(gate)}, headers=SSE
+    ) as response:
+        received = events(response)
+        assert next(received) == ("message", "t-0")
+        gate.touch()  # the worker holds the rest until the test has the first token
+        assert list(received) == [("message", "t-1"), ("message", "t-2"), ("done", {})]
+    # A client that asks for one answer gets every token at once.
+    assert proxy.post({"n": 2, "tag": "one"}).json() == ["one-0", "one-1"]
+
+
+def test_a_client_leaving_reaches_the_generator_as_cancelled(corral_factory, tmp_path):
+    cancels, gate = tmp_path / "cancels", tmp_path / "gate"
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=2",
+        "--max-wait-ms=60000",
+        worker=TOKENS,
+        env={"TOKENS_CANCELS": str(cancels)},
+    )
+    leaving = {"n": 3, "gate": str(gate), "tag": "a"}
+    staying = {"n": 3, "gate": str(gate), "tag": "b"}
+    with ExitStack() as leaves, ExitStack() as stays:
+        left, kept = open_streams(proxy, [leaving, staying], [leaves, stays])
+        assert next(events(left)) == ("message", "a-0")
+        leaves.close()
+        proxy.wait_until(
+            lambda: cancels.exists() and "a" in cancels.read_text().split(),
+            what="self.cancelled in the worker",
+        )
+        gate.touch()
+        assert [data for _, data in events(kept)] == ["b-0", "b-1", "b-2", {}]
+
+
+def test_a_new_request_joins_a_running_generator(corral_factory, tmp_path):
+    gate = tmp_path / "gate"
+    proxy = corral_factory(
+        worker=TOKENS, env={"TOKENS_MAX_RUNNING": "4", "TOKENS_CANCELS": str(tmp_path / "c")}
+    )
+    with proxy.client.stream(
+        "POST", "/infer", json={"n": 3, "gate": str(gate), "tag": "long"}, headers=SSE
+    ) as long_stream:
+        long_events = events(long_stream)
+        assert next(long_events) == ("message", "long-0")
+        # The long stream holds the generator; a new one joins it and finishes meanwhile.
+        _, received = stream_all(proxy, {"n": 2, "tag": "new"})
+        assert received == [("message", "new-0"), ("message", "new-1"), ("done", {})]
+        gate.touch()
+        assert [data for _, data in long_events] == ["long-1", "long-2", {}]
+
+
+def test_the_generation_example_streams_characters(corral_factory):
+    proxy = corral_factory(worker=GENERATE)
+    request = {"prompt": "The ", "max_tokens": 12, "seed": 7}
+    _, received = stream_all(proxy, request)
+    assert [name for name, _ in received] == ["message"] * 12 + ["done"]
+    text = "".join(data for _, data in received[:-1])
+    # The same seed gives the same text to a client that asks for one answer.
+    assert "".join(proxy.post(request).json()) == text
+
+    def one(n: int) -> int:
+        _, got = stream_all(proxy, {"prompt": f"{n} ", "max_tokens": 20})
+        return len(got)
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(one, range(16))) == [21] * 16
