@@ -68,8 +68,12 @@ bench-pipeline: release $(BENCH_VENV)/.installed $(OHA)
 bench-stream: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/stream.py $(BENCH_ARGS)
 
-$(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml
+# The bench venv installs the package (not editable, as a user would): its sources are inputs.
+PY_CLIENT_SOURCES := $(wildcard python-client/src/corral/*.py)
+
+$(BENCH_VENV)/.installed: bench/requirements.txt python-client/pyproject.toml $(PY_CLIENT_SOURCES)
 	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python-client
 	$(BENCH_VENV)/bin/python -m pip install --quiet --disable-pip-version-check ./python-client -r bench/requirements.txt
 	touch $@
 
