@@ -9,6 +9,7 @@ its first chunk, on a file the test creates only once it has read that chunk.
 from __future__ import annotations
 
 import json
+import signal
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -275,3 +276,16 @@ def test_a_pipeline_streams_from_its_last_stage_within_its_stream_timeout(corral
     _, received = stream_all(proxy, {"chunks": 2, "gate": str(tmp_path / "never")})
     assert received[0] == ("message", "c-0")
     assert received[1][0] == "error" and received[1][1]["error"] == "deadline_exceeded"
+
+
+def test_shutdown_ends_open_streams_with_an_error_after_the_grace_period(corral_factory, tmp_path):
+    proxy = corral_factory("--grace-period-ms=300", worker=STREAMER)
+    item = {"chunks": 3, "gate": str(tmp_path / "never")}
+    with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+        received = events(response)
+        assert next(received) == ("message", "c-0")
+        proxy.proc.send_signal(signal.SIGTERM)
+        rest = list(received)
+    assert len(rest) == 1 and rest[0][0] == "error"
+    assert rest[0][1]["error"] == "shutting_down"
+    assert proxy.proc.wait(timeout=30) == 0

@@ -74,7 +74,13 @@ struct Queue {
     /// Payload bytes of the queued jobs.
     bytes: usize,
     arrivals: Arrivals,
+    /// How long a batch keeps its worker busy, by size: what the policy and a busy worker's
+    /// free time are predicted from.
     cost: CostModel,
+    /// How long a batch takes to its first answer (its first chunk, for a streaming worker; its
+    /// results, for a plain one, where the two models learn the same samples): what a new job's
+    /// own batch is predicted to take before its deadline, which bounds the first chunk.
+    first: CostModel,
     returns: Returns,
     /// One slot per connected worker (None: a free slot).
     seats: Vec<Option<Seat>>,
@@ -280,10 +286,12 @@ impl Stage {
                 return Err(Shed::QueueFull);
             }
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
+                let first = queue.first.estimate().unwrap_or(cost);
                 let mut free_at = queue.free_at(now, cost);
                 let ahead = queue.jobs.len();
                 let max = self.settings.max_batch_size;
-                let finish = admission::predicted_finish(ahead, count, max, cost, &mut free_at);
+                let finish =
+                    admission::predicted_finish(ahead, count, max, cost, first, &mut free_at);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     let retry_after = admission::retry_after(finish, last.deadline);
@@ -576,19 +584,29 @@ impl WorkerSeat<'_> {
     /// A streaming batch of `size` jobs sent its first chunk (or first result) `took` after it
     /// was sent: what admission and the policy learn for a streaming stage is the time to first
     /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
-    pub fn first_chunk(&self, size: usize, took: Duration) {
+    pub fn first_chunk(&self, size: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
-        queue.cost.record(size, took);
+        queue.first.record(size, took);
+        if joining {
+            // A joining worker takes new jobs within a step: it is as busy as its first chunk.
+            queue.cost.record(size, took);
+        }
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);
         metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
     }
 
-    /// A streaming worker holds no job any more: it is idle.
-    pub fn released(&self) {
+    /// A streaming worker holds no job any more: it is idle, after `took` busy with `size` jobs.
+    /// A worker that does not join was unavailable all that time: that is its batches' cost for
+    /// the policy and for predicting when it is free (its clients, too, come back now).
+    pub fn released(&self, size: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
         let now = Instant::now();
         *queue.seat(self.slot) = Seat::free(now);
+        if !joining && size > 0 {
+            queue.cost.record(size, took);
+        }
+        queue.returns.answered(now, size);
     }
 
     /// [`Stage::requeue`].
@@ -611,6 +629,7 @@ impl WorkerSeat<'_> {
             ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
         }
         queue.cost.record(size, took);
+        queue.first.record(size, took);
         queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);

@@ -14,13 +14,16 @@ use tokio::time::Instant;
 
 use super::cost::Cost;
 
-/// When the last of `group` new jobs, queued behind `ahead` jobs, is expected to be answered.
-/// `free_at` holds, per connected worker, when it can take its next batch (now if idle).
+/// When the last of `group` new jobs, queued behind `ahead` jobs, is expected to be answered
+/// (its first chunk, for a streaming stage). `free_at` holds, per connected worker, when it can
+/// take its next batch (now if idle); the batches ahead keep a worker busy `cost`, the new jobs'
+/// own batch answers after `first` (the same model for plain workers).
 pub fn predicted_finish(
     ahead: usize,
     group: usize,
     max_batch: usize,
     cost: Cost,
+    first: Cost,
     free_at: &mut [Instant],
 ) -> Option<Instant> {
     if free_at.is_empty() || group == 0 {
@@ -34,7 +37,9 @@ pub fn predicted_finish(
     // the workers take turns in the order they free up.
     let j = batches - 1;
     let rounds_before = (j / free_at.len()) as u32;
-    Some(free_at[j % free_at.len()] + cost.of(max_batch) * rounds_before + cost.of(last_batch_size))
+    Some(
+        free_at[j % free_at.len()] + cost.of(max_batch) * rounds_before + first.of(last_batch_size),
+    )
 }
 
 /// What admission keeps back from a job's time budget: the prediction is an average, and the
@@ -64,20 +69,20 @@ mod tests {
 
     #[test]
     fn nothing_to_predict_without_workers() {
-        assert_eq!(predicted_finish(3, 1, 1, SLOW, &mut []), None);
+        assert_eq!(predicted_finish(3, 1, 1, SLOW, SLOW, &mut []), None);
     }
 
     #[test]
     fn an_idle_worker_and_an_empty_queue_finish_after_one_batch() {
         let now = Instant::now();
-        assert_eq!(predicted_finish(0, 1, 1, SLOW, &mut [now]), Some(now + ms(500)));
+        assert_eq!(predicted_finish(0, 1, 1, SLOW, SLOW, &mut [now]), Some(now + ms(500)));
     }
 
     #[test]
     fn jobs_ahead_and_a_busy_worker_add_up() {
         let now = Instant::now();
         // The worker is 200 ms from done; 2 queued ahead; one batch each.
-        let finish = predicted_finish(2, 1, 1, SLOW, &mut [now + ms(200)]);
+        let finish = predicted_finish(2, 1, 1, SLOW, SLOW, &mut [now + ms(200)]);
         assert_eq!(finish, Some(now + ms(200 + 3 * 500)));
     }
 
@@ -85,7 +90,7 @@ mod tests {
     fn workers_share_the_queue() {
         let now = Instant::now();
         // 3 ahead + 1 = 4 batches over 2 idle workers: 2 rounds.
-        assert_eq!(predicted_finish(3, 1, 1, SLOW, &mut [now, now]), Some(now + ms(1000)));
+        assert_eq!(predicted_finish(3, 1, 1, SLOW, SLOW, &mut [now, now]), Some(now + ms(1000)));
     }
 
     #[test]
@@ -93,8 +98,20 @@ mod tests {
         let now = Instant::now();
         let cost = Cost { overhead: ms(2), per_item: Duration::from_micros(200) };
         // 40 ahead + 1 = 41 jobs at batch 32: a full batch (8.4 ms), then a batch of 9 (3.8 ms).
-        let finish = predicted_finish(40, 1, 32, cost, &mut [now]).unwrap();
+        let finish = predicted_finish(40, 1, 32, cost, cost, &mut [now]).unwrap();
         assert_eq!(finish - now, Duration::from_micros(8400 + 3800));
+    }
+
+    #[test]
+    fn a_streaming_job_must_only_start_answering_by_its_deadline() {
+        let now = Instant::now();
+        // Streams keep a worker 10 s; their first chunk comes after 100 ms.
+        let busy = Cost { overhead: Duration::from_secs(10), per_item: Duration::ZERO };
+        let first = Cost { overhead: ms(100), per_item: Duration::ZERO };
+        assert_eq!(predicted_finish(0, 1, 1, busy, first, &mut [now]), Some(now + ms(100)));
+        // Behind one stream: that stream's whole length, then this one's first chunk.
+        let finish = predicted_finish(1, 1, 1, busy, first, &mut [now]);
+        assert_eq!(finish, Some(now + Duration::from_secs(10) + ms(100)));
     }
 
     #[test]

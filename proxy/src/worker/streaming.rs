@@ -66,6 +66,8 @@ pub(super) async fn work(
 ) -> Ended {
     let mut state = State {
         held: HashMap::new(),
+        busy: None,
+        joins: hello.declares(FEATURE_JOIN),
         first: HashMap::new(),
         seq: 0,
         departures: Departures::new(hello.declares(FEATURE_CANCEL)),
@@ -136,7 +138,9 @@ pub(super) async fn work(
         }
         if state.held.is_empty() {
             offer = None;
-            seat.released();
+            if let Some((since, size)) = state.busy.take() {
+                seat.released(size, since.elapsed(), joins);
+            }
         }
     };
     if !matches!(ended, Ended::Stopped) {
@@ -148,6 +152,9 @@ pub(super) async fn work(
 
 struct State {
     held: HashMap<JobId, Held>,
+    /// Since when the worker holds jobs, and how many it took in that time.
+    busy: Option<(Instant, usize)>,
+    joins: bool,
     first: HashMap<u64, Pending>,
     seq: u64,
     departures: Departures,
@@ -158,6 +165,8 @@ impl State {
     /// Sends a batch (to an idle worker, or joining the jobs it holds) and holds its jobs.
     fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>) {
         let sent = send(outbox, jobs);
+        let (since, size) = self.busy.unwrap_or((sent.sent, 0));
+        self.busy = Some((since, size + sent.jobs.len()));
         self.first.insert(sent.frame, Pending { sent: sent.sent, size: sent.jobs.len() });
         for job in sent.jobs {
             self.departures.watch(&job);
@@ -194,7 +203,7 @@ impl State {
     /// The first chunk or result of a batch: the stage learns its time to first chunk.
     fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
         if let Some(pending) = self.first.remove(&frame) {
-            seat.first_chunk(pending.size, pending.sent.elapsed());
+            seat.first_chunk(pending.size, pending.sent.elapsed(), self.joins);
         }
     }
 
