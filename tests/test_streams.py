@@ -289,3 +289,27 @@ def test_shutdown_ends_open_streams_with_an_error_after_the_grace_period(corral_
     assert len(rest) == 1 and rest[0][0] == "error"
     assert rest[0][1]["error"] == "shutting_down"
     assert proxy.proc.wait(timeout=30) == 0
+
+
+def test_a_worker_that_streams_steadily_is_never_hung(corral_factory):
+    # The hung clock counts from the worker's last frame: a stream of 10 steps of 100 ms outlasts
+    # --batch-timeout-ms 400 without ever leaving the worker silent that long.
+    proxy = corral_factory("--batch-timeout-ms=400", worker=STREAMER)
+    _, received = stream_all(proxy, {"chunks": 10, "step_ms": 100})
+    assert received == [("message", f"c-{i}") for i in range(10)] + [("done", {})]
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+
+
+def test_a_plain_worker_that_declared_cancel_hears_of_a_one_shot_client_leaving(
+    corral_factory, tmp_path
+):
+    cancels = tmp_path / "cancels"
+    patient = str(ROOT / "tests" / "workers" / "patient.py")
+    proxy = corral_factory(worker=patient, env={"PATIENT_CANCELS": str(cancels)})
+    # The worker answers only once told: the deadline passing (408) is what tells it.
+    response = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "300"})
+    assert response.status_code == 408
+    job = uuid.UUID(response.headers["x-request-id"]).hex
+    proxy.wait_until(lambda: job in ids(cancels), what="the cancel in the worker")
+    # It answered the cancelled job; the late result is dropped and counted.
+    proxy.wait_until(lambda: proxy.metric("corral_late_results_total"), what="the late result")

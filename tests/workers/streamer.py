@@ -7,6 +7,7 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
   "c"); `"size": k` pads each chunk to k characters;
 - `"gate": path`: after its first chunk, the job waits (other jobs go on) until that file exists;
   `"gate_first": path` waits before the first chunk;
+- `"step_ms": k`: the worker waits k ms after each step that sent this job a chunk;
 - `"fail_after": k`: after k chunks the job ends with an `error` result;
 - `"die_after": k`: after k chunks the process exits at once.
 Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
@@ -138,6 +139,9 @@ def main():
                 chunks.append({"id": job.id, "data": msgpack.packb(job.next_chunk())})
         if chunks:
             sock.sendall(protocol.encode_frame({"type": "chunks", "chunks": chunks}))
+            step_ms = max(job.item.get("step_ms", 0) for job in held.values())
+            if step_ms:
+                frames.poll(step_ms / 1000)  # a model step's time (frames read meanwhile wait)
         if results:
             for result in results:
                 held.pop(result["id"], None)
