@@ -268,23 +268,14 @@ async fn work(
     let mut last_done = Instant::now();
     let ended = loop {
         let message = if in_flight.is_empty() {
-            // Idle: wait for a batch, but notice a worker that goes away (or talks out of turn)
-            // meanwhile, so that a batch is sent to a live connection whenever that can be told.
-            tokio::select! {
-                biased;
-                message = inbox.next() => break match message {
-                    None => Ended::Closed,
-                    Some(Ok(_)) => protocol_error("message while idle"),
-                    Some(Err(e)) => read_error(e),
-                },
-                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
-                _ = context.shutdown.cancelled() => break Ended::Stopped,
-                jobs = seat.next_batch() => {
+            match idle(inbox, outbox, seat, context).await {
+                Ok(jobs) => {
                     let batch = send(outbox, jobs);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
                     in_flight.push_back(batch);
                     continue;
                 }
+                Err(ended) => break ended,
             }
         } else {
             let may_prefetch = prefetch && in_flight.len() < 2;
@@ -371,6 +362,28 @@ async fn work(
         give_back(seat, orphans, &ended.to_string());
     }
     ended
+}
+
+/// An idle worker's wait for its next batch, noticing meanwhile a worker that goes away (or talks
+/// out of turn), a failed write and shutdown, so that a batch goes to a live connection whenever
+/// that can be told. Shared by both pull loops.
+pub(super) async fn idle(
+    inbox: &mut Inbox,
+    outbox: &mut Outbox,
+    seat: &WorkerSeat<'_>,
+    context: &Context,
+) -> Result<Vec<Job>, Ended> {
+    tokio::select! {
+        biased;
+        message = inbox.next() => Err(match message {
+            None => Ended::Closed,
+            Some(Ok(_)) => protocol_error("message while idle"),
+            Some(Err(e)) => read_error(e),
+        }),
+        e = outbox.broken() => Err(died(format!("could not write to the worker: {e}"))),
+        _ = context.shutdown.cancelled() => Err(Ended::Stopped),
+        jobs = seat.next_batch() => Ok(jobs),
+    }
 }
 
 /// Queues a batch for the worker: each job's id, remaining time and payload.

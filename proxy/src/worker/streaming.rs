@@ -20,7 +20,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::connection::{
-    died, protocol_error, read_error, send, Context, Ended, Inbox, HUNG_MARGIN,
+    died, idle, protocol_error, read_error, send, Context, Ended, Inbox, HUNG_MARGIN,
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
@@ -80,20 +80,13 @@ pub(super) async fn work(
     let mut heard = Instant::now();
     let ended = loop {
         let message = if state.held.is_empty() {
-            tokio::select! {
-                biased;
-                message = inbox.next() => break match message {
-                    None => Ended::Closed,
-                    Some(Ok(_)) => protocol_error("message while idle"),
-                    Some(Err(e)) => read_error(e),
-                },
-                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
-                _ = context.shutdown.cancelled() => break Ended::Stopped,
-                jobs = seat.next_batch() => {
+            match idle(inbox, outbox, seat, context).await {
+                Ok(jobs) => {
                     heard = Instant::now();
                     state.hold(outbox, jobs);
                     continue;
                 }
+                Err(ended) => break ended,
             }
         } else {
             let hung_at = match stage.settings().batch_timeout {
