@@ -7,14 +7,14 @@
 //! # Layout
 //! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
 //!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
-//! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler, and the one
-//!   mapping from failures to status codes.
+//! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler and its
+//!   streamed answer path (SSE, NDJSON), and the one mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
-//! - [`worker`]: the worker socket and one task per connected worker (protocol in
-//!   `corral-protocol`).
+//! - [`worker`]: the worker socket and one task per connected worker — it reads, its outbox
+//!   writes; plain and streaming pull loops (protocol in `corral-protocol`).
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
