@@ -283,6 +283,21 @@ CONFIG_ERRORS = {
         + '[routes.s]\npath = "/x"\npipeline = "a"\n',
         "routes.s.path: /x is served twice",
     ),
+    "unknown protocol": (
+        STAGE + '[routes.r]\npipeline = "a"\nprotocol = "openai-embedding"\n',
+        'routes.r.protocol: "openai-embedding" is not a protocol Corral speaks '
+        "(protocols: openai-embeddings)",
+    ),
+    "protocol twice": (
+        STAGE
+        + '[routes.r]\npipeline = "a"\nprotocol = "openai-embeddings"\n'
+        + '[routes.s]\npipeline = "a"\nprotocol = "openai-embeddings"\n',
+        "routes.s.protocol: routes.r speaks this protocol already",
+    ),
+    "protocol path": (
+        STAGE + '[routes.r]\npath = "/v1/embeddings"\npipeline = "a"\n',
+        "routes.r.path: /v1/embeddings: paths under /v1/ are the client protocols'",
+    ),
     "unused stage": (
         TWO + '[pipelines.p]\nstages = ["a"]\n',
         "stages.b: no route's pipeline uses this stage",

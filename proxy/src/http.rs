@@ -8,6 +8,7 @@ pub mod fuzzing;
 pub mod infer;
 pub mod items;
 pub mod openapi;
+pub mod protocols;
 pub mod routes;
 pub mod server;
 pub mod stream;
@@ -21,6 +22,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+pub use crate::config::topology::Protocol;
 use crate::metrics::metrics;
 use crate::pipeline::Pipeline;
 use crate::stage::{Shed, Stage};
@@ -49,10 +51,14 @@ pub struct App {
 pub struct Route {
     /// The route's name in the config file, its operation id in `/openapi.json`.
     pub name: String,
+    /// Its name in the model-serving protocols (`default` for the default route).
+    pub model: String,
     pub path: String,
     pub pipeline: Pipeline,
     /// Default and longest deadline of a job.
     pub timeout: Duration,
+    /// The client protocol it speaks besides Corral's own (and KServe v1, which all speak).
+    pub protocol: Option<Protocol>,
 }
 
 /// The answer to a request refused at admission; counted, not logged: shedding must stay cheap

@@ -83,9 +83,11 @@ pub async fn run(
             info!(path = %route.path, pipeline = %route.pipeline, stages = ?route.stages, "serving route");
             http::Route {
                 name: route.name.clone(),
+                model: route.model.clone(),
                 path: route.path.clone(),
                 pipeline,
                 timeout: route.timeout,
+                protocol: route.protocol,
             }
         })
         .collect();

@@ -88,6 +88,8 @@ pub struct RouteFile {
     pub pipeline: String,
     /// Default and longest deadline of this route's jobs.
     pub timeout_ms: Option<u64>,
+    /// A client protocol this route also speaks (`openai-embeddings`), besides Corral's own.
+    pub protocol: Option<String>,
 }
 
 /// Parses the file's text; the error says where (line, column, key) and what is wrong.

@@ -19,6 +19,30 @@ pub const DEFAULT_STAGE: &str = "default";
 pub const DEFAULT_PATH: &str = "/infer";
 /// Paths Corral answers itself; no route may take them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];
+/// Where the client protocols live ([`crate::http::protocols`]); no route path may start so.
+pub const PROTOCOL_PREFIX: &str = "/v1/";
+/// The model name of the default route, as clients of the model-serving protocols call it.
+pub const DEFAULT_MODEL: &str = "default";
+
+/// A client protocol a route may speak besides Corral's own envelope (KServe v1 needs no
+/// declaration: every route speaks it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    /// OpenAI's `POST /v1/embeddings`.
+    OpenAiEmbeddings,
+}
+
+impl Protocol {
+    const ALL: &[(&str, Protocol)] = &[("openai-embeddings", Protocol::OpenAiEmbeddings)];
+
+    fn parse(name: &str) -> Result<Protocol, String> {
+        let found = Self::ALL.iter().find(|(known, _)| *known == name).map(|(_, p)| *p);
+        found.ok_or_else(|| {
+            let known: Vec<&str> = Self::ALL.iter().map(|(known, _)| *known).collect();
+            format!("{name:?} is not a protocol Corral speaks (protocols: {})", known.join(", "))
+        })
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Topology {
@@ -54,11 +78,15 @@ pub struct RouteSpec {
     /// The config key naming the route (`infer` for the default route): the operation's name in
     /// `/openapi.json`.
     pub name: String,
+    /// What the model-serving protocols call it: the route's name, `default` for the default
+    /// route.
+    pub model: String,
     pub path: String,
     pub pipeline: String,
     /// Stage names, in the order a job goes through them.
     pub stages: Vec<String>,
     pub timeout: Duration,
+    pub protocol: Option<Protocol>,
 }
 
 /// A config error: which key, and what is wrong with it.
@@ -106,10 +134,12 @@ pub fn single(config: &Config) -> Topology {
         }],
         routes: vec![RouteSpec {
             name: "infer".into(),
+            model: DEFAULT_MODEL.into(),
             path: DEFAULT_PATH.into(),
             pipeline: DEFAULT_STAGE.into(),
             stages: vec![DEFAULT_STAGE.into()],
             timeout: config.timeout(),
+            protocol: None,
         }],
     }
 }
@@ -205,12 +235,27 @@ pub fn resolve(
                 _ => config.timeout_ms,
             };
             positive(&format!("{key}.timeout_ms"), timeout_ms)?;
+            let protocol = match &route.protocol {
+                None => None,
+                Some(name) => {
+                    Some(Protocol::parse(name).map_err(|e| error(format!("{key}.protocol"), e))?)
+                }
+            };
+            // One path, one route: the protocol's path cannot say which of two routes it means.
+            if let Some(other) =
+                routes.iter().find(|r: &&RouteSpec| r.protocol.is_some() && r.protocol == protocol)
+            {
+                let problem = format!("routes.{} speaks this protocol already", other.name);
+                return Err(error(format!("{key}.protocol"), problem));
+            }
             routes.push(RouteSpec {
                 name: name.clone(),
+                model: name.clone(),
                 path,
                 pipeline: route.pipeline.clone(),
                 stages: pipeline.clone(),
                 timeout: Duration::from_millis(timeout_ms),
+                protocol,
             });
         }
         routes
@@ -233,10 +278,12 @@ fn default_route(
     match (only.next(), only.next()) {
         (Some((name, stages)), None) => Ok(vec![RouteSpec {
             name: "infer".into(),
+            model: DEFAULT_MODEL.into(),
             path: DEFAULT_PATH.into(),
             pipeline: name.clone(),
             stages: stages.clone(),
             timeout: config.timeout(),
+            protocol: None,
         }]),
         (None, _) => Err(error(
             "pipelines",
@@ -351,6 +398,10 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
     }
     if RESERVED_PATHS.contains(&path) {
         return Err(error(key, format!("{path} is Corral's own route")));
+    }
+    if path.starts_with(PROTOCOL_PREFIX) {
+        let problem = format!("{path}: paths under {PROTOCOL_PREFIX} are the client protocols'");
+        return Err(error(key, problem));
     }
     Ok(())
 }
@@ -502,5 +553,23 @@ mod tests {
         let text = "[stages.a]\n[routes.embed]\npipeline = \"a\"\ntimeout_ms = 50\n";
         let route = &resolve_with(text, &[], &[]).unwrap().routes[0];
         assert_eq!((route.path.as_str(), route.timeout), ("/embed", Duration::from_millis(50)));
+    }
+
+    #[test]
+    fn a_route_may_speak_a_known_protocol() {
+        let route = "[stages.a]\n[routes.embed]\npipeline = \"a\"\n";
+        let text = format!("{route}protocol = \"openai-embeddings\"\n");
+        let resolved = &resolve_with(&text, &[], &[]).unwrap().routes[0];
+        assert_eq!(resolved.protocol, Some(Protocol::OpenAiEmbeddings));
+        assert_eq!(resolved.model, "embed");
+        let error = resolve_with(&format!("{route}protocol = \"grpc\"\n"), &[], &[]).unwrap_err();
+        assert_eq!(error.key, "routes.embed.protocol");
+        assert!(error.problem.contains("openai-embeddings"), "{}", error.problem);
+    }
+
+    #[test]
+    fn the_default_route_is_model_default() {
+        let topology = resolve_with("[stages.a]\n", &[], &[]).unwrap();
+        assert_eq!(topology.routes[0].model, DEFAULT_MODEL);
     }
 }

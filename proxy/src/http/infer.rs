@@ -30,17 +30,8 @@ pub async fn handle(
     id: JobId,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let arrived = Instant::now();
     let headers = request.headers();
-    let input = match headers.get(CONTENT_TYPE) {
-        // A client that names no type almost always means JSON.
-        None => Format::Json,
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(Format::from_media_type)
-            .ok_or_else(ApiError::unsupported_media_type)?,
-    };
+    let input = request_format(headers)?;
     let streamed = Framing::requested(headers.get(ACCEPT));
     let output = match streamed {
         // The output format is moot for a stream (events are JSON) but for its plain errors.
@@ -49,17 +40,8 @@ pub async fn handle(
             format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?
         }
     };
-    let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
     let many = carries_many(headers)?;
-    let declared = declared_length(headers);
-    let deadline = arrived + timeout;
-
-    // No connection clock runs while a handler does (a slow body is not a slow head), so the
-    // body gets its own, ending at the job's deadline at the latest.
-    let read_by = deadline.min(arrived + app.body_read_timeout);
-    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by)
-        .await
-        .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    let Received { body, arrived, deadline } = receive(app, route, request).await?;
     // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
     // one copy of its payload.
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
@@ -81,17 +63,74 @@ pub async fn handle(
     }
 
     let elements = items::split(&payload).map_err(ApiError::bad_request)?;
-    for element in &elements {
-        check_payload_size(app, route, element)?;
-    }
-    let capacity = route.pipeline.capacity();
-    if elements.len() > capacity {
-        return Err(ApiError::too_many_items(elements.len(), capacity));
-    }
-    let jobs = elements.into_iter().map(|element| (JobId::new(), element)).collect();
-    let outcomes = run(app, route, jobs, arrived, deadline).await?;
+    let outcomes = run_items(app, route, elements, arrived, deadline).await?;
     let data = items::assemble(outcomes)?;
     ok(output, data)
+}
+
+/// The format a request's `Content-Type` names; a client that names none almost always means
+/// JSON.
+pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
+    match headers.get(CONTENT_TYPE) {
+        None => Ok(Format::Json),
+        Some(value) => value
+            .to_str()
+            .ok()
+            .and_then(Format::from_media_type)
+            .ok_or_else(ApiError::unsupported_media_type),
+    }
+}
+
+/// A request's body, read whole, and the job clock it started: what every envelope (native or
+/// a protocol's) gets before it parses the body its own way.
+pub struct Received {
+    pub body: Bytes,
+    pub arrived: Instant,
+    /// The route's timeout, shortened by `x-corral-timeout-ms` if the client sent one.
+    pub deadline: Instant,
+}
+
+/// Reads the body within the request's deadline and `--body-read-timeout-ms`, stopping at
+/// `--max-body-bytes` (413).
+pub async fn receive(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+) -> Result<Received, ApiError> {
+    let arrived = Instant::now();
+    let headers = request.headers();
+    let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
+    let declared = declared_length(headers);
+    let deadline = arrived + timeout;
+    // No connection clock runs while a handler does (a slow body is not a slow head), so the
+    // body gets its own, ending at the job's deadline at the latest.
+    let read_by = deadline.min(arrived + app.body_read_timeout);
+    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by)
+        .await
+        .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    Ok(Received { body, arrived, deadline })
+}
+
+/// Runs several payloads through the route as one request of several items: one job each,
+/// admitted all or none, kept in one batch where they fit. Each payload must fit in a batch
+/// frame and the lot in the smallest queue on the way (413 otherwise); a refusal at admission
+/// is its 503. The outcomes come back in the payloads' order.
+pub async fn run_items(
+    app: &App,
+    route: &Route,
+    payloads: Vec<Bytes>,
+    arrived: Instant,
+    deadline: Instant,
+) -> Result<Vec<Outcome>, ApiError> {
+    for payload in &payloads {
+        check_payload_size(app, route, payload)?;
+    }
+    let capacity = route.pipeline.capacity();
+    if payloads.len() > capacity {
+        return Err(ApiError::too_many_items(payloads.len(), capacity));
+    }
+    let jobs = payloads.into_iter().map(|payload| (JobId::new(), payload)).collect();
+    run(app, route, jobs, arrived, deadline).await
 }
 
 /// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503.

@@ -29,6 +29,29 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
     Ok(elements)
 }
 
+/// The value under the string key `name` of a msgpack map (a slice of the same buffer, no copy):
+/// how an envelope finds its rows in a body. `Ok(None)` when the map has no such key; `Err` when
+/// the value is not a map.
+pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
+    let mut rest: &[u8] = map;
+    let len = rmp::decode::read_map_len(&mut rest).map_err(|_| "the body must be an object")?;
+    let skip = |rest: &mut &[u8]| {
+        IgnoredAny::deserialize(&mut msgpack_reader(rest)).map(|_| ()).map_err(|e| e.to_string())
+    };
+    for _ in 0..len {
+        let mut probe = rest;
+        let is_name = rmp::decode::read_str_len(&mut probe)
+            .is_ok_and(|n| probe.get(..n as usize) == Some(name.as_bytes()));
+        skip(&mut rest)?;
+        let start = map.len() - rest.len();
+        skip(&mut rest)?;
+        if is_name {
+            return Ok(Some(map.slice(start..map.len() - rest.len())));
+        }
+    }
+    Ok(None)
+}
+
 /// The msgpack array of results, or the error answer described above.
 pub fn assemble(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     let failed: Vec<(usize, ApiError)> = outcomes
@@ -92,6 +115,15 @@ mod tests {
     fn refuses_what_is_not_an_array() {
         assert!(split(&mp(serde_json::json!({"a": 1}))).is_err());
         assert!(split(&Bytes::from_static(&[0x92, 0x01])).is_err(), "truncated");
+    }
+
+    #[test]
+    fn finds_a_field_of_a_map() {
+        let body = mp(serde_json::json!({"a": 1, "instances": [1, {"b": 2}]}));
+        let found = field(&body, "instances").unwrap().unwrap();
+        assert_eq!(found, mp(serde_json::json!([1, {"b": 2}])));
+        assert_eq!(field(&body, "nope").unwrap(), None);
+        assert!(field(&mp(serde_json::json!([1])), "instances").is_err());
     }
 
     #[test]

@@ -13,6 +13,7 @@ use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
 use super::error::ApiError;
+use super::protocols::Endpoint;
 use super::{infer, openapi, App, Body};
 use crate::metrics::metrics;
 
@@ -49,6 +50,9 @@ async fn route_in(
             infer::handle(app, route, id, request).await
         };
         (route.path.as_str(), answer)
+    } else if let Some(endpoint) = Endpoint::find(app, path) {
+        let (label, response) = endpoint.answer(app, &method, request).await;
+        (label, Ok(response))
     } else {
         match path {
             "/healthz" if is_get(&method) => {
@@ -133,7 +137,7 @@ fn ready(app: &App) -> Result<Response<Body>, ApiError> {
     Ok(json(StatusCode::OK, body.to_string()))
 }
 
-fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
+pub(super) fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
@@ -142,7 +146,13 @@ fn json(status: StatusCode, body: impl Into<Bytes>) -> Response<Body> {
 }
 
 fn error_response(error: ApiError) -> Response<Body> {
-    let mut response = json(error.status, error.body());
+    error_response_with(&error, error.body())
+}
+
+/// An error's answer with a body of the caller's shape (a protocol's), and the headers every
+/// error answer carries.
+pub(super) fn error_response_with(error: &ApiError, body: Vec<u8>) -> Response<Body> {
+    let mut response = json(error.status, body);
     let headers = response.headers_mut();
     if let Some(seconds) = error.retry_after {
         headers.insert(RETRY_AFTER, HeaderValue::from(seconds));

@@ -1,0 +1,90 @@
+//! Client protocols: envelopes around rows. Each protocol is a module that turns a request of its
+//! shape into payloads, one per row, runs them as one request of several items (every row a job,
+//! admitted together, kept in one batch where they fit, under the same deadline and timeout
+//! headers as a native request), and turns the rows' outcomes back into its own answer and error
+//! shape. Nothing here reaches into the request path's core: a protocol sees the body
+//! ([`infer::receive`]), the outcomes ([`infer::run_items`]) and [`ApiError`], and decides only
+//! how they are written.
+//!
+//! Their paths live under `/v1/`, which no configured route may take, so that a route's own path
+//! never shadows a protocol's.
+
+pub mod kserve_v1;
+pub mod openai;
+
+use std::sync::atomic::Ordering;
+
+use http::{Method, Request, Response};
+use hyper::body::Incoming;
+
+use super::error::ApiError;
+use super::{App, Body, Protocol};
+use crate::job::Outcome;
+use crate::metrics::metrics;
+
+/// A request addressed to one of the protocols, found from its path alone.
+pub enum Endpoint<'a> {
+    KServe(kserve_v1::Endpoint<'a>),
+    OpenAi(&'a super::Route),
+}
+
+impl<'a> Endpoint<'a> {
+    pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
+        if let Some(endpoint) = kserve_v1::Endpoint::find(app, path) {
+            return Some(Endpoint::KServe(endpoint));
+        }
+        if path == openai::EMBEDDINGS_PATH {
+            let route = app.routes.iter().find(|r| r.protocol == Some(Protocol::OpenAiEmbeddings));
+            return route.map(Endpoint::OpenAi);
+        }
+        None
+    }
+
+    /// The answer, in the protocol's own shape whatever went wrong, and the route label its
+    /// metrics go under (a fixed one per endpoint, so that no client can grow the label set).
+    pub async fn answer(
+        self,
+        app: &App,
+        method: &Method,
+        request: Request<Incoming>,
+    ) -> (&'static str, Response<Body>) {
+        match self {
+            Endpoint::KServe(endpoint) => endpoint.answer(app, method, request).await,
+            Endpoint::OpenAi(route) => {
+                let answer = match admit(app, method) {
+                    Ok(()) => openai::embeddings(app, route, request).await,
+                    Err(error) => Err(error),
+                };
+                let response = answer.unwrap_or_else(|e| openai::error_response(&e));
+                (openai::EMBEDDINGS_PATH, response)
+            }
+        }
+    }
+}
+
+/// What every protocol's job-taking endpoint checks first, as native routes do: `POST` only, and
+/// no new jobs once shutdown has begun.
+fn admit(app: &App, method: &Method) -> Result<(), ApiError> {
+    if method != Method::POST {
+        return Err(ApiError::method_not_allowed(method, "POST"));
+    }
+    if app.draining.load(Ordering::Relaxed) {
+        metrics().shed.with_label_values(&["shutting_down"]).inc();
+        return Err(ApiError::shutting_down());
+    }
+    Ok(())
+}
+
+/// The first row that failed, as the request's error, its message naming the row (`row` says
+/// what the protocol calls one: "instance", "input"). The protocols here have no per-row errors,
+/// so one failed row fails the request; the other rows' work was done all the same.
+fn first_failure(outcomes: &[Outcome], row: &str) -> Result<(), ApiError> {
+    let Some((index, failed)) =
+        outcomes.iter().enumerate().find(|(_, outcome)| !matches!(outcome, Outcome::Done(_)))
+    else {
+        return Ok(());
+    };
+    let error = ApiError::from_outcome(failed.clone());
+    let message = format!("{row} {index}: {}", error.message);
+    Err(ApiError { message, ..error })
+}

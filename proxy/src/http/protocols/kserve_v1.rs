@@ -1,0 +1,119 @@
+//! KServe's v1 prediction protocol, served for every route under its model name (the route's
+//! name in the config file, `default` for the default route):
+//!
+//! - `POST /v1/models/{name}:predict` with `{"instances": [...]}` answers `{"predictions": [...]}`,
+//!   each instance a job (as the elements of a native request of several items are);
+//! - `GET /v1/models/{name}` answers `{"name", "ready"}`: 200 once every stage of the route has a
+//!   connected worker, else 503.
+//!
+//! Errors are `{"error": "<message>"}` with the status a native request would get; a failed
+//! instance fails the request (v1 has no per-instance errors) and the message names its index.
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use hyper::body::Incoming;
+
+use super::super::error::ApiError;
+use super::super::format::{self, Format};
+use super::super::infer::{self, Received};
+use super::super::routes::{error_response_with, json};
+use super::super::{items, App, Body, Route};
+use super::{admit, first_failure};
+
+const PREFIX: &str = "/v1/models/";
+const PREDICT: &str = ":predict";
+
+pub struct Endpoint<'a> {
+    /// The model as the path names it.
+    name: String,
+    /// The route of that name, if there is one (404 otherwise).
+    route: Option<&'a Route>,
+    predict: bool,
+}
+
+impl<'a> Endpoint<'a> {
+    pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
+        let rest = path.strip_prefix(PREFIX)?;
+        let (name, predict) = match rest.strip_suffix(PREDICT) {
+            Some(name) => (name, true),
+            None => (rest, false),
+        };
+        if name.is_empty() || name.contains(['/', ':']) {
+            return None;
+        }
+        let route = app.routes.iter().find(|route| route.model == name);
+        Some(Endpoint { name: name.to_string(), route, predict })
+    }
+
+    pub async fn answer(
+        self,
+        app: &App,
+        method: &Method,
+        request: Request<Incoming>,
+    ) -> (&'static str, Response<Body>) {
+        let label = if self.predict { "/v1/models/{name}:predict" } else { "/v1/models/{name}" };
+        let answer = match self.route {
+            None => Err(unknown_model(&self.name)),
+            Some(route) if self.predict => match admit(app, method) {
+                Ok(()) => predict(app, route, request).await,
+                Err(error) => Err(error),
+            },
+            Some(_) if !matches!(*method, Method::GET | Method::HEAD) => {
+                Err(ApiError::method_not_allowed(method, "GET"))
+            }
+            Some(route) => Ok(readiness(app, route)),
+        };
+        (label, answer.unwrap_or_else(|error| error_response(&error)))
+    }
+}
+
+fn unknown_model(name: &str) -> ApiError {
+    ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }
+}
+
+const NO_INSTANCES: &str = r#"the body must be a JSON object with an "instances" array"#;
+
+async fn predict(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let input = infer::request_format(request.headers())?;
+    let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
+    let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
+    let instances = items::field(&payload, "instances")
+        .ok()
+        .flatten()
+        .ok_or_else(|| ApiError::bad_request(NO_INSTANCES))?;
+    let rows = items::split(&instances).map_err(|_| ApiError::bad_request(NO_INSTANCES))?;
+    if rows.is_empty() {
+        return Err(ApiError::bad_request(r#""instances" is empty"#));
+    }
+    let outcomes = infer::run_items(app, route, rows, arrived, deadline).await?;
+    first_failure(&outcomes, "instance")?;
+    let predictions = items::assemble(outcomes)?;
+    // {"predictions": [...]}: a one-entry map around the results' array, which is copied once,
+    // into the JSON.
+    let mut data = Vec::with_capacity(16);
+    rmp::encode::write_map_len(&mut data, 1).expect("writing to a Vec cannot fail");
+    rmp::encode::write_str(&mut data, "predictions").expect("writing to a Vec cannot fail");
+    let data = Bytes::from([&data[..], &predictions[..]].concat());
+    let body = format::from_msgpack(Format::Json, data)
+        .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
+    Ok(json(StatusCode::OK, body))
+}
+
+/// Ready as `/readyz` is, but for this route's stages alone.
+fn readiness(app: &App, route: &Route) -> Response<Body> {
+    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json(status, serde_json::json!({"name": route.model, "ready": ready}).to_string())
+}
+
+/// `{"error": "<message>"}`, KServe v1's error body.
+pub fn error_response(error: &ApiError) -> Response<Body> {
+    let body = serde_json::to_vec(&serde_json::json!({"error": error.message}))
+        .expect("a JSON object of strings always serializes");
+    error_response_with(error, body)
+}

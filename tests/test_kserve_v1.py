@@ -1,0 +1,109 @@
+"""KServe v1 end to end: `POST /v1/models/{name}:predict` and `GET /v1/models/{name}` against the
+real binary and the scripted worker, which echoes each instance with the size of its batch."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import SCRIPTED
+
+# A batch of 4 is released the moment it is full; the long wait keeps a smaller one from leaving
+# early, so 4 instances admitted together can only travel as one batch.
+BATCH = ("--max-batch-size", "4", "--max-wait-ms", "2000")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    from conftest import Corral
+
+    corral = Corral(tmp_path_factory.mktemp("kserve"), *BATCH)
+    yield corral
+    corral.stop()
+
+
+def predict(proxy, body, model="default", **kwargs):
+    return proxy.client.post(f"/v1/models/{model}:predict", json=body, **kwargs)
+
+
+def test_instances_share_a_batch_and_answer_in_order(proxy):
+    instances = [{"n": i} for i in range(4)]
+    answer = predict(proxy, {"instances": instances})
+    assert answer.status_code == 200, answer.text
+    predictions = answer.json()["predictions"]
+    assert [p["echo"] for p in predictions] == instances
+    assert [p["batch_size"] for p in predictions] == [4, 4, 4, 4]
+
+
+def test_the_timeout_header_applies(proxy):
+    answer = predict(
+        proxy, {"instances": [{"sleep_ms": 2000}]}, headers={"x-corral-timeout-ms": "100"}
+    )
+    assert answer.status_code == 408
+    assert "deadline" in answer.json()["error"]
+
+
+def test_readiness(proxy):
+    answer = proxy.client.get("/v1/models/default")
+    assert (answer.status_code, answer.json()) == (200, {"name": "default", "ready": True})
+
+
+def test_an_unknown_model_is_404(proxy):
+    for answer in (
+        predict(proxy, {"instances": [1]}, model="nope"),
+        proxy.client.get("/v1/models/nope"),
+    ):
+        assert answer.status_code == 404
+        assert answer.json() == {"error": 'no model named "nope"'}
+
+
+def test_a_bad_instance_is_422_naming_it(proxy):
+    answer = predict(proxy, {"instances": [1, {"invalid": "no good"}, 3]})
+    assert answer.status_code == 422
+    assert answer.json() == {"error": "instance 1: no good"}
+
+
+@pytest.mark.parametrize("body", [{"inputs": [1]}, [1, 2], {"instances": 3}, {"instances": []}])
+def test_a_body_without_instances_is_400(proxy, body):
+    answer = predict(proxy, body)
+    assert answer.status_code == 400
+    assert "instances" in answer.json()["error"]
+
+
+def test_malformed_json_is_400_in_v1_shape(proxy):
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=b"{",
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 400
+    assert set(answer.json()) == {"error"}
+
+
+def test_predict_takes_post_only(proxy):
+    answer = proxy.client.get("/v1/models/default:predict")
+    assert (answer.status_code, answer.headers["allow"]) == (405, "POST")
+
+
+def test_a_config_route_is_its_own_model_and_readiness_waits_for_its_worker(
+    corral_factory, tmp_path: Path
+):
+    (tmp_path / "corral.toml").write_text(
+        "[stages.echo]\n"
+        f'command = ["{sys.executable}", "{SCRIPTED}"]\n'
+        "[stages.outside]\n"
+        '[pipelines.echo]\nstages = ["echo"]\n'
+        '[pipelines.outside]\nstages = ["outside"]\n'
+        "[routes.echo]\n"
+        'pipeline = "echo"\n'
+        "[routes.outside]\n"
+        'pipeline = "outside"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    answer = predict(proxy, {"instances": ["a"]}, model="echo")
+    assert answer.json()["predictions"][0]["echo"] == "a"
+    assert proxy.client.get("/v1/models/default").status_code == 404
+    # No worker ever connects for the stage "outside": that model is not ready.
+    answer = proxy.client.get("/v1/models/outside")
+    assert (answer.status_code, answer.json()) == (503, {"name": "outside", "ready": False})

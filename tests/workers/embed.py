@@ -1,0 +1,30 @@
+"""A deterministic embedding worker for the OpenAI protocol tests: each text becomes 8 floats
+derived from its SHA-256, so a test can compute the expected vector itself. Every vector's last
+element is the size of the batch it was computed in (exact in float32), so tests can see inputs
+share a batch. A text starting with "reject" is refused (422) in preprocess."""
+
+import hashlib
+
+import corral
+
+DIMENSIONS = 8
+
+
+def vector(text: str, batch_size: int) -> list[float]:
+    digest = hashlib.sha256(text.encode()).digest()
+    # Multiples of 1/256 below 1: exact in float32, so float and base64 answers compare equal.
+    return [digest[i] / 256 for i in range(DIMENSIONS - 1)] + [float(batch_size)]
+
+
+class Embed(corral.Worker):
+    def preprocess(self, item):
+        if item.startswith("reject"):
+            raise corral.ValidationError(f"cannot embed {item!r}")
+        return item
+
+    def forward(self, batch):
+        return [vector(text, len(batch)) for text in batch]
+
+
+if __name__ == "__main__":
+    Embed.run()
