@@ -76,7 +76,15 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
     assert {"$ref": "#/components/schemas/Vector"} in body["anyOf"]
     assert set(infer["responses"]) >= {"200", "400", "408", "413", "422", "500", "503"}
     assert {p["name"] for p in infer["parameters"]} == {"x-corral-timeout-ms", "x-corral-items"}
-    assert set(document["paths"]) == {"/infer", "/healthz", "/readyz", "/metrics", "/openapi.json"}
+    assert set(document["paths"]) == {
+        "/infer",
+        "/healthz",
+        "/readyz",
+        "/metrics",
+        "/openapi.json",
+        "/v1/models/{name}:predict",
+        "/v1/models/{name}",
+    }
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(corral_factory):

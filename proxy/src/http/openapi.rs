@@ -38,6 +38,7 @@ pub fn document(app: &App) -> Value {
         components.extend(schemas);
     }
     components.insert("Error".into(), error_schema());
+    paths.extend(super::protocols::openapi::paths(app));
     paths.insert(
         "/healthz".into(),
         json!({"get": plain_get("healthz", "The process serves.", false)}),

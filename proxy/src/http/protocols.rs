@@ -11,6 +11,7 @@
 
 pub mod kserve_v1;
 pub mod openai;
+pub mod openapi;
 
 use std::sync::atomic::Ordering;
 

@@ -1,0 +1,147 @@
+//! The protocols' part of `/openapi.json`: their paths, request and answer shapes, and the error
+//! statuses each can answer (in its own error shape).
+
+use serde_json::{json, Map, Value};
+
+use super::super::{App, Protocol};
+use super::openai::EMBEDDINGS_PATH;
+
+pub fn paths(app: &App) -> Map<String, Value> {
+    let mut paths = Map::new();
+    let models: Vec<&str> = app.routes.iter().map(|route| route.model.as_str()).collect();
+    let name = json!({
+        "name": "name",
+        "in": "path",
+        "required": true,
+        "description": "The model: a route's name in the config file (`default` for the default route).",
+        "schema": {"type": "string", "enum": models},
+    });
+    let v1_error = json!({"type": "object", "required": ["error"],
+        "properties": {"error": {"type": "string"}}});
+    let mut predict = errors(&v1_error, "instance");
+    predict.insert(
+        "200".into(),
+        ok(json!({"type": "object", "required": ["predictions"],
+            "properties": {"predictions": {"type": "array"}}})),
+    );
+    paths.insert(
+        "/v1/models/{name}:predict".into(),
+        json!({"post": {
+            "operationId": "kserve_v1_predict",
+            "summary": "KServe v1: one job per instance, answered in order.",
+            "parameters": [name, timeout_header()],
+            "requestBody": {"required": true, "content": {"application/json": {"schema": {
+                "type": "object", "required": ["instances"],
+                "properties": {"instances": {"type": "array", "minItems": 1}},
+            }}}},
+            "responses": predict,
+        }}),
+    );
+    let readiness = json!({"type": "object", "required": ["name", "ready"],
+        "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}});
+    paths.insert(
+        "/v1/models/{name}".into(),
+        json!({"get": {
+            "operationId": "kserve_v1_model",
+            "summary": "KServe v1 readiness: every stage of the model's route has a worker.",
+            "parameters": [name],
+            "responses": {
+                "200": ok(readiness.clone()),
+                "404": response("No such model.", &v1_error),
+                "503": response("Not ready.", &readiness),
+            },
+        }}),
+    );
+    if app.routes.iter().any(|route| route.protocol == Some(Protocol::OpenAiEmbeddings)) {
+        paths.insert(EMBEDDINGS_PATH.into(), embeddings());
+    }
+    paths
+}
+
+fn embeddings() -> Value {
+    let error = json!({"type": "object", "required": ["error"], "properties": {"error": {
+        "type": "object",
+        "required": ["message", "type", "code"],
+        "properties": {
+            "message": {"type": "string"},
+            "type": {"type": "string", "enum": ["invalid_request_error", "server_error"]},
+            "code": {"type": "string", "description": "Corral's code word."},
+            "param": {"type": "null"},
+        },
+    }}});
+    let strings =
+        json!({"type": "array", "minItems": 1, "items": {"type": "string", "minLength": 1}});
+    let request = json!({
+        "type": "object",
+        "required": ["input", "model"],
+        "properties": {
+            "input": {"anyOf": [{"type": "string", "minLength": 1}, strings]},
+            "model": {"type": "string", "description": "Echoed back."},
+            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+        },
+    });
+    let answer = json!({
+        "type": "object",
+        "required": ["object", "data", "model", "usage"],
+        "properties": {
+            "object": {"const": "list"},
+            "data": {"type": "array", "items": {
+                "type": "object",
+                "required": ["object", "index", "embedding"],
+                "properties": {
+                    "object": {"const": "embedding"},
+                    "index": {"type": "integer"},
+                    "embedding": {"anyOf": [
+                        {"type": "array", "items": {"type": "number"}},
+                        {"type": "string", "description": "base64 of little-endian float32s"},
+                    ]},
+                },
+            }},
+            "model": {"type": "string"},
+            "usage": {"type": "object", "description": "Tokens counted as whitespace-separated words."},
+        },
+    });
+    let mut responses = errors(&error, "input");
+    responses.insert("200".into(), ok(answer));
+    json!({"post": {
+        "operationId": "openai_embeddings",
+        "summary": "OpenAI embeddings: one job per input string.",
+        "parameters": [timeout_header()],
+        "requestBody": {"required": true, "content": {"application/json": {"schema": request}}},
+        "responses": responses,
+    }})
+}
+
+/// The statuses a protocol's job-taking endpoint answers, each with the protocol's error body.
+fn errors(schema: &Value, row: &str) -> Map<String, Value> {
+    let described = [
+        ("400", "Malformed body, or not of the protocol's shape.".to_string()),
+        ("404", "No such model.".to_string()),
+        ("408", "The deadline passed, or the body did not arrive in time.".to_string()),
+        ("413", "Body or a row too large, or too many rows.".to_string()),
+        ("415", "Content-Type is not JSON.".to_string()),
+        ("422", format!("The worker rejected a row; the message names the {row}.")),
+        ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
+        ("503", "Shed or stopping; see Retry-After.".to_string()),
+    ];
+    described.into_iter().map(|(status, text)| (status.into(), response(&text, schema))).collect()
+}
+
+fn response(description: &str, schema: &Value) -> Value {
+    json!({"description": description,
+        "content": {"application/json": {"schema": schema}}})
+}
+
+fn ok(schema: Value) -> Value {
+    response("OK.", &schema)
+}
+
+fn timeout_header() -> Value {
+    json!({
+        "name": super::super::infer::TIMEOUT_HEADER,
+        "in": "header",
+        "required": false,
+        "description": "Deadline in milliseconds (capped by the route's timeout).",
+        "schema": {"type": "integer", "minimum": 1},
+    })
+}

@@ -1,0 +1,124 @@
+"""OpenAI embeddings end to end: the real `openai` package's `client.embeddings.create` against a
+route declaring `protocol = "openai-embeddings"`, served by tests/workers/embed.py (8 floats per
+text from its hash, the last one the size of its batch)."""
+
+import base64
+import sys
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from openapi_spec_validator import validate
+
+sys.path.insert(0, str(Path(__file__).parent / "workers"))
+from embed import vector
+
+EMBED = str(Path(__file__).parent / "workers" / "embed.py")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    from conftest import Corral
+
+    tmp_path = tmp_path_factory.mktemp("openai")
+    (tmp_path / "corral.toml").write_text(
+        # A batch of 4 leaves the moment it is full; the long wait keeps a smaller one from
+        # leaving early, so 4 inputs admitted together can only travel as one batch.
+        "max_body_bytes = 4096\n"
+        "[stages.embed]\n"
+        f'command = ["{sys.executable}", "{EMBED}"]\n'
+        "max_batch_size = 4\n"
+        "max_wait_ms = 2000\n"
+        "[routes.embed]\n"
+        'pipeline = "embed"\n'
+        'protocol = "openai-embeddings"\n'
+    )
+    corral = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None)
+    corral.wait_for_log(r"worker connected")
+    yield corral
+    corral.stop()
+
+
+@pytest.fixture
+def client(proxy):
+    # No retries: a test wants the first answer, and the package retries 408s and 5xxs.
+    return openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+
+
+@pytest.mark.parametrize("encoding_format", ["float", "base64"])
+def test_a_list_of_strings_shares_a_batch(client, encoding_format):
+    texts = ["one", "two words", "three more words", "four"]
+    answer = client.embeddings.create(model="hash-8", input=texts, encoding_format=encoding_format)
+    assert [d.index for d in answer.data] == [0, 1, 2, 3]
+    embeddings = [d.embedding for d in answer.data]
+    if encoding_format == "base64":
+        # Asked for explicitly, base64 is handed over as is: decode it as the package does
+        # when it asks for base64 itself (little-endian float32).
+        embeddings = [np.frombuffer(base64.b64decode(e), dtype="<f4").tolist() for e in embeddings]
+    assert embeddings == [vector(text, 4) for text in texts]
+    assert answer.model == "hash-8"
+    assert (answer.usage.prompt_tokens, answer.usage.total_tokens) == (7, 7)
+
+
+def test_the_package_default_is_base64_and_a_single_string_works(client, proxy):
+    # The package asks for base64 unless told otherwise: this is what most callers send.
+    answer = client.embeddings.create(model="m", input="hello")
+    assert answer.data[0].embedding == vector("hello", 1)
+    raw = proxy.client.post("/v1/embeddings", json={"model": "m", "input": "hello"}).json()
+    assert raw["object"] == "list"
+    assert raw["data"] == [{"object": "embedding", "index": 0, "embedding": vector("hello", 1)}]
+
+
+def test_openapi_documents_the_protocols_and_validates(proxy):
+    document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    assert {"/embed", "/v1/embeddings", "/v1/models/{name}:predict"} <= set(document["paths"])
+
+
+def test_the_route_keeps_its_own_path(proxy):
+    answer = proxy.client.post("/embed", json="hello")
+    assert answer.json() == vector("hello", 1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"input": []}, "input must not be empty"),
+        ({"input": [[1, 2, 3]]}, "token arrays are not supported"),
+        ({"input": [1, 2, 3]}, "token arrays are not supported"),
+        ({"input": "x", "encoding_format": "int8"}, "encoding_format must be"),
+    ],
+)
+def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.embeddings.create(model="m", **kwargs)
+    assert raised.value.status_code == 400
+    assert message in raised.value.message
+    assert raised.value.type == "invalid_request_error"
+    assert raised.value.code == "bad_request"
+
+
+def test_an_input_the_worker_rejects_is_422_naming_it(client):
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        client.embeddings.create(model="m", input=["fine", "reject me"])
+    assert "input 1: cannot embed 'reject me'" in raised.value.message
+    assert raised.value.code == "invalid_input"
+
+
+def test_an_oversized_input_is_413(client):
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.embeddings.create(model="m", input="x" * 5000)
+    assert raised.value.status_code == 413
+    assert "larger than 4096 bytes" in raised.value.message
+    assert raised.value.code == "body_too_large"
+
+
+def test_the_timeout_header_is_read(proxy):
+    answer = proxy.client.post(
+        "/v1/embeddings",
+        json={"model": "m", "input": "x"},
+        headers={"x-corral-timeout-ms": "nope"},
+    )
+    assert answer.status_code == 400
+    assert "x-corral-timeout-ms" in answer.json()["error"]["message"]
