@@ -313,3 +313,24 @@ def test_a_plain_worker_that_declared_cancel_hears_of_a_one_shot_client_leaving(
     proxy.wait_until(lambda: job in ids(cancels), what="the cancel in the worker")
     # It answered the cancelled job; the late result is dropped and counted.
     proxy.wait_until(lambda: proxy.metric("corral_late_results_total"), what="the late result")
+
+
+def test_a_worker_silent_after_its_stream_was_cut_off_is_not_hung(corral_factory, tmp_path):
+    # A slow client is cut off (its job answered early) and the worker takes 1.5 s to end that
+    # job, sending nothing meanwhile. Its silence is within the job's first-chunk budget (5 s):
+    # the worker is not hung (it once was, a second after the cut, and was killed).
+    cancels, ended = tmp_path / "cancels", tmp_path / "ended"
+    proxy = corral_factory(
+        "--stream-buffer-bytes=65536",
+        worker=STREAMER,
+        env={"STREAMER_CANCELS": str(cancels), "STREAMER_ENDED": str(ended)},
+    )
+    slow_item = {"chunks": 400, "size": 65536, "linger_ms": 1500}
+    with ExitStack() as stack:
+        (slow,) = open_streams(proxy, [slow_item], [stack])
+        job = uuid.UUID(slow.headers["x-request-id"]).hex
+        proxy.wait_until(lambda: job in ids(cancels), what="the slow client cut off")
+        proxy.wait_until(lambda: job in ids(ended), timeout=30, what="the job ended")
+    assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+    assert proxy.metric("corral_worker_restarts_total") == 0

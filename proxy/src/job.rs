@@ -62,8 +62,6 @@ pub struct Job {
     /// Where a streamed job's chunks go (None: a one-shot job; chunks, if its worker streams,
     /// are gathered into one answer).
     pub stream: Option<ChunkSink>,
-    /// When a streamed job's whole stream must be over (its `deadline` bounds the first chunk).
-    pub stream_deadline: Option<Instant>,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -85,7 +83,6 @@ impl Job {
             retries: 0,
             left: CancellationToken::new(),
             stream: None,
-            stream_deadline: None,
             reply,
         };
         (job, answer)
@@ -100,11 +97,6 @@ impl Job {
     /// Whether the client stopped waiting (disconnected, or answered 408 at its deadline).
     pub fn is_abandoned(&self) -> bool {
         self.reply.is_closed()
-    }
-
-    /// When the job's worker must be done with it: the end of its stream, or its deadline.
-    pub fn finish_by(&self) -> Instant {
-        self.stream_deadline.unwrap_or(self.deadline).max(self.deadline)
     }
 
     pub fn is_expired(&self, now: Instant) -> bool {

@@ -9,7 +9,9 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
   `"gate_first": path` waits before the first chunk;
 - `"step_ms": k`: the worker waits k ms after each step that sent this job a chunk;
 - `"fail_after": k`: after k chunks the job ends with an `error` result;
-- `"die_after": k`: after k chunks the process exits at once.
+- `"die_after": k`: after k chunks the process exits at once;
+- `"linger_ms": k`: a cancelled job is ended only k ms after its cancel (the worker sends nothing
+  for it meanwhile), and its id then appended to STREAMER_ENDED.
 Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
 ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
 """
@@ -19,6 +21,7 @@ import select
 import socket
 import struct
 import sys
+import time
 
 import msgpack
 
@@ -70,6 +73,7 @@ class Job:
         # Behind the scripted worker in a pipeline, the item arrives as its echo.
         self.item = item["echo"] if isinstance(item, dict) and "echo" in item else item
         self.sent = 0
+        self.cancelled_at = None
 
     def gated(self):
         gate = self.item.get("gate_first") if self.sent == 0 else self.item.get("gate")
@@ -103,7 +107,10 @@ def main():
             ended = []
             for job_id in frame["ids"]:
                 log("STREAMER_CANCELS", job_id)
-                if held.pop(job_id, None) is not None:
+                job = held.get(job_id)
+                if job is not None and "linger_ms" in job.item:
+                    job.cancelled_at = time.monotonic()
+                elif held.pop(job_id, None) is not None:
                     ended.append({"id": job_id, "status": "end"})
             if ended:
                 sock.sendall(protocol.encode_frame(protocol.results(ended)))
@@ -126,6 +133,11 @@ def main():
             sock.sendall(protocol.encode_frame({"type": "pull", "max": offered}))
         chunks, results = [], []
         for job in list(held.values()):
+            if job.cancelled_at is not None:
+                if time.monotonic() - job.cancelled_at >= job.item["linger_ms"] / 1000:
+                    results.append({"id": job.id, "status": "end"})
+                    log("STREAMER_ENDED", job.id)
+                continue
             if job.gated():
                 continue
             item = job.item
@@ -147,7 +159,7 @@ def main():
                 held.pop(result["id"], None)
             sock.sendall(protocol.encode_frame(protocol.results(results)))
         if not chunks and not results:
-            # Only gated jobs: wait for a frame, or look at the gates again shortly.
+            # Only gated or lingering jobs: wait for a frame, or look at them again shortly.
             try:
                 for frame in frames.poll(0.01):
                     receive(frame)

@@ -60,7 +60,6 @@ pub async fn answer(
     job.stream = Some(sink);
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
-    job.stream_deadline = Some(stream_deadline);
     let left = job.left.clone().drop_guard();
     route.pipeline.last().submit_all(vec![job]).map_err(shed_error)?;
 
@@ -189,6 +188,7 @@ impl Events {
             _ = &mut self.deadline => {
                 metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
                 self.finished = true;
+                self._open.finished = true;
                 self.framing.error(&ApiError::deadline_exceeded())
             }
         };
@@ -197,6 +197,9 @@ impl Events {
 
     /// Queues the last events for the job's outcome and returns the first event due.
     fn end(&mut self, outcome: Outcome) -> Bytes {
+        // The stream reached its end: a client that stops reading now did not leave it early
+        // (a slow client is counted where it was cut off).
+        self._open.finished = true;
         if !self.finished {
             self.finished = true;
             match outcome {

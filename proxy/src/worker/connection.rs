@@ -336,7 +336,9 @@ async fn work(
                     }
                 }
             }
-            Some(Ok(_)) => break protocol_error("hello while holding a batch"),
+            Some(Ok(other)) => {
+                break protocol_error(format!("{} while holding a batch", kind_of(&other)))
+            }
             Some(Err(e)) => break read_error(e),
             None => break died("connection closed while holding a batch".into()),
         }
@@ -362,6 +364,16 @@ async fn work(
         give_back(seat, orphans, &ended.to_string());
     }
     ended
+}
+
+/// A worker message's `type`, for error messages.
+fn kind_of(message: &WorkerMessage) -> &'static str {
+    match message {
+        WorkerMessage::Hello(_) => "hello",
+        WorkerMessage::Results(_) => "results",
+        WorkerMessage::Chunks(_) => "chunks (the worker did not declare stream)",
+        WorkerMessage::Pull(_) => "pull (the worker did not declare join)",
+    }
 }
 
 /// An idle worker's wait for its next batch, noticing meanwhile a worker that goes away (or talks

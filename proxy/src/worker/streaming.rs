@@ -10,6 +10,7 @@
 //! worker that streams steadily is never declared hung.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use bytes::Bytes;
 use corral_protocol::{
@@ -42,9 +43,13 @@ struct Held {
     /// Chunks gathered for a client that asked for one answer.
     gathered: Vec<Bytes>,
     gathered_bytes: usize,
-    /// Whether a chunk of it went out: from then on it is never retried elsewhere (the client
-    /// has seen part of an answer).
+    /// Whether a chunk of it went to its streaming client: from then on it is never retried
+    /// elsewhere (the client has seen part of an answer). Chunks gathered for a one-shot client
+    /// do not count: that client has seen nothing.
     streamed: bool,
+    /// The job's first-chunk budget when it was taken on: how long its worker may stay silent
+    /// (kept here because the job itself may be answered early).
+    silence: Duration,
 }
 
 /// A batch waiting for its first chunk or result: what the cost model learns for a streaming
@@ -91,7 +96,7 @@ pub(super) async fn work(
         } else {
             let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => heard + limit,
-                None => state.finish_by() + HUNG_MARGIN,
+                None => heard + state.silence() + HUNG_MARGIN,
             };
             tokio::select! {
                 biased;
@@ -164,6 +169,7 @@ impl State {
         for job in sent.jobs {
             self.departures.watch(&job);
             self.seq += 1;
+            let silence = job.deadline.saturating_duration_since(job.arrived);
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -171,15 +177,18 @@ impl State {
                 gathered: Vec::new(),
                 gathered_bytes: 0,
                 streamed: false,
+                silence,
             };
             self.held.insert(held.job.as_ref().expect("just held").id, held);
         }
     }
 
-    /// When the last held job must be over: past it (and a margin) a silent worker is hung.
-    fn finish_by(&self) -> Instant {
-        let jobs = self.held.values().filter_map(|held| held.job.as_ref());
-        jobs.map(Job::finish_by).max().unwrap_or_else(Instant::now)
+    /// How long the worker may send nothing (by default, without `--batch-timeout-ms`): the
+    /// longest first-chunk budget among the jobs it holds. A worker that streams steadily is
+    /// never hung; one that freezes is found within about a job's time to first chunk, whether
+    /// or not its streams started or were answered early.
+    fn silence(&self) -> Duration {
+        self.held.values().map(|held| held.silence).max().unwrap_or_default()
     }
 
     /// Tells the worker (if it listens) that nobody waits for `id` any more. (The answer's side
@@ -212,8 +221,8 @@ impl State {
                 return Err(protocol_error(format!("chunk for a job not held: {}", chunk.id)));
             };
             let frame = held.frame;
-            held.streamed = true;
             let Some(job) = held.job.as_ref() else { continue };
+            held.streamed |= job.stream.is_some();
             match &job.stream {
                 Some(sink) => match sink.push(chunk.data) {
                     Ok(()) => metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc(),
