@@ -229,3 +229,10 @@ def test_405_on_read_only_routes(proxy):
         response = proxy.client.post(path)
         assert_error(response, 405, "method_not_allowed")
         assert response.headers["allow"] == "GET"
+
+
+def test_415_for_a_form_says_how_to_send_json(proxy):
+    # What `curl -d '{"x": 1}'` sends without a content-type header.
+    response = proxy.client.post("/infer", data={"x": "1"})
+    assert_error(response, 415, "unsupported_media_type")
+    assert "-H 'content-type: application/json'" in response.json()["message"]

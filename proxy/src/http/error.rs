@@ -51,8 +51,17 @@ impl ApiError {
         Self::new(StatusCode::NOT_ACCEPTABLE, "not_acceptable", message)
     }
 
-    pub fn unsupported_media_type() -> Self {
-        let message = "Content-Type must be application/json or application/msgpack";
+    /// A body of a type Corral does not read. A form (what `curl -d` sends unless told
+    /// otherwise) is almost always JSON sent without its header: the message says how to fix it.
+    pub fn unsupported_media_type(media_type: &str) -> Self {
+        let essence = media_type.split(';').next().unwrap_or("").trim();
+        let message = if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+            "Content-Type must be application/json or application/msgpack; this body is sent as \
+             a form (curl -d does that unless told otherwise): add -H 'content-type: \
+             application/json'"
+        } else {
+            "Content-Type must be application/json or application/msgpack"
+        };
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 

@@ -73,11 +73,11 @@ pub async fn handle(
 pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
     match headers.get(CONTENT_TYPE) {
         None => Ok(Format::Json),
-        Some(value) => value
-            .to_str()
-            .ok()
-            .and_then(Format::from_media_type)
-            .ok_or_else(ApiError::unsupported_media_type),
+        Some(value) => {
+            let media_type = value.to_str().unwrap_or("");
+            Format::from_media_type(media_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(media_type))
+        }
     }
 }
 

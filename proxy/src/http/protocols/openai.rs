@@ -47,7 +47,7 @@ pub async fn embeddings(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     if infer::request_format(request.headers())? != Format::Json {
-        return Err(ApiError::unsupported_media_type());
+        return Err(ApiError::unsupported_media_type("application/msgpack"));
     }
     let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
