@@ -55,7 +55,12 @@ class Corral:
         self._collector.start()
         line = self.wait_for_log(r"listening for HTTP")
         self.url = "http://" + re.search(r"addr\W+([\d.]+:\d+)", line).group(1)  # text or JSON
-        self.client = httpx.Client(base_url=self.url, timeout=30)
+        # Tests share this client across up to 64 threads. With httpx's default of 20 idle
+        # connections kept, the pool closes the extras while other threads may be reading on
+        # them (a ReadError "Bad file descriptor" in the client, once in a few hundred runs):
+        # keep every connection the tests' concurrency opens.
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        self.client = httpx.Client(base_url=self.url, timeout=30, limits=limits)
         if worker:
             self.wait_for_log(r"worker connected", count=workers)
 
