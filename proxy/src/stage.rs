@@ -183,6 +183,14 @@ impl Queue {
     }
 }
 
+/// What a pull found when it looked at the queue ([`Stage::take_when`]).
+enum Look {
+    /// A batch, already on the worker's seat (empty: everything it reached was dead; look again).
+    Took(Vec<Job>),
+    /// Nothing worth taking before this instant (None: before the next arrival).
+    Until(Option<Instant>),
+}
+
 /// Ends a job that will never be dispatched: expired (408, if its client is still there to be
 /// told) or cancelled (its client left).
 fn bury(job: Job, now: Instant) {
@@ -370,31 +378,97 @@ impl Stage {
     /// Cancel-safe: jobs leave the queue only in the same synchronous step that returns them.
     async fn next_batch_for(&self, slot: Option<usize>) -> Vec<Job> {
         let called = Instant::now();
+        self.take_when(|stage, queue, now| {
+            let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
+            let forecast = queue.forecast(now, stage.settings.max_wait);
+            match policy::decide(queue.view(free_since), now, &stage.settings, &forecast) {
+                Release::Now => {
+                    let batch = stage.take(queue, now);
+                    if let (Some(slot), false) = (slot, batch.is_empty()) {
+                        queue.seat(slot).busy = Some((now, batch.len()));
+                    }
+                    Look::Took(batch)
+                }
+                Release::At(at) => Look::Until(Some(at)),
+                Release::Idle => Look::Until(None),
+            }
+        })
+        .await
+    }
+
+    /// Waits until the stage is saturated — a full batch queued while every connected worker is
+    /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
+    /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
+    /// its jobs can wait out the worker's current batch and still make its deadline (by the
+    /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
+    /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
+    async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
+        let max = self.settings.max_batch_size;
+        self.take_when(|stage, queue, now| {
+            let full = queue.jobs.len() >= max || queue.bytes >= stage.settings.max_batch_bytes;
+            let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
+            let (true, true, Some(cost)) = (full, all_busy, queue.cost.estimate()) else {
+                return Look::Until(None);
+            };
+            let mut free_at = now;
+            if let Some(Some(Seat { busy: Some((since, size)), .. })) = queue.seats.get(slot) {
+                free_at = free_at.max(*since + cost.of(*size));
+            }
+            let done_by = free_at + cost.of(max);
+            if !queue.jobs.iter().take(max).all(|job| job.deadline >= done_by) {
+                return Look::Until(None);
+            }
+            let batch = stage.take(queue, now);
+            if !batch.is_empty() {
+                queue.seat(slot).ahead = batch.len();
+            }
+            Look::Took(batch)
+        })
+        .await
+    }
+
+    /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
+    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
+    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
+    async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
+        let max = max.min(self.settings.max_batch_size);
+        self.take_when(|stage, queue, now| {
+            if queue.jobs.is_empty() {
+                return Look::Until(None);
+            }
+            let batch = stage.take_up_to(queue, now, max);
+            if !batch.is_empty() {
+                let seat = queue.seat(slot);
+                let (since, size) = seat.busy.unwrap_or((now, 0));
+                seat.busy = Some((since, size + batch.len()));
+            }
+            Look::Took(batch)
+        })
+        .await
+    }
+
+    /// The wait every worker's pull goes through: under the queue lock, with dead jobs cleared
+    /// off the front, `look` either takes a batch (and marks the worker's seat in the same step)
+    /// or says until when nothing is worth taking; then the pull sleeps until that instant or
+    /// the next arrival. It registers for arrivals before looking, so none is missed in between,
+    /// and jobs leave the queue only in the synchronous step that returns them: cancel-safe.
+    /// A look that took nothing (every job it reached was dead) looks again at once.
+    async fn take_when(
+        &self,
+        mut look: impl FnMut(&Self, &mut Queue, Instant) -> Look,
+    ) -> Vec<Job> {
         loop {
-            // Register for arrivals before looking at the queue, so none is missed in between.
             let arrival = self.arrivals.notified();
             tokio::pin!(arrival);
             arrival.as_mut().enable();
-
-            let now = Instant::now();
             let wake_at = {
                 let mut queue = self.lock();
+                let now = Instant::now();
                 queue.drop_dead(now, false);
-                let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
-                let forecast = queue.forecast(now, self.settings.max_wait);
-                match policy::decide(queue.view(free_since), now, &self.settings, &forecast) {
-                    Release::Now => {
-                        let batch = self.take(&mut queue, now);
-                        if batch.is_empty() {
-                            continue;
-                        }
-                        if let Some(slot) = slot {
-                            queue.seat(slot).busy = Some((now, batch.len()));
-                        }
-                        return batch;
-                    }
-                    Release::At(at) => Some(at),
-                    Release::Idle => None,
+                match look(self, &mut queue, now) {
+                    Look::Took(batch) if batch.is_empty() => continue,
+                    Look::Took(batch) => return batch,
+                    Look::Until(at) => at,
                 }
             };
             match wake_at {
@@ -406,76 +480,6 @@ impl Stage {
                 }
                 None => arrival.await,
             }
-        }
-    }
-
-    /// Waits until the stage is saturated — a full batch queued while every connected worker is
-    /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
-    /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
-    /// its jobs can wait out the worker's current batch and still make its deadline (by the
-    /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
-    /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
-    async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
-        let max = self.settings.max_batch_size;
-        loop {
-            let arrival = self.arrivals.notified();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
-            {
-                let mut queue = self.lock();
-                let now = Instant::now();
-                queue.drop_dead(now, false);
-                let full = queue.jobs.len() >= max || queue.bytes >= self.settings.max_batch_bytes;
-                let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
-                let cost = queue.cost.estimate();
-                if let (true, true, Some(cost)) = (full, all_busy, cost) {
-                    let mut free_at = now;
-                    if let Some(Some(Seat { busy: Some((since, size)), .. })) =
-                        queue.seats.get(slot)
-                    {
-                        free_at = free_at.max(*since + cost.of(*size));
-                    }
-                    let done_by = free_at + cost.of(max);
-                    let slack = queue.jobs.iter().take(max).all(|job| job.deadline >= done_by);
-                    if slack {
-                        let batch = self.take(&mut queue, now);
-                        if batch.is_empty() {
-                            continue;
-                        }
-                        queue.seat(slot).ahead = batch.len();
-                        return batch;
-                    }
-                }
-            }
-            arrival.await;
-        }
-    }
-
-    /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
-    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
-    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
-    async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
-        loop {
-            let arrival = self.arrivals.notified();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
-            {
-                let mut queue = self.lock();
-                let now = Instant::now();
-                queue.drop_dead(now, false);
-                if !queue.jobs.is_empty() {
-                    let batch =
-                        self.take_up_to(&mut queue, now, max.min(self.settings.max_batch_size));
-                    if batch.is_empty() {
-                        continue;
-                    }
-                    let seat = queue.seat(slot);
-                    let (since, size) = seat.busy.unwrap_or((now, 0));
-                    seat.busy = Some((since, size + batch.len()));
-                    return batch;
-                }
-            }
-            arrival.await;
         }
     }
 
