@@ -334,3 +334,10 @@ def test_a_worker_silent_after_its_stream_was_cut_off_is_not_hung(corral_factory
     assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
     assert proxy.metric("corral_worker_restarts_total") == 0
+
+
+def test_a_request_of_several_items_cannot_be_streamed(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    response = proxy.post([{"chunks": 1}], headers={**SSE, "x-corral-items": "many"})
+    assert response.status_code == 400
+    assert "cannot be streamed" in response.json()["message"]
