@@ -107,3 +107,22 @@ def test_a_config_route_is_its_own_model_and_readiness_waits_for_its_worker(
     # No worker ever connects for the stage "outside": that model is not ready.
     answer = proxy.client.get("/v1/models/outside")
     assert (answer.status_code, answer.json()) == (503, {"name": "outside", "ready": False})
+
+
+def test_64_instances_of_64_kib_from_16_clients_at_once(corral_factory):
+    # Each request is a 4 MiB body of 64 rows; its batches and results are frames larger than a
+    # socket buffer, and 16 clients' rows (1,024 jobs: the whole default queue) share the
+    # worker at once. Default batch settings.
+    from concurrent.futures import ThreadPoolExecutor
+
+    proxy = corral_factory("--timeout-ms=30000")
+
+    def one(client: int) -> tuple[int, bool]:
+        instances = [{"tag": f"{client}-{i}", "blob": "x" * 65536} for i in range(64)]
+        answer = predict(proxy, {"instances": instances}, timeout=60)
+        if answer.status_code != 200:
+            return answer.status_code, answer.text[:200]
+        return 200, [p["echo"] for p in answer.json()["predictions"]] == instances
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(one, range(16))) == [(200, True)] * 16

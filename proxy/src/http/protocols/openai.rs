@@ -47,7 +47,10 @@ pub async fn embeddings(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     if infer::request_format(request.headers())? != Format::Json {
-        return Err(ApiError::unsupported_media_type("application/msgpack"));
+        // A msgpack body: OpenAI's API is JSON only.
+        let media_type = request.headers().get(http::header::CONTENT_TYPE);
+        let media_type = media_type.and_then(|v| v.to_str().ok()).unwrap_or_default();
+        return Err(ApiError::unsupported_media_type(media_type));
     }
     let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
