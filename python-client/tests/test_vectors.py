@@ -53,6 +53,22 @@ EXPECTED = {
     ),
     "cancel": protocol.cancel([job_id(2), job_id(3)]),
     "shutdown": protocol.shutdown("proxy shutting down"),
+    "hello_tensors": protocol.hello(
+        "default",
+        4244,
+        "Simple",
+        inputs=[
+            {"name": "INPUT0", "datatype": "FP32", "shape": [3]},
+            {"name": "TEXT", "datatype": "BYTES", "shape": [-1]},
+        ],
+        outputs=[{"name": "OUTPUT0", "datatype": "INT64", "shape": [2, 2]}],
+    ),
+    "batch_raw": protocol.batch(
+        [protocol.job(job_id(1), 1000, b"\xc6\x00\x00\x00\x04\x89PNG", content_type="image/png")]
+    ),
+    "results_raw": protocol.results(
+        [protocol.ok(job_id(1), b"\xc4\x04\x89PNG", content_type="image/png")]
+    ),
     "reject": protocol.reject("protocol version 9 is not supported; this proxy speaks 1"),
 }
 

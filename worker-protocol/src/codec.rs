@@ -125,6 +125,8 @@ mod tests {
             output_schema: None,
             schema_components: None,
             features: vec![],
+            inputs: vec![],
+            outputs: vec![],
         }))
     }
 

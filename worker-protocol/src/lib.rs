@@ -23,7 +23,8 @@ pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCode
 pub use job_id::JobId;
 pub use message::{
     Batch, BatchJob, Cancel, Chunk, Chunks, Hello, JobResult, ProxyMessage, Pull, Reject,
-    ResultStatus, Results, Shutdown, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN, FEATURE_STREAM,
+    ResultStatus, Results, Shutdown, TensorSpec, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN,
+    FEATURE_STREAM,
 };
 
 /// The protocol version this crate speaks. A worker that says hello with another version is

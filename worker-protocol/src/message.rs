@@ -64,6 +64,23 @@ pub struct Hello {
     /// features a proxy does not know yet.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features: Vec<String>,
+    /// Optional: the tensors each job's payload holds (Open Inference Protocol v2 routes), one
+    /// row each; see PROTOCOL.md, "Tensors and raw bytes".
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs: Vec<TensorSpec>,
+    /// Optional: the tensors each job's result holds, one row each.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub outputs: Vec<TensorSpec>,
+}
+
+/// A tensor a worker takes or gives, one row of it per job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorSpec {
+    pub name: String,
+    /// `BOOL`, `UINT8` … `UINT64`, `INT8` … `INT64`, `FP16`, `FP32`, `FP64` or `BYTES`.
+    pub datatype: String,
+    /// One row's shape, without the batch dimension; `-1` is a dimension of any length.
+    pub shape: Vec<i64>,
 }
 
 /// The worker may send `chunks` before a job's result, and end a job with status `end`.
@@ -109,6 +126,10 @@ pub struct BatchJob {
     /// The job's input: one complete msgpack value, carried as `bin` so that the proxy never
     /// re-encodes it and the worker can decode (and reject) each job on its own.
     pub payload: Bytes,
+    /// A raw-bytes request only: the media type the client sent; `payload` is then one msgpack
+    /// `bin` holding the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// A worker's answer to one batch: exactly one result per job of that batch, in any order.
@@ -142,6 +163,9 @@ pub struct JobResult {
     pub data: Option<Bytes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// With `ok` only, optional: the media type of an output that is one msgpack `bin`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content_type: Option<String>,
 }
 
 /// Partial answers: each entry is one chunk of one job's stream (one msgpack value as `bin`).
@@ -176,20 +200,20 @@ pub struct Cancel {
 impl JobResult {
     pub fn ok(id: JobId, data: impl Into<Bytes>) -> Self {
         let data = Some(data.into());
-        Self { id, status: ResultStatus::Ok, data, message: None }
+        Self { id, status: ResultStatus::Ok, data, message: None, content_type: None }
     }
 
     pub fn invalid(id: JobId, message: impl Into<String>) -> Self {
         let message = Some(message.into());
-        Self { id, status: ResultStatus::Invalid, data: None, message }
+        Self { id, status: ResultStatus::Invalid, data: None, message, content_type: None }
     }
 
     pub fn error(id: JobId, message: impl Into<String>) -> Self {
         let message = Some(message.into());
-        Self { id, status: ResultStatus::Error, data: None, message }
+        Self { id, status: ResultStatus::Error, data: None, message, content_type: None }
     }
 
     pub fn end(id: JobId) -> Self {
-        Self { id, status: ResultStatus::End, data: None, message: None }
+        Self { id, status: ResultStatus::End, data: None, message: None, content_type: None }
     }
 }

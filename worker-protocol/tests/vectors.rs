@@ -34,6 +34,8 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 output_schema: None,
                 schema_components: None,
                 features: vec![],
+                inputs: vec![],
+                outputs: vec![],
             }),
         ),
         (
@@ -47,6 +49,42 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 output_schema: None,
                 schema_components: None,
                 features: vec!["stream".into(), "cancel".into(), "join".into()],
+                inputs: vec![],
+                outputs: vec![],
+            }),
+        ),
+        (
+            "hello_tensors",
+            WorkerMessage::Hello(Hello {
+                version: 1,
+                stage: "default".into(),
+                pid: 4244,
+                name: "Simple".into(),
+                input_schema: None,
+                output_schema: None,
+                schema_components: None,
+                features: vec![],
+                inputs: vec![
+                    TensorSpec { name: "INPUT0".into(), datatype: "FP32".into(), shape: vec![3] },
+                    TensorSpec { name: "TEXT".into(), datatype: "BYTES".into(), shape: vec![-1] },
+                ],
+                outputs: vec![TensorSpec {
+                    name: "OUTPUT0".into(),
+                    datatype: "INT64".into(),
+                    shape: vec![2, 2],
+                }],
+            }),
+        ),
+        (
+            "results_raw",
+            WorkerMessage::Results(Results {
+                results: vec![JobResult {
+                    content_type: Some("image/png".into()),
+                    ..JobResult::ok(
+                        id(1),
+                        Bytes::from_static(&[0xc4, 0x04, 0x89, b'P', b'N', b'G']),
+                    )
+                }],
             }),
         ),
         (
@@ -92,13 +130,27 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                         id: id(1),
                         timeout_ms: 4999,
                         payload: mp(&serde_json::json!([1, 2, 3])),
+                        content_type: None,
                     },
                     BatchJob {
                         id: id(2),
                         timeout_ms: 70_000,
                         payload: mp(&serde_json::json!({"text": "héllo"})),
+                        content_type: None,
                     },
                 ],
+            }),
+        ),
+        (
+            "batch_raw",
+            ProxyMessage::Batch(Batch {
+                jobs: vec![BatchJob {
+                    id: id(1),
+                    timeout_ms: 1000,
+                    // One msgpack bin (the 4-byte length form, as the proxy writes raw bodies).
+                    payload: Bytes::from_static(&[0xc6, 0, 0, 0, 4, 0x89, b'P', b'N', b'G']),
+                    content_type: Some("image/png".into()),
+                }],
             }),
         ),
         ("shutdown", ProxyMessage::Shutdown(Shutdown { message: "proxy shutting down".into() })),

@@ -410,6 +410,7 @@ pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
                 // dispatches a job that is.
                 timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
                 payload: job.payload.clone(),
+                content_type: None,
             })
             .collect(),
     };

@@ -205,7 +205,13 @@ mod tests {
     }
 
     fn result(job: &Job, status: ResultStatus, data: Option<&'static [u8]>) -> JobResult {
-        JobResult { id: job.id, status, data: data.map(Bytes::from_static), message: None }
+        JobResult {
+            id: job.id,
+            status,
+            data: data.map(Bytes::from_static),
+            message: None,
+            content_type: None,
+        }
     }
 
     /// The outcomes of `pair`, in the batch's order.

@@ -50,10 +50,14 @@ def hello(
     *,
     schemas: dict[str, str] | None = None,
     features: list[str] | None = None,
+    inputs: list[dict[str, Any]] | None = None,
+    outputs: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The worker's first message. ``schemas`` (the optional ``input_schema``,
-    ``output_schema`` and ``schema_components`` keys) and ``features`` (``"stream"``,
-    ``"cancel"``, ``"join"``) are left out when empty, so a plain worker's hello is the v1 bytes."""
+    ``output_schema`` and ``schema_components`` keys), ``features`` (``"stream"``,
+    ``"cancel"``, ``"join"``) and the tensor declarations ``inputs`` and ``outputs`` (each
+    ``{"name", "datatype", "shape"}``) are left out when empty, so a plain worker's hello is the
+    v1 bytes."""
     message: dict[str, Any] = {
         "type": "hello",
         "version": PROTOCOL_VERSION,
@@ -64,11 +68,18 @@ def hello(
     message.update(schemas or {})
     if features:
         message["features"] = list(features)
+    if inputs:
+        message["inputs"] = list(inputs)
+    if outputs:
+        message["outputs"] = list(outputs)
     return message
 
 
-def ok(job_id: bytes, data: bytes) -> dict[str, Any]:
-    return {"id": job_id, "status": "ok", "data": data}
+def ok(job_id: bytes, data: bytes, content_type: str | None = None) -> dict[str, Any]:
+    """A job's output; ``content_type`` names the media type of an output that is one ``bin``."""
+    if content_type is None:
+        return {"id": job_id, "status": "ok", "data": data}
+    return {"id": job_id, "status": "ok", "data": data, "content_type": safe_text(content_type)}
 
 
 def invalid(job_id: bytes, message: str) -> dict[str, Any]:
@@ -107,8 +118,14 @@ def pull(room: int) -> dict[str, Any]:
     return {"type": "pull", "max": room}
 
 
-def job(job_id: bytes, timeout_ms: int, payload: bytes) -> dict[str, Any]:
-    return {"id": job_id, "timeout_ms": timeout_ms, "payload": payload}
+def job(
+    job_id: bytes, timeout_ms: int, payload: bytes, content_type: str | None = None
+) -> dict[str, Any]:
+    """One job of a batch; ``content_type`` only for a raw-bytes request."""
+    message = {"id": job_id, "timeout_ms": timeout_ms, "payload": payload}
+    if content_type is not None:
+        message["content_type"] = content_type
+    return message
 
 
 def batch(jobs: list[dict[str, Any]]) -> dict[str, Any]:
