@@ -18,9 +18,10 @@ pub mod policy;
 pub mod returns;
 
 use std::collections::VecDeque;
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use corral_protocol::TensorSpec;
 use tokio::sync::Notify;
 use tokio::time::Instant;
 
@@ -43,18 +44,24 @@ pub enum Shed {
     ShuttingDown,
 }
 
-/// What the stage's workers declared about their inputs and outputs (parsed JSON Schemas).
+/// What the stage's workers declared about their inputs and outputs: parsed JSON Schemas (for
+/// `/openapi.json`) and tensors (for Open Inference Protocol v2 clients).
 #[derive(Debug, Clone, Default)]
 pub struct Schemas {
     pub input: Option<serde_json::Value>,
     pub output: Option<serde_json::Value>,
     pub components: serde_json::Map<String, serde_json::Value>,
+    /// Each job's payload tensors, one row each; empty if the workers declared none.
+    pub inputs: Vec<TensorSpec>,
+    /// Each job's result tensors, one row each.
+    pub outputs: Vec<TensorSpec>,
 }
 
 pub struct Stage {
     name: String,
-    /// The schemas of the latest worker that declared any.
-    schemas: Mutex<Option<Schemas>>,
+    /// The declarations of the latest worker that made any (read per v2 request: shared, not
+    /// copied).
+    schemas: Mutex<Option<Arc<Schemas>>>,
     settings: BatchSettings,
     capacity: usize,
     /// Payload bytes the queue holds; an empty queue takes any one request.
@@ -353,10 +360,10 @@ impl Stage {
     /// Records what a worker declared (the latest declaration wins: workers of one stage are
     /// copies of one program).
     pub fn declare(&self, schemas: Schemas) {
-        *self.schemas.lock().unwrap_or_else(|p| p.into_inner()) = Some(schemas);
+        *self.schemas.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(schemas));
     }
 
-    pub fn schemas(&self) -> Option<Schemas> {
+    pub fn schemas(&self) -> Option<Arc<Schemas>> {
         self.schemas.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 

@@ -19,8 +19,9 @@ pub const DEFAULT_STAGE: &str = "default";
 pub const DEFAULT_PATH: &str = "/infer";
 /// Paths Corral answers itself; no route may take them.
 pub const RESERVED_PATHS: &[&str] = &["/healthz", "/readyz", "/metrics", "/openapi.json"];
-/// Where the client protocols live ([`crate::http::protocols`]); no route path may start so.
-pub const PROTOCOL_PREFIX: &str = "/v1/";
+/// Where the client protocols live ([`crate::http::protocols`]); no route path may start so
+/// (nor be `/v2`, Open Inference Protocol v2's server metadata).
+pub const PROTOCOL_PREFIXES: &[&str] = &["/v1/", "/v2/"];
 /// The model name of the default route, as clients of the model-serving protocols call it.
 pub const DEFAULT_MODEL: &str = "default";
 
@@ -399,8 +400,8 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
     if RESERVED_PATHS.contains(&path) {
         return Err(error(key, format!("{path} is Corral's own route")));
     }
-    if path.starts_with(PROTOCOL_PREFIX) {
-        let problem = format!("{path}: paths under {PROTOCOL_PREFIX} are the client protocols'");
+    if let Some(prefix) = PROTOCOL_PREFIXES.iter().find(|p| path.starts_with(*p) || path == "/v2") {
+        let problem = format!("{path}: paths under {prefix} are the client protocols'");
         return Err(error(key, problem));
     }
     Ok(())

@@ -8,6 +8,7 @@
 use bytes::Bytes;
 use http::HeaderValue;
 
+use super::protocols::v2::tensor;
 use super::validate;
 
 /// A body format Corral speaks.
@@ -97,8 +98,17 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
     }
 }
 
-/// Turns a worker's msgpack output into the answer format.
+/// Turns a worker's msgpack output into the answer format. Tensor values in it (from a worker
+/// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
+/// a native client gets plain values in either format.
 pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
+    let data = if validate::has_ext(&data) {
+        let plain = tensor::expand(&data)
+            .map_err(|e| format!("the worker's output has a value Corral cannot write: {e}"))?;
+        Bytes::from(plain)
+    } else {
+        data
+    };
     match format {
         Format::Msgpack => Ok(data),
         Format::Json => {

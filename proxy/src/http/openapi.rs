@@ -93,10 +93,10 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
     let first = stages.first().and_then(|stage| stage.schemas()).unwrap_or_default();
     let last = stages.last().and_then(|stage| stage.schemas()).unwrap_or_default();
     let any = json!({});
-    let input = first.input.unwrap_or_else(|| any.clone());
-    let output = last.output.unwrap_or(any);
-    let mut components = first.components;
-    components.extend(last.components);
+    let input = first.input.clone().unwrap_or_else(|| any.clone());
+    let output = last.output.clone().unwrap_or(any);
+    let mut components = first.components.clone();
+    components.extend(last.components.clone());
 
     let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
     let formats = |schema: Value| {

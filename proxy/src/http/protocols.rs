@@ -6,12 +6,13 @@
 //! ([`infer::receive`]), the outcomes ([`infer::run_items`]) and [`ApiError`], and decides only
 //! how they are written.
 //!
-//! Their paths live under `/v1/`, which no configured route may take, so that a route's own path
-//! never shadows a protocol's.
+//! Their paths live under `/v1/` and `/v2/`, which no configured route may take, so that a
+//! route's own path never shadows a protocol's.
 
 pub mod kserve_v1;
 pub mod openai;
 pub mod openapi;
+pub mod v2;
 
 use std::sync::atomic::Ordering;
 
@@ -26,6 +27,7 @@ use crate::metrics::metrics;
 /// A request addressed to one of the protocols, found from its path alone.
 pub enum Endpoint<'a> {
     KServe(kserve_v1::Endpoint<'a>),
+    V2(v2::Endpoint<'a>),
     OpenAi(&'a super::Route),
 }
 
@@ -33,6 +35,9 @@ impl<'a> Endpoint<'a> {
     pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
         if let Some(endpoint) = kserve_v1::Endpoint::find(app, path) {
             return Some(Endpoint::KServe(endpoint));
+        }
+        if let Some(endpoint) = v2::Endpoint::find(app, path) {
+            return Some(Endpoint::V2(endpoint));
         }
         if path == openai::EMBEDDINGS_PATH {
             let route = app.routes.iter().find(|r| r.protocol == Some(Protocol::OpenAiEmbeddings));
@@ -51,6 +56,7 @@ impl<'a> Endpoint<'a> {
     ) -> (&'static str, Response<Body>) {
         match self {
             Endpoint::KServe(endpoint) => endpoint.answer(app, method, request).await,
+            Endpoint::V2(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::OpenAi(route) => {
                 let answer = match admit(app, method) {
                     Ok(()) => openai::embeddings(app, route, request).await,
@@ -88,4 +94,12 @@ fn first_failure(outcomes: &[Outcome], row: &str) -> Result<(), ApiError> {
     let error = ApiError::from_outcome(failed.clone());
     let message = format!("{row} {index}: {}", error.message);
     Err(ApiError { message, ..error })
+}
+
+/// `{"error": "<message>"}`: the error body of KServe v1 and of Open Inference Protocol v2,
+/// with the headers every error answer carries.
+fn plain_error_response(error: &ApiError) -> Response<Body> {
+    let body = serde_json::to_vec(&serde_json::json!({"error": error.message}))
+        .expect("a JSON object of strings always serializes");
+    super::routes::error_response_with(error, body)
 }

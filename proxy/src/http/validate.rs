@@ -13,6 +13,18 @@ use super::format::MAX_DEPTH;
 
 /// Checks that `body` is exactly one well-formed msgpack value whose strings are all UTF-8.
 pub fn msgpack(body: &[u8]) -> Result<(), String> {
+    walk(body).map(drop)
+}
+
+/// Whether a well-formed msgpack value holds an ext value anywhere (a worker's tensor value,
+/// which native answers write out plainly); false for a malformed one.
+pub fn has_ext(body: &[u8]) -> bool {
+    walk(body).unwrap_or(false)
+}
+
+/// [`msgpack`]'s walk; whether it met an ext value.
+fn walk(body: &[u8]) -> Result<bool, String> {
+    let mut ext = false;
     if body.is_empty() {
         return Err("empty body".into());
     }
@@ -40,20 +52,25 @@ pub fn msgpack(body: &[u8]) -> Result<(), String> {
             0xc5 => reader.skip_sized(2, 0)?,
             0xc6 => reader.skip_sized(4, 0)?,
             // ext 8, 16, 32: a length, a type byte, the data
-            0xc7 => reader.skip_sized(1, 1)?,
-            0xc8 => reader.skip_sized(2, 1)?,
-            0xc9 => reader.skip_sized(4, 1)?,
+            marker @ (0xc7..=0xc9 | 0xd4..=0xd8) => {
+                ext = true;
+                match marker {
+                    0xc7 => reader.skip_sized(1, 1)?,
+                    0xc8 => reader.skip_sized(2, 1)?,
+                    0xc9 => reader.skip_sized(4, 1)?,
+                    // fixext 1, 2, 4, 8, 16: a type byte, the data
+                    0xd4 => reader.skip(2)?,
+                    0xd5 => reader.skip(3)?,
+                    0xd6 => reader.skip(5)?,
+                    0xd7 => reader.skip(9)?,
+                    _ => reader.skip(17)?,
+                }
+            }
             // float 32, 64; uint 8..64; int 8..64
             0xca | 0xce | 0xd2 => reader.skip(4)?,
             0xcb | 0xcf | 0xd3 => reader.skip(8)?,
             0xcc | 0xd0 => reader.skip(1)?,
             0xcd | 0xd1 => reader.skip(2)?,
-            // fixext 1, 2, 4, 8, 16: a type byte, the data
-            0xd4 => reader.skip(2)?,
-            0xd5 => reader.skip(3)?,
-            0xd6 => reader.skip(5)?,
-            0xd7 => reader.skip(9)?,
-            0xd8 => reader.skip(17)?,
             // str 8, 16, 32
             0xd9 => reader.sized_string(1, at)?,
             0xda => reader.sized_string(2, at)?,
@@ -73,7 +90,7 @@ pub fn msgpack(body: &[u8]) -> Result<(), String> {
         }
     }
     match body.len() - reader.at {
-        0 => Ok(()),
+        0 => Ok(ext),
         rest => Err(format!("{rest} bytes after the value")),
     }
 }

@@ -119,8 +119,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
     info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
 }
 
-/// Keeps the JSON Schemas a worker declared, for `/openapi.json`. Schemas that do not parse are
-/// logged and ignored: they are documentation, and must not cost the worker its connection.
+/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, and its tensors, for v2
+/// clients. Schemas that do not parse are logged and ignored: they are documentation, and must
+/// not cost the worker its connection.
 fn declare_schemas(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
@@ -129,14 +130,15 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
             .ok()
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
-    if input.is_none() && output.is_none() {
+    if input.is_none() && output.is_none() && hello.inputs.is_empty() && hello.outputs.is_empty() {
         return;
     }
     let components = match parse(&hello.schema_components) {
         Some(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
-    stage.declare(Schemas { input, output, components });
+    let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
+    stage.declare(Schemas { input, output, components, inputs, outputs });
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.

@@ -16,9 +16,9 @@ use hyper::body::Incoming;
 use super::super::error::ApiError;
 use super::super::format::{self, Format};
 use super::super::infer::{self, Received};
-use super::super::routes::{error_response_with, json};
+use super::super::routes::json;
 use super::super::{items, App, Body, Route};
-use super::{admit, first_failure};
+use super::{admit, first_failure, plain_error_response};
 
 const PREFIX: &str = "/v1/models/";
 const PREDICT: &str = ":predict";
@@ -63,7 +63,7 @@ impl<'a> Endpoint<'a> {
             }
             Some(route) => Ok(readiness(app, route)),
         };
-        (label, answer.unwrap_or_else(|error| error_response(&error)))
+        (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
     }
 }
 
@@ -109,11 +109,4 @@ fn readiness(app: &App, route: &Route) -> Response<Body> {
     let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json(status, serde_json::json!({"name": route.model, "ready": ready}).to_string())
-}
-
-/// `{"error": "<message>"}`, KServe v1's error body.
-pub fn error_response(error: &ApiError) -> Response<Body> {
-    let body = serde_json::to_vec(&serde_json::json!({"error": error.message}))
-        .expect("a JSON object of strings always serializes");
-    error_response_with(error, body)
 }

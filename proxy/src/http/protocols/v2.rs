@@ -1,0 +1,247 @@
+//! Open Inference Protocol v2 (REST), served for every route under its model name (the route's
+//! name in the config file, `default` for the default route) — what `tritonclient`, KServe's and
+//! MLServer's clients speak:
+//!
+//! - `GET /v2/health/live`, `GET /v2/health/ready` (every stage has a worker), `GET /v2` (server
+//!   metadata);
+//! - `GET /v2/models/{name}` (model metadata: the tensors the workers declared, with the batch
+//!   dimension as `-1`), `GET /v2/models/{name}/ready`;
+//! - `POST /v2/models/{name}/infer`: JSON tensors or the binary tensor extension
+//!   ([`request`]); the first dimension is the batch, each row a job, and the rows' results are
+//!   stacked back into tensors ([`response`]).
+//!
+//! `/versions/{version}` after the model name is accepted and ignored: a route has one version.
+//! Errors are `{"error": "<message>"}` with the status a native request would get; v2 has no
+//! per-row errors, so one failed row fails the request, its message naming the row.
+
+pub mod request;
+pub mod response;
+pub mod tensor;
+
+use bytes::Bytes;
+use http::header::CONTENT_TYPE;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use serde_json::json;
+
+use super::super::error::ApiError;
+use super::super::infer::{self, Received};
+use super::super::routes::json;
+use super::super::{App, Body, Route};
+use super::{admit, first_failure, plain_error_response};
+use crate::job::Outcome;
+
+/// The binary tensor extension's header: how many bytes of the body are the JSON header.
+pub const HEADER_LENGTH: &str = "inference-header-content-length";
+
+/// Which v2 endpoint a path names.
+enum Kind {
+    Live,
+    Ready,
+    Server,
+    Model,
+    ModelReady,
+    Infer,
+}
+
+pub struct Endpoint<'a> {
+    kind: Kind,
+    /// The model as the path names it (model endpoints).
+    name: String,
+    /// The route of that name, if there is one (404 otherwise).
+    route: Option<&'a Route>,
+}
+
+impl<'a> Endpoint<'a> {
+    pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
+        let kind = match path {
+            "/v2" => Kind::Server,
+            "/v2/health/live" => Kind::Live,
+            "/v2/health/ready" => Kind::Ready,
+            _ => {
+                let rest = path.strip_prefix("/v2/models/")?;
+                let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
+                // A version, if named, is ignored: each route is one version of its model.
+                let rest = match rest.strip_prefix("versions/") {
+                    Some(versioned) => versioned.split_once('/').map_or("", |(_, r)| r),
+                    None => rest,
+                };
+                let kind = match rest {
+                    "" => Kind::Model,
+                    "ready" => Kind::ModelReady,
+                    "infer" => Kind::Infer,
+                    _ => return None,
+                };
+                if name.is_empty() {
+                    return None;
+                }
+                let route = app.routes.iter().find(|route| route.model == name);
+                return Some(Endpoint { kind, name: name.to_string(), route });
+            }
+        };
+        Some(Endpoint { kind, name: String::new(), route: None })
+    }
+
+    pub async fn answer(
+        self,
+        app: &App,
+        method: &Method,
+        request: Request<Incoming>,
+    ) -> (&'static str, Response<Body>) {
+        let (label, answer) = match self.kind {
+            Kind::Live => ("/v2/health/live", get(method).map(|()| live())),
+            Kind::Ready => ("/v2/health/ready", get(method).map(|()| server_ready(app))),
+            Kind::Server => ("/v2", get(method).map(|()| server_metadata())),
+            Kind::Model => {
+                let answer = self.model(method).map(|route| metadata(route));
+                ("/v2/models/{name}", answer)
+            }
+            Kind::ModelReady => {
+                let answer = self.model(method).map(|route| model_ready(app, route));
+                ("/v2/models/{name}/ready", answer)
+            }
+            Kind::Infer => {
+                let answer = match (&self.route, admit(app, method)) {
+                    (None, _) => Err(unknown_model(&self.name)),
+                    (Some(_), Err(error)) => Err(error),
+                    (Some(route), Ok(())) => infer(app, route, request).await,
+                };
+                ("/v2/models/{name}/infer", answer)
+            }
+        };
+        (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
+    }
+
+    /// The route of a model endpoint that answers `GET`.
+    fn model(&self, method: &Method) -> Result<&'a Route, ApiError> {
+        let route = self.route.ok_or_else(|| unknown_model(&self.name))?;
+        get(method)?;
+        Ok(route)
+    }
+}
+
+fn get(method: &Method) -> Result<(), ApiError> {
+    match *method {
+        Method::GET | Method::HEAD => Ok(()),
+        _ => Err(ApiError::method_not_allowed(method, "GET")),
+    }
+}
+
+fn unknown_model(name: &str) -> ApiError {
+    ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }
+}
+
+fn live() -> Response<Body> {
+    json(StatusCode::OK, r#"{"live":true}"#)
+}
+
+/// Ready as `/readyz` is: every stage has a connected worker, and no shutdown has begun.
+fn server_ready(app: &App) -> Response<Body> {
+    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = !draining && app.stages.iter().all(|stage| stage.workers() > 0);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json(status, json!({"ready": ready}).to_string())
+}
+
+fn model_ready(app: &App, route: &Route) -> Response<Body> {
+    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
+    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
+    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
+    json(status, json!({"name": route.model, "ready": ready}).to_string())
+}
+
+fn server_metadata() -> Response<Body> {
+    let body = json!({
+        "name": "corral",
+        "version": env!("CARGO_PKG_VERSION"),
+        "extensions": ["binary_tensor_data"],
+    });
+    json(StatusCode::OK, body.to_string())
+}
+
+/// The tensors the route's first stage takes and its last stage gives, as their workers declared
+/// them (none before a worker has connected), each shape led by the batch dimension, `-1`.
+fn metadata(route: &Route) -> Response<Body> {
+    let (inputs, outputs) = declared(route);
+    let tensors = |specs: &[corral_protocol::TensorSpec]| {
+        specs
+            .iter()
+            .map(|spec| {
+                let shape: Vec<i64> =
+                    std::iter::once(-1).chain(spec.shape.iter().copied()).collect();
+                json!({"name": spec.name, "datatype": spec.datatype, "shape": shape})
+            })
+            .collect::<Vec<_>>()
+    };
+    let body = json!({
+        "name": route.model,
+        "versions": ["1"],
+        "platform": "corral",
+        "inputs": tensors(&inputs),
+        "outputs": tensors(&outputs),
+    });
+    json(StatusCode::OK, body.to_string())
+}
+
+/// What the route's first stage's workers take and its last stage's give.
+fn declared(route: &Route) -> (Vec<corral_protocol::TensorSpec>, Vec<corral_protocol::TensorSpec>) {
+    let stages = &route.pipeline.stages;
+    let inputs = stages.first().and_then(|s| s.schemas()).map(|s| s.inputs.clone());
+    let outputs = stages.last().and_then(|s| s.schemas()).map(|s| s.outputs.clone());
+    (inputs.unwrap_or_default(), outputs.unwrap_or_default())
+}
+
+async fn infer(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    let header_length = match request.headers().get(HEADER_LENGTH) {
+        None => None,
+        Some(value) => {
+            Some(value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(
+                || ApiError::bad_request("Inference-Header-Content-Length must be a whole number"),
+            )?)
+        }
+    };
+    let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
+    let (inputs, outputs) = declared(route);
+    let mut parsed =
+        request::parse(&body, header_length, &inputs).map_err(ApiError::bad_request)?;
+    if !outputs.is_empty() {
+        if let Some(unknown) =
+            parsed.outputs.iter().find(|o| !outputs.iter().any(|s| s.name == o.name))
+        {
+            let names: Vec<&str> = outputs.iter().map(|s| s.name.as_str()).collect();
+            return Err(ApiError::bad_request(format!(
+                "unknown output {:?}; the model gives {}",
+                unknown.name,
+                names.join(", ")
+            )));
+        }
+    }
+    let payloads = parsed.payloads();
+    // The rows hold their own copies now: the body need not wait in memory with them.
+    drop(body);
+    let outcomes = infer::run_items(app, route, payloads, arrived, deadline).await?;
+    first_failure(&outcomes, "row")?;
+    let results: Vec<&[u8]> = outcomes
+        .iter()
+        .map(|outcome| match outcome {
+            Outcome::Done(data) => &data[..],
+            _ => unreachable!("first_failure passed only if every row is done"),
+        })
+        .collect();
+    let answer = response::build(&route.model, &parsed, &outputs, &results)?;
+    let mut builder = Response::builder().status(StatusCode::OK);
+    builder = match answer.header_length {
+        Some(length) => {
+            builder.header(CONTENT_TYPE, "application/octet-stream").header(HEADER_LENGTH, length)
+        }
+        None => builder.header(CONTENT_TYPE, "application/json"),
+    };
+    Ok(builder
+        .body(Full::new(Bytes::from(answer.body)).boxed_unsync())
+        .expect("static headers are valid"))
+}

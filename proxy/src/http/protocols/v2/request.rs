@@ -1,0 +1,358 @@
+//! A v2 inference request, read and checked, then cut into rows: the JSON header (the whole body,
+//! or its first `Inference-Header-Content-Length` bytes with the binary tensor extension, whose
+//! tensors follow it in the order of `inputs`), each input's data packed (JSON `data`) or sliced
+//! (binary), checked against what the worker declared, and one payload per row of the first
+//! dimension: a msgpack map from each input's name to its row as a tensor value.
+//!
+//! Every check here runs before any job exists: a bad request is a 400 that costs no worker
+//! anything.
+
+use bytes::Bytes;
+use corral_protocol::TensorSpec;
+use serde::Deserialize;
+
+use super::tensor::{self, DataType};
+
+/// The JSON header of an inference request; unknown keys are ignored, as v2 allows extensions.
+#[derive(Debug, Deserialize)]
+struct Header {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    parameters: Parameters,
+    inputs: Vec<InputHeader>,
+    #[serde(default)]
+    outputs: Vec<OutputHeader>,
+}
+
+#[derive(Debug, Deserialize)]
+struct InputHeader {
+    name: String,
+    shape: Vec<u64>,
+    datatype: String,
+    #[serde(default)]
+    parameters: Parameters,
+    #[serde(default)]
+    data: Option<serde_json::Value>,
+}
+
+#[derive(Debug, Deserialize)]
+struct OutputHeader {
+    name: String,
+    #[serde(default)]
+    parameters: Parameters,
+}
+
+/// The parameters Corral reads; others are ignored.
+#[derive(Debug, Default, Deserialize)]
+struct Parameters {
+    #[serde(default)]
+    binary_data_size: Option<u64>,
+    #[serde(default)]
+    binary_data: Option<bool>,
+    #[serde(default)]
+    binary_data_output: Option<bool>,
+}
+
+/// An output the client asked for, and whether it wants it as binary data.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Requested {
+    pub name: String,
+    pub binary: bool,
+}
+
+/// One input tensor of the request, its data packed.
+#[derive(Debug)]
+struct Input {
+    name: String,
+    datatype: DataType,
+    shape: Vec<u64>,
+    data: Bytes,
+}
+
+/// A request, read and checked.
+#[derive(Debug)]
+pub struct Request {
+    pub id: Option<String>,
+    /// The outputs asked for by name; empty means all.
+    pub outputs: Vec<Requested>,
+    /// Whether outputs not named get binary data (`binary_data_output`).
+    pub binary_by_default: bool,
+    inputs: Vec<Input>,
+    /// The first dimension every input shares.
+    pub rows: usize,
+}
+
+/// Reads a body: `header_length` is the `Inference-Header-Content-Length` (None: all JSON).
+/// `declared` are the inputs the route's first stage declared (empty: take what comes).
+pub fn parse(
+    body: &Bytes,
+    header_length: Option<usize>,
+    declared: &[TensorSpec],
+) -> Result<Request, String> {
+    let json_end = header_length.unwrap_or(body.len());
+    if json_end > body.len() {
+        return Err(format!(
+            "Inference-Header-Content-Length is {json_end} but the body has {} bytes",
+            body.len()
+        ));
+    }
+    let header: Header = serde_json::from_slice(&body[..json_end])
+        .map_err(|e| format!("the inference request header is not valid: {e}"))?;
+    let mut binary = body.slice(json_end..);
+    let mut inputs = Vec::with_capacity(header.inputs.len());
+    for input in header.inputs {
+        let at = |e: String| format!("input {:?}: {e}", input.name);
+        let datatype = DataType::parse(&input.datatype).map_err(at)?;
+        if inputs.iter().any(|i: &Input| i.name == input.name) {
+            return Err(format!("input {:?} appears twice", input.name));
+        }
+        let count = tensor::elements(&input.shape).ok_or_else(|| at("shape overflows".into()))?;
+        let data = match (input.parameters.binary_data_size, input.data) {
+            (Some(_), Some(_)) => return Err(at("has both data and binary_data_size".into())),
+            (None, None) => return Err(at("has neither data nor binary_data_size".into())),
+            (None, Some(json)) => {
+                Bytes::from(tensor::pack_json(datatype, &json, count).map_err(at)?)
+            }
+            (Some(size), None) => {
+                if size > binary.len() as u64 {
+                    return Err(at(format!(
+                        "binary_data_size {size} runs past the body ({} bytes left)",
+                        binary.len()
+                    )));
+                }
+                let data = binary.split_to(size as usize);
+                tensor::check_length(datatype, &input.shape, &data).map_err(at)?;
+                data
+            }
+        };
+        inputs.push(Input { name: input.name, datatype, shape: input.shape, data });
+    }
+    if !binary.is_empty() {
+        return Err(format!("{} bytes of binary data that no input claims", binary.len()));
+    }
+    let rows = check(&inputs, declared)?;
+    let binary_by_default = header.parameters.binary_data_output.unwrap_or(false);
+    let outputs = header
+        .outputs
+        .into_iter()
+        .map(|o| Requested {
+            binary: o.parameters.binary_data.unwrap_or(binary_by_default),
+            name: o.name,
+        })
+        .collect();
+    Ok(Request { id: header.id, outputs, binary_by_default, inputs, rows })
+}
+
+/// Checks the inputs against each other and the declarations; the number of rows.
+fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {
+    let Some(first) = inputs.first() else {
+        return Err("the request has no inputs".into());
+    };
+    for input in inputs {
+        let rows = input.shape.first().copied().unwrap_or(0);
+        if input.shape.is_empty() || rows == 0 {
+            return Err(format!(
+                "input {:?}: shape {:?} has no rows; its first dimension is the batch",
+                input.name, input.shape
+            ));
+        }
+        if rows != first.shape[0] {
+            return Err(format!(
+                "inputs {:?} and {:?} have {} and {rows} rows; every input needs the same",
+                first.name, input.name, first.shape[0]
+            ));
+        }
+        if declared.is_empty() {
+            continue;
+        }
+        let Some(spec) = declared.iter().find(|spec| spec.name == input.name) else {
+            let names: Vec<&str> = declared.iter().map(|s| s.name.as_str()).collect();
+            return Err(format!(
+                "unknown input {:?}; the model takes {}",
+                input.name,
+                names.join(", ")
+            ));
+        };
+        if spec.datatype != input.datatype.name() {
+            return Err(format!(
+                "input {:?} is {}; the model takes {}",
+                input.name,
+                input.datatype.name(),
+                spec.datatype
+            ));
+        }
+        let row = &input.shape[1..];
+        let fits = row.len() == spec.shape.len()
+            && row.iter().zip(&spec.shape).all(|(&d, &s)| s < 0 || d == s as u64);
+        if !fits {
+            return Err(format!(
+                "input {:?} has shape {:?}; the model takes [-1{}] (the first dimension is the batch)",
+                input.name,
+                input.shape,
+                spec.shape.iter().map(|d| format!(", {d}")).collect::<String>()
+            ));
+        }
+    }
+    if let Some(missing) = declared.iter().find(|s| !inputs.iter().any(|i| i.name == s.name)) {
+        return Err(format!("missing input {:?}", missing.name));
+    }
+    usize::try_from(first.shape[0]).map_err(|_| "too many rows".into())
+}
+
+impl Request {
+    /// One payload per row: `{name: tensor value of the row}` for every input. Each row's data
+    /// is copied once, into its payload; the inputs are let go of, so that the body can go.
+    pub fn payloads(&mut self) -> Vec<Bytes> {
+        let inputs = std::mem::take(&mut self.inputs);
+        let cuts: Vec<Vec<(usize, usize)>> = inputs.iter().map(|i| self.cuts(i)).collect();
+        (0..self.rows)
+            .map(|row| {
+                let size: usize = cuts.iter().map(|c| c[row].1 - c[row].0 + 64).sum();
+                let mut out = Vec::with_capacity(size);
+                rmp::encode::write_map_len(&mut out, inputs.len() as u32)
+                    .expect("writing to a Vec cannot fail");
+                for (input, cuts) in inputs.iter().zip(&cuts) {
+                    rmp::encode::write_str(&mut out, &input.name)
+                        .expect("writing to a Vec cannot fail");
+                    let (start, end) = cuts[row];
+                    let shape = &input.shape[1..];
+                    tensor::write_tensor(&mut out, input.datatype, shape, &input.data[start..end]);
+                }
+                Bytes::from(out)
+            })
+            .collect()
+    }
+
+    /// Where each row's data lies in an input's packed data.
+    fn cuts(&self, input: &Input) -> Vec<(usize, usize)> {
+        let per_row = tensor::elements(&input.shape[1..]).expect("checked when read");
+        match input.datatype.size() {
+            Some(size) => {
+                let step = per_row as usize * size;
+                (0..self.rows).map(|row| (row * step, (row + 1) * step)).collect()
+            }
+            None => {
+                let total = per_row * self.rows as u64;
+                let (spans, _) =
+                    tensor::bytes_elements(&input.data, total).expect("checked when read");
+                (0..self.rows)
+                    .map(|row| {
+                        let first = row * per_row as usize;
+                        let start = spans.get(first).map_or(input.data.len(), |s| s.0 - 4);
+                        let next = spans.get(first + per_row as usize);
+                        (start.min(input.data.len()), next.map_or(input.data.len(), |s| s.0 - 4))
+                    })
+                    .collect()
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(name: &str, datatype: &str, shape: &[i64]) -> TensorSpec {
+        TensorSpec { name: name.into(), datatype: datatype.into(), shape: shape.to_vec() }
+    }
+
+    fn binary(header: serde_json::Value, data: &[u8]) -> (Bytes, usize) {
+        let json = serde_json::to_vec(&header).unwrap();
+        let length = json.len();
+        (Bytes::from([json, data.to_vec()].concat()), length)
+    }
+
+    #[test]
+    fn a_json_request_becomes_one_payload_per_row() {
+        let body = Bytes::from(
+            serde_json::to_vec(&serde_json::json!({"inputs": [
+                {"name": "X", "shape": [2, 3], "datatype": "INT32", "data": [1, 2, 3, 4, 5, 6]}
+            ], "outputs": [{"name": "Y", "parameters": {"binary_data": true}}]}))
+            .unwrap(),
+        );
+        let mut request = parse(&body, None, &[spec("X", "INT32", &[3])]).unwrap();
+        assert_eq!(request.rows, 2);
+        assert_eq!(request.outputs, [Requested { name: "Y".into(), binary: true }]);
+        let payloads = request.payloads();
+        let value = tensor::read_value(&payloads[1]).unwrap();
+        let rmpv::ValueRef::Map(entries) = value else { panic!("a map") };
+        let rmpv::ValueRef::Ext(1, ext) = entries[0].1 else { panic!("a tensor") };
+        let t = tensor::read_tensor(ext).unwrap();
+        assert_eq!(t.shape, [3]);
+        assert_eq!(t.data, [4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0]);
+    }
+
+    #[test]
+    fn binary_bytes_tensors_split_by_row() {
+        let data = [1, 0, 0, 0, b'a', 2, 0, 0, 0, b'b', b'c'];
+        let (body, length) = binary(
+            serde_json::json!({"inputs": [{"name": "T", "shape": [2, 1], "datatype": "BYTES",
+                "parameters": {"binary_data_size": data.len()}}]}),
+            &data,
+        );
+        let mut request = parse(&body, Some(length), &[]).unwrap();
+        let payloads = request.payloads();
+        let rmpv::ValueRef::Map(entries) = tensor::read_value(&payloads[1]).unwrap() else {
+            panic!()
+        };
+        let rmpv::ValueRef::Ext(1, ext) = entries[0].1 else { panic!() };
+        assert_eq!(tensor::read_tensor(ext).unwrap().data, [2, 0, 0, 0, b'b', b'c']);
+    }
+
+    #[test]
+    fn bad_requests_say_what_is_wrong() {
+        let declared = [spec("X", "FP32", &[2])];
+        let cases = [
+            (
+                serde_json::json!({"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP64",
+                "data": [1, 2]}]}),
+                "the model takes FP32",
+            ),
+            (
+                serde_json::json!({"inputs": [{"name": "X", "shape": [1, 3], "datatype": "FP32",
+                "data": [1, 2, 3]}]}),
+                "the model takes [-1, 2]",
+            ),
+            (
+                serde_json::json!({"inputs": [{"name": "Z", "shape": [1, 2], "datatype": "FP32",
+                "data": [1, 2]}]}),
+                "unknown input",
+            ),
+            (serde_json::json!({"inputs": []}), "no inputs"),
+            (
+                serde_json::json!({"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP32",
+                "data": [1]}]}),
+                "1 elements",
+            ),
+            (
+                serde_json::json!({"inputs": [{"name": "X", "shape": [0, 2], "datatype": "FP32",
+                "data": []}]}),
+                "no rows",
+            ),
+        ];
+        for (header, expected) in cases {
+            let body = Bytes::from(serde_json::to_vec(&header).unwrap());
+            let error = parse(&body, None, &declared).unwrap_err();
+            assert!(error.contains(expected), "{error} (wanted {expected})");
+        }
+        let missing = Bytes::from(
+            &br#"{"inputs": [{"name": "Y", "shape": [1], "datatype": "FP32", "data": [1]}]}"#[..],
+        );
+        assert!(parse(&missing, None, &[spec("Y", "FP32", &[]), spec("X", "FP32", &[])])
+            .unwrap_err()
+            .contains("missing input \"X\""));
+    }
+
+    #[test]
+    fn binary_lengths_are_checked_against_the_body() {
+        let header = serde_json::json!({"inputs": [{"name": "X", "shape": [1, 2],
+            "datatype": "FP32", "parameters": {"binary_data_size": 8}}]});
+        let (body, length) = binary(header.clone(), &[0; 4]);
+        assert!(parse(&body, Some(length), &[]).unwrap_err().contains("runs past the body"));
+        let (body, length) = binary(header.clone(), &[0; 12]);
+        assert!(parse(&body, Some(length), &[]).unwrap_err().contains("no input claims"));
+        let (body, _) = binary(header, &[0; 8]);
+        assert!(parse(&body, Some(body.len() + 1), &[]).unwrap_err().contains("Header-Content"));
+    }
+}

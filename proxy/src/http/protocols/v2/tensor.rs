@@ -1,0 +1,620 @@
+//! Tensors as Open Inference Protocol v2 has them and as workers see them: the datatypes, a
+//! row's **tensor value** on the worker socket (msgpack ext type 1: `[datatype, shape, bin]`,
+//! PROTOCOL.md "Tensors and raw bytes"), and the conversions between a tensor's packed
+//! little-endian bytes and the two other shapes its elements come in — JSON `data` arrays from
+//! and to v2 clients, and plain msgpack values (numbers, booleans, strings, nested arrays) from
+//! workers that return those instead of tensor values.
+//!
+//! Bytes are the one representation every path goes through: a binary request's tensor is
+//! already them, a JSON one is packed once, and a row is a slice of them.
+
+use rmpv::ValueRef;
+
+/// The ext type of a tensor value.
+pub const TENSOR_EXT: i8 = 1;
+
+/// Deepest nesting read in a worker's output (as for every msgpack value Corral reads).
+const MAX_DEPTH: usize = crate::http::format::MAX_DEPTH;
+
+/// A v2 datatype. `BF16` is not among them: neither JSON nor numpy has it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataType {
+    Bool,
+    U8,
+    U16,
+    U32,
+    U64,
+    I8,
+    I16,
+    I32,
+    I64,
+    F16,
+    F32,
+    F64,
+    Bytes,
+}
+
+const ALL: [DataType; 13] = [
+    DataType::Bool,
+    DataType::U8,
+    DataType::U16,
+    DataType::U32,
+    DataType::U64,
+    DataType::I8,
+    DataType::I16,
+    DataType::I32,
+    DataType::I64,
+    DataType::F16,
+    DataType::F32,
+    DataType::F64,
+    DataType::Bytes,
+];
+
+impl DataType {
+    pub fn parse(name: &str) -> Result<DataType, String> {
+        ALL.into_iter().find(|t| t.name() == name).ok_or_else(|| {
+            let known: Vec<&str> = ALL.iter().map(|t| t.name()).collect();
+            format!("unsupported datatype {name:?}; Corral takes {}", known.join(", "))
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DataType::Bool => "BOOL",
+            DataType::U8 => "UINT8",
+            DataType::U16 => "UINT16",
+            DataType::U32 => "UINT32",
+            DataType::U64 => "UINT64",
+            DataType::I8 => "INT8",
+            DataType::I16 => "INT16",
+            DataType::I32 => "INT32",
+            DataType::I64 => "INT64",
+            DataType::F16 => "FP16",
+            DataType::F32 => "FP32",
+            DataType::F64 => "FP64",
+            DataType::Bytes => "BYTES",
+        }
+    }
+
+    /// Bytes per element; None for `BYTES`, whose elements carry their own lengths.
+    pub fn size(self) -> Option<usize> {
+        match self {
+            DataType::Bool | DataType::U8 | DataType::I8 => Some(1),
+            DataType::U16 | DataType::I16 | DataType::F16 => Some(2),
+            DataType::U32 | DataType::I32 | DataType::F32 => Some(4),
+            DataType::U64 | DataType::I64 | DataType::F64 => Some(8),
+            DataType::Bytes => None,
+        }
+    }
+}
+
+/// Elements in a tensor of `shape`, or None if the count overflows.
+pub fn elements(shape: &[u64]) -> Option<u64> {
+    shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
+}
+
+/// The byte ranges of the first `count` elements of packed `BYTES` data (each a 4-byte
+/// little-endian length, then that many bytes), and the length they take.
+pub fn bytes_elements(data: &[u8], count: u64) -> Result<(Vec<(usize, usize)>, usize), String> {
+    let mut spans = Vec::with_capacity(count.min(data.len() as u64 / 4) as usize);
+    let mut at = 0usize;
+    for index in 0..count {
+        let head = data.get(at..at + 4).ok_or_else(|| {
+            format!("BYTES element {index} is cut short: no 4-byte length at byte {at}")
+        })?;
+        let length = u32::from_le_bytes(head.try_into().expect("four bytes")) as usize;
+        let start = at + 4;
+        if data.len() - start < length {
+            return Err(format!("BYTES element {index} claims {length} bytes past the data"));
+        }
+        spans.push((start, start + length));
+        at = start + length;
+    }
+    Ok((spans, at))
+}
+
+/// The length packed data of `datatype` and `shape` must have, checked against `data` (the
+/// whole of it).
+pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<(), String> {
+    let count = elements(shape).ok_or("the shape's element count overflows")?;
+    let expected = match datatype.size() {
+        Some(size) => count.checked_mul(size as u64).ok_or("the tensor's size overflows")?,
+        None => bytes_elements(data, count)?.1 as u64,
+    };
+    if expected != data.len() as u64 {
+        return Err(format!(
+            "{} bytes of {} data for shape {shape:?}, which takes {expected}",
+            data.len(),
+            datatype.name()
+        ));
+    }
+    Ok(())
+}
+
+/// Appends a tensor value (ext type 1) holding one row.
+pub fn write_tensor(out: &mut Vec<u8>, datatype: DataType, shape: &[u64], data: &[u8]) {
+    let mut head = Vec::with_capacity(16 + 9 * shape.len());
+    let write = "writing to a Vec cannot fail";
+    rmp::encode::write_array_len(&mut head, 3).expect(write);
+    rmp::encode::write_str(&mut head, datatype.name()).expect(write);
+    rmp::encode::write_array_len(&mut head, shape.len() as u32).expect(write);
+    for &dim in shape {
+        rmp::encode::write_uint(&mut head, dim).expect(write);
+    }
+    rmp::encode::write_bin_len(&mut head, data.len() as u32).expect(write);
+    rmp::encode::write_ext_meta(out, (head.len() + data.len()) as u32, TENSOR_EXT).expect(write);
+    out.extend_from_slice(&head);
+    out.extend_from_slice(data);
+}
+
+/// A tensor value's contents, read from its ext data and checked.
+#[derive(Debug)]
+pub struct Tensor<'a> {
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    pub data: &'a [u8],
+}
+
+pub fn read_tensor(ext: &[u8]) -> Result<Tensor<'_>, String> {
+    let malformed = "a tensor value must be [datatype, shape, data]";
+    let mut rest = ext;
+    let value = rmpv::decode::read_value_ref_with_max_depth(&mut rest, 8)
+        .map_err(|e| format!("{malformed}: {e}"))?;
+    if !rest.is_empty() {
+        return Err(format!("{malformed}: {} bytes after it", rest.len()));
+    }
+    let ValueRef::Array(parts) = value else { return Err(malformed.into()) };
+    let [ValueRef::String(datatype), ValueRef::Array(dims), ValueRef::Binary(data)] = &parts[..]
+    else {
+        return Err(malformed.into());
+    };
+    let datatype = DataType::parse(datatype.as_str().ok_or(malformed)?)?;
+    let shape = dims
+        .iter()
+        .map(|d| d.as_u64().ok_or("a tensor's shape must be non-negative integers"))
+        .collect::<Result<Vec<u64>, _>>()?;
+    check_length(datatype, &shape, data)?;
+    Ok(Tensor { datatype, shape, data })
+}
+
+/// Packs a JSON `data` array (flat, or nested any way) of `count` elements.
+pub fn pack_json(
+    datatype: DataType,
+    value: &serde_json::Value,
+    count: u64,
+) -> Result<Vec<u8>, String> {
+    let mut leaves = Vec::new();
+    flatten_json(value, &mut leaves, 0)?;
+    if leaves.len() as u64 != count {
+        return Err(format!("{} elements of data for a shape of {count}", leaves.len()));
+    }
+    let mut out = Vec::with_capacity(leaves.len() * datatype.size().unwrap_or(8));
+    for (index, leaf) in leaves.into_iter().enumerate() {
+        let element = match leaf {
+            serde_json::Value::Bool(b) => Element::Bool(*b),
+            serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
+                (Some(u), _, _) => Element::Uint(u),
+                (None, Some(i), _) => Element::Int(i),
+                (_, _, Some(f)) => Element::Float(f),
+                _ => return Err(format!("element {index}: not a number Corral can read")),
+            },
+            serde_json::Value::String(s) => Element::Bytes(s.as_bytes()),
+            other => return Err(format!("element {index}: {other} is not a tensor element")),
+        };
+        push(&mut out, datatype, element).map_err(|e| format!("element {index}: {e}"))?;
+    }
+    Ok(out)
+}
+
+fn flatten_json<'a>(
+    value: &'a serde_json::Value,
+    leaves: &mut Vec<&'a serde_json::Value>,
+    depth: usize,
+) -> Result<(), String> {
+    match value {
+        serde_json::Value::Array(items) if depth < MAX_DEPTH => {
+            items.iter().try_for_each(|item| flatten_json(item, leaves, depth + 1))
+        }
+        serde_json::Value::Array(_) => Err(format!("data nested deeper than {MAX_DEPTH} levels")),
+        leaf => {
+            leaves.push(leaf);
+            Ok(())
+        }
+    }
+}
+
+/// One element as a client or worker wrote it, before it is packed.
+#[derive(Debug, Clone, Copy)]
+enum Element<'a> {
+    Bool(bool),
+    Uint(u64),
+    Int(i64),
+    Float(f64),
+    Bytes(&'a [u8]),
+}
+
+/// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
+/// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
+fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), String> {
+    use DataType as T;
+    let fits = |what: &str| format!("{what} does not fit in {}", datatype.name());
+    match (datatype, element) {
+        (T::Bool, Element::Bool(b)) => out.push(u8::from(b)),
+        (T::Bytes, Element::Bytes(b)) => {
+            let length = u32::try_from(b.len()).map_err(|_| fits("an element of 4 GiB"))?;
+            out.extend_from_slice(&length.to_le_bytes());
+            out.extend_from_slice(b);
+        }
+        (T::F16, e) => out.extend_from_slice(&half::f16::from_f64(float(e)?).to_le_bytes()),
+        (T::F32, e) => out.extend_from_slice(&(float(e)? as f32).to_le_bytes()),
+        (T::F64, e) => out.extend_from_slice(&float(e)?.to_le_bytes()),
+        (integer, Element::Uint(u)) => {
+            push_integer(out, integer, i128::from(u)).ok_or_else(|| fits(&format!("{u}")))?
+        }
+        (integer, Element::Int(i)) => {
+            push_integer(out, integer, i128::from(i)).ok_or_else(|| fits(&format!("{i}")))?
+        }
+        (_, element) => {
+            return Err(format!("{} is not a {} element", describe(element), datatype.name()))
+        }
+    }
+    Ok(())
+}
+
+fn float(element: Element) -> Result<f64, String> {
+    match element {
+        Element::Uint(u) => Ok(u as f64),
+        Element::Int(i) => Ok(i as f64),
+        Element::Float(f) => Ok(f),
+        other => Err(format!("{} is not a number", describe(other))),
+    }
+}
+
+fn describe(element: Element) -> &'static str {
+    match element {
+        Element::Bool(_) => "a boolean",
+        Element::Uint(_) | Element::Int(_) => "an integer",
+        Element::Float(_) => "a float",
+        Element::Bytes(_) => "a string",
+    }
+}
+
+/// Packs an integer as an integer datatype; None if it does not fit (or the type is not one).
+fn push_integer(out: &mut Vec<u8>, datatype: DataType, value: i128) -> Option<()> {
+    use DataType as T;
+    match datatype {
+        T::U8 => out.extend_from_slice(&u8::try_from(value).ok()?.to_le_bytes()),
+        T::U16 => out.extend_from_slice(&u16::try_from(value).ok()?.to_le_bytes()),
+        T::U32 => out.extend_from_slice(&u32::try_from(value).ok()?.to_le_bytes()),
+        T::U64 => out.extend_from_slice(&u64::try_from(value).ok()?.to_le_bytes()),
+        T::I8 => out.extend_from_slice(&i8::try_from(value).ok()?.to_le_bytes()),
+        T::I16 => out.extend_from_slice(&i16::try_from(value).ok()?.to_le_bytes()),
+        T::I32 => out.extend_from_slice(&i32::try_from(value).ok()?.to_le_bytes()),
+        T::I64 => out.extend_from_slice(&i64::try_from(value).ok()?.to_le_bytes()),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Packed data as a flat JSON array (v2's `data`). `BYTES` elements become strings, so they
+/// must be UTF-8: other bytes need the binary extension.
+pub fn unpack_json(
+    datatype: DataType,
+    shape: &[u64],
+    data: &[u8],
+) -> Result<serde_json::Value, String> {
+    use serde_json::Value;
+    let count = elements(shape).unwrap_or(0);
+    let Some(size) = datatype.size() else {
+        let (spans, _) = bytes_elements(data, count)?;
+        return spans
+            .into_iter()
+            .map(|(start, end)| {
+                std::str::from_utf8(&data[start..end]).map(|s| Value::String(s.to_owned())).map_err(
+                    |_| {
+                        "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with \
+                         binary_data"
+                            .to_string()
+                    },
+                )
+            })
+            .collect::<Result<Vec<_>, _>>()
+            .map(Value::Array);
+    };
+    let number = |f: f64| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
+    let values = data.chunks_exact(size).map(|b| match datatype {
+        DataType::Bool => Value::Bool(b[0] != 0),
+        DataType::U8 => Value::from(b[0]),
+        DataType::U16 => Value::from(u16::from_le_bytes([b[0], b[1]])),
+        DataType::U32 => Value::from(u32::from_le_bytes(b.try_into().expect("4"))),
+        DataType::U64 => Value::from(u64::from_le_bytes(b.try_into().expect("8"))),
+        DataType::I8 => Value::from(b[0] as i8),
+        DataType::I16 => Value::from(i16::from_le_bytes([b[0], b[1]])),
+        DataType::I32 => Value::from(i32::from_le_bytes(b.try_into().expect("4"))),
+        DataType::I64 => Value::from(i64::from_le_bytes(b.try_into().expect("8"))),
+        DataType::F16 => number(half::f16::from_le_bytes([b[0], b[1]]).to_f64()),
+        DataType::F32 => number(f64::from(f32::from_le_bytes(b.try_into().expect("4")))),
+        DataType::F64 => number(f64::from_le_bytes(b.try_into().expect("8"))),
+        DataType::Bytes => unreachable!("BYTES has no fixed size"),
+    });
+    Ok(Value::Array(values.collect()))
+}
+
+/// A worker's row of one output: its datatype, shape and packed data.
+#[derive(Debug, PartialEq)]
+pub struct Row {
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    pub data: Vec<u8>,
+}
+
+/// A row from what a worker returned for one output: a tensor value (of the declared datatype,
+/// if one is declared) or a plain value — a number, boolean, string or bin, or arrays of them
+/// nested to a rectangular shape — packed as the declared datatype or, with none declared, as
+/// the one its elements suggest (booleans `BOOL`, integers `INT64`, any float `FP64`, strings
+/// and bins `BYTES`).
+pub fn row(value: &ValueRef, declared: Option<DataType>) -> Result<Row, String> {
+    if let ValueRef::Ext(ext_type, ext) = value {
+        if *ext_type != TENSOR_EXT {
+            return Err(format!("ext type {ext_type} is not a tensor value (ext type 1)"));
+        }
+        let tensor = read_tensor(ext)?;
+        if declared.is_some_and(|d| d != tensor.datatype) {
+            return Err(format!(
+                "a tensor of {} where {} is declared",
+                tensor.datatype.name(),
+                declared.map_or("", DataType::name)
+            ));
+        }
+        let Tensor { datatype, shape, data } = tensor;
+        return Ok(Row { datatype, shape, data: data.to_vec() });
+    }
+    let mut shape = Vec::new();
+    let mut probe = value;
+    while let ValueRef::Array(items) = probe {
+        shape.push(items.len() as u64);
+        match items.first() {
+            Some(first) if shape.len() < MAX_DEPTH => probe = first,
+            _ => break,
+        }
+    }
+    let mut leaves = Vec::new();
+    flatten_msgpack(value, &shape, &mut leaves)?;
+    let datatype = match declared {
+        Some(datatype) => datatype,
+        None => infer(&leaves)?,
+    };
+    let mut data = Vec::with_capacity(leaves.len() * datatype.size().unwrap_or(8));
+    for (index, leaf) in leaves.into_iter().enumerate() {
+        push(&mut data, datatype, leaf).map_err(|e| format!("element {index}: {e}"))?;
+    }
+    Ok(Row { datatype, shape, data })
+}
+
+/// The elements of a rectangular nest of arrays of `shape`, in row-major order.
+fn flatten_msgpack<'a>(
+    value: &'a ValueRef<'a>,
+    shape: &[u64],
+    leaves: &mut Vec<Element<'a>>,
+) -> Result<(), String> {
+    let Some((&length, inner)) = shape.split_first() else {
+        let element = match value {
+            ValueRef::Boolean(b) => Element::Bool(*b),
+            ValueRef::Integer(i) => match (i.as_u64(), i.as_i64()) {
+                (Some(u), _) => Element::Uint(u),
+                (None, Some(i)) => Element::Int(i),
+                _ => return Err("an integer out of range".into()),
+            },
+            ValueRef::F32(f) => Element::Float(f64::from(*f)),
+            ValueRef::F64(f) => Element::Float(*f),
+            ValueRef::String(s) => Element::Bytes(s.as_bytes()),
+            ValueRef::Binary(b) => Element::Bytes(b),
+            ValueRef::Array(_) => return Err("arrays nested unevenly (not a tensor)".into()),
+            other => return Err(format!("{other} is not a tensor element")),
+        };
+        leaves.push(element);
+        return Ok(());
+    };
+    match value {
+        ValueRef::Array(items) if items.len() as u64 == length => {
+            items.iter().try_for_each(|item| flatten_msgpack(item, inner, leaves))
+        }
+        _ => Err("arrays nested unevenly (not a tensor)".into()),
+    }
+}
+
+fn infer(leaves: &[Element]) -> Result<DataType, String> {
+    let mut kinds = leaves.iter().map(|leaf| match leaf {
+        Element::Bool(_) => DataType::Bool,
+        Element::Uint(_) | Element::Int(_) => DataType::I64,
+        Element::Float(_) => DataType::F64,
+        Element::Bytes(_) => DataType::Bytes,
+    });
+    let Some(first) = kinds.next() else { return Ok(DataType::F64) };
+    kinds.try_fold(first, |kind, next| match (kind, next) {
+        (a, b) if a == b => Ok(a),
+        (DataType::I64 | DataType::F64, DataType::I64 | DataType::F64) => Ok(DataType::F64),
+        (a, b) => Err(format!("elements of {} and {} in one tensor", a.name(), b.name())),
+    })
+}
+
+/// A worker's output with every tensor value in it written out plainly, for a native client:
+/// nested arrays of numbers (booleans for `BOOL`; `BYTES` elements as strings when UTF-8, else
+/// `bin`). Any other ext value is refused: JSON has nothing to write it as.
+pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
+    let value = read_value(data)?;
+    let plain = expand_value(value)?;
+    let mut out = Vec::with_capacity(data.len() * 2);
+    rmpv::encode::write_value_ref(&mut out, &plain).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn expand_value(value: ValueRef<'_>) -> Result<ValueRef<'_>, String> {
+    Ok(match value {
+        ValueRef::Ext(TENSOR_EXT, ext) => {
+            let Tensor { datatype, shape, data } = read_tensor(ext)?;
+            let flat = elements_of(datatype, &shape, data)?;
+            nest(&shape, &mut flat.into_iter())
+        }
+        ValueRef::Ext(other, _) => return Err(format!("an ext value of type {other}")),
+        ValueRef::Array(items) => {
+            ValueRef::Array(items.into_iter().map(expand_value).collect::<Result<_, _>>()?)
+        }
+        ValueRef::Map(entries) => ValueRef::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| Ok((expand_value(k)?, expand_value(v)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        plain => plain,
+    })
+}
+
+/// A tensor's elements as msgpack values, row-major.
+fn elements_of<'a>(
+    datatype: DataType,
+    shape: &[u64],
+    data: &'a [u8],
+) -> Result<Vec<ValueRef<'a>>, String> {
+    let Some(size) = datatype.size() else {
+        let (spans, _) = bytes_elements(data, elements(shape).unwrap_or(0))?;
+        return Ok(spans
+            .into_iter()
+            .map(|(start, end)| match std::str::from_utf8(&data[start..end]) {
+                Ok(text) => ValueRef::from(text),
+                Err(_) => ValueRef::Binary(&data[start..end]),
+            })
+            .collect());
+    };
+    Ok(data
+        .chunks_exact(size)
+        .map(|b| match datatype {
+            DataType::Bool => ValueRef::Boolean(b[0] != 0),
+            DataType::U8 => ValueRef::from(b[0]),
+            DataType::U16 => ValueRef::from(u16::from_le_bytes([b[0], b[1]])),
+            DataType::U32 => ValueRef::from(u32::from_le_bytes(b.try_into().expect("4"))),
+            DataType::U64 => ValueRef::from(u64::from_le_bytes(b.try_into().expect("8"))),
+            DataType::I8 => ValueRef::from(b[0] as i8),
+            DataType::I16 => ValueRef::from(i16::from_le_bytes([b[0], b[1]])),
+            DataType::I32 => ValueRef::from(i32::from_le_bytes(b.try_into().expect("4"))),
+            DataType::I64 => ValueRef::from(i64::from_le_bytes(b.try_into().expect("8"))),
+            DataType::F16 => ValueRef::F32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::F32 => ValueRef::F32(f32::from_le_bytes(b.try_into().expect("4"))),
+            DataType::F64 => ValueRef::F64(f64::from_le_bytes(b.try_into().expect("8"))),
+            DataType::Bytes => unreachable!("BYTES has no fixed size"),
+        })
+        .collect())
+}
+
+/// Flat elements nested to `shape` (a scalar for an empty shape).
+fn nest<'a>(shape: &[u64], flat: &mut impl Iterator<Item = ValueRef<'a>>) -> ValueRef<'a> {
+    match shape.split_first() {
+        None => flat.next().unwrap_or(ValueRef::Nil),
+        Some((&length, inner)) => ValueRef::Array((0..length).map(|_| nest(inner, flat)).collect()),
+    }
+}
+
+/// Reads a worker's result (one msgpack value) for its rows; nesting is bounded as everywhere.
+pub fn read_value(data: &[u8]) -> Result<ValueRef<'_>, String> {
+    let mut rest = data;
+    rmpv::decode::read_value_ref_with_max_depth(&mut rest, MAX_DEPTH).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tensor(datatype: DataType, shape: &[u64], data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        write_tensor(&mut out, datatype, shape, data);
+        out
+    }
+
+    #[test]
+    fn a_tensor_value_reads_back() {
+        let data: Vec<u8> = [1.5f32, -2.0, 3.25].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let packed = tensor(DataType::F32, &[3], &data);
+        let ValueRef::Ext(1, ext) = read_value(&packed).unwrap() else { panic!("not ext 1") };
+        let read = read_tensor(ext).unwrap();
+        assert_eq!((read.datatype, read.shape, read.data), (DataType::F32, vec![3], &data[..]));
+    }
+
+    #[test]
+    fn tensor_values_must_hold_what_their_shape_says() {
+        let short = tensor(DataType::F32, &[3], &[0; 11]);
+        let ValueRef::Ext(1, ext) = read_value(&short).unwrap() else { panic!() };
+        assert!(read_tensor(ext).unwrap_err().contains("11 bytes"));
+        let bytes = tensor(DataType::Bytes, &[1], &[9, 0, 0, 0, b'x']);
+        let ValueRef::Ext(1, ext) = read_value(&bytes).unwrap() else { panic!() };
+        assert!(read_tensor(ext).unwrap_err().contains("past the data"));
+        assert!(read_tensor(&[0x93, 0xa1, b'X', 0x90, 0xc4, 0x00]).unwrap_err().contains("X"));
+    }
+
+    #[test]
+    fn json_data_packs_by_datatype() {
+        let json = serde_json::json!([[1, 2], [3, 4]]);
+        assert_eq!(pack_json(DataType::I16, &json, 4).unwrap(), [1, 0, 2, 0, 3, 0, 4, 0]);
+        assert!(pack_json(DataType::U8, &serde_json::json!([256]), 1).unwrap_err().contains("fit"));
+        assert!(pack_json(DataType::I32, &serde_json::json!([1.5]), 1).is_err(), "no truncation");
+        assert!(pack_json(DataType::I32, &json, 3).unwrap_err().contains("4 elements"));
+        let text = pack_json(DataType::Bytes, &serde_json::json!(["ab", ""]), 2).unwrap();
+        assert_eq!(text, [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
+        let half = pack_json(DataType::F16, &serde_json::json!([1.0]), 1).unwrap();
+        assert_eq!(half, [0x00, 0x3c]);
+    }
+
+    #[test]
+    fn packed_data_unpacks_to_json() {
+        let data: Vec<u8> = [7i64, -1].iter().flat_map(|i| i.to_le_bytes()).collect();
+        assert_eq!(unpack_json(DataType::I64, &[2], &data).unwrap(), serde_json::json!([7, -1]));
+        let text = [1, 0, 0, 0, b'z'];
+        assert_eq!(unpack_json(DataType::Bytes, &[1], &text).unwrap(), serde_json::json!(["z"]));
+        assert!(unpack_json(DataType::Bytes, &[1], &[1, 0, 0, 0, 0xff]).is_err());
+    }
+
+    fn plain(value: serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec(&value).unwrap()
+    }
+
+    #[test]
+    fn plain_rows_pack_as_declared_or_as_they_look() {
+        let nested = plain(serde_json::json!([[1, 2], [3, 4]]));
+        let value = read_value(&nested).unwrap();
+        let declared = row(&value, Some(DataType::U8)).unwrap();
+        assert_eq!((declared.shape, declared.data), (vec![2, 2], vec![1, 2, 3, 4]));
+        let inferred = row(&value, None).unwrap();
+        assert_eq!((inferred.datatype, inferred.data.len()), (DataType::I64, 32));
+        let mixed = plain(serde_json::json!([1, 2.5]));
+        assert_eq!(row(&read_value(&mixed).unwrap(), None).unwrap().datatype, DataType::F64);
+        let scalar = plain(serde_json::json!(true));
+        let scalar = row(&read_value(&scalar).unwrap(), None).unwrap();
+        assert_eq!((scalar.datatype, scalar.shape, scalar.data), (DataType::Bool, vec![], vec![1]));
+        let ragged = plain(serde_json::json!([[1, 2], [3]]));
+        assert!(row(&read_value(&ragged).unwrap(), None).unwrap_err().contains("unevenly"));
+        let words = plain(serde_json::json!(["a", 1]));
+        assert!(row(&read_value(&words).unwrap(), None).is_err());
+    }
+
+    #[test]
+    fn tensor_values_expand_to_nested_arrays_for_native_clients() {
+        let mut out = Vec::new();
+        rmp::encode::write_map_len(&mut out, 1).unwrap();
+        rmp::encode::write_str(&mut out, "y").unwrap();
+        let data: Vec<u8> = [1i32, 2, 3, 4].iter().flat_map(|i| i.to_le_bytes()).collect();
+        write_tensor(&mut out, DataType::I32, &[2, 2], &data);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&out).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!({"y": [[1, 2], [3, 4]]}));
+        let words = tensor(DataType::Bytes, &[2], &[1, 0, 0, 0, b'a', 1, 0, 0, 0, b'b']);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&words).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!(["a", "b"]));
+        assert!(expand(&[0xd4, 0x05, 0x00]).unwrap_err().contains("type 5"));
+    }
+
+    #[test]
+    fn a_tensor_row_must_have_the_declared_datatype() {
+        let packed = tensor(DataType::F64, &[1], &0f64.to_le_bytes());
+        let value = read_value(&packed).unwrap();
+        assert!(row(&value, Some(DataType::F32)).unwrap_err().contains("FP32 is declared"));
+        assert_eq!(row(&value, None).unwrap().datatype, DataType::F64);
+    }
+}
