@@ -94,7 +94,7 @@ impl<'a> Endpoint<'a> {
             Kind::Ready => ("/v2/health/ready", get(method).map(|()| server_ready(app))),
             Kind::Server => ("/v2", get(method).map(|()| server_metadata())),
             Kind::Model => {
-                let answer = self.model(method).map(|route| metadata(route));
+                let answer = self.model(method).map(metadata);
                 ("/v2/models/{name}", answer)
             }
             Kind::ModelReady => {
