@@ -196,12 +196,13 @@ def _header(view: bytes | memoryview) -> tuple[str, list[int], int, int]:
     """The datatype, the shape and where the elements start and end. Read by hand rather than
     with msgpack, which would copy the elements out of the message."""
     reader = _Reader(view)
-    if reader.array() != 3:
-        raise ValidationError("a tensor value must be an array of [datatype, shape, data]")
+    outer = "a tensor value must be an array of [datatype, shape, data]"
+    if reader.array(outer) != 3:
+        raise ValidationError(outer)
     datatype = reader.text()
     if datatype not in DATATYPES:
         raise ValidationError(f"unknown tensor datatype {datatype!r}")
-    rank = reader.array()
+    rank = reader.array("a tensor's shape must be an array")
     if rank > _MAX_DIMS:
         raise ValidationError(f"a tensor may have at most {_MAX_DIMS} dimensions, not {rank}")
     shape = [reader.uint() for _ in range(rank)]
@@ -231,13 +232,13 @@ class _Reader:
     def _length(self, width: int) -> int:
         return int.from_bytes(self._take(width), "big")
 
-    def array(self) -> int:
+    def array(self, message: str) -> int:
         marker = self._byte()
         if 0x90 <= marker <= 0x9F:
             return marker & 0x0F
         if marker in (0xDC, 0xDD):
             return self._length(2 if marker == 0xDC else 4)
-        raise ValidationError("a tensor value's header must be msgpack arrays")
+        raise ValidationError(message)
 
     def text(self) -> str:
         marker = self._byte()
