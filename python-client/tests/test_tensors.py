@@ -441,3 +441,9 @@ def test_importing_the_package_does_not_import_numpy():
     code = "import sys, corral, corral.testing; print('numpy' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("value", "datatype"), [([300], "UINT8"), ([-1], "UINT32")])
+def test_a_value_out_of_its_datatype_s_range_is_refused(np, value, datatype):
+    with pytest.raises((ValueError, OverflowError)):
+        _tensors.encode(value, datatype)

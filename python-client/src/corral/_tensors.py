@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import msgpack
+import msgspec
 
 from corral._errors import ValidationError
 
@@ -151,9 +152,7 @@ def ext_hook(code: int, data: Any) -> Any:
     routes."""
     if code == EXT_TENSOR:
         return decode(data)
-    if isinstance(data, memoryview):
-        import msgspec  # already imported by the typed decoder that passed a memoryview
-
+    if isinstance(data, memoryview):  # only msgspec passes one
         return msgspec.msgpack.Ext(code, bytes(data))
     return msgpack.ExtType(code, data)
 
@@ -343,8 +342,8 @@ def encode(value: Any, datatype: str) -> bytes:
         else:
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
-            except struct.error as e:
-                raise TypeError(f"cannot encode these values as {datatype}: {e}") from e
+            except struct.error as e:  # a float for an integer type, or out of its range
+                raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 
 
@@ -353,10 +352,12 @@ def _join_bytes(elements: Any) -> bytes:
     for element in elements:
         if isinstance(element, str):
             element = element.encode("utf-8")
-        elif not isinstance(element, (bytes, bytearray, memoryview)):
+        elif isinstance(element, (bytearray, memoryview)):
+            element = bytes(element)  # a memoryview's len counts items, not bytes
+        elif not isinstance(element, bytes):
             raise TypeError(f"a BYTES element must be bytes or str, not {type(element).__name__}")
         parts.append(_LENGTH.pack(len(element)))
-        parts.append(bytes(element))
+        parts.append(element)
     return b"".join(parts)
 
 
