@@ -447,3 +447,9 @@ def test_importing_the_package_does_not_import_numpy():
 def test_a_value_out_of_its_datatype_s_range_is_refused(np, value, datatype):
     with pytest.raises((ValueError, OverflowError)):
         _tensors.encode(value, datatype)
+
+
+def test_a_bytes_element_s_length_counts_bytes_whatever_the_buffer_s_items(np):
+    wide = memoryview(b"abcd").cast("H")  # two items of two bytes
+    data = _tensors.encode([wide, bytearray(b"x")], "BYTES")
+    assert msgpack.unpackb(data) == ["BYTES", [2], LENGTH(4) + b"abcd" + LENGTH(1) + b"x"]
