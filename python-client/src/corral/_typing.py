@@ -1,6 +1,11 @@
 """Payloads and outputs: each job's payload decoded on its own (plain msgpack, or validated by
 msgspec straight into a worker's ``input_type``), each output encoded to msgpack (objects with a
-``tolist`` method, such as numpy arrays, converted), and the JSON Schemas the hello carries.
+``tolist`` method, such as numpy arrays, converted) with the media type of an output that is
+bytes, and the JSON Schemas the hello carries.
+
+A raw-bytes request's payload is one msgpack ``bin``: it decodes to ``bytes`` like any other
+``bin``, so an untyped worker gets ``bytes``, and a typed one gets them where its ``input_type``
+takes ``bytes`` (``bytes``, ``bytes | Item``, …) and a 422 with msgspec's message elsewhere.
 
 A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
 codecs for a worker class are built once and kept.
@@ -57,6 +62,17 @@ def encode(worker: type, output: Any) -> bytes:
     if worker.input_type is None and worker.output_type is None:
         return pack(output)
     return _codec(worker).encoder.encode(output)
+
+
+def output_content_type(worker: type, output: Any) -> str | None:
+    """A result's ``content_type``: ``worker.output_content_type`` for an output that is bytes
+    (encoded as one msgpack ``bin``), None for any other output."""
+    named = getattr(worker, "output_content_type", None)
+    if named is None or not isinstance(output, (bytes, bytearray, memoryview)):
+        return None
+    if not isinstance(named, str):
+        raise TypeError(f"output_content_type must be a str or None, not {named!r:.80}")
+    return named
 
 
 def pack(value: Any) -> bytes:
