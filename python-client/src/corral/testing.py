@@ -43,7 +43,6 @@ ContentTypes = Union[str, Sequence[Optional[str]], None]
 """One media type for every item, one per item (None: that item is msgpack), or None."""
 
 
-
 @dataclass(frozen=True)
 class Result:
     """One item's answer: ``status`` is ``"ok"`` (``value`` holds the output), ``"invalid"``
