@@ -121,3 +121,18 @@ impl Job {
         self.deadline.saturating_duration_since(now)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_jobs_media_type_counts_toward_its_size() {
+        let now = Instant::now();
+        let (mut job, _answer) =
+            Job::new(JobId::new(), Bytes::from_static(b"\xc4\x03PNG"), now, now);
+        assert_eq!(job.size(), 5);
+        job.content_type = Some(HeaderValue::from_static("image/png"));
+        assert_eq!(job.size(), 5 + "image/png".len());
+    }
+}

@@ -117,7 +117,7 @@ fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
     }
     format::media_type(media_type)
         .map(BodyKind::Raw)
-        .ok_or_else(|| ApiError::not_a_media_type(media_type))
+        .ok_or_else(|| ApiError::not_a_media_type(&String::from_utf8_lossy(value.as_bytes())))
 }
 
 /// The format a request's `Content-Type` names, for the protocols' envelopes (which take JSON or

@@ -185,3 +185,66 @@ async fn write_some(half: &mut OwnedWriteHalf, frame: &BatchFrame) -> io::Result
     })
     .await
 }
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use corral_protocol::{Batch, BatchJob, JobId, Shutdown, WorkerCodec};
+    use futures_util::StreamExt;
+    use tokio::net::UnixStream;
+    use tokio_util::codec::FramedRead;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() {
+        let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+        let (_read, write) = proxy_end.into_split();
+        let mut outbox = Outbox::new(write);
+        // Several MiB: many partial vectored writes, each ending anywhere in a segment.
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let jobs = vec![
+            BatchJob {
+                id: JobId::new(),
+                timeout_ms: 5000,
+                payload: Bytes::from(big),
+                content_type: Some("application/octet-stream".into()),
+            },
+            BatchJob {
+                id: JobId::new(),
+                timeout_ms: 1,
+                payload: Bytes::from_static(&[0x93, 1, 2, 3]),
+                content_type: None,
+            },
+        ];
+        let batch = ProxyMessage::Batch(Batch { jobs });
+        let shutdown = ProxyMessage::Shutdown(Shutdown { message: "bye".into() });
+        assert_eq!(outbox.send(batch.clone()), 0);
+        assert_eq!(outbox.send(shutdown.clone()), 1);
+
+        let mut inbox = FramedRead::new(worker_end, WorkerCodec::default());
+        assert_eq!(inbox.next().await.unwrap().unwrap(), batch);
+        assert_eq!(inbox.next().await.unwrap().unwrap(), shutdown);
+        outbox.close(Duration::from_secs(5)).await;
+        assert!(inbox.next().await.is_none(), "the writer closed its end once done");
+    }
+
+    #[tokio::test]
+    async fn a_frame_of_which_no_byte_went_out_is_not_delivered() {
+        let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+        drop(worker_end);
+        let (_read, write) = proxy_end.into_split();
+        let mut outbox = Outbox::new(write);
+        let job = BatchJob {
+            id: JobId::new(),
+            timeout_ms: 1,
+            payload: Bytes::from_static(&[0xc0]),
+            content_type: None,
+        };
+        let index = outbox.send(ProxyMessage::Batch(Batch { jobs: vec![job] }));
+        let error = outbox.broken().await;
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe, "{error}");
+        outbox.halt().await;
+        assert_eq!(outbox.delivery(index), Delivery::None);
+    }
+}
