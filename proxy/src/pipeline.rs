@@ -38,6 +38,11 @@ impl Input {
     pub fn new(id: JobId, payload: Bytes) -> Self {
         Self { id, payload, content_type: None }
     }
+
+    /// What the input adds to a batch frame, as its job will count it ([`Job::size`]).
+    pub fn size(&self) -> usize {
+        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len)
+    }
 }
 
 impl Pipeline {

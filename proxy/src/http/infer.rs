@@ -74,11 +74,11 @@ pub async fn handle(
             let message = "a request of several items (x-corral-items: many) cannot be streamed";
             return Err(ApiError::bad_request(message));
         }
-        check_payload_size(app, route, size(&input))?;
+        check_payload_size(app, route, input.size())?;
         return stream::answer(app, route, input, arrived, deadline, framing).await;
     }
     if !many {
-        check_payload_size(app, route, size(&input))?;
+        check_payload_size(app, route, input.size())?;
         let outcome = run(app, route, vec![input], arrived, deadline).await?;
         return match outcome.into_iter().next().expect("one job, one outcome") {
             Outcome::Done(data, content_type) => answer(&negotiation, data, content_type),
@@ -239,11 +239,6 @@ fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
         .header(CONTENT_TYPE, output.content_type())
         .body(Full::new(body).boxed_unsync())
         .expect("static headers are valid"))
-}
-
-/// What an input adds to a batch frame (as [`crate::job::Job::size`] counts it).
-fn size(input: &Input) -> usize {
-    input.payload.len() + input.content_type.as_ref().map_or(0, HeaderValue::len)
 }
 
 /// A single payload (`size` bytes) must fit in one batch frame.
