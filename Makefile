@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -20,7 +20,7 @@ run: release venv
 run-pipeline: release venv
 	$(CORRAL) --config examples/pipeline/corral.toml
 
-test: lint build venv
+test: lint test-prometheus-rules build venv
 	cargo test --workspace
 	$(PY) -m pytest
 
@@ -29,6 +29,31 @@ lint: venv
 	cargo clippy --workspace --all-targets -- -D warnings
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+
+# The Prometheus rules in deploy/prometheus/: checked, unit-tested, and the example configuration
+# checked (tests/test_prometheus.py runs them in a real Prometheus). promtool comes with Debian's
+# prometheus package, which .ci/run installs; without it this is skipped with a notice, except
+# under CI (CI set, not false or 0), where it fails.
+PROM_DIR := deploy/prometheus
+
+test-prometheus-rules:
+	@if command -v promtool >/dev/null; then \
+		promtool check rules $(PROM_DIR)/corral-rules.yml && \
+		promtool test rules $(PROM_DIR)/corral-rules.test.yml && \
+		promtool check config $(PROM_DIR)/prometheus.yml; \
+	else \
+		case "$${CI:-}" in ""|0|false|False|FALSE) \
+			echo "SKIPPED the Prometheus rule checks: promtool is not installed." \
+				"\`make prometheus\` installs Debian's prometheus package (apt; sudo when not root)." >&2;; \
+		*) echo "promtool is not installed, and CI must check the rules: run .ci/install-prometheus" >&2; \
+			exit 1;; \
+		esac; \
+	fi
+
+# Debian's prometheus package (prometheus and promtool), when missing: for the checks above and
+# tests/test_prometheus.py. The system service it brings is not started.
+prometheus:
+	.ci/install-prometheus
 
 build:
 	cargo build --workspace
