@@ -18,6 +18,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
+use super::deadline;
 use super::error::ApiError;
 use super::events::Framing;
 use super::format::{self, Answer, Format, Negotiation};
@@ -26,8 +27,7 @@ use super::{shed_error, stream, App, Body, Route};
 use crate::job::Outcome;
 use crate::pipeline::Input;
 
-/// Header with which a client shortens its job's deadline.
-pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
+pub use super::deadline::TIMEOUT_HEADER;
 /// Header that marks a request carrying several items (`many`) or one (`one`, the default).
 pub const ITEMS_HEADER: &str = "x-corral-items";
 
@@ -161,7 +161,7 @@ async fn receive_with(
 ) -> Result<Received, ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
-    let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
+    let timeout = deadline::requested(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
     let declared = declared_length(headers);
     let deadline = arrived + timeout;
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
@@ -249,23 +249,6 @@ fn check_payload_size(app: &App, route: &Route, size: usize) -> Result<(), ApiEr
     }
     let message = format!("an item is larger than {limit} bytes once encoded as msgpack");
     Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) })
-}
-
-fn requested_timeout(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
-    let Some(value) = headers.get(TIMEOUT_HEADER) else {
-        return Ok(None);
-    };
-    let ms = value
-        .to_str()
-        .ok()
-        .and_then(|v| v.trim().parse::<u64>().ok())
-        .filter(|&ms| ms > 0)
-        .ok_or_else(|| {
-            ApiError::bad_request(format!(
-                "{TIMEOUT_HEADER} must be a positive whole number of milliseconds"
-            ))
-        })?;
-    Ok(Some(Duration::from_millis(ms)))
 }
 
 fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {

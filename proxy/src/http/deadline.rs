@@ -1,0 +1,139 @@
+//! A job's deadline from its request's headers. A request may say how long its caller will wait
+//! in any of the ways the callers in front of Corral say it; the job's deadline is the earliest
+//! of them and the route's own timeout (`--timeout-ms` or the route's `timeout_ms`):
+//!
+//! | header | unit | set by |
+//! | --- | --- | --- |
+//! | `x-corral-timeout-ms` | whole milliseconds | Corral's own clients |
+//! | `x-envoy-expected-rq-timeout-ms` | whole milliseconds | Envoy and Istio, from the route's timeout |
+//! | `grpc-timeout` | 1–8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n` | gRPC clients and gateways |
+//! | `request-timeout` | seconds, a positive decimal (`2`, `0.25`) | other gateways |
+//!
+//! A value that does not parse, or is not positive, is a 400 naming the header: a deadline the
+//! caller meant but Corral misread would be worse than none.
+
+use std::time::Duration;
+
+use http::HeaderMap;
+
+use super::error::ApiError;
+
+/// Header with which a client shortens its job's deadline.
+pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
+/// Envoy's (and Istio's) statement of the time the caller will wait.
+pub const ENVOY_HEADER: &str = "x-envoy-expected-rq-timeout-ms";
+/// gRPC's deadline header, in its own syntax.
+pub const GRPC_HEADER: &str = "grpc-timeout";
+/// A plain deadline in seconds.
+pub const REQUEST_TIMEOUT_HEADER: &str = "request-timeout";
+
+/// A header's name, its parser, and what its value must be (for the 400).
+type Reader = (&'static str, fn(&str) -> Option<Duration>, &'static str);
+
+/// The shortest time any of the headers allows, if one is present.
+pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
+    let parsers: [Reader; 4] = [
+        (TIMEOUT_HEADER, milliseconds, "a positive whole number of milliseconds"),
+        (ENVOY_HEADER, milliseconds, "a positive whole number of milliseconds"),
+        (GRPC_HEADER, grpc, "1 to 8 digits and a unit (H, M, S, m, u or n), above zero"),
+        (REQUEST_TIMEOUT_HEADER, seconds, "a positive number of seconds"),
+    ];
+    let mut earliest: Option<Duration> = None;
+    for (name, parse, expected) in parsers {
+        let Some(value) = headers.get(name) else { continue };
+        let timeout = value
+            .to_str()
+            .ok()
+            .and_then(|v| parse(v.trim()))
+            .filter(|t| !t.is_zero())
+            .ok_or_else(|| ApiError::bad_request(format!("{name} must be {expected}")))?;
+        earliest = Some(earliest.map_or(timeout, |e| e.min(timeout)));
+    }
+    Ok(earliest)
+}
+
+fn milliseconds(value: &str) -> Option<Duration> {
+    value.parse::<u64>().ok().map(Duration::from_millis)
+}
+
+/// gRPC's `TimeoutValue TimeoutUnit`: at most 8 ASCII digits, then one unit letter.
+fn grpc(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    if digits.is_empty() || digits.len() > 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let n: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n * 3600),
+        "M" => Duration::from_secs(n * 60),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+fn seconds(value: &str) -> Option<Duration> {
+    let seconds: f64 = value.parse().ok()?;
+    // Finite and below a century: `try_from_secs_f64` refuses what no deadline means.
+    (seconds.is_finite() && seconds < 3.2e9).then(|| Duration::try_from_secs_f64(seconds).ok())?
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap())).collect()
+    }
+
+    #[test]
+    fn the_earliest_header_wins() {
+        let all = headers(&[
+            (TIMEOUT_HEADER, "900"),
+            (ENVOY_HEADER, "800"),
+            (GRPC_HEADER, "700m"),
+            (REQUEST_TIMEOUT_HEADER, "0.6"),
+        ]);
+        assert_eq!(requested(&all).unwrap(), Some(Duration::from_millis(600)));
+        let some = headers(&[(TIMEOUT_HEADER, "900"), (GRPC_HEADER, "1S")]);
+        assert_eq!(requested(&some).unwrap(), Some(Duration::from_millis(900)));
+        assert_eq!(requested(&HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn grpc_units() {
+        for (value, expected) in [
+            ("2H", Duration::from_secs(7200)),
+            ("3M", Duration::from_secs(180)),
+            ("4S", Duration::from_secs(4)),
+            ("5m", Duration::from_millis(5)),
+            ("6u", Duration::from_micros(6)),
+            ("99999999n", Duration::from_nanos(99_999_999)),
+        ] {
+            assert_eq!(grpc(value), Some(expected), "{value}");
+        }
+        for bad in ["", "S", "123456789S", "1s", "1.5S", "-1S", "1 S"] {
+            assert_eq!(grpc(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn bad_values_name_their_header() {
+        for (name, value) in [
+            (TIMEOUT_HEADER, "0"),
+            (TIMEOUT_HEADER, "soon"),
+            (ENVOY_HEADER, "-5"),
+            (GRPC_HEADER, "10x"),
+            (GRPC_HEADER, "0m"),
+            (REQUEST_TIMEOUT_HEADER, "NaN"),
+            (REQUEST_TIMEOUT_HEADER, "-1"),
+            (REQUEST_TIMEOUT_HEADER, "1e300"),
+        ] {
+            let error = requested(&headers(&[(name, value)])).unwrap_err();
+            assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
+            assert!(error.message.starts_with(name), "{}", error.message);
+        }
+    }
+}
