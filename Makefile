@@ -86,8 +86,9 @@ $(EMB_VENV)/.installed: examples/embeddings/requirements.txt requirements-dev.tx
 		-r examples/embeddings/requirements.txt -r requirements-dev.txt -r bench/requirements.txt
 	touch $@
 
+# Serves /infer and OpenAI's /v1/embeddings on :8000 (examples/embeddings/corral.toml).
 run-embeddings: release embeddings-venv
-	$(CORRAL) --workers 1 --max-batch-size 32 -- $(EMB_VENV)/bin/python examples/embeddings/worker.py
+	$(CORRAL) --config examples/embeddings/corral.toml
 
 test-embeddings: build embeddings-venv
 	$(EMB_VENV)/bin/python -m pytest -m embeddings tests/test_embeddings.py
