@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -67,6 +67,11 @@ bench-pipeline: release $(BENCH_VENV)/.installed $(OHA)
 # The generation example streamed through Corral and through MOSEC's SSE ("Streaming").
 bench-stream: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/stream.py $(BENCH_ARGS)
+
+# 100 kB to 10 MB bodies (raw bytes, v2 binary tensors, JSON) through Corral, MOSEC and a bare
+# loopback server ("Large payloads"); BENCH_ARGS='--quick' for a smoke run.
+bench-payload: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/payload.py --oha $(OHA) $(BENCH_ARGS)
 
 # The bench venv installs the package (not editable, as a user would): its sources are inputs.
 PY_CLIENT_SOURCES := $(wildcard python-client/src/corral/*.py)
