@@ -1,11 +1,14 @@
-//! The property the `body_transcoding` fuzz target in `fuzz/` checks, kept in the crate so that
-//! every input the fuzzer ever crashed on is re-run by `cargo test`
+//! The properties the `body_transcoding` and `v2_request` fuzz targets in `fuzz/` check, kept in
+//! the crate so that every input the fuzzer ever crashed on is re-run by `cargo test`
 //! (`proxy/tests/fuzz_regressions.rs`) on a stable toolchain. Not part of Corral's API.
 
 use bytes::Bytes;
 
+use corral_protocol::TensorSpec;
+
 use super::format::{from_msgpack, to_msgpack, Format};
 use super::items;
+use super::protocols::v2::{request, response, tensor};
 
 /// Arbitrary bytes as a request body, read as msgpack and as JSON. Either may be refused; nothing
 /// may panic. A msgpack body that is accepted goes to the worker unchanged; a JSON body that is
@@ -24,5 +27,30 @@ pub fn body(data: &[u8]) {
         let json = from_msgpack(Format::Json, payload).expect("JSON comes back as JSON");
         let parse = |bytes: &[u8]| serde_json::from_slice::<serde_json::Value>(bytes).ok();
         assert_eq!(parse(&json), parse(data), "the same JSON value after the round trip");
+    }
+}
+
+/// Arbitrary bytes as an Open Inference Protocol v2 request: the first byte says where the JSON
+/// header ends (0: no `Inference-Header-Content-Length`; else that share of the rest), the rest is
+/// the body; it is read with and without declared inputs. Nothing may panic. A request that is
+/// accepted has one payload per row, each of which a native client could be given; echoed back
+/// as a worker's results, the rows stack into tensors holding the request's own bytes.
+pub fn v2_request(data: &[u8]) {
+    let Some((&split, body)) = data.split_first() else { return };
+    let header_length = (split != 0).then(|| body.len() * usize::from(split) / 255);
+    let body = Bytes::copy_from_slice(body);
+    let declared = [
+        TensorSpec { name: "X".into(), datatype: "FP32".into(), shape: vec![-1] },
+        TensorSpec { name: "T".into(), datatype: "BYTES".into(), shape: vec![1] },
+    ];
+    for declared in [&declared[..], &[]] {
+        let Ok(mut parsed) = request::parse(&body, header_length, declared) else { continue };
+        let payloads = parsed.payloads();
+        assert_eq!(payloads.len(), parsed.rows, "one payload per row");
+        for payload in &payloads {
+            tensor::expand(payload).expect("a row's tensor values expand for a native client");
+        }
+        let results: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
+        let _ = response::build("fuzz", &parsed, &[], &results);
     }
 }

@@ -103,3 +103,13 @@ fn plain_error_response(error: &ApiError) -> Response<Body> {
         .expect("a JSON object of strings always serializes");
     super::routes::error_response_with(error, body)
 }
+
+/// A model's readiness, as KServe v1 and v2 both answer it: `{"name", "ready"}`, 200 once every
+/// stage of the route has a connected worker (and no shutdown has begun), else 503.
+fn model_readiness(app: &App, route: &super::Route) -> Response<Body> {
+    let draining = app.draining.load(Ordering::Relaxed);
+    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
+    let status = if ready { http::StatusCode::OK } else { http::StatusCode::SERVICE_UNAVAILABLE };
+    let body = serde_json::json!({"name": route.model, "ready": ready}).to_string();
+    super::routes::json(status, body)
+}

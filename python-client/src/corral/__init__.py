@@ -6,19 +6,23 @@ then pulls batches whenever it is idle. Optional per-item hooks ``preprocess`` a
 run around ``forward``; raising :class:`ValidationError` in ``preprocess`` rejects that item alone
 (the client gets 422) while its batch-mates go on. A ``forward`` written as a generator streams:
 each ``yield`` gives a chunk (or None, or :data:`END`) per item, and with ``max_running`` set new
-items join the running generator between steps.
+items join the running generator between steps. Declaring ``inputs`` and ``outputs`` as
+:class:`Tensor` tuples serves Open Inference Protocol v2 clients (rows of tensors, as numpy arrays
+when numpy is installed).
 
 Modules: ``_worker`` (the Worker base class: hooks and per-item processing), ``_streaming``
 (running a generator ``forward``: chunks, END, cancellation, joining), ``_serve`` (one proxy
 connection with its reader thread, and the connect loop), ``_typing`` (payload decoding, output
-encoding, schemas), ``_protocol`` (frames and messages, as documented in the repository's
-worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for unit-testing a worker
-without the Corral binary).
+encoding, schemas), ``_tensors`` (the :class:`Tensor` declaration and tensor values, decoded to
+numpy arrays or lists and encoded from them), ``_protocol`` (frames and messages, as documented
+in the repository's worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for
+unit-testing a worker without the Corral binary, and tensor values for its payloads).
 """
 
 from corral._errors import ProtocolError, ValidationError
 from corral._protocol import MAX_FRAME_BYTES, PROTOCOL_VERSION
 from corral._streaming import END
+from corral._tensors import Tensor
 from corral._worker import Worker
 
 __all__ = [
@@ -26,6 +30,7 @@ __all__ = [
     "MAX_FRAME_BYTES",
     "PROTOCOL_VERSION",
     "ProtocolError",
+    "Tensor",
     "ValidationError",
     "Worker",
 ]

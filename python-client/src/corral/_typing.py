@@ -2,6 +2,10 @@
 msgspec straight into a worker's ``input_type``), each output encoded to msgpack (objects with a
 ``tolist`` method, such as numpy arrays, converted), and the JSON Schemas the hello carries.
 
+Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
+(``_tensors``); in an output that is a dict, the values under the names of the worker's declared
+``outputs`` are encoded as tensor values of the declared datatypes.
+
 A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
 codecs for a worker class are built once and kept.
 """
@@ -13,15 +17,19 @@ from typing import Any
 import msgpack
 import msgspec
 
+from corral import _tensors
 from corral._errors import ProtocolError, ValidationError
 
 
 class _Codec:
-    """A worker class's msgspec decoder (for its input_type) and encoder, built once."""
+    """A worker class's msgspec decoder (for its input_type) and encoder, and the datatype of
+    each of its declared outputs by name, built once."""
 
-    def __init__(self, input_type: Any) -> None:
-        self.decoder = msgspec.msgpack.Decoder(input_type or Any)
+    def __init__(self, worker: type) -> None:
+        input_type = getattr(worker, "input_type", None)
+        self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
         self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
+        self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
 
 
 _CODECS: dict[type, _Codec] = {}
@@ -30,7 +38,7 @@ _CODECS: dict[type, _Codec] = {}
 def _codec(worker: type) -> _Codec:
     codec = _CODECS.get(worker)
     if codec is None:
-        codec = _CODECS[worker] = _Codec(getattr(worker, "input_type", None))
+        codec = _CODECS[worker] = _Codec(worker)
     return codec
 
 
@@ -40,7 +48,11 @@ def decode(worker: type, payload: Any) -> Any:
         raise ProtocolError("a job payload must be bytes")
     if worker.input_type is None:
         try:
-            return msgpack.unpackb(payload, raw=False, strict_map_key=False)
+            return msgpack.unpackb(
+                payload, raw=False, strict_map_key=False, ext_hook=_tensors.ext_hook
+            )
+        except ValidationError:
+            raise  # a tensor value that does not fit its header, with its own message
         except Exception as e:  # msgpack raises several unrelated types for bad input
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
     try:
@@ -53,10 +65,32 @@ def decode(worker: type, payload: Any) -> Any:
 
 def encode(worker: type, output: Any) -> bytes:
     """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
-    plain msgpack otherwise."""
-    if worker.input_type is None and worker.output_type is None:
+    plain msgpack otherwise; in a dict, each value under a declared output's name as a tensor
+    value of that output's datatype."""
+    codec = _codec(worker)
+    plain_worker = worker.input_type is None and worker.output_type is None
+    if codec.outputs and isinstance(output, dict):
+        ext = msgpack.ExtType if plain_worker else msgspec.msgpack.Ext
+        output = {
+            key: ext(_tensors.EXT_TENSOR, _tensor(key, value, codec.outputs[key]))
+            if key in codec.outputs
+            else value
+            for key, value in output.items()
+        }
+    if plain_worker:
         return pack(output)
-    return _codec(worker).encoder.encode(output)
+    return codec.encoder.encode(output)
+
+
+def _tensor(name: str, value: Any, datatype: str) -> bytes:
+    if value is None:  # numpy would make a float NaN of it, and an integer one an odd error
+        raise TypeError(f"output {name!r} is None, not a {datatype} tensor")
+    try:
+        return _tensors.encode(value, datatype)
+    except TypeError as e:  # the message names the output: a result may hold several
+        raise TypeError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
+    except (ValueError, OverflowError) as e:
+        raise ValueError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
 
 
 def pack(value: Any) -> bytes:

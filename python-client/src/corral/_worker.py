@@ -25,7 +25,7 @@ from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
 from corral import _protocol as protocol
-from corral import _serve, _streaming, _typing
+from corral import _serve, _streaming, _tensors, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
@@ -102,6 +102,22 @@ class Worker:
     output_type: ClassVar[Any] = None
     """Optional: the type of each response (documented in ``/openapi.json``; outputs are encoded
     with msgspec, so ``msgspec.Struct`` instances need no conversion)."""
+
+    inputs: ClassVar[Sequence[_tensors.Tensor]] = ()
+    """Optional, for Open Inference Protocol v2 clients: the tensors each request holds, as
+    :class:`corral.Tensor` declarations (name, datatype, one row's shape). Each payload is then a
+    dict from input name to that row: a numpy array (zero-copy and read-only) when numpy can be
+    imported, else nested lists. Checked when the class is defined (distinct names)."""
+
+    outputs: ClassVar[Sequence[_tensors.Tensor]] = ()
+    """Optional: the tensors each response holds. Return a dict from output name to that row
+    (a numpy array, nested lists or a scalar), converted to the declared datatype."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A bad declaration fails where the class is defined, not at the first hello.
+        _tensors.declared(cls, "inputs")
+        _tensors.declared(cls, "outputs")
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -196,6 +212,8 @@ class Worker:
             type(self).__name__,
             schemas=self.schemas(),
             features=_streaming.features(type(self)),
+            inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
+            outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
         )
         _serve.serve(sock, hello, self._corral_answer)
 

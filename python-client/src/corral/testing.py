@@ -14,6 +14,15 @@ protocol over a socket pair and runs the worker's serve loop in a thread.
 
 ``infer`` gives what a client that does not stream gets (a streaming worker's chunks as one
 list); ``stream`` gives each item's chunks as they came and how its stream ended.
+
+A worker that declares tensors gets each row as the proxy sends it: put :func:`tensor` values in
+the payload map. Tensor values in results come back decoded, as numpy arrays (or nested lists
+without numpy), as ``forward`` would get them::
+
+    def test_add_one():
+        with FakeProxy(AddOne()) as proxy:
+            (result,) = proxy.infer([{"INPUT0": tensor([1.0, 2.0, 3.0], "FP32")}])
+        assert result.value["OUTPUT0"].tolist() == [2.0, 3.0, 4.0]
 """
 
 from __future__ import annotations
@@ -28,9 +37,20 @@ from typing import Any
 import msgpack
 
 from corral import _protocol as protocol
+from corral import _tensors
 from corral._worker import Worker
 
-__all__ = ["FakeProxy", "Result", "Stream"]
+__all__ = ["FakeProxy", "Result", "Stream", "tensor"]
+
+
+def tensor(value: Any, datatype: str) -> msgpack.ExtType:
+    """One row as the proxy sends it for an Open Inference Protocol v2 request: a tensor value
+    (msgpack ext type 1) of ``datatype`` (``"FP32"``, ``"BYTES"``, …) holding ``value``, a numpy
+    array, nested lists or a scalar, converted to the datatype. Put it in a payload map, e.g.
+    ``proxy.infer([{"INPUT0": tensor(row, "FP32")}])``."""
+    if datatype not in _tensors.DATATYPES:
+        raise ValueError(f"unknown datatype {datatype!r} (one of {', '.join(_tensors.DATATYPES)})")
+    return msgpack.ExtType(_tensors.EXT_TENSOR, _tensors.encode(value, datatype))
 
 
 @dataclass(frozen=True)
@@ -223,7 +243,8 @@ def _jobs(items: list[Any], timeout_ms: int) -> list[dict[str, Any]]:
 
 
 def _unpack(data: bytes) -> Any:
-    return msgpack.unpackb(data, raw=False, strict_map_key=False)
+    # Tensor values as a worker's forward would see them: numpy arrays, or lists without numpy.
+    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_tensors.ext_hook)
 
 
 def _result(raw: dict[str, Any]) -> Result:

@@ -18,7 +18,7 @@ use super::super::format::{self, Format};
 use super::super::infer::{self, Received};
 use super::super::routes::json;
 use super::super::{items, App, Body, Route};
-use super::{admit, first_failure, plain_error_response};
+use super::{admit, first_failure, model_readiness, plain_error_response};
 
 const PREFIX: &str = "/v1/models/";
 const PREDICT: &str = ":predict";
@@ -61,7 +61,7 @@ impl<'a> Endpoint<'a> {
             Some(_) if !matches!(*method, Method::GET | Method::HEAD) => {
                 Err(ApiError::method_not_allowed(method, "GET"))
             }
-            Some(route) => Ok(readiness(app, route)),
+            Some(route) => Ok(model_readiness(app, route)),
         };
         (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
     }
@@ -101,12 +101,4 @@ async fn predict(
     let body = format::from_msgpack(Format::Json, data)
         .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
     Ok(json(StatusCode::OK, body))
-}
-
-/// Ready as `/readyz` is, but for this route's stages alone.
-fn readiness(app: &App, route: &Route) -> Response<Body> {
-    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
-    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json(status, serde_json::json!({"name": route.model, "ready": ready}).to_string())
 }

@@ -55,7 +55,105 @@ pub fn paths(app: &App) -> Map<String, Value> {
     if app.routes.iter().any(|route| route.protocol == Some(Protocol::OpenAiEmbeddings)) {
         paths.insert(EMBEDDINGS_PATH.into(), embeddings());
     }
+    v2(&mut paths, &name, &v1_error);
     paths
+}
+
+/// Open Inference Protocol v2: health, metadata and infer (whose error body is v1's).
+fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
+    let get = |id: &str, summary: &str, parameters: Value, responses: Value| {
+        json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
+            "responses": responses}})
+    };
+    let flag = |key: &str| json!({"type": "object", "required": [key], "properties": {key: {"type": "boolean"}}});
+    let live = get("v2_live", "v2: the server is up.", json!([]), json!({"200": ok(flag("live"))}));
+    paths.insert("/v2/health/live".into(), live);
+    let ready = json!({"200": ok(flag("ready")), "503": response("Not ready.", &flag("ready"))});
+    let server_ready = get("v2_ready", "v2: every stage has a worker.", json!([]), ready);
+    paths.insert("/v2/health/ready".into(), server_ready);
+    let server = json!({"type": "object", "required": ["name", "version", "extensions"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+            "extensions": {"type": "array", "items": {"type": "string"}}}});
+    paths.insert(
+        "/v2".into(),
+        get("v2_server", "v2: server metadata.", json!([]), json!({"200": ok(server)})),
+    );
+    let tensor = json!({"type": "object", "required": ["name", "datatype", "shape"],
+        "properties": {"name": {"type": "string"}, "datatype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}}}});
+    let tensors = json!({"type": "array", "items": tensor});
+    let model = json!({"type": "object", "required": ["name", "versions", "platform", "inputs",
+        "outputs"], "properties": {"name": {"type": "string"},
+            "versions": {"type": "array", "items": {"type": "string"}},
+            "platform": {"type": "string"}, "inputs": tensors, "outputs": tensors}});
+    let not_found = response("No such model.", error);
+    let metadata = get(
+        "v2_model",
+        "v2: the tensors the model's workers declared (the batch dimension first, as -1).",
+        json!([name]),
+        json!({"200": ok(model), "404": not_found}),
+    );
+    paths.insert("/v2/models/{name}".into(), metadata);
+    let readiness = json!({"type": "object", "required": ["name", "ready"],
+        "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}});
+    let model_ready = get(
+        "v2_model_ready",
+        "v2: every stage of the model's route has a worker.",
+        json!([name]),
+        json!({"200": ok(readiness.clone()), "404": not_found,
+            "503": response("Not ready.", &readiness)}),
+    );
+    paths.insert("/v2/models/{name}/ready".into(), model_ready);
+
+    let parameters = json!({"type": "object", "properties": {
+        "binary_data_size": {"type": "integer", "minimum": 0},
+        "binary_data": {"type": "boolean"},
+        "binary_data_output": {"type": "boolean"}}});
+    let input = json!({"type": "object", "required": ["name", "shape", "datatype"],
+        "properties": {"name": {"type": "string"},
+            "shape": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}},
+            "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32",
+                "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]},
+            "parameters": parameters, "data": {"type": "array"}}});
+    let request = json!({"type": "object", "required": ["inputs"], "properties": {
+        "id": {"type": "string"}, "parameters": parameters,
+        "inputs": {"type": "array", "minItems": 1, "items": input},
+        "outputs": {"type": "array", "items": {"type": "object", "required": ["name"],
+            "properties": {"name": {"type": "string"}, "parameters": parameters}}}}});
+    let output = json!({"type": "object", "required": ["name", "datatype", "shape"],
+        "properties": {"name": {"type": "string"}, "datatype": {"type": "string"},
+            "shape": {"type": "array", "items": {"type": "integer"}},
+            "parameters": parameters, "data": {"type": "array"}}});
+    let answer = json!({"type": "object", "required": ["model_name", "outputs"], "properties": {
+        "model_name": {"type": "string"}, "model_version": {"type": "string"},
+        "id": {"type": "string"}, "outputs": {"type": "array", "items": output}}});
+    let mut responses = errors(error, "row");
+    responses.remove("415");
+    responses.insert(
+        "200".into(),
+        json!({
+            "description": "The outputs, each row's results stacked. With binary data, the body is \
+                the JSON header (Inference-Header-Content-Length bytes) followed by the tensors.",
+            "content": {"application/json": {"schema": answer},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+        }),
+    );
+    let header_length = json!({"name": "Inference-Header-Content-Length", "in": "header",
+        "required": false,
+        "description": "Binary tensor extension: the JSON header's length; tensors follow it.",
+        "schema": {"type": "integer", "minimum": 0}});
+    paths.insert(
+        "/v2/models/{name}/infer".into(),
+        json!({"post": {
+            "operationId": "v2_infer",
+            "summary": "Open Inference Protocol v2: one job per row of the first dimension.",
+            "parameters": [name, timeout_header(), header_length],
+            "requestBody": {"required": true, "content": {
+                "application/json": {"schema": request},
+                "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
+            "responses": responses,
+        }}),
+    );
 }
 
 fn embeddings() -> Value {

@@ -29,7 +29,7 @@ use super::super::error::ApiError;
 use super::super::infer::{self, Received};
 use super::super::routes::json;
 use super::super::{App, Body, Route};
-use super::{admit, first_failure, plain_error_response};
+use super::{admit, first_failure, model_readiness, plain_error_response};
 use crate::job::Outcome;
 
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
@@ -98,7 +98,7 @@ impl<'a> Endpoint<'a> {
                 ("/v2/models/{name}", answer)
             }
             Kind::ModelReady => {
-                let answer = self.model(method).map(|route| model_ready(app, route));
+                let answer = self.model(method).map(|route| model_readiness(app, route));
                 ("/v2/models/{name}/ready", answer)
             }
             Kind::Infer => {
@@ -142,13 +142,6 @@ fn server_ready(app: &App) -> Response<Body> {
     let ready = !draining && app.stages.iter().all(|stage| stage.workers() > 0);
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json(status, json!({"ready": ready}).to_string())
-}
-
-fn model_ready(app: &App, route: &Route) -> Response<Body> {
-    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
-    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    json(status, json!({"name": route.model, "ready": ready}).to_string())
 }
 
 fn server_metadata() -> Response<Body> {

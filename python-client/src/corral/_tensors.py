@@ -1,0 +1,388 @@
+"""Open Inference Protocol v2 tensors: the :class:`Tensor` declaration a worker class lists in
+``inputs`` and ``outputs``, the datatype table, and the tensor value of the worker protocol (a
+msgpack ext of type 1 whose data is ``[datatype, shape, bin]``, see the repository's
+worker-protocol/PROTOCOL.md, "Tensors and raw bytes"), decoded and encoded.
+
+A tensor value decodes to a numpy array when numpy can be imported: numeric datatypes as a
+zero-copy, read-only view of the message's bytes, ``BYTES`` as an object array of ``bytes``.
+Without numpy it decodes to nested lists (the row's shape) of ``bool``, ``int``, ``float`` or
+``bytes``. numpy is imported lazily and only if present: it is not a dependency of the package.
+A tensor value that does not fit its own header (an unknown datatype, a byte count that does
+not match the shape, ``BYTES`` lengths that do not fill the data) raises
+:class:`ValidationError`, the job's 422.
+
+This module imports nothing else of the package but its errors, so ``_typing`` and
+``_worker`` both use it without an import circle.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import msgpack
+import msgspec
+
+from corral._errors import ValidationError
+
+EXT_TENSOR = 1
+"""The msgpack ext type of a tensor value."""
+
+
+class Datatype(NamedTuple):
+    """One v2 datatype: numpy's dtype string for it (explicitly little-endian, the wire's byte
+    order), the size of one element in bytes (0: variable, ``BYTES``), and its ``struct``
+    format character (used without numpy)."""
+
+    numpy: str
+    size: int
+    struct: str
+
+
+DATATYPES: dict[str, Datatype] = {
+    "BOOL": Datatype("|b1", 1, "?"),
+    "UINT8": Datatype("|u1", 1, "B"),
+    "UINT16": Datatype("<u2", 2, "H"),
+    "UINT32": Datatype("<u4", 4, "I"),
+    "UINT64": Datatype("<u8", 8, "Q"),
+    "INT8": Datatype("|i1", 1, "b"),
+    "INT16": Datatype("<i2", 2, "h"),
+    "INT32": Datatype("<i4", 4, "i"),
+    "INT64": Datatype("<i8", 8, "q"),
+    "FP16": Datatype("<f2", 2, "e"),
+    "FP32": Datatype("<f4", 4, "f"),
+    "FP64": Datatype("<f8", 8, "d"),
+    "BYTES": Datatype("O", 0, ""),
+}
+"""The datatypes of the protocol, by their v2 name."""
+
+# numpy 2 allows 64 dimensions (numpy 1: 32, where reshape's own error answers). A bound also
+# keeps the nested lists built without numpy within Python's recursion limit.
+_MAX_DIMS = 64
+
+# An empty tensor still becomes nested empty lists without numpy, one per row of the dimensions
+# before its first 0: a shape such as [2**40, 0] would be a cheap request for a huge loop.
+_MAX_EMPTY_ROWS = 1 << 16
+
+_LENGTH = struct.Struct("<I")
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One declared tensor of a worker: ``name`` (e.g. ``"INPUT0"``), ``datatype`` (a key of
+    :data:`DATATYPES`: ``"FP32"``, ``"BYTES"``, …) and ``shape``, one row's shape without the
+    batch dimension (``-1``: a dimension of any length; ``()``: a scalar per row)."""
+
+    name: str
+    datatype: str
+    shape: Sequence[int] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ValueError(f"a tensor's name must be a non-empty str, not {self.name!r}")
+        if self.datatype not in DATATYPES:
+            known = ", ".join(DATATYPES)
+            raise ValueError(
+                f"tensor {self.name!r}: unknown datatype {self.datatype!r} (one of {known})"
+            )
+        shape = self.shape
+        if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
+            raise ValueError(f"tensor {self.name!r}: the shape must be a sequence of ints")
+        if not all(type(d) is int and d >= -1 for d in shape):  # bool is no dimension
+            raise ValueError(
+                f"tensor {self.name!r}: each dimension must be an int >= -1, got {list(shape)}"
+            )
+        # A tuple, so that the declaration stays frozen (and hashable) whatever was passed.
+        object.__setattr__(self, "shape", tuple(shape))
+
+    def spec(self) -> dict[str, Any]:
+        """The declaration as the hello carries it (keys in the documented order)."""
+        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+
+
+def declared(worker: type, attribute: str) -> tuple[Tensor, ...]:
+    """A worker class's ``inputs`` or ``outputs``, checked: a sequence of :class:`Tensor` with
+    distinct names (``TypeError`` or ``ValueError`` otherwise, naming the class)."""
+    tensors = getattr(worker, attribute, ())
+    where = f"{worker.__name__}.{attribute}"
+    if tensors is None:
+        return ()
+    if isinstance(tensors, (str, bytes, Tensor)) or not isinstance(tensors, Sequence):
+        raise TypeError(f"{where} must be a tuple of corral.Tensor, not {type(tensors).__name__}")
+    for tensor in tensors:
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f"{where} must hold corral.Tensor, not {type(tensor).__name__}")
+    names = [t.name for t in tensors]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where} declares {', '.join(map(repr, twice))} more than once")
+    return tuple(tensors)
+
+
+# -- numpy, when there is one ---------------------------------------------------------------
+
+_UNSET: Any = object()
+_numpy_module: Any = _UNSET
+
+
+def numpy() -> Any:
+    """The numpy module, or None when it cannot be imported (imported once, on first use, so
+    that workers without tensors never pay for it)."""
+    global _numpy_module
+    if _numpy_module is _UNSET:
+        try:
+            import numpy as np
+        except ImportError:
+            np = None
+        _numpy_module = np
+    return _numpy_module
+
+
+# -- decoding -------------------------------------------------------------------------------
+
+
+def ext_hook(code: int, data: Any) -> Any:
+    """msgpack's and msgspec's ``ext_hook``: a tensor value (ext type 1) decoded; any other ext
+    type as the decoder would give it without a hook (``msgpack.ExtType``, or
+    ``msgspec.msgpack.Ext`` for a typed worker: ``data`` is then a memoryview), as it always
+    has: the protocol claims type 1 only, and a msgpack client may send others on its own
+    routes."""
+    if code == EXT_TENSOR:
+        return decode(data)
+    if isinstance(data, memoryview):  # only msgspec passes one
+        return msgspec.msgpack.Ext(code, bytes(data))
+    return msgpack.ExtType(code, data)
+
+
+def decode(data: bytes | memoryview) -> Any:
+    """One tensor value's data (``[datatype, shape, bin]``) as a numpy array, or nested lists
+    without numpy. The elements are not copied where numpy can view them in place."""
+    view = data if isinstance(data, bytes) else memoryview(data)
+    datatype, shape, start, end = _header(view)
+    info = DATATYPES[datatype]
+    np = numpy()
+    if datatype == "BYTES":
+        elements = _split_bytes(view, start, end, math.prod(shape))
+        if np is None:
+            return _nest(elements, shape)
+        array = np.empty(len(elements), dtype=object)
+        array[:] = elements
+        return _reshape(array, shape)
+    count = math.prod(shape)
+    if count * info.size != end - start:
+        raise ValidationError(
+            f"tensor data of {end - start} bytes does not fit {datatype} of shape {shape}"
+            f" ({count * info.size} bytes)"
+        )
+    if datatype == "BOOL" and bytes(view[start:end]).translate(None, b"\x00\x01"):
+        raise ValidationError("a BOOL tensor's bytes must each be 0 or 1")
+    if np is None:
+        return _nest(list(struct.unpack_from(f"<{count}{info.struct}", view, start)), shape)
+    return _reshape(np.frombuffer(view, dtype=info.numpy, count=count, offset=start), shape)
+
+
+def _reshape(array: Any, shape: list[int]) -> Any:
+    try:
+        return array.reshape(shape)
+    except ValueError as e:  # more dimensions than this numpy allows, or too large a product
+        raise ValidationError(f"a tensor of shape {shape} cannot be built: {e}") from e
+
+
+def _header(view: bytes | memoryview) -> tuple[str, list[int], int, int]:
+    """The datatype, the shape and where the elements start and end. Read by hand rather than
+    with msgpack, which would copy the elements out of the message."""
+    reader = _Reader(view)
+    outer = "a tensor value must be an array of [datatype, shape, data]"
+    if reader.array(outer) != 3:
+        raise ValidationError(outer)
+    datatype = reader.text()
+    if datatype not in DATATYPES:
+        raise ValidationError(f"unknown tensor datatype {datatype!r}")
+    rank = reader.array("a tensor's shape must be an array")
+    if rank > _MAX_DIMS:
+        raise ValidationError(f"a tensor may have at most {_MAX_DIMS} dimensions, not {rank}")
+    shape = [reader.uint() for _ in range(rank)]
+    start, end = reader.bin()
+    if end != len(view):
+        raise ValidationError("a tensor value has bytes after its data")
+    return datatype, shape, start, end
+
+
+class _Reader:
+    """Just the msgpack the header of a tensor value uses: array, str, uint, bin."""
+
+    def __init__(self, view: bytes | memoryview) -> None:
+        self.view = view
+        self.at = 0
+
+    def _take(self, n: int) -> bytes | memoryview:
+        if self.at + n > len(self.view):
+            raise ValidationError("a tensor value ends early")
+        part = self.view[self.at : self.at + n]
+        self.at += n
+        return part
+
+    def _byte(self) -> int:
+        return self._take(1)[0]
+
+    def _length(self, width: int) -> int:
+        return int.from_bytes(self._take(width), "big")
+
+    def array(self, message: str) -> int:
+        marker = self._byte()
+        if 0x90 <= marker <= 0x9F:
+            return marker & 0x0F
+        if marker in (0xDC, 0xDD):
+            return self._length(2 if marker == 0xDC else 4)
+        raise ValidationError(message)
+
+    def text(self) -> str:
+        marker = self._byte()
+        if 0xA0 <= marker <= 0xBF:
+            size = marker & 0x1F
+        elif marker in (0xD9, 0xDA, 0xDB):
+            size = self._length({0xD9: 1, 0xDA: 2, 0xDB: 4}[marker])
+        else:
+            raise ValidationError("a tensor's datatype must be a str")
+        try:
+            return bytes(self._take(size)).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValidationError("a tensor's datatype is not UTF-8") from e
+
+    def uint(self) -> int:
+        marker = self._byte()
+        if marker <= 0x7F:
+            return marker
+        widths = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
+        if marker not in widths:
+            raise ValidationError("a tensor's dimensions must be non-negative integers")
+        signed = marker >= 0xD0  # an encoder may write a small int in a signed form
+        value = int.from_bytes(self._take(widths[marker]), "big", signed=signed)
+        if value < 0:
+            raise ValidationError("a tensor's dimensions must be non-negative integers")
+        return value
+
+    def bin(self) -> tuple[int, int]:
+        marker = self._byte()
+        if marker not in (0xC4, 0xC5, 0xC6):
+            raise ValidationError("a tensor's data must be msgpack bin")
+        size = self._length({0xC4: 1, 0xC5: 2, 0xC6: 4}[marker])
+        start = self.at
+        self._take(size)
+        return start, self.at
+
+
+def _split_bytes(view: bytes | memoryview, start: int, end: int, count: int) -> list[bytes]:
+    """``count`` BYTES elements, each a 4-byte little-endian length and then that many bytes,
+    filling ``view[start:end]`` exactly."""
+    if count > (end - start) // _LENGTH.size:  # each element takes 4 bytes at least
+        raise ValidationError(f"{end - start} bytes cannot hold {count} BYTES elements")
+    elements = []
+    at = start
+    for _ in range(count):
+        if at + _LENGTH.size > end:
+            raise ValidationError(f"the tensor's data ends before its {count} BYTES elements")
+        (size,) = _LENGTH.unpack_from(view, at)
+        at += _LENGTH.size
+        if at + size > end:
+            raise ValidationError("a BYTES element's length runs past the tensor's data")
+        elements.append(bytes(view[at : at + size]))
+        at += size
+    if at != end:
+        raise ValidationError("a BYTES tensor's data goes on past its elements")
+    return elements
+
+
+def _nest(flat: list[Any], shape: list[int]) -> Any:
+    """Flat row-major elements as nested lists of ``shape`` (a scalar for shape ``[]``)."""
+    if not shape:
+        return flat[0]
+    if not flat and math.prod(_before_zero(shape)) > _MAX_EMPTY_ROWS:
+        raise ValidationError(f"an empty tensor of shape {shape} has too many empty rows")
+    return _nest_rows(flat, shape)
+
+
+def _before_zero(shape: list[int]) -> list[int]:
+    return shape[: shape.index(0)] if 0 in shape else shape
+
+
+def _nest_rows(flat: list[Any], shape: list[int]) -> list[Any]:
+    if len(shape) == 1:
+        return flat
+    step = math.prod(shape[1:])
+    inner = shape[1:]
+    return [_nest_rows(flat[i * step : (i + 1) * step], inner) for i in range(shape[0])]
+
+
+# -- encoding -------------------------------------------------------------------------------
+
+
+def encode(value: Any, datatype: str) -> bytes:
+    """A row as the data of a tensor value of ``datatype``: a numpy array (or anything
+    ``numpy.asarray`` takes: lists, scalars, other arrays) converted to the datatype; without
+    numpy, a scalar or nested lists. ``BYTES`` elements are ``bytes`` or ``str`` (as UTF-8).
+    Raises ``TypeError`` or ``ValueError`` for a value that cannot be that datatype."""
+    info = DATATYPES[datatype]
+    np = numpy()
+    if np is not None:
+        if datatype == "BYTES":
+            array = np.asarray(value, dtype=object)
+            shape, data = list(array.shape), _join_bytes(array.flat)
+        else:
+            # The '<' dtypes: the wire is little-endian whatever this machine's order is.
+            array = np.asarray(value, dtype=info.numpy)
+            shape, data = list(array.shape), array.tobytes()
+    else:
+        shape, flat = _flatten(value)
+        if datatype == "BYTES":
+            data = _join_bytes(flat)
+        else:
+            try:
+                data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
+            except struct.error as e:  # a float for an integer type, or out of its range
+                raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
+    return msgpack.packb([datatype, shape, data], use_bin_type=True)
+
+
+def _join_bytes(elements: Any) -> bytes:
+    parts = []
+    for element in elements:
+        if isinstance(element, str):
+            element = element.encode("utf-8")
+        elif isinstance(element, (bytearray, memoryview)):
+            element = bytes(element)  # a memoryview's len counts items, not bytes
+        elif not isinstance(element, bytes):
+            raise TypeError(f"a BYTES element must be bytes or str, not {type(element).__name__}")
+        parts.append(_LENGTH.pack(len(element)))
+        parts.append(element)
+    return b"".join(parts)
+
+
+def _flatten(value: Any) -> tuple[list[int], list[Any]]:
+    """The shape and row-major elements of a scalar or of nested lists (tuples too), which must
+    be rectangular. ``str`` and ``bytes`` are elements, never sequences."""
+    shape: list[int] = []
+    probe = value
+    while isinstance(probe, (list, tuple)):
+        shape.append(len(probe))
+        if not probe:
+            break
+        probe = probe[0]
+    flat: list[Any] = []
+
+    def walk(item: Any, depth: int) -> None:
+        if depth == len(shape):
+            if isinstance(item, (list, tuple)):
+                raise ValueError(f"nested lists are not rectangular (shape {shape} expected)")
+            flat.append(item)
+            return
+        if not isinstance(item, (list, tuple)) or len(item) != shape[depth]:
+            raise ValueError(f"nested lists are not rectangular (shape {shape} expected)")
+        for inner in item:
+            walk(inner, depth + 1)
+
+    walk(value, 0)
+    return shape, flat

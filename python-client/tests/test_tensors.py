@@ -1,0 +1,455 @@
+"""Open Inference Protocol v2 tensors: declarations in the hello, tensor values (msgpack ext type 1)
+decoded to numpy arrays (or nested lists without numpy) for ``forward``, malformed ones answered
+422 alone, and declared outputs encoded as tensor values of their declared datatypes."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import msgspec
+import pytest
+
+import corral
+from corral import _protocol as protocol
+from corral import _tensors
+from corral.testing import FakeProxy, Result, tensor
+
+VECTORS = Path(__file__).resolve().parents[2] / "worker-protocol" / "vectors"
+
+# One row of shape [2, 3] per datatype, each with its extremes, every value exact in its type.
+ROWS: dict[str, list[list[Any]]] = {
+    "BOOL": [[True, False, True], [False, False, True]],
+    "UINT8": [[0, 255, 7], [1, 2, 3]],
+    "UINT16": [[0, 65535, 7], [1, 2, 3]],
+    "UINT32": [[0, 2**32 - 1, 7], [1, 2, 3]],
+    "UINT64": [[0, 2**64 - 1, 7], [1, 2, 3]],
+    "INT8": [[-128, 127, 0], [1, -2, 3]],
+    "INT16": [[-(2**15), 2**15 - 1, 0], [1, -2, 3]],
+    "INT32": [[-(2**31), 2**31 - 1, 0], [1, -2, 3]],
+    "INT64": [[-(2**63), 2**63 - 1, 0], [1, -2, 3]],
+    "FP16": [[0.5, -2.0, 65504.0], [0.0, 1.0, -0.25]],
+    "FP32": [[1.5, -0.25, 2.0**100], [0.0, 1.0, -3.0]],
+    "FP64": [[0.1, -1e300, 2.5], [0.0, 1.0, -3.0]],
+    "BYTES": [[b"", b"a", b"\x00\xff"], [b"xyz", b"", b"\xc3\xa9"]],
+}
+
+
+@pytest.fixture(params=["numpy", "lists"])
+def np(request, monkeypatch):
+    """numpy as ``forward`` sees it: the module, or None where the package finds no numpy (its
+    lazy import made to fail)."""
+    if request.param == "numpy":
+        return pytest.importorskip("numpy")
+    monkeypatch.setattr(_tensors, "numpy", lambda: None)
+    return None
+
+
+@pytest.fixture
+def real_np():
+    return pytest.importorskip("numpy")
+
+
+def plain(value: Any) -> Any:
+    """A decoded tensor as nested Python lists, whichever way it was decoded."""
+    return value.tolist() if hasattr(value, "tolist") else value
+
+
+def ext(datatype: Any, shape: Any, data: Any) -> msgpack.ExtType:
+    """A tensor value written by hand, to be as wrong as a test needs."""
+    return msgpack.ExtType(1, msgpack.packb([datatype, shape, data]))
+
+
+def echo(datatype: str, shape: list[int]) -> corral.Worker:
+    """A worker that declares IN and OUT of ``datatype`` and answers each row with itself, keeping
+    what ``forward`` got in ``seen``."""
+
+    class Echo(corral.Worker):
+        inputs = (corral.Tensor("IN", datatype, shape),)
+        outputs = (corral.Tensor("OUT", datatype, shape),)
+        seen: list[Any]
+
+        def forward(self, batch):
+            self.seen = [row["IN"] for row in batch]
+            return [{"OUT": row["IN"]} for row in batch]
+
+    return Echo()
+
+
+def raw_results(proxy: FakeProxy, items: list[Any]) -> list[dict[str, Any]]:
+    """The worker's results for ``items`` as sent, in order (their data still msgpack)."""
+    jobs = [protocol.job(uuid.uuid4().bytes, 5000, msgpack.packb(item)) for item in items]
+    proxy.send(protocol.batch(jobs))
+    answer = proxy.receive()
+    by_id = {r["id"]: r for r in answer["results"]}
+    return [by_id[job["id"]] for job in jobs]
+
+
+def tensor_of(result: dict[str, Any], name: str) -> list[Any]:
+    """``[datatype, shape, bin]`` of one output of an ok result, read without the package."""
+    value = msgpack.unpackb(result["data"], raw=False)[name]
+    assert isinstance(value, msgpack.ExtType) and value.code == 1
+    return msgpack.unpackb(value.data, raw=False)
+
+
+# -- declarations and the hello ---------------------------------------------------------------
+
+
+def test_a_declaration_is_frozen_and_gives_the_hello_dict():
+    t = corral.Tensor("INPUT0", "FP32", [3, -1])
+    assert t.shape == (3, -1)
+    assert t.spec() == {"name": "INPUT0", "datatype": "FP32", "shape": [3, -1]}
+    assert list(t.spec()) == ["name", "datatype", "shape"]
+    with pytest.raises(AttributeError):
+        t.name = "other"  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("X", "FP8", [1]), "unknown datatype 'FP8'"),
+        (("X", "fp32", [1]), "unknown datatype"),
+        (("X", "FP32", [-2]), "int >= -1"),
+        (("X", "FP32", [True]), "int >= -1"),
+        (("X", "FP32", [1.0]), "int >= -1"),
+        (("X", "FP32", "3"), "sequence of ints"),
+        (("", "FP32", [1]), "non-empty str"),
+    ],
+)
+def test_a_bad_declaration_is_refused_with_its_reason(args, words):
+    with pytest.raises(ValueError, match=words):
+        corral.Tensor(*args)
+
+
+def test_duplicate_names_fail_where_the_class_is_defined():
+    with pytest.raises(ValueError, match=r"Twice\.inputs declares 'A' more than once"):
+
+        class Twice(corral.Worker):
+            inputs = (corral.Tensor("A", "FP32", [1]), corral.Tensor("A", "INT8", [1]))
+
+    with pytest.raises(TypeError, match=r"Loose\.outputs must hold corral\.Tensor, not dict"):
+
+        class Loose(corral.Worker):
+            outputs = ({"name": "A", "datatype": "FP32", "shape": [1]},)
+
+    with pytest.raises(TypeError, match=r"One\.outputs must be a tuple of corral\.Tensor"):
+
+        class One(corral.Worker):
+            outputs = corral.Tensor("A", "FP32", [1])
+
+
+class Simple(corral.Worker):
+    inputs = (corral.Tensor("INPUT0", "FP32", [3]), corral.Tensor("TEXT", "BYTES", [-1]))
+    outputs = (corral.Tensor("OUTPUT0", "INT64", [2, 2]),)
+
+    def forward(self, batch):
+        return batch
+
+
+def test_the_hello_carries_the_declarations_as_the_golden_frame_does():
+    with FakeProxy(Simple()) as proxy:
+        hello = dict(proxy.hello, pid=4244)  # the golden frame's pid; the order is kept
+    golden = (VECTORS / "hello_tensors.bin").read_bytes()
+    assert protocol.encode_frame(hello) == golden
+
+
+def test_a_worker_without_tensors_says_nothing_of_them():
+    class Plain(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Plain()) as proxy:
+        assert "inputs" not in proxy.hello and "outputs" not in proxy.hello
+
+
+# -- decoding and encoding, every datatype ----------------------------------------------------
+
+
+@pytest.mark.parametrize("datatype", sorted(_tensors.DATATYPES))
+def test_every_datatype_goes_through_forward_and_back(np, datatype):
+    worker = echo(datatype, [2, 3])
+    with FakeProxy(worker) as proxy:
+        (got,) = proxy.infer([{"IN": tensor(ROWS[datatype], datatype)}])
+    (seen,) = worker.seen
+    if np is None:
+        assert seen == ROWS[datatype]  # nested lists of plain Python values
+    else:
+        expected = object if datatype == "BYTES" else _tensors.DATATYPES[datatype].numpy
+        assert isinstance(seen, np.ndarray) and seen.dtype == np.dtype(expected)
+        assert seen.shape == (2, 3) and seen.tolist() == ROWS[datatype]
+    assert got.status == "ok" and plain(got.value["OUT"]) == ROWS[datatype]
+
+
+def test_numeric_rows_are_read_only_views_of_the_message(real_np):
+    worker = echo("FP32", [3])
+    with FakeProxy(worker) as proxy:
+        proxy.infer([{"IN": tensor([1.0, 2.0, 3.0], "FP32")}])
+    (seen,) = worker.seen
+    assert not seen.flags.writeable and not seen.flags.owndata  # no copy was made
+    with pytest.raises(ValueError, match="read-only"):
+        seen[0] = 5.0
+
+
+def test_fp16_is_ieee_half_on_the_wire(np):
+    values = [1.0, -2.5, 65504.0, 2.0**-24]  # the largest half, the smallest subnormal
+    data = tensor(values, "FP16").data
+    assert msgpack.unpackb(data) == ["FP16", [4], struct.pack("<4e", *values)]
+    assert plain(_tensors.decode(data)) == values
+
+
+def test_bool_is_one_byte_each_and_other_bytes_are_refused(np):
+    data = tensor([True, False, True], "BOOL").data
+    assert msgpack.unpackb(data) == ["BOOL", [3], b"\x01\x00\x01"]
+    with pytest.raises(corral.ValidationError, match="0 or 1"):
+        _tensors.decode(ext("BOOL", [2], b"\x01\x02").data)
+
+
+@pytest.mark.parametrize(
+    ("elements", "wire"),
+    [
+        ([], b""),
+        ([b""], b"\x00\x00\x00\x00"),
+        (["é", b"ab", ""], b"\x02\x00\x00\x00\xc3\xa9\x02\x00\x00\x00ab\x00\x00\x00\x00"),
+    ],
+)
+def test_bytes_elements_are_length_prefixed_and_str_is_utf8(np, elements, wire):
+    data = tensor(elements, "BYTES").data
+    assert msgpack.unpackb(data) == ["BYTES", [len(elements)], wire]
+    as_bytes = [e.encode() if isinstance(e, str) else e for e in elements]
+    assert plain(_tensors.decode(data)) == as_bytes
+
+
+@pytest.mark.parametrize(
+    ("datatype", "value", "shape", "decoded"),
+    [
+        ("INT32", 5, [], 5),
+        ("BYTES", "one", [], b"one"),
+        ("FP64", [[], []], [2, 0], [[], []]),
+        ("FP32", [[[1.0], [2.0]]], [1, 2, 1], [[[1.0], [2.0]]]),
+    ],
+)
+def test_scalars_and_empty_rows_keep_their_shape(np, datatype, value, shape, decoded):
+    data = tensor(value, datatype).data
+    assert msgpack.unpackb(data)[1] == shape
+    assert plain(_tensors.decode(data)) == decoded
+
+
+def test_rows_of_any_length_where_the_declaration_says_minus_one(np):
+    worker = echo("FP32", [-1, 2])
+    short, long = [[1.0, 2.0]], [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    with FakeProxy(worker) as proxy:
+        got = proxy.infer([{"IN": tensor(short, "FP32")}, {"IN": tensor(long, "FP32")}])
+    assert [plain(s) for s in worker.seen] == [short, long]
+    assert [plain(r.value["OUT"]) for r in got] == [short, long]
+
+
+def test_an_empty_row_of_too_many_empty_lists_is_refused_without_numpy(monkeypatch):
+    monkeypatch.setattr(_tensors, "numpy", lambda: None)
+    with pytest.raises(corral.ValidationError, match="too many empty rows"):
+        _tensors.decode(ext("FP32", [1 << 20, 0], b"").data)
+    assert _tensors.decode(ext("FP32", [2, 0, 3], b"").data) == [[], []]
+
+
+# -- malformed tensor values --------------------------------------------------------------------
+
+LENGTH = struct.Struct("<I").pack
+
+MALFORMED = {
+    "unknown datatype": (ext("FP8", [1], b"\x00"), "unknown tensor datatype 'FP8'"),
+    "too few bytes": (ext("FP32", [3], b"\x00" * 8), "8 bytes does not fit FP32 of shape [3]"),
+    "too many bytes": (ext("INT16", [1], b"\x00" * 3), "does not fit INT16"),
+    "bytes length past the end": (ext("BYTES", [1], LENGTH(5) + b"abc"), "runs past"),
+    "bytes left over": (ext("BYTES", [1], LENGTH(1) + b"a" + b"zz"), "goes on past"),
+    "bytes elements missing": (
+        ext("BYTES", [3], LENGTH(4) + b"abcd" + LENGTH(0)),
+        "ends before its 3 BYTES elements",
+    ),
+    "more elements than bytes": (ext("BYTES", [2], LENGTH(0)), "cannot hold 2 BYTES"),
+    "bool of 2": (ext("BOOL", [2], b"\x01\x02"), "0 or 1"),
+    "negative dimension": (ext("FP32", [-1], b""), "non-negative"),
+    "float dimension": (ext("FP32", [1.0], b"\x00" * 4), "non-negative"),
+    "two parts": (msgpack.ExtType(1, msgpack.packb(["FP32", [1]])), "[datatype, shape, data]"),
+    "data as str": (ext("FP32", [1], "abcd"), "must be msgpack bin"),
+    "datatype as int": (ext(3, [1], b"\x00"), "datatype must be a str"),
+    "not an array": (msgpack.ExtType(1, msgpack.packb({"a": 1})), "[datatype, shape, data]"),
+    "shape not an array": (ext("FP32", 1, b"\x00" * 4), "shape must be an array"),
+    "bytes after it": (
+        msgpack.ExtType(1, msgpack.packb(["UINT8", [1], b"\x07"]) + b"\xc0"),
+        "bytes after its data",
+    ),
+    "cut short": (msgpack.ExtType(1, msgpack.packb(["UINT8", [4], b"abcd"])[:-2]), "ends early"),
+    "empty": (msgpack.ExtType(1, b""), "ends early"),
+    "too many dimensions": (ext("FP32", [1] * 65, b"\x00" * 4), "at most 64 dimensions"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(MALFORMED))
+def test_a_malformed_tensor_value_is_422_and_its_batch_mate_goes_on(np, case):
+    bad, words = MALFORMED[case]
+    worker = echo("UINT8", [-1])
+    with FakeProxy(worker) as proxy:
+        wrong, fine = proxy.infer([{"IN": bad}, {"IN": tensor([1, 2], "UINT8")}])
+    assert wrong.status == "invalid" and words in wrong.message
+    assert fine.status == "ok" and plain(fine.value["OUT"]) == [1, 2]
+
+
+def test_other_ext_types_reach_forward_as_msgpack_gives_them():
+    class Codes(corral.Worker):
+        def forward(self, batch):
+            return [[type(x).__name__, x.code, x.data] for x in batch]
+
+    with FakeProxy(Codes()) as proxy:
+        got = proxy.infer([msgpack.ExtType(5, b"x"), msgpack.ExtType(127, b"")])
+    assert got == [Result("ok", ["ExtType", 5, b"x"]), Result("ok", ["ExtType", 127, b""])]
+
+
+# -- typed workers (msgspec) --------------------------------------------------------------------
+
+
+class Pair(msgspec.Struct):
+    INPUT0: Any  # a tensor arrives as an array (or lists): msgspec cannot type it further
+    scale: float = 1.0
+
+
+class Scaled(corral.Worker):
+    input_type = Pair
+    inputs = (corral.Tensor("INPUT0", "FP32", [3]),)
+    outputs = (corral.Tensor("OUTPUT0", "FP64", [3]),)
+
+    def forward(self, batch):
+        return [{"OUTPUT0": [x * p.scale for x in p.INPUT0]} for p in batch]
+
+
+def test_a_typed_worker_decodes_tensor_fields_and_encodes_declared_outputs(np):
+    with FakeProxy(Scaled()) as proxy:
+        item = {"INPUT0": tensor([1.0, 2.0, 3.0], "FP32"), "scale": 2.0}
+        (result,) = raw_results(proxy, [item])
+        wrong, fine = proxy.infer([{"INPUT0": ext("FP32", [3], b""), "scale": 1.0}, item])
+    assert tensor_of(result, "OUTPUT0") == ["FP64", [3], struct.pack("<3d", 2.0, 4.0, 6.0)]
+    assert wrong.status == "invalid" and "does not fit FP32" in wrong.message
+    assert plain(fine.value["OUTPUT0"]) == [2.0, 4.0, 6.0]
+
+
+def test_a_typed_worker_s_rows_are_views_too(real_np):
+    class Keep(Scaled):
+        def forward(self, batch):
+            self.seen = [p.INPUT0 for p in batch]
+            return [{"OUTPUT0": p.INPUT0} for p in batch]
+
+    worker = Keep()
+    with FakeProxy(worker) as proxy:
+        proxy.infer([{"INPUT0": tensor([1.0, 2.0, 3.0], "FP32")}])
+    (seen,) = worker.seen
+    assert seen.dtype == real_np.float32 and not seen.flags.writeable
+
+
+# -- encoding outputs ---------------------------------------------------------------------------
+
+
+class Classify(corral.Worker):
+    outputs = (corral.Tensor("PROBS", "FP32", [3]), corral.Tensor("LABEL", "BYTES", []))
+
+    def forward(self, batch):
+        return batch  # each item already is the output under test
+
+
+def test_declared_outputs_are_tensor_values_of_the_declared_datatype(real_np):
+    class Float64(Classify):
+        def forward(self, batch):
+            return [dict(item, PROBS=real_np.array(item["PROBS"])) for item in batch]
+
+    probs = [0.25, 0.5, 1 / 3]  # float64 in forward; declared FP32
+    with FakeProxy(Float64()) as proxy:
+        (result,) = raw_results(proxy, [{"PROBS": probs, "LABEL": "cat", "extra": [1, 2]}])
+    as_fp32 = real_np.array(probs, dtype="<f4").tobytes()
+    assert tensor_of(result, "PROBS") == ["FP32", [3], as_fp32]
+    assert tensor_of(result, "LABEL") == ["BYTES", [], LENGTH(3) + b"cat"]
+    assert msgpack.unpackb(result["data"])["extra"] == [1, 2]  # not declared: plain msgpack
+
+
+def test_declared_outputs_without_numpy_are_packed_the_same(real_np, monkeypatch):
+    monkeypatch.setattr(_tensors, "numpy", lambda: None)
+    with FakeProxy(Classify()) as proxy:
+        (result,) = raw_results(proxy, [{"PROBS": [0.25, 0.5, 0.125], "LABEL": b"dog"}])
+    expected = real_np.array([0.25, 0.5, 0.125], dtype="<f4").tobytes()
+    assert tensor_of(result, "PROBS") == ["FP32", [3], expected]
+    assert tensor_of(result, "LABEL") == ["BYTES", [], LENGTH(3) + b"dog"]
+
+
+def test_a_big_endian_array_goes_out_little_endian(real_np):
+    values = real_np.arange(4, dtype=">i4")
+    data = _tensors.encode(values, "INT32")
+    assert msgpack.unpackb(data) == ["INT32", [4], struct.pack("<4i", 0, 1, 2, 3)]
+
+
+def test_a_large_output_is_encoded_whole(real_np):
+    big = real_np.arange(1 << 20, dtype=real_np.float64).reshape(1024, 1024)
+    data = _tensors.encode(big, "FP32")
+    datatype, shape, raw = msgpack.unpackb(data)
+    assert (datatype, shape) == ("FP32", [1024, 1024])
+    assert raw == big.astype("<f4").tobytes()
+
+
+@pytest.mark.parametrize(
+    ("probs", "words"),
+    [
+        ("high", "output 'PROBS' cannot be a FP32 tensor"),
+        (None, "output 'PROBS' is None"),
+        ([[1.0], [2.0, 3.0]], "output 'PROBS' cannot be a FP32 tensor"),
+    ],
+)
+def test_an_output_that_cannot_be_its_datatype_fails_alone(np, probs, words):
+    with FakeProxy(Classify()) as proxy:
+        bad, good = proxy.infer([{"PROBS": probs}, {"PROBS": [1.0, 0.0, 0.0]}])
+    assert bad.status == "error" and words in bad.message
+    assert good.status == "ok" and plain(good.value["PROBS"]) == [1.0, 0.0, 0.0]
+
+
+def test_a_bytes_output_of_numbers_fails(np):
+    with FakeProxy(Classify()) as proxy:
+        (bad,) = proxy.infer([{"LABEL": [1, 2]}])
+    assert bad.status == "error" and "must be bytes or str, not int" in bad.message
+
+
+def test_without_declared_outputs_arrays_are_plain_lists_as_before(real_np):
+    class Arange(corral.Worker):
+        def forward(self, batch):
+            return [{"OUT": real_np.arange(n)} for n in batch]
+
+    with FakeProxy(Arange()) as proxy:
+        (result,) = raw_results(proxy, [3])
+    assert msgpack.unpackb(result["data"]) == {"OUT": [0, 1, 2]}
+
+
+def test_an_output_that_is_not_a_dict_is_left_as_it_is():
+    with FakeProxy(Classify()) as proxy:
+        assert proxy.infer([[1, 2]]) == [Result("ok", [1, 2])]
+
+
+def test_the_testing_helper_refuses_an_unknown_datatype():
+    with pytest.raises(ValueError, match="unknown datatype 'FLOAT'"):
+        tensor([1.0], "FLOAT")
+
+
+def test_importing_the_package_does_not_import_numpy():
+    # numpy is optional and slow to import: only the first tensor value pays for it.
+    code = "import sys, corral, corral.testing; print('numpy' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize(("value", "datatype"), [([300], "UINT8"), ([-1], "UINT32")])
+def test_a_value_out_of_its_datatype_s_range_is_refused(np, value, datatype):
+    with pytest.raises((ValueError, OverflowError)):
+        _tensors.encode(value, datatype)
+
+
+def test_a_bytes_element_s_length_counts_bytes_whatever_the_buffer_s_items(np):
+    wide = memoryview(b"abcd").cast("H")  # two items of two bytes
+    data = _tensors.encode([wide, bytearray(b"x")], "BYTES")
+    assert msgpack.unpackb(data) == ["BYTES", [2], LENGTH(4) + b"abcd" + LENGTH(1) + b"x"]

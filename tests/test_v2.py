@@ -1,0 +1,209 @@
+"""Open Inference Protocol v2 end to end, spoken by a client nobody here wrote: `tritonclient`
+(HTTP) against the real binary and a real worker that declares its tensors with `corral.Tensor`
+(tests/workers/tensors.py). Health, metadata, JSON and binary tensors of FP32, INT64 and BYTES,
+64 rows in one request, rows of 32 clients sharing batches, and bad requests answered in v2's
+own error shape without harm to the proxy."""
+
+import json
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.http as triton
+from tritonclient.utils import InferenceServerException
+
+from conftest import Corral
+
+WORKER = str(Path(__file__).parent / "workers" / "tensors.py")
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    corral = Corral(tmp_path_factory.mktemp("v2"), worker=WORKER)
+    yield corral
+    corral.stop()
+
+
+def client(proxy) -> triton.InferenceServerClient:
+    return triton.InferenceServerClient(proxy.url.removeprefix("http://"), concurrency=1)
+
+
+def rows(n: int, text: bytes = b"abc"):
+    x = np.arange(n * 3, dtype=np.float32).reshape(n, 3) / 4
+    scale = np.arange(1, n + 1, dtype=np.int64).reshape(n, 1)
+    words = np.array([[text + str(i).encode()] for i in range(n)], dtype=object)
+    return x, scale, words
+
+
+def infer(proxy, x, scale, words, binary: bool, outputs=("SUM", "SCALED", "UPPER", "BATCH")):
+    inputs = [
+        triton.InferInput("X", list(x.shape), "FP32"),
+        triton.InferInput("N", list(scale.shape), "INT64"),
+        triton.InferInput("TEXT", list(words.shape), "BYTES"),
+    ]
+    for tensor, data in zip(inputs, (x, scale, words)):
+        tensor.set_data_from_numpy(data, binary_data=binary)
+    requested = [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
+    return client(proxy).infer("default", inputs, outputs=requested)
+
+
+def test_health_and_metadata(proxy):
+    c = client(proxy)
+    assert c.is_server_live()
+    assert c.is_server_ready()
+    assert c.is_model_ready("default")
+    assert not c.is_model_ready("nope")
+    assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
+    metadata = c.get_model_metadata("default")
+    assert metadata["name"] == "default"
+    assert metadata["inputs"] == [
+        {"name": "X", "datatype": "FP32", "shape": [-1, 3]},
+        {"name": "N", "datatype": "INT64", "shape": [-1, 1]},
+        {"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]},
+    ]
+    assert [o["name"] for o in metadata["outputs"]] == ["SUM", "SCALED", "UPPER", "BATCH"]
+
+
+@pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
+def test_fp32_int64_and_bytes_tensors(proxy, binary):
+    x, scale, words = rows(2)
+    result = infer(proxy, x, scale, words, binary)
+    assert result.as_numpy("SUM").dtype == np.float32
+    np.testing.assert_allclose(result.as_numpy("SUM"), x.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(result.as_numpy("SCALED"), x * scale)
+    # As from Triton: BYTES come back as bytes from binary data, as str from JSON.
+    upper = [
+        [v.encode() if isinstance(v, str) else v for v in row] for row in result.as_numpy("UPPER")
+    ]
+    assert upper == [[b"ABC0"], [b"ABC1"]]
+    batch = result.as_numpy("BATCH")
+    assert batch.dtype == np.int64 and batch.shape == (2, 2)
+
+
+def test_only_the_outputs_asked_for_come_back(proxy):
+    x, scale, words = rows(1)
+    result = infer(proxy, x, scale, words, True, outputs=("SUM",))
+    assert result.as_numpy("SUM") is not None
+    assert result.as_numpy("SCALED") is None
+
+
+def test_a_request_of_64_rows_is_64_jobs_in_order(proxy):
+    x, scale, words = rows(64)
+    result = infer(proxy, x, scale, words, True)
+    np.testing.assert_allclose(result.as_numpy("SCALED"), x * scale)
+    assert result.as_numpy("UPPER")[63, 0] == b"ABC63"
+    # Every row was a job; the 64 went in batches of at most the default 32.
+    sizes = {tuple(b) for b in result.as_numpy("BATCH").tolist()}
+    assert sum(size for _, size in sizes) == 64
+
+
+def test_rows_of_32_clients_share_batches(tmp_path):
+    gate = tmp_path / "gate"
+    proxy = Corral(tmp_path, worker=WORKER, env={"TENSORS_GATE": str(gate)})
+    try:
+        clients = 32
+        barrier = threading.Barrier(clients)
+
+        def one(i):
+            x, scale, words = rows(1, text=b"client%d-" % i)
+            barrier.wait()
+            return infer(proxy, x, scale, words, binary=True)
+
+        with ThreadPoolExecutor(clients) as pool:
+            futures = [pool.submit(one, i) for i in range(clients)]
+            # The worker holds its first batch at the gate; the others' rows queue meanwhile.
+            proxy.wait_until(
+                lambda: proxy.metric("corral_queue_depth", stage="default") >= clients // 2,
+                what="rows queued behind the gated batch",
+            )
+            gate.touch()
+            results = [f.result() for f in futures]
+        batch_of = [tuple(r.as_numpy("BATCH")[0]) for r in results]
+        shared = [b for b in set(batch_of) if batch_of.count(b) > 1]
+        assert shared, f"no two clients' rows shared a batch: {batch_of}"
+        for number, size in shared:
+            assert batch_of.count((number, size)) == size, "a batch's size counts its rows"
+    finally:
+        proxy.stop()
+
+
+def test_a_rejected_row_fails_the_request_naming_it(proxy):
+    x, scale, _ = rows(3)
+    words = np.array([[b"fine"], [b"reject"], [b"fine"]], dtype=object)
+    with pytest.raises(InferenceServerException) as failed:
+        infer(proxy, x, scale, words, True)
+    assert "row 1: this row is rejected" in str(failed.value)
+    assert failed.value.status() == "422"
+
+
+def post(proxy, path, header, binary=b"", **kwargs):
+    body = json.dumps(header).encode()
+    headers = {"Inference-Header-Content-Length": str(len(body))} if binary else {}
+    return proxy.client.post(path, content=body + binary, headers=headers, **kwargs)
+
+
+INFER = "/v2/models/default/infer"
+
+
+def good():
+    return {
+        "inputs": [
+            {"name": "X", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]},
+            {"name": "N", "shape": [1, 1], "datatype": "INT64", "data": [2]},
+            {"name": "TEXT", "shape": [1, 1], "datatype": "BYTES", "data": ["a"]},
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    "case, status, expected",
+    [
+        ("wrong datatype", 400, 'input "X" is FP64; the model takes FP32'),
+        ("shape mismatch", 400, 'input "X" has shape [1, 4]'),
+        ("missing input", 400, 'missing input "TEXT"'),
+        ("binary past the body", 400, "runs past the body"),
+        ("unknown output", 400, 'unknown output "NOPE"'),
+        ("not JSON", 400, "header is not valid"),
+        ("unknown model", 404, 'no model named "nope"'),
+    ],
+)
+def test_bad_requests_get_a_v2_error_and_harm_nothing(proxy, case, status, expected):
+    header, binary, path = good(), b"", INFER
+    if case == "wrong datatype":
+        header["inputs"][0]["datatype"] = "FP64"
+    elif case == "shape mismatch":
+        header["inputs"][0].update(shape=[1, 4], data=[1, 2, 3, 4])
+    elif case == "missing input":
+        header["inputs"].pop()
+    elif case == "binary past the body":
+        del header["inputs"][0]["data"]
+        header["inputs"][0]["parameters"] = {"binary_data_size": 12}
+        binary = b"\0" * 8
+    elif case == "unknown output":
+        header["outputs"] = [{"name": "NOPE"}]
+    elif case == "unknown model":
+        path = "/v2/models/nope/infer"
+    if case == "not JSON":
+        answer = proxy.client.post(path, content=b"{nope")
+    else:
+        answer = post(proxy, path, header, binary)
+    assert answer.status_code == status, answer.text
+    body = answer.json()
+    assert list(body) == ["error"] and expected in body["error"], body
+    # The proxy is unharmed: a good request right after is answered.
+    again = post(proxy, INFER, good())
+    assert again.status_code == 200, again.text
+    assert again.json()["outputs"][0] == {
+        "name": "SUM",
+        "datatype": "FP32",
+        "shape": [1, 1],
+        "data": [6.0],
+    }
+
+
+def test_an_infer_that_is_not_a_post_is_405(proxy):
+    answer = proxy.client.get(INFER)
+    assert answer.status_code == 405
+    assert "error" in answer.json()
