@@ -98,9 +98,15 @@ def test_406_unacceptable_accept(proxy):
     assert_error(response, 406, "not_acceptable")
 
 
-def test_415_unsupported_content_type(proxy):
-    response = proxy.client.post("/infer", content=b"1", headers={"content-type": "text/plain"})
-    assert_error(response, 415, "unsupported_media_type")
+def test_415_for_a_content_type_that_is_not_a_media_type(proxy):
+    # Any media type but JSON, msgpack and a form is raw bytes (tests/test_raw_bodies.py); a
+    # value that is not one (no type/subtype) is refused.
+    for content_type in ("text", "image/", "image png"):
+        # Answered before its body is read, the connection may close: not one to reuse.
+        headers = {"content-type": content_type, "connection": "close"}
+        response = proxy.client.post("/infer", content=b"1", headers=headers)
+        body = assert_error(response, 415, "unsupported_media_type")
+        assert "is not a media type" in body["message"]
 
 
 def test_413_declared_and_streamed(proxy):

@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_protocol::JobId;
+use http::HeaderValue;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -23,8 +24,10 @@ use crate::stream::ChunkSink;
 /// How a job ended, as told to the HTTP handler waiting for it.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Outcome {
-    /// The worker's output: one msgpack value.
-    Done(Bytes),
+    /// The worker's output: one msgpack value; and, when that value is one msgpack `bin`, the
+    /// media type the worker named for those bytes, if it named one (checked, see
+    /// [`crate::worker::settle::output`]).
+    Done(Bytes, Option<HeaderValue>),
     /// The worker rejected this job's input (422).
     Invalid(String),
     /// The worker raised while processing this job (500).
@@ -62,6 +65,9 @@ pub struct Job {
     /// Where a streamed job's chunks go (None: a one-shot job; chunks, if its worker streams,
     /// are gathered into one answer).
     pub stream: Option<ChunkSink>,
+    /// A raw-bytes job only: the media type of its payload (one msgpack `bin`), as the client
+    /// sent it; it goes to the worker as the job's `content_type`.
+    pub content_type: Option<HeaderValue>,
     reply: oneshot::Sender<Outcome>,
 }
 
@@ -83,9 +89,16 @@ impl Job {
             retries: 0,
             left: CancellationToken::new(),
             stream: None,
+            content_type: None,
             reply,
         };
         (job, answer)
+    }
+
+    /// The bytes the job adds to its batch frame beyond the fixed per-job overhead
+    /// ([`corral_protocol::FRAME_OVERHEAD_PER_JOB`]): what queues and batches count.
+    pub fn size(&self) -> usize {
+        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len)
     }
 
     /// Answers the job. Returns false when nobody was waiting any more (the client left, or its
@@ -106,5 +119,20 @@ impl Job {
     /// Time left before the deadline, as of `now` (zero once past it).
     pub fn remaining(&self, now: Instant) -> Duration {
         self.deadline.saturating_duration_since(now)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_raw_jobs_media_type_counts_toward_its_size() {
+        let now = Instant::now();
+        let (mut job, _answer) =
+            Job::new(JobId::new(), Bytes::from_static(b"\xc4\x03PNG"), now, now);
+        assert_eq!(job.size(), 5);
+        job.content_type = Some(HeaderValue::from_static("image/png"));
+        assert_eq!(job.size(), 5 + "image/png".len());
     }
 }

@@ -13,6 +13,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use corral_protocol::JobId;
 use futures_util::future::join_all;
+use http::HeaderValue;
 use tokio::time::Instant;
 
 use crate::job::{Job, Outcome};
@@ -20,6 +21,28 @@ use crate::stage::{Shed, Stage};
 
 pub struct Pipeline {
     pub stages: Vec<Arc<Stage>>,
+}
+
+/// One job's input to a stage: its id, its payload (one msgpack value) and, for raw bytes (a
+/// payload that is one msgpack `bin`), their media type. A stage's output that the worker named
+/// a media type for is raw bytes to the next stage, with that type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Input {
+    pub id: JobId,
+    pub payload: Bytes,
+    pub content_type: Option<HeaderValue>,
+}
+
+impl Input {
+    /// A msgpack (or transcoded JSON) input.
+    pub fn new(id: JobId, payload: Bytes) -> Self {
+        Self { id, payload, content_type: None }
+    }
+
+    /// What the input adds to a batch frame, as its job will count it ([`Job::size`]).
+    pub fn size(&self) -> usize {
+        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len)
+    }
 }
 
 impl Pipeline {
@@ -43,15 +66,15 @@ impl Pipeline {
     #[allow(clippy::type_complexity)]
     pub async fn run_before_last(
         &self,
-        mut jobs: Vec<(JobId, Bytes)>,
+        mut jobs: Vec<Input>,
         arrived: Instant,
         deadline: Instant,
         retries: u32,
-    ) -> Result<Result<(Instant, Vec<(JobId, Bytes)>), Vec<Outcome>>, Shed> {
+    ) -> Result<Result<(Instant, Vec<Input>), Vec<Outcome>>, Shed> {
         let mut entered = arrived;
         for pair in self.stages.windows(2) {
             let (stage, next) = (&pair[0], &pair[1]);
-            let ids: Vec<JobId> = jobs.iter().map(|(id, _)| *id).collect();
+            let ids: Vec<JobId> = jobs.iter().map(|input| input.id).collect();
             let outcomes = run_stage(stage, jobs, entered, deadline, retries).await?;
             jobs = match hand_over(stage, next, ids, outcomes) {
                 Ok(inputs) => inputs,
@@ -66,7 +89,7 @@ impl Pipeline {
     /// refused them at admission.
     pub async fn run(
         &self,
-        jobs: Vec<(JobId, Bytes)>,
+        jobs: Vec<Input>,
         arrived: Instant,
         deadline: Instant,
         retries: u32,
@@ -87,19 +110,21 @@ fn hand_over(
     to: &Stage,
     ids: Vec<JobId>,
     outcomes: Vec<Outcome>,
-) -> Result<Vec<(JobId, Bytes)>, Vec<Outcome>> {
+) -> Result<Vec<Input>, Vec<Outcome>> {
     let limit = to.settings().max_batch_bytes;
-    let fits =
-        |outcome: &Outcome| matches!(outcome, Outcome::Done(output) if output.len() <= limit);
+    let size = |output: &Bytes, content_type: &Option<HeaderValue>| {
+        output.len() + content_type.as_ref().map_or(0, HeaderValue::len)
+    };
+    let fits = |outcome: &Outcome| matches!(outcome, Outcome::Done(output, named) if size(output, named) <= limit);
     if outcomes.iter().all(fits) {
         let inputs = ids.into_iter().zip(outcomes).filter_map(|(id, outcome)| match outcome {
-            Outcome::Done(output) => Some((id, output)),
+            Outcome::Done(payload, content_type) => Some(Input { id, payload, content_type }),
             _ => None,
         });
         return Ok(inputs.collect());
     }
     let outcomes = outcomes.into_iter().map(|outcome| match outcome {
-        Outcome::Done(output) if output.len() > limit => Outcome::Failed(format!(
+        Outcome::Done(output, named) if size(&output, &named) > limit => Outcome::Failed(format!(
             "stage {:?} produced {} bytes, more than stage {:?} takes in a batch",
             from.name(),
             output.len(),
@@ -117,16 +142,17 @@ fn hand_over(
 /// client leaves, hyper drops this future with the receivers, so the queue skips the jobs.
 async fn run_stage(
     stage: &Stage,
-    payloads: Vec<(JobId, Bytes)>,
+    inputs: Vec<Input>,
     arrived: Instant,
     deadline: Instant,
     retries: u32,
 ) -> Result<Vec<Outcome>, Shed> {
-    let (jobs, answers): (Vec<Job>, Vec<_>) = payloads
+    let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
-        .map(|(id, payload)| {
+        .map(|Input { id, payload, content_type }| {
             let (mut job, answer) = Job::new(id, payload, arrived, deadline);
             job.retries = retries;
+            job.content_type = content_type;
             (job, answer)
         })
         .unzip();
@@ -167,7 +193,7 @@ mod tests {
     }
 
     fn done(bytes: &'static [u8]) -> Outcome {
-        Outcome::Done(Bytes::from_static(bytes))
+        Outcome::Done(Bytes::from_static(bytes), None)
     }
 
     #[test]
@@ -177,8 +203,31 @@ mod tests {
         let inputs = hand_over(&from, &to, ids.clone(), vec![done(b"ab"), done(b"abcd")]).unwrap();
         assert_eq!(
             inputs,
-            vec![(ids[0], Bytes::from_static(b"ab")), (ids[1], Bytes::from_static(b"abcd"))]
+            vec![
+                Input::new(ids[0], Bytes::from_static(b"ab")),
+                Input::new(ids[1], Bytes::from_static(b"abcd"))
+            ]
         );
+    }
+
+    #[test]
+    fn raw_bytes_with_a_media_type_are_raw_bytes_to_the_next_stage() {
+        let (from, to) = (stage("a", 100), stage("b", 100));
+        let id = JobId::new();
+        let png = Bytes::from_static(b"\xc4\x03PNG");
+        let named = Some(HeaderValue::from_static("image/png"));
+        let outcome = Outcome::Done(png.clone(), named.clone());
+        let inputs = hand_over(&from, &to, vec![id], vec![outcome]).unwrap();
+        assert_eq!(inputs, vec![Input { id, payload: png, content_type: named }]);
+    }
+
+    #[test]
+    fn the_media_type_counts_toward_what_the_next_stage_takes() {
+        let (from, to) = (stage("a", 100), stage("b", 12));
+        let named = Some(HeaderValue::from_static("image/png")); // 9 bytes
+        let outcome = Outcome::Done(Bytes::from_static(b"\xc4\x03PNG"), named); // 5 bytes
+        let outcomes = hand_over(&from, &to, vec![JobId::new()], vec![outcome]).unwrap_err();
+        assert!(matches!(&outcomes[0], Outcome::Failed(_)), "{outcomes:?}");
     }
 
     #[test]

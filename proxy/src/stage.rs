@@ -120,13 +120,13 @@ impl Seat {
 
 impl Queue {
     fn push(&mut self, job: Job) {
-        self.bytes += job.payload.len();
+        self.bytes += job.size();
         self.jobs.push_back(job);
     }
 
     fn pop(&mut self) -> Option<Job> {
         let job = self.jobs.pop_front()?;
-        self.bytes -= job.payload.len();
+        self.bytes -= job.size();
         Some(job)
     }
 
@@ -139,7 +139,7 @@ impl Queue {
             let (live, gone): (VecDeque<Job>, VecDeque<Job>) =
                 std::mem::take(&mut self.jobs).into_iter().partition(|j| !dead(j));
             self.jobs = live;
-            self.bytes = self.jobs.iter().map(|j| j.payload.len()).sum();
+            self.bytes = self.jobs.iter().map(|j| j.size()).sum();
             gone.into_iter().for_each(|job| bury(job, now));
             return;
         }
@@ -286,7 +286,7 @@ impl Stage {
             // overload this runs on every arrival, and the queue can be long.
             let due = queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY);
             let long = queue.jobs.len() > self.settings.max_batch_size;
-            let bytes: usize = jobs.iter().map(|job| job.payload.len()).sum();
+            let bytes: usize = jobs.iter().map(|job| job.size()).sum();
             // An empty queue takes any one request, so that a payload larger than the byte
             // capacity (it passed the body limit) is served rather than shed forever.
             let full = |queue: &Queue| {
@@ -337,7 +337,7 @@ impl Stage {
                 return;
             }
             for job in jobs.into_iter().rev() {
-                queue.bytes += job.payload.len();
+                queue.bytes += job.size();
                 queue.jobs.push_front(job);
             }
         }
@@ -502,7 +502,7 @@ impl Stage {
         let mut bytes = 0;
         while batch.len() < max {
             let Some(next) = queue.jobs.front() else { break };
-            let fits = bytes + next.payload.len() <= self.settings.max_batch_bytes;
+            let fits = bytes + next.size() <= self.settings.max_batch_bytes;
             let group_fits_later = next.group_len > max - batch.len() && next.group_len <= max;
             if !batch.is_empty() && (!fits || group_fits_later) {
                 break;
@@ -512,7 +512,7 @@ impl Stage {
                 bury(job, now);
                 continue;
             }
-            bytes += job.payload.len();
+            bytes += job.size();
             batch.push(job);
         }
         if !batch.is_empty() {

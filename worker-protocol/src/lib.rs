@@ -7,6 +7,8 @@
 //! - [`job_id`]: the 16-byte job identifier and its msgpack form.
 //! - [`codec`]: frames (tokio-util's length-delimited codec: 4-byte big-endian length) around one
 //!   msgpack map each, and the msgpack step itself.
+//! - [`segments`]: a `batch` frame as segments around its payloads, for one vectored write that
+//!   copies no payload byte.
 //!
 //! This crate has no opinion about sockets or runtimes: anything that is `AsyncRead + AsyncWrite`
 //! can be wrapped in a `Framed` with [`codec::ProxyCodec`] or [`codec::WorkerCodec`].
@@ -18,6 +20,7 @@ pub mod codec;
 pub mod fuzzing;
 pub mod job_id;
 pub mod message;
+pub mod segments;
 
 pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCodec};
 pub use job_id::JobId;
@@ -26,6 +29,7 @@ pub use message::{
     ResultStatus, Results, Shutdown, TensorSpec, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN,
     FEATURE_STREAM,
 };
+pub use segments::BatchFrame;
 
 /// The protocol version this crate speaks. A worker that says hello with another version is
 /// refused (a `reject` message, then the connection is closed).

@@ -47,7 +47,8 @@ impl ApiError {
     }
 
     pub fn not_acceptable() -> Self {
-        let message = "Accept must allow application/json or application/msgpack";
+        let message = "Accept must allow application/json or application/msgpack, or, for an \
+                       output of raw bytes, application/octet-stream or the output's media type";
         Self::new(StatusCode::NOT_ACCEPTABLE, "not_acceptable", message)
     }
 
@@ -62,6 +63,17 @@ impl ApiError {
         } else {
             "Content-Type must be application/json or application/msgpack"
         };
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
+    }
+
+    /// A native route's `Content-Type` that is no media type at all (raw bytes need one).
+    pub fn not_a_media_type(media_type: &str) -> Self {
+        let shown: String = media_type.chars().take(100).collect();
+        let message = format!(
+            "Content-Type {shown:?} is not a media type: send application/json, \
+             application/msgpack, or raw bytes with their type (type/subtype, e.g. image/png or \
+             application/octet-stream)"
+        );
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
@@ -128,7 +140,7 @@ impl ApiError {
     /// The HTTP answer for a job outcome that is not a result.
     pub fn from_outcome(outcome: Outcome) -> Self {
         match outcome {
-            Outcome::Done(_) => Self::internal("internal", "a result was treated as an error"),
+            Outcome::Done(..) => Self::internal("internal", "a result was treated as an error"),
             Outcome::Invalid(message) => {
                 Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid_input", message)
             }

@@ -1,9 +1,12 @@
-//! Body formats: content negotiation and JSON ↔ msgpack transcoding.
+//! Body formats: content negotiation, JSON ↔ msgpack transcoding, and raw bytes.
 //!
 //! Workers always see msgpack: a JSON body is transcoded once at the edge (streamed through
 //! serde-transcode, no intermediate tree) and dropped, a msgpack body is checked
 //! ([`super::validate`]) and passed on as the same buffer, so that a queued request holds one
-//! copy of its body. Results travel back the same way.
+//! copy of its body. A body of any other media type is raw bytes: it is read into a buffer that
+//! starts with room for a msgpack `bin32` header ([`BIN32_HEADER`]), so that the body becomes one
+//! msgpack value without a copy. Results travel back the same way; an output that is one msgpack
+//! `bin` goes to a client that accepts it as the bytes themselves ([`Negotiation`]).
 
 use bytes::Bytes;
 use http::HeaderValue;
@@ -42,37 +45,159 @@ impl Format {
     }
 }
 
-/// The answer format for an `Accept` header: the first listed media range (by quality, then order)
-/// that Corral speaks; wildcards and a missing header mean `default` (the request's format).
-/// None means nothing acceptable (406).
-pub fn negotiate(accept: Option<&HeaderValue>, default: Format) -> Option<Format> {
-    let Some(accept) = accept else {
-        return Some(default);
-    };
-    let accept = accept.to_str().ok()?;
-    let mut best: Option<(f32, Format)> = None;
-    for range in accept.split(',') {
+/// How a one-shot answer is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answer {
+    /// The output in a format (transcoded to JSON, or msgpack as it is).
+    Format(Format),
+    /// The bytes of an output that is one msgpack `bin`, as the body.
+    Raw,
+}
+
+/// A request's `Accept`, kept from before its job runs: the form of the answer depends on the
+/// output too (raw bytes or not, and of which media type), so it is chosen once the output is
+/// there.
+///
+/// An output that is one msgpack `bin` is answered raw when the client accepts raw bytes: its
+/// `Accept` names `application/octet-stream`, the media type the worker named for the output
+/// (or its `type/*`), or — for a client that sent raw bytes itself — `*/*` or nothing at all.
+/// Otherwise the answer is JSON or msgpack as always (JSON for a raw request whose client did
+/// not ask for msgpack). Ranges are weighed by quality; among equals the first listed wins.
+#[derive(Debug, Clone)]
+pub struct Negotiation {
+    accept: Option<HeaderValue>,
+    /// The format of a non-raw answer when the client leaves it open.
+    format: Format,
+    /// The request was raw bytes.
+    raw_request: bool,
+}
+
+impl Negotiation {
+    pub fn new(accept: Option<&HeaderValue>, format: Format, raw_request: bool) -> Self {
+        Self { accept: accept.cloned(), format, raw_request }
+    }
+
+    /// Whether some output could be answered at all; false (a 406 before the job runs) when
+    /// every range is refused (`q=0`) or unreadable. A range such as `text/html` keeps it open:
+    /// the worker may name that type for raw bytes, and only its output tells.
+    pub fn satisfiable(&self) -> bool {
+        let Some(accept) = &self.accept else { return true };
+        let Ok(accept) = accept.to_str() else { return false };
+        ranges(accept).any(|(media, _)| media.contains('/'))
+    }
+
+    /// The answer's form for an output, and the worker's media type for it, if it named one;
+    /// None means nothing acceptable (406).
+    pub fn choose(&self, output: &Bytes, content_type: Option<&HeaderValue>) -> Option<Answer> {
+        let raw = bin_contents(output).is_some();
+        let default =
+            if raw && self.raw_request { Answer::Raw } else { Answer::Format(self.format) };
+        let Some(accept) = &self.accept else {
+            return Some(default);
+        };
+        let accept = accept.to_str().ok()?;
+        let named = content_type.and_then(|value| value.to_str().ok()).map(essence);
+        let mut best: Option<(f32, Answer)> = None;
+        for (media, quality) in ranges(accept) {
+            let answer = if media == "*/*" {
+                Some(default)
+            } else if media.eq_ignore_ascii_case("application/*") {
+                Some(Answer::Format(self.format))
+            } else if let Some(format) = Format::from_media_type(media) {
+                Some(Answer::Format(format))
+            } else if raw && accepts_raw(media, named) {
+                Some(Answer::Raw)
+            } else {
+                None
+            };
+            if let Some(answer) = answer {
+                if best.is_none_or(|(q, _)| quality > q) {
+                    best = Some((quality, answer));
+                }
+            }
+        }
+        best.map(|(_, answer)| answer)
+    }
+}
+
+/// Whether an `Accept` range takes raw bytes of the media type `named` (None: unnamed bytes,
+/// `application/octet-stream`).
+fn accepts_raw(media: &str, named: Option<&str>) -> bool {
+    if media.eq_ignore_ascii_case(OCTET_STREAM) {
+        return true;
+    }
+    let Some(named) = named else { return false };
+    match media.strip_suffix("/*") {
+        Some(kind) => named.split('/').next().is_some_and(|k| k.eq_ignore_ascii_case(kind)),
+        None => media.eq_ignore_ascii_case(named),
+    }
+}
+
+/// The media ranges of an `Accept` value with their qualities; refused ones (`q=0`) left out.
+fn ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
+    accept.split(',').filter_map(|range| {
         let mut parts = range.split(';');
         let media = parts.next().unwrap_or("").trim();
         let quality = parts
             .filter_map(|p| p.trim().strip_prefix("q="))
             .find_map(|q| q.trim().parse::<f32>().ok())
             .unwrap_or(1.0);
-        if quality <= 0.0 {
-            continue;
-        }
-        let format = match media {
-            "*/*" | "application/*" => Some(default),
-            "" => continue,
-            other => Format::from_media_type(other),
-        };
-        if let Some(format) = format {
-            if best.is_none_or(|(q, _)| quality > q) {
-                best = Some((quality, format));
-            }
-        }
+        (quality > 0.0 && !media.is_empty()).then_some((media, quality))
+    })
+}
+
+/// A media type without its parameters: `image/png` of `image/png; q=1`.
+fn essence(media_type: &str) -> &str {
+    media_type.split(';').next().unwrap_or("").trim()
+}
+
+/// The media type of raw bytes whose sender named none.
+pub const OCTET_STREAM: &str = "application/octet-stream";
+
+/// The bytes a raw body's buffer keeps free at its front for its msgpack header: `0xc6` and a
+/// 4-byte big-endian length (`bin32`), so that the body becomes one msgpack value in place.
+pub const BIN32_HEADER: usize = 5;
+
+/// Writes the `bin32` header into the first [`BIN32_HEADER`] bytes of `buf`, for the body after
+/// them.
+pub fn write_bin32_header(buf: &mut [u8]) {
+    let body = (buf.len() - BIN32_HEADER) as u32;
+    buf[0] = 0xc6;
+    buf[1..BIN32_HEADER].copy_from_slice(&body.to_be_bytes());
+}
+
+/// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no
+/// copy).
+pub fn bin_contents(value: &Bytes) -> Option<Bytes> {
+    let (header, length) = match *value.first()? {
+        0xc4 => (2, usize::from(*value.get(1)?)),
+        0xc5 => (3, usize::from(u16::from_be_bytes(value.get(1..3)?.try_into().ok()?))),
+        0xc6 => (5, u32::from_be_bytes(value.get(1..5)?.try_into().ok()?) as usize),
+        _ => return None,
+    };
+    (value.len() == header + length).then(|| value.slice(header..))
+}
+
+/// Longest media type Corral passes on (a request's or a worker's): type and subtype may have up
+/// to 127 characters each (RFC 6838), parameters the rest.
+pub const MAX_MEDIA_TYPE: usize = 1024;
+
+/// `text` as a header value if it is a media type: `type/subtype`, both tokens (RFC 9110),
+/// optionally followed by `;` and parameters, visible ASCII throughout, at most
+/// [`MAX_MEDIA_TYPE`] bytes.
+pub fn media_type(text: &str) -> Option<HeaderValue> {
+    if text.len() > MAX_MEDIA_TYPE {
+        return None;
     }
-    best.map(|(_, format)| format)
+    let (kind, subtype) = essence(text).split_once('/')?;
+    let token = |part: &str| {
+        !part.is_empty()
+            && part.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
+    };
+    if !token(kind) || !token(subtype) {
+        return None;
+    }
+    HeaderValue::from_str(text).ok().filter(|value| value.to_str().is_ok())
 }
 
 /// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
@@ -156,19 +281,119 @@ mod tests {
         }
     }
 
-    fn accept(value: &'static str) -> Option<Format> {
-        negotiate(Some(&HeaderValue::from_static(value)), Format::Json)
+    /// The answer for a JSON request whose output is not raw bytes.
+    fn accept(value: &'static str) -> Option<Answer> {
+        Negotiation::new(Some(&HeaderValue::from_static(value)), Format::Json, false)
+            .choose(&Bytes::from_static(&[0x01]), None)
     }
 
     #[test]
     fn negotiates_accept() {
-        assert_eq!(negotiate(None, Format::Msgpack), Some(Format::Msgpack));
-        assert_eq!(accept("*/*"), Some(Format::Json));
-        assert_eq!(accept("application/msgpack"), Some(Format::Msgpack));
-        assert_eq!(accept("text/html, application/msgpack;q=0.5"), Some(Format::Msgpack));
-        assert_eq!(accept("application/msgpack;q=0.2, application/json"), Some(Format::Json));
+        let json = Some(Answer::Format(Format::Json));
+        let msgpack = Some(Answer::Format(Format::Msgpack));
+        let one = Bytes::from_static(&[0x01]);
+        assert_eq!(Negotiation::new(None, Format::Msgpack, false).choose(&one, None), msgpack);
+        assert_eq!(accept("*/*"), json);
+        assert_eq!(accept("application/msgpack"), msgpack);
+        assert_eq!(accept("text/html, application/msgpack;q=0.5"), msgpack);
+        assert_eq!(accept("application/msgpack;q=0.2, application/json"), json);
         assert_eq!(accept("text/html"), None);
+        assert_eq!(accept("application/octet-stream"), None, "the output is not raw bytes");
         assert_eq!(accept("application/json;q=0"), None);
+    }
+
+    /// The answer for an output of raw bytes (`b"PNG"`, the worker naming `named`).
+    fn raw_answer(
+        accept: Option<&'static str>,
+        raw_request: bool,
+        named: Option<&'static str>,
+    ) -> Option<Answer> {
+        let accept = accept.map(HeaderValue::from_static);
+        let named = named.map(HeaderValue::from_static);
+        Negotiation::new(accept.as_ref(), Format::Json, raw_request)
+            .choose(&Bytes::from_static(b"\xc4\x03PNG"), named.as_ref())
+    }
+
+    #[test]
+    fn raw_bytes_go_back_raw_to_a_client_that_accepts_them() {
+        let (raw, json) = (Some(Answer::Raw), Some(Answer::Format(Format::Json)));
+        let png = Some("image/png");
+        // A client that sent raw bytes and left the answer open.
+        assert_eq!(raw_answer(None, true, png), raw);
+        assert_eq!(raw_answer(Some("*/*"), true, png), raw);
+        assert_eq!(raw_answer(Some("*/*"), true, None), raw);
+        // A JSON client that left it open gets JSON, as before.
+        assert_eq!(raw_answer(None, false, png), json);
+        assert_eq!(raw_answer(Some("*/*"), false, png), json);
+        // Any client naming octet-stream, the worker's type or its type/*.
+        for accept in ["application/octet-stream", "image/png", "IMAGE/PNG", "image/*"] {
+            assert_eq!(raw_answer(Some(accept), false, png), raw, "{accept}");
+        }
+        assert_eq!(raw_answer(Some("application/octet-stream"), false, None), raw);
+        // A type that is not the worker's; the worker named none; a refused range.
+        assert_eq!(raw_answer(Some("image/jpeg"), true, png), None);
+        assert_eq!(raw_answer(Some("image/png"), true, None), None);
+        assert_eq!(raw_answer(Some("image/png;q=0"), true, png), None);
+        // JSON asked for by name wins over raw bytes the client did not ask for.
+        assert_eq!(raw_answer(Some("application/json"), true, png), json);
+        // Qualities weigh; among equals the first listed wins.
+        assert_eq!(raw_answer(Some("application/json;q=0.5, image/png"), false, png), raw);
+        assert_eq!(raw_answer(Some("image/png;q=0.5, application/json"), true, png), json);
+        assert_eq!(raw_answer(Some("application/json, image/png"), true, png), json);
+        assert_eq!(raw_answer(Some("image/png, application/json"), true, png), raw);
+    }
+
+    #[test]
+    fn only_an_accept_that_refuses_everything_is_refused_before_the_job_runs() {
+        let satisfiable = |accept: &'static str| {
+            Negotiation::new(Some(&HeaderValue::from_static(accept)), Format::Json, false)
+                .satisfiable()
+        };
+        assert!(Negotiation::new(None, Format::Json, false).satisfiable());
+        assert!(satisfiable("text/html"), "a worker may name that type for raw bytes");
+        assert!(satisfiable("application/json"));
+        assert!(!satisfiable("application/json;q=0"));
+        assert!(!satisfiable("nonsense"));
+    }
+
+    #[test]
+    fn finds_the_bytes_of_one_bin() {
+        let bin = |bytes: &'static [u8]| bin_contents(&Bytes::from_static(bytes));
+        assert_eq!(bin(b"\xc4\x02ab").as_deref(), Some(&b"ab"[..]));
+        assert_eq!(bin(b"\xc5\x00\x01a").as_deref(), Some(&b"a"[..]));
+        assert_eq!(bin(b"\xc6\x00\x00\x00\x00").as_deref(), Some(&b""[..]));
+        assert_eq!(bin(b"\xc4\x02a"), None, "truncated");
+        assert_eq!(bin(b"\xc4\x01ab"), None, "a value after it");
+        assert_eq!(bin(b"\xa2ab"), None, "a str");
+        assert_eq!(bin(b""), None);
+        let bytes = Bytes::from_static(b"\xc4\x03PNG");
+        assert_eq!(bin_contents(&bytes).unwrap().as_ptr(), bytes[2..].as_ptr(), "not a copy");
+    }
+
+    #[test]
+    fn a_bin32_header_makes_the_body_one_msgpack_value() {
+        let mut buf = vec![0u8; BIN32_HEADER];
+        buf.extend_from_slice(b"\x89PNG");
+        write_bin32_header(&mut buf);
+        let mut rest = &buf[..];
+        assert_eq!(rmp::decode::read_bin_len(&mut rest).unwrap(), 4);
+        assert_eq!(rest, b"\x89PNG");
+        assert!(validate::msgpack(&buf).is_ok());
+        assert_eq!(bin_contents(&Bytes::from(buf)).as_deref(), Some(&b"\x89PNG"[..]));
+    }
+
+    #[test]
+    fn media_types_are_type_slash_subtype_in_visible_ascii() {
+        for good in ["image/png", "application/octet-stream", "text/plain; charset=utf-8", "a/b+c"]
+        {
+            assert!(media_type(good).is_some(), "{good}");
+        }
+        let long = format!("image/{}", "p".repeat(MAX_MEDIA_TYPE));
+        for bad in
+            ["", "png", "image/", "/png", "image png", "image/p ng", "imäge/png", "a/b\n", &long]
+        {
+            assert!(media_type(bad).is_none(), "{bad:?}");
+        }
     }
 
     #[test]

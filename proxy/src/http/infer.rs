@@ -1,23 +1,30 @@
 //! `POST` to a route (`/infer` by default): a request becomes one job (or, with
 //! `x-corral-items: many`, one job per array element) that goes through the route's pipeline, and
 //! the jobs' answers become the response.
+//!
+//! A body that is neither JSON nor msgpack (nor a form, which is almost always JSON sent without
+//! its header: 415 with the fix) is raw bytes: one job whose payload is one msgpack `bin` holding
+//! the body, read in place behind a reserved header ([`format::BIN32_HEADER`]), and whose
+//! `content_type` is the request's. An output that is one msgpack `bin` goes back raw to a
+//! client that accepts it ([`Negotiation`]).
 
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocol::JobId;
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use tokio::time::Instant;
 
 use super::error::ApiError;
 use super::events::Framing;
-use super::format::{self, Format};
+use super::format::{self, Answer, Format, Negotiation};
 use super::items;
 use super::{shed_error, stream, App, Body, Route};
 use crate::job::Outcome;
+use crate::pipeline::Input;
 
 /// Header with which a client shortens its job's deadline.
 pub const TIMEOUT_HEADER: &str = "x-corral-timeout-ms";
@@ -31,45 +38,90 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
-    let input = request_format(headers)?;
+    let kind = body_kind(headers)?;
     let streamed = Framing::requested(headers.get(ACCEPT));
-    let output = match streamed {
-        // The output format is moot for a stream (events are JSON) but for its plain errors.
-        Some(_) => Format::Json,
-        None => {
-            format::negotiate(headers.get(ACCEPT), input).ok_or_else(ApiError::not_acceptable)?
+    // A raw request's non-raw answers are JSON unless the client asks for msgpack.
+    let format = match kind {
+        BodyKind::Format(format) => format,
+        BodyKind::Raw(_) => Format::Json,
+    };
+    let raw = matches!(kind, BodyKind::Raw(_));
+    let negotiation = Negotiation::new(headers.get(ACCEPT), format, raw);
+    // The output format is moot for a stream (events are JSON) but for its plain errors.
+    if streamed.is_none() && !negotiation.satisfiable() {
+        return Err(ApiError::not_acceptable());
+    }
+    let many = carries_many(headers)?;
+    if many && raw {
+        let message = "a body of raw bytes is one item: x-corral-items: many takes a JSON or \
+                       msgpack array";
+        return Err(ApiError::bad_request(message));
+    }
+    let front = if raw { format::BIN32_HEADER } else { 0 };
+    let Received { body, arrived, deadline } = receive_with(app, route, request, front).await?;
+    // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
+    // one copy of its payload. Raw bytes are one msgpack value already, header and all.
+    let input = match kind {
+        BodyKind::Format(format) => {
+            Input::new(id, format::to_msgpack(format, body).map_err(ApiError::bad_request)?)
+        }
+        BodyKind::Raw(content_type) => {
+            Input { id, payload: body, content_type: Some(content_type) }
         }
     };
-    let many = carries_many(headers)?;
-    let Received { body, arrived, deadline } = receive(app, route, request).await?;
-    // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
-    // one copy of its payload.
-    let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     if let Some(framing) = streamed {
         if many {
             let message = "a request of several items (x-corral-items: many) cannot be streamed";
             return Err(ApiError::bad_request(message));
         }
-        check_payload_size(app, route, &payload)?;
-        return stream::answer(app, route, id, payload, arrived, deadline, framing).await;
+        check_payload_size(app, route, input.size())?;
+        return stream::answer(app, route, input, arrived, deadline, framing).await;
     }
     if !many {
-        check_payload_size(app, route, &payload)?;
-        let outcome = run(app, route, vec![(id, payload)], arrived, deadline).await?;
+        check_payload_size(app, route, input.size())?;
+        let outcome = run(app, route, vec![input], arrived, deadline).await?;
         return match outcome.into_iter().next().expect("one job, one outcome") {
-            Outcome::Done(data) => ok(output, data),
+            Outcome::Done(data, content_type) => answer(&negotiation, data, content_type),
             other => Err(ApiError::from_outcome(other)),
         };
     }
 
-    let elements = items::split(&payload).map_err(ApiError::bad_request)?;
+    let elements = items::split(&input.payload).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline).await?;
     let data = items::assemble(outcomes)?;
-    ok(output, data)
+    answer(&negotiation, data, None)
 }
 
-/// The format a request's `Content-Type` names; a client that names none almost always means
-/// JSON.
+/// What a native route's request body is.
+enum BodyKind {
+    /// JSON or msgpack.
+    Format(Format),
+    /// Raw bytes of this media type (the `Content-Type` value as sent).
+    Raw(HeaderValue),
+}
+
+/// What a native route's `Content-Type` makes of its body: JSON (also when it names none: such a
+/// client almost always means JSON), msgpack, or raw bytes of any other media type. A form is
+/// refused (415, saying how to send JSON), and so is a value that is not a media type.
+fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
+    let Some(value) = headers.get(CONTENT_TYPE) else {
+        return Ok(BodyKind::Format(Format::Json));
+    };
+    let media_type = value.to_str().unwrap_or("");
+    if let Some(format) = Format::from_media_type(media_type) {
+        return Ok(BodyKind::Format(format));
+    }
+    let essence = media_type.split(';').next().unwrap_or("").trim();
+    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+        return Err(ApiError::unsupported_media_type(media_type));
+    }
+    format::media_type(media_type)
+        .map(BodyKind::Raw)
+        .ok_or_else(|| ApiError::not_a_media_type(&String::from_utf8_lossy(value.as_bytes())))
+}
+
+/// The format a request's `Content-Type` names, for the protocols' envelopes (which take JSON or
+/// msgpack only); a client that names none almost always means JSON.
 pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
     match headers.get(CONTENT_TYPE) {
         None => Ok(Format::Json),
@@ -97,6 +149,16 @@ pub async fn receive(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Received, ApiError> {
+    receive_with(app, route, request, 0).await
+}
+
+/// [`receive`], with `front` bytes kept free at the start of the body's buffer, for a header.
+async fn receive_with(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+    front: usize,
+) -> Result<Received, ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
     let timeout = requested_timeout(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
@@ -105,7 +167,7 @@ pub async fn receive(
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);
-    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by)
+    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front)
         .await
         .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
     Ok(Received { body, arrived, deadline })
@@ -123,13 +185,13 @@ pub async fn run_items(
     deadline: Instant,
 ) -> Result<Vec<Outcome>, ApiError> {
     for payload in &payloads {
-        check_payload_size(app, route, payload)?;
+        check_payload_size(app, route, payload.len())?;
     }
     let capacity = route.pipeline.capacity();
     if payloads.len() > capacity {
         return Err(ApiError::too_many_items(payloads.len(), capacity));
     }
-    let jobs = payloads.into_iter().map(|payload| (JobId::new(), payload)).collect();
+    let jobs = payloads.into_iter().map(|payload| Input::new(JobId::new(), payload)).collect();
     run(app, route, jobs, arrived, deadline).await
 }
 
@@ -137,11 +199,36 @@ pub async fn run_items(
 async fn run(
     app: &App,
     route: &Route,
-    jobs: Vec<(JobId, Bytes)>,
+    jobs: Vec<Input>,
     arrived: Instant,
     deadline: Instant,
 ) -> Result<Vec<Outcome>, ApiError> {
     route.pipeline.run(jobs, arrived, deadline, app.retries).await.map_err(shed_error)
+}
+
+/// The 200 for an output, in the form the client's `Accept` and the output allow (406 if none):
+/// the bytes of a raw output as they are (a slice past the `bin` header, no copy), with the
+/// worker's media type or `application/octet-stream`; otherwise JSON or msgpack.
+fn answer(
+    negotiation: &Negotiation,
+    data: Bytes,
+    content_type: Option<HeaderValue>,
+) -> Result<Response<Body>, ApiError> {
+    match negotiation.choose(&data, content_type.as_ref()) {
+        None => Err(ApiError::not_acceptable()),
+        Some(Answer::Format(format)) => ok(format, data),
+        Some(Answer::Raw) => {
+            let bytes = format::bin_contents(&data)
+                .ok_or_else(|| ApiError::internal("internal", "raw answer for a non-raw output"))?;
+            let content_type =
+                content_type.unwrap_or(HeaderValue::from_static(format::OCTET_STREAM));
+            Ok(Response::builder()
+                .status(StatusCode::OK)
+                .header(CONTENT_TYPE, content_type)
+                .body(Full::new(bytes).boxed_unsync())
+                .expect("a checked media type is a valid header"))
+        }
+    }
 }
 
 fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
@@ -154,10 +241,10 @@ fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
         .expect("static headers are valid"))
 }
 
-/// A single payload must fit in one batch frame.
-fn check_payload_size(app: &App, route: &Route, payload: &Bytes) -> Result<(), ApiError> {
+/// A single payload (`size` bytes) must fit in one batch frame.
+fn check_payload_size(app: &App, route: &Route, size: usize) -> Result<(), ApiError> {
     let limit = route.pipeline.first().settings().max_batch_bytes;
-    if payload.len() <= limit {
+    if size <= limit {
         return Ok(());
     }
     let message = format!("an item is larger than {limit} bytes once encoded as msgpack");
@@ -204,36 +291,59 @@ const DRAIN_BYTES: usize = 4 * 1024 * 1024;
 const DRAIN_TIME: Duration = Duration::from_secs(2);
 
 /// Reads the body by `read_by` (`Err(None)` after it), stopping (413) as soon as it passes the
-/// limit rather than buffering it all. The buffer is sized once from a declared length; an undeclared one (chunked) grows by
-/// doubling and is trimmed at the end if much of it is slack, since a queued job keeps the whole
-/// allocation alive.
+/// limit rather than buffering it all. With `front` > 0 the buffer starts with that many bytes
+/// for a `bin32` header, written once the body's length is known: the body becomes one msgpack
+/// value where it lies.
+///
+/// Each byte is copied once, from hyper's frames into the buffer, and the buffer has no slack (a
+/// queued job keeps its whole allocation alive): with a declared length the buffer is allocated
+/// at that size and filled as frames come; without one (chunked) the frames are kept as they
+/// are and copied at the end into a buffer of the size they add up to, where growing a buffer
+/// by doubling would copy the body again at each step.
 async fn read_body(
     mut body: Incoming,
     limit: usize,
     declared: Option<u64>,
     read_by: Instant,
+    front: usize,
 ) -> Result<Bytes, Option<ApiError>> {
     let too_large = Some(ApiError::body_too_large(limit));
     if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
         return Err(too_large);
     }
-    let mut buf = BytesMut::with_capacity(declared.unwrap_or(0) as usize);
+    let with_front = |capacity: usize| {
+        let mut buf = BytesMut::with_capacity(front + capacity);
+        buf.resize(front, 0);
+        buf
+    };
+    let mut sized = declared.map(|length| with_front(length as usize));
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut received = 0;
     while let Some(frame) =
         tokio::time::timeout_at(read_by, body.frame()).await.map_err(|_| None)?
     {
         let frame = frame
             .map_err(|e| Some(ApiError::bad_request(format!("could not read the body: {e}"))))?;
         if let Ok(data) = frame.into_data() {
-            if buf.len() + data.len() > limit {
+            received += data.len();
+            if received > limit {
                 drain(body).await;
                 return Err(too_large);
             }
-            buf.extend_from_slice(&data);
+            match &mut sized {
+                Some(buf) => buf.extend_from_slice(&data),
+                None => frames.push(data),
+            }
         }
     }
-    if buf.capacity() - buf.len() > buf.len() / 8 {
-        return Ok(Bytes::copy_from_slice(&buf));
+    let mut buf = sized.unwrap_or_else(|| {
+        let mut buf = with_front(received);
+        frames.iter().for_each(|frame| buf.extend_from_slice(frame));
+        buf
+    });
+    if front > 0 {
+        format::write_bin32_header(&mut buf);
     }
     Ok(buf.freeze())
 }

@@ -57,7 +57,7 @@ pub fn assemble(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     let failed: Vec<(usize, ApiError)> = outcomes
         .iter()
         .enumerate()
-        .filter(|(_, outcome)| !matches!(outcome, Outcome::Done(_)))
+        .filter(|(_, outcome)| !matches!(outcome, Outcome::Done(..)))
         .map(|(index, outcome)| (index, ApiError::from_outcome(outcome.clone())))
         .collect();
     if let Some((_, first)) = failed.first() {
@@ -76,14 +76,14 @@ pub fn assemble(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
         return Err(ApiError { message, items: Some(listed), ..first.clone() });
     }
     let size: usize =
-        outcomes.iter().map(|o| if let Outcome::Done(d) = o { d.len() } else { 0 }).sum();
+        outcomes.iter().map(|o| if let Outcome::Done(d, _) = o { d.len() } else { 0 }).sum();
     let mut out = BytesMut::with_capacity(size + 5);
     let mut header = Vec::with_capacity(5);
     rmp::encode::write_array_len(&mut header, outcomes.len() as u32)
         .expect("writing to a Vec cannot fail");
     out.put_slice(&header);
     for outcome in outcomes {
-        if let Outcome::Done(data) = outcome {
+        if let Outcome::Done(data, _) = outcome {
             out.put_slice(&data);
         }
     }
@@ -129,8 +129,8 @@ mod tests {
     #[test]
     fn assembles_results_in_order() {
         let data = assemble(vec![
-            Outcome::Done(mp(serde_json::json!("a"))),
-            Outcome::Done(mp(serde_json::json!(2))),
+            Outcome::Done(mp(serde_json::json!("a")), None),
+            Outcome::Done(mp(serde_json::json!(2)), None),
         ]);
         assert_eq!(data.unwrap(), mp(serde_json::json!(["a", 2])));
     }
@@ -138,7 +138,7 @@ mod tests {
     #[test]
     fn answers_the_first_failure_and_lists_them_all() {
         let error = assemble(vec![
-            Outcome::Done(mp(serde_json::json!(1))),
+            Outcome::Done(mp(serde_json::json!(1)), None),
             Outcome::Invalid("bad pixel".into()),
             Outcome::Expired,
         ])

@@ -1,6 +1,8 @@
 //! `GET /openapi.json`: an OpenAPI 3.1 description of this proxy, built on request from what the
 //! workers declared (their JSON Schemas arrive in the handshake) and from the answers Corral
-//! itself can give. Without declared schemas, requests and results are any JSON value.
+//! itself can give. Without declared schemas, requests and results are any JSON value. A route
+//! also takes raw bytes of any other media type, and answers raw bytes to a client that accepts
+//! them: both are listed as `application/octet-stream` and `*/*`.
 
 use serde_json::{json, Map, Value};
 
@@ -11,14 +13,22 @@ use super::{App, Route};
 /// Every error status a route (`/infer`) can answer, with what it means.
 const INFER_ERRORS: &[(&str, &str)] = &[
     ("400", "Malformed body or header (`bad_request`)."),
-    ("406", "Accept allows neither JSON nor msgpack (`not_acceptable`)."),
+    (
+        "406",
+        "Accept allows neither JSON nor msgpack, nor (for an output of raw bytes) \
+         application/octet-stream or the output's media type (`not_acceptable`).",
+    ),
     (
         "408",
         "The deadline passed, queued or in the worker (`deadline_exceeded`), or the body did not \
          arrive in time (`body_timeout`).",
     ),
     ("413", "Body or item too large, or too many items (`body_too_large`, `too_many_items`)."),
-    ("415", "Content-Type is neither JSON nor msgpack (`unsupported_media_type`)."),
+    (
+        "415",
+        "Content-Type is a form (application/x-www-form-urlencoded: send JSON with its type) \
+         or not a media type (`unsupported_media_type`).",
+    ),
     ("422", "The worker rejected this input (`invalid_input`)."),
     (
         "500",
@@ -99,17 +109,24 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
     components.extend(last.components.clone());
 
     let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
+    // Raw bytes: any media type but JSON and msgpack, one job each, in and out.
+    let bytes = json!({"schema": {"type": "string", "format": "binary"}});
     let formats = |schema: Value| {
         json!({
             "application/json": {"schema": schema.clone()},
             "application/msgpack": {"schema": schema},
+            "application/octet-stream": bytes.clone(),
+            "*/*": bytes.clone(),
         })
     };
     let mut responses = Map::new();
     responses.insert(
         "200".into(),
         json!({
-            "description": "The worker's result (an array of results for a multi-item request).",
+            "description": "The worker's result (an array of results for a multi-item request). \
+                An output of raw bytes goes to a client that accepts them (Accept naming \
+                application/octet-stream or the worker's media type, or a raw request's Accept \
+                absent or */*) as the body, with that media type.",
             "headers": request_id_header(),
             "content": formats(body(&output)),
         }),
@@ -145,7 +162,13 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
                 "schema": {"type": "string", "enum": ["one", "many"]},
             },
         ],
-        "requestBody": {"required": true, "content": formats(body(&input))},
+        "requestBody": {
+            "required": true,
+            "description": "JSON or msgpack; or raw bytes of any other media type (an image, \
+                audio, application/octet-stream), one job whose worker gets the bytes and their \
+                Content-Type. A form (application/x-www-form-urlencoded) is refused.",
+            "content": formats(body(&input)),
+        },
         "responses": responses,
     });
     (operation, components)

@@ -87,7 +87,7 @@ fn admit(app: &App, method: &Method) -> Result<(), ApiError> {
 /// so one failed row fails the request; the other rows' work was done all the same.
 fn first_failure(outcomes: &[Outcome], row: &str) -> Result<(), ApiError> {
     let Some((index, failed)) =
-        outcomes.iter().enumerate().find(|(_, outcome)| !matches!(outcome, Outcome::Done(_)))
+        outcomes.iter().enumerate().find(|(_, outcome)| !matches!(outcome, Outcome::Done(..)))
     else {
         return Ok(());
     };

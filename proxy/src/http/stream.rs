@@ -13,7 +13,6 @@ use std::convert::Infallible;
 use std::pin::Pin;
 
 use bytes::Bytes;
-use corral_protocol::JobId;
 use futures_util::stream;
 use http::header::{CACHE_CONTROL, CONTENT_TYPE};
 use http::{Response, StatusCode};
@@ -28,6 +27,7 @@ use super::events::Framing;
 use super::{shed_error, App, Body, Route};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
+use crate::pipeline::Input;
 use crate::stream::{self as chunks, ChunkSource};
 
 /// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
@@ -35,19 +35,18 @@ use crate::stream::{self as chunks, ChunkSource};
 pub async fn answer(
     app: &App,
     route: &Route,
-    id: JobId,
-    payload: Bytes,
+    input: Input,
     arrived: Instant,
     deadline: Instant,
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
     let inputs = route
         .pipeline
-        .run_before_last(vec![(id, payload)], arrived, deadline, app.retries)
+        .run_before_last(vec![input], arrived, deadline, app.retries)
         .await
         .map_err(shed_error)?;
-    let (entered, payload) = match inputs {
-        Ok((entered, mut inputs)) => (entered, inputs.pop().expect("one job in, one out").1),
+    let (entered, input) = match inputs {
+        Ok((entered, mut inputs)) => (entered, inputs.pop().expect("one job in, one out")),
         Err(outcomes) => {
             let outcome = outcomes.into_iter().next().expect("one job in, one outcome out");
             return Err(ApiError::from_outcome(outcome));
@@ -55,8 +54,9 @@ pub async fn answer(
     };
 
     let (sink, mut source) = chunks::channel(app.stream_buffer_bytes);
-    let (mut job, mut reply) = Job::new(id, payload, entered, deadline);
+    let (mut job, mut reply) = Job::new(input.id, input.payload, entered, deadline);
     job.retries = app.retries;
+    job.content_type = input.content_type;
     job.stream = Some(sink);
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
@@ -82,7 +82,7 @@ pub async fn answer(
     let mut finished = false;
     match outcome {
         None => {}
-        Some(Outcome::Done(data)) => {
+        Some(Outcome::Done(data, _)) => {
             pending.extend(last_chunk(framing, data));
             finished = true;
         }
@@ -204,7 +204,7 @@ impl Events {
             self.finished = true;
             match outcome {
                 Outcome::Ended => self.pending.push_back(self.framing.done()),
-                Outcome::Done(data) => self.pending.extend(last_chunk(self.framing, data)),
+                Outcome::Done(data, _) => self.pending.extend(last_chunk(self.framing, data)),
                 other => self.pending.push_back(self.framing.error(&ApiError::from_outcome(other))),
             }
         }

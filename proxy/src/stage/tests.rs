@@ -168,7 +168,7 @@ fn scripted_worker(
             tokio::time::sleep(took).await;
             seat.finished(batch.len(), started.elapsed());
             for job in batch {
-                job.answer(Outcome::Done(Bytes::new()));
+                job.answer(Outcome::Done(Bytes::new(), None));
             }
         }
     })
@@ -186,7 +186,7 @@ async fn the_learned_cost_converges_on_a_scripted_worker() {
         tokio::time::sleep(Duration::from_millis(gap)).await;
     }
     for answer in answers {
-        assert_eq!(answer.await.unwrap(), Outcome::Done(Bytes::new()));
+        assert_eq!(answer.await.unwrap(), Outcome::Done(Bytes::new(), None));
     }
     let cost = stage.cost().expect("batches were recorded");
     let (overhead, per_item) =

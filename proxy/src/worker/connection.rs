@@ -400,7 +400,8 @@ pub(super) async fn idle(
     }
 }
 
-/// Queues a batch for the worker: each job's id, remaining time and payload.
+/// Queues a batch for the worker: each job's id, remaining time, payload and, for raw bytes,
+/// their media type.
 pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
     let sent = Instant::now();
     let batch = Batch {
@@ -411,8 +412,14 @@ pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
                 // Rounded up: 0 would tell the worker the job is already late, and the queue never
                 // dispatches a job that is.
                 timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
+                // Shared with the job, not copied: the frame is written from this same memory.
                 payload: job.payload.clone(),
-                content_type: None,
+                // Checked visible ASCII at the edge (`format::media_type`).
+                content_type: job
+                    .content_type
+                    .as_ref()
+                    .and_then(|v| v.to_str().ok())
+                    .map(Into::into),
             })
             .collect(),
     };

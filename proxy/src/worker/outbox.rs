@@ -12,15 +12,22 @@
 //! timer for a batch starts when the batch is queued here, so a worker that stops reading
 //! mid-frame is declared hung like one that stops answering, and the writer is aborted with the
 //! connection.
+//!
+//! A batch goes out as a [`BatchFrame`]: its headers, keys and ids in one small buffer, between
+//! them the jobs' payloads themselves, written with vectored writes (`writev`). No payload byte is
+//! copied here; the kernel reads them from the buffer the request body was read into (see
+//! docs/ARCHITECTURE.md, "How a body reaches the socket"). The other frames are small and go
+//! through the codec.
 
-use std::io;
+use std::io::{self, IoSlice};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
-use corral_protocol::{ProxyCodec, ProxyMessage};
-use tokio::io::AsyncWriteExt;
+use corral_protocol::{BatchFrame, ProxyCodec, ProxyMessage};
+use tokio::io::AsyncWrite;
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
@@ -130,23 +137,32 @@ struct Progress {
     written: AtomicU64,
 }
 
-/// Writes each queued frame whole, in order. The codec encodes; the write loop is by hand only to
-/// know whether any byte of a frame went out before an error (see [`Delivery`]).
+/// Writes each queued frame whole, in order. The write loop is by hand only to know whether any
+/// byte of a frame went out before an error (see [`Delivery`]).
 async fn write(
     mut half: OwnedWriteHalf,
     mut frames: mpsc::UnboundedReceiver<ProxyMessage>,
     progress: Arc<Progress>,
 ) -> io::Result<()> {
     let mut codec = ProxyCodec::default();
-    let mut buf = BytesMut::new();
-    while let Some(frame) = frames.recv().await {
-        codec.encode(&frame, &mut buf)?;
-        drop(frame);
+    while let Some(message) = frames.recv().await {
+        let mut frame = match &message {
+            ProxyMessage::Batch(batch) => BatchFrame::new(batch)?,
+            other => {
+                let mut buf = BytesMut::new();
+                codec.encode(other, &mut buf)?;
+                BatchFrame::whole(buf.freeze())
+            }
+        };
+        // The frame holds what it needs of the message (the payloads, shared).
+        drop(message);
         let mut begun = false;
-        while buf.has_remaining() {
-            if half.write_buf(&mut buf).await? == 0 {
+        while frame.has_remaining() {
+            let written = write_some(&mut half, &frame).await?;
+            if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
+            frame.advance(written);
             if !begun {
                 begun = true;
                 progress.begun.fetch_add(1, Ordering::Release);
@@ -155,4 +171,80 @@ async fn write(
         progress.written.fetch_add(1, Ordering::Release);
     }
     Ok(())
+}
+
+/// Segments a `writev` takes at once (Linux allows 1024; a batch of 32 jobs has about 65).
+const MAX_SEGMENTS: usize = 64;
+
+/// One vectored write of what is left of `frame`; how many bytes it took.
+async fn write_some(half: &mut OwnedWriteHalf, frame: &BatchFrame) -> io::Result<usize> {
+    std::future::poll_fn(|cx| {
+        let mut slices = [IoSlice::new(&[]); MAX_SEGMENTS];
+        let filled = frame.chunks_vectored(&mut slices);
+        Pin::new(&mut *half).poll_write_vectored(cx, &slices[..filled])
+    })
+    .await
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+    use corral_protocol::{Batch, BatchJob, JobId, Shutdown, WorkerCodec};
+    use futures_util::StreamExt;
+    use tokio::net::UnixStream;
+    use tokio_util::codec::FramedRead;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn frames_larger_than_the_socket_buffer_arrive_whole_and_in_order() {
+        let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+        let (_read, write) = proxy_end.into_split();
+        let mut outbox = Outbox::new(write);
+        // Several MiB: many partial vectored writes, each ending anywhere in a segment.
+        let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+        let jobs = vec![
+            BatchJob {
+                id: JobId::new(),
+                timeout_ms: 5000,
+                payload: Bytes::from(big),
+                content_type: Some("application/octet-stream".into()),
+            },
+            BatchJob {
+                id: JobId::new(),
+                timeout_ms: 1,
+                payload: Bytes::from_static(&[0x93, 1, 2, 3]),
+                content_type: None,
+            },
+        ];
+        let batch = ProxyMessage::Batch(Batch { jobs });
+        let shutdown = ProxyMessage::Shutdown(Shutdown { message: "bye".into() });
+        assert_eq!(outbox.send(batch.clone()), 0);
+        assert_eq!(outbox.send(shutdown.clone()), 1);
+
+        let mut inbox = FramedRead::new(worker_end, WorkerCodec::default());
+        assert_eq!(inbox.next().await.unwrap().unwrap(), batch);
+        assert_eq!(inbox.next().await.unwrap().unwrap(), shutdown);
+        outbox.close(Duration::from_secs(5)).await;
+        assert!(inbox.next().await.is_none(), "the writer closed its end once done");
+    }
+
+    #[tokio::test]
+    async fn a_frame_of_which_no_byte_went_out_is_not_delivered() {
+        let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+        drop(worker_end);
+        let (_read, write) = proxy_end.into_split();
+        let mut outbox = Outbox::new(write);
+        let job = BatchJob {
+            id: JobId::new(),
+            timeout_ms: 1,
+            payload: Bytes::from_static(&[0xc0]),
+            content_type: None,
+        };
+        let index = outbox.send(ProxyMessage::Batch(Batch { jobs: vec![job] }));
+        let error = outbox.broken().await;
+        assert_eq!(error.kind(), io::ErrorKind::BrokenPipe, "{error}");
+        outbox.halt().await;
+        assert_eq!(outbox.delivery(index), Delivery::None);
+    }
 }

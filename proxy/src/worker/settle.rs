@@ -7,7 +7,7 @@ use corral_protocol::{JobId, ResultStatus, Results};
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::http::validate;
+use crate::http::{format, validate};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::WorkerSeat;
@@ -34,7 +34,7 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             break;
         };
         let outcome = match (result.status, result.data) {
-            (ResultStatus::Ok, Some(data)) => output(data),
+            (ResultStatus::Ok, Some(data)) => output(data, result.content_type),
             (ResultStatus::Ok, None) => {
                 problem = Some(format!("ok result without data for job {}", job.id));
                 answers.push((job, Outcome::WorkerLost(String::new())));
@@ -63,14 +63,32 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
     }
 }
 
-/// An `ok` result's data: the job's answer if it is exactly one well-formed msgpack value; a
-/// model's broken output fails that job alone (`bad_output`).
-pub fn output(data: bytes::Bytes) -> Outcome {
-    match validate::msgpack(&data) {
-        Ok(()) => Outcome::Done(data),
-        Err(e) => Outcome::BadOutput(format!(
+/// An `ok` result's data and content type: the job's answer if the data is exactly one
+/// well-formed msgpack value; a model's broken output fails that job alone (`bad_output`).
+///
+/// A `content_type` must be a media type ([`format::media_type`]): one that is not (a typo such
+/// as `image png`, a control character, more than 1 KiB) is a broken output too, so that the
+/// mistake shows on the first request rather than as raw bytes of no type. It names the type of
+/// raw bytes, so it is kept only with data that is one msgpack `bin`, and dropped otherwise.
+pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
+    if let Err(e) = validate::msgpack(&data) {
+        return Outcome::BadOutput(format!(
             "the worker's output for this job is not one well-formed msgpack value: {e}"
-        )),
+        ));
+    }
+    let Some(named) = content_type else {
+        return Outcome::Done(data, None);
+    };
+    match format::media_type(&named) {
+        Some(_) if format::bin_contents(&data).is_none() => Outcome::Done(data, None),
+        Some(media_type) => Outcome::Done(data, Some(media_type)),
+        None => {
+            let shown: String = named.chars().take(100).collect();
+            Outcome::BadOutput(format!(
+                "the worker's content_type for this job is not a media type (type/subtype): \
+                 {shown:?}"
+            ))
+        }
     }
 }
 
@@ -233,7 +251,7 @@ mod tests {
             result(&jobs[3], ResultStatus::Ok, Some(b"")),             // nothing at all
         ];
         let outcomes = outcomes(jobs, results);
-        assert_eq!(outcomes[0], Outcome::Done(Bytes::from_static(b"\x92\x01\x02")));
+        assert_eq!(outcomes[0], Outcome::Done(Bytes::from_static(b"\x92\x01\x02"), None));
         for (outcome, expected) in
             outcomes[1..].iter().zip(["1 bytes after the value", "truncated", "empty"])
         {
@@ -241,6 +259,28 @@ mod tests {
             assert!(why.contains("not one well-formed msgpack value"), "{why}");
             assert!(why.contains(expected), "{why}");
         }
+    }
+
+    #[test]
+    fn a_content_type_is_kept_with_raw_bytes_dropped_elsewhere_and_checked() {
+        let jobs: Vec<Job> = (0..4).map(|_| job()).collect();
+        let named = |job: &Job, data: &'static [u8], content_type: &str| JobResult {
+            content_type: Some(content_type.into()),
+            ..result(job, ResultStatus::Ok, Some(data))
+        };
+        let results = vec![
+            named(&jobs[0], b"\xc4\x03PNG", "image/png"),
+            named(&jobs[1], b"\x92\x01\x02", "image/png"), // [1, 2]: not raw bytes
+            named(&jobs[2], b"\xc4\x03PNG", "image png"),
+            result(&jobs[3], ResultStatus::Ok, Some(b"\xc4\x03PNG")),
+        ];
+        let outcomes = outcomes(jobs, results);
+        let png = Bytes::from_static(b"\xc4\x03PNG");
+        assert_eq!(outcomes[0], Outcome::Done(png.clone(), Some("image/png".parse().unwrap())));
+        assert_eq!(outcomes[1], Outcome::Done(Bytes::from_static(b"\x92\x01\x02"), None));
+        let Outcome::BadOutput(why) = &outcomes[2] else { panic!("{:?}", outcomes[2]) };
+        assert!(why.contains("not a media type") && why.contains("image png"), "{why}");
+        assert_eq!(outcomes[3], Outcome::Done(png, None));
     }
 
     #[test]

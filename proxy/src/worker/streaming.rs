@@ -266,10 +266,12 @@ impl State {
             let Some(job) = held.job else { continue };
             let outcome = match (result.status, result.data) {
                 (ResultStatus::End, _) if job.stream.is_some() => Outcome::Ended,
-                (ResultStatus::End, _) => Outcome::Done(gather(held.gathered, None)),
-                (ResultStatus::Ok, Some(data)) => match output(data) {
-                    Outcome::Done(data) if job.stream.is_none() && !held.gathered.is_empty() => {
-                        Outcome::Done(gather(held.gathered, Some(data)))
+                (ResultStatus::End, _) => Outcome::Done(gather(held.gathered, None), None),
+                (ResultStatus::Ok, Some(data)) => match output(data, result.content_type) {
+                    // Gathered with chunks, the output is one of an array's values: no longer
+                    // raw bytes of their own.
+                    Outcome::Done(data, _) if job.stream.is_none() && !held.gathered.is_empty() => {
+                        Outcome::Done(gather(held.gathered, Some(data)), None)
                     }
                     other => other,
                 },

@@ -7,6 +7,7 @@ becomes one ``chunks`` frame (postprocessed, aligned with the positions), ``END`
 failure end their jobs at once in a ``results`` frame, and between two yields the cancelled ids
 and the deadlines become ``worker.cancelled``, queued batches join (a joining worker), and a
 ``pull`` offers the room left under ``max_running``; and :func:`warm_up` for the examples.
+``worker.deadlines`` and ``worker.content_types`` grow with the positions.
 
 Positions: the items of the batch that starts the generator are positions ``0 .. n-1``; each
 joined item gets the next position, in order; a position is never reused or moved during one
@@ -96,6 +97,7 @@ def run(worker: Worker, jobs: list[dict[str, Any]], link: Link) -> None:
         return
     worker.cancelled = state.cancelled
     worker.deadlines = state.deadlines
+    worker.content_types = state.content_types
     generator = worker.forward(inputs)
     failure: BaseException | None = None
     try:
@@ -129,6 +131,7 @@ class _Run:
         self.limit = _max_running(worker)
         self.ids: list[bytes] = []
         self.deadlines: list[float] = []  # worker.deadlines during the run
+        self.content_types: list[str | None] = []  # worker.content_types during the run
         self.cancelled: set[int] = set()  # worker.cancelled during the run
         self.live: set[int] = set()  # positions not yet ended
         self.waiting: set[int] = set()  # live positions that have sent no chunk yet
@@ -151,6 +154,7 @@ class _Run:
             position = len(self.ids)
             self.ids.append(job["id"])
             self.deadlines.append(deadline)
+            self.content_types.append(job.get("content_type"))  # checked by _corral_prepare
             self.by_id[job["id"]] = position
             self.live.add(position)
             self.waiting.add(position)
@@ -169,6 +173,7 @@ class _Run:
                 self._end(position, protocol.end(job_id))
                 continue
             worker.deadline = self.deadlines[position]
+            worker.content_type = self.content_types[position]
             try:
                 data = worker._encode(worker.postprocess(value))
             except _STOPS:
@@ -181,6 +186,7 @@ class _Run:
             owners.append(position)
             self.waiting.discard(position)
         worker.deadline = math.inf
+        worker.content_type = None
         if entries:
             frames, too_large = protocol.encode_chunks(entries)
             for index in too_large:
@@ -261,6 +267,7 @@ def warm_up(worker: Worker, inputs: list[Any]) -> None:
     raises as the first failure does."""
     worker.cancelled = set()
     worker.deadlines = [math.inf] * len(inputs)
+    worker.content_types = [None] * len(inputs)
     generator = worker.forward(inputs)
     try:
         out = next(generator)

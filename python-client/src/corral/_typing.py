@@ -1,6 +1,11 @@
 """Payloads and outputs: each job's payload decoded on its own (plain msgpack, or validated by
 msgspec straight into a worker's ``input_type``), each output encoded to msgpack (objects with a
-``tolist`` method, such as numpy arrays, converted), and the JSON Schemas the hello carries.
+``tolist`` method, such as numpy arrays, converted) with the media type of an output that is
+bytes, and the JSON Schemas the hello carries.
+
+A raw-bytes request's payload is one msgpack ``bin``: it decodes to ``bytes`` like any other
+``bin``, so an untyped worker gets ``bytes``, and a typed one gets them where its ``input_type``
+takes ``bytes`` (``bytes``, ``bytes | Item``, …) and a 422 with msgspec's message elsewhere.
 
 Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
 (``_tensors``); in an output that is a dict, the values under the names of the worker's declared
@@ -91,6 +96,17 @@ def _tensor(name: str, value: Any, datatype: str) -> bytes:
         raise TypeError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
     except (ValueError, OverflowError) as e:
         raise ValueError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
+
+
+def output_content_type(worker: type, output: Any) -> str | None:
+    """A result's ``content_type``: ``worker.output_content_type`` for an output that is bytes
+    (encoded as one msgpack ``bin``), None for any other output."""
+    named = getattr(worker, "output_content_type", None)
+    if named is None or not isinstance(output, (bytes, bytearray, memoryview)):
+        return None
+    if not isinstance(named, str):
+        raise TypeError(f"output_content_type must be a str or None, not {named!r:.80}")
+    return named
 
 
 def pack(value: Any) -> bytes:

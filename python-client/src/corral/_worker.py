@@ -127,6 +127,22 @@ class Worker:
     """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
     A streaming item's deadline bounds the time to its first chunk."""
 
+    content_type: str | None = None
+    """During ``preprocess`` and ``postprocess``: the media type of the current item if its
+    request was raw bytes (a ``Content-Type`` other than JSON or msgpack, e.g. ``"image/png"``,
+    as the client sent it, parameters included); the item is then ``bytes``. ``None`` for a JSON
+    or msgpack request (and for :attr:`examples`)."""
+
+    content_types: list[str | None]
+    """During ``forward``: each input's :attr:`content_type`, aligned with the batch."""
+
+    output_content_type: ClassVar[str | None] = None
+    """Optional: the media type of the outputs that are ``bytes`` (after ``postprocess``), e.g.
+    ``"image/png"``. A client that accepts it (or ``application/octet-stream``, or one that sent
+    raw bytes and left ``Accept`` open) gets those bytes as the body with this type; other
+    clients get them in JSON or msgpack. Outputs of other types are unaffected. Unset, bytes go
+    back raw as ``application/octet-stream`` to the clients that accept that."""
+
     max_running: ClassVar[int | None] = None
     """A streaming worker that sets it (a positive integer) lets items join its running
     generator between steps, up to this many running at once (see the class docstring);
@@ -187,11 +203,15 @@ class Worker:
             _streaming.warm_up(self, inputs)
             log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
             return
+        self.deadlines = [math.inf] * len(inputs)
+        self.content_types = [None] * len(inputs)
         outputs = list(self.forward(inputs))
         if len(outputs) != len(inputs):
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
         for output in outputs:
-            self._encode(self.postprocess(output))
+            value = self.postprocess(output)
+            self._encode(value)
+            _typing.output_content_type(type(self), value)
         log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
 
     def _run_forever(self, path: str) -> None:
@@ -247,6 +267,7 @@ class Worker:
         if inputs:
             self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
         self.deadline = math.inf
+        self.content_type = None
         return [a for a in answers if a is not None]
 
     def _corral_prepare(
@@ -264,6 +285,7 @@ class Worker:
             if not isinstance(job_id, bytes):
                 raise ProtocolError("a job id must be bytes")
             self.deadline = deadlines[position]
+            self.content_type = _content_type(job)
             if self.deadline <= time.monotonic():
                 # Its client has had a 408 already; the proxy would drop the result.
                 answers[position] = protocol.expired(
@@ -282,6 +304,7 @@ class Worker:
             else:
                 inputs.append(item)
         self.deadline = math.inf
+        self.content_type = None
         return answers, inputs, deadlines
 
     def _forward_and_encode(
@@ -293,6 +316,7 @@ class Worker:
         deadlines: list[float],
     ) -> None:
         self.deadlines = [deadlines[p] for p in positions]
+        self.content_types = [_content_type(jobs[p]) for p in positions]
         try:
             outputs = list(self.forward(inputs))
             if len(outputs) != len(inputs):
@@ -310,15 +334,18 @@ class Worker:
         for position, output in zip(positions, outputs):
             job_id = jobs[position]["id"]
             self.deadline = deadlines[position]
+            self.content_type = _content_type(jobs[position])
             try:
-                data = self._encode(self.postprocess(output))
+                value = self.postprocess(output)
+                data = self._encode(value)
+                content_type = _typing.output_content_type(type(self), value)
             except _STOPS:
                 raise
             except BaseException as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
             else:
-                answers[position] = protocol.ok(job_id, data)
+                answers[position] = protocol.ok(job_id, data, content_type)
 
 
 def _timeout_ms(job: dict[str, Any]) -> int:
@@ -326,6 +353,14 @@ def _timeout_ms(job: dict[str, Any]) -> int:
     if not isinstance(timeout, int) or timeout < 0:
         raise ProtocolError("a job's timeout_ms must be a non-negative integer")
     return timeout
+
+
+def _content_type(job: dict[str, Any]) -> str | None:
+    """A raw-bytes job's media type (its payload is then one msgpack ``bin``); None otherwise."""
+    content_type = job.get("content_type")
+    if content_type is not None and not isinstance(content_type, str):
+        raise ProtocolError("a job's content_type must be a string")
+    return content_type
 
 
 def _options_from_argv() -> argparse.Namespace:

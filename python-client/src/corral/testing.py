@@ -13,7 +13,13 @@ protocol over a socket pair and runs the worker's serve loop in a thread.
             assert a.status == "end" and a.chunks == [...]
 
 ``infer`` gives what a client that does not stream gets (a streaming worker's chunks as one
-list); ``stream`` gives each item's chunks as they came and how its stream ended.
+list); ``stream`` gives each item's chunks as they came and how its stream ended. Both send raw
+bytes, as the proxy does for a request of another media type, with ``content_type``::
+
+    def test_thumbnail():
+        with FakeProxy(Thumbnail()) as proxy:
+            (result,) = proxy.infer([png_bytes], content_type="image/png")
+            assert result.content_type == "image/png" and result.value.startswith(b"\x89PNG")
 
 A worker that declares tensors gets each row as the proxy sends it: put :func:`tensor` values in
 the payload map. Tensor values in results come back decoded, as numpy arrays (or nested lists
@@ -28,11 +34,12 @@ without numpy), as ``forward`` would get them::
 from __future__ import annotations
 
 import socket
+import struct
 import threading
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Optional, Union
 
 import msgpack
 
@@ -53,14 +60,21 @@ def tensor(value: Any, datatype: str) -> msgpack.ExtType:
     return msgpack.ExtType(_tensors.EXT_TENSOR, _tensors.encode(value, datatype))
 
 
+ContentTypes = Union[str, Sequence[Optional[str]], None]
+"""One media type for every item, one per item (None: that item is msgpack), or None."""
+
+
 @dataclass(frozen=True)
 class Result:
     """One item's answer: ``status`` is ``"ok"`` (``value`` holds the output), ``"invalid"``
-    (the proxy would answer 422) or ``"error"`` (500); ``message`` explains the latter two."""
+    (the proxy would answer 422) or ``"error"`` (500); ``message`` explains the latter two.
+    ``content_type`` is the media type the worker named for an output that is bytes
+    (``output_content_type``), else None."""
 
     status: str
     value: Any = None
     message: str | None = None
+    content_type: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,19 +134,28 @@ class FakeProxy:
         """Whether the worker declared ``stream`` in its hello."""
         return "stream" in (self.hello or {}).get("features", ())
 
-    def infer(self, items: list[Any], timeout_ms: int = 5000) -> list[Result]:
+    def infer(
+        self,
+        items: list[Any],
+        timeout_ms: int = 5000,
+        content_type: ContentTypes = None,
+    ) -> list[Result]:
         """Send the items as one batch; return their results in the same order. A streaming
         worker's item is ``ok`` with the list of its chunks as the value, as a client that does
-        not stream gets it (a failure after chunks is that failure)."""
+        not stream gets it (a failure after chunks is that failure).
+
+        ``content_type`` sends items as raw bytes, as the proxy does for a request of that media
+        type (the item must be ``bytes``): one type for every item, or a list with one per item
+        (``None`` for an item sent as msgpack)."""
         if self.streaming:
-            streams = self.stream(items, timeout_ms=timeout_ms)
+            streams = self.stream(items, timeout_ms=timeout_ms, content_type=content_type)
             return [
                 Result("ok", value=s.chunks)
                 if s.status == "end"
                 else Result(s.status, None, s.message)
                 for s in streams
             ]
-        jobs = _jobs(items, timeout_ms)
+        jobs = _jobs(items, timeout_ms, content_type)
         ids = [job["id"] for job in jobs]
         self.send(protocol.batch(jobs))
         answer = self.receive()
@@ -148,6 +171,7 @@ class FakeProxy:
         items: list[Any],
         *,
         timeout_ms: int = 5000,
+        content_type: ContentTypes = None,
         cancel_after: dict[int, int] | None = None,
         join: Sequence[Any] = (),
         on_chunk: Callable[[int, Any], None] | None = None,
@@ -159,8 +183,9 @@ class FakeProxy:
         come (``0``: right after the batch). ``join`` items wait, as queued jobs do in the
         proxy: each ``pull`` the worker sends is answered with a batch of up to ``max`` of them,
         and those left when the worker holds no job go to it as a batch, as to an idle worker.
-        ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is)."""
-        first, waiting = _jobs(items, timeout_ms), _jobs(list(join), timeout_ms)
+        ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is).
+        ``content_type`` sends ``items`` as raw bytes, as :meth:`infer` does."""
+        first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
         jobs = first + waiting
         index = {job["id"]: i for i, job in enumerate(jobs)}
         chunks: list[list[Any]] = [[] for _ in jobs]
@@ -238,8 +263,28 @@ class FakeProxy:
         return protocol.read_frame(self._stream)
 
 
-def _jobs(items: list[Any], timeout_ms: int) -> list[dict[str, Any]]:
-    return [protocol.job(uuid.uuid4().bytes, timeout_ms, msgpack.packb(item)) for item in items]
+def _jobs(
+    items: list[Any], timeout_ms: int, content_type: ContentTypes = None
+) -> list[dict[str, Any]]:
+    if content_type is None or isinstance(content_type, str):
+        types: list[str | None] = [content_type] * len(items)
+    else:
+        types = list(content_type)
+        if len(types) != len(items):
+            raise ValueError(f"{len(types)} content types for {len(items)} items")
+    return [
+        protocol.job(uuid.uuid4().bytes, timeout_ms, _payload(item, named), named)
+        for item, named in zip(items, types)
+    ]
+
+
+def _payload(item: Any, content_type: str | None) -> bytes:
+    if content_type is None:
+        return msgpack.packb(item)
+    if not isinstance(item, (bytes, bytearray)):
+        raise TypeError(f"an item sent as raw bytes must be bytes, not {type(item).__name__}")
+    # As the proxy sends raw bytes: one msgpack bin32, whatever the length.
+    return b"\xc6" + struct.pack(">I", len(item)) + bytes(item)
 
 
 def _unpack(data: bytes) -> Any:
@@ -249,7 +294,7 @@ def _unpack(data: bytes) -> Any:
 
 def _result(raw: dict[str, Any]) -> Result:
     if raw["status"] == "ok":
-        return Result("ok", value=_unpack(raw["data"]))
+        return Result("ok", value=_unpack(raw["data"]), content_type=raw.get("content_type"))
     return Result(raw["status"], message=raw.get("message"))
 
 

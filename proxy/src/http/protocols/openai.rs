@@ -124,7 +124,7 @@ fn msgpack_str(text: &str) -> Bytes {
 
 /// A worker's answer for one input as float32s (OpenAI's embeddings are float32).
 fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
-    let Outcome::Done(data) = outcome else {
+    let Outcome::Done(data, _) = outcome else {
         unreachable!("first_failure let only results through")
     };
     rmp_serde::from_slice(&data).map_err(|_| {

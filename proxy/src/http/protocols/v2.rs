@@ -222,7 +222,7 @@ async fn infer(
     let results: Vec<&[u8]> = outcomes
         .iter()
         .map(|outcome| match outcome {
-            Outcome::Done(data) => &data[..],
+            Outcome::Done(data, _) => &data[..],
             _ => unreachable!("first_failure passed only if every row is done"),
         })
         .collect();

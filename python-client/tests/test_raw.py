@@ -1,0 +1,180 @@
+"""Raw bytes: a job of a request that was neither JSON nor msgpack is an item of ``bytes`` with its
+media type in ``content_type`` / ``content_types``; outputs that are bytes name theirs with
+``output_content_type``. Against the fake proxy over a real socket pair."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Union
+
+import msgpack
+
+import corral
+from corral import _protocol as protocol
+from corral.testing import FakeProxy, Result, Stream, _payload
+
+VECTORS = Path(__file__).resolve().parents[2] / "worker-protocol" / "vectors"
+
+PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(40))
+
+
+class Seen(corral.Worker):
+    """Records what each hook saw; answers each raw item with its bytes reversed (bytes) and
+    every other item with a description (not bytes)."""
+
+    output_content_type = "image/png"
+
+    def __init__(self):
+        self.preprocessed = []  # (item, content_type) per item
+        self.forwarded = []  # content_types per batch
+        self.postprocessed = []  # content_type per output
+
+    def preprocess(self, item):
+        self.preprocessed.append((item, self.content_type))
+        return item
+
+    def forward(self, batch):
+        self.forwarded.append(list(self.content_types))
+        return [
+            item[::-1] if named is not None else {"kind": type(item).__name__}
+            for item, named in zip(batch, self.content_types)
+        ]
+
+    def postprocess(self, output):
+        self.postprocessed.append(self.content_type)
+        return output
+
+
+def test_a_raw_item_is_bytes_with_its_media_type_in_every_hook():
+    worker = Seen()
+    with FakeProxy(worker) as proxy:
+        results = proxy.infer([PNG, {"x": 1}, b"\x00\x01"], content_type=["image/png", None, "a/b"])
+    assert worker.preprocessed == [(PNG, "image/png"), ({"x": 1}, None), (b"\x00\x01", "a/b")]
+    assert worker.forwarded == [["image/png", None, "a/b"]]
+    assert worker.postprocessed == ["image/png", None, "a/b"]
+    assert results == [
+        Result("ok", PNG[::-1], content_type="image/png"),
+        Result("ok", {"kind": "dict"}),  # not bytes: no content type
+        Result("ok", b"\x01\x00", content_type="image/png"),
+    ]
+    assert worker.content_type is None  # nothing left over between batches
+
+
+def test_the_media_type_is_passed_as_sent_parameters_included():
+    worker = Seen()
+    with FakeProxy(worker) as proxy:
+        proxy.infer([b"x"], content_type="text/plain; charset=latin-1")
+    assert worker.preprocessed == [(b"x", "text/plain; charset=latin-1")]
+
+
+class Plain(corral.Worker):
+    """No output_content_type: bytes go back without one."""
+
+    def forward(self, batch):
+        return [bytes(item) for item in batch]
+
+
+def test_bytes_without_output_content_type_name_no_type():
+    with FakeProxy(Plain()) as proxy:
+        (result,) = proxy.infer([PNG], content_type="image/png")
+    assert result == Result("ok", PNG, content_type=None)
+
+
+class BytesOrPoint(corral.Worker):
+    input_type = Union[bytes, dict[str, float]]  # (3.9: no `|` between types at run time)
+
+    def forward(self, batch):
+        return [len(item) for item in batch]
+
+
+class PointOnly(corral.Worker):
+    input_type = dict[str, float]
+
+    def forward(self, batch):
+        return [len(item) for item in batch]
+
+
+def test_a_typed_worker_gets_bytes_where_its_type_takes_them():
+    with FakeProxy(BytesOrPoint()) as proxy:
+        results = proxy.infer([PNG, {"x": 1.0}], content_type=["image/png", None])
+    assert [r.value for r in results] == [len(PNG), 1]
+    with FakeProxy(PointOnly()) as proxy:
+        raw, point = proxy.infer([PNG, {"x": 1.0}], content_type=["image/png", None])
+    assert raw.status == "invalid" and "bytes" in raw.message
+    assert point == Result("ok", 1)
+
+
+class Misnamed(corral.Worker):
+    output_content_type = 42  # not a str
+
+    def forward(self, batch):
+        return [b"out", {"not": "bytes"}]
+
+
+def test_an_output_content_type_that_is_not_a_string_fails_the_bytes_outputs():
+    with FakeProxy(Misnamed()) as proxy:
+        bad, fine = proxy.infer([b"a", b"b"], content_type="a/b")
+    assert bad.status == "error" and "output_content_type must be a str" in bad.message
+    assert fine == Result("ok", {"not": "bytes"})
+
+
+def test_a_content_type_that_is_not_a_string_is_a_protocol_error():
+    with FakeProxy(Seen()) as proxy:
+        payload = msgpack.packb(b"x")
+        bad = {"id": b"\x01" * 16, "timeout_ms": 1000, "payload": payload, "content_type": 7}
+        proxy.send(protocol.batch([bad]))
+        assert proxy.receive() is None  # the worker hung up
+    assert isinstance(proxy.worker_error, corral.ProtocolError)
+    assert "content_type" in str(proxy.worker_error)
+
+
+class Kinds(corral.Worker):
+    """Streams, per item, its length and then its media type (as postprocess saw it)."""
+
+    def forward(self, items):
+        yield [len(item) for item in items]
+        yield [named or "none" for named in self.content_types]
+
+    def postprocess(self, chunk):
+        return [chunk, self.content_type]
+
+
+def test_a_streaming_forward_sees_content_types_aligned_with_its_positions():
+    with FakeProxy(Kinds()) as proxy:
+        streams = proxy.stream([PNG, [1, 2], b"ab"], content_type=["image/png", None, "a/b"])
+    assert streams == [
+        Stream([[len(PNG), "image/png"], ["image/png", "image/png"]], "end"),
+        Stream([[2, None], ["none", None]], "end"),
+        Stream([[2, "a/b"], ["a/b", "a/b"]], "end"),
+    ]
+
+
+class Thumb(corral.Worker):
+    """A raw PNG in, its first bytes out; warmed up on a raw example."""
+
+    output_content_type = "image/png"
+    examples = (PNG,)
+
+    def __init__(self):
+        self.forwarded = []
+
+    def forward(self, images):
+        self.forwarded.append(list(self.content_types))
+        return [image[:8] for image in images]
+
+
+def test_examples_run_as_bytes_with_no_content_type():
+    worker = Thumb()
+    worker.warm_up()
+    assert worker.forwarded == [[None]]
+    with FakeProxy(worker) as proxy:
+        (result,) = proxy.infer([PNG], content_type="image/png")
+    assert result == Result("ok", PNG[:8], content_type="image/png")
+    assert worker.forwarded[-1] == ["image/png"]
+
+
+def test_fake_proxy_sends_raw_bytes_as_the_proxy_does():
+    # The proxy's own frame (the golden vector): the body in one bin32, whatever its length.
+    golden = protocol.decode_body((VECTORS / "batch_raw.bin").read_bytes()[4:])["jobs"][0]
+    assert _payload(b"\x89PNG", "image/png") == golden["payload"]
+    assert msgpack.unpackb(golden["payload"]) == b"\x89PNG"
