@@ -33,6 +33,7 @@ seconds a point that prints its report without writing it). The report replaces 
 from __future__ import annotations
 
 import json
+import mmap
 import os
 import re
 import statistics
@@ -276,17 +277,25 @@ def reset_peak(pid: int | None) -> None:
             pass  # then the peak is the run's so far: points run in increasing clients × size
 
 
-def memcpy(size: int) -> tuple[float, float]:
-    """(ms, GB/s) of one copy of `size` bytes in memory (numpy), median of many."""
+def memcpy(size: int) -> tuple[float, float, float]:
+    """(ms, GB/s) of one copy of `size` bytes into memory already in use (numpy), and the ms of
+    the same copy into fresh pages (an anonymous mapping, each page faulted in on first write):
+    what a buffer costs the first time it is touched, which allocators that keep freed memory
+    avoid. Medians of many."""
     src = np.random.default_rng(1).integers(0, 256, size, dtype=np.uint8)
     dst = np.empty_like(src)
-    times = []
-    for _ in range(max(10, min(2000, int(2e9 // size)))):
+    dst[:] = 0
+    reused, fresh = [], []
+    for _ in range(max(10, min(500, int(5e8 // size)))):
         start = time.perf_counter()
         np.copyto(dst, src)
-        times.append(time.perf_counter() - start)
-    seconds = statistics.median(times)
-    return seconds * 1000, size / seconds / 1e9
+        reused.append(time.perf_counter() - start)
+        with mmap.mmap(-1, size) as pages:
+            start = time.perf_counter()
+            np.copyto(np.frombuffer(pages, dtype=np.uint8), src)
+            fresh.append(time.perf_counter() - start)
+    seconds = statistics.median(reused)
+    return seconds * 1000, size / seconds / 1e9, statistics.median(fresh) * 1000
 
 
 # -- main --------------------------------------------------------------------------------------
@@ -353,11 +362,11 @@ def main() -> None:
     systems = {name: every[name] for name in names}
 
     copies = {size: memcpy(size) for size in sizes}
-    for size, (ms, rate) in copies.items():
-        print(f"memcpy {label(size):>6}  {ms:7.3f} ms  {rate:5.1f} GB/s", flush=True)
+    for size, (ms, rate, fresh) in copies.items():
+        print(f"memcpy {label(size):>6}  {ms:7.3f} ms  {rate:5.1f} GB/s  fresh {fresh:7.3f} ms")
 
     rows: dict[tuple[int, int, str, str], Row] = {}
-    peaks: dict[tuple[int, int], dict[str, float]] = {}
+    peaks: dict[tuple[int, int, str], dict[str, float]] = {}
     idle: dict[str, float] = {}
     ready = "[1, 2, 3]"  # JSON every server answers (its size: 3; the loopback's: 9)
     for system in systems.values():
@@ -366,34 +375,36 @@ def main() -> None:
         pids = {name: proxy_pid(system) for name, system in systems.items()}
         idle = {name: memory_mb(pid, "VmRSS") for name, pid in pids.items()}
         for size in sizes:
-            point = [b for b in bodies if b.size == size]
-            # Checked here, not all at the start: a 10 MB check would raise the RSS that the
-            # smaller points' peaks start from (allocators keep freed memory).
-            for body in point:
-                for _, system in targets(systems, body):
-                    check(system, body, echo)
             for clients in clients_list:
-                for pid in pids.values():
-                    reset_peak(pid)
-                pairs = [
-                    (body, name, system)
-                    for body in point
-                    for name, system in targets(systems, body)
-                ]
-                for repeat in range(args.repeats):
-                    # The order alternates: slow drifts of this noisy machine hit every server.
-                    for body, name, system in pairs if repeat % 2 == 0 else pairs[::-1]:
-                        sample = measure(args, system, body, clients)
-                        key = (size, clients, body.kind, name)
-                        rows.setdefault(key, Row(size, clients, body.kind, name, body.nbytes))
-                        rows[key].samples.append(sample)
-                        print(
-                            f"{label(size):>6} c={clients:<2} {body.kind:4} {name:9}"
-                            f" p50 {sample['p50_ms']:8.2f} ms  p99 {sample['p99_ms']:8.2f} ms"
-                            f"  {sample['mb_s']:8.1f} MB/s  errors {sample['errors']}",
-                            flush=True,
-                        )
-                peaks[(size, clients)] = {n: memory_mb(pid, "VmHWM") for n, pid in pids.items()}
+                # Kind by kind (raw, v2, json), each with its own peak RSS; the points go in
+                # increasing clients × size, so memory an allocator kept from an earlier point
+                # is never the larger part of a later one's peak.
+                for body in (b for b in bodies if b.size == size):
+                    pairs = targets(systems, body)
+                    if clients == clients_list[0]:
+                        # Checked here, not all at the start: a 10 MB check would raise the RSS
+                        # that the smaller points' peaks start from.
+                        for _, system in pairs:
+                            check(system, body, echo)
+                    for pid in pids.values():
+                        reset_peak(pid)
+                    for repeat in range(args.repeats):
+                        # The order alternates: slow drifts of this noisy machine hit all alike.
+                        for name, system in pairs if repeat % 2 == 0 else pairs[::-1]:
+                            sample = measure(args, system, body, clients)
+                            key = (size, clients, body.kind, name)
+                            rows.setdefault(key, Row(size, clients, body.kind, name, body.nbytes))
+                            rows[key].samples.append(sample)
+                            print(
+                                f"{label(size):>6} c={clients:<2} {body.kind:4} {name:9}"
+                                f" p50 {sample['p50_ms']:8.2f} ms"
+                                f"  p99 {sample['p99_ms']:8.2f} ms"
+                                f"  {sample['mb_s']:8.1f} MB/s  errors {sample['errors']}",
+                                flush=True,
+                            )
+                    peaks[(size, clients, body.kind)] = {
+                        name: memory_mb(pids[system.name], "VmHWM") for name, system in pairs
+                    }
     finally:
         for system in systems.values():
             bench.stop(system)
@@ -412,12 +423,14 @@ def main() -> None:
             "with MOSEC's raw bytes, and with the loopback limit for raw bytes of the same size.",
             verdict(rows, sizes, clients_list),
             figures(rows),
-            memory(peaks, idle, clients_list),
-            "memcpy on this machine (numpy, one copy, median): "
+            memory(peaks, idle),
+            "memcpy on this machine (numpy, one copy, median), into memory in use: "
             + ", ".join(
                 f"{label(size)} {ms:.3f} ms ({rate:.1f} GB/s)"
-                for size, (ms, rate) in copies.items()
+                for size, (ms, rate, _) in copies.items()
             )
+            + "; the same copy into fresh pages (each faulted in on first write): "
+            + ", ".join(f"{label(size)} {fresh:.2f} ms" for size, (_, _, fresh) in copies.items())
             + ".",
         ]
     )
@@ -472,19 +485,21 @@ def figures(rows: dict) -> str:
     return "\n".join(lines)
 
 
-def memory(peaks: dict, idle: dict, clients_list: list[int]) -> str:
-    """Corral's peak RSS at each point against clients × size: what is left is the constant."""
+def memory(peaks: dict, idle: dict) -> str:
+    """The proxies' peak RSS at each point against clients × size: what is left over is what
+    the bound's constant must cover."""
     lines = [
-        "| size | clients | clients × size MB | Corral proxy peak RSS MB | peak − clients × size MB"
-        " | MOSEC proxy peak RSS MB |",
-        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| size | clients | kind | clients × size MB | Corral proxy peak RSS MB"
+        " | peak − clients × size MB | MOSEC proxy peak RSS MB |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: |",
     ]
-    for (size, clients), peak in peaks.items():
+    nan = float("nan")
+    for (size, clients, kind), peak in peaks.items():
         held = clients * size / MB
-        corral = peak.get("corral", float("nan"))
+        corral, mosec = peak.get("corral", nan), peak.get("mosec", nan)
         lines.append(
-            f"| {label(size)} | {clients} | {held:.1f} | {corral:.1f} | {corral - held:.1f}"
-            f" | {peak.get('mosec', float('nan')):.1f} |"
+            f"| {label(size)} | {clients} | {kind} | {held:.1f} | {corral:.1f}"
+            f" | {corral - held:.1f} | {'—' if mosec != mosec else f'{mosec:.1f}'} |"
         )
     head = (
         f"Idle RSS after start: Corral's proxy {idle.get('corral', float('nan')):.1f} MB, "
