@@ -414,6 +414,8 @@ def main() -> None:
     finally:
         for system in systems.values():
             bench.stop(system)
+        for path in [*workdir.glob("*.bin"), *workdir.glob("*.json")]:
+            path.unlink()  # tens of MB of bodies; the servers' logs stay for a look
 
     command = "make bench-payload" + (f" BENCH_ARGS='{passed}'" if passed else "")
     report = "\n\n".join(
