@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -93,6 +93,11 @@ bench-pipeline: release $(BENCH_VENV)/.installed $(OHA)
 bench-stream: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/stream.py $(BENCH_ARGS)
 
+# 100 kB to 10 MB bodies (raw bytes, v2 binary tensors, JSON) through Corral, MOSEC and a bare
+# loopback server ("Large payloads"); BENCH_ARGS='--quick' for a smoke run.
+bench-payload: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/payload.py --oha $(OHA) $(BENCH_ARGS)
+
 # The bench venv installs the package (not editable, as a user would): its sources are inputs.
 PY_CLIENT_SOURCES := $(wildcard python-client/src/corral/*.py)
 
@@ -111,8 +116,9 @@ $(EMB_VENV)/.installed: examples/embeddings/requirements.txt requirements-dev.tx
 		-r examples/embeddings/requirements.txt -r requirements-dev.txt -r bench/requirements.txt
 	touch $@
 
+# Serves /infer and OpenAI's /v1/embeddings on :8000 (examples/embeddings/corral.toml).
 run-embeddings: release embeddings-venv
-	$(CORRAL) --workers 1 --max-batch-size 32 -- $(EMB_VENV)/bin/python examples/embeddings/worker.py
+	$(CORRAL) --config examples/embeddings/corral.toml
 
 test-embeddings: build embeddings-venv
 	$(EMB_VENV)/bin/python -m pytest -m embeddings tests/test_embeddings.py

@@ -1,11 +1,13 @@
-"""The examples, served for real: the digits classifier (make run's model), the typed worker and
-the pipeline (scan → prepare → classify)."""
+"""The examples, served for real: the digits classifier (make run's model), the typed worker, the
+pipeline (scan → prepare → classify), and the embeddings example's request handling on both of
+its routes (its own and OpenAI's), with a stand-in for its model."""
 
 from __future__ import annotations
 
 import json
 import sys
 
+import pytest
 from sklearn.datasets import load_digits
 
 from conftest import ROOT
@@ -91,3 +93,51 @@ def test_pipeline_example_rejects_a_bad_scan_before_the_model(corral_factory, tm
     assert "$.image" in answer.json()["message"]
     assert proxy.post({"image": [[256] * 8] * 8}).status_code == 422
     assert proxy.metric("corral_batch_size_count", stage="classify") == 0
+
+
+def embeddings_example(corral_factory, tmp_path):
+    """The embeddings example's own config, its worker run with a stand-in model (no torch):
+    tests/workers/fake_embeddings.py."""
+    fake = ROOT / "tests" / "workers" / "fake_embeddings.py"
+    text = (ROOT / "examples" / "embeddings" / "corral.toml").read_text()
+    command = json.dumps([sys.executable, str(fake)])
+    text = text.replace(
+        '["examples/embeddings/.venv/bin/python", "examples/embeddings/worker.py"]', command
+    )
+    assert str(fake) in text, "the example's command line changed: update this test"
+    config = tmp_path / "corral.toml"
+    config.write_text(text)
+    proxy = corral_factory("--config", str(config), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    return proxy
+
+
+def test_embeddings_example_serves_its_route_and_openai(corral_factory, tmp_path):
+    import openai
+
+    proxy = embeddings_example(corral_factory, tmp_path)
+    # Corral's own route: {"text": ...} in, {"embedding": ...} out.
+    assert proxy.post({"text": "hello"}).json() == {"embedding": [5.0, 1.0]}
+    many = proxy.post([{"text": "ab"}, {"text": "abc"}], headers={"x-corral-items": "many"})
+    assert [answer["embedding"][0] for answer in many.json()] == [2.0, 3.0]
+    # OpenAI's route: each input string is a job whose payload is the bare string.
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=["ab", "abcd"])
+    assert [d.embedding[0] for d in answer.data] == [2.0, 4.0]
+    assert client.embeddings.create(model="m", input="hello").data[0].embedding[0] == 5.0
+
+
+def test_embeddings_example_rejects_bad_requests_alone(corral_factory, tmp_path):
+    import openai
+
+    proxy = embeddings_example(corral_factory, tmp_path)
+    answer = proxy.post(
+        [{"text": "fine"}, {"text": ""}, {"txt": "typo"}, {"text": 3}],
+        headers={"x-corral-items": "many"},
+    )
+    assert answer.status_code == 422
+    assert [item["index"] for item in answer.json()["items"]] == [1, 2, 3]
+    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.UnprocessableEntityError) as raised:
+        client.embeddings.create(model="m", input=["fine", "x" * 10_001])
+    assert "input 1" in raised.value.message and "length <= 10000" in raised.value.message
