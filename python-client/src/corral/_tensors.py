@@ -271,7 +271,10 @@ class _Reader:
             raise ValidationError("a tensor's data must be msgpack bin")
         size = self._length({0xC4: 1, 0xC5: 2, 0xC6: 4}[marker])
         start = self.at
-        self._take(size)
+        # Checked and skipped, not taken: slicing ``bytes`` would copy the whole tensor.
+        if start + size > len(self.view):
+            raise ValidationError("a tensor value ends early")
+        self.at = start + size
         return start, self.at
 
 
