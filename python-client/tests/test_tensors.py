@@ -453,3 +453,21 @@ def test_a_bytes_element_s_length_counts_bytes_whatever_the_buffer_s_items(np):
     wide = memoryview(b"abcd").cast("H")  # two items of two bytes
     data = _tensors.encode([wide, bytearray(b"x")], "BYTES")
     assert msgpack.unpackb(data) == ["BYTES", [2], LENGTH(4) + b"abcd" + LENGTH(1) + b"x"]
+
+
+@pytest.mark.parametrize(
+    "value, datatype",
+    [
+        ([1.7, -2.9], "INT64"),
+        ([300, -1], "UINT8"),
+        (1e10, "INT32"),
+        ([float("nan")], "INT64"),
+        ([2], "BOOL"),
+    ],
+)
+def test_declared_outputs_never_change_a_value(value, datatype):
+    np = pytest.importorskip("numpy")
+    for given in (value, np.asarray(value)):
+        with pytest.raises(ValueError):
+            _tensors.encode(given, datatype)
+    assert _tensors.encode([1.0, 2.0], "INT32") == _tensors.encode([1, 2], "INT32")

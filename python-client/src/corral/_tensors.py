@@ -336,7 +336,7 @@ def encode(value: Any, datatype: str) -> bytes:
             shape, data = list(array.shape), _join_bytes(array.flat)
         else:
             # The '<' dtypes: the wire is little-endian whatever this machine's order is.
-            array = np.asarray(value, dtype=info.numpy)
+            array = _exact(np, value, datatype, np.dtype(info.numpy))
             shape, data = list(array.shape), array.tobytes()
     else:
         shape, flat = _flatten(value)
@@ -348,6 +348,28 @@ def encode(value: Any, datatype: str) -> bytes:
             except struct.error as e:  # a float for an integer type, or out of its range
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
+
+
+def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
+    """``value`` as an array of ``target``. For integer and boolean datatypes, a conversion that
+    would change a value is refused: floats with a fraction (numpy truncates), integers out of
+    range (numpy wraps), NaN. The proxy refuses the same in JSON inputs: a tensor never holds a
+    number its sender did not. (Floats narrowing to FP16 or FP32 round, as they must.)"""
+    # What a cast loses is checked below, not warned about (NaN, overflow) as it happens.
+    with np.errstate(invalid="ignore", over="ignore"):
+        try:
+            array = np.asarray(value, dtype=target)
+        except OverflowError as e:
+            raise ValueError(f"a value does not fit in {datatype}: {e}") from e
+        if target.kind not in "iub":
+            return array
+        plain = np.asarray(value)
+        if plain.dtype == target or plain.dtype.kind not in "biuf" or not plain.size:
+            return array
+        same = np.array_equal(array.astype(plain.dtype), plain)
+    if not same:
+        raise ValueError(f"these values would change as {datatype} (fractions, range or NaN)")
+    return array
 
 
 def _join_bytes(elements: Any) -> bytes:
