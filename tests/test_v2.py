@@ -207,3 +207,22 @@ def test_an_infer_that_is_not_a_post_is_405(proxy):
     answer = proxy.client.get(INFER)
     assert answer.status_code == 405
     assert "error" in answer.json()
+
+
+def test_small_requests_of_many_rows_are_refused_before_they_are_built(corral_factory):
+    """A route whose worker declared nothing: a few bytes may describe millions of empty rows,
+    or repeat a long name in each row; both are refused before any row exists."""
+    proxy = corral_factory()
+    empty_rows = {
+        "inputs": [{"name": "X", "shape": [100_000_000, 0], "datatype": "FP32", "data": []}]
+    }
+    answer = post(proxy, INFER, empty_rows)
+    assert answer.status_code == 413 and "100000000" in answer.json()["error"], answer.text
+    long_name = {
+        "inputs": [
+            {"name": "X" * 100_000, "shape": [1000, 1], "datatype": "UINT8", "data": [0] * 1000}
+        ]
+    }
+    answer = post(proxy, INFER, long_name)
+    assert answer.status_code == 413 and "4x its body" in answer.json()["error"], answer.text
+    assert proxy.post({"x": 1}).status_code == 200, "the proxy is unharmed"

@@ -35,6 +35,10 @@ use crate::job::Outcome;
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// What a request's rows may take beyond 4x its body (each row repeats the input names and a
+/// tensor header, so many rows of little data weigh more than their body).
+const MIN_ROWS_ALLOWANCE: u128 = 1024 * 1024;
+
 /// Which v2 endpoint a path names.
 enum Kind {
     Live,
@@ -213,6 +217,21 @@ async fn infer(
                 names.join(", ")
             )));
         }
+    }
+    // Bounds checked before the rows are built, not after: a request of a few bytes may
+    // describe millions of empty rows, or repeat a long name in each.
+    let capacity = route.pipeline.capacity();
+    if parsed.rows > capacity {
+        return Err(ApiError::too_many_items(parsed.rows, capacity));
+    }
+    let cut = parsed.payload_bytes();
+    let allowed = 4 * body.len() as u128 + MIN_ROWS_ALLOWANCE;
+    if cut > allowed {
+        let message = format!(
+            "cut into rows, the request would take {cut} bytes, more than 4x its body plus 1 MiB: \
+             send fewer rows or shorter names"
+        );
+        return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
     }
     let payloads = parsed.payloads();
     // The rows hold their own copies now: the body need not wait in memory with them.

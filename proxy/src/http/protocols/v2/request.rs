@@ -224,6 +224,20 @@ impl Request {
             .collect()
     }
 
+    /// The bytes [`Request::payloads`] would build, reckoned without building them: per row,
+    /// each input's name and tensor header (at most 24 bytes and 9 per dimension), and all the
+    /// data once.
+    pub fn payload_bytes(&self) -> u128 {
+        let per_row: u128 = self
+            .inputs
+            .iter()
+            .map(|i| i.name.len() as u128 + 24 + 9 * i.shape.len() as u128)
+            .sum::<u128>()
+            + 5;
+        let data: u128 = self.inputs.iter().map(|i| i.data.len() as u128).sum();
+        per_row * self.rows as u128 + data
+    }
+
     /// Where each row's data lies in an input's packed data.
     fn cuts(&self, input: &Input) -> Vec<(usize, usize)> {
         let per_row = tensor::elements(&input.shape[1..]).expect("checked when read");

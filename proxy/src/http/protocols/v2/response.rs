@@ -51,6 +51,21 @@ pub fn build(
         first.iter().filter_map(|(k, _)| key(k)).map(|name| requested(name, request)).collect()
     };
 
+    // With no outputs declared, a name the client asked for that the results lack is its
+    // mistake (400), not the worker's (the 500 below).
+    if declared.is_empty() {
+        let first = rows.first().map(Vec::as_slice).unwrap_or_default();
+        if let Some(unknown) =
+            request.outputs.iter().find(|o| !first.iter().any(|(k, _)| key(k) == Some(&o.name)))
+        {
+            let names: Vec<&str> = first.iter().filter_map(|(k, _)| key(k)).collect();
+            return Err(ApiError::bad_request(format!(
+                "unknown output {:?}; the model gives {}",
+                unknown.name,
+                names.join(", ")
+            )));
+        }
+    }
     let mut outputs = Vec::with_capacity(wanted.len());
     let mut tail = Vec::new();
     for output in &wanted {

@@ -438,9 +438,12 @@ fn infer(leaves: &[Element]) -> Result<DataType, String> {
     })
 }
 
+/// Most empty arrays a tensor with no elements may expand to (as the Python package allows).
+const MAX_EMPTY_ARRAYS: u64 = 65_536;
+
 /// A worker's output with every tensor value in it written out plainly, for a native client:
 /// nested arrays of numbers (booleans for `BOOL`; `BYTES` elements as strings when UTF-8, else
-/// `bin`). Any other ext value is refused: JSON has nothing to write it as.
+/// `bin`). Other ext values are left as they are.
 pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
     let value = read_value(data)?;
     let plain = expand_value(value)?;
@@ -453,10 +456,21 @@ fn expand_value(value: ValueRef<'_>) -> Result<ValueRef<'_>, String> {
     Ok(match value {
         ValueRef::Ext(TENSOR_EXT, ext) => {
             let Tensor { datatype, shape, data } = read_tensor(ext)?;
+            // A tensor with no elements still nests one empty array per leading index: a shape
+            // such as [2^62, 0] would be a few bytes that build billions of them.
+            let containers = shape
+                .iter()
+                .take_while(|&&d| d != 0)
+                .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_EMPTY_ARRAYS));
+            if containers.is_none() && elements(&shape) == Some(0) {
+                return Err(format!("a tensor of shape {shape:?} nests too many empty arrays"));
+            }
             let flat = elements_of(datatype, &shape, data)?;
             nest(&shape, &mut flat.into_iter())
         }
-        ValueRef::Ext(other, _) => return Err(format!("an ext value of type {other}")),
+        // Other ext values are not Corral's: a msgpack client gets them as sent, and JSON
+        // refuses them when the answer is written.
+        other @ ValueRef::Ext(..) => other,
         ValueRef::Array(items) => {
             ValueRef::Array(items.into_iter().map(expand_value).collect::<Result<_, _>>()?)
         }
@@ -607,7 +621,12 @@ mod tests {
         let words = tensor(DataType::Bytes, &[2], &[1, 0, 0, 0, b'a', 1, 0, 0, 0, b'b']);
         let plain: serde_json::Value = rmp_serde::from_slice(&expand(&words).unwrap()).unwrap();
         assert_eq!(plain, serde_json::json!(["a", "b"]));
-        assert!(expand(&[0xd4, 0x05, 0x00]).unwrap_err().contains("type 5"));
+        assert_eq!(expand(&[0xd4, 0x05, 0x00]).unwrap(), [0xd4, 0x05, 0x00], "not ours: kept");
+        let empty = tensor(DataType::F32, &[1 << 62, 0], &[]);
+        assert!(expand(&empty).unwrap_err().contains("too many empty arrays"));
+        let few = tensor(DataType::F32, &[2, 0], &[]);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&few).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!([[], []]));
     }
 
     #[test]
