@@ -15,6 +15,7 @@
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker — it reads, its outbox
 //!   writes; plain and streaming pull loops (protocol in `corral-protocol`).
+//! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
@@ -29,6 +30,7 @@ pub mod pipeline;
 pub mod stage;
 pub mod stream;
 pub mod supervisor;
+pub mod timing;
 pub mod worker;
 
 use std::collections::HashMap;

@@ -16,8 +16,9 @@ use futures_util::future::join_all;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Reply};
 use crate::stage::{Shed, Stage};
+use crate::timing;
 
 pub struct Pipeline {
     pub stages: Vec<Arc<Stage>>,
@@ -162,15 +163,18 @@ async fn run_stage(
     stage.submit_all(jobs)?;
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {
-            Err(_elapsed) => Outcome::Expired,
-            Ok(Ok(outcome)) => outcome,
+            Err(_elapsed) => Reply { outcome: Outcome::Expired, batch: None },
+            Ok(Ok(reply)) => reply,
             // Only a bug drops a job unanswered; say so rather than hang or guess.
-            Ok(Err(_dropped)) => {
-                Outcome::WorkerLost("the job was dropped without an answer".into())
-            }
+            Ok(Err(_dropped)) => Reply {
+                outcome: Outcome::WorkerLost("the job was dropped without an answer".into()),
+                batch: None,
+            },
         }
     });
-    Ok(join_all(waits).await)
+    let replies = join_all(waits).await;
+    timing::record(arrived, &replies);
+    Ok(replies.into_iter().map(|reply| reply.outcome).collect())
 }
 
 #[cfg(test)]

@@ -16,6 +16,7 @@ use super::error::ApiError;
 use super::protocols::Endpoint;
 use super::{infer, openapi, App, Body};
 use crate::metrics::metrics;
+use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -28,7 +29,20 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let id = JobId::new();
     let client_id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
     let span = debug_span!("request", request_id = %id, client_request_id = client_id);
-    route_in(app, request, id, arrived).instrument(span).await
+    let (mut response, timing) =
+        timing::scope(route_in(app, request, id, arrived)).instrument(span).await;
+    // Written here, once, for every route and protocol: a stream's total is its time to its
+    // first chunk, when its headers go.
+    let headers = response.headers_mut();
+    let server_timing = timing.header(arrived.elapsed());
+    headers.insert(
+        SERVER_TIMING_HEADER,
+        HeaderValue::from_str(&server_timing).expect("digits and ASCII are a valid header value"),
+    );
+    if timing.batch_size > 0 {
+        headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(timing.batch_size));
+    }
+    response
 }
 
 async fn route_in(

@@ -32,7 +32,7 @@ use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Sent};
 use crate::metrics::metrics;
 use crate::stage::{Schemas, Stage, WorkerSeat};
 use crate::supervisor::Children;
@@ -402,8 +402,15 @@ pub(super) async fn idle(
 
 /// Queues a batch for the worker: each job's id, remaining time, payload and, for raw bytes,
 /// their media type.
-pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
+pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>) -> InFlight {
     let sent = Instant::now();
+    let batch_sent = Sent { at: sent, batch_size: jobs.len() as u32 };
+    for job in &mut jobs {
+        job.sent = Some(batch_sent);
+        if let Some(stream) = &job.stream {
+            stream.sent(batch_sent);
+        }
+    }
     let batch = Batch {
         jobs: jobs
             .iter()
