@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::HeaderValue;
+use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -52,6 +53,8 @@ pub enum Outcome {
 pub struct Sent {
     pub at: Instant,
     pub batch_size: u32,
+    /// The batch's span (trace and span id), when tracing is on and the batch has one.
+    pub span: Option<(TraceId, SpanId)>,
 }
 
 /// A job's answer as its waiting side receives it: the outcome and, if the job rode a batch,
@@ -87,6 +90,8 @@ pub struct Job {
     pub content_type: Option<HeaderValue>,
     /// The batch that carries the job to its worker, once one does.
     pub sent: Option<Sent>,
+    /// The request's span context, when tracing is on: its batch's span links to it.
+    pub trace: Option<Box<SpanContext>>,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -110,6 +115,7 @@ impl Job {
             stream: None,
             content_type: None,
             sent: None,
+            trace: None,
             reply,
         };
         (job, answer)

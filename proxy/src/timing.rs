@@ -12,6 +12,7 @@ use std::cell::Cell;
 use std::future::Future;
 use std::time::Duration;
 
+use opentelemetry::Context;
 use tokio::time::Instant;
 
 use crate::job::{Reply, Sent};
@@ -35,18 +36,31 @@ pub struct Timing {
     pub batch_size: u32,
 }
 
-tokio::task_local! {
-    static TIMING: Cell<Timing>;
+/// What the edge keeps for a request while it runs: its timing, and its span when tracing is on.
+struct Request {
+    timing: Cell<Timing>,
+    trace: Option<Context>,
 }
 
-/// Runs a request's handler, and returns with its answer where its time went.
-pub async fn scope<F: Future>(handler: F) -> (F::Output, Timing) {
-    TIMING
-        .scope(Cell::new(Timing::default()), async {
+tokio::task_local! {
+    static REQUEST: Request;
+}
+
+/// Runs a request's handler (under its span's context, if traced), and returns with its answer
+/// where its time went.
+pub async fn scope<F: Future>(trace: Option<Context>, handler: F) -> (F::Output, Timing) {
+    let request = Request { timing: Cell::new(Timing::default()), trace };
+    REQUEST
+        .scope(request, async {
             let output = handler.await;
-            (output, TIMING.with(Cell::get))
+            (output, REQUEST.with(|request| request.timing.get()))
         })
         .await
+}
+
+/// The context of the running request's span, if it is traced.
+pub fn trace() -> Option<Context> {
+    REQUEST.try_with(|request| request.trace.clone()).ok().flatten()
 }
 
 /// Records one stage of the request: the jobs entered its queue at `entered` and got `replies`.
@@ -96,12 +110,12 @@ fn add(stage: Timing) {
     if stage.batch_size == 0 {
         return;
     }
-    let _ = TIMING.try_with(|cell| {
-        let mut timing = cell.get();
+    let _ = REQUEST.try_with(|request| {
+        let mut timing = request.timing.get();
         timing.queue += stage.queue;
         timing.batch += stage.batch;
         timing.batch_size = stage.batch_size;
-        cell.set(timing);
+        request.timing.set(timing);
     });
 }
 
@@ -112,14 +126,14 @@ mod tests {
 
     fn reply(entered: Instant, queued_ms: u64, took_ms: u64, size: u32) -> Reply {
         let at = entered + Duration::from_millis(queued_ms);
-        let sent = Sent { at, batch_size: size };
+        let sent = Sent { at, batch_size: size, span: None };
         Reply { outcome: Outcome::Ended, batch: Some((sent, at + Duration::from_millis(took_ms))) }
     }
 
     #[tokio::test]
     async fn stages_add_up_and_the_last_stage_names_the_batch_size() {
         let start = Instant::now();
-        let ((), timing) = scope(async {
+        let ((), timing) = scope(None, async {
             // Two jobs in the first stage: the longest wait and the longest batch count.
             record(start, &[reply(start, 2, 10, 4), reply(start, 5, 3, 8)]);
             let next = start + Duration::from_millis(20);
