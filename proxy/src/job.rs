@@ -124,7 +124,13 @@ impl Job {
     /// The bytes the job adds to its batch frame beyond the fixed per-job overhead
     /// ([`corral_protocol::FRAME_OVERHEAD_PER_JOB`]): what queues and batches count.
     pub fn size(&self) -> usize {
-        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len)
+        let trace = self.trace.as_ref().map_or(0, |context| {
+            // `traceparent` (55 characters), `tracestate`, their keys and headers.
+            let state = context.trace_state().header();
+            let state = if state.is_empty() { 0 } else { state.len() + 12 };
+            55 + 13 + state
+        });
+        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len) + trace
     }
 
     /// Answers the job. Returns false when nobody was waiting any more (the client left, or its
