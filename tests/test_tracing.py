@@ -8,7 +8,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from conftest import ROOT
 from otlp_receiver import Receiver
+
+TRACED = str(ROOT / "tests" / "workers" / "traced.py")
 
 # A batch of up to 16 leaves when full; the wait lets a burst gather.
 BATCH = ("--max-batch-size", "16", "--max-wait-ms", "200")
@@ -25,9 +28,8 @@ def receiver():
 
 @pytest.fixture
 def traced(corral_factory, receiver):
-    return corral_factory(
-        *BATCH, "--otlp-endpoint", receiver.url, env={"OTEL_SERVICE_NAME": "proxy"}
-    )
+    env = {"OTEL_SERVICE_NAME": "proxy", "TRACED_ENDPOINT": f"{receiver.url}/v1/traces"}
+    return corral_factory(*BATCH, "--otlp-endpoint", receiver.url, worker=TRACED, env=env)
 
 
 def requests_of(spans):
@@ -58,6 +60,18 @@ def test_a_client_traceparent_is_the_parent_of_the_request_span(traced, receiver
     assert batch.attributes["corral.batch.size"] == 1
     assert batch.attributes["process.pid"] == answer.json()["pid"]
 
+    # The worker's spans (its own SDK, its own export) continue the same trace.
+    spans = receiver.wait_for(lambda spans: any(s.name == "user work" for s in spans))
+    worker = {s.name: s for s in spans if s.service == "worker"}
+    assert {"preprocess", "forward", "postprocess", "user work"} <= set(worker), worker
+    assert all(s.trace_id == CLIENT_TRACE for s in worker.values())
+    forward = worker["forward"]
+    assert forward.parent_span_id == request.span_id
+    assert forward.links == [(CLIENT_TRACE, request.span_id)]
+    assert worker["user work"].parent_span_id == forward.span_id
+    assert worker["preprocess"].parent_span_id == request.span_id
+    assert worker["postprocess"].parent_span_id == request.span_id
+
 
 def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
     with ThreadPoolExecutor(16) as pool:
@@ -77,6 +91,14 @@ def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
         assert (request.trace_id, request.span_id) in batch.links
     # The burst shared batches: fewer batches than requests.
     assert len(batches) < 16
+    # One forward span per batch in the worker, linked to each of its members.
+    requests = {(r.trace_id, r.span_id) for r in requests_of(spans)}
+    spans = receiver.wait_for(
+        lambda spans: sum(len(s.links) for s in spans if s.name == "forward") == 16
+    )
+    forwards = [s for s in spans if s.name == "forward"]
+    assert len(forwards) == len(batches)
+    assert {link for f in forwards for link in f.links} == requests
 
 
 def test_without_a_traceparent_a_new_trace_starts(traced, receiver):
