@@ -18,10 +18,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import workloads  # bench/ is on sys.path: this file runs as a script
@@ -262,6 +264,48 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+class Collector(BaseHTTPRequestHandler):
+    """A local OTLP/HTTP endpoint for `corral-traced`: takes each export, reads it whole and
+    answers 200 (decoding is the collector's cost, not the proxy's)."""
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        self.send_response(200)
+        self.send_header("content-length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def collector() -> str:
+    """Starts the local collector in a thread; its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def tracing_cost(rows: list[Row]) -> str:
+    """Tracing on (`corral-traced`) against off (`corral`): the issue's bounds are proxy CPU per
+    request ≤ 1.3× and throughput ≥ 0.8× at echo, 64 clients."""
+    lines = [
+        "| workload | load | req/s on ÷ off | proxy CPU/req on ÷ off | p99 on ÷ off |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
+    off = {(r.workload, r.load): r for r in rows if r.system == "corral"}
+    for row in rows:
+        ref = off.get((row.workload, row.load))
+        if row.system != "corral-traced" or ref is None:
+            continue
+        lines.append(
+            f"| {row.workload} | {row.load}"
+            f" | {row.median('rps') / max(ref.median('rps'), 1e-9):.2f}×"
+            f" | {row.median('proxy_cpu_per_1k') / max(ref.median('proxy_cpu_per_1k'), 1e-9):.2f}×"
+            f" | {row.median('p99_ms') / max(ref.median('p99_ms'), 1e-9):.2f}× |"
+        )
+    return "\n".join(lines)
+
+
 def ratios(rows: list[Row], baseline: str) -> str:
     lines = [
         f"| workload | load | system | req/s vs {baseline} | p50 vs {baseline}"
@@ -325,7 +369,9 @@ def main() -> None:
     parser.add_argument("--workloads", default="echo,cost,cost_sleep")
     parser.add_argument("--rates", default="500,1500,3000", help="open-loop req/s (cost only)")
     parser.add_argument(
-        "--systems", default="corral,mosec", help="also: corral-fixed, corral-before"
+        "--systems",
+        default="corral,corral-traced,mosec",
+        help="also: corral-fixed, corral-before; corral-traced exports spans to a local collector",
     )
     parser.add_argument(
         "--corral-before",
@@ -349,6 +395,7 @@ def main() -> None:
     every = {
         "corral": corral("corral", 18100),
         "corral-fixed": corral("corral-fixed", 18101, "--batch-policy", "fixed"),
+        "corral-traced": corral("corral-traced", 18103, "--otlp-endpoint", collector()),
         "corral-before": corral("corral-before", 18102, binary=args.corral_before),
         "mosec": System(
             "mosec",
@@ -405,6 +452,11 @@ def main() -> None:
             f"Ceiling for cost: {workloads.CEILING_RPS:,.0f} req/s.",
             "### Ratios (Corral ÷ MOSEC; below 1× is better for latency and CPU)",
             ratios(rows, "mosec") if "mosec" in args.systems else "(no baseline in this run)",
+            "### Tracing on ÷ off (corral-traced ÷ corral; bounds at echo c=64: CPU ≤ 1.3×, "
+            "req/s ≥ 0.8×)",
+            tracing_cost(rows)
+            if {"corral", "corral-traced"} <= set(args.systems.split(","))
+            else "(not in this run)",
             "### Figures",
             table(rows),
             f"![p99 against throughput]({os.path.relpath(args.plot, Path(args.out).parent)})",

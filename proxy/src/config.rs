@@ -146,6 +146,18 @@ pub struct Config {
     #[arg(long, env = "CORRAL_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text)]
     pub log_format: LogFormat,
 
+    /// Export spans over OTLP/HTTP (protobuf) to this collector, e.g. http://localhost:4318
+    /// (spans go to its /v1/traces). Unset: OTEL_EXPORTER_OTLP_TRACES_ENDPOINT (as is), then
+    /// OTEL_EXPORTER_OTLP_ENDPOINT; none of them: no tracing at all. The service name is
+    /// OTEL_SERVICE_NAME (default: corral).
+    #[arg(long, env = "CORRAL_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+
+    /// Share of new traces sampled, 0 to 1; a request's `traceparent` decides for its own trace.
+    #[arg(long, env = "CORRAL_TRACE_SAMPLE_RATIO", default_value_t = 1.0,
+          value_parser = parse_ratio)]
+    pub trace_sample_ratio: f64,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -168,6 +180,13 @@ pub enum LogFormat {
     Json,
 }
 
+fn parse_ratio(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
+        _ => Err(format!("{text:?} is not a number from 0 to 1")),
+    }
+}
+
 pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
     u32::from_str_radix(text, 8)
         .ok()
@@ -176,6 +195,25 @@ pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
 }
 
 impl Config {
+    /// Where spans go (the full URL of the traces endpoint), if anywhere.
+    pub fn traces_endpoint(&self) -> Option<String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+        let base = |url: String| {
+            let url = url.trim_end_matches('/');
+            if url.ends_with("/v1/traces") {
+                url.to_string()
+            } else {
+                format!("{url}/v1/traces")
+            }
+        };
+        self.otlp_endpoint
+            .clone()
+            .filter(|v| !v.trim().is_empty())
+            .map(base)
+            .or_else(|| var("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"))
+            .or_else(|| var("OTEL_EXPORTER_OTLP_ENDPOINT").map(base))
+    }
+
     pub fn batch_timeout(&self) -> Option<Duration> {
         (self.batch_timeout_ms > 0).then(|| Duration::from_millis(self.batch_timeout_ms))
     }

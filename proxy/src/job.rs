@@ -15,6 +15,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::HeaderValue;
+use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -46,6 +47,25 @@ pub enum Outcome {
     SlowClient,
 }
 
+/// When a job's batch was queued for its worker, and how many jobs that batch held: set by the
+/// worker connection as it sends the batch (again, if the job is retried on another worker).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Sent {
+    pub at: Instant,
+    pub batch_size: u32,
+    /// The batch's span (trace and span id), when tracing is on and the batch has one.
+    pub span: Option<(TraceId, SpanId)>,
+}
+
+/// A job's answer as its waiting side receives it: the outcome and, if the job rode a batch,
+/// when that batch was sent and when the answer came (`x-corral-batch-size`, `server-timing`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reply {
+    pub outcome: Outcome,
+    /// The batch the job rode, and when its answer was given.
+    pub batch: Option<(Sent, Instant)>,
+}
+
 /// One unit of work: a payload, its identity and its deadline.
 #[derive(Debug)]
 pub struct Job {
@@ -68,7 +88,11 @@ pub struct Job {
     /// A raw-bytes job only: the media type of its payload (one msgpack `bin`), as the client
     /// sent it; it goes to the worker as the job's `content_type`.
     pub content_type: Option<HeaderValue>,
-    reply: oneshot::Sender<Outcome>,
+    /// The batch that carries the job to its worker, once one does.
+    pub sent: Option<Sent>,
+    /// The request's span context, when tracing is on: its batch's span links to it.
+    pub trace: Option<Box<SpanContext>>,
+    reply: oneshot::Sender<Reply>,
 }
 
 impl Job {
@@ -78,7 +102,7 @@ impl Job {
         payload: Bytes,
         arrived: Instant,
         deadline: Instant,
-    ) -> (Self, oneshot::Receiver<Outcome>) {
+    ) -> (Self, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Self {
             id,
@@ -90,6 +114,8 @@ impl Job {
             left: CancellationToken::new(),
             stream: None,
             content_type: None,
+            sent: None,
+            trace: None,
             reply,
         };
         (job, answer)
@@ -98,13 +124,20 @@ impl Job {
     /// The bytes the job adds to its batch frame beyond the fixed per-job overhead
     /// ([`corral_protocol::FRAME_OVERHEAD_PER_JOB`]): what queues and batches count.
     pub fn size(&self) -> usize {
-        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len)
+        let trace = self.trace.as_ref().map_or(0, |context| {
+            // `traceparent` (55 characters), `tracestate`, their keys and headers.
+            let state = context.trace_state().header();
+            let state = if state.is_empty() { 0 } else { state.len() + 12 };
+            55 + 13 + state
+        });
+        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len) + trace
     }
 
     /// Answers the job. Returns false when nobody was waiting any more (the client left, or its
     /// deadline passed and it already got 408): the answer is dropped.
     pub fn answer(self, outcome: Outcome) -> bool {
-        self.reply.send(outcome).is_ok()
+        let batch = self.sent.map(|sent| (sent, Instant::now()));
+        self.reply.send(Reply { outcome, batch }).is_ok()
     }
 
     /// Whether the client stopped waiting (disconnected, or answered 408 at its deadline).

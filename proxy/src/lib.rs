@@ -15,6 +15,9 @@
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker — it reads, its outbox
 //!   writes; plain and streaming pull loops (protocol in `corral-protocol`).
+//! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`.
+//! - [`trace`]: OpenTelemetry spans (request, admission, queue wait, batch), exported over OTLP
+//!   when an endpoint is set; nothing at all otherwise.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
@@ -29,6 +32,8 @@ pub mod pipeline;
 pub mod stage;
 pub mod stream;
 pub mod supervisor;
+pub mod timing;
+pub mod trace;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -58,6 +63,15 @@ pub async fn run(
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
     let socket = absolute(&config.socket)?;
+    if let Some(endpoint) = config.traces_endpoint() {
+        let service = std::env::var("OTEL_SERVICE_NAME")
+            .ok()
+            .filter(|name| !name.trim().is_empty())
+            .unwrap_or_else(|| "corral".to_string());
+        trace::init(&endpoint, &service, config.trace_sample_ratio)
+            .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
+        info!(endpoint, service, ratio = config.trace_sample_ratio, "exporting spans over OTLP");
+    }
     let workers: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
     let max_connections =
         open_files::connection_cap(config.max_connections as usize, workers as usize);
@@ -156,6 +170,7 @@ pub async fn run(
     workers.close();
     workers.wait().await;
     worker::listener::remove(&socket);
+    trace::shutdown();
     info!("stopped");
     Ok(())
 }

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub cancelled: IntCounterVec,
     /// Results that came back after their job's deadline and were dropped.
     pub late_results: IntCounter,
+    /// Spans that were not exported: the export queue was full (a slow or dead collector) or
+    /// their export failed.
+    pub spans_dropped: IntCounter,
     /// Time jobs spent queued before dispatch, by stage.
     pub queue_wait_seconds: HistogramVec,
     /// Jobs per batch, by stage.
@@ -112,7 +115,15 @@ impl Metrics {
         )
         .expect("valid metric");
         r.register(Box::new(restarts.clone())).expect("unique metric name");
+        let spans_dropped = IntCounter::new(
+            "corral_spans_dropped_total",
+            "Spans not exported: the export queue was full (a slow or dead collector) or the \
+             export failed.",
+        )
+        .expect("valid metric");
+        r.register(Box::new(spans_dropped.clone())).expect("unique metric name");
         Self {
+            spans_dropped,
             requests: counter(
                 &r,
                 "corral_requests_total",

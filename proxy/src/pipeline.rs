@@ -16,8 +16,9 @@ use futures_util::future::join_all;
 use http::HeaderValue;
 use tokio::time::Instant;
 
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Reply};
 use crate::stage::{Shed, Stage};
+use crate::{timing, trace};
 
 pub struct Pipeline {
     pub stages: Vec<Arc<Stage>>,
@@ -147,30 +148,43 @@ async fn run_stage(
     deadline: Instant,
     retries: u32,
 ) -> Result<Vec<Outcome>, Shed> {
+    let traced = timing::trace();
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
         .map(|Input { id, payload, content_type }| {
             let (mut job, answer) = Job::new(id, payload, arrived, deadline);
             job.retries = retries;
             job.content_type = content_type;
+            job.trace = traced.as_ref().map(trace::job_context);
             (job, answer)
         })
         .unzip();
     // Cancelled when this wait ends, whichever way (answered, deadline, or the client left and
     // hyper dropped it): a worker still holding the job is then told to stop (`cancel`).
     let _left: Vec<_> = jobs.iter().map(|job| job.left.clone().drop_guard()).collect();
-    stage.submit_all(jobs)?;
+    let submitted = Instant::now();
+    let admitted = stage.submit_all(jobs);
+    if let Some(cx) = &traced {
+        trace::admission(cx, stage.name(), submitted, admitted.as_ref().err());
+    }
+    admitted?;
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {
-            Err(_elapsed) => Outcome::Expired,
-            Ok(Ok(outcome)) => outcome,
+            Err(_elapsed) => Reply { outcome: Outcome::Expired, batch: None },
+            Ok(Ok(reply)) => reply,
             // Only a bug drops a job unanswered; say so rather than hang or guess.
-            Ok(Err(_dropped)) => {
-                Outcome::WorkerLost("the job was dropped without an answer".into())
-            }
+            Ok(Err(_dropped)) => Reply {
+                outcome: Outcome::WorkerLost("the job was dropped without an answer".into()),
+                batch: None,
+            },
         }
     });
-    Ok(join_all(waits).await)
+    let replies = join_all(waits).await;
+    timing::record(arrived, &replies);
+    if let Some(cx) = &traced {
+        trace::queue_wait(cx, stage.name(), arrived, &replies);
+    }
+    Ok(replies.into_iter().map(|reply| reply.outcome).collect())
 }
 
 #[cfg(test)]

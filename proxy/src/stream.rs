@@ -8,23 +8,33 @@
 //! at most the bound plus one chunk.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
+
+use crate::job::Sent;
+
+/// What both ends share: the bytes pushed and not yet taken, and the batch that carried the job
+/// to its worker (for the stream's `server-timing`).
+#[derive(Debug, Default)]
+struct Shared {
+    pending: AtomicUsize,
+    sent: Mutex<Option<Sent>>,
+}
 
 /// The pushing end, carried by the job.
 #[derive(Debug)]
 pub struct ChunkSink {
     chunks: mpsc::UnboundedSender<Bytes>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Shared>,
     limit: usize,
 }
 
 /// The taking end, kept by the HTTP answer.
 pub struct ChunkSource {
     chunks: mpsc::UnboundedReceiver<Bytes>,
-    pending: Arc<AtomicUsize>,
+    pending: Arc<Shared>,
 }
 
 /// Why a chunk was not taken.
@@ -39,41 +49,51 @@ pub enum Refused {
 /// A buffer of at most `limit` unsent bytes (one chunk always fits, however large).
 pub fn channel(limit: usize) -> (ChunkSink, ChunkSource) {
     let (tx, rx) = mpsc::unbounded_channel();
-    let pending = Arc::new(AtomicUsize::new(0));
+    let pending = Arc::new(Shared::default());
     (ChunkSink { chunks: tx, pending: pending.clone(), limit }, ChunkSource { chunks: rx, pending })
 }
 
 impl ChunkSink {
+    /// Records the batch that carries the job to its worker (the latest, if it is retried).
+    pub fn sent(&self, sent: Sent) {
+        *self.pending.sent.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
+    }
+
     /// Queues a chunk for the client, never waiting.
     pub fn push(&self, chunk: Bytes) -> Result<(), Refused> {
         if self.chunks.is_closed() {
             return Err(Refused::Gone);
         }
         let len = chunk.len();
-        let before = self.pending.fetch_add(len, Ordering::AcqRel);
+        let before = self.pending.pending.fetch_add(len, Ordering::AcqRel);
         if before > 0 && before + len > self.limit {
-            self.pending.fetch_sub(len, Ordering::AcqRel);
+            self.pending.pending.fetch_sub(len, Ordering::AcqRel);
             return Err(Refused::SlowClient);
         }
         self.chunks.send(chunk).map_err(|_| {
-            self.pending.fetch_sub(len, Ordering::AcqRel);
+            self.pending.pending.fetch_sub(len, Ordering::AcqRel);
             Refused::Gone
         })
     }
 }
 
 impl ChunkSource {
+    /// The batch that carried the job to its worker, once one did.
+    pub fn sent(&self) -> Option<Sent> {
+        *self.pending.sent.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// The next chunk, once one is there; None once the sink is gone and every chunk taken.
     pub async fn next(&mut self) -> Option<Bytes> {
         let chunk = self.chunks.recv().await?;
-        self.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
+        self.pending.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
         Some(chunk)
     }
 
     /// A chunk already there, without waiting.
     pub fn try_next(&mut self) -> Option<Bytes> {
         let chunk = self.chunks.try_recv().ok()?;
-        self.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
+        self.pending.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
         Some(chunk)
     }
 }

@@ -66,6 +66,23 @@ EXPECTED = {
     "batch_raw": protocol.batch(
         [protocol.job(job_id(1), 1000, b"\xc6\x00\x00\x00\x04\x89PNG", content_type="image/png")]
     ),
+    "batch_traced": protocol.batch(
+        [
+            protocol.job(
+                job_id(1),
+                1000,
+                b"\x01",
+                traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+                tracestate="vendor=value",
+            ),
+            protocol.job(
+                job_id(2),
+                1000,
+                b"\x02",
+                traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01",
+            ),
+        ]
+    ),
     "results_raw": protocol.results(
         [protocol.ok(job_id(1), b"\xc4\x04\x89PNG", content_type="image/png")]
     ),

@@ -130,6 +130,13 @@ pub struct BatchJob {
     /// `bin` holding the body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub content_type: Option<String>,
+    /// A traced request only: its span's W3C `traceparent` (`00-<trace id>-<span id>-<flags>`),
+    /// for the worker's spans to continue its trace. Workers that do not trace ignore it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub traceparent: Option<String>,
+    /// With `traceparent`, when the trace has one: its W3C `tracestate`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracestate: Option<String>,
 }
 
 /// A worker's answer to one batch: exactly one result per job of that batch, in any order.

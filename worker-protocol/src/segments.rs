@@ -19,7 +19,7 @@ use std::io::{self, IoSlice};
 
 use bytes::{Buf, Bytes};
 
-use crate::{Batch, MAX_FRAME_BYTES};
+use crate::{Batch, BatchJob, MAX_FRAME_BYTES};
 
 /// One whole `batch` frame, length prefix included, as a sequence of byte segments.
 #[derive(Debug, Default)]
@@ -27,6 +27,15 @@ pub struct BatchFrame {
     /// Never holds an empty segment: [`Buf::chunk`] must not be empty while bytes remain.
     parts: VecDeque<Bytes>,
     remaining: usize,
+}
+
+/// The bytes a job's optional strings take in its frame, keys and headers included.
+fn optional_bytes(job: &BatchJob) -> usize {
+    let string =
+        |key: &str, value: &Option<String>| value.as_ref().map_or(0, |v| key.len() + v.len() + 10);
+    string("content_type", &job.content_type)
+        + string("traceparent", &job.traceparent)
+        + string("tracestate", &job.tracestate)
 }
 
 /// Writes msgpack into a `Vec`, which cannot fail.
@@ -38,9 +47,9 @@ impl BatchFrame {
     /// worker that would refuse it.
     pub fn new(batch: &Batch) -> io::Result<Self> {
         let jobs = &batch.jobs;
-        // Keys, ids, timeouts and headers are under 80 bytes a job, plus its content type.
-        let per_job: usize =
-            jobs.iter().map(|job| 80 + job.content_type.as_ref().map_or(0, String::len)).sum();
+        // Keys, ids, timeouts and headers are under 80 bytes a job, plus its optional strings
+        // (content type, trace context) and their keys.
+        let per_job: usize = jobs.iter().map(|job| 80 + optional_bytes(job)).sum();
         let mut head = Vec::with_capacity(32 + per_job);
         head.extend_from_slice(&[0; 4]); // the length prefix, filled in below
         rmp::encode::write_map_len(&mut head, 2).expect(INFALLIBLE);
@@ -52,7 +61,10 @@ impl BatchFrame {
         let mut cuts: Vec<(usize, &Bytes)> = Vec::with_capacity(jobs.len());
         let mut payload_bytes = 0usize;
         for job in jobs {
-            let keys = if job.content_type.is_some() { 4 } else { 3 };
+            let keys = 3
+                + u32::from(job.content_type.is_some())
+                + u32::from(job.traceparent.is_some())
+                + u32::from(job.tracestate.is_some());
             rmp::encode::write_map_len(&mut head, keys).expect(INFALLIBLE);
             rmp::encode::write_str(&mut head, "id").expect(INFALLIBLE);
             rmp::encode::write_bin(&mut head, job.id.as_uuid().as_bytes()).expect(INFALLIBLE);
@@ -62,9 +74,17 @@ impl BatchFrame {
             rmp::encode::write_bin_len(&mut head, len_u32(job.payload.len())?).expect(INFALLIBLE);
             cuts.push((head.len(), &job.payload));
             payload_bytes += job.payload.len();
-            if let Some(content_type) = &job.content_type {
-                rmp::encode::write_str(&mut head, "content_type").expect(INFALLIBLE);
-                rmp::encode::write_str(&mut head, content_type).expect(INFALLIBLE);
+            // In the struct's field order, as the codec writes them.
+            let optional = [
+                ("content_type", &job.content_type),
+                ("traceparent", &job.traceparent),
+                ("tracestate", &job.tracestate),
+            ];
+            for (key, value) in optional {
+                if let Some(value) = value {
+                    rmp::encode::write_str(&mut head, key).expect(INFALLIBLE);
+                    rmp::encode::write_str(&mut head, value).expect(INFALLIBLE);
+                }
             }
         }
         let body = head.len() - 4 + payload_bytes;
@@ -204,12 +224,16 @@ mod tests {
                     timeout_ms: 4999,
                     payload: mp(serde_json::json!([1, 2, 3])),
                     content_type: None,
+                    traceparent: None,
+                    tracestate: None,
                 },
                 BatchJob {
                     id: id(2),
                     timeout_ms: 70_000,
                     payload: mp(serde_json::json!({"text": "héllo"})),
                     content_type: None,
+                    traceparent: None,
+                    tracestate: None,
                 },
             ],
         };
@@ -219,9 +243,35 @@ mod tests {
                 timeout_ms: 1000,
                 payload: Bytes::from_static(&[0xc6, 0, 0, 0, 4, 0x89, b'P', b'N', b'G']),
                 content_type: Some("image/png".into()),
+                traceparent: None,
+                tracestate: None,
             }],
         };
-        for (name, batch) in [("batch", batch), ("batch_raw", raw)] {
+        let traced = Batch {
+            jobs: vec![
+                BatchJob {
+                    id: id(1),
+                    timeout_ms: 1000,
+                    payload: Bytes::from_static(&[0x01]),
+                    content_type: None,
+                    traceparent: Some(
+                        "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+                    ),
+                    tracestate: Some("vendor=value".into()),
+                },
+                BatchJob {
+                    id: id(2),
+                    timeout_ms: 1000,
+                    payload: Bytes::from_static(&[0x02]),
+                    content_type: None,
+                    traceparent: Some(
+                        "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01".into(),
+                    ),
+                    tracestate: None,
+                },
+            ],
+        };
+        for (name, batch) in [("batch", batch), ("batch_raw", raw), ("batch_traced", traced)] {
             let frame = BatchFrame::new(&batch).unwrap();
             assert_payloads_shared(&batch, &frame);
             assert_eq!(collect(frame), golden(name), "{name}");
@@ -277,6 +327,8 @@ mod tests {
                     timeout_ms,
                     payload: payload.into(),
                     content_type,
+                    traceparent: None,
+                    tracestate: None,
                 }
             })
             .collect();
@@ -318,7 +370,14 @@ mod tests {
     #[test]
     fn a_frame_over_the_limit_is_refused() {
         let payload = Bytes::from(vec![0u8; MAX_FRAME_BYTES / 2]);
-        let job = BatchJob { id: id(1), timeout_ms: 1, payload, content_type: None };
+        let job = BatchJob {
+            id: id(1),
+            timeout_ms: 1,
+            payload,
+            content_type: None,
+            traceparent: None,
+            tracestate: None,
+        };
         let batch = Batch { jobs: vec![job.clone(), job.clone()] };
         let error = BatchFrame::new(&batch).unwrap_err();
         assert_eq!(error.kind(), io::ErrorKind::InvalidInput);

@@ -131,12 +131,16 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                         timeout_ms: 4999,
                         payload: mp(&serde_json::json!([1, 2, 3])),
                         content_type: None,
+                        traceparent: None,
+                        tracestate: None,
                     },
                     BatchJob {
                         id: id(2),
                         timeout_ms: 70_000,
                         payload: mp(&serde_json::json!({"text": "héllo"})),
                         content_type: None,
+                        traceparent: None,
+                        tracestate: None,
                     },
                 ],
             }),
@@ -150,7 +154,36 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     // One msgpack bin (the 4-byte length form, as the proxy writes raw bodies).
                     payload: Bytes::from_static(&[0xc6, 0, 0, 0, 4, 0x89, b'P', b'N', b'G']),
                     content_type: Some("image/png".into()),
+                    traceparent: None,
+                    tracestate: None,
                 }],
+            }),
+        ),
+        (
+            "batch_traced",
+            ProxyMessage::Batch(Batch {
+                jobs: vec![
+                    BatchJob {
+                        id: id(1),
+                        timeout_ms: 1000,
+                        payload: Bytes::from_static(&[0x01]),
+                        content_type: None,
+                        traceparent: Some(
+                            "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
+                        ),
+                        tracestate: Some("vendor=value".into()),
+                    },
+                    BatchJob {
+                        id: id(2),
+                        timeout_ms: 1000,
+                        payload: Bytes::from_static(&[0x02]),
+                        content_type: None,
+                        traceparent: Some(
+                            "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01".into(),
+                        ),
+                        tracestate: None,
+                    },
+                ],
             }),
         ),
         ("shutdown", ProxyMessage::Shutdown(Shutdown { message: "proxy shutting down".into() })),

@@ -16,6 +16,8 @@ use super::error::ApiError;
 use super::protocols::Endpoint;
 use super::{infer, openapi, App, Body};
 use crate::metrics::metrics;
+use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
+use crate::trace;
 
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -28,7 +30,24 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let id = JobId::new();
     let client_id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
     let span = debug_span!("request", request_id = %id, client_request_id = client_id);
-    route_in(app, request, id, arrived).instrument(span).await
+    let trace = trace::request(request.headers(), request.method());
+    let (mut response, timing) =
+        timing::scope(trace.clone(), route_in(app, request, id, arrived)).instrument(span).await;
+    // Written here, once, for every route and protocol: a stream's total is its time to its
+    // first chunk, when its headers go.
+    let headers = response.headers_mut();
+    let server_timing = timing.header(arrived.elapsed());
+    headers.insert(
+        SERVER_TIMING_HEADER,
+        HeaderValue::from_str(&server_timing).expect("digits and ASCII are a valid header value"),
+    );
+    if timing.batch_size > 0 {
+        headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(timing.batch_size));
+    }
+    if let Some(cx) = trace {
+        trace::end(&cx);
+    }
+    response
 }
 
 async fn route_in(
@@ -72,9 +91,13 @@ async fn route_in(
         }
     };
     let mut response = answer.unwrap_or_else(error_response);
-    let id = HeaderValue::from_str(&id.to_string()).expect("a UUID is a valid header value");
-    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+    let id = id.to_string();
     let code = response.status();
+    if let Some(cx) = timing::trace() {
+        trace::answered(&cx, &method, route, code.as_u16(), &id);
+    }
+    let id = HeaderValue::from_str(&id).expect("a UUID is a valid header value");
+    response.headers_mut().insert(REQUEST_ID_HEADER, id);
     debug!(route, status = code.as_u16(), "answered");
     metrics().requests.with_label_values(&[route, code.as_str()]).inc();
     metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());

@@ -25,10 +25,11 @@ use tokio_util::sync::DropGuard;
 use super::error::ApiError;
 use super::events::Framing;
 use super::{shed_error, App, Body, Route};
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Reply};
 use crate::metrics::metrics;
 use crate::pipeline::Input;
 use crate::stream::{self as chunks, ChunkSource};
+use crate::timing;
 
 /// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
 /// pipeline's last stage streams.
@@ -75,9 +76,11 @@ pub async fn answer(
             // The job was answered without a chunk: its outcome is on its way.
             None => Some(outcome(&mut reply).await),
         },
-        answered = &mut reply => Some(answered.unwrap_or_else(dropped)),
+        answered = &mut reply => Some(answered.map(|r| r.outcome).unwrap_or_else(dropped)),
         _ = tokio::time::sleep_until(deadline) => return Err(ApiError::deadline_exceeded()),
     };
+    // The stream's headers go with its first chunk: its batch time is the time to that chunk.
+    timing::record_stream(entered, source.sent(), Instant::now());
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     match outcome {
@@ -132,8 +135,8 @@ fn last_chunk(framing: Framing, data: Bytes) -> Vec<Bytes> {
     }
 }
 
-async fn outcome(reply: &mut oneshot::Receiver<Outcome>) -> Outcome {
-    reply.await.unwrap_or_else(dropped)
+async fn outcome(reply: &mut oneshot::Receiver<Reply>) -> Outcome {
+    reply.await.map(|r| r.outcome).unwrap_or_else(dropped)
 }
 
 /// Only a bug drops a job unanswered; say so rather than hang or guess.
@@ -145,7 +148,7 @@ fn dropped(_: oneshot::error::RecvError) -> Outcome {
 struct Events {
     framing: Framing,
     source: ChunkSource,
-    reply: oneshot::Receiver<Outcome>,
+    reply: oneshot::Receiver<Reply>,
     deadline: Pin<Box<Sleep>>,
     /// Events ready to go out before anything else.
     pending: std::collections::VecDeque<Bytes>,
@@ -183,7 +186,7 @@ impl Events {
                     let event = event(self.framing, chunk, &mut self.finished);
                     self.pending.push_back(event);
                 }
-                self.end(answered.unwrap_or_else(dropped))
+                self.end(answered.map(|r| r.outcome).unwrap_or_else(dropped))
             }
             _ = &mut self.deadline => {
                 metrics().streams_cancelled.with_label_values(&["deadline"]).inc();

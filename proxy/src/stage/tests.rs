@@ -9,6 +9,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 use super::*;
+use crate::job::Reply;
 
 const WAIT: Duration = Duration::from_millis(10);
 
@@ -24,12 +25,12 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
     Stage::new("default", settings, capacity)
 }
 
-fn job(payload: &'static [u8], timeout: Duration) -> (Job, oneshot::Receiver<Outcome>) {
+fn job(payload: &'static [u8], timeout: Duration) -> (Job, oneshot::Receiver<Reply>) {
     let now = Instant::now();
     Job::new(JobId::new(), Bytes::from_static(payload), now, now + timeout)
 }
 
-fn submit(stage: &Stage, payload: &'static [u8]) -> oneshot::Receiver<Outcome> {
+fn submit(stage: &Stage, payload: &'static [u8]) -> oneshot::Receiver<Reply> {
     let (job, answer) = job(payload, Duration::from_secs(5));
     stage.submit(job).expect("queue has room");
     answer
@@ -83,7 +84,7 @@ async fn an_expired_job_is_answered_and_never_dispatched() {
     let _fresh = submit(&stage, b"fresh");
     let batch = stage.next_batch().await;
     assert_eq!(payloads(&batch), [b"fresh"]);
-    assert_eq!(expired.try_recv(), Ok(Outcome::Expired));
+    assert_eq!(expired.try_recv().map(|r| r.outcome), Ok(Outcome::Expired));
 }
 
 #[tokio::test(start_paused = true)]
@@ -186,7 +187,7 @@ async fn the_learned_cost_converges_on_a_scripted_worker() {
         tokio::time::sleep(Duration::from_millis(gap)).await;
     }
     for answer in answers {
-        assert_eq!(answer.await.unwrap(), Outcome::Done(Bytes::new(), None));
+        assert_eq!(answer.await.unwrap().outcome, Outcome::Done(Bytes::new(), None));
     }
     let cost = stage.cost().expect("batches were recorded");
     let (overhead, per_item) =
@@ -231,7 +232,7 @@ async fn adaptive_batches_busy_open_loop_traffic() {
     worker.abort();
 }
 
-fn group(stage: &Stage, len: usize) -> Vec<oneshot::Receiver<Outcome>> {
+fn group(stage: &Stage, len: usize) -> Vec<oneshot::Receiver<Reply>> {
     let (jobs, answers) = (0..len).map(|_| job(b"g", Duration::from_secs(5))).unzip();
     stage.submit_all(jobs).expect("queue has room");
     answers

@@ -32,10 +32,11 @@ use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
-use crate::job::{Job, Outcome};
+use crate::job::{Job, Outcome, Sent};
 use crate::metrics::metrics;
 use crate::stage::{Schemas, Stage, WorkerSeat};
 use crate::supervisor::Children;
+use crate::trace;
 
 /// How long a new connection has to say hello before it is dropped.
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
@@ -99,7 +100,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         streaming::work(&mut inbox, &mut outbox, stage, &seat, &context, &hello).await
     } else {
         let cancels = hello.declares(FEATURE_CANCEL);
-        work(&mut inbox, &mut outbox, stage, &seat, &context, cancels).await
+        work(&mut inbox, &mut outbox, stage, &seat, &context, cancels, hello.pid).await
     };
     match &ended {
         Ended::Stopped => {
@@ -246,6 +247,8 @@ pub(super) struct InFlight {
     pub sent: Instant,
     /// Its frame's index in the outbox, to tell whether it ever reached the worker.
     pub frame: u64,
+    /// Its span, when tracing is on: ends when the batch is dropped (answered or handed back).
+    pub span: Option<opentelemetry_sdk::trace::Span>,
 }
 
 /// The pull loop. Returns why it ended; every job it took has been answered or handed back by
@@ -262,7 +265,9 @@ async fn work(
     seat: &WorkerSeat<'_>,
     context: &Context,
     cancels: bool,
+    pid: u32,
 ) -> Ended {
+    let by = Worker { stage: stage.name(), pid };
     let prefetch = stage.settings().prefetch;
     let mut departures = Departures::new(cancels);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
@@ -272,7 +277,7 @@ async fn work(
         let message = if in_flight.is_empty() {
             match idle(inbox, outbox, seat, context).await {
                 Ok(jobs) => {
-                    let batch = send(outbox, jobs);
+                    let batch = send(outbox, jobs, &by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
                     in_flight.push_back(batch);
                     continue;
@@ -309,7 +314,7 @@ async fn work(
                 }
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
                     metrics().batches_ahead.with_label_values(&[stage.name()]).inc();
-                    let batch = send(outbox, jobs);
+                    let batch = send(outbox, jobs, &by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
                     in_flight.push_back(batch);
                     continue;
@@ -354,12 +359,22 @@ async fn work(
     } else if !in_flight.is_empty() {
         outbox.halt().await;
         // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
+        let (reason, why) = match &ended {
+            Ended::Failed { reason, why } => (*reason, why.as_str()),
+            _ => ("closed", "connection closed while holding a batch"),
+        };
         let orphans = in_flight
             .into_iter()
-            .flat_map(|batch| {
+            .flat_map(|mut batch| {
                 // A worker that hung or died inside a frame had that batch in hand as far as
                 // anyone can tell; one whose socket took not a byte of it never saw it.
                 let reached = outbox.delivery(batch.frame) != Delivery::None;
+                if let Some(span) = &mut batch.span {
+                    trace::worker_failed(span, reason, why);
+                    for job in batch.jobs.iter().filter(|job| !reached || job.retries > 0) {
+                        trace::retried(span, &job.id.to_string());
+                    }
+                }
                 batch.jobs.into_iter().map(move |job| Orphan { job, reached })
             })
             .collect();
@@ -402,8 +417,17 @@ pub(super) async fn idle(
 
 /// Queues a batch for the worker: each job's id, remaining time, payload and, for raw bytes,
 /// their media type.
-pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
+pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFlight {
     let sent = Instant::now();
+    let span = trace::batch(by.stage, by.pid, &jobs);
+    let batch_sent =
+        Sent { at: sent, batch_size: jobs.len() as u32, span: span.as_ref().map(trace::ids) };
+    for job in &mut jobs {
+        job.sent = Some(batch_sent);
+        if let Some(stream) = &job.stream {
+            stream.sent(batch_sent);
+        }
+    }
     let batch = Batch {
         jobs: jobs
             .iter()
@@ -420,9 +444,17 @@ pub(super) fn send(outbox: &mut Outbox, jobs: Vec<Job>) -> InFlight {
                     .as_ref()
                     .and_then(|v| v.to_str().ok())
                     .map(Into::into),
+                traceparent: job.trace.as_deref().map(trace::traceparent),
+                tracestate: job.trace.as_deref().and_then(trace::tracestate),
             })
             .collect(),
     };
     let frame = outbox.send(ProxyMessage::Batch(batch));
-    InFlight { jobs, sent, frame }
+    InFlight { jobs, sent, frame, span }
+}
+
+/// The worker a batch goes to, as its span names it.
+pub(super) struct Worker<'a> {
+    pub stage: &'a str,
+    pub pid: u32,
 }

@@ -209,12 +209,16 @@ mod tests {
                 timeout_ms: 5000,
                 payload: Bytes::from(big),
                 content_type: Some("application/octet-stream".into()),
+                traceparent: None,
+                tracestate: None,
             },
             BatchJob {
                 id: JobId::new(),
                 timeout_ms: 1,
                 payload: Bytes::from_static(&[0x93, 1, 2, 3]),
                 content_type: None,
+                traceparent: None,
+                tracestate: None,
             },
         ];
         let batch = ProxyMessage::Batch(Batch { jobs });
@@ -240,6 +244,8 @@ mod tests {
             timeout_ms: 1,
             payload: Bytes::from_static(&[0xc0]),
             content_type: None,
+            traceparent: None,
+            tracestate: None,
         };
         let index = outbox.send(ProxyMessage::Batch(Batch { jobs: vec![job] }));
         let error = outbox.broken().await;

@@ -158,6 +158,7 @@ mod tests {
     use tokio::sync::oneshot;
 
     use super::*;
+    use crate::job::Reply;
     use crate::stage::{BatchSettings, Policy, Stage};
 
     fn stage() -> Stage {
@@ -176,7 +177,7 @@ mod tests {
         payload: &'static [u8],
         retries: u32,
         reached: bool,
-    ) -> (Orphan, oneshot::Receiver<Outcome>) {
+    ) -> (Orphan, oneshot::Receiver<Reply>) {
         let now = Instant::now();
         let (mut job, answer) =
             Job::new(JobId::new(), Bytes::from_static(payload), now, now + Duration::from_secs(5));
@@ -208,7 +209,7 @@ mod tests {
         let (unseen, mut unseen_answer) = orphan(b"unseen", 0, false);
         let (seen, seen_answer) = orphan(b"seen", 0, true);
         give_back(&seat, vec![unseen, seen], "died");
-        assert!(matches!(seen_answer.await, Ok(Outcome::WorkerLost(_))));
+        assert!(matches!(seen_answer.await.map(|r| r.outcome), Ok(Outcome::WorkerLost(_))));
         assert!(unseen_answer.try_recv().is_err(), "not answered: queued again");
         assert_eq!(payloads_of(seat.next_batch().await), [b"unseen"]);
     }

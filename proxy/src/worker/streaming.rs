@@ -21,7 +21,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::connection::{
-    died, idle, protocol_error, read_error, send, Context, Ended, Inbox, HUNG_MARGIN,
+    died, idle, protocol_error, read_error, send, Context, Ended, Inbox, Worker, HUNG_MARGIN,
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
@@ -57,6 +57,8 @@ struct Held {
 struct Pending {
     sent: Instant,
     size: usize,
+    /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk.
+    _span: Option<opentelemetry_sdk::trace::Span>,
 }
 
 /// Serves a streaming worker until its connection ends; every job it took has been answered or
@@ -69,6 +71,7 @@ pub(super) async fn work(
     context: &Context,
     hello: &Hello,
 ) -> Ended {
+    let by = Worker { stage: stage.name(), pid: hello.pid };
     let mut state = State {
         held: HashMap::new(),
         busy: None,
@@ -88,7 +91,7 @@ pub(super) async fn work(
             match idle(inbox, outbox, seat, context).await {
                 Ok(jobs) => {
                     heard = Instant::now();
-                    state.hold(outbox, jobs);
+                    state.hold(outbox, jobs, &by);
                     continue;
                 }
                 Err(ended) => break ended,
@@ -113,7 +116,7 @@ pub(super) async fn work(
                 }
                 jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
                     offer = None;
-                    state.hold(outbox, jobs);
+                    state.hold(outbox, jobs, &by);
                     continue;
                 }
             }
@@ -161,11 +164,12 @@ struct State {
 
 impl State {
     /// Sends a batch (to an idle worker, or joining the jobs it holds) and holds its jobs.
-    fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>) {
-        let sent = send(outbox, jobs);
+    fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>, by: &Worker) {
+        let mut sent = send(outbox, jobs, by);
         let (since, size) = self.busy.unwrap_or((sent.sent, 0));
         self.busy = Some((since, size + sent.jobs.len()));
-        self.first.insert(sent.frame, Pending { sent: sent.sent, size: sent.jobs.len() });
+        let pending = Pending { sent: sent.sent, size: sent.jobs.len(), _span: sent.span.take() };
+        self.first.insert(sent.frame, pending);
         for job in sent.jobs {
             self.departures.watch(&job);
             self.seq += 1;

@@ -119,12 +119,22 @@ def pull(room: int) -> dict[str, Any]:
 
 
 def job(
-    job_id: bytes, timeout_ms: int, payload: bytes, content_type: str | None = None
+    job_id: bytes,
+    timeout_ms: int,
+    payload: bytes,
+    content_type: str | None = None,
+    traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> dict[str, Any]:
-    """One job of a batch; ``content_type`` only for a raw-bytes request."""
+    """One job of a batch; ``content_type`` only for a raw-bytes request, ``traceparent`` and
+    ``tracestate`` only for a traced one."""
     message = {"id": job_id, "timeout_ms": timeout_ms, "payload": payload}
     if content_type is not None:
         message["content_type"] = content_type
+    if traceparent is not None:
+        message["traceparent"] = traceparent
+    if tracestate is not None:
+        message["tracestate"] = tracestate
     return message
 
 

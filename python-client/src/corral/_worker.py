@@ -25,7 +25,7 @@ from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
 from corral import _protocol as protocol
-from corral import _serve, _streaming, _tensors, _typing
+from corral import _serve, _streaming, _tensors, _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
@@ -293,7 +293,8 @@ class Worker:
                 )
                 continue
             try:
-                item = self.preprocess(self._decode(job.get("payload")))
+                with _tracing.item(job, "preprocess"):
+                    item = self.preprocess(self._decode(job.get("payload")))
             except ValidationError as e:
                 answers[position] = protocol.invalid(job_id, _text(e))
             except _STOPS:
@@ -318,7 +319,8 @@ class Worker:
         self.deadlines = [deadlines[p] for p in positions]
         self.content_types = [_content_type(jobs[p]) for p in positions]
         try:
-            outputs = list(self.forward(inputs))
+            with _tracing.batch([jobs[p] for p in positions]):
+                outputs = list(self.forward(inputs))
             if len(outputs) != len(inputs):
                 raise RuntimeError(
                     f"forward returned {len(outputs)} outputs for {len(inputs)} inputs"
@@ -336,7 +338,8 @@ class Worker:
             self.deadline = deadlines[position]
             self.content_type = _content_type(jobs[position])
             try:
-                value = self.postprocess(output)
+                with _tracing.item(jobs[position], "postprocess"):
+                    value = self.postprocess(output)
                 data = self._encode(value)
                 content_type = _typing.output_content_type(type(self), value)
             except _STOPS:

@@ -1,0 +1,160 @@
+//! Where a request's time went, for its `server-timing` and `x-corral-batch-size` headers.
+//!
+//! The HTTP edge runs each request inside [`scope`]; the pipeline [`record`]s each stage the
+//! request's jobs went through, from the [`Reply`]s its jobs got. Nothing here knows about
+//! formats or protocols: any handler that runs jobs through a pipeline (a native route, a
+//! protocol's envelope) gets the headers, written once at the edge. Outside a scope (tests, a
+//! caller that does not want them) recording does nothing. The cost is a task-local `Cell` of a
+//! few words per request, and two clock reads per job (when its batch is sent, when it is
+//! answered).
+
+use std::cell::Cell;
+use std::future::Future;
+use std::time::Duration;
+
+use opentelemetry::Context;
+use tokio::time::Instant;
+
+use crate::job::{Reply, Sent};
+
+/// Header naming how many jobs the batch that carried the request held.
+pub const BATCH_SIZE_HEADER: &str = "x-corral-batch-size";
+/// W3C Server-Timing.
+pub const SERVER_TIMING_HEADER: &str = "server-timing";
+
+/// A request's time in queues and in workers, summed over the stages of its pipeline.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Timing {
+    /// From entering each stage's queue until its batch was sent, summed over stages; within a
+    /// stage, the longest of the request's jobs.
+    pub queue: Duration,
+    /// From each batch being sent until the answer came (time in the worker, and on the socket),
+    /// summed over stages; within a stage, the longest of the request's jobs.
+    pub batch: Duration,
+    /// The size of the batch the request rode in at its last stage (for a request of several
+    /// items, the largest of its batches there). Zero: no job of the request rode a batch.
+    pub batch_size: u32,
+}
+
+/// What the edge keeps for a request while it runs: its timing, and its span when tracing is on.
+struct Request {
+    timing: Cell<Timing>,
+    trace: Option<Context>,
+}
+
+tokio::task_local! {
+    static REQUEST: Request;
+}
+
+/// Runs a request's handler (under its span's context, if traced), and returns with its answer
+/// where its time went.
+pub async fn scope<F: Future>(trace: Option<Context>, handler: F) -> (F::Output, Timing) {
+    let request = Request { timing: Cell::new(Timing::default()), trace };
+    REQUEST
+        .scope(request, async {
+            let output = handler.await;
+            (output, REQUEST.with(|request| request.timing.get()))
+        })
+        .await
+}
+
+/// The context of the running request's span, if it is traced.
+pub fn trace() -> Option<Context> {
+    REQUEST.try_with(|request| request.trace.clone()).ok().flatten()
+}
+
+/// Records one stage of the request: the jobs entered its queue at `entered` and got `replies`.
+/// Jobs that never rode a batch (expired in the queue, shed) add nothing.
+pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>) {
+    let mut stage = Timing::default();
+    for (sent, answered) in replies.into_iter().filter_map(|reply| reply.batch) {
+        stage.add_max(entered, sent, answered);
+    }
+    add(stage);
+}
+
+/// Records a streamed job at its first chunk (or its answer): its batch, sent at `sent`, had
+/// produced something by `first`.
+pub fn record_stream(entered: Instant, sent: Option<Sent>, first: Instant) {
+    let mut stage = Timing::default();
+    if let Some(sent) = sent {
+        stage.add_max(entered, sent, first);
+    }
+    add(stage);
+}
+
+impl Timing {
+    fn add_max(&mut self, entered: Instant, sent: Sent, answered: Instant) {
+        self.queue = self.queue.max(sent.at.saturating_duration_since(entered));
+        self.batch = self.batch.max(answered.saturating_duration_since(sent.at));
+        self.batch_size = self.batch_size.max(sent.batch_size);
+    }
+
+    /// The `server-timing` value: `queue` and `batch` when a batch ran, and `total` (`total`:
+    /// from the request's start to its answer, or to a stream's first chunk), in milliseconds.
+    pub fn header(&self, total: Duration) -> String {
+        let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+        if self.batch_size == 0 {
+            return format!("total;dur={:.3}", ms(total));
+        }
+        format!(
+            "queue;dur={:.3}, batch;dur={:.3}, total;dur={:.3}",
+            ms(self.queue),
+            ms(self.batch),
+            ms(total)
+        )
+    }
+}
+
+fn add(stage: Timing) {
+    if stage.batch_size == 0 {
+        return;
+    }
+    let _ = REQUEST.try_with(|request| {
+        let mut timing = request.timing.get();
+        timing.queue += stage.queue;
+        timing.batch += stage.batch;
+        timing.batch_size = stage.batch_size;
+        request.timing.set(timing);
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::job::Outcome;
+
+    fn reply(entered: Instant, queued_ms: u64, took_ms: u64, size: u32) -> Reply {
+        let at = entered + Duration::from_millis(queued_ms);
+        let sent = Sent { at, batch_size: size, span: None };
+        Reply { outcome: Outcome::Ended, batch: Some((sent, at + Duration::from_millis(took_ms))) }
+    }
+
+    #[tokio::test]
+    async fn stages_add_up_and_the_last_stage_names_the_batch_size() {
+        let start = Instant::now();
+        let ((), timing) = scope(None, async {
+            // Two jobs in the first stage: the longest wait and the longest batch count.
+            record(start, &[reply(start, 2, 10, 4), reply(start, 5, 3, 8)]);
+            let next = start + Duration::from_millis(20);
+            record(next, &[reply(next, 1, 4, 2)]);
+            // A job that never rode a batch adds nothing.
+            record(next, &[Reply { outcome: Outcome::Expired, batch: None }]);
+        })
+        .await;
+        assert_eq!(timing.queue, Duration::from_millis(6));
+        assert_eq!(timing.batch, Duration::from_millis(14));
+        assert_eq!(timing.batch_size, 2);
+        assert_eq!(
+            timing.header(Duration::from_millis(30)),
+            "queue;dur=6.000, batch;dur=14.000, total;dur=30.000"
+        );
+    }
+
+    #[test]
+    fn outside_a_scope_recording_does_nothing_and_no_batch_means_total_only() {
+        let start = Instant::now();
+        record(start, &[reply(start, 2, 10, 4)]);
+        assert_eq!(Timing::default().header(Duration::from_millis(1)), "total;dur=1.000");
+    }
+}

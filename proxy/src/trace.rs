@@ -1,0 +1,443 @@
+//! OpenTelemetry spans, exported over OTLP/HTTP (protobuf) when an endpoint is configured
+//! (`--otlp-endpoint`); see docs/TRACING.md for what each span means.
+//!
+//! Tracing is a layer: the edge ([`crate::http::routes`]) opens the request's server span (the
+//! child of the client's `traceparent`, if it sent one) and keeps its context in the request's
+//! task-local ([`crate::timing`]); the pipeline adds the admission and queue-wait spans at the
+//! two points where they happen, and the worker connection the batch span, with links both ways
+//! between a batch and its members. Every one of those points starts with [`tracer`], one atomic
+//! load: without an endpoint no span, context or link is ever made, and nothing is allocated.
+//!
+//! Export never slows a request: ended spans go into a bounded queue ([`QUEUE_SPANS`]) that one
+//! thread of its own drains in batches; a span that finds the queue full is dropped, and so are
+//! the spans of an export that failed, both counted in `corral_spans_dropped_total`.
+
+use std::sync::mpsc::{self, RecvTimeoutError, SyncSender, TrySendError};
+use std::sync::OnceLock;
+use std::time::{Duration, SystemTime};
+
+use bytes::Bytes;
+use http::{HeaderMap, Request, Response, Uri};
+use http_body_util::{BodyExt, Full};
+use hyper_util::rt::TokioIo;
+use opentelemetry::propagation::TextMapPropagator;
+use opentelemetry::trace::{
+    Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, TraceState,
+    Tracer as _,
+};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_http::{HeaderExtractor, HttpClient, HttpError};
+use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::propagation::TraceContextPropagator;
+use opentelemetry_sdk::trace::{
+    Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample, Span,
+    SpanData, SpanExporter, SpanProcessor,
+};
+use opentelemetry_sdk::Resource;
+use tokio::time::Instant;
+
+use crate::job::{Job, Reply};
+use crate::metrics::metrics;
+use crate::stage::Shed;
+
+/// Most ended spans waiting for export; past it, spans are dropped (and counted).
+pub const QUEUE_SPANS: usize = 4096;
+/// Most spans in one export request.
+const BATCH_SPANS: usize = 512;
+/// Longest a span waits for batch-mates before its batch is exported.
+const BATCH_DELAY: Duration = Duration::from_millis(500);
+/// Longest one export may take (connect, send, answer).
+const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+struct Tracing {
+    tracer: SdkTracer,
+    provider: SdkTracerProvider,
+    /// A wall-clock time and the monotonic instant it was read at, to place spans measured with
+    /// `Instant`s (queue waits) on the wall clock.
+    base: (SystemTime, std::time::Instant),
+}
+
+static TRACING: OnceLock<Tracing> = OnceLock::new();
+
+/// The tracer, if spans are exported: the one check on the request path when they are not.
+#[inline]
+pub fn tracer() -> Option<&'static SdkTracer> {
+    TRACING.get().map(|tracing| &tracing.tracer)
+}
+
+/// Starts exporting spans to `endpoint` (the full URL of the collector's traces endpoint) as
+/// `service`. Call once, from inside the runtime the exports should use.
+pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
+    let uri: Uri = endpoint.parse().map_err(|e| format!("the OTLP endpoint {endpoint:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!(
+            "the OTLP endpoint {endpoint:?} must be an http:// URL (a collector or agent beside \
+             the proxy; TLS is not supported)"
+        ));
+    }
+    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+        .with_http()
+        .with_http_client(Client::default())
+        .with_protocol(Protocol::HttpBinary)
+        .with_endpoint(endpoint)
+        .with_timeout(EXPORT_TIMEOUT)
+        .build()
+        .map_err(|e| format!("the OTLP exporter: {e}"))?;
+    let resource = Resource::builder().with_service_name(service.to_string()).build();
+    exporter.set_resource(&resource);
+    let processor = Queue::start(exporter, tokio::runtime::Handle::current());
+    let sampler = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
+    let provider = SdkTracerProvider::builder()
+        .with_span_processor(processor)
+        .with_sampler(sampler)
+        .with_resource(resource)
+        .build();
+    let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "corral");
+    let base = (SystemTime::now(), std::time::Instant::now());
+    TRACING
+        .set(Tracing { tracer, provider, base })
+        .map_err(|_| "tracing was already started".to_string())
+}
+
+/// Exports what is queued (for up to a few seconds) and stops; at the proxy's exit.
+pub fn shutdown() {
+    if let Some(tracing) = TRACING.get() {
+        let _ = tracing.provider.force_flush();
+    }
+}
+
+/// An instant on the wall clock.
+fn wall(at: Instant) -> SystemTime {
+    let (system, monotonic) = TRACING
+        .get()
+        .map_or_else(|| (SystemTime::now(), std::time::Instant::now()), |tracing| tracing.base);
+    let at = at.into_std();
+    match at.checked_duration_since(monotonic) {
+        Some(after) => system + after,
+        None => system - monotonic.duration_since(at),
+    }
+}
+
+/// The request's server span, the child of the client's `traceparent` (and `tracestate`) if it
+/// sent one, else the root of a new trace; None when tracing is off.
+pub fn request(headers: &HeaderMap, method: &http::Method) -> Option<Context> {
+    let tracer = tracer()?;
+    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let span = tracer
+        .span_builder(method.to_string())
+        .with_kind(SpanKind::Server)
+        .with_attributes([KeyValue::new("http.request.method", method.to_string())])
+        .start_with_context(tracer, &parent);
+    Some(parent.with_span(span))
+}
+
+/// Names the request's span after its route, with its status and request id.
+pub fn answered(cx: &Context, method: &http::Method, route: &str, status: u16, id: &str) {
+    let span = cx.span();
+    span.update_name(format!("{method} {route}"));
+    span.set_attributes([
+        KeyValue::new("http.route", route.to_string()),
+        KeyValue::new("http.response.status_code", i64::from(status)),
+        KeyValue::new("corral.request_id", id.to_string()),
+    ]);
+    if status >= 500 {
+        span.set_status(Status::error(""));
+    }
+}
+
+/// Ends the request's span.
+pub fn end(cx: &Context) {
+    cx.span().end();
+}
+
+/// The span context a job carries to its batch (and, on the wire, to its worker).
+pub fn job_context(cx: &Context) -> Box<SpanContext> {
+    Box::new(cx.span().span_context().clone())
+}
+
+/// A span context as W3C `traceparent`, for the worker.
+pub fn traceparent(context: &SpanContext) -> String {
+    let flags = context.trace_flags().to_u8();
+    format!("00-{}-{}-{flags:02x}", context.trace_id(), context.span_id())
+}
+
+/// A span context's W3C `tracestate`, if it has one.
+pub fn tracestate(context: &SpanContext) -> Option<String> {
+    let state = context.trace_state().header();
+    (!state.is_empty()).then_some(state)
+}
+
+/// The admission of a request's jobs to a stage: admitted, or shed and why.
+pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&Shed>) {
+    let Some(tracer) = tracer() else { return };
+    let mut attributes = vec![
+        KeyValue::new("corral.stage", stage.to_string()),
+        KeyValue::new("corral.shed", refused.is_some()),
+    ];
+    if let Some(shed) = refused {
+        let why = match shed {
+            Shed::QueueFull => "queue_full",
+            Shed::DeadlineUnreachable { .. } => "deadline_unreachable",
+            Shed::ShuttingDown => "shutting_down",
+        };
+        attributes.push(KeyValue::new("corral.shed.reason", why));
+    }
+    let mut span = tracer
+        .span_builder("admission")
+        .with_start_time(wall(started))
+        .with_attributes(attributes)
+        .start_with_context(tracer, cx);
+    span.end();
+}
+
+/// A stage's queue wait for a request: from entering the queue until its (last) job's batch was
+/// sent, linked to every batch its jobs rode in.
+pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, replies: &[Reply]) {
+    let Some(tracer) = tracer() else { return };
+    let sent: Vec<_> =
+        replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent)).collect();
+    let mut links: Vec<Link> = Vec::new();
+    for (trace_id, span_id) in sent.iter().filter_map(|sent| sent.span) {
+        if !links.iter().any(|link| link.span_context.span_id() == span_id) {
+            let context = SpanContext::new(
+                trace_id,
+                span_id,
+                opentelemetry::trace::TraceFlags::SAMPLED,
+                false,
+                TraceState::default(),
+            );
+            links.push(Link::with_context(context));
+        }
+    }
+    let end = sent.iter().map(|sent| sent.at).max();
+    let mut span = tracer
+        .span_builder(format!("queue {stage}"))
+        .with_start_time(wall(entered))
+        .with_links(links)
+        .with_attributes([
+            KeyValue::new("corral.stage", stage.to_string()),
+            KeyValue::new("corral.dispatched", end.is_some()),
+            KeyValue::new(
+                "corral.batch.size",
+                sent.iter().map(|s| s.batch_size).max().unwrap_or(0) as i64,
+            ),
+        ])
+        .start_with_context(tracer, cx);
+    span.end_with_timestamp(wall(end.unwrap_or_else(Instant::now)));
+}
+
+/// The span of one batch, if a member of it is traced: a root of its own (the batch is shared,
+/// no one request's child), linked to every traced member; sampled if any member is.
+pub fn batch(stage: &str, pid: u32, jobs: &[Job]) -> Option<Span> {
+    let tracer = tracer()?;
+    if jobs.iter().all(|job| job.trace.is_none()) {
+        return None;
+    }
+    let links = jobs
+        .iter()
+        .filter_map(|job| job.trace.as_deref())
+        .map(|context| Link::with_context(context.clone()))
+        .collect();
+    let span = tracer
+        .span_builder(format!("batch {stage}"))
+        .with_kind(SpanKind::Client)
+        .with_links(links)
+        .with_attributes([
+            KeyValue::new("corral.stage", stage.to_string()),
+            KeyValue::new("corral.batch.size", jobs.len() as i64),
+            KeyValue::new("process.pid", i64::from(pid)),
+        ])
+        .start_with_context(tracer, &Context::new());
+    Some(span)
+}
+
+/// The ids a batch's members link back to.
+pub fn ids(span: &Span) -> (TraceId, SpanId) {
+    let context = span.span_context();
+    (context.trace_id(), context.span_id())
+}
+
+/// Notes on a batch's span that its worker failed with it (and why: `hung`, `died`, …); its jobs
+/// are retried or answered 500.
+pub fn worker_failed(span: &mut Span, reason: &'static str, why: &str) {
+    let name = if reason == "hung" { "worker hung: killed" } else { "worker failed" };
+    span.add_event(
+        name,
+        vec![KeyValue::new("corral.reason", reason), KeyValue::new("corral.why", why.to_string())],
+    );
+    span.set_status(Status::error(why.to_string()));
+}
+
+/// Notes on a batch's span that a job of it goes back to the queue for another worker.
+pub fn retried(span: &mut Span, id: &str) {
+    span.add_event("retry", vec![KeyValue::new("corral.request_id", id.to_string())]);
+}
+
+/// Samples a span that links to a sampled span (a batch with a sampled member), else as the
+/// inner sampler says (parent-based, then the ratio).
+#[derive(Debug, Clone)]
+struct Linked(Sampler);
+
+impl ShouldSample for Linked {
+    fn should_sample(
+        &self,
+        parent: Option<&Context>,
+        trace_id: TraceId,
+        name: &str,
+        kind: &SpanKind,
+        attributes: &[KeyValue],
+        links: &[Link],
+    ) -> SamplingResult {
+        let root = parent.is_none_or(|cx| !cx.has_active_span());
+        if root && links.iter().any(|link| link.span_context.is_sampled()) {
+            return SamplingResult {
+                decision: SamplingDecision::RecordAndSample,
+                attributes: Vec::new(),
+                trace_state: TraceState::default(),
+            };
+        }
+        self.0.should_sample(parent, trace_id, name, kind, attributes, links)
+    }
+}
+
+/// The bounded export queue: ended spans in, one thread exporting them in batches.
+#[derive(Debug)]
+struct Queue {
+    spans: SyncSender<Message>,
+}
+
+enum Message {
+    Span(Box<SpanData>),
+    Flush(SyncSender<()>),
+}
+
+impl Queue {
+    fn start(exporter: opentelemetry_otlp::SpanExporter, runtime: tokio::runtime::Handle) -> Self {
+        let (spans, queued) = mpsc::sync_channel(QUEUE_SPANS);
+        std::thread::Builder::new()
+            .name("corral-otlp".into())
+            .spawn(move || export_loop(&exporter, &queued, &runtime))
+            .expect("a thread starts");
+        Self { spans }
+    }
+}
+
+impl SpanProcessor for Queue {
+    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        if !span.span_context.is_sampled() {
+            return;
+        }
+        match self.spans.try_send(Message::Span(Box::new(span))) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_) | TrySendError::Disconnected(_)) => {
+                metrics().spans_dropped.inc()
+            }
+        }
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        let (done, flushed) = mpsc::sync_channel(1);
+        if self.spans.send(Message::Flush(done)).is_ok() {
+            let _ = flushed.recv_timeout(Duration::from_secs(5));
+        }
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        self.force_flush()
+    }
+}
+
+fn export_loop(
+    exporter: &opentelemetry_otlp::SpanExporter,
+    queued: &mpsc::Receiver<Message>,
+    runtime: &tokio::runtime::Handle,
+) {
+    let mut batch: Vec<SpanData> = Vec::with_capacity(BATCH_SPANS);
+    let mut flushed: Vec<SyncSender<()>> = Vec::new();
+    loop {
+        let Ok(first) = queued.recv() else { return };
+        let until = std::time::Instant::now() + BATCH_DELAY;
+        let mut next = Some(first);
+        while let Some(message) = next.take() {
+            match message {
+                Message::Span(span) => batch.push(*span),
+                Message::Flush(done) => {
+                    flushed.push(done);
+                    break;
+                }
+            }
+            if batch.len() >= BATCH_SPANS {
+                break;
+            }
+            let left = until.saturating_duration_since(std::time::Instant::now());
+            match queued.recv_timeout(left) {
+                Ok(message) => next = Some(message),
+                Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
+            }
+        }
+        if !batch.is_empty() {
+            let spans = std::mem::replace(&mut batch, Vec::with_capacity(BATCH_SPANS));
+            let count = spans.len() as u64;
+            if runtime.block_on(exporter.export(spans)).is_err() {
+                metrics().spans_dropped.inc_by(count);
+            }
+        }
+        flushed.drain(..).for_each(|done| {
+            let _ = done.send(());
+        });
+    }
+}
+
+/// A plain HTTP/1.1 client for the exporter, on the proxy's own hyper and runtime (one kept-alive
+/// connection, reopened when it closes): fewer crates than an HTTP client library.
+#[derive(Debug, Default)]
+struct Client {
+    idle: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
+}
+
+#[async_trait::async_trait]
+impl HttpClient for Client {
+    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        tokio::time::timeout(EXPORT_TIMEOUT, self.send(request))
+            .await
+            .map_err(|_| HttpError::from("the OTLP export timed out"))?
+    }
+}
+
+impl Client {
+    async fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+        let mut idle = self.idle.lock().await;
+        let (mut parts, body) = request.into_parts();
+        let mut sender = match idle.take() {
+            Some(sender) if !sender.is_closed() => sender,
+            _ => connect(&parts.uri).await?,
+        };
+        sender.ready().await?;
+        // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
+        let host = parts.uri.authority().map(|a| a.as_str().to_string()).unwrap_or_default();
+        parts.headers.insert(http::header::HOST, host.parse()?);
+        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
+        parts.uri = path.parse()?;
+        let response = sender.send_request(Request::from_parts(parts, Full::new(body))).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        *idle = Some(sender);
+        Ok(Response::from_parts(parts, body))
+    }
+}
+
+async fn connect(
+    uri: &Uri,
+) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, HttpError> {
+    let host = uri.host().ok_or("the OTLP endpoint has no host")?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let stream = tokio::net::TcpStream::connect((host, uri.port_u16().unwrap_or(80))).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    tokio::spawn(connection);
+    Ok(sender)
+}

@@ -1,0 +1,112 @@
+"""`server-timing` and `x-corral-batch-size` end to end: on one-shot answers, on several items,
+on a protocol's envelope, on a pipeline and on a stream, against the real binary. The scripted
+worker reports the size of the batch it saw, which the header must match."""
+
+from __future__ import annotations
+
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ROOT
+from test_pipelines import ARITH_TOML, write
+
+STREAMER = str(ROOT / "tests" / "workers" / "streamer.py")
+# A batch of 4 leaves the moment it is full; the long wait keeps a smaller one from leaving early.
+BATCH = ("--max-batch-size", "4", "--max-wait-ms", "2000")
+
+
+def timing(response) -> dict[str, float]:
+    """The `server-timing` parts by name, in milliseconds."""
+    parts = {}
+    for part in response.headers["server-timing"].split(","):
+        match = re.fullmatch(r"\s*(\w+);dur=([\d.]+)\s*", part)
+        assert match, response.headers["server-timing"]
+        parts[match.group(1)] = float(match.group(2))
+    return parts
+
+
+def check_parts(response) -> dict[str, float]:
+    parts = timing(response)
+    assert set(parts) == {"queue", "batch", "total"}, parts
+    # Rounded to microseconds each: the parts may exceed the total by that much at most.
+    assert parts["queue"] + parts["batch"] <= parts["total"] + 0.002, parts
+    return parts
+
+
+@pytest.fixture(scope="module")
+def proxy(tmp_path_factory):
+    from conftest import Corral
+
+    corral = Corral(tmp_path_factory.mktemp("timing"), *BATCH)
+    yield corral
+    corral.stop()
+
+
+def test_a_single_request_has_its_batch_of_one_and_parts_within_the_total(proxy):
+    answer = proxy.client.post("/infer", json={"sleep_ms": 30})
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-corral-batch-size"] == str(answer.json()["batch_size"])
+    parts = check_parts(answer)
+    assert parts["batch"] >= 30, parts
+
+
+def test_every_answer_of_a_burst_names_the_batch_it_rode_in(proxy):
+    with ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda i: proxy.client.post("/infer", json={"n": i}), range(4)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        # However the burst was cut into batches, each answer names the batch it rode in.
+        assert answer.headers["x-corral-batch-size"] == str(answer.json()["batch_size"])
+        check_parts(answer)
+
+
+def test_several_items_name_their_largest_batch(proxy):
+    items = [{"n": i} for i in range(4)]
+    answer = proxy.client.post("/infer", json=items, headers={"x-corral-items": "many"})
+    assert answer.status_code == 200, answer.text
+    assert [item["batch_size"] for item in answer.json()] == [4] * 4
+    assert answer.headers["x-corral-batch-size"] == "4"
+    check_parts(answer)
+
+
+def test_a_protocols_envelope_carries_them_too(proxy):
+    body = {"instances": [{"n": i} for i in range(4)]}
+    answer = proxy.client.post("/v1/models/default:predict", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-corral-batch-size"] == "4"
+    check_parts(answer)
+
+
+def test_an_answer_without_a_batch_has_its_total_only(proxy):
+    answer = proxy.client.get("/healthz")
+    assert set(timing(answer)) == {"total"}
+    assert "x-corral-batch-size" not in answer.headers
+    # A deadline no batch can meet: shed at admission, no batch ran.
+    shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "1"})
+    assert shed.status_code in (408, 503), shed.text
+    assert set(timing(shed)) == {"total"}
+    assert "x-corral-batch-size" not in shed.headers
+
+
+def test_a_pipeline_sums_its_stages(corral_factory, tmp_path):
+    proxy = corral_factory("--config", write(tmp_path, ARITH_TOML), worker=None)
+    proxy.wait_for_log(r"worker connected", count=3)
+    answer = proxy.post(3)
+    assert answer.status_code == 200, answer.text
+    # The last stage (shift) takes one job a batch.
+    assert answer.headers["x-corral-batch-size"] == "1"
+    check_parts(answer)
+
+
+def test_a_stream_sends_them_as_headers_at_its_first_chunk(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    item = {"chunks": 2}
+    with proxy.client.stream(
+        "POST", "/infer", json=item, headers={"accept": "text/event-stream"}
+    ) as response:
+        assert response.status_code == 200
+        assert response.headers["x-corral-batch-size"] == "1"
+        check_parts(response)
+        response.read()

@@ -1,0 +1,124 @@
+"""Spans end to end: the real binary exports over OTLP/HTTP to a real receiver that decodes with
+OpenTelemetry's own protobuf package (tests/otlp_receiver.py), and the tests read the tree."""
+
+from __future__ import annotations
+
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ROOT
+from otlp_receiver import Receiver
+
+TRACED = str(ROOT / "tests" / "workers" / "traced.py")
+
+# A batch of up to 16 leaves when full; the wait lets a burst gather.
+BATCH = ("--max-batch-size", "16", "--max-wait-ms", "200")
+CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
+CLIENT_SPAN = "00f067aa0ba902b7"
+
+
+@pytest.fixture
+def receiver():
+    receiver = Receiver()
+    yield receiver
+    receiver.stop()
+
+
+@pytest.fixture
+def traced(corral_factory, receiver):
+    env = {"OTEL_SERVICE_NAME": "proxy", "TRACED_ENDPOINT": f"{receiver.url}/v1/traces"}
+    return corral_factory(*BATCH, "--otlp-endpoint", receiver.url, worker=TRACED, env=env)
+
+
+def requests_of(spans):
+    return [s for s in spans if s.kind == 2 and s.service == "proxy"]  # SPAN_KIND_SERVER
+
+
+def test_a_client_traceparent_is_the_parent_of_the_request_span(traced, receiver):
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    answer = traced.post({"x": 1}, headers={"traceparent": traceparent})
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(lambda spans: any(s.name.startswith("batch") for s in spans))
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    (request,) = requests_of(spans)
+    assert request.trace_id == CLIENT_TRACE
+    assert request.parent_span_id == CLIENT_SPAN
+    assert request.name == "POST /infer"
+    assert request.attributes["http.route"] == "/infer"
+    assert request.attributes["http.response.status_code"] == 200
+    assert request.attributes["corral.request_id"] == answer.headers["x-request-id"]
+    children = {s.name: s for s in spans if s.parent_span_id == request.span_id}
+    assert {"admission", "queue default"} <= set(children), children
+    assert children["admission"].attributes["corral.shed"] is False
+    queue = children["queue default"]
+    assert queue.trace_id == CLIENT_TRACE
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    assert queue.links == [(batch.trace_id, batch.span_id)]
+    assert (CLIENT_TRACE, request.span_id) in batch.links
+    assert batch.attributes["corral.batch.size"] == 1
+    assert batch.attributes["process.pid"] == answer.json()["pid"]
+
+    # The worker's spans (its own SDK, its own export) continue the same trace.
+    spans = receiver.wait_for(lambda spans: any(s.name == "user work" for s in spans))
+    worker = {s.name: s for s in spans if s.service == "worker"}
+    assert {"preprocess", "forward", "postprocess", "user work"} <= set(worker), worker
+    assert all(s.trace_id == CLIENT_TRACE for s in worker.values())
+    forward = worker["forward"]
+    assert forward.parent_span_id == request.span_id
+    assert forward.links == [(CLIENT_TRACE, request.span_id)]
+    assert worker["user work"].parent_span_id == forward.span_id
+    assert worker["preprocess"].parent_span_id == request.span_id
+    assert worker["postprocess"].parent_span_id == request.span_id
+
+
+def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda i: traced.post({"n": i}), range(16)))
+    assert all(a.status_code == 200 for a in answers)
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 16)
+    batches = {s.span_id: s for s in spans if s.name == "batch default"}
+    assert sum(b.attributes["corral.batch.size"] for b in batches.values()) == 16
+    for request in requests_of(spans):
+        (queue,) = [
+            s for s in spans if s.parent_span_id == request.span_id and s.name.startswith("queue")
+        ]
+        ((_, batch_id),) = queue.links
+        batch = batches[batch_id]
+        # The batch is no request's child, and links back to each of its members.
+        assert batch.parent_span_id == ""
+        assert (request.trace_id, request.span_id) in batch.links
+    # The burst shared batches: fewer batches than requests.
+    assert len(batches) < 16
+    # One forward span per batch in the worker, linked to each of its members.
+    requests = {(r.trace_id, r.span_id) for r in requests_of(spans)}
+    spans = receiver.wait_for(
+        lambda spans: sum(len(s.links) for s in spans if s.name == "forward") == 16
+    )
+    forwards = [s for s in spans if s.name == "forward"]
+    assert len(forwards) == len(batches)
+    assert {link for f in forwards for link in f.links} == requests
+
+
+def test_without_a_traceparent_a_new_trace_starts(traced, receiver):
+    assert traced.post({"x": 1}).status_code == 200
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    (request,) = requests_of(spans)
+    assert request.parent_span_id == "" and request.trace_id != CLIENT_TRACE
+
+
+def dead_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_dead_collector_drops_spans_and_counts_them_without_slowing_requests(corral_factory):
+    proxy = corral_factory(*BATCH, "--otlp-endpoint", f"http://127.0.0.1:{dead_port()}")
+    with ThreadPoolExecutor(8) as pool:
+        answers = list(pool.map(lambda i: proxy.post({"n": i}), range(32)))
+    assert all(a.status_code == 200 for a in answers)
+    proxy.wait_until(
+        lambda: proxy.metric("corral_spans_dropped_total") > 0, what="dropped spans counted"
+    )

@@ -1,0 +1,32 @@
+"""A worker that exports its own spans: OpenTelemetry's SDK and OTLP/HTTP exporter, configured
+as an application would, sending to TRACED_ENDPOINT (the tests' receiver) as service `worker`.
+The Python package adds `forward`, `preprocess` and `postprocess` spans that continue the
+proxy's traces; `forward` here opens a span of its own (`user work`), which must land inside.
+Every answer is `{"echo": item, "batch_size": n, "pid": pid}`."""
+
+import os
+
+from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+from corral import Worker
+
+provider = TracerProvider(resource=Resource.create({"service.name": "worker"}))
+provider.add_span_processor(
+    SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["TRACED_ENDPOINT"]))
+)
+trace.set_tracer_provider(provider)
+user = trace.get_tracer("user")
+
+
+class Traced(Worker):
+    def forward(self, batch):
+        with user.start_as_current_span("user work"):
+            return [{"echo": item, "batch_size": len(batch), "pid": os.getpid()} for item in batch]
+
+
+if __name__ == "__main__":
+    Traced.run()
