@@ -80,4 +80,9 @@ impl App {
     pub fn route(&self, path: &str) -> Option<&Route> {
         self.routes.iter().find(|route| route.path == path)
     }
+
+    /// The route a model-serving protocol names by its model name.
+    pub fn model(&self, name: &str) -> Option<&Route> {
+        self.routes.iter().find(|route| route.model == name)
+    }
 }

@@ -113,3 +113,8 @@ fn model_readiness(app: &App, route: &super::Route) -> Response<Body> {
     let body = serde_json::json!({"name": route.model, "ready": ready}).to_string();
     super::routes::json(status, body)
 }
+
+/// 404 for a model name no route has, in every protocol's words.
+fn unknown_model(name: &str) -> ApiError {
+    ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }
+}

@@ -18,7 +18,7 @@ use super::super::format::{self, Format};
 use super::super::infer::{self, Received};
 use super::super::routes::json;
 use super::super::{items, App, Body, Route};
-use super::{admit, first_failure, model_readiness, plain_error_response};
+use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
 
 const PREFIX: &str = "/v1/models/";
 const PREDICT: &str = ":predict";
@@ -41,7 +41,7 @@ impl<'a> Endpoint<'a> {
         if name.is_empty() || name.contains(['/', ':']) {
             return None;
         }
-        let route = app.routes.iter().find(|route| route.model == name);
+        let route = app.model(name);
         Some(Endpoint { name: name.to_string(), route, predict })
     }
 
@@ -65,10 +65,6 @@ impl<'a> Endpoint<'a> {
         };
         (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
     }
-}
-
-fn unknown_model(name: &str) -> ApiError {
-    ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }
 }
 
 const NO_INSTANCES: &str = r#"the body must be a JSON object with an "instances" array"#;

@@ -18,7 +18,10 @@ pub mod request;
 pub mod response;
 pub mod tensor;
 
+use std::sync::Arc;
+
 use bytes::Bytes;
+use corral_protocol::TensorSpec;
 use http::header::CONTENT_TYPE;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -29,8 +32,9 @@ use super::super::error::ApiError;
 use super::super::infer::{self, Received};
 use super::super::routes::json;
 use super::super::{App, Body, Route};
-use super::{admit, first_failure, model_readiness, plain_error_response};
+use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
+use crate::stage::Schemas;
 
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -80,7 +84,7 @@ impl<'a> Endpoint<'a> {
                 if name.is_empty() {
                     return None;
                 }
-                let route = app.routes.iter().find(|route| route.model == name);
+                let route = app.model(name);
                 return Some(Endpoint { kind, name: name.to_string(), route });
             }
         };
@@ -132,10 +136,6 @@ fn get(method: &Method) -> Result<(), ApiError> {
     }
 }
 
-fn unknown_model(name: &str) -> ApiError {
-    ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }
-}
-
 fn live() -> Response<Body> {
     json(StatusCode::OK, r#"{"live":true}"#)
 }
@@ -160,8 +160,8 @@ fn server_metadata() -> Response<Body> {
 /// The tensors the route's first stage takes and its last stage gives, as their workers declared
 /// them (none before a worker has connected), each shape led by the batch dimension, `-1`.
 fn metadata(route: &Route) -> Response<Body> {
-    let (inputs, outputs) = declared(route);
-    let tensors = |specs: &[corral_protocol::TensorSpec]| {
+    let declared = Declared::of(route);
+    let tensors = |specs: &[TensorSpec]| {
         specs
             .iter()
             .map(|spec| {
@@ -175,18 +175,35 @@ fn metadata(route: &Route) -> Response<Body> {
         "name": route.model,
         "versions": ["1"],
         "platform": "corral",
-        "inputs": tensors(&inputs),
-        "outputs": tensors(&outputs),
+        "inputs": tensors(declared.inputs()),
+        "outputs": tensors(declared.outputs()),
     });
     json(StatusCode::OK, body.to_string())
 }
 
-/// What the route's first stage's workers take and its last stage's give.
-fn declared(route: &Route) -> (Vec<corral_protocol::TensorSpec>, Vec<corral_protocol::TensorSpec>) {
-    let stages = &route.pipeline.stages;
-    let inputs = stages.first().and_then(|s| s.schemas()).map(|s| s.inputs.clone());
-    let outputs = stages.last().and_then(|s| s.schemas()).map(|s| s.outputs.clone());
-    (inputs.unwrap_or_default(), outputs.unwrap_or_default())
+/// What the route's first stage's workers take and its last stage's give: the stages' shared
+/// declarations, borrowed per request, not copied.
+struct Declared {
+    first: Option<Arc<Schemas>>,
+    last: Option<Arc<Schemas>>,
+}
+
+impl Declared {
+    fn of(route: &Route) -> Declared {
+        let stages = &route.pipeline.stages;
+        Declared {
+            first: stages.first().and_then(|s| s.schemas()),
+            last: stages.last().and_then(|s| s.schemas()),
+        }
+    }
+
+    fn inputs(&self) -> &[TensorSpec] {
+        self.first.as_deref().map_or(&[], |s| &s.inputs)
+    }
+
+    fn outputs(&self) -> &[TensorSpec] {
+        self.last.as_deref().map_or(&[], |s| &s.outputs)
+    }
 }
 
 async fn infer(
@@ -203,20 +220,12 @@ async fn infer(
         }
     };
     let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
-    let (inputs, outputs) = declared(route);
+    let declared = Declared::of(route);
+    let outputs = declared.outputs();
     let mut parsed =
-        request::parse(&body, header_length, &inputs).map_err(ApiError::bad_request)?;
+        request::parse(&body, header_length, declared.inputs()).map_err(ApiError::bad_request)?;
     if !outputs.is_empty() {
-        if let Some(unknown) =
-            parsed.outputs.iter().find(|o| !outputs.iter().any(|s| s.name == o.name))
-        {
-            let names: Vec<&str> = outputs.iter().map(|s| s.name.as_str()).collect();
-            return Err(ApiError::bad_request(format!(
-                "unknown output {:?}; the model gives {}",
-                unknown.name,
-                names.join(", ")
-            )));
-        }
+        response::check_requested(&parsed, outputs.iter().map(|s| s.name.as_str()))?;
     }
     // Bounds checked before the rows are built, not after: a request of a few bytes may
     // describe millions of empty rows, or repeat a long name in each.
@@ -245,7 +254,7 @@ async fn infer(
             _ => unreachable!("first_failure passed only if every row is done"),
         })
         .collect();
-    let answer = response::build(&route.model, &parsed, &outputs, &results)?;
+    let answer = response::build(&route.model, &parsed, outputs, &results)?;
     let mut builder = Response::builder().status(StatusCode::OK);
     builder = match answer.header_length {
         Some(length) => {

@@ -182,10 +182,7 @@ fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {
                 spec.datatype
             ));
         }
-        let row = &input.shape[1..];
-        let fits = row.len() == spec.shape.len()
-            && row.iter().zip(&spec.shape).all(|(&d, &s)| s < 0 || d == s as u64);
-        if !fits {
+        if !tensor::fits(&input.shape[1..], &spec.shape) {
             return Err(format!(
                 "input {:?} has shape {:?}; the model takes [-1{}] (the first dimension is the batch)",
                 input.name,

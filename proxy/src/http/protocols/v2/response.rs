@@ -55,16 +55,7 @@ pub fn build(
     // mistake (400), not the worker's (the 500 below).
     if declared.is_empty() {
         let first = rows.first().map(Vec::as_slice).unwrap_or_default();
-        if let Some(unknown) =
-            request.outputs.iter().find(|o| !first.iter().any(|(k, _)| key(k) == Some(&o.name)))
-        {
-            let names: Vec<&str> = first.iter().filter_map(|(k, _)| key(k)).collect();
-            return Err(ApiError::bad_request(format!(
-                "unknown output {:?}; the model gives {}",
-                unknown.name,
-                names.join(", ")
-            )));
-        }
+        check_requested(request, first.iter().filter_map(|(k, _)| key(k)))?;
     }
     let mut outputs = Vec::with_capacity(wanted.len());
     let mut tail = Vec::new();
@@ -103,6 +94,22 @@ pub fn build(
     Ok(Answer { body, header_length })
 }
 
+/// 400 if the request asks for an output the model does not give (`names`).
+pub fn check_requested<'a>(
+    request: &Request,
+    names: impl Iterator<Item = &'a str> + Clone,
+) -> Result<(), ApiError> {
+    let Some(unknown) = request.outputs.iter().find(|o| !names.clone().any(|n| n == o.name)) else {
+        return Ok(());
+    };
+    let names: Vec<&str> = names.collect();
+    Err(ApiError::bad_request(format!(
+        "unknown output {:?}; the model gives {}",
+        unknown.name,
+        names.join(", ")
+    )))
+}
+
 fn requested(name: &str, request: &Request) -> Requested {
     Requested { name: name.to_string(), binary: request.binary_by_default }
 }
@@ -133,9 +140,7 @@ fn stack(
         match &stacked {
             None => {
                 if let Some(spec) = spec {
-                    let fits = row.shape.len() == spec.shape.len()
-                        && row.shape.iter().zip(&spec.shape).all(|(&d, &s)| s < 0 || d == s as u64);
-                    if !fits {
+                    if !tensor::fits(&row.shape, &spec.shape) {
                         return Err(at(format!(
                             "shape {:?} where {:?} is declared",
                             row.shape, spec.shape

@@ -93,6 +93,12 @@ pub fn elements(shape: &[u64]) -> Option<u64> {
     shape.iter().try_fold(1u64, |n, &d| n.checked_mul(d))
 }
 
+/// Whether a row's shape is one a declaration allows (`-1`: any length).
+pub fn fits(shape: &[u64], declared: &[i64]) -> bool {
+    shape.len() == declared.len()
+        && shape.iter().zip(declared).all(|(&d, &s)| s < 0 || d == s as u64)
+}
+
 /// The byte ranges of the first `count` elements of packed `BYTES` data (each a 4-byte
 /// little-endian length, then that many bytes), and the length they take.
 pub fn bytes_elements(data: &[u8], count: u64) -> Result<(Vec<(usize, usize)>, usize), String> {
@@ -230,6 +236,9 @@ enum Element<'a> {
     Uint(u64),
     Int(i64),
     Float(f64),
+    /// An `FP16` or `FP32` element read from packed data: kept single, so that a native answer
+    /// writes `0.1`, not the `0.10000000149011612` its widening would.
+    Float32(f32),
     Bytes(&'a [u8]),
 }
 
@@ -266,6 +275,7 @@ fn float(element: Element) -> Result<f64, String> {
         Element::Uint(u) => Ok(u as f64),
         Element::Int(i) => Ok(i as f64),
         Element::Float(f) => Ok(f),
+        Element::Float32(f) => Ok(f64::from(f)),
         other => Err(format!("{} is not a number", describe(other))),
     }
 }
@@ -274,7 +284,7 @@ fn describe(element: Element) -> &'static str {
     match element {
         Element::Bool(_) => "a boolean",
         Element::Uint(_) | Element::Int(_) => "an integer",
-        Element::Float(_) => "a float",
+        Element::Float(_) | Element::Float32(_) => "a float",
         Element::Bytes(_) => "a string",
     }
 }
@@ -304,40 +314,58 @@ pub fn unpack_json(
     data: &[u8],
 ) -> Result<serde_json::Value, String> {
     use serde_json::Value;
-    let count = elements(shape).unwrap_or(0);
-    let Some(size) = datatype.size() else {
-        let (spans, _) = bytes_elements(data, count)?;
-        return spans
-            .into_iter()
-            .map(|(start, end)| {
-                std::str::from_utf8(&data[start..end]).map(|s| Value::String(s.to_owned())).map_err(
-                    |_| {
-                        "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with \
-                         binary_data"
-                            .to_string()
-                    },
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()
-            .map(Value::Array);
-    };
     let number = |f: f64| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
-    let values = data.chunks_exact(size).map(|b| match datatype {
-        DataType::Bool => Value::Bool(b[0] != 0),
-        DataType::U8 => Value::from(b[0]),
-        DataType::U16 => Value::from(u16::from_le_bytes([b[0], b[1]])),
-        DataType::U32 => Value::from(u32::from_le_bytes(b.try_into().expect("4"))),
-        DataType::U64 => Value::from(u64::from_le_bytes(b.try_into().expect("8"))),
-        DataType::I8 => Value::from(b[0] as i8),
-        DataType::I16 => Value::from(i16::from_le_bytes([b[0], b[1]])),
-        DataType::I32 => Value::from(i32::from_le_bytes(b.try_into().expect("4"))),
-        DataType::I64 => Value::from(i64::from_le_bytes(b.try_into().expect("8"))),
-        DataType::F16 => number(half::f16::from_le_bytes([b[0], b[1]]).to_f64()),
-        DataType::F32 => number(f64::from(f32::from_le_bytes(b.try_into().expect("4")))),
-        DataType::F64 => number(f64::from_le_bytes(b.try_into().expect("8"))),
-        DataType::Bytes => unreachable!("BYTES has no fixed size"),
+    let values = unpack(datatype, shape, data)?.into_iter().map(|element| match element {
+        Element::Bool(b) => Ok(Value::Bool(b)),
+        Element::Uint(u) => Ok(Value::from(u)),
+        Element::Int(i) => Ok(Value::from(i)),
+        Element::Float(f) => Ok(number(f)),
+        Element::Float32(f) => Ok(number(f64::from(f))),
+        Element::Bytes(b) => {
+            std::str::from_utf8(b).map(|s| Value::String(s.to_owned())).map_err(|_| {
+                "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data"
+                    .to_string()
+            })
+        }
     });
-    Ok(Value::Array(values.collect()))
+    values.collect::<Result<Vec<_>, _>>().map(Value::Array)
+}
+
+/// Packed data's elements, row-major (its length already checked against the shape).
+fn unpack<'a>(
+    datatype: DataType,
+    shape: &[u64],
+    data: &'a [u8],
+) -> Result<Vec<Element<'a>>, String> {
+    let Some(size) = datatype.size() else {
+        let (spans, _) = bytes_elements(data, elements(shape).unwrap_or(0))?;
+        return Ok(spans
+            .into_iter()
+            .map(|(start, end)| Element::Bytes(&data[start..end]))
+            .collect());
+    };
+    let word = |b: &[u8]| {
+        let mut bytes = [0u8; 8];
+        bytes[..b.len()].copy_from_slice(b);
+        u64::from_le_bytes(bytes)
+    };
+    // Sign-extends a little-endian integer of `b.len()` bytes.
+    let signed = |b: &[u8]| {
+        let shift = 64 - 8 * b.len() as u32;
+        ((word(b) << shift) as i64) >> shift
+    };
+    Ok(data
+        .chunks_exact(size)
+        .map(|b| match datatype {
+            DataType::Bool => Element::Bool(b[0] != 0),
+            DataType::U8 | DataType::U16 | DataType::U32 | DataType::U64 => Element::Uint(word(b)),
+            DataType::I8 | DataType::I16 | DataType::I32 | DataType::I64 => Element::Int(signed(b)),
+            DataType::F16 => Element::Float32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            DataType::F32 => Element::Float32(f32::from_bits(word(b) as u32)),
+            DataType::F64 => Element::Float(f64::from_bits(word(b))),
+            DataType::Bytes => unreachable!("BYTES has no fixed size"),
+        })
+        .collect())
 }
 
 /// A worker's row of one output: its datatype, shape and packed data.
@@ -427,7 +455,7 @@ fn infer(leaves: &[Element]) -> Result<DataType, String> {
     let mut kinds = leaves.iter().map(|leaf| match leaf {
         Element::Bool(_) => DataType::Bool,
         Element::Uint(_) | Element::Int(_) => DataType::I64,
-        Element::Float(_) => DataType::F64,
+        Element::Float(_) | Element::Float32(_) => DataType::F64,
         Element::Bytes(_) => DataType::Bytes,
     });
     let Some(first) = kinds.next() else { return Ok(DataType::F64) };
@@ -490,34 +518,18 @@ fn elements_of<'a>(
     shape: &[u64],
     data: &'a [u8],
 ) -> Result<Vec<ValueRef<'a>>, String> {
-    let Some(size) = datatype.size() else {
-        let (spans, _) = bytes_elements(data, elements(shape).unwrap_or(0))?;
-        return Ok(spans
-            .into_iter()
-            .map(|(start, end)| match std::str::from_utf8(&data[start..end]) {
-                Ok(text) => ValueRef::from(text),
-                Err(_) => ValueRef::Binary(&data[start..end]),
-            })
-            .collect());
-    };
-    Ok(data
-        .chunks_exact(size)
-        .map(|b| match datatype {
-            DataType::Bool => ValueRef::Boolean(b[0] != 0),
-            DataType::U8 => ValueRef::from(b[0]),
-            DataType::U16 => ValueRef::from(u16::from_le_bytes([b[0], b[1]])),
-            DataType::U32 => ValueRef::from(u32::from_le_bytes(b.try_into().expect("4"))),
-            DataType::U64 => ValueRef::from(u64::from_le_bytes(b.try_into().expect("8"))),
-            DataType::I8 => ValueRef::from(b[0] as i8),
-            DataType::I16 => ValueRef::from(i16::from_le_bytes([b[0], b[1]])),
-            DataType::I32 => ValueRef::from(i32::from_le_bytes(b.try_into().expect("4"))),
-            DataType::I64 => ValueRef::from(i64::from_le_bytes(b.try_into().expect("8"))),
-            DataType::F16 => ValueRef::F32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            DataType::F32 => ValueRef::F32(f32::from_le_bytes(b.try_into().expect("4"))),
-            DataType::F64 => ValueRef::F64(f64::from_le_bytes(b.try_into().expect("8"))),
-            DataType::Bytes => unreachable!("BYTES has no fixed size"),
-        })
-        .collect())
+    let values = unpack(datatype, shape, data)?.into_iter().map(|element| match element {
+        Element::Bool(b) => ValueRef::Boolean(b),
+        Element::Uint(u) => ValueRef::from(u),
+        Element::Int(i) => ValueRef::from(i),
+        Element::Float(f) => ValueRef::F64(f),
+        Element::Float32(f) => ValueRef::F32(f),
+        Element::Bytes(b) => match std::str::from_utf8(b) {
+            Ok(text) => ValueRef::from(text),
+            Err(_) => ValueRef::Binary(b),
+        },
+    });
+    Ok(values.collect())
 }
 
 /// Flat elements nested to `shape` (a scalar for an empty shape).
@@ -584,6 +596,27 @@ mod tests {
         let text = [1, 0, 0, 0, b'z'];
         assert_eq!(unpack_json(DataType::Bytes, &[1], &text).unwrap(), serde_json::json!(["z"]));
         assert!(unpack_json(DataType::Bytes, &[1], &[1, 0, 0, 0, 0xff]).is_err());
+    }
+
+    #[test]
+    fn every_integer_width_unpacks_with_its_sign() {
+        let cases: [(DataType, Vec<u8>, serde_json::Value); 6] = [
+            (DataType::I8, vec![0xff, 0x7f], serde_json::json!([-1, 127])),
+            (DataType::I16, vec![0xfe, 0xff, 0x00, 0x80], serde_json::json!([-2, -32768])),
+            (DataType::U16, vec![0xff, 0xff], serde_json::json!([65535])),
+            (DataType::I32, (-5i32).to_le_bytes().to_vec(), serde_json::json!([-5])),
+            (DataType::U32, u32::MAX.to_le_bytes().to_vec(), serde_json::json!([u32::MAX])),
+            (DataType::F32, 0.5f32.to_le_bytes().to_vec(), serde_json::json!([0.5])),
+        ];
+        for (datatype, data, expected) in cases {
+            let shape = [(data.len() / datatype.size().unwrap()) as u64];
+            assert_eq!(unpack_json(datatype, &shape, &data).unwrap(), expected, "{datatype:?}");
+            let mut packed = Vec::new();
+            write_tensor(&mut packed, datatype, &shape, &data);
+            let plain: serde_json::Value =
+                rmp_serde::from_slice(&expand(&packed).unwrap()).unwrap();
+            assert_eq!(plain, expected, "{datatype:?} for a native client");
+        }
     }
 
     fn plain(value: serde_json::Value) -> Vec<u8> {
