@@ -241,3 +241,19 @@ def test_a_worker_naming_no_media_type_fails_that_job_with_bad_output(corral_fac
     assert body["error"] == "bad_output" and "image png" in body["message"]
     # Its other outputs (not bytes) stand, and the worker keeps its connection.
     assert proxy.post({"n": 1}).json()["echo"] == {"n": 1}
+
+
+def test_multi_mib_bodies_from_64_clients_come_back_whole(corral_factory):
+    # Batches of several 2 MiB raw payloads: frames far past a socket buffer, written as
+    # segments around the bodies themselves; each client gets its own bytes back.
+    proxy = corral_factory(worker=ECHO)
+    headers = {"content-type": "application/octet-stream"}
+
+    def one(i):
+        body = bytes([i]) * (2 * 1024 * 1024) + i.to_bytes(4, "big")
+        response = proxy.client.post("/infer", content=body, headers=headers)
+        return response.status_code, response.content == body
+
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(one, range(64)))
+    assert answers == [(200, True)] * 64

@@ -64,6 +64,10 @@ def test_health_and_metadata(proxy):
         {"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]},
     ]
     assert [o["name"] for o in metadata["outputs"]] == ["SUM", "SCALED", "UPPER", "BATCH"]
+    # A version in the path is accepted and ignored: a route is one version of its model.
+    assert proxy.client.get("/v2/models/default/versions/1/ready").status_code == 200
+    versioned = proxy.client.get("/v2/models/default/versions/7").json()
+    assert versioned["inputs"] == metadata["inputs"]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -226,3 +230,20 @@ def test_small_requests_of_many_rows_are_refused_before_they_are_built(corral_fa
     answer = post(proxy, INFER, long_name)
     assert answer.status_code == 413 and "4x its body" in answer.json()["error"], answer.text
     assert proxy.post({"x": 1}).status_code == 200, "the proxy is unharmed"
+
+
+def test_multi_mib_binary_tensors_from_16_clients(corral_factory):
+    # 16 clients at once, each 64 rows of 16,384 FP32 (4 MiB a request, 64 KiB a row): rows of
+    # several clients share frames far past a socket buffer, and every value comes back right.
+    proxy = corral_factory(worker=str(Path(__file__).parent / "workers" / "tensor_echo.py"))
+
+    def one(i):
+        x = np.random.default_rng(i).random((64, 16_384), dtype=np.float32)
+        tensor = triton.InferInput("X", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x, binary_data=True)
+        wanted = [triton.InferRequestedOutput("Y", binary_data=True)]
+        y = client(proxy).infer("default", [tensor], outputs=wanted).as_numpy("Y")
+        return np.array_equal(y, x * 2)
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(one, range(16))) == [True] * 16
