@@ -168,11 +168,8 @@ def oha(
     return json.loads(result.stdout)
 
 
-def measure(args, system: System, connections: int, rate: int | None, body: str = BODY) -> Sample:
-    oha(args.oha, system.url, args.warmup, connections, rate, body)
-    proxy0, worker0, _ = cpu_and_rss(system)
-    report = oha(args.oha, system.url, args.seconds, connections, rate, body)
-    proxy1, worker1, _ = cpu_and_rss(system)
+def answered(report: dict) -> tuple[int, int]:
+    """Requests answered 200, and errors, in an oha JSON report."""
     codes = report.get("statusCodeDistribution", {})
     ok = int(codes.get("200", 0))
     errors = sum(int(v) for k, v in codes.items() if k != "200")
@@ -180,6 +177,15 @@ def measure(args, system: System, connections: int, rate: int | None, body: str 
     errors += sum(
         int(v) for k, v in report.get("errorDistribution", {}).items() if "deadline" not in k
     )
+    return ok, errors
+
+
+def measure(args, system: System, connections: int, rate: int | None, body: str = BODY) -> Sample:
+    oha(args.oha, system.url, args.warmup, connections, rate, body)
+    proxy0, worker0, _ = cpu_and_rss(system)
+    report = oha(args.oha, system.url, args.seconds, connections, rate, body)
+    proxy1, worker1, _ = cpu_and_rss(system)
+    ok, errors = answered(report)
     percentiles = report["latencyPercentiles"]
     per_1k = 1000 / max(ok, 1)
     return Sample(

@@ -220,13 +220,7 @@ def measure(args, system: System, body: Body, clients: int) -> dict:
     proxy1, worker1, _ = bench.cpu_and_rss(system)
     if system.name == "loopback":  # one process: all of it is the server's own
         proxy0, worker0, proxy1, worker1 = proxy0 + worker0, 0.0, proxy1 + worker1, 0.0
-    codes = report.get("statusCodeDistribution", {})
-    ok = int(codes.get("200", 0))
-    errors = sum(int(v) for k, v in codes.items() if k != "200")
-    # Requests cut off by the end of the run are not errors of the server.
-    errors += sum(
-        int(v) for k, v in report.get("errorDistribution", {}).items() if "deadline" not in k
-    )
+    ok, errors = bench.answered(report)
     percentiles = report["latencyPercentiles"]
     gigabytes = ok * body.nbytes / 1e9
     return {
