@@ -127,6 +127,7 @@ mod tests {
             features: vec![],
             inputs: vec![],
             outputs: vec![],
+            weight: None,
         }))
     }
 

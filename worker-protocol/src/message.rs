@@ -71,6 +71,12 @@ pub struct Hello {
     /// Optional: the tensors each job's result holds, one row each.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub outputs: Vec<TensorSpec>,
+    /// Optional: how heavy each job is, for stages with a batch weight budget: a JSON Pointer
+    /// (RFC 6901, e.g. `"/text"`) into the job's payload; the job weighs the length of the
+    /// string (in characters), array, map or bytes found there, else 1. See PROTOCOL.md,
+    /// "Weights".
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<String>,
 }
 
 /// A tensor a worker takes or gives, one row of it per job.

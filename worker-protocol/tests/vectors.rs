@@ -36,6 +36,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 features: vec![],
                 inputs: vec![],
                 outputs: vec![],
+                weight: None,
             }),
         ),
         (
@@ -51,6 +52,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 features: vec!["stream".into(), "cancel".into(), "join".into()],
                 inputs: vec![],
                 outputs: vec![],
+                weight: None,
             }),
         ),
         (
@@ -73,6 +75,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                     datatype: "INT64".into(),
                     shape: vec![2, 2],
                 }],
+                weight: None,
             }),
         ),
         (
