@@ -158,6 +158,31 @@ pub struct Config {
           value_parser = parse_ratio)]
     pub trace_sample_ratio: f64,
 
+    /// Most total weight in one batch (an item's weight: its x-corral-weight header, else the
+    /// workers' declared weight rule, else 1); a batch ends when the next item would pass it, and
+    /// an item heavier than it goes alone. Unset: batches are bounded by count and bytes only.
+    #[arg(long, env = "CORRAL_MAX_BATCH_WEIGHT", value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch_weight: Option<u64>,
+
+    /// How long a queued job waits in its priority class (x-corral-priority) before it is
+    /// promoted to the next: a low job competes as high after twice this.
+    #[arg(long, env = "CORRAL_PRIORITY_AGING_MS", default_value_t = 5000,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub priority_aging_ms: u64,
+
+    /// The request header that names a request's tenant, for fair shares of batches and of the
+    /// queue (e.g. x-api-key). Its values are never logged nor made metric labels.
+    #[arg(long, env = "CORRAL_TENANT_HEADER", default_value = "x-corral-tenant",
+          value_parser = parse_header_name, value_name = "NAME")]
+    pub tenant_header: http::HeaderName,
+
+    /// Largest share of a stage's queue (--queue-capacity) one tenant may hold, above 0 and at
+    /// most 1; its excess is shed with 503 (tenant_quota). 1: no bound.
+    #[arg(long, env = "CORRAL_TENANT_QUEUE_SHARE", default_value_t = 1.0,
+          value_parser = parse_share, value_name = "SHARE")]
+    pub tenant_queue_share: f64,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -185,6 +210,18 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
         Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
         _ => Err(format!("{text:?} is not a number from 0 to 1")),
     }
+}
+
+pub(crate) fn parse_share(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
+        _ => Err(format!("{text:?} is not a share above 0 and at most 1 (e.g. 0.25)")),
+    }
+}
+
+pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> {
+    http::HeaderName::from_bytes(text.trim().as_bytes())
+        .map_err(|_| format!("{text:?} is not a valid HTTP header name"))
 }
 
 pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
@@ -232,5 +269,9 @@ impl Config {
 
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.timeout_ms)
+    }
+
+    pub fn priority_aging(&self) -> Duration {
+        Duration::from_millis(self.priority_aging_ms)
     }
 }

@@ -14,6 +14,7 @@ pub mod routes;
 pub mod server;
 pub mod stream;
 pub mod timeouts;
+pub mod traffic;
 pub mod validate;
 
 use std::convert::Infallible;
@@ -27,6 +28,7 @@ pub use crate::config::topology::Protocol;
 use crate::metrics::metrics;
 use crate::pipeline::Pipeline;
 use crate::stage::{Shed, Stage};
+use crate::traffic::Class;
 
 /// Every answer's body: whole (most answers) or streamed ([`stream`]).
 pub type Body = http_body_util::combinators::UnsyncBoxBody<Bytes, Infallible>;
@@ -46,6 +48,8 @@ pub struct App {
     pub stream_buffer_bytes: usize,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
     pub draining: AtomicBool,
+    /// The header that names a request's tenant (`--tenant-header`).
+    pub tenant_header: http::HeaderName,
 }
 
 /// A path that takes jobs (`POST /infer` by default).
@@ -58,21 +62,24 @@ pub struct Route {
     pub pipeline: Pipeline,
     /// Default and longest deadline of a job.
     pub timeout: Duration,
+    /// The class of its requests that send no `x-corral-priority`.
+    pub priority: Class,
     /// The client protocol it speaks besides Corral's own (and KServe v1, which all speak).
     pub protocol: Option<Protocol>,
 }
 
 /// The answer to a request refused at admission; counted, not logged: shedding must stay cheap
 /// under overload.
-pub fn shed_error(shed: Shed) -> error::ApiError {
+pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
     let error = match shed {
         Shed::QueueFull => error::ApiError::queue_full(),
         Shed::DeadlineUnreachable { retry_after } => {
             error::ApiError::deadline_unreachable(retry_after.as_secs())
         }
+        Shed::TenantQuota { retry_after } => error::ApiError::tenant_quota(retry_after.as_secs()),
         Shed::ShuttingDown => error::ApiError::shutting_down(),
     };
-    metrics().shed.with_label_values(&[error.code]).inc();
+    metrics().shed.with_label_values(&[error.code, class.label()]).inc();
     error
 }
 

@@ -21,6 +21,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::stream::ChunkSink;
+use crate::traffic::{Class, Tenant};
 
 /// How a job ended, as told to the HTTP handler waiting for it.
 #[derive(Debug, Clone, PartialEq)]
@@ -39,6 +40,9 @@ pub enum Outcome {
     WorkerLost(String),
     /// The deadline passed before the job could be dispatched (408).
     Expired,
+    /// A job of a higher class needed the queue's room: this one was evicted before it was
+    /// dispatched (503 `preempted`), worth retrying after `retry_after`.
+    Preempted { retry_after: Duration },
     /// The proxy is stopping and its grace period ran out before this job was answered (503).
     ShuttingDown,
     /// A streamed job's stream ended normally: every chunk went through its sink.
@@ -75,9 +79,13 @@ pub struct Job {
     /// When the job was queued; the batch window counts from the oldest queued job's arrival.
     pub arrived: Instant,
     pub deadline: Instant,
-    /// Jobs in the request this job starts (1 for a single-item request, and for every job of a
-    /// multi-item request but its first). The batcher keeps such a group together where it fits.
-    pub group_len: usize,
+    /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
+    pub class: Class,
+    /// The tenant the request named, if any.
+    pub tenant: Option<Tenant>,
+    /// What the job counts toward its batch's weight budget and the cost model (at least 1;
+    /// 0 until its stage weighs it, by the client's `x-corral-weight` or the workers' rule).
+    pub weight: u32,
     /// How many more times the job may be given to another worker if its worker dies with it.
     pub retries: u32,
     /// Cancelled once nobody waits for the answer any more (client left, deadline passed).
@@ -109,7 +117,9 @@ impl Job {
             payload,
             arrived,
             deadline,
-            group_len: 1,
+            class: Class::Normal,
+            tenant: None,
+            weight: 1,
             retries: 0,
             left: CancellationToken::new(),
             stream: None,

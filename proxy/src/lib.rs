@@ -11,7 +11,9 @@
 //!   streamed answer path (SSE, NDJSON), and the one mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.
-//! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through.
+//! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through;
+//!   its lanes order jobs by priority class and tenant, and its batches are bounded by weight.
+//! - [`traffic`]: what a request says about its jobs — priority class, tenant, weight.
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker — it reads, its outbox
 //!   writes; plain and streaming pull loops (protocol in `corral-protocol`).
@@ -34,6 +36,7 @@ pub mod stream;
 pub mod supervisor;
 pub mod timing;
 pub mod trace;
+pub mod traffic;
 pub mod worker;
 
 use std::collections::HashMap;
@@ -83,7 +86,7 @@ pub async fn run(
     let stages: Vec<Arc<Stage>> = topology
         .stages
         .iter()
-        .map(|spec| Arc::new(stage(spec, feeds(&topology, &spec.name))))
+        .map(|spec| Arc::new(stage(spec, feeds(&topology, &spec.name), &config)))
         .collect();
     let by_name: HashMap<String, Arc<Stage>> =
         stages.iter().map(|stage| (stage.name().to_string(), stage.clone())).collect();
@@ -102,6 +105,7 @@ pub async fn run(
                 pipeline,
                 timeout: route.timeout,
                 protocol: route.protocol,
+                priority: route.priority,
             }
         })
         .collect();
@@ -113,6 +117,7 @@ pub async fn run(
         body_read_timeout: config.body_read_timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),
+        tenant_header: config.tenant_header.clone(),
     });
 
     let stop_http = CancellationToken::new();
@@ -184,12 +189,13 @@ fn feeds(topology: &Topology, stage: &str) -> bool {
 }
 
 /// A stage of the topology; `feeds` when some pipeline passes its outputs on to another stage.
-fn stage(spec: &StageSpec, feeds: bool) -> Stage {
+fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
     let max_batch_size = spec.max_batch_size as usize;
     let settings = BatchSettings {
         max_batch_size,
         max_wait: spec.max_wait,
         max_batch_bytes: max_batch_bytes(max_batch_size),
+        max_batch_weight: spec.max_batch_weight.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         policy: spec.batch_policy,
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
@@ -206,6 +212,8 @@ fn stage(spec: &StageSpec, feeds: bool) -> Stage {
         .with_capacity_bytes(capacity_bytes)
         .feeding(feeds)
         .with_stream_timeout(spec.stream_timeout)
+        .with_aging(config.priority_aging())
+        .with_tenant_share(config.tenant_queue_share)
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

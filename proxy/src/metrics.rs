@@ -26,8 +26,8 @@ pub struct Metrics {
     pub requests: IntCounterVec,
     /// Time from request arrival to answer, by route.
     pub request_seconds: HistogramVec,
-    /// Jobs (and connections) refused with 503, by reason: `queue_full`,
-    /// `deadline_unreachable`, `shutting_down`, `too_many_connections`.
+    /// Jobs (and connections) refused with 503, by reason (`queue_full`,
+    /// `deadline_unreachable`, `tenant_quota`, `shutting_down`, `too_many_connections`) and class.
     pub shed: IntCounterVec,
     /// Jobs answered 408, by where they were (`queue`, `worker`).
     pub expired: IntCounterVec,
@@ -46,6 +46,10 @@ pub struct Metrics {
     pub batch_seconds: HistogramVec,
     /// Queued jobs, by stage (set at scrape time).
     pub queue_depth: IntGaugeVec,
+    /// Queued jobs by stage and priority class (the class they hold now, promotions included).
+    pub queue_depth_by_class: IntGaugeVec,
+    /// Queued jobs evicted to make room for a higher class (503 `preempted`).
+    pub evicted: IntCounterVec,
     /// Connected workers, by stage (set at scrape time).
     pub workers_connected: IntGaugeVec,
     /// Workers holding a batch, by stage (set at scrape time).
@@ -140,8 +144,9 @@ impl Metrics {
             shed: counter(
                 &r,
                 "corral_jobs_shed_total",
-                "Jobs refused at admission (503), by reason.",
-                &["reason"],
+                "Jobs refused at admission (503), by reason and priority class (empty for \
+                 refusals before a request's class was read).",
+                &["reason", "class"],
             ),
             expired: counter(
                 &r,
@@ -178,6 +183,19 @@ impl Metrics {
                 SECONDS_BUCKETS,
             ),
             queue_depth: gauge(&r, "corral_queue_depth", "Jobs queued, by stage.", &["stage"]),
+            queue_depth_by_class: gauge(
+                &r,
+                "corral_queue_depth_by_class",
+                "Jobs queued, by stage and priority class.",
+                &["stage", "class"],
+            ),
+            evicted: counter(
+                &r,
+                "corral_jobs_evicted_total",
+                "Queued jobs evicted (503 preempted) to make room for a higher priority class, by \
+                 stage and the evicted job's class.",
+                &["stage", "class"],
+            ),
             workers_connected: gauge(
                 &r,
                 "corral_workers_connected",

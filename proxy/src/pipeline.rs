@@ -18,6 +18,7 @@ use tokio::time::Instant;
 
 use crate::job::{Job, Outcome, Reply};
 use crate::stage::{Shed, Stage};
+use crate::traffic::Traffic;
 use crate::{timing, trace};
 
 pub struct Pipeline {
@@ -71,12 +72,13 @@ impl Pipeline {
         arrived: Instant,
         deadline: Instant,
         retries: u32,
+        traffic: Traffic,
     ) -> Result<Result<(Instant, Vec<Input>), Vec<Outcome>>, Shed> {
         let mut entered = arrived;
         for pair in self.stages.windows(2) {
             let (stage, next) = (&pair[0], &pair[1]);
             let ids: Vec<JobId> = jobs.iter().map(|input| input.id).collect();
-            let outcomes = run_stage(stage, jobs, entered, deadline, retries).await?;
+            let outcomes = run_stage(stage, jobs, entered, deadline, retries, traffic).await?;
             jobs = match hand_over(stage, next, ids, outcomes) {
                 Ok(inputs) => inputs,
                 Err(outcomes) => return Ok(Err(outcomes)),
@@ -94,10 +96,11 @@ impl Pipeline {
         arrived: Instant,
         deadline: Instant,
         retries: u32,
+        traffic: Traffic,
     ) -> Result<Vec<Outcome>, Shed> {
-        match self.run_before_last(jobs, arrived, deadline, retries).await? {
+        match self.run_before_last(jobs, arrived, deadline, retries, traffic).await? {
             Ok((entered, inputs)) => {
-                run_stage(self.last(), inputs, entered, deadline, retries).await
+                run_stage(self.last(), inputs, entered, deadline, retries, traffic).await
             }
             Err(outcomes) => Ok(outcomes),
         }
@@ -147,6 +150,7 @@ async fn run_stage(
     arrived: Instant,
     deadline: Instant,
     retries: u32,
+    traffic: Traffic,
 ) -> Result<Vec<Outcome>, Shed> {
     let traced = timing::trace();
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
@@ -156,6 +160,7 @@ async fn run_stage(
             job.retries = retries;
             job.content_type = content_type;
             job.trace = traced.as_ref().map(trace::job_context);
+            traffic.mark(&mut job);
             (job, answer)
         })
         .unzip();
@@ -199,6 +204,7 @@ mod tests {
             max_batch_size: 8,
             max_wait: Duration::from_millis(10),
             max_batch_bytes,
+            max_batch_weight: None,
             policy: Policy::Fixed,
             prefetch: false,
             batch_timeout: None,

@@ -14,10 +14,11 @@
 pub mod admission;
 pub mod arrivals;
 pub mod cost;
+pub mod lanes;
 pub mod policy;
 pub mod returns;
+pub mod weight;
 
-use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -27,11 +28,14 @@ use tokio::time::Instant;
 
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
+use crate::traffic::Class;
 use arrivals::Arrivals;
 use cost::CostModel;
+use lanes::Lanes;
 pub use policy::{BatchSettings, Policy};
 use policy::{Forecast, QueueView, Release};
 use returns::Returns;
+pub use weight::WeightRule;
 
 /// Why jobs were not admitted.
 #[derive(Debug, PartialEq, Eq)]
@@ -40,6 +44,8 @@ pub enum Shed {
     QueueFull,
     /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
     DeadlineUnreachable { retry_after: Duration },
+    /// Their tenant already holds its share of the queue (`--tenant-queue-share`).
+    TenantQuota { retry_after: Duration },
     /// The stage is closed: the proxy is stopping.
     ShuttingDown,
 }
@@ -55,6 +61,8 @@ pub struct Schemas {
     pub inputs: Vec<TensorSpec>,
     /// Each job's result tensors, one row each.
     pub outputs: Vec<TensorSpec>,
+    /// How each job is weighed, when the workers declared a rule and the client gave no weight.
+    pub weight: Option<WeightRule>,
 }
 
 pub struct Stage {
@@ -70,6 +78,10 @@ pub struct Stage {
     feeds: bool,
     /// Longest a streamed answer from this stage may last, from the request's arrival.
     stream_timeout: Duration,
+    /// How long a job waits in its class before it is promoted (`--priority-aging-ms`).
+    aging: Duration,
+    /// Most jobs one tenant may have queued (`--tenant-queue-share` of the capacity).
+    tenant_limit: usize,
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
@@ -77,12 +89,11 @@ pub struct Stage {
 
 #[derive(Default)]
 struct Queue {
-    jobs: VecDeque<Job>,
-    /// Payload bytes of the queued jobs.
-    bytes: usize,
+    /// The queued jobs, in lanes by class and tenant ([`lanes`]).
+    jobs: Lanes,
     arrivals: Arrivals,
-    /// How long a batch keeps its worker busy, by size: what the policy and a busy worker's
-    /// free time are predicted from.
+    /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
+    /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
     /// How long a batch takes to its first answer (its first chunk, for a streaming worker; its
     /// results, for a plain one, where the two models learn the same samples): what a new job's
@@ -97,15 +108,19 @@ struct Queue {
     last_purge: Option<Instant>,
 }
 
+/// How long a queued job waits in its class before it is promoted, unless set
+/// (`--priority-aging-ms`).
+pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
+
 /// Shortest time between two sweeps of the whole queue for dead jobs.
 const PURGE_EVERY: Duration = Duration::from_millis(10);
 
 /// What the stage knows of one connected worker.
 #[derive(Debug, Clone, Copy)]
 struct Seat {
-    /// The batch the worker is working on: when it started and how many jobs.
+    /// The batch the worker is working on: when it started and its weight.
     busy: Option<(Instant, usize)>,
-    /// Jobs of a batch sent ahead, waiting in the worker's socket (0: none).
+    /// Weight of a batch sent ahead, waiting in the worker's socket (0: none).
     ahead: usize,
     /// When the worker last became free (joined, or answered with nothing sent ahead): the
     /// policy holds queued jobs back at most `max_wait` from then.
@@ -119,42 +134,28 @@ impl Seat {
 }
 
 impl Queue {
-    fn push(&mut self, job: Job) {
-        self.bytes += job.size();
-        self.jobs.push_back(job);
-    }
-
-    fn pop(&mut self) -> Option<Job> {
-        let job = self.jobs.pop_front()?;
-        self.bytes -= job.size();
-        Some(job)
-    }
-
     /// Removes jobs that must not be dispatched: expired ones are answered, abandoned ones dropped.
     /// Only the front is cleaned on the hot path (`whole == false`): that is all the policy looks
     /// at; the whole queue is cleaned only when it looks full.
     fn drop_dead(&mut self, now: Instant, whole: bool) {
         let dead = |job: &Job| job.is_abandoned() || job.is_expired(now);
         if whole {
-            let (live, gone): (VecDeque<Job>, VecDeque<Job>) =
-                std::mem::take(&mut self.jobs).into_iter().partition(|j| !dead(j));
-            self.jobs = live;
-            self.bytes = self.jobs.iter().map(|j| j.size()).sum();
-            gone.into_iter().for_each(|job| bury(job, now));
+            self.jobs.remove_dead(dead).into_iter().for_each(|job| bury(job, now));
             return;
         }
         while self.jobs.front().is_some_and(dead) {
-            let job = self.pop().expect("front exists");
+            let job = self.jobs.pop(false).expect("front exists");
             bury(job, now);
         }
     }
 
     /// The queue as the policy sees it, for a worker free since `free_since`.
     fn view(&self, free_since: Instant) -> QueueView {
-        let oldest = self.jobs.front();
+        let oldest = self.jobs.oldest();
         QueueView {
             jobs: self.jobs.len(),
-            bytes: self.bytes,
+            bytes: self.jobs.bytes(),
+            weight: self.jobs.weight() as usize,
             oldest: oldest.map(|j| j.arrived),
             oldest_deadline: oldest.map(|j| j.deadline),
             worker_free_since: Some(free_since),
@@ -219,6 +220,8 @@ impl Stage {
             capacity_bytes: usize::MAX,
             feeds: false,
             stream_timeout: Duration::from_secs(300),
+            aging: DEFAULT_AGING,
+            tenant_limit: usize::MAX,
             queue: Mutex::default(),
             arrivals: Notify::new(),
         }
@@ -240,6 +243,23 @@ impl Stage {
     /// Sets the longest a streamed answer from this stage may last (`stream_timeout_ms`).
     pub fn with_stream_timeout(mut self, timeout: Duration) -> Self {
         self.stream_timeout = timeout;
+        self
+    }
+
+    /// Sets how long a queued job waits in its class before it is promoted to the next.
+    pub fn with_aging(mut self, aging: Duration) -> Self {
+        self.aging = aging.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Bounds the share of the queue's capacity one tenant may hold (1.0: unbounded). A tenant
+    /// may always queue at least one job.
+    pub fn with_tenant_share(mut self, share: f64) -> Self {
+        self.tenant_limit = if share >= 1.0 {
+            usize::MAX
+        } else {
+            ((self.capacity as f64 * share).floor() as usize).max(1)
+        };
         self
     }
 
@@ -266,61 +286,127 @@ impl Stage {
         self.submit_all(vec![job])
     }
 
-    /// Queues jobs back to back, all or none, so that the items of one request stay in order and
-    /// together (see [`Stage::take`]). Refuses them when the queue has no room, or when the last
-    /// of them is predicted to finish past its deadline.
+    /// Queues one request's jobs together, all or none, so that they stay in order and together
+    /// (see [`Stage::take`]). Jobs not weighed yet are weighed by the workers' rule (else 1).
+    /// Refuses them when their tenant holds its share of the queue, when the queue has no room
+    /// even after evicting lower classes, or when the last of them is predicted to finish past
+    /// its deadline. Queued jobs of lower classes evicted to make room are answered
+    /// [`Outcome::Preempted`] at once.
     pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), Shed> {
-        let count = jobs.len();
-        if let Some(first) = jobs.first_mut() {
-            first.group_len = count;
-        }
+        let Some(first) = jobs.first() else { return Ok(()) };
+        let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
+        self.weigh(&mut jobs);
+        let weight: usize = jobs.iter().map(|job| job.weight as usize).sum();
+        let bytes: usize = jobs.iter().map(|job| job.size()).sum();
+        let mut evicted = Vec::new();
+        let mut retry_after = Duration::from_secs(1);
         {
             let mut queue = self.lock();
             if queue.closed {
                 return Err(Shed::ShuttingDown);
             }
             let now = Instant::now();
+            queue.jobs.promote(now, self.aging);
             // Jobs whose clients left or whose deadline passed still sit in the queue until a
             // worker reaches them; cleared out now and then, they neither fill the queue nor
             // inflate the admission prediction. Never more often than every PURGE_EVERY: under
             // overload this runs on every arrival, and the queue can be long.
             let due = queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY);
             let long = queue.jobs.len() > self.settings.max_batch_size;
-            let bytes: usize = jobs.iter().map(|job| job.size()).sum();
             // An empty queue takes any one request, so that a payload larger than the byte
             // capacity (it passed the body limit) is served rather than shed forever.
-            let full = |queue: &Queue| {
-                queue.jobs.len() + count > self.capacity
-                    || (!queue.jobs.is_empty() && queue.bytes + bytes > self.capacity_bytes)
+            let full = |jobs: &Lanes| {
+                jobs.len() + count > self.capacity
+                    || (!jobs.is_empty() && jobs.bytes() + bytes > self.capacity_bytes)
             };
-            if due && (long || full(&queue)) {
+            let over_share = |jobs: &Lanes| {
+                tenant.is_some_and(|t| jobs.of_tenant(t) + count > self.tenant_limit)
+            };
+            if due && (long || full(&queue.jobs) || over_share(&queue.jobs)) {
                 queue.drop_dead(now, true);
                 queue.last_purge = Some(now);
             }
-            if full(&queue) {
+            if over_share(&queue.jobs) {
+                return Err(Shed::TenantQuota { retry_after: Duration::from_secs(1) });
+            }
+            // Room made by evicting every lower class: enough, or nothing is evicted at all.
+            let (lower_jobs, lower_bytes) = queue.jobs.below(class);
+            let (kept_jobs, kept_bytes) =
+                (queue.jobs.len() - lower_jobs, queue.jobs.bytes() - lower_bytes);
+            let room = kept_jobs + count <= self.capacity
+                && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
+            if full(&queue.jobs) && !room {
                 return Err(Shed::QueueFull);
             }
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
-                let first = queue.first.estimate().unwrap_or(cost);
-                let mut free_at = queue.free_at(now, cost);
-                let ahead = queue.jobs.len();
-                let max = self.settings.max_batch_size;
-                let finish =
-                    admission::predicted_finish(ahead, count, max, cost, first, &mut free_at);
+                // Only the jobs of this class and above go before these: lower ones wait.
+                let ahead = queue.jobs.weight_from(class) as usize;
+                let finish = self.predict(&queue, now, cost, ahead, weight);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     let retry_after = admission::retry_after(finish, last.deadline);
                     return Err(Shed::DeadlineUnreachable { retry_after });
                 }
             }
-            for job in jobs {
+            while full(&queue.jobs) {
+                let Some(request) = queue.jobs.evict_below(class) else { break };
+                evicted.extend(request);
+            }
+            if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
+                // When a job of the evicted class would be served, were it sent again now.
+                let ahead = queue.jobs.weight_from(victim.class) as usize + weight;
+                if let Some(finish) = self.predict(&queue, now, cost, ahead, victim.weight as usize)
+                {
+                    retry_after = admission::retry_after(finish, now);
+                }
+            }
+            for job in &jobs {
                 queue.arrivals.record(job.arrived);
                 queue.returns.arrived(job.arrived, self.settings.max_wait);
-                queue.push(job);
             }
+            queue.jobs.push(jobs);
         }
         self.arrivals.notify_waiters();
+        for job in evicted {
+            metrics().evicted.with_label_values(&[&self.name, job.class.label()]).inc();
+            job.answer(Outcome::Preempted { retry_after });
+        }
         Ok(())
+    }
+
+    /// Weighs the jobs the client gave no weight, by the workers' rule if they declared one.
+    fn weigh(&self, jobs: &mut [Job]) {
+        if jobs.iter().all(|job| job.weight > 0) {
+            return;
+        }
+        let rule = self.schemas().and_then(|schemas| schemas.weight.clone());
+        for job in jobs.iter_mut().filter(|job| job.weight == 0) {
+            job.weight = rule.as_ref().map_or(1, |rule| rule.weigh(&job.payload));
+        }
+    }
+
+    /// When `group` more weight, behind `ahead` weight, would be answered (None: no worker).
+    fn predict(
+        &self,
+        queue: &Queue,
+        now: Instant,
+        cost: cost::Cost,
+        ahead: usize,
+        group: usize,
+    ) -> Option<Instant> {
+        let first = queue.first.estimate().unwrap_or(cost);
+        let mut free_at = queue.free_at(now, cost);
+        let max = self.batch_weight(queue);
+        admission::predicted_finish(ahead, group, max, cost, first, &mut free_at)
+    }
+
+    /// The weight of a full batch: the budget, or `max_batch_size` jobs of the queue's mean
+    /// weight, whichever is less (with nothing weighed, `max_batch_size`).
+    fn batch_weight(&self, queue: &Queue) -> usize {
+        let jobs = &queue.jobs;
+        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
+        let by_count = (self.settings.max_batch_size as f64 * mean.max(1.0)).ceil() as usize;
+        self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count)).max(1)
     }
 
     /// Puts jobs back at the front of the queue, in order, whatever its capacity: they were
@@ -337,7 +423,6 @@ impl Stage {
                 return;
             }
             for job in jobs.into_iter().rev() {
-                queue.bytes += job.size();
                 queue.jobs.push_front(job);
             }
         }
@@ -349,8 +434,7 @@ impl Stage {
         let queued = {
             let mut queue = self.lock();
             queue.closed = true;
-            queue.bytes = 0;
-            std::mem::take(&mut queue.jobs)
+            queue.jobs.take_all()
         };
         for job in queued {
             job.answer(Outcome::ShuttingDown);
@@ -392,7 +476,7 @@ impl Stage {
                 Release::Now => {
                     let batch = stage.take(queue, now);
                     if let (Some(slot), false) = (slot, batch.is_empty()) {
-                        queue.seat(slot).busy = Some((now, batch.len()));
+                        queue.seat(slot).busy = Some((now, weight_of(&batch)));
                     }
                     Look::Took(batch)
                 }
@@ -412,22 +496,25 @@ impl Stage {
     async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
         let max = self.settings.max_batch_size;
         self.take_when(|stage, queue, now| {
-            let full = queue.jobs.len() >= max || queue.bytes >= stage.settings.max_batch_bytes;
+            let budget = stage.settings.max_batch_weight;
+            let full = queue.jobs.len() >= max
+                || queue.jobs.bytes() >= stage.settings.max_batch_bytes
+                || budget.is_some_and(|budget| queue.jobs.weight() as usize >= budget);
             let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
             let (true, true, Some(cost)) = (full, all_busy, queue.cost.estimate()) else {
                 return Look::Until(None);
             };
             let mut free_at = now;
-            if let Some(Some(Seat { busy: Some((since, size)), .. })) = queue.seats.get(slot) {
-                free_at = free_at.max(*since + cost.of(*size));
+            if let Some(Some(Seat { busy: Some((since, weight)), .. })) = queue.seats.get(slot) {
+                free_at = free_at.max(*since + cost.of(*weight));
             }
-            let done_by = free_at + cost.of(max);
-            if !queue.jobs.iter().take(max).all(|job| job.deadline >= done_by) {
+            let done_by = free_at + cost.of(stage.batch_weight(queue));
+            if queue.jobs.earliest_deadline(max).is_some_and(|deadline| deadline < done_by) {
                 return Look::Until(None);
             }
             let batch = stage.take(queue, now);
             if !batch.is_empty() {
-                queue.seat(slot).ahead = batch.len();
+                queue.seat(slot).ahead = weight_of(&batch);
             }
             Look::Took(batch)
         })
@@ -446,8 +533,8 @@ impl Stage {
             let batch = stage.take_up_to(queue, now, max);
             if !batch.is_empty() {
                 let seat = queue.seat(slot);
-                let (since, size) = seat.busy.unwrap_or((now, 0));
-                seat.busy = Some((since, size + batch.len()));
+                let (since, weight) = seat.busy.unwrap_or((now, 0));
+                seat.busy = Some((since, weight + weight_of(&batch)));
             }
             Look::Took(batch)
         })
@@ -471,6 +558,7 @@ impl Stage {
             let wake_at = {
                 let mut queue = self.lock();
                 let now = Instant::now();
+                queue.jobs.promote(now, self.aging);
                 queue.drop_dead(now, false);
                 match look(self, &mut queue, now) {
                     Look::Took(batch) if batch.is_empty() => continue,
@@ -490,29 +578,44 @@ impl Stage {
         }
     }
 
-    /// Takes the next batch off the front of the queue. A batch ends early rather than split a
-    /// multi-item request that would fit whole in the next batch.
+    /// Takes the next batch off the front of the queue, in the lanes' order: up to
+    /// `max_batch_size` jobs, `max_batch_bytes` and `max_batch_weight` (a job heavier than the
+    /// budget goes alone). A batch ends early rather than split a request of several jobs that
+    /// would fit whole in the next batch.
     fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
         self.take_up_to(queue, now, self.settings.max_batch_size)
     }
 
     /// [`Stage::take`], at most `max` jobs.
     fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
+        let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
         let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
-        let mut bytes = 0;
+        let (mut bytes, mut weight) = (0, 0);
         while batch.len() < max {
-            let Some(next) = queue.jobs.front() else { break };
-            let fits = bytes + next.size() <= self.settings.max_batch_bytes;
-            let group_fits_later = next.group_len > max - batch.len() && next.group_len <= max;
-            if !batch.is_empty() && (!fits || group_fits_later) {
+            let (Some(next), Some(request)) = (queue.jobs.front(), queue.jobs.front_request_left())
+            else {
                 break;
+            };
+            let dead = next.is_abandoned() || next.is_expired(now);
+            if !batch.is_empty() && !dead {
+                let fits = bytes + next.size() <= self.settings.max_batch_bytes
+                    && weight + next.weight as usize <= budget;
+                let (room, request_weight) = (max - batch.len(), request.weight as usize);
+                let fits_later = !request.started
+                    && (request.jobs > room || weight + request_weight > budget)
+                    && request.jobs <= max
+                    && request_weight <= budget;
+                if !fits || fits_later {
+                    break;
+                }
             }
-            let job = queue.pop().expect("front exists");
-            if job.is_abandoned() || job.is_expired(now) {
+            let job = queue.jobs.pop(!dead).expect("front exists");
+            if dead {
                 bury(job, now);
                 continue;
             }
             bytes += job.size();
+            weight += job.weight as usize;
             batch.push(job);
         }
         if !batch.is_empty() {
@@ -533,6 +636,12 @@ impl Stage {
     /// Jobs waiting in the queue (live or not yet cleaned up).
     pub fn queued(&self) -> usize {
         self.lock().jobs.len()
+    }
+
+    /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
+    pub fn queued_by_class(&self) -> [usize; 3] {
+        let queue = self.lock();
+        [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }
 
     /// Seats a connected worker; it counts (and its batches are tracked for admission) until the
@@ -592,15 +701,15 @@ impl WorkerSeat<'_> {
         self.stage.next_join(self.slot, max).await
     }
 
-    /// A streaming batch of `size` jobs sent its first chunk (or first result) `took` after it
+    /// A streaming batch of `size` jobs (`weight` in all) sent its first chunk (or first result) `took` after it
     /// was sent: what admission and the policy learn for a streaming stage is the time to first
     /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
-    pub fn first_chunk(&self, size: usize, took: Duration, joining: bool) {
+    pub fn first_chunk(&self, size: usize, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
-        queue.first.record(size, took);
+        queue.first.record(weight, took);
         if joining {
             // A joining worker takes new jobs within a step: it is as busy as its first chunk.
-            queue.cost.record(size, took);
+            queue.cost.record(weight, took);
         }
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);
@@ -610,12 +719,12 @@ impl WorkerSeat<'_> {
     /// A streaming worker holds no job any more: it is idle, after `took` busy with `size` jobs.
     /// A worker that does not join was unavailable all that time: that is its batches' cost for
     /// the policy and for predicting when it is free (its clients, too, come back now).
-    pub fn released(&self, size: usize, took: Duration, joining: bool) {
+    pub fn released(&self, size: usize, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
         let now = Instant::now();
         *queue.seat(self.slot) = Seat::free(now);
         if !joining && size > 0 {
-            queue.cost.record(size, took);
+            queue.cost.record(weight, took);
         }
         queue.returns.answered(now, size);
     }
@@ -629,9 +738,9 @@ impl WorkerSeat<'_> {
         &self.stage.name
     }
 
-    /// The worker answered its oldest batch, of `size` jobs, after `took`: it moves on to the
+    /// The worker answered its oldest batch, of `size` jobs (`weight` in all), after `took`: it moves on to the
     /// batch sent ahead or is idle again, and the cost model learns from it.
-    pub fn finished(&self, size: usize, took: Duration) {
+    pub fn finished(&self, size: usize, weight: usize, took: Duration) {
         let mut queue = self.stage.lock();
         let now = Instant::now();
         let seat = queue.seat(self.slot);
@@ -639,8 +748,8 @@ impl WorkerSeat<'_> {
             0 => *seat = Seat::free(now),
             ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
         }
-        queue.cost.record(size, took);
-        queue.first.record(size, took);
+        queue.cost.record(weight, took);
+        queue.first.record(weight, took);
         queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_size.with_label_values(&stage).observe(size as f64);
@@ -652,6 +761,11 @@ impl Drop for WorkerSeat<'_> {
     fn drop(&mut self) {
         self.stage.lock().seats[self.slot] = None;
     }
+}
+
+/// A batch's total weight.
+pub fn weight_of(batch: &[Job]) -> usize {
+    batch.iter().map(|job| job.weight as usize).sum()
 }
 
 #[cfg(test)]

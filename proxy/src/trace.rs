@@ -179,6 +179,7 @@ pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&S
         let why = match shed {
             Shed::QueueFull => "queue_full",
             Shed::DeadlineUnreachable { .. } => "deadline_unreachable",
+            Shed::TenantQuota { .. } => "tenant_quota",
             Shed::ShuttingDown => "shutting_down",
         };
         attributes.push(KeyValue::new("corral.shed.reason", why));

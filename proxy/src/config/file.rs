@@ -13,6 +13,7 @@ use serde::Deserialize;
 
 use super::LogFormat;
 use crate::stage::Policy;
+use crate::traffic::Class;
 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -33,6 +34,9 @@ pub struct File {
     pub max_headers: Option<usize>,
     pub grace_period_ms: Option<u64>,
     pub stream_buffer_bytes: Option<u64>,
+    pub priority_aging_ms: Option<u64>,
+    pub tenant_header: Option<String>,
+    pub tenant_queue_share: Option<f64>,
     // Defaults for every stage: the same keys as `StageFile`'s. Listed twice because serde cannot
     // flatten one struct into another that refuses unknown keys, and refusing typos matters more.
     pub max_batch_size: Option<u32>,
@@ -43,6 +47,7 @@ pub struct File {
     pub queue_capacity: Option<u32>,
     pub queue_capacity_bytes: Option<u64>,
     pub stream_timeout_ms: Option<u64>,
+    pub max_batch_weight: Option<u64>,
     pub workers: Option<u32>,
 
     #[serde(default)]
@@ -70,6 +75,7 @@ pub struct StageFile {
     pub queue_capacity: Option<u32>,
     pub queue_capacity_bytes: Option<u64>,
     pub stream_timeout_ms: Option<u64>,
+    pub max_batch_weight: Option<u64>,
 }
 
 /// `[pipelines.NAME]`: stages a job goes through, in order.
@@ -90,6 +96,8 @@ pub struct RouteFile {
     pub timeout_ms: Option<u64>,
     /// A client protocol this route also speaks (`openai-embeddings`), besides Corral's own.
     pub protocol: Option<String>,
+    /// The priority class of its requests that send no `x-corral-priority`.
+    pub priority: Option<Class>,
 }
 
 /// Parses the file's text; the error says where (line, column, key) and what is wrong.

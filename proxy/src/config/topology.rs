@@ -10,8 +10,9 @@ use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
 use super::file::{self, File, StageFile};
-use super::{parse_mode, Config};
+use super::{parse_header_name, parse_mode, parse_share, Config};
 use crate::stage::Policy;
+use crate::traffic::Class;
 
 /// The name of the single stage (and pipeline) of a proxy configured without a file.
 pub const DEFAULT_STAGE: &str = "default";
@@ -66,6 +67,8 @@ pub struct StageSpec {
     pub queue_capacity_bytes: u64,
     /// Longest a streamed answer from this stage may last.
     pub stream_timeout: Duration,
+    /// Most total weight in one batch (None: unbounded).
+    pub max_batch_weight: Option<u64>,
     /// Worker command to spawn (empty: external workers connect on their own).
     pub command: Vec<String>,
     pub workers: u32,
@@ -88,6 +91,8 @@ pub struct RouteSpec {
     pub stages: Vec<String>,
     pub timeout: Duration,
     pub protocol: Option<Protocol>,
+    /// The class of requests that send no `x-corral-priority`.
+    pub priority: Class,
 }
 
 /// A config error: which key, and what is wrong with it.
@@ -129,6 +134,7 @@ pub fn single(config: &Config) -> Topology {
             queue_capacity: config.queue_capacity,
             queue_capacity_bytes: config.queue_capacity_bytes,
             stream_timeout: Duration::from_millis(config.stream_timeout_ms),
+            max_batch_weight: config.max_batch_weight,
             command: config.worker_cmd.clone(),
             workers: config.workers,
             cpus: Vec::new(),
@@ -141,6 +147,7 @@ pub fn single(config: &Config) -> Topology {
             stages: vec![DEFAULT_STAGE.into()],
             timeout: config.timeout(),
             protocol: None,
+            priority: Class::Normal,
         }],
     }
 }
@@ -172,7 +179,18 @@ pub fn resolve(
     top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
     top_level!(config, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
-    top_level!(config, f, explicit, stream_buffer_bytes);
+    top_level!(config, f, explicit, stream_buffer_bytes, priority_aging_ms, tenant_queue_share);
+    if let Some(name) = f.max_batch_weight.take() {
+        if !explicit("max_batch_weight") {
+            config.max_batch_weight = Some(name);
+        }
+    }
+    if let Some(name) = f.tenant_header.take() {
+        let name = parse_header_name(&name).map_err(|problem| error("tenant_header", problem))?;
+        if !explicit("tenant_header") {
+            config.tenant_header = name;
+        }
+    }
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     check_options(config)?;
@@ -257,6 +275,7 @@ pub fn resolve(
                 stages: pipeline.clone(),
                 timeout: Duration::from_millis(timeout_ms),
                 protocol,
+                priority: route.priority.unwrap_or_default(),
             });
         }
         routes
@@ -285,6 +304,7 @@ fn default_route(
             stages: stages.clone(),
             timeout: config.timeout(),
             protocol: None,
+            priority: Class::Normal,
         }]),
         (None, _) => Err(error(
             "pipelines",
@@ -328,6 +348,13 @@ fn stage_spec(
     let batch_timeout_ms = pick!(batch_timeout_ms);
     let stream_timeout_ms = pick!(stream_timeout_ms);
     positive(&key("stream_timeout_ms"), stream_timeout_ms)?;
+    let max_batch_weight = match stage.max_batch_weight {
+        Some(weight) if !explicit("max_batch_weight") => Some(weight),
+        _ => config.max_batch_weight,
+    };
+    if let Some(weight) = max_batch_weight {
+        positive(&key("max_batch_weight"), weight)?;
+    }
 
     let command = match stage.command {
         _ if !config.worker_cmd.is_empty() => config.worker_cmd.clone(),
@@ -368,6 +395,7 @@ fn stage_spec(
         queue_capacity,
         queue_capacity_bytes,
         stream_timeout: Duration::from_millis(stream_timeout_ms),
+        max_batch_weight,
         command,
         workers,
         cpus,
@@ -387,6 +415,12 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     positive("idle_timeout_ms", config.idle_timeout_ms)?;
     positive("stream_timeout_ms", config.stream_timeout_ms)?;
     positive("stream_buffer_bytes", config.stream_buffer_bytes)?;
+    positive("priority_aging_ms", config.priority_aging_ms)?;
+    if let Some(weight) = config.max_batch_weight {
+        positive("max_batch_weight", weight)?;
+    }
+    parse_share(&config.tenant_queue_share.to_string())
+        .map_err(|problem| error("tenant_queue_share", problem))?;
     Ok(())
 }
 

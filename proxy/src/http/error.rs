@@ -120,6 +120,23 @@ impl ApiError {
         error
     }
 
+    /// A queued job was evicted to make room for a job of a higher priority class.
+    pub fn preempted(retry_after_secs: u64) -> Self {
+        let message = "the job was evicted from the queue to make room for higher-priority work; \
+                       retry later";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "preempted", message);
+        error.retry_after = Some(retry_after_secs.max(1));
+        error
+    }
+
+    /// The request's tenant holds its whole share of the queue (`--tenant-queue-share`).
+    pub fn tenant_quota(retry_after_secs: u64) -> Self {
+        let message = "this tenant already holds its share of the queue; retry later";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "tenant_quota", message);
+        error.retry_after = Some(retry_after_secs.max(1));
+        error
+    }
+
     pub fn shutting_down() -> Self {
         let message = "the proxy is shutting down; retry on another instance";
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message);
@@ -148,6 +165,7 @@ impl ApiError {
             Outcome::BadOutput(message) => Self::internal("bad_output", message),
             Outcome::WorkerLost(message) => Self::internal("worker_died", message),
             Outcome::Expired => Self::deadline_exceeded(),
+            Outcome::Preempted { retry_after } => Self::preempted(retry_after.as_secs()),
             Outcome::ShuttingDown => Self::shutting_down(),
             Outcome::Ended => Self::internal("internal", "a stream's end was treated as an error"),
             Outcome::SlowClient => Self::slow_client(),

@@ -23,9 +23,10 @@ use super::error::ApiError;
 use super::events::Framing;
 use super::format::{self, Answer, Format, Negotiation};
 use super::items;
-use super::{shed_error, stream, App, Body, Route};
+use super::{shed_error, stream, traffic, App, Body, Route};
 use crate::job::Outcome;
 use crate::pipeline::Input;
+use crate::traffic::Traffic;
 
 pub use super::deadline::TIMEOUT_HEADER;
 /// Header that marks a request carrying several items (`many`) or one (`one`, the default).
@@ -58,7 +59,8 @@ pub async fn handle(
         return Err(ApiError::bad_request(message));
     }
     let front = if raw { format::BIN32_HEADER } else { 0 };
-    let Received { body, arrived, deadline } = receive_with(app, route, request, front).await?;
+    let Received { body, arrived, deadline, traffic } =
+        receive_with(app, route, request, front).await?;
     // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
     // one copy of its payload. Raw bytes are one msgpack value already, header and all.
     let input = match kind {
@@ -75,11 +77,11 @@ pub async fn handle(
             return Err(ApiError::bad_request(message));
         }
         check_payload_size(app, route, input.size())?;
-        return stream::answer(app, route, input, arrived, deadline, framing).await;
+        return stream::answer(app, route, input, arrived, deadline, traffic, framing).await;
     }
     if !many {
         check_payload_size(app, route, input.size())?;
-        let outcome = run(app, route, vec![input], arrived, deadline).await?;
+        let outcome = run(app, route, vec![input], arrived, deadline, traffic).await?;
         return match outcome.into_iter().next().expect("one job, one outcome") {
             Outcome::Done(data, content_type) => answer(&negotiation, data, content_type),
             other => Err(ApiError::from_outcome(other)),
@@ -87,7 +89,7 @@ pub async fn handle(
     }
 
     let elements = items::split(&input.payload).map_err(ApiError::bad_request)?;
-    let outcomes = run_items(app, route, elements, arrived, deadline).await?;
+    let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
     let data = items::assemble(outcomes)?;
     answer(&negotiation, data, None)
 }
@@ -140,6 +142,8 @@ pub struct Received {
     pub arrived: Instant,
     /// The route's timeout, shortened by `x-corral-timeout-ms` if the client sent one.
     pub deadline: Instant,
+    /// The jobs' class, tenant and weight, from the headers and the route.
+    pub traffic: Traffic,
 }
 
 /// Reads the body within the request's deadline and `--body-read-timeout-ms`, stopping at
@@ -162,6 +166,7 @@ async fn receive_with(
     let arrived = Instant::now();
     let headers = request.headers();
     let timeout = deadline::requested(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
+    let traffic = traffic::requested(headers, route.priority, &app.tenant_header)?;
     let declared = declared_length(headers);
     let deadline = arrived + timeout;
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
@@ -170,7 +175,7 @@ async fn receive_with(
     let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front)
         .await
         .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
-    Ok(Received { body, arrived, deadline })
+    Ok(Received { body, arrived, deadline, traffic })
 }
 
 /// Runs several payloads through the route as one request of several items: one job each,
@@ -183,6 +188,7 @@ pub async fn run_items(
     payloads: Vec<Bytes>,
     arrived: Instant,
     deadline: Instant,
+    traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
     for payload in &payloads {
         check_payload_size(app, route, payload.len())?;
@@ -192,7 +198,7 @@ pub async fn run_items(
         return Err(ApiError::too_many_items(payloads.len(), capacity));
     }
     let jobs = payloads.into_iter().map(|payload| Input::new(JobId::new(), payload)).collect();
-    run(app, route, jobs, arrived, deadline).await
+    run(app, route, jobs, arrived, deadline, traffic).await
 }
 
 /// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503.
@@ -202,8 +208,10 @@ async fn run(
     jobs: Vec<Input>,
     arrived: Instant,
     deadline: Instant,
+    traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
-    route.pipeline.run(jobs, arrived, deadline, app.retries).await.map_err(shed_error)
+    let run = route.pipeline.run(jobs, arrived, deadline, app.retries, traffic);
+    run.await.map_err(|shed| shed_error(shed, traffic.class))
 }
 
 /// The 200 for an output, in the form the client's `Accept` and the output allow (406 if none):

@@ -76,7 +76,7 @@ fn admit(app: &App, method: &Method) -> Result<(), ApiError> {
         return Err(ApiError::method_not_allowed(method, "POST"));
     }
     if app.draining.load(Ordering::Relaxed) {
-        metrics().shed.with_label_values(&["shutting_down"]).inc();
+        metrics().shed.with_label_values(&["shutting_down", ""]).inc();
         return Err(ApiError::shutting_down());
     }
     Ok(())

@@ -63,7 +63,7 @@ async fn route_in(
         let answer = if method != Method::POST {
             Err(ApiError::method_not_allowed(&method, "POST"))
         } else if app.draining.load(Ordering::Relaxed) {
-            metrics().shed.with_label_values(&["shutting_down"]).inc();
+            metrics().shed.with_label_values(&["shutting_down", ""]).inc();
             Err(ApiError::shutting_down())
         } else {
             infer::handle(app, route, id, request).await

@@ -81,7 +81,7 @@ pub async fn serve(
         // Small answers go out at once rather than waiting for Nagle's timer.
         let _ = stream.set_nodelay(true);
         let Ok(permit) = connections.clone().try_acquire_owned() else {
-            metrics().shed.with_label_values(&["too_many_connections"]).inc();
+            metrics().shed.with_label_values(&["too_many_connections", ""]).inc();
             tokio::spawn(refuse(stream));
             continue;
         };

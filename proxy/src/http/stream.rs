@@ -30,6 +30,7 @@ use crate::metrics::metrics;
 use crate::pipeline::Input;
 use crate::stream::{self as chunks, ChunkSource};
 use crate::timing;
+use crate::traffic::Traffic;
 
 /// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
 /// pipeline's last stage streams.
@@ -39,13 +40,15 @@ pub async fn answer(
     input: Input,
     arrived: Instant,
     deadline: Instant,
+    traffic: Traffic,
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
+    let shed = |shed| shed_error(shed, traffic.class);
     let inputs = route
         .pipeline
-        .run_before_last(vec![input], arrived, deadline, app.retries)
+        .run_before_last(vec![input], arrived, deadline, app.retries, traffic)
         .await
-        .map_err(shed_error)?;
+        .map_err(shed)?;
     let (entered, input) = match inputs {
         Ok((entered, mut inputs)) => (entered, inputs.pop().expect("one job in, one out")),
         Err(outcomes) => {
@@ -59,10 +62,11 @@ pub async fn answer(
     job.retries = app.retries;
     job.content_type = input.content_type;
     job.stream = Some(sink);
+    traffic.mark(&mut job);
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
     let left = job.left.clone().drop_guard();
-    route.pipeline.last().submit_all(vec![job]).map_err(shed_error)?;
+    route.pipeline.last().submit_all(vec![job]).map_err(shed)?;
 
     // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
     let mut first = Vec::new();

@@ -51,6 +51,9 @@ pub struct BatchSettings {
     pub max_wait: Duration,
     /// Most payload bytes in one batch, so that a batch frame stays under the protocol's limit.
     pub max_batch_bytes: usize,
+    /// Most total weight in one batch (`--max-batch-weight`; None: unbounded). An item heavier
+    /// than this alone goes in a batch of its own.
+    pub max_batch_weight: Option<usize>,
     pub policy: Policy,
     /// Whether a saturated stage may send a busy worker its next batch ahead.
     pub prefetch: bool,
@@ -75,12 +78,25 @@ pub enum Release {
 pub struct QueueView {
     pub jobs: usize,
     pub bytes: usize,
+    /// Total weight queued (the jobs' count when nothing is weighed): what batches cost.
+    pub weight: usize,
     /// Arrival of the oldest queued job (None when empty).
     pub oldest: Option<Instant>,
     /// Deadline of the oldest queued job.
     pub oldest_deadline: Option<Instant>,
     /// When the worker asking became free (None: before the oldest job arrived).
     pub worker_free_since: Option<Instant>,
+}
+
+impl QueueView {
+    /// The queued jobs' mean weight (1 when nothing is queued or weighed).
+    fn mean_weight(&self) -> f64 {
+        if self.jobs == 0 {
+            1.0
+        } else {
+            (self.weight as f64 / self.jobs as f64).max(1.0)
+        }
+    }
 }
 
 /// What the stage has learned about its traffic and its workers.
@@ -105,7 +121,8 @@ pub fn decide(
     let Some(oldest) = queue.oldest else {
         return Release::Idle;
     };
-    if queue.jobs >= settings.max_batch_size || queue.bytes >= settings.max_batch_bytes {
+    let heavy = settings.max_batch_weight.is_some_and(|budget| queue.weight >= budget);
+    if queue.jobs >= settings.max_batch_size || queue.bytes >= settings.max_batch_bytes || heavy {
         return Release::Now;
     }
     let mut release_at = oldest + settings.max_wait;
@@ -138,11 +155,11 @@ fn returns_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option<
         return None;
     }
     let waiting = queue.jobs as f64 * (returns.by - now).as_secs_f64();
-    let saved = returns.jobs * cost.of(queue.jobs).as_secs_f64();
+    let saved = returns.jobs * cost.of(queue.weight).as_secs_f64();
     if saved <= waiting {
         return None;
     }
-    let joined = queue.jobs + returns.jobs.ceil() as usize;
+    let joined = queue.weight + (returns.jobs * queue.mean_weight()).ceil() as usize;
     if let Some(deadline) = queue.oldest_deadline {
         if returns.by + cost.of(joined) > deadline {
             return None;
@@ -164,7 +181,8 @@ fn adaptive_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option
     let mut limit = last_arrival + gap * 2;
     if let Some(deadline) = queue.oldest_deadline {
         // Leave the batch (one job larger than now) time to run before the oldest job's deadline.
-        let latest = deadline.checked_sub(cost.of(queue.jobs + 1)).unwrap_or(now);
+        let one_more = queue.weight + queue.mean_weight().ceil() as usize;
+        let latest = deadline.checked_sub(cost.of(one_more)).unwrap_or(now);
         limit = limit.min(latest);
     }
     (now < limit).then_some(limit)
@@ -181,6 +199,7 @@ mod tests {
             max_batch_size: 4,
             max_wait: WAIT,
             max_batch_bytes: 1000,
+            max_batch_weight: None,
             policy,
             prefetch: false,
             batch_timeout: None,
@@ -195,6 +214,7 @@ mod tests {
         QueueView {
             jobs,
             bytes: jobs * 10,
+            weight: jobs,
             oldest: Some(oldest),
             oldest_deadline: Some(oldest + Duration::from_secs(5)),
             worker_free_since: None,

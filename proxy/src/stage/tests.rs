@@ -10,6 +10,7 @@ use tokio::time::Instant;
 
 use super::*;
 use crate::job::Reply;
+use crate::traffic::Class;
 
 const WAIT: Duration = Duration::from_millis(10);
 
@@ -18,6 +19,7 @@ fn stage(max_batch_size: usize, capacity: usize) -> Stage {
         max_batch_size,
         max_wait: WAIT,
         max_batch_bytes: 100,
+        max_batch_weight: None,
         policy: Policy::Fixed,
         prefetch: false,
         batch_timeout: None,
@@ -143,6 +145,7 @@ fn adaptive_stage(max_batch_size: usize) -> std::sync::Arc<Stage> {
         max_batch_size,
         max_wait: Duration::from_millis(100),
         max_batch_bytes: 1 << 20,
+        max_batch_weight: None,
         policy: Policy::Adaptive,
         prefetch: false,
         batch_timeout: None,
@@ -167,7 +170,7 @@ fn scripted_worker(
             let started = Instant::now();
             let took = Duration::from_millis(20 + 2 * batch.len() as u64);
             tokio::time::sleep(took).await;
-            seat.finished(batch.len(), started.elapsed());
+            seat.finished(batch.len(), batch.len(), started.elapsed());
             for job in batch {
                 job.answer(Outcome::Done(Bytes::new(), None));
             }
@@ -286,7 +289,7 @@ async fn a_batch_goes_ahead_only_when_the_stage_is_saturated_and_it_can_wait() {
     let _more: Vec<_> = [b"e", b"f"].map(|p| submit(&stage, p)).into();
     assert!(futures_util::poll!(&mut ahead).is_pending());
     // Once it is (1 s per batch), the full batch goes ahead: its jobs have 5 s to live.
-    idle.finished(2, Duration::from_secs(1));
+    idle.finished(2, 2, Duration::from_secs(1));
     let _g = submit(&stage, b"g");
     let _again = idle.next_batch().await;
     let _h = submit(&stage, b"h");
@@ -304,7 +307,7 @@ async fn a_job_that_cannot_wait_out_the_current_batch_does_not_go_ahead() {
     let (short, _answer) = job(b"short", Duration::from_millis(500));
     stage.submit(short).unwrap();
     // Now the stage learns that a batch takes 1 s; the teacher leaves.
-    teacher.finished(1, Duration::from_secs(1));
+    teacher.finished(1, 1, Duration::from_secs(1));
     drop(teacher);
     // Saturated, but "short" could not wait out "a" (1 s) and still make its 500 ms deadline.
     let ahead = busy.next_batch_ahead();
@@ -346,7 +349,7 @@ async fn admission_counts_the_batch_a_worker_took_and_the_one_sent_ahead() {
     // One job per batch, 300 ms each, 1 s to live (950 ms with admission's margin): three fit.
     let stage = stage(1, 100);
     let seat = stage.worker_joined();
-    seat.finished(1, Duration::from_millis(300));
+    seat.finished(1, 1, Duration::from_millis(300));
     let admit = || {
         let (job, answer) = job(b"x", Duration::from_secs(1));
         stage.submit(job).map(|()| answer)
@@ -363,7 +366,7 @@ async fn admission_counts_the_batch_a_worker_took_and_the_one_sent_ahead() {
     // Once the worker answers, it works on the batch sent ahead, from now: with one queued
     // behind it, one more fits.
     tokio::time::advance(Duration::from_millis(300)).await;
-    seat.finished(1, Duration::from_millis(300));
+    seat.finished(1, 1, Duration::from_millis(300));
     assert_eq!(stage.busy_workers(), 1);
     let _fourth = admit().unwrap();
     assert!(matches!(admit(), Err(Shed::DeadlineUnreachable { .. })));
@@ -374,7 +377,7 @@ async fn admission_counts_the_batch_a_worker_took_and_the_one_sent_ahead() {
 async fn learn_slow_returns(stage: &Stage, seat: &WorkerSeat<'_>) {
     for round in 0..20 {
         let size = if round % 2 == 0 { 8 } else { 16 };
-        seat.finished(size, Duration::from_millis(50 + 2 * size as u64));
+        seat.finished(size, size, Duration::from_millis(50 + 2 * size as u64));
         tokio::time::advance(Duration::from_millis(30)).await;
         let returned: Vec<_> = (0..size).map(|_| submit(stage, b"x")).collect();
         assert_eq!(seat.next_batch().await.len(), size);
@@ -396,7 +399,7 @@ async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_work
     let _queued = [submit(&stage, b"q"), submit(&stage, b"q")];
     tokio::time::advance(Duration::from_millis(150)).await;
     // a answers its 16 jobs and is free: their clients are expected back within max_wait.
-    a.finished(16, Duration::from_millis(82));
+    a.finished(16, 16, Duration::from_millis(82));
     let free = Instant::now();
     let released = async {
         let batch = a.next_batch().await;
@@ -406,7 +409,7 @@ async fn a_free_worker_holds_jobs_for_returns_at_most_max_wait_however_many_work
     let others_answer = async {
         for seat in [&b, &c] {
             tokio::time::sleep(max_wait * 9 / 10).await;
-            seat.finished(16, Duration::from_millis(82));
+            seat.finished(16, 16, Duration::from_millis(82));
         }
     };
     let ((jobs, at), ()) = tokio::join!(released, others_answer);
@@ -430,7 +433,7 @@ fn race_admission_against(
     for _ in 0..2000 {
         let stage = stage(1, 100);
         let seat = stage.worker_joined();
-        seat.finished(1, Duration::from_secs(30));
+        seat.finished(1, 1, Duration::from_secs(30));
         let mut answers = Vec::new();
         for _ in 0..=usize::from(busy) {
             let (queued, answer) = job(b"queued", Duration::from_secs(1000));
@@ -471,4 +474,137 @@ fn admission_sees_a_batch_as_it_is_sent_ahead() {
     // probe: 90 s > 76 s; counted nowhere, the probe would fit in 60 s.
     let take = |seat: &WorkerSeat<'_>| seat.next_batch_ahead().now_or_never().is_some();
     race_admission_against(true, take, Duration::from_secs(80));
+}
+
+/// A job of a class (and tenant, and weight; 0: weighed by the stage) with a 5 s deadline.
+fn classed(
+    payload: &'static [u8],
+    class: Class,
+    tenant: Option<&str>,
+    weight: u32,
+) -> (Job, oneshot::Receiver<Reply>) {
+    let (mut job, answer) = job(payload, Duration::from_secs(5));
+    job.class = class;
+    job.tenant = tenant.map(|t| crate::traffic::Tenant::of(t.as_bytes()));
+    job.weight = weight;
+    (job, answer)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_high_job_evicts_a_queued_low_one_which_is_answered_preempted_at_once() {
+    let stage = stage(8, 2);
+    let (early, _early) = classed(b"low-early", Class::Low, None, 1);
+    stage.submit(early).unwrap();
+    tokio::time::advance(Duration::from_millis(1)).await;
+    let (late, mut late_answer) = classed(b"low-late", Class::Low, None, 1);
+    stage.submit(late).unwrap();
+    let (low, _low) = classed(b"low", Class::Low, None, 1);
+    assert_eq!(stage.submit(low), Err(Shed::QueueFull), "low evicts nothing");
+    let (high, _high) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    // The latest deadline went, answered before any worker looked at the queue.
+    match late_answer.try_recv().map(|reply| reply.outcome) {
+        Ok(Outcome::Preempted { retry_after }) => assert!(retry_after >= Duration::from_secs(1)),
+        other => panic!("expected preempted, got {other:?}"),
+    }
+    assert_eq!(payloads(&stage.next_batch().await), [b"high" as &[u8], b"low-early"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_happens_only_if_it_makes_room() {
+    let stage = stage(8, 2);
+    let (normal, _n) = classed(b"normal", Class::Normal, None, 1);
+    stage.submit(normal).unwrap();
+    let (low, mut low_answer) = classed(b"low", Class::Low, None, 1);
+    stage.submit(low).unwrap();
+    // Three high jobs at once need three places: evicting both queued jobs would not do.
+    let (a, _a) = classed(b"h1", Class::High, None, 1);
+    let (b, _b) = classed(b"h2", Class::High, None, 1);
+    let (c, _c) = classed(b"h3", Class::High, None, 1);
+    assert_eq!(stage.submit_all(vec![a, b, c]), Err(Shed::QueueFull), "3 > capacity 2");
+    assert!(low_answer.try_recv().is_err(), "nothing was evicted for a request that cannot fit");
+    assert_eq!(stage.queued(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_high_job_overtakes_queued_low_ones() {
+    let stage = stage(2, 10);
+    let _lows: Vec<_> = [b"l1", b"l2", b"l3"]
+        .map(|p| {
+            let (job, answer) = classed(p, Class::Low, None, 1);
+            stage.submit(job).unwrap();
+            answer
+        })
+        .into();
+    let (high, _h) = classed(b"h", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    assert_eq!(payloads(&stage.next_batch().await), [b"h" as &[u8], b"l1"]);
+    assert_eq!(stage.queued_by_class(), [2, 0, 0]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_share_is_refused_and_others_are_not() {
+    let stage = stage(8, 10).with_tenant_share(0.3); // 3 jobs each
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let (job, answer) = classed(b"a", Class::Normal, Some("flood"), 1);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    let (fourth, _f) = classed(b"a", Class::Normal, Some("flood"), 1);
+    assert!(matches!(stage.submit(fourth), Err(Shed::TenantQuota { .. })));
+    let (other, _o) = classed(b"b", Class::Normal, Some("quiet"), 1);
+    stage.submit(other).unwrap();
+    let (nameless, _n) = classed(b"c", Class::Normal, None, 1);
+    stage.submit(nameless).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_stays_within_its_weight_budget_and_a_heavy_job_goes_alone() {
+    let settings = BatchSettings { max_batch_weight: Some(10), ..*stage(8, 10).settings() };
+    let stage = Stage::new("default", settings, 20);
+    let mut answers = Vec::new();
+    for (payload, weight) in [(b"a", 4), (b"b", 4), (b"c", 4), (b"d", 25), (b"e", 1)] {
+        let (job, answer) = classed(payload, Class::Normal, None, weight);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    assert_eq!(payloads(&stage.next_batch().await), [b"a" as &[u8], b"b"]);
+    assert_eq!(payloads(&stage.next_batch().await), [b"c" as &[u8]]);
+    assert_eq!(payloads(&stage.next_batch().await), [b"d" as &[u8]], "heavier than the budget");
+    assert_eq!(payloads(&stage.next_batch().await), [b"e" as &[u8]]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_workers_weight_rule_weighs_jobs_the_client_did_not() {
+    let stage = stage(8, 10);
+    let rule = Some(WeightRule::parse("/text").unwrap());
+    stage.declare(Schemas { weight: rule, ..Schemas::default() });
+    let payload: &'static [u8] = b"\x81\xa4text\xa5hello"; // {"text": "hello"}
+    let (ruled, _r) = classed(payload, Class::Normal, None, 0);
+    let (given, _g) = classed(payload, Class::Normal, None, 2);
+    stage.submit(ruled).unwrap();
+    stage.submit(given).unwrap();
+    let batch = stage.next_batch().await;
+    assert_eq!(batch.iter().map(|j| j.weight).collect::<Vec<_>>(), [5, 2]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn admission_counts_only_the_jobs_that_go_before() {
+    // One worker, one job per batch, 1 s a batch; deadlines 5 s (4.75 s with the margin).
+    let stage = std::sync::Arc::new(stage(1, 100));
+    let seat = stage.worker_joined();
+    seat.finished(1, 1, Duration::from_secs(1));
+    let mut answers = Vec::new();
+    for _ in 0..4 {
+        let (job, answer) = classed(b"low", Class::Low, None, 1);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    let (low, _l) = classed(b"low", Class::Low, None, 1);
+    assert!(matches!(stage.submit(low), Err(Shed::DeadlineUnreachable { .. })));
+    // A high job goes before the four: it is predicted to finish in a second.
+    let (high, _h) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    drop(seat);
 }

@@ -34,7 +34,7 @@ use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::metrics;
-use crate::stage::{Schemas, Stage, WorkerSeat};
+use crate::stage::{Schemas, Stage, WeightRule, WorkerSeat};
 use crate::supervisor::Children;
 use crate::trace;
 
@@ -120,8 +120,8 @@ pub async fn serve(stream: UnixStream, context: Context) {
     info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
 }
 
-/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, and its tensors, for v2
-/// clients. Schemas that do not parse are logged and ignored: they are documentation, and must
+/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
+/// clients, and its weight rule, for the stage's batches. Schemas that do not parse are logged and ignored: they are documentation, and must
 /// not cost the worker its connection.
 fn declare_schemas(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
@@ -131,7 +131,9 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
             .ok()
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
-    if input.is_none() && output.is_none() && hello.inputs.is_empty() && hello.outputs.is_empty() {
+    let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
+    let declared_tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
+    if input.is_none() && output.is_none() && !declared_tensors && weight.is_none() {
         return;
     }
     let components = match parse(&hello.schema_components) {
@@ -139,7 +141,7 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
         _ => serde_json::Map::new(),
     };
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    stage.declare(Schemas { input, output, components, inputs, outputs });
+    stage.declare(Schemas { input, output, components, inputs, outputs, weight });
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
@@ -183,6 +185,12 @@ async fn handshake(
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
+        Ok(WorkerMessage::Hello(hello))
+            if hello.weight.as_deref().is_some_and(|w| WeightRule::parse(w).is_err()) =>
+        {
+            let pointer = hello.weight.as_deref().unwrap_or_default();
+            format!("weight {pointer:?} is not a JSON Pointer: it must be empty or start with /")
+        }
         Ok(WorkerMessage::Hello(hello)) => match stages.get(&hello.stage) {
             Some(stage) => return Some((hello, stage.clone())),
             None => {
@@ -324,13 +332,13 @@ async fn work(
         match message {
             Some(Ok(WorkerMessage::Results(results))) => {
                 let batch = in_flight.pop_front().expect("a batch is in flight");
-                let size = batch.jobs.len();
+                let (size, weight) = (batch.jobs.len(), crate::stage::weight_of(&batch.jobs));
                 match settle::pair(batch.jobs, results) {
                     Ok(answers) => {
                         let now = Instant::now();
                         // Before the answers go out: the clients they release may be back at
                         // once, and the stage counts arrivals after this moment as returns.
-                        seat.finished(size, now - batch.sent.max(last_done));
+                        seat.finished(size, weight, now - batch.sent.max(last_done));
                         last_done = now;
                         for (job, outcome) in answers {
                             answer(job, outcome, now);

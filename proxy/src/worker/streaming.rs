@@ -57,6 +57,7 @@ struct Held {
 struct Pending {
     sent: Instant,
     size: usize,
+    weight: usize,
     /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk.
     _span: Option<opentelemetry_sdk::trace::Span>,
 }
@@ -139,8 +140,8 @@ pub(super) async fn work(
         }
         if state.held.is_empty() {
             offer = None;
-            if let Some((since, size)) = state.busy.take() {
-                seat.released(size, since.elapsed(), joins);
+            if let Some((since, size, weight)) = state.busy.take() {
+                seat.released(size, weight, since.elapsed(), joins);
             }
         }
     };
@@ -153,8 +154,8 @@ pub(super) async fn work(
 
 struct State {
     held: HashMap<JobId, Held>,
-    /// Since when the worker holds jobs, and how many it took in that time.
-    busy: Option<(Instant, usize)>,
+    /// Since when the worker holds jobs, and how many it took in that time (and their weight).
+    busy: Option<(Instant, usize, usize)>,
     joins: bool,
     first: HashMap<u64, Pending>,
     seq: u64,
@@ -165,10 +166,12 @@ struct State {
 impl State {
     /// Sends a batch (to an idle worker, or joining the jobs it holds) and holds its jobs.
     fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>, by: &Worker) {
+        let weight = crate::stage::weight_of(&jobs);
         let mut sent = send(outbox, jobs, by);
-        let (since, size) = self.busy.unwrap_or((sent.sent, 0));
-        self.busy = Some((since, size + sent.jobs.len()));
-        let pending = Pending { sent: sent.sent, size: sent.jobs.len(), _span: sent.span.take() };
+        let (since, size, held) = self.busy.unwrap_or((sent.sent, 0, 0));
+        self.busy = Some((since, size + sent.jobs.len(), held + weight));
+        let size = sent.jobs.len();
+        let pending = Pending { sent: sent.sent, size, weight, _span: sent.span.take() };
         self.first.insert(sent.frame, pending);
         for job in sent.jobs {
             self.departures.watch(&job);
@@ -209,7 +212,7 @@ impl State {
     /// The first chunk or result of a batch: the stage learns its time to first chunk.
     fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
         if let Some(pending) = self.first.remove(&frame) {
-            seat.first_chunk(pending.size, pending.sent.elapsed(), self.joins);
+            seat.first_chunk(pending.size, pending.weight, pending.sent.elapsed(), self.joins);
         }
     }
 

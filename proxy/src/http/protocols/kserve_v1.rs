@@ -75,7 +75,7 @@ async fn predict(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let input = infer::request_format(request.headers())?;
-    let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
+    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     let instances = items::field(&payload, "instances")
         .ok()
@@ -85,7 +85,7 @@ async fn predict(
     if rows.is_empty() {
         return Err(ApiError::bad_request(r#""instances" is empty"#));
     }
-    let outcomes = infer::run_items(app, route, rows, arrived, deadline).await?;
+    let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "instance")?;
     let predictions = items::assemble(outcomes)?;
     // {"predictions": [...]}: a one-entry map around the results' array, which is copied once,

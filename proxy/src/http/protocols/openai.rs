@@ -52,7 +52,7 @@ pub async fn embeddings(
         let media_type = media_type.and_then(|v| v.to_str().ok()).unwrap_or_default();
         return Err(ApiError::unsupported_media_type(media_type));
     }
-    let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
+    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the body is not an embeddings request: {e}"))
     })?;
@@ -70,7 +70,7 @@ pub async fn embeddings(
     let inputs = strings(request.input)?;
     let tokens: usize = inputs.iter().map(|text| text.split_whitespace().count()).sum();
     let payloads = inputs.iter().map(|text| msgpack_str(text)).collect();
-    let outcomes = infer::run_items(app, route, payloads, arrived, deadline).await?;
+    let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "input")?;
     let data = outcomes
         .into_iter()

@@ -219,7 +219,7 @@ async fn infer(
             )?)
         }
     };
-    let Received { body, arrived, deadline } = infer::receive(app, route, request).await?;
+    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let declared = Declared::of(route);
     let outputs = declared.outputs();
     let mut parsed =
@@ -245,7 +245,7 @@ async fn infer(
     let payloads = parsed.payloads();
     // The rows hold their own copies now: the body need not wait in memory with them.
     drop(body);
-    let outcomes = infer::run_items(app, route, payloads, arrived, deadline).await?;
+    let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "row")?;
     let results: Vec<&[u8]> = outcomes
         .iter()

@@ -1,0 +1,115 @@
+//! What a request's headers say about its jobs' [`Traffic`]: its priority class
+//! (`x-corral-priority`: `high`, `normal` or `low`; the route's `priority` when absent), its
+//! tenant (`x-corral-tenant`, or the header `--tenant-header` names), and each item's weight
+//! (`x-corral-weight`, a positive integer; values above [`MAX_WEIGHT`] count as it). Every
+//! protocol's requests carry them the same way. A value that does not parse is a 400 naming the
+//! header, like the deadline headers ([`super::deadline`]).
+//!
+//! The tenant's value is hashed at once ([`Tenant::of`]) and never logged: it may be an API key.
+
+use http::{HeaderMap, HeaderName};
+
+use super::error::ApiError;
+use crate::traffic::{Class, Tenant, Traffic, MAX_WEIGHT};
+
+/// Header that names a request's priority class.
+pub const PRIORITY_HEADER: &str = "x-corral-priority";
+/// Header that names a request's tenant, unless `--tenant-header` names another.
+pub const TENANT_HEADER: &str = "x-corral-tenant";
+/// Header that gives each of a request's items its weight.
+pub const WEIGHT_HEADER: &str = "x-corral-weight";
+
+/// The request's traffic, from its headers and its route's default class.
+pub fn requested(
+    headers: &HeaderMap,
+    default: Class,
+    tenant_header: &HeaderName,
+) -> Result<Traffic, ApiError> {
+    let class = match headers.get(PRIORITY_HEADER) {
+        None => default,
+        Some(value) => {
+            value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
+                ApiError::bad_request(format!("{PRIORITY_HEADER} must be high, normal or low"))
+            })?
+        }
+    };
+    // An empty value names nobody: the request is nobody's, as without the header.
+    let tenant = headers
+        .get(tenant_header)
+        .map(|value| value.as_bytes().trim_ascii())
+        .filter(|value| !value.is_empty())
+        .map(Tenant::of);
+    let weight = match headers.get(WEIGHT_HEADER) {
+        None => None,
+        Some(value) => Some(
+            value
+                .to_str()
+                .ok()
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .filter(|&w| w > 0)
+                .map(|w| w.min(u64::from(MAX_WEIGHT)) as u32)
+                .ok_or_else(|| {
+                    ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
+                })?,
+        ),
+    };
+    Ok(Traffic { class, tenant, weight })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs.iter().map(|(k, v)| (k.parse().unwrap(), v.parse().unwrap())).collect()
+    }
+
+    fn read(pairs: &[(&'static str, &'static str)]) -> Result<Traffic, ApiError> {
+        requested(&headers(pairs), Class::Normal, &HeaderName::from_static(TENANT_HEADER))
+    }
+
+    #[test]
+    fn headers_name_class_tenant_and_weight() {
+        let traffic =
+            read(&[(PRIORITY_HEADER, "High"), (TENANT_HEADER, "acme"), (WEIGHT_HEADER, "12")])
+                .unwrap();
+        assert_eq!(traffic.class, Class::High);
+        assert_eq!(traffic.tenant, Some(Tenant::of(b"acme")));
+        assert_eq!(traffic.weight, Some(12));
+    }
+
+    #[test]
+    fn without_headers_the_route_decides_and_nobody_is_named() {
+        let none = requested(&HeaderMap::new(), Class::Low, &HeaderName::from_static("x-api-key"));
+        assert_eq!(none.unwrap(), Traffic { class: Class::Low, tenant: None, weight: None });
+        assert_eq!(read(&[(TENANT_HEADER, " ")]).unwrap().tenant, None);
+    }
+
+    #[test]
+    fn the_tenant_header_is_configurable() {
+        let key = HeaderName::from_static("x-api-key");
+        let traffic = requested(&headers(&[("x-api-key", "k1")]), Class::Normal, &key).unwrap();
+        assert_eq!(traffic.tenant, Some(Tenant::of(b"k1")));
+    }
+
+    #[test]
+    fn heavy_weights_are_capped() {
+        assert_eq!(read(&[(WEIGHT_HEADER, "99999999999")]).unwrap().weight, Some(MAX_WEIGHT));
+    }
+
+    #[test]
+    fn bad_values_name_their_header() {
+        for (name, value) in [
+            (PRIORITY_HEADER, "urgent"),
+            (PRIORITY_HEADER, ""),
+            (WEIGHT_HEADER, "0"),
+            (WEIGHT_HEADER, "-3"),
+            (WEIGHT_HEADER, "1.5"),
+            (WEIGHT_HEADER, "heavy"),
+        ] {
+            let error = read(&[(name, value)]).unwrap_err();
+            assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
+            assert!(error.message.starts_with(name), "{}", error.message);
+        }
+    }
+}

@@ -1,0 +1,397 @@
+//! The queue's order — who goes first. Queued jobs wait in lanes: one per priority class, and
+//! within a class one per tenant. A request's jobs stay together as one queued request, so they
+//! are taken, promoted and evicted together.
+//!
+//! - **Classes**: the highest class with queued work is served first. A queued request is
+//!   promoted one class for every aging period (`--priority-aging-ms`) it has waited, so a low
+//!   job is never starved: after two periods it competes as high, behind only the high jobs
+//!   queued before it was promoted.
+//! - **Tenants**, within a class: the tenant with queued work that has been served the least
+//!   weight goes next (start-time fair queueing; deficit round robin with an infinitely small
+//!   quantum). Chosen over plain round robin because batches are bounded by weight: a tenant of
+//!   heavy items would otherwise take more of the worker than a tenant of light ones. A tenant
+//!   that returns after being idle starts level with the last tenant served, so idleness earns
+//!   no credit. Requests that name no tenant share one lane, a tenant like any other: a single
+//!   tenant alone (or none) still gets every slot of every batch.
+//! - **Eviction**: when a higher class needs room, the request of the lowest class with the
+//!   latest deadline leaves first — it had the most time to come back.
+//!
+//! Counts (jobs, bytes, weight; per class and per tenant) are kept as jobs come and go, so the
+//! admission checks read them in O(1). Picking the next tenant is O(log tenants); the scans
+//! (oldest job, promotion, eviction) are O(tenants with queued work), promotion at most once per
+//! due instant.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::job::Job;
+use crate::traffic::{Class, Tenant};
+
+/// A lane's tenant: None for requests that named none.
+type Key = Option<Tenant>;
+
+/// The queued jobs of one request, in order.
+#[derive(Debug)]
+struct Request {
+    jobs: VecDeque<Job>,
+    weight: u64,
+    /// Whether a batch took some of its jobs already.
+    started: bool,
+    /// When the request entered its class: its arrival, plus one aging period per promotion.
+    entered: Instant,
+}
+
+#[derive(Debug, Default)]
+struct TenantLane {
+    requests: VecDeque<Request>,
+    /// Weight dispatched from this lane so far: the least served tenant goes next.
+    served: u64,
+}
+
+impl TenantLane {
+    /// Places a promoted request among the lane's requests by the time it entered the class,
+    /// so that each lane stays ordered by it (what promotion reads off the front), but never
+    /// before a request a batch has started.
+    fn insert(&mut self, request: Request) {
+        let after = self.requests.iter().rposition(|r| r.entered <= request.entered);
+        let started = self.requests.front().is_some_and(|r| r.started);
+        let at = after.map_or(0, |i| i + 1).max(usize::from(started));
+        self.requests.insert(at, request);
+    }
+}
+
+#[derive(Debug, Default)]
+struct ClassLane {
+    /// Only tenants with queued work have a lane.
+    tenants: HashMap<Key, TenantLane>,
+    /// The tenants with queued work, by weight served: the first goes next.
+    turns: BTreeSet<(u64, Key)>,
+    /// The weight served of the tenant picked last, once served: where a tenant that (re)joins
+    /// starts when no other has work.
+    clock: u64,
+    jobs: usize,
+    bytes: usize,
+    weight: u64,
+}
+
+impl ClassLane {
+    /// The tenant's lane, made (and given its turn) if it had none: level with the least served
+    /// tenant that has work, so that being idle earns no credit and costs none.
+    fn lane(&mut self, key: Key) -> &mut TenantLane {
+        let clock = self.turns.first().map_or(self.clock, |&(served, _)| served);
+        let turns = &mut self.turns;
+        self.tenants.entry(key).or_insert_with(|| {
+            turns.insert((clock, key));
+            TenantLane { requests: VecDeque::new(), served: clock }
+        })
+    }
+
+    /// Drops the tenant's lane and turn if it holds nothing any more.
+    fn tidy(&mut self, key: Key) {
+        if let Some(lane) = self.tenants.get(&key).filter(|lane| lane.requests.is_empty()) {
+            self.turns.remove(&(lane.served, key));
+            self.tenants.remove(&key);
+        }
+    }
+}
+
+/// What a request being taken still holds: its jobs and weight, and whether any left already.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Front {
+    pub jobs: usize,
+    pub weight: u64,
+    pub started: bool,
+}
+
+#[derive(Debug, Default)]
+pub struct Lanes {
+    classes: [ClassLane; 3],
+    jobs: usize,
+    bytes: usize,
+    weight: u64,
+    per_tenant: HashMap<Tenant, usize>,
+    /// The lane whose front request a batch stopped part way through: it goes on first while
+    /// its class is the highest with work, so that a request's jobs stay close together.
+    current: Option<(Class, Key)>,
+    /// Earliest instant a queued request of a class below high is due for promotion.
+    next_promotion: Option<Instant>,
+}
+
+impl Lanes {
+    pub fn len(&self) -> usize {
+        self.jobs
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.jobs == 0
+    }
+
+    /// Payload bytes queued ([`Job::size`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
+    }
+
+    pub fn weight(&self) -> u64 {
+        self.weight
+    }
+
+    pub fn jobs_in(&self, class: Class) -> usize {
+        self.classes[class.index()].jobs
+    }
+
+    /// Jobs and bytes queued in classes below `class`: what eviction could free for it.
+    pub fn below(&self, class: Class) -> (usize, usize) {
+        self.classes[..class.index()].iter().fold((0, 0), |(j, b), c| (j + c.jobs, b + c.bytes))
+    }
+
+    /// Weight queued in `class` and above: the work that goes before a new job of `class`.
+    pub fn weight_from(&self, class: Class) -> u64 {
+        self.classes[class.index()..].iter().map(|c| c.weight).sum()
+    }
+
+    /// Jobs the tenant has queued.
+    pub fn of_tenant(&self, tenant: Tenant) -> usize {
+        self.per_tenant.get(&tenant).copied().unwrap_or(0)
+    }
+
+    fn count(&mut self, class: Class, job: &Job, sign: i8) {
+        let (size, weight) = (job.size(), u64::from(job.weight));
+        let lane = &mut self.classes[class.index()];
+        if sign > 0 {
+            (lane.jobs, lane.bytes, lane.weight) =
+                (lane.jobs + 1, lane.bytes + size, lane.weight + weight);
+            (self.jobs, self.bytes, self.weight) =
+                (self.jobs + 1, self.bytes + size, self.weight + weight);
+            if let Some(tenant) = job.tenant {
+                *self.per_tenant.entry(tenant).or_default() += 1;
+            }
+        } else {
+            (lane.jobs, lane.bytes, lane.weight) =
+                (lane.jobs - 1, lane.bytes - size, lane.weight - weight);
+            (self.jobs, self.bytes, self.weight) =
+                (self.jobs - 1, self.bytes - size, self.weight - weight);
+            if let Some(tenant) = job.tenant {
+                let left = self.per_tenant.get_mut(&tenant).expect("a queued tenant is counted");
+                *left -= 1;
+                if *left == 0 {
+                    self.per_tenant.remove(&tenant);
+                }
+            }
+        }
+    }
+
+    /// Queues one request's jobs (all of one class and tenant) behind its lane's requests.
+    pub fn push(&mut self, jobs: Vec<Job>) {
+        let Some(first) = jobs.first() else { return };
+        let (class, key, entered) = (first.class, first.tenant, first.arrived);
+        jobs.iter().for_each(|job| self.count(class, job, 1));
+        let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
+        let request = Request { jobs: jobs.into(), weight, started: false, entered };
+        self.classes[class.index()].lane(key).requests.push_back(request);
+        self.due(class, entered);
+    }
+
+    /// Puts a job back at the front of its lane (its worker died holding it): it goes first
+    /// among its tenant's work.
+    pub fn push_front(&mut self, job: Job) {
+        let (class, key, entered) = (job.class, job.tenant, job.arrived);
+        self.count(class, &job, 1);
+        let weight = u64::from(job.weight);
+        let request = Request { jobs: VecDeque::from([job]), weight, started: false, entered };
+        self.classes[class.index()].lane(key).requests.push_front(request);
+        self.due(class, entered);
+    }
+
+    fn due(&mut self, class: Class, entered: Instant) {
+        if class != Class::High {
+            self.next_promotion = Some(self.next_promotion.map_or(entered, |at| at.min(entered)));
+        }
+    }
+
+    /// The lane the next job comes from.
+    fn next(&self) -> Option<(Class, Key)> {
+        let class = Class::DISPATCH_ORDER.into_iter().find(|c| self.jobs_in(*c) > 0)?;
+        let lanes = &self.classes[class.index()];
+        if let Some((c, key)) = self.current {
+            if c == class && lanes.tenants.contains_key(&key) {
+                return Some((c, key));
+            }
+        }
+        lanes.turns.first().map(|&(_, key)| (class, key))
+    }
+
+    fn front_request(&self) -> Option<&Request> {
+        let (class, key) = self.next()?;
+        self.classes[class.index()].tenants.get(&key)?.requests.front()
+    }
+
+    /// The job that goes next.
+    pub fn front(&self) -> Option<&Job> {
+        self.front_request()?.jobs.front()
+    }
+
+    /// What the request of the job that goes next still holds.
+    pub fn front_request_left(&self) -> Option<Front> {
+        let request = self.front_request()?;
+        Some(Front { jobs: request.jobs.len(), weight: request.weight, started: request.started })
+    }
+
+    /// Takes the job that goes next. A dispatched job counts toward its tenant's turn; one taken
+    /// to be buried (expired, abandoned) does not.
+    pub fn pop(&mut self, dispatched: bool) -> Option<Job> {
+        let (class, key) = self.next()?;
+        let lanes = &mut self.classes[class.index()];
+        let lane = lanes.tenants.get_mut(&key).expect("next names a lane with work");
+        let request = lane.requests.front_mut().expect("a lane with work has a request");
+        let job = request.jobs.pop_front().expect("a queued request has a job");
+        request.weight -= u64::from(job.weight);
+        request.started = true;
+        self.current = if request.jobs.is_empty() {
+            lane.requests.pop_front();
+            None
+        } else {
+            Some((class, key))
+        };
+        if dispatched {
+            lanes.turns.remove(&(lane.served, key));
+            lane.served += u64::from(job.weight);
+            lanes.clock = lane.served;
+            lanes.turns.insert((lane.served, key));
+        }
+        lanes.tidy(key);
+        self.count(class, &job, -1);
+        Some(job)
+    }
+
+    /// Promotes every request that has waited an aging period in its class to the next class
+    /// up; a request overdue by several periods moves up several classes at once. Cheap when
+    /// nothing is due.
+    pub fn promote(&mut self, now: Instant, aging: Duration) {
+        if self.next_promotion.is_none_or(|at| at + aging > now) {
+            return;
+        }
+        let mut next: Option<Instant> = None;
+        // Low first: what it promotes to normal may be due again at once.
+        for class in [Class::Low, Class::Normal] {
+            let keys: Vec<Key> = self.classes[class.index()].tenants.keys().copied().collect();
+            for key in keys {
+                loop {
+                    let lanes = &mut self.classes[class.index()];
+                    let Some(lane) = lanes.tenants.get_mut(&key) else { break };
+                    let entered = lane.requests.front().expect("a lane has work").entered;
+                    if entered + aging > now {
+                        next = Some(next.map_or(entered, |at| at.min(entered)));
+                        break;
+                    }
+                    let mut request = lane.requests.pop_front().expect("checked above");
+                    lanes.tidy(key);
+                    if self.current == Some((class, key)) {
+                        self.current = None;
+                    }
+                    let up = class.promoted();
+                    for job in request.jobs.iter_mut() {
+                        self.count(class, job, -1);
+                        job.class = up;
+                        self.count(up, job, 1);
+                    }
+                    request.entered = entered + aging;
+                    if up != Class::High {
+                        next = Some(next.map_or(request.entered, |at| at.min(request.entered)));
+                    }
+                    self.classes[up.index()].lane(key).insert(request);
+                }
+            }
+        }
+        self.next_promotion = next;
+    }
+
+    /// Removes the least urgent request of a class below `class` — from the lowest class with
+    /// work, the one with the latest deadline — to make room for a job of `class`.
+    pub fn evict_below(&mut self, class: Class) -> Option<Vec<Job>> {
+        let victim = Class::DISPATCH_ORDER.into_iter().rev().filter(|c| *c < class).find_map(|c| {
+            let lanes = &self.classes[c.index()];
+            let latest = |lane: &TenantLane| {
+                lane.requests.back().and_then(|r| r.jobs.front()).map(|job| job.deadline)
+            };
+            lanes.tenants.iter().max_by_key(|(_, lane)| latest(lane)).map(|(key, _)| (c, *key))
+        });
+        let (class, key) = victim?;
+        let lanes = &mut self.classes[class.index()];
+        let request = lanes.tenants.get_mut(&key)?.requests.pop_back()?;
+        lanes.tidy(key);
+        if self.current == Some((class, key)) && !lanes.tenants.contains_key(&key) {
+            self.current = None;
+        }
+        request.jobs.iter().for_each(|job| self.count(class, job, -1));
+        Some(request.jobs.into())
+    }
+
+    /// The job that has waited longest (an O(tenants) scan over the lanes' fronts).
+    pub fn oldest(&self) -> Option<&Job> {
+        self.classes
+            .iter()
+            .flat_map(|lanes| lanes.tenants.values())
+            .filter_map(|lane| lane.requests.front()?.jobs.front())
+            .min_by_key(|job| job.arrived)
+    }
+
+    /// A deadline no earlier than the earliest of the next `max` jobs to go: the earliest among
+    /// the first `max` jobs of every lane, in the classes those jobs come from.
+    pub fn earliest_deadline(&self, max: usize) -> Option<Instant> {
+        let mut earliest: Option<Instant> = None;
+        let mut seen = 0;
+        for class in Class::DISPATCH_ORDER {
+            let lanes = &self.classes[class.index()];
+            for lane in lanes.tenants.values() {
+                let jobs = lane.requests.iter().flat_map(|r| r.jobs.iter()).take(max);
+                for job in jobs {
+                    earliest = Some(earliest.map_or(job.deadline, |e| e.min(job.deadline)));
+                }
+            }
+            seen += lanes.jobs;
+            if seen >= max {
+                break;
+            }
+        }
+        earliest
+    }
+
+    /// Removes and returns the jobs for which `dead` holds, wherever they wait.
+    pub fn remove_dead(&mut self, mut dead: impl FnMut(&Job) -> bool) -> Vec<Job> {
+        let mut gone = Vec::new();
+        for class in Class::DISPATCH_ORDER {
+            let keys: Vec<Key> = self.classes[class.index()].tenants.keys().copied().collect();
+            for key in keys {
+                let lanes = &mut self.classes[class.index()];
+                let lane = lanes.tenants.get_mut(&key).expect("listed above");
+                for request in lane.requests.iter_mut() {
+                    let (live, dead_jobs): (Vec<Job>, Vec<Job>) =
+                        std::mem::take(&mut request.jobs).into_iter().partition(|j| !dead(j));
+                    request.jobs = live.into();
+                    request.weight = request.jobs.iter().map(|j| u64::from(j.weight)).sum();
+                    gone.extend(dead_jobs.into_iter().map(|job| (class, job)));
+                }
+                lane.requests.retain(|request| !request.jobs.is_empty());
+                lanes.tidy(key);
+            }
+        }
+        gone.into_iter()
+            .map(|(class, job)| {
+                self.count(class, &job, -1);
+                job
+            })
+            .collect()
+    }
+
+    /// Empties the queue (the proxy is stopping).
+    pub fn take_all(&mut self) -> Vec<Job> {
+        let all = std::mem::take(self);
+        let requests = all.classes.into_iter().flat_map(|c| c.tenants.into_values());
+        requests.flat_map(|lane| lane.requests).flat_map(|request| request.jobs).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,214 @@
+//! The lanes' order on plain jobs: classes, tenants, requests kept whole, promotion, eviction.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_protocol::JobId;
+use tokio::sync::oneshot;
+use tokio::time::Instant;
+
+use super::*;
+use crate::job::Reply;
+
+/// A job named by its payload, of a class, tenant and weight, arrived at `at`.
+fn job(name: &str, class: Class, tenant: Option<&str>, weight: u32, at: Instant) -> Job {
+    let (mut job, _): (Job, oneshot::Receiver<Reply>) =
+        Job::new(JobId::new(), Bytes::copy_from_slice(name.as_bytes()), at, at + SECOND * 30);
+    job.class = class;
+    job.tenant = tenant.map(|t| Tenant::of(t.as_bytes()));
+    job.weight = weight;
+    job
+}
+
+const SECOND: Duration = Duration::from_secs(1);
+
+fn names(jobs: impl IntoIterator<Item = Job>) -> Vec<String> {
+    jobs.into_iter().map(|j| String::from_utf8(j.payload.to_vec()).unwrap()).collect()
+}
+
+fn drain(lanes: &mut Lanes) -> Vec<String> {
+    names(std::iter::from_fn(|| lanes.pop(true)))
+}
+
+fn one(lanes: &mut Lanes, name: &str, class: Class, tenant: Option<&str>, at: Instant) {
+    lanes.push(vec![job(name, class, tenant, 1, at)]);
+}
+
+#[test]
+fn higher_classes_go_first_and_each_class_in_arrival_order() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "low1", Class::Low, None, now);
+    one(&mut lanes, "normal1", Class::Normal, None, now);
+    one(&mut lanes, "high1", Class::High, None, now);
+    one(&mut lanes, "low2", Class::Low, None, now);
+    one(&mut lanes, "high2", Class::High, None, now);
+    assert_eq!(lanes.jobs_in(Class::Low), 2);
+    assert_eq!(lanes.weight_from(Class::Normal), 3);
+    assert_eq!(drain(&mut lanes), ["high1", "high2", "normal1", "low1", "low2"]);
+    assert!(lanes.is_empty());
+}
+
+#[test]
+fn tenants_take_turns_within_a_class() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..5 {
+        one(&mut lanes, &format!("a{i}"), Class::Normal, Some("a"), now);
+    }
+    one(&mut lanes, "b0", Class::Normal, Some("b"), now);
+    one(&mut lanes, "b1", Class::Normal, Some("b"), now);
+    one(&mut lanes, "none0", Class::Normal, None, now);
+    let order = drain(&mut lanes);
+    // Within the first three picks every tenant (and the nameless lane) has had a turn.
+    let first: Vec<&str> = order[..3].iter().map(|n| &n[..1]).collect();
+    assert!(first.contains(&"a") && first.contains(&"b") && first.contains(&"n"), "{order:?}");
+    assert_eq!(&order[5..], ["a2", "a3", "a4"]);
+}
+
+#[test]
+fn turns_are_fair_in_weight_not_in_jobs() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..4 {
+        lanes.push(vec![job(&format!("heavy{i}"), Class::Normal, Some("h"), 10, now)]);
+    }
+    for i in 0..20 {
+        lanes.push(vec![job(&format!("light{i}"), Class::Normal, Some("l"), 1, now)]);
+    }
+    let order = drain(&mut lanes);
+    // After the first heavy job (10), the light tenant catches up with ten of its own.
+    let heavy_at: Vec<usize> =
+        order.iter().enumerate().filter(|(_, n)| n.starts_with("heavy")).map(|(i, _)| i).collect();
+    assert!(heavy_at[1] >= 10, "{order:?}");
+}
+
+#[test]
+fn a_returning_tenant_gets_no_credit_for_its_idle_time() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..10 {
+        one(&mut lanes, &format!("a{i}"), Class::Normal, Some("a"), now);
+    }
+    for _ in 0..8 {
+        lanes.pop(true);
+    }
+    for i in 0..4 {
+        one(&mut lanes, &format!("b{i}"), Class::Normal, Some("b"), now);
+    }
+    // b starts level with a, not 8 jobs behind: they alternate.
+    let order = drain(&mut lanes);
+    let tenants: String = order.iter().map(|n| &n[..1]).collect();
+    assert!(tenants.starts_with("ab") || tenants.starts_with("ba"), "{order:?}");
+    assert!(tenants[..4].contains('a') && tenants[..4].contains('b'), "{order:?}");
+}
+
+#[test]
+fn a_requests_jobs_stay_together_across_tenants() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    let group = (0..3).map(|i| job(&format!("g{i}"), Class::Normal, Some("a"), 1, now)).collect();
+    lanes.push(group);
+    one(&mut lanes, "b0", Class::Normal, Some("b"), now);
+    let order = drain(&mut lanes);
+    let g = order.iter().position(|n| n == "g0").unwrap();
+    assert_eq!(&order[g..g + 3], ["g0", "g1", "g2"], "{order:?}");
+}
+
+#[test]
+fn waiting_promotes_one_class_per_period() {
+    let start = Instant::now();
+    let aging = SECOND;
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "old-low", Class::Low, None, start);
+    one(&mut lanes, "high", Class::High, None, start + SECOND);
+    lanes.promote(start + SECOND / 2, aging);
+    assert_eq!(lanes.jobs_in(Class::Low), 1);
+    lanes.promote(start + SECOND, aging);
+    assert_eq!((lanes.jobs_in(Class::Low), lanes.jobs_in(Class::Normal)), (0, 1));
+    lanes.promote(start + SECOND * 2, aging);
+    assert_eq!(lanes.jobs_in(Class::High), 2);
+    assert_eq!(lanes.front().unwrap().class, Class::High);
+    // Once high, it goes in the order it entered the class: after the high job queued before.
+    assert_eq!(drain(&mut lanes), ["high", "old-low"]);
+}
+
+#[test]
+fn a_long_overdue_job_climbs_several_classes_at_once() {
+    let start = Instant::now();
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "low", Class::Low, Some("t"), start);
+    one(&mut lanes, "normal", Class::Normal, Some("t"), start + SECOND * 10);
+    lanes.promote(start + SECOND * 10, SECOND);
+    assert_eq!(lanes.jobs_in(Class::High), 1);
+    assert_eq!(lanes.jobs_in(Class::Normal), 1);
+    assert_eq!(drain(&mut lanes), ["low", "normal"]);
+}
+
+#[test]
+fn eviction_takes_the_lowest_class_latest_deadline_first() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "normal", Class::Normal, None, now + SECOND * 9);
+    one(&mut lanes, "low-early", Class::Low, Some("a"), now);
+    one(&mut lanes, "low-late", Class::Low, Some("b"), now + SECOND * 5);
+    assert_eq!(lanes.below(Class::High), (3, lanes.bytes()));
+    assert_eq!(names(lanes.evict_below(Class::High).unwrap()), ["low-late"]);
+    assert_eq!(names(lanes.evict_below(Class::High).unwrap()), ["low-early"]);
+    assert_eq!(names(lanes.evict_below(Class::High).unwrap()), ["normal"]);
+    assert!(lanes.evict_below(Class::High).is_none());
+    one(&mut lanes, "low", Class::Low, None, now);
+    assert!(lanes.evict_below(Class::Low).is_none(), "nothing is below low");
+}
+
+#[test]
+fn a_whole_request_is_evicted_and_counts_follow() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    let group = (0..3).map(|i| job(&format!("g{i}"), Class::Low, Some("a"), 2, now)).collect();
+    lanes.push(group);
+    assert_eq!((lanes.len(), lanes.weight(), lanes.of_tenant(Tenant::of(b"a"))), (3, 6, 3));
+    assert_eq!(names(lanes.evict_below(Class::Normal).unwrap()), ["g0", "g1", "g2"]);
+    assert_eq!((lanes.len(), lanes.weight(), lanes.bytes()), (0, 0, 0));
+    assert_eq!(lanes.of_tenant(Tenant::of(b"a")), 0);
+}
+
+#[test]
+fn requeued_jobs_go_first_in_their_lane() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "queued", Class::Normal, None, now);
+    lanes.push_front(job("retried", Class::Normal, None, 1, now));
+    assert_eq!(drain(&mut lanes), ["retried", "queued"]);
+}
+
+#[test]
+fn dead_jobs_are_removed_wherever_they_wait() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for (name, class, tenant) in
+        [("a", Class::High, Some("x")), ("dead1", Class::Low, None), ("b", Class::Low, Some("y"))]
+    {
+        one(&mut lanes, name, class, tenant, now);
+    }
+    lanes.push(vec![
+        job("c", Class::Normal, None, 1, now),
+        job("dead2", Class::Normal, None, 4, now),
+    ]);
+    let gone = lanes.remove_dead(|job| job.payload.starts_with(b"dead"));
+    assert_eq!(names(gone), ["dead2", "dead1"]);
+    assert_eq!((lanes.len(), lanes.weight()), (3, 3));
+    assert_eq!(drain(&mut lanes), ["a", "c", "b"]);
+}
+
+#[test]
+fn the_oldest_job_and_the_earliest_deadline_look_across_lanes() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "new-high", Class::High, None, now + SECOND);
+    one(&mut lanes, "old-low", Class::Low, Some("t"), now);
+    assert_eq!(&lanes.oldest().unwrap().payload[..], b"old-low");
+    // One job to go: only the high one can be in it.
+    assert_eq!(lanes.earliest_deadline(1), Some(now + SECOND * 31));
+    assert_eq!(lanes.earliest_deadline(2), Some(now + SECOND * 30));
+}

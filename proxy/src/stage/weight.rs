@@ -1,0 +1,159 @@
+//! A worker's weight rule: how heavy each job is, read from its payload. A worker declares it
+//! in `hello` as a JSON Pointer (RFC 6901, e.g. `/text`); a job then weighs the length of what
+//! it finds there — a string's characters, an array's elements, a map's entries, bytes — and 1
+//! when the pointer leads nowhere or to anything else. Lengths are the proxy's business; what a
+//! length costs (tokens, pixels) is the worker's, and the cost model learns it per weight.
+//!
+//! The payload is walked, not decoded: values off the pointer's path are skipped in place, so a
+//! rule on a small field of a large payload costs a scan, not a copy.
+
+use serde::de::IgnoredAny;
+use serde::Deserialize;
+
+use crate::traffic::MAX_WEIGHT;
+
+/// A parsed JSON Pointer: its reference tokens, unescaped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WeightRule {
+    tokens: Vec<String>,
+}
+
+impl WeightRule {
+    /// Parses a JSON Pointer: empty (the whole payload) or `/`-separated tokens with `~1` for
+    /// `/` and `~0` for `~`.
+    pub fn parse(pointer: &str) -> Result<Self, String> {
+        if pointer.is_empty() {
+            return Ok(Self { tokens: vec![] });
+        }
+        let Some(rest) = pointer.strip_prefix('/') else {
+            return Err(format!("weight {pointer:?} is not a JSON Pointer: it must start with /"));
+        };
+        let tokens = rest.split('/').map(|token| token.replace("~1", "/").replace("~0", "~"));
+        Ok(Self { tokens: tokens.collect() })
+    }
+
+    /// The weight of a job whose payload (one msgpack value) is `payload`: between 1 and
+    /// [`MAX_WEIGHT`].
+    pub fn weigh(&self, payload: &[u8]) -> u32 {
+        let length = self.find(payload).and_then(length).unwrap_or(1);
+        length.clamp(1, MAX_WEIGHT as usize) as u32
+    }
+
+    /// The bytes of the value the pointer names, from its marker on.
+    fn find<'a>(&self, payload: &'a [u8]) -> Option<&'a [u8]> {
+        let mut rest = payload;
+        for token in &self.tokens {
+            let mut probe = rest;
+            if let Ok(len) = rmp::decode::read_map_len(&mut probe) {
+                rest = probe;
+                let mut found = false;
+                for _ in 0..len {
+                    let mut key = rest;
+                    let is_token = rmp::decode::read_str_len(&mut key)
+                        .is_ok_and(|n| key.get(..n as usize) == Some(token.as_bytes()));
+                    skip(&mut rest)?;
+                    if is_token {
+                        found = true;
+                        break;
+                    }
+                    skip(&mut rest)?;
+                }
+                if !found {
+                    return None;
+                }
+            } else if let Ok(len) = rmp::decode::read_array_len({
+                probe = rest;
+                &mut probe
+            }) {
+                rest = probe;
+                let index: u32 = token.parse().ok().filter(|&i| i < len)?;
+                for _ in 0..index {
+                    skip(&mut rest)?;
+                }
+            } else {
+                return None;
+            }
+        }
+        Some(rest)
+    }
+}
+
+/// Moves past one msgpack value.
+fn skip(rest: &mut &[u8]) -> Option<()> {
+    let mut de = rmp_serde::Deserializer::new(&mut *rest);
+    de.set_max_depth(crate::http::format::MAX_DEPTH);
+    IgnoredAny::deserialize(&mut de).ok().map(|_| ())
+}
+
+/// The length of the value at the start of `value`, if it has one.
+fn length(value: &[u8]) -> Option<usize> {
+    use rmp::Marker;
+    let mut rest = value;
+    let marker = rmp::decode::read_marker(&mut rest).ok()?;
+    let mut probe = value;
+    match marker {
+        Marker::FixStr(_) | Marker::Str8 | Marker::Str16 | Marker::Str32 => {
+            let n = rmp::decode::read_str_len(&mut probe).ok()? as usize;
+            let bytes = probe.get(..n)?;
+            Some(std::str::from_utf8(bytes).map_or(n, |text| text.chars().count()))
+        }
+        Marker::Bin8 | Marker::Bin16 | Marker::Bin32 => {
+            Some(rmp::decode::read_bin_len(&mut probe).ok()? as usize)
+        }
+        Marker::FixArray(_) | Marker::Array16 | Marker::Array32 => {
+            Some(rmp::decode::read_array_len(&mut probe).ok()? as usize)
+        }
+        Marker::FixMap(_) | Marker::Map16 | Marker::Map32 => {
+            Some(rmp::decode::read_map_len(&mut probe).ok()? as usize)
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mp(value: serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec(&value).unwrap()
+    }
+
+    fn weigh(pointer: &str, value: serde_json::Value) -> u32 {
+        WeightRule::parse(pointer).unwrap().weigh(&mp(value))
+    }
+
+    #[test]
+    fn lengths_of_what_the_pointer_finds() {
+        use serde_json::json;
+        assert_eq!(weigh("/text", json!({"id": 1, "text": "héllo"})), 5);
+        assert_eq!(weigh("/tokens", json!({"tokens": [1, 2, 3]})), 3);
+        assert_eq!(weigh("/a/1/b", json!({"a": [{}, {"b": "xyz"}]})), 3);
+        assert_eq!(weigh("", json!("whole")), 5);
+        assert_eq!(weigh("/m", json!({"m": {"x": 1, "y": 2}})), 2);
+        assert_eq!(weigh("/a~1b/~0", json!({"a/b": {"~": "four"}})), 4);
+    }
+
+    #[test]
+    fn anything_else_weighs_one() {
+        use serde_json::json;
+        assert_eq!(weigh("/text", json!({"other": "long text"})), 1);
+        assert_eq!(weigh("/text", json!({"text": 12345})), 1);
+        assert_eq!(weigh("/text", json!({"text": ""})), 1);
+        assert_eq!(weigh("/0", json!("not a container")), 1);
+        assert_eq!(weigh("/9", json!([1, 2])), 1);
+        assert_eq!(WeightRule::parse("/x").unwrap().weigh(b"\x81\xa1x"), 1); // truncated
+    }
+
+    #[test]
+    fn bytes_count_and_weights_are_capped() {
+        let payload = [&b"\xc4\x0a"[..], &[0u8; 10]].concat();
+        assert_eq!(WeightRule::parse("").unwrap().weigh(&payload), 10);
+        let huge = "x".repeat(MAX_WEIGHT as usize + 5);
+        assert_eq!(weigh("", serde_json::json!(huge)), MAX_WEIGHT);
+    }
+
+    #[test]
+    fn a_pointer_must_start_with_a_slash() {
+        assert!(WeightRule::parse("text").unwrap_err().contains("JSON Pointer"));
+    }
+}
