@@ -18,6 +18,7 @@ use super::{infer, openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
+use crate::traffic::Class;
 
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
@@ -119,6 +120,11 @@ fn prometheus_text(app: &App) -> Response<Body> {
     for stage in &app.stages {
         let label = [stage.name()];
         m.queue_depth.with_label_values(&label).set(stage.queued() as i64);
+        let by_class = stage.queued_by_class();
+        for (class, queued) in [Class::Low, Class::Normal, Class::High].into_iter().zip(by_class) {
+            let labels = [stage.name(), class.label()];
+            m.queue_depth_by_class.with_label_values(&labels).set(queued as i64);
+        }
         m.workers_connected.with_label_values(&label).set(stage.workers() as i64);
         m.workers_busy.with_label_values(&label).set(stage.busy_workers() as i64);
     }
