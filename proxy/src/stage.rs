@@ -618,6 +618,7 @@ impl Stage {
             weight += job.weight as usize;
             batch.push(job);
         }
+        queue.jobs.end_batch();
         if !batch.is_empty() {
             let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
             for job in &batch {
@@ -640,7 +641,8 @@ impl Stage {
 
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
     pub fn queued_by_class(&self) -> [usize; 3] {
-        let queue = self.lock();
+        let mut queue = self.lock();
+        queue.jobs.promote(Instant::now(), self.aging);
         [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }
 

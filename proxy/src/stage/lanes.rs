@@ -112,8 +112,9 @@ pub struct Lanes {
     bytes: usize,
     weight: u64,
     per_tenant: HashMap<Tenant, usize>,
-    /// The lane whose front request a batch stopped part way through: it goes on first while
-    /// its class is the highest with work, so that a request's jobs stay close together.
+    /// The lane whose front request the batch being taken has started: it goes on first while
+    /// its class is the highest with work, so that a request's jobs share a batch. Between
+    /// batches the turns decide again: a request of many jobs does not hold the next batch.
     current: Option<(Class, Key)>,
     /// Earliest instant a queued request of a class below high is due for promotion.
     next_promotion: Option<Instant>,
@@ -263,6 +264,11 @@ impl Lanes {
         lanes.tidy(key);
         self.count(class, &job, -1);
         Some(job)
+    }
+
+    /// A batch is complete: the next one starts by the tenants' turns.
+    pub fn end_batch(&mut self) {
+        self.current = None;
     }
 
     /// Promotes every request that has waited an aging period in its class to the next class

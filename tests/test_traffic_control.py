@@ -1,0 +1,311 @@
+"""Who goes first and how much fits, end to end: priority classes (overtaking, eviction answered
+`preempted` at once, promotion by waiting), tenants (fair turns, their share of the queue), and
+weight budgets (the client's `x-corral-weight`, the worker's declared rule).
+
+Every test builds its queue deterministically: the `gated` worker holds a first batch (an item
+`{"hold": true}`) until the test opens the gate, so the jobs sent meanwhile queue up; the test
+waits on the proxy's own queue gauges before it opens the gate, and then reads the order the
+worker ran things in from its log. No sleeps, no timing assertions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import pytest
+
+from conftest import ROOT, Corral
+from corral import _protocol as protocol
+
+GATED = str(ROOT / "tests" / "workers" / "gated.py")
+
+
+class Gated:
+    """A proxy with one gated worker, and helpers to fill its queue."""
+
+    def __init__(self, tmp_path: Path, *args: str, env: dict[str, str] | None = None):
+        self.gate = tmp_path / "gate"
+        self.log = tmp_path / "batches.jsonl"
+        env = {"GATED_GATE": str(self.gate), "GATED_LOG": str(self.log), **(env or {})}
+        self.proxy = Corral(tmp_path, *args, worker=GATED, env=env)
+        self.pool = ThreadPoolExecutor(64)
+        self.held = self.send({"id": "hold", "hold": True})
+        self.proxy.wait_until(
+            lambda: self.proxy.metric("corral_workers_busy", stage="default") == 1,
+            what="the worker holding the first batch",
+        )
+
+    def send(self, item: dict, headers: dict[str, str] | None = None, path: str = "/infer"):
+        """Posts one item from another thread; returns its future response."""
+        return self.pool.submit(self.proxy.client.post, path, json=item, headers=headers or {})
+
+    def queued(self, cls: str) -> float:
+        return self.proxy.metric("corral_queue_depth_by_class", stage="default", **{"class": cls})
+
+    def wait_queued(self, cls: str, count: int) -> None:
+        self.proxy.wait_until(lambda: self.queued(cls) >= count, what=f"{count} {cls} jobs queued")
+
+    def open(self) -> None:
+        self.gate.touch()
+
+    def batches(self) -> list[list[str]]:
+        """The ids of each batch the worker ran, in order (the held one first)."""
+        return [json.loads(line) for line in self.log.read_text().splitlines()]
+
+    def order(self) -> list[str]:
+        return [id_ for batch in self.batches() for id_ in batch]
+
+    def stop(self) -> None:
+        self.open()
+        self.pool.shutdown(wait=True)
+        self.proxy.stop()
+
+
+@pytest.fixture
+def gated(tmp_path):
+    started: list[Gated] = []
+
+    def start(*args: str, **kwargs) -> Gated:
+        proxy = Gated(tmp_path / f"proxy{len(started)}", *args, **kwargs)
+        started.append(proxy)
+        return proxy
+
+    for i in range(3):
+        (tmp_path / f"proxy{i}").mkdir()
+    yield start
+    for proxy in started:
+        proxy.stop()
+
+
+def priority(cls: str) -> dict[str, str]:
+    return {"x-corral-priority": cls}
+
+
+def test_high_jobs_overtake_a_queue_of_low_ones(gated):
+    proxy = gated("--max-batch-size=2", "--max-wait-ms=0")
+    lows = [proxy.send({"id": f"low{i}"}, priority("low")) for i in range(6)]
+    proxy.wait_queued("low", 6)
+    highs = [proxy.send({"id": f"high{i}"}, priority("high")) for i in range(2)]
+    proxy.wait_queued("high", 2)
+    proxy.open()
+    assert all(f.result().status_code == 200 for f in lows + highs + [proxy.held])
+    batches = proxy.batches()
+    assert batches[0] == ["hold"]
+    assert sorted(batches[1]) == ["high0", "high1"], batches
+    assert all(id_.startswith("low") for batch in batches[2:] for id_ in batch)
+
+
+def test_eviction_answers_preempted_at_once_and_admits_the_high_job(gated):
+    proxy = gated("--queue-capacity=4", "--max-batch-size=8", "--timeout-ms=60000")
+    # Four low jobs fill the queue, each with a later deadline than the one before.
+    lows = []
+    for i in range(4):
+        timeout = {"x-corral-timeout-ms": str(20_000 + i * 1000)}
+        lows.append(proxy.send({"id": f"low{i}"}, {**priority("low"), **timeout}))
+        proxy.wait_queued("low", i + 1)
+    full = proxy.send({"id": "low4"}, priority("low")).result()
+    assert full.status_code == 503, "a low job evicts nothing"
+    assert full.json()["error"] == "queue_full"
+    high = proxy.send({"id": "high"}, priority("high"))
+    # The low job with the latest deadline is answered while the worker is still held.
+    evicted = lows[3].result(timeout=30)
+    assert evicted.status_code == 503
+    assert evicted.json()["error"] == "preempted"
+    assert int(evicted.headers["retry-after"]) >= 1
+    assert not proxy.gate.exists()
+    proxy.wait_queued("high", 1)
+    assert proxy.proxy.metric("corral_jobs_evicted_total", stage="default", **{"class": "low"}) == 1
+    proxy.open()
+    assert high.result().status_code == 200
+    assert [f.result().status_code for f in lows[:3]] == [200, 200, 200]
+    assert proxy.order()[:2] == ["hold", "high"]
+    assert "low3" not in proxy.order(), "an evicted job never reaches a worker"
+
+
+def test_a_waiting_low_job_is_promoted_and_not_starved(gated):
+    # Aging 150 ms: a low job competes as normal after 150 ms and as high after 300 ms.
+    proxy = gated("--max-batch-size=1", "--max-wait-ms=0", "--priority-aging-ms=150")
+    low = proxy.send({"id": "low"}, priority("low"))
+    proxy.wait_queued("low", 1)
+    early = proxy.send({"id": "high-before"}, priority("high"))
+    # The proxy promotes as time passes: wait for it to show the low job as high.
+    proxy.wait_queued("high", 2)
+    assert proxy.queued("low") == 0
+    late = [proxy.send({"id": f"high-after{i}"}, priority("high")) for i in range(3)]
+    proxy.wait_queued("high", 5)
+    proxy.open()
+    assert all(f.result().status_code == 200 for f in [low, early, *late])
+    # Once promoted, it goes before every high job that arrived after its promotion.
+    assert proxy.order()[:3] == ["hold", "high-before", "low"], proxy.order()
+
+
+def test_a_flooding_tenant_does_not_starve_a_quiet_one(gated):
+    proxy = gated("--max-batch-size=8", "--max-wait-ms=0", "--queue-capacity=1024")
+
+    async def burst():
+        limits = httpx.Limits(max_connections=256)
+        async with httpx.AsyncClient(base_url=proxy.proxy.url, timeout=60, limits=limits) as client:
+
+            async def one(tenant: str, i: int):
+                headers = {"x-corral-tenant": tenant}
+                return await client.post("/infer", json={"id": f"{tenant}{i}"}, headers=headers)
+
+            flood = [asyncio.create_task(one("flood", i)) for i in range(200)]
+            while proxy.queued("normal") < 200:
+                await asyncio.sleep(0.01)  # polling the proxy's gauge, not waiting out time
+            quiet = [asyncio.create_task(one("quiet", i)) for i in range(4)]
+            while proxy.queued("normal") < 204:
+                await asyncio.sleep(0.01)
+            proxy.open()
+            return await asyncio.gather(*flood, *quiet)
+
+    answers = asyncio.run(burst())
+    assert all(a.status_code == 200 for a in answers)
+    batches = proxy.batches()[1:]
+    first_two = [id_ for batch in batches[:2] for id_ in batch]
+    assert {f"quiet{i}" for i in range(4)} <= set(first_two), batches[:3]
+    # A tenant alone still fills whole batches: the flood's later batches are full.
+    assert all(len(batch) == 8 for batch in batches[2:-1]), [len(b) for b in batches]
+
+
+def test_a_tenant_over_its_share_of_the_queue_is_shed(gated):
+    proxy = gated("--queue-capacity=8", "--tenant-queue-share=0.25", "--tenant-header=x-api-key")
+    mine = [proxy.send({"id": f"a{i}"}, {"x-api-key": "key-a"}) for i in range(2)]
+    proxy.wait_queued("normal", 2)
+    over = proxy.send({"id": "a2"}, {"x-api-key": "key-a"}).result()
+    assert over.status_code == 503
+    assert over.json()["error"] == "tenant_quota"
+    assert int(over.headers["retry-after"]) >= 1
+    other = proxy.send({"id": "b0"}, {"x-api-key": "key-b"})
+    proxy.wait_queued("normal", 3)
+    shed = proxy.proxy.metric(
+        "corral_jobs_shed_total", reason="tenant_quota", **{"class": "normal"}
+    )
+    assert shed == 1
+    # The tenant's value is never a label nor logged.
+    assert "key-a" not in proxy.proxy.client.get("/metrics").text
+    proxy.open()
+    assert [f.result().status_code for f in [*mine, other]] == [200, 200, 200]
+    assert not any("key-a" in line for line in proxy.proxy.lines)
+
+
+def weight_sums(batches: list[list[str]], weights: dict[str, int]) -> list[int]:
+    return [sum(weights[id_] for id_ in batch) for batch in batches]
+
+
+def test_every_batch_keeps_to_the_weight_budget(gated):
+    proxy = gated("--max-batch-size=32", "--max-batch-weight=10", "--max-wait-ms=0")
+    weights = {f"w{i}": w for i, w in enumerate([3, 4, 5, 2, 15, 1, 6, 4, 9, 1, 1, 8])}
+    futures = []
+    for id_, weight in weights.items():
+        futures.append(proxy.send({"id": id_}, {"x-corral-weight": str(weight)}))
+        proxy.wait_queued("normal", len(futures))
+    proxy.open()
+    assert all(f.result().status_code == 200 for f in futures)
+    batches = proxy.batches()[1:]
+    for batch, total in zip(batches, weight_sums(batches, weights)):
+        assert total <= 10 or batch == ["w4"], (batch, total)
+    assert ["w4"] in batches, "the item heavier than the budget went alone"
+    assert sorted(id_ for b in batches for id_ in b) == sorted(weights)
+
+
+def test_the_workers_weight_rule_weighs_items(gated):
+    proxy = gated(
+        "--max-batch-size=32", "--max-batch-weight=10", "--max-wait-ms=0",
+        env={"GATED_WEIGHT_RULE": "/text"},
+    )  # fmt: skip
+    texts = {f"t{i}": "x" * n for i, n in enumerate([4, 4, 4, 7, 3, 12, 1])}
+    futures = []
+    for id_, text in texts.items():
+        futures.append(proxy.send({"id": id_, "text": text}))
+        proxy.wait_queued("normal", len(futures))
+    proxy.open()
+    assert all(f.result().status_code == 200 for f in futures)
+    batches = proxy.batches()[1:]
+    lengths = {id_: len(text) for id_, text in texts.items()}
+    for batch, total in zip(batches, weight_sums(batches, lengths)):
+        assert total <= 10 or batch == ["t5"], (batch, total)
+    assert len(batches) >= 4, "lengths, not counts, bounded the batches"
+
+
+@pytest.mark.parametrize(
+    "header, value",
+    [
+        ("x-corral-priority", "urgent"),
+        ("x-corral-priority", ""),
+        ("x-corral-weight", "0"),
+        ("x-corral-weight", "-2"),
+        ("x-corral-weight", "heavy"),
+    ],
+)
+def test_a_bad_traffic_header_is_a_400_naming_it(corral_factory, header, value):
+    proxy = corral_factory()
+    answer = proxy.post({"x": 1}, headers={header: value})
+    assert answer.status_code == 400
+    assert answer.json()["message"].startswith(header)
+    # The same holds on the protocols' paths.
+    v1 = proxy.client.post(
+        "/v1/models/default:predict", json={"instances": [1]}, headers={header: value}
+    )
+    assert v1.status_code == 400 and header in v1.json()["error"]
+
+
+def test_a_routes_default_priority_applies_without_the_header(tmp_path):
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        f"""
+        [stages.default]
+        command = ["{sys.executable}", "{GATED}"]
+        [routes.interactive]
+        path = "/infer"
+        pipeline = "default"
+        [routes.scoring]
+        path = "/score"
+        pipeline = "default"
+        priority = "low"
+        """
+    )
+    gate, log = tmp_path / "gate", tmp_path / "log"
+    env = {"GATED_GATE": str(gate), "GATED_LOG": str(log)}
+    proxy = Corral(tmp_path, "--config", str(config), "--max-batch-size=1", worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected")
+        pool = ThreadPoolExecutor(8)
+        held = pool.submit(proxy.client.post, "/infer", json={"id": "hold", "hold": True})
+        proxy.wait_until(lambda: proxy.metric("corral_workers_busy", stage="default") == 1)
+        scored = pool.submit(proxy.client.post, "/score", json={"id": "scored"})
+
+        def depth(cls):
+            return proxy.metric("corral_queue_depth_by_class", stage="default", **{"class": cls})
+
+        proxy.wait_until(lambda: depth("low") == 1, what="the scoring job queued as low")
+        asked = pool.submit(
+            proxy.client.post, "/score", json={"id": "asked"}, headers=priority("high")
+        )
+        proxy.wait_until(lambda: depth("high") == 1, what="the header overriding the route")
+        plain = pool.submit(proxy.client.post, "/infer", json={"id": "plain"})
+        proxy.wait_until(lambda: depth("normal") == 1)
+        gate.touch()
+        assert all(f.result().status_code == 200 for f in [held, scored, asked, plain])
+        order = [json.loads(line)[0] for line in log.read_text().splitlines()]
+        assert order == ["hold", "asked", "plain", "scored"]
+        pool.shutdown()
+    finally:
+        proxy.stop()
+
+
+def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
+    proxy = corral_factory(worker=None)
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.connect(str(proxy.socket))
+    hello = {**protocol.hello("default", 4242, "bad-rule"), "weight": "text"}
+    sock.sendall(protocol.encode_frame(hello))
+    reply = protocol.read_frame(sock.makefile("rb"))
+    assert reply["type"] == "reject"
+    assert "JSON Pointer" in reply["message"]
+    sock.close()
