@@ -75,7 +75,12 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert {"$ref": "#/components/schemas/Vector"} in body["anyOf"]
     assert set(infer["responses"]) >= {"200", "400", "408", "413", "422", "500", "503"}
-    assert {p["name"] for p in infer["parameters"]} == {"x-corral-timeout-ms", "x-corral-items"}
+    assert {p["name"] for p in infer["parameters"]} == {
+        "x-corral-timeout-ms",
+        "x-corral-items",
+        "x-corral-priority",
+        "x-corral-weight",
+    }
     assert set(document["paths"]) == {
         "/infer",
         "/healthz",

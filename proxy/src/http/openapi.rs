@@ -8,6 +8,7 @@ use serde_json::{json, Map, Value};
 
 use super::infer::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
+use super::traffic;
 use super::{App, Route};
 
 /// Every error status a route (`/infer`) can answer, with what it means.
@@ -36,7 +37,11 @@ const INFER_ERRORS: &[(&str, &str)] = &[
          one well-formed msgpack value (`bad_output`) or has no JSON form \
          (`unrepresentable_output`).",
     ),
-    ("503", "Shed: `queue_full`, `deadline_unreachable` or `shutting_down`; see Retry-After."),
+    (
+        "503",
+        "Shed: `queue_full`, `deadline_unreachable`, `tenant_quota`, `preempted` (evicted for a \
+         higher priority class) or `shutting_down`; see Retry-After.",
+    ),
 ];
 
 pub fn document(app: &App) -> Value {
@@ -161,6 +166,8 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
                 "description": "`many`: the body is an array, one job per element.",
                 "schema": {"type": "string", "enum": ["one", "many"]},
             },
+            priority_header(),
+            weight_header(),
         ],
         "requestBody": {
             "required": true,
@@ -172,6 +179,29 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
         "responses": responses,
     });
     (operation, components)
+}
+
+/// `x-corral-priority`, as every job-taking path reads it.
+pub fn priority_header() -> Value {
+    json!({
+        "name": traffic::PRIORITY_HEADER,
+        "in": "header",
+        "required": false,
+        "description": "Priority class: higher classes go first and may evict queued lower ones \
+            (default: the route's, normally `normal`).",
+        "schema": {"type": "string", "enum": ["high", "normal", "low"]},
+    })
+}
+
+/// `x-corral-weight`, as every job-taking path reads it.
+pub fn weight_header() -> Value {
+    json!({
+        "name": traffic::WEIGHT_HEADER,
+        "in": "header",
+        "required": false,
+        "description": "Each item's weight toward the batch weight budget (capped at 1000000).",
+        "schema": {"type": "integer", "minimum": 1},
+    })
 }
 
 /// The route's name, unless one of Corral's own operations has it.

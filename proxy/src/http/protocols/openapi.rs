@@ -3,6 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::super::openapi::{priority_header, weight_header};
 use super::super::{App, Protocol};
 use super::openai::EMBEDDINGS_PATH;
 
@@ -29,7 +30,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
         json!({"post": {
             "operationId": "kserve_v1_predict",
             "summary": "KServe v1: one job per instance, answered in order.",
-            "parameters": [name, timeout_header()],
+            "parameters": [name, timeout_header(), priority_header(), weight_header()],
             "requestBody": {"required": true, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["instances"],
                 "properties": {"instances": {"type": "array", "minItems": 1}},
@@ -147,7 +148,7 @@ fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         json!({"post": {
             "operationId": "v2_infer",
             "summary": "Open Inference Protocol v2: one job per row of the first dimension.",
-            "parameters": [name, timeout_header(), header_length],
+            "parameters": [name, timeout_header(), priority_header(), weight_header(), header_length],
             "requestBody": {"required": true, "content": {
                 "application/json": {"schema": request},
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
@@ -204,7 +205,7 @@ fn embeddings() -> Value {
     json!({"post": {
         "operationId": "openai_embeddings",
         "summary": "OpenAI embeddings: one job per input string.",
-        "parameters": [timeout_header()],
+        "parameters": [timeout_header(), priority_header(), weight_header()],
         "requestBody": {"required": true, "content": {"application/json": {"schema": request}}},
         "responses": responses,
     }})
