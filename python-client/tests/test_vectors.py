@@ -63,6 +63,7 @@ EXPECTED = {
         ],
         outputs=[{"name": "OUTPUT0", "datatype": "INT64", "shape": [2, 2]}],
     ),
+    "hello_weight": protocol.hello("default", 4245, "Embedder", weight="/text"),
     "batch_raw": protocol.batch(
         [protocol.job(job_id(1), 1000, b"\xc6\x00\x00\x00\x04\x89PNG", content_type="image/png")]
     ),

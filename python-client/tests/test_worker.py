@@ -6,6 +6,8 @@ import struct
 import threading
 import time
 
+import pytest
+
 import corral
 from corral import _protocol as protocol
 from corral.testing import FakeProxy, Result
@@ -229,3 +231,20 @@ def test_a_failing_warm_up_keeps_the_worker_from_serving(tmp_path, monkeypatch):
     except SystemExit as e:
         assert "model weights missing" in str(e)
     assert connected == []
+
+
+def test_a_weight_rule_goes_in_the_hello_and_a_bad_one_fails_at_definition():
+    class Weighed(corral.Worker):
+        weight = "/text"
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Weighed()) as proxy:
+        assert proxy.hello["weight"] == "/text"
+    with FakeProxy(Echo()) as proxy:
+        assert "weight" not in proxy.hello
+    with pytest.raises(TypeError, match="JSON Pointer"):
+
+        class Bad(corral.Worker):
+            weight = "text"

@@ -79,6 +79,22 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
             }),
         ),
         (
+            "hello_weight",
+            WorkerMessage::Hello(Hello {
+                version: 1,
+                stage: "default".into(),
+                pid: 4245,
+                name: "Embedder".into(),
+                input_schema: None,
+                output_schema: None,
+                schema_components: None,
+                features: vec![],
+                inputs: vec![],
+                outputs: vec![],
+                weight: Some("/text".into()),
+            }),
+        ),
+        (
             "results_raw",
             WorkerMessage::Results(Results {
                 results: vec![JobResult {

@@ -52,12 +52,14 @@ def hello(
     features: list[str] | None = None,
     inputs: list[dict[str, Any]] | None = None,
     outputs: list[dict[str, Any]] | None = None,
+    weight: str | None = None,
 ) -> dict[str, Any]:
     """The worker's first message. ``schemas`` (the optional ``input_schema``,
     ``output_schema`` and ``schema_components`` keys), ``features`` (``"stream"``,
-    ``"cancel"``, ``"join"``) and the tensor declarations ``inputs`` and ``outputs`` (each
-    ``{"name", "datatype", "shape"}``) are left out when empty, so a plain worker's hello is the
-    v1 bytes."""
+    ``"cancel"``, ``"join"``), the tensor declarations ``inputs`` and ``outputs`` (each
+    ``{"name", "datatype", "shape"}``) and the ``weight`` rule (a JSON Pointer) are left out
+    when empty (``weight`` when ``None``: ``""`` names the whole payload), so a plain worker's
+    hello is the v1 bytes."""
     message: dict[str, Any] = {
         "type": "hello",
         "version": PROTOCOL_VERSION,
@@ -72,6 +74,8 @@ def hello(
         message["inputs"] = list(inputs)
     if outputs:
         message["outputs"] = list(outputs)
+    if weight is not None:
+        message["weight"] = weight
     return message
 
 

@@ -113,11 +113,25 @@ class Worker:
     """Optional: the tensors each response holds. Return a dict from output name to that row
     (a numpy array, nested lists or a scalar), converted to the declared datatype."""
 
+    weight: ClassVar[str | None] = None
+    """Optional: how heavy each request is, for a proxy run with ``--max-batch-weight``: a JSON
+    Pointer into the request (e.g. ``"/text"``); the request weighs the length of the string
+    (in characters), list, dict or bytes found there, else 1. A client's ``x-corral-weight``
+    header overrides it. The proxy bounds each batch's total weight and learns the batch cost per
+    unit of weight; what a unit costs (tokens, pixels) is this worker's business."""
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A bad declaration fails where the class is defined, not at the first hello.
         _tensors.declared(cls, "inputs")
         _tensors.declared(cls, "outputs")
+        if cls.weight is not None and (
+            not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
+        ):
+            raise TypeError(
+                f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
+                f"is empty or starts with /), not {cls.weight!r}"
+            )
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -234,6 +248,7 @@ class Worker:
             features=_streaming.features(type(self)),
             inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
+            weight=type(self).weight,
         )
         _serve.serve(sock, hello, self._corral_answer)
 
