@@ -19,6 +19,7 @@ pub mod policy;
 pub mod returns;
 pub mod weight;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -70,6 +71,8 @@ pub struct Stage {
     /// The declarations of the latest worker that made any (read per v2 request: shared, not
     /// copied).
     schemas: Mutex<Option<Arc<Schemas>>>,
+    /// Whether those declarations hold a weight rule: jobs are weighed without a lock otherwise.
+    weighs: AtomicBool,
     settings: BatchSettings,
     capacity: usize,
     /// Payload bytes the queue holds; an empty queue takes any one request.
@@ -215,6 +218,7 @@ impl Stage {
         Self {
             name: name.into(),
             schemas: Mutex::default(),
+            weighs: AtomicBool::new(false),
             settings,
             capacity,
             capacity_bytes: usize::MAX,
@@ -379,7 +383,11 @@ impl Stage {
         if jobs.iter().all(|job| job.weight > 0) {
             return;
         }
-        let rule = self.schemas().and_then(|schemas| schemas.weight.clone());
+        let rule = if self.weighs.load(Ordering::Relaxed) {
+            self.schemas().and_then(|schemas| schemas.weight.clone())
+        } else {
+            None
+        };
         for job in jobs.iter_mut().filter(|job| job.weight == 0) {
             job.weight = rule.as_ref().map_or(1, |rule| rule.weigh(&job.payload));
         }
@@ -444,6 +452,7 @@ impl Stage {
     /// Records what a worker declared (the latest declaration wins: workers of one stage are
     /// copies of one program).
     pub fn declare(&self, schemas: Schemas) {
+        self.weighs.store(schemas.weight.is_some(), Ordering::Relaxed);
         *self.schemas.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(schemas));
     }
 

@@ -88,11 +88,15 @@ impl ClassLane {
         })
     }
 
-    /// Drops the tenant's lane and turn if it holds nothing any more.
+    /// Drops the tenant's lane and turn if it holds nothing any more. The map gives memory back
+    /// after a crowd of tenants has gone: the scans over lanes cost its capacity, not its length.
     fn tidy(&mut self, key: Key) {
         if let Some(lane) = self.tenants.get(&key).filter(|lane| lane.requests.is_empty()) {
             self.turns.remove(&(lane.served, key));
             self.tenants.remove(&key);
+            if self.tenants.capacity() > 64 && self.tenants.len() * 4 < self.tenants.capacity() {
+                self.tenants.shrink_to(self.tenants.len() * 2);
+            }
         }
     }
 }
@@ -255,7 +259,9 @@ impl Lanes {
         } else {
             Some((class, key))
         };
-        if dispatched {
+        // A tenant alone in its class has nobody to take turns with: its count stands still
+        // (whoever joins starts level with it), which spares the turn set a remove and insert.
+        if dispatched && lanes.turns.len() > 1 {
             lanes.turns.remove(&(lane.served, key));
             lane.served += u64::from(job.weight);
             lanes.clock = lane.served;
