@@ -601,10 +601,7 @@ impl Stage {
         let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
         let (mut bytes, mut weight) = (0, 0);
         while batch.len() < max {
-            let (Some(next), Some(request)) = (queue.jobs.front(), queue.jobs.front_request_left())
-            else {
-                break;
-            };
+            let Some((next, request)) = queue.jobs.peek() else { break };
             let dead = next.is_abandoned() || next.is_expired(now);
             if !batch.is_empty() && !dead {
                 let fits = bytes + next.size() <= self.settings.max_batch_bytes
