@@ -9,6 +9,13 @@ use tracing_subscriber::EnvFilter;
 
 use corral::config::{topology, Config, LogFormat};
 
+/// jemalloc, not glibc's malloc: the proxy allocates on one thread and frees on another all the
+/// time (bodies read by connections and freed after the worker answers; spans ended on the
+/// request path and freed by the export thread), which glibc's per-thread arenas handle by
+/// consolidating and trimming on the request path (docs/ARCHITECTURE.md, "Dependencies").
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     let matches = Config::command().get_matches();
