@@ -10,20 +10,20 @@ order alternating, and the medians are reported. Output: a markdown report (BENC
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import re
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import workloads  # bench/ is on sys.path: this file runs as a script
@@ -270,9 +270,13 @@ def table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+COLLECTOR = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
 class Collector(BaseHTTPRequestHandler):
-    """A local OTLP/HTTP endpoint for `corral-traced`: takes each export, reads it whole and
-    answers 200 (decoding is the collector's cost, not the proxy's)."""
+    protocol_version = "HTTP/1.1"
 
     def do_POST(self):
         self.rfile.read(int(self.headers.get("content-length", 0)))
@@ -284,11 +288,23 @@ class Collector(BaseHTTPRequestHandler):
         pass
 
 
-def collector() -> str:
-    """Starts the local collector in a thread; its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Collector)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return f"http://127.0.0.1:{server.server_address[1]}"
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Collector).serve_forever()
+"""
+
+
+def collector(port: int = 18199) -> str:
+    """Starts a local OTLP/HTTP endpoint for `corral-traced` in a process of its own (its CPU is
+    not the proxy's): it reads each export whole and answers 200, keeping the connection."""
+    proc = subprocess.Popen([sys.executable, "-c", COLLECTOR, str(port)])
+    atexit.register(proc.terminate)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:  # no readiness event: a listening socket is the signal
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    return f"http://127.0.0.1:{port}"
 
 
 def tracing_cost(rows: list[Row]) -> str:
