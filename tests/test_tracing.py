@@ -122,3 +122,32 @@ def test_a_dead_collector_drops_spans_and_counts_them_without_slowing_requests(c
     proxy.wait_until(
         lambda: proxy.metric("corral_spans_dropped_total") > 0, what="dropped spans counted"
     )
+
+
+def test_a_streaming_workers_forward_span_spans_its_stream(corral_factory, receiver):
+    env = {"OTEL_SERVICE_NAME": "proxy", "TRACED_ENDPOINT": f"{receiver.url}/v1/traces"}
+    worker = str(ROOT / "tests" / "workers" / "traced_stream.py")
+    proxy = corral_factory("--otlp-endpoint", receiver.url, worker=worker, env=env)
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    headers = {"traceparent": traceparent, "accept": "application/x-ndjson"}
+    answer = proxy.post({"text": "abc"}, headers=headers)
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(
+        lambda spans: (
+            sum(s.name == "user step" for s in spans) == 3
+            and any(s.name == "forward" for s in spans)
+            and len(requests_of(spans)) == 1
+            and any(s.name == "batch default" for s in spans)
+        )
+    )
+    (request,) = requests_of(spans)
+    (forward,) = [s for s in spans if s.name == "forward"]
+    assert forward.trace_id == CLIENT_TRACE
+    assert forward.parent_span_id == request.span_id
+    steps = [s for s in spans if s.name == "user step"]
+    assert all(s.parent_span_id == forward.span_id for s in steps)
+    # The proxy's side of a stream: admission under the request, a batch linked to it.
+    admission = [s for s in spans if s.name == "admission"]
+    assert [s.parent_span_id for s in admission] == [request.span_id]
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    assert (CLIENT_TRACE, request.span_id) in batch.links

@@ -29,8 +29,8 @@ use crate::job::{Job, Outcome, Reply};
 use crate::metrics::metrics;
 use crate::pipeline::Input;
 use crate::stream::{self as chunks, ChunkSource};
-use crate::timing;
 use crate::traffic::Traffic;
+use crate::{timing, trace};
 
 /// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
 /// pipeline's last stage streams.
@@ -63,10 +63,18 @@ pub async fn answer(
     job.content_type = input.content_type;
     job.stream = Some(sink);
     traffic.mark(&mut job);
+    let traced = timing::trace();
+    job.trace = traced.as_ref().map(trace::job_context);
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
     let left = job.left.clone().drop_guard();
-    route.pipeline.last().submit_all(vec![job]).map_err(shed)?;
+    let last = route.pipeline.last();
+    let submitted = Instant::now();
+    let admitted = last.submit_all(vec![job]);
+    if let Some(cx) = &traced {
+        trace::admission(cx, last.name(), submitted, admitted.as_ref().err());
+    }
+    admitted.map_err(shed)?;
 
     // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
     let mut first = Vec::new();

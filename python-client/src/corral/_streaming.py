@@ -27,6 +27,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from corral import _protocol as protocol
+from corral import _tracing
 from corral._errors import STOPS as _STOPS
 from corral._errors import describe as _describe
 
@@ -100,6 +101,19 @@ def run(worker: Worker, jobs: list[dict[str, Any]], link: Link) -> None:
     worker.content_types = state.content_types
     generator = worker.forward(inputs)
     failure: BaseException | None = None
+    # The batch's `forward` span (if its jobs are traced) lasts as long as its stream, and is
+    # current while the generator runs, so the user's spans inside it nest under it.
+    with _tracing.batch(jobs):
+        failure = _drive(generator, state)
+    if failure is not None:
+        log.error("forward failed while streaming %d items", state.running, exc_info=failure)
+    state.finish(failure)
+
+
+def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | None:
+    """Steps the generator to its end, sending its chunks and taking joins between steps;
+    the exception ``forward`` raised, if it did."""
+    failure: BaseException | None = None
     try:
         joined: list[Any] | None = None
         while True:
@@ -117,9 +131,7 @@ def run(worker: Worker, jobs: list[dict[str, Any]], link: Link) -> None:
             joined = state.between_steps()
     finally:
         _close(generator)
-    if failure is not None:
-        log.error("forward failed while streaming %d items", state.running, exc_info=failure)
-    state.finish(failure)
+    return failure
 
 
 class _Run:

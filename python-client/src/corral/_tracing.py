@@ -8,9 +8,12 @@ the worker then opens, under the application's own tracer provider:
   every traced job's, so that a user's own spans inside ``forward`` land in a request's trace;
 - ``preprocess`` / ``postprocess``: one span per item, the child of its job's context.
 
-Without the package, or for jobs that carry no ``traceparent``, nothing is imported and nothing
-happens: each hook costs one dict lookup. Exporting is the application's choice (an SDK and an
-exporter configured as usual); with the API alone, spans are no-ops.
+A streaming worker's ``forward`` span lasts as long as the stream of the batch that started it.
+
+Without the package, for jobs that carry no ``traceparent``, or with the API but no tracer
+provider configured (spans would be no-ops), nothing happens: each hook costs one dict lookup.
+Exporting is the application's choice: an SDK and an exporter, configured as usual before
+``Worker.run()`` (the provider is looked up once, at the first traced job).
 """
 
 from __future__ import annotations
@@ -34,7 +37,14 @@ def _load() -> Any:
         except ImportError:
             _api = False
         else:
-            _api = (trace, TraceContextTextMapPropagator(), trace.get_tracer("corral.worker"))
+            # The API alone makes no-op spans; building them for every item would cost a worker
+            # several times its own work for nothing (measured: 5x the CPU on the echo bench).
+            provider = trace.get_tracer_provider()
+            if isinstance(provider, (trace.ProxyTracerProvider, trace.NoOpTracerProvider)):
+                _api = False
+            else:
+                tracer = trace.get_tracer("corral.worker")
+                _api = (trace, TraceContextTextMapPropagator(), tracer)
     return _api
 
 
