@@ -183,6 +183,23 @@ pub struct Config {
           value_parser = parse_share, value_name = "SHARE")]
     pub tenant_queue_share: f64,
 
+    /// With WORKER_CMD: the GPUs to spread the workers over, e.g. 0,1 (or `all`: the machine's,
+    /// from nvidia-smi -L). Each worker sees exactly its device (CUDA_VISIBLE_DEVICES, and
+    /// CORRAL_GPU names it); a restarted worker gets the same device back.
+    #[arg(long, env = "CORRAL_GPUS", value_name = "LIST")]
+    pub gpus: Option<String>,
+
+    /// With --gpus: workers per device; --workers then defaults to the devices times this.
+    #[arg(long, env = "CORRAL_WORKERS_PER_GPU", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1024))]
+    pub workers_per_gpu: u32,
+
+    /// With WORKER_CMD: an environment variable for every spawned worker (repeatable; in
+    /// CORRAL_WORKER_ENV separated by `;`). Values may use {index} and {gpu}.
+    #[arg(long = "worker-env", env = "CORRAL_WORKER_ENV", value_name = "NAME=VALUE",
+          value_delimiter = ';', value_parser = parse_pair)]
+    pub worker_env: Vec<String>,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
@@ -210,6 +227,10 @@ fn parse_ratio(text: &str) -> Result<f64, String> {
         Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
         _ => Err(format!("{text:?} is not a number from 0 to 1")),
     }
+}
+
+fn parse_pair(text: &str) -> Result<String, String> {
+    crate::supervisor::placement::pair(text).map(|_| text.to_string())
 }
 
 pub(crate) fn parse_share(text: &str) -> Result<f64, String> {

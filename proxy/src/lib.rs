@@ -136,6 +136,9 @@ pub async fn run(
             socket: socket.clone(),
             stage: spec.name.clone(),
             cpus: spec.cpus.clone(),
+            gpus: spec.gpus.clone(),
+            workers_per_gpu: spec.workers_per_gpu,
+            env: spec.env.clone(),
         };
         supervisor::spawn(command, spec.workers, &children, &workers, stop_workers.clone());
     }
@@ -214,6 +217,7 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         .with_stream_timeout(spec.stream_timeout)
         .with_aging(config.priority_aging())
         .with_tenant_share(config.tenant_queue_share)
+        .with_gpus(spec.gpus.clone())
 }
 
 /// Payload bytes one batch may carry so that its frame stays under the protocol's limit.

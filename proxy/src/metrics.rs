@@ -48,6 +48,8 @@ pub struct Metrics {
     pub queue_depth: IntGaugeVec,
     /// Queued jobs by stage and priority class (the class they hold now, promotions included).
     pub queue_depth_by_class: IntGaugeVec,
+    /// Connected workers by stage and device (`--gpus`; devices from the config only).
+    pub workers_by_gpu: IntGaugeVec,
     /// Queued jobs evicted to make room for a higher class (503 `preempted`).
     pub evicted: IntCounterVec,
     /// Connected workers, by stage (set at scrape time).
@@ -188,6 +190,12 @@ impl Metrics {
                 "corral_queue_depth_by_class",
                 "Jobs queued, by stage and priority class.",
                 &["stage", "class"],
+            ),
+            workers_by_gpu: gauge(
+                &r,
+                "corral_workers_connected_by_gpu",
+                "Workers connected, by stage and the device they were given (--gpus).",
+                &["stage", "gpu"],
             ),
             evicted: counter(
                 &r,

@@ -85,6 +85,8 @@ pub struct Stage {
     aging: Duration,
     /// Most jobs one tenant may have queued (`--tenant-queue-share` of the capacity).
     tenant_limit: usize,
+    /// The devices its spawned workers are spread over (`--gpus`): the only `gpu` labels.
+    gpus: Vec<u32>,
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
@@ -105,6 +107,8 @@ struct Queue {
     returns: Returns,
     /// One slot per connected worker (None: a free slot).
     seats: Vec<Option<Seat>>,
+    /// The device of the worker in each slot, if it was given one (by slot, as `seats`).
+    devices: Vec<Option<u32>>,
     /// Set once the proxy stops: nothing more is admitted.
     closed: bool,
     /// When dead jobs were last cleared out of the whole queue.
@@ -226,6 +230,7 @@ impl Stage {
             stream_timeout: Duration::from_secs(300),
             aging: DEFAULT_AGING,
             tenant_limit: usize::MAX,
+            gpus: Vec::new(),
             queue: Mutex::default(),
             arrivals: Notify::new(),
         }
@@ -265,6 +270,23 @@ impl Stage {
             ((self.capacity as f64 * share).floor() as usize).max(1)
         };
         self
+    }
+
+    /// The devices the stage's spawned workers are spread over.
+    pub fn with_gpus(mut self, gpus: Vec<u32>) -> Self {
+        self.gpus = gpus;
+        self
+    }
+
+    /// Connected workers on each of the stage's devices (0 for a device with none): the
+    /// labels come from the configuration, never from what a worker claims.
+    pub fn workers_by_gpu(&self) -> Vec<(u32, usize)> {
+        let queue = self.lock();
+        let on = |gpu: u32| {
+            let slots = queue.seats.iter().zip(&queue.devices);
+            slots.filter(|(seat, device)| seat.is_some() && **device == Some(gpu)).count()
+        };
+        self.gpus.iter().map(|&gpu| (gpu, on(gpu))).collect()
     }
 
     pub fn stream_timeout(&self) -> Duration {
@@ -655,15 +677,22 @@ impl Stage {
     /// Seats a connected worker; it counts (and its batches are tracked for admission) until the
     /// returned seat is dropped.
     pub fn worker_joined(&self) -> WorkerSeat<'_> {
+        self.worker_joined_on(None)
+    }
+
+    /// [`Stage::worker_joined`], for a worker on device `gpu`.
+    pub fn worker_joined_on(&self, gpu: Option<u32>) -> WorkerSeat<'_> {
         let mut queue = self.lock();
         let slot = match queue.seats.iter().position(Option::is_none) {
             Some(free) => free,
             None => {
                 queue.seats.push(None);
+                queue.devices.push(None);
                 queue.seats.len() - 1
             }
         };
         queue.seats[slot] = Some(Seat::free(Instant::now()));
+        queue.devices[slot] = gpu;
         WorkerSeat { stage: self, slot }
     }
 

@@ -1,6 +1,7 @@
 //! Spawned workers: `corral --workers N -- CMD ARGS…` (or a stage's `command` in the config file)
 //! runs N copies of CMD, each told the socket path (`CORRAL_SOCKET`), its stage (`CORRAL_STAGE`)
-//! and its index (`CORRAL_WORKER_INDEX`), optionally pinned to a core ([`affinity`]), restarts a copy that exits (with
+//! and its index (`CORRAL_WORKER_INDEX`), optionally pinned to a core ([`affinity`]) and given a
+//! GPU and an environment ([`placement`]), restarts a copy that exits (with
 //! a capped exponential backoff, so a crash loop costs little and never takes the proxy down),
 //! kills and restarts a copy found hung, and stops them all when the proxy stops.
 //!
@@ -16,6 +17,7 @@
 pub mod affinity;
 pub mod group;
 pub mod output;
+pub mod placement;
 mod spawner;
 
 use std::collections::HashMap;
@@ -51,6 +53,11 @@ pub struct WorkerCommand {
     pub stage: String,
     /// Core of each worker, by index (empty: not pinned).
     pub cpus: Vec<usize>,
+    /// Devices the workers are spread over, `workers_per_gpu` each (empty: none).
+    pub gpus: Vec<u32>,
+    pub workers_per_gpu: u32,
+    /// Environment for every worker (placeholders checked at start; filled in per worker).
+    pub env: Vec<(String, String)>,
 }
 
 impl WorkerCommand {
@@ -76,6 +83,8 @@ pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 struct SpawnedWorker {
     kill: CancellationToken,
     connected: Arc<AtomicBool>,
+    /// The device it was given, if any.
+    gpu: Option<u32>,
 }
 
 impl Children {
@@ -108,8 +117,13 @@ impl Children {
         self.lock().get(&group).cloned()
     }
 
-    fn register(&self, pid: u32) -> SpawnedWorker {
-        let child = SpawnedWorker::default();
+    /// The device of the spawned worker `pid` is (or runs under), if it was given one.
+    pub fn gpu(&self, pid: u32) -> Option<u32> {
+        self.find(pid)?.gpu
+    }
+
+    fn register(&self, pid: u32, gpu: Option<u32>) -> SpawnedWorker {
+        let child = SpawnedWorker { gpu, ..SpawnedWorker::default() };
         self.lock().insert(pid, child.clone());
         child
     }
@@ -161,8 +175,14 @@ async fn supervise(
         };
         let pid = child.id().unwrap_or_default();
         group::register(pid);
-        let registered = children.register(pid);
-        info!(stage = %command.stage, worker = index, pid, restarts, "worker started");
+        let gpu = placement::gpu_of(&command.gpus, command.workers_per_gpu, index);
+        let registered = children.register(pid, gpu);
+        match gpu {
+            Some(gpu) => {
+                info!(stage = %command.stage, worker = index, pid, gpu, restarts, "worker started")
+            }
+            None => info!(stage = %command.stage, worker = index, pid, restarts, "worker started"),
+        }
         let status = tokio::select! {
             status = child.wait() => status.map(|s| s.to_string()),
             _ = registered.kill.cancelled() => {
@@ -214,6 +234,15 @@ async fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
     group::configure(&mut spawn);
     if let Some(&cpu) = command.cpus.get(index as usize) {
         affinity::pin(&mut spawn, cpu);
+    }
+    let gpu = placement::gpu_of(&command.gpus, command.workers_per_gpu, index);
+    if let Some(gpu) = gpu {
+        spawn.env("CUDA_VISIBLE_DEVICES", gpu.to_string()).env("CORRAL_GPU", gpu.to_string());
+    }
+    // Last, so that a variable the user names (even CUDA_VISIBLE_DEVICES) is theirs.
+    for (name, value) in &command.env {
+        let value = placement::expand(value, index, gpu).unwrap_or_else(|_| value.clone());
+        spawn.env(name, value);
     }
     let mut child = spawner::spawn(spawn).await?;
     let label = Arc::new(command.label(index));

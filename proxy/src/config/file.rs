@@ -49,6 +49,8 @@ pub struct File {
     pub stream_timeout_ms: Option<u64>,
     pub max_batch_weight: Option<u64>,
     pub workers: Option<u32>,
+    pub gpus: Option<Gpus>,
+    pub workers_per_gpu: Option<u32>,
 
     #[serde(default)]
     pub stages: BTreeMap<String, StageFile>,
@@ -67,6 +69,11 @@ pub struct StageFile {
     pub workers: Option<u32>,
     /// Cores to pin the spawned workers to, one worker per core.
     pub cpus: Option<Vec<usize>>,
+    /// GPUs to spread the spawned workers over (`"all"`: the machine's).
+    pub gpus: Option<Gpus>,
+    pub workers_per_gpu: Option<u32>,
+    /// Environment variables for the spawned workers; values may use `{index}` and `{gpu}`.
+    pub env: Option<BTreeMap<String, String>>,
     pub max_batch_size: Option<u32>,
     pub max_wait_ms: Option<u64>,
     pub batch_policy: Option<Policy>,
@@ -76,6 +83,24 @@ pub struct StageFile {
     pub queue_capacity_bytes: Option<u64>,
     pub stream_timeout_ms: Option<u64>,
     pub max_batch_weight: Option<u64>,
+}
+
+/// A stage's devices as written: a list of indexes, or `"all"`.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(untagged)]
+pub enum Gpus {
+    List(Vec<u32>),
+    Named(String),
+}
+
+impl Gpus {
+    /// As `--gpus` spells it.
+    pub fn text(&self) -> String {
+        match self {
+            Gpus::List(list) => list.iter().map(u32::to_string).collect::<Vec<_>>().join(","),
+            Gpus::Named(name) => name.clone(),
+        }
+    }
 }
 
 /// `[pipelines.NAME]`: stages a job goes through, in order.

@@ -12,6 +12,7 @@ use std::time::Duration;
 use super::file::{self, File, StageFile};
 use super::{parse_header_name, parse_mode, parse_share, Config};
 use crate::stage::Policy;
+use crate::supervisor::placement;
 use crate::traffic::Class;
 
 /// The name of the single stage (and pipeline) of a proxy configured without a file.
@@ -74,6 +75,11 @@ pub struct StageSpec {
     pub workers: u32,
     /// Cores to pin spawned workers to, worker i on `cpus[i]` (empty: no pinning).
     pub cpus: Vec<usize>,
+    /// GPUs the spawned workers are spread over, `workers_per_gpu` each (empty: none).
+    pub gpus: Vec<u32>,
+    pub workers_per_gpu: u32,
+    /// Environment for the spawned workers (values may hold `{index}` and `{gpu}`).
+    pub env: Vec<(String, String)>,
 }
 
 /// One route as configured.
@@ -112,13 +118,30 @@ fn error(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
 /// options land in `config`, so that the rest of the proxy reads one place.
 pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topology, String> {
     let Some(path) = config.config.clone() else {
-        return Ok(single(config));
+        return single_placed(config, explicit).map_err(|e| e.to_string());
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
     let shown = path.display();
     let file = file::parse(&text).map_err(|e| format!("config file {shown}: {e}"))?;
     resolve(config, file, explicit).map_err(|e| format!("config file {shown}: {e}"))
+}
+
+/// The topology of a proxy configured by flags alone, its workers placed.
+fn single_placed(
+    config: &Config,
+    explicit: &dyn Fn(&str) -> bool,
+) -> Result<Topology, ConfigError> {
+    let mut topology = single(config);
+    let spec = &mut topology.stages[0];
+    let gpus = match &config.gpus {
+        Some(text) => resolve_gpus("gpus", text)?,
+        None => Vec::new(),
+    };
+    let asked = explicit("workers").then_some(config.workers);
+    let keys = Keys { gpus: "gpus".into(), workers: "workers".into(), env: "worker_env".into() };
+    place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
+    Ok(topology)
 }
 
 /// The topology of a proxy configured by flags alone.
@@ -138,6 +161,9 @@ pub fn single(config: &Config) -> Topology {
             command: config.worker_cmd.clone(),
             workers: config.workers,
             cpus: Vec::new(),
+            gpus: Vec::new(),
+            workers_per_gpu: config.workers_per_gpu,
+            env: Vec::new(),
         }],
         routes: vec![RouteSpec {
             name: "infer".into(),
@@ -193,6 +219,12 @@ pub fn resolve(
     }
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
+    top_level!(config, f, explicit, workers_per_gpu);
+    if let Some(gpus) = f.gpus.take() {
+        if !explicit("gpus") {
+            config.gpus = Some(gpus.text());
+        }
+    }
     check_options(config)?;
 
     if file.stages.is_empty() {
@@ -379,13 +411,26 @@ fn stage_spec(
         (None, pinned) => pinned as u32,
     };
     in_range(&key("workers"), workers.into(), 1, 1024)?;
+    let asked = if explicit("workers") { Some(config.workers) } else { stage.workers };
+    let gpus = match (&stage.gpus, &config.gpus) {
+        (_, Some(text)) if explicit("gpus") => resolve_gpus("gpus", text)?,
+        (Some(gpus), _) => resolve_gpus(&key("gpus"), &gpus.text())?,
+        (None, Some(text)) => resolve_gpus("gpus", text)?,
+        (None, None) => Vec::new(),
+    };
+    let per_gpu = match stage.workers_per_gpu {
+        Some(per) if !explicit("workers_per_gpu") => per,
+        _ => config.workers_per_gpu,
+    };
+    in_range(&key("workers_per_gpu"), per_gpu.into(), 1, 1024)?;
+    let env: Vec<(String, String)> = stage.env.unwrap_or_default().into_iter().collect();
     if !cpus.is_empty() {
         if command.is_empty() {
             return Err(error(key("cpus"), "only spawned workers can be pinned; add `command`"));
         }
         check_cpus(&key("cpus"), &cpus)?;
     }
-    Ok(StageSpec {
+    let mut spec = StageSpec {
         name: name.to_string(),
         max_batch_size,
         max_wait: Duration::from_millis(pick!(max_wait_ms)),
@@ -399,7 +444,95 @@ fn stage_spec(
         command,
         workers,
         cpus,
-    })
+        gpus: Vec::new(),
+        workers_per_gpu: per_gpu,
+        env: Vec::new(),
+    };
+    let keys = Keys { gpus: key("gpus"), workers: key("workers"), env: key("env") };
+    place(&mut spec, gpus, per_gpu, asked, env, config, &keys)?;
+    Ok(spec)
+}
+
+/// The keys a placement error names.
+struct Keys {
+    gpus: String,
+    workers: String,
+    env: String,
+}
+
+/// Spreads a stage's spawned workers over its devices and sets their environment: the workers
+/// default to devices × per device, a conflicting explicit count is an error naming both, and
+/// every environment value's placeholders are checked now (the file's `env`, then
+/// `--worker-env`, which wins for a name both set).
+fn place(
+    spec: &mut StageSpec,
+    gpus: Vec<u32>,
+    per_gpu: u32,
+    asked: Option<u32>,
+    mut env: Vec<(String, String)>,
+    config: &Config,
+    keys: &Keys,
+) -> Result<(), ConfigError> {
+    if !gpus.is_empty() {
+        if spec.command.is_empty() {
+            let problem = "only spawned workers can be given GPUs; add a worker command";
+            return Err(error(&keys.gpus, problem));
+        }
+        let placed = gpus.len() as u32 * per_gpu;
+        if let Some(asked) = asked.filter(|&asked| asked != placed) {
+            let problem = format!(
+                "{asked} workers, but gpus {gpus:?} with workers_per_gpu {per_gpu} place                  {placed}; leave workers out, or make them agree"
+            );
+            return Err(error(&keys.workers, problem));
+        }
+        if !spec.cpus.is_empty() && spec.cpus.len() != placed as usize {
+            let problem =
+                format!("{} cpus for {placed} workers: one worker per core", spec.cpus.len());
+            return Err(error(&keys.workers, problem));
+        }
+        in_range(&keys.workers, placed.into(), 1, 1024)?;
+        spec.workers = placed;
+    }
+    for name in env.iter().map(|(name, _)| name) {
+        if !placement::valid_name(name) {
+            let problem = "an environment variable name is letters, digits and _";
+            return Err(error(format!("{}.{name}", keys.env), problem));
+        }
+    }
+    for text in &config.worker_env {
+        let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
+    for (name, value) in &env {
+        placement::check(value, !gpus.is_empty())
+            .map_err(|problem| error(format!("{}.{name}", keys.env), problem))?;
+    }
+    spec.gpus = gpus;
+    spec.workers_per_gpu = per_gpu;
+    spec.env = env;
+    Ok(())
+}
+
+/// `--gpus`/`gpus`: `all` (the machine's) or a list of device indexes, each once.
+fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigError> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return placement::discover().map_err(|problem| error(key, problem));
+    }
+    let mut gpus = Vec::new();
+    for part in text.split(',').map(str::trim).filter(|part| !part.is_empty()) {
+        let gpu: u32 = part.parse().map_err(|_| {
+            error(key, format!("{part:?} is not a device index (gpus: `all` or a list like 0,1)"))
+        })?;
+        if gpus.contains(&gpu) {
+            return Err(error(key, format!("device {gpu} is listed twice")));
+        }
+        gpus.push(gpu);
+    }
+    if gpus.is_empty() {
+        return Err(error(key, "an empty list; leave the key out for no GPUs"));
+    }
+    Ok(gpus)
 }
 
 /// The ranges clap enforces on flags, enforced on the file's top-level values too.

@@ -127,6 +127,10 @@ fn prometheus_text(app: &App) -> Response<Body> {
         }
         m.workers_connected.with_label_values(&label).set(stage.workers() as i64);
         m.workers_busy.with_label_values(&label).set(stage.busy_workers() as i64);
+        for (gpu, workers) in stage.workers_by_gpu() {
+            let labels = [stage.name(), &gpu.to_string()];
+            m.workers_by_gpu.with_label_values(&labels).set(workers as i64);
+        }
     }
     Response::builder()
         .status(StatusCode::OK)
@@ -153,7 +157,14 @@ fn ready(app: &App) -> Result<Response<Body>, ApiError> {
         .stages
         .iter()
         .map(|stage| {
-            let figures = serde_json::json!({"workers": stage.workers(), "queued": stage.queued()});
+            let mut figures =
+                serde_json::json!({"workers": stage.workers(), "queued": stage.queued()});
+            let gpus = stage.workers_by_gpu();
+            if !gpus.is_empty() {
+                let by_gpu: serde_json::Map<String, serde_json::Value> =
+                    gpus.into_iter().map(|(gpu, n)| (gpu.to_string(), n.into())).collect();
+                figures["gpus"] = by_gpu.into();
+            }
             (stage.name().to_string(), figures)
         })
         .collect();

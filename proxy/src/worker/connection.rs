@@ -88,7 +88,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
     }
     declare_schemas(stage, &hello);
     context.children.connected(hello.pid);
-    let seat = stage.worker_joined();
+    let seat = stage.worker_joined_on(context.children.gpu(hello.pid));
     info!(
         stage = stage.name(),
         pid = hello.pid,

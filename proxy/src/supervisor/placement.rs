@@ -1,0 +1,135 @@
+//! Where each spawned worker runs and what it is told: its GPU and its environment.
+//!
+//! A stage's workers are spread over its devices (`--gpus`, per stage `gpus`) in blocks of
+//! `workers_per_gpu`: with devices `[0, 1]` and two per device, workers 0 and 1 get device 0,
+//! workers 2 and 3 device 1. A worker sees exactly its device (`CUDA_VISIBLE_DEVICES`) and is
+//! told which it is (`CORRAL_GPU`). Placement is by the worker's index, which a restarted worker
+//! keeps, so it gets the same device back (its memory was freed with the process; the device's
+//! other worker is untouched). `--gpus all` asks the machine (`nvidia-smi -L`, else the entries
+//! of `/proc/driver/nvidia/gpus`).
+//!
+//! Environment values (`--worker-env NAME=VALUE`, per stage `env`) may say `{index}` and `{gpu}`;
+//! `{{` and `}}` are literal braces. Anything else in braces is a config error, found at start.
+
+use std::path::Path;
+use std::process::Command;
+
+/// The device of worker `index`, if the stage has devices.
+pub fn gpu_of(gpus: &[u32], per_gpu: u32, index: u32) -> Option<u32> {
+    gpus.get((index / per_gpu.max(1)) as usize).copied()
+}
+
+/// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`); the problem if
+/// any. `{gpu}` needs devices.
+pub fn check(value: &str, has_gpus: bool) -> Result<(), String> {
+    expand(value, 0, has_gpus.then_some(0)).map(|_| ())
+}
+
+/// The value with its placeholders filled in for worker `index` on device `gpu`.
+pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, String> {
+    let mut out = String::with_capacity(value.len());
+    let mut rest = value;
+    while let Some(at) = rest.find(['{', '}']) {
+        out.push_str(&rest[..at]);
+        let tail = &rest[at..];
+        if let Some(after) = tail.strip_prefix("{{") {
+            out.push('{');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("}}") {
+            out.push('}');
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("{index}") {
+            out.push_str(&index.to_string());
+            rest = after;
+        } else if let Some(after) = tail.strip_prefix("{gpu}") {
+            let gpu = gpu.ok_or("{gpu} is used but the stage has no gpus")?;
+            out.push_str(&gpu.to_string());
+            rest = after;
+        } else {
+            let end = tail.find('}').map_or(tail.len(), |i| i + 1);
+            return Err(format!(
+                "unknown placeholder {:?}: values may use {{index}} and {{gpu}} ({{{{ and }}}} \
+                 for literal braces)",
+                &tail[..end]
+            ));
+        }
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// Splits `NAME=VALUE`; the problem if it is not that.
+pub fn pair(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((name, value)) if valid_name(name) => Ok((name.to_string(), value.to_string())),
+        _ => Err(format!("{text:?} is not NAME=VALUE (NAME: letters, digits and _)")),
+    }
+}
+
+/// An environment variable name a shell would take.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && !name.starts_with(|c: char| c.is_ascii_digit())
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+}
+
+/// The machine's GPUs, for `--gpus all`: `nvidia-smi -L`, else `/proc/driver/nvidia/gpus`. The
+/// reason when none is found.
+pub fn discover() -> Result<Vec<u32>, String> {
+    let smi = match Command::new("nvidia-smi").arg("-L").output() {
+        Ok(out) if out.status.success() => {
+            let listed = String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .filter_map(|line| line.strip_prefix("GPU ")?.split(':').next()?.parse().ok())
+                .collect::<Vec<u32>>();
+            if !listed.is_empty() {
+                return Ok(listed);
+            }
+            "nvidia-smi -L listed no GPU".to_string()
+        }
+        Ok(out) => format!("nvidia-smi -L failed ({})", out.status),
+        Err(e) => format!("nvidia-smi: {e}"),
+    };
+    let proc_dir = Path::new("/proc/driver/nvidia/gpus");
+    let entries = std::fs::read_dir(proc_dir).map(|dir| dir.count()).unwrap_or(0);
+    if entries > 0 {
+        return Ok((0..entries as u32).collect());
+    }
+    Err(format!("`all` found no GPU: {smi}, and {} has no entries", proc_dir.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workers_fill_each_device_in_turn() {
+        let gpus = [3, 5];
+        let placed: Vec<_> = (0..4).map(|i| gpu_of(&gpus, 2, i)).collect();
+        assert_eq!(placed, [Some(3), Some(3), Some(5), Some(5)]);
+        assert_eq!(gpu_of(&[], 1, 0), None);
+    }
+
+    #[test]
+    fn placeholders_fill_in_and_braces_escape() {
+        assert_eq!(expand("/models/{gpu}/w{index}", 2, Some(1)).unwrap(), "/models/1/w2");
+        assert_eq!(expand("{{index}} {index}", 7, None).unwrap(), "{index} 7");
+        assert_eq!(expand("plain", 0, None).unwrap(), "plain");
+    }
+
+    #[test]
+    fn an_unknown_placeholder_or_a_gpu_without_devices_is_refused() {
+        assert!(check("{rank}", true).unwrap_err().contains("\"{rank}\""));
+        assert!(check("{gpu}", false).unwrap_err().contains("no gpus"));
+        assert!(check("{unclosed", true).is_err());
+        assert!(check("a}b", true).is_err());
+        assert!(check("{gpu}-{index}", true).is_ok());
+    }
+
+    #[test]
+    fn pairs_need_a_name() {
+        assert_eq!(pair("OMP_NUM_THREADS=4").unwrap(), ("OMP_NUM_THREADS".into(), "4".into()));
+        assert_eq!(pair("A=b=c").unwrap(), ("A".into(), "b=c".into()));
+        assert!(pair("=4").is_err() && pair("NOEQUALS").is_err() && pair("1X=2").is_err());
+    }
+}

@@ -1,0 +1,157 @@
+"""GPU placement without a GPU: spawned workers record the environment they were given, and the
+tests check that each sees exactly its device, keeps it across a restart, and that every
+placement mistake is a config error naming its key. (The measured GPU run is bench/gpu.py.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from conftest import BINARY, ROOT, Corral
+
+PLACED = str(ROOT / "tests" / "workers" / "placed.py")
+
+
+def placements(directory) -> dict[int, dict]:
+    """The recorded environment of each worker that started, by pid."""
+    return {int(p.stem): json.loads(p.read_text()) for p in directory.glob("*.json")}
+
+
+def by_index(directory, pids) -> dict[str, dict]:
+    found = placements(directory)
+    return {found[pid]["CORRAL_WORKER_INDEX"]: {**found[pid], "pid": pid} for pid in pids}
+
+
+def connected_pids(proxy: Corral) -> list[int]:
+    return [int(re.search(r"pid\W+(\d+)", line).group(1)) for line in proxy.lines
+            if "worker connected" in line]  # fmt: skip
+
+
+def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "MODEL_DIR,THREADS"}
+    proxy = Corral(
+        tmp_path, "--gpus", "0,1", "--workers-per-gpu", "2",
+        "--worker-env", "MODEL_DIR=/models/{gpu}/w{index}", "--worker-env", "THREADS=4",
+        "--", sys.executable, PLACED, worker=None, env=env,
+    )  # fmt: skip
+    try:
+        proxy.wait_for_log("worker connected", count=4)
+        placed = by_index(records, connected_pids(proxy))
+        assert {i: (w["CUDA_VISIBLE_DEVICES"], w["CORRAL_GPU"]) for i, w in placed.items()} == {
+            "0": ("0", "0"), "1": ("0", "0"), "2": ("1", "1"), "3": ("1", "1"),
+        }  # fmt: skip
+        assert placed["3"]["MODEL_DIR"] == "/models/1/w3"
+        assert placed["0"]["THREADS"] == "4"
+        ready = proxy.client.get("/readyz").json()
+        assert ready["stages"]["default"]["gpus"] == {"0": 2, "1": 2}
+        assert proxy.metric("corral_workers_connected_by_gpu", stage="default", gpu="1") == 2
+
+        os.kill(placed["2"]["pid"], signal.SIGKILL)
+        proxy.wait_for_log("worker connected", count=5)
+        new = connected_pids(proxy)[-1]
+        restarted = placements(records)[new]
+        assert restarted["CORRAL_WORKER_INDEX"] == "2"
+        assert (restarted["CUDA_VISIBLE_DEVICES"], restarted["CORRAL_GPU"]) == ("1", "1")
+        proxy.wait_until(
+            lambda: (
+                proxy.client.get("/readyz").json()["stages"]["default"].get("gpus")
+                == {"0": 2, "1": 2}
+            ),
+            what="the restarted worker counted on its device",
+        )
+        assert proxy.post({"x": 1}).json() == {"x": 1}
+    finally:
+        proxy.stop()
+
+
+def test_a_config_files_stage_places_its_workers(tmp_path):
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "corral.toml").write_text(
+        f"""
+        [stages.embed]
+        command = ["{sys.executable}", "{PLACED}"]
+        gpus = [3]
+        workers_per_gpu = 2
+        env = {{ THREADS = "t{{index}}", DEVICE = "cuda:{{gpu}}" }}
+        """
+    )
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "THREADS,DEVICE"}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected", count=2)
+        placed = by_index(records, connected_pids(proxy))
+        assert placed["0"]["CUDA_VISIBLE_DEVICES"] == placed["1"]["CUDA_VISIBLE_DEVICES"] == "3"
+        assert (placed["1"]["THREADS"], placed["1"]["DEVICE"]) == ("t1", "cuda:3")
+    finally:
+        proxy.stop()
+
+
+def test_gpus_all_asks_the_machine(tmp_path):
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "nvidia-smi").write_text(
+        "#!/bin/sh\necho 'GPU 0: Fake H100 (UUID: GPU-a)'\necho 'GPU 1: Fake H100 (UUID: GPU-b)'\n"
+    )
+    (fake / "nvidia-smi").chmod(0o755)
+    records = tmp_path / "records"
+    records.mkdir()
+    env = {"PLACED_DIR": str(records), "PATH": f"{fake}:{os.environ['PATH']}"}
+    proxy = Corral(tmp_path, "--gpus", "all", "--", sys.executable, PLACED, worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected", count=2)
+        placed = by_index(records, connected_pids(proxy))
+        assert sorted(w["CORRAL_GPU"] for w in placed.values()) == ["0", "1"]
+    finally:
+        proxy.stop()
+
+
+def run(tmp_path, *args, config: str | None = None, path: str | None = None):
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock")]
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        command += ["--config", str(tmp_path / "c.toml")]
+    env = {**os.environ, "PATH": path or os.environ["PATH"]}
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=30, env=env)
+
+
+WORKER = ["--", sys.executable, PLACED]
+STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
+
+
+@pytest.mark.parametrize(
+    "args, config, expected",
+    [
+        (["--gpus", "0,1", "--workers", "3", *WORKER], None, "workers: 3 workers, but gpus [0, 1]"),
+        (["--gpus", ",", *WORKER], None, "gpus: an empty list"),
+        (["--gpus", "0,0", *WORKER], None, "gpus: device 0 is listed twice"),
+        (["--gpus", "zero", *WORKER], None, 'gpus: "zero" is not a device index'),
+        (["--gpus", "all", *WORKER], None, "gpus: `all` found no GPU"),
+        (["--gpus", "0"], None, "gpus: only spawned workers can be given GPUs"),
+        (["--worker-env", "X={rank}", *WORKER], None, 'worker_env.X: unknown placeholder "{rank}"'),
+        (["--worker-env", "X={gpu}", *WORKER], None, "worker_env.X: {gpu} is used but"),
+        ([], STAGE + "gpus = []\n", "stages.s.gpus: an empty list"),
+        ([], STAGE + "gpus = [0]\nworkers = 2\n", "stages.s.workers: 2 workers, but gpus [0]"),
+        ([], STAGE + 'env = { A = "{foo}" }\n', 'stages.s.env.A: unknown placeholder "{foo}"'),
+        ([], STAGE + 'env = { "1A" = "x" }\n', "stages.s.env.1A: an environment variable name"),
+    ],
+)
+def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):
+    result = run(tmp_path, *args, config=config, path="/usr/bin:/bin")
+    assert result.returncode != 0, result.stderr
+    assert expected in result.stderr, result.stderr
+    assert "listening" not in result.stderr
+
+
+def test_worker_env_needs_a_name(tmp_path):
+    result = run(tmp_path, "--worker-env", "novalue", *WORKER)
+    assert result.returncode != 0
+    assert "is not NAME=VALUE" in result.stderr
