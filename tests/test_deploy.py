@@ -18,7 +18,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import ROOT
+from conftest import BINARY, ROOT
 
 DEPLOY = ROOT / "deploy"
 MANIFESTS = sorted((DEPLOY / "kubernetes").glob("*.yaml"))
@@ -132,3 +132,23 @@ def test_the_dockerfile_copies_what_exists():
     for image in ("corral-proxy", "corral-worker"):
         target = image.removeprefix("corral-")
         assert f"--target {target}" in text, f"the header says how to build {image}"
+
+
+def test_the_gpu_pod_asks_for_gpus_and_spreads_its_workers_over_them():
+    pod = load("gpu-deployment.yaml")["spec"]["template"]["spec"]
+    (corral,) = pod["containers"]
+    assert int(corral["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+    args = corral["args"]
+    assert "--gpus=all" in args
+    # Every option before the worker command is one Corral has.
+    help_text = subprocess.run([BINARY, "--help"], capture_output=True, text=True).stdout
+    for option in args[: args.index("--")]:
+        assert option.split("=", 1)[0] in help_text, option
+    # The socket lives in a writable volume: the root filesystem is read-only.
+    socket_dir = os.path.dirname(flags_of(args)["socket"])
+    mounts = {m["mountPath"] for m in corral["volumeMounts"]}
+    assert socket_dir in mounts
+
+
+def flags_of(args: list[str]) -> dict[str, str]:
+    return dict(a.removeprefix("--").split("=", 1) for a in args[: args.index("--")] if "=" in a)
