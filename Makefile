@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -97,6 +97,10 @@ bench-stream: release $(BENCH_VENV)/.installed
 # loopback server ("Large payloads"); BENCH_ARGS='--quick' for a smoke run.
 bench-payload: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/payload.py --oha $(OHA) $(BENCH_ARGS)
+
+# The measured GPU run (needs torch with CUDA and a GPU; exits 2 saying so otherwise).
+bench-gpu: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/gpu.py --oha $(OHA) $(BENCH_ARGS)
 
 # Priority classes at 2x saturation and weight budgets (see BENCHMARKS.md).
 bench-mixed: release $(BENCH_VENV)/.installed $(OHA)

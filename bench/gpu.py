@@ -1,0 +1,184 @@
+"""The measured GPU run: a real architecture on a real GPU, behind Corral, behind MOSEC, and in
+process, in one run.
+
+The model is torchvision's ResNet-50 built from its definition with random weights (the cost of
+the real architecture, no download), in half precision on `cuda:0`. Each request is a tiny JSON
+object; the worker makes its image tensor on the GPU, so the run measures serving (queueing,
+batching, the hop to the worker), not the upload of 600 KB images. For max batch 32 and 128:
+
+- the limit: the model's own batch throughput in process on the same device (items/s);
+- Corral (one worker, `--gpus 0`) and MOSEC (one worker) at 1, 32 and 256 closed-loop clients
+  (oha), items/s and p50/p99, with the GPU's utilisation sampled from nvidia-smi meanwhile.
+
+Targets (issue: workers on accelerators): Corral ≥ 90% of the in-process limit at 256 clients
+and ≥ 1.5× MOSEC. Without torch or a GPU the script says so and exits 2: it is never faked on
+CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
+`python bench/gpu.py --corral target/release/corral --oha bench/.tools/bin/oha` (needs the
+`corral` and `mosec` packages installed). The results replace the "GPU" section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+BODY = '{"seed": 1}'
+CLIENTS = [1, 32, 256]
+BATCHES = [32, 128]
+
+
+def require_gpu() -> str:
+    """The GPU's name; exits 2 saying why when there is none to measure on."""
+    try:
+        import torch
+    except ImportError:
+        print("bench/gpu.py: torch is not installed; this run needs torch with CUDA and a GPU")
+        raise SystemExit(2) from None
+    if not torch.cuda.is_available():
+        print("bench/gpu.py: no CUDA device is available; the GPU run is not faked on CPU")
+        raise SystemExit(2)
+    return torch.cuda.get_device_name(0)
+
+
+def in_process(max_batch: int, seconds: float) -> float:
+    """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up)."""
+    import gpu_model
+
+    model = gpu_model.Model()
+    model.run(max_batch)
+    model.run(max_batch)
+    done, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        model.run(max_batch)
+        done += max_batch
+    return done / (time.perf_counter() - start)
+
+
+class Utilisation:
+    """Samples nvidia-smi's GPU utilisation every half second while in use."""
+
+    def __init__(self) -> None:
+        self.samples: list[float] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._sample, daemon=True)
+
+    def _sample(self) -> None:
+        query = ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"]
+        while not self._stop.wait(0.5):
+            out = subprocess.run(query, capture_output=True, text=True, check=False).stdout
+            if out.strip():
+                self.samples.append(float(out.split()[0]))
+
+    def __enter__(self) -> Utilisation:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def median(self) -> float:
+        return statistics.median(self.samples) if self.samples else float("nan")
+
+
+def systems(args, max_batch: int):
+    import bench
+
+    python = sys.executable
+    env = {"BENCH_MAX_BATCH": str(max_batch)}
+    corral = [
+        args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
+        "--max-batch-size", str(max_batch), "--max-wait-ms", "5", "--queue-capacity", "4096",
+        "--timeout-ms", "30000", "--", python, str(HERE / "gpu_worker.py"),
+    ]  # fmt: skip
+    mosec = [
+        python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
+        "--timeout", "30000", "--log-level", "warning",
+    ]  # fmt: skip
+    return [
+        bench.System("corral", corral, "http://127.0.0.1:18600/infer", ("corral",), env=env),
+        bench.System("mosec", mosec, "http://127.0.0.1:18601/inference", ("mosec",), env=env),
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
+    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    device = require_gpu()
+
+    import bench
+
+    workdir = Path(tempfile.mkdtemp(prefix="corral-gpu-"))
+    rows = [
+        "| max batch | system | clients | items/s | ÷ in-process limit | p50 ms | p99 ms"
+        " | GPU utilisation (median %) |",
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    verdicts = []
+    for max_batch in BATCHES:
+        limit = in_process(max_batch, args.seconds)
+        rows.append(
+            f"| {max_batch} | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — | — |"
+        )
+        print(rows[-1], flush=True)
+        at_256: dict[str, float] = {}
+        for system in systems(args, max_batch):
+            bench.start(system, "gpu", workdir, body=BODY)
+            try:
+                for clients in CLIENTS:
+                    with Utilisation() as gpu:
+                        report = bench.oha(
+                            args.oha, system.url, args.seconds, clients, None, body=BODY
+                        )
+                    ok, _ = bench.answered(report)
+                    rate = ok / args.seconds
+                    latency = report.get("latencyPercentiles", {})
+                    p50 = (latency.get("p50") or 0) * 1000
+                    p99 = (latency.get("p99") or 0) * 1000
+                    rows.append(
+                        f"| {max_batch} | {system.name} | {clients} | {rate:,.0f}"
+                        f" | {rate / limit:.2f} | {p50:.1f} | {p99:.1f} | {gpu.median():.0f} |"
+                    )
+                    print(rows[-1], flush=True)
+                    if clients == 256:
+                        at_256[system.name] = rate
+            finally:
+                bench.stop(system)
+        corral, mosec = at_256.get("corral", 0.0), at_256.get("mosec", 0.0)
+        verdicts.append(
+            f"max batch {max_batch}, 256 clients: Corral {corral / limit:.0%} of the in-process "
+            f"limit (target ≥ 90%), {corral / max(mosec, 1e-9):.2f}× MOSEC (target ≥ 1.5×)"
+        )
+    passed = [a for i, a in enumerate(sys.argv[1:]) if a != "--oha" and sys.argv[i] != "--oha"]
+    command = "make bench-gpu" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
+    section = "\n\n".join(
+        [
+            "## GPU",
+            f"Command: `{command}` — {time.strftime('%Y-%m-%d')}, {device}, {os.cpu_count()} "
+            f"cores; ResNet-50 (torchvision, random weights, fp16), one worker each, closed loop, "
+            f"{args.seconds:g} s per point.",
+            "\n".join(rows),
+            "\n".join(f"- {v}" for v in verdicts),
+        ]
+    )
+    bench.replace_section(Path(args.out), section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
