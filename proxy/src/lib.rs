@@ -22,7 +22,8 @@
 //!   when an endpoint is set; nothing at all otherwise.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
-//! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit.
+//! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
+//!   cores, GPUs and environment.
 //! - [`run`]: wires these together and shuts them down in order.
 
 pub mod config;
