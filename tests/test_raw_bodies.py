@@ -245,8 +245,9 @@ def test_a_worker_naming_no_media_type_fails_that_job_with_bad_output(corral_fac
 
 def test_multi_mib_bodies_from_64_clients_come_back_whole(corral_factory):
     # Batches of several 2 MiB raw payloads: frames far past a socket buffer, written as
-    # segments around the bodies themselves; each client gets its own bytes back.
-    proxy = corral_factory(worker=ECHO)
+    # segments around the bodies themselves; each client gets its own bytes back. (A deadline
+    # far beyond the work: on a loaded machine the 5 s default can be predicted unreachable.)
+    proxy = corral_factory("--timeout-ms=60000", worker=ECHO)
     headers = {"content-type": "application/octet-stream"}
 
     def one(i):
