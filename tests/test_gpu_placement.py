@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -145,6 +146,8 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):
+    if "all" in args and any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        pytest.skip("this machine has GPUs: `all` finds them")
     result = run(tmp_path, *args, config=config, path="/usr/bin:/bin")
     assert result.returncode != 0, result.stderr
     assert expected in result.stderr, result.stderr
