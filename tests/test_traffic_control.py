@@ -248,6 +248,8 @@ def test_a_bad_traffic_header_is_a_400_naming_it(corral_factory, header, value):
     answer = proxy.post({"x": 1}, headers={header: value})
     assert answer.status_code == 400
     assert answer.json()["message"].startswith(header)
+    # Answered before the body was read: the connection is not reused.
+    assert answer.headers["connection"] == "close"
     # The same holds on the protocols' paths.
     v1 = proxy.client.post(
         "/v1/models/default:predict", json={"instances": [1]}, headers={header: value}

@@ -39,7 +39,7 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
-    let kind = body_kind(headers)?;
+    let kind = body_kind(headers).map_err(before_body)?;
     let streamed = Framing::requested(headers.get(ACCEPT));
     // A raw request's non-raw answers are JSON unless the client asks for msgpack.
     let format = match kind {
@@ -50,13 +50,13 @@ pub async fn handle(
     let negotiation = Negotiation::new(headers.get(ACCEPT), format, raw);
     // The output format is moot for a stream (events are JSON) but for its plain errors.
     if streamed.is_none() && !negotiation.satisfiable() {
-        return Err(ApiError::not_acceptable());
+        return Err(before_body(ApiError::not_acceptable()));
     }
-    let many = carries_many(headers)?;
+    let many = carries_many(headers).map_err(before_body)?;
     if many && raw {
         let message = "a body of raw bytes is one item: x-corral-items: many takes a JSON or \
                        msgpack array";
-        return Err(ApiError::bad_request(message));
+        return Err(before_body(ApiError::bad_request(message)));
     }
     let front = if raw { format::BIN32_HEADER } else { 0 };
     let Received { body, arrived, deadline, traffic } =
@@ -165,8 +165,11 @@ async fn receive_with(
 ) -> Result<Received, ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
-    let timeout = deadline::requested(headers)?.map_or(route.timeout, |t| t.min(route.timeout));
-    let traffic = traffic::requested(headers, route.priority, &app.tenant_header)?;
+    let timeout = deadline::requested(headers)
+        .map_err(before_body)?
+        .map_or(route.timeout, |t| t.min(route.timeout));
+    let traffic =
+        traffic::requested(headers, route.priority, &app.tenant_header).map_err(before_body)?;
     let declared = declared_length(headers);
     let deadline = arrived + timeout;
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
@@ -176,6 +179,14 @@ async fn receive_with(
         .await
         .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
     Ok(Received { body, arrived, deadline, traffic })
+}
+
+/// An error answered before the request's body was read: the connection is closed after it
+/// (`Connection: close`), since the unread body may still be on its way. Without the header,
+/// hyper closes such a connection anyway, and a client that reused it at once saw it drop
+/// without an answer.
+pub fn before_body(error: ApiError) -> ApiError {
+    ApiError { close: true, ..error }
 }
 
 /// Runs several payloads through the route as one request of several items: one job each,

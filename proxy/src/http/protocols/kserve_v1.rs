@@ -74,7 +74,7 @@ async fn predict(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let input = infer::request_format(request.headers())?;
+    let input = infer::request_format(request.headers()).map_err(infer::before_body)?;
     let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     let instances = items::field(&payload, "instances")

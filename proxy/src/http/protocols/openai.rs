@@ -46,11 +46,11 @@ pub async fn embeddings(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    if infer::request_format(request.headers())? != Format::Json {
+    if infer::request_format(request.headers()).map_err(infer::before_body)? != Format::Json {
         // A msgpack body: OpenAI's API is JSON only.
         let media_type = request.headers().get(http::header::CONTENT_TYPE);
         let media_type = media_type.and_then(|v| v.to_str().ok()).unwrap_or_default();
-        return Err(ApiError::unsupported_media_type(media_type));
+        return Err(infer::before_body(ApiError::unsupported_media_type(media_type)));
     }
     let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {

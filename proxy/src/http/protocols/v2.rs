@@ -213,11 +213,12 @@ async fn infer(
 ) -> Result<Response<Body>, ApiError> {
     let header_length = match request.headers().get(HEADER_LENGTH) {
         None => None,
-        Some(value) => {
-            Some(value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(
-                || ApiError::bad_request("Inference-Header-Content-Length must be a whole number"),
-            )?)
-        }
+        Some(value) => Some(
+            value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {
+                let message = "Inference-Header-Content-Length must be a whole number";
+                infer::before_body(ApiError::bad_request(message))
+            })?,
+        ),
     };
     let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let declared = Declared::of(route);
