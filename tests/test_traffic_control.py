@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -19,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import ROOT, Corral
+from conftest import BINARY, ROOT, Corral
 from corral import _protocol as protocol
 
 GATED = str(ROOT / "tests" / "workers" / "gated.py")
@@ -311,3 +312,27 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
     assert reply["type"] == "reject"
     assert "JSON Pointer" in reply["message"]
     sock.close()
+
+
+@pytest.mark.parametrize(
+    "args, config, expected",
+    [
+        (["--tenant-queue-share", "0"], None, "is not a share above 0 and at most 1"),
+        (["--tenant-queue-share", "1.5"], None, "is not a share above 0 and at most 1"),
+        (["--max-batch-weight", "0"], None, "--max-batch-weight"),
+        (["--tenant-header", "bad header"], None, "is not a valid HTTP header name"),
+        ([], "tenant_queue_share = 0.0\n", "tenant_queue_share"),
+        ([], 'tenant_header = "a b"\n', "tenant_header"),
+        ([], "[stages.s]\nmax_batch_weight = 0\n", "stages.s.max_batch_weight"),
+        ([], '[stages.s]\n[routes.r]\npipeline = "s"\npriority = "urgent"\n', "priority"),
+    ],
+)
+def test_traffic_settings_that_cannot_work_are_refused_at_start(tmp_path, args, config, expected):
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock"), *args]
+    if config is not None:
+        (tmp_path / "c.toml").write_text(config)
+        command += ["--config", str(tmp_path / "c.toml")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr, result.stderr
+    assert "listening" not in result.stderr

@@ -6,20 +6,9 @@ Every answer is `{"echo": item, "batch_size": n, "pid": pid}`."""
 
 import os
 
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from worker_traces import user
 
 from corral import Worker
-
-provider = TracerProvider(resource=Resource.create({"service.name": "worker"}))
-provider.add_span_processor(
-    SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["TRACED_ENDPOINT"]))
-)
-trace.set_tracer_provider(provider)
-user = trace.get_tracer("user")
 
 
 class Traced(Worker):

@@ -3,22 +3,9 @@
 opening a span of its own (`user step`) at every step, which must land inside the package's
 `forward` span."""
 
-import os
-
-from opentelemetry import trace
-from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from worker_traces import user
 
 from corral import Worker
-
-provider = TracerProvider(resource=Resource.create({"service.name": "worker"}))
-provider.add_span_processor(
-    SimpleSpanProcessor(OTLPSpanExporter(endpoint=os.environ["TRACED_ENDPOINT"]))
-)
-trace.set_tracer_provider(provider)
-user = trace.get_tracer("user")
 
 
 class TracedStream(Worker):

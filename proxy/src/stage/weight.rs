@@ -153,6 +153,28 @@ mod tests {
     }
 
     #[test]
+    fn a_large_value_off_the_path_is_skipped_not_decoded() {
+        // {"image": <8 MiB of bytes>, "text": "héllo"}: the rule walks past the image.
+        let image = serde_bytes_value(8 * 1024 * 1024);
+        let mut payload = vec![0x82, 0xa5];
+        payload.extend_from_slice(b"image");
+        payload.extend_from_slice(&image);
+        payload.push(0xa4);
+        payload.extend_from_slice(b"text");
+        payload.extend_from_slice(&mp(serde_json::json!("héllo")));
+        assert_eq!(WeightRule::parse("/text").unwrap().weigh(&payload), 5);
+        assert_eq!(WeightRule::parse("/image").unwrap().weigh(&payload), MAX_WEIGHT);
+    }
+
+    /// A msgpack `bin32` of `len` zero bytes.
+    fn serde_bytes_value(len: usize) -> Vec<u8> {
+        let mut value = vec![0xc6];
+        value.extend_from_slice(&(len as u32).to_be_bytes());
+        value.resize(5 + len, 0);
+        value
+    }
+
+    #[test]
     fn a_pointer_must_start_with_a_slash() {
         assert!(WeightRule::parse("text").unwrap_err().contains("JSON Pointer"));
     }
