@@ -35,6 +35,7 @@ def _value(any_value):
 class Receiver:
     def __init__(self) -> None:
         self.spans: list[Span] = []
+        self.headers: list[dict[str, str]] = []  # each export's headers, lower-cased names
         self._lock = threading.Lock()
         receiver = self
 
@@ -44,6 +45,8 @@ class Receiver:
                 request = ExportTraceServiceRequest()
                 request.ParseFromString(body)
                 receiver._take(request)
+                with receiver._lock:
+                    receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
                 self.send_response(200)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", "0")

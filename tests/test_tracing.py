@@ -3,7 +3,10 @@ OpenTelemetry's own protobuf package (tests/otlp_receiver.py), and the tests rea
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -138,6 +141,7 @@ def test_a_streaming_workers_forward_span_spans_its_stream(corral_factory, recei
             and any(s.name == "forward" for s in spans)
             and len(requests_of(spans)) == 1
             and any(s.name == "batch default" for s in spans)
+            and any(s.name == "queue default" for s in spans)
         )
     )
     (request,) = requests_of(spans)
@@ -151,3 +155,100 @@ def test_a_streaming_workers_forward_span_spans_its_stream(corral_factory, recei
     assert [s.parent_span_id for s in admission] == [request.span_id]
     (batch,) = [s for s in spans if s.name == "batch default"]
     assert (CLIENT_TRACE, request.span_id) in batch.links
+    # Its queue wait, from entering the queue until its batch was sent, linked to that batch.
+    (queue,) = [s for s in spans if s.name == "queue default"]
+    assert queue.parent_span_id == request.span_id
+    assert queue.links == [(batch.trace_id, batch.span_id)]
+    assert queue.attributes["corral.dispatched"] is True
+
+
+SCRIPTED = str(ROOT / "tests" / "workers" / "scripted.py")
+
+
+def batch_events(receiver, count):
+    """The events of the proxy's batch spans, once `count` batch spans are in."""
+    spans = receiver.wait_for(lambda spans: sum(s.name == "batch default" for s in spans) >= count)
+    return [s.events for s in spans if s.name == "batch default"]
+
+
+def test_a_worker_dying_with_a_batch_and_its_retry_are_events_on_the_batch_span(
+    corral_factory, receiver
+):
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--otlp-endpoint", receiver.url, worker=SCRIPTED, workers=2
+    )
+    proxy.wait_for_log(r"worker connected", count=2)
+    # Every worker that takes it dies: once retried (the default, --retries 1), then a 500.
+    assert proxy.post({"exit": True}).status_code == 500
+    events = batch_events(receiver, 2)
+    assert sorted(events) == [["worker failed"], ["worker failed", "retry"]], events
+
+
+def test_a_hung_worker_killed_is_an_event_on_its_batch_span(corral_factory, receiver):
+    proxy = corral_factory(
+        "--max-wait-ms=0",
+        "--batch-timeout-ms=300",
+        "--retries=0",
+        "--timeout-ms=20000",
+        "--otlp-endpoint",
+        receiver.url,
+        worker=SCRIPTED,
+    )
+    assert proxy.post({"sleep_ms": 60_000}).status_code == 500
+    assert batch_events(receiver, 1) == [["worker hung: killed"]]
+
+
+def test_a_pipeline_has_a_queue_wait_and_a_batch_per_stage(corral_factory, receiver, tmp_path):
+    from test_pipelines import ARITH_TOML, write
+
+    env = {"OTEL_SERVICE_NAME": "proxy"}
+    config = write(tmp_path, ARITH_TOML)
+    proxy = corral_factory(
+        "--config", config, "--otlp-endpoint", receiver.url, worker=None, env=env
+    )
+    proxy.wait_for_log(r"worker connected", count=3)
+    answer = proxy.post(3)
+    assert answer.status_code == 200 and answer.json() == 9, answer.text
+    spans = receiver.wait_for(
+        lambda spans: (
+            {"batch scale", "batch shift"} <= {s.name for s in spans}
+            and len(requests_of(spans)) == 1
+        )
+    )
+    (request,) = requests_of(spans)
+    children = {s.name: s for s in spans if s.parent_span_id == request.span_id}
+    assert {"queue scale", "queue shift"} <= set(children), children
+    for stage in ("scale", "shift"):
+        (batch,) = [s for s in spans if s.name == f"batch {stage}"]
+        assert children[f"queue {stage}"].links == [(batch.trace_id, batch.span_id)]
+        assert (request.trace_id, request.span_id) in batch.links
+    # The second stage's wait starts after the first stage's batch was sent.
+    assert children["queue shift"].start >= children["queue scale"].end
+
+
+def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, receiver):
+    env = {
+        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cr%3Dt,x-tenant=blue",
+        "OTEL_SERVICE_NAME": "proxy",
+    }
+    proxy = corral_factory("--otlp-endpoint", receiver.url, env=env)
+    assert proxy.post({"x": 1}).status_code == 200
+    receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    export = receiver.headers[0]
+    assert export["api-key"] == "s3cr=t" and export["x-tenant"] == "blue"
+    assert export["content-type"] == "application/x-protobuf"
+
+
+def test_a_malformed_otlp_header_list_is_refused_at_start(corral_factory):
+    from conftest import BINARY
+
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": "no-equals-sign"}
+    done = subprocess.run(
+        [BINARY, "--otlp-endpoint", "http://127.0.0.1:4318", "--", sys.executable, "-c", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode != 0
+    assert "no-equals-sign" in done.stderr and "key=value" in done.stderr

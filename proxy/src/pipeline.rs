@@ -187,7 +187,8 @@ async fn run_stage(
     let replies = join_all(waits).await;
     timing::record(arrived, &replies);
     if let Some(cx) = &traced {
-        trace::queue_wait(cx, stage.name(), arrived, &replies);
+        let sent: Vec<_> = replies.iter().filter_map(|reply| reply.batch.map(|(s, _)| s)).collect();
+        trace::queue_wait(cx, stage.name(), arrived, &sent);
     }
     Ok(replies.into_iter().map(|reply| reply.outcome).collect())
 }

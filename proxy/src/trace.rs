@@ -17,7 +17,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
-use http::{HeaderMap, Request, Response, Uri};
+use http::{HeaderMap, Request, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use opentelemetry::propagation::TextMapPropagator;
@@ -26,20 +26,21 @@ use opentelemetry::trace::{
     Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_http::{HeaderExtractor, HttpClient, HttpError};
-use opentelemetry_otlp::{Protocol, WithExportConfig, WithHttpConfig};
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample, Span,
-    SpanData, SpanExporter, SpanProcessor,
+    SpanData, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 use tokio::time::Instant;
+use tracing::debug;
 
-use crate::job::{Job, Reply};
+use crate::job::{Job, Sent};
 use crate::metrics::metrics;
 use crate::stage::Shed;
+
+mod otlp;
 
 /// Most ended spans waiting for export; past it, spans are dropped (and counted).
 pub const QUEUE_SPANS: usize = 16384;
@@ -76,17 +77,10 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
              the proxy; TLS is not supported)"
         ));
     }
-    let mut exporter = opentelemetry_otlp::SpanExporter::builder()
-        .with_http()
-        .with_http_client(Client::default())
-        .with_protocol(Protocol::HttpBinary)
-        .with_endpoint(endpoint)
-        .with_timeout(EXPORT_TIMEOUT)
-        .build()
-        .map_err(|e| format!("the OTLP exporter: {e}"))?;
     let resource = Resource::builder().with_service_name(service.to_string()).build();
-    exporter.set_resource(&resource);
-    let processor = Queue::start(exporter, tokio::runtime::Handle::current());
+    let headers = export_headers()?;
+    let export = Export { uri, headers, resource: resource.clone(), client: Client::default() };
+    let processor = Queue::start(export, tokio::runtime::Handle::current());
     let sampler = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
@@ -98,6 +92,43 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
     TRACING
         .set(Tracing { tracer, provider, base })
         .map_err(|_| "tracing was already started".to_string())
+}
+
+/// Headers every export carries (a collector's API key, say), from
+/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS`, as OpenTelemetry
+/// defines them: `key=value` pairs joined by commas, values percent-encoded.
+fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
+    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.trim().is_empty());
+    let Some(list) =
+        var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
+    else {
+        return Ok(Vec::new());
+    };
+    list.split(',')
+        .filter(|pair| !pair.trim().is_empty())
+        .map(|pair| {
+            let bad = |why: &str| format!("the OTLP export header {pair:?}: {why}");
+            let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
+            let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
+            let value = percent_decoded(value.trim()).ok_or_else(|| bad("bad percent-encoding"))?;
+            let value = http::HeaderValue::try_from(value).map_err(|e| bad(&e.to_string()))?;
+            Ok((name, value))
+        })
+        .collect()
+}
+
+fn percent_decoded(text: &str) -> Option<Vec<u8>> {
+    let mut out = Vec::with_capacity(text.len());
+    let mut bytes = text.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hex = [bytes.next()?, bytes.next()?];
+            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
+        } else {
+            out.push(b);
+        }
+    }
+    Some(out)
 }
 
 /// Exports what is queued (for up to a few seconds) and stops; at the proxy's exit.
@@ -123,7 +154,7 @@ fn wall(at: Instant) -> SystemTime {
 /// sent one, else the root of a new trace; None when tracing is off.
 pub fn request(headers: &HeaderMap, method: &http::Method) -> Option<Context> {
     let tracer = tracer()?;
-    let parent = TraceContextPropagator::new().extract(&HeaderExtractor(headers));
+    let parent = TraceContextPropagator::new().extract(&Headers(headers));
     let method = method_name(method);
     let span = tracer
         .span_builder(method.clone())
@@ -204,12 +235,12 @@ pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&S
 }
 
 /// A stage's queue wait for a request: from entering the queue until its (last) job's batch was
-/// sent, linked to every batch its jobs rode in.
-pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, replies: &[Reply]) {
+/// sent, linked to every batch its jobs rode in (`sent`: one entry per job that was dispatched;
+/// a streamed job's is its latest batch).
+pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, sent: &[Sent]) {
     let Some(tracer) = tracer() else { return };
-    let sent = || replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
     let mut links: Vec<Link> = Vec::with_capacity(1);
-    for (trace_id, span_id) in sent().filter_map(|sent| sent.span) {
+    for (trace_id, span_id) in sent.iter().filter_map(|sent| sent.span) {
         if !links.iter().any(|link| link.span_context.span_id() == span_id) {
             let context = SpanContext::new(
                 trace_id,
@@ -221,7 +252,7 @@ pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, replies: &[Reply]
             links.push(Link::with_context(context));
         }
     }
-    let end = sent().map(|sent| sent.at).max();
+    let end = sent.iter().map(|sent| sent.at).max();
     let mut span = tracer
         .span_builder(format!("queue {stage}"))
         .with_start_time(wall(entered))
@@ -231,7 +262,7 @@ pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, replies: &[Reply]
             KeyValue::new("corral.dispatched", end.is_some()),
             KeyValue::new(
                 "corral.batch.size",
-                sent().map(|s| s.batch_size).max().unwrap_or(0) as i64,
+                sent.iter().map(|s| s.batch_size).max().unwrap_or(0) as i64,
             ),
         ])
         .start_with_context(tracer, cx);
@@ -332,7 +363,7 @@ struct Shared {
 }
 
 impl Queue {
-    fn start(exporter: opentelemetry_otlp::SpanExporter, runtime: tokio::runtime::Handle) -> Self {
+    fn start(export: Export, runtime: tokio::runtime::Handle) -> Self {
         let shared = std::sync::Arc::new(Shared {
             spans: std::sync::Mutex::new(Vec::with_capacity(2 * BATCH_SPANS)),
             flushes: std::sync::Mutex::default(),
@@ -341,7 +372,7 @@ impl Queue {
             .name("corral-otlp".into())
             .spawn({
                 let shared = shared.clone();
-                move || export_loop(&exporter, &shared, &runtime)
+                move || export_loop(&export, &shared, &runtime)
             })
             .expect("a thread starts")
             .thread()
@@ -382,11 +413,7 @@ impl SpanProcessor for Queue {
     }
 }
 
-fn export_loop(
-    exporter: &opentelemetry_otlp::SpanExporter,
-    shared: &Shared,
-    runtime: &tokio::runtime::Handle,
-) {
+fn export_loop(export: &Export, shared: &Shared, runtime: &tokio::runtime::Handle) {
     // Spans are large: the queue's buffers are sized once, so that pushing never moves them.
     let mut spare: Vec<SpanData> = Vec::with_capacity(2 * BATCH_SPANS);
     loop {
@@ -398,11 +425,15 @@ fn export_loop(
             std::mem::replace(&mut *queued, std::mem::take(&mut spare))
         };
         while !spans.is_empty() {
-            let batch: Vec<SpanData> = spans.drain(..spans.len().min(BATCH_SPANS)).collect();
-            let count = batch.len() as u64;
-            if runtime.block_on(exporter.export(batch)).is_err() {
-                metrics().spans_dropped.inc_by(count);
+            let batch = &spans[..spans.len().min(BATCH_SPANS)];
+            let body = otlp::encode(batch, &export.resource);
+            if let Err(e) = runtime.block_on(export.client.post(&export.uri, &export.headers, body))
+            {
+                metrics().spans_dropped.inc_by(batch.len() as u64);
+                debug!(error = %e, spans = batch.len(), "an export of spans failed: dropped");
             }
+            let sent = batch.len();
+            spans.drain(..sent);
         }
         spare = spans;
         spare.reserve(2 * BATCH_SPANS);
@@ -412,47 +443,85 @@ fn export_loop(
     }
 }
 
-/// A plain HTTP/1.1 client for the exporter, on the proxy's own hyper and runtime (one kept-alive
-/// connection, reopened when it closes): fewer crates than an HTTP client library.
+/// Where spans go, and how.
+#[derive(Debug)]
+struct Export {
+    uri: Uri,
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    resource: Resource,
+    client: Client,
+}
+
+/// A request's headers as trace-context propagation reads them.
+struct Headers<'a>(&'a HeaderMap);
+
+impl opentelemetry::propagation::Extractor for Headers<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).and_then(|value| value.to_str().ok())
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(http::HeaderName::as_str).collect()
+    }
+}
+
+/// A plain HTTP/1.1 client for the export (one kept-alive connection, reopened when it closes),
+/// on the proxy's own hyper and runtime: fewer crates than an HTTP client library.
 #[derive(Debug, Default)]
 struct Client {
     idle: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
 }
 
-#[async_trait::async_trait]
-impl HttpClient for Client {
-    async fn send_bytes(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
-        tokio::time::timeout(EXPORT_TIMEOUT, self.send(request))
-            .await
-            .map_err(|_| HttpError::from("the OTLP export timed out"))?
-    }
-}
+type Error = Box<dyn std::error::Error + Send + Sync>;
 
 impl Client {
-    async fn send(&self, request: Request<Bytes>) -> Result<Response<Bytes>, HttpError> {
+    /// POSTs one OTLP/protobuf body; an answer other than 2xx is an error.
+    async fn post(
+        &self,
+        uri: &Uri,
+        headers: &[(http::HeaderName, http::HeaderValue)],
+        body: Vec<u8>,
+    ) -> Result<(), Error> {
+        tokio::time::timeout(EXPORT_TIMEOUT, self.send(uri, headers, body))
+            .await
+            .map_err(|_| "the OTLP export timed out")?
+    }
+
+    async fn send(
+        &self,
+        uri: &Uri,
+        headers: &[(http::HeaderName, http::HeaderValue)],
+        body: Vec<u8>,
+    ) -> Result<(), Error> {
         let mut idle = self.idle.lock().await;
-        let (mut parts, body) = request.into_parts();
         let mut sender = match idle.take() {
             Some(sender) if !sender.is_closed() => sender,
-            _ => connect(&parts.uri).await?,
+            _ => connect(uri).await?,
         };
         sender.ready().await?;
         // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
-        let host = parts.uri.authority().map(|a| a.as_str().to_string()).unwrap_or_default();
-        parts.headers.insert(http::header::HOST, host.parse()?);
-        let path = parts.uri.path_and_query().map_or("/", |p| p.as_str()).to_string();
-        parts.uri = path.parse()?;
-        let response = sender.send_request(Request::from_parts(parts, Full::new(body))).await?;
-        let (parts, body) = response.into_parts();
-        let body = body.collect().await?.to_bytes();
+        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let mut request = Request::post(path)
+            .header(http::header::HOST, uri.authority().map_or("", |a| a.as_str()))
+            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
+            .body(Full::new(Bytes::from(body)))?;
+        for (name, value) in headers {
+            request.headers_mut().insert(name, value.clone());
+        }
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        // Read to its end, so that the connection can carry the next export.
+        response.into_body().collect().await?;
         *idle = Some(sender);
-        Ok(Response::from_parts(parts, body))
+        if status.is_success() {
+            Ok(())
+        } else {
+            Err(format!("the collector answered {status}").into())
+        }
     }
 }
 
-async fn connect(
-    uri: &Uri,
-) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, HttpError> {
+async fn connect(uri: &Uri) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, Error> {
     let host = uri.host().ok_or("the OTLP endpoint has no host")?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let stream = tokio::net::TcpStream::connect((host, uri.port_u16().unwrap_or(80))).await?;

@@ -93,6 +93,10 @@ pub async fn answer(
     };
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     timing::record_stream(entered, source.sent(), Instant::now());
+    if let Some(cx) = &traced {
+        let sent: Vec<_> = source.sent().into_iter().collect();
+        trace::queue_wait(cx, last.name(), entered, &sent);
+    }
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     match outcome {
