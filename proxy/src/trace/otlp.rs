@@ -5,7 +5,7 @@
 //! first — a `Vec` for each id, a `String` for each name, key and value, a struct for each link —
 //! about fifteen allocations a span, freed again once prost has encoded them, and prost measures
 //! each nested message once per level above it. At three spans a request that was most of
-//! tracing's cost (docs/ARCHITECTURE.md, "Tracing's cost"). Here nothing is allocated but the
+//! tracing's cost (BENCHMARKS.md, "Tracing targets"; docs/ARCHITECTURE.md, dependencies). Here nothing is allocated but the
 //! body. The bytes are the same as that conversion followed by prost's encoding: field by field,
 //! in tag order, with prost's rules for defaults (a proto3 scalar equal to its
 //! default is left out; a set message or `oneof` is always written). A test checks that against
