@@ -33,8 +33,10 @@ def _value(any_value):
 
 
 class Receiver:
-    def __init__(self) -> None:
+    def __init__(self, status: int = 200) -> None:
+        """`status`: what it answers each export (after decoding it), 200 or an error."""
         self.spans: list[Span] = []
+        self.exports: list[int] = []  # the number of spans in each export, in order
         self.headers: list[dict[str, str]] = []  # each export's headers, lower-cased names
         self._lock = threading.Lock()
         receiver = self
@@ -47,7 +49,7 @@ class Receiver:
                 receiver._take(request)
                 with receiver._lock:
                     receiver.headers.append({k.lower(): v for k, v in self.headers.items()})
-                self.send_response(200)
+                self.send_response(status)
                 self.send_header("content-type", "application/x-protobuf")
                 self.send_header("content-length", "0")
                 self.end_headers()
@@ -82,6 +84,7 @@ class Receiver:
                     )
         with self._lock:
             self.spans.extend(spans)
+            self.exports.append(len(spans))
 
     def wait_for(self, condition, timeout: float = 15, what: str = "spans") -> list[Span]:
         """Waits until `condition(spans)` holds (spans are exported in batches, after a delay)."""

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ROOT
+from conftest import BINARY, ROOT
 from otlp_receiver import Receiver
 
 TRACED = str(ROOT / "tests" / "workers" / "traced.py")
@@ -109,6 +109,43 @@ def test_without_a_traceparent_a_new_trace_starts(traced, receiver):
     spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
     (request,) = requests_of(spans)
     assert request.parent_span_id == "" and request.trace_id != CLIENT_TRACE
+
+
+def test_64_clients_of_1000_requests_all_arrive_in_exports_of_at_most_2048_spans(
+    corral_factory, receiver
+):
+    env = {"OTEL_SERVICE_NAME": "proxy"}
+    proxy = corral_factory("--max-batch-size", "32", "--otlp-endpoint", receiver.url, env=env)
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(lambda i: proxy.post({"n": i}), range(1000)))
+    assert all(a.status_code == 200 for a in answers)
+    ids = {a.headers["x-request-id"] for a in answers}
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1000, timeout=60)
+    requests = requests_of(spans)
+    assert {r.attributes["corral.request_id"] for r in requests} == ids
+    batches = {s.span_id for s in spans if s.name == "batch default"}
+    queues = [s for s in spans if s.name == "queue default"]
+    assert len(queues) == 1000
+    assert all(len(q.links) == 1 and q.links[0][1] in batches for q in queues)
+    # Several exports, each within the export batch (the proxy's BATCH_SPANS), every one decoded.
+    assert len(receiver.exports) >= 2 and max(receiver.exports) <= 2048
+    assert sum(receiver.exports) == len(receiver.spans)
+
+
+def test_a_collector_answering_errors_drops_spans_and_counts_them(corral_factory):
+    failing = Receiver(status=500)
+    try:
+        proxy = corral_factory("--otlp-endpoint", failing.url)
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda i: proxy.post({"n": i}), range(32)))
+        assert all(a.status_code == 200 for a in answers)
+        proxy.wait_until(
+            lambda: proxy.metric("corral_spans_dropped_total") > 0, what="dropped spans counted"
+        )
+        # The collector got the exports (and refused them): what it refused is what was counted.
+        assert proxy.metric("corral_spans_dropped_total") <= sum(failing.exports)
+    finally:
+        failing.stop()
 
 
 def dead_port() -> int:
@@ -240,8 +277,6 @@ def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, re
 
 
 def test_a_malformed_otlp_header_list_is_refused_at_start(corral_factory):
-    from conftest import BINARY
-
     env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": "no-equals-sign"}
     done = subprocess.run(
         [BINARY, "--otlp-endpoint", "http://127.0.0.1:4318", "--", sys.executable, "-c", "0"],

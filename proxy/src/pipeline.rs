@@ -187,8 +187,8 @@ async fn run_stage(
     let replies = join_all(waits).await;
     timing::record(arrived, &replies);
     if let Some(cx) = &traced {
-        let sent: Vec<_> = replies.iter().filter_map(|reply| reply.batch.map(|(s, _)| s)).collect();
-        trace::queue_wait(cx, stage.name(), arrived, &sent);
+        let sent = replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
+        trace::queue_wait(cx, stage.name(), arrived, sent);
     }
     Ok(replies.into_iter().map(|reply| reply.outcome).collect())
 }

@@ -78,9 +78,13 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
         ));
     }
     let resource = Resource::builder().with_service_name(service.to_string()).build();
-    let headers = export_headers()?;
-    let export = Export { uri, headers, resource: resource.clone(), client: Client::default() };
-    let processor = Queue::start(export, tokio::runtime::Handle::current());
+    let collector = Collector {
+        uri,
+        headers: export_headers()?,
+        resource: resource.clone(),
+        idle: tokio::sync::Mutex::default(),
+    };
+    let processor = Queue::start(collector, tokio::runtime::Handle::current());
     let sampler = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
@@ -110,25 +114,11 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
             let bad = |why: &str| format!("the OTLP export header {pair:?}: {why}");
             let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
             let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
-            let value = percent_decoded(value.trim()).ok_or_else(|| bad("bad percent-encoding"))?;
+            let value: Vec<u8> = percent_encoding::percent_decode_str(value.trim()).collect();
             let value = http::HeaderValue::try_from(value).map_err(|e| bad(&e.to_string()))?;
             Ok((name, value))
         })
         .collect()
-}
-
-fn percent_decoded(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len());
-    let mut bytes = text.bytes();
-    while let Some(b) = bytes.next() {
-        if b == b'%' {
-            let hex = [bytes.next()?, bytes.next()?];
-            out.push(u8::from_str_radix(std::str::from_utf8(&hex).ok()?, 16).ok()?);
-        } else {
-            out.push(b);
-        }
-    }
-    Some(out)
 }
 
 /// Exports what is queued (for up to a few seconds) and stops; at the proxy's exit.
@@ -237,10 +227,15 @@ pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&S
 /// A stage's queue wait for a request: from entering the queue until its (last) job's batch was
 /// sent, linked to every batch its jobs rode in (`sent`: one entry per job that was dispatched;
 /// a streamed job's is its latest batch).
-pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, sent: &[Sent]) {
+pub fn queue_wait(
+    cx: &Context,
+    stage: &str,
+    entered: Instant,
+    sent: impl Iterator<Item = Sent> + Clone,
+) {
     let Some(tracer) = tracer() else { return };
     let mut links: Vec<Link> = Vec::with_capacity(1);
-    for (trace_id, span_id) in sent.iter().filter_map(|sent| sent.span) {
+    for (trace_id, span_id) in sent.clone().filter_map(|sent| sent.span) {
         if !links.iter().any(|link| link.span_context.span_id() == span_id) {
             let context = SpanContext::new(
                 trace_id,
@@ -252,7 +247,7 @@ pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, sent: &[Sent]) {
             links.push(Link::with_context(context));
         }
     }
-    let end = sent.iter().map(|sent| sent.at).max();
+    let end = sent.clone().map(|sent| sent.at).max();
     let mut span = tracer
         .span_builder(format!("queue {stage}"))
         .with_start_time(wall(entered))
@@ -262,7 +257,7 @@ pub fn queue_wait(cx: &Context, stage: &str, entered: Instant, sent: &[Sent]) {
             KeyValue::new("corral.dispatched", end.is_some()),
             KeyValue::new(
                 "corral.batch.size",
-                sent.iter().map(|s| s.batch_size).max().unwrap_or(0) as i64,
+                sent.map(|s| s.batch_size).max().unwrap_or(0) as i64,
             ),
         ])
         .start_with_context(tracer, cx);
@@ -363,7 +358,7 @@ struct Shared {
 }
 
 impl Queue {
-    fn start(export: Export, runtime: tokio::runtime::Handle) -> Self {
+    fn start(collector: Collector, runtime: tokio::runtime::Handle) -> Self {
         let shared = std::sync::Arc::new(Shared {
             spans: std::sync::Mutex::new(Vec::with_capacity(2 * BATCH_SPANS)),
             flushes: std::sync::Mutex::default(),
@@ -372,7 +367,7 @@ impl Queue {
             .name("corral-otlp".into())
             .spawn({
                 let shared = shared.clone();
-                move || export_loop(&export, &shared, &runtime)
+                move || export_loop(&collector, &shared, &runtime)
             })
             .expect("a thread starts")
             .thread()
@@ -413,7 +408,7 @@ impl SpanProcessor for Queue {
     }
 }
 
-fn export_loop(export: &Export, shared: &Shared, runtime: &tokio::runtime::Handle) {
+fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime::Handle) {
     // Spans are large: the queue's buffers are sized once, so that pushing never moves them.
     let mut spare: Vec<SpanData> = Vec::with_capacity(2 * BATCH_SPANS);
     loop {
@@ -424,32 +419,19 @@ fn export_loop(export: &Export, shared: &Shared, runtime: &tokio::runtime::Handl
             let mut queued = shared.spans.lock().unwrap_or_else(|p| p.into_inner());
             std::mem::replace(&mut *queued, std::mem::take(&mut spare))
         };
-        while !spans.is_empty() {
-            let batch = &spans[..spans.len().min(BATCH_SPANS)];
-            let body = otlp::encode(batch, &export.resource);
-            if let Err(e) = runtime.block_on(export.client.post(&export.uri, &export.headers, body))
-            {
+        for batch in spans.chunks(BATCH_SPANS) {
+            if let Err(e) = runtime.block_on(collector.export(batch)) {
                 metrics().spans_dropped.inc_by(batch.len() as u64);
                 debug!(error = %e, spans = batch.len(), "an export of spans failed: dropped");
             }
-            let sent = batch.len();
-            spans.drain(..sent);
         }
+        spans.clear();
         spare = spans;
         spare.reserve(2 * BATCH_SPANS);
         flushed.into_iter().for_each(|done| {
             let _ = done.send(());
         });
     }
-}
-
-/// Where spans go, and how.
-#[derive(Debug)]
-struct Export {
-    uri: Uri,
-    headers: Vec<(http::HeaderName, http::HeaderValue)>,
-    resource: Resource,
-    client: Client,
 }
 
 /// A request's headers as trace-context propagation reads them.
@@ -465,47 +447,43 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     }
 }
 
-/// A plain HTTP/1.1 client for the export (one kept-alive connection, reopened when it closes),
-/// on the proxy's own hyper and runtime: fewer crates than an HTTP client library.
-#[derive(Debug, Default)]
-struct Client {
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The collector spans go to, and a plain HTTP/1.1 client for it on the proxy's own hyper and
+/// runtime (one kept-alive connection, reopened when it closes): fewer crates than an HTTP
+/// client library.
+#[derive(Debug)]
+struct Collector {
+    uri: Uri,
+    /// `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`, sent with every export.
+    headers: Vec<(http::HeaderName, http::HeaderValue)>,
+    resource: Resource,
     idle: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
 }
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-impl Client {
-    /// POSTs one OTLP/protobuf body; an answer other than 2xx is an error.
-    async fn post(
-        &self,
-        uri: &Uri,
-        headers: &[(http::HeaderName, http::HeaderValue)],
-        body: Vec<u8>,
-    ) -> Result<(), Error> {
-        tokio::time::timeout(EXPORT_TIMEOUT, self.send(uri, headers, body))
+impl Collector {
+    /// Exports `spans` in one OTLP/protobuf request; an answer other than 2xx is an error.
+    async fn export(&self, spans: &[SpanData]) -> Result<(), Error> {
+        let body = otlp::encode(spans, &self.resource);
+        tokio::time::timeout(EXPORT_TIMEOUT, self.post(body))
             .await
             .map_err(|_| "the OTLP export timed out")?
     }
 
-    async fn send(
-        &self,
-        uri: &Uri,
-        headers: &[(http::HeaderName, http::HeaderValue)],
-        body: Vec<u8>,
-    ) -> Result<(), Error> {
+    async fn post(&self, body: Vec<u8>) -> Result<(), Error> {
         let mut idle = self.idle.lock().await;
         let mut sender = match idle.take() {
             Some(sender) if !sender.is_closed() => sender,
-            _ => connect(uri).await?,
+            _ => connect(&self.uri).await?,
         };
         sender.ready().await?;
         // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
-        let path = uri.path_and_query().map_or("/", |p| p.as_str());
+        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
         let mut request = Request::post(path)
-            .header(http::header::HOST, uri.authority().map_or("", |a| a.as_str()))
+            .header(http::header::HOST, self.uri.authority().map_or("", |a| a.as_str()))
             .header(http::header::CONTENT_TYPE, "application/x-protobuf")
             .body(Full::new(Bytes::from(body)))?;
-        for (name, value) in headers {
+        for (name, value) in &self.headers {
             request.headers_mut().insert(name, value.clone());
         }
         let response = sender.send_request(request).await?;

@@ -92,10 +92,10 @@ pub async fn answer(
         _ = tokio::time::sleep_until(deadline) => return Err(ApiError::deadline_exceeded()),
     };
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
-    timing::record_stream(entered, source.sent(), Instant::now());
+    let sent = source.sent();
+    timing::record_stream(entered, sent, Instant::now());
     if let Some(cx) = &traced {
-        let sent: Vec<_> = source.sent().into_iter().collect();
-        trace::queue_wait(cx, last.name(), entered, &sent);
+        trace::queue_wait(cx, last.name(), entered, sent.into_iter());
     }
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
