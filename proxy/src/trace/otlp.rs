@@ -5,11 +5,11 @@
 //! first — a `Vec` for each id, a `String` for each name, key and value, a struct for each link —
 //! about fifteen allocations a span, freed again once prost has encoded them, and prost measures
 //! each nested message once per level above it. At three spans a request that was most of
-//! tracing's cost (BENCHMARKS.md, "Tracing targets"; docs/ARCHITECTURE.md, dependencies). Here nothing is allocated but the
-//! body. The bytes are the same as that conversion followed by prost's encoding: field by field,
-//! in tag order, with prost's rules for defaults (a proto3 scalar equal to its
-//! default is left out; a set message or `oneof` is always written). A test checks that against
-//! opentelemetry-proto itself, for spans with every kind of field.
+//! tracing's cost (BENCHMARKS.md, "Tracing targets"; docs/ARCHITECTURE.md, dependencies). Here
+//! nothing is allocated but the body. The bytes are the same as that conversion followed by
+//! prost's encoding: field by field, in tag order, with prost's rules for defaults (a proto3
+//! scalar equal to its default is left out; a set message or `oneof` is always written). A test
+//! checks that against opentelemetry-proto itself, for spans with every kind of field.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -165,8 +165,7 @@ fn any_value(out: &mut Out, value: &Value) {
 }
 
 fn string_value(out: &mut Out, s: &StringValue) {
-    out.key(1, WireType::LengthDelimited);
-    out.varint(s.as_str().len() as u64);
+    out.length(1, s.as_str().len());
     out.raw(s.as_str().as_bytes());
 }
 
@@ -186,23 +185,24 @@ fn array_value(out: &mut Out, array: &Array) {
     });
 }
 
-/// `repeated KeyValue` at `tag`: KeyValue { key = 1; AnyValue value = 2 (always set) }.
+/// A `KeyValue` at `tag`: KeyValue { key = 1; AnyValue value = 2 (always set) }.
+fn key_value(out: &mut Out, tag: u32, key: &str, value: &Value) {
+    out.message(tag, |out| {
+        string(out, 1, key);
+        out.message(2, |out| any_value(out, value));
+    });
+}
+
 fn attributes<'a>(out: &mut Out, tag: u32, attributes: impl Iterator<Item = &'a KeyValue>) {
     for kv in attributes {
-        out.message(tag, |out| {
-            string(out, 1, kv.key.as_str());
-            out.message(2, |out| any_value(out, &kv.value));
-        });
+        key_value(out, tag, kv.key.as_str(), &kv.value);
     }
 }
 
 fn resource(out: &mut Out, resource: &Resource) {
     // Resource { attributes = 1; dropped_attributes_count = 2; entity_refs = 3 }
     for (key, value) in resource.iter() {
-        out.message(1, |out| {
-            string(out, 1, key.as_str());
-            out.message(2, |out| any_value(out, value));
-        });
+        key_value(out, 1, key.as_str(), value);
     }
 }
 
