@@ -7,8 +7,10 @@ object; the worker makes its image tensor on the GPU, so the run measures servin
 batching, the hop to the worker), not the upload of 600 KB images. For max batch 32 and 128:
 
 - the limit: the model's own batch throughput in process on the same device (items/s);
-- Corral (one worker, `--gpus 0`) and MOSEC (one worker) at 1, 32 and 256 closed-loop clients
-  (oha), items/s and p50/p99, with the GPU's utilisation sampled from nvidia-smi meanwhile.
+- Corral (`--gpus 0 --workers-per-gpu N`) and MOSEC (N workers), for N = 1 and 2 worker
+  processes on the GPU, at 1, 32 and 256 closed-loop clients (oha): items/s and p50/p99, with
+  the GPU's utilisation sampled from nvidia-smi meanwhile. With BENCH_GAPS=1 set, each Corral
+  worker's log (in the run's temporary folder) says where its time goes (bench/gpu_worker.py).
 
 Targets (issue: workers on accelerators): Corral ≥ 90% of the in-process limit at 256 clients
 and ≥ 1.5× MOSEC. Without torch or a GPU the script says so and exits 2: it is never faked on
@@ -36,6 +38,10 @@ sys.path.insert(0, str(HERE))
 BODY = '{"seed": 1}'
 CLIENTS = [1, 32, 256]
 BATCHES = [32, 128]
+# One worker process, and two: a model whose batch is bound by the CPU launching its kernels
+# leaves the GPU idle between batches unless a second process fills the gaps.
+WORKERS = [1, 2]
+WARMUP_S = 3
 
 
 def require_gpu() -> str:
@@ -51,18 +57,20 @@ def require_gpu() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def in_process(max_batch: int, seconds: float) -> float:
-    """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up)."""
+def in_process(max_batch: int, seconds: float) -> tuple[float, float]:
+    """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up), and the
+    GPU's median utilisation meanwhile."""
     import gpu_model
 
     model = gpu_model.Model()
-    model.run(max_batch)
-    model.run(max_batch)
-    done, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
+    for _ in range(10):
         model.run(max_batch)
-        done += max_batch
-    return done / (time.perf_counter() - start)
+    done, start = 0, time.perf_counter()
+    with Utilisation() as gpu:
+        while time.perf_counter() - start < seconds:
+            model.run(max_batch)
+            done += max_batch
+    return done / (time.perf_counter() - start), gpu.median()
 
 
 class Utilisation:
@@ -92,15 +100,16 @@ class Utilisation:
         return statistics.median(self.samples) if self.samples else float("nan")
 
 
-def systems(args, max_batch: int):
+def systems(args, max_batch: int, workers: int):
     import bench
 
     python = sys.executable
-    env = {"BENCH_MAX_BATCH": str(max_batch)}
+    env = {"BENCH_MAX_BATCH": str(max_batch), "BENCH_WORKERS": str(workers)}
     corral = [
         args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
-        "--max-batch-size", str(max_batch), "--max-wait-ms", "5", "--queue-capacity", "4096",
-        "--timeout-ms", "30000", "--", python, str(HERE / "gpu_worker.py"),
+        "--workers-per-gpu", str(workers), "--max-batch-size", str(max_batch),
+        "--max-wait-ms", "5", "--queue-capacity", "4096", "--timeout-ms", "30000",
+        "--", python, str(HERE / "gpu_worker.py"),
     ]  # fmt: skip
     mosec = [
         python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
@@ -112,11 +121,37 @@ def systems(args, max_batch: int):
     ]
 
 
+def point(
+    args, system, max_batch: int, workers: int, clients: int, limit: float
+) -> tuple[str, float]:
+    """One measured point: its table row and its items/s."""
+    import bench
+
+    with Utilisation() as gpu:
+        report = bench.oha(args.oha, system.url, args.seconds, clients, None, body=BODY)
+    ok, _ = bench.answered(report)
+    rate = ok / args.seconds
+    latency = report.get("latencyPercentiles", {})
+    p50 = (latency.get("p50") or 0) * 1000
+    p99 = (latency.get("p99") or 0) * 1000
+    row = (
+        f"| {max_batch} | {workers} | {system.name} | {clients} | {rate:,.0f} | {rate / limit:.2f}"
+        f" | {p50:.1f} | {p99:.1f} | {gpu.median():.0f} |"
+    )
+    return row, rate
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
     parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
     parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--batches", default=",".join(map(str, BATCHES)), help="max batch sizes")
+    parser.add_argument(
+        "--workers",
+        default=",".join(map(str, WORKERS)),
+        help="worker processes on the GPU, for each server (a list: each is measured)",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
     device = require_gpu()
@@ -125,53 +160,51 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="corral-gpu-"))
     rows = [
-        "| max batch | system | clients | items/s | ÷ in-process limit | p50 ms | p99 ms"
+        "| max batch | workers | system | clients | items/s | ÷ in-process limit | p50 ms | p99 ms"
         " | GPU utilisation (median %) |",
-        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     verdicts = []
-    for max_batch in BATCHES:
-        limit = in_process(max_batch, args.seconds)
+    for max_batch in [int(b) for b in args.batches.split(",")]:
+        limit, busy = in_process(max_batch, args.seconds)
         rows.append(
-            f"| {max_batch} | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — | — |"
+            f"| {max_batch} | — | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — "
+            f"| {busy:.0f} |"
         )
         print(rows[-1], flush=True)
-        at_256: dict[str, float] = {}
-        for system in systems(args, max_batch):
-            bench.start(system, "gpu", workdir, body=BODY)
-            try:
-                for clients in CLIENTS:
-                    with Utilisation() as gpu:
-                        report = bench.oha(
-                            args.oha, system.url, args.seconds, clients, None, body=BODY
-                        )
-                    ok, _ = bench.answered(report)
-                    rate = ok / args.seconds
-                    latency = report.get("latencyPercentiles", {})
-                    p50 = (latency.get("p50") or 0) * 1000
-                    p99 = (latency.get("p99") or 0) * 1000
-                    rows.append(
-                        f"| {max_batch} | {system.name} | {clients} | {rate:,.0f}"
-                        f" | {rate / limit:.2f} | {p50:.1f} | {p99:.1f} | {gpu.median():.0f} |"
-                    )
-                    print(rows[-1], flush=True)
-                    if clients == 256:
-                        at_256[system.name] = rate
-            finally:
-                bench.stop(system)
-        corral, mosec = at_256.get("corral", 0.0), at_256.get("mosec", 0.0)
-        verdicts.append(
-            f"max batch {max_batch}, 256 clients: Corral {corral / limit:.0%} of the in-process "
-            f"limit (target ≥ 90%), {corral / max(mosec, 1e-9):.2f}× MOSEC (target ≥ 1.5×)"
-        )
-    passed = [a for i, a in enumerate(sys.argv[1:]) if a != "--oha" and sys.argv[i] != "--oha"]
+        for workers in [int(w) for w in args.workers.split(",")]:
+            at_256: dict[str, float] = {}
+            for system in systems(args, max_batch, workers):
+                # A log per server and setting (bench/gpu_worker.py's BENCH_GAPS lines land there).
+                bench.start(system, f"gpu-b{max_batch}-w{workers}", workdir, body=BODY)
+                try:
+                    # Warm-up at full load: the batch shapes the measured points will use.
+                    bench.oha(args.oha, system.url, WARMUP_S, max(CLIENTS), None, body=BODY)
+                    for clients in CLIENTS:
+                        row, rate = point(args, system, max_batch, workers, clients, limit)
+                        rows.append(row)
+                        print(row, flush=True)
+                        if clients == max(CLIENTS):
+                            at_256[system.name] = rate
+                finally:
+                    bench.stop(system)
+            corral, mosec = at_256.get("corral", 0.0), at_256.get("mosec", 0.0)
+            verdicts.append(
+                f"max batch {max_batch}, {workers} worker(s), {max(CLIENTS)} clients: Corral "
+                f"{corral / limit:.0%} of the in-process limit (target ≥ 90%), "
+                f"{corral / max(mosec, 1e-9):.2f}× MOSEC (target ≥ 1.5×)"
+            )
+    # The recorded command keeps the options that change what is measured, not where the tools
+    # or the report are.
+    paths = {"--oha", "--corral", "--out"}
+    passed = [a for i, a in enumerate(sys.argv[1:]) if a not in paths and sys.argv[i] not in paths]
     command = "make bench-gpu" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
     section = "\n\n".join(
         [
             "## GPU",
             f"Command: `{command}` — {time.strftime('%Y-%m-%d')}, {device}, {os.cpu_count()} "
-            f"cores; ResNet-50 (torchvision, random weights, fp16), one worker each, closed loop, "
-            f"{args.seconds:g} s per point.",
+            f"cores; ResNet-50 (torchvision, random weights, fp16), the same number of worker "
+            f"processes on the one GPU for each server, closed loop, {args.seconds:g} s per point.",
             "\n".join(rows),
             "\n".join(f"- {v}" for v in verdicts),
         ]

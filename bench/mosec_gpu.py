@@ -1,5 +1,5 @@
-"""The GPU run's MOSEC server: the same ResNet-50, one worker, max batch BENCH_MAX_BATCH, max wait
-5 ms (as Corral's)."""
+"""The GPU run's MOSEC server: the same ResNet-50, BENCH_WORKERS workers (default 1), max batch
+BENCH_MAX_BATCH, max wait 5 ms (as Corral's)."""
 
 import os
 
@@ -20,5 +20,6 @@ class Gpu(Worker):
 if __name__ == "__main__":
     server = Server()
     max_batch = int(os.environ.get("BENCH_MAX_BATCH", "32"))
-    server.append_worker(Gpu, num=1, max_batch_size=max_batch, max_wait_time=5)
+    workers = int(os.environ.get("BENCH_WORKERS", "1"))
+    server.append_worker(Gpu, num=workers, max_batch_size=max_batch, max_wait_time=5)
     server.run()
