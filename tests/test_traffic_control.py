@@ -215,6 +215,24 @@ def test_every_batch_keeps_to_the_weight_budget(gated):
     assert sorted(id_ for b in batches for id_ in b) == sorted(weights)
 
 
+def test_every_batch_keeps_to_the_byte_budget(gated):
+    proxy = gated("--max-batch-size=32", "--max-batch-bytes=1000", "--max-wait-ms=0")
+    pads = {f"b{i}": n for i, n in enumerate([300, 400, 500, 200, 2500, 100, 600, 900])}
+    futures = []
+    for id_, n in pads.items():
+        futures.append(proxy.send({"id": id_, "pad": "x" * n}))
+        proxy.wait_queued("normal", len(futures))
+    proxy.open()
+    assert all(f.result().status_code == 200 for f in futures), "a job over the budget too"
+    batches = proxy.batches()[1:]
+    # A job counts its whole payload (and its share of the frame), more than its pad alone.
+    for batch, total in zip(batches, weight_sums(batches, pads)):
+        assert total <= 1000 or batch == ["b4"], (batch, total)
+    assert ["b4"] in batches, "the job larger than the budget went alone"
+    assert len(batches) >= 4, "bytes, not counts, bounded the batches"
+    assert sorted(id_ for b in batches for id_ in b) == sorted(pads)
+
+
 def test_the_workers_weight_rule_weighs_items(gated):
     proxy = gated(
         "--max-batch-size=32", "--max-batch-weight=10", "--max-wait-ms=0",
@@ -320,6 +338,9 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         (["--tenant-queue-share", "0"], None, "is not a share above 0 and at most 1"),
         (["--tenant-queue-share", "1.5"], None, "is not a share above 0 and at most 1"),
         (["--max-batch-weight", "0"], None, "--max-batch-weight"),
+        (["--max-batch-bytes", "0"], None, "--max-batch-bytes"),
+        (["--max-batch-bytes", "67108864"], None, "max_batch_bytes"),
+        ([], "[stages.s]\nmax_batch_bytes = 67108864\n", "stages.s.max_batch_bytes"),
         (["--tenant-header", "bad header"], None, "is not a valid HTTP header name"),
         ([], "tenant_queue_share = 0.0\n", "tenant_queue_share"),
         ([], 'tenant_header = "a b"\n', "tenant_header"),

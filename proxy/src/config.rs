@@ -18,6 +18,13 @@ use crate::stage::Policy;
 /// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
 /// and hands each batch over a Unix socket to an idle inference worker. Every option also reads
 /// CORRAL_<NAME> from the environment (e.g. CORRAL_MAX_BATCH_SIZE).
+/// `--max-batch-bytes`' default. A Python worker reads each batch frame into one buffer, and
+/// glibc's malloc maps every block over 32 MiB afresh from the kernel, so a frame above that
+/// is written into fresh pages every time (about 1 ms per MB faulted in on the machines
+/// measured): 24 MiB of payloads plus the frame's own bytes stays under it (BENCHMARKS.md,
+/// "Large payload targets").
+pub const DEFAULT_MAX_BATCH_BYTES: u64 = 24 * 1024 * 1024;
+
 #[derive(Debug, Clone, Parser)]
 #[command(name = "corral", version, about, long_about = None)]
 #[command(after_help = AFTER_HELP)]
@@ -39,6 +46,13 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_BATCH_SIZE", default_value_t = 32,
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch_size: u32,
+
+    /// Most payload bytes in one batch (default 24 MiB): a batch ends before the job that would
+    /// pass it, and a job larger than it goes alone (up to the batch frame's limit, 64 MiB). It
+    /// keeps frames of large jobs small enough for a worker's allocator to reuse their memory.
+    #[arg(long, env = "CORRAL_MAX_BATCH_BYTES", default_value_t = DEFAULT_MAX_BATCH_BYTES,
+          value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_batch_bytes: u64,
 
     /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival (or,
     /// for jobs that queued while every worker was busy, from when a worker became free).

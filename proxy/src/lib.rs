@@ -198,7 +198,8 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
     let settings = BatchSettings {
         max_batch_size,
         max_wait: spec.max_wait,
-        max_batch_bytes: max_batch_bytes(max_batch_size),
+        max_batch_bytes: usize::try_from(spec.max_batch_bytes).unwrap_or(usize::MAX),
+        max_job_bytes: frame_payload_bytes(1),
         max_batch_weight: spec.max_batch_weight.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         policy: spec.batch_policy,
         prefetch: spec.worker_prefetch,
@@ -221,9 +222,11 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         .with_gpus(spec.gpus.clone())
 }
 
-/// Payload bytes one batch may carry so that its frame stays under the protocol's limit.
-fn max_batch_bytes(max_batch_size: usize) -> usize {
-    MAX_FRAME_BYTES - max_batch_size * FRAME_OVERHEAD_PER_JOB - 1024
+/// Payload bytes a batch of `jobs` jobs may carry so that its frame stays under the protocol's
+/// limit: a batch budget (`--max-batch-bytes`) is at most this for a full batch, and a lone job
+/// at most this for one.
+pub fn frame_payload_bytes(jobs: usize) -> usize {
+    MAX_FRAME_BYTES - jobs * FRAME_OVERHEAD_PER_JOB - 1024
 }
 
 /// The socket path as spawned workers must see it, whatever their working directory.

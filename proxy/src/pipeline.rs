@@ -115,7 +115,7 @@ fn hand_over(
     ids: Vec<JobId>,
     outcomes: Vec<Outcome>,
 ) -> Result<Vec<Input>, Vec<Outcome>> {
-    let limit = to.settings().max_batch_bytes;
+    let limit = to.settings().max_job_bytes;
     let size = |output: &Bytes, content_type: &Option<HeaderValue>| {
         output.len() + content_type.as_ref().map_or(0, HeaderValue::len)
     };
@@ -200,11 +200,12 @@ mod tests {
     use super::*;
     use crate::stage::{BatchSettings, Policy};
 
-    fn stage(name: &str, max_batch_bytes: usize) -> Stage {
+    fn stage(name: &str, max_job_bytes: usize) -> Stage {
         let settings = BatchSettings {
             max_batch_size: 8,
             max_wait: Duration::from_millis(10),
-            max_batch_bytes,
+            max_batch_bytes: max_job_bytes,
+            max_job_bytes,
             max_batch_weight: None,
             policy: Policy::Fixed,
             prefetch: false,

@@ -40,6 +40,7 @@ pub struct File {
     // Defaults for every stage: the same keys as `StageFile`'s. Listed twice because serde cannot
     // flatten one struct into another that refuses unknown keys, and refusing typos matters more.
     pub max_batch_size: Option<u32>,
+    pub max_batch_bytes: Option<u64>,
     pub max_wait_ms: Option<u64>,
     pub batch_policy: Option<Policy>,
     pub worker_prefetch: Option<bool>,
@@ -75,6 +76,7 @@ pub struct StageFile {
     /// Environment variables for the spawned workers; values may use `{index}` and `{gpu}`.
     pub env: Option<BTreeMap<String, String>>,
     pub max_batch_size: Option<u32>,
+    pub max_batch_bytes: Option<u64>,
     pub max_wait_ms: Option<u64>,
     pub batch_policy: Option<Policy>,
     pub worker_prefetch: Option<bool>,

@@ -58,6 +58,8 @@ pub struct Topology {
 pub struct StageSpec {
     pub name: String,
     pub max_batch_size: u32,
+    /// Most payload bytes in one batch (a larger job goes alone).
+    pub max_batch_bytes: u64,
     pub max_wait: Duration,
     pub batch_policy: Policy,
     pub worker_prefetch: bool,
@@ -132,6 +134,8 @@ fn single_placed(
     config: &Config,
     explicit: &dyn Fn(&str) -> bool,
 ) -> Result<Topology, ConfigError> {
+    // Clap checks each flag alone; this one is bounded by another (--max-batch-size).
+    batch_bytes("max_batch_bytes", config.max_batch_bytes, config.max_batch_size)?;
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
     let gpus = match &config.gpus {
@@ -150,6 +154,7 @@ pub fn single(config: &Config) -> Topology {
         stages: vec![StageSpec {
             name: DEFAULT_STAGE.into(),
             max_batch_size: config.max_batch_size,
+            max_batch_bytes: config.max_batch_bytes,
             max_wait: config.max_wait(),
             batch_policy: config.batch_policy,
             worker_prefetch: config.worker_prefetch,
@@ -218,6 +223,7 @@ pub fn resolve(
         }
     }
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
+    top_level!(config, f, explicit, max_batch_bytes);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     top_level!(config, f, explicit, workers_per_gpu);
     if let Some(gpus) = f.gpus.take() {
@@ -373,6 +379,8 @@ fn stage_spec(
     }
     let max_batch_size = pick!(max_batch_size);
     in_range(&key("max_batch_size"), max_batch_size.into(), 1, 4096)?;
+    let max_batch_bytes = pick!(max_batch_bytes);
+    batch_bytes(&key("max_batch_bytes"), max_batch_bytes, max_batch_size)?;
     let queue_capacity = pick!(queue_capacity);
     positive(&key("queue_capacity"), queue_capacity.into())?;
     let queue_capacity_bytes = pick!(queue_capacity_bytes);
@@ -433,6 +441,7 @@ fn stage_spec(
     let mut spec = StageSpec {
         name: name.to_string(),
         max_batch_size,
+        max_batch_bytes,
         max_wait: Duration::from_millis(pick!(max_wait_ms)),
         batch_policy: pick!(batch_policy),
         worker_prefetch: pick!(worker_prefetch),
@@ -538,6 +547,7 @@ fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigError> {
 /// The ranges clap enforces on flags, enforced on the file's top-level values too.
 fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("max_batch_size", config.max_batch_size.into(), 1, 4096)?;
+    batch_bytes("max_batch_bytes", config.max_batch_bytes, config.max_batch_size)?;
     in_range("workers", config.workers.into(), 1, 1024)?;
     positive("timeout_ms", config.timeout_ms)?;
     positive("queue_capacity", config.queue_capacity.into())?;
@@ -596,6 +606,19 @@ fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigErro
     } else {
         Err(error(key, format!("{value} is not in {low}..={high}")))
     }
+}
+
+/// A batch byte budget that a full batch's frame can carry.
+fn batch_bytes(key: &str, value: u64, max_batch_size: u32) -> Result<(), ConfigError> {
+    let most = crate::frame_payload_bytes(max_batch_size as usize) as u64;
+    if (1..=most).contains(&value) {
+        return Ok(());
+    }
+    let problem = format!(
+        "{value} is not in 1..={most} (what a frame of {max_batch_size} jobs carries under the \
+         worker protocol's 64 MiB frame limit)"
+    );
+    Err(error(key, problem))
 }
 
 fn positive(key: &str, value: u64) -> Result<(), ConfigError> {
@@ -688,6 +711,7 @@ mod tests {
             "max_headers",
             "grace_period_ms",
             "max_batch_size",
+            "max_batch_bytes",
             "max_wait_ms",
             "batch_policy",
             "worker_prefetch",
@@ -733,6 +757,31 @@ mod tests {
         let error = resolve_with(&format!("{route}protocol = \"grpc\"\n"), &[], &[]).unwrap_err();
         assert_eq!(error.key, "routes.embed.protocol");
         assert!(error.problem.contains("openai-embeddings"), "{}", error.problem);
+    }
+
+    #[test]
+    fn a_batch_byte_budget_comes_from_the_stage_the_file_or_the_default() {
+        let text = "max_batch_bytes = 5000\n[stages.a]\n[stages.b]\nmax_batch_bytes = 100\n\
+                    [pipelines.p]\nstages = [\"a\", \"b\"]\n";
+        let topology = resolve_with(text, &[], &[]).unwrap();
+        let budgets: Vec<u64> = topology.stages.iter().map(|s| s.max_batch_bytes).collect();
+        assert_eq!(budgets, [5000, 100]);
+        let topology = resolve_with("[stages.a]\n", &[], &[]).unwrap();
+        assert_eq!(topology.stages[0].max_batch_bytes, crate::config::DEFAULT_MAX_BATCH_BYTES);
+    }
+
+    #[test]
+    fn a_batch_byte_budget_past_what_a_full_frame_carries_is_refused() {
+        let most = crate::frame_payload_bytes(32);
+        let text = format!("[stages.a]\nmax_batch_bytes = {}\n", most + 1);
+        let error = resolve_with(&text, &[], &[]).unwrap_err();
+        assert_eq!(error.key, "stages.a.max_batch_bytes");
+        assert!(error.problem.contains(&format!("1..={most}")), "{}", error.problem);
+        let text = format!("[stages.a]\nmax_batch_bytes = {most}\n");
+        assert!(resolve_with(&text, &[], &[]).is_ok(), "the most a frame of 32 jobs carries");
+        let flag = (most + 1).to_string();
+        let config = Config::parse_from(["corral", "--max-batch-bytes", &flag, "--", "w"]);
+        assert_eq!(check_options(&config).unwrap_err().key, "max_batch_bytes");
     }
 
     #[test]

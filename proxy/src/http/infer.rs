@@ -262,7 +262,7 @@ fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
 
 /// A single payload (`size` bytes) must fit in one batch frame.
 fn check_payload_size(app: &App, route: &Route, size: usize) -> Result<(), ApiError> {
-    let limit = route.pipeline.first().settings().max_batch_bytes;
+    let limit = route.pipeline.first().settings().max_job_bytes;
     if size <= limit {
         return Ok(());
     }

@@ -49,8 +49,12 @@ pub struct BatchSettings {
     pub max_batch_size: usize,
     /// Longest the oldest queued job waits for batch-mates.
     pub max_wait: Duration,
-    /// Most payload bytes in one batch, so that a batch frame stays under the protocol's limit.
+    /// Most payload bytes in one batch (`--max-batch-bytes`, never more than a full batch's
+    /// frame carries); a job larger than it goes alone.
     pub max_batch_bytes: usize,
+    /// Most payload bytes of one job: what a batch frame of that job alone carries. Larger
+    /// inputs are refused (413) before they are queued.
+    pub max_job_bytes: usize,
     /// Most total weight in one batch (`--max-batch-weight`; None: unbounded). An item heavier
     /// than this alone goes in a batch of its own.
     pub max_batch_weight: Option<usize>,
@@ -199,6 +203,7 @@ mod tests {
             max_batch_size: 4,
             max_wait: WAIT,
             max_batch_bytes: 1000,
+            max_job_bytes: 1 << 20,
             max_batch_weight: None,
             policy,
             prefetch: false,

@@ -166,6 +166,7 @@ mod tests {
             max_batch_size: 8,
             max_wait: Duration::ZERO,
             max_batch_bytes: 1000,
+            max_job_bytes: 1 << 20,
             max_batch_weight: None,
             policy: Policy::Fixed,
             prefetch: true,
