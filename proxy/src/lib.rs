@@ -25,6 +25,9 @@
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
 //!   cores, GPUs and environment.
 //! - [`run`]: wires these together and shuts them down in order.
+//!
+//! The binary (main.rs) adds only the command line and its allocator (allocator.rs: jemalloc,
+//! with the options that let large bodies reuse their pages).
 
 pub mod config;
 pub mod http;

@@ -9,24 +9,7 @@ use tracing_subscriber::EnvFilter;
 
 use corral::config::{topology, Config, LogFormat};
 
-/// jemalloc, not glibc's malloc: the proxy allocates on one thread and frees on another all the
-/// time (bodies read by connections and freed after the worker answers; spans ended on the
-/// request path and freed by the export thread), which glibc's per-thread arenas handle by
-/// consolidating and trimming on the request path (docs/ARCHITECTURE.md, "Dependencies").
-#[global_allocator]
-static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
-
-/// jemalloc's options, read once before the first allocation (the `MALLOC_CONF` of a jemalloc
-/// built with tikv's `_rjem_` prefix; `_RJEM_MALLOC_CONF` in the environment still overrides
-/// them). `oversize_threshold:0`: by default jemalloc serves blocks of 8 MiB and more from an
-/// arena that hands their pages back to the kernel the moment they are freed, so every large
-/// body (each is read into one buffer of its size) is written into fresh pages, faulted in one
-/// by one: at 10 MB bodies that was three quarters of the proxy's CPU and two thirds of its
-/// latency (BENCHMARKS.md, "Large payload targets"). With the threshold off they come from the
-/// ordinary arenas, whose freed pages are reused for the next body and handed back after the
-/// usual decay (10 s idle), so peak memory stays what the bodies in flight hold.
-#[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &[u8; 21] = b"oversize_threshold:0\0";
+mod allocator;
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
