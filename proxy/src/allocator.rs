@@ -1,4 +1,4 @@
-//! The binary's allocator: jemalloc, with large blocks (request bodies of 1 MiB and more) served
+//! The binary's allocator: jemalloc, with large blocks (request bodies of 256 KiB and more) served
 //! from one shared arena whose freed pages are reused, and returned to the kernel by jemalloc's
 //! background thread after its usual decay rather than the moment they are freed.
 //!
@@ -18,8 +18,10 @@
 //!   pages are reused whatever thread reads the next body (p50 7 ms), and peak memory stays the
 //!   bodies in flight plus about 10 MB.
 //!
-//! `oversize_threshold:1048576` sends blocks from 1 MiB (not 8) to the shared arena, so bodies of
-//! a few megabytes share pages too. `_RJEM_MALLOC_CONF` in the environment overrides both.
+//! `oversize_threshold:262144` sends blocks from 256 KiB (not 8 MiB) to the shared arena, so
+//! bodies of a megabyte share pages too (at 1 MB × 8 clients the peak over the bodies in flight
+//! went from 23 to 13 MB). Smaller blocks, nearly all of the proxy's, stay in the per-thread
+//! arenas and their caches. `_RJEM_MALLOC_CONF` in the environment overrides both.
 
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
@@ -27,4 +29,4 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 /// jemalloc's start-up options (its `malloc_conf`, with tikv's `_rjem_` prefix), read before the
 /// first allocation.
 #[export_name = "_rjem_malloc_conf"]
-static MALLOC_CONF: &[u8; 50] = b"oversize_threshold:1048576,background_thread:true\0";
+static MALLOC_CONF: &[u8; 49] = b"oversize_threshold:262144,background_thread:true\0";
