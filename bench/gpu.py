@@ -159,6 +159,7 @@ def main() -> None:
     import bench
 
     workdir = Path(tempfile.mkdtemp(prefix="corral-gpu-"))
+    print(f"servers' logs (and BENCH_GAPS lines) in {workdir}", flush=True)
     rows = [
         "| max batch | workers | system | clients | items/s | ÷ in-process limit | p50 ms | p99 ms"
         " | GPU utilisation (median %) |",
@@ -197,7 +198,11 @@ def main() -> None:
     # The recorded command keeps the options that change what is measured, not where the tools
     # or the report are.
     paths = {"--oha", "--corral", "--out"}
-    passed = [a for i, a in enumerate(sys.argv[1:]) if a not in paths and sys.argv[i] not in paths]
+    passed = [
+        a
+        for i, a in enumerate(sys.argv[1:])
+        if a not in paths and sys.argv[i] not in paths and a.split("=", 1)[0] not in paths
+    ]
     command = "make bench-gpu" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
     section = "\n\n".join(
         [

@@ -20,17 +20,18 @@ class Gpu(corral.Worker):
         self.model = gpu_model.Model()
         self.gaps = os.environ.get("BENCH_GAPS") == "1"
         self.samples: list[tuple[float, float, int]] = []
-        self.last_end = 0.0
+        self.last_end: float | None = None  # no gap before the first batch
 
     def forward(self, batch: list) -> list:
         start = time.perf_counter()
         out = self.model.run(len(batch))
         if self.gaps:
             end = time.perf_counter()
-            self.samples.append((end - start, start - self.last_end, len(batch)))
+            if self.last_end is not None:
+                self.samples.append((end - start, start - self.last_end, len(batch)))
             self.last_end = end
             if len(self.samples) == 500:
-                run, gap, size = zip(*self.samples[1:])
+                run, gap, size = zip(*self.samples)
                 print(
                     f"gaps: forward {statistics.median(run) * 1e3:.2f} ms, between batches "
                     f"{statistics.median(gap) * 1e3:.2f} ms, batch {statistics.median(size):.0f}",

@@ -186,6 +186,25 @@ def test_raw_bytes_are_one_item(proxy):
     assert body["error"] == "bad_request" and "x-corral-items" in body["message"]
 
 
+def test_a_job_larger_than_the_batch_budget_goes_alone_up_to_what_a_frame_carries(tmp_path):
+    # Bodies past the default batch budget (24 MiB) are taken, up to what one frame carries
+    # (64 MiB less the frame's own bytes and the head limit); past that, a 413 naming the limit.
+    proxy = Corral(tmp_path, f"--max-body-bytes={66 * 1024 * 1024}", worker=ECHO)
+    try:
+        raw = {"content-type": "application/octet-stream", "accept": "application/octet-stream"}
+        body = bytes(range(256)) * (40 * 1024 * 1024 // 256)
+        response = proxy.client.post("/infer", content=body, headers=raw)
+        assert response.status_code == 200, response.text
+        assert response.content == body, "echoed whole"
+        too_large = proxy.client.post("/infer", content=bytes(64 * 1024 * 1024), headers=raw)
+        assert too_large.status_code == 413
+        assert too_large.json()["error"] == "body_too_large"
+        assert "once encoded as msgpack" in too_large.json()["message"]
+        assert proxy.client.post("/infer", json=[1]).status_code == 200, "the proxy unharmed"
+    finally:
+        proxy.stop()
+
+
 def test_a_raw_body_over_the_limit_is_413_declared_or_streamed(proxy):
     big = b"\x00" * (MAX_BODY + 1)
     declared = post_png(proxy, big, **{"content-type": "application/octet-stream"})

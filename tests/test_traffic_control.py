@@ -215,22 +215,48 @@ def test_every_batch_keeps_to_the_weight_budget(gated):
     assert sorted(id_ for b in batches for id_ in b) == sorted(weights)
 
 
-def test_every_batch_keeps_to_the_byte_budget(gated):
-    proxy = gated("--max-batch-size=32", "--max-batch-bytes=1000", "--max-wait-ms=0")
-    pads = {f"b{i}": n for i, n in enumerate([300, 400, 500, 200, 2500, 100, 600, 900])}
+# Items of these pad lengths: each job's payload (msgpack) is its pad plus 15 bytes or so.
+PADS = {f"b{i}": n for i, n in enumerate([300, 400, 500, 200, 2500, 100, 600, 900])}
+# The batches a 1,000-byte budget makes of them: a batch ends before the job that would pass the
+# budget, and the 2,500-byte job goes alone.
+BY_BYTES = [["b0", "b1"], ["b2", "b3"], ["b4"], ["b5", "b6"], ["b7"]]
+
+
+def queue_padded(proxy: Gated) -> list[list[str]]:
+    """Queues the PADS items behind the held batch, runs them, and returns their batches."""
     futures = []
-    for id_, n in pads.items():
+    for id_, n in PADS.items():
         futures.append(proxy.send({"id": id_, "pad": "x" * n}))
         proxy.wait_queued("normal", len(futures))
     proxy.open()
     assert all(f.result().status_code == 200 for f in futures), "a job over the budget too"
-    batches = proxy.batches()[1:]
-    # A job counts its whole payload (and its share of the frame), more than its pad alone.
-    for batch, total in zip(batches, weight_sums(batches, pads)):
-        assert total <= 1000 or batch == ["b4"], (batch, total)
-    assert ["b4"] in batches, "the job larger than the budget went alone"
-    assert len(batches) >= 4, "bytes, not counts, bounded the batches"
-    assert sorted(id_ for b in batches for id_ in b) == sorted(pads)
+    return proxy.batches()[1:]
+
+
+def test_every_batch_keeps_to_the_byte_budget(gated):
+    proxy = gated("--max-batch-size=32", "--max-batch-bytes=1000", "--max-wait-ms=0")
+    assert queue_padded(proxy) == BY_BYTES
+
+
+def test_a_stage_takes_its_byte_budget_from_the_config_file(gated, tmp_path):
+    config = tmp_path / "budget.toml"
+    config.write_text("max_batch_bytes = 100000\n[stages.default]\nmax_batch_bytes = 1000\n")
+    proxy = gated("--max-batch-size=32", "--max-wait-ms=0", f"--config={config}")
+    assert queue_padded(proxy) == BY_BYTES, "the stage's key, not the top level's"
+
+
+def test_a_request_of_several_items_is_not_split_by_the_byte_budget(gated):
+    proxy = gated("--max-batch-size=32", "--max-batch-bytes=1000", "--max-wait-ms=0")
+    first = proxy.send({"id": "a", "pad": "x" * 500})
+    proxy.wait_queued("normal", 1)
+    items = [{"id": f"r{i}", "pad": "x" * 300} for i in range(2)]
+    many = proxy.pool.submit(
+        proxy.proxy.client.post, "/infer", json=items, headers={"x-corral-items": "many"}
+    )
+    proxy.wait_queued("normal", 3)
+    proxy.open()
+    assert first.result().status_code == 200 and many.result().status_code == 200
+    assert proxy.batches()[1:] == [["a"], ["r0", "r1"]], "the request waited to go whole"
 
 
 def test_the_workers_weight_rule_weighs_items(gated):
@@ -341,6 +367,12 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         (["--max-batch-bytes", "0"], None, "--max-batch-bytes"),
         (["--max-batch-bytes", "67108864"], None, "max_batch_bytes"),
         ([], "[stages.s]\nmax_batch_bytes = 67108864\n", "stages.s.max_batch_bytes"),
+        # The top level's value, too large for this stage's batches: named as the top level's.
+        (
+            [],
+            "max_batch_bytes = 67000000\n[stages.s]\nmax_batch_size = 4096\n",
+            "toml: max_batch_bytes",
+        ),
         (["--tenant-header", "bad header"], None, "is not a valid HTTP header name"),
         ([], "tenant_queue_share = 0.0\n", "tenant_queue_share"),
         ([], 'tenant_header = "a b"\n', "tenant_header"),

@@ -27,6 +27,8 @@
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 /// jemalloc's start-up options (its `malloc_conf`, with tikv's `_rjem_` prefix), read before the
-/// first allocation.
+/// first allocation. Linux only: jemalloc has no background threads on macOS, and refuses to start
+/// when asked for them.
+#[cfg(target_os = "linux")]
 #[export_name = "_rjem_malloc_conf"]
 static MALLOC_CONF: &[u8; 49] = b"oversize_threshold:262144,background_thread:true\0";

@@ -13,11 +13,6 @@ use clap::Parser;
 
 use crate::stage::Policy;
 
-/// Corral: a sidecar batching proxy for model serving.
-///
-/// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
-/// and hands each batch over a Unix socket to an idle inference worker. Every option also reads
-/// CORRAL_<NAME> from the environment (e.g. CORRAL_MAX_BATCH_SIZE).
 /// `--max-batch-bytes`' default. A Python worker reads each batch frame into one buffer, and
 /// glibc's malloc maps every block over 32 MiB afresh from the kernel, so a frame above that
 /// is written into fresh pages every time (about 1 ms per MB faulted in on the machines
@@ -25,6 +20,11 @@ use crate::stage::Policy;
 /// "Large payload targets").
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 24 * 1024 * 1024;
 
+/// Corral: a sidecar batching proxy for model serving.
+///
+/// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
+/// and hands each batch over a Unix socket to an idle inference worker. Every option also reads
+/// CORRAL_<NAME> from the environment (e.g. CORRAL_MAX_BATCH_SIZE).
 #[derive(Debug, Clone, Parser)]
 #[command(name = "corral", version, about, long_about = None)]
 #[command(after_help = AFTER_HELP)]

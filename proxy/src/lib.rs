@@ -201,8 +201,12 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
     let settings = BatchSettings {
         max_batch_size,
         max_wait: spec.max_wait,
-        max_batch_bytes: usize::try_from(spec.max_batch_bytes).unwrap_or(usize::MAX),
-        max_job_bytes: frame_payload_bytes(1),
+        // Validated against the frame already (config::topology); kept under it here too, since
+        // a frame the outbox refuses would cost the worker its connection.
+        max_batch_bytes: usize::try_from(spec.max_batch_bytes)
+            .unwrap_or(usize::MAX)
+            .min(frame_payload_bytes(max_batch_size)),
+        max_job_bytes: max_job_bytes(config.max_header_bytes),
         max_batch_weight: spec.max_batch_weight.map(|w| usize::try_from(w).unwrap_or(usize::MAX)),
         policy: spec.batch_policy,
         prefetch: spec.worker_prefetch,
@@ -230,6 +234,13 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
 /// at most this for one.
 pub fn frame_payload_bytes(jobs: usize) -> usize {
     MAX_FRAME_BYTES - jobs * FRAME_OVERHEAD_PER_JOB - 1024
+}
+
+/// Payload bytes of one job, checked before it is queued: what a frame of that job alone carries,
+/// less room for the trace context its frame may carry beside it (`traceparent`, and a client's
+/// `tracestate`, which the head limit bounds), so that no admitted job makes a frame too large.
+fn max_job_bytes(max_header_bytes: usize) -> usize {
+    frame_payload_bytes(1).saturating_sub(max_header_bytes + 128)
 }
 
 /// The socket path as spawned workers must see it, whatever their working directory.

@@ -620,19 +620,23 @@ impl Stage {
     /// [`Stage::take`], at most `max` jobs.
     fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
         let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
+        let byte_budget = self.settings.max_batch_bytes;
         let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
         let (mut bytes, mut weight) = (0, 0);
         while batch.len() < max {
             let Some((next, request)) = queue.jobs.peek() else { break };
             let dead = next.is_abandoned() || next.is_expired(now);
             if !batch.is_empty() && !dead {
-                let fits = bytes + next.size() <= self.settings.max_batch_bytes
-                    && weight + next.weight as usize <= budget;
+                let fits =
+                    bytes + next.size() <= byte_budget && weight + next.weight as usize <= budget;
                 let (room, request_weight) = (max - batch.len(), request.weight as usize);
                 let fits_later = !request.started
-                    && (request.jobs > room || weight + request_weight > budget)
+                    && (request.jobs > room
+                        || weight + request_weight > budget
+                        || bytes + request.bytes > byte_budget)
                     && request.jobs <= max
-                    && request_weight <= budget;
+                    && request_weight <= budget
+                    && request.bytes <= byte_budget;
                 if !fits || fits_later {
                     break;
                 }

@@ -380,7 +380,10 @@ fn stage_spec(
     let max_batch_size = pick!(max_batch_size);
     in_range(&key("max_batch_size"), max_batch_size.into(), 1, 4096)?;
     let max_batch_bytes = pick!(max_batch_bytes);
-    batch_bytes(&key("max_batch_bytes"), max_batch_bytes, max_batch_size)?;
+    // Checked per stage, against the stage's own max_batch_size; named where the value came from.
+    let from_stage = stage.max_batch_bytes.is_some() && !explicit("max_batch_bytes");
+    let source = if from_stage { key("max_batch_bytes") } else { "max_batch_bytes".into() };
+    batch_bytes(&source, max_batch_bytes, max_batch_size)?;
     let queue_capacity = pick!(queue_capacity);
     positive(&key("queue_capacity"), queue_capacity.into())?;
     let queue_capacity_bytes = pick!(queue_capacity_bytes);
@@ -547,7 +550,6 @@ fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigError> {
 /// The ranges clap enforces on flags, enforced on the file's top-level values too.
 fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("max_batch_size", config.max_batch_size.into(), 1, 4096)?;
-    batch_bytes("max_batch_bytes", config.max_batch_bytes, config.max_batch_size)?;
     in_range("workers", config.workers.into(), 1, 1024)?;
     positive("timeout_ms", config.timeout_ms)?;
     positive("queue_capacity", config.queue_capacity.into())?;
@@ -779,9 +781,12 @@ mod tests {
         assert!(error.problem.contains(&format!("1..={most}")), "{}", error.problem);
         let text = format!("[stages.a]\nmax_batch_bytes = {most}\n");
         assert!(resolve_with(&text, &[], &[]).is_ok(), "the most a frame of 32 jobs carries");
+        // The bound is the stage's own batch size: a batch of one job carries more.
+        let text = format!("[stages.a]\nmax_batch_size = 1\nmax_batch_bytes = {}\n", most + 1);
+        assert!(resolve_with(&text, &[], &[]).is_ok(), "a frame of 1 job carries more than of 32");
         let flag = (most + 1).to_string();
         let config = Config::parse_from(["corral", "--max-batch-bytes", &flag, "--", "w"]);
-        assert_eq!(check_options(&config).unwrap_err().key, "max_batch_bytes");
+        assert_eq!(single_placed(&config, &|_| false).unwrap_err().key, "max_batch_bytes");
     }
 
     #[test]

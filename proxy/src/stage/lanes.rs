@@ -59,6 +59,8 @@ impl Hasher for Fold {
 struct Request {
     jobs: VecDeque<Job>,
     weight: u64,
+    /// The jobs' sizes ([`Job::size`]), summed.
+    bytes: usize,
     /// Whether a batch took some of its jobs already.
     started: bool,
     /// When the request entered its class: its arrival, plus one aging period per promotion.
@@ -123,11 +125,13 @@ impl ClassLane {
     }
 }
 
-/// What a request being taken still holds: its jobs and weight, and whether any left already.
+/// What a request being taken still holds: its jobs, weight and bytes, and whether any left
+/// already.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Front {
     pub jobs: usize,
     pub weight: u64,
+    pub bytes: usize,
     pub started: bool,
 }
 
@@ -215,7 +219,8 @@ impl Lanes {
         let (class, key, entered) = (first.class, first.tenant, first.arrived);
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
-        let request = Request { jobs: jobs.into(), weight, started: false, entered };
+        let bytes = jobs.iter().map(Job::size).sum();
+        let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
         self.classes[class.index()].lane(key).requests.push_back(request);
         self.due(class, entered);
     }
@@ -225,8 +230,9 @@ impl Lanes {
     pub fn push_front(&mut self, job: Job) {
         let (class, key, entered) = (job.class, job.tenant, job.arrived);
         self.count(class, &job, 1);
-        let weight = u64::from(job.weight);
-        let request = Request { jobs: VecDeque::from([job]), weight, started: false, entered };
+        let (weight, bytes) = (u64::from(job.weight), job.size());
+        let request =
+            Request { jobs: VecDeque::from([job]), weight, bytes, started: false, entered };
         self.classes[class.index()].lane(key).requests.push_front(request);
         self.due(class, entered);
     }
@@ -262,8 +268,12 @@ impl Lanes {
     /// The job that goes next, and what its request still holds.
     pub fn peek(&self) -> Option<(&Job, Front)> {
         let request = self.front_request()?;
-        let front =
-            Front { jobs: request.jobs.len(), weight: request.weight, started: request.started };
+        let front = Front {
+            jobs: request.jobs.len(),
+            weight: request.weight,
+            bytes: request.bytes,
+            started: request.started,
+        };
         Some((request.jobs.front()?, front))
     }
 
@@ -276,6 +286,7 @@ impl Lanes {
         let request = lane.requests.front_mut().expect("a lane with work has a request");
         let job = request.jobs.pop_front().expect("a queued request has a job");
         request.weight -= u64::from(job.weight);
+        request.bytes -= job.size();
         request.started = true;
         self.current = if request.jobs.is_empty() {
             lane.requests.pop_front();
@@ -407,6 +418,7 @@ impl Lanes {
                         std::mem::take(&mut request.jobs).into_iter().partition(|j| !dead(j));
                     request.jobs = live.into();
                     request.weight = request.jobs.iter().map(|j| u64::from(j.weight)).sum();
+                    request.bytes = request.jobs.iter().map(Job::size).sum();
                     gone.extend(dead_jobs.into_iter().map(|job| (class, job)));
                 }
                 lane.requests.retain(|request| !request.jobs.is_empty());
