@@ -98,8 +98,12 @@ pub struct Job {
     pub content_type: Option<HeaderValue>,
     /// The batch that carries the job to its worker, once one does.
     pub sent: Option<Sent>,
-    /// The request's span context, when tracing is on: its batch's span links to it.
+    /// The request's span context, when tracing is on: its batch's span links to it. Set with
+    /// [`Job::set_trace`], which also counts what it adds to the frame.
     pub trace: Option<Box<SpanContext>>,
+    /// The bytes the trace context adds to the job's frame entry (0 untraced): counted once,
+    /// since the queue asks for [`Job::size`] several times per job.
+    trace_bytes: usize,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -126,6 +130,7 @@ impl Job {
             content_type: None,
             sent: None,
             trace: None,
+            trace_bytes: 0,
             reply,
         };
         (job, answer)
@@ -134,13 +139,20 @@ impl Job {
     /// The bytes the job adds to its batch frame beyond the fixed per-job overhead
     /// ([`corral_protocol::FRAME_OVERHEAD_PER_JOB`]): what queues and batches count.
     pub fn size(&self) -> usize {
-        let trace = self.trace.as_ref().map_or(0, |context| {
-            // `traceparent` (55 characters), `tracestate`, their keys and headers.
+        self.payload.len()
+            + self.content_type.as_ref().map_or(0, HeaderValue::len)
+            + self.trace_bytes
+    }
+
+    /// Sets the request's span context (None: untraced) and what it adds to the frame:
+    /// `traceparent` (55 characters), `tracestate`, their keys and headers.
+    pub fn set_trace(&mut self, context: Option<Box<SpanContext>>) {
+        self.trace_bytes = context.as_ref().map_or(0, |context| {
             let state = context.trace_state().header();
             let state = if state.is_empty() { 0 } else { state.len() + 12 };
             55 + 13 + state
         });
-        self.payload.len() + self.content_type.as_ref().map_or(0, HeaderValue::len) + trace
+        self.trace = context;
     }
 
     /// Answers the job. Returns false when nobody was waiting any more (the client left, or its

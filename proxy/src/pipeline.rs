@@ -159,7 +159,7 @@ async fn run_stage(
             let (mut job, answer) = Job::new(id, payload, arrived, deadline);
             job.retries = retries;
             job.content_type = content_type;
-            job.trace = traced.as_ref().map(trace::job_context);
+            job.set_trace(traced.as_ref().map(trace::job_context));
             traffic.mark(&mut job);
             (job, answer)
         })

@@ -64,7 +64,7 @@ pub async fn answer(
     job.stream = Some(sink);
     traffic.mark(&mut job);
     let traced = timing::trace();
-    job.trace = traced.as_ref().map(trace::job_context);
+    job.set_trace(traced.as_ref().map(trace::job_context));
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
     let left = job.left.clone().drop_guard();
