@@ -47,9 +47,10 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..=4096))]
     pub max_batch_size: u32,
 
-    /// Most payload bytes in one batch (default 24 MiB): a batch ends before the job that would
-    /// pass it, and a job larger than it goes alone (up to the batch frame's limit, 64 MiB). It
-    /// keeps frames of large jobs small enough for a worker's allocator to reuse their memory.
+    /// Most payload bytes in one batch (default 24 MiB; at most what a frame of --max-batch-size
+    /// jobs carries): a batch ends before the job that would pass it, and a job larger than it
+    /// goes alone (up to what one frame carries: 64 MiB less its framing and --max-header-bytes).
+    /// It keeps frames of large jobs small enough for a worker's allocator to reuse their memory.
     #[arg(long, env = "CORRAL_MAX_BATCH_BYTES", default_value_t = DEFAULT_MAX_BATCH_BYTES,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub max_batch_bytes: u64,

@@ -99,8 +99,8 @@ pub struct Job {
     /// The batch that carries the job to its worker, once one does.
     pub sent: Option<Sent>,
     /// The request's span context, when tracing is on: its batch's span links to it. Set with
-    /// [`Job::set_trace`], which also counts what it adds to the frame.
-    pub trace: Option<Box<SpanContext>>,
+    /// [`Job::set_trace`], which also counts what it adds to the frame; read with [`Job::trace`].
+    trace: Option<Box<SpanContext>>,
     /// The bytes the trace context adds to the job's frame entry (0 untraced): counted once,
     /// since the queue asks for [`Job::size`] several times per job.
     trace_bytes: usize,
@@ -142,6 +142,11 @@ impl Job {
         self.payload.len()
             + self.content_type.as_ref().map_or(0, HeaderValue::len)
             + self.trace_bytes
+    }
+
+    /// The request's span context, if it is traced.
+    pub fn trace(&self) -> Option<&SpanContext> {
+        self.trace.as_deref()
     }
 
     /// Sets the request's span context (None: untraced) and what it adds to the frame:

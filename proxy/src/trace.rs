@@ -268,12 +268,12 @@ pub fn queue_wait(
 /// no one request's child), linked to every traced member; sampled if any member is.
 pub fn batch(stage: &str, pid: u32, jobs: &[Job]) -> Option<Span> {
     let tracer = tracer()?;
-    if jobs.iter().all(|job| job.trace.is_none()) {
+    if jobs.iter().all(|job| job.trace().is_none()) {
         return None;
     }
     let links = jobs
         .iter()
-        .filter_map(|job| job.trace.as_deref())
+        .filter_map(Job::trace)
         .map(|context| Link::with_context(context.clone()))
         .collect();
     let span = tracer

@@ -267,6 +267,15 @@ fn span(out: &mut Out, span: &SpanData) {
     out.fixed32(16, flags(span.parent_span_is_remote, span.span_context.trace_flags().to_u8()));
 }
 
+/// The spans of `of` in `spans`, with their lengths.
+fn members<'a>(
+    spans: &'a [SpanData],
+    lens: &'a [usize],
+    of: &'a InstrumentationScope,
+) -> impl Iterator<Item = (&'a SpanData, &'a usize)> {
+    spans.iter().zip(lens).filter(move |(s, _)| &s.instrumentation_scope == of)
+}
+
 /// The export request for `spans`, all from `resource`: one `ResourceSpans`, one `ScopeSpans` per
 /// instrumentation scope (in the order each first appears). Each span is counted once, to size
 /// the messages around it, then written.
@@ -279,10 +288,6 @@ pub fn encode(spans: &[SpanData], from: &Resource) -> Vec<u8> {
             scopes.push(&s.instrumentation_scope);
         }
     }
-    let members = |of: &InstrumentationScope| {
-        let of = of.clone();
-        spans.iter().zip(&lens).filter(move |(s, _)| s.instrumentation_scope == of)
-    };
     // ScopeSpans { scope = 1; spans = 2; schema_url = 3 }
     let scope_lens: Vec<usize> = scopes
         .iter()
@@ -290,7 +295,7 @@ pub fn encode(spans: &[SpanData], from: &Resource) -> Vec<u8> {
             out.count(|out| {
                 out.message(1, |out| scope(out, of));
                 string(out, 3, of.schema_url().unwrap_or_default());
-            }) + members(of).map(|(_, &len)| field_len(2, len)).sum::<usize>()
+            }) + members(spans, &lens, of).map(|(_, &len)| field_len(2, len)).sum::<usize>()
         })
         .collect();
     // ResourceSpans { resource = 1; scope_spans = 2; schema_url = 3 }
@@ -307,7 +312,7 @@ pub fn encode(spans: &[SpanData], from: &Resource) -> Vec<u8> {
     for (&of, &scope_len) in scopes.iter().zip(&scope_lens) {
         out.length(2, scope_len);
         out.message(1, |out| scope(out, of));
-        for (s, &len) in members(of) {
+        for (s, &len) in members(spans, &lens, of) {
             out.length(2, len);
             span(&mut out, s);
         }

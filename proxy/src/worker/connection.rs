@@ -452,8 +452,8 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
                     .as_ref()
                     .and_then(|v| v.to_str().ok())
                     .map(Into::into),
-                traceparent: job.trace.as_deref().map(trace::traceparent),
-                tracestate: job.trace.as_deref().and_then(trace::tracestate),
+                traceparent: job.trace().map(trace::traceparent),
+                tracestate: job.trace().and_then(trace::tracestate),
             })
             .collect(),
     };
