@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -101,6 +101,10 @@ bench-payload: release $(BENCH_VENV)/.installed $(OHA)
 # The measured GPU run (needs torch with CUDA and a GPU; exits 2 saying so otherwise).
 bench-gpu: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/gpu.py --oha $(OHA) $(BENCH_ARGS)
+
+# One GPU worker's time, variant by variant (see bench/gpu_probe.py; needs a GPU, as bench-gpu).
+bench-gpu-probe: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/gpu_probe.py --oha $(OHA) $(BENCH_ARGS)
 
 # Priority classes at 2x saturation and weight budgets (see BENCHMARKS.md).
 bench-mixed: release $(BENCH_VENV)/.installed $(OHA)

@@ -186,6 +186,9 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
         ]
     )
     encoded = [_encode_result(packer, item) for item in items]
+    if len(head) + sum(len(body) for body in encoded) <= limit:  # the usual case: all fit
+        frame = b"".join([head, *encoded])
+        return _LENGTH.pack(len(frame)) + frame
     # Start from the frame in which every result is the short "too large" error, which must
     # fit, then let each result in turn have its real size while the body stays within limit.
     fallbacks = [packer.pack(error(item["id"], _TOO_LARGE)) for item in items]

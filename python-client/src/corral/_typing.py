@@ -35,6 +35,7 @@ class _Codec:
         self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
         self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
         self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
+        self.plain = worker.input_type is None and worker.output_type is None
 
 
 _CODECS: dict[type, _Codec] = {}
@@ -72,8 +73,8 @@ def encode(worker: type, output: Any) -> bytes:
     """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
     plain msgpack otherwise; in a dict, each value under a declared output's name as a tensor
     value of that output's datatype."""
-    codec = _codec(worker)
-    plain_worker = worker.input_type is None and worker.output_type is None
+    codec = _CODECS.get(worker) or _codec(worker)
+    plain_worker = codec.plain
     if codec.outputs and isinstance(output, dict):
         ext = msgpack.ExtType if plain_worker else msgspec.msgpack.Ext
         output = {

@@ -1,0 +1,159 @@
+"""Where one GPU worker's time goes: the launch-bound setting of the GPU run (one worker, max
+batch 32, 256 clients) behind Corral in several variants side by side, against the model's own
+loop in process, in one run.
+
+bench/gpu.py measures the targets; this script explains the gap to the in-process limit with one
+worker process. Each variant changes one thing:
+
+- `default`: as bench/gpu.py runs it;
+- `no prefetch`: `--worker-prefetch false` (no batch arrives while `forward` runs, so the worker's
+  reader thread never wants the GIL then; the round trip between batches is paid instead);
+- `one core`: the worker pinned to a single core (`taskset`): its two threads hand the GIL over
+  on one core instead of waking each other across cores;
+- `gc frozen` / `gc off`: the worker's objects from loading frozen out of Python's garbage
+  collector (`gc.freeze()`), or no collection while serving (`gc.disable()`), by
+  bench/gpu_worker.py;
+- `package before` (with `--package-before DIR`): the `corral` package installed in DIR (an
+  earlier version) instead of the current one.
+
+For each: items/s at 256 clients and ÷ the in-process limit, p50/p99, and the worker's own
+timings (bench/gpu_worker.py's BENCH_GAPS lines: `forward`, the gap between batches, the mean
+batch size, the garbage collector's time per batch). The in-process loop reports its time per
+batch the same way. Run: `make bench-gpu-probe` (needs torch with CUDA and a GPU, as
+bench/gpu.py; exits 2 without). The results replace the "GPU: one worker" section of
+BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+
+import gpu  # noqa: E402  (bench/ on the path first)
+
+WARMUP_S = 2
+
+
+def in_process(max_batch: int, seconds: float) -> tuple[float, str]:
+    """The model's own loop: items/s, and its time per batch (median / mean / p99)."""
+    import gpu_model
+
+    model = gpu_model.Model()
+    for _ in range(10):
+        model.run(max_batch)
+    times: list[float] = []
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        began = time.perf_counter()
+        model.run(max_batch)
+        times.append(time.perf_counter() - began)
+    rate = len(times) * max_batch / (time.perf_counter() - start)
+    p99 = sorted(times)[int(len(times) * 0.99)]
+    spread = (
+        f"{statistics.median(times) * 1e3:.2f} / {statistics.fmean(times) * 1e3:.2f} / "
+        f"{p99 * 1e3:.2f} ms"
+    )
+    return rate, spread
+
+
+def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
+    """(name, extra corral options, a prefix for the worker command, extra environment)."""
+    core = str((os.cpu_count() or 1) - 1)
+    found = [
+        ("default", [], [], {}),
+        ("no prefetch", ["--worker-prefetch", "false"], [], {}),
+        ("one core", [], ["taskset", "-c", core], {}),
+        ("gc frozen", [], [], {"BENCH_GC": "freeze"}),
+        ("gc off", [], [], {"BENCH_GC": "off"}),
+    ]
+    if args.package_before:
+        path = os.pathsep.join(p for p in [args.package_before, os.environ.get("PYTHONPATH")] if p)
+        found.append(("package before", [], [], {"PYTHONPATH": path}))
+    return found
+
+
+def last_gaps(log: Path) -> str:
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "gaps:" in line]
+    return lines[-1].split("gaps:", 1)[1].strip() if lines else "(no timings logged)"
+
+
+def main() -> None:
+    import bench
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
+    parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
+    parser.add_argument("--seconds", type=float, default=5)
+    parser.add_argument("--max-batch", type=int, default=32)
+    parser.add_argument("--clients", type=int, default=256)
+    parser.add_argument("--package-before", help="a folder holding an earlier corral package")
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    device = gpu.require_gpu()
+
+    workdir = Path(tempfile.mkdtemp(prefix="corral-gpu-probe-"))
+    print(f"logs in {workdir}", flush=True)
+    limit, loop = in_process(args.max_batch, args.seconds)
+    rows = [
+        "| variant | items/s | ÷ in-process limit | p50 ms | p99 ms | worker's own timings |",
+        "| --- | ---: | ---: | ---: | ---: | --- |",
+        f"| in process (the limit) | {limit:,.0f} | 1.00 | — | — | a batch {loop} "
+        "(median / mean / p99) |",
+    ]
+    print(rows[-1], flush=True)
+    for name, options, prefix, env in variants(args):
+        command = [
+            args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
+            "--max-batch-size", str(args.max_batch), "--max-wait-ms", "5",
+            "--queue-capacity", "4096", "--timeout-ms", "30000", *options,
+            "--", *prefix, sys.executable, str(HERE / "gpu_worker.py"),
+        ]  # fmt: skip
+        system = bench.System(
+            name.replace(" ", "-"),
+            command,
+            "http://127.0.0.1:18600/infer",
+            ("corral",),
+            env={"BENCH_GAPS": "1", **env},
+        )
+        bench.start(system, "probe", workdir, body=gpu.BODY)
+        try:
+            bench.oha(args.oha, system.url, WARMUP_S, args.clients, None, body=gpu.BODY)
+            report = bench.oha(
+                args.oha, system.url, args.seconds, args.clients, None, body=gpu.BODY
+            )
+        finally:
+            bench.stop(system)
+        ok, _ = bench.answered(report)
+        rate = ok / args.seconds
+        latency = report.get("latencyPercentiles", {})
+        rows.append(
+            f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {(latency.get('p50') or 0) * 1e3:.1f}"
+            f" | {(latency.get('p99') or 0) * 1e3:.1f} | {last_gaps(system.log)} |"
+        )
+        print(rows[-1], flush=True)
+    section = "\n\n".join(
+        [
+            "## GPU: one worker, where the time goes",
+            f"Command: `{gpu.recorded_command('bench-gpu-probe')}` — "
+            f"{time.strftime('%Y-%m-%d')}, "
+            f"{device}, {os.cpu_count()} cores; the model of the GPU run, max batch "
+            f"{args.max_batch}, one worker, {args.clients} closed-loop clients, "
+            f"{args.seconds:g} s per variant.",
+            "\n".join(rows),
+        ]
+    )
+    bench.replace_section(Path(args.out), section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
