@@ -22,6 +22,7 @@ CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -112,11 +113,45 @@ def recorded_command(target: str) -> str:
     return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
 
 
-def systems(args, max_batch: int, workers: int):
+def pinned_config(workdir: Path, max_batch: int, workers: int) -> Path:
+    """Corral's config for `corral-pinned`: the same stage as the flags give `corral`, with
+    each worker pinned to a core of its own (`cpus`, the machine's last cores)."""
+    last = (os.cpu_count() or 1) - 1
+    cpus = [last - i for i in range(workers)]
+    command = [sys.executable, str(HERE / "gpu_worker.py")]
+    path = workdir / f"pinned-b{max_batch}-w{workers}.toml"
+    path.write_text(
+        "\n".join(
+            [
+                'listen = "127.0.0.1:18600"',
+                'socket = "gpu.sock"',
+                "timeout_ms = 30000",
+                "queue_capacity = 4096",
+                "[stages.gpu]",
+                f"command = {json.dumps(command)}",
+                "gpus = [0]",
+                f"workers_per_gpu = {workers}",
+                f"cpus = {json.dumps(cpus)}",
+                f"max_batch_size = {max_batch}",
+                "max_wait_ms = 5",
+                "[pipelines.gpu]",
+                'stages = ["gpu"]',
+                "[routes.infer]",
+                'path = "/infer"',
+                'pipeline = "gpu"',
+                "",
+            ]
+        )
+    )
+    return path
+
+
+def systems(args, max_batch: int, workers: int, workdir: Path):
     import bench
 
     python = sys.executable
     env = {"BENCH_MAX_BATCH": str(max_batch), "BENCH_WORKERS": str(workers)}
+    pinned = [args.corral, "--config", str(pinned_config(workdir, max_batch, workers))]
     corral = [
         args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
         "--workers-per-gpu", str(workers), "--max-batch-size", str(max_batch),
@@ -127,10 +162,13 @@ def systems(args, max_batch: int, workers: int):
         python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
         "--timeout", "30000", "--log-level", "warning",
     ]  # fmt: skip
-    return [
+    found = [
         bench.System("corral", corral, "http://127.0.0.1:18600/infer", ("corral",), env=env),
+        bench.System("corral-pinned", pinned, "http://127.0.0.1:18600/infer", ("corral",), env=env),
         bench.System("mosec", mosec, "http://127.0.0.1:18601/inference", ("mosec",), env=env),
     ]
+    wanted = args.systems.split(",")
+    return [system for system in found if system.name in wanted]
 
 
 def point(
@@ -171,9 +209,21 @@ def main() -> None:
         default=",".join(map(str, WORKERS)),
         help="worker processes on the GPU, for each server (a list: each is measured)",
     )
+    parser.add_argument(
+        "--systems",
+        default="corral,mosec",
+        help="of corral, corral-pinned (each worker on a core of its own: `cpus`) and mosec",
+    )
+    parser.add_argument(
+        "--clients",
+        default=",".join(map(str, CLIENTS)),
+        help="closed-loop clients per point (a list; the targets are judged at the largest)",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
     device = require_gpu()
+    clients_list = [int(c) for c in args.clients.split(",")]
+    most = max(clients_list)
 
     import bench
 
@@ -193,47 +243,56 @@ def main() -> None:
         )
         print(rows[-1], flush=True)
         for workers in [int(w) for w in args.workers.split(",")]:
-            at_256: dict[str, float] = {}
-            for system in systems(args, max_batch, workers):
+            at_most: dict[str, float] = {}
+            for system in systems(args, max_batch, workers, workdir):
                 # A log per server and setting (bench/gpu_worker.py's BENCH_GAPS lines land there).
                 bench.start(system, f"gpu-b{max_batch}-w{workers}", workdir, body=BODY)
                 try:
                     # Warm-up at full load: the batch shapes the measured points will use.
-                    bench.oha(args.oha, system.url, WARMUP_S, max(CLIENTS), None, body=BODY)
-                    for clients in CLIENTS:
+                    bench.oha(args.oha, system.url, WARMUP_S, most, None, body=BODY)
+                    for clients in clients_list:
                         # The targets' point is measured `--repeats` times (its median kept).
-                        repeats = args.repeats if clients == max(CLIENTS) else 1
+                        repeats = args.repeats if clients == most else 1
                         row, rate = point(args, system, max_batch, workers, clients, limit, repeats)
                         rows.append(row)
                         print(row, flush=True)
-                        if clients == max(CLIENTS):
-                            at_256[system.name] = rate
+                        report(args, device, most, rows, verdicts, done=False)
+                        if clients == most:
+                            at_most[system.name] = rate
                 finally:
                     bench.stop(system)
-            corral, mosec = at_256.get("corral", 0.0), at_256.get("mosec", 0.0)
-            verdicts.append(
-                f"max batch {max_batch}, {workers} worker(s), {max(CLIENTS)} clients: Corral "
-                f"{corral / limit:.0%} of the in-process limit (target ≥ 90%), "
-                f"{corral / max(mosec, 1e-9):.2f}× MOSEC (target ≥ 1.5×)"
-            )
-    command = recorded_command("bench-gpu")
+            mosec = at_most.get("mosec")
+            for name, rate in at_most.items():
+                if name != "mosec":
+                    versus = f"{rate / mosec:.2f}× MOSEC" if mosec else "MOSEC not measured"
+                    verdicts.append(
+                        f"max batch {max_batch}, {workers} worker(s), {most} clients: {name} "
+                        f"{rate / limit:.0%} of the in-process limit (target ≥ 90%), {versus} "
+                        "(target ≥ 1.5×)"
+                    )
+    print(report(args, device, most, rows, verdicts, done=True))
+
+
+def report(args, device: str, most: int, rows: list[str], verdicts: list[str], done: bool) -> str:
+    """Write the "GPU" section as it stands (after every point, so that a run cut short still
+    leaves what it measured, marked unfinished); returns it."""
+    import bench
+
     section = "\n\n".join(
         [
             "## GPU",
-            f"Command: `{command}` — {time.strftime('%Y-%m-%d')}, {device}, {os.cpu_count()} "
-            f"cores; ResNet-50 (torchvision, random weights, fp16), the same number of worker "
-            f"processes on the one GPU for each server, closed loop, {args.seconds:g} s per point"
-            + (
-                f" (at {max(CLIENTS)} clients the median of {args.repeats} runs)."
-                if args.repeats > 1
-                else "."
-            ),
+            f"Command: `{recorded_command('bench-gpu')}` — {time.strftime('%Y-%m-%d')}, {device}, "
+            f"{os.cpu_count()} cores; ResNet-50 (torchvision, random weights, fp16), the same "
+            "number of worker processes on the one GPU for each server, closed loop, "
+            f"{args.seconds:g} s per point"
+            + (f" (at {most} clients the median of {args.repeats} runs)" * (args.repeats > 1))
+            + ("." if done else ". **Unfinished: the run stopped after the last row.**"),
             "\n".join(rows),
             "\n".join(f"- {v}" for v in verdicts),
         ]
     )
     bench.replace_section(Path(args.out), section)
-    print(section)
+    return section
 
 
 if __name__ == "__main__":
