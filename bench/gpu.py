@@ -22,7 +22,6 @@ CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -113,51 +112,21 @@ def recorded_command(target: str) -> str:
     return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
 
 
-def pinned_config(workdir: Path, max_batch: int, workers: int) -> Path:
-    """Corral's config for `corral-pinned`: the same stage as the flags give `corral`, with
-    each worker pinned to a core of its own (`cpus`, the machine's last cores)."""
-    last = (os.cpu_count() or 1) - 1
-    cpus = [last - i for i in range(workers)]
-    command = [sys.executable, str(HERE / "gpu_worker.py")]
-    path = workdir / f"pinned-b{max_batch}-w{workers}.toml"
-    path.write_text(
-        "\n".join(
-            [
-                'listen = "127.0.0.1:18600"',
-                'socket = "gpu.sock"',
-                "timeout_ms = 30000",
-                "queue_capacity = 4096",
-                "[stages.gpu]",
-                f"command = {json.dumps(command)}",
-                "gpus = [0]",
-                f"workers_per_gpu = {workers}",
-                f"cpus = {json.dumps(cpus)}",
-                f"max_batch_size = {max_batch}",
-                "max_wait_ms = 5",
-                "[pipelines.gpu]",
-                'stages = ["gpu"]',
-                "[routes.infer]",
-                'path = "/infer"',
-                'pipeline = "gpu"',
-                "",
-            ]
-        )
-    )
-    return path
-
-
-def systems(args, max_batch: int, workers: int, workdir: Path):
+def systems(args, max_batch: int, workers: int):
     import bench
 
     python = sys.executable
     env = {"BENCH_MAX_BATCH": str(max_batch), "BENCH_WORKERS": str(workers)}
-    pinned = [args.corral, "--config", str(pinned_config(workdir, max_batch, workers))]
     corral = [
         args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
         "--workers-per-gpu", str(workers), "--max-batch-size", str(max_batch),
         "--max-wait-ms", "5", "--queue-capacity", "4096", "--timeout-ms", "30000",
         "--", python, str(HERE / "gpu_worker.py"),
     ]  # fmt: skip
+    # The same, each worker pinned to a core of its own (the machine's last cores).
+    last = (os.cpu_count() or 1) - 1
+    cores = ",".join(str(last - i) for i in range(workers))
+    pinned = [*corral[:-3], "--cpus", cores, *corral[-3:]]
     mosec = [
         python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
         "--timeout", "30000", "--log-level", "warning",
@@ -212,7 +181,7 @@ def main() -> None:
     parser.add_argument(
         "--systems",
         default="corral,mosec",
-        help="of corral, corral-pinned (each worker on a core of its own: `cpus`) and mosec",
+        help="of corral, corral-pinned (each worker on a core of its own: --cpus) and mosec",
     )
     parser.add_argument(
         "--clients",
@@ -244,7 +213,7 @@ def main() -> None:
         print(rows[-1], flush=True)
         for workers in [int(w) for w in args.workers.split(",")]:
             at_most: dict[str, float] = {}
-            for system in systems(args, max_batch, workers, workdir):
+            for system in systems(args, max_batch, workers):
                 # A log per server and setting (bench/gpu_worker.py's BENCH_GAPS lines land there).
                 bench.start(system, f"gpu-b{max_batch}-w{workers}", workdir, body=BODY)
                 try:

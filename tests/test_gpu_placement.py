@@ -73,6 +73,28 @@ def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
         proxy.stop()
 
 
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
+def test_cpus_from_the_command_line_pin_each_gpu_worker_to_its_core(tmp_path):
+    cores = sorted(os.sched_getaffinity(0))[-2:]
+    if len(cores) < 2:
+        pytest.skip("needs two cores to pin two workers")
+    records = tmp_path / "records"
+    records.mkdir()
+    proxy = Corral(
+        tmp_path, "--gpus", "0,1", "--", sys.executable, PLACED, worker=None,
+        env={"PLACED_DIR": str(records), "CORRAL_CPUS": ",".join(map(str, cores))},
+    )  # fmt: skip
+    try:
+        proxy.wait_for_log("worker connected", count=2)
+        placed = by_index(records, connected_pids(proxy))
+        assert {i: (w["CORRAL_GPU"], w["cores"]) for i, w in placed.items()} == {
+            "0": ("0", [cores[0]]), "1": ("1", [cores[1]]),
+        }, "worker i on gpus[i] and on cpus[i] alone"  # fmt: skip
+        assert proxy.post({"x": 1}).json() == {"x": 1}
+    finally:
+        proxy.stop()
+
+
 def test_a_config_files_stage_places_its_workers(tmp_path):
     records = tmp_path / "records"
     records.mkdir()
@@ -125,13 +147,23 @@ def run(tmp_path, *args, config: str | None = None, path: str | None = None):
 
 
 WORKER = ["--", sys.executable, PLACED]
+# A core this process may run on (pinning to it is allowed).
+CORE = str(min(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else "0"
 STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
 
 
 @pytest.mark.parametrize(
     "args, config, expected",
     [
-        (["--gpus", "0,1", "--workers", "3", *WORKER], None, "workers: 3 workers, but gpus [0, 1]"),
+        (
+            ["--gpus", "0,1", "--workers", "3", *WORKER],
+            None,
+            "workers: 3 workers, but gpus [0, 1] with workers_per_gpu 1 place 2; leave workers out",
+        ),
+        (["--cpus", CORE, "--workers", "2", *WORKER], None, "workers: 2 workers but 1 cores"),
+        (["--cpus", CORE, "--gpus", "0,1", *WORKER], None, "workers: 1 cpus for 2 workers"),
+        (["--cpus", "4095", *WORKER], None, "cpus: core 4095 is not available"),
+        (["--cpus", CORE], None, "cpus: only spawned workers can be pinned"),
         (["--gpus", ",", *WORKER], None, "gpus: an empty list"),
         (["--gpus", "0,0", *WORKER], None, "gpus: device 0 is listed twice"),
         (["--gpus", "zero", *WORKER], None, 'gpus: "zero" is not a device index'),

@@ -204,6 +204,13 @@ pub struct Config {
     #[arg(long, env = "CORRAL_GPUS", value_name = "LIST")]
     pub gpus: Option<String>,
 
+    /// With WORKER_CMD: pin worker i to core LIST[i] (Linux), one core per worker, e.g. 14,15;
+    /// --workers then defaults to the cores listed. For a GPU worker whose model is bound by
+    /// the CPU launching its kernels, a core of its own keeps its one thread from being moved
+    /// about (see docs/DEPLOY.md). Set, it wins over every stage's `cpus` in a config file.
+    #[arg(long, env = "CORRAL_CPUS", value_name = "LIST", value_delimiter = ',')]
+    pub cpus: Vec<usize>,
+
     /// With --gpus: workers per device; --workers then defaults to the devices times this.
     #[arg(long, env = "CORRAL_WORKERS_PER_GPU", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]

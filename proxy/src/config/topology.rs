@@ -143,6 +143,15 @@ fn single_placed(
         None => Vec::new(),
     };
     let asked = explicit("workers").then_some(config.workers);
+    if !config.cpus.is_empty() {
+        spec.workers = pinned_workers(&config.cpus, asked, "cpus", "workers")?;
+        if spec.command.is_empty() {
+            let problem = "only spawned workers can be pinned; add a worker command after `--`";
+            return Err(error("cpus", problem));
+        }
+        check_cpus("cpus", &config.cpus)?;
+        spec.cpus = config.cpus.clone();
+    }
     let keys = Keys { gpus: "gpus".into(), workers: "workers".into(), env: "worker_env".into() };
     place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
     Ok(topology)
@@ -410,11 +419,18 @@ fn stage_spec(
         Some(command) => command,
         None => Vec::new(),
     };
-    let cpus = stage.cpus.unwrap_or_default();
+    // A set --cpus wins over the stage's own key, as every flag wins over the file.
+    let (cpus, cpus_key) = if explicit("cpus") {
+        (config.cpus.clone(), "cpus".to_string())
+    } else {
+        (stage.cpus.unwrap_or_default(), key("cpus"))
+    };
     let workers = match (stage.workers, cpus.len()) {
-        (Some(workers), pinned) if pinned > 0 && workers as usize != pinned => {
-            let problem = format!("{workers} workers but {pinned} cpus: one worker per core");
-            return Err(error(key("workers"), problem));
+        (_, pinned) if pinned > 0 && explicit("workers") => {
+            pinned_workers(&cpus, Some(config.workers), &cpus_key, "workers")?
+        }
+        (Some(workers), pinned) if pinned > 0 => {
+            pinned_workers(&cpus, Some(workers), &cpus_key, &key("workers"))?
         }
         _ if explicit("workers") => config.workers,
         (Some(workers), _) => workers,
@@ -437,9 +453,9 @@ fn stage_spec(
     let env: Vec<(String, String)> = stage.env.unwrap_or_default().into_iter().collect();
     if !cpus.is_empty() {
         if command.is_empty() {
-            return Err(error(key("cpus"), "only spawned workers can be pinned; add `command`"));
+            return Err(error(cpus_key, "only spawned workers can be pinned; add `command`"));
         }
-        check_cpus(&key("cpus"), &cpus)?;
+        check_cpus(&cpus_key, &cpus)?;
     }
     let mut spec = StageSpec {
         name: name.to_string(),
@@ -493,7 +509,8 @@ fn place(
         let placed = gpus.len() as u32 * per_gpu;
         if let Some(asked) = asked.filter(|&asked| asked != placed) {
             let problem = format!(
-                "{asked} workers, but gpus {gpus:?} with workers_per_gpu {per_gpu} place                  {placed}; leave workers out, or make them agree"
+                "{asked} workers, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
+                 {placed}; leave workers out, or make them agree"
             );
             return Err(error(&keys.workers, problem));
         }
@@ -584,6 +601,27 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
         return Err(error(key, problem));
     }
     Ok(())
+}
+
+/// The workers of a stage pinned to `cpus`: one per core, so an explicit count (`asked`) must
+/// agree; the error names both keys.
+fn pinned_workers(
+    cpus: &[usize],
+    asked: Option<u32>,
+    cpus_key: &str,
+    workers_key: &str,
+) -> Result<u32, ConfigError> {
+    let pinned = cpus.len();
+    match asked {
+        Some(workers) if workers as usize != pinned => {
+            let problem = format!(
+                "{workers} workers but {pinned} cores in {cpus_key}: one worker per core; \
+                 leave {workers_key} out, or make them agree"
+            );
+            Err(error(workers_key, problem))
+        }
+        _ => Ok(pinned as u32),
+    }
 }
 
 fn check_cpus(key: &str, cpus: &[usize]) -> Result<(), ConfigError> {
@@ -715,6 +753,7 @@ mod tests {
             "max_batch_size",
             "max_batch_bytes",
             "max_wait_ms",
+            "cpus",
             "batch_policy",
             "worker_prefetch",
             "batch_timeout_ms",
@@ -740,6 +779,58 @@ mod tests {
     fn cpus_set_the_worker_count() {
         let text = "[stages.a]\ncommand = [\"w\"]\ncpus = [0]\n";
         assert_eq!(resolve_with(text, &[], &[]).unwrap().stages[0].workers, 1);
+    }
+
+    /// A core this process may run on (what `check_cpus` accepts here).
+    fn a_core() -> String {
+        let allowed = crate::supervisor::affinity::allowed_cpus().unwrap();
+        allowed.first().unwrap().to_string()
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_cpus_flag_pins_the_command_lines_workers_and_sets_their_count() {
+        let core = a_core();
+        let config = Config::parse_from(["corral", "--cpus", &core, "--", "w"]);
+        let topology = single_placed(&config, &|_| false).unwrap();
+        let stage = &topology.stages[0];
+        assert_eq!((stage.cpus.clone(), stage.workers), (vec![core.parse().unwrap()], 1));
+        // With --gpus the placed workers must match the cores, one each.
+        let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0", "--", "w"]);
+        let topology = single_placed(&config, &|_| false).unwrap();
+        assert_eq!((topology.stages[0].workers, topology.stages[0].gpus.clone()), (1, vec![0]));
+        let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0,1", "--", "w"]);
+        let error = single_placed(&config, &|_| false).unwrap_err();
+        assert_eq!(error.key, "workers");
+        assert!(error.problem.contains("one worker per core"), "{}", error.problem);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_cpus_flag_is_refused_against_workers_or_without_a_command() {
+        let core = a_core();
+        let config = Config::parse_from(["corral", "--cpus", &core, "--workers", "2", "--", "w"]);
+        let error = single_placed(&config, &|id| id == "workers").unwrap_err();
+        assert_eq!(error.key, "workers");
+        assert!(error.problem.contains("cores in cpus"), "names both keys: {}", error.problem);
+        let config = Config::parse_from(["corral", "--cpus", &core]);
+        let error = single_placed(&config, &|_| false).unwrap_err();
+        assert_eq!(error.key, "cpus");
+        let config = Config::parse_from(["corral", "--cpus", "4095", "--", "w"]);
+        let error = single_placed(&config, &|_| false).unwrap_err();
+        assert_eq!(error.key, "cpus");
+        assert!(error.problem.contains("not available"), "{}", error.problem);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn a_set_cpus_flag_wins_over_a_stages_cpus() {
+        let core = a_core();
+        let text = "[stages.a]\ncommand = [\"w\"]\ncpus = [4095]\nworkers = 1\n";
+        let topology = resolve_with(text, &["--cpus", &core], &["cpus"]).unwrap();
+        assert_eq!(topology.stages[0].cpus, vec![core.parse::<usize>().unwrap()]);
+        let error = resolve_with(text, &[], &[]).unwrap_err();
+        assert_eq!(error.key, "stages.a.cpus", "the file's own cores, checked when not replaced");
     }
 
     #[test]
