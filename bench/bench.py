@@ -399,6 +399,11 @@ def main() -> None:
         "--corral-before",
         help="another corral binary (e.g. built from main before a change), run as corral-before",
     )
+    parser.add_argument(
+        "--package-before",
+        help="a folder holding another corral Python package (e.g. python-client/src of an "
+        "earlier checkout), used by corral-before's worker",
+    )
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
     args.passed = user_args()
@@ -427,6 +432,8 @@ def main() -> None:
             ("mosec",),
         ),
     }  # fmt: skip
+    if args.package_before:
+        every["corral-before"].env = {"PYTHONPATH": args.package_before}
     systems = [every[name] for name in args.systems.split(",")]
     loads = [(f"c={c}", int(c), None) for c in args.connections.split(",")]
     rows: list[Row] = []
