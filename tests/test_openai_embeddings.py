@@ -43,7 +43,8 @@ def proxy(tmp_path_factory):
 @pytest.fixture
 def client(proxy):
     # No retries: a test wants the first answer, and the package retries 408s and 5xxs.
-    return openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client:
+        yield client  # closed after the test: an unclosed client's socket is a ResourceWarning
 
 
 @pytest.mark.parametrize("encoding_format", ["float", "base64"])

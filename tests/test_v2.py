@@ -4,8 +4,10 @@
 64 rows in one request, rows of 32 clients sharing batches, and bad requests answered in v2's
 own error shape without harm to the proxy."""
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,8 +28,15 @@ def proxy(tmp_path_factory):
     corral.stop()
 
 
-def client(proxy) -> triton.InferenceServerClient:
-    return triton.InferenceServerClient(proxy.url.removeprefix("http://"), concurrency=1)
+@contextlib.contextmanager
+def client(proxy) -> Iterator[triton.InferenceServerClient]:
+    # Closed after use: an open client's socket, collected later, is a ResourceWarning (an
+    # error here) in whichever test happens to be running then.
+    c = triton.InferenceServerClient(proxy.url.removeprefix("http://"), concurrency=1)
+    try:
+        yield c
+    finally:
+        c.close()
 
 
 def rows(n: int, text: bytes = b"abc"):
@@ -46,28 +55,29 @@ def infer(proxy, x, scale, words, binary: bool, outputs=("SUM", "SCALED", "UPPER
     for tensor, data in zip(inputs, (x, scale, words)):
         tensor.set_data_from_numpy(data, binary_data=binary)
     requested = [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
-    return client(proxy).infer("default", inputs, outputs=requested)
+    with client(proxy) as c:
+        return c.infer("default", inputs, outputs=requested)
 
 
 def test_health_and_metadata(proxy):
-    c = client(proxy)
-    assert c.is_server_live()
-    assert c.is_server_ready()
-    assert c.is_model_ready("default")
-    assert not c.is_model_ready("nope")
-    assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
-    metadata = c.get_model_metadata("default")
-    assert metadata["name"] == "default"
-    assert metadata["inputs"] == [
-        {"name": "X", "datatype": "FP32", "shape": [-1, 3]},
-        {"name": "N", "datatype": "INT64", "shape": [-1, 1]},
-        {"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]},
-    ]
-    assert [o["name"] for o in metadata["outputs"]] == ["SUM", "SCALED", "UPPER", "BATCH"]
-    # A version in the path is accepted and ignored: a route is one version of its model.
-    assert proxy.client.get("/v2/models/default/versions/1/ready").status_code == 200
-    versioned = proxy.client.get("/v2/models/default/versions/7").json()
-    assert versioned["inputs"] == metadata["inputs"]
+    with client(proxy) as c:
+        assert c.is_server_live()
+        assert c.is_server_ready()
+        assert c.is_model_ready("default")
+        assert not c.is_model_ready("nope")
+        assert "binary_tensor_data" in c.get_server_metadata()["extensions"]
+        metadata = c.get_model_metadata("default")
+        assert metadata["name"] == "default"
+        assert metadata["inputs"] == [
+            {"name": "X", "datatype": "FP32", "shape": [-1, 3]},
+            {"name": "N", "datatype": "INT64", "shape": [-1, 1]},
+            {"name": "TEXT", "datatype": "BYTES", "shape": [-1, 1]},
+        ]
+        assert [o["name"] for o in metadata["outputs"]] == ["SUM", "SCALED", "UPPER", "BATCH"]
+        # A version in the path is accepted and ignored: a route is one version of its model.
+        assert proxy.client.get("/v2/models/default/versions/1/ready").status_code == 200
+        versioned = proxy.client.get("/v2/models/default/versions/7").json()
+        assert versioned["inputs"] == metadata["inputs"]
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
@@ -245,7 +255,8 @@ def test_multi_mib_binary_tensors_from_16_clients(corral_factory):
         tensor = triton.InferInput("X", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x, binary_data=True)
         wanted = [triton.InferRequestedOutput("Y", binary_data=True)]
-        y = client(proxy).infer("default", [tensor], outputs=wanted).as_numpy("Y")
+        with client(proxy) as c:
+            y = c.infer("default", [tensor], outputs=wanted).as_numpy("Y")
         return np.array_equal(y, x * 2)
 
     with ThreadPoolExecutor(16) as pool:

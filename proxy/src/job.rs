@@ -13,7 +13,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral_protocol::JobId;
+use corral_protocol::{JobId, Payload};
 use http::HeaderValue;
 use opentelemetry::trace::{SpanContext, SpanId, TraceId};
 use tokio::sync::oneshot;
@@ -74,8 +74,8 @@ pub struct Reply {
 #[derive(Debug)]
 pub struct Job {
     pub id: JobId,
-    /// The job's input: one complete msgpack value.
-    pub payload: Bytes,
+    /// The job's input: one complete msgpack value (as segments where it arrived in pieces).
+    pub payload: Payload,
     /// When the job was queued; the batch window counts from the oldest queued job's arrival.
     pub arrived: Instant,
     pub deadline: Instant,
@@ -111,14 +111,14 @@ impl Job {
     /// A new job and the receiver its answer will arrive on.
     pub fn new(
         id: JobId,
-        payload: Bytes,
+        payload: impl Into<Payload>,
         arrived: Instant,
         deadline: Instant,
     ) -> (Self, oneshot::Receiver<Reply>) {
         let (reply, answer) = oneshot::channel();
         let job = Self {
             id,
-            payload,
+            payload: payload.into(),
             arrived,
             deadline,
             class: Class::Normal,

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
-use corral_protocol::JobId;
+use corral_protocol::{JobId, Payload};
 use futures_util::future::join_all;
 use http::HeaderValue;
 use tokio::time::Instant;
@@ -31,14 +31,14 @@ pub struct Pipeline {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Input {
     pub id: JobId,
-    pub payload: Bytes,
+    pub payload: Payload,
     pub content_type: Option<HeaderValue>,
 }
 
 impl Input {
     /// A msgpack (or transcoded JSON) input.
-    pub fn new(id: JobId, payload: Bytes) -> Self {
-        Self { id, payload, content_type: None }
+    pub fn new(id: JobId, payload: impl Into<Payload>) -> Self {
+        Self { id, payload: payload.into(), content_type: None }
     }
 
     /// What the input adds to a batch frame, as its job will count it ([`Job::size`]).
@@ -122,7 +122,9 @@ fn hand_over(
     let fits = |outcome: &Outcome| matches!(outcome, Outcome::Done(output, named) if size(output, named) <= limit);
     if outcomes.iter().all(fits) {
         let inputs = ids.into_iter().zip(outcomes).filter_map(|(id, outcome)| match outcome {
-            Outcome::Done(payload, content_type) => Some(Input { id, payload, content_type }),
+            Outcome::Done(payload, content_type) => {
+                Some(Input { id, payload: payload.into(), content_type })
+            }
             _ => None,
         });
         return Ok(inputs.collect());
@@ -241,7 +243,7 @@ mod tests {
         let named = Some(HeaderValue::from_static("image/png"));
         let outcome = Outcome::Done(png.clone(), named.clone());
         let inputs = hand_over(&from, &to, vec![id], vec![outcome]).unwrap();
-        assert_eq!(inputs, vec![Input { id, payload: png, content_type: named }]);
+        assert_eq!(inputs, vec![Input { id, payload: png.into(), content_type: named }]);
     }
 
     #[test]

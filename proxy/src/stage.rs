@@ -411,7 +411,7 @@ impl Stage {
             None
         };
         for job in jobs.iter_mut().filter(|job| job.weight == 0) {
-            job.weight = rule.as_ref().map_or(1, |rule| rule.weigh(&job.payload));
+            job.weight = rule.as_ref().map_or(1, |rule| rule.weigh(&job.payload.contiguous()));
         }
     }
 

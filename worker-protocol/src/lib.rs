@@ -7,6 +7,7 @@
 //! - [`job_id`]: the 16-byte job identifier and its msgpack form.
 //! - [`codec`]: frames (tokio-util's length-delimited codec: 4-byte big-endian length) around one
 //!   msgpack map each, and the msgpack step itself.
+//! - [`payload`]: a job's payload, one msgpack value held as one buffer or several segments.
 //! - [`segments`]: a `batch` frame as segments around its payloads, for one vectored write that
 //!   copies no payload byte.
 //!
@@ -20,6 +21,7 @@ pub mod codec;
 pub mod fuzzing;
 pub mod job_id;
 pub mod message;
+pub mod payload;
 pub mod segments;
 
 pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCodec};
@@ -29,6 +31,7 @@ pub use message::{
     ResultStatus, Results, Shutdown, TensorSpec, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN,
     FEATURE_STREAM,
 };
+pub use payload::Payload;
 pub use segments::BatchFrame;
 
 /// The protocol version this crate speaks. A worker that says hello with another version is

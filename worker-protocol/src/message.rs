@@ -12,7 +12,7 @@
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 
-use crate::JobId;
+use crate::{JobId, Payload};
 
 /// What a worker sends.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -130,8 +130,9 @@ pub struct BatchJob {
     /// 408 already and the result will be dropped, so a worker may skip such jobs.
     pub timeout_ms: u64,
     /// The job's input: one complete msgpack value, carried as `bin` so that the proxy never
-    /// re-encodes it and the worker can decode (and reject) each job on its own.
-    pub payload: Bytes,
+    /// re-encodes it and the worker can decode (and reject) each job on its own. Held as one
+    /// buffer or as segments ([`Payload`]); the wire bytes are the same.
+    pub payload: Payload,
     /// A raw-bytes request only: the media type the client sent; `payload` is then one msgpack
     /// `bin` holding the body.
     #[serde(default, skip_serializing_if = "Option::is_none")]

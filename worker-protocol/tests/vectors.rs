@@ -148,7 +148,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     BatchJob {
                         id: id(1),
                         timeout_ms: 4999,
-                        payload: mp(&serde_json::json!([1, 2, 3])),
+                        payload: mp(&serde_json::json!([1, 2, 3])).into(),
                         content_type: None,
                         traceparent: None,
                         tracestate: None,
@@ -156,7 +156,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     BatchJob {
                         id: id(2),
                         timeout_ms: 70_000,
-                        payload: mp(&serde_json::json!({"text": "héllo"})),
+                        payload: mp(&serde_json::json!({"text": "héllo"})).into(),
                         content_type: None,
                         traceparent: None,
                         tracestate: None,
@@ -171,7 +171,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     id: id(1),
                     timeout_ms: 1000,
                     // One msgpack bin (the 4-byte length form, as the proxy writes raw bodies).
-                    payload: Bytes::from_static(&[0xc6, 0, 0, 0, 4, 0x89, b'P', b'N', b'G']),
+                    payload: Bytes::from_static(&[0xc6, 0, 0, 0, 4, 0x89, b'P', b'N', b'G']).into(),
                     content_type: Some("image/png".into()),
                     traceparent: None,
                     tracestate: None,
@@ -185,7 +185,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     BatchJob {
                         id: id(1),
                         timeout_ms: 1000,
-                        payload: Bytes::from_static(&[0x01]),
+                        payload: Bytes::from_static(&[0x01]).into(),
                         content_type: None,
                         traceparent: Some(
                             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
@@ -195,7 +195,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     BatchJob {
                         id: id(2),
                         timeout_ms: 1000,
-                        payload: Bytes::from_static(&[0x02]),
+                        payload: Bytes::from_static(&[0x02]).into(),
                         content_type: None,
                         traceparent: Some(
                             "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01".into(),

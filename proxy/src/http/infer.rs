@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use corral_protocol::JobId;
+use corral_protocol::{JobId, Payload};
 use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
@@ -68,7 +68,7 @@ pub async fn handle(
             Input::new(id, format::to_msgpack(format, body).map_err(ApiError::bad_request)?)
         }
         BodyKind::Raw(content_type) => {
-            Input { id, payload: body, content_type: Some(content_type) }
+            Input { id, payload: body.into(), content_type: Some(content_type) }
         }
     };
     if let Some(framing) = streamed {
@@ -88,7 +88,8 @@ pub async fn handle(
         };
     }
 
-    let elements = items::split(&input.payload).map_err(ApiError::bad_request)?;
+    // A request of several items was read whole: its payload is one buffer, shared.
+    let elements = items::split(&input.payload.to_bytes()).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
     let data = items::assemble(outcomes)?;
     answer(&negotiation, data, None)
@@ -196,11 +197,12 @@ pub fn before_body(error: ApiError) -> ApiError {
 pub async fn run_items(
     app: &App,
     route: &Route,
-    payloads: Vec<Bytes>,
+    payloads: Vec<impl Into<Payload>>,
     arrived: Instant,
     deadline: Instant,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
+    let payloads: Vec<Payload> = payloads.into_iter().map(Into::into).collect();
     for payload in &payloads {
         check_payload_size(app, route, payload.len())?;
     }

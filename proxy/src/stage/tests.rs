@@ -40,7 +40,8 @@ fn submit(stage: &Stage, payload: &'static [u8]) -> oneshot::Receiver<Reply> {
 }
 
 fn payloads(batch: &[Job]) -> Vec<&[u8]> {
-    batch.iter().map(|j| &j.payload[..]).collect()
+    // Test payloads are held in one segment.
+    batch.iter().map(|j| &j.payload.segments()[0][..]).collect()
 }
 
 #[tokio::test(start_paused = true)]

@@ -207,7 +207,7 @@ mod tests {
             BatchJob {
                 id: JobId::new(),
                 timeout_ms: 5000,
-                payload: Bytes::from(big),
+                payload: Bytes::from(big).into(),
                 content_type: Some("application/octet-stream".into()),
                 traceparent: None,
                 tracestate: None,
@@ -215,7 +215,7 @@ mod tests {
             BatchJob {
                 id: JobId::new(),
                 timeout_ms: 1,
-                payload: Bytes::from_static(&[0x93, 1, 2, 3]),
+                payload: Bytes::from_static(&[0x93, 1, 2, 3]).into(),
                 content_type: None,
                 traceparent: None,
                 tracestate: None,
@@ -242,7 +242,7 @@ mod tests {
         let job = BatchJob {
             id: JobId::new(),
             timeout_ms: 1,
-            payload: Bytes::from_static(&[0xc0]),
+            payload: Bytes::from_static(&[0xc0]).into(),
             content_type: None,
             traceparent: None,
             tracestate: None,

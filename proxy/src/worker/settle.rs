@@ -197,7 +197,7 @@ mod tests {
         let (c, _c) = orphan(b"c", 1, false);
         give_back(&seat, vec![a, b, c], "died");
         let batch = seat.next_batch().await;
-        let order: Vec<&[u8]> = batch.iter().map(|job| &job.payload[..]).collect();
+        let order: Vec<&[u8]> = batch.iter().map(|job| &job.payload.segments()[0][..]).collect();
         assert_eq!(order, [b"a", b"b", b"c"]);
         // Only the jobs the worker had in hand spent a retry.
         let retries: Vec<u32> = batch.iter().map(|job| job.retries).collect();
@@ -217,7 +217,7 @@ mod tests {
     }
 
     fn payloads_of(batch: Vec<Job>) -> Vec<Vec<u8>> {
-        batch.iter().map(|job| job.payload.to_vec()).collect()
+        batch.iter().map(|job| job.payload.contiguous().to_vec()).collect()
     }
 
     fn job() -> Job {

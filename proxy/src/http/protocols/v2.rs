@@ -243,8 +243,8 @@ async fn infer(
         );
         return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
     }
+    // The rows share the body's binary data (no copy): it stays in memory until they are done.
     let payloads = parsed.payloads();
-    // The rows hold their own copies now: the body need not wait in memory with them.
     drop(body);
     let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "row")?;

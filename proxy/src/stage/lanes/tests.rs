@@ -23,7 +23,7 @@ fn job(name: &str, class: Class, tenant: Option<&str>, weight: u32, at: Instant)
 const SECOND: Duration = Duration::from_secs(1);
 
 fn names(jobs: impl IntoIterator<Item = Job>) -> Vec<String> {
-    jobs.into_iter().map(|j| String::from_utf8(j.payload.to_vec()).unwrap()).collect()
+    jobs.into_iter().map(|j| String::from_utf8(j.payload.contiguous().to_vec()).unwrap()).collect()
 }
 
 fn drain(lanes: &mut Lanes) -> Vec<String> {
@@ -195,7 +195,7 @@ fn dead_jobs_are_removed_wherever_they_wait() {
         job("c", Class::Normal, None, 1, now),
         job("dead2", Class::Normal, None, 4, now),
     ]);
-    let gone = lanes.remove_dead(|job| job.payload.starts_with(b"dead"));
+    let gone = lanes.remove_dead(|job| job.payload.contiguous().starts_with(b"dead"));
     assert_eq!(names(gone), ["dead2", "dead1"]);
     assert_eq!((lanes.len(), lanes.weight()), (3, 3));
     assert_eq!(drain(&mut lanes), ["a", "c", "b"]);
@@ -207,7 +207,7 @@ fn the_oldest_job_and_the_earliest_deadline_look_across_lanes() {
     let mut lanes = Lanes::default();
     one(&mut lanes, "new-high", Class::High, None, now + SECOND);
     one(&mut lanes, "old-low", Class::Low, Some("t"), now);
-    assert_eq!(&lanes.oldest().unwrap().payload[..], b"old-low");
+    assert_eq!(&lanes.oldest().unwrap().payload.contiguous()[..], b"old-low");
     // One job to go: only the high one can be in it.
     assert_eq!(lanes.earliest_deadline(1), Some(now + SECOND * 31));
     assert_eq!(lanes.earliest_deadline(2), Some(now + SECOND * 30));

@@ -8,6 +8,7 @@
 //! anything.
 
 use bytes::Bytes;
+use corral_protocol::Payload;
 use corral_protocol::TensorSpec;
 use serde::Deserialize;
 
@@ -198,25 +199,29 @@ fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {
 }
 
 impl Request {
-    /// One payload per row: `{name: tensor value of the row}` for every input. Each row's data
-    /// is copied once, into its payload; the inputs are let go of, so that the body can go.
-    pub fn payloads(&mut self) -> Vec<Bytes> {
+    /// One payload per row: `{name: tensor value of the row}` for every input. No data byte is
+    /// copied: each row's payload is its few bytes of msgpack (the map, names and tensor
+    /// headers) between slices of the inputs' data, where the data lies (for binary tensors,
+    /// the request's body, which the rows keep alive until they are done with).
+    pub fn payloads(&mut self) -> Vec<Payload> {
         let inputs = std::mem::take(&mut self.inputs);
         let cuts: Vec<Vec<(usize, usize)>> = inputs.iter().map(|i| self.cuts(i)).collect();
         (0..self.rows)
             .map(|row| {
-                let size: usize = cuts.iter().map(|c| c[row].1 - c[row].0 + 64).sum();
-                let mut out = Vec::with_capacity(size);
-                rmp::encode::write_map_len(&mut out, inputs.len() as u32)
+                let mut segments = Vec::with_capacity(2 * inputs.len());
+                let mut head = Vec::with_capacity(64);
+                rmp::encode::write_map_len(&mut head, inputs.len() as u32)
                     .expect("writing to a Vec cannot fail");
                 for (input, cuts) in inputs.iter().zip(&cuts) {
-                    rmp::encode::write_str(&mut out, &input.name)
+                    rmp::encode::write_str(&mut head, &input.name)
                         .expect("writing to a Vec cannot fail");
                     let (start, end) = cuts[row];
                     let shape = &input.shape[1..];
-                    tensor::write_tensor(&mut out, input.datatype, shape, &input.data[start..end]);
+                    tensor::write_tensor_head(&mut head, input.datatype, shape, end - start);
+                    segments.push(Bytes::from(std::mem::take(&mut head)));
+                    segments.push(input.data.slice(start..end));
                 }
-                Bytes::from(out)
+                Payload::from_segments(segments)
             })
             .collect()
     }
@@ -286,7 +291,8 @@ mod tests {
         assert_eq!(request.rows, 2);
         assert_eq!(request.outputs, [Requested { name: "Y".into(), binary: true }]);
         let payloads = request.payloads();
-        let value = tensor::read_value(&payloads[1]).unwrap();
+        let row = payloads[1].contiguous();
+        let value = tensor::read_value(&row).unwrap();
         let rmpv::ValueRef::Map(entries) = value else { panic!("a map") };
         let rmpv::ValueRef::Ext(1, ext) = entries[0].1 else { panic!("a tensor") };
         let t = tensor::read_tensor(ext).unwrap();
@@ -304,11 +310,13 @@ mod tests {
         );
         let mut request = parse(&body, Some(length), &[]).unwrap();
         let payloads = request.payloads();
-        let rmpv::ValueRef::Map(entries) = tensor::read_value(&payloads[1]).unwrap() else {
-            panic!()
-        };
+        let row = payloads[1].contiguous();
+        let rmpv::ValueRef::Map(entries) = tensor::read_value(&row).unwrap() else { panic!() };
         let rmpv::ValueRef::Ext(1, ext) = entries[0].1 else { panic!() };
         assert_eq!(tensor::read_tensor(ext).unwrap().data, [2, 0, 0, 0, b'b', b'c']);
+        // The row's data is a slice of the body, not a copy.
+        let within = |p: *const u8| body.as_ptr_range().contains(&p);
+        assert!(payloads[1].segments().iter().any(|s| s.len() == 6 && within(s.as_ptr())));
     }
 
     #[test]

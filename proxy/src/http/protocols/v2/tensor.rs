@@ -139,6 +139,13 @@ pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<()
 
 /// Appends a tensor value (ext type 1) holding one row.
 pub fn write_tensor(out: &mut Vec<u8>, datatype: DataType, shape: &[u64], data: &[u8]) {
+    write_tensor_head(out, datatype, shape, data.len());
+    out.extend_from_slice(data);
+}
+
+/// Appends the start of a tensor value (ext type 1) whose `length` bytes of data follow it:
+/// for a row whose data stays where it lies in the request's body.
+pub fn write_tensor_head(out: &mut Vec<u8>, datatype: DataType, shape: &[u64], length: usize) {
     let mut head = Vec::with_capacity(16 + 9 * shape.len());
     let write = "writing to a Vec cannot fail";
     rmp::encode::write_array_len(&mut head, 3).expect(write);
@@ -147,10 +154,9 @@ pub fn write_tensor(out: &mut Vec<u8>, datatype: DataType, shape: &[u64], data: 
     for &dim in shape {
         rmp::encode::write_uint(&mut head, dim).expect(write);
     }
-    rmp::encode::write_bin_len(&mut head, data.len() as u32).expect(write);
-    rmp::encode::write_ext_meta(out, (head.len() + data.len()) as u32, TENSOR_EXT).expect(write);
+    rmp::encode::write_bin_len(&mut head, length as u32).expect(write);
+    rmp::encode::write_ext_meta(out, (head.len() + length) as u32, TENSOR_EXT).expect(write);
     out.extend_from_slice(&head);
-    out.extend_from_slice(data);
 }
 
 /// A tensor value's contents, read from its ext data and checked.
