@@ -433,7 +433,8 @@ def main() -> None:
         ),
     }  # fmt: skip
     if args.package_before:
-        every["corral-before"].env = {"PYTHONPATH": args.package_before}
+        path = [args.package_before, os.environ.get("PYTHONPATH")]
+        every["corral-before"].env = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
     systems = [every[name] for name in args.systems.split(",")]
     loads = [(f"c={c}", int(c), None) for c in args.connections.split(",")]
     rows: list[Row] = []

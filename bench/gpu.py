@@ -57,20 +57,23 @@ def require_gpu() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def in_process(max_batch: int, seconds: float) -> tuple[float, float]:
-    """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up), and the
-    GPU's median utilisation meanwhile."""
+def in_process(max_batch: int, seconds: float, repeats: int = 1) -> tuple[float, float]:
+    """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up; with
+    `repeats`, the median of that many runs), and the GPU's median utilisation meanwhile."""
     import gpu_model
 
     model = gpu_model.Model()
     for _ in range(10):
         model.run(max_batch)
-    done, start = 0, time.perf_counter()
+    rates = []
     with Utilisation() as gpu:
-        while time.perf_counter() - start < seconds:
-            model.run(max_batch)
-            done += max_batch
-    return done / (time.perf_counter() - start), gpu.median()
+        for _ in range(repeats):
+            done, start = 0, time.perf_counter()
+            while time.perf_counter() - start < seconds:
+                model.run(max_batch)
+                done += max_batch
+            rates.append(done / (time.perf_counter() - start))
+    return sorted(rates)[(len(rates) - 1) // 2], gpu.median()
 
 
 class Utilisation:
@@ -109,6 +112,8 @@ def recorded_command(target: str) -> str:
         for i, a in enumerate(sys.argv[1:])
         if a not in paths and sys.argv[i] not in paths and a.split("=", 1)[0] not in paths
     ]
+    if "--package-before" in sys.argv:  # it changes what is measured: named, its path not
+        passed.append("--package-before DIR")
     return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
 
 
@@ -123,9 +128,8 @@ def systems(args, max_batch: int, workers: int):
         "--max-wait-ms", "5", "--queue-capacity", "4096", "--timeout-ms", "30000",
         "--", python, str(HERE / "gpu_worker.py"),
     ]  # fmt: skip
-    # The same, each worker pinned to a core of its own (the machine's last cores).
-    last = (os.cpu_count() or 1) - 1
-    cores = ",".join(str(last - i) for i in range(workers))
+    # The same, each worker pinned to a core of its own (the last cores this process may use).
+    cores = ",".join(map(str, last_cores(workers)))
     pinned = [*corral[:-3], "--cpus", cores, *corral[-3:]]
     mosec = [
         python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
@@ -137,7 +141,16 @@ def systems(args, max_batch: int, workers: int):
         bench.System("mosec", mosec, "http://127.0.0.1:18601/inference", ("mosec",), env=env),
     ]
     wanted = args.systems.split(",")
+    unknown = set(wanted) - {system.name for system in found}
+    if unknown:
+        raise SystemExit(f"--systems: unknown {', '.join(sorted(unknown))}")
     return [system for system in found if system.name in wanted]
+
+
+def last_cores(count: int) -> list[int]:
+    """The last `count` cores this process may run on (Corral refuses cores outside them)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    return allowed[-count:]
 
 
 def point(
@@ -153,7 +166,7 @@ def point(
             report = bench.oha(args.oha, system.url, args.seconds, clients, None, body=BODY)
             runs.append((bench.answered(report)[0] / args.seconds, report))
     runs.sort(key=lambda run: run[0])
-    rate, report = runs[len(runs) // 2]
+    rate, report = runs[(len(runs) - 1) // 2]  # the lower median for an even count
     latency = report.get("latencyPercentiles", {})
     p50 = (latency.get("p50") or 0) * 1000
     p99 = (latency.get("p99") or 0) * 1000
@@ -205,7 +218,7 @@ def main() -> None:
     ]
     verdicts = []
     for max_batch in [int(b) for b in args.batches.split(",")]:
-        limit, busy = in_process(max_batch, args.seconds)
+        limit, busy = in_process(max_batch, args.seconds, args.repeats)
         rows.append(
             f"| {max_batch} | — | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — "
             f"| {busy:.0f} |"
@@ -254,7 +267,7 @@ def report(args, device: str, most: int, rows: list[str], verdicts: list[str], d
             f"{os.cpu_count()} cores; ResNet-50 (torchvision, random weights, fp16), the same "
             "number of worker processes on the one GPU for each server, closed loop, "
             f"{args.seconds:g} s per point"
-            + (f" (at {most} clients the median of {args.repeats} runs)" * (args.repeats > 1))
+            + (f" (the limit and {most} clients: medians of {args.repeats})" * (args.repeats > 1))
             + ("." if done else ". **Unfinished: the run stopped after the last row.**"),
             "\n".join(rows),
             "\n".join(f"- {v}" for v in verdicts),

@@ -20,8 +20,8 @@ For each: items/s at 256 clients and ÷ the in-process limit, p50/p99, and the w
 timings (bench/gpu_worker.py's BENCH_GAPS lines: `forward`, the gap between batches, the mean
 batch size, the garbage collector's time per batch). The in-process loop reports its time per
 batch the same way. Run: `make bench-gpu-probe` (needs torch with CUDA and a GPU, as
-bench/gpu.py; exits 2 without). The results replace the "GPU: one worker" section of
-BENCHMARKS.md.
+bench/gpu.py; exits 2 without). The results replace the "GPU: one worker, where the time goes"
+section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ def in_process(max_batch: int, seconds: float) -> tuple[float, str]:
 
 def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
     """(name, extra corral options, a prefix for the worker command, extra environment)."""
-    core = str((os.cpu_count() or 1) - 1)
+    core = str(gpu.last_cores(1)[0])
     found = [
         ("default", [], [], {}),
         ("no prefetch", ["--worker-prefetch", "false"], [], {}),

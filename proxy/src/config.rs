@@ -207,7 +207,8 @@ pub struct Config {
     /// With WORKER_CMD: pin worker i to core LIST[i] (Linux), one core per worker, e.g. 14,15;
     /// --workers then defaults to the cores listed. For a GPU worker whose model is bound by
     /// the CPU launching its kernels, a core of its own keeps its one thread from being moved
-    /// about (see docs/DEPLOY.md). Set, it wins over every stage's `cpus` in a config file.
+    /// about (see docs/DEPLOY.md). With --config, for a file of one stage, whose `cpus` it
+    /// replaces.
     #[arg(long, env = "CORRAL_CPUS", value_name = "LIST", value_delimiter = ',')]
     pub cpus: Vec<usize>,
 
@@ -222,7 +223,8 @@ pub struct Config {
           value_delimiter = ';', value_parser = parse_pair)]
     pub worker_env: Vec<String>,
 
-    /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set.
+    /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set (with --gpus the
+    /// default is the devices times --workers-per-gpu, with --cpus the cores listed).
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=1024))]
     pub workers: u32,

@@ -207,6 +207,19 @@ def test_results_over_the_frame_limit_fail_alone_and_the_frame_stays_under_it():
     assert "too large" in decoded["results"][-1]["message"]
 
 
+def test_short_results_keep_their_place_beside_one_too_large():
+    # Results shorter than the "too large" error: the frame fits with them as they are, the
+    # long one failing alone (counting every result as that error first wrongly failed all).
+    short = [protocol.ok(bytes([n]) * 16, b"\x01") for n in range(4)]
+    items = [*short, protocol.ok(b"z" * 16, b"\xc4\xff" + b"x" * 255)]
+    limit = len(protocol.encode_results(short)) - 4 + 100
+    frame = protocol.encode_results(items, limit=limit)
+    decoded = protocol.decode_body(frame[4:])
+    assert len(frame) - 4 <= limit
+    assert decoded["results"][:4] == short
+    assert decoded["results"][4]["status"] == "error"
+
+
 # -- a spawned worker exits when its proxy is gone ------------------------------------------
 
 WORKER = """

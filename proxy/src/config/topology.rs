@@ -152,7 +152,12 @@ fn single_placed(
         check_cpus("cpus", &config.cpus)?;
         spec.cpus = config.cpus.clone();
     }
-    let keys = Keys { gpus: "gpus".into(), workers: "workers".into(), env: "worker_env".into() };
+    let keys = Keys {
+        gpus: "gpus".into(),
+        workers: "workers".into(),
+        cpus: "cpus".into(),
+        env: "worker_env".into(),
+    };
     place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
     Ok(topology)
 }
@@ -251,6 +256,14 @@ pub fn resolve(
             "stages",
             "a worker command after `--` needs a file with exactly one stage; with several, \
              give each stage its own `command`",
+        ));
+    }
+    if explicit("cpus") && file.stages.len() > 1 {
+        // One list for several stages would put their workers on the same cores.
+        return Err(error(
+            "cpus",
+            "--cpus pins the workers of a file's only stage; with several stages, give each \
+             stage its own `cpus`",
         ));
     }
     let mut stages = Vec::new();
@@ -476,7 +489,7 @@ fn stage_spec(
         workers_per_gpu: per_gpu,
         env: Vec::new(),
     };
-    let keys = Keys { gpus: key("gpus"), workers: key("workers"), env: key("env") };
+    let keys = Keys { gpus: key("gpus"), workers: key("workers"), cpus: cpus_key, env: key("env") };
     place(&mut spec, gpus, per_gpu, asked, env, config, &keys)?;
     Ok(spec)
 }
@@ -485,6 +498,7 @@ fn stage_spec(
 struct Keys {
     gpus: String,
     workers: String,
+    cpus: String,
     env: String,
 }
 
@@ -515,9 +529,13 @@ fn place(
             return Err(error(&keys.workers, problem));
         }
         if !spec.cpus.is_empty() && spec.cpus.len() != placed as usize {
-            let problem =
-                format!("{} cpus for {placed} workers: one worker per core", spec.cpus.len());
-            return Err(error(&keys.workers, problem));
+            let problem = format!(
+                "{} cores in {}, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
+                 {placed} workers: one worker per core",
+                spec.cpus.len(),
+                keys.cpus
+            );
+            return Err(error(&keys.cpus, problem));
         }
         in_range(&keys.workers, placed.into(), 1, 1024)?;
         spec.workers = placed;
@@ -801,8 +819,8 @@ mod tests {
         assert_eq!((topology.stages[0].workers, topology.stages[0].gpus.clone()), (1, vec![0]));
         let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0,1", "--", "w"]);
         let error = single_placed(&config, &|_| false).unwrap_err();
-        assert_eq!(error.key, "workers");
-        assert!(error.problem.contains("one worker per core"), "{}", error.problem);
+        assert_eq!(error.key, "cpus");
+        assert!(error.problem.contains("gpus [0, 1] with workers_per_gpu 1 place 2"), "{error}");
     }
 
     #[test]
@@ -831,6 +849,13 @@ mod tests {
         assert_eq!(topology.stages[0].cpus, vec![core.parse::<usize>().unwrap()]);
         let error = resolve_with(text, &[], &[]).unwrap_err();
         assert_eq!(error.key, "stages.a.cpus", "the file's own cores, checked when not replaced");
+        // With several stages one list would put all their workers on the same cores.
+        let two = format!(
+            "{text}[stages.b]\ncommand = [\"w\"]\n[pipelines.p]\nstages = [\"a\", \"b\"]\n"
+        );
+        let error = resolve_with(&two, &["--cpus", &core], &["cpus"]).unwrap_err();
+        assert_eq!(error.key, "cpus");
+        assert!(error.problem.contains("its own `cpus`"), "{error}");
     }
 
     #[test]

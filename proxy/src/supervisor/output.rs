@@ -33,12 +33,19 @@ pub async fn forward(mut stream: impl AsyncRead + Unpin, label: Arc<String>, to_
 
 /// Writes one prefixed line. A write error (our own stdout closed, say) is ignored: the worker's
 /// pipe must still be drained, and `println!` would panic and end the copy instead.
+///
+/// The line is put together first and written with one `write_all`: `writeln!` on unbuffered
+/// stderr makes a system call per piece (`[`, the label, `] `, the text), and where our stdout and
+/// stderr share one pipe or file (a container's log, a test harness) another line landed between
+/// the pieces.
 fn emit(label: &str, line: &[u8], to_stderr: bool) {
     let text = String::from_utf8_lossy(line);
+    let whole = format!("[{label}] {text}\n");
     let _ = if to_stderr {
-        writeln!(std::io::stderr().lock(), "[{label}] {text}")
+        std::io::stderr().lock().write_all(whole.as_bytes())
     } else {
-        writeln!(std::io::stdout().lock(), "[{label}] {text}")
+        let mut out = std::io::stdout().lock();
+        out.write_all(whole.as_bytes()).and_then(|()| out.flush())
     };
 }
 

@@ -189,13 +189,16 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
     if len(head) + sum(len(body) for body in encoded) <= limit:  # the usual case: all fit
         frame = b"".join([head, *encoded])
         return _LENGTH.pack(len(frame)) + frame
-    # Start from the frame in which every result is the short "too large" error, which must
-    # fit, then let each result in turn have its real size while the body stays within limit.
+    # Start from the smallest frame: each result as the shorter of itself and the "too large"
+    # error (a result shorter than that error always keeps its place), then let each longer
+    # result in turn have its real size while the body stays within limit.
     fallbacks = [packer.pack(error(item["id"], _TOO_LARGE)) for item in items]
-    used = len(head) + sum(len(f) for f in fallbacks)
+    used = len(head) + sum(min(len(b), len(f)) for b, f in zip(encoded, fallbacks))
     parts = [head]
     for body, fallback in zip(encoded, fallbacks):
-        if used - len(fallback) + len(body) <= limit:
+        if len(body) <= len(fallback):
+            parts.append(body)
+        elif used - len(fallback) + len(body) <= limit:
             used += len(body) - len(fallback)
             parts.append(body)
         else:
