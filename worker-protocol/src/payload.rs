@@ -1,10 +1,9 @@
 //! A job's payload: one msgpack value, held as one buffer or as several segments that follow each
 //! other on the wire.
 //!
-//! Why segments: the bytes of a large payload are already in memory where they arrived — a raw
-//! request body in the buffers hyper read it into, a v2 tensor row in its request's body — and
-//! only a few bytes of msgpack (a `bin` header, a map of tensor headers) go in front of or
-//! between them. Gathering them into one buffer would copy every byte once more; as segments,
+//! Why segments: the bytes of a large payload may already be in memory where they arrived — a v2
+//! tensor row in its request's body — and only a few bytes of msgpack (a map of tensor headers)
+//! go in front of or between them. Gathering them into one buffer would copy every byte once more; as segments,
 //! [`crate::BatchFrame`] hands each to the socket's vectored write where it lies. The frame's
 //! bytes are the same either way: a worker never sees the difference.
 //!
@@ -120,7 +119,8 @@ impl fmt::Debug for Payload {
         if self.len <= 32 && segments == 1 {
             return write!(f, "Payload({:?})", self.segments()[0]);
         }
-        write!(f, "Payload({} bytes in {segments} segments)", self.len)
+        let plural = if segments == 1 { "" } else { "s" };
+        write!(f, "Payload({} bytes in {segments} segment{plural})", self.len)
     }
 }
 
@@ -176,7 +176,7 @@ mod tests {
         assert_eq!(back, whole);
         assert_eq!(
             format!("{:?}", Payload::from(vec![0u8; 1000])),
-            "Payload(1000 bytes in 1 segments)"
+            "Payload(1000 bytes in 1 segment)"
         );
     }
 }

@@ -268,8 +268,8 @@ mod tests {
                 let length = random.length();
                 let payload =
                     Bytes::from((0..length).map(|i| (i as u8) ^ 0x5a).collect::<Vec<_>>());
-                // Half the payloads held as segments (cut at random places), as a raw body or a
-                // v2 row is: the frame's bytes must not change.
+                // Half the payloads held as segments (cut at random places), as a large v2 row
+                // is: the frame's bytes must not change.
                 let payload = if random.below(2) == 0 || payload.len() < 2 {
                     crate::Payload::from(payload)
                 } else {

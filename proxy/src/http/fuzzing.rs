@@ -2,9 +2,9 @@
 //! the crate so that every input the fuzzer ever crashed on is re-run by `cargo test`
 //! (`proxy/tests/fuzz_regressions.rs`) on a stable toolchain. Not part of Corral's API.
 
-use bytes::Bytes;
+use bytes::{Buf, Bytes};
 
-use corral_protocol::TensorSpec;
+use corral_protocol::{Batch, BatchFrame, BatchJob, JobId, Payload, ProxyMessage, TensorSpec};
 
 use super::format::{from_msgpack, to_msgpack, Format};
 use super::items;
@@ -45,9 +45,35 @@ pub fn v2_request(data: &[u8]) {
     ];
     for declared in [&declared[..], &[]] {
         let Ok(mut parsed) = request::parse(&body, header_length, declared) else { continue };
-        // Rows are segments around the body's data; a worker reads them as one value.
-        let payloads: Vec<Vec<u8>> =
-            parsed.payloads().iter().map(|p| p.contiguous().into_owned()).collect();
+        // Rows may be segments around the body's data: none empty, adding up to the row, and
+        // framed byte for byte as the codec frames the row in one piece.
+        let rows = parsed.payloads();
+        for row in &rows {
+            assert!(row.segments().iter().all(|s| !s.is_empty()) || row.is_empty());
+            assert_eq!(row.segments().iter().map(Bytes::len).sum::<usize>(), row.len());
+        }
+        let job = |payload: Payload| BatchJob {
+            id: JobId::from_bytes([0; 16]),
+            timeout_ms: 1,
+            payload,
+            content_type: None,
+            traceparent: None,
+            tracestate: None,
+        };
+        let framed = Batch { jobs: rows.iter().cloned().map(job).collect() };
+        let whole = Batch { jobs: rows.iter().map(|row| job(row.to_bytes().into())).collect() };
+        if let Ok(mut frame) = BatchFrame::new(&framed) {
+            let mut bytes = Vec::new();
+            while frame.has_remaining() {
+                let chunk = frame.chunk();
+                bytes.extend_from_slice(chunk);
+                let n = chunk.len();
+                frame.advance(n);
+            }
+            let encoded = corral_protocol::encode(&ProxyMessage::Batch(whole));
+            assert_eq!(&bytes[4..], &encoded[..], "segmented rows frame as one piece would");
+        }
+        let payloads: Vec<Vec<u8>> = rows.iter().map(|p| p.contiguous().into_owned()).collect();
         assert_eq!(payloads.len(), parsed.rows, "one payload per row");
         for payload in &payloads {
             tensor::expand(payload).expect("a row's tensor values expand for a native client");

@@ -153,6 +153,30 @@ mod tests {
     }
 
     #[test]
+    fn a_v2_row_in_segments_weighs_the_same_from_its_first_segment() {
+        use crate::http::protocols::v2::request;
+        // Two binary inputs of 3 rows, large enough to stay in the body as segments.
+        let (a, x) = (vec![1u8; 3 * 8192], vec![2u8; 3 * 4096]);
+        let header = serde_json::json!({"inputs": [
+            {"name": "A", "shape": [3, 8192], "datatype": "UINT8",
+             "parameters": {"binary_data_size": a.len()}},
+            {"name": "X", "shape": [3, 1024], "datatype": "FP32",
+             "parameters": {"binary_data_size": x.len()}},
+        ]});
+        let json = serde_json::to_vec(&header).unwrap();
+        let body = bytes::Bytes::from([&json[..], &a, &x].concat());
+        let rows = request::parse(&body, Some(json.len()), &[]).unwrap().payloads();
+        assert!(rows[0].segments().len() > 1, "the test is about rows held in segments");
+        for pointer in ["", "/A", "/X", "/X/0", "/Z", "/A/1"] {
+            let rule = WeightRule::parse(pointer).unwrap();
+            for row in &rows {
+                let whole = rule.weigh(&row.contiguous());
+                assert_eq!(rule.weigh(crate::stage::weighed_part(row)), whole, "{pointer}");
+            }
+        }
+    }
+
+    #[test]
     fn a_large_value_off_the_path_is_skipped_not_decoded() {
         // {"image": <8 MiB of bytes>, "text": "héllo"}: the rule walks past the image.
         let image = serde_bytes_value(8 * 1024 * 1024);

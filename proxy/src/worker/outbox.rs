@@ -173,8 +173,9 @@ async fn write(
     Ok(())
 }
 
-/// Segments a `writev` takes at once (Linux allows 1024; a batch of 32 jobs has about 65).
-const MAX_SEGMENTS: usize = 64;
+/// Segments a `writev` takes at once (Linux allows 1024): a batch of 32 jobs has about 65, or up
+/// to two more per input for each large v2 row (held as segments).
+const MAX_SEGMENTS: usize = 256;
 
 /// One vectored write of what is left of `frame`; how many bytes it took.
 async fn write_some(half: &mut OwnedWriteHalf, frame: &BatchFrame) -> io::Result<usize> {
