@@ -178,3 +178,32 @@ def test_fake_proxy_sends_raw_bytes_as_the_proxy_does():
     golden = protocol.decode_body((VECTORS / "batch_raw.bin").read_bytes()[4:])["jobs"][0]
     assert _payload(b"\x89PNG", "image/png") == golden["payload"]
     assert msgpack.unpackb(golden["payload"]) == b"\x89PNG"
+
+
+def large_batch(payload, **extra) -> bytes:
+    """A batch frame body over the size from which payloads are read as views."""
+    job = {"id": b"j" * 16, "timeout_ms": 1000, "payload": payload, **extra}
+    return msgpack.packb({"type": "batch", "jobs": [job, job]}, use_bin_type=True)
+
+
+def test_a_large_batchs_payloads_are_views_into_its_frame_not_copies():
+    body = _payload(PNG * 4000, "image/png")  # 192 KB raw, behind its bin32 header
+    frame = large_batch(
+        body, content_type="image/png", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01"
+    )
+    message = protocol.decode_body(frame)
+    assert message == msgpack.unpackb(frame), "the same message as the plain reading"
+    for job in message["jobs"]:
+        assert isinstance(job["payload"], memoryview) and job["payload"].obj is frame
+        assert "tracestate" not in job, "a key the job did not carry is not there"
+    # The item is the body's bytes, as from a copied payload.
+    item = corral._typing.decode(Seen, message["jobs"][0]["payload"])
+    assert type(item) is bytes and item == PNG * 4000
+
+
+def test_a_large_batch_the_view_reading_refuses_is_read_as_before():
+    # A payload that is not a bin: the plain reading decodes it, and the job fails as before.
+    frame = large_batch("x" * 100_000)
+    message = protocol.decode_body(frame)
+    assert message == msgpack.unpackb(frame, raw=False)
+    assert message["jobs"][0]["payload"] == "x" * 100_000

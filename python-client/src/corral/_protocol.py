@@ -11,6 +11,7 @@ import struct
 from typing import Any, BinaryIO
 
 import msgpack
+import msgspec
 
 from corral._errors import ProtocolError
 
@@ -254,9 +255,65 @@ def _encode_result(packer: msgpack.Packer, item: dict[str, Any]) -> bytes:
         return packer.pack(error(item["id"], f"the result could not be encoded: {e}"))
 
 
+# A batch frame as the proxy writes it starts with these bytes (its keys in this order).
+_BATCH_HEAD = b"\x82\xa4type\xa5batch\xa4jobs"
+
+# The smallest batch frame read without copying its payloads: below it the copies cost less
+# than building each job's map by hand (a batch of 32 small jobs: ~5 us more that way).
+_VIEWS_FROM = 64 * 1024
+
+
+class _BatchJob(msgspec.Struct):
+    """A batch's job as read without copying its payload (the other fields are checked where
+    they are used, as in a job decoded as a plain map)."""
+
+    id: Any
+    timeout_ms: Any
+    payload: memoryview
+    content_type: Any = msgspec.UNSET
+    traceparent: Any = msgspec.UNSET
+    tracestate: Any = msgspec.UNSET
+
+
+class _Batch(msgspec.Struct):
+    type: str
+    jobs: list[_BatchJob]
+
+
+_BATCH = msgspec.msgpack.Decoder(_Batch)
+
+
+def _batch_without_copies(body: bytes) -> dict[str, Any] | None:
+    """A ``batch`` frame whose payloads are views into ``body`` rather than copies: a raw body
+    of 10 MB is then copied once in the worker (into the ``bytes`` its item is), not twice. None
+    for anything else, or anything this reading does not take, which the plain reading then
+    decodes (or refuses) as before."""
+    if len(body) < _VIEWS_FROM or not body.startswith(_BATCH_HEAD):
+        return None
+    try:
+        batch = _BATCH.decode(body)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return None
+    jobs = []
+    for job in batch.jobs:
+        entry = {"id": job.id, "timeout_ms": job.timeout_ms, "payload": job.payload}
+        if job.content_type is not msgspec.UNSET:
+            entry["content_type"] = job.content_type
+        if job.traceparent is not msgspec.UNSET:
+            entry["traceparent"] = job.traceparent
+        if job.tracestate is not msgspec.UNSET:
+            entry["tracestate"] = job.tracestate
+        jobs.append(entry)
+    return {"type": "batch", "jobs": jobs}
+
+
 def decode_body(body: bytes) -> dict[str, Any]:
     """One frame body into a message dict; anything but a msgpack map with a string ``type`` is
-    a protocol error."""
+    a protocol error. A ``batch``'s payloads are ``memoryview``s into ``body`` (each job decodes
+    its own: see ``_typing.decode``)."""
+    batch = _batch_without_copies(body)
+    if batch is not None:
+        return batch
     try:
         message = msgpack.unpackb(body, raw=False, strict_map_key=True)
     except Exception as e:  # msgpack raises several unrelated types for bad input

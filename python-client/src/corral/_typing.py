@@ -50,7 +50,7 @@ def _codec(worker: type) -> _Codec:
 
 def decode(worker: type, payload: Any) -> Any:
     """One job's payload, as ``worker`` (a Worker subclass) declares its inputs."""
-    if not isinstance(payload, bytes):
+    if not isinstance(payload, (bytes, memoryview)):  # a view into its batch's frame
         raise ProtocolError("a job payload must be bytes")
     if worker.input_type is None:
         try:
