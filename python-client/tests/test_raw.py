@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Union
 
 import msgpack
+import pytest
 
 import corral
 from corral import _protocol as protocol
+from corral._errors import ProtocolError
 from corral.testing import FakeProxy, Result, Stream, _payload
 
 VECTORS = Path(__file__).resolve().parents[2] / "worker-protocol" / "vectors"
@@ -202,8 +204,40 @@ def test_a_large_batchs_payloads_are_views_into_its_frame_not_copies():
 
 
 def test_a_large_batch_the_view_reading_refuses_is_read_as_before():
-    # A payload that is not a bin: the plain reading decodes it, and the job fails as before.
-    frame = large_batch("x" * 100_000)
-    message = protocol.decode_body(frame)
-    assert message == msgpack.unpackb(frame, raw=False)
-    assert message["jobs"][0]["payload"] == "x" * 100_000
+    # A payload that is not a bin, a key the protocol does not have, a value of another type:
+    # the plain reading decodes each as it did, keeping what it finds for the checks downstream.
+    for frame in [
+        large_batch("x" * 100_000),
+        large_batch(b"x" * 100_000, future_key=1),
+        large_batch(b"x" * 100_000, content_type=7),
+    ]:
+        message = protocol.decode_body(frame)
+        assert message == msgpack.unpackb(frame, raw=False)
+        assert not isinstance(message["jobs"][0]["payload"], memoryview)
+
+
+def test_a_large_batch_with_bad_utf8_is_a_protocol_error_as_before():
+    frame = large_batch(b"x" * 100_000, content_type="image/png")
+    broken = frame.replace(b"image/png", b"image/p\xffg")
+    with pytest.raises(ProtocolError):
+        protocol.decode_body(broken)
+
+
+def test_payloads_are_views_only_from_a_frame_of_64_kib():
+    small = msgpack.packb(
+        {"type": "batch", "jobs": [{"id": b"j" * 16, "timeout_ms": 1, "payload": b"x" * 1000}]}
+    )
+    assert type(protocol.decode_body(small)["jobs"][0]["payload"]) is bytes
+
+
+def test_a_typed_workers_items_do_not_keep_the_frame_alive():
+    class Typed(corral.Worker):
+        input_type = bytes
+
+        def forward(self, batch):
+            return batch
+
+    frame = large_batch(_payload(b"y" * 100_000, "application/octet-stream"))
+    view = protocol.decode_body(frame)["jobs"][0]["payload"]
+    item = corral._typing.decode(Typed, view)
+    assert item == b"y" * 100_000 and type(item) is bytes

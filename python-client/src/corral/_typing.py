@@ -61,6 +61,10 @@ def decode(worker: type, payload: Any) -> Any:
             raise  # a tensor value that does not fit its header, with its own message
         except Exception as e:  # msgpack raises several unrelated types for bad input
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+    if isinstance(payload, memoryview):
+        # msgspec's tensor values (and memoryview fields) view the buffer they are decoded from:
+        # from the payload's own bytes they keep that row alive, not the whole batch frame.
+        payload = bytes(payload)
     try:
         return _codec(worker).decoder.decode(payload)
     except msgspec.ValidationError as e:
