@@ -141,6 +141,12 @@ def start(system: System, workload: str, workdir: Path, body: str = BODY) -> Non
     raise SystemExit(f"{system.name} did not answer within 180 s; see {system.log}")
 
 
+def package_env(folder: str) -> dict[str, str]:
+    """The environment that makes a worker import the `corral` package in `folder` (an earlier
+    version, say) before the installed one."""
+    return {"PYTHONPATH": os.pathsep.join(p for p in [folder, os.environ.get("PYTHONPATH")] if p)}
+
+
 def stop(system: System) -> None:
     if system.proc and system.proc.poll() is None:
         os.killpg(system.proc.pid, signal.SIGTERM)
@@ -433,8 +439,7 @@ def main() -> None:
         ),
     }  # fmt: skip
     if args.package_before:
-        path = [args.package_before, os.environ.get("PYTHONPATH")]
-        every["corral-before"].env = {"PYTHONPATH": os.pathsep.join(p for p in path if p)}
+        every["corral-before"].env = package_env(args.package_before)
     systems = [every[name] for name in args.systems.split(",")]
     loads = [(f"c={c}", int(c), None) for c in args.connections.split(",")]
     rows: list[Row] = []

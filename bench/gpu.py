@@ -57,23 +57,42 @@ def require_gpu() -> str:
     return torch.cuda.get_device_name(0)
 
 
-def in_process(max_batch: int, seconds: float, repeats: int = 1) -> tuple[float, float]:
+def in_process(
+    max_batch: int, seconds: float, repeats: int = 1
+) -> tuple[float, float, list[float]]:
     """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up; with
-    `repeats`, the median of that many runs), and the GPU's median utilisation meanwhile."""
+    `repeats`, the median of that many runs), the GPU's median utilisation meanwhile, and the
+    time each batch took (seconds)."""
     import gpu_model
 
     model = gpu_model.Model()
     for _ in range(10):
         model.run(max_batch)
-    rates = []
+    rates, times = [], []
     with Utilisation() as gpu:
         for _ in range(repeats):
             done, start = 0, time.perf_counter()
             while time.perf_counter() - start < seconds:
+                began = time.perf_counter()
                 model.run(max_batch)
+                times.append(time.perf_counter() - began)
                 done += max_batch
             rates.append(done / (time.perf_counter() - start))
-    return sorted(rates)[(len(rates) - 1) // 2], gpu.median()
+    return lower_median(rates), gpu.median(), times
+
+
+def lower_median(values: list[float]) -> float:
+    """The median; of an even count, the lower middle value (a measured run, not an average)."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def spread(seconds: list[float]) -> str:
+    """Durations as "median / mean / p99 ms" (the form of every timing line of the GPU run)."""
+    p99 = sorted(seconds)[int(len(seconds) * 0.99)]
+    return (
+        f"{statistics.median(seconds) * 1e3:.2f} / {statistics.fmean(seconds) * 1e3:.2f} / "
+        f"{p99 * 1e3:.2f} ms"
+    )
 
 
 class Utilisation:
@@ -153,23 +172,28 @@ def last_cores(count: int) -> list[int]:
     return allowed[-count:]
 
 
+def measure(args, system, clients: int, repeats: int = 1) -> tuple[float, float, float]:
+    """Closed-loop load at `clients` for `args.seconds`: items/s, p50 and p99 ms; with
+    `repeats`, those of the run of median items/s among that many."""
+    import bench
+
+    runs = []
+    for _ in range(repeats):
+        report = bench.oha(args.oha, system.url, args.seconds, clients, None, body=BODY)
+        runs.append((bench.answered(report)[0] / args.seconds, report))
+    rate = lower_median([r for r, _ in runs])
+    report = next(report for r, report in runs if r == rate)
+    latency = report.get("latencyPercentiles", {})
+    return rate, (latency.get("p50") or 0) * 1000, (latency.get("p99") or 0) * 1000
+
+
 def point(
     args, system, max_batch: int, workers: int, clients: int, limit: float, repeats: int = 1
 ) -> tuple[str, float]:
     """One measured point: its table row and its items/s; with `repeats`, the run of median
     items/s among that many (its latencies with it)."""
-    import bench
-
-    runs = []
     with Utilisation() as gpu:
-        for _ in range(repeats):
-            report = bench.oha(args.oha, system.url, args.seconds, clients, None, body=BODY)
-            runs.append((bench.answered(report)[0] / args.seconds, report))
-    runs.sort(key=lambda run: run[0])
-    rate, report = runs[(len(runs) - 1) // 2]  # the lower median for an even count
-    latency = report.get("latencyPercentiles", {})
-    p50 = (latency.get("p50") or 0) * 1000
-    p99 = (latency.get("p99") or 0) * 1000
+        rate, p50, p99 = measure(args, system, clients, repeats)
     row = (
         f"| {max_batch} | {workers} | {system.name} | {clients} | {rate:,.0f} | {rate / limit:.2f}"
         f" | {p50:.1f} | {p99:.1f} | {gpu.median():.0f} |"
@@ -218,7 +242,7 @@ def main() -> None:
     ]
     verdicts = []
     for max_batch in [int(b) for b in args.batches.split(",")]:
-        limit, busy = in_process(max_batch, args.seconds, args.repeats)
+        limit, busy, _ = in_process(max_batch, args.seconds, args.repeats)
         rows.append(
             f"| {max_batch} | — | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — "
             f"| {busy:.0f} |"

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -43,30 +42,10 @@ import gpu  # noqa: E402  (bench/ on the path first)
 WARMUP_S = 2
 
 
-def in_process(max_batch: int, seconds: float) -> tuple[float, str]:
-    """The model's own loop: items/s, and its time per batch (median / mean / p99)."""
-    import gpu_model
-
-    model = gpu_model.Model()
-    for _ in range(10):
-        model.run(max_batch)
-    times: list[float] = []
-    start = time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        began = time.perf_counter()
-        model.run(max_batch)
-        times.append(time.perf_counter() - began)
-    rate = len(times) * max_batch / (time.perf_counter() - start)
-    p99 = sorted(times)[int(len(times) * 0.99)]
-    spread = (
-        f"{statistics.median(times) * 1e3:.2f} / {statistics.fmean(times) * 1e3:.2f} / "
-        f"{p99 * 1e3:.2f} ms"
-    )
-    return rate, spread
-
-
 def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
     """(name, extra corral options, a prefix for the worker command, extra environment)."""
+    import bench
+
     core = str(gpu.last_cores(1)[0])
     found = [
         ("default", [], [], {}),
@@ -76,8 +55,7 @@ def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
         ("gc off", [], [], {"BENCH_GC": "off"}),
     ]
     if args.package_before:
-        path = os.pathsep.join(p for p in [args.package_before, os.environ.get("PYTHONPATH")] if p)
-        found.append(("package before", [], [], {"PYTHONPATH": path}))
+        found.append(("package before", [], [], bench.package_env(args.package_before)))
     return found
 
 
@@ -102,7 +80,8 @@ def main() -> None:
 
     workdir = Path(tempfile.mkdtemp(prefix="corral-gpu-probe-"))
     print(f"logs in {workdir}", flush=True)
-    limit, loop = in_process(args.max_batch, args.seconds)
+    limit, _, times = gpu.in_process(args.max_batch, args.seconds)
+    loop = gpu.spread(times)
     rows = [
         "| variant | items/s | ÷ in-process limit | p50 ms | p99 ms | worker's own timings |",
         "| --- | ---: | ---: | ---: | ---: | --- |",
@@ -127,17 +106,12 @@ def main() -> None:
         bench.start(system, "probe", workdir, body=gpu.BODY)
         try:
             bench.oha(args.oha, system.url, WARMUP_S, args.clients, None, body=gpu.BODY)
-            report = bench.oha(
-                args.oha, system.url, args.seconds, args.clients, None, body=gpu.BODY
-            )
+            rate, p50, p99 = gpu.measure(args, system, args.clients)
         finally:
             bench.stop(system)
-        ok, _ = bench.answered(report)
-        rate = ok / args.seconds
-        latency = report.get("latencyPercentiles", {})
         rows.append(
-            f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {(latency.get('p50') or 0) * 1e3:.1f}"
-            f" | {(latency.get('p99') or 0) * 1e3:.1f} | {last_gaps(system.log)} |"
+            f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {p50:.1f} | {p99:.1f}"
+            f" | {last_gaps(system.log)} |"
         )
         print(rows[-1], flush=True)
     section = "\n\n".join(

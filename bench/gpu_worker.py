@@ -16,6 +16,7 @@ import time
 
 import corral
 import gpu_model
+from gpu import spread
 
 
 class Gpu(corral.Worker):
@@ -55,15 +56,7 @@ class Gpu(corral.Worker):
         return out
 
     def _report(self) -> None:
-        run, gap, size = zip(*self.samples)
-
-        def spread(values: tuple[float, ...]) -> str:
-            p99 = sorted(values)[int(len(values) * 0.99)]
-            return (
-                f"{statistics.median(values) * 1e3:.2f} / {statistics.fmean(values) * 1e3:.2f}"
-                f" / {p99 * 1e3:.2f} ms"
-            )
-
+        run, gap, size = (list(column) for column in zip(*self.samples))
         print(
             f"gaps: forward {spread(run)}, between batches {spread(gap)} (median / mean / p99),"
             f" batch {statistics.fmean(size):.1f} mean, gc {self.gc_seconds / 500 * 1e3:.3f} "

@@ -43,6 +43,19 @@ def test_output_that_is_not_utf8_is_forwarded_and_the_worker_keeps_serving(corra
         proxy.wait_for_log(rf"^\[worker 0\] still here {n}$")
 
 
+def test_lines_from_stdout_and_stderr_at_once_are_forwarded_whole(corral_factory):
+    # Corral's stdout and stderr share one pipe here, as in a container's log: a line written in
+    # pieces would have another landing in between.
+    proxy = corral_factory(worker=NOISY)
+    assert proxy.post({"print_both": 20000}).status_code == 200
+    proxy.wait_for_log(r"^\[worker 0\] err 19999$")
+    proxy.wait_for_log(r"^\[worker 0\] out 19999$")
+    mine = [line for line in proxy.lines if re.search(r"(out|err) \d+$", line)]
+    torn = [line for line in mine if not re.fullmatch(r"\[worker 0\] (out|err) \d+", line)]
+    assert not torn, f"lines torn apart: {torn[:5]}"
+    assert len(mine) == 40000
+
+
 def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral_factory):
     proxy = corral_factory(worker=NOISY)
     assert proxy.post("warm").status_code == 200

@@ -411,7 +411,7 @@ impl Stage {
             None
         };
         for job in jobs.iter_mut().filter(|job| job.weight == 0) {
-            job.weight = rule.as_ref().map_or(1, |rule| rule.weigh(weighed_part(&job.payload)));
+            job.weight = rule.as_ref().map_or(1, |rule| rule.weigh_payload(&job.payload));
         }
     }
 
@@ -807,16 +807,6 @@ impl Drop for WorkerSeat<'_> {
 /// A batch's total weight.
 pub fn weight_of(batch: &[Job]) -> usize {
     batch.iter().map(|job| job.weight as usize).sum()
-}
-
-/// What a weight rule reads of a payload: all of it when it is one buffer. A payload in several
-/// segments is a v2 row (a map of tensor values: its headers in the first segment, each tensor's
-/// data in the next), and a rule gives such a row the same weight from its first segment alone —
-/// the map's length for `""`, and 1 for anything under it, since a tensor value has no length a
-/// rule counts and a walk that runs past the first segment ends at 1 too — so a row's data is
-/// never gathered to be weighed (`stage::weight` tests check it against the whole row).
-pub fn weighed_part(payload: &corral_protocol::Payload) -> &[u8] {
-    &payload.segments()[0]
 }
 
 #[cfg(test)]

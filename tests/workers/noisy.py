@@ -2,7 +2,9 @@
 
 An item `{"print_hex": "..."}` writes those bytes to stdout (newline included if wanted) before
 the batch is answered; `{"print_run": n}` writes n bytes of `#` with no newline, as a progress bar
-drawn with `\\r` does. Everything else is as in scripted.py.
+drawn with `\\r` does; `{"print_both": n}` writes n numbered lines to stdout and n to stderr,
+alternating, each flushed at once (Corral forwards the two pipes on tasks of their own). Everything
+else is as in scripted.py.
 """
 
 import sys
@@ -21,6 +23,11 @@ class Noisy(Scripted):
                 while left > 0:
                     sys.stdout.buffer.write(chunk[:left])
                     left -= len(chunk)
+            if isinstance(item, dict) and "print_both" in item:
+                for n in range(item["print_both"]):
+                    for name, stream in (("out", sys.stdout), ("err", sys.stderr)):
+                        stream.buffer.write(f"{name} {n}\n".encode())
+                        stream.buffer.flush()
         sys.stdout.buffer.flush()
         return super().forward(batch)
 

@@ -63,13 +63,7 @@ pub fn v2_request(data: &[u8]) {
         let framed = Batch { jobs: rows.iter().cloned().map(job).collect() };
         let whole = Batch { jobs: rows.iter().map(|row| job(row.to_bytes().into())).collect() };
         if let Ok(mut frame) = BatchFrame::new(&framed) {
-            let mut bytes = Vec::new();
-            while frame.has_remaining() {
-                let chunk = frame.chunk();
-                bytes.extend_from_slice(chunk);
-                let n = chunk.len();
-                frame.advance(n);
-            }
+            let bytes = frame.copy_to_bytes(frame.remaining());
             let encoded = corral_protocol::encode(&ProxyMessage::Batch(whole));
             assert_eq!(&bytes[4..], &encoded[..], "segmented rows frame as one piece would");
         }

@@ -77,7 +77,7 @@ def encode(worker: type, output: Any) -> bytes:
     """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
     plain msgpack otherwise; in a dict, each value under a declared output's name as a tensor
     value of that output's datatype."""
-    codec = _CODECS.get(worker) or _codec(worker)
+    codec = _codec(worker)
     plain_worker = codec.plain
     if codec.outputs and isinstance(output, dict):
         ext = msgpack.ExtType if plain_worker else msgspec.msgpack.Ext
