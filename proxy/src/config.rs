@@ -96,6 +96,13 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
+    /// Shared memory for large raw bodies, in bytes (default 256 MiB; 0: none). A raw body of
+    /// 64 KiB and more is read into it, and a worker that asks (the Python package does, on
+    /// Linux) reads it there instead of from its socket. Taken from the system only as bodies
+    /// use it; a body that finds it full is read as before.
+    #[arg(long, env = "CORRAL_SHARED_MEMORY_BYTES", default_value_t = 256 * 1024 * 1024)]
+    pub shared_memory_bytes: usize,
+
     /// Streaming answers (Accept: text/event-stream or application/x-ndjson): longest a stream
     /// may last from the request's arrival; past it the stream ends with an error event
     /// (deadline_exceeded) and the job is cancelled in the worker. The job's own deadline

@@ -20,6 +20,8 @@
 //! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`.
 //! - [`trace`]: OpenTelemetry spans (request, admission, queue wait, batch), exported over OTLP
 //!   when an endpoint is set; nothing at all otherwise.
+//! - [`shared_memory`]: the memory file large raw bodies are read into, which workers that ask
+//!   map read-only and read their payloads from instead of from the socket.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
@@ -35,6 +37,7 @@ pub mod job;
 pub mod metrics;
 pub mod open_files;
 pub mod pipeline;
+pub mod shared_memory;
 pub mod stage;
 pub mod stream;
 pub mod supervisor;
@@ -61,6 +64,18 @@ use config::Config;
 use pipeline::Pipeline;
 use stage::{BatchSettings, Stage};
 
+/// The shared memory for large raw bodies, unless `size` is 0 or the system has none (logged:
+/// bodies then reach workers over their sockets, as they do for workers that do not ask).
+fn shared_memory(size: usize) -> Option<Arc<shared_memory::SharedMemory>> {
+    if size == 0 {
+        return None;
+    }
+    shared_memory::SharedMemory::new(size)
+        .inspect(|_| info!(bytes = size, "large raw bodies go through shared memory"))
+        .inspect_err(|e| tracing::warn!(error = %e, "no shared memory: bodies use the socket"))
+        .ok()
+}
+
 /// Runs the proxy until `shutdown` completes, then drains: stop taking HTTP connections, let open
 /// requests finish (their workers still serve them), then close worker connections, stop spawned
 /// workers and remove the socket file.
@@ -86,6 +101,8 @@ pub async fn run(
     let worker_listener = worker::listener::bind(&socket, config.socket_mode).await?;
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
     info!(socket = %socket.display(), "listening for workers");
+
+    let shared_memory = shared_memory(config.shared_memory_bytes);
 
     let stages: Vec<Arc<Stage>> = topology
         .stages
@@ -122,6 +139,7 @@ pub async fn run(
         retries: config.retries,
         draining: AtomicBool::new(false),
         tenant_header: config.tenant_header.clone(),
+        shared_memory: shared_memory.clone(),
     });
 
     let stop_http = CancellationToken::new();
@@ -132,6 +150,7 @@ pub async fn run(
         stages: Arc::new(by_name),
         shutdown: stop_workers.clone(),
         children: children.clone(),
+        shared_memory,
     };
     workers.spawn(worker::listener::accept(worker_listener, context, workers.clone()));
     for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {

@@ -73,6 +73,10 @@ pub struct Metrics {
     pub streams_cancelled: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
+    /// Bytes of shared memory held by large raw bodies (`--shared-memory-bytes`), in whole pages.
+    pub shared_memory_used: prometheus::IntGauge,
+    /// Large raw bodies that found the shared memory too full and were read onto the heap.
+    pub shared_memory_full: IntCounter,
 }
 
 /// The process-wide metrics.
@@ -263,6 +267,24 @@ impl Metrics {
                 &["reason"],
             ),
             worker_restarts: restarts,
+            shared_memory_used: {
+                let gauge = prometheus::IntGauge::new(
+                    "corral_shared_memory_used_bytes",
+                    "Bytes of shared memory held by large raw bodies (whole pages).",
+                )
+                .expect("valid metric");
+                r.register(Box::new(gauge.clone())).expect("unique metric name");
+                gauge
+            },
+            shared_memory_full: {
+                let counter = IntCounter::new(
+                    "corral_shared_memory_full_total",
+                    "Large raw bodies that found the shared memory full and were read onto the heap.",
+                )
+                .expect("valid metric");
+                r.register(Box::new(counter.clone())).expect("unique metric name");
+                counter
+            },
             registry: r,
         }
     }

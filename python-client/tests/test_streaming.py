@@ -74,8 +74,10 @@ def test_a_streaming_worker_declares_stream_and_cancel_and_a_plain_one_nothing()
     with FakeProxy(Joining()) as proxy:
         assert proxy.hello["features"] == ["stream", "cancel", "join"]
     with FakeProxy(Plain()) as proxy:
-        assert "features" not in proxy.hello
-        assert list(proxy.hello) == ["type", "version", "stage", "pid", "name"]
+        # Only shared memory (the proxy's test double sends no `shm` frame: the worker goes on).
+        assert proxy.hello["features"] == ["shm"]
+        assert list(proxy.hello) == ["type", "version", "stage", "pid", "name", "features"]
+        assert [r.value for r in proxy.infer([1])] == [1]
 
 
 def test_hello_features_come_last_in_the_documented_order():

@@ -154,6 +154,8 @@ class Simple(corral.Worker):
 def test_the_hello_carries_the_declarations_as_the_golden_frame_does():
     with FakeProxy(Simple()) as proxy:
         hello = dict(proxy.hello, pid=4244)  # the golden frame's pid; the order is kept
+    # The golden frame predates shared memory, which a plain worker declares where it can.
+    assert hello.pop("features") == ["shm"]
     golden = (VECTORS / "hello_tensors.bin").read_bytes()
     assert protocol.encode_frame(hello) == golden
 

@@ -87,6 +87,15 @@ EXPECTED = {
     "results_raw": protocol.results(
         [protocol.ok(job_id(1), b"\xc4\x04\x89PNG", content_type="image/png")]
     ),
+    "batch_shared": protocol.batch(
+        [
+            {
+                **protocol.job(job_id(1), 1000, b"", content_type="application/octet-stream"),
+                "payload_at": [65536, 1000005],
+            }
+        ]
+    ),
+    "shm": {"type": "shm", "size": 268435456},
     "reject": protocol.reject("protocol version 9 is not supported; this proxy speaks 1"),
 }
 

@@ -28,8 +28,8 @@ pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCode
 pub use job_id::JobId;
 pub use message::{
     Batch, BatchJob, Cancel, Chunk, Chunks, Hello, JobResult, ProxyMessage, Pull, Reject,
-    ResultStatus, Results, Shutdown, TensorSpec, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN,
-    FEATURE_STREAM,
+    ResultStatus, Results, Shm, Shutdown, TensorSpec, WorkerMessage, FEATURE_CANCEL, FEATURE_JOIN,
+    FEATURE_SHM, FEATURE_STREAM,
 };
 pub use payload::Payload;
 pub use segments::BatchFrame;

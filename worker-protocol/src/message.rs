@@ -35,6 +35,9 @@ pub enum ProxyMessage {
     Shutdown(Shutdown),
     /// Workers that declared `cancel` only: jobs nobody waits for any more.
     Cancel(Cancel),
+    /// Workers that declared `shm` only, once, right after their hello: the shared memory that
+    /// `payload_at` points into, its descriptor passed with the frame's first byte.
+    Shm(Shm),
 }
 
 /// The worker's first frame: who it is and what it speaks. It also marks the worker idle.
@@ -93,6 +96,9 @@ pub struct TensorSpec {
 pub const FEATURE_STREAM: &str = "stream";
 /// The worker understands `cancel`.
 pub const FEATURE_CANCEL: &str = "cancel";
+/// The worker can map shared memory passed over the socket and read payloads there
+/// (`payload_at`); it reads the proxy's first frame with `recvmsg` to receive the descriptor.
+pub const FEATURE_SHM: &str = "shm";
 /// The worker (also streaming) takes more jobs while it holds some, asking with `pull`.
 pub const FEATURE_JOIN: &str = "join";
 
@@ -144,6 +150,19 @@ pub struct BatchJob {
     /// With `traceparent`, when the trace has one: its W3C `tracestate`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tracestate: Option<String>,
+    /// A worker that declared `shm` only: `[offset, length]` of the payload in the shared memory
+    /// the `shm` frame gave it; `payload` is then empty. The bytes there stay as they are until
+    /// the worker has answered the job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload_at: Option<[u64; 2]>,
+}
+
+/// The shared memory a worker that declared `shm` reads `payload_at` from: `size` bytes, to be
+/// mapped read-only from the descriptor that came with this frame. `size` 0 (and no descriptor):
+/// this proxy shares none, and every payload travels in its frame.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Shm {
+    pub size: u64,
 }
 
 /// A worker's answer to one batch: exactly one result per job of that batch, in any order.

@@ -36,6 +36,7 @@ fn optional_bytes(job: &BatchJob) -> usize {
     string("content_type", &job.content_type)
         + string("traceparent", &job.traceparent)
         + string("tracestate", &job.tracestate)
+        + job.payload_at.map_or(0, |_| 32)
 }
 
 /// Writes msgpack into a `Vec`, which cannot fail.
@@ -64,7 +65,8 @@ impl BatchFrame {
             let keys = 3
                 + u32::from(job.content_type.is_some())
                 + u32::from(job.traceparent.is_some())
-                + u32::from(job.tracestate.is_some());
+                + u32::from(job.tracestate.is_some())
+                + u32::from(job.payload_at.is_some());
             rmp::encode::write_map_len(&mut head, keys).expect(INFALLIBLE);
             rmp::encode::write_str(&mut head, "id").expect(INFALLIBLE);
             rmp::encode::write_bin(&mut head, job.id.as_uuid().as_bytes()).expect(INFALLIBLE);
@@ -85,6 +87,13 @@ impl BatchFrame {
                     rmp::encode::write_str(&mut head, key).expect(INFALLIBLE);
                     rmp::encode::write_str(&mut head, value).expect(INFALLIBLE);
                 }
+            }
+            if let Some(at) = job.payload_at {
+                rmp::encode::write_str(&mut head, "payload_at").expect(INFALLIBLE);
+                rmp::encode::write_array_len(&mut head, 2).expect(INFALLIBLE);
+                at.iter().for_each(|n| {
+                    rmp::encode::write_uint(&mut head, *n).expect(INFALLIBLE);
+                });
             }
         }
         let body = head.len() - 4 + payload_bytes;
@@ -301,6 +310,10 @@ mod tests {
                     content_type,
                     traceparent: None,
                     tracestate: None,
+                    // Some jobs point into shared memory, with offsets and lengths across
+                    // msgpack's integer widths.
+                    payload_at: (random.below(4) == 0)
+                        .then(|| [timeouts[random.below(9) as usize], random.next()]),
                 }
             })
             .collect();
@@ -349,6 +362,7 @@ mod tests {
             content_type: None,
             traceparent: None,
             tracestate: None,
+            payload_at: None,
         };
         let batch = Batch { jobs: vec![job.clone(), job.clone()] };
         let error = BatchFrame::new(&batch).unwrap_err();

@@ -152,6 +152,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                         content_type: None,
                         traceparent: None,
                         tracestate: None,
+                        payload_at: None,
                     },
                     BatchJob {
                         id: id(2),
@@ -160,6 +161,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                         content_type: None,
                         traceparent: None,
                         tracestate: None,
+                        payload_at: None,
                     },
                 ],
             }),
@@ -175,6 +177,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                     content_type: Some("image/png".into()),
                     traceparent: None,
                     tracestate: None,
+                    payload_at: None,
                 }],
             }),
         ),
@@ -191,6 +194,7 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                             "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01".into(),
                         ),
                         tracestate: Some("vendor=value".into()),
+                        payload_at: None,
                     },
                     BatchJob {
                         id: id(2),
@@ -201,10 +205,27 @@ fn proxy_messages() -> Vec<(&'static str, ProxyMessage)> {
                             "00-4bf92f3577b34da6a3ce929d0e0e4736-b7ad6b7169203331-01".into(),
                         ),
                         tracestate: None,
+                        payload_at: None,
                     },
                 ],
             }),
         ),
+        (
+            "batch_shared",
+            ProxyMessage::Batch(Batch {
+                jobs: vec![BatchJob {
+                    id: id(1),
+                    timeout_ms: 1000,
+                    // The payload (a raw body's msgpack bin) lies in the shared memory.
+                    payload: Bytes::new().into(),
+                    content_type: Some("application/octet-stream".into()),
+                    traceparent: None,
+                    tracestate: None,
+                    payload_at: Some([65_536, 1_000_005]),
+                }],
+            }),
+        ),
+        ("shm", ProxyMessage::Shm(Shm { size: 268_435_456 })),
         ("shutdown", ProxyMessage::Shutdown(Shutdown { message: "proxy shutting down".into() })),
         ("cancel", ProxyMessage::Cancel(Cancel { ids: vec![id(2), id(3)] })),
         (

@@ -26,6 +26,7 @@ pub struct File {
     pub retries: Option<u32>,
     pub timeout_ms: Option<u64>,
     pub max_body_bytes: Option<usize>,
+    pub shared_memory_bytes: Option<usize>,
     pub max_connections: Option<u32>,
     pub header_read_timeout_ms: Option<u64>,
     pub body_read_timeout_ms: Option<u64>,

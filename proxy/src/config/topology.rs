@@ -237,7 +237,7 @@ pub fn resolve(
         }
     }
     top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
-    top_level!(config, f, explicit, max_batch_bytes);
+    top_level!(config, f, explicit, max_batch_bytes, shared_memory_bytes);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     top_level!(config, f, explicit, workers_per_gpu);
     if let Some(gpus) = f.gpus.take() {
@@ -761,6 +761,7 @@ mod tests {
             "retries",
             "timeout_ms",
             "max_body_bytes",
+            "shared_memory_bytes",
             "max_connections",
             "header_read_timeout_ms",
             "body_read_timeout_ms",

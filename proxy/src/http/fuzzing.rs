@@ -59,6 +59,7 @@ pub fn v2_request(data: &[u8]) {
             content_type: None,
             traceparent: None,
             tracestate: None,
+            payload_at: None,
         };
         let framed = Batch { jobs: rows.iter().cloned().map(job).collect() };
         let whole = Batch { jobs: rows.iter().map(|row| job(row.to_bytes().into())).collect() };

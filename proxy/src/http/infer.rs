@@ -8,6 +8,7 @@
 //! `content_type` is the request's. An output that is one msgpack `bin` goes back raw to a
 //! client that accepts it ([`Negotiation`]).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
@@ -26,6 +27,7 @@ use super::items;
 use super::{shed_error, stream, traffic, App, Body, Route};
 use crate::job::Outcome;
 use crate::pipeline::Input;
+use crate::shared_memory::{SharedMemory, Slot, SHARED_FROM};
 use crate::traffic::Traffic;
 
 pub use super::deadline::TIMEOUT_HEADER;
@@ -176,7 +178,9 @@ async fn receive_with(
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);
-    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front)
+    // A raw body (one with a header in front) that is large goes to shared memory, if it fits.
+    let shared = (front > 0).then_some(app.shared_memory.as_ref()).flatten();
+    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, shared)
         .await
         .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
     Ok(Received { body, arrived, deadline, traffic })
@@ -301,7 +305,8 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 ///
 /// Each byte is copied once, from hyper's frames into the buffer, and the buffer has no slack (a
 /// queued job keeps its whole allocation alive): with a declared length the buffer is allocated
-/// at that size and filled as frames come; without one (chunked) the frames are kept as they
+/// at that size and filled as frames come — in `shared` memory when given, the length is at
+/// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept as they
 /// are and copied at the end into a buffer of the size they add up to, where growing a buffer
 /// by doubling would copy the body again at each step.
 async fn read_body(
@@ -310,18 +315,14 @@ async fn read_body(
     declared: Option<u64>,
     read_by: Instant,
     front: usize,
+    shared: Option<&Arc<SharedMemory>>,
 ) -> Result<Bytes, Option<ApiError>> {
     let too_large = Some(ApiError::body_too_large(limit));
     if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
         return Err(too_large);
     }
-    let with_front = |capacity: usize| {
-        let mut buf = BytesMut::with_capacity(front + capacity);
-        buf.resize(front, 0);
-        buf
-    };
-    let mut sized = declared.map(|length| with_front(length as usize));
+    let mut sized = declared.map(|length| Buffer::new(front, length as usize, shared));
     let mut frames: Vec<Bytes> = Vec::new();
     let mut received = 0;
     while let Some(frame) =
@@ -342,14 +343,63 @@ async fn read_body(
         }
     }
     let mut buf = sized.unwrap_or_else(|| {
-        let mut buf = with_front(received);
+        let mut buf = Buffer::new(front, received, None);
         frames.iter().for_each(|frame| buf.extend_from_slice(frame));
         buf
     });
     if front > 0 {
-        format::write_bin32_header(&mut buf);
+        format::write_bin32_header(buf.filled_mut());
     }
     Ok(buf.freeze())
+}
+
+/// A body's buffer: on the heap, or a slot of shared memory.
+enum Buffer {
+    Heap(BytesMut),
+    Shared(Slot),
+}
+
+impl Buffer {
+    /// A buffer for `front` zero bytes then `length` bytes of body.
+    fn new(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Self {
+        let slot = shared.filter(|_| length >= SHARED_FROM).and_then(|m| m.slot(front + length));
+        let mut buf = match slot {
+            Some(slot) => Buffer::Shared(slot),
+            None => Buffer::Heap(BytesMut::with_capacity(front + length)),
+        };
+        buf.extend_from_slice(&vec![0; front]);
+        buf
+    }
+
+    fn extend_from_slice(&mut self, data: &[u8]) {
+        match self {
+            Buffer::Heap(buf) => buf.extend_from_slice(data),
+            Buffer::Shared(slot) => {
+                if !slot.extend_from_slice(data) {
+                    // More than declared (hyper checks a Content-Length, so not expected): the
+                    // body moves to the heap rather than being cut.
+                    let mut heap = BytesMut::with_capacity(slot.len() + data.len());
+                    heap.extend_from_slice(slot.filled_mut());
+                    heap.extend_from_slice(data);
+                    *self = Buffer::Heap(heap);
+                }
+            }
+        }
+    }
+
+    fn filled_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Heap(buf) => &mut buf[..],
+            Buffer::Shared(slot) => slot.filled_mut(),
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Buffer::Heap(buf) => buf.freeze(),
+            Buffer::Shared(slot) => slot.freeze(),
+        }
+    }
 }
 
 async fn drain(mut body: Incoming) {

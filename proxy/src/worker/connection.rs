@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::{
-    Batch, BatchJob, Cancel, Hello, ProxyCodec, ProxyMessage, Reject, Shutdown, WorkerMessage,
-    FEATURE_CANCEL, FEATURE_STREAM, PROTOCOL_VERSION,
+    Batch, BatchJob, Cancel, Hello, Payload, ProxyCodec, ProxyMessage, Reject, Shm, Shutdown,
+    WorkerMessage, FEATURE_CANCEL, FEATURE_SHM, FEATURE_STREAM, PROTOCOL_VERSION,
 };
 use futures_util::StreamExt;
 use tokio::net::unix::OwnedReadHalf;
@@ -34,6 +34,7 @@ use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::metrics;
+use crate::shared_memory::SharedMemory;
 use crate::stage::{Schemas, Stage, WeightRule, WorkerSeat};
 use crate::supervisor::Children;
 use crate::trace;
@@ -57,6 +58,8 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
     pub children: Children,
+    /// Large raw bodies' memory, handed to workers that declare `shm`.
+    pub shared_memory: Option<Arc<SharedMemory>>,
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
@@ -86,6 +89,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         outbox.close(CLOSE_WRITE_LIMIT).await;
         return;
     }
+    let shared = share_memory(&mut outbox, &hello, &context);
     declare_schemas(stage, &hello);
     context.children.connected(hello.pid);
     let seat = stage.worker_joined_on(context.children.gpu(hello.pid));
@@ -99,8 +103,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
     let ended = if hello.declares(FEATURE_STREAM) {
         streaming::work(&mut inbox, &mut outbox, stage, &seat, &context, &hello).await
     } else {
+        let by = Worker { stage: stage.name(), pid: hello.pid, shared };
         let cancels = hello.declares(FEATURE_CANCEL);
-        work(&mut inbox, &mut outbox, stage, &seat, &context, cancels, hello.pid).await
+        work(&mut inbox, &mut outbox, stage, &seat, &context, cancels, &by).await
     };
     match &ended {
         Ended::Stopped => {
@@ -118,6 +123,29 @@ pub async fn serve(stream: UnixStream, context: Context) {
         Ended::Closed => {}
     }
     info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+}
+
+/// Answers a worker that declared `shm` with the `shm` frame, first thing after its hello: the
+/// shared memory's read-only descriptor and size, or size 0 where the proxy shares none. Returns
+/// the memory that this worker's batches may then point into.
+fn share_memory<'a>(
+    outbox: &mut Outbox,
+    hello: &Hello,
+    context: &'a Context,
+) -> Option<&'a SharedMemory> {
+    if !hello.declares(FEATURE_SHM) {
+        return None;
+    }
+    let memory = context.shared_memory.as_deref();
+    let descriptor = memory.and_then(|m| {
+        m.for_workers()
+            .try_clone_to_owned()
+            .inspect_err(|e| warn!(error = %e, "could not pass shared memory to a worker"))
+            .ok()
+    });
+    let size = descriptor.as_ref().and(memory).map_or(0, |m| m.size() as u64);
+    outbox.send_with(ProxyMessage::Shm(Shm { size }), descriptor);
+    memory.filter(|_| size > 0)
 }
 
 /// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
@@ -273,9 +301,8 @@ async fn work(
     seat: &WorkerSeat<'_>,
     context: &Context,
     cancels: bool,
-    pid: u32,
+    by: &Worker<'_>,
 ) -> Ended {
-    let by = Worker { stage: stage.name(), pid };
     let prefetch = stage.settings().prefetch;
     let mut departures = Departures::new(cancels);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
@@ -285,7 +312,7 @@ async fn work(
         let message = if in_flight.is_empty() {
             match idle(inbox, outbox, seat, context).await {
                 Ok(jobs) => {
-                    let batch = send(outbox, jobs, &by);
+                    let batch = send(outbox, jobs, by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
                     in_flight.push_back(batch);
                     continue;
@@ -322,7 +349,7 @@ async fn work(
                 }
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
                     metrics().batches_ahead.with_label_values(&[stage.name()]).inc();
-                    let batch = send(outbox, jobs, &by);
+                    let batch = send(outbox, jobs, by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
                     in_flight.push_back(batch);
                     continue;
@@ -436,6 +463,12 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
             stream.sent(batch_sent);
         }
     }
+    // Where a payload lies in the shared memory this worker maps, if it lies there in one piece
+    // (a raw body read into a slot; a v2 row has a header of its own in front).
+    let payload_at = |job: &Job| match (by.shared, job.payload.segments()) {
+        (Some(memory), [one]) => memory.locate(one),
+        _ => None,
+    };
     let batch = Batch {
         jobs: jobs
             .iter()
@@ -444,8 +477,13 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
                 // Rounded up: 0 would tell the worker the job is already late, and the queue never
                 // dispatches a job that is.
                 timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
-                // Shared with the job, not copied: the frame is written from this same memory.
-                payload: job.payload.clone(),
+                // Shared with the job, not copied: the frame is written from this same memory —
+                // or not at all, where the worker reads it from shared memory (`payload_at`).
+                payload: if payload_at(job).is_some() {
+                    Payload::default()
+                } else {
+                    job.payload.clone()
+                },
                 // Checked visible ASCII at the edge (`format::media_type`).
                 content_type: job
                     .content_type
@@ -454,6 +492,7 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
                     .map(Into::into),
                 traceparent: job.trace().map(trace::traceparent),
                 tracestate: job.trace().and_then(trace::tracestate),
+                payload_at: payload_at(job),
             })
             .collect(),
     };
@@ -461,8 +500,9 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
     InFlight { jobs, sent, frame, span }
 }
 
-/// The worker a batch goes to, as its span names it.
+/// The worker a batch goes to, as its span names it, and the shared memory it maps.
 pub(super) struct Worker<'a> {
     pub stage: &'a str,
     pub pid: u32,
+    pub shared: Option<&'a SharedMemory>,
 }

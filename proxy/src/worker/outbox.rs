@@ -18,6 +18,9 @@
 //! copied here; the kernel reads them from the buffer the request body was read into (see
 //! docs/ARCHITECTURE.md, "How a body reaches the socket"). The other frames are small and go
 //! through the codec.
+//!
+//! The one frame with a descriptor — `shm`, the shared memory a worker maps — has it passed with
+//! the frame's first bytes (`sendmsg`, `SCM_RIGHTS`), where the worker's `recvmsg` finds it.
 
 use std::io::{self, IoSlice};
 use std::pin::Pin;
@@ -27,15 +30,18 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use corral_protocol::{BatchFrame, ProxyCodec, ProxyMessage};
-use tokio::io::AsyncWrite;
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use tokio::io::{AsyncWrite, Interest};
 use tokio::net::unix::OwnedWriteHalf;
+use tokio::net::UnixStream;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 use tokio_util::codec::Encoder;
 
 /// Frames queued for one worker, and the task writing them.
 pub struct Outbox {
-    queue: Option<mpsc::UnboundedSender<ProxyMessage>>,
+    queue: Option<mpsc::UnboundedSender<Outgoing>>,
     /// How far the writer got: frames it began and frames it wrote whole.
     progress: Arc<Progress>,
     queued: u64,
@@ -57,11 +63,17 @@ impl Outbox {
     /// unbounded in type only: the connection task queues at most two batches and one closing
     /// frame before it hears back.
     pub fn send(&mut self, message: ProxyMessage) -> u64 {
+        self.send_with(message, None)
+    }
+
+    /// As [`Outbox::send`], passing `descriptor` along with the frame's first bytes (or not at
+    /// all, if the frame never goes out).
+    pub fn send_with(&mut self, message: ProxyMessage, descriptor: Option<OwnedFd>) -> u64 {
         let index = self.queued;
         self.queued += 1;
         if let Some(queue) = &self.queue {
             // A closed queue means the writer has stopped; `broken` reports why.
-            let _ = queue.send(message);
+            let _ = queue.send(Outgoing { message, descriptor });
         }
         index
     }
@@ -137,15 +149,21 @@ struct Progress {
     written: AtomicU64,
 }
 
+/// A queued frame, and the descriptor to pass with it.
+struct Outgoing {
+    message: ProxyMessage,
+    descriptor: Option<OwnedFd>,
+}
+
 /// Writes each queued frame whole, in order. The write loop is by hand only to know whether any
 /// byte of a frame went out before an error (see [`Delivery`]).
 async fn write(
     mut half: OwnedWriteHalf,
-    mut frames: mpsc::UnboundedReceiver<ProxyMessage>,
+    mut frames: mpsc::UnboundedReceiver<Outgoing>,
     progress: Arc<Progress>,
 ) -> io::Result<()> {
     let mut codec = ProxyCodec::default();
-    while let Some(message) = frames.recv().await {
+    while let Some(Outgoing { message, mut descriptor }) = frames.recv().await {
         let mut frame = match &message {
             ProxyMessage::Batch(batch) => BatchFrame::new(batch)?,
             other => {
@@ -158,7 +176,10 @@ async fn write(
         drop(message);
         let mut begun = false;
         while frame.has_remaining() {
-            let written = write_some(&mut half, &frame).await?;
+            let written = match descriptor.take() {
+                Some(fd) => write_with_descriptor(&half, frame.chunk(), fd).await?,
+                None => write_some(&mut half, &frame).await?,
+            };
             if written == 0 {
                 return Err(io::ErrorKind::WriteZero.into());
             }
@@ -187,6 +208,52 @@ async fn write_some(half: &mut OwnedWriteHalf, frame: &BatchFrame) -> io::Result
     .await
 }
 
+/// One `sendmsg` of (some of) `bytes` with `descriptor` passed along (`SCM_RIGHTS`): the
+/// descriptor arrives with the first of these bytes. Ours is closed once sent.
+async fn write_with_descriptor(
+    half: &OwnedWriteHalf,
+    bytes: &[u8],
+    descriptor: OwnedFd,
+) -> io::Result<usize> {
+    let stream: &UnixStream = half.as_ref();
+    loop {
+        stream.writable().await?;
+        match stream.try_io(Interest::WRITABLE, || send_descriptor(stream, bytes, &descriptor)) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => continue,
+            written => return written,
+        }
+    }
+}
+
+fn send_descriptor(stream: &UnixStream, bytes: &[u8], descriptor: &OwnedFd) -> io::Result<usize> {
+    let fd: libc::c_int = descriptor.as_raw_fd();
+    // A control buffer aligned for `cmsghdr`, with room for one descriptor.
+    let mut control = [0u64; 4];
+    // SAFETY: `msghdr` points at `bytes` and `control`, both alive for the call; the control
+    // message is written inside `control` through the CMSG macros, which stay within
+    // `CMSG_SPACE(sizeof(int))` (≤ 32 bytes on every platform Corral builds for).
+    unsafe {
+        let space = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as usize;
+        assert!(space <= std::mem::size_of_val(&control));
+        let mut iov = libc::iovec { iov_base: bytes.as_ptr() as *mut _, iov_len: bytes.len() };
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = space as _;
+        let header = libc::CMSG_FIRSTHDR(&message);
+        (*header).cmsg_level = libc::SOL_SOCKET;
+        (*header).cmsg_type = libc::SCM_RIGHTS;
+        (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
+        let sent = libc::sendmsg(stream.as_raw_fd(), &message, 0);
+        if sent < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(sent as usize)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use bytes::Bytes;
@@ -212,6 +279,7 @@ mod tests {
                 content_type: Some("application/octet-stream".into()),
                 traceparent: None,
                 tracestate: None,
+                payload_at: None,
             },
             BatchJob {
                 id: JobId::new(),
@@ -220,6 +288,7 @@ mod tests {
                 content_type: None,
                 traceparent: None,
                 tracestate: None,
+                payload_at: None,
             },
         ];
         let batch = ProxyMessage::Batch(Batch { jobs });
@@ -247,6 +316,7 @@ mod tests {
             content_type: None,
             traceparent: None,
             tracestate: None,
+            payload_at: None,
         };
         let index = outbox.send(ProxyMessage::Batch(Batch { jobs: vec![job] }));
         let error = outbox.broken().await;

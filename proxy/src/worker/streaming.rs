@@ -72,7 +72,10 @@ pub(super) async fn work(
     context: &Context,
     hello: &Hello,
 ) -> Ended {
-    let by = Worker { stage: stage.name(), pid: hello.pid };
+    // No payload of a streaming worker's points into shared memory: a job may be answered
+    // (a slow client's) while the worker still holds it, and its slot must not be taken again
+    // before the worker has read it.
+    let by = Worker { stage: stage.name(), pid: hello.pid, shared: None };
     let mut state = State {
         held: HashMap::new(),
         busy: None,

@@ -275,6 +275,7 @@ class _BatchJob(msgspec.Struct, forbid_unknown_fields=True):
     content_type: Union[str, msgspec.UnsetType] = msgspec.UNSET  # noqa: UP007
     traceparent: Union[str, msgspec.UnsetType] = msgspec.UNSET  # noqa: UP007
     tracestate: Union[str, msgspec.UnsetType] = msgspec.UNSET  # noqa: UP007
+    payload_at: Union[list[int], msgspec.UnsetType] = msgspec.UNSET  # noqa: UP007
 
 
 class _Batch(msgspec.Struct):
@@ -305,6 +306,8 @@ def _batch_without_copies(body: bytes) -> dict[str, Any] | None:
             entry["traceparent"] = job.traceparent
         if job.tracestate is not msgspec.UNSET:
             entry["tracestate"] = job.tracestate
+        if job.payload_at is not msgspec.UNSET:
+            entry["payload_at"] = job.payload_at
         jobs.append(entry)
     return {"type": "batch", "jobs": jobs}
 

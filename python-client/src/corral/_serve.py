@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any, Union
 
 from corral import _protocol as protocol
+from corral import _shared_memory as shared_memory
 from corral._errors import ProtocolError
 
 log = logging.getLogger("corral")
@@ -55,8 +56,16 @@ class _Reader:
     """Reads and decodes frames in a thread of its own, into a small queue, in order; the ids of
     ``cancel`` frames go into a set instead (kept only with ``track_cancels``)."""
 
-    def __init__(self, sock: socket.socket, track_cancels: bool = False) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        track_cancels: bool = False,
+        memory: shared_memory.Memory | None = None,
+        first: dict[str, Any] | None = None,
+    ) -> None:
         self._sock = sock
+        self._memory = memory
+        self._first = first  # a frame read before the reader started, to be taken first
         self._stream = sock.makefile("rb")
         self._queue: queue.Queue[_Read] = queue.Queue(maxsize=_READ_AHEAD)
         self._ended = False  # the serve loop has taken the last item (None or an error)
@@ -69,7 +78,9 @@ class _Reader:
     def _read(self) -> None:
         try:
             while True:
-                message = protocol.read_frame(self._stream)
+                message, self._first = self._first or protocol.read_frame(self._stream), None
+                if message is not None:
+                    shared_memory.resolve(message, self._memory)
                 if message is not None and message["type"] == "cancel":
                     self._note_cancel(message)
                     continue
@@ -190,8 +201,10 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
     a frame the protocol does not allow, ``OSError`` when the connection breaks, and
     ``SystemExit`` on ``reject`` or ``shutdown``. Reading ends with it (the socket's reading side
     is shut down); closing the socket is the caller's."""
+    features = hello.get("features", ())
     sock.sendall(protocol.encode_frame(hello))
-    reader = _Reader(sock, track_cancels="cancel" in hello.get("features", ()))
+    memory, first = shared_memory.first_frame(sock) if "shm" in features else (None, None)
+    reader = _Reader(sock, track_cancels="cancel" in features, memory=memory, first=first)
     link = Link(sock, reader)
     try:
         while True:

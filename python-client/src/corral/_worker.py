@@ -25,7 +25,7 @@ from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
 from corral import _protocol as protocol
-from corral import _serve, _streaming, _tensors, _tracing, _typing
+from corral import _serve, _shared_memory, _streaming, _tensors, _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
@@ -245,7 +245,8 @@ class Worker:
             os.getpid(),
             type(self).__name__,
             schemas=self.schemas(),
-            features=_streaming.features(type(self)),
+            # Shared memory only for a plain worker: the proxy keeps it from streaming ones.
+            features=_streaming.features(type(self)) or _shared_memory.features(),
             inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,

@@ -1,0 +1,123 @@
+"""Payloads read from shared memory instead of the socket (the protocol's ``shm`` feature).
+
+A worker that declares ``shm`` in its hello gets, as the proxy's first frame, ``shm``: the size
+of the proxy's shared memory and, passed along with the frame's first bytes (``SCM_RIGHTS``), a
+read-only descriptor of it (size 0 and no descriptor when the proxy shares none). A job of a
+later batch may then carry ``payload_at: [offset, length]`` and an empty ``payload``: its
+payload is those bytes of the mapping. :func:`resolve` gives such a job a ``memoryview`` of them
+as its ``payload``, so that the rest of the package reads it like a payload from the frame; the
+one copy is the item's own (``_typing.decode``), as for large frames.
+
+Why: a 10 MB body over the socket was copied into it by the proxy and out of it here, in turns
+of a socket buffer; from shared memory it is copied once, into the item (PROTOCOL.md, "Shared
+memory"). The bytes stay put until the job's result is sent, and a job's result is sent after its
+item was decoded, so the view is never read after the proxy reuses the memory.
+
+Lives here: :func:`features`, :func:`first_frame` (the one read that can receive a
+descriptor), :class:`Memory` and :func:`resolve`.
+"""
+
+from __future__ import annotations
+
+import array
+import mmap
+import os
+import socket
+import struct
+from typing import Any
+
+from corral import _protocol as protocol
+from corral._errors import ProtocolError
+
+_LENGTH = struct.Struct(">I")
+
+
+def features() -> list[str]:
+    """``["shm"]`` where this platform can receive a descriptor over the socket and map it."""
+    supported = hasattr(socket, "CMSG_SPACE") and hasattr(socket.socket, "recvmsg")
+    return ["shm"] if supported else []
+
+
+class Memory:
+    """The proxy's shared memory, mapped read-only."""
+
+    def __init__(self, fd: int, size: int) -> None:
+        self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        self._view = memoryview(self._map)
+        self.size = size
+
+    def at(self, offset: Any, length: Any) -> memoryview:
+        """The bytes at ``offset``; a protocol error where they are not all in the memory."""
+        if not (
+            isinstance(offset, int)
+            and isinstance(length, int)
+            and 0 <= offset
+            and 0 <= length
+            and offset + length <= self.size
+        ):
+            raise ProtocolError(
+                f"payload_at {[offset, length]} is not within the {self.size}-byte shared memory"
+            )
+        return self._view[offset : offset + length]
+
+
+def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | None]:
+    """Reads the proxy's first frame after a hello that declared ``shm``, with ``recvmsg``: the
+    only read that receives a descriptor. Returns the memory from a ``shm`` frame (None when the
+    proxy shares none), or, from a proxy that sends no ``shm`` frame (an older one, or the test
+    double), None and the frame it sent instead, for the reader to take first."""
+    fds = array.array("i")
+    header = b""
+    while len(header) < _LENGTH.size:
+        data, ancillary, _flags, _addr = sock.recvmsg(
+            _LENGTH.size - len(header), socket.CMSG_SPACE(fds.itemsize)
+        )
+        if not data:
+            if header:
+                raise ProtocolError("connection closed inside a frame header")
+            return None, None  # closed before a frame: the reader sees the same
+        header += data
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % fds.itemsize
+                fds.frombytes(payload[:usable])
+    try:
+        (length,) = _LENGTH.unpack(header)
+        if length > protocol.MAX_FRAME_BYTES:
+            raise ProtocolError(f"frame of {length} bytes is over the limit")
+        body = bytearray(length)
+        view, got = memoryview(body), 0
+        while got < length:
+            n = sock.recv_into(view[got:])
+            if n == 0:
+                raise ProtocolError("connection closed inside a frame")
+            got += n
+        message = protocol.decode_body(bytes(body))
+        if message["type"] != "shm":
+            return None, message
+        size = message.get("size")
+        if not isinstance(size, int) or size < 0:
+            raise ProtocolError("a shm frame needs a size (an integer)")
+        if size == 0:
+            return None, None
+        if not fds:
+            raise ProtocolError("a shm frame of a size came without a descriptor")
+        return Memory(fds[0], size), None
+    finally:
+        for fd in fds:  # the mapping keeps the memory; descriptors are not needed after it
+            os.close(fd)
+
+
+def resolve(message: dict[str, Any], memory: Memory | None) -> None:
+    """Gives each job of a ``batch`` that has ``payload_at`` its payload from the memory."""
+    if message.get("type") != "batch" or not isinstance(message.get("jobs"), list):
+        return
+    for job in message["jobs"]:
+        if not isinstance(job, dict) or "payload_at" not in job:
+            continue
+        where = job.pop("payload_at")
+        if memory is None:
+            raise ProtocolError("payload_at without shared memory (no shm frame)")
+        if not isinstance(where, (list, tuple)) or len(where) != 2:
+            raise ProtocolError("payload_at must be [offset, length]")
+        job["payload"] = memory.at(where[0], where[1])

@@ -1,0 +1,129 @@
+"""The worker's side of shared memory (PROTOCOL.md, "Shared memory"): the first frame read with
+its descriptor, payloads given from the mapping, and a proxy that breaks the rules refused as a
+protocol error, never a crash or a read outside the mapping."""
+
+from __future__ import annotations
+
+import os
+import socket
+
+import msgpack
+import pytest
+
+from corral import _protocol as protocol
+from corral import _shared_memory as shared_memory
+from corral._errors import ProtocolError
+
+SIZE = 1 << 16
+
+pytestmark = pytest.mark.skipif(
+    not hasattr(os, "memfd_create") or not shared_memory.features(),
+    reason="memory files and descriptor passing (Linux)",
+)
+
+
+@pytest.fixture
+def pair():
+    proxy, worker = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    with proxy, worker:
+        worker.settimeout(10)
+        yield proxy, worker
+
+
+def memory_file(content: bytes) -> int:
+    fd = os.memfd_create("test-bodies")
+    os.ftruncate(fd, SIZE)
+    os.pwrite(fd, content, 0)
+    return fd
+
+
+def send_shm(proxy: socket.socket, size: int, fds: list[int]) -> None:
+    frame = protocol.encode_frame({"type": "shm", "size": size})
+    socket.send_fds(proxy, [frame], fds)
+
+
+def test_the_shm_frame_gives_the_memory_and_payloads_point_into_it(pair):
+    proxy, worker = pair
+    body = msgpack.packb(b"a large body")
+    fd = memory_file(b"\0" * 4096 + body)
+    send_shm(proxy, SIZE, [fd])
+    os.close(fd)
+    memory, first = shared_memory.first_frame(worker)
+    assert first is None and memory.size == SIZE
+    batch = protocol.batch(
+        [{**protocol.job(b"\1" * 16, 100, b""), "payload_at": [4096, len(body)]}]
+    )
+    shared_memory.resolve(batch, memory)
+    (job,) = batch["jobs"]
+    assert "payload_at" not in job and bytes(job["payload"]) == body
+    assert msgpack.unpackb(job["payload"]) == b"a large body"
+
+
+def test_size_0_means_no_memory(pair):
+    proxy, worker = pair
+    proxy.sendall(protocol.encode_frame({"type": "shm", "size": 0}))
+    assert shared_memory.first_frame(worker) == (None, None)
+
+
+def test_a_proxy_that_sends_no_shm_frame_has_its_first_frame_kept_for_the_reader(pair):
+    proxy, worker = pair
+    batch = protocol.batch([protocol.job(b"\1" * 16, 100, b"\x01")])
+    proxy.sendall(protocol.encode_frame(batch))
+    assert shared_memory.first_frame(worker) == (None, batch)
+
+
+@pytest.mark.parametrize(
+    "where",
+    [[SIZE - 1, 2], [-1, 1], [0, -1], ["0", 1], [0], [0, 1, 2], "0,1", [0, 2**70]],
+)
+def test_payload_at_outside_the_memory_or_malformed_is_a_protocol_error(pair, where):
+    proxy, worker = pair
+    fd = memory_file(b"")
+    send_shm(proxy, SIZE, [fd])
+    os.close(fd)
+    memory, _ = shared_memory.first_frame(worker)
+    batch = protocol.batch([{**protocol.job(b"\1" * 16, 100, b""), "payload_at": where}])
+    with pytest.raises(ProtocolError):
+        shared_memory.resolve(batch, memory)
+
+
+def test_payload_at_without_shared_memory_is_a_protocol_error():
+    batch = protocol.batch([{**protocol.job(b"\1" * 16, 100, b""), "payload_at": [0, 1]}])
+    with pytest.raises(ProtocolError, match="without shared memory"):
+        shared_memory.resolve(batch, None)
+
+
+def test_an_shm_frame_of_a_size_without_a_descriptor_is_a_protocol_error(pair):
+    proxy, worker = pair
+    proxy.sendall(protocol.encode_frame({"type": "shm", "size": SIZE}))
+    with pytest.raises(ProtocolError, match="without a descriptor"):
+        shared_memory.first_frame(worker)
+
+
+@pytest.mark.parametrize("size", [-1, "big", None])
+def test_an_shm_frame_with_a_bad_size_is_a_protocol_error(pair, size):
+    proxy, worker = pair
+    proxy.sendall(protocol.encode_frame({"type": "shm", "size": size}))
+    with pytest.raises(ProtocolError, match="size"):
+        shared_memory.first_frame(worker)
+
+
+def test_descriptors_are_closed_once_mapped(pair):
+    proxy, worker = pair
+    fd = memory_file(b"")
+    send_shm(proxy, SIZE, [fd])
+    os.close(fd)
+    before = set(os.listdir("/proc/self/fd"))
+    memory, _ = shared_memory.first_frame(worker)
+    assert memory is not None
+    # The received descriptor is closed; Python's mmap keeps a duplicate of its own (before
+    # 3.13's trackfd=False), so at most one more is open, and none after the mapping goes.
+    assert len(set(os.listdir("/proc/self/fd")) - before) <= 1
+    del memory
+    assert set(os.listdir("/proc/self/fd")) <= before
+
+
+def test_a_connection_closed_before_any_frame_is_the_end_not_an_error(pair):
+    proxy, worker = pair
+    proxy.close()
+    assert shared_memory.first_frame(worker) == (None, None)

@@ -1,0 +1,196 @@
+"""Large raw bodies through shared memory (PROTOCOL.md, "Shared memory"): a worker that declares
+`shm` gets the proxy's memory file, read-only, with its first frame, and a raw body of 64 KiB and
+more as `payload_at` into it instead of in the batch frame. Workers that do not ask, a proxy
+that shares none and a memory too full for a body all fall back to the frame, and every body
+comes back as it was sent.
+
+The first tests script the worker by hand (raw frames, `recvmsg`), to see exactly what the
+proxy sends; the last ones run the Python package's own worker under load.
+"""
+
+from __future__ import annotations
+
+import array
+import fcntl
+import mmap
+import os
+import random
+import re
+import socket
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ECHO
+from corral import _protocol as protocol
+
+RAW = {"content-type": "application/octet-stream", "accept": "application/octet-stream"}
+LARGE = 100_000  # over the 64 KiB from which a raw body goes to shared memory
+SHARED_BYTES = 4 * 1024 * 1024
+
+
+class ShmWorker:
+    """A worker that declares `shm` and reads the proxy's first frame with `recvmsg`."""
+
+    def __init__(self, path, features=("shm",)) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.settimeout(30)
+        self.sock.connect(str(path))
+        hello = protocol.hello("default", os.getpid(), "shm-test", features=list(features))
+        self.sock.sendall(protocol.encode_frame(hello))
+        self.stream = None
+        self.fds: list[int] = []
+
+    def first(self):
+        """The first frame, and the descriptors that came with it."""
+        fds = array.array("i")
+        header = b""
+        while len(header) < 4:
+            data, ancillary, _, _ = self.sock.recvmsg(4 - len(header), socket.CMSG_SPACE(16))
+            assert data, "closed before the first frame"
+            header += data
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    fds.frombytes(payload[: len(payload) - len(payload) % fds.itemsize])
+        self.fds = list(fds)
+        length = int.from_bytes(header, "big")
+        self.stream = self.sock.makefile("rb")
+        return protocol.decode_body(self.stream.read(length)), self.fds
+
+    def receive(self):
+        return protocol.read_frame(self.stream)
+
+    def send(self, message) -> None:
+        self.sock.sendall(protocol.encode_frame(message))
+
+    def close(self) -> None:
+        for fd in self.fds:
+            os.close(fd)
+        if self.stream:
+            self.stream.close()
+        self.sock.close()
+
+
+@pytest.fixture
+def pool():
+    with ThreadPoolExecutor(8) as executor:
+        yield executor
+
+
+def post_raw(proxy, body: bytes):
+    return proxy.client.post("/infer", content=body, headers=RAW)
+
+
+def test_a_large_raw_body_reaches_a_worker_that_asks_through_shared_memory(corral_factory, pool):
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
+    worker = ShmWorker(proxy.socket)
+    try:
+        shm, fds = worker.first()
+        assert shm == {"type": "shm", "size": SHARED_BYTES}
+        assert len(fds) == 1
+        # Read-only: the worker cannot write into the proxy's memory.
+        assert fcntl.fcntl(fds[0], fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
+        with pytest.raises(PermissionError):
+            mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+        memory = mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        proxy.wait_for_log(r"worker connected")
+
+        large, small = os.urandom(LARGE), os.urandom(1000)
+        for body, shared in ((large, True), (small, False)):
+            answer = pool.submit(post_raw, proxy, body)
+            (job,) = worker.receive()["jobs"]
+            if shared:
+                offset, length = job["payload_at"]
+                assert job["payload"] == b"" and length == LARGE + 5
+                payload = memory[offset : offset + length]
+            else:
+                assert "payload_at" not in job, "a small body travels in its frame"
+                payload = job["payload"]
+            assert payload == b"\xc6" + len(body).to_bytes(4, "big") + body
+            worker.send(protocol.results([protocol.ok(job["id"], payload)]))
+            response = answer.result(timeout=30)
+            assert response.status_code == 200 and response.content == body
+        memory.close()
+    finally:
+        worker.close()
+
+
+def test_a_worker_that_does_not_ask_gets_large_bodies_in_its_frames(corral_factory, pool):
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
+    worker = ShmWorker(proxy.socket, features=())
+    try:
+        proxy.wait_for_log(r"worker connected")
+        body = os.urandom(LARGE)
+        answer = pool.submit(post_raw, proxy, body)
+        worker.stream = worker.sock.makefile("rb")
+        message = worker.receive()
+        assert message["type"] == "batch", "no shm frame for a worker that did not ask"
+        (job,) = message["jobs"]
+        assert "payload_at" not in job
+        assert job["payload"][5:] == body
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+        assert answer.result(timeout=30).content == body
+    finally:
+        worker.close()
+
+
+def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(corral_factory, pool):
+    proxy = corral_factory("--shared-memory-bytes=0", "--max-wait-ms=0", worker=None)
+    worker = ShmWorker(proxy.socket)
+    try:
+        shm, fds = worker.first()
+        assert shm == {"type": "shm", "size": 0} and fds == []
+        proxy.wait_for_log(r"worker connected")
+        body = os.urandom(LARGE)
+        answer = pool.submit(post_raw, proxy, body)
+        (job,) = worker.receive()["jobs"]
+        assert "payload_at" not in job and job["payload"][5:] == body
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+        assert answer.result(timeout=30).content == body
+    finally:
+        worker.close()
+
+
+def worker_pid(proxy) -> int:
+    line = proxy.wait_for_log(r"worker connected")
+    return int(re.search(r"pid\W+(\d+)", line).group(1))
+
+
+@pytest.mark.parametrize(
+    "shared_bytes",
+    [
+        SHARED_BYTES,
+        # Room for about two bodies at once: the rest find it full and go in frames.
+        600 * 1024,
+    ],
+)
+def test_many_large_bodies_at_once_each_come_back_as_sent(corral_factory, pool, shared_bytes):
+    proxy = corral_factory(
+        f"--shared-memory-bytes={shared_bytes}", "--max-batch-size=4", worker=ECHO
+    )
+    # The package's worker maps the proxy's memory file (once it has read the shm frame).
+    pid = worker_pid(proxy)
+
+    def mapped() -> bool:
+        with open(f"/proc/{pid}/maps") as maps:
+            return "corral-bodies" in maps.read()
+
+    proxy.wait_until(mapped, what="the worker's mapping")
+    rng = random.Random(7)
+    bodies = [rng.randbytes(rng.choice([70_000, 150_000, 300_000, 2000])) for _ in range(80)]
+    responses = list(pool.map(lambda body: post_raw(proxy, body), bodies))
+    for body, response in zip(bodies, responses):
+        assert response.status_code == 200, response.text
+        assert response.content == body
+    # Every slot is given back once its job is done.
+    proxy.wait_until(
+        lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="memory given back"
+    )
+    full = proxy.metric("corral_shared_memory_full_total")
+    if shared_bytes < SHARED_BYTES:
+        assert full > 0, "some bodies found the small memory full"
+    # A body as large as the whole memory fits again.
+    whole = rng.randbytes(shared_bytes - 5)
+    response = post_raw(proxy, whole)
+    assert response.status_code == 200 and response.content == whole
+    assert proxy.metric("corral_shared_memory_full_total") == full
