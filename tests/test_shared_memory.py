@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import array
 import fcntl
+import json
 import mmap
 import os
 import random
@@ -19,6 +20,7 @@ import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
+import msgpack
 import pytest
 
 from conftest import ECHO
@@ -32,11 +34,13 @@ SHARED_BYTES = 4 * 1024 * 1024
 class ShmWorker:
     """A worker that declares `shm` and reads the proxy's first frame with `recvmsg`."""
 
-    def __init__(self, path, features=("shm",)) -> None:
+    def __init__(self, path, features=("shm",), inputs=None) -> None:
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(str(path))
-        hello = protocol.hello("default", os.getpid(), "shm-test", features=list(features))
+        hello = protocol.hello(
+            "default", os.getpid(), "shm-test", features=list(features), inputs=inputs
+        )
         self.sock.sendall(protocol.encode_frame(hello))
         self.stream = None
         self.fds: list[int] = []
@@ -92,6 +96,21 @@ def test_a_large_raw_body_reaches_a_worker_that_asks_through_shared_memory(corra
         assert fcntl.fcntl(fds[0], fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY
         with pytest.raises(PermissionError):
             mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+        # Nor by reopening it read-write: the file is sealed against writes and resizing.
+        try:
+            writable = os.open(f"/proc/self/fd/{fds[0]}", os.O_RDWR)
+        except PermissionError:
+            pass
+        else:
+            try:
+                with pytest.raises(PermissionError):
+                    os.pwrite(writable, b"x", 0)
+                with pytest.raises(PermissionError):
+                    os.ftruncate(writable, 0)
+                with pytest.raises(PermissionError):
+                    mmap.mmap(writable, SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_WRITE)
+            finally:
+                os.close(writable)
         memory = mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         proxy.wait_for_log(r"worker connected")
 
@@ -110,6 +129,60 @@ def test_a_large_raw_body_reaches_a_worker_that_asks_through_shared_memory(corra
             worker.send(protocol.results([protocol.ok(job["id"], payload)]))
             response = answer.result(timeout=30)
             assert response.status_code == 200 and response.content == body
+        memory.close()
+    finally:
+        worker.close()
+
+
+def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_factory, pool):
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
+    inputs = [{"name": "INPUT0", "datatype": "UINT8", "shape": [-1]}]
+    worker = ShmWorker(proxy.socket, inputs=inputs)
+    try:
+        _, fds = worker.first()
+        memory = mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        proxy.wait_for_log(r"worker connected")
+
+        # A msgpack body is its payload as it came, read where it lies.
+        value = {"blob": os.urandom(LARGE)}
+        body = msgpack.packb(value)
+        headers = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+        answer = pool.submit(proxy.client.post, "/infer", content=body, headers=headers)
+        (job,) = worker.receive()["jobs"]
+        offset, length = job["payload_at"]
+        assert memory[offset : offset + length] == body
+        worker.send(protocol.results([protocol.ok(job["id"], msgpack.packb(len(body)))]))
+        assert msgpack.unpackb(answer.result(timeout=30).content) == len(body)
+
+        # A binary v2 row is gathered into one piece of the memory: its header and its data.
+        data = os.urandom(LARGE)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "UINT8",
+                        "shape": [1, LARGE],
+                        "parameters": {"binary_data_size": LARGE},
+                    }
+                ]
+            }
+        ).encode()
+        answer = pool.submit(
+            proxy.client.post,
+            "/v2/models/default/infer",
+            content=header + data,
+            headers={"inference-header-content-length": str(len(header))},
+        )
+        (job,) = worker.receive()["jobs"]
+        offset, length = job["payload_at"]
+        row = msgpack.unpackb(memory[offset : offset + length])
+        datatype, shape, elements = msgpack.unpackb(row["INPUT0"].data)
+        assert (datatype, shape, elements) == ("UINT8", [LARGE], data)
+        worker.send(protocol.results([protocol.ok(job["id"], msgpack.packb({"OUTPUT0": 7}))]))
+        response = answer.result(timeout=30)
+        assert response.status_code == 200, response.text
+        assert response.json()["outputs"][0]["data"] == [7]
         memory.close()
     finally:
         worker.close()

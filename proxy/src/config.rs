@@ -96,10 +96,11 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
     pub max_body_bytes: usize,
 
-    /// Shared memory for large raw bodies, in bytes (default 256 MiB; 0: none). A raw body of
-    /// 64 KiB and more is read into it, and a worker that asks (the Python package does, on
-    /// Linux) reads it there instead of from its socket. Taken from the system only as bodies
-    /// use it; a body that finds it full is read as before.
+    /// Shared memory for large request bodies, in bytes (default 256 MiB; 0: none). A body of
+    /// 64 KiB and more with a Content-Length is read into it, and a worker that asks (the Python
+    /// package does, on Linux) reads its payloads there instead of from its socket. Pages are taken from
+    /// the system as bodies first use them, and kept; a body that finds it full (or is larger
+    /// than all of it) is read as before.
     #[arg(long, env = "CORRAL_SHARED_MEMORY_BYTES", default_value_t = 256 * 1024 * 1024)]
     pub shared_memory_bytes: usize,
 

@@ -50,7 +50,7 @@ pub struct App {
     pub draining: AtomicBool,
     /// The header that names a request's tenant (`--tenant-header`).
     pub tenant_header: http::HeaderName,
-    /// Where large raw bodies are read to (`--shared-memory-bytes`), if anywhere.
+    /// Where large bodies are read to (`--shared-memory-bytes`), if anywhere.
     pub shared_memory: Option<Arc<crate::shared_memory::SharedMemory>>,
 }
 

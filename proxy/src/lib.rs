@@ -20,8 +20,8 @@
 //! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`.
 //! - [`trace`]: OpenTelemetry spans (request, admission, queue wait, batch), exported over OTLP
 //!   when an endpoint is set; nothing at all otherwise.
-//! - [`shared_memory`]: the memory file large raw bodies are read into, which workers that ask
-//!   map read-only and read their payloads from instead of from the socket.
+//! - [`shared_memory`]: the memory file large request bodies are read into, which workers that
+//!   ask map read-only and read their payloads from instead of from the socket.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
@@ -64,14 +64,14 @@ use config::Config;
 use pipeline::Pipeline;
 use stage::{BatchSettings, Stage};
 
-/// The shared memory for large raw bodies, unless `size` is 0 or the system has none (logged:
+/// The shared memory for large request bodies, unless `size` is 0 or the system has none (logged:
 /// bodies then reach workers over their sockets, as they do for workers that do not ask).
 fn shared_memory(size: usize) -> Option<Arc<shared_memory::SharedMemory>> {
     if size == 0 {
         return None;
     }
     shared_memory::SharedMemory::new(size)
-        .inspect(|_| info!(bytes = size, "large raw bodies go through shared memory"))
+        .inspect(|_| info!(bytes = size, "large bodies go through shared memory"))
         .inspect_err(|e| tracing::warn!(error = %e, "no shared memory: bodies use the socket"))
         .ok()
 }

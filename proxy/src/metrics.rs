@@ -73,9 +73,9 @@ pub struct Metrics {
     pub streams_cancelled: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
-    /// Bytes of shared memory held by large raw bodies (`--shared-memory-bytes`), in whole pages.
+    /// Bytes of shared memory held by large bodies (`--shared-memory-bytes`), in whole pages.
     pub shared_memory_used: prometheus::IntGauge,
-    /// Large raw bodies that found the shared memory too full and were read onto the heap.
+    /// Large bodies that found no room in the shared memory and were read onto the heap.
     pub shared_memory_full: IntCounter,
 }
 
@@ -270,7 +270,7 @@ impl Metrics {
             shared_memory_used: {
                 let gauge = prometheus::IntGauge::new(
                     "corral_shared_memory_used_bytes",
-                    "Bytes of shared memory held by large raw bodies (whole pages).",
+                    "Bytes of shared memory held by large request bodies (whole pages).",
                 )
                 .expect("valid metric");
                 r.register(Box::new(gauge.clone())).expect("unique metric name");
@@ -279,7 +279,7 @@ impl Metrics {
             shared_memory_full: {
                 let counter = IntCounter::new(
                     "corral_shared_memory_full_total",
-                    "Large raw bodies that found the shared memory full and were read onto the heap.",
+                    "Large request bodies that found no room in the shared memory and were read onto the heap.",
                 )
                 .expect("valid metric");
                 r.register(Box::new(counter.clone())).expect("unique metric name");

@@ -178,8 +178,11 @@ async fn receive_with(
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);
-    // A raw body (one with a header in front) that is large goes to shared memory, if it fits.
-    let shared = (front > 0).then_some(app.shared_memory.as_ref()).flatten();
+    // Every large body goes to shared memory if it fits, whatever its kind: raw and msgpack
+    // bodies are then read by workers from there, a v2 request's rows are written to the socket
+    // from there, and large bodies take one pool of memory rather than two that each keep
+    // their peak.
+    let shared = app.shared_memory.as_ref();
     let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, shared)
         .await
         .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;

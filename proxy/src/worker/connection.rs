@@ -58,7 +58,7 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
     pub children: Children,
-    /// Large raw bodies' memory, handed to workers that declare `shm`.
+    /// Large bodies' memory, handed to workers that declare `shm`.
     pub shared_memory: Option<Arc<SharedMemory>>,
 }
 
@@ -132,11 +132,11 @@ fn share_memory<'a>(
     outbox: &mut Outbox,
     hello: &Hello,
     context: &'a Context,
-) -> Option<&'a SharedMemory> {
+) -> Option<&'a Arc<SharedMemory>> {
     if !hello.declares(FEATURE_SHM) {
         return None;
     }
-    let memory = context.shared_memory.as_deref();
+    let memory = context.shared_memory.as_ref();
     let descriptor = memory.and_then(|m| {
         m.for_workers()
             .try_clone_to_owned()
@@ -462,9 +462,15 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
         if let Some(stream) = &job.stream {
             stream.sent(batch_sent);
         }
+        // A large payload in pieces (a v2 row: its header around a slice of the body) is
+        // gathered into one slot, for this worker to read from shared memory too. The job keeps
+        // the gathered copy: a retry sends it as it is.
+        if let Some(gathered) = by.shared.and_then(|memory| memory.gather(&job.payload)) {
+            job.payload = gathered;
+        }
     }
     // Where a payload lies in the shared memory this worker maps, if it lies there in one piece
-    // (a raw body read into a slot; a v2 row has a header of its own in front).
+    // (a body read into a slot, or a payload gathered into one).
     let payload_at = |job: &Job| match (by.shared, job.payload.segments()) {
         (Some(memory), [one]) => memory.locate(one),
         _ => None,
@@ -504,5 +510,5 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
 pub(super) struct Worker<'a> {
     pub stage: &'a str,
     pub pid: u32,
-    pub shared: Option<&'a SharedMemory>,
+    pub shared: Option<&'a Arc<SharedMemory>>,
 }

@@ -225,6 +225,12 @@ async fn write_with_descriptor(
     }
 }
 
+/// A worker gone mid-write is an error to return, not a signal (Rust ignores SIGPIPE anyway).
+#[cfg(target_os = "linux")]
+const NO_SIGNAL: libc::c_int = libc::MSG_NOSIGNAL;
+#[cfg(not(target_os = "linux"))]
+const NO_SIGNAL: libc::c_int = 0;
+
 fn send_descriptor(stream: &UnixStream, bytes: &[u8], descriptor: &OwnedFd) -> io::Result<usize> {
     let fd: libc::c_int = descriptor.as_raw_fd();
     // A control buffer aligned for `cmsghdr`, with room for one descriptor.
@@ -246,7 +252,7 @@ fn send_descriptor(stream: &UnixStream, bytes: &[u8], descriptor: &OwnedFd) -> i
         (*header).cmsg_type = libc::SCM_RIGHTS;
         (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
         std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<libc::c_int>(), fd);
-        let sent = libc::sendmsg(stream.as_raw_fd(), &message, 0);
+        let sent = libc::sendmsg(stream.as_raw_fd(), &message, NO_SIGNAL);
         if sent < 0 {
             return Err(io::Error::last_os_error());
         }

@@ -24,6 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Union
 
+from corral import _allocator as allocator
 from corral import _protocol as protocol
 from corral import _shared_memory as shared_memory
 from corral._errors import ProtocolError
@@ -201,6 +202,7 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
     a frame the protocol does not allow, ``OSError`` when the connection breaks, and
     ``SystemExit`` on ``reject`` or ``shutdown``. Reading ends with it (the socket's reading side
     is shut down); closing the socket is the caller's."""
+    allocator.tune()
     features = hello.get("features", ())
     sock.sendall(protocol.encode_frame(hello))
     memory, first = shared_memory.first_frame(sock) if "shm" in features else (None, None)

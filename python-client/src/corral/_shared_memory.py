@@ -10,8 +10,9 @@ one copy is the item's own (``_typing.decode``), as for large frames.
 
 Why: a 10 MB body over the socket was copied into it by the proxy and out of it here, in turns
 of a socket buffer; from shared memory it is copied once, into the item (PROTOCOL.md, "Shared
-memory"). The bytes stay put until the job's result is sent, and a job's result is sent after its
-item was decoded, so the view is never read after the proxy reuses the memory.
+memory"). The bytes stay put until the job's result is sent (or the connection ends), and a
+job's result is sent after its item was decoded, so the view is not read once the proxy may
+reuse the memory.
 
 Lives here: :func:`features`, :func:`first_frame` (the one read that can receive a
 descriptor), :class:`Memory` and :func:`resolve`.
@@ -65,23 +66,26 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
     """Reads the proxy's first frame after a hello that declared ``shm``, with ``recvmsg``: the
     only read that receives a descriptor. Returns the memory from a ``shm`` frame (None when the
     proxy shares none), or, from a proxy that sends no ``shm`` frame (an older one, or the test
-    double), None and the frame it sent instead, for the reader to take first."""
+    double), None and the frame it sent instead, for the reader to take first. Every descriptor
+    received is closed by the time it returns or raises (a mapping keeps its memory)."""
     fds = array.array("i")
-    header = b""
-    while len(header) < _LENGTH.size:
-        data, ancillary, _flags, _addr = sock.recvmsg(
-            _LENGTH.size - len(header), socket.CMSG_SPACE(fds.itemsize)
-        )
-        if not data:
-            if header:
-                raise ProtocolError("connection closed inside a frame header")
-            return None, None  # closed before a frame: the reader sees the same
-        header += data
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % fds.itemsize
-                fds.frombytes(payload[:usable])
+    # Not inherited by the model's own subprocesses in the moment before it is closed.
+    flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     try:
+        header = b""
+        while len(header) < _LENGTH.size:
+            data, ancillary, _flags, _addr = sock.recvmsg(
+                _LENGTH.size - len(header), socket.CMSG_SPACE(fds.itemsize), flags
+            )
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % fds.itemsize
+                    fds.frombytes(payload[:usable])
+            if not data:
+                if header:
+                    raise ProtocolError("connection closed inside a frame header")
+                return None, None  # closed before a frame: the reader sees the same
+            header += data
         (length,) = _LENGTH.unpack(header)
         if length > protocol.MAX_FRAME_BYTES:
             raise ProtocolError(f"frame of {length} bytes is over the limit")

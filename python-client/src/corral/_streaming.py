@@ -70,8 +70,9 @@ def is_streaming(worker: type) -> bool:
 
 def features(worker: type) -> list[str]:
     """The hello's ``features``: ``stream`` and ``cancel`` for a generator ``forward``, and
-    ``join`` when it also sets ``max_running``; none for a plain worker (which could not act on a
-    cancel in the middle of ``forward``), so its hello stays the v1 bytes."""
+    ``join`` when it also sets ``max_running``; none of these for a plain worker (which could not
+    act on a cancel in the middle of ``forward``: it declares ``shm`` instead, see
+    ``_shared_memory``)."""
     if not is_streaming(worker):
         return []
     return ["stream", "cancel", "join"] if _max_running(worker) else ["stream", "cancel"]
