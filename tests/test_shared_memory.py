@@ -154,7 +154,7 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
         worker.send(protocol.results([protocol.ok(job["id"], msgpack.packb(len(body)))]))
         assert msgpack.unpackb(answer.result(timeout=30).content) == len(body)
 
-        # A binary v2 row is gathered into one piece of the memory: its header and its data.
+        # A binary v2 row is read from the memory too: its msgpack head and its data.
         data = os.urandom(LARGE)
         header = json.dumps(
             {
@@ -176,6 +176,9 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
         )
         (job,) = worker.receive()["jobs"]
         offset, length = job["payload_at"]
+        # A request of one row lies in one piece of its body (its head written into room left
+        # after the JSON header): no second copy was made to gather it.
+        assert proxy.metric("corral_shared_memory_used_bytes") < 2 * LARGE
         row = msgpack.unpackb(memory[offset : offset + length])
         datatype, shape, elements = msgpack.unpackb(row["INPUT0"].data)
         assert (datatype, shape, elements) == ("UINT8", [LARGE], data)
@@ -183,6 +186,39 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
         response = answer.result(timeout=30)
         assert response.status_code == 200, response.text
         assert response.json()["outputs"][0]["data"] == [7]
+
+        # Two rows: each is gathered, head and data, into a piece of the memory of its own.
+        proxy.wait_until(lambda: proxy.metric("corral_shared_memory_used_bytes") == 0)
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "UINT8",
+                        "shape": [2, LARGE],
+                        "parameters": {"binary_data_size": 2 * LARGE},
+                    }
+                ]
+            }
+        ).encode()
+        answer = pool.submit(
+            proxy.client.post,
+            "/v2/models/default/infer",
+            content=header + data + data,
+            headers={"inference-header-content-length": str(len(header))},
+        )
+        jobs = worker.receive()["jobs"]
+        assert len(jobs) == 2
+        for job in jobs:
+            offset, length = job["payload_at"]
+            elements = msgpack.unpackb(
+                msgpack.unpackb(memory[offset : offset + length])["INPUT0"].data
+            )[2]
+            assert elements == data
+        worker.send(
+            protocol.results([protocol.ok(j["id"], msgpack.packb({"OUTPUT0": 7})) for j in jobs])
+        )
+        assert answer.result(timeout=30).json()["outputs"][0]["data"] == [7, 7]
         memory.close()
     finally:
         worker.close()

@@ -34,7 +34,9 @@ pub fn body(data: &[u8]) {
 /// header ends (0: no `Inference-Header-Content-Length`; else that share of the rest), the rest is
 /// the body; it is read with and without declared inputs. Nothing may panic. A request that is
 /// accepted has one payload per row, each of which a native client could be given; echoed back
-/// as a worker's results, the rows stack into tensors holding the request's own bytes.
+/// as a worker's results, the rows stack into tensors holding the request's own bytes. Read with
+/// room after its header (as the route reads a binary request), it is accepted or refused
+/// alike, and its rows are the same bytes.
 pub fn v2_request(data: &[u8]) {
     let Some((&split, body)) = data.split_first() else { return };
     let header_length = (split != 0).then(|| body.len() * usize::from(split) / 255);
@@ -44,7 +46,7 @@ pub fn v2_request(data: &[u8]) {
         TensorSpec { name: "T".into(), datatype: "BYTES".into(), shape: vec![1] },
     ];
     for declared in [&declared[..], &[]] {
-        let Ok(mut parsed) = request::parse(&body, header_length, declared) else { continue };
+        let Ok(mut parsed) = request::parse(&body, header_length, 0, declared) else { continue };
         // Rows may be segments around the body's data: none empty, adding up to the row, and
         // framed byte for byte as the codec frames the row in one piece.
         let rows = parsed.payloads();
@@ -75,5 +77,24 @@ pub fn v2_request(data: &[u8]) {
         }
         let results: Vec<&[u8]> = payloads.iter().map(|p| &p[..]).collect();
         let _ = response::build("fuzz", &parsed, &[], &results);
+    }
+    // Read as the route reads a binary request, with room after the header filled with a
+    // one-row head: accepted and refused alike, and with the same rows, byte for byte.
+    if let Some(at) = header_length {
+        let mut room = vec![0u8; request::HEAD_ROOM];
+        if let Some(head) = request::single_row_head(&body[..at]) {
+            if head.len() <= room.len() {
+                let start = room.len() - head.len();
+                room[start..].copy_from_slice(&head);
+            }
+        }
+        let roomy = Bytes::from([&body[..at], &room[..], &body[at..]].concat());
+        let plain = request::parse(&body, header_length, 0, &[]).map(|mut r| r.payloads());
+        let in_place =
+            request::parse(&roomy, header_length, room.len(), &[]).map(|mut r| r.payloads());
+        assert_eq!(plain.is_ok(), in_place.is_ok(), "the room changes nothing accepted");
+        if let (Ok(plain), Ok(in_place)) = (plain, in_place) {
+            assert_eq!(plain, in_place, "the same rows");
+        }
     }
 }

@@ -62,7 +62,7 @@ pub async fn handle(
     }
     let front = if raw { format::BIN32_HEADER } else { 0 };
     let Received { body, arrived, deadline, traffic } =
-        receive_with(app, route, request, front).await?;
+        receive_with(app, route, request, front, None).await?;
     // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
     // one copy of its payload. Raw bytes are one msgpack value already, header and all.
     let input = match kind {
@@ -156,15 +156,39 @@ pub async fn receive(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Received, ApiError> {
-    receive_with(app, route, request, 0).await
+    receive_with(app, route, request, 0, None).await
 }
 
-/// [`receive`], with `front` bytes kept free at the start of the body's buffer, for a header.
+/// [`receive`], with a [`Gap`] left in the body's buffer and filled once the body is in.
+pub async fn receive_with_gap(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+    gap: Gap,
+) -> Result<Received, ApiError> {
+    receive_with(app, route, request, 0, Some(gap)).await
+}
+
+/// Room left inside a body's buffer: `len` bytes after its first `at` bytes (if it has that
+/// many), filled from the end with what `fill` makes of those first bytes, if it fits. A v2
+/// request keeps room between its JSON header and its binary data for the msgpack head of a
+/// one-row payload, which then lies in one piece right before the row's data
+/// (`v2::request::single_row_head`).
+#[derive(Clone, Copy)]
+pub struct Gap {
+    pub at: usize,
+    pub len: usize,
+    pub fill: fn(&[u8]) -> Option<Vec<u8>>,
+}
+
+/// [`receive`], with `front` bytes kept free at the start of the body's buffer, for a header,
+/// and a [`Gap`] inside it.
 async fn receive_with(
     app: &App,
     route: &Route,
     request: Request<Incoming>,
     front: usize,
+    gap: Option<Gap>,
 ) -> Result<Received, ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
@@ -183,9 +207,10 @@ async fn receive_with(
     // from there, and large bodies take one pool of memory rather than two that each keep
     // their peak.
     let shared = app.shared_memory.as_ref();
-    let body = read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, shared)
-        .await
-        .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    let body =
+        read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, gap, shared)
+            .await
+            .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
     Ok(Received { body, arrived, deadline, traffic })
 }
 
@@ -318,6 +343,7 @@ async fn read_body(
     declared: Option<u64>,
     read_by: Instant,
     front: usize,
+    gap: Option<Gap>,
     shared: Option<&Arc<SharedMemory>>,
 ) -> Result<Bytes, Option<ApiError>> {
     let too_large = Some(ApiError::body_too_large(limit));
@@ -325,7 +351,8 @@ async fn read_body(
         drain(body).await;
         return Err(too_large);
     }
-    let mut sized = declared.map(|length| Buffer::new(front, length as usize, shared));
+    let room = gap.map_or(0, |gap| gap.len);
+    let mut sized = declared.map(|length| Buffer::new(front, length as usize + room, shared));
     let mut frames: Vec<Bytes> = Vec::new();
     let mut received = 0;
     while let Some(frame) =
@@ -340,16 +367,31 @@ async fn read_body(
                 return Err(too_large);
             }
             match &mut sized {
-                Some(buf) => buf.extend_from_slice(&data),
+                Some(buf) => buf.put(&data, received - data.len(), gap),
                 None => frames.push(data),
             }
         }
     }
     let mut buf = sized.unwrap_or_else(|| {
-        let mut buf = Buffer::new(front, received, None);
-        frames.iter().for_each(|frame| buf.extend_from_slice(frame));
+        let mut buf = Buffer::new(front, received + room, None);
+        let mut before = 0;
+        for frame in &frames {
+            buf.put(frame, before, gap);
+            before += frame.len();
+        }
         buf
     });
+    if let Some(gap) = gap.filter(|gap| received == gap.at) {
+        // The body ended where the room begins: no frame had a byte after it.
+        buf.extend_from_slice(&vec![0; gap.len]);
+    }
+    if let Some(gap) = gap.filter(|gap| received >= gap.at) {
+        let filled = buf.filled_mut();
+        let (first, room) = filled[front..].split_at_mut(gap.at);
+        if let Some(fill) = (gap.fill)(first).filter(|fill| fill.len() <= gap.len) {
+            room[gap.len - fill.len()..gap.len].copy_from_slice(&fill);
+        }
+    }
     if front > 0 {
         format::write_bin32_header(buf.filled_mut());
     }
@@ -372,6 +414,20 @@ impl Buffer {
         };
         buf.extend_from_slice(&vec![0; front]);
         buf
+    }
+
+    /// Appends `data`, the body's bytes from `before` on, leaving `gap`'s room (zeros) before
+    /// the body's byte at `at`, if `data` holds it.
+    fn put(&mut self, data: &[u8], before: usize, gap: Option<Gap>) {
+        match gap {
+            Some(gap) if before <= gap.at && gap.at < before + data.len() => {
+                let (head, tail) = data.split_at(gap.at - before);
+                self.extend_from_slice(head);
+                self.extend_from_slice(&vec![0; gap.len]);
+                self.extend_from_slice(tail);
+            }
+            _ => self.extend_from_slice(data),
+        }
     }
 
     fn extend_from_slice(&mut self, data: &[u8]) {
@@ -416,4 +472,52 @@ async fn drain(mut body: Incoming) {
         }
     };
     let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(first: &[u8]) -> Option<Vec<u8>> {
+        Some(first.iter().rev().copied().collect())
+    }
+
+    /// The body's bytes in frames cut at `cuts`, put into a buffer with a gap, as `read_body`
+    /// does.
+    fn put_in_frames(body: &[u8], cuts: &[usize], gap: Gap) -> Vec<u8> {
+        let mut buf = Buffer::new(0, body.len() + gap.len, None);
+        let mut before = 0;
+        for window in [0].iter().chain(cuts).chain(&[body.len()]).collect::<Vec<_>>().windows(2) {
+            let frame = &body[*window[0]..*window[1]];
+            buf.put(frame, before, Some(gap));
+            before += frame.len();
+        }
+        buf.filled_mut().to_vec()
+    }
+
+    #[test]
+    fn the_gap_goes_in_once_wherever_the_frames_are_cut() {
+        let body = b"headerDATA";
+        let gap = Gap { at: 6, len: 3, fill };
+        for cut in 0..=body.len() {
+            assert_eq!(put_in_frames(body, &[cut], gap), b"header\0\0\0DATA", "cut at {cut}");
+        }
+        assert_eq!(put_in_frames(body, &[5, 6, 7], gap), b"header\0\0\0DATA");
+        let beyond = Gap { at: 20, len: 3, fill };
+        assert_eq!(put_in_frames(body, &[6], beyond), b"headerDATA", "a body shorter than at");
+    }
+
+    #[test]
+    fn a_body_in_shared_memory_moves_to_the_heap_rather_than_past_its_slot() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let mut buf = Buffer::new(0, SHARED_FROM, Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)));
+        buf.extend_from_slice(&vec![1; SHARED_FROM]);
+        buf.extend_from_slice(b"more than declared");
+        assert!(matches!(buf, Buffer::Heap(_)));
+        let body = buf.freeze();
+        assert_eq!(body.len(), SHARED_FROM + 18);
+        assert_eq!(memory.locate(&body), None);
+        assert!(memory.slot(1 << 20).is_some(), "the slot was given back");
+    }
 }

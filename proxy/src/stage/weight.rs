@@ -177,7 +177,7 @@ mod tests {
         ]});
         let json = serde_json::to_vec(&header).unwrap();
         let body = bytes::Bytes::from([&json[..], &a, &x].concat());
-        let rows = request::parse(&body, Some(json.len()), &[]).unwrap().payloads();
+        let rows = request::parse(&body, Some(json.len()), 0, &[]).unwrap().payloads();
         assert!(rows[0].segments().len() > 1, "the test is about rows held in segments");
         for pointer in ["", "/A", "/X", "/X/0", "/Z", "/A/1"] {
             let rule = WeightRule::parse(pointer).unwrap();

@@ -29,7 +29,7 @@ use hyper::body::Incoming;
 use serde_json::json;
 
 use super::super::error::ApiError;
-use super::super::infer::{self, Received};
+use super::super::infer::{self, Gap, Received};
 use super::super::routes::json;
 use super::super::{App, Body, Route};
 use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
@@ -220,11 +220,19 @@ async fn infer(
             })?,
         ),
     };
-    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
+    // A binary request keeps room after its header for a one-row payload's head.
+    let (received, room) = match header_length {
+        Some(at) => {
+            let gap = Gap { at, len: request::HEAD_ROOM, fill: request::single_row_head };
+            (infer::receive_with_gap(app, route, request, gap).await?, request::HEAD_ROOM)
+        }
+        None => (infer::receive(app, route, request).await?, 0),
+    };
+    let Received { body, arrived, deadline, traffic } = received;
     let declared = Declared::of(route);
     let outputs = declared.outputs();
-    let mut parsed =
-        request::parse(&body, header_length, declared.inputs()).map_err(ApiError::bad_request)?;
+    let mut parsed = request::parse(&body, header_length, room, declared.inputs())
+        .map_err(ApiError::bad_request)?;
     if !outputs.is_empty() {
         response::check_requested(&parsed, outputs.iter().map(|s| s.name.as_str()))?;
     }

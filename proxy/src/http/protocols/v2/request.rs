@@ -65,6 +65,12 @@ pub struct Requested {
 /// The smallest slice of a row's data that its payload shares with the body rather than copies.
 pub const SHARED_SLICE: usize = 4096;
 
+/// Bytes a binary request's body keeps free between its JSON header and its binary data: room
+/// for the msgpack head of a one-row payload (its map, the input's name and tensor header), so
+/// that the row — head and data — lies in one piece of the body, and a worker that maps shared
+/// memory reads it there (`payload_at`) without the proxy gathering it first.
+pub const HEAD_ROOM: usize = 256;
+
 /// One input tensor of the request, its data packed.
 #[derive(Debug)]
 struct Input {
@@ -72,6 +78,25 @@ struct Input {
     datatype: DataType,
     shape: Vec<u64>,
     data: Bytes,
+}
+
+/// The msgpack head of the one payload of a request of one binary input and one row, read
+/// from its JSON header (`json`): what [`Request::payloads`] writes in front of the row's data.
+/// None for any other request, or a header that does not parse (the parse that counts, with
+/// its error, comes after).
+pub fn single_row_head(json: &[u8]) -> Option<Vec<u8>> {
+    let header: Header = serde_json::from_slice(json).ok()?;
+    let [input] = &header.inputs[..] else { return None };
+    let size = usize::try_from(input.parameters.binary_data_size?).ok()?;
+    if input.data.is_some() || input.shape.first() != Some(&1) || size < SHARED_SLICE {
+        return None;
+    }
+    let datatype = DataType::parse(&input.datatype).ok()?;
+    let mut head = Vec::with_capacity(64);
+    rmp::encode::write_map_len(&mut head, 1).expect("writing to a Vec cannot fail");
+    rmp::encode::write_str(&mut head, &input.name).expect("writing to a Vec cannot fail");
+    tensor::write_tensor_head(&mut head, datatype, &input.shape[1..], size);
+    Some(head)
 }
 
 /// A request, read and checked.
@@ -85,13 +110,17 @@ pub struct Request {
     inputs: Vec<Input>,
     /// The first dimension every input shares.
     pub rows: usize,
+    /// The body the binary inputs' data are slices of.
+    body: Bytes,
 }
 
-/// Reads a body: `header_length` is the `Inference-Header-Content-Length` (None: all JSON).
+/// Reads a body: `header_length` is the `Inference-Header-Content-Length` (None: all JSON), and
+/// `room` the bytes left free after the header ([`HEAD_ROOM`], or 0) when the body has them.
 /// `declared` are the inputs the route's first stage declared (empty: take what comes).
 pub fn parse(
     body: &Bytes,
     header_length: Option<usize>,
+    room: usize,
     declared: &[TensorSpec],
 ) -> Result<Request, String> {
     let json_end = header_length.unwrap_or(body.len());
@@ -103,7 +132,7 @@ pub fn parse(
     }
     let header: Header = serde_json::from_slice(&body[..json_end])
         .map_err(|e| format!("the inference request header is not valid: {e}"))?;
-    let mut binary = body.slice(json_end..);
+    let mut binary = body.slice((json_end + room).min(body.len())..);
     let mut inputs = Vec::with_capacity(header.inputs.len());
     for input in header.inputs {
         let at = |e: String| format!("input {:?}: {e}", input.name);
@@ -145,7 +174,7 @@ pub fn parse(
             name: o.name,
         })
         .collect();
-    Ok(Request { id: header.id, outputs, binary_by_default, inputs, rows })
+    Ok(Request { id: header.id, outputs, binary_by_default, inputs, rows, body: body.clone() })
 }
 
 /// Checks the inputs against each other and the declarations; the number of rows.
@@ -237,9 +266,23 @@ impl Request {
                     segments.push(input.data.slice(start..end));
                 }
                 segments.push(Bytes::from(head));
-                Payload::from_segments(segments)
+                let payload = Payload::from_segments(segments);
+                self.in_one_piece(&payload).map_or(payload, Payload::from)
             })
             .collect()
+    }
+
+    /// A payload of a head and a slice of the body, as one slice of the body, where the head's
+    /// bytes lie right before the slice already (written into the room after the JSON header,
+    /// [`single_row_head`]): checked byte for byte, so a room left empty or filled otherwise is
+    /// never taken for the head.
+    fn in_one_piece(&self, payload: &Payload) -> Option<Bytes> {
+        let [head, data] = payload.segments() else { return None };
+        // Where the slice starts in the body; the slice is the body's own memory (`Bytes::slice`).
+        let start = (data.as_ptr() as usize).checked_sub(self.body.as_ptr() as usize)?;
+        let from = start.checked_sub(head.len())?;
+        (start + data.len() <= self.body.len() && self.body[from..start] == head[..])
+            .then(|| self.body.slice(from..start + data.len()))
     }
 
     /// The bytes [`Request::payloads`] would build, reckoned without building them: per row,
@@ -303,7 +346,7 @@ mod tests {
             ], "outputs": [{"name": "Y", "parameters": {"binary_data": true}}]}))
             .unwrap(),
         );
-        let mut request = parse(&body, None, &[spec("X", "INT32", &[3])]).unwrap();
+        let mut request = parse(&body, None, 0, &[spec("X", "INT32", &[3])]).unwrap();
         assert_eq!(request.rows, 2);
         assert_eq!(request.outputs, [Requested { name: "Y".into(), binary: true }]);
         let payloads = request.payloads();
@@ -316,6 +359,43 @@ mod tests {
         assert_eq!(t.data, [4, 0, 0, 0, 5, 0, 0, 0, 6, 0, 0, 0]);
     }
 
+    /// A binary body as the v2 route reads it: the header, [`HEAD_ROOM`] bytes filled from the
+    /// end with what `single_row_head` makes of the header (if anything), the data.
+    fn with_room(header: serde_json::Value, data: &[u8]) -> (Bytes, usize) {
+        let json = serde_json::to_vec(&header).unwrap();
+        let mut room = vec![0u8; HEAD_ROOM];
+        if let Some(head) = single_row_head(&json) {
+            room[HEAD_ROOM - head.len()..].copy_from_slice(&head);
+        }
+        let length = json.len();
+        (Bytes::from([json, room, data.to_vec()].concat()), length)
+    }
+
+    #[test]
+    fn a_one_row_binary_request_is_one_piece_of_the_body() {
+        let data = vec![3u8; 2 * SHARED_SLICE];
+        let header = |rows: usize| {
+            serde_json::json!({"inputs": [{"name": "IMAGE", "shape": [rows, data.len() / rows],
+                "datatype": "UINT8", "parameters": {"binary_data_size": data.len()}}]})
+        };
+        let (body, length) = with_room(header(1), &data);
+        let (plain, plain_length) = binary(header(1), &data);
+        let pieces = parse(&plain, Some(plain_length), 0, &[]).unwrap().payloads();
+        let one = parse(&body, Some(length), HEAD_ROOM, &[]).unwrap().payloads();
+        assert_eq!(pieces[0].segments().len(), 2, "a head and a slice of the body");
+        assert_eq!(one[0].segments().len(), 1, "one slice of the body");
+        assert_eq!(one, pieces, "the same bytes");
+        let segment = &one[0].segments()[0];
+        let start = segment.as_ptr() as usize - body.as_ptr() as usize;
+        assert_eq!(start + segment.len(), body.len(), "ending with the data, where it lies");
+
+        // Two rows: no head is made, and a room left as zeros is never taken for one.
+        let (body, length) = with_room(header(2), &data);
+        let rows = parse(&body, Some(length), HEAD_ROOM, &[]).unwrap().payloads();
+        assert!(rows.iter().all(|row| row.segments().len() == 2));
+        assert_eq!(single_row_head(b"{not json"), None);
+    }
+
     #[test]
     fn binary_bytes_tensors_split_by_row() {
         let data = [1, 0, 0, 0, b'a', 2, 0, 0, 0, b'b', b'c'];
@@ -324,7 +404,7 @@ mod tests {
                 "parameters": {"binary_data_size": data.len()}}]}),
             &data,
         );
-        let mut request = parse(&body, Some(length), &[]).unwrap();
+        let mut request = parse(&body, Some(length), 0, &[]).unwrap();
         let payloads = request.payloads();
         let row = payloads[1].contiguous();
         let rmpv::ValueRef::Map(entries) = tensor::read_value(&row).unwrap() else { panic!() };
@@ -341,7 +421,7 @@ mod tests {
                 "UINT8", "parameters": {"binary_data_size": data.len()}}]}),
             &data,
         );
-        let payloads = parse(&body, Some(length), &[]).unwrap().payloads();
+        let payloads = parse(&body, Some(length), 0, &[]).unwrap().payloads();
         let within = |p: *const u8| body.as_ptr_range().contains(&p);
         for row in &payloads {
             let shared = row.segments().iter().filter(|s| within(s.as_ptr())).count();
@@ -388,13 +468,13 @@ mod tests {
         ];
         for (header, expected) in cases {
             let body = Bytes::from(serde_json::to_vec(&header).unwrap());
-            let error = parse(&body, None, &declared).unwrap_err();
+            let error = parse(&body, None, 0, &declared).unwrap_err();
             assert!(error.contains(expected), "{error} (wanted {expected})");
         }
         let missing = Bytes::from(
             &br#"{"inputs": [{"name": "Y", "shape": [1], "datatype": "FP32", "data": [1]}]}"#[..],
         );
-        assert!(parse(&missing, None, &[spec("Y", "FP32", &[]), spec("X", "FP32", &[])])
+        assert!(parse(&missing, None, 0, &[spec("Y", "FP32", &[]), spec("X", "FP32", &[])])
             .unwrap_err()
             .contains("missing input \"X\""));
     }
@@ -404,10 +484,10 @@ mod tests {
         let header = serde_json::json!({"inputs": [{"name": "X", "shape": [1, 2],
             "datatype": "FP32", "parameters": {"binary_data_size": 8}}]});
         let (body, length) = binary(header.clone(), &[0; 4]);
-        assert!(parse(&body, Some(length), &[]).unwrap_err().contains("runs past the body"));
+        assert!(parse(&body, Some(length), 0, &[]).unwrap_err().contains("runs past the body"));
         let (body, length) = binary(header.clone(), &[0; 12]);
-        assert!(parse(&body, Some(length), &[]).unwrap_err().contains("no input claims"));
+        assert!(parse(&body, Some(length), 0, &[]).unwrap_err().contains("no input claims"));
         let (body, _) = binary(header, &[0; 8]);
-        assert!(parse(&body, Some(body.len() + 1), &[]).unwrap_err().contains("Header-Content"));
+        assert!(parse(&body, Some(body.len() + 1), 0, &[]).unwrap_err().contains("Header-Content"));
     }
 }
