@@ -219,6 +219,33 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
             protocol.results([protocol.ok(j["id"], msgpack.packb({"OUTPUT0": 7})) for j in jobs])
         )
         assert answer.result(timeout=30).json()["outputs"][0]["data"] == [7, 7]
+
+        # A chunked body (no length to reserve a slot by) is read onto the heap; its large row
+        # is gathered into the memory all the same.
+        header = json.dumps(
+            {
+                "inputs": [
+                    {
+                        "name": "INPUT0",
+                        "datatype": "UINT8",
+                        "shape": [1, LARGE],
+                        "parameters": {"binary_data_size": LARGE},
+                    }
+                ]
+            }
+        ).encode()
+        answer = pool.submit(
+            proxy.client.post,
+            "/v2/models/default/infer",
+            content=iter([header, data]),
+            headers={"inference-header-content-length": str(len(header))},
+        )
+        (job,) = worker.receive()["jobs"]
+        offset, length = job["payload_at"]
+        row = msgpack.unpackb(memory[offset : offset + length])
+        assert msgpack.unpackb(row["INPUT0"].data)[2] == data
+        worker.send(protocol.results([protocol.ok(job["id"], msgpack.packb({"OUTPUT0": 7}))]))
+        assert answer.result(timeout=30).json()["outputs"][0]["data"] == [7]
         memory.close()
     finally:
         worker.close()

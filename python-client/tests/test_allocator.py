@@ -53,3 +53,4 @@ def test_large_items_reuse_their_pages_unless_the_environment_says_otherwise():
     assert faults() < 1000
     # A threshold of the environment's own is kept: here every item is mapped and faulted afresh.
     assert faults(MALLOC_MMAP_THRESHOLD_="131072") > 30_000
+    assert faults(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072") > 30_000

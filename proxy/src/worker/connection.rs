@@ -462,15 +462,9 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
         if let Some(stream) = &job.stream {
             stream.sent(batch_sent);
         }
-        // A large payload in pieces (a v2 row: its header around a slice of the body) is
-        // gathered into one slot, for this worker to read from shared memory too. The job keeps
-        // the gathered copy: a retry sends it as it is.
-        if let Some(gathered) = by.shared.and_then(|memory| memory.gather(&job.payload)) {
-            job.payload = gathered;
-        }
     }
     // Where a payload lies in the shared memory this worker maps, if it lies there in one piece
-    // (a body read into a slot, or a payload gathered into one).
+    // (a body read into a slot, or a v2 row gathered into one).
     let payload_at = |job: &Job| match (by.shared, job.payload.segments()) {
         (Some(memory), [one]) => memory.locate(one),
         _ => None,

@@ -10,9 +10,11 @@ the settings below (BENCHMARKS.md, "Large payload targets"). The proxy's allocat
 bodies for the next ones the same way (proxy/src/allocator.rs).
 
 The settings: blocks up to 32 MiB (glibc's most) come from the heap, and up to 128 MiB of free
-heap stays with the process. Set ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` in the
-environment to keep glibc's own choices, or others; nothing is done where the C library is not
-glibc.
+heap stays with the process. Applied by a worker that reads large bodies from shared memory (it
+declared ``shm``: a plain worker on Linux), not by streaming workers. Set
+``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` in the environment (or malloc tunables
+in ``GLIBC_TUNABLES``) to keep glibc's own choices, or others; nothing is done where the C
+library is not glibc.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ def tune() -> None:
     if not sys.platform.startswith("linux"):
         return
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
+        return
+    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
         return
     try:
         glibc = os.confstr("CS_GNU_LIBC_VERSION")

@@ -202,8 +202,9 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
     a frame the protocol does not allow, ``OSError`` when the connection breaks, and
     ``SystemExit`` on ``reject`` or ``shutdown``. Reading ends with it (the socket's reading side
     is shut down); closing the socket is the caller's."""
-    allocator.tune()
     features = hello.get("features", ())
+    if "shm" in features:  # large bodies come to this worker: let their pages be reused
+        allocator.tune()
     sock.sendall(protocol.encode_frame(hello))
     memory, first = shared_memory.first_frame(sock) if "shm" in features else (None, None)
     reader = _Reader(sock, track_cancels="cancel" in features, memory=memory, first=first)

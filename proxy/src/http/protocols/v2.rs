@@ -252,8 +252,18 @@ async fn infer(
         return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
     }
     // The rows share the body's binary data (no copy): it stays in memory until they are done.
-    let payloads = parsed.payloads();
+    let mut payloads = parsed.payloads();
     drop(body);
+    // A large row not in one piece of the shared memory (several rows or inputs, or a body that
+    // did not go there) is gathered into a slot of its own, here on the request's task, so that
+    // a worker that maps the memory reads it there; the body is freed once every row is.
+    if let Some(memory) = &app.shared_memory {
+        for payload in &mut payloads {
+            if let Some(gathered) = memory.gather(payload) {
+                *payload = gathered;
+            }
+        }
+    }
     let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "row")?;
     let results: Vec<&[u8]> = outcomes

@@ -99,6 +99,19 @@ pub fn single_row_head(json: &[u8]) -> Option<Vec<u8>> {
     Some(head)
 }
 
+/// A payload of a head and a slice of `body`, as one slice of the body, where the head's bytes
+/// lie right before the slice already (written into the room after the JSON header,
+/// [`single_row_head`]): checked byte for byte, so a room left empty or filled otherwise is never
+/// taken for the head.
+fn in_one_piece(body: &Bytes, payload: &Payload) -> Option<Bytes> {
+    let [head, data] = payload.segments() else { return None };
+    // Where the slice starts in the body; the slice is the body's own memory (`Bytes::slice`).
+    let start = (data.as_ptr() as usize).checked_sub(body.as_ptr() as usize)?;
+    let from = start.checked_sub(head.len())?;
+    (start + data.len() <= body.len() && body[from..start] == head[..])
+        .then(|| body.slice(from..start + data.len()))
+}
+
 /// A request, read and checked.
 #[derive(Debug)]
 pub struct Request {
@@ -110,7 +123,7 @@ pub struct Request {
     inputs: Vec<Input>,
     /// The first dimension every input shares.
     pub rows: usize,
-    /// The body the binary inputs' data are slices of.
+    /// The body the binary inputs' data are slices of, until [`Request::payloads`] takes it.
     body: Bytes,
 }
 
@@ -240,6 +253,9 @@ impl Request {
     /// as long as segments).
     pub fn payloads(&mut self) -> Vec<Payload> {
         let inputs = std::mem::take(&mut self.inputs);
+        // Taken, not kept: once the rows are built, only they hold the body (as long as they
+        // are in flight, or not at all where they were copied).
+        let body = std::mem::take(&mut self.body);
         let cuts: Vec<Vec<(usize, usize)>> = inputs.iter().map(|i| self.cuts(i)).collect();
         (0..self.rows)
             .map(|row| {
@@ -267,22 +283,9 @@ impl Request {
                 }
                 segments.push(Bytes::from(head));
                 let payload = Payload::from_segments(segments);
-                self.in_one_piece(&payload).map_or(payload, Payload::from)
+                in_one_piece(&body, &payload).map_or(payload, Payload::from)
             })
             .collect()
-    }
-
-    /// A payload of a head and a slice of the body, as one slice of the body, where the head's
-    /// bytes lie right before the slice already (written into the room after the JSON header,
-    /// [`single_row_head`]): checked byte for byte, so a room left empty or filled otherwise is
-    /// never taken for the head.
-    fn in_one_piece(&self, payload: &Payload) -> Option<Bytes> {
-        let [head, data] = payload.segments() else { return None };
-        // Where the slice starts in the body; the slice is the body's own memory (`Bytes::slice`).
-        let start = (data.as_ptr() as usize).checked_sub(self.body.as_ptr() as usize)?;
-        let from = start.checked_sub(head.len())?;
-        (start + data.len() <= self.body.len() && self.body[from..start] == head[..])
-            .then(|| self.body.slice(from..start + data.len()))
     }
 
     /// The bytes [`Request::payloads`] would build, reckoned without building them: per row,
