@@ -75,6 +75,15 @@ class ShmWorker:
         self.sock.close()
 
 
+def v2_header(rows: int, row_bytes: int) -> bytes:
+    """The JSON header of a binary v2 request of one UINT8 input, `rows` rows of `row_bytes`."""
+    data = {"binary_data_size": rows * row_bytes}
+    inputs = [
+        {"name": "INPUT0", "datatype": "UINT8", "shape": [rows, row_bytes], "parameters": data}
+    ]
+    return json.dumps({"inputs": inputs}).encode()
+
+
 @pytest.fixture
 def pool():
     with ThreadPoolExecutor(8) as executor:
@@ -156,18 +165,7 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
 
         # A binary v2 row is read from the memory too: its msgpack head and its data.
         data = os.urandom(LARGE)
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "datatype": "UINT8",
-                        "shape": [1, LARGE],
-                        "parameters": {"binary_data_size": LARGE},
-                    }
-                ]
-            }
-        ).encode()
+        header = v2_header(rows=1, row_bytes=LARGE)
         answer = pool.submit(
             proxy.client.post,
             "/v2/models/default/infer",
@@ -189,18 +187,7 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
 
         # Two rows: each is gathered, head and data, into a piece of the memory of its own.
         proxy.wait_until(lambda: proxy.metric("corral_shared_memory_used_bytes") == 0)
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "datatype": "UINT8",
-                        "shape": [2, LARGE],
-                        "parameters": {"binary_data_size": 2 * LARGE},
-                    }
-                ]
-            }
-        ).encode()
+        header = v2_header(rows=2, row_bytes=LARGE)
         answer = pool.submit(
             proxy.client.post,
             "/v2/models/default/infer",
@@ -222,18 +209,7 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
 
         # A chunked body (no length to reserve a slot by) is read onto the heap; its large row
         # is gathered into the memory all the same.
-        header = json.dumps(
-            {
-                "inputs": [
-                    {
-                        "name": "INPUT0",
-                        "datatype": "UINT8",
-                        "shape": [1, LARGE],
-                        "parameters": {"binary_data_size": LARGE},
-                    }
-                ]
-            }
-        ).encode()
+        header = v2_header(rows=1, row_bytes=LARGE)
         answer = pool.submit(
             proxy.client.post,
             "/v2/models/default/infer",
@@ -264,6 +240,25 @@ def test_a_worker_that_does_not_ask_gets_large_bodies_in_its_frames(corral_facto
         (job,) = message["jobs"]
         assert "payload_at" not in job
         assert job["payload"][5:] == body
+        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+        assert answer.result(timeout=30).content == body
+    finally:
+        worker.close()
+
+
+def test_a_streaming_worker_gets_the_memory_but_its_payloads_in_frames(corral_factory, pool):
+    # Its jobs may be answered (a slow client) while it still holds them: a slot freed then could
+    # be taken again before it read it, so its payloads always travel in the frame.
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
+    worker = ShmWorker(proxy.socket, features=("stream", "shm"))
+    try:
+        shm, fds = worker.first()
+        assert shm == {"type": "shm", "size": SHARED_BYTES} and len(fds) == 1
+        proxy.wait_for_log(r"worker connected")
+        body = os.urandom(LARGE)
+        answer = pool.submit(post_raw, proxy, body)
+        (job,) = worker.receive()["jobs"]
+        assert "payload_at" not in job and job["payload"][5:] == body
         worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
         assert answer.result(timeout=30).content == body
     finally:
@@ -330,3 +325,23 @@ def test_many_large_bodies_at_once_each_come_back_as_sent(corral_factory, pool, 
     response = post_raw(proxy, whole)
     assert response.status_code == 200 and response.content == whole
     assert proxy.metric("corral_shared_memory_full_total") == full
+
+
+def test_64_clients_of_multi_mib_bodies_each_get_their_own_back(corral_factory):
+    # 64 clients of 2 MiB at once through the package's worker: 128 MiB in flight, with room in
+    # the memory for 16 bodies, so that bodies in shared memory and bodies that found it full
+    # (and went over the socket, in frames far past its buffer) share batches.
+    proxy = corral_factory(
+        f"--shared-memory-bytes={32 * 1024 * 1024}", "--timeout-ms=120000", worker=ECHO
+    )
+    worker_pid(proxy)
+    bodies = [random.Random(i).randbytes(2 * 1024 * 1024) for i in range(64)]
+    with ThreadPoolExecutor(64) as clients:
+        responses = list(clients.map(lambda body: post_raw(proxy, body), bodies))
+    for body, response in zip(bodies, responses):
+        assert response.status_code == 200, response.text
+        assert response.content == body
+    assert proxy.metric("corral_shared_memory_full_total") > 0, "some went over the socket"
+    proxy.wait_until(
+        lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="memory given back"
+    )

@@ -242,16 +242,18 @@ def test_small_requests_of_many_rows_are_refused_before_they_are_built(corral_fa
     assert proxy.post({"x": 1}).status_code == 200, "the proxy is unharmed"
 
 
-def test_multi_mib_binary_tensors_from_16_clients(corral_factory):
-    # 16 clients at once, each 64 rows of 16,384 FP32 (4 MiB a request, 64 KiB a row): rows of
-    # several clients share frames far past a socket buffer, and every value comes back right.
+@pytest.mark.parametrize("rows, width", [(64, 16_384), (1, 1_048_576)])
+def test_multi_mib_binary_tensors_from_16_clients(corral_factory, rows, width):
+    # 16 clients at once, each 4 MiB a request: 64 rows of 16,384 FP32 (64 KiB a row, each
+    # gathered into shared memory), or one row of 1,048,576 (read in one piece of its body):
+    # rows of several clients share batches, and every value comes back right.
     # A deadline far beyond the work: on a loaded machine the 5 s default can be predicted
     # unreachable (a 503), and this test is about the bytes, not about shedding.
     worker = str(Path(__file__).parent / "workers" / "tensor_echo.py")
     proxy = corral_factory("--timeout-ms=60000", worker=worker)
 
     def one(i):
-        x = np.random.default_rng(i).random((64, 16_384), dtype=np.float32)
+        x = np.random.default_rng(i).random((rows, width), dtype=np.float32)
         tensor = triton.InferInput("X", list(x.shape), "FP32")
         tensor.set_data_from_numpy(x, binary_data=True)
         wanted = [triton.InferRequestedOutput("Y", binary_data=True)]

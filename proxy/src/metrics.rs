@@ -97,6 +97,16 @@ fn gauge(registry: &Registry, name: &str, help: &str, labels: &[&str]) -> IntGau
     metric
 }
 
+/// `metric`, registered: for the metrics without labels.
+fn registered<M>(registry: &Registry, metric: prometheus::Result<M>) -> M
+where
+    M: prometheus::core::Collector + Clone + 'static,
+{
+    let metric = metric.expect("valid metric");
+    registry.register(Box::new(metric.clone())).expect("unique metric name");
+    metric
+}
+
 fn histogram(
     registry: &Registry,
     name: &str,
@@ -113,18 +123,20 @@ fn histogram(
 impl Metrics {
     fn new() -> Self {
         let r = Registry::new();
-        let late = IntCounter::new(
-            "corral_late_results_total",
-            "Worker results that arrived after their job's deadline and were dropped.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(late.clone())).expect("unique metric name");
-        let restarts = IntCounter::new(
-            "corral_worker_restarts_total",
-            "Spawned worker processes restarted after they exited.",
-        )
-        .expect("valid metric");
-        r.register(Box::new(restarts.clone())).expect("unique metric name");
+        let late = registered(
+            &r,
+            IntCounter::new(
+                "corral_late_results_total",
+                "Worker results that arrived after their job's deadline and were dropped.",
+            ),
+        );
+        let restarts = registered(
+            &r,
+            IntCounter::new(
+                "corral_worker_restarts_total",
+                "Spawned worker processes restarted after they exited.",
+            ),
+        );
         let spans_dropped = IntCounter::new(
             "corral_spans_dropped_total",
             "Spans not exported: the export queue was full (a slow or dead collector) or the \
@@ -251,15 +263,13 @@ impl Metrics {
                 "Chunks delivered towards streaming clients, by stage.",
                 &["stage"],
             ),
-            streams_open: {
-                let gauge = prometheus::IntGauge::new(
+            streams_open: registered(
+                &r,
+                prometheus::IntGauge::new(
                     "corral_streams_open",
                     "Streamed answers (SSE or NDJSON) in progress.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(gauge.clone())).expect("unique metric name");
-                gauge
-            },
+                ),
+            ),
             streams_cancelled: counter(
                 &r,
                 "corral_streams_cancelled_total",
@@ -267,24 +277,21 @@ impl Metrics {
                 &["reason"],
             ),
             worker_restarts: restarts,
-            shared_memory_used: {
-                let gauge = prometheus::IntGauge::new(
+            shared_memory_used: registered(
+                &r,
+                prometheus::IntGauge::new(
                     "corral_shared_memory_used_bytes",
                     "Bytes of shared memory held by large request bodies (whole pages).",
-                )
-                .expect("valid metric");
-                r.register(Box::new(gauge.clone())).expect("unique metric name");
-                gauge
-            },
-            shared_memory_full: {
-                let counter = IntCounter::new(
+                ),
+            ),
+            shared_memory_full: registered(
+                &r,
+                IntCounter::new(
                     "corral_shared_memory_full_total",
-                    "Large request bodies that found no room in the shared memory and were read onto the heap.",
-                )
-                .expect("valid metric");
-                r.register(Box::new(counter.clone())).expect("unique metric name");
-                counter
-            },
+                    "Large request bodies that found no room in the shared memory and were read \
+                     onto the heap.",
+                ),
+            ),
             registry: r,
         }
     }

@@ -123,8 +123,9 @@ impl SharedMemory {
         (start + bytes.len() <= self.size).then_some([start as u64, bytes.len() as u64])
     }
 
-    /// Bytes free, all ranges together (for tests).
-    pub fn free_bytes(&self) -> usize {
+    /// Bytes free, all ranges together.
+    #[cfg(test)]
+    fn free_bytes(&self) -> usize {
         self.free.lock().expect("the free list's lock").values().sum()
     }
 

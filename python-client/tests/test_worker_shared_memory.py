@@ -127,3 +127,19 @@ def test_a_connection_closed_before_any_frame_is_the_end_not_an_error(pair):
     proxy, worker = pair
     proxy.close()
     assert shared_memory.first_frame(worker) == (None, None)
+
+
+def test_a_connection_closed_inside_the_first_header_is_a_protocol_error(pair):
+    proxy, worker = pair
+    proxy.sendall(b"\x00\x00")
+    proxy.close()
+    with pytest.raises(ProtocolError, match="inside a frame header"):
+        shared_memory.first_frame(worker)
+
+
+def test_a_connection_closed_inside_the_first_body_is_a_protocol_error(pair):
+    proxy, worker = pair
+    proxy.sendall(protocol.encode_frame({"type": "shm", "size": 0})[:-2])
+    proxy.close()
+    with pytest.raises(ProtocolError, match="inside a frame"):
+        shared_memory.first_frame(worker)

@@ -383,7 +383,7 @@ async fn read_body(
     });
     if let Some(gap) = gap.filter(|gap| received == gap.at) {
         // The body ended where the room begins: no frame had a byte after it.
-        buf.extend_from_slice(&vec![0; gap.len]);
+        buf.extend_zeros(gap.len);
     }
     if let Some(gap) = gap.filter(|gap| received >= gap.at) {
         let filled = buf.filled_mut();
@@ -412,8 +412,18 @@ impl Buffer {
             Some(slot) => Buffer::Shared(slot),
             None => Buffer::Heap(BytesMut::with_capacity(front + length)),
         };
-        buf.extend_from_slice(&vec![0; front]);
+        buf.extend_zeros(front);
         buf
+    }
+
+    /// Appends `n` zero bytes (room to fill in later), without allocating them first.
+    fn extend_zeros(&mut self, mut n: usize) {
+        const ZEROS: [u8; 256] = [0; 256];
+        while n > 0 {
+            let step = n.min(ZEROS.len());
+            self.extend_from_slice(&ZEROS[..step]);
+            n -= step;
+        }
     }
 
     /// Appends `data`, the body's bytes from `before` on, leaving `gap`'s room (zeros) before
@@ -423,7 +433,7 @@ impl Buffer {
             Some(gap) if before <= gap.at && gap.at < before + data.len() => {
                 let (head, tail) = data.split_at(gap.at - before);
                 self.extend_from_slice(head);
-                self.extend_from_slice(&vec![0; gap.len]);
+                self.extend_zeros(gap.len);
                 self.extend_from_slice(tail);
             }
             _ => self.extend_from_slice(data),

@@ -132,11 +132,11 @@ fn share_memory<'a>(
     outbox: &mut Outbox,
     hello: &Hello,
     context: &'a Context,
-) -> Option<&'a Arc<SharedMemory>> {
+) -> Option<&'a SharedMemory> {
     if !hello.declares(FEATURE_SHM) {
         return None;
     }
-    let memory = context.shared_memory.as_ref();
+    let memory = context.shared_memory.as_deref();
     let descriptor = memory.and_then(|m| {
         m.for_workers()
             .try_clone_to_owned()
@@ -472,14 +472,15 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
     let batch = Batch {
         jobs: jobs
             .iter()
-            .map(|job| BatchJob {
+            .map(|job| (job, payload_at(job)))
+            .map(|(job, payload_at)| BatchJob {
                 id: job.id,
                 // Rounded up: 0 would tell the worker the job is already late, and the queue never
                 // dispatches a job that is.
                 timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
                 // Shared with the job, not copied: the frame is written from this same memory —
                 // or not at all, where the worker reads it from shared memory (`payload_at`).
-                payload: if payload_at(job).is_some() {
+                payload: if payload_at.is_some() {
                     Payload::default()
                 } else {
                     job.payload.clone()
@@ -492,7 +493,7 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
                     .map(Into::into),
                 traceparent: job.trace().map(trace::traceparent),
                 tracestate: job.trace().and_then(trace::tracestate),
-                payload_at: payload_at(job),
+                payload_at,
             })
             .collect(),
     };
@@ -504,5 +505,5 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
 pub(super) struct Worker<'a> {
     pub stage: &'a str,
     pub pid: u32,
-    pub shared: Option<&'a Arc<SharedMemory>>,
+    pub shared: Option<&'a SharedMemory>,
 }

@@ -23,6 +23,7 @@
 //! the frame's first bytes (`sendmsg`, `SCM_RIGHTS`), where the worker's `recvmsg` finds it.
 
 use std::io::{self, IoSlice};
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -30,8 +31,6 @@ use std::time::Duration;
 
 use bytes::{Buf, BytesMut};
 use corral_protocol::{BatchFrame, ProxyCodec, ProxyMessage};
-use std::os::fd::{AsRawFd, OwnedFd};
-
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;

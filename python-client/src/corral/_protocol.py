@@ -22,6 +22,8 @@ MAX_FRAME_BYTES = 64 * 1024 * 1024
 """Largest frame body either side accepts (the same number as the Rust crate's)."""
 
 _LENGTH = struct.Struct(">I")
+# The bytes of a frame's length prefix.
+HEADER_BYTES = _LENGTH.size
 
 
 _TOO_LARGE = "the output is too large for one frame"
@@ -328,16 +330,23 @@ def decode_body(body: bytes) -> dict[str, Any]:
     return message
 
 
-def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
-    """The next message from a buffered stream, or None on a clean close between frames."""
-    header = stream.read(_LENGTH.size)
-    if not header:
-        return None
+def frame_length(header: bytes) -> int:
+    """The body length a frame's header announces; a protocol error for a cut header or a body
+    over the limit."""
     if len(header) < _LENGTH.size:
         raise ProtocolError("connection closed inside a frame header")
     (length,) = _LENGTH.unpack(header)
     if length > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {length} bytes is over the {MAX_FRAME_BYTES} limit")
+    return length
+
+
+def read_frame(stream: BinaryIO) -> dict[str, Any] | None:
+    """The next message from a buffered stream, or None on a clean close between frames."""
+    header = stream.read(_LENGTH.size)
+    if not header:
+        return None
+    length = frame_length(header)
     body = stream.read(length)
     if len(body) < length:
         raise ProtocolError("connection closed inside a frame")

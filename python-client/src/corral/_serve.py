@@ -79,7 +79,10 @@ class _Reader:
     def _read(self) -> None:
         try:
             while True:
-                message, self._first = self._first or protocol.read_frame(self._stream), None
+                if self._first is not None:
+                    message, self._first = self._first, None
+                else:
+                    message = protocol.read_frame(self._stream)
                 if message is not None:
                     shared_memory.resolve(message, self._memory)
                 if message is not None and message["type"] == "cancel":

@@ -24,13 +24,10 @@ import array
 import mmap
 import os
 import socket
-import struct
 from typing import Any
 
 from corral import _protocol as protocol
 from corral._errors import ProtocolError
-
-_LENGTH = struct.Struct(">I")
 
 
 def features() -> list[str]:
@@ -73,30 +70,24 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     try:
         header = b""
-        while len(header) < _LENGTH.size:
+        while len(header) < protocol.HEADER_BYTES:
             data, ancillary, _flags, _addr = sock.recvmsg(
-                _LENGTH.size - len(header), socket.CMSG_SPACE(fds.itemsize), flags
+                protocol.HEADER_BYTES - len(header), socket.CMSG_SPACE(fds.itemsize), flags
             )
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     usable = len(payload) - len(payload) % fds.itemsize
                     fds.frombytes(payload[:usable])
             if not data:
-                if header:
-                    raise ProtocolError("connection closed inside a frame header")
-                return None, None  # closed before a frame: the reader sees the same
+                if not header:
+                    return None, None  # closed before a frame: the reader sees the same
+                break  # closed inside the header: frame_length says so
             header += data
-        (length,) = _LENGTH.unpack(header)
-        if length > protocol.MAX_FRAME_BYTES:
-            raise ProtocolError(f"frame of {length} bytes is over the limit")
-        body = bytearray(length)
-        view, got = memoryview(body), 0
-        while got < length:
-            n = sock.recv_into(view[got:])
-            if n == 0:
-                raise ProtocolError("connection closed inside a frame")
-            got += n
-        message = protocol.decode_body(bytes(body))
+        length = protocol.frame_length(header)
+        body = sock.recv(length, socket.MSG_WAITALL) if length else b""
+        if len(body) < length:
+            raise ProtocolError("connection closed inside a frame")
+        message = protocol.decode_body(body)
         if message["type"] != "shm":
             return None, message
         size = message.get("size")
