@@ -227,6 +227,16 @@ def test_msgpack_bodies_and_v2_rows_reach_it_through_shared_memory_too(corral_fa
         worker.close()
 
 
+def echoed_in_its_frame(proxy, worker: ShmWorker, pool) -> None:
+    """A large raw body reaches `worker` in its batch frame (no `payload_at`), and comes back."""
+    body = os.urandom(LARGE)
+    answer = pool.submit(post_raw, proxy, body)
+    (job,) = worker.receive()["jobs"]
+    assert "payload_at" not in job and job["payload"][5:] == body
+    worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+    assert answer.result(timeout=30).content == body
+
+
 def test_a_worker_that_does_not_ask_gets_large_bodies_in_its_frames(corral_factory, pool):
     proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
     worker = ShmWorker(proxy.socket, features=())
@@ -255,12 +265,7 @@ def test_a_streaming_worker_gets_the_memory_but_its_payloads_in_frames(corral_fa
         shm, fds = worker.first()
         assert shm == {"type": "shm", "size": SHARED_BYTES} and len(fds) == 1
         proxy.wait_for_log(r"worker connected")
-        body = os.urandom(LARGE)
-        answer = pool.submit(post_raw, proxy, body)
-        (job,) = worker.receive()["jobs"]
-        assert "payload_at" not in job and job["payload"][5:] == body
-        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
-        assert answer.result(timeout=30).content == body
+        echoed_in_its_frame(proxy, worker, pool)
     finally:
         worker.close()
 
@@ -272,12 +277,7 @@ def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(corral
         shm, fds = worker.first()
         assert shm == {"type": "shm", "size": 0} and fds == []
         proxy.wait_for_log(r"worker connected")
-        body = os.urandom(LARGE)
-        answer = pool.submit(post_raw, proxy, body)
-        (job,) = worker.receive()["jobs"]
-        assert "payload_at" not in job and job["payload"][5:] == body
-        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
-        assert answer.result(timeout=30).content == body
+        echoed_in_its_frame(proxy, worker, pool)
     finally:
         worker.close()
 
