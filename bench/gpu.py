@@ -131,6 +131,8 @@ def recorded_command(target: str) -> str:
         for i, a in enumerate(sys.argv[1:])
         if a not in paths and sys.argv[i] not in paths and a.split("=", 1)[0] not in paths
     ]
+    # An argument with spaces (the probe's variant names) in double quotes: BENCH_ARGS is in single.
+    passed = [f'"{a}"' if " " in a else a for a in passed]
     if "--package-before" in sys.argv:  # it changes what is measured: named, its path not
         passed.append("--package-before DIR")
     return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
@@ -242,7 +244,10 @@ def main() -> None:
     ]
     verdicts = []
     for max_batch in [int(b) for b in args.batches.split(",")]:
-        limit, busy, _ = in_process(max_batch, args.seconds, args.repeats)
+        limit, busy, times = in_process(max_batch, args.seconds, args.repeats)
+        # Set beside the workers' BENCH_GAPS lines: `forward` in a worker against the same batch
+        # in the loop.
+        print(f"in process, max batch {max_batch}: a batch {spread(times)}", flush=True)
         rows.append(
             f"| {max_batch} | — | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — "
             f"| {busy:.0f} |"

@@ -16,12 +16,13 @@ worker process. Each variant changes one thing:
 - `package before` (with `--package-before DIR`): the `corral` package installed in DIR (an
   earlier version) instead of the current one.
 
-For each: items/s at 256 clients and ÷ the in-process limit, p50/p99, and the worker's own
+`--variants` runs only those named (a comma list: `--variants "default,one core"`). For each:
+items/s at 256 clients and ÷ the in-process limit, p50/p99, and the worker's own
 timings (bench/gpu_worker.py's BENCH_GAPS lines: `forward`, the gap between batches, the mean
 batch size, the garbage collector's time per batch). The in-process loop reports its time per
 batch the same way. Run: `make bench-gpu-probe` (needs torch with CUDA and a GPU, as
-bench/gpu.py; exits 2 without). The results replace the "GPU: one worker, where the time goes"
-section of BENCHMARKS.md.
+bench/gpu.py; exits 2 without). The results replace the "GPU: one worker at max batch N, where
+the time goes" section of BENCHMARKS.md (N: `--max-batch`, 32 by default).
 """
 
 from __future__ import annotations
@@ -74,6 +75,9 @@ def main() -> None:
     parser.add_argument("--max-batch", type=int, default=32)
     parser.add_argument("--clients", type=int, default=256)
     parser.add_argument("--package-before", help="a folder holding an earlier corral package")
+    parser.add_argument(
+        "--variants", help="the variants to run, by name (a comma list; all of them by default)"
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
     device = gpu.require_gpu()
@@ -89,7 +93,14 @@ def main() -> None:
         "(median / mean / p99) |",
     ]
     print(rows[-1], flush=True)
-    for name, options, prefix, env in variants(args):
+    found = variants(args)
+    if args.variants:
+        wanted = args.variants.split(",")
+        unknown = set(wanted) - {name for name, *_ in found}
+        if unknown:
+            raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
+        found = [variant for variant in found if variant[0] in wanted]
+    for name, options, prefix, env in found:
         command = [
             args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
             "--max-batch-size", str(args.max_batch), "--max-wait-ms", "5",
@@ -116,7 +127,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     section = "\n\n".join(
         [
-            "## GPU: one worker, where the time goes",
+            f"## GPU: one worker at max batch {args.max_batch}, where the time goes",
             f"Command: `{gpu.recorded_command('bench-gpu-probe')}` — "
             f"{time.strftime('%Y-%m-%d')}, "
             f"{device}, {os.cpu_count()} cores; the model of the GPU run, max batch "
