@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -105,6 +105,11 @@ bench-gpu: release $(BENCH_VENV)/.installed $(OHA)
 # One GPU worker's time, variant by variant (see bench/gpu_probe.py; needs a GPU, as bench-gpu).
 bench-gpu-probe: release $(BENCH_VENV)/.installed $(OHA)
 	$(BENCH_VENV)/bin/python bench/gpu_probe.py --oha $(OHA) $(BENCH_ARGS)
+
+# The worker package's own cost of one batch (no socket, no model), current beside
+# --package-before DIR (see bench/worker_batch.py).
+bench-worker-batch: $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/worker_batch.py $(BENCH_ARGS)
 
 # Priority classes at 2x saturation and weight budgets (see BENCHMARKS.md).
 bench-mixed: release $(BENCH_VENV)/.installed $(OHA)

@@ -81,7 +81,8 @@ def test_wrong_output_count_is_an_error_for_the_batch():
 def test_unencodable_output_fails_only_that_item():
     class Odd(corral.Worker):
         def forward(self, batch):
-            return [object() if x == "bad" else x for x in batch]
+            # Encoding fails part-way through: nothing it wrote may reach the next output.
+            return [["partial", object()] if x == "bad" else x for x in batch]
 
     with FakeProxy(Odd()) as proxy:
         got = proxy.infer(["bad", "good"])

@@ -1,0 +1,134 @@
+"""The worker package's own cost of one batch: what a Python worker spends between two `forward`
+calls, without a socket, a proxy or a model.
+
+A batch frame of N small jobs (the GPU run's `{"seed": 1}`, as msgpack) is decoded as the reader
+thread decodes it, then answered as the serve loop answers it: each payload decoded and
+preprocessed, a `forward` that returns one integer per item (as the GPU run's model does), each
+output postprocessed and encoded, and the results frame encoded. The serve loop's part is the
+time the GPU waits between two batches in the GPU run ("between batches" in bench/gpu_worker.py's
+timings) less the socket and the hand-over from the reader thread; the reader's part runs while
+`forward` does.
+
+Each package runs in a process of its own, alternately, several times; the medians are reported.
+With `--package-before DIR`, an earlier `corral` package (DIR holds it, e.g. OLD/python-client/src)
+is measured beside the current one. Run: `make bench-worker-batch` (BENCH_ARGS as below). The
+results replace the "Worker package: one batch" section of BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+CURRENT = ROOT / "python-client" / "src"
+
+
+def child(sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
+    """In the measured package's own process: per size, the median microseconds of the serve
+    loop's part and of the reader's part of one batch."""
+    import corral
+
+    class Model(corral.Worker):
+        def forward(self, batch: list) -> list:
+            return [7] * len(batch)
+
+    return {str(size): one_size(Model(), size, batches) for size in sizes}
+
+
+def one_size(worker, size: int, batches: int) -> dict[str, float]:
+    import msgpack
+
+    from corral import _protocol as protocol
+
+    jobs = [
+        {"id": os.urandom(16), "payload": msgpack.packb({"seed": 1}), "timeout_ms": 30000}
+        for _ in range(size)
+    ]
+    body = protocol.encode_frame({"type": "batch", "jobs": jobs})[4:]
+    reading = median_us(lambda: protocol.decode_body(body), batches)
+    answering = median_us(
+        lambda: protocol.encode_results(worker.process(protocol.decode_body(body)["jobs"])),
+        batches,
+    )
+    # The serve loop's part: the whole answer less the decoding the reader thread did.
+    return {"serve": answering - reading, "read": reading}
+
+
+def median_us(step, batches: int) -> float:
+    for _ in range(max(20, batches // 10)):  # warm-up
+        step()
+    times = []
+    for _ in range(batches):
+        began = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times) * 1e6
+
+
+def measure(package: Path, sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(HERE)])}
+    command = [sys.executable, __file__, "--child", "--sizes", ",".join(map(str, sizes))]
+    command += ["--batches", str(batches)]
+    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="1,32,128", help="jobs per batch (a list)")
+    parser.add_argument("--batches", type=int, default=2000, help="timed batches per run")
+    parser.add_argument("--runs", type=int, default=5, help="runs of each package (medians kept)")
+    parser.add_argument("--package-before", help="a folder holding an earlier corral package")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args()
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if args.child:
+        print(json.dumps(child(sizes, args.batches)))
+        return
+
+    import bench
+    from gpu import recorded_command
+
+    packages = {"current": CURRENT}
+    if args.package_before:
+        packages["before"] = Path(args.package_before)
+    runs: dict[str, list] = {name: [] for name in packages}
+    for _ in range(args.runs):  # alternately, so that a noisy minute hits both
+        for name, folder in packages.items():
+            runs[name].append(measure(folder, sizes, args.batches))
+    rows = [
+        "| jobs in the batch | package | serve loop µs | per job µs | reader µs |",
+        "| ---: | --- | ---: | ---: | ---: |",
+    ]
+    for size in sizes:
+        for name in packages:
+            serve = statistics.median(run[str(size)]["serve"] for run in runs[name])
+            read = statistics.median(run[str(size)]["read"] for run in runs[name])
+            rows.append(f"| {size} | {name} | {serve:.1f} | {serve / size:.2f} | {read:.1f} |")
+    section = "\n\n".join(
+        [
+            "## Worker package: one batch",
+            f"Command: `{recorded_command('bench-worker-batch')}` — {time.strftime('%Y-%m-%d')}, "
+            f"{os.cpu_count()} cores; medians of {args.runs} runs of {args.batches} batches each, "
+            "the packages alternately. Serve loop: each job decoded, preprocessed, its output "
+            "postprocessed and encoded, and the results frame encoded (what the GPU waits "
+            "through between two batches, less the socket); reader: the batch frame decoded "
+            "(on the reader thread, while `forward` runs).",
+            "\n".join(rows),
+        ]
+    )
+    bench.replace_section(Path(args.out), section)
+    print(section)
+
+
+if __name__ == "__main__":
+    main()
