@@ -16,7 +16,9 @@ Targets (issue: workers on accelerators): Corral ≥ 90% of the in-process limit
 and ≥ 1.5× MOSEC. Without torch or a GPU the script says so and exits 2: it is never faked on
 CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
 `python bench/gpu.py --corral target/release/corral --oha bench/.tools/bin/oha` (needs the
-`corral` and `mosec` packages installed). The results replace the "GPU" section of BENCHMARKS.md.
+`corral` and `mosec` packages installed; offline, carry MOSEC's wheel with those of `msgspec`,
+`defspec` and `offapi`: MOSEC imports `offapi` as it starts, and exits without it). The
+results replace the "GPU" section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
