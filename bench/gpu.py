@@ -144,7 +144,8 @@ def systems(args, max_batch: int, workers: int):
     import bench
 
     python = sys.executable
-    env = {"BENCH_MAX_BATCH": str(max_batch), "BENCH_WORKERS": str(workers)}
+    # BENCH_GAPS: Corral's workers log where their time goes (see the section's timings).
+    env = {"BENCH_MAX_BATCH": str(max_batch), "BENCH_WORKERS": str(workers), "BENCH_GAPS": "1"}
     corral = [
         args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
         "--workers-per-gpu", str(workers), "--max-batch-size", str(max_batch),
@@ -244,12 +245,14 @@ def main() -> None:
         " | GPU utilisation (median %) |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
-    verdicts = []
+    verdicts: list[str] = []
+    # The loop's time per batch beside the workers' BENCH_GAPS lines: `forward` in a worker
+    # against the same batch in the loop, and the time between two batches.
+    timings: list[str] = []
     for max_batch in [int(b) for b in args.batches.split(",")]:
         limit, busy, times = in_process(max_batch, args.seconds, args.repeats)
-        # Set beside the workers' BENCH_GAPS lines: `forward` in a worker against the same batch
-        # in the loop.
-        print(f"in process, max batch {max_batch}: a batch {spread(times)}", flush=True)
+        timings.append(f"max batch {max_batch}, in process: a batch {spread(times)}")
+        print(timings[-1], flush=True)
         rows.append(
             f"| {max_batch} | — | in process (the limit) | — | {limit:,.0f} | 1.00 | — | — "
             f"| {busy:.0f} |"
@@ -269,11 +272,16 @@ def main() -> None:
                         row, rate = point(args, system, max_batch, workers, clients, limit, repeats)
                         rows.append(row)
                         print(row, flush=True)
-                        report(args, device, most, rows, verdicts, done=False)
+                        report(args, device, most, rows, verdicts, timings, done=False)
                         if clients == most:
                             at_most[system.name] = rate
                 finally:
                     bench.stop(system)
+                if system.name != "mosec":
+                    timings.append(
+                        f"max batch {max_batch}, {workers} worker(s), {system.name}: "
+                        f"{last_gaps(system.log)} (the log's last line, at {most} clients)"
+                    )
             mosec = at_most.get("mosec")
             for name, rate in at_most.items():
                 if name != "mosec":
@@ -283,10 +291,24 @@ def main() -> None:
                         f"{rate / limit:.0%} of the in-process limit (target ≥ 90%), {versus} "
                         "(target ≥ 1.5×)"
                     )
-    print(report(args, device, most, rows, verdicts, done=True))
+    print(report(args, device, most, rows, verdicts, timings, done=True))
 
 
-def report(args, device: str, most: int, rows: list[str], verdicts: list[str], done: bool) -> str:
+def last_gaps(log: Path) -> str:
+    """The last of bench/gpu_worker.py's BENCH_GAPS lines in a server's log (any worker's)."""
+    lines = [line for line in log.read_text(errors="replace").splitlines() if "gaps:" in line]
+    return lines[-1].split("gaps:", 1)[1].strip() if lines else "(no timings logged)"
+
+
+def report(
+    args,
+    device: str,
+    most: int,
+    rows: list[str],
+    verdicts: list[str],
+    timings: list[str],
+    done: bool,
+) -> str:
     """Write the "GPU" section as it stands (after every point, so that a run cut short still
     leaves what it measured, marked unfinished); returns it."""
     import bench
@@ -302,6 +324,9 @@ def report(args, device: str, most: int, rows: list[str], verdicts: list[str], d
             + ("." if done else ". **Unfinished: the run stopped after the last row.**"),
             "\n".join(rows),
             "\n".join(f"- {v}" for v in verdicts),
+            "Timings (median / mean / p99; Corral's workers from bench/gpu_worker.py, "
+            "`BENCH_GAPS=1`):",
+            "\n".join(f"- {t}" for t in timings),
         ]
     )
     bench.replace_section(Path(args.out), section)

@@ -60,11 +60,6 @@ def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
     return found
 
 
-def last_gaps(log: Path) -> str:
-    lines = [line for line in log.read_text(errors="replace").splitlines() if "gaps:" in line]
-    return lines[-1].split("gaps:", 1)[1].strip() if lines else "(no timings logged)"
-
-
 def main() -> None:
     import bench
 
@@ -95,7 +90,9 @@ def main() -> None:
     print(rows[-1], flush=True)
     found = variants(args)
     if args.variants:
-        wanted = args.variants.split(",")
+        wanted = [name.strip() for name in args.variants.split(",")]
+        if "package before" in wanted and not args.package_before:
+            raise SystemExit("--variants: 'package before' needs --package-before DIR")
         unknown = set(wanted) - {name for name, *_ in found}
         if unknown:
             raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
@@ -122,7 +119,7 @@ def main() -> None:
             bench.stop(system)
         rows.append(
             f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {p50:.1f} | {p99:.1f}"
-            f" | {last_gaps(system.log)} |"
+            f" | {gpu.last_gaps(system.log)} |"
         )
         print(rows[-1], flush=True)
     section = "\n\n".join(

@@ -2,12 +2,13 @@
 calls, without a socket, a proxy or a model.
 
 A batch frame of N small jobs (the GPU run's `{"seed": 1}`, as msgpack) is decoded as the reader
-thread decodes it, then answered as the serve loop answers it: each payload decoded and
-preprocessed, a `forward` that returns one integer per item (as the GPU run's model does), each
-output postprocessed and encoded, and the results frame encoded. The serve loop's part is the
-time the GPU waits between two batches in the GPU run ("between batches" in bench/gpu_worker.py's
-timings) less the socket and the hand-over from the reader thread; the reader's part runs while
-`forward` does.
+thread decodes it (timed on its own), and the decoded batch answered as the serve loop answers it
+(timed on its own): each payload decoded and preprocessed, a `forward` that returns one integer
+per item (as the GPU run's model does), each output postprocessed and encoded, and the results
+frame encoded. The serve loop's part is what the GPU waits through between two batches in the GPU
+run ("between batches" in bench/gpu_worker.py's timings) less the socket, the hand-over from the
+reader thread and any wait for the proxy's next batch; the reader's part runs while `forward`
+does.
 
 Each package runs in a process of its own, alternately, several times; the medians are reported.
 With `--package-before DIR`, an earlier `corral` package (DIR holds it, e.g. OLD/python-client/src)
@@ -40,7 +41,9 @@ def child(sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
         def forward(self, batch: list) -> list:
             return [7] * len(batch)
 
-    return {str(size): one_size(Model(), size, batches) for size in sizes}
+    found: dict = {str(size): one_size(Model(), size, batches) for size in sizes}
+    found["package"] = corral.__file__  # which package this was: see measure
+    return found
 
 
 def one_size(worker, size: int, batches: int) -> dict[str, float]:
@@ -53,13 +56,14 @@ def one_size(worker, size: int, batches: int) -> dict[str, float]:
         for _ in range(size)
     ]
     body = protocol.encode_frame({"type": "batch", "jobs": jobs})[4:]
-    reading = median_us(lambda: protocol.decode_body(body), batches)
-    answering = median_us(
-        lambda: protocol.encode_results(worker.process(protocol.decode_body(body)["jobs"])),
-        batches,
-    )
-    # The serve loop's part: the whole answer less the decoding the reader thread did.
-    return {"serve": answering - reading, "read": reading}
+    read = protocol.decode_body(body)["jobs"]  # answering leaves the jobs as they are
+    return {
+        # As the serve loop calls it (a plain worker is given no link).
+        "serve": median_us(
+            lambda: protocol.encode_results(worker._corral_answer(read, None)), batches
+        ),
+        "read": median_us(lambda: protocol.decode_body(body), batches),
+    }
 
 
 def median_us(step, batches: int) -> float:
@@ -77,8 +81,14 @@ def measure(package: Path, sizes: list[int], batches: int) -> dict[str, dict[str
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(HERE)])}
     command = [sys.executable, __file__, "--child", "--sizes", ",".join(map(str, sizes))]
     command += ["--batches", str(batches)]
-    out = subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout
-    return json.loads(out)
+    # Only stdout is taken: a child that fails shows its traceback.
+    out = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
+    found = json.loads(out)
+    imported = Path(found.pop("package")).resolve()
+    if not imported.is_relative_to(package.resolve()):
+        # A mistyped folder would measure whatever corral is installed, as "before".
+        raise SystemExit(f"{package} does not hold the corral package (imported {imported})")
+    return found
 
 
 def main() -> None:

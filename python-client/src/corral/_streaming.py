@@ -27,7 +27,7 @@ from collections.abc import Generator
 from typing import TYPE_CHECKING, Any
 
 from corral import _protocol as protocol
-from corral import _tracing
+from corral import _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import describe as _describe
 
@@ -188,7 +188,7 @@ class _Run:
             worker.deadline = self.deadlines[position]
             worker.content_type = self.content_types[position]
             try:
-                data = worker._encode(worker.postprocess(value))
+                data = _typing.codec(type(worker)).encode(worker.postprocess(value))
             except _STOPS:
                 raise
             except BaseException as e:
@@ -288,7 +288,7 @@ def warm_up(worker: Worker, inputs: list[Any]) -> None:
             _check(out, len(inputs))
             for value in out:
                 if value is not None and value is not END:
-                    worker._encode(worker.postprocess(value))
+                    _typing.codec(type(worker)).encode(worker.postprocess(value))
             out = generator.send([])
     except StopIteration:
         pass

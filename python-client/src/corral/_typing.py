@@ -30,16 +30,19 @@ from corral._errors import ProtocolError, ValidationError
 class Codec:
     """A worker class's payload decoder, output encoder and output media type, built once per
     class (:func:`codec`), so that a batch looks them up once, not once per item: msgspec's
-    decoder (for ``input_type``) and encoder, and the datatype of each declared output by name."""
+    decoder (for ``input_type``) and encoder, and the datatype of each declared output by name.
+    The class's ``input_type``, ``output_type`` and ``output_content_type`` are read then, at
+    its first use: they are declarations, not settings to change while serving."""
 
     def __init__(self, worker: type) -> None:
         input_type = getattr(worker, "input_type", None)
+        output_type = getattr(worker, "output_type", None)
         self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
         self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
         self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
-        self.plain = worker.input_type is None and worker.output_type is None
-        self.typed_input = worker.input_type is not None
-        self.named_type = getattr(worker, "output_content_type", None)
+        self.plain = input_type is None and output_type is None
+        self.typed_input = input_type is not None
+        self.output_content_type = getattr(worker, "output_content_type", None)
 
     def decode(self, payload: Any) -> Any:
         """One job's payload, as the worker declares its inputs."""
@@ -76,7 +79,7 @@ class Codec:
 
     def batch_encoder(self) -> Callable[[Any], bytes]:
         """:meth:`encode` for the outputs of one batch, on one thread: a plain worker's outputs
-        share one msgpack Packer (``packb`` makes one per call, which took 0.3 us of each item's
+        share one msgpack Packer (``packb`` makes one per call, which took 0.3 µs of each item's
         0.9 in a batch's postprocess and encoding)."""
         if not self.plain:
             return self.encode
@@ -87,7 +90,9 @@ class Codec:
             try:
                 return packer.pack(output)
             except BaseException:
-                packer.reset()  # a failed pack may leave partial output behind
+                # msgpack >= 1.0 empties the buffer itself when packing fails; this keeps an
+                # output that failed part-way out of the next one whatever the version.
+                packer.reset()
                 raise
 
         return encode
@@ -107,7 +112,7 @@ class Codec:
     def content_type(self, output: Any) -> str | None:
         """A result's ``content_type``: the worker's ``output_content_type`` for an output that
         is bytes (encoded as one msgpack ``bin``), None for any other output."""
-        named = self.named_type
+        named = self.output_content_type
         if named is None or not isinstance(output, (bytes, bytearray, memoryview)):
             return None
         if not isinstance(named, str):
@@ -143,7 +148,8 @@ def _tensor(name: str, value: Any, datatype: str) -> bytes:
 
 
 def pack(value: Any) -> bytes:
-    # A Packer per call: a shared one would be left in a bad state by an encoding error.
+    # One value on its own (an example, a streamed chunk): packb's own Packer. A batch's outputs
+    # share one instead (Codec.batch_encoder).
     return msgpack.packb(value, use_bin_type=True, default=plain)
 
 

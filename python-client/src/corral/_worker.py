@@ -212,7 +212,8 @@ class Worker:
             return
         started = time.monotonic()
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
-        inputs = [self.preprocess(self._decode(_typing.pack(example))) for example in self.examples]
+        codec = _typing.codec(type(self))
+        inputs = [self.preprocess(codec.decode(_typing.pack(example))) for example in self.examples]
         if _streaming.is_streaming(type(self)):
             _streaming.warm_up(self, inputs)
             log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
@@ -222,7 +223,6 @@ class Worker:
         outputs = list(self.forward(inputs))
         if len(outputs) != len(inputs):
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
-        codec = _typing.codec(type(self))
         for output in outputs:
             value = self.postprocess(output)
             codec.encode(value)
@@ -261,12 +261,6 @@ class Worker:
             _streaming.run(self, jobs, link)
             return None
         return self.process(jobs)
-
-    def _decode(self, payload: Any) -> Any:
-        return _typing.codec(type(self)).decode(payload)
-
-    def _encode(self, output: Any) -> bytes:
-        return _typing.codec(type(self)).encode(output)
 
     def schemas(self) -> dict[str, str]:
         """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
