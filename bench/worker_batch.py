@@ -78,7 +78,9 @@ def median_us(step, batches: int) -> float:
 
 
 def measure(package: Path, sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package), str(HERE)])}
+    import bench
+
+    env = {**os.environ, **bench.package_env(str(package))}
     command = [sys.executable, __file__, "--child", "--sizes", ",".join(map(str, sizes))]
     command += ["--batches", str(batches)]
     # Only stdout is taken: a child that fails shows its traceback.
@@ -106,7 +108,7 @@ def main() -> None:
         return
 
     import bench
-    from gpu import recorded_command
+    from gpu import lower_median, recorded_command
 
     packages = {"current": CURRENT}
     if args.package_before:
@@ -121,8 +123,8 @@ def main() -> None:
     ]
     for size in sizes:
         for name in packages:
-            serve = statistics.median(run[str(size)]["serve"] for run in runs[name])
-            read = statistics.median(run[str(size)]["read"] for run in runs[name])
+            serve = lower_median([run[str(size)]["serve"] for run in runs[name]])
+            read = lower_median([run[str(size)]["read"] for run in runs[name]])
             rows.append(f"| {size} | {name} | {serve:.1f} | {serve / size:.2f} | {read:.1f} |")
     section = "\n\n".join(
         [

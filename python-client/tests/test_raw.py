@@ -199,7 +199,7 @@ def test_a_large_batchs_payloads_are_views_into_its_frame_not_copies():
         assert isinstance(job["payload"], memoryview) and job["payload"].obj is frame
         assert "tracestate" not in job, "a key the job did not carry is not there"
     # The item is the body's bytes, as from a copied payload.
-    item = corral._typing.decode(Seen, message["jobs"][0]["payload"])
+    item = corral._typing.codec(Seen).decode(message["jobs"][0]["payload"])
     assert type(item) is bytes and item == PNG * 4000
 
 
@@ -239,5 +239,5 @@ def test_a_typed_workers_items_do_not_keep_the_frame_alive():
 
     frame = large_batch(_payload(b"y" * 100_000, "application/octet-stream"))
     view = protocol.decode_body(frame)["jobs"][0]["payload"]
-    item = corral._typing.decode(Typed, view)
+    item = corral._typing.codec(Typed).decode(view)
     assert item == b"y" * 100_000 and type(item) is bytes

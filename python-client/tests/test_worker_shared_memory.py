@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 
 import msgpack
+import msgspec
 import pytest
 
+import corral
 from corral import _protocol as protocol
 from corral import _shared_memory as shared_memory
+from corral import _typing
 from corral._errors import ProtocolError
 
 SIZE = 1 << 16
@@ -143,3 +147,75 @@ def test_a_connection_closed_inside_the_first_body_is_a_protocol_error(pair):
     proxy.close()
     with pytest.raises(ProtocolError, match="inside a frame"):
         shared_memory.first_frame(worker)
+
+
+def test_a_first_frame_larger_than_a_socket_buffer_is_read_whole(pair):
+    # An older proxy sends no shm frame: its first frame may be a batch of megabytes, which a
+    # socket with a timeout hands over a buffer at a time.
+    proxy, worker = pair
+    batch = protocol.batch([protocol.job(b"\1" * 16, 100, msgpack.packb(b"x" * (4 << 20)))])
+    frame = protocol.encode_frame(batch)
+    sender = threading.Thread(target=proxy.sendall, args=(frame,))
+    sender.start()
+    _, first = shared_memory.first_frame(worker)
+    sender.join()
+    assert msgpack.unpackb(first["jobs"][0]["payload"]) == b"x" * (4 << 20)
+
+
+def test_an_shm_frame_larger_than_the_memory_file_is_a_protocol_error(pair):
+    proxy, worker = pair
+    fd = memory_file(b"")
+    send_shm(proxy, 4 * SIZE, [fd])  # the file holds SIZE bytes
+    os.close(fd)
+    with pytest.raises(ProtocolError, match="cannot map"):
+        shared_memory.first_frame(worker)
+
+
+class Plain(corral.Worker):
+    def forward(self, batch):
+        return batch
+
+
+class TypedAny(Plain):
+    input_type = dict
+
+
+class TypedBytes(Plain):
+    input_type = bytes
+
+
+class Viewed(msgspec.Struct):
+    data: memoryview
+
+
+class TypedView(Plain):
+    input_type = Viewed
+
+
+def tensor_payload(data: bytes) -> bytes:
+    tensor = msgpack.packb(["UINT8", [len(data)], data])
+    return msgpack.packb({"t": msgpack.ExtType(1, tensor)})
+
+
+@pytest.mark.parametrize(
+    "worker, payload, value",
+    [
+        (Plain, tensor_payload, lambda item: bytes(item["t"])),
+        (TypedAny, tensor_payload, lambda item: bytes(item["t"])),
+        (Plain, msgpack.packb, bytes),
+        (TypedBytes, msgpack.packb, bytes),
+        (TypedView, lambda data: msgpack.packb({"data": data}), lambda item: bytes(item.data)),
+    ],
+)
+def test_an_item_stays_valid_once_the_proxy_reuses_its_memory(worker, payload, value):
+    # A job's bytes in shared memory are the proxy's again once it is answered; the item the
+    # model got (and may keep) is a copy, whatever the worker's types.
+    data = bytes(range(256)) * 800
+    body = payload(data)
+    fd = os.memfd_create("test-bodies")
+    os.pwrite(fd, body, 0)
+    memory = shared_memory.Memory(fd, len(body))
+    item = _typing.codec(worker).decode(memory.at(0, len(body)))
+    os.pwrite(fd, b"\xff" * len(body), 0)  # the slot, taken for another body
+    os.close(fd)
+    assert value(item) == data

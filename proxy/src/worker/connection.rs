@@ -463,37 +463,34 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
             stream.sent(batch_sent);
         }
     }
-    // Where a payload lies in the shared memory this worker maps, if it lies there in one piece
-    // (a body read into a slot, or a v2 row gathered into one).
-    let payload_at = |job: &Job| match (by.shared, job.payload.segments()) {
-        (Some(memory), [one]) => memory.locate(one),
-        _ => None,
-    };
     let batch = Batch {
         jobs: jobs
             .iter()
-            .map(|job| (job, payload_at(job)))
-            .map(|(job, payload_at)| BatchJob {
-                id: job.id,
-                // Rounded up: 0 would tell the worker the job is already late, and the queue never
-                // dispatches a job that is.
-                timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
-                // Shared with the job, not copied: the frame is written from this same memory —
-                // or not at all, where the worker reads it from shared memory (`payload_at`).
-                payload: if payload_at.is_some() {
-                    Payload::default()
-                } else {
-                    job.payload.clone()
-                },
-                // Checked visible ASCII at the edge (`format::media_type`).
-                content_type: job
-                    .content_type
-                    .as_ref()
-                    .and_then(|v| v.to_str().ok())
-                    .map(Into::into),
-                traceparent: job.trace().map(trace::traceparent),
-                tracestate: job.trace().and_then(trace::tracestate),
-                payload_at,
+            .map(|job| {
+                // Where the payload lies in the shared memory this worker maps, if it lies there
+                // in one piece (a body read into a slot, or a v2 row gathered into one).
+                let payload_at = match (by.shared, job.payload.segments()) {
+                    (Some(memory), [one]) => memory.locate(one),
+                    _ => None,
+                };
+                BatchJob {
+                    id: job.id,
+                    // Rounded up: 0 would tell the worker the job is already late, and the queue
+                    // never dispatches a job that is.
+                    timeout_ms: job.remaining(sent).as_micros().div_ceil(1000) as u64,
+                    // Shared with the job, not copied: the frame is written from this same
+                    // memory — or not at all, where the worker reads it there (`payload_at`).
+                    payload: payload_at.map_or_else(|| job.payload.clone(), |_| Payload::default()),
+                    // Checked visible ASCII at the edge (`format::media_type`).
+                    content_type: job
+                        .content_type
+                        .as_ref()
+                        .and_then(|v| v.to_str().ok())
+                        .map(Into::into),
+                    traceparent: job.trace().map(trace::traceparent),
+                    tracestate: job.trace().and_then(trace::tracestate),
+                    payload_at,
+                }
             })
             .collect(),
     };

@@ -10,8 +10,9 @@ the settings below (BENCHMARKS.md, "Large payload targets"). The proxy's allocat
 bodies for the next ones the same way (proxy/src/allocator.rs).
 
 The settings: blocks up to 32 MiB (glibc's most) come from the heap, and up to 128 MiB of free
-heap stays with the process. Applied by a worker that reads large bodies from shared memory (it
-declared ``shm``: a plain worker on Linux), not by streaming workers. Set
+heap stays with the process. Applied by a worker that declares ``shm`` (a plain worker on
+Linux: large bodies may come to it), as it says hello, whether or not the proxy then shares
+memory; not by streaming workers. Set
 ``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` in the environment (or malloc tunables
 in ``GLIBC_TUNABLES``) to keep glibc's own choices, or others; nothing is done where the C
 library is not glibc.

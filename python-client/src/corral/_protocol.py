@@ -316,8 +316,9 @@ def _batch_without_copies(body: bytes) -> dict[str, Any] | None:
 
 def decode_body(body: bytes) -> dict[str, Any]:
     """One frame body into a message dict; anything but a msgpack map with a string ``type`` is
-    a protocol error. A ``batch``'s payloads are ``memoryview``s into ``body`` (each job decodes
-    its own: see ``_typing.decode``)."""
+    a protocol error. A ``batch`` frame of 64 KiB or more has its payloads as ``memoryview``s
+    into ``body`` where it is exactly as the protocol has it, ``bytes`` otherwise (each job
+    decodes its own: see ``_typing.Codec.decode``)."""
     batch = _batch_without_copies(body)
     if batch is not None:
         return batch

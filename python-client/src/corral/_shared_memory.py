@@ -6,7 +6,7 @@ read-only descriptor of it (size 0 and no descriptor when the proxy shares none)
 later batch may then carry ``payload_at: [offset, length]`` and an empty ``payload``: its
 payload is those bytes of the mapping. :func:`resolve` gives such a job a ``memoryview`` of them
 as its ``payload``, so that the rest of the package reads it like a payload from the frame; the
-one copy is the item's own (``_typing.decode``), as for large frames.
+one copy is the item's own (``_typing.Codec.decode``), as for large frames.
 
 Why: a 10 MB body over the socket was copied into it by the proxy and out of it here, in turns
 of a socket buffer; from shared memory it is copied once, into the item (PROTOCOL.md, "Shared
@@ -40,7 +40,10 @@ class Memory:
     """The proxy's shared memory, mapped read-only."""
 
     def __init__(self, fd: int, size: int) -> None:
-        self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        try:
+            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+        except (OSError, ValueError) as e:  # ValueError: a size past the end of the file
+            raise ProtocolError(f"cannot map the {size}-byte shared memory: {e}") from e
         self._view = memoryview(self._map)
         self.size = size
 
@@ -66,7 +69,8 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
     double), None and the frame it sent instead, for the reader to take first. Every descriptor
     received is closed by the time it returns or raises (a mapping keeps its memory)."""
     fds = array.array("i")
-    # Not inherited by the model's own subprocesses in the moment before it is closed.
+    # Not inherited by the model's own subprocesses in the moment before it is closed (and why
+    # this is recvmsg by hand: socket.recv_fds ignores its flags).
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
     try:
         header = b""
@@ -83,11 +87,14 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
                     return None, None  # closed before a frame: the reader sees the same
                 break  # closed inside the header: frame_length says so
             header += data
-        length = protocol.frame_length(header)
-        body = sock.recv(length, socket.MSG_WAITALL) if length else b""
-        if len(body) < length:
-            raise ProtocolError("connection closed inside a frame")
-        message = protocol.decode_body(body)
+        body = bytearray(protocol.frame_length(header))
+        view, got = memoryview(body), 0
+        while got < len(body):  # one recv may return less (a signal, a socket with a timeout)
+            received = sock.recv_into(view[got:])
+            if not received:
+                raise ProtocolError("connection closed inside a frame")
+            got += received
+        message = protocol.decode_body(bytes(body))
         if message["type"] != "shm":
             return None, message
         size = message.get("size")

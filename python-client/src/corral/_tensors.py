@@ -151,7 +151,9 @@ def ext_hook(code: int, data: Any) -> Any:
     has: the protocol claims type 1 only, and a msgpack client may send others on its own
     routes."""
     if code == EXT_TENSOR:
-        return decode(data)
+        # msgspec's data is a view of the buffer it decodes (a batch frame, or shared memory the
+        # proxy reuses once the job is answered): the array gets a copy of its own.
+        return decode(bytes(data) if isinstance(data, memoryview) else data)
     if isinstance(data, memoryview):  # only msgspec passes one
         return msgspec.msgpack.Ext(code, bytes(data))
     return msgpack.ExtType(code, data)

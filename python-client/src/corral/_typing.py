@@ -42,11 +42,15 @@ class Codec:
         self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
         self.plain = input_type is None and output_type is None
         self.typed_input = input_type is not None
+        # msgspec decodes `memoryview` and `Raw` values as views of the payload: only then does
+        # a payload that is itself a view (of its frame, or of shared memory) need copying first.
+        self.views_payload = self.typed_input and _has_views(msgspec.inspect.type_info(input_type))
         self.output_content_type = getattr(worker, "output_content_type", None)
 
     def decode(self, payload: Any) -> Any:
         """One job's payload, as the worker declares its inputs."""
-        if not isinstance(payload, (bytes, memoryview)):  # a view into its batch's frame
+        # A memoryview: of its batch's frame, or of the proxy's shared memory (`payload_at`).
+        if not isinstance(payload, (bytes, memoryview)):
             raise ProtocolError("a job payload must be bytes")
         if not self.typed_input:
             try:
@@ -57,9 +61,9 @@ class Codec:
                 raise  # a tensor value that does not fit its header, with its own message
             except Exception as e:  # msgpack raises several unrelated types for bad input
                 raise ValidationError(f"the payload is not valid msgpack: {e}") from e
-        if isinstance(payload, memoryview):
-            # msgspec's tensor values (and memoryview fields) view the buffer they are decoded
-            # from: from the payload's own bytes they keep that row alive, not the whole frame.
+        if self.views_payload and isinstance(payload, memoryview):
+            # From the payload's own bytes the item's views keep that row alive, not the whole
+            # frame, and never see shared memory the proxy has reused.
             payload = bytes(payload)
         try:
             return self.decoder.decode(payload)
@@ -86,14 +90,9 @@ class Codec:
         packer = msgpack.Packer(use_bin_type=True, default=plain)
 
         def encode(output: Any) -> bytes:
-            output = self._with_tensors(output)
-            try:
-                return packer.pack(output)
-            except BaseException:
-                # msgpack >= 1.0 empties the buffer itself when packing fails; this keeps an
-                # output that failed part-way out of the next one whatever the version.
-                packer.reset()
-                raise
+            # A pack that fails part-way leaves nothing behind for the next (msgpack >= 1.0
+            # empties the Packer's buffer on any error).
+            return packer.pack(self._with_tensors(output))
 
         return encode
 
@@ -120,6 +119,29 @@ class Codec:
         return named
 
 
+def _has_views(root: msgspec.inspect.Type) -> bool:
+    """Whether a value of this type (msgspec's description of it) may hold a ``memoryview`` or
+    ``msgspec.Raw``, anywhere inside it (recursive types are walked once)."""
+    seen: set[int] = set()
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if isinstance(node, (msgspec.inspect.MemoryViewType, msgspec.inspect.RawType)):
+            return True
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        # Every description is a Struct: its parts are types, fields, or tuples of them.
+        for name in node.__struct_fields__:
+            value = getattr(node, name)
+            for part in value if isinstance(value, tuple) else (value,):
+                if isinstance(part, msgspec.inspect.Field):
+                    part = part.type
+                if isinstance(part, msgspec.inspect.Type):
+                    pending.append(part)
+    return False
+
+
 _CODECS: dict[type, Codec] = {}
 
 
@@ -129,11 +151,6 @@ def codec(worker: type) -> Codec:
     if found is None:
         found = _CODECS[worker] = Codec(worker)
     return found
-
-
-def decode(worker: type, payload: Any) -> Any:
-    """One job's payload, as ``worker`` (a Worker subclass) declares its inputs."""
-    return codec(worker).decode(payload)
 
 
 def _tensor(name: str, value: Any, datatype: str) -> bytes:
