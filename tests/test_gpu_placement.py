@@ -95,6 +95,74 @@ def test_cpus_from_the_command_line_pin_each_gpu_worker_to_its_core(tmp_path):
         proxy.stop()
 
 
+def thread_cores(pid: int) -> dict[str, list[int]]:
+    """The cores each thread of a process may run on, by thread id (Linux's /proc)."""
+    found = {}
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        status = (task / "status").read_text()
+        listed = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
+        cores = []
+        for part in listed.split(","):
+            low, _, high = part.partition("-")
+            cores += range(int(low), int(high or low) + 1)
+        found[task.name] = cores
+    return found
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
+def test_the_proxy_and_unpinned_workers_keep_off_a_pinned_workers_core(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two cores: one pinned, one for the rest")
+    pinned, rest = allowed[-1], allowed[:-1]
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "corral.toml").write_text(
+        f"""
+        [stages.pinned]
+        command = ["{sys.executable}", "{PLACED}"]
+        cpus = [{pinned}]
+
+        [stages.free]
+        command = ["{sys.executable}", "{PLACED}"]
+        env = {{ STAGE = "free" }}
+
+        [pipelines.both]
+        stages = ["pinned", "free"]
+        """
+    )
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "STAGE"}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected", count=2)
+        threads = thread_cores(proxy.proc.pid)
+        assert len(threads) > 2, "the runtime's threads, the spawner's and the allocator's"
+        assert all(cores == rest for cores in threads.values()), threads
+        placed = {w["STAGE"]: w["cores"] for w in placements(records).values()}
+        assert placed == {None: [pinned], "free": rest}, "the unpinned worker inherits the rest"
+        assert proxy.wait_for_log("the proxy runs on the cores no worker is pinned to")
+    finally:
+        proxy.stop()
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
+def test_a_proxy_whose_every_core_is_pinned_shares_them(tmp_path):
+    allowed = sorted(os.sched_getaffinity(0))
+    records = tmp_path / "records"
+    records.mkdir()
+    proxy = Corral(
+        tmp_path, "--cpus", ",".join(map(str, allowed)), "--", sys.executable, PLACED,
+        worker=None, env={"PLACED_DIR": str(records)},
+    )  # fmt: skip
+    try:
+        proxy.wait_for_log("worker connected", count=len(allowed))
+        proxy.wait_for_log("every core is pinned to a worker: the proxy shares them")
+        assert all(cores == allowed for cores in thread_cores(proxy.proc.pid).values())
+        assert proxy.post({"x": 1}).json() == {"x": 1}
+    finally:
+        proxy.stop()
+
+
 def test_a_config_files_stage_places_its_workers(tmp_path):
     records = tmp_path / "records"
     records.mkdir()

@@ -215,8 +215,8 @@ pub struct Config {
     /// With WORKER_CMD: pin worker i to core LIST[i] (Linux), one core per worker, e.g. 14,15;
     /// --workers then defaults to the cores listed. For a GPU worker whose model is bound by
     /// the CPU launching its kernels, a core of its own keeps its one thread from being moved
-    /// about (see docs/DEPLOY.md). With --config, for a file of one stage, whose `cpus` it
-    /// replaces.
+    /// about (see docs/DEPLOY.md); the proxy's own threads, and unpinned workers, keep off the
+    /// pinned cores. With --config, for a file of one stage, whose `cpus` it replaces.
     #[arg(long, env = "CORRAL_CPUS", value_name = "LIST", value_delimiter = ',')]
     pub cpus: Vec<usize>,
 

@@ -1,5 +1,7 @@
-//! The `corral` binary: parse the options, set up logging, run until SIGINT or SIGTERM.
+//! The `corral` binary: parse the options, keep off the cores pinned workers own, start the
+//! runtime, set up logging, run until SIGINT or SIGTERM.
 
+use std::collections::BTreeSet;
 use std::io::IsTerminal;
 
 use clap::parser::ValueSource;
@@ -11,8 +13,7 @@ use corral::config::{topology, Config, LogFormat};
 
 mod allocator;
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
+fn main() -> std::process::ExitCode {
     let matches = Config::command().get_matches();
     let mut config = Config::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Flags and variables that were set win over the config file.
@@ -30,11 +31,39 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // Before the runtime starts its threads, so that each of them inherits the mask.
+    let pinned = topology.stages.iter().flat_map(|stage| stage.cpus.iter().copied()).collect();
+    let kept = corral::supervisor::affinity::keep_off(&pinned);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("can start the async runtime");
+    runtime.block_on(serve(config, topology, pinned, kept))
+}
+
+async fn serve(
+    config: Config,
+    topology: topology::Topology,
+    pinned: BTreeSet<usize>,
+    kept: std::io::Result<Option<BTreeSet<usize>>>,
+) -> std::process::ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
+    }
+    match kept {
+        Ok(Some(cores)) => {
+            tracing::info!(?cores, ?pinned, "the proxy runs on the cores no worker is pinned to")
+        }
+        Ok(None) if !pinned.is_empty() => {
+            tracing::warn!(?pinned, "every core is pinned to a worker: the proxy shares them")
+        }
+        Ok(None) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, ?pinned, "could not keep the proxy off the pinned cores")
+        }
     }
     match corral::run(config, topology, stop_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,

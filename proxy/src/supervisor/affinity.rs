@@ -1,6 +1,7 @@
-//! CPU pinning of spawned workers (a stage's `cpus`): worker i runs on core `cpus[i]` only, so
-//! that workers of a CPU-bound stage do not fight over cores with each other or with the proxy.
-//! Linux only (`sched_setaffinity`); elsewhere a config that asks for it is refused.
+//! CPU pinning of spawned workers (a stage's `cpus`): worker i runs on core `cpus[i]` only, and
+//! the proxy keeps its own threads off every pinned core ([`keep_off`]), so that a pinned worker
+//! fights over its core with nothing: not with other workers, not with the proxy's runtime. Linux
+//! only (`sched_setaffinity`); elsewhere a config that asks for it is refused.
 
 use std::collections::BTreeSet;
 
@@ -21,6 +22,31 @@ mod linux {
             let limit = libc::CPU_SETSIZE as usize;
             Ok((0..limit).filter(|&cpu| libc::CPU_ISSET(cpu, &set)).collect())
         }
+    }
+
+    /// Restricts every thread of this process to `cpus`; threads started afterwards inherit the
+    /// mask from the thread that starts them. Every thread, not only the calling one: the
+    /// allocator's background threads are running before `main`.
+    pub fn restrict(cpus: &BTreeSet<usize>) -> io::Result<()> {
+        // SAFETY: a plain bitmask owned by this frame, filled here and only read by the kernel.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for &cpu in cpus {
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        for task in std::fs::read_dir("/proc/self/task")? {
+            let Some(tid) = task?.file_name().to_str().and_then(|name| name.parse().ok()) else {
+                continue;
+            };
+            // SAFETY: as above; `tid` names a thread of this process (or one since gone).
+            let size = std::mem::size_of::<libc::cpu_set_t>();
+            if unsafe { libc::sched_setaffinity(tid, size, &set) } != 0 {
+                let error = io::Error::last_os_error();
+                if error.raw_os_error() != Some(libc::ESRCH) {
+                    return Err(error); // ESRCH: the thread ended meanwhile
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Makes the spawned process run on `cpu` only, from its first instruction: the mask is set
@@ -52,6 +78,36 @@ pub fn allowed_cpus() -> std::io::Result<BTreeSet<usize>> {
     Err(std::io::Error::other("CPU pinning needs Linux"))
 }
 
+/// The cores the proxy keeps once it leaves the `pinned` ones to their workers: the cores it may
+/// run on less those, or None when it keeps them all (nothing pinned) or would be left none (every
+/// core it has is pinned: then it shares them, as it must run somewhere).
+pub fn proxy_cores(allowed: &BTreeSet<usize>, pinned: &BTreeSet<usize>) -> Option<BTreeSet<usize>> {
+    if pinned.is_empty() {
+        return None;
+    }
+    let kept: BTreeSet<usize> = allowed.difference(pinned).copied().collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
+/// Keeps the proxy off the cores its workers are pinned to: on Linux, every thread of the process
+/// is restricted to [`proxy_cores`]. Called before the runtime starts, so that each thread it
+/// starts inherits the mask (the runtime sizes its pool to it), and so do the
+/// workers it spawns unpinned: a pinned core is its worker's alone. The cores kept, or None when
+/// nothing changed.
+#[cfg(target_os = "linux")]
+pub fn keep_off(pinned: &BTreeSet<usize>) -> std::io::Result<Option<BTreeSet<usize>>> {
+    let Some(kept) = proxy_cores(&linux::allowed_cpus()?, pinned) else {
+        return Ok(None);
+    };
+    linux::restrict(&kept)?;
+    Ok(Some(kept))
+}
+
+#[cfg(not(target_os = "linux"))]
+pub fn keep_off(_pinned: &BTreeSet<usize>) -> std::io::Result<Option<BTreeSet<usize>>> {
+    Ok(None) // a config with cpus is refused here: nothing is pinned
+}
+
 #[cfg(target_os = "linux")]
 pub use linux::pin;
 
@@ -60,10 +116,35 @@ pub fn pin(_command: &mut tokio::process::Command, _cpu: usize) {
     unreachable!("a config with cpus is refused before anything is spawned")
 }
 
-#[cfg(all(test, target_os = "linux"))]
+#[cfg(test)]
 mod tests {
+    use std::collections::BTreeSet;
+
+    use super::proxy_cores;
+
+    fn cores(list: &[usize]) -> BTreeSet<usize> {
+        list.iter().copied().collect()
+    }
+
+    #[cfg(target_os = "linux")]
     #[test]
     fn this_process_may_run_somewhere() {
         assert!(!super::allowed_cpus().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_proxy_keeps_the_cores_no_worker_is_pinned_to() {
+        assert_eq!(proxy_cores(&cores(&[0, 1, 2, 3]), &cores(&[3])), Some(cores(&[0, 1, 2])));
+        assert_eq!(proxy_cores(&cores(&[0, 1, 2, 3]), &cores(&[1, 3])), Some(cores(&[0, 2])));
+    }
+
+    #[test]
+    fn the_proxy_keeps_every_core_when_nothing_is_pinned() {
+        assert_eq!(proxy_cores(&cores(&[0, 1]), &cores(&[])), None);
+    }
+
+    #[test]
+    fn the_proxy_shares_the_cores_when_every_one_is_pinned() {
+        assert_eq!(proxy_cores(&cores(&[0, 1]), &cores(&[0, 1])), None);
     }
 }
