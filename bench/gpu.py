@@ -127,7 +127,7 @@ class Utilisation:
 def recorded_command(target: str) -> str:
     """The make command that reproduces this run: the options that change what is measured,
     not those that say where the tools, the package or the report are."""
-    paths = {"--oha", "--corral", "--out", "--package-before"}
+    paths = {"--oha", "--corral", "--out", "--package-before", "--corral-before", "--python"}
     passed = [
         a
         for i, a in enumerate(sys.argv[1:])
@@ -137,6 +137,8 @@ def recorded_command(target: str) -> str:
     passed = [f'"{a}"' if " " in a else a for a in passed]
     if "--package-before" in sys.argv:  # it changes what is measured: named, its path not
         passed.append("--package-before DIR")
+    if "--corral-before" in sys.argv:
+        passed.append("--corral-before BIN")
     return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
 
 
