@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning gpu-carry fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -110,6 +110,16 @@ bench-gpu-probe: release $(BENCH_VENV)/.installed $(OHA)
 # --package-before DIR (see bench/worker_batch.py).
 bench-worker-batch: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/worker_batch.py $(BENCH_ARGS)
+
+# What a GPU machine without network needs carried (bench/gpu_device.sh runs there): the worker
+# package and MOSEC 0.9.8 with the wheels it needs that the machine lacks, for its Python 3.12.
+gpu-carry: release $(BENCH_VENV)/.installed $(OHA)
+	rm -rf .whl && mkdir -p .whl
+	$(BENCH_VENV)/bin/python -m pip wheel --quiet --no-deps -w .whl ./python-client
+	$(BENCH_VENV)/bin/python -m pip download --quiet --no-deps --only-binary=:all: \
+	  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  mosec==0.9.8 msgspec==0.22.0 defspec==0.7.1 offapi==0.1.4
 
 # A pinned worker beside the proxy, this build against --corral-before BIN (see BENCHMARKS.md).
 bench-pinning: release venv $(BENCH_VENV)/.installed $(OHA)

@@ -161,10 +161,17 @@ def stop(system: System) -> None:
 
 
 def oha(
-    oha_bin: str, url: str, seconds: float, connections: int, rate: int | None, body: str = BODY
+    oha_bin: str,
+    url: str,
+    seconds: float,
+    connections: int,
+    rate: int | None,
+    body: str = BODY,
+    prefix: list[str] | tuple[str, ...] = (),
 ) -> dict:
+    """One oha run's JSON report; `prefix` goes before its command (e.g. `taskset -c 0-13`)."""
     command = [
-        oha_bin, "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
+        *prefix, oha_bin, "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
         "-c", str(connections), "-m", "POST", "-T", "application/json", "-d", body,
         "-t", "10s", url,
     ]  # fmt: skip

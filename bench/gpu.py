@@ -17,8 +17,9 @@ and ≥ 1.5× MOSEC. Without torch or a GPU the script says so and exits 2: it i
 CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
 `python bench/gpu.py --corral target/release/corral --oha bench/.tools/bin/oha` (needs the
 `corral` and `mosec` packages installed; offline, carry MOSEC's wheel with those of `msgspec`,
-`defspec` and `offapi`: MOSEC imports `offapi` as it starts, and exits without it). The
-results replace the "GPU" section of BENCHMARKS.md.
+`defspec` and `offapi`: MOSEC imports `offapi` as it starts, and exits without it;
+`make gpu-carry` gathers them, and bench/gpu_device.sh installs them there). The results
+replace the "GPU" section of BENCHMARKS.md.
 """
 
 from __future__ import annotations
@@ -179,14 +180,17 @@ def last_cores(count: int) -> list[int]:
     return allowed[-count:]
 
 
-def measure(args, system, clients: int, repeats: int = 1) -> tuple[float, float, float]:
+def measure(
+    args, system, clients: int, repeats: int = 1, prefix: list[str] | tuple[str, ...] = ()
+) -> tuple[float, float, float]:
     """Closed-loop load at `clients` for `args.seconds`: items/s, p50 and p99 ms; with
-    `repeats`, those of the run of median items/s among that many."""
+    `repeats`, those of the run of median items/s among that many; `prefix` goes before the
+    load generator's command."""
     import bench
 
     runs = []
     for _ in range(repeats):
-        report = bench.oha(args.oha, system.url, args.seconds, clients, None, body=BODY)
+        report = bench.oha(args.oha, system.url, args.seconds, clients, None, BODY, prefix)
         runs.append((bench.answered(report)[0] / args.seconds, report))
     rate = lower_median([r for r, _ in runs])
     report = next(report for r, report in runs if r == rate)

@@ -10,6 +10,13 @@ worker process. Each variant changes one thing:
   reader thread never wants the GIL then; the round trip between batches is paid instead);
 - `one core`: the worker pinned to a single core (`taskset`): its two threads hand the GIL over
   on one core instead of waking each other across cores;
+- `pinned`: the worker pinned by Corral (`--cpus`), which also keeps the proxy's own threads off
+  that core (`one core` leaves them free to run there);
+- `core to itself`: as `pinned`, and the load generator kept off that core and its SMT siblings
+  too (`taskset`), as when the clients are on other machines (the proxy keeps off the core, not
+  its sibling);
+- `proxy on 2 threads`: the proxy's runtime with 2 threads instead of one per core
+  (`TOKIO_WORKER_THREADS=2`): fewer threads waking on the cores the worker shares;
 - `gc frozen` / `gc off`: the worker's objects from loading frozen out of Python's garbage
   collector (`gc.freeze()`), or no collection while serving (`gc.disable()`), by
   bench/gpu_worker.py;
@@ -33,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -43,20 +51,53 @@ import gpu  # noqa: E402  (bench/ on the path first)
 WARMUP_S = 2
 
 
-def variants(args) -> list[tuple[str, list[str], list[str], dict[str, str]]]:
-    """(name, extra corral options, a prefix for the worker command, extra environment)."""
+class Variant(NamedTuple):
+    name: str
+    options: list[str]  # extra corral options
+    prefix: list[str]  # before the worker command
+    env: dict[str, str]  # extra environment (the proxy's and, through it, the worker's)
+    clients: tuple[str, ...] = ()  # before the load generator's command
+
+
+def variants(args) -> list[Variant]:
     import bench
 
-    core = str(gpu.last_cores(1)[0])
+    core = gpu.last_cores(1)[0]
+    # The load generator off the worker's core and its SMT siblings (the same physical core).
+    away = sorted(set(gpu.last_cores(os.cpu_count() or 1)) - siblings(core)) or [core]
     found = [
-        ("default", [], [], {}),
-        ("no prefetch", ["--worker-prefetch", "false"], [], {}),
-        ("one core", [], ["taskset", "-c", core], {}),
-        ("gc frozen", [], [], {"BENCH_GC": "freeze"}),
-        ("gc off", [], [], {"BENCH_GC": "off"}),
+        Variant("default", [], [], {}),
+        Variant("no prefetch", ["--worker-prefetch", "false"], [], {}),
+        Variant("one core", [], ["taskset", "-c", str(core)], {}),
+        Variant("pinned", ["--cpus", str(core)], [], {}),
+        Variant(
+            "core to itself",
+            ["--cpus", str(core)],
+            [],
+            {},
+            ("taskset", "-c", ",".join(map(str, away))),
+        ),
+        Variant("proxy on 2 threads", [], [], {"TOKIO_WORKER_THREADS": "2"}),
+        Variant("gc frozen", [], [], {"BENCH_GC": "freeze"}),
+        Variant("gc off", [], [], {"BENCH_GC": "off"}),
     ]
     if args.package_before:
-        found.append(("package before", [], [], bench.package_env(args.package_before)))
+        found.append(Variant("package before", [], [], bench.package_env(args.package_before)))
+    return found
+
+
+def siblings(core: int) -> set[int]:
+    """The logical cores sharing `core`'s physical core (itself included; itself alone where the
+    machine does not say)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    try:
+        listed = path.read_text().strip()
+    except OSError:
+        return {core}
+    found = {core}
+    for part in listed.split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
     return found
 
 
@@ -93,32 +134,32 @@ def main() -> None:
         wanted = [name.strip() for name in args.variants.split(",")]
         if "package before" in wanted and not args.package_before:
             raise SystemExit("--variants: 'package before' needs --package-before DIR")
-        unknown = set(wanted) - {name for name, *_ in found}
+        unknown = set(wanted) - {variant.name for variant in found}
         if unknown:
             raise SystemExit(f"--variants: unknown {', '.join(sorted(unknown))}")
-        found = [variant for variant in found if variant[0] in wanted]
-    for name, options, prefix, env in found:
+        found = [variant for variant in found if variant.name in wanted]
+    for variant in found:
         command = [
             args.corral, "--listen", "127.0.0.1:18600", "--socket", "gpu.sock", "--gpus", "0",
             "--max-batch-size", str(args.max_batch), "--max-wait-ms", "5",
-            "--queue-capacity", "4096", "--timeout-ms", "30000", *options,
-            "--", *prefix, sys.executable, str(HERE / "gpu_worker.py"),
+            "--queue-capacity", "4096", "--timeout-ms", "30000", *variant.options,
+            "--", *variant.prefix, sys.executable, str(HERE / "gpu_worker.py"),
         ]  # fmt: skip
         system = bench.System(
-            name.replace(" ", "-"),
+            variant.name.replace(" ", "-"),
             command,
             "http://127.0.0.1:18600/infer",
             ("corral",),
-            env={"BENCH_GAPS": "1", **env},
+            env={"BENCH_GAPS": "1", **variant.env},
         )
         bench.start(system, "probe", workdir, body=gpu.BODY)
         try:
-            bench.oha(args.oha, system.url, WARMUP_S, args.clients, None, body=gpu.BODY)
-            rate, p50, p99 = gpu.measure(args, system, args.clients)
+            bench.oha(args.oha, system.url, WARMUP_S, args.clients, None, gpu.BODY, variant.clients)
+            rate, p50, p99 = gpu.measure(args, system, args.clients, prefix=variant.clients)
         finally:
             bench.stop(system)
         rows.append(
-            f"| {name} | {rate:,.0f} | {rate / limit:.2f} | {p50:.1f} | {p99:.1f}"
+            f"| {variant.name} | {rate:,.0f} | {rate / limit:.2f} | {p50:.1f} | {p99:.1f}"
             f" | {gpu.last_gaps(system.log)} |"
         )
         print(rows[-1], flush=True)
