@@ -112,14 +112,15 @@ bench-worker-batch: $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/worker_batch.py $(BENCH_ARGS)
 
 # What a GPU machine without network needs carried (bench/gpu_device.sh runs there): the worker
-# package and MOSEC 0.9.8 with the wheels it needs that the machine lacks, for its Python 3.12.
+# package and MOSEC with the wheels it needs that the machine lacks (the versions of the bench
+# venv's), for its Python 3.12.
 gpu-carry: release $(BENCH_VENV)/.installed $(OHA)
 	rm -rf .whl && mkdir -p .whl
 	$(BENCH_VENV)/bin/python -m pip wheel --quiet --no-deps -w .whl ./python-client
 	$(BENCH_VENV)/bin/python -m pip download --quiet --no-deps --only-binary=:all: \
 	  --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
 	  --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
-	  mosec==0.9.8 msgspec==0.22.0 defspec==0.7.1 offapi==0.1.4
+	  $$($(BENCH_VENV)/bin/python -m pip freeze | grep -iE '^(mosec|msgspec|defspec|offapi)==')
 
 # A pinned worker beside the proxy, this build against --corral-before BIN (see BENCHMARKS.md).
 bench-pinning: release venv $(BENCH_VENV)/.installed $(OHA)
@@ -177,4 +178,4 @@ $(OHA):
 
 clean:
 	cargo clean
-	rm -rf $(VENV)
+	rm -rf $(VENV) .whl

@@ -62,25 +62,23 @@ class Variant(NamedTuple):
 def variants(args) -> list[Variant]:
     import bench
 
-    core = gpu.last_cores(1)[0]
-    # The load generator off the worker's core and its SMT siblings (the same physical core).
-    away = sorted(set(gpu.last_cores(os.cpu_count() or 1)) - siblings(core)) or [core]
+    allowed = sorted(os.sched_getaffinity(0))
+    core = allowed[-1]
+    # The load generator off the worker's core and its SMT siblings (the same physical core);
+    # where nothing else is left, `core to itself` cannot be measured and is left out.
+    away = sorted(set(allowed) - siblings(core))
     found = [
         Variant("default", [], [], {}),
         Variant("no prefetch", ["--worker-prefetch", "false"], [], {}),
         Variant("one core", [], ["taskset", "-c", str(core)], {}),
         Variant("pinned", ["--cpus", str(core)], [], {}),
-        Variant(
-            "core to itself",
-            ["--cpus", str(core)],
-            [],
-            {},
-            ("taskset", "-c", ",".join(map(str, away))),
-        ),
         Variant("proxy on 2 threads", [], [], {"TOKIO_WORKER_THREADS": "2"}),
         Variant("gc frozen", [], [], {"BENCH_GC": "freeze"}),
         Variant("gc off", [], [], {"BENCH_GC": "off"}),
     ]
+    if away:
+        clients = ("taskset", "-c", ",".join(map(str, away)))
+        found.insert(4, Variant("core to itself", ["--cpus", str(core)], [], {}, clients))
     if args.package_before:
         found.append(Variant("package before", [], [], bench.package_env(args.package_before)))
     return found

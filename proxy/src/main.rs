@@ -31,29 +31,28 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    // Before the runtime starts its threads, so that each of them inherits the mask.
-    let pinned = topology.stages.iter().flat_map(|stage| stage.cpus.iter().copied()).collect();
-    let kept = corral::supervisor::affinity::keep_off(&pinned);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("can start the async runtime");
-    runtime.block_on(serve(config, topology, pinned, kept))
-}
-
-async fn serve(
-    config: Config,
-    topology: topology::Topology,
-    pinned: BTreeSet<usize>,
-    kept: std::io::Result<Option<BTreeSet<usize>>>,
-) -> std::process::ExitCode {
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
     }
-    match kept {
+    keep_off_pinned_cores(&topology);
+    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(runtime) => runtime.block_on(serve(config, topology)),
+        Err(e) => {
+            tracing::error!(error = %e, "corral could not start its async runtime");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+/// Keeps the proxy off the cores the stages pin their workers to. Before the runtime starts its
+/// threads, so that each of them inherits the mask (see `supervisor::affinity`).
+fn keep_off_pinned_cores(topology: &topology::Topology) {
+    let pinned: BTreeSet<usize> =
+        topology.stages.iter().flat_map(|stage| stage.cpus.iter().copied()).collect();
+    match corral::supervisor::affinity::keep_off(&pinned) {
         Ok(Some(cores)) => {
             tracing::info!(?cores, ?pinned, "the proxy runs on the cores no worker is pinned to")
         }
@@ -65,6 +64,10 @@ async fn serve(
             tracing::warn!(error = %e, ?pinned, "could not keep the proxy off the pinned cores")
         }
     }
+}
+
+/// Runs the proxy until a stop signal: the exit code says how it ended.
+async fn serve(config: Config, topology: topology::Topology) -> std::process::ExitCode {
     match corral::run(config, topology, stop_signal()).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {

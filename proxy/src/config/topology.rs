@@ -6,7 +6,7 @@
 //! key in the file, then the file's top-level key, then the built-in default. Without a file the
 //! proxy serves one stage, `default`, on one route, `POST /infer`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use super::file::{self, File, StageFile};
@@ -270,6 +270,7 @@ pub fn resolve(
     for (name, stage) in std::mem::take(&mut file.stages) {
         stages.push(stage_spec(config, &name, stage, explicit)?);
     }
+    check_cores_shared(&stages)?;
     let known: HashSet<&str> = stages.iter().map(|s| s.name.as_str()).collect();
 
     let mut pipelines: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -642,6 +643,23 @@ fn pinned_workers(
     }
 }
 
+/// One worker per core across stages too: a pinned core is its worker's alone (the proxy keeps
+/// off it as well, see `supervisor::affinity`).
+fn check_cores_shared(stages: &[StageSpec]) -> Result<(), ConfigError> {
+    let mut owners: HashMap<usize, &str> = HashMap::new();
+    for stage in stages {
+        for &cpu in &stage.cpus {
+            if let Some(owner) = owners.insert(cpu, &stage.name) {
+                let problem = format!(
+                    "core {cpu} is pinned by stages.{owner}.cpus as well: one worker per core"
+                );
+                return Err(error(format!("stages.{}.cpus", stage.name), problem));
+            }
+        }
+    }
+    Ok(())
+}
+
 fn check_cpus(key: &str, cpus: &[usize]) -> Result<(), ConfigError> {
     let mut seen = HashSet::new();
     for &cpu in cpus {
@@ -798,6 +816,23 @@ mod tests {
     fn cpus_set_the_worker_count() {
         let text = "[stages.a]\ncommand = [\"w\"]\ncpus = [0]\n";
         assert_eq!(resolve_with(text, &[], &[]).unwrap().stages[0].workers, 1);
+    }
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn two_stages_may_not_pin_the_same_core() {
+        let core = a_core();
+        let text = format!(
+            "[stages.a]\ncommand = [\"w\"]\ncpus = [{core}]\n\
+             [stages.b]\ncommand = [\"w\"]\ncpus = [{core}]\n\
+             [pipelines.p]\nstages = [\"a\", \"b\"]\n"
+        );
+        let error = resolve_with(&text, &[], &[]).unwrap_err().to_string();
+        assert!(error.starts_with("stages.b.cpus:"), "{error}");
+        assert!(
+            error.contains(&format!("core {core} is pinned by stages.a.cpus as well")),
+            "{error}"
+        );
     }
 
     /// A core this process may run on (what `check_cpus` accepts here).

@@ -1,7 +1,8 @@
-//! CPU pinning of spawned workers (a stage's `cpus`): worker i runs on core `cpus[i]` only, and
-//! the proxy keeps its own threads off every pinned core ([`keep_off`]), so that a pinned worker
-//! fights over its core with nothing: not with other workers, not with the proxy's runtime. Linux
-//! only (`sched_setaffinity`); elsewhere a config that asks for it is refused.
+//! CPU pinning of spawned workers (a stage's `cpus`): worker i runs on core `cpus[i]` only, no
+//! core is pinned twice (config), and the proxy keeps its own threads and the workers it spawns
+//! unpinned off every pinned core ([`keep_off`]), so that a pinned worker shares its core with
+//! nothing Corral starts (other processes on the machine are the deployment's to keep away).
+//! Linux only (`sched_setaffinity`); elsewhere a config that asks for it is refused.
 
 use std::collections::BTreeSet;
 
@@ -26,27 +27,49 @@ mod linux {
 
     /// Restricts every thread of this process to `cpus`; threads started afterwards inherit the
     /// mask from the thread that starts them. Every thread, not only the calling one: the
-    /// allocator's background threads are running before `main`.
+    /// allocator's background threads are running before `main`. The calling thread goes first,
+    /// so that whatever it starts later is restricted even if another thread cannot be; then the
+    /// others, over again until a pass finds no thread it has not restricted (one may have been
+    /// started meanwhile by a thread not yet restricted). Returns the first error, having tried
+    /// every thread.
     pub fn restrict(cpus: &BTreeSet<usize>) -> io::Result<()> {
         // SAFETY: a plain bitmask owned by this frame, filled here and only read by the kernel.
         let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
         for &cpu in cpus {
             unsafe { libc::CPU_SET(cpu, &mut set) };
         }
-        for task in std::fs::read_dir("/proc/self/task")? {
-            let Some(tid) = task?.file_name().to_str().and_then(|name| name.parse().ok()) else {
-                continue;
-            };
-            // SAFETY: as above; `tid` names a thread of this process (or one since gone).
-            let size = std::mem::size_of::<libc::cpu_set_t>();
-            if unsafe { libc::sched_setaffinity(tid, size, &set) } != 0 {
-                let error = io::Error::last_os_error();
-                if error.raw_os_error() != Some(libc::ESRCH) {
-                    return Err(error); // ESRCH: the thread ended meanwhile
+        let size = std::mem::size_of::<libc::cpu_set_t>();
+        // SAFETY: as above; 0 names the calling thread.
+        if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let mut done = BTreeSet::new();
+        let mut first_error = None;
+        loop {
+            let mut found_new = false;
+            for task in std::fs::read_dir("/proc/self/task")? {
+                let name = task?.file_name();
+                let Some(tid) = name.to_str().and_then(|name| name.parse::<libc::pid_t>().ok())
+                else {
+                    continue;
+                };
+                if !done.insert(tid) {
+                    continue;
+                }
+                found_new = true;
+                // SAFETY: as above; `tid` names a thread of this process (or one since gone).
+                if unsafe { libc::sched_setaffinity(tid, size, &set) } != 0 {
+                    let error = io::Error::last_os_error();
+                    // ESRCH: the thread ended meanwhile, which is no failure.
+                    if error.raw_os_error() != Some(libc::ESRCH) {
+                        first_error.get_or_insert(error);
+                    }
                 }
             }
+            if !found_new {
+                return first_error.map_or(Ok(()), Err);
+            }
         }
-        Ok(())
     }
 
     /// Makes the spawned process run on `cpu` only, from its first instruction: the mask is set
