@@ -177,6 +177,27 @@ def test_deadlines_are_exposed_to_every_hook():
     assert all(r.status == "ok" and 2000 < r.value <= 3000 for r in got)
 
 
+def test_hooks_set_on_the_instance_run_and_see_each_items_deadline():
+    # Without hooks of its class the worker skips them; ones set on the instance still run.
+    seen = []
+
+    def preprocess(item):
+        seen.append(("pre", item, round(worker.remaining())))
+        return item + 1
+
+    def postprocess(output):
+        seen.append(("post", output, round(worker.remaining())))
+        return output * 10
+
+    worker = Echo()
+    worker.preprocess = preprocess
+    worker.postprocess = postprocess
+    with FakeProxy(worker) as proxy:
+        got = proxy.infer([1, 2], timeout_ms=60_000)
+    assert got == [Result("ok", value=20), Result("ok", value=30)]
+    assert sorted(seen) == [("post", 2, 60), ("post", 3, 60), ("pre", 1, 60), ("pre", 2, 60)]
+
+
 def test_a_job_already_past_its_deadline_is_not_processed():
     calls = []
 
