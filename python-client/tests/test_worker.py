@@ -6,6 +6,8 @@ import struct
 import threading
 import time
 
+import msgpack
+import msgspec
 import pytest
 
 import corral
@@ -196,6 +198,56 @@ def test_hooks_set_on_the_instance_run_and_see_each_items_deadline():
         got = proxy.infer([1, 2], timeout_ms=60_000)
     assert got == [Result("ok", value=20), Result("ok", value=30)]
     assert sorted(seen) == [("post", 2, 60), ("post", 3, 60), ("pre", 1, 60), ("pre", 2, 60)]
+
+
+class _Clock:
+    """A monotonic clock the test moves on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def test_a_job_that_expires_while_an_earlier_one_decodes_is_not_processed(monkeypatch):
+    # No preprocess of its own, but decoding is the worker's code too (a typed input's
+    # __post_init__, a large payload): a later job's deadline is checked when it is reached.
+    clock = _Clock()
+    monkeypatch.setattr("corral._worker.time", clock)
+
+    class Slow(msgspec.Struct):
+        x: int
+
+        def __post_init__(self):
+            clock.now += 1.0  # one second to decode
+
+    class Typed(corral.Worker):
+        input_type = Slow
+
+        def forward(self, batch):
+            return [item.x for item in batch]
+
+    jobs = [
+        {"id": bytes([i]) * 16, "payload": msgpack.packb({"x": i}), "timeout_ms": 1500}
+        for i in range(3)
+    ]
+    answers = Typed().process(jobs)
+    assert [a["status"] for a in answers] == ["ok", "ok", "expired"]
+
+
+def test_a_patched_base_hook_is_called(monkeypatch):
+    # A spy on Worker.preprocess (instrumentation, a test's mock) replaces the pass-through.
+    calls = []
+
+    def spy(self, item):
+        calls.append(item)
+        return item
+
+    monkeypatch.setattr(corral.Worker, "preprocess", spy)
+    with FakeProxy(Echo()) as proxy:
+        assert proxy.infer([5]) == [Result("ok", value=5)]
+    assert calls == [5]
 
 
 def test_a_job_already_past_its_deadline_is_not_processed():

@@ -173,10 +173,11 @@ def encode_frame(message: dict[str, Any]) -> bytes:
 def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) -> bytes:
     """The ``results`` frame for ``items`` (the same bytes as ``encode_frame(results(items))``).
 
-    Each result is encoded on its own, so that one that cannot be encoded becomes an error
-    result for its job alone, and results that would take the body past ``limit`` become
-    errors too (the earliest results keep their place): one bad or huge output fails its own
-    job instead of the connection and the whole batch.
+    The frame is packed in one call; only if that fails, or the frame is over ``limit``, is
+    each result encoded on its own, so that one that cannot be encoded becomes an error result
+    for its job alone, and results that would take the body past ``limit`` become errors too
+    (the earliest results keep their place): one bad or huge output fails its own job instead
+    of the connection and the whole batch.
     """
     packer = msgpack.Packer(use_bin_type=True)  # autoreset: each call returns its own bytes
     try:
@@ -188,6 +189,7 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
     else:
         if len(body) <= limit:
             return _LENGTH.pack(len(body)) + body
+        del body  # over the limit: not kept alive while each result is encoded again
     head = b"".join(
         [
             packer.pack_map_header(2),

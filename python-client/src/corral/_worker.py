@@ -292,11 +292,11 @@ class Worker:
         deadlines = [received + _timeout_ms(job) / 1000 for job in jobs]
         inputs: list[Any] = []
         decode = _typing.codec(type(self)).decode  # once a batch, not once an item
-        # Without a preprocess of its own, no code of the worker's runs between two items: the
-        # clock is read once and `deadline` and `content_type` are left unset (a third of a
-        # small batch's preparation, measured).
-        hooked = _overrides(self.preprocess, Worker.preprocess)
-        now = received
+        # Without a preprocess of its own, nothing reads `deadline` or `content_type` while the
+        # batch is prepared, and there is no hook to call. The clock is still read per job: a
+        # large payload, or a typed one's `__post_init__`, can take long enough to decode that
+        # a later job expires meanwhile.
+        hooked = _overrides(self.preprocess, _PASS_PREPROCESS)
         for position, job in enumerate(jobs):
             job_id = job.get("id")
             if not isinstance(job_id, bytes):
@@ -305,8 +305,7 @@ class Worker:
             if hooked:
                 self.deadline = deadlines[position]
                 self.content_type = content_type
-                now = time.monotonic()
-            if deadlines[position] <= now:
+            if deadlines[position] <= time.monotonic():
                 # Its client has had a 408 already; the proxy would drop the result.
                 answers[position] = protocol.expired(
                     job_id, "the deadline passed before processing"
@@ -362,7 +361,7 @@ class Worker:
         codec = _typing.codec(type(self))
         encode = codec.batch_encoder()
         media_type = codec.content_type
-        hooked = _overrides(self.postprocess, Worker.postprocess)  # as in _corral_prepare
+        hooked = _overrides(self.postprocess, _PASS_POSTPROCESS)  # as in _corral_prepare
         for position, content_type, output in zip(positions, content_types, outputs):
             job = jobs[position]
             job_id = job["id"]
@@ -372,11 +371,11 @@ class Worker:
                     self.content_type = content_type
                     with _tracing.item(job, "postprocess"):
                         value = self.postprocess(output)
-                elif hooked:  # the usual case, without a context manager's cost per item
+                elif hooked:  # without a context manager's cost per item
                     self.deadline = deadlines[position]
                     self.content_type = content_type
                     value = self.postprocess(output)
-                else:
+                else:  # the usual case: no postprocess of the worker's own
                     value = output
                 answers[position] = protocol.ok(job_id, encode(value), media_type(value))
             except _STOPS:
@@ -386,10 +385,17 @@ class Worker:
                 answers[position] = protocol.error(job_id, _describe(e))
 
 
-def _overrides(method: Any, base: Any) -> bool:
-    """Whether a bound hook is the worker's own rather than ``Worker``'s (which passes its
-    argument through): a subclass's method, or a function set on the instance."""
-    return getattr(method, "__func__", None) is not base
+def _overrides(method: Any, passes: Any) -> bool:
+    """Whether a bound hook is the worker's own rather than ``Worker``'s as defined here (which
+    passes its argument through): a subclass's method, a function set on the instance, or
+    ``Worker``'s own replaced (patched, wrapped) since."""
+    return getattr(method, "__func__", None) is not passes
+
+
+# Worker's hooks as defined above, kept apart from the class attribute: a patch of
+# `Worker.preprocess` (a spy, instrumentation) is then the worker's own and is called.
+_PASS_PREPROCESS = Worker.__dict__["preprocess"]
+_PASS_POSTPROCESS = Worker.__dict__["postprocess"]
 
 
 def _timeout_ms(job: dict[str, Any]) -> int:
