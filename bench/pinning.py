@@ -4,9 +4,10 @@ earlier binary (`--corral-before BIN`, e.g. one from before the proxy kept off p
 
 It measures what pinning costs or buys where cores are few: since the proxy keeps its own threads
 off a pinned worker's core, on a 2-core machine the proxy has one core left, where before it
-could use both. The two binaries run alternately, `--runs` times each, and the medians are
-reported. Run: `make bench-pinning BENCH_ARGS='--corral-before BIN'` (without it, this build
-alone). The results replace the "Pinned worker beside the proxy" section of BENCHMARKS.md.
+could use both. The two binaries run alternately, `--runs` times each, and for each the run of
+median req/s is reported, its latencies with it. Run: `make bench-pinning
+BENCH_ARGS='--corral-before BIN'` (without it, this build alone). The results replace the
+"Pinned worker beside the proxy" section of BENCHMARKS.md.
 """
 
 from __future__ import annotations

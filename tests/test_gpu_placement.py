@@ -96,19 +96,13 @@ def test_cpus_from_the_command_line_pin_each_gpu_worker_to_its_core(tmp_path):
 
 
 def thread_cores(pid: int) -> dict[str, list[int]]:
-    """The cores each thread of a process may run on, by thread id (Linux's /proc)."""
+    """The cores each thread of a process may run on, by thread id (its tasks in /proc)."""
     found = {}
     for task in Path(f"/proc/{pid}/task").iterdir():
         try:
-            status = (task / "status").read_text()
-        except FileNotFoundError:
+            found[task.name] = sorted(os.sched_getaffinity(int(task.name)))
+        except ProcessLookupError:
             continue  # a thread that ended since the listing (an idle blocking-pool thread)
-        listed = re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
-        cores = []
-        for part in listed.split(","):
-            low, _, high = part.partition("-")
-            cores += range(int(low), int(high or low) + 1)
-        found[task.name] = cores
     return found
 
 

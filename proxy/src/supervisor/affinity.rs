@@ -25,6 +25,27 @@ mod linux {
         }
     }
 
+    /// A mask of `cpus`.
+    fn cpu_set(cpus: impl IntoIterator<Item = usize>) -> libc::cpu_set_t {
+        // SAFETY: a plain bitmask, all zeroes is the empty set; `CPU_SET` bounds-checks.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        for cpu in cpus {
+            unsafe { libc::CPU_SET(cpu, &mut set) };
+        }
+        set
+    }
+
+    /// Restricts thread `tid` (0: the calling one) to `set`. One system call, nothing else, so
+    /// it may run in a forked child before exec.
+    fn set_affinity(tid: libc::pid_t, set: &libc::cpu_set_t) -> io::Result<()> {
+        // SAFETY: the kernel only reads `set`, of the size passed.
+        if unsafe { libc::sched_setaffinity(tid, std::mem::size_of::<libc::cpu_set_t>(), set) } != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
     /// Restricts every thread of this process to `cpus`; threads started afterwards inherit the
     /// mask from the thread that starts them. Every thread, not only the calling one: the
     /// allocator's background threads are running before `main`. The calling thread goes first,
@@ -33,41 +54,26 @@ mod linux {
     /// started meanwhile by a thread not yet restricted). Returns the first error, having tried
     /// every thread.
     pub fn restrict(cpus: &BTreeSet<usize>) -> io::Result<()> {
-        // SAFETY: a plain bitmask owned by this frame, filled here and only read by the kernel.
-        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-        for &cpu in cpus {
-            unsafe { libc::CPU_SET(cpu, &mut set) };
-        }
-        let size = std::mem::size_of::<libc::cpu_set_t>();
-        // SAFETY: as above; 0 names the calling thread.
-        if unsafe { libc::sched_setaffinity(0, size, &set) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let set = cpu_set(cpus.iter().copied());
+        set_affinity(0, &set)?;
         let mut done = BTreeSet::new();
         let mut first_error = None;
         loop {
-            let mut found_new = false;
-            for task in std::fs::read_dir("/proc/self/task")? {
-                let name = task?.file_name();
-                let Some(tid) = name.to_str().and_then(|name| name.parse::<libc::pid_t>().ok())
-                else {
-                    continue;
-                };
-                if !done.insert(tid) {
-                    continue;
-                }
-                found_new = true;
-                // SAFETY: as above; `tid` names a thread of this process (or one since gone).
-                if unsafe { libc::sched_setaffinity(tid, size, &set) } != 0 {
-                    let error = io::Error::last_os_error();
-                    // ESRCH: the thread ended meanwhile, which is no failure.
-                    if error.raw_os_error() != Some(libc::ESRCH) {
-                        first_error.get_or_insert(error);
-                    }
-                }
-            }
-            if !found_new {
+            let tids: Vec<libc::pid_t> = std::fs::read_dir("/proc/self/task")?
+                .filter_map(|task| task.ok()?.file_name().to_str()?.parse().ok())
+                .filter(|tid| done.insert(*tid))
+                .collect();
+            if tids.is_empty() {
                 return first_error.map_or(Ok(()), Err);
+            }
+            for tid in tids {
+                match set_affinity(tid, &set) {
+                    // ESRCH: the thread ended meanwhile, which is no failure.
+                    Err(e) if e.raw_os_error() != Some(libc::ESRCH) => {
+                        first_error.get_or_insert(e);
+                    }
+                    _ => {}
+                }
             }
         }
     }
@@ -75,17 +81,12 @@ mod linux {
     /// Makes the spawned process run on `cpu` only, from its first instruction: the mask is set
     /// in the child between fork and exec, so every thread it ever starts inherits it.
     pub fn pin(command: &mut tokio::process::Command, cpu: usize) {
+        let set = cpu_set([cpu]);
         // SAFETY: the closure runs in the forked child before exec. It touches only its own
-        // stack and makes one system call, which is async-signal-safe, as pre_exec requires.
+        // copy of the mask and makes one system call, which is async-signal-safe, as pre_exec
+        // requires.
         unsafe {
-            command.pre_exec(move || {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(io::Error::last_os_error());
-                }
-                Ok(())
-            });
+            command.pre_exec(move || set_affinity(0, &set));
         }
     }
 }
