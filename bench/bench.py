@@ -250,17 +250,45 @@ def options(doc: str, connections: str, seconds: float) -> argparse.ArgumentPars
     return parser
 
 
+# Options that say where the tools, the package or the report are, not what is measured: left
+# out of a recorded command; of those that do change it, the name is kept, not the path.
+_PATHS = {"--oha", "--corral", "--out", "--python", "--package-before", "--corral-before"}
+_NAMED = {"--package-before": "DIR", "--corral-before": "BIN"}
+
+
 def user_args() -> str:
-    """What the user passed through BENCH_ARGS (the Makefile adds --oha itself), for the report's
-    command line."""
-    argv, passed = sys.argv[1:], []
+    """What the user passed through BENCH_ARGS that changes what is measured, for the report's
+    command line: paths left out (an earlier package or binary named by its option alone), an
+    argument with spaces in double quotes (BENCH_ARGS is in single ones)."""
+    argv, passed, named = sys.argv[1:], [], []
     while argv:
         arg = argv.pop(0)
-        if arg == "--oha":
-            argv.pop(0)
-        else:
-            passed.append(arg)
-    return " ".join(passed)
+        name = arg.split("=", 1)[0]
+        if name in _PATHS:
+            if "=" not in arg and argv:
+                argv.pop(0)  # its value
+            if name in _NAMED:
+                named.append(f"{name} {_NAMED[name]}")
+            continue
+        passed.append(f'"{arg}"' if " " in arg else arg)
+    return " ".join(passed + named)
+
+
+def recorded_command(target: str) -> str:
+    """The make command that reproduces this run (`target` with the user's BENCH_ARGS)."""
+    passed = user_args()
+    return f"make {target}" + (f" BENCH_ARGS='{passed}'" if passed else "")
+
+
+def lower_median(values: list[float]) -> float:
+    """The median; of an even count, the lower middle value (a measured run, not an average)."""
+    return sorted(values)[(len(values) - 1) // 2]
+
+
+def last_cores(count: int) -> list[int]:
+    """The last `count` cores this process may run on (Corral refuses cores outside them)."""
+    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
+    return allowed[-count:]
 
 
 # -- report ------------------------------------------------------------------------------------
@@ -419,7 +447,6 @@ def main() -> None:
     )
     parser.add_argument("--plot", default=str(HERE / "results" / "p99_vs_throughput.png"))
     args = parser.parse_args()
-    args.passed = user_args()
 
     python = sys.executable
     worker = ["--", python, str(HERE / "corral_worker.py")]
@@ -484,7 +511,7 @@ def main() -> None:
 
     Path(args.plot).parent.mkdir(parents=True, exist_ok=True)
     plot(rows, Path(args.plot))
-    command = "make bench" + (f" BENCH_ARGS='{args.passed}'" if args.passed else "")
+    command = recorded_command("bench")
     report = "\n\n".join(
         [
             "## Latest run",

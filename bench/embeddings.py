@@ -67,7 +67,6 @@ class InProcess:
 def main() -> None:
     parser = bench.options(__doc__, connections="1,8,32", seconds=5.0)
     args = parser.parse_args()
-    passed = bench.user_args()
 
     threads = os.environ.setdefault("EMBEDDINGS_THREADS", "1")
     model = InProcess()
@@ -128,7 +127,7 @@ def main() -> None:
         f"- Corral b=1 at 1 client: p50 {gap:+.2f} ms against the model's own batch-1 call "
         "(target within 2 ms).",
     ]
-    command = "make bench-embeddings" + (f" BENCH_ARGS='{passed}'" if passed else "")
+    command = bench.recorded_command("bench-embeddings")
     report = "\n\n".join(
         [
             "## Embeddings",

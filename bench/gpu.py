@@ -66,6 +66,7 @@ def in_process(
     """The model's own throughput at `max_batch` on cuda:0, items/s (after a warm-up; with
     `repeats`, the median of that many runs), the GPU's median utilisation meanwhile, and the
     time each batch took (seconds)."""
+    import bench
     import gpu_model
 
     model = gpu_model.Model()
@@ -81,12 +82,7 @@ def in_process(
                 times.append(time.perf_counter() - began)
                 done += max_batch
             rates.append(done / (time.perf_counter() - start))
-    return lower_median(rates), gpu.median(), times
-
-
-def lower_median(values: list[float]) -> float:
-    """The median; of an even count, the lower middle value (a measured run, not an average)."""
-    return sorted(values)[(len(values) - 1) // 2]
+    return bench.lower_median(rates), gpu.median(), times
 
 
 def spread(seconds: list[float]) -> str:
@@ -125,24 +121,6 @@ class Utilisation:
         return statistics.median(self.samples) if self.samples else float("nan")
 
 
-def recorded_command(target: str) -> str:
-    """The make command that reproduces this run: the options that change what is measured,
-    not those that say where the tools, the package or the report are."""
-    paths = {"--oha", "--corral", "--out", "--package-before", "--corral-before", "--python"}
-    passed = [
-        a
-        for i, a in enumerate(sys.argv[1:])
-        if a not in paths and sys.argv[i] not in paths and a.split("=", 1)[0] not in paths
-    ]
-    # An argument with spaces (the probe's variant names) in double quotes: BENCH_ARGS is in single.
-    passed = [f'"{a}"' if " " in a else a for a in passed]
-    if "--package-before" in sys.argv:  # it changes what is measured: named, its path not
-        passed.append("--package-before DIR")
-    if "--corral-before" in sys.argv:
-        passed.append("--corral-before BIN")
-    return f"make {target}" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
-
-
 def systems(args, max_batch: int, workers: int):
     import bench
 
@@ -156,7 +134,7 @@ def systems(args, max_batch: int, workers: int):
         "--", python, str(HERE / "gpu_worker.py"),
     ]  # fmt: skip
     # The same, each worker pinned to a core of its own (the last cores this process may use).
-    cores = ",".join(map(str, last_cores(workers)))
+    cores = ",".join(map(str, bench.last_cores(workers)))
     pinned = [*corral[:-3], "--cpus", cores, *corral[-3:]]
     mosec = [
         python, str(HERE / "mosec_gpu.py"), "--port", "18601", "--address", "127.0.0.1",
@@ -174,12 +152,6 @@ def systems(args, max_batch: int, workers: int):
     return [system for system in found if system.name in wanted]
 
 
-def last_cores(count: int) -> list[int]:
-    """The last `count` cores this process may run on (Corral refuses cores outside them)."""
-    allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else [0]
-    return allowed[-count:]
-
-
 def measure(
     args, system, clients: int, repeats: int = 1, prefix: list[str] | tuple[str, ...] = ()
 ) -> tuple[float, float, float]:
@@ -192,7 +164,7 @@ def measure(
     for _ in range(repeats):
         report = bench.oha(args.oha, system.url, args.seconds, clients, None, BODY, prefix)
         runs.append((bench.answered(report)[0] / args.seconds, report))
-    rate = lower_median([r for r, _ in runs])
+    rate = bench.lower_median([r for r, _ in runs])
     report = next(report for r, report in runs if r == rate)
     latency = report.get("latencyPercentiles", {})
     return rate, (latency.get("p50") or 0) * 1000, (latency.get("p99") or 0) * 1000
@@ -322,7 +294,8 @@ def report(
     section = "\n\n".join(
         [
             "## GPU",
-            f"Command: `{recorded_command('bench-gpu')}` — {time.strftime('%Y-%m-%d')}, {device}, "
+            f"Command: `{bench.recorded_command('bench-gpu')}` — "
+            f"{time.strftime('%Y-%m-%d')}, {device}, "
             f"{os.cpu_count()} cores; ResNet-50 (torchvision, random weights, fp16), the same "
             "number of worker processes on the one GPU for each server, closed loop, "
             f"{args.seconds:g} s per point"

@@ -67,18 +67,18 @@ def variants(args) -> list[Variant]:
     # The load generator off the worker's core and its SMT siblings (the same physical core);
     # where nothing else is left, `core to itself` cannot be measured and is left out.
     away = sorted(set(allowed) - siblings(core))
+    clients = ("taskset", "-c", ",".join(map(str, away)))
+    alone = [Variant("core to itself", ["--cpus", str(core)], [], {}, clients)] if away else []
     found = [
         Variant("default", [], [], {}),
         Variant("no prefetch", ["--worker-prefetch", "false"], [], {}),
         Variant("one core", [], ["taskset", "-c", str(core)], {}),
         Variant("pinned", ["--cpus", str(core)], [], {}),
+        *alone,
         Variant("proxy on 2 threads", [], [], {"TOKIO_WORKER_THREADS": "2"}),
         Variant("gc frozen", [], [], {"BENCH_GC": "freeze"}),
         Variant("gc off", [], [], {"BENCH_GC": "off"}),
     ]
-    if away:
-        clients = ("taskset", "-c", ",".join(map(str, away)))
-        found.insert(4, Variant("core to itself", ["--cpus", str(core)], [], {}, clients))
     if args.package_before:
         found.append(Variant("package before", [], [], bench.package_env(args.package_before)))
     return found
@@ -164,7 +164,7 @@ def main() -> None:
     section = "\n\n".join(
         [
             f"## GPU: one worker at max batch {args.max_batch}, where the time goes",
-            f"Command: `{gpu.recorded_command('bench-gpu-probe')}` — "
+            f"Command: `{bench.recorded_command('bench-gpu-probe')}` — "
             f"{time.strftime('%Y-%m-%d')}, "
             f"{device}, {os.cpu_count()} cores; the model of the GPU run, max batch "
             f"{args.max_batch}, one worker, {args.clients} closed-loop clients, "

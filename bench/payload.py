@@ -308,7 +308,6 @@ def main() -> None:
         "--quick", action="store_true", help="smoke run: 1 repeat of 1 s; report not written"
     )
     args = parser.parse_args()
-    passed = bench.user_args()
     if args.quick:
         args.repeats, args.seconds, args.warmup = 1, 1.0, 0.3
 
@@ -411,7 +410,7 @@ def main() -> None:
         for path in [*workdir.glob("*.bin"), *workdir.glob("*.json")]:
             path.unlink()  # tens of MB of bodies; the servers' logs stay for a look
 
-    command = "make bench-payload" + (f" BENCH_ARGS='{passed}'" if passed else "")
+    command = bench.recorded_command("bench-payload")
     report = "\n\n".join(
         [
             "## Large payloads",

@@ -24,7 +24,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 
 import bench  # noqa: E402  (bench/ on the path first)
-from gpu import last_cores, lower_median, recorded_command  # noqa: E402
 
 WORKER = ROOT / "examples" / "digits" / "worker.py"
 SAMPLE = (ROOT / "examples" / "digits" / "sample.json").read_text()
@@ -60,7 +59,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3, help="runs of each binary (medians kept)")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
-    core = last_cores(1)[0]
+    core = bench.last_cores(1)[0]
     # Absolute: the servers run in a folder of their own.
     binaries = {"this build": str(Path(args.corral).resolve())}
     if args.corral_before:
@@ -79,7 +78,7 @@ def main() -> None:
     ]
     for name, found in samples.items():
         # The run of median req/s, its latencies with it (as bench/gpu.py reports a point).
-        rate = lower_median([s.rps for s in found])
+        rate = bench.lower_median([s.rps for s in found])
         median = next(s for s in found if s.rps == rate)
         rows.append(
             f"| {name} | {rate:,.0f} | {median.p50_ms:.2f} | {median.p99_ms:.2f}"
@@ -88,7 +87,7 @@ def main() -> None:
     section = "\n\n".join(
         [
             "## Pinned worker beside the proxy",
-            f"Command: `{recorded_command('bench-pinning')}` — {time.strftime('%Y-%m-%d')}, "
+            f"Command: `{bench.recorded_command('bench-pinning')}` — {time.strftime('%Y-%m-%d')}, "
             f"{os.cpu_count()} cores; the digits model, one worker pinned to core {core}, "
             f"{args.clients} closed-loop clients, {args.seconds:g} s per run; of {args.runs} "
             "run(s) of each binary, taken alternately, the one of median req/s.",

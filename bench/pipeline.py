@@ -58,7 +58,6 @@ stages = ["prepare", "model"]
 def main() -> None:
     parser = bench.options(__doc__, connections="8,64", seconds=5.0)
     args = parser.parse_args()
-    passed = bench.user_args()
 
     python = sys.executable
     workdir = Path(tempfile.mkdtemp(prefix="corral-pipeline-"))
@@ -106,7 +105,7 @@ def main() -> None:
             f"{row.median('rps') / base:.2f}× | {share} | {row.median('p50_ms'):.1f} | "
             f"{row.median('p99_ms'):.1f} | {errors} |"
         )
-    command = "make bench-pipeline" + (f" BENCH_ARGS='{passed}'" if passed else "")
+    command = bench.recorded_command("bench-pipeline")
     report = "\n\n".join(
         [
             "## Pipeline",

@@ -216,7 +216,6 @@ def main() -> None:
     parser.add_argument("--long-streams", type=int, default=8)
     parser.add_argument("--long-tokens", type=int, default=600)
     args = parser.parse_args()
-    passed = bench.user_args()
 
     python = sys.executable
     worker = ["--", python, str(ROOT / "examples" / "generate" / "worker.py")]
@@ -272,9 +271,8 @@ def main() -> None:
 
     parts = [
         "## Streaming",
-        "Command: `make bench-stream"
-        + (f" BENCH_ARGS='{passed}'" if passed else "")
-        + f"` — {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one worker per server, "
+        f"Command: `{bench.recorded_command('bench-stream')}`"
+        f" — {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores, one worker per server, "
         f"max batch 32, max wait 10 ms; {args.tokens} characters per stream, closed loop, "
         f"medians of {args.repeats} runs of {args.seconds:g} s after {args.warmup:g} s "
         f"warm-up. Late stream: {args.long_streams} streams of {args.long_tokens} characters "

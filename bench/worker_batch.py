@@ -108,7 +108,6 @@ def main() -> None:
         return
 
     import bench
-    from gpu import lower_median, recorded_command
 
     packages = {"current": CURRENT}
     if args.package_before:
@@ -123,13 +122,14 @@ def main() -> None:
     ]
     for size in sizes:
         for name in packages:
-            serve = lower_median([run[str(size)]["serve"] for run in runs[name]])
-            read = lower_median([run[str(size)]["read"] for run in runs[name]])
+            serve = bench.lower_median([run[str(size)]["serve"] for run in runs[name]])
+            read = bench.lower_median([run[str(size)]["read"] for run in runs[name]])
             rows.append(f"| {size} | {name} | {serve:.1f} | {serve / size:.2f} | {read:.1f} |")
     section = "\n\n".join(
         [
             "## Worker package: one batch",
-            f"Command: `{recorded_command('bench-worker-batch')}` — {time.strftime('%Y-%m-%d')}, "
+            f"Command: `{bench.recorded_command('bench-worker-batch')}` — "
+            f"{time.strftime('%Y-%m-%d')}, "
             f"{os.cpu_count()} cores; medians of {args.runs} runs of {args.batches} batches each, "
             "the packages alternately. Serve loop: each job decoded, preprocessed, its output "
             "postprocessed and encoded, and the results frame encoded (what the GPU waits "

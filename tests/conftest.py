@@ -90,6 +90,13 @@ class Corral:
             raise AssertionError(f"{state} waiting for {count}x {pattern!r}; log:\n{log}")
         return matches[count - 1]
 
+    def worker_pids(self) -> list[int]:
+        """The pid of each worker that has connected so far, in order (from its log line)."""
+        with self._changed:
+            lines = list(self.lines)
+        connected = [line for line in lines if "worker connected" in line]
+        return [int(re.search(r"pid\W+(\d+)", line).group(1)) for line in connected]
+
     def wait_until(self, condition, timeout: float = 30, what: str = "condition"):
         """Poll a condition that has no log line of its own (e.g. queue depth)."""
         deadline = time.monotonic() + timeout

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -29,11 +28,6 @@ def by_index(directory, pids) -> dict[str, dict]:
     return {found[pid]["CORRAL_WORKER_INDEX"]: {**found[pid], "pid": pid} for pid in pids}
 
 
-def connected_pids(proxy: Corral) -> list[int]:
-    return [int(re.search(r"pid\W+(\d+)", line).group(1)) for line in proxy.lines
-            if "worker connected" in line]  # fmt: skip
-
-
 def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
     records = tmp_path / "records"
     records.mkdir()
@@ -45,7 +39,7 @@ def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
     )  # fmt: skip
     try:
         proxy.wait_for_log("worker connected", count=4)
-        placed = by_index(records, connected_pids(proxy))
+        placed = by_index(records, proxy.worker_pids())
         assert {i: (w["CUDA_VISIBLE_DEVICES"], w["CORRAL_GPU"]) for i, w in placed.items()} == {
             "0": ("0", "0"), "1": ("0", "0"), "2": ("1", "1"), "3": ("1", "1"),
         }  # fmt: skip
@@ -57,7 +51,7 @@ def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
 
         os.kill(placed["2"]["pid"], signal.SIGKILL)
         proxy.wait_for_log("worker connected", count=5)
-        new = connected_pids(proxy)[-1]
+        new = proxy.worker_pids()[-1]
         restarted = placements(records)[new]
         assert restarted["CORRAL_WORKER_INDEX"] == "2"
         assert (restarted["CUDA_VISIBLE_DEVICES"], restarted["CORRAL_GPU"]) == ("1", "1")
@@ -86,7 +80,7 @@ def test_cpus_from_the_command_line_pin_each_gpu_worker_to_its_core(tmp_path):
     )  # fmt: skip
     try:
         proxy.wait_for_log("worker connected", count=2)
-        placed = by_index(records, connected_pids(proxy))
+        placed = by_index(records, proxy.worker_pids())
         assert {i: (w["CORRAL_GPU"], w["cores"]) for i, w in placed.items()} == {
             "0": ("0", [cores[0]]), "1": ("1", [cores[1]]),
         }, "worker i on gpus[i] and on cpus[i] alone"  # fmt: skip
@@ -178,7 +172,7 @@ def test_a_config_files_stage_places_its_workers(tmp_path):
     proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
     try:
         proxy.wait_for_log("worker connected", count=2)
-        placed = by_index(records, connected_pids(proxy))
+        placed = by_index(records, proxy.worker_pids())
         assert placed["0"]["CUDA_VISIBLE_DEVICES"] == placed["1"]["CUDA_VISIBLE_DEVICES"] == "3"
         assert (placed["1"]["THREADS"], placed["1"]["DEVICE"]) == ("t1", "cuda:3")
     finally:
@@ -198,7 +192,7 @@ def test_gpus_all_asks_the_machine(tmp_path):
     proxy = Corral(tmp_path, "--gpus", "all", "--", sys.executable, PLACED, worker=None, env=env)
     try:
         proxy.wait_for_log("worker connected", count=2)
-        placed = by_index(records, connected_pids(proxy))
+        placed = by_index(records, proxy.worker_pids())
         assert sorted(w["CORRAL_GPU"] for w in placed.values()) == ["0", "1"]
     finally:
         proxy.stop()

@@ -16,7 +16,6 @@ import json
 import mmap
 import os
 import random
-import re
 import socket
 from concurrent.futures import ThreadPoolExecutor
 
@@ -231,7 +230,9 @@ def echoed_in_its_frame(proxy, worker: ShmWorker, pool) -> None:
     """A large raw body reaches `worker` in its batch frame (no `payload_at`), and comes back."""
     body = os.urandom(LARGE)
     answer = pool.submit(post_raw, proxy, body)
-    (job,) = worker.receive()["jobs"]
+    message = worker.receive()
+    assert message["type"] == "batch", "a batch, and no shm frame before it"
+    (job,) = message["jobs"]
     assert "payload_at" not in job and job["payload"][5:] == body
     worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
     assert answer.result(timeout=30).content == body
@@ -242,16 +243,8 @@ def test_a_worker_that_does_not_ask_gets_large_bodies_in_its_frames(corral_facto
     worker = ShmWorker(proxy.socket, features=())
     try:
         proxy.wait_for_log(r"worker connected")
-        body = os.urandom(LARGE)
-        answer = pool.submit(post_raw, proxy, body)
-        worker.stream = worker.sock.makefile("rb")
-        message = worker.receive()
-        assert message["type"] == "batch", "no shm frame for a worker that did not ask"
-        (job,) = message["jobs"]
-        assert "payload_at" not in job
-        assert job["payload"][5:] == body
-        worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
-        assert answer.result(timeout=30).content == body
+        worker.stream = worker.sock.makefile("rb")  # no shm frame to read first: none is sent
+        echoed_in_its_frame(proxy, worker, pool)
     finally:
         worker.close()
 
@@ -282,11 +275,6 @@ def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(corral
         worker.close()
 
 
-def worker_pid(proxy) -> int:
-    line = proxy.wait_for_log(r"worker connected")
-    return int(re.search(r"pid\W+(\d+)", line).group(1))
-
-
 @pytest.mark.parametrize(
     "shared_bytes",
     [
@@ -300,7 +288,8 @@ def test_many_large_bodies_at_once_each_come_back_as_sent(corral_factory, pool, 
         f"--shared-memory-bytes={shared_bytes}", "--max-batch-size=4", worker=ECHO
     )
     # The package's worker maps the proxy's memory file (once it has read the shm frame).
-    pid = worker_pid(proxy)
+    proxy.wait_for_log(r"worker connected")
+    (pid,) = proxy.worker_pids()
 
     def mapped() -> bool:
         with open(f"/proc/{pid}/maps") as maps:
@@ -334,7 +323,7 @@ def test_64_clients_of_multi_mib_bodies_each_get_their_own_back(corral_factory):
     proxy = corral_factory(
         f"--shared-memory-bytes={32 * 1024 * 1024}", "--timeout-ms=120000", worker=ECHO
     )
-    worker_pid(proxy)
+    proxy.wait_for_log(r"worker connected")
     bodies = [random.Random(i).randbytes(2 * 1024 * 1024) for i in range(64)]
     with ThreadPoolExecutor(64) as clients:
         responses = list(clients.map(lambda body: post_raw(proxy, body), bodies))

@@ -39,7 +39,9 @@ def glibc() -> bool:
 
 
 def faults(**env: str) -> int:
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"
+    }
     environment.update(env, PYTHONPATH=SOURCE)
     out = subprocess.run(
         [sys.executable, "-c", ROUNDS], env=environment, capture_output=True, text=True, check=True
@@ -54,3 +56,33 @@ def test_large_items_reuse_their_pages_unless_the_environment_says_otherwise():
     # A threshold of the environment's own is kept: here every item is mapped and faulted afresh.
     assert faults(MALLOC_MMAP_THRESHOLD_="131072") > 30_000
     assert faults(GLIBC_TUNABLES="glibc.malloc.mmap_threshold=131072") > 30_000
+    # Another malloc tunable (a container's arena_max) leaves the thresholds to the settings.
+    assert faults(GLIBC_TUNABLES="glibc.malloc.arena_max=2") < 1000
+
+
+def test_a_plain_worker_tunes_as_it_starts_serving_and_nothing_else_does(monkeypatch, tmp_path):
+    import corral
+    from corral import _allocator, _shared_memory
+    from corral.testing import FakeProxy
+
+    calls = []
+    monkeypatch.setattr(_allocator, "tune", lambda: calls.append("tuned"))
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()  # a proxy pid that no longer exists: serving returns at once
+    monkeypatch.setenv("CORRAL_PROXY_PID", str(gone.pid))
+
+    class Plain(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    class Streaming(corral.Worker):
+        def forward(self, batch):
+            yield [corral.END] * len(batch)
+
+    with FakeProxy(Plain()) as proxy:  # a test double serves without tuning its process
+        assert proxy.infer([1])[0].value == 1
+    assert calls == []
+    Streaming()._run_forever(str(tmp_path / "none.sock"))
+    assert calls == []
+    Plain()._run_forever(str(tmp_path / "none.sock"))
+    assert calls == (["tuned"] if _shared_memory.features() else [])

@@ -203,6 +203,19 @@ def test_a_large_batchs_payloads_are_views_into_its_frame_not_copies():
     assert type(item) is bytes and item == PNG * 4000
 
 
+def test_a_large_batch_mixing_shared_memory_and_inline_jobs_is_read_without_copies():
+    # The proxy's memory full: one job's body in shared memory (payload_at), the next in the
+    # frame. Both stay on the view reading, payload_at kept for the worker to resolve.
+    inline = {"id": b"b" * 16, "timeout_ms": 1000, "payload": b"x" * 100_000}
+    shared = {"id": b"a" * 16, "timeout_ms": 1000, "payload": b"", "payload_at": [0, 5]}
+    frame = msgpack.packb({"type": "batch", "jobs": [shared, inline]}, use_bin_type=True)
+    message = protocol.decode_body(frame)
+    assert message == msgpack.unpackb(frame), "the same message as the plain reading"
+    assert message["jobs"][0]["payload_at"] == [0, 5]
+    assert all(isinstance(job["payload"], memoryview) for job in message["jobs"])
+    assert message["jobs"][1]["payload"].obj is frame
+
+
 def test_a_large_batch_the_view_reading_refuses_is_read_as_before():
     # A payload that is not a bin, a key the protocol does not have, a value of another type:
     # the plain reading decodes each as it did, keeping what it finds for the checks downstream.

@@ -4,9 +4,11 @@ protocol error, never a crash or a read outside the mapping."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
 import threading
+from typing import TypedDict
 
 import msgpack
 import msgspec
@@ -219,3 +221,48 @@ def test_an_item_stays_valid_once_the_proxy_reuses_its_memory(worker, payload, v
     os.pwrite(fd, b"\xff" * len(body), 0)  # the slot, taken for another body
     os.close(fd)
     assert value(item) == data
+
+
+class _Leaf(msgspec.Struct):
+    raw: msgspec.Raw
+
+
+class _Tree(msgspec.Struct):
+    children: list[_Tree]
+    label: str
+
+
+class _ViewTree(msgspec.Struct):
+    children: list[_ViewTree]
+    data: memoryview | None = None
+
+
+@dataclasses.dataclass
+class _Record:
+    data: memoryview
+
+
+class _Typed(TypedDict):
+    data: memoryview
+
+
+@pytest.mark.parametrize(
+    "input_type, views",
+    [
+        (bytes, False),
+        (dict[str, list[int]], False),
+        (_Tree, False),  # recursive, walked once
+        (memoryview, True),
+        (msgspec.Raw, True),
+        (dict[str, _Leaf], True),  # a Raw two levels down
+        (list[_Leaf] | None, True),
+        (memoryview | None, True),
+        (_ViewTree, True),  # recursive, with a view
+        (_Record, True),
+        (_Typed, True),
+    ],
+)
+def test_a_payload_is_copied_first_only_for_input_types_that_may_hold_views(input_type, views):
+    # msgspec leaves memoryview and Raw values pointing into the buffer it decodes: only then
+    # must a payload that views shared memory be copied before decoding (Codec.views_payload).
+    assert _typing._has_views(msgspec.inspect.type_info(input_type)) is views

@@ -10,12 +10,14 @@ the settings below (BENCHMARKS.md, "Large payload targets"). The proxy's allocat
 bodies for the next ones the same way (proxy/src/allocator.rs).
 
 The settings: blocks up to 32 MiB (glibc's most) come from the heap, and up to 128 MiB of free
-heap stays with the process. Applied by a worker that declares ``shm`` (a plain worker on
-Linux: large bodies may come to it), as it says hello, whether or not the proxy then shares
-memory; not by streaming workers. Set
-``MALLOC_MMAP_THRESHOLD_`` or ``MALLOC_TRIM_THRESHOLD_`` in the environment (or malloc tunables
-in ``GLIBC_TUNABLES``) to keep glibc's own choices, or others; nothing is done where the C
-library is not glibc.
+heap stays with the process. Applied once, as a worker that declares ``shm`` (a plain worker
+where descriptors can be passed: large bodies may come to it) starts serving (``Worker.run``),
+whether or not the proxy then shares memory; not by streaming workers, nor in a process that
+only drives a worker through ``corral.testing.FakeProxy``. Set ``MALLOC_MMAP_THRESHOLD_`` or
+``MALLOC_TRIM_THRESHOLD_`` in the environment (or ``glibc.malloc.mmap_threshold`` or
+``glibc.malloc.trim_threshold`` in ``GLIBC_TUNABLES``; its other tunables, such as
+``arena_max``, are no reason to leave these) to keep glibc's own choices, or others; nothing is
+done where the C library is not glibc.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ def tune() -> None:
         return
     if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_")):
         return
-    if "glibc.malloc." in os.environ.get("GLIBC_TUNABLES", ""):
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if any(f"glibc.malloc.{name}=" in tunables for name in ("mmap_threshold", "trim_threshold")):
         return
     try:
         glibc = os.confstr("CS_GNU_LIBC_VERSION")

@@ -59,10 +59,10 @@ def hello(
 ) -> dict[str, Any]:
     """The worker's first message. ``schemas`` (the optional ``input_schema``,
     ``output_schema`` and ``schema_components`` keys), ``features`` (``"stream"``,
-    ``"cancel"``, ``"join"``), the tensor declarations ``inputs`` and ``outputs`` (each
-    ``{"name", "datatype", "shape"}``) and the ``weight`` rule (a JSON Pointer) are left out
-    when empty (``weight`` when ``None``: ``""`` names the whole payload), so a plain worker's
-    hello is the v1 bytes."""
+    ``"cancel"``, ``"join"``, ``"shm"``), the tensor declarations ``inputs`` and ``outputs``
+    (each ``{"name", "datatype", "shape"}``) and the ``weight`` rule (a JSON Pointer) are left
+    out when empty (``weight`` when ``None``: ``""`` names the whole payload), so a hello with
+    none of them is the v1 bytes."""
     message: dict[str, Any] = {
         "type": "hello",
         "version": PROTOCOL_VERSION,

@@ -24,7 +24,6 @@ import time
 from collections.abc import Callable
 from typing import Any, Union
 
-from corral import _allocator as allocator
 from corral import _protocol as protocol
 from corral import _shared_memory as shared_memory
 from corral._errors import ProtocolError
@@ -206,8 +205,6 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
     ``SystemExit`` on ``reject`` or ``shutdown``. Reading ends with it (the socket's reading side
     is shut down); closing the socket is the caller's."""
     features = hello.get("features", ())
-    if "shm" in features:  # large bodies come to this worker: let their pages be reused
-        allocator.tune()
     sock.sendall(protocol.encode_frame(hello))
     memory, first = shared_memory.first_frame(sock) if "shm" in features else (None, None)
     reader = _Reader(sock, track_cancels="cancel" in features, memory=memory, first=first)

@@ -178,6 +178,7 @@ class _Run:
         worker = self.worker
         entries: list[dict[str, Any]] = []
         owners: list[int] = []
+        encode = _typing.codec(type(worker)).batch_encoder()  # one Packer for the step's chunks
         for position, value in enumerate(out):
             if value is None or position not in self.live:
                 continue  # nothing this step, or the stream is over: dropped
@@ -188,7 +189,7 @@ class _Run:
             worker.deadline = self.deadlines[position]
             worker.content_type = self.content_types[position]
             try:
-                data = _typing.codec(type(worker)).encode(worker.postprocess(value))
+                data = encode(worker.postprocess(value))
             except _STOPS:
                 raise
             except BaseException as e:

@@ -24,8 +24,8 @@ import time
 from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
+from corral import _allocator, _serve, _shared_memory, _streaming, _tensors, _tracing, _typing
 from corral import _protocol as protocol
-from corral import _serve, _shared_memory, _streaming, _tensors, _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
@@ -233,6 +233,10 @@ class Worker:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
         worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead, and so does
         one waiting for a proxy that is gone (CORRAL_PROXY_PID)."""
+        if not _streaming.is_streaming(type(self)) and _shared_memory.features():
+            # Large bodies may come to this worker: let their pages be reused (once a process,
+            # as it starts serving; not for a test's FakeProxy, which calls `serve` itself).
+            _allocator.tune()
         _serve.run_forever(path, self.serve)
 
     def serve(self, sock: socket.socket) -> None:
@@ -365,15 +369,15 @@ class Worker:
         for position, content_type, output in zip(positions, content_types, outputs):
             job = jobs[position]
             job_id = job["id"]
+            traced = "traceparent" in job
+            if hooked or traced:
+                self.deadline = deadlines[position]
+                self.content_type = content_type
             try:
-                if "traceparent" in job:
-                    self.deadline = deadlines[position]
-                    self.content_type = content_type
+                if traced:
                     with _tracing.item(job, "postprocess"):
                         value = self.postprocess(output)
                 elif hooked:  # without a context manager's cost per item
-                    self.deadline = deadlines[position]
-                    self.content_type = content_type
                     value = self.postprocess(output)
                 else:  # the usual case: no postprocess of the worker's own
                     value = output
