@@ -9,8 +9,8 @@
 //!
 //! Why: over the socket a 10 MB body was copied by the kernel into the socket and again out of
 //! it, in ~208 KiB turns between the proxy and the worker: measured side by side, 2.7 ms a 10 MB
-//! hop against 1.4 ms for a copy into shared memory and one out of it (docs/ARCHITECTURE.md, "How
-//! a body reaches the socket"). The memory file travels over the worker socket itself
+//! hop against 1.4 ms for a copy into shared memory and one out of it (BENCHMARKS.md, "Large
+//! payload targets"). The memory file travels over the worker socket itself
 //! (`SCM_RIGHTS`), so it needs nothing shared between the containers beyond that socket.
 //!
 //! A slot is the body's memory for as long as anything holds it: it becomes the job's payload as
@@ -62,7 +62,9 @@ impl SharedMemory {
     /// Creates and maps `size` bytes (rounded up to a page). Fails where the system has no
     /// memory files or no `/proc` to open one read-only: the proxy then shares none.
     pub fn new(size: usize) -> io::Result<Arc<Self>> {
-        let size = size.div_ceil(ALIGN) * ALIGN;
+        let size = size
+            .checked_next_multiple_of(ALIGN)
+            .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, "size too large"))?;
         let (base, for_workers) = platform::map(size)?;
         let free = Mutex::new(BTreeMap::from([(0, size)]));
         Ok(Arc::new(Self { base, size, for_workers, free }))
@@ -313,6 +315,11 @@ mod tests {
         assert_eq!((offset % ALIGN as u64, length), (0, 7));
         assert_eq!(memory.locate(&bytes.slice(2..)), Some([offset + 2, 5]));
         assert_eq!(memory.locate(b"elsewhere"), None);
+    }
+
+    #[test]
+    fn a_size_past_the_address_space_is_an_error_not_a_panic() {
+        assert!(SharedMemory::new(usize::MAX).is_err());
     }
 
     #[test]

@@ -315,6 +315,13 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
     }
 }
 
+/// Whether a body `room` bytes larger than its `Content-Length` would be read into shared
+/// memory (if a slot is free): only there does leaving room in it for a payload's head pay.
+pub fn may_share(app: &App, headers: &HeaderMap, room: usize) -> bool {
+    app.shared_memory.is_some()
+        && declared_length(headers).is_some_and(|length| length as usize + room >= SHARED_FROM)
+}
+
 /// The body's length as its `Content-Length` declares it, if it does.
 fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())

@@ -220,13 +220,16 @@ async fn infer(
             })?,
         ),
     };
-    // A binary request keeps room after its header for a one-row payload's head.
+    // A binary request read into shared memory keeps room after its header for a one-row
+    // payload's head (elsewhere the room buys nothing, and finding the head parses the header
+    // twice).
+    let room = request::HEAD_ROOM;
     let (received, room) = match header_length {
-        Some(at) => {
-            let gap = Gap { at, len: request::HEAD_ROOM, fill: request::single_row_head };
-            (infer::receive_with_gap(app, route, request, gap).await?, request::HEAD_ROOM)
+        Some(at) if infer::may_share(app, request.headers(), room) => {
+            let gap = Gap { at, len: room, fill: request::single_row_head };
+            (infer::receive_with_gap(app, route, request, gap).await?, room)
         }
-        None => (infer::receive(app, route, request).await?, 0),
+        _ => (infer::receive(app, route, request).await?, 0),
     };
     let Received { body, arrived, deadline, traffic } = received;
     let declared = Declared::of(route);
