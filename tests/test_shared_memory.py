@@ -67,8 +67,10 @@ class ShmWorker:
         self.sock.sendall(protocol.encode_frame(message))
 
     def close(self) -> None:
+        """Close the connection (again: a no-op)."""
         for fd in self.fds:
             os.close(fd)
+        self.fds = []
         if self.stream:
             self.stream.close()
         self.sock.close()
@@ -263,8 +265,18 @@ def test_a_streaming_worker_gets_the_memory_but_its_payloads_in_frames(corral_fa
         worker.close()
 
 
-def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(corral_factory, pool):
-    proxy = corral_factory("--shared-memory-bytes=0", "--max-wait-ms=0", worker=None)
+@pytest.mark.parametrize(
+    "size",
+    [
+        "0",
+        # More than the address space: the memory cannot be made, which is logged, not fatal.
+        str(2**64 - 1),
+    ],
+)
+def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(
+    corral_factory, pool, size
+):
+    proxy = corral_factory(f"--shared-memory-bytes={size}", "--max-wait-ms=0", worker=None)
     worker = ShmWorker(proxy.socket)
     try:
         shm, fds = worker.first()
@@ -273,6 +285,62 @@ def test_a_proxy_without_shared_memory_says_so_and_sends_bodies_in_frames(corral
         echoed_in_its_frame(proxy, worker, pool)
     finally:
         worker.close()
+
+
+def test_a_body_its_client_abandons_gives_its_slot_back(corral_factory):
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", worker=None)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    client = socket.create_connection((host, int(port)))
+    try:
+        head = (
+            "POST /infer HTTP/1.1\r\nhost: corral\r\n"
+            "content-type: application/octet-stream\r\ncontent-length: 1000000\r\n\r\n"
+        )
+        client.sendall(head.encode() + os.urandom(200_000))
+        # Its whole declared length is held from the first bytes on...
+        proxy.wait_until(
+            lambda: proxy.metric("corral_shared_memory_used_bytes") >= 1_000_000,
+            what="the body's slot",
+        )
+    finally:
+        client.close()  # ...and given back when the client goes, the body unfinished.
+    proxy.wait_until(
+        lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="the slot given back"
+    )
+    assert proxy.metric("corral_shared_memory_full_total") == 0
+
+
+def test_a_worker_that_dies_holding_a_shared_body_leaves_it_whole_for_the_retry(
+    corral_factory, pool
+):
+    proxy = corral_factory(f"--shared-memory-bytes={SHARED_BYTES}", "--max-wait-ms=0", worker=None)
+    first = ShmWorker(proxy.socket)
+    second = None
+    try:
+        first.first()
+        proxy.wait_for_log(r"worker connected")
+        body = os.urandom(LARGE)
+        answer = pool.submit(post_raw, proxy, body)
+        (job,) = first.receive()["jobs"]
+        assert "payload_at" in job
+        second = ShmWorker(proxy.socket)
+        _, fds = second.first()
+        proxy.wait_for_log(r"worker connected", count=2)
+        first.close()  # gone with the job: the proxy retries it on the other worker
+        (retried,) = second.receive()["jobs"]
+        offset, length = retried["payload_at"]
+        with mmap.mmap(fds[0], SHARED_BYTES, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ) as m:
+            payload = m[offset : offset + length]
+        assert payload == b"\xc6" + len(body).to_bytes(4, "big") + body
+        second.send(protocol.results([protocol.ok(retried["id"], payload)]))
+        assert answer.result(timeout=30).content == body
+        proxy.wait_until(
+            lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="memory given back"
+        )
+    finally:
+        first.close()
+        if second:
+            second.close()
 
 
 @pytest.mark.parametrize(

@@ -242,15 +242,27 @@ def test_small_requests_of_many_rows_are_refused_before_they_are_built(corral_fa
     assert proxy.post({"x": 1}).status_code == 200, "the proxy is unharmed"
 
 
-@pytest.mark.parametrize("rows, width", [(64, 16_384), (1, 1_048_576)])
-def test_multi_mib_binary_tensors_from_16_clients(corral_factory, rows, width):
-    # 16 clients at once, each 4 MiB a request: 64 rows of 16,384 FP32 (64 KiB a row, each
+@pytest.mark.parametrize(
+    "rows, width, clients, memory",
+    [
+        (64, 16_384, 16, None),
+        (1, 1_048_576, 16, None),
+        # Room in the shared memory for two requests of 64: the rest find it full, and their
+        # rows, not gathered, go in the frames beside rows that were.
+        (64, 16_384, 64, 8 * 1024 * 1024),
+        (1, 1_048_576, 64, 8 * 1024 * 1024),
+    ],
+)
+def test_multi_mib_binary_tensors_from_many_clients(corral_factory, rows, width, clients, memory):
+    # Clients at once, each 4 MiB a request: 64 rows of 16,384 FP32 (64 KiB a row, each
     # gathered into shared memory), or one row of 1,048,576 (read in one piece of its body):
     # rows of several clients share batches, and every value comes back right.
     # A deadline far beyond the work: on a loaded machine the 5 s default can be predicted
     # unreachable (a 503), and this test is about the bytes, not about shedding.
     worker = str(Path(__file__).parent / "workers" / "tensor_echo.py")
-    proxy = corral_factory("--timeout-ms=60000", worker=worker)
+    sizing = [] if memory is None else [f"--shared-memory-bytes={memory}"]
+    # Room in the queue for every row at once (64 clients of 64 rows): about the bytes, again.
+    proxy = corral_factory("--timeout-ms=120000", "--queue-capacity=8192", *sizing, worker=worker)
 
     def one(i):
         x = np.random.default_rng(i).random((rows, width), dtype=np.float32)
@@ -261,5 +273,10 @@ def test_multi_mib_binary_tensors_from_16_clients(corral_factory, rows, width):
             y = c.infer("default", [tensor], outputs=wanted).as_numpy("Y")
         return np.array_equal(y, x * 2)
 
-    with ThreadPoolExecutor(16) as pool:
-        assert list(pool.map(one, range(16))) == [True] * 16
+    with ThreadPoolExecutor(clients) as pool:
+        assert list(pool.map(one, range(clients))) == [True] * clients
+    if memory is not None:
+        assert proxy.metric("corral_shared_memory_full_total") > 0, "some found it full"
+    proxy.wait_until(
+        lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="memory given back"
+    )

@@ -353,6 +353,11 @@ mod tests {
         assert!(memory.locate(&heap.segments()[0]).is_some());
         let small = Payload::from_segments([Bytes::from_static(b"a"), Bytes::from_static(b"b")]);
         assert!(memory.gather(&small).is_none(), "small: the socket costs less");
+        let just_below = Payload::from_segments([
+            Bytes::from_static(b"head"),
+            Bytes::from(vec![9u8; SHARED_FROM - 5]),
+        ]);
+        assert!(memory.gather(&just_below).is_none(), "one byte short of SHARED_FROM");
     }
 
     #[test]

@@ -525,6 +525,17 @@ mod tests {
     }
 
     #[test]
+    fn a_body_goes_to_shared_memory_from_shared_from_bytes_on() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let below = Buffer::new(0, SHARED_FROM - 1, Some(&memory));
+        assert!(matches!(below, Buffer::Heap(_)), "the socket costs less");
+        // The front (a raw body's bin32 header) counts toward the slot, not the threshold.
+        assert!(matches!(Buffer::new(5, SHARED_FROM - 5, Some(&memory)), Buffer::Heap(_)));
+        assert!(matches!(Buffer::new(0, SHARED_FROM, Some(&memory)), Buffer::Shared(_)));
+        assert!(matches!(Buffer::new(0, SHARED_FROM, None), Buffer::Heap(_)), "none to take");
+    }
+
+    #[test]
     fn a_body_in_shared_memory_moves_to_the_heap_rather_than_past_its_slot() {
         let memory = SharedMemory::new(1 << 20).unwrap();
         let mut buf = Buffer::new(0, SHARED_FROM, Some(&memory));
