@@ -208,15 +208,24 @@ def test_a_job_larger_than_the_batch_budget_goes_alone_up_to_what_a_frame_carrie
 def test_64_clients_of_3_mb_bodies_batch_within_the_default_byte_budget(tmp_path):
     # Without the budget, up to 21 of these would share one 64 MiB frame; with its default,
     # 24 MiB, a batch holds at most 8 (each job: its 3,000,000 bytes and a 5-byte bin header).
-    # 64 clients at once queue far more than that behind the first batch.
+    # 64 clients at once queue far more than that behind the first batch, which the worker holds
+    # until they have (however slowly a loaded machine uploads them).
     sizes = str(ROOT / "tests" / "workers" / "sizes.py")
-    proxy = Corral(tmp_path, f"--max-body-bytes={4 * 1024 * 1024}", worker=sizes)
+    gate = tmp_path / "gate"
+    env = {"SIZES_GATE": str(gate)}
+    proxy = Corral(tmp_path, f"--max-body-bytes={4 * 1024 * 1024}", worker=sizes, env=env)
     try:
         raw = {"content-type": "application/octet-stream"}
         bodies = [bytes([i]) * 3_000_000 for i in range(64)]
         with ThreadPoolExecutor(64) as pool:
             send = lambda body: proxy.client.post("/infer", content=body, headers=raw)  # noqa: E731
-            answers = list(pool.map(send, bodies))
+            sent = pool.map(send, bodies)
+            proxy.wait_until(
+                lambda: proxy.metric("corral_queue_depth", stage="default") >= 8,
+                what="a full batch's worth queued",
+            )
+            gate.touch()
+            answers = list(sent)
         assert all(answer.status_code == 200 for answer in answers)
         batches = [answer.json()["batch"] for answer in answers]
         assert all(answer.json()["size"] == 3_000_000 for answer in answers)
