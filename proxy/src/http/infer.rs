@@ -61,7 +61,7 @@ pub async fn handle(
         return Err(before_body(ApiError::bad_request(message)));
     }
     let front = if raw { format::BIN32_HEADER } else { 0 };
-    let Received { body, arrived, deadline, traffic } =
+    let (Received { body, arrived, deadline, traffic }, _) =
         receive_with(app, route, request, front, None).await?;
     // The raw body goes into the conversion and, for JSON, ends there: a queued request holds
     // one copy of its payload. Raw bytes are one msgpack value already, header and all.
@@ -156,16 +156,17 @@ pub async fn receive(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Received, ApiError> {
-    receive_with(app, route, request, 0, None).await
+    Ok(receive_with(app, route, request, 0, None).await?.0)
 }
 
-/// [`receive`], with a [`Gap`] left in the body's buffer and filled once the body is in.
+/// [`receive`], with a [`Gap`] left in the body's buffer and filled once the body is in, and
+/// the room it left (`gap.len`, or 0 where none was left: a chunked body kept on the heap).
 pub async fn receive_with_gap(
     app: &App,
     route: &Route,
     request: Request<Incoming>,
     gap: Gap,
-) -> Result<Received, ApiError> {
+) -> Result<(Received, usize), ApiError> {
     receive_with(app, route, request, 0, Some(gap)).await
 }
 
@@ -182,14 +183,14 @@ pub struct Gap {
 }
 
 /// [`receive`], with `front` bytes kept free at the start of the body's buffer, for a header,
-/// and a [`Gap`] inside it.
+/// and a [`Gap`] inside it; with the room the gap left.
 async fn receive_with(
     app: &App,
     route: &Route,
     request: Request<Incoming>,
     front: usize,
     gap: Option<Gap>,
-) -> Result<Received, ApiError> {
+) -> Result<(Received, usize), ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
     let timeout = deadline::requested(headers)
@@ -207,11 +208,11 @@ async fn receive_with(
     // from there, and large bodies take one pool of memory rather than two that each keep
     // their peak.
     let shared = app.shared_memory.as_ref();
-    let body =
+    let (body, room) =
         read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, gap, shared)
             .await
             .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
-    Ok(Received { body, arrived, deadline, traffic })
+    Ok((Received { body, arrived, deadline, traffic }, room))
 }
 
 /// An error answered before the request's body was read: the connection is closed after it
@@ -316,10 +317,12 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
 }
 
 /// Whether a body `room` bytes larger than its `Content-Length` would be read into shared
-/// memory (if a slot is free): only there does leaving room in it for a payload's head pay.
+/// memory (if a slot is free): only there does leaving room in it for a payload's head pay. A
+/// body of no declared length (chunked) may go there once its length is known, and is given
+/// the room only if it does (`read_body`).
 pub fn may_share(app: &App, headers: &HeaderMap, room: usize) -> bool {
     app.shared_memory.is_some()
-        && declared_length(headers).is_some_and(|length| length as usize + room >= SHARED_FROM)
+        && declared_length(headers).is_none_or(|length| length as usize + room >= SHARED_FROM)
 }
 
 /// The body's length as its `Content-Length` declares it, if it does.
@@ -342,8 +345,9 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// queued job keeps its whole allocation alive): with a declared length the buffer is allocated
 /// at that size and filled as frames come — in `shared` memory when given, the length is at
 /// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept as they
-/// are and copied at the end into a buffer of the size they add up to, where growing a buffer
-/// by doubling would copy the body again at each step.
+/// are and copied at the end into a buffer of the size they add up to ([`assemble`]), where
+/// growing a buffer by doubling would copy the body again at each step. Returns the body and
+/// the room its gap left (0 without one).
 async fn read_body(
     mut body: Incoming,
     limit: usize,
@@ -352,7 +356,7 @@ async fn read_body(
     front: usize,
     gap: Option<Gap>,
     shared: Option<&Arc<SharedMemory>>,
-) -> Result<Bytes, Option<ApiError>> {
+) -> Result<(Bytes, usize), Option<ApiError>> {
     let too_large = Some(ApiError::body_too_large(limit));
     if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
@@ -379,15 +383,11 @@ async fn read_body(
             }
         }
     }
-    let mut buf = sized.unwrap_or_else(|| {
-        let mut buf = Buffer::new(front, received + room, None);
-        let mut before = 0;
-        for frame in &frames {
-            buf.put(frame, before, gap);
-            before += frame.len();
-        }
-        buf
-    });
+    let (mut buf, gap) = match sized {
+        Some(buf) => (buf, gap),
+        None => assemble(&frames, received, front, gap, shared),
+    };
+    let room = gap.map_or(0, |gap| gap.len);
     if let Some(gap) = gap.filter(|gap| received == gap.at) {
         // The body ended where the room begins: no frame had a byte after it.
         buf.extend_zeros(gap.len);
@@ -402,7 +402,31 @@ async fn read_body(
     if front > 0 {
         format::write_bin32_header(buf.filled_mut());
     }
-    Ok(buf.freeze())
+    Ok((buf.freeze(), room))
+}
+
+/// A chunked body's frames, `received` bytes in all, copied into one buffer now that its size
+/// is known: into `shared` memory as a declared length would be (at least [`SHARED_FROM`] bytes
+/// with the gap's room, and a slot free), keeping the gap there; onto the heap without it, where
+/// the room buys nothing. Returns the buffer and the gap it kept.
+fn assemble(
+    frames: &[Bytes],
+    received: usize,
+    front: usize,
+    gap: Option<Gap>,
+    shared: Option<&Arc<SharedMemory>>,
+) -> (Buffer, Option<Gap>) {
+    let room = gap.map_or(0, |gap| gap.len);
+    let (mut buf, gap) = match Buffer::shared(front, received + room, shared) {
+        Some(buf) => (buf, gap),
+        None => (Buffer::new(front, received, None), None),
+    };
+    let mut before = 0;
+    for frame in frames {
+        buf.put(frame, before, gap);
+        before += frame.len();
+    }
+    (buf, gap)
 }
 
 /// A body's buffer: on the heap, or a slot of shared memory.
@@ -412,15 +436,23 @@ enum Buffer {
 }
 
 impl Buffer {
-    /// A buffer for `front` zero bytes then `length` bytes of body.
+    /// A buffer for `front` zero bytes then `length` bytes of body: in `shared` memory if
+    /// [`Buffer::shared`] finds it a slot, else on the heap.
     fn new(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Self {
-        let slot = shared.filter(|_| length >= SHARED_FROM).and_then(|m| m.slot(front + length));
-        let mut buf = match slot {
-            Some(slot) => Buffer::Shared(slot),
-            None => Buffer::Heap(BytesMut::with_capacity(front + length)),
-        };
+        Self::shared(front, length, shared).unwrap_or_else(|| {
+            let mut buf = Buffer::Heap(BytesMut::with_capacity(front + length));
+            buf.extend_zeros(front);
+            buf
+        })
+    }
+
+    /// [`Buffer::new`] in a slot of `shared` memory, if `length` is at least [`SHARED_FROM`]
+    /// (below it, the socket costs less than a slot) and a slot is free.
+    fn shared(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Option<Self> {
+        let slot = shared.filter(|_| length >= SHARED_FROM)?.slot(front + length)?;
+        let mut buf = Buffer::Shared(slot);
         buf.extend_zeros(front);
-        buf
+        Some(buf)
     }
 
     /// Appends `n` zero bytes (room to fill in later), without allocating them first.
@@ -533,6 +565,55 @@ mod tests {
         assert!(matches!(Buffer::new(5, SHARED_FROM - 5, Some(&memory)), Buffer::Heap(_)));
         assert!(matches!(Buffer::new(0, SHARED_FROM, Some(&memory)), Buffer::Shared(_)));
         assert!(matches!(Buffer::new(0, SHARED_FROM, None), Buffer::Heap(_)), "none to take");
+    }
+
+    /// `body` cut into frames of `size` bytes, as hyper might hand a chunked body over.
+    fn frames(body: &[u8], size: usize) -> Vec<Bytes> {
+        body.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[test]
+    fn a_chunked_body_goes_to_shared_memory_once_its_length_is_known() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let body: Vec<u8> = (0..SHARED_FROM).map(|i| i as u8).collect();
+        let (buf, gap) = assemble(&frames(&body, 1000), body.len(), 5, None, Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)) && gap.is_none());
+        let bytes = buf.freeze();
+        assert!(memory.locate(&bytes).is_some());
+        assert_eq!(&bytes[..5], &[0; 5], "the front is kept");
+        assert_eq!(&bytes[5..], &body[..]);
+
+        let small = &body[..SHARED_FROM - 1];
+        let (buf, _) = assemble(&frames(small, 1000), small.len(), 0, None, Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)), "the socket costs less");
+        assert_eq!(&buf.freeze()[..], small);
+    }
+
+    #[test]
+    fn a_chunked_body_keeps_its_gap_in_shared_memory_only() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        // With its room the body reaches the threshold, as `may_share` counts a declared one.
+        let body = vec![7; SHARED_FROM - 3];
+        let gap = Gap { at: 6, len: 3, fill };
+        let (mut buf, kept) =
+            assemble(&frames(&body, 4096), body.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)));
+        assert_eq!(kept.map(|gap| gap.len), Some(3));
+        assert_eq!(&buf.filled_mut()[..12], &[7, 7, 7, 7, 7, 7, 0, 0, 0, 7, 7, 7]);
+        drop(buf);
+
+        let small = vec![7; SHARED_FROM - 4];
+        let (mut buf, kept) =
+            assemble(&frames(&small, 4096), small.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)) && kept.is_none(), "no room on the heap");
+        assert_eq!(buf.filled_mut(), &small[..]);
+
+        let taken = memory.slot(1 << 20).expect("the memory is free");
+        let (mut buf, kept) =
+            assemble(&frames(&body, 4096), body.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)) && kept.is_none(), "no slot free: the heap");
+        assert_eq!(buf.filled_mut(), &body[..]);
+        drop(taken);
     }
 
     #[test]

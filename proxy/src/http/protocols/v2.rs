@@ -227,7 +227,7 @@ async fn infer(
     let (received, room) = match header_length {
         Some(at) if infer::may_share(app, request.headers(), room) => {
             let gap = Gap { at, len: room, fill: request::single_row_head };
-            (infer::receive_with_gap(app, route, request, gap).await?, room)
+            infer::receive_with_gap(app, route, request, gap).await?
         }
         _ => (infer::receive(app, route, request).await?, 0),
     };
