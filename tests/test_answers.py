@@ -109,6 +109,29 @@ def test_415_for_a_content_type_that_is_not_a_media_type(proxy):
         assert "is not a media type" in body["message"]
 
 
+def test_a_compressed_body_is_415_not_taken_for_its_content(proxy):
+    # Passed on, the worker would read the gzip bytes as the input.
+    headers = {"content-encoding": "gzip", "connection": "close"}
+    response = proxy.client.post("/infer", content=b"\x1f\x8b\x08\x00", headers=headers)
+    body = assert_error(response, 415, "unsupported_media_type")
+    assert body["message"] == 'Content-Encoding "gzip" is not supported: send the body uncompressed'
+    response = proxy.post([1], headers={"content-encoding": "identity"})
+    assert response.status_code == 200 and response.json()["echo"] == [1]
+
+
+def test_nan_and_infinity_go_back_in_msgpack_and_are_500_as_json(proxy):
+    # JSON has no NaN nor infinity: serde_json would write null, another value than the
+    # worker's.
+    body = msgpack.packb([float("inf"), float("-inf"), 1.5])
+    headers = {"content-type": "application/msgpack", "accept": "application/msgpack"}
+    response = proxy.client.post("/infer", content=body, headers=headers)
+    assert msgpack.unpackb(response.content)["echo"] == [float("inf"), float("-inf"), 1.5]
+    headers["accept"] = "application/json"
+    response = proxy.client.post("/infer", content=body, headers=headers)
+    message = assert_error(response, 500, "unrepresentable_output")["message"]
+    assert "NaN or infinity" in message and "msgpack can" in message
+
+
 def test_413_declared_and_streamed(proxy):
     big = json.dumps("x" * 70_000).encode()
     declared = proxy.client.post(

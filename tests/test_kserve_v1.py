@@ -57,6 +57,12 @@ def test_an_unknown_model_is_404(proxy):
         assert answer.json() == {"error": 'no model named "nope"'}
 
 
+def test_a_path_under_v1_models_that_names_no_endpoint_is_404_in_v1_shape(proxy):
+    for path in ("/v1/models/default:explain", "/v1/models/default/metadata"):
+        answer = proxy.client.post(path, json={"instances": [1]})
+        assert (answer.status_code, answer.json()) == (404, {"error": f"no route for {path}"})
+
+
 def test_a_bad_instance_is_422_naming_it(proxy):
     answer = predict(proxy, {"instances": [1, {"invalid": "no good"}, 3]})
     assert answer.status_code == 422

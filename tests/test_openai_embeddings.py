@@ -88,6 +88,7 @@ def test_the_route_keeps_its_own_path(proxy):
         ({"input": []}, "input must not be empty"),
         ({"input": [[1, 2, 3]]}, "token arrays are not supported"),
         ({"input": [1, 2, 3]}, "token arrays are not supported"),
+        ({"input": ["a", 1]}, "input 1 is not a string"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format must be"),
     ],
 )
@@ -98,6 +99,36 @@ def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
     assert message in raised.value.message
     assert raised.value.type == "invalid_request_error"
     assert raised.value.code == "bad_request"
+
+
+def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(client):
+    # JSON has no NaN nor infinity: written as null they would reach the client as no number.
+    answer = client.embeddings.create(model="m", input="not finite", encoding_format="base64")
+    values = np.frombuffer(base64.b64decode(answer.data[0].embedding), dtype="<f4")
+    assert np.isnan(values[0]) and list(values[1:]) == [np.inf, -np.inf, 0.5]
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.embeddings.create(model="m", input=["fine", "not finite"], encoding_format="float")
+    assert raised.value.code == "unrepresentable_output"
+    assert "input 1 holds NaN or infinity" in raised.value.message
+    assert 'encoding_format \"base64\"' in raised.value.message
+
+
+def test_raw_bytes_from_the_worker_are_a_bad_output_not_an_embedding(client):
+    # Read as the list of its bytes they would be a vector of byte values, with a 200.
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.embeddings.create(model="m", input=["fine", "raw bytes"], encoding_format="float")
+    assert raised.value.code == "bad_output"
+    assert "input 1 is not a list of numbers" in raised.value.message
+
+
+def test_a_msgpack_body_is_415_saying_json_only(proxy):
+    answer = proxy.client.post(
+        "/v1/embeddings", content=b"\x80", headers={"content-type": "application/msgpack"}
+    )
+    assert answer.status_code == 415
+    assert answer.json()["error"]["message"] == (
+        "Content-Type must be application/json: OpenAI's API is JSON only"
+    )
 
 
 def test_an_input_the_worker_rejects_is_422_naming_it(client):

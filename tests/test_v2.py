@@ -6,6 +6,7 @@ own error shape without harm to the proxy."""
 
 import contextlib
 import json
+import sys
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -215,6 +216,87 @@ def test_bad_requests_get_a_v2_error_and_harm_nothing(proxy, case, status, expec
         "shape": [1, 1],
         "data": [6.0],
     }
+
+
+def test_nan_and_infinity_come_back_in_binary_and_are_refused_as_json(proxy):
+    x, scale, words = rows(1)
+    x[0] = [np.inf, -np.inf, np.nan]
+    inputs = [
+        triton.InferInput("X", list(x.shape), "FP32"),
+        triton.InferInput("N", list(scale.shape), "INT64"),
+        triton.InferInput("TEXT", list(words.shape), "BYTES"),
+    ]
+    for tensor, data in zip(inputs, (x, scale, words)):
+        tensor.set_data_from_numpy(data)  # binary: JSON could not carry them in either
+    with client(proxy) as c:
+        answer = c.infer("default", inputs, outputs=[triton.InferRequestedOutput("SCALED")])
+        scaled = answer.as_numpy("SCALED")[0]
+        assert list(scaled[:2]) == [np.inf, -np.inf] and np.isnan(scaled[2])
+        # JSON has no such numbers: written as null, tritonclient would read NaN for +inf.
+        with pytest.raises(InferenceServerException) as failed:
+            as_json = triton.InferRequestedOutput("SCALED", binary_data=False)
+            c.infer("default", inputs, outputs=[as_json])
+    assert failed.value.status() == "500"
+    assert "is not a number JSON can carry: ask for it with binary_data" in str(failed.value)
+
+
+def test_a_number_past_fp32_is_400_as_an_integer_too_large_is(proxy):
+    header = good()
+    header["inputs"][0]["data"] = [1, 2, 1e39]
+    answer = post(proxy, INFER, header)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": 'input "X": element 2: 1e39 does not fit in FP32'}
+
+
+def test_a_compressed_body_is_415_in_v2_shape(proxy):
+    x, scale, words = rows(1)
+    inputs = [
+        triton.InferInput("X", list(x.shape), "FP32"),
+        triton.InferInput("N", list(scale.shape), "INT64"),
+        triton.InferInput("TEXT", list(words.shape), "BYTES"),
+    ]
+    for tensor, data in zip(inputs, (x, scale, words)):
+        tensor.set_data_from_numpy(data)
+    with client(proxy) as c, pytest.raises(InferenceServerException) as failed:
+        c.infer("default", inputs, request_compression_algorithm="gzip")
+    assert failed.value.status() == "415"
+    assert 'Content-Encoding "gzip" is not supported' in str(failed.value)
+
+
+def test_a_path_under_v2_that_names_no_endpoint_is_404_in_v2_shape(proxy):
+    for path in ("/v2/repository/index", "/v2/models/default/stats", "/v2/models/default/x"):
+        answer = proxy.client.get(path)
+        assert (answer.status_code, answer.json()) == (404, {"error": f"no route for {path}"})
+
+
+def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):
+    # tritonclient quotes the name into the path: the proxy reads it percent-decoded.
+    name = "résumé model@1"
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.s]\ncommand = ["{sys.executable}", "{WORKER}"]\n'
+        f'[pipelines.p]\nstages = ["s"]\n[routes."{name}"]\npipeline = "p"\npath = "/resume"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    x, scale, words = rows(1)
+    with client(proxy) as c:
+        assert c.is_model_ready(name)
+        assert c.get_model_metadata(name)["name"] == name
+    inputs = [
+        triton.InferInput("X", list(x.shape), "FP32"),
+        triton.InferInput("N", list(scale.shape), "INT64"),
+        triton.InferInput("TEXT", list(words.shape), "BYTES"),
+    ]
+    for tensor, data in zip(inputs, (x, scale, words)):
+        tensor.set_data_from_numpy(data)
+    with client(proxy) as c:
+        answer = c.infer(name, inputs, outputs=[triton.InferRequestedOutput("SUM")])
+    assert answer.as_numpy("SUM").tolist() == [[x.sum()]]
+    assert answer.get_response()["model_name"] == name
+    # KServe v1 reads it the same way.
+    quoted = "r%C3%A9sum%C3%A9%20model%401"
+    answer = proxy.client.get(f"/v1/models/{quoted}")
+    assert (answer.status_code, answer.json()) == (200, {"name": name, "ready": True})
 
 
 def test_an_infer_that_is_not_a_post_is_405(proxy):

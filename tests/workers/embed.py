@@ -1,7 +1,11 @@
 """A deterministic embedding worker for the OpenAI protocol tests: each text becomes 8 floats
 derived from its SHA-256, so a test can compute the expected vector itself. Every vector's last
 element is the size of the batch it was computed in (exact in float32), so tests can see inputs
-share a batch. A text starting with "reject" is refused (422) in preprocess."""
+share a batch. A text starting with "reject" is refused (422) in preprocess. The text
+"not finite" is answered with NaN and infinities, and "raw bytes" with the float32 bytes of a
+vector (a worker's mistake: an embedding is a list of numbers)."""
+
+import struct
 
 import hashlib
 
@@ -23,7 +27,15 @@ class Embed(corral.Worker):
         return item
 
     def forward(self, batch):
-        return [vector(text, len(batch)) for text in batch]
+        return [answer(text, len(batch)) for text in batch]
+
+
+def answer(text: str, batch_size: int):
+    if text == "not finite":
+        return [float("nan"), float("inf"), float("-inf"), 0.5]
+    if text == "raw bytes":
+        return struct.pack("<4f", 1.0, 2.0, 3.0, 4.0)
+    return vector(text, batch_size)
 
 
 if __name__ == "__main__":

@@ -227,15 +227,23 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
 /// a native client gets plain values in either format.
 pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
-    let data = if validate::has_ext(&data) {
+    let mut found = validate::scan(&data);
+    let data = if found.ext {
         let plain = tensor::expand(&data)
             .map_err(|e| format!("the worker's output has a value Corral cannot write: {e}"))?;
+        // A tensor's floats are plain values only now.
+        found = validate::scan(&plain);
         Bytes::from(plain)
     } else {
         data
     };
     match format {
         Format::Msgpack => Ok(data),
+        // serde_json would write `null`: the client would read another value, or none.
+        Format::Json if found.non_finite => {
+            Err("the worker's output holds NaN or infinity, which JSON cannot carry (msgpack can)"
+                .into())
+        }
         Format::Json => {
             let mut out = Vec::with_capacity(data.len() + data.len() / 2);
             let mut de = msgpack_reader(&data[..]);
@@ -409,6 +417,24 @@ mod tests {
         let packed = pack(Format::Json, body).unwrap();
         let back = from_msgpack(Format::Json, packed).unwrap();
         assert_eq!(&back[..], br#"{"a":[1,-2,3.5,"x",null,true]}"#);
+    }
+
+    #[test]
+    fn a_float_json_cannot_carry_is_refused_for_json_and_kept_for_msgpack() {
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let packed = Bytes::from(rmp_serde::to_vec(&(1.5f64, bad)).unwrap());
+            let error = from_msgpack(Format::Json, packed.clone()).unwrap_err();
+            assert!(error.contains("NaN or infinity"), "{error}");
+            assert_eq!(from_msgpack(Format::Msgpack, packed.clone()).unwrap(), packed);
+        }
+        let packed = Bytes::from(rmp_serde::to_vec(&[f32::INFINITY]).unwrap());
+        assert!(from_msgpack(Format::Json, packed).is_err(), "a float32");
+        // A tensor value's floats count once it is written out plainly.
+        let mut value = Vec::new();
+        tensor::write_tensor(&mut value, tensor::DataType::F32, &[1], &f32::NAN.to_le_bytes());
+        assert!(from_msgpack(Format::Json, Bytes::from(value)).is_err(), "in a tensor");
+        let fine = Bytes::from(rmp_serde::to_vec(&(1.5f64, f64::MAX, f32::MIN)).unwrap());
+        assert!(from_msgpack(Format::Json, fine).is_ok());
     }
 
     #[test]

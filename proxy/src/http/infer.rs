@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocol::{JobId, Payload};
-use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{ACCEPT, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -193,6 +193,7 @@ async fn receive_with(
 ) -> Result<(Received, usize), ApiError> {
     let arrived = Instant::now();
     let headers = request.headers();
+    check_encoding(headers).map_err(before_body)?;
     let timeout = deadline::requested(headers)
         .map_err(before_body)?
         .map_or(route.timeout, |t| t.min(route.timeout));
@@ -323,6 +324,25 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
 pub fn may_share(app: &App, headers: &HeaderMap, room: usize) -> bool {
     app.shared_memory.is_some()
         && declared_length(headers).is_none_or(|length| length as usize + room >= SHARED_FROM)
+}
+
+/// A compressed body (`Content-Encoding` other than `identity`) is refused (415, RFC 9110
+/// 15.5.16), not passed on as if it were its content: the worker would read gzip bytes as the
+/// input, and a v2 client's compressed binary body would fail its lengths with a puzzling 400.
+fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(CONTENT_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        let coding = text
+            .split(',')
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+        if let Some(coding) = coding {
+            let message =
+                format!("Content-Encoding {coding:?} is not supported: send the body uncompressed");
+            return Err(ApiError { message, ..ApiError::unsupported_media_type("") });
+        }
+    }
+    Ok(())
 }
 
 /// The body's length as its `Content-Length` declares it, if it does.

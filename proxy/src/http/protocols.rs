@@ -29,6 +29,9 @@ pub enum Endpoint<'a> {
     KServe(kserve_v1::Endpoint<'a>),
     V2(v2::Endpoint<'a>),
     OpenAi(&'a super::Route),
+    /// A path under a protocol's prefix that names none of its endpoints: 404 in that
+    /// protocol's error shape, which its clients read (`/v2/`, `/v1/models/`).
+    Unknown(String),
 }
 
 impl<'a> Endpoint<'a> {
@@ -42,6 +45,9 @@ impl<'a> Endpoint<'a> {
         if path == openai::EMBEDDINGS_PATH {
             let route = app.routes.iter().find(|r| r.protocol == Some(Protocol::OpenAiEmbeddings));
             return route.map(Endpoint::OpenAi);
+        }
+        if path.starts_with("/v2/") || path.starts_with(kserve_v1::PREFIX) {
+            return Some(Endpoint::Unknown(path.to_string()));
         }
         None
     }
@@ -65,8 +71,20 @@ impl<'a> Endpoint<'a> {
                 let response = answer.unwrap_or_else(|e| openai::error_response(&e));
                 (openai::EMBEDDINGS_PATH, response)
             }
+            Endpoint::Unknown(path) => {
+                // The label native 404s go under: a client must not grow the label set.
+                ("other", plain_error_response(&ApiError::not_found(&path)))
+            }
         }
     }
+}
+
+/// A model's name as a path segment carries it: percent-decoded, as clients encode it
+/// (tritonclient quotes the name); a segment that does not decode to UTF-8 is taken as it is.
+fn model_name(segment: &str) -> String {
+    percent_encoding::percent_decode_str(segment)
+        .decode_utf8()
+        .map_or_else(|_| segment.to_string(), |name| name.into_owned())
 }
 
 /// What every protocol's job-taking endpoint checks first, as native routes do: `POST` only, and

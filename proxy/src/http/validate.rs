@@ -16,15 +16,24 @@ pub fn msgpack(body: &[u8]) -> Result<(), String> {
     walk(body).map(drop)
 }
 
-/// Whether a well-formed msgpack value holds an ext value anywhere (a worker's tensor value,
-/// which native answers write out plainly); false for a malformed one.
-pub fn has_ext(body: &[u8]) -> bool {
-    walk(body).unwrap_or(false)
+/// What a well-formed msgpack value holds that a JSON answer must treat apart (all false for a
+/// malformed one).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Found {
+    /// An ext value (a worker's tensor value, which native answers write out plainly).
+    pub ext: bool,
+    /// A float that is NaN or infinite, which JSON cannot carry.
+    pub non_finite: bool,
 }
 
-/// [`msgpack`]'s walk; whether it met an ext value.
-fn walk(body: &[u8]) -> Result<bool, String> {
-    let mut ext = false;
+/// [`Found`] of `body`, in one walk.
+pub fn scan(body: &[u8]) -> Found {
+    walk(body).unwrap_or_default()
+}
+
+/// [`msgpack`]'s walk, and what it found.
+fn walk(body: &[u8]) -> Result<Found, String> {
+    let mut found = Found::default();
     if body.is_empty() {
         return Err("empty body".into());
     }
@@ -53,7 +62,7 @@ fn walk(body: &[u8]) -> Result<bool, String> {
             0xc6 => reader.skip_sized(4, 0)?,
             // ext 8, 16, 32: a length, a type byte, the data
             marker @ (0xc7..=0xc9 | 0xd4..=0xd8) => {
-                ext = true;
+                found.ext = true;
                 match marker {
                     0xc7 => reader.skip_sized(1, 1)?,
                     0xc8 => reader.skip_sized(2, 1)?,
@@ -66,9 +75,20 @@ fn walk(body: &[u8]) -> Result<bool, String> {
                     _ => reader.skip(17)?,
                 }
             }
-            // float 32, 64; uint 8..64; int 8..64
-            0xca | 0xce | 0xd2 => reader.skip(4)?,
-            0xcb | 0xcf | 0xd3 => reader.skip(8)?,
+            // float 32, 64
+            0xca => {
+                let bits = reader.take(4)?.try_into().expect("4 bytes taken");
+                found.non_finite |= !f32::from_be_bytes(bits).is_finite();
+                None
+            }
+            0xcb => {
+                let bits = reader.take(8)?.try_into().expect("8 bytes taken");
+                found.non_finite |= !f64::from_be_bytes(bits).is_finite();
+                None
+            }
+            // uint 8..64; int 8..64
+            0xce | 0xd2 => reader.skip(4)?,
+            0xcf | 0xd3 => reader.skip(8)?,
             0xcc | 0xd0 => reader.skip(1)?,
             0xcd | 0xd1 => reader.skip(2)?,
             // str 8, 16, 32
@@ -90,7 +110,7 @@ fn walk(body: &[u8]) -> Result<bool, String> {
         }
     }
     match body.len() - reader.at {
-        0 => Ok(ext),
+        0 => Ok(found),
         rest => Err(format!("{rest} bytes after the value")),
     }
 }

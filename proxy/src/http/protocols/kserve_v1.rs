@@ -20,7 +20,7 @@ use super::super::routes::json;
 use super::super::{items, App, Body, Route};
 use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
 
-const PREFIX: &str = "/v1/models/";
+pub const PREFIX: &str = "/v1/models/";
 const PREDICT: &str = ":predict";
 
 pub struct Endpoint<'a> {
@@ -41,8 +41,9 @@ impl<'a> Endpoint<'a> {
         if name.is_empty() || name.contains(['/', ':']) {
             return None;
         }
-        let route = app.model(name);
-        Some(Endpoint { name: name.to_string(), route, predict })
+        let name = super::model_name(name);
+        let route = app.model(&name);
+        Some(Endpoint { name, route, predict })
     }
 
     pub async fn answer(

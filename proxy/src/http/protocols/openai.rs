@@ -14,6 +14,8 @@
 //! request would get; `code` is Corral's code word, `type` `invalid_request_error` for a 4xx and
 //! `server_error` otherwise.
 
+use std::borrow::Cow;
+
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
@@ -24,8 +26,10 @@ use super::super::error::ApiError;
 use super::super::format::Format;
 use super::super::infer::{self, Received};
 use super::super::routes::{error_response_with, json};
+use super::super::validate;
 use super::super::{App, Body, Route};
 use super::first_failure;
+use super::v2::tensor;
 use crate::job::Outcome;
 
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
@@ -48,9 +52,9 @@ pub async fn embeddings(
 ) -> Result<Response<Body>, ApiError> {
     if infer::request_format(request.headers()).map_err(infer::before_body)? != Format::Json {
         // A msgpack body: OpenAI's API is JSON only.
-        let media_type = request.headers().get(http::header::CONTENT_TYPE);
-        let media_type = media_type.and_then(|v| v.to_str().ok()).unwrap_or_default();
-        return Err(infer::before_body(ApiError::unsupported_media_type(media_type)));
+        let message = "Content-Type must be application/json: OpenAI's API is JSON only";
+        let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
+        return Err(infer::before_body(error));
     }
     let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
@@ -77,6 +81,14 @@ pub async fn embeddings(
         .enumerate()
         .map(|(index, outcome)| {
             let vector = vector(index, outcome)?;
+            if !base64 && vector.iter().any(|x| !x.is_finite()) {
+                // serde_json would write `null`s: a client would read no number, or NaN.
+                let message = format!(
+                    "the worker's output for input {index} holds NaN or infinity, which JSON \
+                     cannot carry: ask for encoding_format \"base64\""
+                );
+                return Err(ApiError::internal("unrepresentable_output", message));
+            }
             let embedding =
                 if base64 { Value::String(encode_base64(&vector)) } else { json!(vector) };
             Ok(json!({"object": "embedding", "index": index, "embedding": embedding}))
@@ -101,6 +113,12 @@ fn strings(input: Value) -> Result<Vec<String>, ApiError> {
         Value::Array(list) => list,
         _ => return Err(bad("input must be a string or a list of strings")),
     };
+    // A list of numbers, or of lists, is OpenAI's token arrays; a number among strings is not.
+    if list.iter().all(|item| matches!(item, Value::Number(_) | Value::Array(_))) {
+        return Err(bad(
+            "token arrays are not supported: send the text as a string or a list of strings",
+        ));
+    }
     list.into_iter()
         .enumerate()
         .map(|(index, item)| match item {
@@ -108,9 +126,6 @@ fn strings(input: Value) -> Result<Vec<String>, ApiError> {
                 Err(bad(&format!("input {index} is an empty string")))
             }
             Value::String(text) => Ok(text),
-            Value::Number(_) | Value::Array(_) => Err(bad(
-                "token arrays are not supported: send the text as a string or a list of strings",
-            )),
             _ => Err(bad(&format!("input {index} is not a string"))),
         })
         .collect()
@@ -122,15 +137,27 @@ fn msgpack_str(text: &str) -> Bytes {
     Bytes::from(out)
 }
 
-/// A worker's answer for one input as float32s (OpenAI's embeddings are float32).
+/// A worker's answer for one input as float32s (OpenAI's embeddings are float32): an array of
+/// numbers, or a tensor value of them (a worker that declares its output).
 fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
     let Outcome::Done(data, _) = outcome else {
         unreachable!("first_failure let only results through")
     };
-    rmp_serde::from_slice(&data).map_err(|_| {
+    let not_numbers = || {
         let message = format!("the worker's output for input {index} is not a list of numbers");
         ApiError::internal("bad_output", message)
-    })
+    };
+    let data: Cow<[u8]> = if validate::scan(&data).ext {
+        Cow::Owned(tensor::expand(&data).map_err(|_| not_numbers())?)
+    } else {
+        Cow::Borrowed(&data)
+    };
+    // rmp_serde reads a `bin` as the list of its bytes: a worker's raw float32 bytes would
+    // become an embedding of byte values. Only an array is a list of numbers.
+    if !matches!(data.first(), Some(0x90..=0x9f | 0xdc | 0xdd)) {
+        return Err(not_numbers());
+    }
+    rmp_serde::from_slice(&data).map_err(|_| not_numbers())
 }
 
 /// Standard base64 (with padding) of the vector's little-endian float32 bytes.
@@ -172,5 +199,29 @@ mod tests {
         assert!(strings(json!([1, 2])).is_err());
         assert!(strings(json!([])).is_err());
         assert_eq!(strings(json!("a b")).unwrap(), ["a b"]);
+        let mixed = strings(json!(["a", 1])).unwrap_err();
+        assert_eq!(mixed.message, "input 1 is not a string", "not a token array");
+    }
+
+    fn done(value: &impl serde::Serialize) -> Outcome {
+        Outcome::Done(Bytes::from(rmp_serde::to_vec(value).unwrap()), None)
+    }
+
+    #[test]
+    fn an_embedding_is_a_list_of_numbers_not_bytes() {
+        assert_eq!(vector(0, done(&[1.5, -2.0])).unwrap(), [1.5, -2.0]);
+        let mut bin = Vec::new();
+        rmp::encode::write_bin(&mut bin, &[0, 0, 128, 63]).unwrap();
+        let raw = Outcome::Done(Bytes::from(bin), None);
+        let error = vector(3, raw).unwrap_err();
+        assert_eq!(
+            (error.code, error.message.as_str()),
+            ("bad_output", "the worker's output for input 3 is not a list of numbers")
+        );
+        assert!(vector(0, done(&"text")).is_err());
+        let mut value = Vec::new();
+        let data: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        tensor::write_tensor(&mut value, tensor::DataType::F32, &[2], &data);
+        assert_eq!(vector(0, Outcome::Done(Bytes::from(value), None)).unwrap(), [0.5, 2.0]);
     }
 }

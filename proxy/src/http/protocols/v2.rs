@@ -84,8 +84,9 @@ impl<'a> Endpoint<'a> {
                 if name.is_empty() {
                     return None;
                 }
-                let route = app.model(name);
-                return Some(Endpoint { kind, name: name.to_string(), route });
+                let name = super::model_name(name);
+                let route = app.model(&name);
+                return Some(Endpoint { kind, name, route });
             }
         };
         Some(Endpoint { kind, name: String::new(), route: None })

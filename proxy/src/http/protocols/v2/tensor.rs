@@ -260,8 +260,22 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
             out.extend_from_slice(&length.to_le_bytes());
             out.extend_from_slice(b);
         }
-        (T::F16, e) => out.extend_from_slice(&half::f16::from_f64(float(e)?).to_le_bytes()),
-        (T::F32, e) => out.extend_from_slice(&(float(e)? as f32).to_le_bytes()),
+        // A finite number past the type's range would become infinity: refused as an integer
+        // too large is (an infinity given stays one).
+        (T::F16, e) => {
+            let (wide, narrow) = float(e).map(|f| (f, half::f16::from_f64(f)))?;
+            if wide.is_finite() && narrow.is_infinite() {
+                return Err(fits(&format!("{wide:?}")));
+            }
+            out.extend_from_slice(&narrow.to_le_bytes())
+        }
+        (T::F32, e) => {
+            let (wide, narrow) = float(e).map(|f| (f, f as f32))?;
+            if wide.is_finite() && narrow.is_infinite() {
+                return Err(fits(&format!("{wide:?}")));
+            }
+            out.extend_from_slice(&narrow.to_le_bytes())
+        }
         (T::F64, e) => out.extend_from_slice(&float(e)?.to_le_bytes()),
         (integer, Element::Uint(u)) => {
             push_integer(out, integer, i128::from(u)).ok_or_else(|| fits(&format!("{u}")))?
@@ -320,13 +334,19 @@ pub fn unpack_json(
     data: &[u8],
 ) -> Result<serde_json::Value, String> {
     use serde_json::Value;
-    let number = |f: f64| serde_json::Number::from_f64(f).map_or(Value::Null, Value::Number);
+    // JSON has no NaN nor infinity: written as `null` (serde_json's way) they would come back
+    // to the client as another value, or none; refused instead, as Triton's JSON writer does.
+    let number = |f: f64| {
+        serde_json::Number::from_f64(f).map(Value::Number).ok_or_else(|| {
+            format!("{f} is not a number JSON can carry: ask for it with binary_data")
+        })
+    };
     let values = unpack(datatype, shape, data)?.into_iter().map(|element| match element {
         Element::Bool(b) => Ok(Value::Bool(b)),
         Element::Uint(u) => Ok(Value::from(u)),
         Element::Int(i) => Ok(Value::from(i)),
-        Element::Float(f) => Ok(number(f)),
-        Element::Float32(f) => Ok(number(f64::from(f))),
+        Element::Float(f) => number(f),
+        Element::Float32(f) => number(f64::from(f)),
         Element::Bytes(b) => {
             std::str::from_utf8(b).map(|s| Value::String(s.to_owned())).map_err(|_| {
                 "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data"
@@ -593,6 +613,12 @@ mod tests {
         assert_eq!(text, [2, 0, 0, 0, b'a', b'b', 0, 0, 0, 0]);
         let half = pack_json(DataType::F16, &serde_json::json!([1.0]), 1).unwrap();
         assert_eq!(half, [0x00, 0x3c]);
+        // Past the type's range a number is refused, as an integer too large is.
+        let error = pack_json(DataType::F16, &serde_json::json!([70000.0]), 1).unwrap_err();
+        assert_eq!(error, "element 0: 70000.0 does not fit in FP16");
+        assert!(pack_json(DataType::F32, &serde_json::json!([1e39]), 1).is_err());
+        assert!(pack_json(DataType::F32, &serde_json::json!([3.4e38]), 1).is_ok());
+        assert!(pack_json(DataType::F16, &serde_json::json!([65504]), 1).is_ok(), "FP16's max");
     }
 
     #[test]
@@ -602,6 +628,19 @@ mod tests {
         let text = [1, 0, 0, 0, b'z'];
         assert_eq!(unpack_json(DataType::Bytes, &[1], &text).unwrap(), serde_json::json!(["z"]));
         assert!(unpack_json(DataType::Bytes, &[1], &[1, 0, 0, 0, 0xff]).is_err());
+    }
+
+    #[test]
+    fn a_float_json_cannot_carry_is_refused_not_written_as_null() {
+        for value in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let data = [1.5f32, value].iter().flat_map(|f| f.to_le_bytes()).collect::<Vec<_>>();
+            let error = unpack_json(DataType::F32, &[2], &data).unwrap_err();
+            assert!(error.contains("binary_data"), "{error}");
+        }
+        let data = f64::INFINITY.to_le_bytes();
+        assert!(unpack_json(DataType::F64, &[1], &data).is_err());
+        let half_infinity = [0x00, 0x7c];
+        assert!(unpack_json(DataType::F16, &[1], &half_infinity).is_err());
     }
 
     #[test]
