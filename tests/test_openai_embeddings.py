@@ -110,7 +110,7 @@ def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(cli
         client.embeddings.create(model="m", input=["fine", "not finite"], encoding_format="float")
     assert raised.value.code == "unrepresentable_output"
     assert "input 1 holds NaN or infinity" in raised.value.message
-    assert 'encoding_format \"base64\"' in raised.value.message
+    assert 'encoding_format "base64"' in raised.value.message
 
 
 def test_raw_bytes_from_the_worker_are_a_bad_output_not_an_embedding(client):

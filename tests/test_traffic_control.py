@@ -195,6 +195,43 @@ def test_a_tenant_over_its_share_of_the_queue_is_shed(gated):
     assert not any("key-a" in line for line in proxy.proxy.lines)
 
 
+def test_a_tenant_holding_nothing_may_place_one_request_larger_than_its_share(gated):
+    # Refused, it would be refused on every retry: Retry-After would promise what never comes.
+    proxy = gated("--queue-capacity=8", "--tenant-queue-share=0.25")
+    tenant = {"x-corral-tenant": "a", "x-corral-items": "many"}
+    three = [{"id": f"a{i}"} for i in range(3)]  # the share is 2 jobs
+    first = proxy.send(three, tenant)
+    proxy.wait_queued("normal", 3)
+    # Holding jobs, the tenant is held to its share again.
+    second = proxy.send([{"id": "a3"}], tenant).result()
+    assert (second.status_code, second.json()["error"]) == (503, "tenant_quota")
+    proxy.open()
+    answer = first.result()
+    assert answer.status_code == 200, answer.text
+    assert [item["id"] for item in answer.json()] == ["a0", "a1", "a2"]
+
+
+def test_a_queued_job_whose_client_left_leaves_the_queue_at_once_as_cancelled(gated):
+    proxy = gated("--timeout-ms=60000")  # a deadline far past this test's waits
+    body = json.dumps({"id": "gone"}).encode()
+    host, port = proxy.proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        proxy.wait_queued("normal", 1)
+    # The client hung up before its answer. Its job is gone from the queue, and counted, while
+    # the worker still holds its batch: not left to count as expired when its deadline comes.
+    proxy.proxy.wait_until(lambda: proxy.queued("normal") == 0, what="the job to leave")
+    assert proxy.proxy.metric("corral_jobs_cancelled_total", where="queue") == 1
+    proxy.open()
+    assert proxy.held.result().status_code == 200
+    assert proxy.order() == ["hold"]
+    assert proxy.proxy.metric("corral_jobs_expired_total", where="queue") == 0
+
+
 def weight_sums(batches: list[list[str]], weights: dict[str, int]) -> list[int]:
     return [sum(weights[id_] for id_ in batch) for batch in batches]
 

@@ -154,6 +154,9 @@ async fn run_stage(
     retries: u32,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, Shed> {
+    // Declared before the receivers, so dropped after them: a purge then finds the jobs
+    // abandoned.
+    let mut departure = Departure { stage: Some(stage) };
     let traced = timing::trace();
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
@@ -174,6 +177,9 @@ async fn run_stage(
     if let Some(cx) = &traced {
         trace::admission(cx, stage.name(), submitted, admitted.as_ref().err());
     }
+    if admitted.is_err() {
+        departure.stage = None; // nothing of this request was queued
+    }
     admitted?;
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {
@@ -187,12 +193,27 @@ async fn run_stage(
         }
     });
     let replies = join_all(waits).await;
+    departure.stage = None;
     timing::record(arrived, &replies);
     if let Some(cx) = &traced {
         let sent = replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
         trace::queue_wait(cx, stage.name(), arrived, sent);
     }
     Ok(replies.into_iter().map(|reply| reply.outcome).collect())
+}
+
+/// A request's wait on a stage: dropped before it ends (the client left, and hyper dropped the
+/// handler), the stage purges the jobs left behind ([`Stage::purge`]).
+struct Departure<'a> {
+    stage: Option<&'a Stage>,
+}
+
+impl Drop for Departure<'_> {
+    fn drop(&mut self) {
+        if let Some(stage) = self.stage {
+            stage.purge();
+        }
+    }
 }
 
 #[cfg(test)]
@@ -262,6 +283,21 @@ mod tests {
         let outcomes = hand_over(&from, &to, ids, vec![done(b"abcde"), done(b"ok")]).unwrap_err();
         assert!(matches!(&outcomes[0], Outcome::Failed(why) if why.contains("5 bytes")));
         assert_eq!(outcomes[1], done(b"ok"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_whose_client_left_leaves_the_queue_at_once() {
+        // The counters are the process's, shared with tests running beside this one: the
+        // end-to-end test (tests/test_overload.py) checks them.
+        let queue = stage("a", 100); // no worker: the jobs stay queued
+        let now = Instant::now();
+        let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 2];
+        let deadline = now + Duration::from_secs(5);
+        let mut wait = Box::pin(run_stage(&queue, inputs, now, deadline, 0, Traffic::default()));
+        assert!(futures_util::poll!(wait.as_mut()).is_pending());
+        assert_eq!(queue.queued(), 2);
+        drop(wait); // the client left: hyper drops the handler's future
+        assert_eq!(queue.queued(), 0, "purged at once, not at the deadline");
     }
 
     #[test]

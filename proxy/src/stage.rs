@@ -345,8 +345,14 @@ impl Stage {
                 jobs.len() + count > self.capacity
                     || (!jobs.is_empty() && jobs.bytes() + bytes > self.capacity_bytes)
             };
+            // A tenant holding nothing may place one request larger than its share (as an
+            // empty queue takes one larger than its byte bound): refused, it would be refused
+            // on every retry, while Retry-After promised otherwise.
             let over_share = |jobs: &Lanes| {
-                tenant.is_some_and(|t| jobs.of_tenant(t) + count > self.tenant_limit)
+                tenant.is_some_and(|t| {
+                    let held = jobs.of_tenant(t);
+                    held > 0 && held + count > self.tenant_limit
+                })
             };
             if due && (long || full(&queue.jobs) || over_share(&queue.jobs)) {
                 queue.drop_dead(now, true);
@@ -669,6 +675,20 @@ impl Stage {
     /// Jobs waiting in the queue (live or not yet cleaned up).
     pub fn queued(&self) -> usize {
         self.lock().jobs.len()
+    }
+
+    /// Clears out jobs whose clients left or whose deadline passed, if no purge ran within
+    /// [`PURGE_EVERY`]: called when a request's wait is dropped unanswered (its client left), so
+    /// that its jobs leave the queue, and its depth, at once and count as cancelled, not as
+    /// expired once their deadline comes. The limit keeps a burst of departures from
+    /// scanning a long queue once each.
+    pub fn purge(&self) {
+        let mut queue = self.lock();
+        let now = Instant::now();
+        if queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY) {
+            queue.drop_dead(now, true);
+            queue.last_purge = Some(now);
+        }
     }
 
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.

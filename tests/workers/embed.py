@@ -5,9 +5,8 @@ share a batch. A text starting with "reject" is refused (422) in preprocess. The
 "not finite" is answered with NaN and infinities, and "raw bytes" with the float32 bytes of a
 vector (a worker's mistake: an embedding is a list of numbers)."""
 
-import struct
-
 import hashlib
+import struct
 
 import corral
 
