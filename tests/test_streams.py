@@ -196,6 +196,54 @@ def test_a_failure_after_chunks_is_an_error_event(corral_factory):
     )
 
 
+def test_a_chunk_that_is_not_one_msgpack_value_fails_its_job_alone(corral_factory):
+    # Passed on, it reached the client as an answer that does not decode, or a value short.
+    proxy = corral_factory("--max-wait-ms=0", worker=STREAMER)
+    _, received = stream_all(proxy, {"chunks": 3, "bad_chunk_after": 1})
+    assert received[0] == ("message", "c-0")
+    assert received[1][0] == "error" and received[1][1]["error"] == "bad_output"
+    assert "not one msgpack value" in received[1][1]["message"]
+    assert len(received) == 2
+    answer = proxy.post({"chunks": 3, "bad_chunk_after": 1})
+    assert (answer.status_code, answer.json()["error"]) == (500, "bad_output")
+    # The worker kept the protocol: the connection lives on.
+    assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
+    assert not [line for line in proxy.lines if "protocol error" in line]
+
+
+def test_an_end_that_carries_data_is_a_bad_output_not_data_dropped(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    _, received = stream_all(proxy, {"chunks": 1, "end_with_data": True})
+    assert received[0] == ("message", "c-0")
+    assert received[1][0] == "error" and received[1][1]["error"] == "bad_output"
+    assert "an end carries none" in received[1][1]["message"]
+
+
+def test_no_result_of_a_frame_that_breaks_a_rule_is_used_and_its_job_is_retried(
+    corral_factory, tmp_path
+):
+    proxy = corral_factory(worker=STREAMER)
+    once = tmp_path / "broken-once"
+    # The first worker answers the job twice in one frame: the connection ends, the answer in
+    # that frame is not used, and the job goes to the restarted worker.
+    answer = proxy.post({"chunks": 2, "break_once": str(once)})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == ["c-0", "c-1"]
+    assert [line for line in proxy.lines if "result for a job not held" in line]
+    assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
+
+
+def test_an_offer_made_as_the_last_job_ends_lapses(corral_factory):
+    # A join loop offers room right after its last result: whether the proxy sees it while the
+    # worker still holds jobs is a race, so neither way may break the connection.
+    proxy = corral_factory(worker=STREAMER, env={"STREAMER_JOIN": "4"})
+    for _ in range(3):
+        item = {"chunks": 1, "pull_after_end": True}
+        assert stream_all(proxy, item)[1] == [("message", "c-0"), ("done", {})]
+    assert not [line for line in proxy.lines if "protocol error" in line]
+    assert len(proxy.worker_pids()) == 1
+
+
 def test_no_first_chunk_by_the_deadline_is_a_plain_408(corral_factory, tmp_path):
     proxy = corral_factory(worker=STREAMER)
     item = {"chunks": 1, "gate_first": str(tmp_path / "never")}

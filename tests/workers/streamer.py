@@ -11,7 +11,14 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
 - `"fail_after": k`: after k chunks the job ends with an `error` result;
 - `"die_after": k`: after k chunks the process exits at once;
 - `"linger_ms": k`: a cancelled job is ended only k ms after its cancel (the worker sends nothing
-  for it meanwhile), and its id then appended to STREAMER_ENDED.
+  for it meanwhile), and its id then appended to STREAMER_ENDED;
+- `"bad_chunk_after": k`: after k chunks, a chunk whose data is not one msgpack value (a value
+  and a byte after it), then the rest as usual;
+- `"end_with_data": true`: the job ends with `end` carrying data (which `end` must not);
+- `"break_once": path`: if that file does not exist yet, the worker creates it and answers the
+  job twice in one `results` frame (a rule broken), `ok` "broken" each time; else as usual;
+- `"pull_after_end": true` (with STREAMER_JOIN): right after the job's end, with nothing held,
+  the worker offers room again (`pull`), as a join loop may.
 Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
 ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
 """
@@ -143,10 +150,21 @@ def main():
             item = job.item
             if "die_after" in item and job.sent >= item["die_after"]:
                 os._exit(3)
-            if "fail_after" in item and job.sent >= item["fail_after"]:
+            once = item.get("break_once")
+            if once and not os.path.exists(once):
+                open(once, "w").close()
+                broken = protocol.ok(job.id, msgpack.packb("broken"))
+                results += [broken, broken]
+            elif "fail_after" in item and job.sent >= item["fail_after"]:
                 results.append(protocol.error(job.id, "RuntimeError: scripted failure"))
             elif job.sent >= item.get("chunks", 1):
-                results.append({"id": job.id, "status": "end"})
+                end = {"id": job.id, "status": "end"}
+                if item.get("end_with_data"):
+                    end["data"] = msgpack.packb("lost")
+                results.append(end)
+            elif job.sent == item.get("bad_chunk_after"):
+                data = msgpack.packb(job.next_chunk()) + b"\x01"
+                chunks.append({"id": job.id, "data": data})
             else:
                 chunks.append({"id": job.id, "data": msgpack.packb(job.next_chunk())})
         if chunks:
@@ -155,9 +173,12 @@ def main():
             if step_ms:
                 frames.poll(step_ms / 1000)  # a model step's time (frames read meanwhile wait)
         if results:
+            pull = any(held[r["id"]].item.get("pull_after_end") for r in results if r["id"] in held)
             for result in results:
                 held.pop(result["id"], None)
             sock.sendall(protocol.encode_frame(protocol.results(results)))
+            if pull and not held:
+                sock.sendall(protocol.encode_frame({"type": "pull", "max": JOIN}))
         if not chunks and not results:
             # Only gated or lingering jobs: wait for a frame, or look at them again shortly.
             try:

@@ -310,7 +310,7 @@ async fn work(
     let mut last_done = Instant::now();
     let ended = loop {
         let message = if in_flight.is_empty() {
-            match idle(inbox, outbox, seat, context).await {
+            match idle(inbox, outbox, seat, context, false).await {
                 Ok(jobs) => {
                     let batch = send(outbox, jobs, by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
@@ -430,23 +430,30 @@ fn kind_of(message: &WorkerMessage) -> &'static str {
 
 /// An idle worker's wait for its next batch, noticing meanwhile a worker that goes away (or talks
 /// out of turn), a failed write and shutdown, so that a batch goes to a live connection whenever
-/// that can be told. Shared by both pull loops.
+/// that can be told. Shared by both pull loops. A worker that `joins` may offer room (`pull`)
+/// just as its last job ends: the offer lapses (the worker is idle, and gets batches the
+/// ordinary way) rather than break the protocol, which would depend on that race.
 pub(super) async fn idle(
     inbox: &mut Inbox,
     outbox: &mut Outbox,
     seat: &WorkerSeat<'_>,
     context: &Context,
+    joins: bool,
 ) -> Result<Vec<Job>, Ended> {
-    tokio::select! {
-        biased;
-        message = inbox.next() => Err(match message {
-            None => Ended::Closed,
-            Some(Ok(_)) => protocol_error("message while idle"),
-            Some(Err(e)) => read_error(e),
-        }),
-        e = outbox.broken() => Err(died(format!("could not write to the worker: {e}"))),
-        _ = context.shutdown.cancelled() => Err(Ended::Stopped),
-        jobs = seat.next_batch() => Ok(jobs),
+    let mut next = std::pin::pin!(seat.next_batch());
+    loop {
+        return tokio::select! {
+            biased;
+            message = inbox.next() => Err(match message {
+                None => Ended::Closed,
+                Some(Ok(WorkerMessage::Pull(_))) if joins => continue,
+                Some(Ok(_)) => protocol_error("message while idle"),
+                Some(Err(e)) => read_error(e),
+            }),
+            e = outbox.broken() => Err(died(format!("could not write to the worker: {e}"))),
+            _ = context.shutdown.cancelled() => Err(Ended::Stopped),
+            jobs = &mut next => Ok(jobs),
+        };
     }
 }
 

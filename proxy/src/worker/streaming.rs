@@ -9,7 +9,7 @@
 //! only then does it get a batch the ordinary way. Its hung clock counts from its last frame, so a
 //! worker that streams steadily is never declared hung.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,6 +26,7 @@ use super::connection::{
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{answer, give_back, output, reason, Orphan};
+use crate::http::validate;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::stage::{Stage, WorkerSeat};
@@ -92,7 +93,7 @@ pub(super) async fn work(
     let mut heard = Instant::now();
     let ended = loop {
         let message = if state.held.is_empty() {
-            match idle(inbox, outbox, seat, context).await {
+            match idle(inbox, outbox, seat, context, joins).await {
                 Ok(jobs) => {
                     heard = Instant::now();
                     state.hold(outbox, jobs, &by);
@@ -225,13 +226,26 @@ impl State {
         seat: &WorkerSeat<'_>,
         chunks: Chunks,
     ) -> Result<(), Ended> {
+        // The whole frame is checked before any chunk is used: none of a frame that breaks a
+        // rule is.
+        if let Some(stray) = chunks.chunks.iter().find(|chunk| !self.held.contains_key(&chunk.id)) {
+            return Err(protocol_error(format!("chunk for a job not held: {}", stray.id)));
+        }
         let mut slow = Vec::new();
+        let mut broken = Vec::new();
         for chunk in chunks.chunks {
-            let Some(held) = self.held.get_mut(&chunk.id) else {
-                return Err(protocol_error(format!("chunk for a job not held: {}", chunk.id)));
-            };
+            let held = self.held.get_mut(&chunk.id).expect("checked above");
             let frame = held.frame;
             let Some(job) = held.job.as_ref() else { continue };
+            // Checked as an `ok` result's data is: a chunk that is not one well-formed msgpack
+            // value fails its job alone, rather than reach the client as a broken answer.
+            if let Err(e) = validate::msgpack(&chunk.data) {
+                let why = format!("a chunk of the worker's output is not one msgpack value: {e}");
+                let job = held.job.take().expect("checked above");
+                answer(job, Outcome::BadOutput(why), Instant::now());
+                broken.push(chunk.id);
+                continue;
+            }
             held.streamed |= job.stream.is_some();
             match &job.stream {
                 Some(sink) => match sink.push(chunk.data) {
@@ -260,23 +274,45 @@ impl State {
                 self.cancel(outbox, id);
             }
         }
+        for id in broken {
+            self.cancel(outbox, id);
+        }
         Ok(())
     }
 
     fn results(&mut self, seat: &WorkerSeat<'_>, results: Results) -> Result<(), Ended> {
-        let now = Instant::now();
-        for result in results.results {
-            let Some(held) = self.held.remove(&result.id) else {
+        // The whole frame is checked before any result is used, as for a plain worker: a frame
+        // that breaks a rule closes the connection, and its jobs are retried or answered 500
+        // with the others the worker held.
+        let mut seen = HashSet::with_capacity(results.results.len());
+        for result in &results.results {
+            if !self.held.contains_key(&result.id) || !seen.insert(result.id) {
                 return Err(protocol_error(format!(
                     "result for a job not held (unknown or repeated): {}",
                     result.id
                 )));
-            };
+            }
+            if result.status == ResultStatus::Ok && result.data.is_none() {
+                return Err(protocol_error(format!(
+                    "ok result without data for job {}",
+                    result.id
+                )));
+            }
+        }
+        let now = Instant::now();
+        for result in results.results {
+            let held = self.held.remove(&result.id).expect("checked above");
             self.heard_from(seat, held.frame);
             let Some(job) = held.job else { continue };
             let outcome = match (result.status, result.data) {
-                (ResultStatus::End, _) if job.stream.is_some() => Outcome::Ended,
-                (ResultStatus::End, _) => Outcome::Done(gather(held.gathered, None), None),
+                // Its data would be dropped unseen: the worker meant a last chunk, or an `ok`.
+                (ResultStatus::End, Some(_)) => Outcome::BadOutput(
+                    "the worker ended the stream with data; an end carries none (send the data \
+                     as a chunk, or end with ok)"
+                        .into(),
+                ),
+                (ResultStatus::End, None) if job.stream.is_some() => Outcome::Ended,
+                (ResultStatus::End, None) => Outcome::Done(gather(held.gathered, None), None),
                 (ResultStatus::Ok, Some(data)) => match output(data, result.content_type) {
                     // Gathered with chunks, the output is one of an array's values: no longer
                     // raw bytes of their own.
@@ -285,13 +321,7 @@ impl State {
                     }
                     other => other,
                 },
-                (ResultStatus::Ok, None) => {
-                    // The worker broke the protocol on this job: it fails alone (no retry on a
-                    // worker that answers like this), the connection ends, the rest go back.
-                    let why = format!("ok result without data for job {}", job.id);
-                    answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
-                    return Err(protocol_error(why));
-                }
+                (ResultStatus::Ok, None) => unreachable!("refused with the frame above"),
                 (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
                 (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
                 (ResultStatus::Expired, _) => Outcome::Expired,
