@@ -99,6 +99,8 @@ def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
     assert message in raised.value.message
     assert raised.value.type == "invalid_request_error"
     assert raised.value.code == "bad_request"
+    # Each of these is about one field, which `param` names.
+    assert raised.value.param == ("encoding_format" if "encoding_format" in kwargs else "input")
 
 
 def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(client):
@@ -136,6 +138,7 @@ def test_an_input_the_worker_rejects_is_422_naming_it(client):
         client.embeddings.create(model="m", input=["fine", "reject me"])
     assert "input 1: cannot embed 'reject me'" in raised.value.message
     assert raised.value.code == "invalid_input"
+    assert raised.value.param == "input"
 
 
 def test_an_oversized_input_is_413(client):

@@ -76,8 +76,11 @@ fn grpc(value: &str) -> Option<Duration> {
 
 fn seconds(value: &str) -> Option<Duration> {
     let seconds: f64 = value.parse().ok()?;
-    // Finite and below a century: `try_from_secs_f64` refuses what no deadline means.
-    (seconds.is_finite() && seconds < 3.2e9).then(|| Duration::try_from_secs_f64(seconds).ok())?
+    // Any finite positive number is a deadline, as any whole number of milliseconds is: one past
+    // a century is one (the route's timeout caps it anyway), and one below a nanosecond is the
+    // shortest there is, not a 400 saying it is not positive.
+    let seconds = (seconds.is_finite() && seconds > 0.0).then_some(seconds.min(3.2e9))?;
+    Duration::try_from_secs_f64(seconds).ok().map(|d| d.max(Duration::from_nanos(1)))
 }
 
 #[cfg(test)]
@@ -120,6 +123,15 @@ mod tests {
     }
 
     #[test]
+    fn any_finite_positive_number_of_seconds_is_a_deadline() {
+        // As any whole number of milliseconds is: the route's timeout caps a long one.
+        assert_eq!(seconds("1e300"), Some(Duration::from_secs_f64(3.2e9)));
+        assert_eq!(seconds("1e10"), Some(Duration::from_secs_f64(3.2e9)));
+        assert_eq!(seconds("1e-10"), Some(Duration::from_nanos(1)), "positive, however small");
+        assert_eq!(seconds("0.25"), Some(Duration::from_millis(250)));
+    }
+
+    #[test]
     fn bad_values_name_their_header() {
         for (name, value) in [
             (TIMEOUT_HEADER, "0"),
@@ -129,7 +141,8 @@ mod tests {
             (GRPC_HEADER, "0m"),
             (REQUEST_TIMEOUT_HEADER, "NaN"),
             (REQUEST_TIMEOUT_HEADER, "-1"),
-            (REQUEST_TIMEOUT_HEADER, "1e300"),
+            (REQUEST_TIMEOUT_HEADER, "0.0"),
+            (REQUEST_TIMEOUT_HEADER, "inf"),
         ] {
             let error = requested(&headers(&[(name, value)])).unwrap_err();
             assert_eq!(error.status, http::StatusCode::BAD_REQUEST);

@@ -175,9 +175,23 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         "message": error.message,
         "type": kind,
         "code": error.code,
-        "param": null,
+        "param": param(error),
     }});
     error_response_with(error, body.to_string().into_bytes())
+}
+
+/// The request field a client error is about, for `param`: each message of this module about a
+/// field starts with its name (a worker's refusal of one input, `input 1: …`, included).
+fn param(error: &ApiError) -> Option<&'static str> {
+    if !error.status.is_client_error() {
+        return None;
+    }
+    if error.message.starts_with("token arrays") {
+        return Some("input");
+    }
+    ["input", "encoding_format", "dimensions"]
+        .into_iter()
+        .find(|field| error.message.starts_with(&format!("{field} ")))
 }
 
 #[cfg(test)]

@@ -34,7 +34,7 @@ use super::super::routes::json;
 use super::super::{App, Body, Route};
 use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
-use crate::stage::Schemas;
+use crate::stage::{Schemas, Stage};
 
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -103,7 +103,7 @@ impl<'a> Endpoint<'a> {
             Kind::Ready => ("/v2/health/ready", get(method).map(|()| server_ready(app))),
             Kind::Server => ("/v2", get(method).map(|()| server_metadata())),
             Kind::Model => {
-                let answer = self.model(method).map(metadata);
+                let answer = self.model(method).and_then(metadata);
                 ("/v2/models/{name}", answer)
             }
             Kind::ModelReady => {
@@ -159,8 +159,19 @@ fn server_metadata() -> Response<Body> {
 }
 
 /// The tensors the route's first stage takes and its last stage gives, as their workers declared
-/// them (none before a worker has connected), each shape led by the batch dimension, `-1`.
-fn metadata(route: &Route) -> Response<Body> {
+/// them, each shape led by the batch dimension, `-1`. Before a worker of either stage has
+/// connected they are not known: 503, where empty lists would say the model has no tensors (and
+/// a client may cache that). A worker that declares none gives empty lists.
+fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
+    let stages = &route.pipeline.stages;
+    let unknown = |stage: &Arc<Stage>| stage.schemas().is_none() && stage.workers() == 0;
+    if stages.first().into_iter().chain(stages.last()).any(unknown) {
+        let message = format!(
+            "model {:?} has no metadata yet: its workers declare its tensors when they connect",
+            route.model
+        );
+        return Err(ApiError::not_ready(message));
+    }
     let declared = Declared::of(route);
     let tensors = |specs: &[TensorSpec]| {
         specs
@@ -179,7 +190,7 @@ fn metadata(route: &Route) -> Response<Body> {
         "inputs": tensors(declared.inputs()),
         "outputs": tensors(declared.outputs()),
     });
-    json(StatusCode::OK, body.to_string())
+    Ok(json(StatusCode::OK, body.to_string()))
 }
 
 /// What the route's first stage's workers take and its last stage's give: the stages' shared
