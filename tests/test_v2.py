@@ -299,9 +299,7 @@ def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):
     assert (answer.status_code, answer.json()) == (200, {"name": name, "ready": True})
 
 
-def test_metadata_before_any_worker_connected_is_503_not_an_empty_model(
-    corral_factory, tmp_path
-):
+def test_metadata_before_any_worker_connected_is_503_not_an_empty_model(corral_factory, tmp_path):
     # Empty tensor lists would say the model has none, and a client may cache that.
     (tmp_path / "corral.toml").write_text(
         '[stages.outside]\n[pipelines.p]\nstages = ["outside"]\n[routes.m]\npipeline = "p"\n'
