@@ -138,6 +138,7 @@ def start(system: System, workload: str, workdir: Path, body: str = BODY) -> Non
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
         time.sleep(0.2)
+    stop(system)  # not left serving, holding its port, after the run gave up on it
     raise SystemExit(f"{system.name} did not answer within 180 s; see {system.log}")
 
 

@@ -8,7 +8,8 @@ complete; this measures what that way costs, and what copying it into shared mem
 than onto the heap, then through the worker's socket) buys. Load generator: this script's own
 HTTP/1.1 client (oha sends no chunked bodies), one keep-alive connection per client thread,
 64 KiB chunks; the worker answers the body's size (bench/payload_worker.py). Each system runs
-`--runs` times, alternately, and the run of median p50 is reported. Run: `make bench-chunked
+`--runs` times, alternately; reported are the medians of p50 and of the CPU that the proxy and
+its worker spent per request. Run: `make bench-chunked
 BENCH_ARGS='--corral-before BIN'` (without it, this build alone). The results replace the
 "Chunked bodies" section of BENCHMARKS.md.
 """
@@ -42,7 +43,9 @@ def system(name: str, binary: str, python: str) -> bench.System:
         "--max-batch-size", "32", "--max-wait-ms", "10",
         "--", python, str(HERE / "payload_worker.py"),
     ]  # fmt: skip
-    return bench.System(name, command, f"http://127.0.0.1:{PORT}/infer", ("corral",))
+    # The proxy's CPU is its process's, by name (the kernel keeps 15 characters of it).
+    proxy_names = ("corral", Path(binary).name[:15])
+    return bench.System(name, command, f"http://127.0.0.1:{PORT}/infer", proxy_names)
 
 
 def request(body: bytes, chunked: bool) -> list[bytes]:
@@ -82,7 +85,8 @@ def client(pieces: list[bytes], until: float, warm_until: float, times: list[flo
                 times.append(time.perf_counter() - start)
 
 
-def p50_ms(clients: int, pieces: list[bytes], seconds: float, warmup: float) -> float:
+def run(found: bench.System, clients: int, pieces: list[bytes], seconds: float, warmup: float):
+    """(p50 ms, proxy CPU ms per request, worker CPU ms per request) of one run."""
     times: list[float] = []
     warm_until = time.perf_counter() + warmup
     threads = [
@@ -91,9 +95,14 @@ def p50_ms(clients: int, pieces: list[bytes], seconds: float, warmup: float) -> 
     ]
     for thread in threads:
         thread.start()
+    while time.perf_counter() < warm_until:
+        time.sleep(0.01)  # the CPU counts start with the measured part
+    proxy0, worker0, _ = bench.cpu_and_rss(found)
     for thread in threads:
         thread.join()
-    return statistics.median(times) * 1000
+    proxy1, worker1, _ = bench.cpu_and_rss(found)
+    per = 1000 / max(len(times), 1)
+    return statistics.median(times) * 1000, (proxy1 - proxy0) * per, (worker1 - worker0) * per
 
 
 def main() -> None:
@@ -105,7 +114,7 @@ def main() -> None:
     parser.add_argument("--clients", default="1", help="client threads (Python: few are clean)")
     parser.add_argument("--seconds", type=float, default=2)
     parser.add_argument("--warmup", type=float, default=0.5)
-    parser.add_argument("--runs", type=int, default=3, help="runs of each (median p50 kept)")
+    parser.add_argument("--runs", type=int, default=3, help="runs of each (medians kept)")
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
 
@@ -115,8 +124,8 @@ def main() -> None:
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     clients = [int(c) for c in args.clients.split(",")]
     workdir = Path(tempfile.mkdtemp(prefix="corral-chunked-"))
-    p50s: dict[tuple, list[float]] = {}
-    for run in range(args.runs):
+    results: dict[tuple, list[tuple[float, float, float]]] = {}
+    for repeat in range(args.runs):
         for name, binary in binaries:
             found = system(name, binary, args.python)
             bench.start(found, "chunked", workdir, body="[1, 2, 3]")
@@ -126,10 +135,14 @@ def main() -> None:
                     for count in clients:
                         for chunked in (True, False):
                             pieces = request(body, chunked)
-                            p50 = p50_ms(count, pieces, args.seconds, args.warmup)
-                            p50s.setdefault((size, count, chunked, name), []).append(p50)
+                            got = run(found, count, pieces, args.seconds, args.warmup)
+                            results.setdefault((size, count, chunked, name), []).append(got)
                             way = "chunked" if chunked else "length"
-                            print(f"run {run + 1} {name} {size} c={count} {way}: {p50:.2f} ms")
+                            print(
+                                f"run {repeat + 1} {name} {size} c={count} {way}: p50 "
+                                f"{got[0]:.2f} ms, CPU per request: proxy {got[1]:.2f} ms, "
+                                f"worker {got[2]:.2f} ms"
+                            )
             finally:
                 bench.stop(found)
 
@@ -139,21 +152,24 @@ def main() -> None:
         f"Command: `{bench.recorded_command('bench-chunked')}` — {time.strftime('%Y-%m-%d')}, "
         f"{os.cpu_count()} cores; raw bodies, the worker answers their size; one worker, max "
         f"batch 32, max wait 10 ms; this script's HTTP/1.1 client, {CHUNK // 1024} KiB chunks; "
-        f"median p50 of {args.runs} runs of {args.seconds:g} s each after "
+        f"CPU of the serving process (`corral`) and of its worker, per request; medians of "
+        f"{args.runs} runs of {args.seconds:g} s each after "
         f"{args.warmup:g} s warm-up, the systems alternately.",
         "",
-        "| size | clients | binary | chunked p50 ms | with length p50 ms | chunked ÷ with length |",
-        "| ---: | ---: | --- | ---: | ---: | ---: |",
+        "| size | clients | binary | way | p50 ms | proxy CPU ms/request | worker CPU ms/request |",
+        "| ---: | ---: | --- | --- | ---: | ---: | ---: |",
     ]
     for size in sizes:
         for count in clients:
             for name, _ in binaries:
-                chunked = statistics.median(p50s[(size, count, True, name)])
-                length = statistics.median(p50s[(size, count, False, name)])
-                lines.append(
-                    f"| {label(size)} | {count} | {name} | {chunked:.2f} | "
-                    f"{length:.2f} | {chunked / length:.2f}× |"
-                )
+                for chunked in (True, False):
+                    runs = results[(size, count, chunked, name)]
+                    p50, proxy, worker = (statistics.median(r[i] for r in runs) for i in range(3))
+                    way = "chunked" if chunked else "with length"
+                    lines.append(
+                        f"| {label(size)} | {count} | {name} | {way} | {p50:.2f} | "
+                        f"{proxy:.2f} | {worker:.2f} |"
+                    )
     section = "\n".join(lines) + "\n"
     bench.replace_section(Path(args.out), section)
     print(section)
