@@ -10,6 +10,7 @@ worker ran things in from its log. No sleeps, no timing assertions."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import subprocess
@@ -211,21 +212,30 @@ def test_a_tenant_holding_nothing_may_place_one_request_larger_than_its_share(ga
     assert [item["id"] for item in answer.json()] == ["a0", "a1", "a2"]
 
 
-def test_a_queued_job_whose_client_left_leaves_the_queue_at_once_as_cancelled(gated):
-    proxy = gated("--timeout-ms=60000")  # a deadline far past this test's waits
+@pytest.mark.parametrize("clients", [1, 5])
+@pytest.mark.parametrize("accept", ["application/json", "text/event-stream"])
+def test_queued_jobs_whose_clients_left_leave_the_queue_at_once_as_cancelled(
+    gated, clients, accept
+):
+    # Five clients leave within one purge's limit (10 ms): every one of their jobs leaves all
+    # the same. A client that asked for a stream waits on its first chunk: the same holds.
+    proxy = gated("--timeout-ms=60000")  # deadlines far past this test's waits
     body = json.dumps({"id": "gone"}).encode()
     host, port = proxy.proxy.url.removeprefix("http://").split(":")
-    with socket.create_connection((host, int(port))) as client:
-        client.sendall(
-            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        proxy.wait_queued("normal", 1)
-    # The client hung up before its answer. Its job is gone from the queue, and counted, while
-    # the worker still holds its batch: not left to count as expired when its deadline comes.
-    proxy.proxy.wait_until(lambda: proxy.queued("normal") == 0, what="the job to leave")
-    assert proxy.proxy.metric("corral_jobs_cancelled_total", where="queue") == 1
+    with contextlib.ExitStack() as leaving:
+        for _ in range(clients):
+            client = leaving.enter_context(socket.create_connection((host, int(port))))
+            client.sendall(
+                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"accept: {accept}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+        proxy.wait_queued("normal", clients)
+    # The clients hung up before their answers. Their jobs are gone from the queue, and
+    # counted, while the worker still holds its batch: not left to count as expired when
+    # their deadline comes.
+    proxy.proxy.wait_until(lambda: proxy.queued("normal") == 0, what="the jobs to leave")
+    assert proxy.proxy.metric("corral_jobs_cancelled_total", where="queue") == clients
     proxy.open()
     assert proxy.held.result().status_code == 200
     assert proxy.order() == ["hold"]

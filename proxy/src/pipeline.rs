@@ -17,7 +17,7 @@ use http::HeaderValue;
 use tokio::time::Instant;
 
 use crate::job::{Job, Outcome, Reply};
-use crate::stage::{Shed, Stage};
+use crate::stage::{Departure, Shed, Stage};
 use crate::traffic::Traffic;
 use crate::{timing, trace};
 
@@ -48,7 +48,7 @@ impl Input {
 }
 
 impl Pipeline {
-    pub fn first(&self) -> &Stage {
+    pub fn first(&self) -> &Arc<Stage> {
         &self.stages[0]
     }
 
@@ -58,7 +58,7 @@ impl Pipeline {
     }
 
     /// The stage whose answers go to the client (the only one that may stream).
-    pub fn last(&self) -> &Stage {
+    pub fn last(&self) -> &Arc<Stage> {
         self.stages.last().expect("a pipeline has at least one stage")
     }
 
@@ -147,7 +147,7 @@ fn hand_over(
 /// Waiting here is what makes 408 hold wherever a job is, queued or inside a worker; and if the
 /// client leaves, hyper drops this future with the receivers, so the queue skips the jobs.
 async fn run_stage(
-    stage: &Stage,
+    stage: &Arc<Stage>,
     inputs: Vec<Input>,
     arrived: Instant,
     deadline: Instant,
@@ -156,7 +156,7 @@ async fn run_stage(
 ) -> Result<Vec<Outcome>, Shed> {
     // Declared before the receivers, so dropped after them: a purge then finds the jobs
     // abandoned.
-    let mut departure = Departure { stage: Some(stage) };
+    let mut departure = Departure::new(stage);
     let traced = timing::trace();
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
@@ -178,7 +178,7 @@ async fn run_stage(
         trace::admission(cx, stage.name(), submitted, admitted.as_ref().err());
     }
     if admitted.is_err() {
-        departure.stage = None; // nothing of this request was queued
+        departure.ended(); // nothing of this request was queued
     }
     admitted?;
     let waits = answers.into_iter().map(|answer| async move {
@@ -193,27 +193,13 @@ async fn run_stage(
         }
     });
     let replies = join_all(waits).await;
-    departure.stage = None;
+    departure.ended();
     timing::record(arrived, &replies);
     if let Some(cx) = &traced {
         let sent = replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
         trace::queue_wait(cx, stage.name(), arrived, sent);
     }
     Ok(replies.into_iter().map(|reply| reply.outcome).collect())
-}
-
-/// A request's wait on a stage: dropped before it ends (the client left, and hyper dropped the
-/// handler), the stage purges the jobs left behind ([`Stage::purge`]).
-struct Departure<'a> {
-    stage: Option<&'a Stage>,
-}
-
-impl Drop for Departure<'_> {
-    fn drop(&mut self) {
-        if let Some(stage) = self.stage {
-            stage.purge();
-        }
-    }
 }
 
 #[cfg(test)]
@@ -289,7 +275,7 @@ mod tests {
     async fn a_request_whose_client_left_leaves_the_queue_at_once() {
         // The counters are the process's, shared with tests running beside this one: the
         // end-to-end test (tests/test_overload.py) checks them.
-        let queue = stage("a", 100); // no worker: the jobs stay queued
+        let queue = Arc::new(stage("a", 100)); // no worker: the jobs stay queued
         let now = Instant::now();
         let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 2];
         let deadline = now + Duration::from_secs(5);

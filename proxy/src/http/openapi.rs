@@ -28,7 +28,8 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "415",
         "Content-Type is a form (application/x-www-form-urlencoded: send JSON with its type) \
-         or not a media type (`unsupported_media_type`).",
+         or not a media type, or the body is compressed (Content-Encoding other than identity) \
+         (`unsupported_media_type`).",
     ),
     ("422", "The worker rejected this input (`invalid_input`)."),
     (

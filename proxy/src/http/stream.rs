@@ -28,6 +28,7 @@ use super::{shed_error, App, Body, Route};
 use crate::job::{Job, Outcome, Reply};
 use crate::metrics::metrics;
 use crate::pipeline::Input;
+use crate::stage::Departure;
 use crate::stream::{self as chunks, ChunkSource};
 use crate::traffic::Traffic;
 use crate::{timing, trace};
@@ -57,6 +58,10 @@ pub async fn answer(
         }
     };
 
+    let last = route.pipeline.last();
+    // Until the first chunk or the outcome, the job may still be queued: a client that leaves
+    // meanwhile has it purged (declared before the receivers, so dropped after them).
+    let mut departure = Departure::new(last);
     let (sink, mut source) = chunks::channel(app.stream_buffer_bytes);
     let (mut job, mut reply) = Job::new(input.id, input.payload, entered, deadline);
     job.retries = app.retries;
@@ -68,11 +73,13 @@ pub async fn answer(
     let stream_timeout = route.pipeline.last().stream_timeout();
     let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
     let left = job.left.clone().drop_guard();
-    let last = route.pipeline.last();
     let submitted = Instant::now();
     let admitted = last.submit_all(vec![job]);
     if let Some(cx) = &traced {
         trace::admission(cx, last.name(), submitted, admitted.as_ref().err());
+    }
+    if admitted.is_err() {
+        departure.ended(); // nothing was queued
     }
     admitted.map_err(shed)?;
 
@@ -89,9 +96,13 @@ pub async fn answer(
             None => Some(outcome(&mut reply).await),
         },
         answered = &mut reply => Some(answered.map(|r| r.outcome).unwrap_or_else(dropped)),
-        _ = tokio::time::sleep_until(deadline) => return Err(ApiError::deadline_exceeded()),
+        _ = tokio::time::sleep_until(deadline) => {
+            departure.ended();
+            return Err(ApiError::deadline_exceeded());
+        }
     };
-    // The stream's headers go with its first chunk: its batch time is the time to that chunk.
+    departure.ended(); // the job left the queue: its first chunk or outcome came
+                       // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     let sent = source.sent();
     timing::record_stream(entered, sent, Instant::now());
     if let Some(cx) = &traced {

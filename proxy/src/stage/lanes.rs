@@ -414,6 +414,10 @@ impl Lanes {
                 let lanes = &mut self.classes[class.index()];
                 let lane = lanes.tenants.get_mut(&key).expect("listed above");
                 for request in lane.requests.iter_mut() {
+                    // Most requests hold no dead job: left as they are, not rebuilt.
+                    if !request.jobs.iter().any(&mut dead) {
+                        continue;
+                    }
                     let (live, dead_jobs): (Vec<Job>, Vec<Job>) =
                         std::mem::take(&mut request.jobs).into_iter().partition(|j| !dead(j));
                     request.jobs = live.into();

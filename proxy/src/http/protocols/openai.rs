@@ -84,8 +84,9 @@ pub async fn embeddings(
             if !base64 && vector.iter().any(|x| !x.is_finite()) {
                 // serde_json would write `null`s: a client would read no number, or NaN.
                 let message = format!(
-                    "the worker's output for input {index} holds NaN or infinity, which JSON \
-                     cannot carry: ask for encoding_format \"base64\""
+                    "the worker's output for input {index} holds NaN or infinity as float32 (a \
+                     number past its range is one), which JSON cannot carry: ask for \
+                     encoding_format \"base64\""
                 );
                 return Err(ApiError::internal("unrepresentable_output", message));
             }
