@@ -2,6 +2,7 @@
 chunks as they come, END, cancellation, deadlines, failures, joining a running generator, and
 plain workers unchanged."""
 
+import functools
 import threading
 import time
 from pathlib import Path
@@ -78,6 +79,43 @@ def test_a_streaming_worker_declares_stream_and_cancel_and_a_plain_one_nothing()
         assert proxy.hello["features"] == ["shm"]
         assert list(proxy.hello) == ["type", "version", "stage", "pid", "name", "features"]
         assert [r.value for r in proxy.infer([1])] == [1]
+
+
+def test_a_decorated_generator_forward_still_streams():
+    # Served as a plain worker, each step would be taken for one item's output: with as many
+    # steps as items, clients would get each other's letters.
+    def logged(forward):
+        @functools.wraps(forward)
+        def wrapper(self, batch):
+            return forward(self, batch)
+
+        return wrapper
+
+    class Decorated(corral.Worker):
+        @logged
+        def forward(self, words):
+            for step in range(max(len(w) for w in words)):
+                yield [w[step] if step < len(w) else None for w in words]
+
+    with FakeProxy(Decorated()) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel"]
+        assert proxy.stream(["ab", "cd"]) == [Stream(["a", "b"], "end"), Stream(["c", "d"], "end")]
+
+
+def test_max_running_set_on_the_instance_is_the_one_declared():
+    # The hello read the class (no join) while the streams read the instance (pulls): the
+    # proxy took the pulls for a broken protocol.
+    class Configured(Joining):
+        max_running = None
+
+        def __init__(self, room):
+            super().__init__()
+            self.max_running = room
+
+    with FakeProxy(Configured(4)) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel", "join"]
+    with FakeProxy(Configured(None)) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel"]
 
 
 def test_hello_features_come_last_in_the_documented_order():

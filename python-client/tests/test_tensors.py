@@ -473,3 +473,33 @@ def test_declared_outputs_never_change_a_value(value, datatype):
         with pytest.raises(ValueError):
             _tensors.encode(given, datatype)
     assert _tensors.encode([1.0, 2.0], "INT32") == _tensors.encode([1, 2], "INT32")
+
+
+@pytest.mark.parametrize(
+    "value, dtype, datatype",
+    [
+        ([-1], "int64", "UINT64"),  # a round trip would see -1 again
+        ([2**63], "uint64", "INT64"),
+        ([-1], "int32", "UINT32"),
+        ([200], "uint8", "INT8"),
+        ([-1], "int8", "UINT8"),
+        ([1e6], "float64", "FP16"),  # finite, past FP16's range: numpy makes it infinite
+        ([1e39], "float64", "FP32"),
+    ],
+)
+def test_an_array_is_never_wrapped_into_its_declared_datatype(value, dtype, datatype):
+    np = pytest.importorskip("numpy")
+    with pytest.raises(ValueError):
+        _tensors.encode(np.asarray(value, dtype=dtype), datatype)
+
+
+def test_arrays_that_fit_their_declared_datatype_go_as_they_are():
+    np = pytest.importorskip("numpy")
+    for value, dtype, datatype in [
+        ([0, 2**63 - 1], "uint64", "INT64"),
+        ([0, 255], "int64", "UINT8"),
+        ([-128, 127], "int32", "INT8"),
+        ([65504.0], "float64", "FP16"),
+        ([float("inf"), float("nan")], "float64", "FP32"),  # given, not made by the cast
+    ]:
+        assert _tensors.encode(np.asarray(value, dtype=dtype), datatype)

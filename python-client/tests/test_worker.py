@@ -80,6 +80,69 @@ def test_wrong_output_count_is_an_error_for_the_batch():
     assert "1 outputs for 2 inputs" in got[0].message
 
 
+def test_a_forward_that_consumes_or_pads_its_list_is_counted_by_what_it_was_given():
+    class Popping(corral.Worker):
+        def forward(self, batch):
+            out = []
+            while batch:
+                out.append(batch.pop(0) * 2)
+            return out
+
+    class Padding(corral.Worker):
+        def forward(self, batch):
+            real = len(batch)
+            batch.extend([0] * (4 - real))  # a model that takes batches of 4
+            return [x + 1 for x in batch][:real]
+
+    for worker, expected in ((Popping(), [2, 4, 6]), (Padding(), [2, 3, 4])):
+        with FakeProxy(worker) as proxy:
+            assert [r.value for r in proxy.infer([1, 2, 3])] == expected
+    # Warm-up counts the same way.
+    Popping.examples = (1, 2)
+    Popping().warm_up()
+
+
+def test_an_emptied_list_with_no_outputs_is_an_error_for_every_item():
+    class Clearing(corral.Worker):
+        def forward(self, batch):
+            batch.clear()
+            return []
+
+    with FakeProxy(Clearing()) as proxy:
+        got = proxy.infer([1, 2])
+    assert [r.status for r in got] == ["error", "error"]
+    assert "0 outputs for 2 inputs" in got[0].message
+
+
+def test_an_async_forward_is_refused_where_the_class_is_defined():
+    with pytest.raises(TypeError, match="forward is async"):
+
+        class Waiting(corral.Worker):
+            async def forward(self, batch):
+                return batch
+
+
+def test_a_type_without_a_json_schema_serves_without_one():
+    class Anything(corral.Worker):
+        input_type = object
+
+        def forward(self, batch):
+            return batch
+
+    assert Anything().schemas() == {}
+    with FakeProxy(Anything()) as proxy:
+        assert [r.value for r in proxy.infer([{"a": 1}])] == [{"a": 1}]
+
+
+def test_an_empty_corral_socket_means_the_default(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setenv("CORRAL_SOCKET", "")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(corral.Worker, "_run_forever", lambda self, path: seen.append(path))
+    Echo.run()
+    assert seen == ["corral.sock"]
+
+
 def test_unencodable_output_fails_only_that_item():
     class Odd(corral.Worker):
         def forward(self, batch):

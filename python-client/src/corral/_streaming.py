@@ -63,12 +63,15 @@ END = _End()
 once, so its client's stream closes while its batch-mates go on."""
 
 
-def is_streaming(worker: type) -> bool:
-    """Whether a Worker class's ``forward`` is a generator function."""
-    return inspect.isgeneratorfunction(getattr(worker, "forward", None))
+def is_streaming(worker: Any) -> bool:
+    """Whether a Worker's (class or instance) ``forward`` is a generator function, also under a
+    decorator that keeps ``__wrapped__`` (``functools.wraps``): served as a plain worker, its
+    steps would be taken for the items' outputs."""
+    forward = getattr(worker, "forward", None)
+    return forward is not None and inspect.isgeneratorfunction(inspect.unwrap(forward))
 
 
-def features(worker: type) -> list[str]:
+def features(worker: Any) -> list[str]:
     """The hello's ``features``: ``stream`` and ``cancel`` for a generator ``forward``, and
     ``join`` when it also sets ``max_running``; none of these for a plain worker (which could not
     act on a cancel in the middle of ``forward``: it declares ``shm`` instead, see

@@ -355,20 +355,29 @@ def encode(value: Any, datatype: str) -> bytes:
 def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     """``value`` as an array of ``target``. For integer and boolean datatypes, a conversion that
     would change a value is refused: floats with a fraction (numpy truncates), integers out of
-    range (numpy wraps), NaN. The proxy refuses the same in JSON inputs: a tensor never holds a
-    number its sender did not. (Floats narrowing to FP16 or FP32 round, as they must.)"""
+    range (numpy wraps, also between signed and unsigned of one width), NaN. For FP16 and FP32,
+    a finite number past the type's range (numpy makes it infinite) is refused. The proxy
+    refuses the same in JSON inputs: a tensor never holds a number its sender did not. (Floats
+    narrowing to FP16 or FP32 round, as they must.)"""
     # What a cast loses is checked below, not warned about (NaN, overflow) as it happens.
     with np.errstate(invalid="ignore", over="ignore"):
         try:
             array = np.asarray(value, dtype=target)
         except OverflowError as e:
             raise ValueError(f"a value does not fit in {datatype}: {e}") from e
-        if target.kind not in "iub":
-            return array
         plain = np.asarray(value)
         if plain.dtype == target or plain.dtype.kind not in "biuf" or not plain.size:
             return array
-        same = np.array_equal(array.astype(plain.dtype), plain)
+        if target.kind == "f":
+            if np.isfinite(array).all() or not np.isfinite(plain).all():
+                return array
+            raise ValueError(f"a finite value is past {datatype}'s range")
+        if plain.dtype.kind in "iu" and target.kind in "iu":
+            # A round trip would not see -1 as UINT64 (it comes back -1): compare the ranges.
+            info = np.iinfo(target)
+            same = info.min <= int(plain.min()) and int(plain.max()) <= info.max
+        else:
+            same = np.array_equal(array.astype(plain.dtype), plain)
     if not same:
         raise ValueError(f"these values would change as {datatype} (fractions, range or NaN)")
     return array

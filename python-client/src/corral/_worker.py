@@ -15,6 +15,7 @@ methods the package adds are named ``_corral_*`` so that a subclass's own helper
 from __future__ import annotations
 
 import argparse
+import inspect
 import logging
 import math
 import os
@@ -125,6 +126,12 @@ class Worker:
         # A bad declaration fails where the class is defined, not at the first hello.
         _tensors.declared(cls, "inputs")
         _tensors.declared(cls, "outputs")
+        forward = inspect.unwrap(cls.forward)
+        if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
+            raise TypeError(
+                f"{cls.__name__}.forward is async: it must be a plain function (one output per "
+                "input) or a generator (to stream); run a coroutine from it with asyncio.run"
+            )
         if cls.weight is not None and (
             not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
         ):
@@ -192,7 +199,8 @@ class Worker:
         if not logging.getLogger().handlers:
             logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
         argv = _options_from_argv()
-        path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET", "corral.sock")
+        # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
+        path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
         worker = cls()
         worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or cls.stage
         try:
@@ -220,9 +228,10 @@ class Worker:
             return
         self.deadlines = [math.inf] * len(inputs)
         self.content_types = [None] * len(inputs)
+        count = len(inputs)  # counted before forward, which may consume or pad its list
         outputs = list(self.forward(inputs))
-        if len(outputs) != len(inputs):
-            raise RuntimeError(f"forward returned {len(outputs)} outputs for {len(inputs)} inputs")
+        if len(outputs) != count:
+            raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
         for output in outputs:
             value = self.postprocess(output)
             codec.encode(value)
@@ -251,7 +260,8 @@ class Worker:
             type(self).__name__,
             schemas=self.schemas(),
             # Shared memory only for a plain worker: the proxy keeps it from streaming ones.
-            features=_streaming.features(type(self)) or _shared_memory.features(),
+            # The instance's `max_running` (set in __init__, say) is the one its streams use.
+            features=_streaming.features(self) or _shared_memory.features(),
             inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
@@ -268,8 +278,14 @@ class Worker:
 
     def schemas(self) -> dict[str, str]:
         """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
-        text, references pointing into ``#/components/schemas/``), and those components."""
-        return _typing.schemas(self.input_type, self.output_type)
+        text, references pointing into ``#/components/schemas/``), and those components. A type
+        that msgspec decodes but cannot describe (``object``, an ``Ext``) gives none: schemas
+        are documentation, and the worker serves without them (logged)."""
+        try:
+            return _typing.schemas(self.input_type, self.output_type)
+        except (TypeError, ValueError) as e:
+            log.warning("no JSON Schema for this worker's types: %s", _describe(e))
+            return {}
 
     def remaining(self) -> float:
         """Seconds left before the current item's deadline (see :attr:`deadline`)."""
@@ -347,17 +363,16 @@ class Worker:
         self.deadlines = [deadlines[p] for p in positions]
         content_types = [jobs[p].get("content_type") for p in positions]  # checked in prepare
         self.content_types = content_types
+        count = len(positions)  # not len(inputs): forward may consume or pad its list
         try:
             with _tracing.batch([jobs[p] for p in positions]):
                 outputs = list(self.forward(inputs))
-            if len(outputs) != len(inputs):
-                raise RuntimeError(
-                    f"forward returned {len(outputs)} outputs for {len(inputs)} inputs"
-                )
+            if len(outputs) != count:
+                raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
         except _STOPS:
             raise
         except BaseException as e:
-            log.exception("forward failed on a batch of %d", len(inputs))
+            log.exception("forward failed on a batch of %d", count)
             message = _describe(e)
             for position in positions:
                 answers[position] = protocol.error(jobs[position]["id"], message)

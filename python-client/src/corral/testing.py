@@ -67,7 +67,8 @@ ContentTypes = Union[str, Sequence[Optional[str]], None]
 @dataclass(frozen=True)
 class Result:
     """One item's answer: ``status`` is ``"ok"`` (``value`` holds the output), ``"invalid"``
-    (the proxy would answer 422) or ``"error"`` (500); ``message`` explains the latter two.
+    (the proxy would answer 422), ``"error"`` (500) or ``"expired"`` (408: the item's deadline
+    had passed); ``message`` explains the ``invalid`` and ``error`` ones.
     ``content_type`` is the media type the worker named for an output that is bytes
     (``output_content_type``), else None."""
 
