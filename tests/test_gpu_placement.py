@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import BINARY, ROOT, Corral
+from corral import _protocol as protocol
 
 PLACED = str(ROOT / "tests" / "workers" / "placed.py")
 
@@ -64,6 +66,30 @@ def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
         )
         assert proxy.post({"x": 1}).json() == {"x": 1}
     finally:
+        proxy.stop()
+
+
+def test_a_worker_claiming_a_spawned_workers_pid_gets_no_device(tmp_path):
+    # A device is the kernel's word on who connected (the socket's peer), not the hello's:
+    # an external worker naming a spawned one's pid was counted on that worker's GPU.
+    records = tmp_path / "records"
+    records.mkdir()
+    proxy = Corral(
+        tmp_path, "--gpus", "0,1", "--", sys.executable, PLACED, worker=None,
+        env={"PLACED_DIR": str(records)},
+    )  # fmt: skip
+    liar = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proxy.wait_for_log("worker connected", count=2)
+        claimed = by_index(records, proxy.worker_pids())["1"]["pid"]
+        liar.connect(str(proxy.socket))
+        liar.sendall(protocol.encode_frame(protocol.hello("default", claimed, "liar")))
+        proxy.wait_for_log("worker connected", count=3)
+        ready = proxy.client.get("/readyz").json()["stages"]["default"]
+        assert ready["gpus"] == {"0": 1, "1": 1}
+        assert proxy.metric("corral_workers_connected_by_gpu", stage="default", gpu="1") == 1
+    finally:
+        liar.close()
         proxy.stop()
 
 
@@ -175,6 +201,32 @@ def test_a_config_files_stage_places_its_workers(tmp_path):
         placed = by_index(records, proxy.worker_pids())
         assert placed["0"]["CUDA_VISIBLE_DEVICES"] == placed["1"]["CUDA_VISIBLE_DEVICES"] == "3"
         assert (placed["1"]["THREADS"], placed["1"]["DEVICE"]) == ("t1", "cuda:3")
+    finally:
+        proxy.stop()
+
+
+def test_the_files_top_level_takes_the_tracing_and_worker_env_options(tmp_path):
+    # The command line's --otlp-endpoint, --trace-sample-ratio and --worker-env, as the docs
+    # promise every option is taken at the top level.
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "corral.toml").write_text(
+        f"""
+        otlp_endpoint = "http://127.0.0.1:9"
+        trace_sample_ratio = 0.25
+        worker_env = ["MODEL_DIR=/models/{{index}}"]
+        [stages.embed]
+        command = ["{sys.executable}", "{PLACED}"]
+        """
+    )
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "MODEL_DIR"}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
+    try:
+        line = proxy.wait_for_log("exporting spans over OTLP")
+        assert "127.0.0.1:9/v1/traces" in line and "0.25" in line
+        proxy.wait_for_log("worker connected")
+        placed = by_index(records, proxy.worker_pids())
+        assert placed["0"]["MODEL_DIR"] == "/models/0"
     finally:
         proxy.stop()
 

@@ -60,9 +60,12 @@ def test_json_logs_carry_request_ids(corral_factory):
     assert record["span"]["request_id"] == ours
     assert record["span"]["client_request_id"] == "client-abc"
     assert record["status"] == 200
-    # Every line the proxy itself writes is JSON.
-    for own in (x for x in proxy.lines if x.startswith("{")):
-        json.loads(own)
+    # Every line is JSON, the workers' output too (as objects of their own): the Python
+    # worker says where it connected.
+    proxy.wait_for_log(r'"target":"corral::worker"[,}]')
+    records = [json.loads(line) for line in proxy.lines]
+    workers = [r for r in records if r.get("target") == "corral::worker"]
+    assert workers and all(r["worker"] == "worker 0" for r in workers), records
 
 
 def test_openapi_describes_the_typed_worker_and_validates(corral_factory):

@@ -252,6 +252,15 @@ CONFIG_ERRORS = {
     "top-level value": ("timeout_ms = 0\n" + STAGE, "timeout_ms: must be at least 1"),
     "socket mode": ('socket_mode = "999"\n' + STAGE, "socket_mode"),
     "stage name": ('[stages."a b"]\ncommand = ["true"]\n', "a stage name is"),
+    "stage named unknown": (
+        '[stages.unknown]\ncommand = ["true"]\n',
+        "stages.unknown: `unknown` is the stage label of refused workers' metrics",
+    ),
+    "sample ratio": (
+        "trace_sample_ratio = 2.0\n" + STAGE,
+        "trace_sample_ratio: 2 is not a number from 0 to 1",
+    ),
+    "worker env": ('worker_env = ["NO_VALUE"]\n' + STAGE, "worker_env:"),
     "empty command": ("[stages.a]\ncommand = []\n", "stages.a.command: an empty command"),
     "too many workers": (STAGE + "workers = 5000\n", "stages.a.workers: 5000 is not in"),
     "workers vs cpus": (STAGE + "workers = 2\ncpus = [0]\n", "stages.a.workers: 2 workers but 1"),

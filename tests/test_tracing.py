@@ -104,6 +104,21 @@ def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
     assert {link for f in forwards for link in f.links} == requests
 
 
+def test_a_request_its_client_did_not_sample_exports_no_batch_span(traced, receiver):
+    # Its batch was drawn at the ratio (1 here) of its own, and exported linked to a request
+    # span that never was. A sampled request after it shows what was exported by then.
+    unsampled = "5" * 32
+    quiet = traced.post({"x": 1}, headers={"traceparent": f"00-{unsampled}-{CLIENT_SPAN}-00"})
+    assert quiet.status_code == 200
+    loud = traced.post({"x": 2}, headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+    assert loud.status_code == 200
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    spans = receiver.wait_for(lambda spans: any(s.name == "batch default" for s in spans))
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    assert batch.links == [(CLIENT_TRACE, requests_of(spans)[0].span_id)]
+    assert not [s for s in spans if s.trace_id == unsampled and s.service == "proxy"]
+
+
 def test_without_a_traceparent_a_new_trace_starts(traced, receiver):
     assert traced.post({"x": 1}).status_code == 200
     spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
@@ -276,14 +291,23 @@ def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, re
     assert export["content-type"] == "application/x-protobuf"
 
 
-def test_a_malformed_otlp_header_list_is_refused_at_start(corral_factory):
-    env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": "no-equals-sign"}
+@pytest.mark.parametrize(
+    "endpoint, headers, expected",
+    [
+        ("http://127.0.0.1:4318", "no-equals-sign", ["no-equals-sign", "key=value"]),
+        ("ftp://127.0.0.1", "", ["must be an http:// URL"]),
+    ],
+)
+def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected):
+    # Exit 2 as every other configuration error, before anything starts.
+    env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": headers}
     done = subprocess.run(
-        [BINARY, "--otlp-endpoint", "http://127.0.0.1:4318", "--", sys.executable, "-c", "0"],
+        [BINARY, "--otlp-endpoint", endpoint, "--", sys.executable, "-c", "0"],
         env=env,
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert done.returncode != 0
-    assert "no-equals-sign" in done.stderr and "key=value" in done.stderr
+    assert done.returncode == 2, done.stderr
+    assert all(word in done.stderr for word in expected), done.stderr
+    assert "listening" not in done.stderr

@@ -23,7 +23,14 @@ fn main() -> std::process::ExitCode {
             Some(ValueSource::CommandLine | ValueSource::EnvVariable)
         )
     };
-    let topology = match topology::load(&mut config, &explicit) {
+    let checked =
+        topology::load(&mut config, &explicit).map_err(|e| e.to_string()).and_then(|topology| {
+            match config.traces_endpoint() {
+                Some(endpoint) => corral::trace::check(&endpoint).map(|()| topology),
+                None => Ok(topology),
+            }
+        });
+    let topology = match checked {
         Ok(topology) => topology,
         Err(problem) => {
             // Before anything starts, and before logging is set up: plainly, like clap's errors.
@@ -35,7 +42,10 @@ fn main() -> std::process::ExitCode {
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
-        LogFormat::Json => logs.json().flatten_event(true).with_current_span(true).init(),
+        LogFormat::Json => {
+            logs.json().flatten_event(true).with_current_span(true).init();
+            corral::supervisor::output::as_json();
+        }
     }
     keep_off_pinned_cores(&topology);
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {

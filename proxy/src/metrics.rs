@@ -20,6 +20,10 @@ const SECONDS_BUCKETS: &[f64] = &[
 const BATCH_SIZE_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
 
+/// The `stage` label of workers refused for naming no stage this proxy serves: a worker's claim
+/// must not grow the label set, so no stage may be called this.
+pub const UNKNOWN_STAGE: &str = "unknown";
+
 pub struct Metrics {
     registry: Registry,
     /// Answers by route and status code.

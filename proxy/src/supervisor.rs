@@ -110,6 +110,9 @@ impl Children {
     /// The spawned worker that `pid` is, or runs under: the spawned pid itself, else the group
     /// `pid` belongs to (a process Corral spawned leads a group of its own).
     fn find(&self, pid: u32) -> Option<SpawnedWorker> {
+        if pid == 0 {
+            return None; // no process; and getpgid(0) would name the proxy's own group
+        }
         if let Some(child) = self.lock().get(&pid) {
             return Some(child.clone());
         }

@@ -61,6 +61,24 @@ struct Tracing {
 
 static TRACING: OnceLock<Tracing> = OnceLock::new();
 
+/// What [`init`] would refuse, checked before anything starts, as the configuration is: the
+/// endpoint must be an http:// URL and `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` must parse.
+pub fn check(endpoint: &str) -> Result<(), String> {
+    endpoint_uri(endpoint)?;
+    export_headers().map(drop)
+}
+
+fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
+    let uri: Uri = endpoint.parse().map_err(|e| format!("the OTLP endpoint {endpoint:?}: {e}"))?;
+    if uri.scheme_str() != Some("http") || uri.host().is_none() {
+        return Err(format!(
+            "the OTLP endpoint {endpoint:?} must be an http:// URL (a collector or agent beside \
+             the proxy; TLS is not supported)"
+        ));
+    }
+    Ok(uri)
+}
+
 /// The tracer, if spans are exported: the one check on the request path when they are not.
 #[inline]
 pub fn tracer() -> Option<&'static SdkTracer> {
@@ -70,13 +88,7 @@ pub fn tracer() -> Option<&'static SdkTracer> {
 /// Starts exporting spans to `endpoint` (the full URL of the collector's traces endpoint) as
 /// `service`. Call once, from inside the runtime the exports should use.
 pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
-    let uri: Uri = endpoint.parse().map_err(|e| format!("the OTLP endpoint {endpoint:?}: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        return Err(format!(
-            "the OTLP endpoint {endpoint:?} must be an http:// URL (a collector or agent beside \
-             the proxy; TLS is not supported)"
-        ));
-    }
+    let uri = endpoint_uri(endpoint)?;
     let resource = Resource::builder().with_service_name(service.to_string()).build();
     let collector = Collector {
         uri,
@@ -311,8 +323,10 @@ pub fn retried(span: &mut Span, id: &str) {
     span.add_event("retry", vec![KeyValue::new("corral.request_id", id.to_string())]);
 }
 
-/// Samples a span that links to a sampled span (a batch with a sampled member), else as the
-/// inner sampler says (parent-based, then the ratio).
+/// Samples a root span with links (a batch) if and only if it links to a sampled span (a batch
+/// with a sampled member): drawn at the ratio of its own, a batch of unsampled members was
+/// exported, linked to spans that never were. Any other span as the inner sampler says
+/// (parent-based, then the ratio).
 #[derive(Debug, Clone)]
 struct Linked(Sampler);
 
@@ -327,9 +341,14 @@ impl ShouldSample for Linked {
         links: &[Link],
     ) -> SamplingResult {
         let root = parent.is_none_or(|cx| !cx.has_active_span());
-        if root && links.iter().any(|link| link.span_context.is_sampled()) {
+        if root && !links.is_empty() {
+            let sampled = links.iter().any(|link| link.span_context.is_sampled());
             return SamplingResult {
-                decision: SamplingDecision::RecordAndSample,
+                decision: if sampled {
+                    SamplingDecision::RecordAndSample
+                } else {
+                    SamplingDecision::Drop
+                },
                 attributes: Vec::new(),
                 trace_state: TraceState::default(),
             };
@@ -507,4 +526,40 @@ async fn connect(uri: &Uri) -> Result<hyper::client::conn::http1::SendRequest<Fu
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
     tokio::spawn(connection);
     Ok(sender)
+}
+
+#[cfg(test)]
+mod tests {
+    use opentelemetry::trace::TraceFlags;
+
+    use super::*;
+
+    fn link(sampled: bool) -> Link {
+        let flags = if sampled { TraceFlags::SAMPLED } else { TraceFlags::default() };
+        let context = SpanContext::new(
+            TraceId::from(7u128),
+            SpanId::from(3u64),
+            flags,
+            true,
+            TraceState::default(),
+        );
+        Link::with_context(context)
+    }
+
+    fn decision(sampler: &Linked, links: &[Link]) -> SamplingDecision {
+        let kind = SpanKind::Client;
+        sampler.should_sample(None, TraceId::from(9u128), "batch", &kind, &[], links).decision
+    }
+
+    #[test]
+    fn a_batch_is_sampled_exactly_when_a_member_is() {
+        // At ratio 1 a root span is always sampled: not a batch of unsampled members.
+        let every = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(1.0))));
+        assert_eq!(decision(&every, &[link(false), link(false)]), SamplingDecision::Drop);
+        assert_eq!(decision(&every, &[link(false), link(true)]), SamplingDecision::RecordAndSample);
+        assert_eq!(decision(&every, &[]), SamplingDecision::RecordAndSample, "a request's span");
+        let none = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(0.0))));
+        assert_eq!(decision(&none, &[link(true)]), SamplingDecision::RecordAndSample);
+        assert_eq!(decision(&none, &[]), SamplingDecision::Drop);
+    }
 }

@@ -38,6 +38,10 @@ pub struct File {
     pub priority_aging_ms: Option<u64>,
     pub tenant_header: Option<String>,
     pub tenant_queue_share: Option<f64>,
+    pub otlp_endpoint: Option<String>,
+    pub trace_sample_ratio: Option<f64>,
+    /// `NAME=VALUE` entries, as `--worker-env` takes them: for every spawned worker.
+    pub worker_env: Option<Vec<String>>,
     // Defaults for every stage: the same keys as `StageFile`'s. Listed twice because serde cannot
     // flatten one struct into another that refuses unknown keys, and refusing typos matters more.
     pub max_batch_size: Option<u32>,

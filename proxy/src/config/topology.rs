@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use super::file::{self, File, StageFile};
 use super::{parse_header_name, parse_mode, parse_share, Config};
+use crate::metrics::UNKNOWN_STAGE;
 use crate::stage::Policy;
 use crate::supervisor::placement;
 use crate::traffic::Class;
@@ -240,6 +241,28 @@ pub fn resolve(
     top_level!(config, f, explicit, max_batch_bytes, shared_memory_bytes);
     top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
     top_level!(config, f, explicit, workers_per_gpu);
+    if let Some(url) = f.otlp_endpoint.take() {
+        if !explicit("otlp_endpoint") {
+            config.otlp_endpoint = Some(url);
+        }
+    }
+    if let Some(ratio) = f.trace_sample_ratio.take() {
+        if !(0.0..=1.0).contains(&ratio) {
+            return Err(error(
+                "trace_sample_ratio",
+                format!("{ratio} is not a number from 0 to 1"),
+            ));
+        }
+        if !explicit("trace_sample_ratio") {
+            config.trace_sample_ratio = ratio;
+        }
+    }
+    if let Some(pairs) = f.worker_env.take() {
+        // Checked with the command line's entries below (`worker_env`), as they are.
+        if !explicit("worker_env") {
+            config.worker_env = pairs;
+        }
+    }
     if let Some(gpus) = f.gpus.take() {
         if !explicit("gpus") {
             config.gpus = Some(gpus.text());
@@ -390,6 +413,11 @@ fn stage_spec(
     if !valid_name {
         let problem = "a stage name is letters, digits, `_`, `-` and `.`";
         return Err(error(format!("stages.{name:?}"), problem));
+    }
+    if name == UNKNOWN_STAGE {
+        // Workers refused for naming no stage are counted under it.
+        let problem = "`unknown` is the stage label of refused workers' metrics; pick another";
+        return Err(error(format!("stages.{name}"), problem));
     }
     // A flag or variable that was set wins over the stage's own key.
     macro_rules! pick {

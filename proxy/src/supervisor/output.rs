@@ -6,11 +6,26 @@
 //! C++) at its next write. A line is at most [`MAX_LINE`] bytes: a longer run (a `\r` progress bar
 //! never ends its line) is cut into pieces, each forwarded with the prefix, so memory stays bounded
 //! whatever the worker prints.
+//!
+//! With `--log-format json` ([`as_json`]) each line is a JSON object as the proxy's own log lines
+//! are (`timestamp`, `level`, `message`, `target`, and the `worker` and its `stream`): a log
+//! collector that parses one object per line would otherwise meet plain text among them.
 
 use std::io::Write;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt};
+use tracing_subscriber::fmt::format::Writer;
+use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+
+/// Whether workers' lines are written as JSON objects.
+static JSON: AtomicBool = AtomicBool::new(false);
+
+/// Workers' lines as JSON objects from now on, as `--log-format json` writes the proxy's own.
+pub fn as_json() {
+    JSON.store(true, Ordering::Relaxed);
+}
 
 /// The longest piece forwarded as one line.
 pub const MAX_LINE: usize = 16 * 1024;
@@ -40,13 +55,32 @@ pub async fn forward(mut stream: impl AsyncRead + Unpin, label: Arc<String>, to_
 /// the pieces.
 fn emit(label: &str, line: &[u8], to_stderr: bool) {
     let text = String::from_utf8_lossy(line);
-    let whole = format!("[{label}] {text}\n");
+    let whole = if JSON.load(Ordering::Relaxed) {
+        json_line(label, &text, to_stderr)
+    } else {
+        format!("[{label}] {text}\n")
+    };
     let _ = if to_stderr {
         std::io::stderr().lock().write_all(whole.as_bytes())
     } else {
         let mut out = std::io::stdout().lock();
         out.write_all(whole.as_bytes()).and_then(|()| out.flush())
     };
+}
+
+/// One line of a worker's as a JSON object, keyed as the proxy's own JSON log lines are.
+fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
+    let mut timestamp = String::new();
+    let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
+    let line = serde_json::json!({
+        "timestamp": timestamp,
+        "level": "INFO",
+        "message": text,
+        "worker": label,
+        "stream": if to_stderr { "stderr" } else { "stdout" },
+        "target": "corral::worker",
+    });
+    format!("{line}\n")
 }
 
 /// Splits bytes into lines of at most `max` bytes (without their `\n`, or `\r\n`), keeping only
@@ -118,6 +152,17 @@ fn incomplete_tail(bytes: &[u8]) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_json_line_is_one_object_keyed_as_the_proxy_s_own() {
+        let line = json_line("worker 0", "Traceback \"x\"\t{}", true);
+        assert!(line.ends_with('\n') && !line.trim_end().contains('\n'));
+        let value: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(value["message"], "Traceback \"x\"\t{}");
+        assert_eq!((&value["worker"], &value["stream"]), (&"worker 0".into(), &"stderr".into()));
+        assert_eq!(value["target"], "corral::worker");
+        assert!(value["timestamp"].as_str().is_some_and(|t| t.len() > 10));
+    }
 
     fn split(max: usize, chunks: &[&[u8]]) -> Vec<Vec<u8>> {
         let mut out = Vec::new();

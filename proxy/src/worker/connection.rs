@@ -33,7 +33,7 @@ use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
 use crate::job::{Job, Outcome, Sent};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
 use crate::stage::{Schemas, Stage, WeightRule, WorkerSeat};
 use crate::supervisor::Children;
@@ -68,6 +68,11 @@ pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(stream: UnixStream, context: Context) {
+    // The worker's pid as the kernel tells it, for what only a spawned worker may claim (its
+    // device, and being killed when hung): a hello could name another worker's pid. 0 (no
+    // process is) where the kernel cannot say, such as a peer in another pid namespace.
+    let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
+    let own_pid = peer.and_then(|pid| u32::try_from(pid).ok()).unwrap_or(0);
     let (read, write) = stream.into_split();
     let mut inbox = FramedRead::new(read, ProxyCodec::default());
     let mut outbox = Outbox::new(write);
@@ -91,8 +96,8 @@ pub async fn serve(stream: UnixStream, context: Context) {
     }
     let shared = share_memory(&mut outbox, &hello, &context);
     declare_schemas(stage, &hello);
-    context.children.connected(hello.pid);
-    let seat = stage.worker_joined_on(context.children.gpu(hello.pid));
+    context.children.connected(own_pid);
+    let seat = stage.worker_joined_on(context.children.gpu(own_pid));
     info!(
         stage = stage.name(),
         pid = hello.pid,
@@ -116,7 +121,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         }
         Ended::Failed { reason, .. } => {
             metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
-            if *reason == "hung" && context.children.kill(hello.pid) {
+            if *reason == "hung" && context.children.kill(own_pid) {
                 warn!(pid = hello.pid, "killed a hung worker; it will be restarted");
             }
         }
@@ -232,7 +237,7 @@ async fn handshake(
     };
     warn!(reason = %refusal, "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
-    metrics().worker_failures.with_label_values(&["unknown", "refused"]).inc();
+    metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.
     outbox.send(ProxyMessage::Reject(Reject { message: refusal }));
     None
