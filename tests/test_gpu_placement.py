@@ -214,19 +214,21 @@ def test_the_files_top_level_takes_the_tracing_and_worker_env_options(tmp_path):
         f"""
         otlp_endpoint = "http://127.0.0.1:9"
         trace_sample_ratio = 0.25
-        worker_env = ["MODEL_DIR=/models/{{index}}"]
+        worker_env = ["MODEL_DIR=/models/{{index}}", "THREADS=1"]
         [stages.embed]
         command = ["{sys.executable}", "{PLACED}"]
+        env = {{ THREADS = "8" }}
         """
     )
-    env = {"PLACED_DIR": str(records), "PLACED_VARS": "MODEL_DIR"}
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "MODEL_DIR,THREADS"}
     proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
     try:
         line = proxy.wait_for_log("exporting spans over OTLP")
         assert "127.0.0.1:9/v1/traces" in line and "0.25" in line
         proxy.wait_for_log("worker connected")
         placed = by_index(records, proxy.worker_pids())
-        assert placed["0"]["MODEL_DIR"] == "/models/0"
+        # The top level is a default for every stage: the stage's own env wins over it.
+        assert (placed["0"]["MODEL_DIR"], placed["0"]["THREADS"]) == ("/models/0", "8")
     finally:
         proxy.stop()
 

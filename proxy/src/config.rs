@@ -231,6 +231,11 @@ pub struct Config {
           value_delimiter = ';', value_parser = parse_pair)]
     pub worker_env: Vec<String>,
 
+    /// The config file's top-level `worker_env` (`NAME=VALUE` entries): defaults for every
+    /// stage's spawned workers, under the stage's own `env` and `--worker-env`.
+    #[arg(skip)]
+    pub file_worker_env: Vec<String>,
+
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set (with --gpus the
     /// default is the devices times --workers-per-gpu, with --cpus the cores listed).
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,

@@ -73,7 +73,8 @@ impl WorkerCommand {
 
 /// The worker processes this proxy runs, by process group (the spawned pid): a connection that
 /// finds its worker hung asks for it to be killed (and so restarted) through here, naming the
-/// pid the worker announced, which is the spawned one or, through a wrapper, one in its group.
+/// worker's pid as the kernel gives it (the socket peer's): the spawned one or, through a
+/// wrapper, one in its group.
 /// Processes this proxy did not spawn are never touched.
 #[derive(Clone, Default)]
 pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);

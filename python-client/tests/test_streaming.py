@@ -101,6 +101,23 @@ def test_a_decorated_generator_forward_still_streams():
         assert proxy.hello["features"] == ["stream", "cancel"]
         assert proxy.stream(["ab", "cd"]) == [Stream(["a", "b"], "end"), Stream(["c", "d"], "end")]
 
+    # A generator wrapper around a plain forward streams its steps, as it did before.
+    def stepped(forward):
+        @functools.wraps(forward)  # its __wrapped__ is the plain function
+        def wrapper(self, batch):
+            for step in forward(self, batch):  # noqa: UP028 (yield from would pass send on)
+                yield step
+
+        return wrapper
+
+    class Stepped(corral.Worker):
+        @stepped
+        def forward(self, words):
+            return [[w[0] for w in words], [w[1] for w in words]]
+
+    with FakeProxy(Stepped()) as proxy:
+        assert proxy.stream(["ab", "cd"]) == [Stream(["a", "b"], "end"), Stream(["c", "d"], "end")]
+
 
 def test_max_running_set_on_the_instance_is_the_one_declared():
     # The hello read the class (no join) while the streams read the instance (pulls): the

@@ -485,6 +485,8 @@ def test_declared_outputs_never_change_a_value(value, datatype):
         ([-1], "int8", "UINT8"),
         ([1e6], "float64", "FP16"),  # finite, past FP16's range: numpy makes it infinite
         ([1e39], "float64", "FP32"),
+        ([float("inf"), 1e300], "float64", "FP32"),  # an infinity given excuses no other
+        ([float("nan"), 1e40], "float64", "FP16"),
     ],
 )
 def test_an_array_is_never_wrapped_into_its_declared_datatype(value, dtype, datatype):

@@ -1,6 +1,8 @@
 """The Worker base class against a fake proxy: per-item hooks, failures kept to their items, and
 the protocol rules a worker must follow."""
 
+import asyncio
+import functools
 import socket
 import struct
 import threading
@@ -120,6 +122,34 @@ def test_an_async_forward_is_refused_where_the_class_is_defined():
         class Waiting(corral.Worker):
             async def forward(self, batch):
                 return batch
+
+    # A sync wrapper that runs it, as the message advises, is a plain forward.
+    def run_it(forward):
+        @functools.wraps(forward)
+        def wrapper(self, batch):
+            return asyncio.run(forward(self, batch))
+
+        return wrapper
+
+    class Running(corral.Worker):
+        @run_it
+        async def forward(self, batch):
+            return batch
+
+    with FakeProxy(Running()) as proxy:
+        assert [r.value for r in proxy.infer([1, 2])] == [1, 2]
+
+    # One that hands the coroutine back is refused with the fix, per batch.
+    class Handing(corral.Worker):
+        def forward(self, batch):
+            return Waiting_forward(batch)
+
+    async def Waiting_forward(batch):
+        return batch
+
+    with FakeProxy(Handing()) as proxy:
+        got = proxy.infer([1])
+    assert got[0].status == "error" and "forward returned a coroutine" in got[0].message
 
 
 def test_a_type_without_a_json_schema_serves_without_one():

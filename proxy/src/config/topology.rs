@@ -258,10 +258,8 @@ pub fn resolve(
         }
     }
     if let Some(pairs) = f.worker_env.take() {
-        // Checked with the command line's entries below (`worker_env`), as they are.
-        if !explicit("worker_env") {
-            config.worker_env = pairs;
-        }
+        // Defaults under each stage's own `env` and `--worker-env` (`place`), not in their place.
+        config.file_worker_env = pairs;
     }
     if let Some(gpus) = f.gpus.take() {
         if !explicit("gpus") {
@@ -540,10 +538,22 @@ fn place(
     gpus: Vec<u32>,
     per_gpu: u32,
     asked: Option<u32>,
-    mut env: Vec<(String, String)>,
+    stage_env: Vec<(String, String)>,
     config: &Config,
     keys: &Keys,
 ) -> Result<(), ConfigError> {
+    // The file's top-level `worker_env` first, then the stage's own `env`, then `--worker-env`:
+    // a later one wins for a name both set.
+    let mut env: Vec<(String, String)> = Vec::new();
+    for text in &config.file_worker_env {
+        let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
+    for (name, value) in stage_env {
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
     if !gpus.is_empty() {
         if spec.command.is_empty() {
             let problem = "only spawned workers can be given GPUs; add a worker command";

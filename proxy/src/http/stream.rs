@@ -101,8 +101,9 @@ pub async fn answer(
             return Err(ApiError::deadline_exceeded());
         }
     };
-    departure.ended(); // the job left the queue: its first chunk or outcome came
-                       // The stream's headers go with its first chunk: its batch time is the time to that chunk.
+    // The job left the queue: its first chunk or outcome came.
+    departure.ended();
+    // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     let sent = source.sent();
     timing::record_stream(entered, sent, Instant::now());
     if let Some(cx) = &traced {

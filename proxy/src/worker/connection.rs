@@ -122,7 +122,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         Ended::Failed { reason, .. } => {
             metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
             if *reason == "hung" && context.children.kill(own_pid) {
-                warn!(pid = hello.pid, "killed a hung worker; it will be restarted");
+                warn!(pid = own_pid, "killed a hung worker; it will be restarted");
             }
         }
         Ended::Closed => {}

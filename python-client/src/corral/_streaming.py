@@ -64,11 +64,17 @@ once, so its client's stream closes while its batch-mates go on."""
 
 
 def is_streaming(worker: Any) -> bool:
-    """Whether a Worker's (class or instance) ``forward`` is a generator function, also under a
-    decorator that keeps ``__wrapped__`` (``functools.wraps``): served as a plain worker, its
-    steps would be taken for the items' outputs."""
+    """Whether a Worker's (class or instance) ``forward`` is a generator function: itself (a
+    generator wrapper around a plain one streams), or under a decorator that keeps
+    ``__wrapped__`` (``functools.wraps``) and returns its generator. Served as a plain worker, a
+    generator's steps would be taken for the items' outputs. (A decorator that turns the
+    generator into a list must not keep ``__wrapped__``.)"""
     forward = getattr(worker, "forward", None)
-    return forward is not None and inspect.isgeneratorfunction(inspect.unwrap(forward))
+    if forward is None:
+        return False
+    return inspect.isgeneratorfunction(forward) or inspect.isgeneratorfunction(
+        inspect.unwrap(forward)
+    )
 
 
 def features(worker: Any) -> list[str]:

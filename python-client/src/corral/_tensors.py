@@ -369,9 +369,10 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
         if plain.dtype == target or plain.dtype.kind not in "biuf" or not plain.size:
             return array
         if target.kind == "f":
-            if np.isfinite(array).all() or not np.isfinite(plain).all():
-                return array
-            raise ValueError(f"a finite value is past {datatype}'s range")
+            # Element by element: an infinity given beside a finite value made one is no excuse.
+            if (np.isfinite(plain) & ~np.isfinite(array)).any():
+                raise ValueError(f"a finite value is past {datatype}'s range")
+            return array
         if plain.dtype.kind in "iu" and target.kind in "iu":
             # A round trip would not see -1 as UINT64 (it comes back -1): compare the ranges.
             info = np.iinfo(target)

@@ -126,7 +126,8 @@ class Worker:
         # A bad declaration fails where the class is defined, not at the first hello.
         _tensors.declared(cls, "inputs")
         _tensors.declared(cls, "outputs")
-        forward = inspect.unwrap(cls.forward)
+        # The outer callable only: a sync wrapper around an async def (asyncio.run) is fine.
+        forward = cls.forward
         if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
             raise TypeError(
                 f"{cls.__name__}.forward is async: it must be a plain function (one output per "
@@ -229,7 +230,7 @@ class Worker:
         self.deadlines = [math.inf] * len(inputs)
         self.content_types = [None] * len(inputs)
         count = len(inputs)  # counted before forward, which may consume or pad its list
-        outputs = list(self.forward(inputs))
+        outputs = list(_outputs(self.forward(inputs)))
         if len(outputs) != count:
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
         for output in outputs:
@@ -366,7 +367,7 @@ class Worker:
         count = len(positions)  # not len(inputs): forward may consume or pad its list
         try:
             with _tracing.batch([jobs[p] for p in positions]):
-                outputs = list(self.forward(inputs))
+                outputs = list(_outputs(self.forward(inputs)))
             if len(outputs) != count:
                 raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
         except _STOPS:
@@ -402,6 +403,20 @@ class Worker:
             except BaseException as e:
                 log.exception("postprocess or encoding failed")
                 answers[position] = protocol.error(job_id, _describe(e))
+
+
+def _outputs(returned: Any) -> Any:
+    """What ``forward`` returned, if it can be its outputs: a coroutine (a wrapper that returns
+    an ``async def``'s call) is closed and refused with the fix, not left to fail as "not
+    iterable" with a warning that it was never awaited."""
+    if inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
+        if inspect.iscoroutine(returned):
+            returned.close()
+        raise TypeError(
+            "forward returned a coroutine: it must return the outputs (run an async model "
+            "with asyncio.run)"
+        )
+    return returned
 
 
 def _overrides(method: Any, passes: Any) -> bool:
