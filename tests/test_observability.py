@@ -78,12 +78,28 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
     body = infer["requestBody"]["content"]["application/json"]["schema"]
     assert {"$ref": "#/components/schemas/Vector"} in body["anyOf"]
     assert set(infer["responses"]) >= {"200", "400", "408", "413", "422", "500", "503"}
-    assert {p["name"] for p in infer["parameters"]} == {
+    # Every header the docs name for a job's request, on every job-taking path.
+    job_headers = {
         "x-corral-timeout-ms",
-        "x-corral-items",
         "x-corral-priority",
         "x-corral-weight",
+        "x-corral-tenant",
+        "x-envoy-expected-rq-timeout-ms",
+        "grpc-timeout",
+        "request-timeout",
+        "traceparent",
     }
+    assert {p["name"] for p in infer["parameters"]} == job_headers | {"x-corral-items"}
+    ok = infer["responses"]["200"]
+    assert set(ok["headers"]) == {"x-request-id", "server-timing", "x-corral-batch-size"}
+    assert {"text/event-stream", "application/x-ndjson"} <= set(ok["content"])
+    for path, method in [
+        ("/v1/models/{name}:predict", "post"),
+        ("/v2/models/{name}/infer", "post"),
+    ]:
+        operation = document["paths"][path][method]
+        assert job_headers <= {p["name"] for p in operation["parameters"]}, path
+        assert "server-timing" in operation["responses"]["200"]["headers"], path
     assert set(document["paths"]) == {
         "/infer",
         "/healthz",

@@ -158,3 +158,10 @@ def test_a_killed_proxy_takes_its_spawned_worker_with_it(corral_factory, tmp_pat
     proxy.proc.kill()  # nothing runs in the proxy: the parent-death signal does it
     proxy.proc.wait(timeout=30)
     assert_gone(proxy, worker)
+
+
+def test_workers_without_a_command_to_spawn_is_said_not_silently_taken(corral_factory):
+    # --workers counts spawned workers: without a command none is, and the log says so.
+    proxy = corral_factory("--workers", "2", worker=None)
+    line = proxy.wait_for_log("no worker command follows")
+    assert "WARN" in line and "2" in line

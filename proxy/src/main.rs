@@ -47,6 +47,13 @@ fn main() -> std::process::ExitCode {
             corral::supervisor::output::as_json();
         }
     }
+    if config.config.is_none() && config.worker_cmd.is_empty() && explicit("workers") {
+        tracing::warn!(
+            workers = config.workers,
+            "--workers counts the workers Corral spawns, and no worker command follows `--`: \
+             none is spawned, workers are expected to connect on their own"
+        );
+    }
     keep_off_pinned_cores(&topology);
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(serve(config, topology)),

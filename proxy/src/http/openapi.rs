@@ -6,10 +6,12 @@
 
 use serde_json::{json, Map, Value};
 
+use super::deadline::{ENVOY_HEADER, GRPC_HEADER, REQUEST_TIMEOUT_HEADER};
 use super::infer::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
 use super::traffic;
 use super::{App, Route};
+use crate::timing::{BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 
 /// Every error status a route (`/infer`) can answer, with what it means.
 const INFER_ERRORS: &[(&str, &str)] = &[
@@ -49,7 +51,7 @@ pub fn document(app: &App) -> Value {
     let mut components = Map::new();
     let mut paths = Map::new();
     for route in &app.routes {
-        let (operation, schemas) = route_operation(route);
+        let (operation, schemas) = route_operation(app, route);
         paths.insert(route.path.clone(), json!({"post": operation}));
         components.extend(schemas);
     }
@@ -104,7 +106,7 @@ pub fn document(app: &App) -> Value {
 /// what the last stage gives (as their workers declared; any JSON value otherwise). Returns the
 /// schema components those declarations refer to; components of the same name from different
 /// stages are taken to be the same type (the last stage's wins).
-fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
+fn route_operation(app: &App, route: &Route) -> (Value, Map<String, Value>) {
     let stages = &route.pipeline.stages;
     let first = stages.first().and_then(|stage| stage.schemas()).unwrap_or_default();
     let last = stages.last().and_then(|stage| stage.schemas()).unwrap_or_default();
@@ -125,6 +127,11 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
             "*/*": bytes.clone(),
         })
     };
+    let mut content = formats(body(&output));
+    // A client whose Accept asks for a stream gets the worker's chunks as they come.
+    let events = json!({"schema": {"type": "string"}});
+    content["text/event-stream"] = events.clone();
+    content["application/x-ndjson"] = events;
     let mut responses = Map::new();
     responses.insert(
         "200".into(),
@@ -132,9 +139,11 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
             "description": "The worker's result (an array of results for a multi-item request). \
                 An output of raw bytes goes to a client that accepts them (Accept naming \
                 application/octet-stream or the worker's media type, or a raw request's Accept \
-                absent or */*) as the body, with that media type.",
-            "headers": request_id_header(),
-            "content": formats(body(&output)),
+                absent or */*) as the body, with that media type. With Accept: \
+                text/event-stream (or application/x-ndjson), the job's chunks as they come, \
+                then a done (or error) event.",
+            "headers": answer_headers(),
+            "content": content,
         }),
     );
     for (status, description) in INFER_ERRORS {
@@ -149,27 +158,21 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
             names.join(" → ")
         )
     };
+    let mut parameters = vec![
+        timeout_header(),
+        json!({
+            "name": ITEMS_HEADER,
+            "in": "header",
+            "required": false,
+            "description": "`many`: the body is an array, one job per element.",
+            "schema": {"type": "string", "enum": ["one", "many"]},
+        }),
+    ];
+    parameters.extend(job_headers(app));
     let operation = json!({
         "summary": summary,
         "operationId": operation_id(&route.name),
-        "parameters": [
-            {
-                "name": TIMEOUT_HEADER,
-                "in": "header",
-                "required": false,
-                "description": "Deadline in milliseconds (capped by the route's timeout).",
-                "schema": {"type": "integer", "minimum": 1},
-            },
-            {
-                "name": ITEMS_HEADER,
-                "in": "header",
-                "required": false,
-                "description": "`many`: the body is an array, one job per element.",
-                "schema": {"type": "string", "enum": ["one", "many"]},
-            },
-            priority_header(),
-            weight_header(),
-        ],
+        "parameters": parameters,
         "requestBody": {
             "required": true,
             "description": "JSON or msgpack; or raw bytes of any other media type (an image, \
@@ -180,6 +183,70 @@ fn route_operation(route: &Route) -> (Value, Map<String, Value>) {
         "responses": responses,
     });
     (operation, components)
+}
+
+/// `x-corral-timeout-ms`, as every job-taking path reads it.
+pub fn timeout_header() -> Value {
+    json!({
+        "name": TIMEOUT_HEADER,
+        "in": "header",
+        "required": false,
+        "description": "Deadline in milliseconds (capped by the route's timeout).",
+        "schema": {"type": "integer", "minimum": 1},
+    })
+}
+
+/// The request headers every job-taking path reads besides its own: priority, weight, the tenant
+/// (under the name `--tenant-header` gives it), the other meshes' deadline headers (the earliest
+/// of all of them wins) and W3C trace context.
+pub fn job_headers(app: &App) -> Vec<Value> {
+    let header = |name: &str, description: &str, schema: Value| {
+        json!({"name": name, "in": "header", "required": false, "description": description,
+            "schema": schema})
+    };
+    let milliseconds = json!({"type": "integer", "minimum": 1});
+    vec![
+        priority_header(),
+        weight_header(),
+        header(
+            app.tenant_header.as_str(),
+            "The tenant: within a class, tenants take turns, each holding at most \
+             --tenant-queue-share of the queue. Hashed on arrival, never logged.",
+            json!({"type": "string"}),
+        ),
+        header(ENVOY_HEADER, "Envoy's deadline, in milliseconds.", milliseconds),
+        header(
+            GRPC_HEADER,
+            "gRPC's deadline: 1 to 8 digits and a unit (H, M, S, m, u or n).",
+            json!({"type": "string"}),
+        ),
+        header(
+            REQUEST_TIMEOUT_HEADER,
+            "Deadline in seconds, a positive number.",
+            json!({"type": "string"}),
+        ),
+        header(
+            "traceparent",
+            "W3C trace context: the request's span continues this trace and follows its \
+             sampled flag.",
+            json!({"type": "string"}),
+        ),
+    ]
+}
+
+/// A job's answer's headers: its id, and where its time went.
+pub fn answer_headers() -> Value {
+    let mut headers = request_id_header();
+    headers[SERVER_TIMING_HEADER] = json!({
+        "description": "Where the request's time went: `queue`, `batch` and `total`, in \
+            milliseconds (docs/TRACING.md).",
+        "schema": {"type": "string"},
+    });
+    headers[BATCH_SIZE_HEADER] = json!({
+        "description": "The size of the batch the job went in (the largest, for several items).",
+        "schema": {"type": "integer"},
+    });
+    headers
 }
 
 /// `x-corral-priority`, as every job-taking path reads it.

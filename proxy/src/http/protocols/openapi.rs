@@ -3,7 +3,7 @@
 
 use serde_json::{json, Map, Value};
 
-use super::super::openapi::{priority_header, weight_header};
+use super::super::openapi::{answer_headers, job_headers, timeout_header};
 use super::super::{App, Protocol};
 use super::openai::EMBEDDINGS_PATH;
 
@@ -22,7 +22,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
     let mut predict = errors(&v1_error, "instance");
     predict.insert(
         "200".into(),
-        ok(json!({"type": "object", "required": ["predictions"],
+        answered(json!({"type": "object", "required": ["predictions"],
             "properties": {"predictions": {"type": "array"}}})),
     );
     paths.insert(
@@ -30,7 +30,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
         json!({"post": {
             "operationId": "kserve_v1_predict",
             "summary": "KServe v1: one job per instance, answered in order.",
-            "parameters": [name, timeout_header(), priority_header(), weight_header()],
+            "parameters": job_parameters(app, [name.clone()]),
             "requestBody": {"required": true, "content": {"application/json": {"schema": {
                 "type": "object", "required": ["instances"],
                 "properties": {"instances": {"type": "array", "minItems": 1}},
@@ -54,14 +54,14 @@ pub fn paths(app: &App) -> Map<String, Value> {
         }}),
     );
     if app.routes.iter().any(|route| route.protocol == Some(Protocol::OpenAiEmbeddings)) {
-        paths.insert(EMBEDDINGS_PATH.into(), embeddings());
+        paths.insert(EMBEDDINGS_PATH.into(), embeddings(app));
     }
-    v2(&mut paths, &name, &v1_error);
+    v2(app, &mut paths, &name, &v1_error);
     paths
 }
 
 /// Open Inference Protocol v2: health, metadata and infer (whose error body is v1's).
-fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
+fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
     let get = |id: &str, summary: &str, parameters: Value, responses: Value| {
         json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
             "responses": responses}})
@@ -135,6 +135,7 @@ fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         json!({
             "description": "The outputs, each row's results stacked. With binary data, the body is \
                 the JSON header (Inference-Header-Content-Length bytes) followed by the tensors.",
+            "headers": answer_headers(),
             "content": {"application/json": {"schema": answer},
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
         }),
@@ -148,7 +149,7 @@ fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         json!({"post": {
             "operationId": "v2_infer",
             "summary": "Open Inference Protocol v2: one job per row of the first dimension.",
-            "parameters": [name, timeout_header(), priority_header(), weight_header(), header_length],
+            "parameters": job_parameters(app, [name.clone(), header_length]),
             "requestBody": {"required": true, "content": {
                 "application/json": {"schema": request},
                 "application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}},
@@ -157,7 +158,7 @@ fn v2(paths: &mut Map<String, Value>, name: &Value, error: &Value) {
     );
 }
 
-fn embeddings() -> Value {
+fn embeddings(app: &App) -> Value {
     let error = json!({"type": "object", "required": ["error"], "properties": {"error": {
         "type": "object",
         "required": ["message", "type", "code"],
@@ -201,11 +202,11 @@ fn embeddings() -> Value {
         },
     });
     let mut responses = errors(&error, "input");
-    responses.insert("200".into(), ok(answer));
+    responses.insert("200".into(), answered(answer));
     json!({"post": {
         "operationId": "openai_embeddings",
         "summary": "OpenAI embeddings: one job per input string.",
-        "parameters": [timeout_header(), priority_header(), weight_header()],
+        "parameters": job_parameters(app, []),
         "requestBody": {"required": true, "content": {"application/json": {"schema": request}}},
         "responses": responses,
     }})
@@ -235,12 +236,17 @@ fn ok(schema: Value) -> Value {
     response("OK.", &schema)
 }
 
-fn timeout_header() -> Value {
-    json!({
-        "name": super::super::infer::TIMEOUT_HEADER,
-        "in": "header",
-        "required": false,
-        "description": "Deadline in milliseconds (capped by the route's timeout).",
-        "schema": {"type": "integer", "minimum": 1},
-    })
+/// A job-taking operation's 200: with the headers every job's answer carries.
+fn answered(schema: Value) -> Value {
+    let mut ok = ok(schema);
+    ok["headers"] = answer_headers();
+    ok
+}
+
+/// A job-taking operation's parameters: its own, then the headers every such path reads.
+fn job_parameters<const N: usize>(app: &App, own: [Value; N]) -> Vec<Value> {
+    let mut all: Vec<Value> = own.into();
+    all.push(timeout_header());
+    all.extend(job_headers(app));
+    all
 }
