@@ -82,6 +82,8 @@ def test_connections_past_the_cap_get_503_and_are_closed(corral_factory):
             answer = read_all(third)
         assert answer.startswith(b"HTTP/1.1 503")
         assert b'"error":"too_many_connections"' in answer
+        # An id as every answer has, though no request was read.
+        assert re.search(rb"\r\nx-request-id: [0-9a-f]{8}-[0-9a-f]{4}-", answer), answer
     finally:
         for conn in held:
             conn.close()

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from openapi_spec_validator import validate
 
-from conftest import BINARY, ROOT
+from conftest import BINARY, ROOT, SCRIPTED
 
 ARITH = str(ROOT / "tests" / "workers" / "arith.py")
 
@@ -133,6 +133,21 @@ def test_each_item_of_a_request_goes_through_the_pipeline(arith):
     assert answer.status_code == 422
     assert [item["index"] for item in answer.json()["items"]] == [1]
     assert batches(arith, "shift")[1] == 3, "the rejected request's items went no further"
+
+
+def test_a_route_path_that_is_not_ascii_is_found_percent_encoded(corral_factory, tmp_path):
+    # Clients (httpx, curl) send /résumé as /r%C3%A9sum%C3%A9: matched against the raw path, it
+    # was a 404.
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.a]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\n'
+        '[routes.r]\npipeline = "a"\npath = "/résumé"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log("worker connected")
+    answer = proxy.client.post("/résumé", json={"x": 1})
+    assert answer.request.url.raw_path == b"/r%C3%A9sum%C3%A9"
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["echo"] == {"x": 1}
 
 
 def test_two_routes_served_at_once(corral_factory, tmp_path):

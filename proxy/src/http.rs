@@ -86,8 +86,15 @@ pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
 }
 
 impl App {
+    /// The route at `path`, as sent or percent-decoded: a client encodes a path that is not
+    /// ASCII (`/résumé` goes as `/r%C3%A9sum%C3%A9`).
     pub fn route(&self, path: &str) -> Option<&Route> {
-        self.routes.iter().find(|route| route.path == path)
+        let found = self.routes.iter().find(|route| route.path == path);
+        if found.is_some() || !path.contains('%') {
+            return found;
+        }
+        let decoded = percent_encoding::percent_decode_str(path).decode_utf8().ok()?;
+        self.routes.iter().find(|route| route.path == decoded)
     }
 
     /// The route a model-serving protocol names by its model name.

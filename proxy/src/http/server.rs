@@ -9,6 +9,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use corral_protocol::JobId;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -129,9 +130,12 @@ pub async fn serve(
 /// Answers a connection over the cap 503 and closes it, without reading its request.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        // An id as every answer has, though no request was read to give one to.
         let answer = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
-             retry-after: 1\r\nconnection: close\r\ncontent-length: {}\r\n\r\n{}",
+             x-request-id: {}\r\nretry-after: 1\r\nconnection: close\r\n\
+             content-length: {}\r\n\r\n{}",
+            JobId::new(),
             TOO_MANY_CONNECTIONS.len(),
             TOO_MANY_CONNECTIONS
         );
