@@ -57,6 +57,12 @@ def test_an_unknown_model_is_404(proxy):
         assert answer.json() == {"error": 'no model named "nope"'}
 
 
+def test_the_models_are_listed(proxy):
+    answer = proxy.client.get("/v1/models")
+    assert (answer.status_code, answer.json()) == (200, {"models": ["default"]})
+    assert proxy.client.post("/v1/models").status_code == 405
+
+
 def test_a_path_under_v1_models_that_names_no_endpoint_is_404_in_v1_shape(proxy):
     for path in ("/v1/models/default:explain", "/v1/models/default/metadata"):
         answer = proxy.client.post(path, json={"instances": [1]})

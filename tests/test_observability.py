@@ -108,6 +108,7 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
         "/openapi.json",
         "/v1/models/{name}:predict",
         "/v1/models/{name}",
+        "/v1/models",
         "/v2",
         "/v2/health/live",
         "/v2/health/ready",

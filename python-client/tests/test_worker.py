@@ -164,6 +164,18 @@ def test_a_type_without_a_json_schema_serves_without_one():
         assert [r.value for r in proxy.infer([{"a": 1}])] == [{"a": 1}]
 
 
+def test_a_worker_failing_before_its_hello_shows_why_in_the_fake_proxy():
+    class Broken(corral.Worker):
+        max_running = -1  # refused when the hello is built
+
+        def forward(self, batch):
+            yield batch
+
+    with pytest.raises(AssertionError, match="failed before its hello: TypeError: max_running"):
+        with FakeProxy(Broken()):
+            pass
+
+
 def test_an_empty_corral_socket_means_the_default(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setenv("CORRAL_SOCKET", "")

@@ -170,8 +170,10 @@ def main():
         if chunks:
             sock.sendall(protocol.encode_frame({"type": "chunks", "chunks": chunks}))
             step_ms = max(job.item.get("step_ms", 0) for job in held.values())
-            if step_ms:
-                frames.poll(step_ms / 1000)  # a model step's time (frames read meanwhile wait)
+            until = time.monotonic() + step_ms / 1000
+            while (left := until - time.monotonic()) > 0:  # a model step's time
+                for frame in frames.poll(left):  # a cancel arriving meanwhile is taken in
+                    receive(frame)
         if results:
             pull = any(held[r["id"]].item.get("pull_after_end") for r in results if r["id"] in held)
             for result in results:

@@ -29,6 +29,8 @@ pub enum Endpoint<'a> {
     KServe(kserve_v1::Endpoint<'a>),
     V2(v2::Endpoint<'a>),
     OpenAi(&'a super::Route),
+    /// KServe v1's list of models, `GET /v1/models`.
+    KServeModels,
     /// A path under a protocol's prefix that names none of its endpoints: 404 in that
     /// protocol's error shape, which its clients read (`/v2/`, `/v1/models/`).
     Unknown(String),
@@ -41,6 +43,9 @@ impl<'a> Endpoint<'a> {
         }
         if let Some(endpoint) = v2::Endpoint::find(app, path) {
             return Some(Endpoint::V2(endpoint));
+        }
+        if path == kserve_v1::MODELS_PATH {
+            return Some(Endpoint::KServeModels);
         }
         if path == openai::EMBEDDINGS_PATH {
             let route = app.routes.iter().find(|r| r.protocol == Some(Protocol::OpenAiEmbeddings));
@@ -70,6 +75,14 @@ impl<'a> Endpoint<'a> {
                 };
                 let response = answer.unwrap_or_else(|e| openai::error_response(&e));
                 (openai::EMBEDDINGS_PATH, response)
+            }
+            Endpoint::KServeModels => {
+                let answer = match *method {
+                    Method::GET | Method::HEAD => Ok(kserve_v1::models(app)),
+                    _ => Err(ApiError::method_not_allowed(method, "GET")),
+                };
+                let response = answer.unwrap_or_else(|error| plain_error_response(&error));
+                (kserve_v1::MODELS_PATH, response)
             }
             Endpoint::Unknown(path) => {
                 // The label native 404s go under: a client must not grow the label set.

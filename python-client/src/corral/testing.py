@@ -118,6 +118,12 @@ class FakeProxy:
         self._thread.start()
         self.hello = self.receive()
         if self.hello is None or self.hello.get("type") != "hello":
+            self.close()  # no __exit__ follows a failed __enter__
+            error = self.worker_error  # set before the worker's end of the socket closed
+            if self.hello is None and error is not None:
+                raise AssertionError(
+                    f"the worker failed before its hello: {type(error).__name__}: {error}"
+                ) from error
             raise AssertionError(f"the worker's first frame is not a hello: {self.hello!r}")
         return self
 

@@ -4,7 +4,8 @@
 //! - `POST /v1/models/{name}:predict` with `{"instances": [...]}` answers `{"predictions": [...]}`,
 //!   each instance a job (as the elements of a native request of several items are);
 //! - `GET /v1/models/{name}` answers `{"name", "ready"}`: 200 once every stage of the route has a
-//!   connected worker, else 503.
+//!   connected worker, else 503;
+//! - `GET /v1/models` lists them: `{"models": [...]}`.
 //!
 //! Errors are `{"error": "<message>"}` with the status a native request would get; a failed
 //! instance fails the request (v1 has no per-instance errors) and the message names its index.
@@ -21,6 +22,8 @@ use super::super::{items, App, Body, Route};
 use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
 
 pub const PREFIX: &str = "/v1/models/";
+/// KServe v1's list of the models served.
+pub const MODELS_PATH: &str = "/v1/models";
 const PREDICT: &str = ":predict";
 
 pub struct Endpoint<'a> {
@@ -98,4 +101,10 @@ async fn predict(
     let body = format::from_msgpack(Format::Json, data)
         .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
     Ok(json(StatusCode::OK, body))
+}
+
+/// `{"models": [...]}`: the model names, one per route, as KServe v1's list answers them.
+pub fn models(app: &App) -> Response<Body> {
+    let names: Vec<&str> = app.routes.iter().map(|route| route.model.as_str()).collect();
+    json(StatusCode::OK, serde_json::json!({ "models": names }).to_string())
 }

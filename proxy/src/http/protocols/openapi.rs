@@ -41,6 +41,15 @@ pub fn paths(app: &App) -> Map<String, Value> {
     let readiness = json!({"type": "object", "required": ["name", "ready"],
         "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}});
     paths.insert(
+        "/v1/models".into(),
+        json!({"get": {
+            "operationId": "kserve_v1_models",
+            "summary": "KServe v1: the models served, one per route.",
+            "responses": {"200": ok(json!({"type": "object", "required": ["models"],
+                "properties": {"models": {"type": "array", "items": {"type": "string"}}}}))},
+        }}),
+    );
+    paths.insert(
         "/v1/models/{name}".into(),
         json!({"get": {
             "operationId": "kserve_v1_model",
