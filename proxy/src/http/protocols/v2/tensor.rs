@@ -335,7 +335,7 @@ pub fn unpack_json(
 ) -> Result<serde_json::Value, String> {
     use serde_json::Value;
     // JSON has no NaN nor infinity: written as `null` (serde_json's way) they would come back
-    // to the client as another value, or none; refused instead, as Triton's JSON writer does.
+    // to the client as another value, or none; refused instead (the client can ask for binary data).
     let number = |f: f64| {
         serde_json::Number::from_f64(f).map(Value::Number).ok_or_else(|| {
             format!("{f} is not a number JSON can carry: ask for it with binary_data")
