@@ -400,17 +400,26 @@ def test_many_large_bodies_at_once_each_come_back_as_sent(corral_factory, pool, 
     assert proxy.metric("corral_shared_memory_full_total") == full
 
 
-def test_64_clients_of_multi_mib_bodies_each_get_their_own_back(corral_factory):
+@pytest.mark.parametrize("chunked", [False, True], ids=["with length", "chunked"])
+def test_64_clients_of_multi_mib_bodies_each_get_their_own_back(corral_factory, chunked):
     # 64 clients of 2 MiB at once through the package's worker: 128 MiB in flight, with room in
     # the memory for 16 bodies, so that bodies in shared memory and bodies that found it full
-    # (and went over the socket, in frames far past its buffer) share batches.
+    # (and went over the socket, in frames far past its buffer) share batches. Chunked bodies
+    # (64 KiB pieces) take a slot once complete, on the same terms.
     proxy = corral_factory(
         f"--shared-memory-bytes={32 * 1024 * 1024}", "--timeout-ms=120000", worker=ECHO
     )
     proxy.wait_for_log(r"worker connected")
     bodies = [random.Random(i).randbytes(2 * 1024 * 1024) for i in range(64)]
+
+    def send(body: bytes):
+        if not chunked:
+            return post_raw(proxy, body)
+        pieces = iter([body[at : at + 65536] for at in range(0, len(body), 65536)])
+        return proxy.client.post("/infer", content=pieces, headers=RAW)
+
     with ThreadPoolExecutor(64) as clients:
-        responses = list(clients.map(lambda body: post_raw(proxy, body), bodies))
+        responses = list(clients.map(send, bodies))
     for body, response in zip(bodies, responses):
         assert response.status_code == 200, response.text
         assert response.content == body

@@ -47,7 +47,8 @@ def rows(n: int, text: bytes = b"abc"):
     return x, scale, words
 
 
-def infer(proxy, x, scale, words, binary: bool, outputs=("SUM", "SCALED", "UPPER", "BATCH")):
+def tensors(x, scale, words, binary: bool = True) -> list[triton.InferInput]:
+    """The worker's three inputs for tritonclient, holding `x`, `scale` and `words`."""
     inputs = [
         triton.InferInput("X", list(x.shape), "FP32"),
         triton.InferInput("N", list(scale.shape), "INT64"),
@@ -55,6 +56,11 @@ def infer(proxy, x, scale, words, binary: bool, outputs=("SUM", "SCALED", "UPPER
     ]
     for tensor, data in zip(inputs, (x, scale, words)):
         tensor.set_data_from_numpy(data, binary_data=binary)
+    return inputs
+
+
+def infer(proxy, x, scale, words, binary: bool, outputs=("SUM", "SCALED", "UPPER", "BATCH")):
+    inputs = tensors(x, scale, words, binary)
     requested = [triton.InferRequestedOutput(name, binary_data=binary) for name in outputs]
     with client(proxy) as c:
         return c.infer("default", inputs, outputs=requested)
@@ -221,13 +227,7 @@ def test_bad_requests_get_a_v2_error_and_harm_nothing(proxy, case, status, expec
 def test_nan_and_infinity_come_back_in_binary_and_are_refused_as_json(proxy):
     x, scale, words = rows(1)
     x[0] = [np.inf, -np.inf, np.nan]
-    inputs = [
-        triton.InferInput("X", list(x.shape), "FP32"),
-        triton.InferInput("N", list(scale.shape), "INT64"),
-        triton.InferInput("TEXT", list(words.shape), "BYTES"),
-    ]
-    for tensor, data in zip(inputs, (x, scale, words)):
-        tensor.set_data_from_numpy(data)  # binary: JSON could not carry them in either
+    inputs = tensors(x, scale, words)  # binary: JSON could not carry them in either
     with client(proxy) as c:
         answer = c.infer("default", inputs, outputs=[triton.InferRequestedOutput("SCALED")])
         scaled = answer.as_numpy("SCALED")[0]
@@ -250,13 +250,7 @@ def test_a_number_past_fp32_is_400_as_an_integer_too_large_is(proxy):
 
 def test_a_compressed_body_is_415_in_v2_shape(proxy):
     x, scale, words = rows(1)
-    inputs = [
-        triton.InferInput("X", list(x.shape), "FP32"),
-        triton.InferInput("N", list(scale.shape), "INT64"),
-        triton.InferInput("TEXT", list(words.shape), "BYTES"),
-    ]
-    for tensor, data in zip(inputs, (x, scale, words)):
-        tensor.set_data_from_numpy(data)
+    inputs = tensors(x, scale, words)
     with client(proxy) as c, pytest.raises(InferenceServerException) as failed:
         c.infer("default", inputs, request_compression_algorithm="gzip")
     assert failed.value.status() == "415"
@@ -282,13 +276,7 @@ def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):
     with client(proxy) as c:
         assert c.is_model_ready(name)
         assert c.get_model_metadata(name)["name"] == name
-    inputs = [
-        triton.InferInput("X", list(x.shape), "FP32"),
-        triton.InferInput("N", list(scale.shape), "INT64"),
-        triton.InferInput("TEXT", list(words.shape), "BYTES"),
-    ]
-    for tensor, data in zip(inputs, (x, scale, words)):
-        tensor.set_data_from_numpy(data)
+    inputs = tensors(x, scale, words)
     with client(proxy) as c:
         answer = c.infer(name, inputs, outputs=[triton.InferRequestedOutput("SUM")])
     assert answer.as_numpy("SUM").tolist() == [[x.sum()]]
