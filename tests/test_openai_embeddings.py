@@ -90,6 +90,7 @@ def test_the_route_keeps_its_own_path(proxy):
         ({"input": [1, 2, 3]}, "token arrays are not supported"),
         ({"input": ["a", 1]}, "input 1 is not a string"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format must be"),
+        ({"input": "x", "dimensions": 8}, "dimensions is not supported"),
     ],
 )
 def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
@@ -100,7 +101,8 @@ def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
     assert raised.value.type == "invalid_request_error"
     assert raised.value.code == "bad_request"
     # Each of these is about one field, which `param` names.
-    assert raised.value.param == ("encoding_format" if "encoding_format" in kwargs else "input")
+    fields = [field for field in ("encoding_format", "dimensions") if field in kwargs]
+    assert raised.value.param == (fields[0] if fields else "input")
 
 
 def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(client):

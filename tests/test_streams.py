@@ -196,14 +196,19 @@ def test_a_failure_after_chunks_is_an_error_event(corral_factory):
     )
 
 
-def test_a_chunk_that_is_not_one_msgpack_value_fails_its_job_alone(corral_factory):
+def test_a_chunk_that_is_not_one_msgpack_value_fails_its_job_alone(corral_factory, tmp_path):
     # Passed on, it reached the client as an answer that does not decode, or a value short.
-    proxy = corral_factory("--max-wait-ms=0", worker=STREAMER)
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--max-wait-ms=0", worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)}
+    )
     _, received = stream_all(proxy, {"chunks": 3, "bad_chunk_after": 1})
     assert received[0] == ("message", "c-0")
     assert received[1][0] == "error" and received[1][1]["error"] == "bad_output"
     assert "not one msgpack value" in received[1][1]["message"]
     assert len(received) == 2
+    # The worker is told to stop that job.
+    proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the cancel of the broken job")
     answer = proxy.post({"chunks": 3, "bad_chunk_after": 1})
     assert (answer.status_code, answer.json()["error"]) == (500, "bad_output")
     # The worker kept the protocol: the connection lives on.

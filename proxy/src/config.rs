@@ -97,7 +97,7 @@ pub struct Config {
     pub max_body_bytes: usize,
 
     /// Shared memory for large request bodies, in bytes (default 256 MiB; 0: none). A body of
-    /// 64 KiB and more with a Content-Length is read into it, and a worker that asks (the Python
+    /// 64 KiB and more is read into it (a chunked one once complete), and a worker that asks (the Python
     /// package does, on Linux) reads its payloads there instead of from its socket. Pages are taken from
     /// the system as bodies first use them, and kept; a body that finds it full (or is larger
     /// than all of it) is read as before.

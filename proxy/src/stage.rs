@@ -145,7 +145,8 @@ impl Seat {
 impl Queue {
     /// Removes jobs that must not be dispatched: expired ones are answered, abandoned ones dropped.
     /// Only the front is cleaned on the hot path (`whole == false`): that is all the policy looks
-    /// at; the whole queue is cleaned only when it looks full.
+    /// at; the whole queue is cleaned when it looks full and when a client leaves
+    /// ([`Stage::purge`]), at most every [`PURGE_EVERY`].
     fn drop_dead(&mut self, now: Instant, whole: bool) {
         let dead = |job: &Job| job.is_abandoned() || job.is_expired(now);
         if whole {
@@ -335,8 +336,8 @@ impl Stage {
             }
             let now = Instant::now();
             queue.jobs.promote(now, self.aging);
-            // Jobs whose clients left or whose deadline passed still sit in the queue until a
-            // worker reaches them; cleared out now and then, they neither fill the queue nor
+            // Jobs whose deadline passed (and those of clients that left within a purge's limit,
+            // [`Stage::purge`]) still sit in the queue until a worker or a purge reaches them; cleared out now and then, they neither fill the queue nor
             // inflate the admission prediction. Never more often than every PURGE_EVERY: under
             // overload this runs on every arrival, and the queue can be long.
             let due = queue.last_purge.is_none_or(|last| now >= last + PURGE_EVERY);

@@ -119,6 +119,21 @@ def test_a_decorated_generator_forward_still_streams():
         assert proxy.stream(["ab", "cd"]) == [Stream(["a", "b"], "end"), Stream(["c", "d"], "end")]
 
 
+def test_a_generator_forward_set_on_the_instance_streams_as_its_hello_says():
+    # The hello read the instance and the batches the class: declared `stream`, served plain.
+    class Configured(corral.Worker):
+        def __init__(self):
+            self.forward = self.spell
+
+        def spell(self, words):
+            for step in range(max(len(w) for w in words)):
+                yield [w[step] if step < len(w) else None for w in words]
+
+    with FakeProxy(Configured()) as proxy:
+        assert proxy.hello["features"] == ["stream", "cancel"]
+        assert proxy.stream(["ab", "c"]) == [Stream(["a", "b"], "end"), Stream(["c"], "end")]
+
+
 def test_max_running_set_on_the_instance_is_the_one_declared():
     # The hello read the class (no join) while the streams read the instance (pulls): the
     # proxy took the pulls for a broken protocol.

@@ -317,15 +317,6 @@ fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
     }
 }
 
-/// Whether a body `room` bytes larger than its `Content-Length` would be read into shared
-/// memory (if a slot is free): only there does leaving room in it for a payload's head pay. A
-/// body of no declared length (chunked) may go there once its length is known, and is given
-/// the room only if it does (`read_body`).
-pub fn may_share(app: &App, headers: &HeaderMap, room: usize) -> bool {
-    app.shared_memory.is_some()
-        && declared_length(headers).is_none_or(|length| length as usize + room >= SHARED_FROM)
-}
-
 /// A compressed body (`Content-Encoding` other than `identity`) is refused (415, RFC 9110
 /// 15.5.16), not passed on as if it were its content: the worker would read gzip bytes as the
 /// input, and a v2 client's compressed binary body would fail its lengths with a puzzling 400.
@@ -382,8 +373,13 @@ async fn read_body(
         drain(body).await;
         return Err(too_large);
     }
-    let room = gap.map_or(0, |gap| gap.len);
-    let mut sized = declared.map(|length| Buffer::new(front, length as usize + room, shared));
+    let (mut sized, sized_gap) = match declared {
+        Some(length) => {
+            let (buf, gap) = Buffer::for_body(front, length as usize, gap, shared);
+            (Some(buf), gap)
+        }
+        None => (None, None),
+    };
     let mut frames: Vec<Bytes> = Vec::new();
     let mut received = 0;
     while let Some(frame) =
@@ -398,13 +394,13 @@ async fn read_body(
                 return Err(too_large);
             }
             match &mut sized {
-                Some(buf) => buf.put(&data, received - data.len(), gap),
+                Some(buf) => buf.put(&data, received - data.len(), sized_gap),
                 None => frames.push(data),
             }
         }
     }
     let (mut buf, gap) = match sized {
-        Some(buf) => (buf, gap),
+        Some(buf) => (buf, sized_gap),
         None => assemble(&frames, received, front, gap, shared),
     };
     let room = gap.map_or(0, |gap| gap.len);
@@ -426,9 +422,8 @@ async fn read_body(
 }
 
 /// A chunked body's frames, `received` bytes in all, copied into one buffer now that its size
-/// is known: into `shared` memory as a declared length would be (at least [`SHARED_FROM`] bytes
-/// with the gap's room, and a slot free), keeping the gap there; onto the heap without it, where
-/// the room buys nothing. Returns the buffer and the gap it kept.
+/// is known, as a declared length's is ([`Buffer::for_body`]). Returns the buffer and the gap
+/// it kept.
 fn assemble(
     frames: &[Bytes],
     received: usize,
@@ -436,11 +431,7 @@ fn assemble(
     gap: Option<Gap>,
     shared: Option<&Arc<SharedMemory>>,
 ) -> (Buffer, Option<Gap>) {
-    let room = gap.map_or(0, |gap| gap.len);
-    let (mut buf, gap) = match Buffer::shared(front, received + room, shared) {
-        Some(buf) => (buf, gap),
-        None => (Buffer::new(front, received, None), None),
-    };
+    let (mut buf, gap) = Buffer::for_body(front, received, gap, shared);
     let mut before = 0;
     for frame in frames {
         buf.put(frame, before, gap);
@@ -456,6 +447,23 @@ enum Buffer {
 }
 
 impl Buffer {
+    /// The buffer for a body of `length` bytes after `front`: in `shared` memory with `gap`'s
+    /// room if that takes it there (at least [`SHARED_FROM`] bytes with the room, and a slot
+    /// free), else on the heap without the room, where it buys nothing (and finding the row's
+    /// head would parse a v2 header twice). Returns the buffer and the gap it keeps.
+    fn for_body(
+        front: usize,
+        length: usize,
+        gap: Option<Gap>,
+        shared: Option<&Arc<SharedMemory>>,
+    ) -> (Self, Option<Gap>) {
+        let room = gap.map_or(0, |gap| gap.len);
+        match Self::shared(front, length + room, shared) {
+            Some(buf) => (buf, gap),
+            None => (Self::new(front, length, None), None),
+        }
+    }
+
     /// A buffer for `front` zero bytes then `length` bytes of body: in `shared` memory if
     /// [`Buffer::shared`] finds it a slot, else on the heap.
     fn new(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Self {
@@ -612,7 +620,7 @@ mod tests {
     #[test]
     fn a_chunked_body_keeps_its_gap_in_shared_memory_only() {
         let memory = SharedMemory::new(1 << 20).unwrap();
-        // With its room the body reaches the threshold, as `may_share` counts a declared one.
+        // With its room the body reaches the threshold, as a declared one's does.
         let body = vec![7; SHARED_FROM - 3];
         let gap = Gap { at: 6, len: 3, fill };
         let (mut buf, kept) =

@@ -347,7 +347,8 @@ def encode(value: Any, datatype: str) -> bytes:
         else:
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
-            except struct.error as e:  # a float for an integer type, or out of its range
+            # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
+            except (struct.error, OverflowError) as e:
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 
@@ -359,19 +360,24 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     a finite number past the type's range (numpy makes it infinite) is refused. The proxy
     refuses the same in JSON inputs: a tensor never holds a number its sender did not. (Floats
     narrowing to FP16 or FP32 round, as they must.)"""
+    if target.kind == "f":
+        # numpy flags a cast that makes a finite number infinite as an overflow (from 1.24 on),
+        # element by element and at no cost when none is (an infinity given is no overflow).
+        try:
+            with np.errstate(over="raise", invalid="ignore"):
+                return np.asarray(value, dtype=target)
+        except FloatingPointError as e:
+            raise ValueError(f"a finite value is past {datatype}'s range") from e
     # What a cast loses is checked below, not warned about (NaN, overflow) as it happens.
     with np.errstate(invalid="ignore", over="ignore"):
         try:
             array = np.asarray(value, dtype=target)
         except OverflowError as e:
             raise ValueError(f"a value does not fit in {datatype}: {e}") from e
+        if target.kind not in "iub":
+            return array
         plain = np.asarray(value)
         if plain.dtype == target or plain.dtype.kind not in "biuf" or not plain.size:
-            return array
-        if target.kind == "f":
-            # Element by element: an infinity given beside a finite value made one is no excuse.
-            if (np.isfinite(plain) & ~np.isfinite(array)).any():
-                raise ValueError(f"a finite value is past {datatype}'s range")
             return array
         if plain.dtype.kind in "iu" and target.kind in "iu":
             # A round trip would not see -1 as UINT64 (it comes back -1): compare the ranges.

@@ -223,7 +223,7 @@ class Worker:
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
         codec = _typing.codec(type(self))
         inputs = [self.preprocess(codec.decode(_typing.pack(example))) for example in self.examples]
-        if _streaming.is_streaming(type(self)):
+        if _streaming.is_streaming(self):
             _streaming.warm_up(self, inputs)
             log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
             return
@@ -243,7 +243,7 @@ class Worker:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
         worker spawned by ``corral -- CMD`` (CORRAL_WORKER_INDEX set) exits instead, and so does
         one waiting for a proxy that is gone (CORRAL_PROXY_PID)."""
-        if not _streaming.is_streaming(type(self)) and _shared_memory.features():
+        if not _streaming.is_streaming(self) and _shared_memory.features():
             # Large bodies may come to this worker: let their pages be reused (once a process,
             # as it starts serving; not for a test's FakeProxy, which calls `serve` itself).
             _allocator.tune()
@@ -255,6 +255,9 @@ class Worker:
         Raises :class:`ProtocolError` on a frame the protocol does not allow and ``SystemExit``
         when the proxy refuses this worker or shuts down. The proxy's frames are read all
         along, also while results are written."""
+        # Decided once a connection, from the instance (a forward set in __init__ counts), as
+        # the hello declares it: not again per batch.
+        streams = _streaming.is_streaming(self)
         hello = protocol.hello(
             self.stage,
             os.getpid(),
@@ -267,15 +270,10 @@ class Worker:
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
         )
-        _serve.serve(sock, hello, self._corral_answer)
-
-    def _corral_answer(
-        self, jobs: list[dict[str, Any]], link: _serve.Link
-    ) -> list[dict[str, Any]] | None:
-        if _streaming.is_streaming(type(self)):
-            _streaming.run(self, jobs, link)
-            return None
-        return self.process(jobs)
+        if streams:
+            _serve.serve(sock, hello, lambda jobs, link: _streaming.run(self, jobs, link))
+        else:
+            _serve.serve(sock, hello, lambda jobs, link: self.process(jobs))
 
     def schemas(self) -> dict[str, str]:
         """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON

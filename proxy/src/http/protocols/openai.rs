@@ -26,7 +26,6 @@ use super::super::error::ApiError;
 use super::super::format::Format;
 use super::super::infer::{self, Received};
 use super::super::routes::{error_response_with, json};
-use super::super::validate;
 use super::super::{App, Body, Route};
 use super::first_failure;
 use super::v2::tensor;
@@ -148,7 +147,8 @@ fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
         let message = format!("the worker's output for input {index} is not a list of numbers");
         ApiError::internal("bad_output", message)
     };
-    let data: Cow<[u8]> = if validate::scan(&data).ext {
+    // A tensor value is one ext at the top (its marker first): no walk of the whole output.
+    let data: Cow<[u8]> = if matches!(data.first(), Some(0xc7..=0xc9 | 0xd4..=0xd8)) {
         Cow::Owned(tensor::expand(&data).map_err(|_| not_numbers())?)
     } else {
         Cow::Borrowed(&data)

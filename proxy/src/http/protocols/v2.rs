@@ -232,12 +232,11 @@ async fn infer(
             })?,
         ),
     };
-    // A binary request read into shared memory keeps room after its header for a one-row
-    // payload's head (elsewhere the room buys nothing, and finding the head parses the header
-    // twice).
+    // A binary request keeps room after its header for a one-row payload's head, where it is
+    // read into shared memory (`infer::Buffer::for_body` leaves none elsewhere).
     let room = request::HEAD_ROOM;
     let (received, room) = match header_length {
-        Some(at) if infer::may_share(app, request.headers(), room) => {
+        Some(at) => {
             let gap = Gap { at, len: room, fill: request::single_row_head };
             infer::receive_with_gap(app, route, request, gap).await?
         }
