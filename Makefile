@@ -167,7 +167,7 @@ bench-embeddings: release embeddings-venv $(OHA)
 # fuzz/artifacts/TARGET/: fix the bug, then copy the input to fuzz/regressions/TARGET/, where
 # `cargo test` re-runs it for good.
 fuzz: $(CARGO_FUZZ)
-	cd fuzz && for target in frame_decoder body_transcoding v2_request; do \
+	cd fuzz && for target in frame_decoder body_transcoding v2_request worker_results; do \
 		mkdir -p corpus/$$target && \
 		RUSTC_BOOTSTRAP=1 ../$(CARGO_FUZZ) run -O $$target corpus/$$target seeds/$$target \
 			-- -max_total_time=$(FUZZ_SECONDS) || exit 1; \

@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use corral::http::fuzzing::{body, v2_request};
+use corral::http::fuzzing::{body, v2_request, worker_results};
 use corral_protocol::fuzzing::FrameBoundedAlloc;
 
 #[global_allocator]
@@ -38,4 +38,9 @@ fn body_transcoding_seeds_and_past_crashes_hold_the_property() {
 #[test]
 fn v2_request_seeds_and_past_crashes_hold_the_property() {
     replay("v2_request", v2_request);
+}
+
+#[test]
+fn worker_results_seeds_and_past_crashes_hold_the_property() {
+    replay("worker_results", worker_results);
 }

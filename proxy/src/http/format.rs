@@ -265,7 +265,8 @@ pub fn msgpack_reader<R: std::io::Read>(
     input: R,
 ) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<R>> {
     let mut de = rmp_serde::Deserializer::new(input);
-    de.set_max_depth(MAX_DEPTH);
+    // rmp_serde counts the value it is reading as a level: one more than MAX_DEPTH's containers.
+    de.set_max_depth(MAX_DEPTH + 1);
     de
 }
 

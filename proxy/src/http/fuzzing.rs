@@ -1,4 +1,5 @@
-//! The properties the `body_transcoding` and `v2_request` fuzz targets in `fuzz/` check, kept in
+//! The properties the `body_transcoding`, `v2_request` and `worker_results` fuzz targets in
+//! `fuzz/` check, kept in
 //! the crate so that every input the fuzzer ever crashed on is re-run by `cargo test`
 //! (`proxy/tests/fuzz_regressions.rs`) on a stable toolchain. Not part of Corral's API.
 
@@ -6,9 +7,12 @@ use bytes::{Buf, Bytes};
 
 use corral_protocol::{Batch, BatchFrame, BatchJob, JobId, Payload, ProxyMessage, TensorSpec};
 
-use super::format::{from_msgpack, to_msgpack, Format};
-use super::items;
+use super::events::Framing;
+use super::format::{bin_contents, from_msgpack, to_msgpack, Format};
 use super::protocols::v2::{request, response, tensor};
+use super::protocols::{kserve_v1, openai};
+use super::{items, validate};
+use crate::job::Outcome;
 
 /// Arbitrary bytes as a request body, read as msgpack and as JSON. Either may be refused; nothing
 /// may panic. A msgpack body that is accepted goes to the worker unchanged; a JSON body that is
@@ -97,4 +101,116 @@ pub fn v2_request(data: &[u8]) {
             assert_eq!(plain, in_place, "the same rows");
         }
     }
+}
+
+/// Arbitrary bytes as the results a worker gives the rows of one request, written into every
+/// answer a client may have asked for: native JSON and msgpack, a stream's events, KServe v1's
+/// predictions, OpenAI's embeddings, and v2's outputs (as JSON data and as binary data, declared
+/// and not). Workers are not trusted to send sense: nothing may panic, and whatever is answered
+/// is well-formed in its own protocol.
+///
+/// The first byte chooses the v2 request's outputs and declarations; the rest is up to four
+/// results, each a two-byte little-endian length and that many bytes. Only results that pass the
+/// connection's own check ([`validate::msgpack`]) go on, as only those reach an answer.
+pub fn worker_results(data: &[u8]) {
+    let Some((&choice, mut rest)) = data.split_first() else { return };
+    let mut results = Vec::new();
+    while results.len() < 4 && rest.len() >= 2 {
+        let length = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
+        let result = &rest[2..2 + length];
+        rest = &rest[2 + length..];
+        if validate::msgpack(result).is_ok() {
+            results.push(Bytes::copy_from_slice(result));
+        }
+    }
+    if results.is_empty() {
+        return;
+    }
+    let json_parses = |json: &[u8]| serde_json::from_slice::<serde_json::Value>(json).is_ok();
+    for (index, result) in results.iter().enumerate() {
+        if let Ok(json) = from_msgpack(Format::Json, result.clone()) {
+            assert!(json_parses(&json), "a JSON answer is JSON");
+        }
+        if let Ok(msgpack) = from_msgpack(Format::Msgpack, result.clone()) {
+            assert!(validate::msgpack(&msgpack).is_ok(), "a msgpack answer is msgpack");
+            let value = tensor::read_value(&msgpack).expect("msgpack");
+            assert!(!holds_tensor(&value), "tensor values are written out");
+        }
+        let event = Framing::Sse.chunk(result.clone()).unwrap_or_else(|e| e);
+        assert!(event.starts_with(b"data: ") || event.starts_with(b"event: error\ndata: "));
+        let line = Framing::Ndjson.chunk(result.clone()).unwrap_or_else(|e| e);
+        assert!(line.ends_with(b"\n") && json_parses(&line), "an NDJSON line is JSON");
+        let _ = bin_contents(result);
+        for base64 in [false, true] {
+            let outcome = Outcome::Done(result.clone(), None);
+            if let Ok(embedding) = openai::embedding(index, outcome, base64) {
+                assert!(serde_json::to_vec(&embedding).is_ok());
+            }
+        }
+    }
+    let outcomes = || results.iter().map(|r| Outcome::Done(r.clone(), None)).collect::<Vec<_>>();
+    if let Ok(json) = kserve_v1::predictions(outcomes()) {
+        let answer: serde_json::Value = serde_json::from_slice(&json).expect("v1 answers JSON");
+        let predictions = answer["predictions"].as_array().expect("a predictions array");
+        assert_eq!(predictions.len(), results.len(), "one prediction per instance");
+    }
+    if let Ok(array) = items::assemble(outcomes()) {
+        assert!(validate::msgpack(&array).is_ok(), "the results' array is msgpack");
+    }
+    v2_answer(choice, &results);
+}
+
+/// Whether a tensor value (Corral's ext type) is anywhere in `value`; other ext types are the
+/// worker's own and pass as they are.
+fn holds_tensor(value: &rmpv::ValueRef) -> bool {
+    match value {
+        rmpv::ValueRef::Ext(kind, _) => *kind == tensor::TENSOR_EXT,
+        rmpv::ValueRef::Array(items) => items.iter().any(holds_tensor),
+        rmpv::ValueRef::Map(entries) => {
+            entries.iter().any(|(k, v)| holds_tensor(k) || holds_tensor(v))
+        }
+        _ => false,
+    }
+}
+
+/// [`worker_results`] as a v2 answer to a request of as many rows.
+fn v2_answer(choice: u8, results: &[Bytes]) {
+    let outputs = match choice % 4 {
+        0 => "[]",
+        1 => r#"[{"name": "y"}]"#,
+        2 => r#"[{"name": "y", "parameters": {"binary_data": true}}]"#,
+        _ => r#"[{"name": "y"}, {"name": "z", "parameters": {"binary_data": true}}]"#,
+    };
+    let rows = results.len();
+    let header = format!(
+        r#"{{"inputs": [{{"name": "X", "shape": [{rows}], "datatype": "FP32", "data": {:?}}}],
+            "outputs": {outputs}, "parameters": {{"binary_data_output": {}}}}}"#,
+        vec![0.0f32; rows],
+        choice & 4 != 0,
+    );
+    let body = Bytes::from(header);
+    let spec = |datatype: &str, shape: Vec<i64>| TensorSpec {
+        name: "y".into(),
+        datatype: datatype.into(),
+        shape,
+    };
+    let declared = match (choice >> 3) % 4 {
+        0 => vec![],
+        1 => vec![spec("FP32", vec![-1])],
+        2 => vec![spec("BYTES", vec![-1, 2])],
+        _ => vec![spec("INT8", vec![])],
+    };
+    let request = request::parse(&body, None, 0, &[]).expect("a valid v2 request");
+    let results: Vec<&[u8]> = results.iter().map(|r| &r[..]).collect();
+    let Ok(answer) = response::build("fuzz", &request, &declared, &results) else { return };
+    let json_end = answer.header_length.unwrap_or(answer.body.len());
+    let header: serde_json::Value =
+        serde_json::from_slice(&answer.body[..json_end]).expect("a v2 answer's header is JSON");
+    let sizes: u64 = header["outputs"]
+        .as_array()
+        .expect("the answer lists its outputs")
+        .iter()
+        .filter_map(|output| output["parameters"]["binary_data_size"].as_u64())
+        .sum();
+    assert_eq!(sizes, (answer.body.len() - json_end) as u64, "binary data as its sizes say");
 }

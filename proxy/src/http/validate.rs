@@ -266,6 +266,22 @@ mod tests {
     }
 
     #[test]
+    fn every_decoder_reads_as_deep_as_the_check_lets_through() {
+        // The check is the gate: a value it takes must not be refused further on for its depth
+        // (a worker's result read for v2 or expanded, a JSON answer, a weight rule's skip).
+        for leaf in [&[0xc0][..], &[0xa1, b'a'], &[0xc4, 0x01, 0x00], &[0xd4, 0x05, 0x00]] {
+            let deepest = [&vec![0x91; MAX_DEPTH - 1][..], &[0x81, 0xa1, b'k'], leaf].concat();
+            assert_eq!(msgpack(&deepest), Ok(()));
+            assert!(crate::http::protocols::v2::tensor::read_value(&deepest).is_ok());
+            let json = super::super::format::from_msgpack(
+                super::super::format::Format::Json,
+                bytes::Bytes::from(deepest.clone()),
+            );
+            assert!(json.is_ok() || leaf[0] == 0xd4, "{json:?}");
+        }
+    }
+
+    #[test]
     fn bounds_nesting() {
         let nested = |depth: usize| [vec![0x91; depth], vec![0xc0]].concat();
         assert_eq!(msgpack(&nested(MAX_DEPTH)), Ok(()));

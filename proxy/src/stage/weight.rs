@@ -92,8 +92,7 @@ impl WeightRule {
 
 /// Moves past one msgpack value.
 fn skip(rest: &mut &[u8]) -> Option<()> {
-    let mut de = rmp_serde::Deserializer::new(&mut *rest);
-    de.set_max_depth(crate::http::format::MAX_DEPTH);
+    let mut de = crate::http::format::msgpack_reader(&mut *rest);
     IgnoredAny::deserialize(&mut de).ok().map(|_| ())
 }
 

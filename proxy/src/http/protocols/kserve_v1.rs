@@ -20,6 +20,7 @@ use super::super::infer::{self, Received};
 use super::super::routes::json;
 use super::super::{items, App, Body, Route};
 use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
+use crate::job::Outcome;
 
 pub const PREFIX: &str = "/v1/models/";
 /// KServe v1's list of the models served.
@@ -90,17 +91,20 @@ async fn predict(
         return Err(ApiError::bad_request(r#""instances" is empty"#));
     }
     let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
+    Ok(json(StatusCode::OK, predictions(outcomes)?))
+}
+
+/// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
+pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
     let predictions = items::assemble(outcomes)?;
-    // {"predictions": [...]}: a one-entry map around the results' array, which is copied once,
-    // into the JSON.
+    // A one-entry map around the results' array, which is copied once, into the JSON.
     let mut data = Vec::with_capacity(16);
     rmp::encode::write_map_len(&mut data, 1).expect("writing to a Vec cannot fail");
     rmp::encode::write_str(&mut data, "predictions").expect("writing to a Vec cannot fail");
     let data = Bytes::from([&data[..], &predictions[..]].concat());
-    let body = format::from_msgpack(Format::Json, data)
-        .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
-    Ok(json(StatusCode::OK, body))
+    format::from_msgpack(Format::Json, data)
+        .map_err(|e| ApiError::internal("unrepresentable_output", e))
 }
 
 /// `{"models": [...]}`: the model names, one per route, as KServe v1's list answers them.

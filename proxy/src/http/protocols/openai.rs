@@ -78,21 +78,7 @@ pub async fn embeddings(
     let data = outcomes
         .into_iter()
         .enumerate()
-        .map(|(index, outcome)| {
-            let vector = vector(index, outcome)?;
-            if !base64 && vector.iter().any(|x| !x.is_finite()) {
-                // serde_json would write `null`s: a client would read no number, or NaN.
-                let message = format!(
-                    "the worker's output for input {index} holds NaN or infinity as float32 (a \
-                     number past its range is one), which JSON cannot carry: ask for \
-                     encoding_format \"base64\""
-                );
-                return Err(ApiError::internal("unrepresentable_output", message));
-            }
-            let embedding =
-                if base64 { Value::String(encode_base64(&vector)) } else { json!(vector) };
-            Ok(json!({"object": "embedding", "index": index, "embedding": embedding}))
-        })
+        .map(|(index, outcome)| embedding(index, outcome, base64))
         .collect::<Result<Vec<Value>, ApiError>>()?;
     let answer = json!({
         "object": "list",
@@ -135,6 +121,21 @@ fn msgpack_str(text: &str) -> Bytes {
     let mut out = Vec::with_capacity(text.len() + 5);
     rmp::encode::write_str(&mut out, text).expect("writing to a Vec cannot fail");
     Bytes::from(out)
+}
+
+/// One input's entry of `data`: its vector as JSON numbers or as base64.
+pub(crate) fn embedding(index: usize, outcome: Outcome, base64: bool) -> Result<Value, ApiError> {
+    let vector = vector(index, outcome)?;
+    if !base64 && vector.iter().any(|x| !x.is_finite()) {
+        // serde_json would write `null`s: a client would read no number, or NaN.
+        let message = format!(
+            "the worker's output for input {index} holds NaN or infinity as float32 (a number \
+             past its range is one), which JSON cannot carry: ask for encoding_format \"base64\""
+        );
+        return Err(ApiError::internal("unrepresentable_output", message));
+    }
+    let embedding = if base64 { Value::String(encode_base64(&vector)) } else { json!(vector) };
+    Ok(json!({"object": "embedding", "index": index, "embedding": embedding}))
 }
 
 /// A worker's answer for one input as float32s (OpenAI's embeddings are float32): an array of

@@ -566,10 +566,15 @@ fn nest<'a>(shape: &[u64], flat: &mut impl Iterator<Item = ValueRef<'a>>) -> Val
     }
 }
 
+/// [`MAX_DEPTH`] as rmpv counts: two steps for each container (the value, then its contents)
+/// and up to three for the leaf in the deepest (a string: the value, the string, its bytes).
+/// Passing MAX_DEPTH itself refused from 64 levels on what the body's check took to 128.
+const RMPV_DEPTH: usize = 2 * MAX_DEPTH + 3;
+
 /// Reads a worker's result (one msgpack value) for its rows; nesting is bounded as everywhere.
 pub fn read_value(data: &[u8]) -> Result<ValueRef<'_>, String> {
     let mut rest = data;
-    rmpv::decode::read_value_ref_with_max_depth(&mut rest, MAX_DEPTH).map_err(|e| e.to_string())
+    rmpv::decode::read_value_ref_with_max_depth(&mut rest, RMPV_DEPTH).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
