@@ -5,6 +5,7 @@ limit allows, get a clear 503 instead of a hang."""
 
 from __future__ import annotations
 
+import json
 import re
 import resource
 import socket
@@ -60,6 +61,43 @@ def test_oversized_headers_are_431(corral_factory):
     proxy = corral_factory("--max-header-bytes=16384", worker=None)
     response = proxy.client.get("/healthz", headers={"x-big": "a" * 20_000})
     assert response.status_code == 431
+
+
+@pytest.mark.parametrize("limit", [2048, 20_000])
+def test_the_head_bound_holds_to_the_byte(corral_factory, limit):
+    """hyper's read buffer grows in powers of two from 8 KiB, and took heads of up to 32 KB
+    under a 20000-byte bound; the proxy holds the bound itself, and answers past it in JSON."""
+    proxy = corral_factory(f"--max-header-bytes={limit}", worker=None)
+
+    def head_of(size: int) -> bytes:
+        start = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: "
+        return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
+
+    with connect(proxy) as conn:
+        conn.sendall(head_of(limit))
+        assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+    with connect(proxy) as conn:
+        conn.sendall(head_of(limit + 1))
+        answer = read_all(conn)  # the connection is closed after it
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 431")
+    assert b"x-request-id" in head.lower()
+    assert json.loads(body)["error"] == "request_head_too_large"
+
+
+def test_a_body_declared_too_large_is_refused_before_the_client_sends_it(corral_factory):
+    """A client that asks `Expect: 100-continue` gets the 413 instead of the 100 that would
+    have told it to send a body only to be thrown away."""
+    proxy = corral_factory("--max-body-bytes=100", worker=None)
+    with connect(proxy) as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000000\r\nexpect: 100-continue\r\n\r\n"
+        )
+        answer = read_all(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert json.loads(body)["error"] == "body_too_large"
 
 
 def test_too_many_headers_are_431(corral_factory):

@@ -40,6 +40,8 @@ pub struct App {
     /// Every stage, once, whichever routes share it.
     pub stages: Vec<Arc<Stage>>,
     pub max_body_bytes: usize,
+    /// Largest request head, counted as HTTP/1.1 writes it ([`routes::head_size`]).
+    pub max_header_bytes: usize,
     /// Longest a request's body may take to arrive, from the request's start.
     pub body_read_timeout: Duration,
     /// Times a job may be retried on another worker when its worker dies with it.

@@ -135,6 +135,7 @@ pub async fn run(
         routes,
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
+        max_header_bytes: config.max_header_bytes,
         body_read_timeout: config.body_read_timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),

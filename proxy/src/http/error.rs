@@ -77,6 +77,20 @@ impl ApiError {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
+    /// A request head over `--max-header-bytes` that hyper's read buffer (which grows in powers
+    /// of two, from 8 KiB) still took in.
+    pub fn head_too_large(size: usize, limit: usize) -> Self {
+        let message = format!(
+            "the request head (request line and headers) is {size} bytes, over the limit of {limit}"
+        );
+        let error = Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_head_too_large",
+            message,
+        );
+        Self { close: true, ..error }
+    }
+
     pub fn body_too_large(limit: usize) -> Self {
         let message = format!("the body is larger than {limit} bytes");
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocol::{JobId, Payload};
-use http::header::{ACCEPT, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE};
+use http::header::{ACCEPT, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
 use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -200,6 +200,13 @@ async fn receive_with(
     let traffic =
         traffic::requested(headers, route.priority, &app.tenant_header).map_err(before_body)?;
     let declared = declared_length(headers);
+    if declared.is_some_and(|length| length > app.max_body_bytes as u64)
+        && headers.get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    {
+        // The client waits for a 100 before it sends the body, and reading the body would ask
+        // for it (hyper sends the 100 at the first read): answer now, and read nothing.
+        return Err(before_body(ApiError::body_too_large(app.max_body_bytes)));
+    }
     let deadline = arrived + timeout;
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.

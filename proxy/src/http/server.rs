@@ -2,7 +2,7 @@
 //! the limits that keep one client from holding resources: a cap on open connections, a deadline
 //! for a request's headers (a client dribbling them, slowloris-style, is cut off), an idle
 //! timeout for keep-alive connections (both in [`super::timeouts`]), and a cap on header size and
-//! count (431). A request's body has its own clock, in its handler ([`super::infer`]); the cap on
+//! count (431; the size to the byte in [`super::routes`]). A request's body has its own clock, in its handler ([`super::infer`]); the cap on
 //! connections is kept under the open-file limit ([`crate::open_files`]).
 
 use std::convert::Infallible;
@@ -61,7 +61,9 @@ pub async fn serve(
         // Corral keeps the header deadline itself: hyper's would also cut idle connections.
         .header_read_timeout(None)
         .max_headers(limits.max_headers)
-        // hyper reads a request head into this buffer; a head that does not fit is a 431.
+        // hyper reads a request head into this buffer; a head that does not fit is hyper's 431.
+        // The buffer grows in powers of two, so the bound to the byte is kept at the edge
+        // (`routes::head_size`), with the JSON answer every other error has.
         .max_buf_size(limits.max_header_bytes.max(8192));
     builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
