@@ -7,8 +7,11 @@
 //! # Layout
 //! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
 //!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
-//! - [`http`]: the HTTP edge — server loop, routes, formats, the `/infer` handler and its
-//!   streamed answer path (SSE, NDJSON), and the one mapping from failures to status codes.
+//! - [`http`]: the HTTP edge — server loop and its connection clocks, routes, formats and body
+//!   checks, the `/infer` handler and its streamed answer path (SSE, NDJSON), the client
+//!   protocols as envelopes around rows (Open Inference v2, KServe v1, OpenAI embeddings), the
+//!   deadline and traffic headers, `/openapi.json`, and the one mapping from failures to status
+//!   codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through;
@@ -17,7 +20,8 @@
 //! - [`pipeline`]: a route's stages in order; carries a request's jobs from one to the next.
 //! - [`worker`]: the worker socket and one task per connected worker — it reads, its outbox
 //!   writes; plain and streaming pull loops (protocol in `corral-protocol`).
-//! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`.
+//! - [`timing`]: where a request's time went (queue, batch, total), for `server-timing`; its
+//!   task-local also carries the request's trace context to the spans below the edge.
 //! - [`trace`]: OpenTelemetry spans (request, admission, queue wait, batch), exported over OTLP
 //!   when an endpoint is set; nothing at all otherwise.
 //! - [`shared_memory`]: the memory file large request bodies are read into, which workers that
@@ -28,8 +32,10 @@
 //!   cores, GPUs and environment.
 //! - [`run`]: wires these together and shuts them down in order.
 //!
-//! The binary (main.rs) adds only the command line and its allocator (allocator.rs: jemalloc,
-//! with the options that let large bodies reuse their pages).
+//! The binary (main.rs) adds what belongs to a process rather than a library: the command line
+//! (and its config errors, exit 2), logging, keeping off the cores pinned workers own, the
+//! signals that start the drain, and its allocator (allocator.rs: jemalloc, with the options
+//! that let large bodies reuse their pages).
 
 pub mod config;
 pub mod http;

@@ -2,8 +2,9 @@
 //!
 //! # Layout
 //! - [`message`]: every message that crosses the Unix socket, as Rust types. Workers send
-//!   [`WorkerMessage`]s (`hello`, `results`); the proxy sends [`ProxyMessage`]s (`batch`, `reject`,
-//!   `shutdown`).
+//!   [`WorkerMessage`]s (`hello`, `results`; a streaming worker also `chunks` and `pull`); the
+//!   proxy sends [`ProxyMessage`]s (`batch`, `reject`, `shutdown`; `cancel` to a streaming
+//!   worker, `shm` to one that maps shared memory).
 //! - [`job_id`]: the 16-byte job identifier and its msgpack form.
 //! - [`codec`]: frames (tokio-util's length-delimited codec: 4-byte big-endian length) around one
 //!   msgpack map each, and the msgpack step itself.

@@ -1,6 +1,7 @@
 //! Deadline-aware admission: at arrival, predict when a job would finish, and refuse it at once
 //! (503) if that is past its deadline, instead of queueing work nobody will wait for
-//! (../shared/seeds/004_*).
+//! (the load shedding of "The Throughput Paradox – Why a Machine Learning API Needs Load
+//! Shedding").
 //!
 //! A job is admitted only if predicted to finish with a [`margin`] to spare. The prediction
 //! replays the queue onto the workers: the jobs ahead, plus this request's, go out

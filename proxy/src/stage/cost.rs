@@ -1,6 +1,6 @@
 //! What a batch costs, learned online: a least-squares fit of batch duration against batch size
 //! over the most recent batches (`duration ≈ overhead + per_item × size`), the estimate
-//! BentoML's adaptive dispatcher also keeps (../shared/seeds/003_*).
+//! BentoML's adaptive dispatcher also keeps (its `CorkDispatcher`).
 //!
 //! The sums are kept incrementally over a sliding window, so recording a batch and reading the
 //! fit are both O(1) under the stage lock.
