@@ -18,11 +18,12 @@ pub mod traffic;
 pub mod validate;
 
 use std::convert::Infallible;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use http::Method;
 
 pub use crate::config::topology::Protocol;
 use crate::metrics::metrics;
@@ -95,12 +96,72 @@ impl App {
         if found.is_some() || !path.contains('%') {
             return found;
         }
-        let decoded = percent_encoding::percent_decode_str(path).decode_utf8().ok()?;
+        let decoded = percent_decoded(path)?;
         self.routes.iter().find(|route| route.path == decoded)
     }
 
     /// The route a model-serving protocol names by its model name.
     pub fn model(&self, name: &str) -> Option<&Route> {
         self.routes.iter().find(|route| route.model == name)
+    }
+
+    /// Why jobs for `stages` could not all run now, if they could not: shutdown has begun, or a
+    /// stage has no connected worker (its jobs would only queue). What `/readyz` and every
+    /// protocol's readiness answer from.
+    pub fn unready<'a>(&self, mut stages: impl Iterator<Item = &'a Arc<Stage>>) -> Option<String> {
+        if self.draining.load(Ordering::Relaxed) {
+            return Some("shutting down".into());
+        }
+        let idle = stages.find(|stage| stage.workers() == 0)?;
+        Some(format!("stage {:?} has no connected worker", idle.name()))
+    }
+
+    /// What every job-taking endpoint checks first, native or a protocol's: `POST` only, and no
+    /// new jobs once shutdown has begun (a shed, counted).
+    pub fn admit(&self, method: &Method) -> Result<(), error::ApiError> {
+        if method != Method::POST {
+            return Err(error::ApiError::method_not_allowed(method, "POST"));
+        }
+        if self.draining.load(Ordering::Relaxed) {
+            metrics().shed.with_label_values(&["shutting_down", ""]).inc();
+            return Err(error::ApiError::shutting_down());
+        }
+        Ok(())
+    }
+}
+
+/// A path, or a path segment, as clients percent-encode it (a path that is not ASCII, a model
+/// name tritonclient quotes), decoded; None where it does not decode to UTF-8.
+pub fn percent_decoded(text: &str) -> Option<std::borrow::Cow<'_, str>> {
+    percent_encoding::percent_decode_str(text).decode_utf8().ok()
+}
+
+/// The check of every endpoint that only answers `GET` (and `HEAD`, which hyper answers from it).
+pub fn get_only(method: &Method) -> Result<(), error::ApiError> {
+    match *method {
+        Method::GET | Method::HEAD => Ok(()),
+        _ => Err(error::ApiError::method_not_allowed(method, "GET")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shed_answers_with_its_own_code_word() {
+        let later = Duration::from_secs(3);
+        for shed in [
+            Shed::QueueFull,
+            Shed::DeadlineUnreachable { retry_after: later },
+            Shed::TenantQuota { retry_after: later },
+            Shed::ShuttingDown,
+        ] {
+            let code = shed.code();
+            let error = shed_error(shed, Class::Normal);
+            assert_eq!(error.code, code);
+            assert_eq!(error.status, http::StatusCode::SERVICE_UNAVAILABLE);
+            assert!(error.retry_after.is_some(), "{code} says when to retry");
+        }
     }
 }

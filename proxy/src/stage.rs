@@ -51,6 +51,18 @@ pub enum Shed {
     ShuttingDown,
 }
 
+impl Shed {
+    /// The code word a client's error body, the shed metric and the admission span all use.
+    pub fn code(&self) -> &'static str {
+        match self {
+            Shed::QueueFull => "queue_full",
+            Shed::DeadlineUnreachable { .. } => "deadline_unreachable",
+            Shed::TenantQuota { .. } => "tenant_quota",
+            Shed::ShuttingDown => "shutting_down",
+        }
+    }
+}
+
 /// What the stage's workers declared about their inputs and outputs: parsed JSON Schemas (for
 /// `/openapi.json`) and tensors (for Open Inference Protocol v2 clients).
 #[derive(Debug, Clone, Default)]

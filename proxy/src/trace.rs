@@ -217,12 +217,7 @@ pub fn tracestate(context: &SpanContext) -> Option<String> {
 /// The admission of a request's jobs to a stage: admitted, or shed and why.
 pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&Shed>) {
     let Some(tracer) = tracer() else { return };
-    let why = refused.map(|shed| match shed {
-        Shed::QueueFull => "queue_full",
-        Shed::DeadlineUnreachable { .. } => "deadline_unreachable",
-        Shed::TenantQuota { .. } => "tenant_quota",
-        Shed::ShuttingDown => "shutting_down",
-    });
+    let why = refused.map(Shed::code);
     let attributes = [
         Some(KeyValue::new("corral.stage", stage.to_string())),
         Some(KeyValue::new("corral.shed", refused.is_some())),

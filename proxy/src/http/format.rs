@@ -147,7 +147,7 @@ fn ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
 }
 
 /// A media type without its parameters: `image/png` of `image/png; q=1`.
-fn essence(media_type: &str) -> &str {
+pub fn essence(media_type: &str) -> &str {
     media_type.split(';').next().unwrap_or("").trim()
 }
 

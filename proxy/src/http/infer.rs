@@ -116,8 +116,7 @@ fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
     if let Some(format) = Format::from_media_type(media_type) {
         return Ok(BodyKind::Format(format));
     }
-    let essence = media_type.split(';').next().unwrap_or("").trim();
-    if essence.eq_ignore_ascii_case("application/x-www-form-urlencoded") {
+    if format::essence(media_type).eq_ignore_ascii_case("application/x-www-form-urlencoded") {
         return Err(ApiError::unsupported_media_type(media_type));
     }
     format::media_type(media_type)

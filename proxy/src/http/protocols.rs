@@ -14,15 +14,12 @@ pub mod openai;
 pub mod openapi;
 pub mod v2;
 
-use std::sync::atomic::Ordering;
-
 use http::{Method, Request, Response};
 use hyper::body::Incoming;
 
 use super::error::ApiError;
 use super::{App, Body, Protocol};
 use crate::job::Outcome;
-use crate::metrics::metrics;
 
 /// A request addressed to one of the protocols, found from its path alone.
 pub enum Endpoint<'a> {
@@ -69,7 +66,7 @@ impl<'a> Endpoint<'a> {
             Endpoint::KServe(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::V2(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::OpenAi(route) => {
-                let answer = match admit(app, method) {
+                let answer = match app.admit(method) {
                     Ok(()) => openai::embeddings(app, route, request).await,
                     Err(error) => Err(error),
                 };
@@ -77,10 +74,7 @@ impl<'a> Endpoint<'a> {
                 (openai::EMBEDDINGS_PATH, response)
             }
             Endpoint::KServeModels => {
-                let answer = match *method {
-                    Method::GET | Method::HEAD => Ok(kserve_v1::models(app)),
-                    _ => Err(ApiError::method_not_allowed(method, "GET")),
-                };
+                let answer = super::get_only(method).map(|()| kserve_v1::models(app));
                 let response = answer.unwrap_or_else(|error| plain_error_response(&error));
                 (kserve_v1::MODELS_PATH, response)
             }
@@ -95,22 +89,7 @@ impl<'a> Endpoint<'a> {
 /// A model's name as a path segment carries it: percent-decoded, as clients encode it
 /// (tritonclient quotes the name); a segment that does not decode to UTF-8 is taken as it is.
 fn model_name(segment: &str) -> String {
-    percent_encoding::percent_decode_str(segment)
-        .decode_utf8()
-        .map_or_else(|_| segment.to_string(), |name| name.into_owned())
-}
-
-/// What every protocol's job-taking endpoint checks first, as native routes do: `POST` only, and
-/// no new jobs once shutdown has begun.
-fn admit(app: &App, method: &Method) -> Result<(), ApiError> {
-    if method != Method::POST {
-        return Err(ApiError::method_not_allowed(method, "POST"));
-    }
-    if app.draining.load(Ordering::Relaxed) {
-        metrics().shed.with_label_values(&["shutting_down", ""]).inc();
-        return Err(ApiError::shutting_down());
-    }
-    Ok(())
+    super::percent_decoded(segment).map_or_else(|| segment.to_string(), |name| name.into_owned())
 }
 
 /// The first row that failed, as the request's error, its message naming the row (`row` says
@@ -138,8 +117,7 @@ fn plain_error_response(error: &ApiError) -> Response<Body> {
 /// A model's readiness, as KServe v1 and v2 both answer it: `{"name", "ready"}`, 200 once every
 /// stage of the route has a connected worker (and no shutdown has begun), else 503.
 fn model_readiness(app: &App, route: &super::Route) -> Response<Body> {
-    let draining = app.draining.load(Ordering::Relaxed);
-    let ready = !draining && route.pipeline.stages.iter().all(|stage| stage.workers() > 0);
+    let ready = app.unready(route.pipeline.stages.iter()).is_none();
     let status = if ready { http::StatusCode::OK } else { http::StatusCode::SERVICE_UNAVAILABLE };
     let body = serde_json::json!({"name": route.model, "ready": ready}).to_string();
     super::routes::json(status, body)

@@ -1,7 +1,5 @@
 //! Routing: which handler answers which method and path, and the headers every answer carries.
 
-use std::sync::atomic::Ordering;
-
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
@@ -64,13 +62,9 @@ async fn route_in(
     let (route, answer) = if head > app.max_header_bytes {
         ("other", Err(ApiError::head_too_large(head, app.max_header_bytes)))
     } else if let Some(route) = app.route(path) {
-        let answer = if method != Method::POST {
-            Err(ApiError::method_not_allowed(&method, "POST"))
-        } else if app.draining.load(Ordering::Relaxed) {
-            metrics().shed.with_label_values(&["shutting_down", ""]).inc();
-            Err(ApiError::shutting_down())
-        } else {
-            infer::handle(app, route, id, request).await
+        let answer = match app.admit(&method) {
+            Ok(()) => infer::handle(app, route, id, request).await,
+            Err(error) => Err(error),
         };
         (route.path.as_str(), answer)
     } else if let Some(endpoint) = Endpoint::find(app, path) {
@@ -161,12 +155,8 @@ fn is_get(method: &Method) -> bool {
 /// Ready once every stage has a connected worker: before that, some jobs would only queue.
 /// The body has the totals and each stage's own figures.
 fn ready(app: &App) -> Result<Response<Body>, ApiError> {
-    if app.draining.load(Ordering::Relaxed) {
-        return Err(ApiError::not_ready("shutting down"));
-    }
-    if let Some(stage) = app.stages.iter().find(|stage| stage.workers() == 0) {
-        let name = stage.name();
-        return Err(ApiError::not_ready(format!("stage {name:?} has no connected worker")));
+    if let Some(reason) = app.unready(app.stages.iter()) {
+        return Err(ApiError::not_ready(reason));
     }
     let stages: serde_json::Map<String, serde_json::Value> = app
         .stages

@@ -18,8 +18,8 @@ use super::super::error::ApiError;
 use super::super::format::{self, Format};
 use super::super::infer::{self, Received};
 use super::super::routes::json;
-use super::super::{items, App, Body, Route};
-use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
+use super::super::{get_only, items, App, Body, Route};
+use super::{first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
 
 pub const PREFIX: &str = "/v1/models/";
@@ -59,14 +59,11 @@ impl<'a> Endpoint<'a> {
         let label = if self.predict { "/v1/models/{name}:predict" } else { "/v1/models/{name}" };
         let answer = match self.route {
             None => Err(unknown_model(&self.name)),
-            Some(route) if self.predict => match admit(app, method) {
+            Some(route) if self.predict => match app.admit(method) {
                 Ok(()) => predict(app, route, request).await,
                 Err(error) => Err(error),
             },
-            Some(_) if !matches!(*method, Method::GET | Method::HEAD) => {
-                Err(ApiError::method_not_allowed(method, "GET"))
-            }
-            Some(route) => Ok(model_readiness(app, route)),
+            Some(route) => get_only(method).map(|()| model_readiness(app, route)),
         };
         (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
     }

@@ -31,8 +31,8 @@ use serde_json::json;
 use super::super::error::ApiError;
 use super::super::infer::{self, Gap, Received};
 use super::super::routes::json;
-use super::super::{App, Body, Route};
-use super::{admit, first_failure, model_readiness, plain_error_response, unknown_model};
+use super::super::{get_only, App, Body, Route};
+use super::{first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
 use crate::stage::{Schemas, Stage};
 
@@ -99,9 +99,9 @@ impl<'a> Endpoint<'a> {
         request: Request<Incoming>,
     ) -> (&'static str, Response<Body>) {
         let (label, answer) = match self.kind {
-            Kind::Live => ("/v2/health/live", get(method).map(|()| live())),
-            Kind::Ready => ("/v2/health/ready", get(method).map(|()| server_ready(app))),
-            Kind::Server => ("/v2", get(method).map(|()| server_metadata())),
+            Kind::Live => ("/v2/health/live", get_only(method).map(|()| live())),
+            Kind::Ready => ("/v2/health/ready", get_only(method).map(|()| server_ready(app))),
+            Kind::Server => ("/v2", get_only(method).map(|()| server_metadata())),
             Kind::Model => {
                 let answer = self.model(method).and_then(metadata);
                 ("/v2/models/{name}", answer)
@@ -111,7 +111,7 @@ impl<'a> Endpoint<'a> {
                 ("/v2/models/{name}/ready", answer)
             }
             Kind::Infer => {
-                let answer = match (&self.route, admit(app, method)) {
+                let answer = match (&self.route, app.admit(method)) {
                     (None, _) => Err(unknown_model(&self.name)),
                     (Some(_), Err(error)) => Err(error),
                     (Some(route), Ok(())) => infer(app, route, request).await,
@@ -125,15 +125,8 @@ impl<'a> Endpoint<'a> {
     /// The route of a model endpoint that answers `GET`.
     fn model(&self, method: &Method) -> Result<&'a Route, ApiError> {
         let route = self.route.ok_or_else(|| unknown_model(&self.name))?;
-        get(method)?;
+        get_only(method)?;
         Ok(route)
-    }
-}
-
-fn get(method: &Method) -> Result<(), ApiError> {
-    match *method {
-        Method::GET | Method::HEAD => Ok(()),
-        _ => Err(ApiError::method_not_allowed(method, "GET")),
     }
 }
 
@@ -143,8 +136,7 @@ fn live() -> Response<Body> {
 
 /// Ready as `/readyz` is: every stage has a connected worker, and no shutdown has begun.
 fn server_ready(app: &App) -> Response<Body> {
-    let draining = app.draining.load(std::sync::atomic::Ordering::Relaxed);
-    let ready = !draining && app.stages.iter().all(|stage| stage.workers() > 0);
+    let ready = app.unready(app.stages.iter()).is_none();
     let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
     json(status, json!({"ready": ready}).to_string())
 }
