@@ -14,10 +14,14 @@ use bytes::Bytes;
 use corral_protocol::{JobId, Payload};
 use futures_util::future::join_all;
 use http::HeaderValue;
+use opentelemetry::Context;
+use tokio::sync::oneshot;
 use tokio::time::Instant;
+use tokio_util::sync::DropGuard;
 
 use crate::job::{Job, Outcome, Reply};
 use crate::stage::{Departure, Shed, Stage};
+use crate::stream::ChunkSink;
 use crate::traffic::Traffic;
 use crate::{timing, trace};
 
@@ -141,6 +145,62 @@ fn hand_over(
     Err(outcomes.collect())
 }
 
+/// A request's jobs, queued on one stage: the answers to wait for, and what lives as long as
+/// the wait. The one-shot path ([`run_stage`]) and the streamed one (`http::stream`) both queue
+/// through [`submit`].
+pub struct Queued<'a> {
+    /// One per job, in the inputs' order. A caller moves them out and drops them before the
+    /// rest (a purge then finds the jobs abandoned).
+    pub answers: Vec<oneshot::Receiver<Reply>>,
+    /// Purges the stage of the jobs if the wait is dropped before they left the queue; the
+    /// caller ends it once they did (answered, or a first chunk came).
+    pub departure: Departure<'a>,
+    /// Cancel each job when dropped: the wait ended, whichever way (answered, deadline, or the
+    /// client left and hyper dropped it), and a worker still holding the job is told to stop.
+    pub left: Vec<DropGuard>,
+    /// The request's trace context, when it is traced.
+    pub traced: Option<Context>,
+}
+
+/// Makes the jobs (each with the request's deadline, retries, traffic and trace) and queues them
+/// on `stage`, all or none, recording the admission in the request's trace. `stream` is the
+/// chunk sink of a streamed request's one job.
+pub fn submit(
+    stage: &Arc<Stage>,
+    inputs: Vec<Input>,
+    arrived: Instant,
+    deadline: Instant,
+    retries: u32,
+    traffic: Traffic,
+    mut stream: Option<ChunkSink>,
+) -> Result<Queued<'_>, Shed> {
+    let mut departure = Departure::new(stage);
+    let traced = timing::trace();
+    let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
+        .into_iter()
+        .map(|Input { id, payload, content_type }| {
+            let (mut job, answer) = Job::new(id, payload, arrived, deadline);
+            job.retries = retries;
+            job.content_type = content_type;
+            job.stream = stream.take();
+            job.set_trace(traced.as_ref().map(trace::job_context));
+            traffic.mark(&mut job);
+            (job, answer)
+        })
+        .unzip();
+    let left = jobs.iter().map(|job| job.left.clone().drop_guard()).collect();
+    let submitted = Instant::now();
+    let admitted = stage.submit_all(jobs);
+    if let Some(cx) = &traced {
+        trace::admission(cx, stage.name(), submitted, admitted.as_ref().err());
+    }
+    if let Err(shed) = admitted {
+        departure.ended(); // nothing of this request was queued
+        return Err(shed);
+    }
+    Ok(Queued { answers, departure, left, traced })
+}
+
 /// Queues the jobs on one stage (all or none) and waits, until the shared deadline at most, for
 /// each answer. A job still unanswered at the deadline is [`Outcome::Expired`].
 ///
@@ -154,33 +214,8 @@ async fn run_stage(
     retries: u32,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, Shed> {
-    // Declared before the receivers, so dropped after them: a purge then finds the jobs
-    // abandoned.
-    let mut departure = Departure::new(stage);
-    let traced = timing::trace();
-    let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
-        .into_iter()
-        .map(|Input { id, payload, content_type }| {
-            let (mut job, answer) = Job::new(id, payload, arrived, deadline);
-            job.retries = retries;
-            job.content_type = content_type;
-            job.set_trace(traced.as_ref().map(trace::job_context));
-            traffic.mark(&mut job);
-            (job, answer)
-        })
-        .unzip();
-    // Cancelled when this wait ends, whichever way (answered, deadline, or the client left and
-    // hyper dropped it): a worker still holding the job is then told to stop (`cancel`).
-    let _left: Vec<_> = jobs.iter().map(|job| job.left.clone().drop_guard()).collect();
-    let submitted = Instant::now();
-    let admitted = stage.submit_all(jobs);
-    if let Some(cx) = &traced {
-        trace::admission(cx, stage.name(), submitted, admitted.as_ref().err());
-    }
-    if admitted.is_err() {
-        departure.ended(); // nothing of this request was queued
-    }
-    admitted?;
+    let mut queued = submit(stage, inputs, arrived, deadline, retries, traffic, None)?;
+    let answers = std::mem::take(&mut queued.answers);
     let waits = answers.into_iter().map(|answer| async move {
         match tokio::time::timeout_at(deadline, answer).await {
             Err(_elapsed) => Reply { outcome: Outcome::Expired, batch: None },
@@ -193,9 +228,9 @@ async fn run_stage(
         }
     });
     let replies = join_all(waits).await;
-    departure.ended();
+    queued.departure.ended();
     timing::record(arrived, &replies);
-    if let Some(cx) = &traced {
+    if let Some(cx) = &queued.traced {
         let sent = replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
         trace::queue_wait(cx, stage.name(), arrived, sent);
     }

@@ -25,10 +25,9 @@ use tokio_util::sync::DropGuard;
 use super::error::ApiError;
 use super::events::Framing;
 use super::{shed_error, App, Body, Route};
-use crate::job::{Job, Outcome, Reply};
+use crate::job::{Outcome, Reply};
 use crate::metrics::metrics;
-use crate::pipeline::Input;
-use crate::stage::Departure;
+use crate::pipeline::{self, Input};
 use crate::stream::{self as chunks, ChunkSource};
 use crate::traffic::Traffic;
 use crate::{timing, trace};
@@ -59,29 +58,17 @@ pub async fn answer(
     };
 
     let last = route.pipeline.last();
-    // Until the first chunk or the outcome, the job may still be queued: a client that leaves
-    // meanwhile has it purged (declared before the receivers, so dropped after them).
-    let mut departure = Departure::new(last);
+    let stream_deadline = arrived + last.stream_timeout().max(deadline - arrived);
     let (sink, mut source) = chunks::channel(app.stream_buffer_bytes);
-    let (mut job, mut reply) = Job::new(input.id, input.payload, entered, deadline);
-    job.retries = app.retries;
-    job.content_type = input.content_type;
-    job.stream = Some(sink);
-    traffic.mark(&mut job);
-    let traced = timing::trace();
-    job.set_trace(traced.as_ref().map(trace::job_context));
-    let stream_timeout = route.pipeline.last().stream_timeout();
-    let stream_deadline = arrived + stream_timeout.max(deadline - arrived);
-    let left = job.left.clone().drop_guard();
-    let submitted = Instant::now();
-    let admitted = last.submit_all(vec![job]);
-    if let Some(cx) = &traced {
-        trace::admission(cx, last.name(), submitted, admitted.as_ref().err());
-    }
-    if admitted.is_err() {
-        departure.ended(); // nothing was queued
-    }
-    admitted.map_err(shed)?;
+    // Until the first chunk or the outcome, the job may still be queued: a client that leaves
+    // meanwhile has it purged (`departure`).
+    let inputs = vec![input];
+    let mut queued =
+        pipeline::submit(last, inputs, entered, deadline, app.retries, traffic, Some(sink))
+            .map_err(shed)?;
+    let mut reply = queued.answers.pop().expect("one job in, one answer");
+    let left = queued.left.pop().expect("one job in, one guard");
+    let departure = &mut queued.departure;
 
     // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
     let mut first = Vec::new();
@@ -106,7 +93,7 @@ pub async fn answer(
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     let sent = source.sent();
     timing::record_stream(entered, sent, Instant::now());
-    if let Some(cx) = &traced {
+    if let Some(cx) = &queued.traced {
         trace::queue_wait(cx, last.name(), entered, sent.into_iter());
     }
     let mut pending: Vec<Bytes> = Vec::new();
