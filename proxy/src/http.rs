@@ -1,5 +1,6 @@
 //! The HTTP edge: the server loop, the routes, and everything between a request and its job.
 
+pub mod body;
 pub mod deadline;
 pub mod error;
 pub mod events;

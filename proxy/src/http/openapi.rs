@@ -7,7 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use super::deadline::{ENVOY_HEADER, GRPC_HEADER, REQUEST_TIMEOUT_HEADER};
-use super::infer::{ITEMS_HEADER, TIMEOUT_HEADER};
+use super::protocols::native::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
 use super::traffic;
 use super::{App, Route};

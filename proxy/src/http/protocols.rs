@@ -1,15 +1,18 @@
-//! Client protocols: envelopes around rows. Each protocol is a module that turns a request of its
+//! Client protocols: envelopes around rows. Each protocol — Corral's own ([`native`]) among
+//! them — is a module that turns a request of its
 //! shape into payloads, one per row, runs them as one request of several items (every row a job,
 //! admitted together, kept in one batch where they fit, under the same deadline and timeout
 //! headers as a native request), and turns the rows' outcomes back into its own answer and error
 //! shape. Nothing here reaches into the request path's core: a protocol sees the body
-//! ([`infer::receive`]), the outcomes ([`infer::run_items`]) and [`ApiError`], and decides only
-//! how they are written.
+//! ([`body::receive`](super::body::receive)), the outcomes
+//! ([`infer::run_items`](super::infer::run_items)) and [`ApiError`], and decides only how they
+//! are written.
 //!
 //! Their paths live under `/v1/` and `/v2/`, which no configured route may take, so that a
 //! route's own path never shadows a protocol's.
 
 pub mod kserve_v1;
+pub mod native;
 pub mod openai;
 pub mod openapi;
 pub mod v2;

@@ -11,8 +11,9 @@ use tokio::time::Instant;
 use tracing::{debug, debug_span, Instrument};
 
 use super::error::ApiError;
+use super::protocols::native;
 use super::protocols::Endpoint;
-use super::{infer, openapi, App, Body};
+use super::{openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
@@ -63,7 +64,7 @@ async fn route_in(
         ("other", Err(ApiError::head_too_large(head, app.max_header_bytes)))
     } else if let Some(route) = app.route(path) {
         let answer = match app.admit(&method) {
-            Ok(()) => infer::handle(app, route, id, request).await,
+            Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
         };
         (route.path.as_str(), answer)

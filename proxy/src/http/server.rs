@@ -2,7 +2,7 @@
 //! the limits that keep one client from holding resources: a cap on open connections, a deadline
 //! for a request's headers (a client dribbling them, slowloris-style, is cut off), an idle
 //! timeout for keep-alive connections (both in [`super::timeouts`]), and a cap on header size and
-//! count (431; the size to the byte in [`super::routes`]). A request's body has its own clock, in its handler ([`super::infer`]); the cap on
+//! count (431; the size to the byte in [`super::routes`]). A request's body has its own clock, read in its handler ([`super::body`]); the cap on
 //! connections is kept under the open-file limit ([`crate::open_files`]).
 
 use std::convert::Infallible;

@@ -1,4 +1,4 @@
-//! The streamed answer path, beside the one-shot one in [`super::infer`]: a job whose chunks go
+//! The streamed answer path, beside the one-shot one ([`super::protocols::native`]): a job whose chunks go
 //! to the client as Server-Sent Events or NDJSON as they arrive ([`super::events`]).
 //!
 //! Until the first chunk the answer is still undecided: every error known by then (a shed, a 422

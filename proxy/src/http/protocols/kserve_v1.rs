@@ -14,9 +14,10 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
+use super::super::body::{self, Received};
 use super::super::error::ApiError;
 use super::super::format::{self, Format};
-use super::super::infer::{self, Received};
+use super::super::infer;
 use super::super::routes::json;
 use super::super::{get_only, items, App, Body, Route};
 use super::{first_failure, model_readiness, plain_error_response, unknown_model};
@@ -76,8 +77,8 @@ async fn predict(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    let input = infer::request_format(request.headers()).map_err(infer::before_body)?;
-    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
+    let input = body::request_format(request.headers()).map_err(body::before_body)?;
+    let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     let instances = items::field(&payload, "instances")
         .ok()

@@ -22,9 +22,10 @@ use hyper::body::Incoming;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::super::body::{self, Received};
 use super::super::error::ApiError;
 use super::super::format::Format;
-use super::super::infer::{self, Received};
+use super::super::infer;
 use super::super::routes::{error_response_with, json};
 use super::super::{App, Body, Route};
 use super::first_failure;
@@ -49,13 +50,13 @@ pub async fn embeddings(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    if infer::request_format(request.headers()).map_err(infer::before_body)? != Format::Json {
+    if body::request_format(request.headers()).map_err(body::before_body)? != Format::Json {
         // A msgpack body: OpenAI's API is JSON only.
         let message = "Content-Type must be application/json: OpenAI's API is JSON only";
         let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
-        return Err(infer::before_body(error));
+        return Err(body::before_body(error));
     }
-    let Received { body, arrived, deadline, traffic } = infer::receive(app, route, request).await?;
+    let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the body is not an embeddings request: {e}"))
     })?;

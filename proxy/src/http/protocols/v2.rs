@@ -28,8 +28,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use serde_json::json;
 
+use super::super::body::{self, Gap, Received};
 use super::super::error::ApiError;
-use super::super::infer::{self, Gap, Received};
+use super::super::infer;
 use super::super::routes::json;
 use super::super::{get_only, App, Body, Route};
 use super::{first_failure, model_readiness, plain_error_response, unknown_model};
@@ -220,19 +221,19 @@ async fn infer(
         Some(value) => Some(
             value.to_str().ok().and_then(|v| v.trim().parse::<usize>().ok()).ok_or_else(|| {
                 let message = "Inference-Header-Content-Length must be a whole number";
-                infer::before_body(ApiError::bad_request(message))
+                body::before_body(ApiError::bad_request(message))
             })?,
         ),
     };
     // A binary request keeps room after its header for a one-row payload's head, where it is
-    // read into shared memory (`infer::Buffer::for_body` leaves none elsewhere).
+    // read into shared memory (`body::Buffer::for_body` leaves none elsewhere).
     let room = request::HEAD_ROOM;
     let (received, room) = match header_length {
         Some(at) => {
             let gap = Gap { at, len: room, fill: request::single_row_head };
-            infer::receive_with_gap(app, route, request, gap).await?
+            body::receive_with_gap(app, route, request, gap).await?
         }
-        _ => (infer::receive(app, route, request).await?, 0),
+        _ => (body::receive(app, route, request).await?, 0),
     };
     let Received { body, arrived, deadline, traffic } = received;
     let declared = Declared::of(route);

@@ -1,0 +1,469 @@
+//! A request's body, read whole before any job is made: what every envelope (native or a
+//! protocol's) gets before it parses the body its own way ([`Received`]), with the request's
+//! deadline and traffic read from its headers. The body is refused early where it can be (415
+//! for a compressed one, 413 from its declared length) and read by its own clock, up to
+//! `--max-body-bytes`, into one buffer: in shared memory when it is large and a slot is free.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
+use http::{HeaderMap, Request};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use tokio::time::Instant;
+
+use super::error::ApiError;
+use super::format::{self, Format};
+use super::{deadline, traffic, App, Route};
+use crate::shared_memory::{SharedMemory, Slot, SHARED_FROM};
+use crate::traffic::Traffic;
+
+/// The format a request's `Content-Type` names, for the protocols' envelopes (which take JSON or
+/// msgpack only); a client that names none almost always means JSON.
+pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
+    match headers.get(CONTENT_TYPE) {
+        None => Ok(Format::Json),
+        Some(value) => {
+            let media_type = value.to_str().unwrap_or("");
+            Format::from_media_type(media_type)
+                .ok_or_else(|| ApiError::unsupported_media_type(media_type))
+        }
+    }
+}
+
+/// A request's body, read whole, and the job clock it started: what every envelope (native or
+/// a protocol's) gets before it parses the body its own way.
+pub struct Received {
+    pub body: Bytes,
+    pub arrived: Instant,
+    /// The route's timeout, shortened by `x-corral-timeout-ms` if the client sent one.
+    pub deadline: Instant,
+    /// The jobs' class, tenant and weight, from the headers and the route.
+    pub traffic: Traffic,
+}
+
+/// Reads the body within the request's deadline and `--body-read-timeout-ms`, stopping at
+/// `--max-body-bytes` (413).
+pub async fn receive(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+) -> Result<Received, ApiError> {
+    Ok(receive_with(app, route, request, 0, None).await?.0)
+}
+
+/// [`receive`], with a [`Gap`] left in the body's buffer and filled once the body is in, and
+/// the room it left (`gap.len`, or 0 where none was left: a chunked body kept on the heap).
+pub async fn receive_with_gap(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+    gap: Gap,
+) -> Result<(Received, usize), ApiError> {
+    receive_with(app, route, request, 0, Some(gap)).await
+}
+
+/// Room left inside a body's buffer: `len` bytes after its first `at` bytes (if it has that
+/// many), filled from the end with what `fill` makes of those first bytes, if it fits. A v2
+/// request keeps room between its JSON header and its binary data for the msgpack head of a
+/// one-row payload, which then lies in one piece right before the row's data
+/// (`v2::request::single_row_head`).
+#[derive(Clone, Copy)]
+pub struct Gap {
+    pub at: usize,
+    pub len: usize,
+    pub fill: fn(&[u8]) -> Option<Vec<u8>>,
+}
+
+/// [`receive`], with `front` bytes kept free at the start of the body's buffer, for a header,
+/// and a [`Gap`] inside it; with the room the gap left.
+pub async fn receive_with(
+    app: &App,
+    route: &Route,
+    request: Request<Incoming>,
+    front: usize,
+    gap: Option<Gap>,
+) -> Result<(Received, usize), ApiError> {
+    let arrived = Instant::now();
+    let headers = request.headers();
+    check_encoding(headers).map_err(before_body)?;
+    let timeout = deadline::requested(headers)
+        .map_err(before_body)?
+        .map_or(route.timeout, |t| t.min(route.timeout));
+    let traffic =
+        traffic::requested(headers, route.priority, &app.tenant_header).map_err(before_body)?;
+    let declared = declared_length(headers);
+    if declared.is_some_and(|length| length > app.max_body_bytes as u64)
+        && headers.get(EXPECT).is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"))
+    {
+        // The client waits for a 100 before it sends the body, and reading the body would ask
+        // for it (hyper sends the 100 at the first read): answer now, and read nothing.
+        return Err(before_body(ApiError::body_too_large(app.max_body_bytes)));
+    }
+    let deadline = arrived + timeout;
+    // No connection clock runs while a handler does (a slow body is not a slow head), so the
+    // body gets its own, ending at the job's deadline at the latest.
+    let read_by = deadline.min(arrived + app.body_read_timeout);
+    // Every large body goes to shared memory if it fits, whatever its kind: raw and msgpack
+    // bodies are then read by workers from there, a v2 request's rows are written to the socket
+    // from there, and large bodies take one pool of memory rather than two that each keep
+    // their peak.
+    let shared = app.shared_memory.as_ref();
+    let (body, room) =
+        read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, gap, shared)
+            .await
+            .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    Ok((Received { body, arrived, deadline, traffic }, room))
+}
+
+/// An error answered before the request's body was read: the connection is closed after it
+/// (`Connection: close`), since the unread body may still be on its way. Without the header,
+/// hyper closes such a connection anyway, and a client that reused it at once saw it drop
+/// without an answer.
+pub fn before_body(error: ApiError) -> ApiError {
+    ApiError { close: true, ..error }
+}
+
+/// A compressed body (`Content-Encoding` other than `identity`) is refused (415, RFC 9110
+/// 15.5.16), not passed on as if it were its content: the worker would read gzip bytes as the
+/// input, and a v2 client's compressed binary body would fail its lengths with a puzzling 400.
+fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(CONTENT_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        let coding = text
+            .split(',')
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
+        if let Some(coding) = coding {
+            let message =
+                format!("Content-Encoding {coding:?} is not supported: send the body uncompressed");
+            return Err(ApiError { message, ..ApiError::unsupported_media_type("") });
+        }
+    }
+    Ok(())
+}
+
+/// The body's length as its `Content-Length` declares it, if it does.
+fn declared_length(headers: &HeaderMap) -> Option<u64> {
+    headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
+}
+
+/// After a 413 the rest of the body is read and thrown away, up to this much, so that a client
+/// still sending gets to read the answer instead of a connection reset. Beyond it, the connection
+/// is simply closed.
+const DRAIN_BYTES: usize = 4 * 1024 * 1024;
+const DRAIN_TIME: Duration = Duration::from_secs(2);
+
+/// Reads the body by `read_by` (`Err(None)` after it), stopping (413) as soon as it passes the
+/// limit rather than buffering it all. With `front` > 0 the buffer starts with that many bytes
+/// for a `bin32` header, written once the body's length is known: the body becomes one msgpack
+/// value where it lies.
+///
+/// Each byte is copied once, from hyper's frames into the buffer, and the buffer has no slack (a
+/// queued job keeps its whole allocation alive): with a declared length the buffer is allocated
+/// at that size and filled as frames come — in `shared` memory when given, the length is at
+/// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept as they
+/// are and copied at the end into a buffer of the size they add up to ([`assemble`]), where
+/// growing a buffer by doubling would copy the body again at each step. Returns the body and
+/// the room its gap left (0 without one).
+async fn read_body(
+    mut body: Incoming,
+    limit: usize,
+    declared: Option<u64>,
+    read_by: Instant,
+    front: usize,
+    gap: Option<Gap>,
+    shared: Option<&Arc<SharedMemory>>,
+) -> Result<(Bytes, usize), Option<ApiError>> {
+    let too_large = Some(ApiError::body_too_large(limit));
+    if declared.is_some_and(|length| length > limit as u64) {
+        drain(body).await;
+        return Err(too_large);
+    }
+    let (mut sized, sized_gap) = match declared {
+        Some(length) => {
+            let (buf, gap) = Buffer::for_body(front, length as usize, gap, shared);
+            (Some(buf), gap)
+        }
+        None => (None, None),
+    };
+    let mut frames: Vec<Bytes> = Vec::new();
+    let mut received = 0;
+    while let Some(frame) =
+        tokio::time::timeout_at(read_by, body.frame()).await.map_err(|_| None)?
+    {
+        let frame = frame
+            .map_err(|e| Some(ApiError::bad_request(format!("could not read the body: {e}"))))?;
+        if let Ok(data) = frame.into_data() {
+            received += data.len();
+            if received > limit {
+                drain(body).await;
+                return Err(too_large);
+            }
+            match &mut sized {
+                Some(buf) => buf.put(&data, received - data.len(), sized_gap),
+                None => frames.push(data),
+            }
+        }
+    }
+    let (mut buf, gap) = match sized {
+        Some(buf) => (buf, sized_gap),
+        None => assemble(&frames, received, front, gap, shared),
+    };
+    let room = gap.map_or(0, |gap| gap.len);
+    if let Some(gap) = gap.filter(|gap| received == gap.at) {
+        // The body ended where the room begins: no frame had a byte after it.
+        buf.extend_zeros(gap.len);
+    }
+    if let Some(gap) = gap.filter(|gap| received >= gap.at) {
+        let filled = buf.filled_mut();
+        let (first, room) = filled[front..].split_at_mut(gap.at);
+        if let Some(fill) = (gap.fill)(first).filter(|fill| fill.len() <= gap.len) {
+            room[gap.len - fill.len()..gap.len].copy_from_slice(&fill);
+        }
+    }
+    if front > 0 {
+        format::write_bin32_header(buf.filled_mut());
+    }
+    Ok((buf.freeze(), room))
+}
+
+/// A chunked body's frames, `received` bytes in all, copied into one buffer now that its size
+/// is known, as a declared length's is ([`Buffer::for_body`]). Returns the buffer and the gap
+/// it kept.
+fn assemble(
+    frames: &[Bytes],
+    received: usize,
+    front: usize,
+    gap: Option<Gap>,
+    shared: Option<&Arc<SharedMemory>>,
+) -> (Buffer, Option<Gap>) {
+    let (mut buf, gap) = Buffer::for_body(front, received, gap, shared);
+    let mut before = 0;
+    for frame in frames {
+        buf.put(frame, before, gap);
+        before += frame.len();
+    }
+    (buf, gap)
+}
+
+/// A body's buffer: on the heap, or a slot of shared memory.
+enum Buffer {
+    Heap(BytesMut),
+    Shared(Slot),
+}
+
+impl Buffer {
+    /// The buffer for a body of `length` bytes after `front`: in `shared` memory with `gap`'s
+    /// room if that takes it there (at least [`SHARED_FROM`] bytes with the room, and a slot
+    /// free), else on the heap without the room, where it buys nothing (and finding the row's
+    /// head would parse a v2 header twice). Returns the buffer and the gap it keeps.
+    fn for_body(
+        front: usize,
+        length: usize,
+        gap: Option<Gap>,
+        shared: Option<&Arc<SharedMemory>>,
+    ) -> (Self, Option<Gap>) {
+        let room = gap.map_or(0, |gap| gap.len);
+        match Self::shared(front, length + room, shared) {
+            Some(buf) => (buf, gap),
+            None => (Self::new(front, length, None), None),
+        }
+    }
+
+    /// A buffer for `front` zero bytes then `length` bytes of body: in `shared` memory if
+    /// [`Buffer::shared`] finds it a slot, else on the heap.
+    fn new(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Self {
+        Self::shared(front, length, shared).unwrap_or_else(|| {
+            let mut buf = Buffer::Heap(BytesMut::with_capacity(front + length));
+            buf.extend_zeros(front);
+            buf
+        })
+    }
+
+    /// [`Buffer::new`] in a slot of `shared` memory, if `length` is at least [`SHARED_FROM`]
+    /// (below it, the socket costs less than a slot) and a slot is free.
+    fn shared(front: usize, length: usize, shared: Option<&Arc<SharedMemory>>) -> Option<Self> {
+        let slot = shared.filter(|_| length >= SHARED_FROM)?.slot(front + length)?;
+        let mut buf = Buffer::Shared(slot);
+        buf.extend_zeros(front);
+        Some(buf)
+    }
+
+    /// Appends `n` zero bytes (room to fill in later), without allocating them first.
+    fn extend_zeros(&mut self, mut n: usize) {
+        const ZEROS: [u8; 256] = [0; 256];
+        while n > 0 {
+            let step = n.min(ZEROS.len());
+            self.extend_from_slice(&ZEROS[..step]);
+            n -= step;
+        }
+    }
+
+    /// Appends `data`, the body's bytes from `before` on, leaving `gap`'s room (zeros) before
+    /// the body's byte at `at`, if `data` holds it.
+    fn put(&mut self, data: &[u8], before: usize, gap: Option<Gap>) {
+        match gap {
+            Some(gap) if before <= gap.at && gap.at < before + data.len() => {
+                let (head, tail) = data.split_at(gap.at - before);
+                self.extend_from_slice(head);
+                self.extend_zeros(gap.len);
+                self.extend_from_slice(tail);
+            }
+            _ => self.extend_from_slice(data),
+        }
+    }
+
+    fn extend_from_slice(&mut self, data: &[u8]) {
+        match self {
+            Buffer::Heap(buf) => buf.extend_from_slice(data),
+            Buffer::Shared(slot) => {
+                if !slot.extend_from_slice(data) {
+                    // More than declared (hyper checks a Content-Length, so not expected): the
+                    // body moves to the heap rather than being cut.
+                    let mut heap = BytesMut::with_capacity(slot.len() + data.len());
+                    heap.extend_from_slice(slot.filled_mut());
+                    heap.extend_from_slice(data);
+                    *self = Buffer::Heap(heap);
+                }
+            }
+        }
+    }
+
+    fn filled_mut(&mut self) -> &mut [u8] {
+        match self {
+            Buffer::Heap(buf) => &mut buf[..],
+            Buffer::Shared(slot) => slot.filled_mut(),
+        }
+    }
+
+    fn freeze(self) -> Bytes {
+        match self {
+            Buffer::Heap(buf) => buf.freeze(),
+            Buffer::Shared(slot) => slot.freeze(),
+        }
+    }
+}
+
+async fn drain(mut body: Incoming) {
+    let discard = async {
+        let mut seen = 0;
+        while let Some(Ok(frame)) = body.frame().await {
+            seen += frame.data_ref().map_or(0, |d| d.len());
+            if seen > DRAIN_BYTES {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fill(first: &[u8]) -> Option<Vec<u8>> {
+        Some(first.iter().rev().copied().collect())
+    }
+
+    /// The body's bytes in frames cut at `cuts`, put into a buffer with a gap, as `read_body`
+    /// does.
+    fn put_in_frames(body: &[u8], cuts: &[usize], gap: Gap) -> Vec<u8> {
+        let mut buf = Buffer::new(0, body.len() + gap.len, None);
+        let mut before = 0;
+        for window in [0].iter().chain(cuts).chain(&[body.len()]).collect::<Vec<_>>().windows(2) {
+            let frame = &body[*window[0]..*window[1]];
+            buf.put(frame, before, Some(gap));
+            before += frame.len();
+        }
+        buf.filled_mut().to_vec()
+    }
+
+    #[test]
+    fn the_gap_goes_in_once_wherever_the_frames_are_cut() {
+        let body = b"headerDATA";
+        let gap = Gap { at: 6, len: 3, fill };
+        for cut in 0..=body.len() {
+            assert_eq!(put_in_frames(body, &[cut], gap), b"header\0\0\0DATA", "cut at {cut}");
+        }
+        assert_eq!(put_in_frames(body, &[5, 6, 7], gap), b"header\0\0\0DATA");
+        let beyond = Gap { at: 20, len: 3, fill };
+        assert_eq!(put_in_frames(body, &[6], beyond), b"headerDATA", "a body shorter than at");
+    }
+
+    #[test]
+    fn a_body_goes_to_shared_memory_from_shared_from_bytes_on() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let below = Buffer::new(0, SHARED_FROM - 1, Some(&memory));
+        assert!(matches!(below, Buffer::Heap(_)), "the socket costs less");
+        // The front (a raw body's bin32 header) counts toward the slot, not the threshold.
+        assert!(matches!(Buffer::new(5, SHARED_FROM - 5, Some(&memory)), Buffer::Heap(_)));
+        assert!(matches!(Buffer::new(0, SHARED_FROM, Some(&memory)), Buffer::Shared(_)));
+        assert!(matches!(Buffer::new(0, SHARED_FROM, None), Buffer::Heap(_)), "none to take");
+    }
+
+    /// `body` cut into frames of `size` bytes, as hyper might hand a chunked body over.
+    fn frames(body: &[u8], size: usize) -> Vec<Bytes> {
+        body.chunks(size).map(Bytes::copy_from_slice).collect()
+    }
+
+    #[test]
+    fn a_chunked_body_goes_to_shared_memory_once_its_length_is_known() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let body: Vec<u8> = (0..SHARED_FROM).map(|i| i as u8).collect();
+        let (buf, gap) = assemble(&frames(&body, 1000), body.len(), 5, None, Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)) && gap.is_none());
+        let bytes = buf.freeze();
+        assert!(memory.locate(&bytes).is_some());
+        assert_eq!(&bytes[..5], &[0; 5], "the front is kept");
+        assert_eq!(&bytes[5..], &body[..]);
+
+        let small = &body[..SHARED_FROM - 1];
+        let (buf, _) = assemble(&frames(small, 1000), small.len(), 0, None, Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)), "the socket costs less");
+        assert_eq!(&buf.freeze()[..], small);
+    }
+
+    #[test]
+    fn a_chunked_body_keeps_its_gap_in_shared_memory_only() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        // With its room the body reaches the threshold, as a declared one's does.
+        let body = vec![7; SHARED_FROM - 3];
+        let gap = Gap { at: 6, len: 3, fill };
+        let (mut buf, kept) =
+            assemble(&frames(&body, 4096), body.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)));
+        assert_eq!(kept.map(|gap| gap.len), Some(3));
+        assert_eq!(&buf.filled_mut()[..12], &[7, 7, 7, 7, 7, 7, 0, 0, 0, 7, 7, 7]);
+        drop(buf);
+
+        let small = vec![7; SHARED_FROM - 4];
+        let (mut buf, kept) =
+            assemble(&frames(&small, 4096), small.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)) && kept.is_none(), "no room on the heap");
+        assert_eq!(buf.filled_mut(), &small[..]);
+
+        let taken = memory.slot(1 << 20).expect("the memory is free");
+        let (mut buf, kept) =
+            assemble(&frames(&body, 4096), body.len(), 0, Some(gap), Some(&memory));
+        assert!(matches!(buf, Buffer::Heap(_)) && kept.is_none(), "no slot free: the heap");
+        assert_eq!(buf.filled_mut(), &body[..]);
+        drop(taken);
+    }
+
+    #[test]
+    fn a_body_in_shared_memory_moves_to_the_heap_rather_than_past_its_slot() {
+        let memory = SharedMemory::new(1 << 20).unwrap();
+        let mut buf = Buffer::new(0, SHARED_FROM, Some(&memory));
+        assert!(matches!(buf, Buffer::Shared(_)));
+        buf.extend_from_slice(&vec![1; SHARED_FROM]);
+        buf.extend_from_slice(b"more than declared");
+        assert!(matches!(buf, Buffer::Heap(_)));
+        let body = buf.freeze();
+        assert_eq!(body.len(), SHARED_FROM + 18);
+        assert_eq!(memory.locate(&body), None);
+        assert!(memory.slot(1 << 20).is_some(), "the slot was given back");
+    }
+}
