@@ -319,7 +319,7 @@ def test_a_job_that_expires_while_an_earlier_one_decodes_is_not_processed(monkey
     # No preprocess of its own, but decoding is the worker's code too (a typed input's
     # __post_init__, a large payload): a later job's deadline is checked when it is reached.
     clock = _Clock()
-    monkeypatch.setattr("corral._worker.time", clock)
+    monkeypatch.setattr("corral._batch.time", clock)
 
     class Slow(msgspec.Struct):
         x: int

@@ -10,8 +10,10 @@ items join the running generator between steps. Declaring ``inputs`` and ``outpu
 :class:`Tensor` tuples serves Open Inference Protocol v2 clients (rows of tensors, as numpy arrays
 when numpy is installed).
 
-Modules: ``_worker`` (the Worker base class: hooks and per-item processing), ``_streaming``
-(running a generator ``forward``: chunks, END, cancellation, joining), ``_serve`` (one proxy
+Modules: ``_worker`` (the Worker base class: hooks, a plain batch's ``forward``, starting),
+``_streaming`` (running a generator ``forward``: chunks, END, cancellation, joining), ``_batch``
+(the per-job steps around ``forward`` both share: each job decoded and preprocessed, each output
+or chunk postprocessed and encoded, a failure answered alone), ``_serve`` (one proxy
 connection with its reader thread, and the connect loop), ``_typing`` (payload decoding, output
 encoding, schemas), ``_tensors`` (the :class:`Tensor` declaration and tensor values, decoded to
 numpy arrays or lists and encoded from them), ``_protocol`` (frames and messages, as documented

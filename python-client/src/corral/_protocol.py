@@ -1,4 +1,6 @@
-"""Frames and messages of the worker protocol (worker-protocol/PROTOCOL.md in the repository).
+"""Frames and messages of the worker protocol (worker-protocol/PROTOCOL.md in the repository),
+and the checks of a job's fields the protocol constrains (:func:`job_timeout_ms`,
+:func:`job_content_type`).
 
 A frame is a 4-byte big-endian length followed by that many bytes: one msgpack map with a ``type``
 key. Dicts are built with their keys in the documented order, so that the bytes match the Rust
@@ -143,6 +145,22 @@ def job(
     if tracestate is not None:
         message["tracestate"] = tracestate
     return message
+
+
+def job_timeout_ms(job: dict[str, Any]) -> int:
+    """A job's ``timeout_ms``, which must be a non-negative integer."""
+    timeout = job.get("timeout_ms")
+    if not isinstance(timeout, int) or timeout < 0:
+        raise ProtocolError("a job's timeout_ms must be a non-negative integer")
+    return timeout
+
+
+def job_content_type(job: dict[str, Any]) -> str | None:
+    """A raw-bytes job's media type (its payload is then one msgpack ``bin``); None otherwise."""
+    content_type = job.get("content_type")
+    if content_type is not None and not isinstance(content_type, str):
+        raise ProtocolError("a job's content_type must be a string")
+    return content_type
 
 
 def batch(jobs: list[dict[str, Any]]) -> dict[str, Any]:

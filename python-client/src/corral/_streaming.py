@@ -13,27 +13,28 @@ Positions: the items of the batch that starts the generator are positions ``0 ..
 joined item gets the next position, in order; a position is never reused or moved during one
 run, whether its item ended or not. Each yield is a list with one entry per position so far.
 
-The connection (``_serve.Link``) and the worker (``_worker.Worker``, its hooks and per-job
-preparation) are passed in; this module imports neither, so there is no import circle.
+Each batch's jobs are prepared, and each chunk postprocessed and encoded into its entry, by the
+per-job steps of ``_batch`` that a plain worker's batch goes through too. The connection (a
+``_serve.Link``) and the worker (a :class:`Streamer`, which ``_worker.Worker`` is) are passed in:
+this module imports ``_serve`` for that type alone, while type checking, and never ``_worker``
+(which imports this module), so there is no import cycle.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-import math
 import time
-from collections.abc import Generator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Generator, Set
+from typing import TYPE_CHECKING, Any, Protocol
 
+from corral import _batch, _tracing, _typing
 from corral import _protocol as protocol
-from corral import _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import describe as _describe
 
 if TYPE_CHECKING:
     from corral._serve import Link
-    from corral._worker import Worker
 
 log = logging.getLogger("corral")
 
@@ -61,6 +62,15 @@ class _End:
 END = _End()
 """Yield this at an item's position to end its stream now: its ``end`` result goes out at
 once, so its client's stream closes while its batch-mates go on."""
+
+
+class Streamer(_batch.Hooks, Protocol):
+    """What running a stream uses of a worker, beyond the batch step's hooks (``max_running``
+    is read with ``getattr``: it may be unset)."""
+
+    cancelled: Set[int]
+
+    def forward(self, batch: list[Any]) -> Any: ...
 
 
 def is_streaming(worker: Any) -> bool:
@@ -96,7 +106,7 @@ def _max_running(worker: Any) -> int:
     return limit
 
 
-def run(worker: Worker, jobs: list[dict[str, Any]], link: Link) -> None:
+def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link) -> None:
     """Answer a batch with a streaming ``forward``, sending every frame through ``link``: the
     jobs that fail before ``forward`` at once, then chunks step by step, and each job's result
     as soon as it ends. Returns once the generator has returned (or failed) and every job it
@@ -147,7 +157,7 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
 class _Run:
     """One generator's jobs, by position, and what has been sent for them."""
 
-    def __init__(self, worker: Worker, link: Link) -> None:
+    def __init__(self, worker: Streamer, link: Link) -> None:
         self.worker = worker
         self.link = link
         self.limit = _max_running(worker)
@@ -168,7 +178,7 @@ class _Run:
     def admit(self, jobs: list[dict[str, Any]]) -> list[Any]:
         """Prepare a batch's jobs: those that fail (422, 500, expired) are answered at the next
         flush; the others take the next positions. Returns their inputs, in order."""
-        answers, inputs, deadlines = self.worker._corral_prepare(jobs)
+        answers, inputs, deadlines = _batch.prepare(self.worker, jobs)
         for job, answer, deadline in zip(jobs, answers, deadlines):
             if answer is not None:
                 self.results.append(answer)
@@ -176,7 +186,7 @@ class _Run:
             position = len(self.ids)
             self.ids.append(job["id"])
             self.deadlines.append(deadline)
-            self.content_types.append(job.get("content_type"))  # checked by _corral_prepare
+            self.content_types.append(job.get("content_type"))  # checked by prepare
             self.by_id[job["id"]] = position
             self.live.add(position)
             self.waiting.add(position)
@@ -184,10 +194,9 @@ class _Run:
 
     def step(self, out: list[Any]) -> None:
         """Send one yield: its chunks in one frame, its ENDs and failures in a results frame."""
-        worker = self.worker
         entries: list[dict[str, Any]] = []
         owners: list[int] = []
-        encode = _typing.codec(type(worker)).batch_encoder()  # one Packer for the step's chunks
+        answer = _batch.answerer(self.worker, chunks=True)  # one Packer for the step's chunks
         for position, value in enumerate(out):
             if value is None or position not in self.live:
                 continue  # nothing this step, or the stream is over: dropped
@@ -195,21 +204,14 @@ class _Run:
             if value is END:
                 self._end(position, protocol.end(job_id))
                 continue
-            worker.deadline = self.deadlines[position]
-            worker.content_type = self.content_types[position]
-            try:
-                data = encode(worker.postprocess(value))
-            except _STOPS:
-                raise
-            except BaseException as e:
-                log.exception("postprocess or encoding of a chunk failed")
-                self._fail(position, protocol.error(job_id, _describe(e)))
+            entry = answer(job_id, self.deadlines[position], self.content_types[position], value)
+            if "status" in entry:  # the chunk failed: its job's error result
+                self._fail(position, entry)
                 continue
-            entries.append(protocol.chunk(job_id, data))
+            entries.append(entry)
             owners.append(position)
             self.waiting.discard(position)
-        worker.deadline = math.inf
-        worker.content_type = None
+        _batch.clear(self.worker)
         if entries:
             frames, too_large = protocol.encode_chunks(entries)
             for index in too_large:
@@ -285,12 +287,11 @@ class _Run:
     _cancel = _fail
 
 
-def warm_up(worker: Worker, inputs: list[Any]) -> None:
+def warm_up(worker: Streamer, inputs: list[Any]) -> None:
     """Run a streaming ``forward`` on ``inputs`` to its end, each chunk postprocessed and encoded;
     raises as the first failure does."""
     worker.cancelled = set()
-    worker.deadlines = [math.inf] * len(inputs)
-    worker.content_types = [None] * len(inputs)
+    _batch.warm_up_batch(worker, len(inputs))
     generator = worker.forward(inputs)
     try:
         out = next(generator)

@@ -1,15 +1,16 @@
 """The :class:`Worker` base class: per-item hooks around a batched ``forward``, turning one
 batch's jobs into their results, and starting a worker (options, warm-up). The connection itself
-is ``_serve``'s; payload decoding and output encoding are ``_typing``'s.
+is ``_serve``'s; payload decoding and output encoding are ``_typing``'s; the per-job steps around
+``forward`` (each job prepared before it, each output answered after it) are ``_batch``'s.
 
 Each job's payload is decoded on its own, so one undecodable or invalid item is answered alone
 (422) and never costs its batch-mates their results. Only an exception in ``forward`` itself,
 which sees the whole batch, fails every item that reached it (500). The worker lives on either
 way, whatever a hook raises (any ``BaseException`` included), except ``KeyboardInterrupt`` and
 ``SystemExit``, which stop it. A ``forward`` that is a generator streams; running it is
-``_streaming``'s, which uses the per-job preparation here (:meth:`Worker._corral_prepare`; the
-methods the package adds are named ``_corral_*`` so that a subclass's own helpers, such as an
-``_answer`` or a ``_prepare``, never replace them).
+``_streaming``'s, with the same per-job steps of ``_batch``. The private methods the package adds
+to answer a batch are named ``_corral_*`` so that a subclass's own helpers, such as an
+``_answer`` or a ``_prepare``, never replace them.
 """
 
 from __future__ import annotations
@@ -25,12 +26,19 @@ import time
 from collections.abc import Sequence, Set
 from typing import Any, ClassVar
 
-from corral import _allocator, _serve, _shared_memory, _streaming, _tensors, _tracing, _typing
+from corral import (
+    _allocator,
+    _batch,
+    _serve,
+    _shared_memory,
+    _streaming,
+    _tensors,
+    _tracing,
+    _typing,
+)
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
-from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
-from corral._errors import text as _text
 
 log = logging.getLogger("corral")
 
@@ -174,6 +182,7 @@ class Worker:
     """During a streaming ``forward``: the positions whose stream is over without an ``END``
     (client gone, deadline passed, chunk failed), updated between yields without blocking."""
 
+    @_batch.passes_through
     def preprocess(self, item: Any) -> Any:
         """Turn one decoded request into a model input. Raise :class:`ValidationError` to reject
         this item alone (422)."""
@@ -184,6 +193,7 @@ class Worker:
         it as a generator to stream (see the class docstring)."""
         raise NotImplementedError("a Worker must implement forward(batch)")
 
+    @_batch.passes_through
     def postprocess(self, output: Any) -> Any:
         """Turn one model output into the response value (anything msgpack can encode; objects
         with a ``tolist()`` method, such as numpy arrays, are converted)."""
@@ -227,8 +237,7 @@ class Worker:
             _streaming.warm_up(self, inputs)
             log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
             return
-        self.deadlines = [math.inf] * len(inputs)
-        self.content_types = [None] * len(inputs)
+        _batch.warm_up_batch(self, len(inputs))
         count = len(inputs)  # counted before forward, which may consume or pad its list
         outputs = list(_outputs(self.forward(inputs)))
         if len(outputs) != count:
@@ -292,66 +301,14 @@ class Worker:
 
     def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """One result per job of a batch (the protocol's ``results`` list; a plain worker)."""
-        answers, inputs, deadlines = self._corral_prepare(jobs)
+        answers, inputs, deadlines = _batch.prepare(self, jobs)
         positions = [position for position, answer in enumerate(answers) if answer is None]
         if inputs:
-            self._forward_and_encode(jobs, inputs, positions, answers, deadlines)
-        self.deadline = math.inf
-        self.content_type = None
+            self._corral_forward(jobs, inputs, positions, answers, deadlines)
+        _batch.clear(self)
         return [a for a in answers if a is not None]
 
-    def _corral_prepare(
-        self, jobs: list[dict[str, Any]]
-    ) -> tuple[list[dict[str, Any] | None], list[Any], list[float]]:
-        """Each job decoded and preprocessed on its own: the answers of those that fail
-        (``expired``, ``invalid``, ``error``) or None for each that goes on to ``forward``, the
-        inputs of the latter in order, and every job's deadline (all aligned with ``jobs``)."""
-        received = time.monotonic()
-        answers: list[dict[str, Any] | None] = [None] * len(jobs)
-        deadlines = [received + _timeout_ms(job) / 1000 for job in jobs]
-        inputs: list[Any] = []
-        decode = _typing.codec(type(self)).decode  # once a batch, not once an item
-        # Without a preprocess of its own, nothing reads `deadline` or `content_type` while the
-        # batch is prepared, and there is no hook to call. The clock is still read per job: a
-        # large payload, or a typed one's `__post_init__`, can take long enough to decode that
-        # a later job expires meanwhile.
-        hooked = _overrides(self.preprocess, _PASS_PREPROCESS)
-        for position, job in enumerate(jobs):
-            job_id = job.get("id")
-            if not isinstance(job_id, bytes):
-                raise ProtocolError("a job id must be bytes")
-            content_type = _content_type(job)
-            if hooked:
-                self.deadline = deadlines[position]
-                self.content_type = content_type
-            if deadlines[position] <= time.monotonic():
-                # Its client has had a 408 already; the proxy would drop the result.
-                answers[position] = protocol.expired(
-                    job_id, "the deadline passed before processing"
-                )
-                continue
-            try:
-                if "traceparent" in job:  # not a helper: measured 10% of a small batch's cost
-                    with _tracing.item(job, "preprocess"):
-                        item = self.preprocess(decode(job.get("payload")))
-                elif hooked:
-                    item = self.preprocess(decode(job.get("payload")))
-                else:
-                    item = decode(job.get("payload"))
-            except ValidationError as e:
-                answers[position] = protocol.invalid(job_id, _text(e))
-            except _STOPS:
-                raise
-            except BaseException as e:
-                log.exception("preprocess failed")
-                answers[position] = protocol.error(job_id, _describe(e))
-            else:
-                inputs.append(item)
-        self.deadline = math.inf
-        self.content_type = None
-        return answers, inputs, deadlines
-
-    def _forward_and_encode(
+    def _corral_forward(
         self,
         jobs: list[dict[str, Any]],
         inputs: list[Any],
@@ -359,6 +316,8 @@ class Worker:
         answers: list[dict[str, Any] | None],
         deadlines: list[float],
     ) -> None:
+        """``forward`` on the prepared inputs (the jobs at ``positions``), and each output's
+        answer into ``answers``; every one of them an error if ``forward`` fails."""
         self.deadlines = [deadlines[p] for p in positions]
         content_types = [jobs[p].get("content_type") for p in positions]  # checked in prepare
         self.content_types = content_types
@@ -376,31 +335,10 @@ class Worker:
             for position in positions:
                 answers[position] = protocol.error(jobs[position]["id"], message)
             return
-        codec = _typing.codec(type(self))
-        encode = codec.batch_encoder()
-        media_type = codec.content_type
-        hooked = _overrides(self.postprocess, _PASS_POSTPROCESS)  # as in _corral_prepare
+        answer = _batch.answerer(self)
         for position, content_type, output in zip(positions, content_types, outputs):
             job = jobs[position]
-            job_id = job["id"]
-            traced = "traceparent" in job
-            if hooked or traced:
-                self.deadline = deadlines[position]
-                self.content_type = content_type
-            try:
-                if traced:
-                    with _tracing.item(job, "postprocess"):
-                        value = self.postprocess(output)
-                elif hooked:  # without a context manager's cost per item
-                    value = self.postprocess(output)
-                else:  # the usual case: no postprocess of the worker's own
-                    value = output
-                answers[position] = protocol.ok(job_id, encode(value), media_type(value))
-            except _STOPS:
-                raise
-            except BaseException as e:
-                log.exception("postprocess or encoding failed")
-                answers[position] = protocol.error(job_id, _describe(e))
+            answers[position] = answer(job["id"], deadlines[position], content_type, output, job)
 
 
 def _outputs(returned: Any) -> Any:
@@ -415,34 +353,6 @@ def _outputs(returned: Any) -> Any:
             "with asyncio.run)"
         )
     return returned
-
-
-def _overrides(method: Any, passes: Any) -> bool:
-    """Whether a bound hook is the worker's own rather than ``Worker``'s as defined here (which
-    passes its argument through): a subclass's method, a function set on the instance, or
-    ``Worker``'s own replaced (patched, wrapped) since."""
-    return getattr(method, "__func__", None) is not passes
-
-
-# Worker's hooks as defined above, kept apart from the class attribute: a patch of
-# `Worker.preprocess` (a spy, instrumentation) is then the worker's own and is called.
-_PASS_PREPROCESS = Worker.__dict__["preprocess"]
-_PASS_POSTPROCESS = Worker.__dict__["postprocess"]
-
-
-def _timeout_ms(job: dict[str, Any]) -> int:
-    timeout = job.get("timeout_ms")
-    if not isinstance(timeout, int) or timeout < 0:
-        raise ProtocolError("a job's timeout_ms must be a non-negative integer")
-    return timeout
-
-
-def _content_type(job: dict[str, Any]) -> str | None:
-    """A raw-bytes job's media type (its payload is then one msgpack ``bin``); None otherwise."""
-    content_type = job.get("content_type")
-    if content_type is not None and not isinstance(content_type, str):
-        raise ProtocolError("a job's content_type must be a string")
-    return content_type
 
 
 def _options_from_argv() -> argparse.Namespace:
