@@ -169,13 +169,10 @@ pub fn write_bin32_header(buf: &mut [u8]) {
 /// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no
 /// copy).
 pub fn bin_contents(value: &Bytes) -> Option<Bytes> {
-    let (header, length) = match *value.first()? {
-        0xc4 => (2, usize::from(*value.get(1)?)),
-        0xc5 => (3, usize::from(u16::from_be_bytes(value.get(1..3)?.try_into().ok()?))),
-        0xc6 => (5, u32::from_be_bytes(value.get(1..5)?.try_into().ok()?) as usize),
-        _ => return None,
-    };
-    (value.len() == header + length).then(|| value.slice(header..))
+    let mut rest = &value[..];
+    let length = rmp::decode::read_bin_len(&mut rest).ok()? as usize;
+    let header = value.len() - rest.len();
+    (rest.len() == length).then(|| value.slice(header..))
 }
 
 /// Longest media type Corral passes on (a request's or a worker's): type and subtype may have up
@@ -273,6 +270,21 @@ pub fn msgpack_reader<R: std::io::Read>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bin_contents_is_the_bytes_of_exactly_one_bin() {
+        for length in [0usize, 5, 255, 256, 70_000] {
+            let mut bin = Vec::new();
+            rmp::encode::write_bin(&mut bin, &vec![7; length]).unwrap();
+            let bin = Bytes::from(bin);
+            assert_eq!(bin_contents(&bin).unwrap(), vec![7; length]);
+            let longer = Bytes::from([&bin[..], &[0xc0]].concat());
+            assert_eq!(bin_contents(&longer), None, "a value after it");
+            assert_eq!(bin_contents(&bin.slice(..bin.len() - 1)).filter(|_| length > 0), None);
+        }
+        assert_eq!(bin_contents(&Bytes::from_static(b"\xa1a")), None, "a str is no bin");
+        assert_eq!(bin_contents(&Bytes::new()), None);
+    }
 
     fn pack(format: Format, body: &[u8]) -> Result<Bytes, String> {
         to_msgpack(format, Bytes::copy_from_slice(body))

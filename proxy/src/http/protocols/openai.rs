@@ -19,6 +19,7 @@ use std::borrow::Cow;
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
+use rmp::Marker;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -150,14 +151,28 @@ fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
         ApiError::internal("bad_output", message)
     };
     // A tensor value is one ext at the top (its marker first): no walk of the whole output.
-    let data: Cow<[u8]> = if matches!(data.first(), Some(0xc7..=0xc9 | 0xd4..=0xd8)) {
+    let marker = |data: &[u8]| data.first().map(|&byte| Marker::from_u8(byte));
+    let ext = matches!(
+        marker(&data),
+        Some(
+            Marker::FixExt1
+                | Marker::FixExt2
+                | Marker::FixExt4
+                | Marker::FixExt8
+                | Marker::FixExt16
+                | Marker::Ext8
+                | Marker::Ext16
+                | Marker::Ext32
+        )
+    );
+    let data: Cow<[u8]> = if ext {
         Cow::Owned(tensor::expand(&data).map_err(|_| not_numbers())?)
     } else {
         Cow::Borrowed(&data)
     };
     // rmp_serde reads a `bin` as the list of its bytes: a worker's raw float32 bytes would
     // become an embedding of byte values. Only an array is a list of numbers.
-    if !matches!(data.first(), Some(0x90..=0x9f | 0xdc | 0xdd)) {
+    if !matches!(marker(&data), Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32)) {
         return Err(not_numbers());
     }
     rmp_serde::from_slice(&data).map_err(|_| not_numbers())
