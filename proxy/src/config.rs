@@ -20,6 +20,11 @@ use crate::stage::Policy;
 /// "Large payload targets").
 pub const DEFAULT_MAX_BATCH_BYTES: u64 = 24 * 1024 * 1024;
 
+/// The largest `max_batch_size`, from a flag, a variable or the config file.
+pub const MAX_BATCH_SIZE: u32 = 4096;
+/// The most spawned workers of a stage (`workers`, and `workers_per_gpu`), wherever set.
+pub const MAX_WORKERS: u32 = 1024;
+
 /// Corral: a sidecar batching proxy for model serving.
 ///
 /// Clients POST single requests to /infer; Corral queues them as jobs, gathers jobs into batches
@@ -44,7 +49,7 @@ pub struct Config {
 
     /// Most jobs in one batch.
     #[arg(long, env = "CORRAL_MAX_BATCH_SIZE", default_value_t = 32,
-          value_parser = clap::value_parser!(u32).range(1..=4096))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_BATCH_SIZE)))]
     pub max_batch_size: u32,
 
     /// Most payload bytes in one batch (default 24 MiB; at most what a frame of --max-batch-size
@@ -222,7 +227,7 @@ pub struct Config {
 
     /// With --gpus: workers per device; --workers then defaults to the devices times this.
     #[arg(long, env = "CORRAL_WORKERS_PER_GPU", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WORKERS)))]
     pub workers_per_gpu: u32,
 
     /// With WORKER_CMD: an environment variable for every spawned worker (repeatable; in
@@ -239,7 +244,7 @@ pub struct Config {
     /// With WORKER_CMD: how many copies to spawn, each with CORRAL_SOCKET set (with --gpus the
     /// default is the devices times --workers-per-gpu, with --cpus the cores listed).
     #[arg(long, env = "CORRAL_WORKERS", default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=1024))]
+          value_parser = clap::value_parser!(u32).range(1..=i64::from(MAX_WORKERS)))]
     pub workers: u32,
 
     /// Worker command to spawn (after `--`). Without it, workers are started elsewhere and
@@ -260,9 +265,16 @@ pub enum LogFormat {
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(ratio) if (0.0..=1.0).contains(&ratio) => Ok(ratio),
-        _ => Err(format!("{text:?} is not a number from 0 to 1")),
+    let ratio = text.parse::<f64>().map_err(|_| format!("{text:?} is not a number from 0 to 1"))?;
+    check_ratio(ratio).map_err(|_| format!("{text:?} is not a number from 0 to 1"))
+}
+
+/// A trace sample ratio, as a flag or the config file gives it.
+pub(crate) fn check_ratio(ratio: f64) -> Result<f64, String> {
+    if (0.0..=1.0).contains(&ratio) {
+        Ok(ratio)
+    } else {
+        Err(format!("{ratio} is not a number from 0 to 1"))
     }
 }
 
@@ -271,9 +283,17 @@ fn parse_pair(text: &str) -> Result<String, String> {
 }
 
 pub(crate) fn parse_share(text: &str) -> Result<f64, String> {
-    match text.parse::<f64>() {
-        Ok(share) if share > 0.0 && share <= 1.0 => Ok(share),
-        _ => Err(format!("{text:?} is not a share above 0 and at most 1 (e.g. 0.25)")),
+    let refused = || format!("{text:?} is not a share above 0 and at most 1 (e.g. 0.25)");
+    let share = text.parse::<f64>().map_err(|_| refused())?;
+    check_share(share).map_err(|_| refused())
+}
+
+/// A tenant's queue share, as a flag or the config file gives it.
+pub(crate) fn check_share(share: f64) -> Result<f64, String> {
+    if share > 0.0 && share <= 1.0 {
+        Ok(share)
+    } else {
+        Err(format!("\"{share}\" is not a share above 0 and at most 1 (e.g. 0.25)"))
     }
 }
 

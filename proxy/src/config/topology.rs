@@ -10,7 +10,8 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use super::file::{self, File, StageFile};
-use super::{parse_header_name, parse_mode, parse_share, Config};
+use super::{check_ratio, check_share, parse_header_name, parse_mode, Config};
+use super::{MAX_BATCH_SIZE, MAX_WORKERS};
 use crate::metrics::UNKNOWN_STAGE;
 use crate::stage::Policy;
 use crate::supervisor::placement;
@@ -247,12 +248,7 @@ pub fn resolve(
         }
     }
     if let Some(ratio) = f.trace_sample_ratio.take() {
-        if !(0.0..=1.0).contains(&ratio) {
-            return Err(error(
-                "trace_sample_ratio",
-                format!("{ratio} is not a number from 0 to 1"),
-            ));
-        }
+        check_ratio(ratio).map_err(|problem| error("trace_sample_ratio", problem))?;
         if !explicit("trace_sample_ratio") {
             config.trace_sample_ratio = ratio;
         }
@@ -427,7 +423,7 @@ fn stage_spec(
         };
     }
     let max_batch_size = pick!(max_batch_size);
-    in_range(&key("max_batch_size"), max_batch_size.into(), 1, 4096)?;
+    in_range(&key("max_batch_size"), max_batch_size.into(), 1, MAX_BATCH_SIZE.into())?;
     let max_batch_bytes = pick!(max_batch_bytes);
     // Checked per stage, against the stage's own max_batch_size; named where the value came from.
     let from_stage = stage.max_batch_bytes.is_some() && !explicit("max_batch_bytes");
@@ -477,7 +473,7 @@ fn stage_spec(
         (None, 0) => config.workers,
         (None, pinned) => pinned as u32,
     };
-    in_range(&key("workers"), workers.into(), 1, 1024)?;
+    in_range(&key("workers"), workers.into(), 1, MAX_WORKERS.into())?;
     let asked = if explicit("workers") { Some(config.workers) } else { stage.workers };
     let gpus = match (&stage.gpus, &config.gpus) {
         (_, Some(text)) if explicit("gpus") => resolve_gpus("gpus", text)?,
@@ -489,7 +485,7 @@ fn stage_spec(
         Some(per) if !explicit("workers_per_gpu") => per,
         _ => config.workers_per_gpu,
     };
-    in_range(&key("workers_per_gpu"), per_gpu.into(), 1, 1024)?;
+    in_range(&key("workers_per_gpu"), per_gpu.into(), 1, MAX_WORKERS.into())?;
     let env: Vec<(String, String)> = stage.env.unwrap_or_default().into_iter().collect();
     if !cpus.is_empty() {
         if command.is_empty() {
@@ -576,7 +572,7 @@ fn place(
             );
             return Err(error(&keys.cpus, problem));
         }
-        in_range(&keys.workers, placed.into(), 1, 1024)?;
+        in_range(&keys.workers, placed.into(), 1, MAX_WORKERS.into())?;
         spec.workers = placed;
     }
     for name in env.iter().map(|(name, _)| name) {
@@ -623,8 +619,8 @@ fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigError> {
 
 /// The ranges clap enforces on flags, enforced on the file's top-level values too.
 fn check_options(config: &Config) -> Result<(), ConfigError> {
-    in_range("max_batch_size", config.max_batch_size.into(), 1, 4096)?;
-    in_range("workers", config.workers.into(), 1, 1024)?;
+    in_range("max_batch_size", config.max_batch_size.into(), 1, MAX_BATCH_SIZE.into())?;
+    in_range("workers", config.workers.into(), 1, MAX_WORKERS.into())?;
     positive("timeout_ms", config.timeout_ms)?;
     positive("queue_capacity", config.queue_capacity.into())?;
     positive("queue_capacity_bytes", config.queue_capacity_bytes)?;
@@ -638,7 +634,7 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     if let Some(weight) = config.max_batch_weight {
         positive("max_batch_weight", weight)?;
     }
-    parse_share(&config.tenant_queue_share.to_string())
+    check_share(config.tenant_queue_share)
         .map_err(|problem| error("tenant_queue_share", problem))?;
     Ok(())
 }
