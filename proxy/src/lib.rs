@@ -26,6 +26,8 @@
 //!   when an endpoint is set; nothing at all otherwise.
 //! - [`shared_memory`]: the memory file large request bodies are read into, which workers that
 //!   ask map read-only and read their payloads from instead of from the socket.
+//! - [`msgpack`]: msgpack as the proxy reads it from clients and workers alike: the one check
+//!   of a value, the nesting bound every decoder keeps, a `bin`'s bytes.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
@@ -41,6 +43,7 @@ pub mod config;
 pub mod http;
 pub mod job;
 pub mod metrics;
+pub mod msgpack;
 pub mod open_files;
 pub mod pipeline;
 pub mod shared_memory;

@@ -89,7 +89,7 @@ impl Negotiation {
     /// The answer's form for an output, and the worker's media type for it, if it named one;
     /// None means nothing acceptable (406).
     pub fn choose(&self, output: &Bytes, content_type: Option<&HeaderValue>) -> Option<Answer> {
-        let raw = bin_contents(output).is_some();
+        let raw = crate::msgpack::bin_contents(output).is_some();
         let default =
             if raw && self.raw_request { Answer::Raw } else { Answer::Format(self.format) };
         let Some(accept) = &self.accept else {
@@ -166,15 +166,6 @@ pub fn write_bin32_header(buf: &mut [u8]) {
     buf[1..BIN32_HEADER].copy_from_slice(&body.to_be_bytes());
 }
 
-/// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no
-/// copy).
-pub fn bin_contents(value: &Bytes) -> Option<Bytes> {
-    let mut rest = &value[..];
-    let length = rmp::decode::read_bin_len(&mut rest).ok()? as usize;
-    let header = value.len() - rest.len();
-    (rest.len() == length).then(|| value.slice(header..))
-}
-
 /// Longest media type Corral passes on (a request's or a worker's): type and subtype may have up
 /// to 127 characters each (RFC 6838), parameters the rest.
 pub const MAX_MEDIA_TYPE: usize = 1024;
@@ -214,7 +205,7 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
             Ok(Bytes::from(out))
         }
         Format::Msgpack => {
-            validate::msgpack(&body).map_err(|e| format!("body is not valid msgpack: {e}"))?;
+            crate::msgpack::check(&body).map_err(|e| format!("body is not valid msgpack: {e}"))?;
             Ok(body)
         }
     }
@@ -224,13 +215,13 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
 /// a native client gets plain values in either format.
 pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
-    let mut found = validate::scan(&data);
+    let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
         let plain = tensor::expand(&data)
             .map_err(|e| format!("the worker's output has a value Corral cannot write: {e}"))?;
         if format == Format::Json {
             // A tensor's floats are plain values only now.
-            found = validate::scan(&plain);
+            found = crate::msgpack::scan(&plain);
         }
         Bytes::from(plain)
     } else {
@@ -245,7 +236,7 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
         }
         Format::Json => {
             let mut out = Vec::with_capacity(data.len() + data.len() / 2);
-            let mut de = msgpack_reader(&data[..]);
+            let mut de = crate::msgpack::reader(&data[..]);
             serde_transcode::transcode(&mut de, &mut serde_json::Serializer::new(&mut out))
                 .map_err(|e| format!("the worker's output cannot be written as JSON: {e}"))?;
             Ok(Bytes::from(out))
@@ -253,38 +244,9 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
     }
 }
 
-/// Deepest nesting accepted in a msgpack value, as serde_json allows for JSON: every decoder here
-/// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
-pub const MAX_DEPTH: usize = 128;
-
-/// A msgpack decoder over `input` with the nesting limit set.
-pub fn msgpack_reader<R: std::io::Read>(
-    input: R,
-) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<R>> {
-    let mut de = rmp_serde::Deserializer::new(input);
-    // rmp_serde counts the value it is reading as a level: one more than MAX_DEPTH's containers.
-    de.set_max_depth(MAX_DEPTH + 1);
-    de
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bin_contents_is_the_bytes_of_exactly_one_bin() {
-        for length in [0usize, 5, 255, 256, 70_000] {
-            let mut bin = Vec::new();
-            rmp::encode::write_bin(&mut bin, &vec![7; length]).unwrap();
-            let bin = Bytes::from(bin);
-            assert_eq!(bin_contents(&bin).unwrap(), vec![7; length]);
-            let longer = Bytes::from([&bin[..], &[0xc0]].concat());
-            assert_eq!(bin_contents(&longer), None, "a value after it");
-            assert_eq!(bin_contents(&bin.slice(..bin.len() - 1)).filter(|_| length > 0), None);
-        }
-        assert_eq!(bin_contents(&Bytes::from_static(b"\xa1a")), None, "a str is no bin");
-        assert_eq!(bin_contents(&Bytes::new()), None);
-    }
 
     fn pack(format: Format, body: &[u8]) -> Result<Bytes, String> {
         to_msgpack(format, Bytes::copy_from_slice(body))
@@ -380,20 +342,6 @@ mod tests {
     }
 
     #[test]
-    fn finds_the_bytes_of_one_bin() {
-        let bin = |bytes: &'static [u8]| bin_contents(&Bytes::from_static(bytes));
-        assert_eq!(bin(b"\xc4\x02ab").as_deref(), Some(&b"ab"[..]));
-        assert_eq!(bin(b"\xc5\x00\x01a").as_deref(), Some(&b"a"[..]));
-        assert_eq!(bin(b"\xc6\x00\x00\x00\x00").as_deref(), Some(&b""[..]));
-        assert_eq!(bin(b"\xc4\x02a"), None, "truncated");
-        assert_eq!(bin(b"\xc4\x01ab"), None, "a value after it");
-        assert_eq!(bin(b"\xa2ab"), None, "a str");
-        assert_eq!(bin(b""), None);
-        let bytes = Bytes::from_static(b"\xc4\x03PNG");
-        assert_eq!(bin_contents(&bytes).unwrap().as_ptr(), bytes[2..].as_ptr(), "not a copy");
-    }
-
-    #[test]
     fn a_bin32_header_makes_the_body_one_msgpack_value() {
         let mut buf = vec![0u8; BIN32_HEADER];
         buf.extend_from_slice(b"\x89PNG");
@@ -401,8 +349,11 @@ mod tests {
         let mut rest = &buf[..];
         assert_eq!(rmp::decode::read_bin_len(&mut rest).unwrap(), 4);
         assert_eq!(rest, b"\x89PNG");
-        assert!(validate::msgpack(&buf).is_ok());
-        assert_eq!(bin_contents(&Bytes::from(buf)).as_deref(), Some(&b"\x89PNG"[..]));
+        assert!(crate::msgpack::check(&buf).is_ok());
+        assert_eq!(
+            crate::msgpack::bin_contents(&Bytes::from(buf)).as_deref(),
+            Some(&b"\x89PNG"[..])
+        );
     }
 
     #[test]

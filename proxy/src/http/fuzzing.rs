@@ -8,11 +8,12 @@ use bytes::{Buf, Bytes};
 use corral_protocol::{Batch, BatchFrame, BatchJob, JobId, Payload, ProxyMessage, TensorSpec};
 
 use super::events::Framing;
-use super::format::{bin_contents, from_msgpack, to_msgpack, Format};
+use super::format::{from_msgpack, to_msgpack, Format};
+use super::items;
 use super::protocols::v2::{request, response, tensor};
 use super::protocols::{kserve_v1, openai};
-use super::{items, validate};
 use crate::job::Outcome;
+use crate::msgpack::bin_contents;
 
 /// Arbitrary bytes as a request body, read as msgpack and as JSON. Either may be refused; nothing
 /// may panic. A msgpack body that is accepted goes to the worker unchanged; a JSON body that is
@@ -111,7 +112,7 @@ pub fn v2_request(data: &[u8]) {
 ///
 /// The first byte chooses the v2 request's outputs and declarations; the rest is up to four
 /// results, each a two-byte little-endian length and that many bytes. Only results that pass the
-/// connection's own check ([`validate::msgpack`]) go on, as only those reach an answer.
+/// connection's own check ([`crate::msgpack::check`]) go on, as only those reach an answer.
 pub fn worker_results(data: &[u8]) {
     let Some((&choice, mut rest)) = data.split_first() else { return };
     let mut results = Vec::new();
@@ -119,7 +120,7 @@ pub fn worker_results(data: &[u8]) {
         let length = usize::from(u16::from_le_bytes([rest[0], rest[1]])).min(rest.len() - 2);
         let result = &rest[2..2 + length];
         rest = &rest[2 + length..];
-        if validate::msgpack(result).is_ok() {
+        if crate::msgpack::check(result).is_ok() {
             results.push(Bytes::copy_from_slice(result));
         }
     }
@@ -132,7 +133,7 @@ pub fn worker_results(data: &[u8]) {
             assert!(json_parses(&json), "a JSON answer is JSON");
         }
         if let Ok(msgpack) = from_msgpack(Format::Msgpack, result.clone()) {
-            assert!(validate::msgpack(&msgpack).is_ok(), "a msgpack answer is msgpack");
+            assert!(crate::msgpack::check(&msgpack).is_ok(), "a msgpack answer is msgpack");
             let value = tensor::read_value(&msgpack).expect("msgpack");
             assert!(!holds_tensor(&value), "tensor values are written out");
         }
@@ -155,7 +156,7 @@ pub fn worker_results(data: &[u8]) {
         assert_eq!(predictions.len(), results.len(), "one prediction per instance");
     }
     if let Ok(array) = items::assemble(outcomes()) {
-        assert!(validate::msgpack(&array).is_ok(), "the results' array is msgpack");
+        assert!(crate::msgpack::check(&array).is_ok(), "the results' array is msgpack");
     }
     v2_answer(choice, &results);
 }

@@ -11,8 +11,8 @@ use serde::de::IgnoredAny;
 use serde::Deserialize;
 
 use super::error::ApiError;
-use super::format::msgpack_reader;
 use crate::job::Outcome;
+use crate::msgpack;
 
 /// One msgpack value per element of a msgpack array.
 pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
@@ -22,7 +22,7 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
     let mut elements = Vec::with_capacity((len as usize).min(rest.len()));
     for _ in 0..len {
         let start = array.len() - rest.len();
-        IgnoredAny::deserialize(&mut msgpack_reader(&mut rest))
+        IgnoredAny::deserialize(&mut msgpack::reader(&mut rest))
             .map_err(|e| format!("array element {} is malformed: {e}", elements.len()))?;
         elements.push(array.slice(start..array.len() - rest.len()));
     }
@@ -36,7 +36,7 @@ pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
     let mut rest: &[u8] = map;
     let len = rmp::decode::read_map_len(&mut rest).map_err(|_| "the body must be an object")?;
     let skip = |rest: &mut &[u8]| {
-        IgnoredAny::deserialize(&mut msgpack_reader(rest)).map(|_| ()).map_err(|e| e.to_string())
+        IgnoredAny::deserialize(&mut msgpack::reader(rest)).map(|_| ()).map_err(|e| e.to_string())
     };
     for _ in 0..len {
         let mut probe = rest;

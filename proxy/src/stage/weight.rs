@@ -92,7 +92,7 @@ impl WeightRule {
 
 /// Moves past one msgpack value.
 fn skip(rest: &mut &[u8]) -> Option<()> {
-    let mut de = crate::http::format::msgpack_reader(&mut *rest);
+    let mut de = crate::msgpack::reader(&mut *rest);
     IgnoredAny::deserialize(&mut de).ok().map(|_| ())
 }
 

@@ -7,9 +7,10 @@ use corral_protocol::{JobId, ResultStatus, Results};
 use tokio::time::Instant;
 use tracing::debug;
 
-use crate::http::{format, validate};
+use crate::http::format;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
+use crate::msgpack;
 use crate::stage::WorkerSeat;
 
 /// Why a results frame cannot be trusted, and every job of its batch, handed back.
@@ -71,7 +72,7 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
 /// mistake shows on the first request rather than as raw bytes of no type. It names the type of
 /// raw bytes, so it is kept only with data that is one msgpack `bin`, and dropped otherwise.
 pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
-    if let Err(e) = validate::msgpack(&data) {
+    if let Err(e) = msgpack::check(&data) {
         return Outcome::BadOutput(format!(
             "the worker's output for this job is not one well-formed msgpack value: {e}"
         ));
@@ -80,7 +81,7 @@ pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
         return Outcome::Done(data, None);
     };
     match format::media_type(&named) {
-        Some(_) if format::bin_contents(&data).is_none() => Outcome::Done(data, None),
+        Some(_) if msgpack::bin_contents(&data).is_none() => Outcome::Done(data, None),
         Some(media_type) => Outcome::Done(data, Some(media_type)),
         None => {
             let shown: String = named.chars().take(100).collect();

@@ -26,9 +26,9 @@ use super::connection::{
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{answer, give_back, output, reason, Orphan};
-use crate::http::validate;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
+use crate::msgpack;
 use crate::stage::{Stage, WorkerSeat};
 use crate::stream::Refused;
 
@@ -239,7 +239,7 @@ impl State {
             let Some(job) = held.job.as_ref() else { continue };
             // Checked as an `ok` result's data is: a chunk that is not one well-formed msgpack
             // value fails its job alone, rather than reach the client as a broken answer.
-            if let Err(e) = validate::msgpack(&chunk.data) {
+            if let Err(e) = msgpack::check(&chunk.data) {
                 let why = format!("a chunk of the worker's output is not one msgpack value: {e}");
                 let job = held.job.take().expect("checked above");
                 answer(job, Outcome::BadOutput(why), Instant::now());

@@ -24,6 +24,7 @@ use super::super::format::{self, Answer, Format, Negotiation};
 use super::super::infer::{check_payload_size, run, run_items};
 use super::super::{items, stream, App, Body, Route};
 use crate::job::Outcome;
+use crate::msgpack;
 use crate::pipeline::Input;
 
 pub use super::super::deadline::TIMEOUT_HEADER;
@@ -132,7 +133,7 @@ fn answer(
         None => Err(ApiError::not_acceptable()),
         Some(Answer::Format(format)) => ok(format, data),
         Some(Answer::Raw) => {
-            let bytes = format::bin_contents(&data)
+            let bytes = msgpack::bin_contents(&data)
                 .ok_or_else(|| ApiError::internal("internal", "raw answer for a non-raw output"))?;
             let content_type =
                 content_type.unwrap_or(HeaderValue::from_static(format::OCTET_STREAM));

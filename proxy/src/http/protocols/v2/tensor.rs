@@ -14,7 +14,7 @@ use rmpv::ValueRef;
 pub const TENSOR_EXT: i8 = 1;
 
 /// Deepest nesting read in a worker's output (as for every msgpack value Corral reads).
-const MAX_DEPTH: usize = crate::http::format::MAX_DEPTH;
+const MAX_DEPTH: usize = crate::msgpack::MAX_DEPTH;
 
 /// A v2 datatype. `BF16` is not among them: neither JSON nor numpy has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -1,0 +1,272 @@
+//! msgpack as the proxy reads it, wherever a value comes from (a client's body, a worker's
+//! result or chunk, a weight rule's field): the one check a value must pass ([`check`]), what a
+//! JSON answer must treat apart ([`scan`]), the nesting bound every decoder keeps
+//! ([`MAX_DEPTH`], [`reader`]), and the bytes of a `bin` ([`bin_contents`]). Neither the HTTP
+//! edge's nor the workers' own: both sides use it.
+//!
+//! The check walks a value marker by marker (no recursion, no allocation beyond one counter per
+//! open container): exactly one value, nesting within [`MAX_DEPTH`], no reserved byte, and every
+//! `str` valid UTF-8. Decoders built on serde cannot check the last: they hand an invalid string
+//! to their visitor as bytes, exactly as they hand a `bin`.
+
+use bytes::Bytes;
+
+/// Deepest nesting accepted in a msgpack value, as serde_json allows for JSON: every decoder here
+/// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
+pub const MAX_DEPTH: usize = 128;
+
+/// A msgpack decoder over `input` with the nesting limit set.
+pub fn reader<R: std::io::Read>(
+    input: R,
+) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<R>> {
+    let mut de = rmp_serde::Deserializer::new(input);
+    // rmp_serde counts the value it is reading as a level: one more than MAX_DEPTH's containers.
+    de.set_max_depth(MAX_DEPTH + 1);
+    de
+}
+
+/// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no
+/// copy).
+pub fn bin_contents(value: &Bytes) -> Option<Bytes> {
+    let mut rest = &value[..];
+    let length = rmp::decode::read_bin_len(&mut rest).ok()? as usize;
+    let header = value.len() - rest.len();
+    (rest.len() == length).then(|| value.slice(header..))
+}
+
+/// Checks that `body` is exactly one well-formed msgpack value whose strings are all UTF-8.
+pub fn check(body: &[u8]) -> Result<(), String> {
+    walk(body).map(drop)
+}
+
+/// What a well-formed msgpack value holds that a JSON answer must treat apart (all false for a
+/// malformed one).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Found {
+    /// An ext value (a worker's tensor value, which native answers write out plainly).
+    pub ext: bool,
+    /// A float that is NaN or infinite, which JSON cannot carry.
+    pub non_finite: bool,
+}
+
+/// [`Found`] of `body`, in one walk.
+pub fn scan(body: &[u8]) -> Found {
+    walk(body).unwrap_or_default()
+}
+
+/// [`msgpack`]'s walk, and what it found.
+fn walk(body: &[u8]) -> Result<Found, String> {
+    let mut found = Found::default();
+    if body.is_empty() {
+        return Err("empty body".into());
+    }
+    let mut reader = Reader { body, at: 0 };
+    // Values still to read in each open container; the body itself is a container of one.
+    let mut pending: Vec<u64> = vec![1];
+    while let Some(left) = pending.last_mut() {
+        if *left == 0 {
+            pending.pop();
+            continue;
+        }
+        *left -= 1;
+        let at = reader.at;
+        let opened = match reader.byte()? {
+            0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff => None,
+            marker @ 0x80..=0x8f => Some(2 * u64::from(marker & 0x0f)),
+            marker @ 0x90..=0x9f => Some(u64::from(marker & 0x0f)),
+            marker @ 0xa0..=0xbf => {
+                reader.string(usize::from(marker & 0x1f), at)?;
+                None
+            }
+            0xc1 => return Err(format!("byte {at}: 0xc1 is never used in msgpack")),
+            // bin 8, 16, 32
+            0xc4 => reader.skip_sized(1, 0)?,
+            0xc5 => reader.skip_sized(2, 0)?,
+            0xc6 => reader.skip_sized(4, 0)?,
+            // ext 8, 16, 32: a length, a type byte, the data
+            marker @ (0xc7..=0xc9 | 0xd4..=0xd8) => {
+                found.ext = true;
+                match marker {
+                    0xc7 => reader.skip_sized(1, 1)?,
+                    0xc8 => reader.skip_sized(2, 1)?,
+                    0xc9 => reader.skip_sized(4, 1)?,
+                    // fixext 1, 2, 4, 8, 16: a type byte, the data
+                    0xd4 => reader.skip(2)?,
+                    0xd5 => reader.skip(3)?,
+                    0xd6 => reader.skip(5)?,
+                    0xd7 => reader.skip(9)?,
+                    _ => reader.skip(17)?,
+                }
+            }
+            // float 32, 64
+            0xca => {
+                let bits = reader.take(4)?.try_into().expect("4 bytes taken");
+                found.non_finite |= !f32::from_be_bytes(bits).is_finite();
+                None
+            }
+            0xcb => {
+                let bits = reader.take(8)?.try_into().expect("8 bytes taken");
+                found.non_finite |= !f64::from_be_bytes(bits).is_finite();
+                None
+            }
+            // uint 8..64; int 8..64
+            0xce | 0xd2 => reader.skip(4)?,
+            0xcf | 0xd3 => reader.skip(8)?,
+            0xcc | 0xd0 => reader.skip(1)?,
+            0xcd | 0xd1 => reader.skip(2)?,
+            // str 8, 16, 32
+            0xd9 => reader.sized_string(1, at)?,
+            0xda => reader.sized_string(2, at)?,
+            0xdb => reader.sized_string(4, at)?,
+            // array 16, 32; map 16, 32
+            0xdc => Some(reader.length(2)?),
+            0xdd => Some(reader.length(4)?),
+            0xde => Some(2 * reader.length(2)?),
+            0xdf => Some(2 * reader.length(4)?),
+        };
+        if let Some(values) = opened {
+            // `pending` holds the body's own level besides the containers.
+            if pending.len() > MAX_DEPTH {
+                return Err(format!("byte {at}: nested deeper than {MAX_DEPTH} levels"));
+            }
+            pending.push(values);
+        }
+    }
+    match body.len() - reader.at {
+        0 => Ok(found),
+        rest => Err(format!("{rest} bytes after the value")),
+    }
+}
+
+/// A cursor over a msgpack body; every read says where the body ended too early.
+struct Reader<'a> {
+    body: &'a [u8],
+    at: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.at.checked_add(n).filter(|&end| end <= self.body.len());
+        let Some(end) = end else {
+            return Err(format!("truncated: {n} more bytes expected at byte {}", self.at));
+        };
+        let taken = &self.body[self.at..end];
+        self.at = end;
+        Ok(taken)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn skip(&mut self, n: usize) -> Result<Option<u64>, String> {
+        self.take(n)?;
+        Ok(None)
+    }
+
+    /// A big-endian length of `width` bytes.
+    fn length(&mut self, width: usize) -> Result<u64, String> {
+        Ok(self.take(width)?.iter().fold(0, |n, &b| n << 8 | u64::from(b)))
+    }
+
+    /// Skips a length-prefixed value (`extra` bytes sit between the length and the data).
+    fn skip_sized(&mut self, width: usize, extra: usize) -> Result<Option<u64>, String> {
+        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
+        self.skip(length.saturating_add(extra))
+    }
+
+    fn string(&mut self, length: usize, at: usize) -> Result<(), String> {
+        let text = self.take(length)?;
+        std::str::from_utf8(text).map(drop).map_err(|e| {
+            format!(
+                "the string at byte {at} is not valid UTF-8 ({e}); send raw bytes as bin, not str"
+            )
+        })
+    }
+
+    fn sized_string(&mut self, width: usize, at: usize) -> Result<Option<u64>, String> {
+        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
+        self.string(length, at)?;
+        Ok(None)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packed(value: serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec(&value).unwrap()
+    }
+
+    #[test]
+    fn accepts_every_kind_of_msgpack_value() {
+        let value = serde_json::json!({
+            "s": "héllo", "long": "x".repeat(300), "n": [0, -1, 200, -200, 70000, -70000,
+            5_000_000_000_u64, -5_000_000_000_i64, u64::MAX, 0.5], "t": true, "f": false,
+            "z": null, "nested": [[[]], {}],
+        });
+        assert_eq!(check(&packed(value)), Ok(()));
+        let bin = [&[0xc5, 0x01, 0x2c][..], &[0xff; 300]].concat();
+        assert_eq!(check(&bin), Ok(()), "bin 16 holds any bytes");
+        for ext in [&[0xd4, 0x01, 0xff][..], &[0xc7, 0x02, 0x05, 0xff, 0xfe]] {
+            assert_eq!(check(ext), Ok(()), "{ext:?}");
+        }
+    }
+
+    #[test]
+    fn refuses_a_string_that_is_not_utf8() {
+        let error = check(&[0x91, 0xa2, 0xff, 0xfe]).unwrap_err();
+        assert!(error.contains("byte 1 is not valid UTF-8"), "{error}");
+        assert!(check(&[0xd9, 0x01, 0x80]).is_err(), "str 8");
+        assert!(check(&[0x81, 0xa1, 0xc3, 0x01]).is_err(), "a map key");
+    }
+
+    #[test]
+    fn refuses_what_is_not_one_whole_value() {
+        assert!(check(&[]).is_err());
+        assert!(check(&[0x92, 0x01]).unwrap_err().starts_with("truncated"));
+        assert!(check(&[0xdd, 0xff, 0xff, 0xff, 0xff]).is_err(), "a huge array, no elements");
+        assert!(check(&[0xc6, 0xff, 0xff, 0xff, 0xff]).is_err(), "a huge bin, no data");
+        assert_eq!(check(&[0x01, 0x02]).unwrap_err(), "1 bytes after the value");
+        assert!(check(&[0xc1]).is_err());
+    }
+
+    #[test]
+    fn every_decoder_reads_as_deep_as_the_check_lets_through() {
+        // The check is the gate: a value it takes must not be refused further on for its depth
+        // (a worker's result read for v2 or expanded, a JSON answer, a weight rule's skip).
+        for leaf in [&[0xc0][..], &[0xa1, b'a'], &[0xc4, 0x01, 0x00], &[0xd4, 0x05, 0x00]] {
+            let deepest = [&vec![0x91; MAX_DEPTH - 1][..], &[0x81, 0xa1, b'k'], leaf].concat();
+            assert_eq!(check(&deepest), Ok(()));
+            assert!(crate::http::protocols::v2::tensor::read_value(&deepest).is_ok());
+            let json = crate::http::format::from_msgpack(
+                crate::http::format::Format::Json,
+                bytes::Bytes::from(deepest.clone()),
+            );
+            assert!(json.is_ok() || leaf[0] == 0xd4, "{json:?}");
+        }
+    }
+
+    #[test]
+    fn bounds_nesting() {
+        let nested = |depth: usize| [vec![0x91; depth], vec![0xc0]].concat();
+        assert_eq!(check(&nested(MAX_DEPTH)), Ok(()));
+        assert!(check(&nested(MAX_DEPTH + 1)).unwrap_err().contains("nested deeper"));
+        assert!(check(&nested(1_000_000)).is_err());
+    }
+
+    #[test]
+    fn finds_the_bytes_of_one_bin() {
+        let bin = |bytes: &'static [u8]| bin_contents(&Bytes::from_static(bytes));
+        assert_eq!(bin(b"\xc4\x02ab").as_deref(), Some(&b"ab"[..]));
+        assert_eq!(bin(b"\xc5\x00\x01a").as_deref(), Some(&b"a"[..]));
+        assert_eq!(bin(b"\xc6\x00\x00\x00\x00").as_deref(), Some(&b""[..]));
+        assert_eq!(bin(b"\xc4\x02a"), None, "truncated");
+        assert_eq!(bin(b"\xc4\x01ab"), None, "a value after it");
+        assert_eq!(bin(b"\xa2ab"), None, "a str");
+        assert_eq!(bin(b""), None);
+        let bytes = Bytes::from_static(b"\xc4\x03PNG");
+        assert_eq!(bin_contents(&bytes).unwrap().as_ptr(), bytes[2..].as_ptr(), "not a copy");
+    }
+}
