@@ -153,3 +153,56 @@ def test_a_live_socket_that_cannot_take_a_connection_now_is_never_deleted(tmp_pa
         for client in queued:
             client.close()
         busy.close()
+
+
+def test_a_proxy_whose_log_nobody_reads_serves_and_stops_cleanly(tmp_path):
+    """`corral … 2>&1 | head -1`: once the log's reader is gone, a log line cannot be written.
+    The proxy drops it; it used to panic at its next line and leave its socket file behind."""
+    import subprocess
+
+    from conftest import BINARY
+
+    path = tmp_path / "corral.sock"
+    proxy = subprocess.Popen(
+        [BINARY, "--listen", "127.0.0.1:0", "--socket", str(path)],
+        stderr=subprocess.PIPE, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        for line in proxy.stderr:  # read until it listens, then stop reading for good
+            if b"listening for workers" in line:
+                break
+        proxy.stderr.close()
+        proxy.send_signal(signal.SIGTERM)  # logs "shutting down", "stopped"
+        assert proxy.wait(timeout=30) == 0
+        assert not path.exists()
+    finally:
+        proxy.kill()
+        proxy.wait()
+
+
+def test_errors_setting_up_name_what_could_not_be_set_up(tmp_path):
+    import socket as sockets
+    import subprocess
+
+    from conftest import BINARY
+
+    taken = sockets.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen(1)
+    port = taken.getsockname()[1]
+    try:
+        busy = subprocess.run(
+            [BINARY, "--listen", f"127.0.0.1:{port}", "--socket", str(tmp_path / "a.sock")],
+            capture_output=True, text=True, timeout=30, cwd=tmp_path,
+        )  # fmt: skip
+    finally:
+        taken.close()
+    assert busy.returncode != 0
+    assert f"cannot listen for HTTP on 127.0.0.1:{port} (--listen)" in busy.stderr
+    nowhere = tmp_path / "no" / "such" / "dir" / "c.sock"
+    missing = subprocess.run(
+        [BINARY, "--listen", "127.0.0.1:0", "--socket", str(nowhere)],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+    assert missing.returncode != 0
+    assert f"cannot listen for workers at {nowhere} (--socket)" in missing.stderr

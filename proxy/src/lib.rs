@@ -106,8 +106,22 @@ pub async fn run(
     let workers: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
     let max_connections =
         open_files::connection_cap(config.max_connections as usize, workers as usize);
-    let http_listener = TcpListener::bind(config.listen).await?;
-    let worker_listener = worker::listener::bind(&socket, config.socket_mode).await?;
+    // Each error names what could not be set up: a bare "Address already in use" or "No such
+    // file or directory" left a newcomer to guess which address, or which path.
+    let http_listener = TcpListener::bind(config.listen).await.map_err(|e| {
+        std::io::Error::new(
+            e.kind(),
+            format!("cannot listen for HTTP on {} (--listen): {e}", config.listen),
+        )
+    })?;
+    let worker_listener =
+        worker::listener::bind(&socket, config.socket_mode).await.map_err(|e| {
+            let path = socket.display();
+            std::io::Error::new(
+                e.kind(),
+                format!("cannot listen for workers at {path} (--socket): {e}"),
+            )
+        })?;
     info!(addr = %http_listener.local_addr()?, "listening for HTTP");
     info!(socket = %socket.display(), "listening for workers");
 

@@ -2,16 +2,34 @@
 //! runtime, set up logging, run until SIGINT or SIGTERM.
 
 use std::collections::BTreeSet;
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
-use tokio::signal::unix::{signal, SignalKind};
+use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_subscriber::EnvFilter;
 
 use corral::config::{topology, Config, LogFormat};
 
 mod allocator;
+
+/// Where log lines go: stderr, a line that cannot be written (the pipe's reader is gone) dropped.
+/// tracing-subscriber reports a failed write with `eprintln!`, which panics on that same closed
+/// stderr: `corral … 2>&1 | head -1` took the proxy down at its next log line, its socket file
+/// left behind. A proxy whose logs nobody reads must still serve.
+struct Stderr;
+
+impl Write for Stderr {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let _ = std::io::stderr().lock().write_all(line);
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        let _ = std::io::stderr().flush();
+        Ok(())
+    }
+}
 
 fn main() -> std::process::ExitCode {
     let matches = Config::command().get_matches();
@@ -33,13 +51,14 @@ fn main() -> std::process::ExitCode {
     let topology = match checked {
         Ok(topology) => topology,
         Err(problem) => {
-            // Before anything starts, and before logging is set up: plainly, like clap's errors.
-            eprintln!("error: {problem}");
+            // Before anything starts, and before logging is set up: plainly, like clap's errors
+            // (and not with eprintln!, which panics where nobody reads stderr any more).
+            let _ = writeln!(std::io::stderr(), "error: {problem}");
             return std::process::ExitCode::from(2);
         }
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| Stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => {
@@ -96,13 +115,24 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
 
 /// Completes on the first SIGINT or SIGTERM; a second one exits at once, killing the spawned
 /// workers first (the orderly stop that would have ended them is cut short).
-async fn stop_signal() {
+///
+/// The handlers are installed when this is called, before anything listens, not when the future
+/// is first polled: a SIGTERM that came as soon as the proxy listened took the default action
+/// then, and ended it without a drain and with its socket file left behind.
+fn stop_signal() -> impl std::future::Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = int.recv() => {}
+    async move {
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+        }
+        second_signal(term, int);
     }
+}
+
+/// After the first stop signal, the second exits at once.
+fn second_signal(mut term: Signal, mut int: Signal) {
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
