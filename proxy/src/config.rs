@@ -39,8 +39,9 @@ pub struct Config {
     #[arg(long, env = "CORRAL_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// HTTP address to serve on (port 0 picks a free port, logged at start).
-    #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:8000")]
+    /// HTTP address to serve on: HOST:PORT (an IP address, or a name such as localhost), or
+    /// :PORT for every interface (port 0 picks a free port, logged at start).
+    #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:8000", value_parser = parse_listen)]
     pub listen: SocketAddr,
 
     /// Unix socket that workers connect to.
@@ -280,6 +281,26 @@ pub(crate) fn check_ratio(ratio: f64) -> Result<f64, String> {
 
 fn parse_pair(text: &str) -> Result<String, String> {
     crate::supervisor::placement::pair(text).map(|_| text.to_string())
+}
+
+/// An address to listen on as people write one: `127.0.0.1:8000`, `[::1]:8000`,
+/// `localhost:8000` (the name's first address), or `:8000` (every IPv4 interface, as Go's and
+/// many servers' `:PORT` means).
+pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = text.parse() {
+        return Ok(address);
+    }
+    if let Some(port) = text.strip_prefix(':') {
+        if let Ok(port) = port.parse::<u16>() {
+            return Ok(SocketAddr::from(([0, 0, 0, 0], port)));
+        }
+    }
+    let refused = |why: String| {
+        format!("{text:?} is not an address to listen on (HOST:PORT, or :PORT for every interface): {why}")
+    };
+    use std::net::ToSocketAddrs;
+    let mut found = text.to_socket_addrs().map_err(|e| refused(e.to_string()))?;
+    found.next().ok_or_else(|| refused("the name has no address".into()))
 }
 
 pub(crate) fn parse_share(text: &str) -> Result<f64, String> {

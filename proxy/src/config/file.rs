@@ -18,6 +18,8 @@ use crate::traffic::Class;
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct File {
+    /// Written as `--listen` takes it (`localhost:8000`, `:8000` too).
+    #[serde(default, deserialize_with = "listen")]
     pub listen: Option<SocketAddr>,
     pub socket: Option<PathBuf>,
     /// Octal, as a string ("660"): TOML has no octal literals that read naturally.
@@ -135,4 +137,10 @@ pub struct RouteFile {
 /// Parses the file's text; the error says where (line, column, key) and what is wrong.
 pub fn parse(text: &str) -> Result<File, String> {
     toml::from_str(text).map_err(|e| e.to_string())
+}
+
+/// `listen` read with `--listen`'s own parser.
+fn listen<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<SocketAddr>, D::Error> {
+    let text = String::deserialize(de)?;
+    super::parse_listen(&text).map(Some).map_err(serde::de::Error::custom)
 }

@@ -769,6 +769,25 @@ mod tests {
     "#;
 
     #[test]
+    fn an_address_to_listen_on_is_taken_as_people_write_one() {
+        let listen =
+            |flag: &str| Config::try_parse_from(["corral", "--listen", flag]).map(|c| c.listen);
+        assert_eq!(listen("127.0.0.1:8000").unwrap(), "127.0.0.1:8000".parse().unwrap());
+        assert_eq!(listen("[::1]:9").unwrap(), "[::1]:9".parse().unwrap());
+        assert_eq!(listen(":8000").unwrap(), "0.0.0.0:8000".parse().unwrap());
+        assert!(listen("localhost:8000").unwrap().ip().is_loopback());
+        let refused = listen("8000").unwrap_err().to_string();
+        assert!(refused.contains("HOST:PORT, or :PORT"), "{refused}");
+        assert!(listen(":99999").is_err());
+        let mut config = Config::parse_from(["corral"]);
+        let file = "listen = \":0\"\n[stages.s]\n[pipelines.p]\nstages = [\"s\"]";
+        resolve(&mut config, file::parse(file).unwrap(), &|_: &str| false).unwrap();
+        assert_eq!(config.listen, "0.0.0.0:0".parse().unwrap(), "the file's listen as the flag's");
+        let error = file::parse("listen = \"nonsense\"").unwrap_err().to_string();
+        assert!(error.contains("HOST:PORT"), "{error}");
+    }
+
+    #[test]
     fn without_a_file_one_default_stage_serves_infer() {
         let config = Config::parse_from(["corral", "--max-batch-size", "8", "--", "w"]);
         let topology = single(&config);
