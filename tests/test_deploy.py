@@ -66,6 +66,18 @@ def test_the_pod_shares_the_socket_and_probes_the_right_routes():
     assert flags(corral)["listen"].endswith(":" + str(corral["ports"][0]["containerPort"]))
 
 
+def test_the_proxy_limit_holds_its_own_memory_bounds():
+    """What the proxy may hold by its own flags: bodies in shared memory, and queued bodies on the
+    heap once that is full (the defaults, 256 MiB and 1 GiB, would not fit a small limit)."""
+    corral = containers()["corral"]
+    mib = 1 << 20
+    shared = int(flags(corral).get("shared-memory-bytes", 256 * mib))
+    queued = int(flags(corral).get("queue-capacity-bytes", 1 << 30))
+    limit = corral["resources"]["limits"]["memory"]
+    assert limit.endswith("Mi")
+    assert int(limit.removesuffix("Mi")) * mib >= shared + queued + 64 * mib
+
+
 def test_termination_leaves_room_for_the_drain():
     spec = load("deployment.yaml")["spec"]["template"]["spec"]
     pod = containers()

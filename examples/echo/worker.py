@@ -1,7 +1,8 @@
 """Echo: the smallest Corral worker. Each item comes back as it was sent.
 
-Run it behind the proxy with `make run` (which starts
-`corral --workers 2 -- .venv/bin/python examples/echo/worker.py`), then:
+Run it behind the proxy with
+`target/release/corral --workers 2 -- .venv/bin/python examples/echo/worker.py`
+(`make run` serves the digits model instead), then:
 
     curl -s localhost:8000/infer -H 'content-type: application/json' -d '{"hello": "world"}'
 """

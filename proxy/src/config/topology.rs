@@ -788,6 +788,24 @@ mod tests {
     }
 
     #[test]
+    fn the_file_that_help_shows_is_one_that_loads() {
+        let help = include_str!("after_help.txt");
+        let example: String = help
+            .lines()
+            .skip_while(|line| !line.starts_with("  listen ="))
+            .take_while(|line| line.is_empty() || line.starts_with("  "))
+            .map(|line| format!("{}\n", line.get(2..).unwrap_or("")))
+            .collect();
+        let topology = resolve_with(&example, &[], &[]).unwrap();
+        assert_eq!(topology.routes.len(), 2);
+        for stage in &topology.stages {
+            let script =
+                std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..").join(&stage.command[1]);
+            assert!(script.exists(), "{} is in the repository", stage.command[1]);
+        }
+    }
+
+    #[test]
     fn without_a_file_one_default_stage_serves_infer() {
         let config = Config::parse_from(["corral", "--max-batch-size", "8", "--", "w"]);
         let topology = single(&config);

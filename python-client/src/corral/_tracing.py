@@ -1,7 +1,8 @@
 """Optional OpenTelemetry spans in a worker, continuing the traces of the requests it serves.
 
 When the proxy traces a request it sends the job's W3C ``traceparent`` (and ``tracestate``) in
-the batch frame. If the ``opentelemetry`` API is installed (``pip install corral-worker[otel]``)
+the batch frame. If the ``opentelemetry`` API is installed (the ``otel`` extra:
+``pip install "./python-client[otel]"`` from the repository)
 the worker then opens, under the application's own tracer provider:
 
 - ``forward``: one span per batch, the child of its first traced job's context and linked to
