@@ -176,6 +176,15 @@ def test_a_worker_failing_before_its_hello_shows_why_in_the_fake_proxy():
             pass
 
 
+@pytest.mark.timeout(10)
+def test_a_fake_proxy_used_outside_with_says_so_rather_than_waiting_forever():
+    proxy = FakeProxy(Echo())  # its worker runs only inside `with`
+    with pytest.raises(RuntimeError, match="inside a with block"):
+        proxy.infer([1])
+    with pytest.raises(RuntimeError, match="inside a with block"):
+        proxy.stream([1])
+
+
 def test_an_empty_corral_socket_means_the_default(tmp_path, monkeypatch):
     seen = []
     monkeypatch.setenv("CORRAL_SOCKET", "")

@@ -97,10 +97,7 @@ class FakeProxy:
     ``("pull", max)``, ``("end", index, status)``."""
 
     def __init__(self, worker: Worker) -> None:
-        self._sock, worker_sock = socket.socketpair()
-        self._stream = self._sock.makefile("rb")
-        self._worker_sock = worker_sock
-        self._thread = threading.Thread(target=self._serve, args=(worker,), daemon=True)
+        self._worker = worker
         self.hello: dict[str, Any] | None = None
         self.worker_error: BaseException | None = None
         self.pulls: list[int] = []
@@ -115,6 +112,11 @@ class FakeProxy:
             self._worker_sock.close()
 
     def __enter__(self) -> FakeProxy:
+        # The connection exists from here to close(): nothing is left open by a FakeProxy that
+        # was made and never entered.
+        self._sock, self._worker_sock = socket.socketpair()
+        self._stream = self._sock.makefile("rb")
+        self._thread = threading.Thread(target=self._serve, args=(self._worker,), daemon=True)
         self._thread.start()
         self.hello = self.receive()
         if self.hello is None or self.hello.get("type") != "hello":
@@ -255,9 +257,16 @@ class FakeProxy:
         return index[job_id]
 
     def send(self, message: dict[str, Any]) -> None:
-        self._sock.sendall(protocol.encode_frame(message))
+        self.send_raw(protocol.encode_frame(message))
 
     def send_raw(self, data: bytes) -> None:
+        if self.hello is None:
+            # The worker runs only inside `with`: without it, the answer would be waited for
+            # forever.
+            raise RuntimeError(
+                "FakeProxy talks to its worker inside a with block: "
+                "`with FakeProxy(worker) as proxy: proxy.infer([...])`"
+            )
         self._sock.sendall(data)
 
     def half_close(self) -> None:
