@@ -10,13 +10,21 @@
 //! in exactly one of them: a batch leaves the queue and lands on its worker's seat in the same
 //! locked step. Were the seat marked a moment later, jobs admitted in between would see an idle
 //! worker and an empty queue, and be admitted to time out.
+//!
+//! Here: the queue, admission into it ([`Stage::submit_all`]) and requeued retries. Beside it:
+//! how batches leave it ([`taking`]), the workers' seats ([`seat`]), a request leaving before
+//! its answer ([`departure`]), the queue's order ([`lanes`]), the release policy ([`policy`]),
+//! and what admission and the policy learn from ([`cost`], [`arrivals`], [`returns`]).
 
 pub mod admission;
 pub mod arrivals;
 pub mod cost;
+mod departure;
 pub mod lanes;
 pub mod policy;
 pub mod returns;
+mod seat;
+mod taking;
 pub mod weight;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -32,10 +40,13 @@ use crate::metrics::metrics;
 use crate::traffic::Class;
 use arrivals::Arrivals;
 use cost::CostModel;
+pub use departure::Departure;
+use departure::PURGE_EVERY;
 use lanes::Lanes;
 pub use policy::{BatchSettings, Policy};
-use policy::{Forecast, QueueView, Release};
+use policy::{Forecast, QueueView};
 use returns::Returns;
+pub use seat::WorkerSeat;
 pub use weight::WeightRule;
 
 /// Why jobs were not admitted.
@@ -133,9 +144,6 @@ struct Queue {
 /// (`--priority-aging-ms`).
 pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
 
-/// Shortest time between two sweeps of the whole queue for dead jobs.
-const PURGE_EVERY: Duration = Duration::from_millis(10);
-
 /// What the stage knows of one connected worker.
 #[derive(Debug, Clone, Copy)]
 struct Seat {
@@ -211,14 +219,6 @@ impl Queue {
             returns: self.returns.expected(now, window),
         }
     }
-}
-
-/// What a pull found when it looked at the queue ([`Stage::take_when`]).
-enum Look {
-    /// A batch, already on the worker's seat (empty: everything it reached was dead; look again).
-    Took(Vec<Job>),
-    /// Nothing worth taking before this instant (None: before the next arrival).
-    Until(Option<Instant>),
 }
 
 /// Ends a job that will never be dispatched: expired (408, if its client is still there to be
@@ -508,179 +508,6 @@ impl Stage {
         self.capacity
     }
 
-    /// [`Stage::next_batch_for`] a worker without a seat (free from the call on), for tests.
-    #[cfg(test)]
-    pub async fn next_batch(&self) -> Vec<Job> {
-        self.next_batch_for(None).await
-    }
-
-    /// Waits until the policy releases a batch, then takes it: between 1 and `max_batch_size`
-    /// live jobs, oldest first. The worker in `slot` (if any) is marked busy with it under the
-    /// same lock, so that admission never sees the batch in neither place.
-    ///
-    /// Cancel-safe: jobs leave the queue only in the same synchronous step that returns them.
-    async fn next_batch_for(&self, slot: Option<usize>) -> Vec<Job> {
-        let called = Instant::now();
-        self.take_when(|stage, queue, now| {
-            let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
-            let forecast = queue.forecast(now, stage.settings.max_wait);
-            match policy::decide(queue.view(free_since), now, &stage.settings, &forecast) {
-                Release::Now => {
-                    let batch = stage.take(queue, now);
-                    if let (Some(slot), false) = (slot, batch.is_empty()) {
-                        queue.seat(slot).busy = Some((now, weight_of(&batch)));
-                    }
-                    Look::Took(batch)
-                }
-                Release::At(at) => Look::Until(Some(at)),
-                Release::Idle => Look::Until(None),
-            }
-        })
-        .await
-    }
-
-    /// Waits until the stage is saturated — a full batch queued while every connected worker is
-    /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
-    /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
-    /// its jobs can wait out the worker's current batch and still make its deadline (by the
-    /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
-    /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
-    async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
-        let max = self.settings.max_batch_size;
-        self.take_when(|stage, queue, now| {
-            let budget = stage.settings.max_batch_weight;
-            let full = queue.jobs.len() >= max
-                || queue.jobs.bytes() >= stage.settings.max_batch_bytes
-                || budget.is_some_and(|budget| queue.jobs.weight() as usize >= budget);
-            let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
-            let (true, true, Some(cost)) = (full, all_busy, queue.cost.estimate()) else {
-                return Look::Until(None);
-            };
-            let mut free_at = now;
-            if let Some(Some(Seat { busy: Some((since, weight)), .. })) = queue.seats.get(slot) {
-                free_at = free_at.max(*since + cost.of(*weight));
-            }
-            let done_by = free_at + cost.of(stage.batch_weight(queue));
-            if queue.jobs.earliest_deadline(max).is_some_and(|deadline| deadline < done_by) {
-                return Look::Until(None);
-            }
-            let batch = stage.take(queue, now);
-            if !batch.is_empty() {
-                queue.seat(slot).ahead = weight_of(&batch);
-            }
-            Look::Took(batch)
-        })
-        .await
-    }
-
-    /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
-    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
-    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
-    async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
-        let max = max.min(self.settings.max_batch_size);
-        self.take_when(|stage, queue, now| {
-            if queue.jobs.is_empty() {
-                return Look::Until(None);
-            }
-            let batch = stage.take_up_to(queue, now, max);
-            if !batch.is_empty() {
-                let seat = queue.seat(slot);
-                let (since, weight) = seat.busy.unwrap_or((now, 0));
-                seat.busy = Some((since, weight + weight_of(&batch)));
-            }
-            Look::Took(batch)
-        })
-        .await
-    }
-
-    /// The wait every worker's pull goes through: under the queue lock, with dead jobs cleared
-    /// off the front, `look` either takes a batch (and marks the worker's seat in the same step)
-    /// or says until when nothing is worth taking; then the pull sleeps until that instant or
-    /// the next arrival. It registers for arrivals before looking, so none is missed in between,
-    /// and jobs leave the queue only in the synchronous step that returns them: cancel-safe.
-    /// A look that took nothing (every job it reached was dead) looks again at once.
-    async fn take_when(
-        &self,
-        mut look: impl FnMut(&Self, &mut Queue, Instant) -> Look,
-    ) -> Vec<Job> {
-        loop {
-            let arrival = self.arrivals.notified();
-            tokio::pin!(arrival);
-            arrival.as_mut().enable();
-            let wake_at = {
-                let mut queue = self.lock();
-                let now = Instant::now();
-                queue.jobs.promote(now, self.aging);
-                queue.drop_dead(now, false);
-                match look(self, &mut queue, now) {
-                    Look::Took(batch) if batch.is_empty() => continue,
-                    Look::Took(batch) => return batch,
-                    Look::Until(at) => at,
-                }
-            };
-            match wake_at {
-                Some(at) => {
-                    tokio::select! {
-                        _ = &mut arrival => {}
-                        _ = tokio::time::sleep_until(at) => {}
-                    }
-                }
-                None => arrival.await,
-            }
-        }
-    }
-
-    /// Takes the next batch off the front of the queue, in the lanes' order: up to
-    /// `max_batch_size` jobs, `max_batch_bytes` and `max_batch_weight` (a job heavier than the
-    /// budget goes alone). A batch ends early rather than split a request of several jobs that
-    /// would fit whole in the next batch.
-    fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
-        self.take_up_to(queue, now, self.settings.max_batch_size)
-    }
-
-    /// [`Stage::take`], at most `max` jobs.
-    fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
-        let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
-        let byte_budget = self.settings.max_batch_bytes;
-        let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
-        let (mut bytes, mut weight) = (0, 0);
-        while batch.len() < max {
-            let Some((next, request)) = queue.jobs.peek() else { break };
-            let dead = next.is_abandoned() || next.is_expired(now);
-            if !batch.is_empty() && !dead {
-                let fits =
-                    bytes + next.size() <= byte_budget && weight + next.weight as usize <= budget;
-                let (room, request_weight) = (max - batch.len(), request.weight as usize);
-                let fits_later = !request.started
-                    && (request.jobs > room
-                        || weight + request_weight > budget
-                        || bytes + request.bytes > byte_budget)
-                    && request.jobs <= max
-                    && request_weight <= budget
-                    && request.bytes <= byte_budget;
-                if !fits || fits_later {
-                    break;
-                }
-            }
-            let job = queue.jobs.pop(!dead).expect("front exists");
-            if dead {
-                bury(job, now);
-                continue;
-            }
-            bytes += job.size();
-            weight += job.weight as usize;
-            batch.push(job);
-        }
-        queue.jobs.end_batch();
-        if !batch.is_empty() {
-            let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
-            for job in &batch {
-                waited.observe(now.saturating_duration_since(job.arrived).as_secs_f64());
-            }
-        }
-        batch
-    }
-
     /// The batch cost learned so far (what admission and the policy see).
     #[cfg(test)]
     pub fn cost(&self) -> Option<cost::Cost> {
@@ -692,34 +519,6 @@ impl Stage {
         self.lock().jobs.len()
     }
 
-    /// Clears out jobs whose clients left or whose deadline passed: called when a request's
-    /// wait is dropped unanswered (its client left, [`Departure`]), so that its jobs leave the
-    /// queue, and its depth, at once and count as cancelled, not as expired once their deadline
-    /// comes. At most once every [`PURGE_EVERY`], so that a burst of departures does not scan a
-    /// long queue once each: within it, one more purge is set for when the limit allows, and
-    /// takes every job left behind meanwhile.
-    pub fn purge(self: &Arc<Self>) {
-        let now = Instant::now();
-        let mut queue = self.lock();
-        let due = queue.last_purge.map_or(now, |last| last + PURGE_EVERY);
-        if now >= due {
-            queue.drop_dead(now, true);
-            queue.last_purge = Some(now);
-            return;
-        }
-        if queue.purge_pending {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
-        queue.purge_pending = true;
-        let stage = Arc::clone(self);
-        runtime.spawn(async move {
-            tokio::time::sleep_until(due).await;
-            stage.lock().purge_pending = false;
-            stage.purge();
-        });
-    }
-
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
     pub fn queued_by_class(&self) -> [usize; 3] {
         let mut queue = self.lock();
@@ -727,156 +526,10 @@ impl Stage {
         [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }
 
-    /// Seats a connected worker; it counts (and its batches are tracked for admission) until the
-    /// returned seat is dropped.
-    pub fn worker_joined(&self) -> WorkerSeat<'_> {
-        self.worker_joined_on(None)
-    }
-
-    /// [`Stage::worker_joined`], for a worker on device `gpu`.
-    pub fn worker_joined_on(&self, gpu: Option<u32>) -> WorkerSeat<'_> {
-        let mut queue = self.lock();
-        let slot = match queue.seats.iter().position(Option::is_none) {
-            Some(free) => free,
-            None => {
-                queue.seats.push(None);
-                queue.devices.push(None);
-                queue.seats.len() - 1
-            }
-        };
-        queue.seats[slot] = Some(Seat::free(Instant::now()));
-        queue.devices[slot] = gpu;
-        WorkerSeat { stage: self, slot }
-    }
-
-    /// Connected workers.
-    pub fn workers(&self) -> usize {
-        self.lock().seats.iter().flatten().count()
-    }
-
-    /// Connected workers holding a batch.
-    pub fn busy_workers(&self) -> usize {
-        self.lock().seats.iter().flatten().filter(|seat| seat.busy.is_some()).count()
-    }
-
     fn lock(&self) -> MutexGuard<'_, Queue> {
         // A panic while holding this lock would be a bug in the few lines above; the queue is
         // still consistent (every mutation is a single push/pop), so keep serving.
         self.queue.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-}
-
-/// A connected worker's place in its stage: it pulls batches through its seat, so the stage
-/// knows which workers are busy, since when, and with how many jobs.
-pub struct WorkerSeat<'a> {
-    stage: &'a Stage,
-    slot: usize,
-}
-
-impl WorkerSeat<'_> {
-    /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
-    /// Cancel-safe.
-    pub async fn next_batch(&self) -> Vec<Job> {
-        self.stage.next_batch_for(Some(self.slot)).await
-    }
-
-    /// For a worker that holds a batch already: [`Stage::next_batch_ahead`], the batch to send
-    /// ahead of time. Cancel-safe.
-    pub async fn next_batch_ahead(&self) -> Vec<Job> {
-        self.stage.next_batch_ahead(self.slot).await
-    }
-
-    /// For a streaming worker with room for `max` more jobs: [`Stage::next_join`]. Cancel-safe.
-    pub async fn next_join(&self, max: usize) -> Vec<Job> {
-        self.stage.next_join(self.slot, max).await
-    }
-
-    /// A streaming batch of `size` jobs (`weight` in all) sent its first chunk (or first result) `took` after it
-    /// was sent: what admission and the policy learn for a streaming stage is the time to first
-    /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
-    pub fn first_chunk(&self, size: usize, weight: usize, took: Duration, joining: bool) {
-        let mut queue = self.stage.lock();
-        queue.first.record(weight, took);
-        if joining {
-            // A joining worker takes new jobs within a step: it is as busy as its first chunk.
-            queue.cost.record(weight, took);
-        }
-        let stage = [self.stage.name.as_str()];
-        metrics().batch_size.with_label_values(&stage).observe(size as f64);
-        metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
-    }
-
-    /// A streaming worker holds no job any more: it is idle, after `took` busy with `size` jobs.
-    /// A worker that does not join was unavailable all that time: that is its batches' cost for
-    /// the policy and for predicting when it is free (its clients, too, come back now).
-    pub fn released(&self, size: usize, weight: usize, took: Duration, joining: bool) {
-        let mut queue = self.stage.lock();
-        let now = Instant::now();
-        *queue.seat(self.slot) = Seat::free(now);
-        if !joining && size > 0 {
-            queue.cost.record(weight, took);
-        }
-        queue.returns.answered(now, size);
-    }
-
-    /// [`Stage::requeue`].
-    pub fn requeue(&self, jobs: Vec<Job>) {
-        self.stage.requeue(jobs);
-    }
-
-    pub fn stage_name(&self) -> &str {
-        &self.stage.name
-    }
-
-    /// The worker answered its oldest batch, of `size` jobs (`weight` in all), after `took`: it moves on to the
-    /// batch sent ahead or is idle again, and the cost model learns from it.
-    pub fn finished(&self, size: usize, weight: usize, took: Duration) {
-        let mut queue = self.stage.lock();
-        let now = Instant::now();
-        let seat = queue.seat(self.slot);
-        match seat.ahead {
-            0 => *seat = Seat::free(now),
-            ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
-        }
-        queue.cost.record(weight, took);
-        queue.first.record(weight, took);
-        queue.returns.answered(now, size);
-        let stage = [self.stage.name.as_str()];
-        metrics().batch_size.with_label_values(&stage).observe(size as f64);
-        metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());
-    }
-}
-
-impl Drop for WorkerSeat<'_> {
-    fn drop(&mut self) {
-        self.stage.lock().seats[self.slot] = None;
-    }
-}
-
-/// A request's wait for its jobs on a stage, from admission until it ends: dropped before it
-/// ended (its client left, and hyper dropped the handler), the stage purges the jobs left
-/// behind ([`Stage::purge`]). Created before the jobs' receivers, so that it drops after them
-/// and the purge finds the jobs abandoned.
-pub struct Departure<'a> {
-    stage: Option<&'a Arc<Stage>>,
-}
-
-impl<'a> Departure<'a> {
-    pub fn new(stage: &'a Arc<Stage>) -> Self {
-        Self { stage: Some(stage) }
-    }
-
-    /// The wait ended (answered, expired, or its jobs were never admitted): nothing to purge.
-    pub fn ended(&mut self) {
-        self.stage = None;
-    }
-}
-
-impl Drop for Departure<'_> {
-    fn drop(&mut self) {
-        if let Some(stage) = self.stage {
-            stage.purge();
-        }
     }
 }
 

@@ -1,0 +1,132 @@
+//! A connected worker's place in its stage ([`WorkerSeat`]): it pulls batches through it, and
+//! the stage knows from the seats which workers are busy, since when, and with how many jobs —
+//! what admission predicts from and what the cost model learns from.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{Seat, Stage};
+use crate::job::Job;
+use crate::metrics::metrics;
+
+impl Stage {
+    /// Seats a connected worker; it counts (and its batches are tracked for admission) until the
+    /// returned seat is dropped.
+    pub fn worker_joined(&self) -> WorkerSeat<'_> {
+        self.worker_joined_on(None)
+    }
+
+    /// [`Stage::worker_joined`], for a worker on device `gpu`.
+    pub fn worker_joined_on(&self, gpu: Option<u32>) -> WorkerSeat<'_> {
+        let mut queue = self.lock();
+        let slot = match queue.seats.iter().position(Option::is_none) {
+            Some(free) => free,
+            None => {
+                queue.seats.push(None);
+                queue.devices.push(None);
+                queue.seats.len() - 1
+            }
+        };
+        queue.seats[slot] = Some(Seat::free(Instant::now()));
+        queue.devices[slot] = gpu;
+        WorkerSeat { stage: self, slot }
+    }
+
+    /// Connected workers.
+    pub fn workers(&self) -> usize {
+        self.lock().seats.iter().flatten().count()
+    }
+
+    /// Connected workers holding a batch.
+    pub fn busy_workers(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|seat| seat.busy.is_some()).count()
+    }
+}
+
+/// A connected worker's place in its stage: it pulls batches through its seat, so the stage
+/// knows which workers are busy, since when, and with how many jobs.
+pub struct WorkerSeat<'a> {
+    stage: &'a Stage,
+    slot: usize,
+}
+
+impl WorkerSeat<'_> {
+    /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
+    /// Cancel-safe.
+    pub async fn next_batch(&self) -> Vec<Job> {
+        self.stage.next_batch_for(Some(self.slot)).await
+    }
+
+    /// For a worker that holds a batch already: [`Stage::next_batch_ahead`], the batch to send
+    /// ahead of time. Cancel-safe.
+    pub async fn next_batch_ahead(&self) -> Vec<Job> {
+        self.stage.next_batch_ahead(self.slot).await
+    }
+
+    /// For a streaming worker with room for `max` more jobs: [`Stage::next_join`]. Cancel-safe.
+    pub async fn next_join(&self, max: usize) -> Vec<Job> {
+        self.stage.next_join(self.slot, max).await
+    }
+
+    /// A streaming batch of `size` jobs (`weight` in all) sent its first chunk (or first result) `took` after it
+    /// was sent: what admission and the policy learn for a streaming stage is the time to first
+    /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
+    pub fn first_chunk(&self, size: usize, weight: usize, took: Duration, joining: bool) {
+        let mut queue = self.stage.lock();
+        queue.first.record(weight, took);
+        if joining {
+            // A joining worker takes new jobs within a step: it is as busy as its first chunk.
+            queue.cost.record(weight, took);
+        }
+        let stage = [self.stage.name.as_str()];
+        metrics().batch_size.with_label_values(&stage).observe(size as f64);
+        metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
+    }
+
+    /// A streaming worker holds no job any more: it is idle, after `took` busy with `size` jobs.
+    /// A worker that does not join was unavailable all that time: that is its batches' cost for
+    /// the policy and for predicting when it is free (its clients, too, come back now).
+    pub fn released(&self, size: usize, weight: usize, took: Duration, joining: bool) {
+        let mut queue = self.stage.lock();
+        let now = Instant::now();
+        *queue.seat(self.slot) = Seat::free(now);
+        if !joining && size > 0 {
+            queue.cost.record(weight, took);
+        }
+        queue.returns.answered(now, size);
+    }
+
+    /// [`Stage::requeue`].
+    pub fn requeue(&self, jobs: Vec<Job>) {
+        self.stage.requeue(jobs);
+    }
+
+    pub fn stage_name(&self) -> &str {
+        &self.stage.name
+    }
+
+    /// The worker answered its oldest batch, of `size` jobs (`weight` in all), after `took`: it moves on to the
+    /// batch sent ahead or is idle again, and the cost model learns from it.
+    pub fn finished(&self, size: usize, weight: usize, took: Duration) {
+        let mut queue = self.stage.lock();
+        let now = Instant::now();
+        let seat = queue.seat(self.slot);
+        match seat.ahead {
+            0 => *seat = Seat::free(now),
+            ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
+        }
+        queue.cost.record(weight, took);
+        queue.first.record(weight, took);
+        queue.returns.answered(now, size);
+        let stage = [self.stage.name.as_str()];
+        metrics().batch_size.with_label_values(&stage).observe(size as f64);
+        metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());
+    }
+}
+
+impl Drop for WorkerSeat<'_> {
+    fn drop(&mut self) {
+        self.stage.lock().seats[self.slot] = None;
+    }
+}

@@ -1,0 +1,194 @@
+//! How batches leave the queue: the pulls of idle workers (a batch now), of busy ones (a batch
+//! sent ahead) and of streaming ones (jobs joining a running batch), each waiting under the
+//! release policy until a batch is worth taking, then taking it — live jobs only, in the lanes'
+//! order, within the batch bounds — and marking the worker's seat in the same locked step.
+
+use tokio::time::Instant;
+
+use super::policy::{self, Release};
+use super::{bury, weight_of, Queue, Seat, Stage};
+use crate::job::Job;
+use crate::metrics::metrics;
+
+/// What a pull found when it looked at the queue ([`Stage::take_when`]).
+enum Look {
+    /// A batch, already on the worker's seat (empty: everything it reached was dead; look again).
+    Took(Vec<Job>),
+    /// Nothing worth taking before this instant (None: before the next arrival).
+    Until(Option<Instant>),
+}
+
+impl Stage {
+    /// [`Stage::next_batch_for`] a worker without a seat (free from the call on), for tests.
+    #[cfg(test)]
+    pub async fn next_batch(&self) -> Vec<Job> {
+        self.next_batch_for(None).await
+    }
+
+    /// Waits until the policy releases a batch, then takes it: between 1 and `max_batch_size`
+    /// live jobs, oldest first. The worker in `slot` (if any) is marked busy with it under the
+    /// same lock, so that admission never sees the batch in neither place.
+    ///
+    /// Cancel-safe: jobs leave the queue only in the same synchronous step that returns them.
+    pub(super) async fn next_batch_for(&self, slot: Option<usize>) -> Vec<Job> {
+        let called = Instant::now();
+        self.take_when(|stage, queue, now| {
+            let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
+            let forecast = queue.forecast(now, stage.settings.max_wait);
+            match policy::decide(queue.view(free_since), now, &stage.settings, &forecast) {
+                Release::Now => {
+                    let batch = stage.take(queue, now);
+                    if let (Some(slot), false) = (slot, batch.is_empty()) {
+                        queue.seat(slot).busy = Some((now, weight_of(&batch)));
+                    }
+                    Look::Took(batch)
+                }
+                Release::At(at) => Look::Until(Some(at)),
+                Release::Idle => Look::Until(None),
+            }
+        })
+        .await
+    }
+
+    /// Waits until the stage is saturated — a full batch queued while every connected worker is
+    /// busy — then takes that batch for the worker in `slot` to find when it is done. An idle
+    /// worker always gets work before one is sent ahead, and a batch goes ahead only if each of
+    /// its jobs can wait out the worker's current batch and still make its deadline (by the
+    /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
+    /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
+    pub(super) async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
+        let max = self.settings.max_batch_size;
+        self.take_when(|stage, queue, now| {
+            let budget = stage.settings.max_batch_weight;
+            let full = queue.jobs.len() >= max
+                || queue.jobs.bytes() >= stage.settings.max_batch_bytes
+                || budget.is_some_and(|budget| queue.jobs.weight() as usize >= budget);
+            let all_busy = queue.seats.iter().flatten().all(|seat| seat.busy.is_some());
+            let (true, true, Some(cost)) = (full, all_busy, queue.cost.estimate()) else {
+                return Look::Until(None);
+            };
+            let mut free_at = now;
+            if let Some(Some(Seat { busy: Some((since, weight)), .. })) = queue.seats.get(slot) {
+                free_at = free_at.max(*since + cost.of(*weight));
+            }
+            let done_by = free_at + cost.of(stage.batch_weight(queue));
+            if queue.jobs.earliest_deadline(max).is_some_and(|deadline| deadline < done_by) {
+                return Look::Until(None);
+            }
+            let batch = stage.take(queue, now);
+            if !batch.is_empty() {
+                queue.seat(slot).ahead = weight_of(&batch);
+            }
+            Look::Took(batch)
+        })
+        .await
+    }
+
+    /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
+    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
+    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
+    pub(super) async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
+        let max = max.min(self.settings.max_batch_size);
+        self.take_when(|stage, queue, now| {
+            if queue.jobs.is_empty() {
+                return Look::Until(None);
+            }
+            let batch = stage.take_up_to(queue, now, max);
+            if !batch.is_empty() {
+                let seat = queue.seat(slot);
+                let (since, weight) = seat.busy.unwrap_or((now, 0));
+                seat.busy = Some((since, weight + weight_of(&batch)));
+            }
+            Look::Took(batch)
+        })
+        .await
+    }
+
+    /// The wait every worker's pull goes through: under the queue lock, with dead jobs cleared
+    /// off the front, `look` either takes a batch (and marks the worker's seat in the same step)
+    /// or says until when nothing is worth taking; then the pull sleeps until that instant or
+    /// the next arrival. It registers for arrivals before looking, so none is missed in between,
+    /// and jobs leave the queue only in the synchronous step that returns them: cancel-safe.
+    /// A look that took nothing (every job it reached was dead) looks again at once.
+    async fn take_when(
+        &self,
+        mut look: impl FnMut(&Self, &mut Queue, Instant) -> Look,
+    ) -> Vec<Job> {
+        loop {
+            let arrival = self.arrivals.notified();
+            tokio::pin!(arrival);
+            arrival.as_mut().enable();
+            let wake_at = {
+                let mut queue = self.lock();
+                let now = Instant::now();
+                queue.jobs.promote(now, self.aging);
+                queue.drop_dead(now, false);
+                match look(self, &mut queue, now) {
+                    Look::Took(batch) if batch.is_empty() => continue,
+                    Look::Took(batch) => return batch,
+                    Look::Until(at) => at,
+                }
+            };
+            match wake_at {
+                Some(at) => {
+                    tokio::select! {
+                        _ = &mut arrival => {}
+                        _ = tokio::time::sleep_until(at) => {}
+                    }
+                }
+                None => arrival.await,
+            }
+        }
+    }
+
+    /// Takes the next batch off the front of the queue, in the lanes' order: up to
+    /// `max_batch_size` jobs, `max_batch_bytes` and `max_batch_weight` (a job heavier than the
+    /// budget goes alone). A batch ends early rather than split a request of several jobs that
+    /// would fit whole in the next batch.
+    fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
+        self.take_up_to(queue, now, self.settings.max_batch_size)
+    }
+
+    /// [`Stage::take`], at most `max` jobs.
+    fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
+        let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
+        let byte_budget = self.settings.max_batch_bytes;
+        let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
+        let (mut bytes, mut weight) = (0, 0);
+        while batch.len() < max {
+            let Some((next, request)) = queue.jobs.peek() else { break };
+            let dead = next.is_abandoned() || next.is_expired(now);
+            if !batch.is_empty() && !dead {
+                let fits =
+                    bytes + next.size() <= byte_budget && weight + next.weight as usize <= budget;
+                let (room, request_weight) = (max - batch.len(), request.weight as usize);
+                let fits_later = !request.started
+                    && (request.jobs > room
+                        || weight + request_weight > budget
+                        || bytes + request.bytes > byte_budget)
+                    && request.jobs <= max
+                    && request_weight <= budget
+                    && request.bytes <= byte_budget;
+                if !fits || fits_later {
+                    break;
+                }
+            }
+            let job = queue.jobs.pop(!dead).expect("front exists");
+            if dead {
+                bury(job, now);
+                continue;
+            }
+            bytes += job.size();
+            weight += job.weight as usize;
+            batch.push(job);
+        }
+        queue.jobs.end_batch();
+        if !batch.is_empty() {
+            let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
+            for job in &batch {
+                waited.observe(now.saturating_duration_since(job.arrived).as_secs_f64());
+            }
+        }
+        batch
+    }
+}
