@@ -12,44 +12,30 @@
 //! thread of its own drains in batches; a span that finds the queue full is dropped, and so are
 //! the spans of an export that failed, both counted in `corral_spans_dropped_total`.
 
-use std::sync::mpsc::{self, SyncSender};
 use std::sync::OnceLock;
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
-use bytes::Bytes;
-use http::{HeaderMap, Request, Uri};
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
+use http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
 use opentelemetry::trace::{
     Link, Span as _, SpanContext, SpanId, SpanKind, Status, TraceContextExt, TraceId, TraceState,
     Tracer as _,
 };
 use opentelemetry::{Context, KeyValue};
-use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::propagation::TraceContextPropagator;
 use opentelemetry_sdk::trace::{
     Sampler, SamplingDecision, SamplingResult, SdkTracer, SdkTracerProvider, ShouldSample, Span,
-    SpanData, SpanProcessor,
 };
 use opentelemetry_sdk::Resource;
 use tokio::time::Instant;
-use tracing::debug;
 
 use crate::job::{Job, Sent};
-use crate::metrics::metrics;
 use crate::stage::Shed;
 
+mod export;
 mod otlp;
 
-/// Most ended spans waiting for export; past it, spans are dropped (and counted).
-pub const QUEUE_SPANS: usize = 16384;
-/// Most spans in one export request.
-const BATCH_SPANS: usize = 2048;
-/// Longest a span waits for batch-mates before its batch is exported.
-const BATCH_DELAY: Duration = Duration::from_millis(500);
-/// Longest one export may take (connect, send, answer).
-const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+pub use export::QUEUE_SPANS;
 
 struct Tracing {
     tracer: SdkTracer,
@@ -64,19 +50,7 @@ static TRACING: OnceLock<Tracing> = OnceLock::new();
 /// What [`init`] would refuse, checked before anything starts, as the configuration is: the
 /// endpoint must be an http:// URL and `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` must parse.
 pub fn check(endpoint: &str) -> Result<(), String> {
-    endpoint_uri(endpoint)?;
-    export_headers().map(drop)
-}
-
-fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
-    let uri: Uri = endpoint.parse().map_err(|e| format!("the OTLP endpoint {endpoint:?}: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        return Err(format!(
-            "the OTLP endpoint {endpoint:?} must be an http:// URL (a collector or agent beside \
-             the proxy; TLS is not supported)"
-        ));
-    }
-    Ok(uri)
+    export::check(endpoint)
 }
 
 /// The tracer, if spans are exported: the one check on the request path when they are not.
@@ -88,15 +62,8 @@ pub fn tracer() -> Option<&'static SdkTracer> {
 /// Starts exporting spans to `endpoint` (the full URL of the collector's traces endpoint) as
 /// `service`. Call once, from inside the runtime the exports should use.
 pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
-    let uri = endpoint_uri(endpoint)?;
     let resource = Resource::builder().with_service_name(service.to_string()).build();
-    let collector = Collector {
-        uri,
-        headers: export_headers()?,
-        resource: resource.clone(),
-        idle: tokio::sync::Mutex::default(),
-    };
-    let processor = Queue::start(collector, tokio::runtime::Handle::current());
+    let processor = export::Queue::start(endpoint, resource.clone())?;
     let sampler = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(ratio))));
     let provider = SdkTracerProvider::builder()
         .with_span_processor(processor)
@@ -108,29 +75,6 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
     TRACING
         .set(Tracing { tracer, provider, base })
         .map_err(|_| "tracing was already started".to_string())
-}
-
-/// Headers every export carries (a collector's API key, say), from
-/// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS`, as OpenTelemetry
-/// defines them: `key=value` pairs joined by commas, values percent-encoded.
-fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
-    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.trim().is_empty());
-    let Some(list) =
-        var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
-    else {
-        return Ok(Vec::new());
-    };
-    list.split(',')
-        .filter(|pair| !pair.trim().is_empty())
-        .map(|pair| {
-            let bad = |why: &str| format!("the OTLP export header {pair:?}: {why}");
-            let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
-            let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
-            let value: Vec<u8> = percent_encoding::percent_decode_str(value.trim()).collect();
-            let value = http::HeaderValue::try_from(value).map_err(|e| bad(&e.to_string()))?;
-            Ok((name, value))
-        })
-        .collect()
 }
 
 /// Exports what is queued (for up to a few seconds) and stops; at the proxy's exit.
@@ -352,102 +296,6 @@ impl ShouldSample for Linked {
     }
 }
 
-/// The bounded export queue: ended spans in, one thread exporting them in batches.
-///
-/// A span ends on the request path, so its way into the queue is one uncontended lock and a
-/// push: no allocation, no wake-up. The export thread wakes on its own every [`BATCH_DELAY`], or
-/// when a full batch is waiting, and takes everything queued at once. (A channel woke the thread
-/// for every span: a third of tracing's cost on the request path, measured.)
-#[derive(Debug)]
-struct Queue {
-    shared: std::sync::Arc<Shared>,
-    thread: std::thread::Thread,
-}
-
-#[derive(Debug, Default)]
-struct Shared {
-    spans: std::sync::Mutex<Vec<SpanData>>,
-    /// Callers of `force_flush` waiting for everything queued before them to be exported.
-    flushes: std::sync::Mutex<Vec<SyncSender<()>>>,
-}
-
-impl Queue {
-    fn start(collector: Collector, runtime: tokio::runtime::Handle) -> Self {
-        let shared = std::sync::Arc::new(Shared {
-            spans: std::sync::Mutex::new(Vec::with_capacity(2 * BATCH_SPANS)),
-            flushes: std::sync::Mutex::default(),
-        });
-        let thread = std::thread::Builder::new()
-            .name("corral-otlp".into())
-            .spawn({
-                let shared = shared.clone();
-                move || export_loop(&collector, &shared, &runtime)
-            })
-            .expect("a thread starts")
-            .thread()
-            .clone();
-        Self { shared, thread }
-    }
-}
-
-impl SpanProcessor for Queue {
-    fn on_start(&self, _span: &mut Span, _cx: &Context) {}
-
-    fn on_end(&self, span: SpanData) {
-        if !span.span_context.is_sampled() {
-            return;
-        }
-        let mut spans = self.shared.spans.lock().unwrap_or_else(|p| p.into_inner());
-        if spans.len() >= QUEUE_SPANS {
-            drop(spans);
-            metrics().spans_dropped.inc();
-            return;
-        }
-        spans.push(span);
-        if spans.len() == BATCH_SPANS {
-            self.thread.unpark();
-        }
-    }
-
-    fn force_flush(&self) -> OTelSdkResult {
-        let (done, flushed) = mpsc::sync_channel(1);
-        self.shared.flushes.lock().unwrap_or_else(|p| p.into_inner()).push(done);
-        self.thread.unpark();
-        let _ = flushed.recv_timeout(Duration::from_secs(5));
-        Ok(())
-    }
-
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        self.force_flush()
-    }
-}
-
-fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime::Handle) {
-    // Spans are large: the queue's buffers are sized once, so that pushing never moves them.
-    let mut spare: Vec<SpanData> = Vec::with_capacity(2 * BATCH_SPANS);
-    loop {
-        std::thread::park_timeout(BATCH_DELAY);
-        let flushed =
-            std::mem::take(&mut *shared.flushes.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut spans = {
-            let mut queued = shared.spans.lock().unwrap_or_else(|p| p.into_inner());
-            std::mem::replace(&mut *queued, std::mem::take(&mut spare))
-        };
-        for batch in spans.chunks(BATCH_SPANS) {
-            if let Err(e) = runtime.block_on(collector.export(batch)) {
-                metrics().spans_dropped.inc_by(batch.len() as u64);
-                debug!(error = %e, spans = batch.len(), "an export of spans failed: dropped");
-            }
-        }
-        spans.clear();
-        spare = spans;
-        spare.reserve(2 * BATCH_SPANS);
-        flushed.into_iter().for_each(|done| {
-            let _ = done.send(());
-        });
-    }
-}
-
 /// A request's headers as trace-context propagation reads them.
 struct Headers<'a>(&'a HeaderMap);
 
@@ -459,68 +307,6 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
-}
-
-type Error = Box<dyn std::error::Error + Send + Sync>;
-
-/// The collector spans go to, and a plain HTTP/1.1 client for it on the proxy's own hyper and
-/// runtime (one kept-alive connection, reopened when it closes): fewer crates than an HTTP
-/// client library.
-#[derive(Debug)]
-struct Collector {
-    uri: Uri,
-    /// `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`, sent with every export.
-    headers: Vec<(http::HeaderName, http::HeaderValue)>,
-    resource: Resource,
-    idle: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
-}
-
-impl Collector {
-    /// Exports `spans` in one OTLP/protobuf request; an answer other than 2xx is an error.
-    async fn export(&self, spans: &[SpanData]) -> Result<(), Error> {
-        let body = otlp::encode(spans, &self.resource);
-        tokio::time::timeout(EXPORT_TIMEOUT, self.post(body))
-            .await
-            .map_err(|_| "the OTLP export timed out")?
-    }
-
-    async fn post(&self, body: Vec<u8>) -> Result<(), Error> {
-        let mut idle = self.idle.lock().await;
-        let mut sender = match idle.take() {
-            Some(sender) if !sender.is_closed() => sender,
-            _ => connect(&self.uri).await?,
-        };
-        sender.ready().await?;
-        // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
-        let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
-        let mut request = Request::post(path)
-            .header(http::header::HOST, self.uri.authority().map_or("", |a| a.as_str()))
-            .header(http::header::CONTENT_TYPE, "application/x-protobuf")
-            .body(Full::new(Bytes::from(body)))?;
-        for (name, value) in &self.headers {
-            request.headers_mut().insert(name, value.clone());
-        }
-        let response = sender.send_request(request).await?;
-        let status = response.status();
-        // Read to its end, so that the connection can carry the next export.
-        response.into_body().collect().await?;
-        *idle = Some(sender);
-        if status.is_success() {
-            Ok(())
-        } else {
-            Err(format!("the collector answered {status}").into())
-        }
-    }
-}
-
-async fn connect(uri: &Uri) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, Error> {
-    let host = uri.host().ok_or("the OTLP endpoint has no host")?;
-    let host = host.trim_start_matches('[').trim_end_matches(']');
-    let stream = tokio::net::TcpStream::connect((host, uri.port_u16().unwrap_or(80))).await?;
-    stream.set_nodelay(true)?;
-    let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    Ok(sender)
 }
 
 #[cfg(test)]
