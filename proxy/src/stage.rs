@@ -74,10 +74,11 @@ impl Shed {
     }
 }
 
-/// What the stage's workers declared about their inputs and outputs: parsed JSON Schemas (for
-/// `/openapi.json`) and tensors (for Open Inference Protocol v2 clients).
+/// What the stage's workers declared in their hello: their inputs' and outputs' JSON Schemas
+/// (parsed, for `/openapi.json`), their tensors (for Open Inference Protocol v2 clients), and
+/// their weight rule (for the stage's batches).
 #[derive(Debug, Clone, Default)]
-pub struct Schemas {
+pub struct Declared {
     pub input: Option<serde_json::Value>,
     pub output: Option<serde_json::Value>,
     pub components: serde_json::Map<String, serde_json::Value>,
@@ -93,7 +94,7 @@ pub struct Stage {
     name: String,
     /// The declarations of the latest worker that made any (read per v2 request: shared, not
     /// copied).
-    schemas: Mutex<Option<Arc<Schemas>>>,
+    declared: Mutex<Option<Arc<Declared>>>,
     /// Whether those declarations hold a weight rule: jobs are weighed without a lock otherwise.
     weighs: AtomicBool,
     settings: BatchSettings,
@@ -236,7 +237,7 @@ impl Stage {
     pub fn new(name: impl Into<String>, settings: BatchSettings, capacity: usize) -> Self {
         Self {
             name: name.into(),
-            schemas: Mutex::default(),
+            declared: Mutex::default(),
             weighs: AtomicBool::new(false),
             settings,
             capacity,
@@ -427,7 +428,7 @@ impl Stage {
             return;
         }
         let rule = if self.weighs.load(Ordering::Relaxed) {
-            self.schemas().and_then(|schemas| schemas.weight.clone())
+            self.declared().and_then(|declared| declared.weight.clone())
         } else {
             None
         };
@@ -494,13 +495,13 @@ impl Stage {
 
     /// Records what a worker declared (the latest declaration wins: workers of one stage are
     /// copies of one program).
-    pub fn declare(&self, schemas: Schemas) {
-        self.weighs.store(schemas.weight.is_some(), Ordering::Relaxed);
-        *self.schemas.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(schemas));
+    pub fn declare(&self, declared: Declared) {
+        self.weighs.store(declared.weight.is_some(), Ordering::Relaxed);
+        *self.declared.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(declared));
     }
 
-    pub fn schemas(&self) -> Option<Arc<Schemas>> {
-        self.schemas.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    pub fn declared(&self) -> Option<Arc<Declared>> {
+        self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Most jobs the queue holds.

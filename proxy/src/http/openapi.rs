@@ -108,8 +108,8 @@ pub fn document(app: &App) -> Value {
 /// stages are taken to be the same type (the last stage's wins).
 fn route_operation(app: &App, route: &Route) -> (Value, Map<String, Value>) {
     let stages = &route.pipeline.stages;
-    let first = stages.first().and_then(|stage| stage.schemas()).unwrap_or_default();
-    let last = stages.last().and_then(|stage| stage.schemas()).unwrap_or_default();
+    let first = stages.first().and_then(|stage| stage.declared()).unwrap_or_default();
+    let last = stages.last().and_then(|stage| stage.declared()).unwrap_or_default();
     let any = json!({});
     let input = first.input.clone().unwrap_or_else(|| any.clone());
     let output = last.output.clone().unwrap_or(any);

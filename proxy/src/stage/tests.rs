@@ -582,7 +582,7 @@ async fn a_batch_stays_within_its_weight_budget_and_a_heavy_job_goes_alone() {
 async fn the_workers_weight_rule_weighs_jobs_the_client_did_not() {
     let stage = stage(8, 10);
     let rule = Some(WeightRule::parse("/text").unwrap());
-    stage.declare(Schemas { weight: rule, ..Schemas::default() });
+    stage.declare(Declared { weight: rule, ..Declared::default() });
     let payload: &'static [u8] = b"\x81\xa4text\xa5hello"; // {"text": "hello"}
     let (ruled, _r) = classed(payload, Class::Normal, None, 0);
     let (given, _g) = classed(payload, Class::Normal, None, 2);

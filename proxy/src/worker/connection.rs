@@ -35,7 +35,7 @@ use super::streaming;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
-use crate::stage::{Schemas, Stage, WeightRule, WorkerSeat};
+use crate::stage::{Declared, Stage, WeightRule, WorkerSeat};
 use crate::supervisor::Children;
 use crate::trace;
 
@@ -95,7 +95,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         return;
     }
     let shared = share_memory(&mut outbox, &hello, &context);
-    declare_schemas(stage, &hello);
+    keep_declarations(stage, &hello);
     context.children.connected(own_pid);
     let seat = stage.worker_joined_on(context.children.gpu(own_pid));
     info!(
@@ -156,7 +156,7 @@ fn share_memory<'a>(
 /// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
 /// clients, and its weight rule, for the stage's batches. Schemas that do not parse are logged and ignored: they are documentation, and must
 /// not cost the worker its connection.
-fn declare_schemas(stage: &Stage, hello: &Hello) {
+fn keep_declarations(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
         serde_json::from_str(text)
@@ -174,7 +174,7 @@ fn declare_schemas(stage: &Stage, hello: &Hello) {
         _ => serde_json::Map::new(),
     };
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    stage.declare(Schemas { input, output, components, inputs, outputs, weight });
+    stage.declare(Declared { input, output, components, inputs, outputs, weight });
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.

@@ -35,7 +35,7 @@ use super::super::routes::json;
 use super::super::{get_only, App, Body, Route};
 use super::{first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
-use crate::stage::{Schemas, Stage};
+use crate::stage::Stage;
 
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -157,7 +157,7 @@ fn server_metadata() -> Response<Body> {
 /// a client may cache that). A worker that declares none gives empty lists.
 fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
     let stages = &route.pipeline.stages;
-    let unknown = |stage: &Arc<Stage>| stage.schemas().is_none() && stage.workers() == 0;
+    let unknown = |stage: &Arc<Stage>| stage.declared().is_none() && stage.workers() == 0;
     if stages.first().into_iter().chain(stages.last()).any(unknown) {
         let message = format!(
             "model {:?} has no metadata yet: its workers declare its tensors when they connect",
@@ -189,16 +189,16 @@ fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
 /// What the route's first stage's workers take and its last stage's give: the stages' shared
 /// declarations, borrowed per request, not copied.
 struct Declared {
-    first: Option<Arc<Schemas>>,
-    last: Option<Arc<Schemas>>,
+    first: Option<Arc<crate::stage::Declared>>,
+    last: Option<Arc<crate::stage::Declared>>,
 }
 
 impl Declared {
     fn of(route: &Route) -> Declared {
         let stages = &route.pipeline.stages;
         Declared {
-            first: stages.first().and_then(|s| s.schemas()),
-            last: stages.last().and_then(|s| s.schemas()),
+            first: stages.first().and_then(|s| s.declared()),
+            last: stages.last().and_then(|s| s.declared()),
         }
     }
 
