@@ -70,7 +70,9 @@ def test_the_head_bound_holds_to_the_byte(corral_factory, limit):
     proxy = corral_factory(f"--max-header-bytes={limit}", worker=None)
 
     def head_of(size: int) -> bytes:
-        start = b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: "
+        # Written without the optional space after each colon: its shortest form, the one the
+        # bound counts, so that these bytes on the wire are the head's size.
+        start = b"GET /healthz HTTP/1.1\r\nhost:x\r\nx-pad:"
         return start + b"a" * (size - len(start) - 4) + b"\r\n\r\n"
 
     with connect(proxy) as conn:

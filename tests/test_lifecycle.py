@@ -3,11 +3,14 @@ the socket file's permissions, and worker output in Corral's log."""
 
 from __future__ import annotations
 
+import re
 import signal
 import stat
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import httpx
 
 from conftest import ROOT
 from test_failures import received
@@ -168,10 +171,14 @@ def test_a_proxy_whose_log_nobody_reads_serves_and_stops_cleanly(tmp_path):
         stderr=subprocess.PIPE, cwd=tmp_path,
     )  # fmt: skip
     try:
+        address = None
         for line in proxy.stderr:  # read until it listens, then stop reading for good
+            if found := re.search(rb"listening for HTTP addr=(\S+)", line):
+                address = found.group(1).decode()
             if b"listening for workers" in line:
                 break
         proxy.stderr.close()
+        assert httpx.get(f"http://{address}/healthz", timeout=30).status_code == 200
         proxy.send_signal(signal.SIGTERM)  # logs "shutting down", "stopped"
         assert proxy.wait(timeout=30) == 0
         assert not path.exists()

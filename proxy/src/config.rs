@@ -39,8 +39,9 @@ pub struct Config {
     #[arg(long, env = "CORRAL_CONFIG", value_name = "FILE")]
     pub config: Option<PathBuf>,
 
-    /// HTTP address to serve on: HOST:PORT (an IP address, or a name such as localhost), or
-    /// :PORT for every interface (port 0 picks a free port, logged at start).
+    /// HTTP address to serve on: HOST:PORT (an IP address, or a name such as localhost: its first
+    /// IPv4 address if it has one), or :PORT for every IPv4 interface (port 0 picks a free port,
+    /// logged at start).
     #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:8000", value_parser = parse_listen)]
     pub listen: SocketAddr,
 
@@ -284,8 +285,9 @@ fn parse_pair(text: &str) -> Result<String, String> {
 }
 
 /// An address to listen on as people write one: `127.0.0.1:8000`, `[::1]:8000`,
-/// `localhost:8000` (the name's first address), or `:8000` (every IPv4 interface, as Go's and
-/// many servers' `:PORT` means).
+/// `localhost:8000` (the name's first IPv4 address, else its first: clients and probes that
+/// name the host mostly reach it over IPv4, and `localhost` often resolves to `::1` first), or
+/// `:8000` (every IPv4 interface, as Go's and many servers' `:PORT` means).
 pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
     if let Ok(address) = text.parse() {
         return Ok(address);
@@ -296,11 +298,16 @@ pub(crate) fn parse_listen(text: &str) -> Result<SocketAddr, String> {
         }
     }
     let refused = |why: String| {
-        format!("{text:?} is not an address to listen on (HOST:PORT, or :PORT for every interface): {why}")
+        format!(
+            "{text:?} is not an address to listen on (HOST:PORT, or :PORT for every IPv4 \
+             interface): {why}"
+        )
     };
     use std::net::ToSocketAddrs;
-    let mut found = text.to_socket_addrs().map_err(|e| refused(e.to_string()))?;
-    found.next().ok_or_else(|| refused("the name has no address".into()))
+    let found: Vec<SocketAddr> =
+        text.to_socket_addrs().map_err(|e| refused(e.to_string()))?.collect();
+    let first = found.iter().find(|address| address.is_ipv4()).or(found.first());
+    first.copied().ok_or_else(|| refused("the name has no address".into()))
 }
 
 pub(crate) fn parse_share(text: &str) -> Result<f64, String> {

@@ -42,7 +42,7 @@ pub struct App {
     /// Every stage, once, whichever routes share it.
     pub stages: Vec<Arc<Stage>>,
     pub max_body_bytes: usize,
-    /// Largest request head, counted as HTTP/1.1 writes it ([`routes::head_size`]).
+    /// Largest request head, counted in its shortest HTTP/1.1 form ([`routes::head_size`]).
     pub max_header_bytes: usize,
     /// Longest a request's body may take to arrive, from the request's start.
     pub body_read_timeout: Duration,
@@ -124,7 +124,7 @@ impl App {
             return Err(error::ApiError::method_not_allowed(method, "POST"));
         }
         if self.draining.load(Ordering::Relaxed) {
-            metrics().shed.with_label_values(&["shutting_down", ""]).inc();
+            metrics().shed.with_label_values(&[Shed::ShuttingDown.code(), ""]).inc();
             return Err(error::ApiError::shutting_down());
         }
         Ok(())

@@ -54,7 +54,7 @@ pub fn scan(body: &[u8]) -> Found {
     walk(body).unwrap_or_default()
 }
 
-/// [`msgpack`]'s walk, and what it found.
+/// [`check`]'s walk, and what it found.
 fn walk(body: &[u8]) -> Result<Found, String> {
     let mut found = Found::default();
     if body.is_empty() {

@@ -63,7 +63,8 @@ pub enum Shed {
 }
 
 impl Shed {
-    /// The code word a client's error body, the shed metric and the admission span all use.
+    /// This shed's code word, as the admission span gives it; the client's error body and the
+    /// shed metric carry the same one (`http::shed_error`, and a test there holds them to it).
     pub fn code(&self) -> &'static str {
         match self {
             Shed::QueueFull => "queue_full",

@@ -341,6 +341,35 @@ def test_postprocess_applies_to_each_chunk_and_a_failing_chunk_ends_only_its_ite
     assert worker.cancelled_seen == {1}
 
 
+def test_a_chunks_postprocess_sees_its_own_items_deadline_and_media_type():
+    seen = []
+
+    class Tagged(corral.Worker):
+        def forward(self, batch):
+            yield ["a", "b"]
+
+        def postprocess(self, chunk):
+            seen.append((chunk, self.content_type, self.deadline != float("inf")))
+            return chunk
+
+    with FakeProxy(Tagged()) as proxy:
+        proxy.stream([b"x", 1], content_type=["text/plain", None])
+    assert seen == [("a", "text/plain", True), ("b", None, True)]
+
+
+def test_a_patched_base_postprocess_is_called_per_chunk(monkeypatch):
+    """A spy on ``Worker.postprocess`` is the worker's own hook: it runs for each chunk."""
+    calls = []
+    original = corral.Worker.postprocess
+    monkeypatch.setattr(
+        corral.Worker, "postprocess", lambda self, out: calls.append(out) or original(self, out)
+    )
+    with FakeProxy(Spell()) as proxy:
+        (word,) = proxy.stream(["ab"])
+    assert word == Stream(["a", "b"], "end")
+    assert calls == ["a", "b"]
+
+
 def test_preprocess_failures_are_answered_before_the_stream_and_never_reach_forward():
     class Picky(Spell):
         def preprocess(self, item):

@@ -183,6 +183,10 @@ def test_a_fake_proxy_used_outside_with_says_so_rather_than_waiting_forever():
         proxy.infer([1])
     with pytest.raises(RuntimeError, match="inside a with block"):
         proxy.stream([1])
+    for step in (proxy.receive, proxy.half_close):
+        with pytest.raises(RuntimeError, match="inside a with block"):
+            step()
+    proxy.close()  # nothing to close
 
 
 def test_an_empty_corral_socket_means_the_default(tmp_path, monkeypatch):

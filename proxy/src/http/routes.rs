@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
-use http::{HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -13,7 +13,7 @@ use tracing::{debug, debug_span, Instrument};
 use super::error::ApiError;
 use super::protocols::native;
 use super::protocols::Endpoint;
-use super::{openapi, App, Body};
+use super::{get_only, openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
@@ -73,18 +73,17 @@ async fn route_in(
         (label, Ok(response))
     } else {
         match path {
-            "/healthz" if is_get(&method) => {
-                ("/healthz", Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)))
-            }
-            "/readyz" if is_get(&method) => ("/readyz", ready(app)),
-            "/metrics" if is_get(&method) => ("/metrics", Ok(prometheus_text(app))),
-            "/openapi.json" if is_get(&method) => {
-                let document =
-                    serde_json::to_vec(&openapi::document(app)).expect("JSON values encode");
-                ("/openapi.json", Ok(json(StatusCode::OK, document)))
-            }
             path @ ("/healthz" | "/readyz" | "/metrics" | "/openapi.json") => {
-                (path_label(path), Err(ApiError::method_not_allowed(&method, "GET")))
+                let answer = get_only(&method).and_then(|()| match path {
+                    "/healthz" => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
+                    "/readyz" => ready(app),
+                    "/metrics" => Ok(prometheus_text(app)),
+                    _ => {
+                        let document = openapi::document(app);
+                        Ok(json(StatusCode::OK, serde_json::to_vec(&document).expect("JSON")))
+                    }
+                });
+                (path_label(path), answer)
             }
             path => ("other", Err(ApiError::not_found(path))),
         }
@@ -103,15 +102,26 @@ async fn route_in(
     response
 }
 
-/// A request's head in bytes as HTTP/1.1 writes it: the request line, each header as `name:
-/// value` and its line end, and the empty line. hyper bounds the head only by its read buffer,
-/// which grows in powers of two from 8 KiB (`--max-header-bytes 20000` took 32 KB heads): this
-/// holds the bound to the byte, whatever the buffer took in, and for HTTP/2 as for HTTP/1.
+/// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its
+/// target as sent: a path, or an absolute URL), each header as `name:value` and its line end,
+/// and the empty line. hyper bounds the head only by its read buffer, which grows in powers of
+/// two from 8 KiB (`--max-header-bytes 20000` took 32 KB heads): this holds the bound to the
+/// byte for a client that writes no optional space, and never refuses a head the client kept
+/// within it. An HTTP/2 request counts its path and headers the same way (hyper's own h2 list
+/// limit, which adds 32 bytes a header, is the stricter there).
 pub fn head_size<B>(request: &Request<B>) -> usize {
-    let target = request.uri().path_and_query().map_or(1, |p| p.as_str().len());
+    let uri = request.uri();
+    let path = uri.path_and_query().map_or(1, |p| p.as_str().len());
+    let target = match (request.version(), uri.scheme_str(), uri.authority()) {
+        (http::Version::HTTP_2, ..) | (_, None, _) | (_, _, None) => path,
+        (_, Some(scheme), Some(authority)) => scheme.len() + 3 + authority.as_str().len() + path,
+    };
     let line = request.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
-    let headers: usize =
-        request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    let headers: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + 1 + value.len() + 2)
+        .sum();
     line + headers + 2
 }
 
@@ -147,10 +157,6 @@ fn prometheus_text(app: &App) -> Response<Body> {
         .header(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")
         .body(Full::new(Bytes::from(m.render())).boxed_unsync())
         .expect("static headers are valid")
-}
-
-fn is_get(method: &Method) -> bool {
-    method == Method::GET || method == Method::HEAD
 }
 
 /// Ready once every stage has a connected worker: before that, some jobs would only queue.
@@ -212,4 +218,23 @@ pub(super) fn error_response_with(error: &ApiError, body: Vec<u8>) -> Response<B
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_head_is_counted_as_its_shortest_http1_form() {
+        let request = Request::get("/healthz").header("host", "x").header("x-pad", "aaa");
+        let request = request.body(()).unwrap();
+        let wire = "GET /healthz HTTP/1.1\r\nhost:x\r\nx-pad:aaa\r\n\r\n";
+        assert_eq!(head_size(&request), wire.len());
+        let absolute = Request::get("http://example.com:8000/infer?a=1").body(()).unwrap();
+        let wire = "GET http://example.com:8000/infer?a=1 HTTP/1.1\r\n\r\n";
+        assert_eq!(head_size(&absolute), wire.len());
+        let mut h2 = Request::get("http://example.com/infer").body(()).unwrap();
+        *h2.version_mut() = http::Version::HTTP_2;
+        assert_eq!(head_size(&h2), "GET /infer HTTP/1.1\r\n\r\n".len(), "h2: its :path");
+    }
 }

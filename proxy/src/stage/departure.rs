@@ -44,8 +44,9 @@ impl Stage {
 
 /// A request's wait for its jobs on a stage, from admission until it ends: dropped before it
 /// ended (its client left, and hyper dropped the handler), the stage purges the jobs left
-/// behind ([`Stage::purge`]). Created before the jobs' receivers, so that it drops after them
-/// and the purge finds the jobs abandoned.
+/// behind ([`Stage::purge`]). It must drop after the jobs' receivers, so that the purge finds
+/// the jobs abandoned: `pipeline::Queued` declares it after them, and its callers drop the
+/// receivers they move out before it.
 pub struct Departure<'a> {
     stage: Option<&'a Arc<Stage>>,
 }

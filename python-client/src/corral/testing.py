@@ -98,6 +98,7 @@ class FakeProxy:
 
     def __init__(self, worker: Worker) -> None:
         self._worker = worker
+        self._connected = False
         self.hello: dict[str, Any] | None = None
         self.worker_error: BaseException | None = None
         self.pulls: list[int] = []
@@ -115,6 +116,7 @@ class FakeProxy:
         # The connection exists from here to close(): nothing is left open by a FakeProxy that
         # was made and never entered.
         self._sock, self._worker_sock = socket.socketpair()
+        self._connected = True
         self._stream = self._sock.makefile("rb")
         self._thread = threading.Thread(target=self._serve, args=(self._worker,), daemon=True)
         self._thread.start()
@@ -133,6 +135,8 @@ class FakeProxy:
         self.close()
 
     def close(self) -> None:
+        if not self._connected:
+            return
         self._sock.shutdown(socket.SHUT_RDWR)
         self._thread.join(timeout=10)
         self._stream.close()
@@ -260,22 +264,27 @@ class FakeProxy:
         self.send_raw(protocol.encode_frame(message))
 
     def send_raw(self, data: bytes) -> None:
-        if self.hello is None:
-            # The worker runs only inside `with`: without it, the answer would be waited for
-            # forever.
+        self._entered()
+        self._sock.sendall(data)
+
+    def _entered(self) -> None:
+        """The worker runs only inside ``with``: without it an answer would be waited for
+        forever, and there is no connection to use."""
+        if not self._connected:
             raise RuntimeError(
                 "FakeProxy talks to its worker inside a with block: "
                 "`with FakeProxy(worker) as proxy: proxy.infer([...])`"
             )
-        self._sock.sendall(data)
 
     def half_close(self) -> None:
         """Close the proxy's sending side, as a proxy that closes the connection after its last
         frame does; the worker's answers can still be received."""
+        self._entered()
         self._sock.shutdown(socket.SHUT_WR)
 
     def receive(self) -> dict[str, Any] | None:
         """The worker's next message, or None once it closed the connection."""
+        self._entered()
         return protocol.read_frame(self._stream)
 
 
