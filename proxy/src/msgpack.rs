@@ -10,6 +10,8 @@
 //! to their visitor as bytes, exactly as they hand a `bin`.
 
 use bytes::Bytes;
+use serde::de::IgnoredAny;
+use serde::Deserialize;
 
 /// Deepest nesting accepted in a msgpack value, as serde_json allows for JSON: every decoder here
 /// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
@@ -23,6 +25,30 @@ pub fn reader<R: std::io::Read>(
     // rmp_serde counts the value it is reading as a level: one more than MAX_DEPTH's containers.
     de.set_max_depth(MAX_DEPTH + 1);
     de
+}
+
+/// Moves `rest` past one msgpack value, within the nesting bound.
+pub fn skip(rest: &mut &[u8]) -> Result<(), String> {
+    IgnoredAny::deserialize(&mut reader(rest)).map(drop).map_err(|e| e.to_string())
+}
+
+/// What follows the string key `name` in the map at the start of `map` — its value first, then
+/// whatever came after it — if the map has that key; `Err` if `map` is no map, or a key or value
+/// before it is malformed. Nothing is decoded but the keys.
+pub fn after_key<'a>(map: &'a [u8], name: &str) -> Result<Option<&'a [u8]>, String> {
+    let mut rest = map;
+    let len = rmp::decode::read_map_len(&mut rest).map_err(|_| "not a map".to_string())?;
+    for _ in 0..len {
+        let mut key = rest;
+        let is_name = rmp::decode::read_str_len(&mut key)
+            .is_ok_and(|n| key.get(..n as usize) == Some(name.as_bytes()));
+        skip(&mut rest)?;
+        if is_name {
+            return Ok(Some(rest));
+        }
+        skip(&mut rest)?;
+    }
+    Ok(None)
 }
 
 /// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no

@@ -7,8 +7,6 @@
 //! `{"error", "message", "items": [{"index", "status", "error", "message"}]}`.
 
 use bytes::{BufMut, Bytes, BytesMut};
-use serde::de::IgnoredAny;
-use serde::Deserialize;
 
 use super::error::ApiError;
 use crate::job::Outcome;
@@ -22,7 +20,7 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
     let mut elements = Vec::with_capacity((len as usize).min(rest.len()));
     for _ in 0..len {
         let start = array.len() - rest.len();
-        IgnoredAny::deserialize(&mut msgpack::reader(&mut rest))
+        msgpack::skip(&mut rest)
             .map_err(|e| format!("array element {} is malformed: {e}", elements.len()))?;
         elements.push(array.slice(start..array.len() - rest.len()));
     }
@@ -33,23 +31,13 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
 /// how an envelope finds its rows in a body. `Ok(None)` when the map has no such key; `Err` when
 /// the value is not a map.
 pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
-    let mut rest: &[u8] = map;
-    let len = rmp::decode::read_map_len(&mut rest).map_err(|_| "the body must be an object")?;
-    let skip = |rest: &mut &[u8]| {
-        IgnoredAny::deserialize(&mut msgpack::reader(rest)).map(|_| ()).map_err(|e| e.to_string())
-    };
-    for _ in 0..len {
-        let mut probe = rest;
-        let is_name = rmp::decode::read_str_len(&mut probe)
-            .is_ok_and(|n| probe.get(..n as usize) == Some(name.as_bytes()));
-        skip(&mut rest)?;
-        let start = map.len() - rest.len();
-        skip(&mut rest)?;
-        if is_name {
-            return Ok(Some(map.slice(start..map.len() - rest.len())));
-        }
+    if rmp::decode::read_map_len(&mut &map[..]).is_err() {
+        return Err("the body must be an object".into());
     }
-    Ok(None)
+    let Some(value) = msgpack::after_key(map, name)? else { return Ok(None) };
+    let mut rest = value;
+    msgpack::skip(&mut rest)?;
+    Ok(Some(map.slice(map.len() - value.len()..map.len() - rest.len())))
 }
 
 /// The msgpack array of results, or the error answer described above.

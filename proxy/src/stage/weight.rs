@@ -8,9 +8,8 @@
 //! rule on a small field of a large payload costs a scan, not a copy.
 
 use corral_protocol::Payload;
-use serde::de::IgnoredAny;
-use serde::Deserialize;
 
+use crate::msgpack;
 use crate::traffic::MAX_WEIGHT;
 
 /// A parsed JSON Pointer: its reference tokens, unescaped.
@@ -55,32 +54,15 @@ impl WeightRule {
     fn find<'a>(&self, payload: &'a [u8]) -> Option<&'a [u8]> {
         let mut rest = payload;
         for token in &self.tokens {
+            // Each read of a marker moves its own copy: a failed one has taken the marker.
             let mut probe = rest;
-            if let Ok(len) = rmp::decode::read_map_len(&mut probe) {
-                rest = probe;
-                let mut found = false;
-                for _ in 0..len {
-                    let mut key = rest;
-                    let is_token = rmp::decode::read_str_len(&mut key)
-                        .is_ok_and(|n| key.get(..n as usize) == Some(token.as_bytes()));
-                    skip(&mut rest)?;
-                    if is_token {
-                        found = true;
-                        break;
-                    }
-                    skip(&mut rest)?;
-                }
-                if !found {
-                    return None;
-                }
-            } else if let Ok(len) = rmp::decode::read_array_len({
-                probe = rest;
-                &mut probe
-            }) {
+            if rmp::decode::read_map_len(&mut { rest }).is_ok() {
+                rest = msgpack::after_key(rest, token).ok()??;
+            } else if let Ok(len) = rmp::decode::read_array_len(&mut probe) {
                 rest = probe;
                 let index: u32 = token.parse().ok().filter(|&i| i < len)?;
                 for _ in 0..index {
-                    skip(&mut rest)?;
+                    msgpack::skip(&mut rest).ok()?;
                 }
             } else {
                 return None;
@@ -88,12 +70,6 @@ impl WeightRule {
         }
         Some(rest)
     }
-}
-
-/// Moves past one msgpack value.
-fn skip(rest: &mut &[u8]) -> Option<()> {
-    let mut de = crate::msgpack::reader(&mut *rest);
-    IgnoredAny::deserialize(&mut de).ok().map(|_| ())
 }
 
 /// The length of the value at the start of `value`, if it has one.
