@@ -172,7 +172,8 @@ def main() -> None:
     section = "\n\n".join(
         [
             "## Chaos",
-            f"Command: `make bench-chaos` — {time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. "
+            f"Command: `{bench.recorded_command('bench-chaos')}` — "
+            f"{time.strftime('%Y-%m-%d')}, {os.cpu_count()} cores. "
             f"{args.workers} worker processes (cost_sleep model, batch 32), an open loop of "
             f"{args.rate:g} req/s for {args.seconds:g} s, deadline {args.deadline_ms} ms per "
             "request; a random worker process is SIGKILLed every 0.5–1.5 s (same seed for both "

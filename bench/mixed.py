@@ -248,8 +248,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="corral-mixed-"))
     first = classes(args, workdir) if "classes" in args.parts else ["(not run)"]
     second = weights(args, workdir) if "weights" in args.parts else ["(not run)"]
-    passed = [a for i, a in enumerate(sys.argv[1:]) if a != "--oha" and sys.argv[i] != "--oha"]
-    command = "make bench-mixed" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
+    command = bench.recorded_command("bench-mixed")
     section = "\n\n".join(
         [
             "## Priorities, tenants and weights",

@@ -213,8 +213,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="corral-overload-"))
     seed = seed_experiment(args, workdir) if "seed" in args.parts else ["(not run)"]
     heavy = overload(args, workdir) if "overload" in args.parts else ["(not run)"]
-    passed = [a for i, a in enumerate(sys.argv[1:]) if a != "--oha" and sys.argv[i] != "--oha"]
-    command = "make bench-overload" + (f" BENCH_ARGS='{' '.join(passed)}'" if passed else "")
+    command = bench.recorded_command("bench-overload")
     section = "\n\n".join(
         [
             "## Overload",
