@@ -1,8 +1,9 @@
 //! msgpack as the proxy reads it, wherever a value comes from (a client's body, a worker's
 //! result or chunk, a weight rule's field): the one check a value must pass ([`check`]), what a
 //! JSON answer must treat apart ([`scan`]), the nesting bound every decoder keeps
-//! ([`MAX_DEPTH`], [`reader`]), and the bytes of a `bin` ([`bin_contents`]). Neither the HTTP
-//! edge's nor the workers' own: both sides use it.
+//! ([`MAX_DEPTH`], [`reader`]), the bytes of a `bin` ([`bin_contents`]), and moving past a value
+//! or to a map's key without decoding ([`skip`], [`after_key`]). Neither the HTTP edge's nor the
+//! workers' own: both sides use it.
 //!
 //! The check walks a value marker by marker (no recursion, no allocation beyond one counter per
 //! open container): exactly one value, nesting within [`MAX_DEPTH`], no reserved byte, and every

@@ -12,9 +12,10 @@
 //! worker and an empty queue, and be admitted to time out.
 //!
 //! Here: the queue, admission into it ([`Stage::submit_all`]) and requeued retries. Beside it:
-//! how batches leave it ([`taking`]), the workers' seats ([`seat`]), a request leaving before
-//! its answer ([`departure`]), the queue's order ([`lanes`]), the release policy ([`policy`]),
-//! and what admission and the policy learn from ([`cost`], [`arrivals`], [`returns`]).
+//! how batches leave it (`stage/taking.rs`), the workers' seats (`stage/seat.rs`), a request
+//! leaving before its answer (`stage/departure.rs`), the queue's order ([`lanes`]), the release
+//! policy ([`policy`]), and what admission and the policy learn from ([`cost`], [`arrivals`],
+//! [`returns`]).
 
 pub mod admission;
 pub mod arrivals;

@@ -187,6 +187,11 @@ def test_a_fake_proxy_used_outside_with_says_so_rather_than_waiting_forever():
         with pytest.raises(RuntimeError, match="inside a with block"):
             step()
     proxy.close()  # nothing to close
+    with FakeProxy(Echo()) as used:
+        assert used.infer([1])[0].value == 1
+    with pytest.raises(RuntimeError, match="inside a with block"):
+        used.infer([1])  # after the block as before it
+    used.close()
 
 
 def test_an_empty_corral_socket_means_the_default(tmp_path, monkeypatch):

@@ -29,7 +29,7 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
 
 /// The value under the string key `name` of a msgpack map (a slice of the same buffer, no copy):
 /// how an envelope finds its rows in a body. `Ok(None)` when the map has no such key; `Err` when
-/// the value is not a map.
+/// the value is not a map, or a key or value up to the one found is malformed.
 pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
     if rmp::decode::read_map_len(&mut &map[..]).is_err() {
         return Err("the body must be an object".into());

@@ -114,7 +114,11 @@ pub fn head_size<B>(request: &Request<B>) -> usize {
     let path = uri.path_and_query().map_or(1, |p| p.as_str().len());
     let target = match (request.version(), uri.scheme_str(), uri.authority()) {
         (http::Version::HTTP_2, ..) | (_, None, _) | (_, _, None) => path,
-        (_, Some(scheme), Some(authority)) => scheme.len() + 3 + authority.as_str().len() + path,
+        // `http://host` comes back with the path `/` it did not send: count none then.
+        (_, Some(scheme), Some(authority)) => {
+            let path = if uri.path() == "/" && uri.query().is_none() { 0 } else { path };
+            scheme.len() + 3 + authority.as_str().len() + path
+        }
     };
     let line = request.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
     let headers: usize = request
@@ -233,6 +237,8 @@ mod tests {
         let absolute = Request::get("http://example.com:8000/infer?a=1").body(()).unwrap();
         let wire = "GET http://example.com:8000/infer?a=1 HTTP/1.1\r\n\r\n";
         assert_eq!(head_size(&absolute), wire.len());
+        let bare = Request::get("http://example.com").body(()).unwrap();
+        assert_eq!(head_size(&bare), "GET http://example.com HTTP/1.1\r\n\r\n".len());
         let mut h2 = Request::get("http://example.com/infer").body(()).unwrap();
         *h2.version_mut() = http::Version::HTTP_2;
         assert_eq!(head_size(&h2), "GET /infer HTTP/1.1\r\n\r\n".len(), "h2: its :path");

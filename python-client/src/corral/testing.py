@@ -141,6 +141,7 @@ class FakeProxy:
         self._thread.join(timeout=10)
         self._stream.close()
         self._sock.close()
+        self._connected = False
 
     @property
     def streaming(self) -> bool:
