@@ -297,3 +297,32 @@ def test_a_malformed_hello_is_refused_with_a_reason(sidecar, change, problem):
             assert "`pid` (an integer)" in reject["message"]  # what a hello needs
             assert stream.read(1) == b""  # then closed
     sidecar.wait_for_log(r"worker refused.*malformed hello")
+
+
+def test_a_workers_name_is_logged_escaped_and_clipped(sidecar):
+    """A hello's name is the worker's own words: a line break in it must not forge a log line,
+    and megabytes of it must not become a log line of megabytes."""
+    hello = protocol.hello("default", os.getpid(), "x")
+    hello["name"] = "evil\n2026-01-01T00:00:00Z  INFO corral: FORGED line " + "n" * 5000
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(sidecar.socket))
+        sock.sendall(protocol.encode_frame(hello))
+        connected = sidecar.wait_for_log(r"worker connected")
+    assert not any(line.startswith("2026-01-01") for line in sidecar.lines)
+    assert "evil\\n2026" in connected  # escaped, on the one line
+    assert len(connected) < 1000
+
+
+def test_a_tensor_declared_with_a_datatype_v2_lacks_is_refused_with_a_reason(sidecar):
+    hello = protocol.hello(
+        "default", os.getpid(), "odd", outputs=[{"name": "y", "datatype": "WAT", "shape": [-1]}]
+    )
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(sidecar.socket))
+        sock.sendall(protocol.encode_frame(hello))
+        with sock.makefile("rb") as stream:
+            reject = protocol.read_frame(stream)
+    assert reject is not None and reject["type"] == "reject"
+    assert 'tensor "y": unsupported datatype "WAT"' in reject["message"], reject

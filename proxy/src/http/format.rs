@@ -174,7 +174,9 @@ pub const MAX_MEDIA_TYPE: usize = 1024;
 /// optionally followed by `;` and parameters, visible ASCII throughout, at most
 /// [`MAX_MEDIA_TYPE`] bytes.
 pub fn media_type(text: &str) -> Option<HeaderValue> {
-    if text.len() > MAX_MEDIA_TYPE {
+    // A header value never starts or ends in whitespace (RFC 9110 5.5): a worker's `a/b\t` would
+    // be written into the client's Content-Type as it is.
+    if text.len() > MAX_MEDIA_TYPE || text.trim_matches([' ', '\t']) != text {
         return None;
     }
     let (kind, subtype) = essence(text).split_once('/')?;
@@ -363,9 +365,20 @@ mod tests {
             assert!(media_type(good).is_some(), "{good}");
         }
         let long = format!("image/{}", "p".repeat(MAX_MEDIA_TYPE));
-        for bad in
-            ["", "png", "image/", "/png", "image png", "image/p ng", "imäge/png", "a/b\n", &long]
-        {
+        for bad in [
+            "",
+            "png",
+            "image/",
+            "/png",
+            "image png",
+            "image/p ng",
+            "imäge/png",
+            "a/b\n",
+            &long,
+            "a/b\t",
+            "a/b ",
+            " a/b",
+        ] {
             assert!(media_type(bad).is_none(), "{bad:?}");
         }
     }

@@ -32,6 +32,7 @@ use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, give_back, Orphan};
 use super::streaming;
+use crate::http::protocols::v2::tensor::DataType;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
@@ -101,7 +102,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
     info!(
         stage = stage.name(),
         pid = hello.pid,
-        name = %hello.name,
+        name = ?clipped(&hello.name),
         workers = stage.workers(),
         "worker connected"
     );
@@ -177,6 +178,28 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
     stage.declare(Declared { input, output, components, inputs, outputs, weight });
 }
 
+/// A worker's own words (its name, the stage it claims) as a log line or a refusal shows them:
+/// at most 200 bytes, and logged escaped (`?`), so that a name with a line break cannot forge a
+/// log line, and one of megabytes does not write one on every reconnect.
+fn clipped(text: &str) -> &str {
+    let mut end = text.len().min(200);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Why a hello's tensor declarations cannot be served, if they cannot: a datatype v2 does not
+/// have would turn every v2 request into a 400 naming it.
+fn undeclarable(hello: &Hello) -> Option<String> {
+    let tensors = hello.inputs.iter().chain(&hello.outputs);
+    tensors.into_iter().find_map(|spec| {
+        DataType::parse(&spec.datatype)
+            .err()
+            .map(|problem| format!("tensor {:?}: {problem}", clipped(&spec.name)))
+    })
+}
+
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
 /// A connection that has not said hello when the proxy stops is dropped at once.
 async fn handshake(
@@ -224,13 +247,16 @@ async fn handshake(
             let pointer = hello.weight.as_deref().unwrap_or_default();
             format!("weight {pointer:?} is not a JSON Pointer: it must be empty or start with /")
         }
+        Ok(WorkerMessage::Hello(hello)) if undeclarable(&hello).is_some() => {
+            undeclarable(&hello).unwrap_or_default()
+        }
         Ok(WorkerMessage::Hello(hello)) => match stages.get(&hello.stage) {
             Some(stage) => return Some((hello, stage.clone())),
             None => {
                 let mut names: Vec<&str> = stages.keys().map(String::as_str).collect();
                 names.sort_unstable();
                 let names = names.join(", ");
-                format!("unknown stage {:?}; this proxy serves: {names}", hello.stage)
+                format!("unknown stage {:?}; this proxy serves: {names}", clipped(&hello.stage))
             }
         },
         Ok(_) => "the first message must be a hello".to_string(),
