@@ -68,6 +68,30 @@ def test_json_logs_carry_request_ids(corral_factory):
     assert workers and all(r["worker"] == "worker 0" for r in workers), records
 
 
+def test_openapi_is_built_again_when_a_worker_declares_new_schemas(corral_factory):
+    """The document is kept between requests, and built again once declarations change."""
+    import os
+    import sys
+
+    proxy = corral_factory(worker=None)
+    before = proxy.client.get("/openapi.json").json()
+    assert proxy.client.get("/openapi.json").json() == before, "the same while nothing changed"
+    assert "Vector" not in before["components"]["schemas"]
+    worker = subprocess.Popen(
+        [sys.executable, TYPED],
+        env={**os.environ, "CORRAL_SOCKET": str(proxy.socket)},
+        stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        proxy.wait_for_log(r"worker connected")
+        after = proxy.client.get("/openapi.json").json()
+        assert {"Vector", "Norm"} <= set(after["components"]["schemas"])
+        validate(after)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+
+
 def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
     proxy = corral_factory(worker=TYPED)
     document = proxy.client.get("/openapi.json").json()

@@ -56,6 +56,8 @@ pub struct App {
     pub tenant_header: http::HeaderName,
     /// Where large bodies are read to (`--shared-memory-bytes`), if anywhere.
     pub shared_memory: Option<Arc<crate::shared_memory::SharedMemory>>,
+    /// `/openapi.json` as last built ([`openapi::body`]).
+    pub openapi: std::sync::Mutex<Option<openapi::Built>>,
 }
 
 /// A path that takes jobs (`POST /infer` by default).

@@ -164,6 +164,7 @@ pub async fn run(
         draining: AtomicBool::new(false),
         tenant_header: config.tenant_header.clone(),
         shared_memory: shared_memory.clone(),
+        openapi: std::sync::Mutex::default(),
     });
 
     let stop_http = CancellationToken::new();

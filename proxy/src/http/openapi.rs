@@ -1,9 +1,14 @@
-//! `GET /openapi.json`: an OpenAPI 3.1 description of this proxy, built on request from what the
-//! workers declared (their JSON Schemas arrive in the handshake) and from the answers Corral
-//! itself can give. Without declared schemas, requests and results are any JSON value. A route
+//! `GET /openapi.json`: an OpenAPI 3.1 description of this proxy, built from what the workers
+//! declared (their JSON Schemas arrive in the handshake) and from the answers Corral itself can
+//! give; built again only when a stage's declarations changed ([`Built`]), since a worker's
+//! schema may be megabytes and the document several times that.
+//!  Without declared schemas, requests and results are any JSON value. A route
 //! also takes raw bytes of any other media type, and answers raw bytes to a client that accepts
 //! them: both are listed as `application/octet-stream` and `*/*`.
 
+use std::sync::Arc;
+
+use bytes::Bytes;
 use serde_json::{json, Map, Value};
 
 use super::deadline::{ENVOY_HEADER, GRPC_HEADER, REQUEST_TIMEOUT_HEADER};
@@ -11,7 +16,37 @@ use super::protocols::native::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
 use super::traffic;
 use super::{App, Route};
+use crate::stage::Declared;
 use crate::timing::{BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
+
+/// The document as last built, and the declarations (each stage's, by identity) it was built
+/// from: a stage's declarations are replaced, never changed in place, so the same `Arc`s mean
+/// the same document.
+#[derive(Default)]
+pub struct Built {
+    from: Vec<Option<Arc<Declared>>>,
+    body: Bytes,
+}
+
+/// The document's JSON, from the last build while no stage's declarations changed.
+pub fn body(app: &App) -> Bytes {
+    let now: Vec<Option<Arc<Declared>>> = app.stages.iter().map(|stage| stage.declared()).collect();
+    let same = |built: &Built| {
+        built.from.len() == now.len()
+            && built.from.iter().zip(&now).all(|(was, is)| match (was, is) {
+                (Some(was), Some(is)) => Arc::ptr_eq(was, is),
+                (None, None) => true,
+                _ => false,
+            })
+    };
+    let mut built = app.openapi.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(built) = built.as_ref().filter(|built| same(built)) {
+        return built.body.clone();
+    }
+    let body = Bytes::from(serde_json::to_vec(&document(app)).expect("JSON values encode"));
+    *built = Some(Built { from: now, body: body.clone() });
+    body
+}
 
 /// Every error status a route (`/infer`) can answer, with what it means.
 const INFER_ERRORS: &[(&str, &str)] = &[
