@@ -252,6 +252,61 @@ def test_gpus_all_asks_the_machine(tmp_path):
         proxy.stop()
 
 
+def fake_nvidia_smi(directory: Path, script: str) -> str:
+    """A PATH whose `nvidia-smi` runs `script` (sh)."""
+    directory.mkdir()
+    (directory / "nvidia-smi").write_text("#!/bin/sh\n" + script)
+    (directory / "nvidia-smi").chmod(0o755)
+    return f"{directory}:{os.environ['PATH']}"
+
+
+def test_gpus_all_asks_once_and_takes_each_device_once(tmp_path):
+    """Two stages on `all` ask the machine once between them, and a device listed twice gets
+    the workers of one."""
+    asked = tmp_path / "asked"
+    path = fake_nvidia_smi(
+        tmp_path / "bin",
+        f"echo asked >> {asked}\necho 'GPU 0: A'\necho 'GPU 1: B'\necho 'GPU 0: A'\n",
+    )
+    records = tmp_path / "records"
+    records.mkdir()
+    stage = f'command = ["{sys.executable}", "{PLACED}"]\ngpus = "all"\n'
+    config = f"[stages.s]\n{stage}[stages.t]\n{stage}[pipelines.p]\nstages = ['s', 't']\n"
+    (tmp_path / "c.toml").write_text(config)
+    env = {"PLACED_DIR": str(records), "PATH": path, "PLACED_VARS": "CORRAL_STAGE"}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "c.toml"), worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected", count=4)
+        placed = placements(records)
+        for stage_name in ("s", "t"):
+            gpus = sorted(
+                w["CORRAL_GPU"] for w in placed.values() if w["CORRAL_STAGE"] == stage_name
+            )
+            assert gpus == ["0", "1"], placed
+        assert asked.read_text().splitlines() == ["asked"]
+    finally:
+        proxy.stop()
+
+
+def test_gpus_all_gives_up_on_an_nvidia_smi_that_never_answers(tmp_path):
+    """A wedged driver hangs nvidia-smi; the proxy says so and exits rather than sit silent."""
+    if any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        pytest.skip("this machine has GPUs: `all` finds them")
+    path = fake_nvidia_smi(tmp_path / "bin", "exec sleep 120\n")
+    result = run(tmp_path, "--gpus", "all", *WORKER, path=path)
+    assert result.returncode == 2, result.stderr
+    assert "nvidia-smi: no answer to -L within 10 s (killed)" in result.stderr
+
+
+def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
+    proxy = Corral(tmp_path, "--worker-env", "A=1", "--workers-per-gpu", "2", worker=None)
+    try:
+        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+        proxy.wait_for_log(r"--workers-per-gpu places workers .* it is not used")
+    finally:
+        proxy.stop()
+
+
 def run(tmp_path, *args, config: str | None = None, path: str | None = None):
     command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock")]
     if config is not None:
@@ -297,6 +352,9 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         ([], STAGE + "gpus = [0]\nworkers = 2\n", "stages.s.workers: 2 workers, but gpus [0]"),
         ([], STAGE + 'env = { A = "{foo}" }\n', 'stages.s.env.A: unknown placeholder "{foo}"'),
         ([], STAGE + 'env = { "1A" = "x" }\n', "stages.s.env.1A: an environment variable name"),
+        ([], STAGE + 'env = { A = "a\\u0000b" }\n', "stages.s.env.A: holds a NUL byte"),
+        ([], STAGE + "gpus = [-1]\n", "-1 is not a device index"),
+        ([], STAGE + "gpus = 0\n", 'expected "all" or a list of device indices'),
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):

@@ -66,13 +66,7 @@ fn main() -> std::process::ExitCode {
             corral::supervisor::output::as_json();
         }
     }
-    if config.config.is_none() && config.worker_cmd.is_empty() && explicit("workers") {
-        tracing::warn!(
-            workers = config.workers,
-            "--workers counts the workers Corral spawns, and no worker command follows `--`: \
-             none is spawned, workers are expected to connect on their own"
-        );
-    }
+    warn_of_unused_options(&config, &explicit);
     keep_off_pinned_cores(&topology);
     match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(serve(config, topology)),
@@ -80,6 +74,33 @@ fn main() -> std::process::ExitCode {
             tracing::error!(error = %e, "corral could not start its async runtime");
             std::process::ExitCode::FAILURE
         }
+    }
+}
+
+/// Options that were set but shape only what Corral spawns, where nothing is spawned (or, for
+/// `--workers-per-gpu`, nothing is placed): warnings, not errors, so that a deployment setting
+/// `CORRAL_*` for external workers keeps starting.
+fn warn_of_unused_options(config: &Config, explicit: &dyn Fn(&str) -> bool) {
+    let spawns = config.config.is_some() || !config.worker_cmd.is_empty();
+    if !spawns && explicit("workers") {
+        tracing::warn!(
+            workers = config.workers,
+            "--workers counts the workers Corral spawns, and no worker command follows `--`: \
+             none is spawned, workers are expected to connect on their own"
+        );
+    }
+    if !spawns && explicit("worker_env") {
+        tracing::warn!(
+            "--worker-env sets the environment of the workers Corral spawns, and no worker \
+             command follows `--`: it is not used"
+        );
+    }
+    if config.config.is_none() && config.gpus.is_none() && explicit("workers_per_gpu") {
+        tracing::warn!(
+            workers_per_gpu = config.workers_per_gpu,
+            "--workers-per-gpu places workers on the devices of --gpus, and none are given: \
+             it is not used"
+        );
     }
 }
 

@@ -95,11 +95,43 @@ pub struct StageFile {
 }
 
 /// A stage's devices as written: a list of indexes, or `"all"`.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum Gpus {
     List(Vec<u32>),
     Named(String),
+}
+
+/// Read by hand rather than as an untagged enum, whose error ("data did not match any variant
+/// of untagged enum Gpus") named a Rust type instead of what the key takes.
+impl<'de> Deserialize<'de> for Gpus {
+    fn deserialize<D: serde::Deserializer<'de>>(de: D) -> Result<Self, D::Error> {
+        struct Expected;
+        impl<'de> serde::de::Visitor<'de> for Expected {
+            type Value = Gpus;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("\"all\" or a list of device indices such as [0, 1]")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Gpus, E> {
+                Ok(Gpus::Named(text.to_string()))
+            }
+
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Gpus, A::Error> {
+                let mut list = Vec::new();
+                while let Some(index) = seq.next_element::<i64>()? {
+                    let index = u32::try_from(index).map_err(|_| {
+                        serde::de::Error::custom(format!(
+                            "{index} is not a device index (0 and up, as nvidia-smi -L numbers them)"
+                        ))
+                    })?;
+                    list.push(index);
+                }
+                Ok(Gpus::List(list))
+            }
+        }
+        de.deserialize_any(Expected)
+    }
 }
 
 impl Gpus {

@@ -12,7 +12,9 @@
 //! `{{` and `}}` are literal braces. Anything else in braces is a config error, found at start.
 
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
+use std::sync::{mpsc, OnceLock};
+use std::time::Duration;
 
 /// The device of worker `index`, if the stage has devices.
 pub fn gpu_of(gpus: &[u32], per_gpu: u32, index: u32) -> Option<u32> {
@@ -22,6 +24,10 @@ pub fn gpu_of(gpus: &[u32], per_gpu: u32, index: u32) -> Option<u32> {
 /// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`); the problem if
 /// any. `{gpu}` needs devices.
 pub fn check(value: &str, has_gpus: bool) -> Result<(), String> {
+    if value.contains('\0') {
+        // The worker could never be started: its spawn would fail on every restart.
+        return Err("holds a NUL byte, which no environment variable can".into());
+    }
     expand(value, 0, has_gpus.then_some(0)).map(|_| ())
 }
 
@@ -73,21 +79,46 @@ pub fn valid_name(name: &str) -> bool {
         && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
 }
 
-/// The machine's GPUs, for `--gpus all`: `nvidia-smi -L`, else `/proc/driver/nvidia/gpus`. The
-/// reason when none is found.
+/// Longest `nvidia-smi -L` may take: a wedged driver hangs it, and the pod must fail loudly
+/// rather than sit there without a word.
+const ASK_LIMIT: Duration = Duration::from_secs(10);
+
+/// The machine's GPUs, for `--gpus all`: `nvidia-smi -L`, else `/proc/driver/nvidia/gpus`; the
+/// reason when none is found. Asked once a process, whatever stages say `all`, so that every
+/// stage sees the same devices and a slow `nvidia-smi` is waited for once.
 pub fn discover() -> Result<Vec<u32>, String> {
-    let smi = match Command::new("nvidia-smi").arg("-L").output() {
+    static FOUND: OnceLock<Result<Vec<u32>, String>> = OnceLock::new();
+    FOUND.get_or_init(ask_the_machine).clone()
+}
+
+fn ask_the_machine() -> Result<Vec<u32>, String> {
+    let smi = match nvidia_smi() {
         Ok(out) if out.status.success() => {
-            let listed = String::from_utf8_lossy(&out.stdout)
+            let mut listed: Vec<u32> = Vec::new();
+            let indices = String::from_utf8_lossy(&out.stdout)
                 .lines()
                 .filter_map(|line| line.strip_prefix("GPU ")?.split(':').next()?.parse().ok())
                 .collect::<Vec<u32>>();
+            for index in indices {
+                // A device listed twice would get twice the workers meant for one.
+                if !listed.contains(&index) {
+                    listed.push(index);
+                }
+            }
             if !listed.is_empty() {
                 return Ok(listed);
             }
             "nvidia-smi -L listed no GPU".to_string()
         }
-        Ok(out) => format!("nvidia-smi -L failed ({})", out.status),
+        Ok(out) => {
+            let said = String::from_utf8_lossy(&out.stderr);
+            let said = said.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim();
+            format!(
+                "nvidia-smi -L failed ({}){}",
+                out.status,
+                if said.is_empty() { String::new() } else { format!(": {said}") }
+            )
+        }
         Err(e) => format!("nvidia-smi: {e}"),
     };
     let proc_dir = Path::new("/proc/driver/nvidia/gpus");
@@ -96,6 +127,28 @@ pub fn discover() -> Result<Vec<u32>, String> {
         return Ok((0..entries as u32).collect());
     }
     Err(format!("`all` found no GPU: {smi}, and {} has no entries", proc_dir.display()))
+}
+
+/// `nvidia-smi -L`'s output, waited for up to [`ASK_LIMIT`]; past it the command is killed.
+fn nvidia_smi() -> std::io::Result<Output> {
+    let child = Command::new("nvidia-smi")
+        .arg("-L")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()?;
+    let pid = child.id();
+    let (done, output) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    output.recv_timeout(ASK_LIMIT).unwrap_or_else(|_| {
+        // SAFETY: kill(2) on the child's pid, which is not reaped until its waiting thread
+        // sees it die, so the pid cannot have been reused.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
+        let limit = ASK_LIMIT.as_secs();
+        Err(std::io::Error::other(format!("no answer to -L within {limit} s (killed)")))
+    })
 }
 
 #[cfg(test)]
