@@ -51,6 +51,9 @@ struct Held {
     /// The job's first-chunk budget when it was taken on: how long its worker may stay silent
     /// (kept here because the job itself may be answered early).
     silence: Duration,
+    /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
+    /// followed by a second one when its client's answer ended before the worker's `end` came.
+    cancelled: bool,
 }
 
 /// A batch waiting for its first chunk or result: what the cost model learns for a streaming
@@ -189,6 +192,7 @@ impl State {
                 gathered_bytes: 0,
                 streamed: false,
                 silence,
+                cancelled: false,
             };
             self.held.insert(held.job.as_ref().expect("just held").id, held);
         }
@@ -205,10 +209,9 @@ impl State {
     /// Tells the worker (if it listens) that nobody waits for `id` any more. (The answer's side
     /// counts why a stream ended early; the connection only for a slow client.)
     fn cancel(&mut self, outbox: &mut Outbox, id: JobId) {
-        if !self.held.contains_key(&id) {
-            return;
-        }
-        if self.cancels {
+        let Some(held) = self.held.get_mut(&id) else { return };
+        if self.cancels && !held.cancelled {
+            held.cancelled = true;
             outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
         }
     }
