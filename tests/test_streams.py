@@ -196,6 +196,29 @@ def test_a_failure_after_chunks_is_an_error_event(corral_factory):
     )
 
 
+def test_64_streams_with_a_bad_chunk_each_are_each_cancelled_once(corral_factory, tmp_path):
+    """At the sizes and concurrency users send: 64 clients at once, chunks of 100 kB (a chunks
+    frame of 32 jobs is 3 MB, past any socket buffer). Each stream fails alone, and the worker
+    is told to stop each job exactly once (a second cancel used to follow when the client's
+    answer ended before the worker's `end`)."""
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--max-wait-ms=0", worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)}
+    )
+    item = {"chunks": 3, "bad_chunk_after": 1, "size": 100_000}
+    with ThreadPoolExecutor(64) as pool:
+        streams = list(pool.map(lambda _: stream_all(proxy, item)[1], range(64)))
+    for received in streams:
+        assert received[0][0] == "message" and len(received[0][1]) == 100_000
+        assert received[1][0] == "error" and received[1][1]["error"] == "bad_output"
+        assert len(received) == 2
+    proxy.wait_until(lambda: len(set(ids(cancels))) == 64, what="a cancel for every job")
+    # Frames reach the worker in order: once it streams a later job, every cancel sent before
+    # that job's batch has been read (and logged).
+    assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
+    assert len(ids(cancels)) == 64, "each job cancelled once"
+
+
 def test_a_chunk_that_is_not_one_msgpack_value_fails_its_job_alone(corral_factory, tmp_path):
     # Passed on, it reached the client as an answer that does not decode, or a value short.
     cancels = tmp_path / "cancels"

@@ -270,6 +270,17 @@ def test_a_result_without_a_message_says_the_worker_gave_no_reason(
     worker.close()
 
 
+def refused(sidecar, hello) -> tuple[dict | None, bool]:
+    """Says `hello` as a worker would: the proxy's first frame back, and whether the proxy then
+    closed the connection."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(sidecar.socket))
+        sock.sendall(protocol.encode_frame(hello))
+        with sock.makefile("rb") as stream:
+            return protocol.read_frame(stream), stream.read(1) == b""
+
+
 @pytest.mark.parametrize(
     ("change", "problem"),
     [
@@ -284,18 +295,13 @@ def test_a_malformed_hello_is_refused_with_a_reason(sidecar, change, problem):
     hello = protocol.hello("default", os.getpid(), "malformed")
     hello.update(change)
     hello = {key: value for key, value in hello.items() if value is not None}
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(str(sidecar.socket))
-        sock.sendall(protocol.encode_frame(hello))
-        with sock.makefile("rb") as stream:
-            reject = protocol.read_frame(stream)
-            assert reject is not None, "closed without a reject"
-            assert reject["type"] == "reject"
-            assert reject["message"].startswith("malformed hello: "), reject
-            assert problem in reject["message"]
-            assert "`pid` (an integer)" in reject["message"]  # what a hello needs
-            assert stream.read(1) == b""  # then closed
+    reject, closed = refused(sidecar, hello)
+    assert reject is not None, "closed without a reject"
+    assert reject["type"] == "reject"
+    assert reject["message"].startswith("malformed hello: "), reject
+    assert problem in reject["message"]
+    assert "`pid` (an integer)" in reject["message"]  # what a hello needs
+    assert closed
     sidecar.wait_for_log(r"worker refused.*malformed hello")
 
 
@@ -318,11 +324,6 @@ def test_a_tensor_declared_with_a_datatype_v2_lacks_is_refused_with_a_reason(sid
     hello = protocol.hello(
         "default", os.getpid(), "odd", outputs=[{"name": "y", "datatype": "WAT", "shape": [-1]}]
     )
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(30)
-        sock.connect(str(sidecar.socket))
-        sock.sendall(protocol.encode_frame(hello))
-        with sock.makefile("rb") as stream:
-            reject = protocol.read_frame(stream)
-    assert reject is not None and reject["type"] == "reject"
+    reject, closed = refused(sidecar, hello)
+    assert reject is not None and reject["type"] == "reject" and closed
     assert 'tensor "y": unsupported datatype "WAT"' in reject["message"], reject

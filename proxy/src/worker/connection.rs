@@ -247,12 +247,10 @@ async fn handshake(
             let pointer = hello.weight.as_deref().unwrap_or_default();
             format!("weight {pointer:?} is not a JSON Pointer: it must be empty or start with /")
         }
-        Ok(WorkerMessage::Hello(hello)) if undeclarable(&hello).is_some() => {
-            undeclarable(&hello).unwrap_or_default()
-        }
-        Ok(WorkerMessage::Hello(hello)) => match stages.get(&hello.stage) {
-            Some(stage) => return Some((hello, stage.clone())),
-            None => {
+        Ok(WorkerMessage::Hello(hello)) => match (undeclarable(&hello), stages.get(&hello.stage)) {
+            (Some(why), _) => why,
+            (None, Some(stage)) => return Some((hello, stage.clone())),
+            (None, None) => {
                 let mut names: Vec<&str> = stages.keys().map(String::as_str).collect();
                 names.sort_unstable();
                 let names = names.join(", ");
