@@ -92,6 +92,31 @@ def test_openapi_is_built_again_when_a_worker_declares_new_schemas(corral_factor
         worker.wait(timeout=30)
 
 
+def test_openapi_of_a_multi_mib_schema_holds_under_64_concurrent_reads(corral_factory):
+    """The document is built once for its declarations, however many read it at once: 64
+    clients read a document around a 4 MiB schema and all get the same, whole."""
+    import os
+    import socket
+
+    from corral import _protocol as protocol
+
+    proxy = corral_factory(worker=None)
+    names = {f"field{i}": {"type": "string", "description": "x" * 400} for i in range(10_000)}
+    schema = json.dumps({"type": "object", "properties": names})
+    assert len(schema) > 4 * 2**20
+    hello = protocol.hello("default", os.getpid(), "big", schemas={"input_schema": schema})
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as worker:
+        worker.connect(str(proxy.socket))
+        worker.sendall(protocol.encode_frame(hello))
+        proxy.wait_for_log(r"worker connected")
+        with ThreadPoolExecutor(64) as pool:
+            bodies = list(pool.map(lambda _: proxy.client.get("/openapi.json").content, range(64)))
+    assert len(set(bodies)) == 1
+    document = json.loads(bodies[0])
+    body = document["paths"]["/infer"]["post"]["requestBody"]["content"]["application/json"]
+    assert "field9999" in json.dumps(body)
+
+
 def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
     proxy = corral_factory(worker=TYPED)
     document = proxy.client.get("/openapi.json").json()
