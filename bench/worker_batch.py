@@ -1,19 +1,21 @@
 """The worker package's own cost of one batch: what a Python worker spends between two `forward`
 calls, without a socket, a proxy or a model.
 
-A batch frame of N small jobs (the GPU run's `{"seed": 1}`, as msgpack) is decoded as the reader
-thread decodes it (timed on its own), and the decoded batch answered as the serve loop answers it
-(timed on its own): each payload decoded and preprocessed, a `forward` that returns one integer
-per item (as the GPU run's model does), each output postprocessed and encoded, and the results
-frame encoded. The serve loop's part is what the GPU waits through between two batches in the GPU
-run ("between batches" in bench/gpu_worker.py's timings) less the socket, the hand-over from the
-reader thread and any wait for the proxy's next batch; the reader's part runs while `forward`
-does.
+A batch frame of N small jobs (the GPU run's `{"seed": 1}`, as msgpack; with `--payload tensor`, a
+v2 row instead, `{"IN": <tensor value FP32 [3]>}`, as tritonclient's rows reach a worker) is
+decoded as the reader thread decodes it (timed on its own), and the decoded batch answered as the
+serve loop answers it (timed on its own): each payload decoded and preprocessed, a `forward` that
+returns one integer per item (as the GPU run's model does), each output postprocessed and encoded,
+and the results frame encoded. The serve loop's part is what the GPU waits through between two
+batches in the GPU run ("between batches" in bench/gpu_worker.py's timings) less the socket, the
+hand-over from the reader thread and any wait for the proxy's next batch; the reader's part runs
+while `forward` does.
 
 Each package runs in a process of its own, alternately, several times; the medians are reported.
 With `--package-before DIR`, an earlier `corral` package (DIR holds it, e.g. OLD/python-client/src)
 is measured beside the current one. Run: `make bench-worker-batch` (BENCH_ARGS as below). The
-results replace the "Worker package: one batch" section of BENCHMARKS.md.
+results replace the "Worker package: one batch" section of BENCHMARKS.md ("… of v2 rows" with
+`--payload tensor`).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ ROOT = HERE.parent
 CURRENT = ROOT / "python-client" / "src"
 
 
-def child(sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
+def child(sizes: list[int], batches: int, payload: str) -> dict[str, dict[str, float]]:
     """In the measured package's own process: per size, the median microseconds of the serve
     loop's part and of the reader's part of one batch."""
     import corral
@@ -41,20 +43,22 @@ def child(sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
         def forward(self, batch: list) -> list:
             return [7] * len(batch)
 
-    found: dict = {str(size): one_size(Model(), size, batches) for size in sizes}
+    found: dict = {str(size): one_size(Model(), size, batches, payload) for size in sizes}
     found["package"] = corral.__file__  # which package this was: see measure
     return found
 
 
-def one_size(worker, size: int, batches: int) -> dict[str, float]:
+def one_size(worker, size: int, batches: int, payload: str) -> dict[str, float]:
     import msgpack
 
     from corral import _protocol as protocol
 
-    jobs = [
-        {"id": os.urandom(16), "payload": msgpack.packb({"seed": 1}), "timeout_ms": 30000}
-        for _ in range(size)
-    ]
+    if payload == "tensor":  # ext type 1: [datatype, shape, bin] (PROTOCOL.md, "Tensors")
+        row = msgpack.packb(["FP32", [3], b"\x00\x00\x80\x3f" * 3])
+        one = msgpack.packb({"IN": msgpack.ExtType(1, row)})
+    else:
+        one = msgpack.packb({"seed": 1})
+    jobs = [{"id": os.urandom(16), "payload": one, "timeout_ms": 30000} for _ in range(size)]
     body = protocol.encode_frame({"type": "batch", "jobs": jobs})[4:]
     read = protocol.decode_body(body)["jobs"]  # answering leaves the jobs as they are
     # As the serve loop calls it: `process`, or in a package from before it had that name,
@@ -77,12 +81,14 @@ def median_us(step, batches: int) -> float:
     return statistics.median(times) * 1e6
 
 
-def measure(package: Path, sizes: list[int], batches: int) -> dict[str, dict[str, float]]:
+def measure(
+    package: Path, sizes: list[int], batches: int, payload: str
+) -> dict[str, dict[str, float]]:
     import bench
 
     env = {**os.environ, **bench.package_env(str(package))}
     command = [sys.executable, __file__, "--child", "--sizes", ",".join(map(str, sizes))]
-    command += ["--batches", str(batches)]
+    command += ["--batches", str(batches), "--payload", payload]
     # Only stdout is taken: a child that fails shows its traceback.
     out = subprocess.run(command, env=env, stdout=subprocess.PIPE, text=True, check=True).stdout
     found = json.loads(out)
@@ -98,13 +104,19 @@ def main() -> None:
     parser.add_argument("--sizes", default="1,32,128", help="jobs per batch (a list)")
     parser.add_argument("--batches", type=int, default=2000, help="timed batches per run")
     parser.add_argument("--runs", type=int, default=5, help="runs of each package (medians kept)")
+    parser.add_argument(
+        "--payload",
+        choices=("seed", "tensor"),
+        default="seed",
+        help="each job's payload: the GPU run's {seed: 1}, or a v2 row of one FP32 [3] tensor",
+    )
     parser.add_argument("--package-before", help="a folder holding an earlier corral package")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if args.child:
-        print(json.dumps(child(sizes, args.batches)))
+        print(json.dumps(child(sizes, args.batches, args.payload)))
         return
 
     import bench
@@ -115,7 +127,7 @@ def main() -> None:
     runs: dict[str, list] = {name: [] for name in packages}
     for _ in range(args.runs):  # alternately, so that a noisy minute hits both
         for name, folder in packages.items():
-            runs[name].append(measure(folder, sizes, args.batches))
+            runs[name].append(measure(folder, sizes, args.batches, args.payload))
     rows = [
         "| jobs in the batch | package | serve loop µs | per job µs | reader µs |",
         "| ---: | --- | ---: | ---: | ---: |",
@@ -127,7 +139,7 @@ def main() -> None:
             rows.append(f"| {size} | {name} | {serve:.1f} | {serve / size:.2f} | {read:.1f} |")
     section = "\n\n".join(
         [
-            "## Worker package: one batch",
+            "## Worker package: one batch" + (" of v2 rows" if args.payload == "tensor" else ""),
             f"Command: `{bench.recorded_command('bench-worker-batch')}` — "
             f"{time.strftime('%Y-%m-%d')}, "
             f"{os.cpu_count()} cores; medians of {args.runs} runs of {args.batches} batches each, "

@@ -39,11 +39,12 @@ def test_each_benchmark_program_answers_help(program):
     assert "usage:" in done.stdout
 
 
-def test_the_worker_batch_benchmark_completes_a_tiny_run(tmp_path):
+@pytest.mark.parametrize("payload", ["seed", "tensor"])
+def test_the_worker_batch_benchmark_completes_a_tiny_run(tmp_path, payload):
     out = tmp_path / "report.md"
     done = subprocess.run(
         [sys.executable, str(BENCH / "worker_batch.py"), "--sizes", "1,4", "--batches", "5",
-         "--runs", "1", "--out", str(out)],
+         "--runs", "1", "--payload", payload, "--out", str(out)],
         capture_output=True, text=True, timeout=120, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -273,20 +273,30 @@ MALFORMED = {
     ),
     "more elements than bytes": (ext("BYTES", [2], LENGTH(0)), "cannot hold 2 BYTES"),
     "bool of 2": (ext("BOOL", [2], b"\x01\x02"), "0 or 1"),
-    "negative dimension": (ext("FP32", [-1], b""), "non-negative"),
-    "float dimension": (ext("FP32", [1.0], b"\x00" * 4), "non-negative"),
-    "two parts": (msgpack.ExtType(1, msgpack.packb(["FP32", [1]])), "[datatype, shape, data]"),
-    "data as str": (ext("FP32", [1], "abcd"), "must be msgpack bin"),
-    "datatype as int": (ext(3, [1], b"\x00"), "datatype must be a str"),
-    "not an array": (msgpack.ExtType(1, msgpack.packb({"a": 1})), "[datatype, shape, data]"),
-    "shape not an array": (ext("FP32", 1, b"\x00" * 4), "shape must be an array"),
+    "negative dimension": (ext("FP32", [-1], b""), "Expected `int` >= 0 - at `$[1][0]`"),
+    "float dimension": (
+        ext("FP32", [1.0], b"\x00" * 4),
+        "Expected `int`, got `float` - at `$[1][0]`",
+    ),
+    "two parts": (
+        msgpack.ExtType(1, msgpack.packb(["FP32", [1]])),
+        "Expected `array` of length 3, got 2",
+    ),
+    "data as str": (ext("FP32", [1], "abcd"), "Expected `bytes`, got `str` - at `$[2]`"),
+    "datatype as int": (ext(3, [1], b"\x00"), "Expected `str`, got `int` - at `$[0]`"),
+    "not an array": (msgpack.ExtType(1, msgpack.packb({"a": 1})), "Expected `array`, got `object`"),
+    "shape not an array": (ext("FP32", 1, b"\x00" * 4), "Expected `array`, got `int` - at `$[1]`"),
     "bytes after it": (
         msgpack.ExtType(1, msgpack.packb(["UINT8", [1], b"\x07"]) + b"\xc0"),
-        "bytes after its data",
+        "trailing characters",
     ),
-    "cut short": (msgpack.ExtType(1, msgpack.packb(["UINT8", [4], b"abcd"])[:-2]), "ends early"),
-    "empty": (msgpack.ExtType(1, b""), "ends early"),
-    "too many dimensions": (ext("FP32", [1] * 65, b"\x00" * 4), "at most 64 dimensions"),
+    "cut short": (msgpack.ExtType(1, msgpack.packb(["UINT8", [4], b"abcd"])[:-2]), "truncated"),
+    "empty": (msgpack.ExtType(1, b""), "truncated"),
+    "datatype not UTF-8": (msgpack.ExtType(1, b"\x93\xa2\xff\xfe\x91\x01\xc4\x00"), "utf-8"),
+    "too many dimensions": (
+        ext("FP32", [1] * 65, b"\x00" * 4),
+        "Expected `array` of length <= 64 - at `$[1]`",
+    ),
 }
 
 

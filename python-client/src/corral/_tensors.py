@@ -21,7 +21,7 @@ import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
 import msgpack
 import msgspec
@@ -162,28 +162,27 @@ def ext_hook(code: int, data: Any) -> Any:
 def decode(data: bytes | memoryview) -> Any:
     """One tensor value's data (``[datatype, shape, bin]``) as a numpy array, or nested lists
     without numpy. The elements are not copied where numpy can view them in place."""
-    view = data if isinstance(data, bytes) else memoryview(data)
-    datatype, shape, start, end = _header(view)
+    datatype, shape, elements = _header(data)
     info = DATATYPES[datatype]
     np = numpy()
     if datatype == "BYTES":
-        elements = _split_bytes(view, start, end, math.prod(shape))
+        items = _split_bytes(elements, math.prod(shape))
         if np is None:
-            return _nest(elements, shape)
-        array = np.empty(len(elements), dtype=object)
-        array[:] = elements
+            return _nest(items, shape)
+        array = np.empty(len(items), dtype=object)
+        array[:] = items
         return _reshape(array, shape)
     count = math.prod(shape)
-    if count * info.size != end - start:
+    if count * info.size != len(elements):
         raise ValidationError(
-            f"tensor data of {end - start} bytes does not fit {datatype} of shape {shape}"
+            f"tensor data of {len(elements)} bytes does not fit {datatype} of shape {shape}"
             f" ({count * info.size} bytes)"
         )
-    if datatype == "BOOL" and bytes(view[start:end]).translate(None, b"\x00\x01"):
+    if datatype == "BOOL" and bytes(elements).translate(None, b"\x00\x01"):
         raise ValidationError("a BOOL tensor's bytes must each be 0 or 1")
     if np is None:
-        return _nest(list(struct.unpack_from(f"<{count}{info.struct}", view, start)), shape)
-    return _reshape(np.frombuffer(view, dtype=info.numpy, count=count, offset=start), shape)
+        return _nest(list(struct.unpack_from(f"<{count}{info.struct}", elements)), shape)
+    return _reshape(np.frombuffer(elements, dtype=info.numpy, count=count), shape)
 
 
 def _reshape(array: Any, shape: list[int]) -> Any:
@@ -193,108 +192,49 @@ def _reshape(array: Any, shape: list[int]) -> Any:
         raise ValidationError(f"a tensor of shape {shape} cannot be built: {e}") from e
 
 
-def _header(view: bytes | memoryview) -> tuple[str, list[int], int, int]:
-    """The datatype, the shape and where the elements start and end. Read by hand rather than
-    with msgpack, which would copy the elements out of the message."""
-    reader = _Reader(view)
-    outer = "a tensor value must be an array of [datatype, shape, data]"
-    if reader.array(outer) != 3:
-        raise ValidationError(outer)
-    datatype = reader.text()
+# The header read by msgspec: its ``memoryview`` points into the value's own bytes, so the
+# elements are not copied out of the message (msgpack would copy them into a ``bytes``).
+_HEADER = msgspec.msgpack.Decoder(
+    tuple[
+        str,
+        Annotated[list[Annotated[int, msgspec.Meta(ge=0)]], msgspec.Meta(max_length=_MAX_DIMS)],
+        memoryview,
+    ]
+)
+
+
+def _header(data: bytes | memoryview) -> tuple[str, list[int], memoryview]:
+    """The datatype, the shape and a view of the elements."""
+    try:
+        datatype, shape, elements = _HEADER.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        # msgspec says what and where: ``$[0]`` the datatype, ``$[1]`` the shape, ``$[2]`` the
+        # data (e.g. "Expected `int` >= 0 - at `$[1][0]`").
+        raise ValidationError(
+            f"a tensor value must be [datatype (str), shape (array of non-negative ints),"
+            f" data (bin)]: {e}"
+        ) from e
     if datatype not in DATATYPES:
         raise ValidationError(f"unknown tensor datatype {datatype!r}")
-    rank = reader.array("a tensor's shape must be an array")
-    if rank > _MAX_DIMS:
-        raise ValidationError(f"a tensor may have at most {_MAX_DIMS} dimensions, not {rank}")
-    shape = [reader.uint() for _ in range(rank)]
-    start, end = reader.bin()
-    if end != len(view):
-        raise ValidationError("a tensor value has bytes after its data")
-    return datatype, shape, start, end
+    return datatype, shape, elements
 
 
-class _Reader:
-    """Just the msgpack the header of a tensor value uses: array, str, uint, bin."""
-
-    def __init__(self, view: bytes | memoryview) -> None:
-        self.view = view
-        self.at = 0
-
-    def _take(self, n: int) -> bytes | memoryview:
-        if self.at + n > len(self.view):
-            raise ValidationError("a tensor value ends early")
-        part = self.view[self.at : self.at + n]
-        self.at += n
-        return part
-
-    def _byte(self) -> int:
-        return self._take(1)[0]
-
-    def _length(self, width: int) -> int:
-        return int.from_bytes(self._take(width), "big")
-
-    def array(self, message: str) -> int:
-        marker = self._byte()
-        if 0x90 <= marker <= 0x9F:
-            return marker & 0x0F
-        if marker in (0xDC, 0xDD):
-            return self._length(2 if marker == 0xDC else 4)
-        raise ValidationError(message)
-
-    def text(self) -> str:
-        marker = self._byte()
-        if 0xA0 <= marker <= 0xBF:
-            size = marker & 0x1F
-        elif marker in (0xD9, 0xDA, 0xDB):
-            size = self._length({0xD9: 1, 0xDA: 2, 0xDB: 4}[marker])
-        else:
-            raise ValidationError("a tensor's datatype must be a str")
-        try:
-            return bytes(self._take(size)).decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise ValidationError("a tensor's datatype is not UTF-8") from e
-
-    def uint(self) -> int:
-        marker = self._byte()
-        if marker <= 0x7F:
-            return marker
-        widths = {0xCC: 1, 0xCD: 2, 0xCE: 4, 0xCF: 8, 0xD0: 1, 0xD1: 2, 0xD2: 4, 0xD3: 8}
-        if marker not in widths:
-            raise ValidationError("a tensor's dimensions must be non-negative integers")
-        signed = marker >= 0xD0  # an encoder may write a small int in a signed form
-        value = int.from_bytes(self._take(widths[marker]), "big", signed=signed)
-        if value < 0:
-            raise ValidationError("a tensor's dimensions must be non-negative integers")
-        return value
-
-    def bin(self) -> tuple[int, int]:
-        marker = self._byte()
-        if marker not in (0xC4, 0xC5, 0xC6):
-            raise ValidationError("a tensor's data must be msgpack bin")
-        size = self._length({0xC4: 1, 0xC5: 2, 0xC6: 4}[marker])
-        start = self.at
-        # Checked and skipped, not taken: slicing ``bytes`` would copy the whole tensor.
-        if start + size > len(self.view):
-            raise ValidationError("a tensor value ends early")
-        self.at = start + size
-        return start, self.at
-
-
-def _split_bytes(view: bytes | memoryview, start: int, end: int, count: int) -> list[bytes]:
+def _split_bytes(data: memoryview, count: int) -> list[bytes]:
     """``count`` BYTES elements, each a 4-byte little-endian length and then that many bytes,
-    filling ``view[start:end]`` exactly."""
-    if count > (end - start) // _LENGTH.size:  # each element takes 4 bytes at least
-        raise ValidationError(f"{end - start} bytes cannot hold {count} BYTES elements")
+    filling ``data`` exactly."""
+    end = len(data)
+    if count > end // _LENGTH.size:  # each element takes 4 bytes at least
+        raise ValidationError(f"{end} bytes cannot hold {count} BYTES elements")
     elements = []
-    at = start
+    at = 0
     for _ in range(count):
         if at + _LENGTH.size > end:
             raise ValidationError(f"the tensor's data ends before its {count} BYTES elements")
-        (size,) = _LENGTH.unpack_from(view, at)
+        (size,) = _LENGTH.unpack_from(data, at)
         at += _LENGTH.size
         if at + size > end:
             raise ValidationError("a BYTES element's length runs past the tensor's data")
-        elements.append(bytes(view[at : at + size]))
+        elements.append(bytes(data[at : at + size]))
         at += size
     if at != end:
         raise ValidationError("a BYTES tensor's data goes on past its elements")
