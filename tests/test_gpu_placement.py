@@ -337,6 +337,8 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (["--cpus", CORE], STAGE + STAGE.replace(".s]", ".t]"), "cpus: --cpus pins the workers"),
         (["--gpus", ",", *WORKER], None, "gpus: an empty list"),
         (["--gpus", "0,0", *WORKER], None, "gpus: device 0 is listed twice"),
+        (["--gpus", "0,,1", *WORKER], None, 'gpus: "0,,1" has an empty entry'),
+        (["--gpus", "0,", *WORKER], None, 'gpus: "0," has an empty entry'),
         (["--gpus", "zero", *WORKER], None, 'gpus: "zero" is not a device index'),
         (["--gpus", "all", *WORKER], None, "gpus: `all` found no GPU"),
         (["--gpus", "0"], None, "gpus: only spawned workers can be given GPUs"),

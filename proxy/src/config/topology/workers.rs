@@ -1,0 +1,169 @@
+//! Where a stage's spawned workers run and what they are given: the devices they are spread
+//! over (`gpus`, `workers_per_gpu`), the cores they are pinned to (`cpus`), and their
+//! environment (`worker_env`, the stage's `env`, `--worker-env`), resolved and checked against
+//! the worker count before anything starts. What a worker is then given at spawn is
+//! `supervisor::placement`'s.
+
+use std::collections::{HashMap, HashSet};
+
+use super::{error, in_range, Config, ConfigError, StageSpec};
+use crate::config::MAX_WORKERS;
+use crate::supervisor::placement;
+
+/// The keys a placement error names.
+pub(super) struct Keys {
+    pub gpus: String,
+    pub workers: String,
+    pub cpus: String,
+    pub env: String,
+}
+
+/// Spreads a stage's spawned workers over its devices and sets their environment: the workers
+/// default to devices × per device, a conflicting explicit count is an error naming both, and
+/// every environment value's placeholders are checked now (the file's `env`, then
+/// `--worker-env`, which wins for a name both set).
+pub(super) fn place(
+    spec: &mut StageSpec,
+    gpus: Vec<u32>,
+    per_gpu: u32,
+    asked: Option<u32>,
+    stage_env: Vec<(String, String)>,
+    config: &Config,
+    keys: &Keys,
+) -> Result<(), ConfigError> {
+    // The file's top-level `worker_env` first, then the stage's own `env`, then `--worker-env`:
+    // a later one wins for a name both set.
+    let mut env: Vec<(String, String)> = Vec::new();
+    for text in &config.file_worker_env {
+        let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
+    for (name, value) in stage_env {
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
+    if !gpus.is_empty() {
+        if spec.command.is_empty() {
+            let problem = "only spawned workers can be given GPUs; add a worker command";
+            return Err(error(&keys.gpus, problem));
+        }
+        let placed = gpus.len() as u32 * per_gpu;
+        if let Some(asked) = asked.filter(|&asked| asked != placed) {
+            let problem = format!(
+                "{asked} workers, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
+                 {placed}; leave workers out, or make them agree"
+            );
+            return Err(error(&keys.workers, problem));
+        }
+        if !spec.cpus.is_empty() && spec.cpus.len() != placed as usize {
+            let problem = format!(
+                "{} cores in {}, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
+                 {placed} workers: one worker per core",
+                spec.cpus.len(),
+                keys.cpus
+            );
+            return Err(error(&keys.cpus, problem));
+        }
+        in_range(&keys.workers, placed.into(), 1, MAX_WORKERS.into())?;
+        spec.workers = placed;
+    }
+    for name in env.iter().map(|(name, _)| name) {
+        if !placement::valid_name(name) {
+            let problem = "an environment variable name is letters, digits and _";
+            return Err(error(format!("{}.{name}", keys.env), problem));
+        }
+    }
+    for text in &config.worker_env {
+        let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        env.retain(|(other, _)| *other != name);
+        env.push((name, value));
+    }
+    for (name, value) in &env {
+        placement::check(value, !gpus.is_empty())
+            .map_err(|problem| error(format!("{}.{name}", keys.env), problem))?;
+    }
+    spec.gpus = gpus;
+    spec.workers_per_gpu = per_gpu;
+    spec.env = env;
+    Ok(())
+}
+
+/// `--gpus`/`gpus`: `all` (the machine's) or a list of device indexes, each once.
+pub(super) fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigError> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return placement::discover().map_err(|problem| error(key, problem));
+    }
+    if text.split(',').all(|part| part.trim().is_empty()) {
+        return Err(error(key, "an empty list; leave the key out for no GPUs"));
+    }
+    let mut gpus = Vec::new();
+    for part in text.split(',').map(str::trim) {
+        if part.is_empty() {
+            // `0,,1` or `0,1,` is more likely a device left out than a comma too many.
+            return Err(error(key, format!("{text:?} has an empty entry (gpus: a list like 0,1)")));
+        }
+        let gpu: u32 = part.parse().map_err(|_| {
+            error(key, format!("{part:?} is not a device index (gpus: `all` or a list like 0,1)"))
+        })?;
+        if gpus.contains(&gpu) {
+            return Err(error(key, format!("device {gpu} is listed twice")));
+        }
+        gpus.push(gpu);
+    }
+    Ok(gpus)
+}
+
+/// The workers of a stage pinned to `cpus`: one per core, so an explicit count (`asked`) must
+/// agree; the error names both keys.
+pub(super) fn pinned_workers(
+    cpus: &[usize],
+    asked: Option<u32>,
+    cpus_key: &str,
+    workers_key: &str,
+) -> Result<u32, ConfigError> {
+    let pinned = cpus.len();
+    match asked {
+        Some(workers) if workers as usize != pinned => {
+            let problem = format!(
+                "{workers} workers but {pinned} cores in {cpus_key}: one worker per core; \
+                 leave {workers_key} out, or make them agree"
+            );
+            Err(error(workers_key, problem))
+        }
+        _ => Ok(pinned as u32),
+    }
+}
+
+/// One worker per core across stages too: a pinned core is its worker's alone (the proxy keeps
+/// off it as well, see `supervisor::affinity`).
+pub(super) fn check_cores_shared(stages: &[StageSpec]) -> Result<(), ConfigError> {
+    let mut owners: HashMap<usize, &str> = HashMap::new();
+    for stage in stages {
+        for &cpu in &stage.cpus {
+            if let Some(owner) = owners.insert(cpu, &stage.name) {
+                let problem = format!(
+                    "core {cpu} is pinned by stages.{owner}.cpus as well: one worker per core"
+                );
+                return Err(error(format!("stages.{}.cpus", stage.name), problem));
+            }
+        }
+    }
+    Ok(())
+}
+
+pub(super) fn check_cpus(key: &str, cpus: &[usize]) -> Result<(), ConfigError> {
+    let mut seen = HashSet::new();
+    for &cpu in cpus {
+        if !seen.insert(cpu) {
+            return Err(error(key, format!("core {cpu} is listed twice: one worker per core")));
+        }
+    }
+    let allowed = crate::supervisor::affinity::allowed_cpus()
+        .map_err(|e| error(key, format!("cannot pin workers here: {e}")))?;
+    if let Some(cpu) = cpus.iter().find(|cpu| !allowed.contains(cpu)) {
+        let problem = format!("core {cpu} is not available to this process (cores: {allowed:?})");
+        return Err(error(key, problem));
+    }
+    Ok(())
+}
