@@ -351,6 +351,22 @@ def test_a_command_line_worker_needs_a_single_stage_file(tmp_path):
     assert "exactly one stage" in result.stderr
 
 
+def test_a_bad_value_from_a_variable_names_the_variable(tmp_path):
+    """clap names the flag only; in a manifest's `env:` list the flag is nowhere to be seen."""
+    command = [BINARY, "--socket", str(tmp_path / "s.sock")]
+    env = {**os.environ, "CORRAL_MAX_BATCH_SIZE": "abc"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2
+    assert "invalid value 'abc' for '--max-batch-size" in result.stderr
+    assert "CORRAL_MAX_BATCH_SIZE" in result.stderr
+    # Given on the command line too, the flag's value is the bad one, and the variable unused.
+    flag = subprocess.run(
+        [*command, "--max-batch-size=x"], capture_output=True, text=True, timeout=30, env=env
+    )
+    assert flag.returncode == 2 and "invalid value 'x'" in flag.stderr
+    assert "CORRAL_MAX_BATCH_SIZE" not in flag.stderr
+
+
 def test_help_documents_the_config_file():
     result = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=30)
     assert "--config <FILE>" in result.stdout

@@ -32,7 +32,7 @@ impl Write for Stderr {
 }
 
 fn main() -> std::process::ExitCode {
-    let matches = Config::command().get_matches();
+    let matches = Config::command().try_get_matches().unwrap_or_else(|e| exit_on(e));
     let mut config = Config::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
     // Flags and variables that were set win over the config file.
     let explicit = |id: &str| {
@@ -75,6 +75,38 @@ fn main() -> std::process::ExitCode {
             std::process::ExitCode::FAILURE
         }
     }
+}
+
+/// clap's error, exit 2 (help and version: their text, exit 0). A bad value that came from a
+/// `CORRAL_*` variable rather than the command line is said to: clap names only the flag, and
+/// in a manifest's `env:` list the flag is nowhere to be seen.
+fn exit_on(mut error: clap::Error) -> ! {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let bad_value = matches!(error.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation);
+    let variable = match error.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) if bad_value => from_variable(arg),
+        _ => None,
+    };
+    if let Some(variable) = variable {
+        let tip = format!("the value is {variable}'s, from the environment");
+        error.insert(ContextKind::Suggested, ContextValue::StyledStrs(vec![tip.into()]));
+    }
+    error.exit()
+}
+
+/// The variable a flag's value came from: `arg` as clap shows it (`--max-batch-size <N>`), when
+/// that flag has a variable, the variable is set, and the command line does not give the flag.
+fn from_variable(arg: &str) -> Option<String> {
+    let long = arg.split_whitespace().next()?.strip_prefix("--")?;
+    let command = Config::command();
+    let flag = command.get_arguments().find(|flag| flag.get_long() == Some(long))?;
+    let variable = flag.get_env()?.to_string_lossy().into_owned();
+    std::env::var_os(&variable)?;
+    let given = std::env::args().any(|word| {
+        word.strip_prefix("--")
+            .is_some_and(|word| word == long || word.starts_with(&format!("{long}=")))
+    });
+    (!given).then_some(variable)
 }
 
 /// Options that were set but shape only what Corral spawns, where nothing is spawned (or, for
