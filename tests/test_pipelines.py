@@ -185,6 +185,31 @@ pipeline = "double"
     validate(proxy.client.get("/openapi.json").json())
 
 
+def test_a_stage_listed_twice_is_not_cancelled_by_its_first_step(corral_factory, tmp_path):
+    """The request comes back to the stage under the same job id; the end of its first step (its
+    client's wait there) once reached the worker as a cancel of the second step's job, which a
+    worker honouring cancels answered: the client got a 500 for a job it still waited for."""
+    holding = tmp_path / "holding"
+    twice = ROOT / "tests" / "workers" / "twice.py"
+    text = (
+        f'[stages.refine]\ncommand = ["{sys.executable}", "{twice}"]\nmax_batch_size = 1\n'
+        '[pipelines.twice]\nstages = ["refine", "refine"]\n'
+        '[routes.infer]\npipeline = "twice"\npath = "/infer"\n'
+    )
+    proxy = corral_factory(
+        "--config", write(tmp_path, text), worker=None, env={"TWICE_HOLDING": str(holding)}
+    )
+    proxy.wait_for_log("worker connected")
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(proxy.post, {"n": 1})
+        proxy.wait_until(holding.exists, what="the second step's job held")
+        # The worker's next frame is this request's batch, sent ahead, unless a cancel came first.
+        assert proxy.post({"n": 2}).json() == {"step": 2}
+        answer = first.result(timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"step": 2}
+
+
 def test_an_external_worker_names_its_stage(corral_factory, tmp_path):
     text = """
 [stages.shift]

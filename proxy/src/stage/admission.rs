@@ -39,7 +39,9 @@ pub fn predicted_finish(
     let j = batches - 1;
     let rounds_before = (j / free_at.len()) as u32;
     Some(
-        free_at[j % free_at.len()] + cost.of(max_batch) * rounds_before + first.of(last_batch_size),
+        free_at[j % free_at.len()]
+            + cost.of(max_batch).saturating_mul(rounds_before)
+            + first.of(last_batch_size),
     )
 }
 

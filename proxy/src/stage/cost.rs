@@ -23,7 +23,9 @@ pub struct Cost {
 impl Cost {
     /// Expected duration of a batch of `size` items.
     pub fn of(&self, size: usize) -> Duration {
-        self.overhead + self.per_item * size as u32
+        // Saturating: a weighted queue's size can pass u32 (weights up to 10^6 a job).
+        let size = u32::try_from(size).unwrap_or(u32::MAX);
+        self.overhead.saturating_add(self.per_item.saturating_mul(size))
     }
 }
 
@@ -124,5 +126,14 @@ mod tests {
         model.record(1, ms(5.0));
         let cost = model.estimate().unwrap();
         assert_eq!((cost.overhead, cost.per_item), (ms(4.0), Duration::ZERO));
+    }
+
+    #[test]
+    fn a_size_past_u32_saturates_rather_than_wrap() {
+        let cost = Cost { overhead: ms(1.0), per_item: Duration::from_nanos(1) };
+        let past = (u32::MAX as usize) + 10;
+        assert!(cost.of(past) >= cost.of(u32::MAX as usize - 1), "{:?}", cost.of(past));
+        let slow = Cost { overhead: Duration::MAX, per_item: Duration::MAX };
+        assert_eq!(slow.of(2), Duration::MAX);
     }
 }

@@ -370,8 +370,12 @@ async fn work(
                     why: "the worker held a batch past its limit".into(),
                 },
                 id = departures.next() => {
-                    let held = in_flight.iter().flat_map(|batch| &batch.jobs).any(|job| job.id == id);
-                    if held {
+                    // The id alone is not enough: a pipeline that lists a stage twice brings
+                    // the request back under the same id, and the departure of its first
+                    // step's job (answered, its token cancelled when that step ended) may come
+                    // only now, while the second step's job is held.
+                    let left = |job: &&Job| job.id == id && job.left.is_cancelled();
+                    if in_flight.iter().flat_map(|batch| &batch.jobs).any(|job| left(&job)) {
                         outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
                     }
                     continue;

@@ -26,11 +26,13 @@ pub const NO_REASON: &str = "the worker gave no reason";
 /// skip-pass, as for request bodies) fails that job alone ([`Outcome::BadOutput`]): the worker
 /// kept the protocol, its model's output is broken.
 pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Untrusted> {
-    let mut pending: HashMap<JobId, Job> = jobs.into_iter().map(|job| (job.id, job)).collect();
+    // Each job with its place in the batch: jobs handed back go back in the batch's order.
+    let mut pending: HashMap<JobId, (usize, Job)> =
+        jobs.into_iter().enumerate().map(|(at, job)| (job.id, (at, job))).collect();
     let mut answers = Vec::with_capacity(pending.len());
     let mut problem = None;
     for result in results.results {
-        let Some(job) = pending.remove(&result.id) else {
+        let Some((at, job)) = pending.remove(&result.id) else {
             problem = Some(format!("result for unknown or repeated job id {}", result.id));
             break;
         };
@@ -38,7 +40,7 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             (ResultStatus::Ok, Some(data)) => output(data, result.content_type),
             (ResultStatus::Ok, None) => {
                 problem = Some(format!("ok result without data for job {}", job.id));
-                answers.push((job, Outcome::WorkerLost(String::new())));
+                answers.push((at, job, Outcome::WorkerLost(String::new())));
                 break;
             }
             (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
@@ -46,20 +48,23 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
             (ResultStatus::Expired, _) => Outcome::Expired,
             (ResultStatus::End, _) => {
                 problem = Some(format!("end of a stream that was never started, job {}", job.id));
-                answers.push((job, Outcome::WorkerLost(String::new())));
+                answers.push((at, job, Outcome::WorkerLost(String::new())));
                 break;
             }
         };
-        answers.push((job, outcome));
+        answers.push((at, job, outcome));
     }
     if problem.is_none() && !pending.is_empty() {
         problem = Some(format!("{} job(s) of the batch have no result", pending.len()));
     }
     match problem {
-        None => Ok(answers),
+        None => Ok(answers.into_iter().map(|(_, job, outcome)| (job, outcome)).collect()),
         Some(why) => {
-            let jobs = answers.into_iter().map(|(job, _)| job).chain(pending.into_values());
-            Err((why, jobs.collect()))
+            let mut jobs: Vec<(usize, Job)> =
+                answers.into_iter().map(|(at, job, _)| (at, job)).collect();
+            jobs.extend(pending.into_values());
+            jobs.sort_unstable_by_key(|(at, _)| *at);
+            Err((why, jobs.into_iter().map(|(_, job)| job).collect()))
         }
     }
 }
@@ -307,5 +312,20 @@ mod tests {
                 Outcome::Invalid("expected 64 pixels".into()),
             ]
         );
+    }
+
+    #[test]
+    fn an_untrusted_frame_hands_its_batch_back_in_the_batchs_order() {
+        for results_for in [vec![5, 2, 7], vec![3, 3], vec![]] {
+            let jobs: Vec<Job> = (0..8).map(|_| job()).collect();
+            let order: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
+            let results = results_for
+                .iter()
+                .map(|&at| result(&jobs[at], ResultStatus::Ok, Some(b"\x01")))
+                .collect();
+            let (_, back) = pair(jobs, Results { results }).expect_err("a result is missing");
+            let back: Vec<JobId> = back.iter().map(|job| job.id).collect();
+            assert_eq!(back, order, "results for {results_for:?}");
+        }
     }
 }

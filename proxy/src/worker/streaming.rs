@@ -183,7 +183,9 @@ impl State {
         for job in sent.jobs {
             self.departures.watch(&job);
             self.seq += 1;
-            let silence = job.deadline.saturating_duration_since(job.arrived);
+            // The job's time left as sent (its `timeout_ms`), not its whole budget: a job that
+            // waited in the queue, or comes back after another worker died, has less.
+            let silence = job.deadline.saturating_duration_since(sent.sent);
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -210,7 +212,11 @@ impl State {
     /// counts why a stream ended early; the connection only for a slow client.)
     fn cancel(&mut self, outbox: &mut Outbox, id: JobId) {
         let Some(held) = self.held.get_mut(&id) else { return };
-        if self.cancels && !held.cancelled {
+        // A job still waited for is not told, whatever came under its id: a pipeline that lists
+        // a stage twice brings the request back under the same id, and the departure of its
+        // first step's job may come only while the second step's is held.
+        let waited = held.job.as_ref().is_some_and(|job| !job.left.is_cancelled());
+        if self.cancels && !held.cancelled && !waited {
             held.cancelled = true;
             outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
         }
@@ -253,7 +259,14 @@ impl State {
             match &job.stream {
                 Some(sink) => match sink.push(chunk.data) {
                     Ok(()) => metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc(),
-                    Err(Refused::SlowClient) => slow.push(chunk.id),
+                    // Answered at once, not after the frame: a later, smaller chunk of the same
+                    // job in this frame would fit the buffer and reach the client past the gap.
+                    Err(Refused::SlowClient) => {
+                        let job = held.job.take().expect("checked above");
+                        answer(job, Outcome::SlowClient, Instant::now());
+                        metrics().streams_cancelled.with_label_values(&["slow_client"]).inc();
+                        slow.push(chunk.id);
+                    }
                     // The client left: its `left` token tells the worker.
                     Err(Refused::Gone) => {}
                 },
@@ -261,6 +274,8 @@ impl State {
                     held.gathered_bytes += chunk.data.len();
                     held.gathered.push(chunk.data);
                     if held.gathered_bytes > MAX_FRAME_BYTES {
+                        // Not kept until the worker ends the job: it is over 64 MiB.
+                        held.gathered = Vec::new();
                         let job = held.job.take().expect("checked above");
                         let why = "the stream is larger than one answer can carry; ask for a \
                                    stream (Accept: text/event-stream)";
@@ -270,14 +285,7 @@ impl State {
             }
             self.heard_from(seat, frame);
         }
-        for id in slow {
-            if let Some(job) = self.held.get_mut(&id).and_then(|held| held.job.take()) {
-                answer(job, Outcome::SlowClient, Instant::now());
-                metrics().streams_cancelled.with_label_values(&["slow_client"]).inc();
-                self.cancel(outbox, id);
-            }
-        }
-        for id in broken {
+        for id in slow.into_iter().chain(broken) {
             self.cancel(outbox, id);
         }
         Ok(())
@@ -370,3 +378,6 @@ fn gather(chunks: Vec<Bytes>, last: Option<Bytes>) -> Bytes {
     }
     Bytes::from(out)
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,137 @@
+//! The streaming pull loop's bookkeeping, driven directly: chunks for a client that fell behind,
+//! how long a worker may stay silent, and which departures reach the worker as cancels.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use corral_protocol::{Chunk, Chunks, JobId};
+use tokio::net::UnixStream;
+use tokio::sync::oneshot;
+
+use super::*;
+use crate::job::Reply;
+use crate::stage::{BatchSettings, Policy};
+
+fn stage() -> Stage {
+    let settings = BatchSettings {
+        max_batch_size: 8,
+        max_wait: Duration::ZERO,
+        max_batch_bytes: 1 << 20,
+        max_job_bytes: 1 << 20,
+        max_batch_weight: None,
+        policy: Policy::Fixed,
+        prefetch: false,
+        batch_timeout: None,
+    };
+    Stage::new("default", settings, 100)
+}
+
+fn state(cancels: bool) -> State {
+    State {
+        held: HashMap::new(),
+        busy: None,
+        joins: false,
+        first: HashMap::new(),
+        seq: 0,
+        departures: Departures::new(cancels),
+        cancels,
+    }
+}
+
+/// An outbox whose worker end is kept (and never read): frames to it are only queued.
+fn outbox() -> (Outbox, UnixStream) {
+    let (proxy_end, worker_end) = UnixStream::pair().expect("a socket pair");
+    let (_read, write) = proxy_end.into_split();
+    (Outbox::new(write), worker_end)
+}
+
+const BY: Worker<'static> = Worker { stage: "default", pid: 1, shared: None };
+
+fn job(arrived: Instant, budget: Duration) -> (Job, oneshot::Receiver<Reply>) {
+    Job::new(JobId::new(), Bytes::from_static(b"\xc0"), arrived, arrived + budget)
+}
+
+/// A `bin 8` of `n` bytes of `tag`: one msgpack value of `n + 2` bytes.
+fn bin(tag: u8, n: u8) -> Bytes {
+    let mut value = vec![0xc4, n];
+    value.extend(std::iter::repeat_n(tag, n.into()));
+    Bytes::from(value)
+}
+
+fn frame(id: JobId, chunks: &[Bytes]) -> Chunks {
+    Chunks { chunks: chunks.iter().map(|data| Chunk { id, data: data.clone() }).collect() }
+}
+
+#[tokio::test]
+async fn a_chunk_refused_for_a_slow_client_ends_its_stream_there() {
+    // One frame carries chunk 1, refused (the client has not read chunk 0 and the two pass the
+    // bound), and chunk 2, small enough to fit: the client must not get 2 after the gap.
+    let stage = stage();
+    let seat = stage.worker_joined();
+    let (mut outbox, _worker) = outbox();
+    let (sink, mut source) = crate::stream::channel(150);
+    let (mut job, reply) = job(Instant::now(), Duration::from_secs(5));
+    job.stream = Some(sink);
+    let id = job.id;
+    let mut state = state(false);
+    state.hold(&mut outbox, vec![job], &BY);
+    assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(0, 98)])).is_ok());
+    assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(1, 98), bin(2, 8)])).is_ok());
+    let mut seen = Vec::new();
+    while let Some(chunk) = source.try_next() {
+        seen.push(chunk[2]);
+    }
+    assert_eq!(seen, [0], "the chunks the client got");
+    assert_eq!(reply.await.expect("answered").outcome, Outcome::SlowClient);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_worker_may_stay_silent_for_the_time_its_jobs_had_left_when_sent() {
+    // A job that waited 4 s of its 5 in the queue is sent with 1 s left (`timeout_ms`): its
+    // worker may be silent that long, not the job's whole budget.
+    let (mut outbox, _worker) = outbox();
+    let arrived = Instant::now();
+    let (job, _reply) = job(arrived, Duration::from_secs(5));
+    tokio::time::advance(Duration::from_secs(4)).await;
+    let mut state = state(false);
+    state.hold(&mut outbox, vec![job], &BY);
+    assert_eq!(state.silence(), Duration::from_secs(1));
+}
+
+#[tokio::test]
+async fn a_departure_under_the_id_of_a_job_still_waited_for_is_not_told() {
+    // A pipeline that lists a stage twice brings a request back under the same id: the
+    // departure of its first step's job must not cancel the second step's.
+    let (mut outbox, _worker) = outbox();
+    let (live, _live_reply) = job(Instant::now(), Duration::from_secs(5));
+    let (gone, _gone_reply) = job(Instant::now(), Duration::from_secs(5));
+    let (live_id, gone_id) = (live.id, gone.id);
+    gone.left.cancel();
+    let mut state = state(true);
+    state.hold(&mut outbox, vec![live, gone], &BY);
+    state.cancel(&mut outbox, live_id);
+    state.cancel(&mut outbox, gone_id);
+    assert!(!state.held[&live_id].cancelled, "a job still waited for was cancelled");
+    assert!(state.held[&gone_id].cancelled, "a job whose client left was not");
+}
+
+#[tokio::test]
+async fn an_answer_gathered_past_one_frame_is_failed_and_its_chunks_let_go() {
+    let stage = stage();
+    let seat = stage.worker_joined();
+    let (mut outbox, _worker) = outbox();
+    let (job, reply) = job(Instant::now(), Duration::from_secs(5));
+    let id = job.id;
+    let mut state = state(false);
+    state.hold(&mut outbox, vec![job], &BY);
+    // One MiB `bin 32`, the same buffer each time: 65 of them pass the 64 MiB of one answer.
+    let mut value = vec![0xc6];
+    value.extend_from_slice(&(1u32 << 20).to_be_bytes());
+    value.resize(5 + (1 << 20), 0);
+    let chunk = Bytes::from(value);
+    let chunks = vec![chunk; 65];
+    assert!(state.chunks(&mut outbox, &seat, frame(id, &chunks)).is_ok());
+    let Outcome::Failed(why) = reply.await.expect("answered").outcome else { panic!() };
+    assert!(why.contains("larger than one answer"), "{why}");
+    assert!(state.held[&id].gathered.is_empty(), "the gathered chunks are kept");
+}
