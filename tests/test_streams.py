@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -172,6 +173,53 @@ def test_a_slow_client_is_cancelled_and_its_batch_mates_are_not(corral_factory, 
         last = list(events(slow))[-1]
     assert last == ("error", {"error": "slow_client", "message": last[1]["message"]})
     assert proxy.metric("corral_streams_cancelled_total", reason="slow_client") == 1
+
+
+def test_a_stream_outlives_the_idle_timeout_while_its_worker_is_silent(corral_factory, tmp_path):
+    """A stream is a request in progress until its last event: the connection's idle clock once
+    ran while its worker was silent and cut it, with no terminal event."""
+    gate = tmp_path / "gate"
+    proxy = corral_factory("--idle-timeout-ms=300", "--timeout-ms=60000", worker=STREAMER)
+    item = {"chunks": 2, "gate": str(gate)}
+    with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+        received = events(response)
+        assert next(received) == ("message", "c-0")
+        # A connection opened now, sending nothing, is closed by the idle timeout: once it is,
+        # the stream has been silent for longer than that.
+        address = proxy.url.removeprefix("http://").rsplit(":", 1)
+        with socket.create_connection((address[0], int(address[1])), timeout=30) as idle:
+            assert idle.recv(1) == b""
+        gate.touch()
+        assert list(received) == [("message", "c-1"), ("done", {})]
+
+
+def test_a_pipelined_request_does_not_cut_a_stream_at_the_header_deadline(corral_factory, tmp_path):
+    """A pipelined request's first bytes, read while a stream is written, once started the header
+    clock: the stream and the request were both cut at the deadline, unanswered."""
+    gate = tmp_path / "gate"
+    proxy = corral_factory("--header-read-timeout-ms=300", worker=STREAMER)
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    body = json.dumps({"chunks": 2, "gate": str(gate)}).encode()
+    head = (
+        "POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"accept: application/x-ndjson\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    with socket.create_connection((host, int(port)), timeout=30) as client:
+        client.sendall(head.encode() + body)
+        answer = b""
+        while b'"c-0"' not in answer:
+            answer += client.recv(65536)
+        client.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        # As above: a silent connection's close says the header deadline has passed.
+        with socket.create_connection((host, int(port)), timeout=30) as slow:
+            slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+            assert slow.recv(1) == b""
+        gate.touch()
+        while answer.count(b"HTTP/1.1 200") < 2:
+            more = client.recv(65536)
+            assert more, f"the connection was closed: {answer!r}"
+            answer += more
+    assert b'"c-1"' in answer
 
 
 def test_a_worker_dying_mid_stream_ends_its_streams_with_an_error(corral_factory):

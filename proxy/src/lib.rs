@@ -203,6 +203,12 @@ pub async fn run(
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,
             max_headers: config.max_headers,
+            stream_timeout: topology
+                .stages
+                .iter()
+                .map(|spec| spec.stream_timeout)
+                .max()
+                .unwrap_or(Duration::from_millis(config.stream_timeout_ms)),
         },
     ));
 

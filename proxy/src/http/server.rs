@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::JobId;
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -20,7 +21,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::timeouts::{Clock, Expired, Watched};
+use super::timeouts::{Clock, Expired, Streaming, Watched};
 use super::{routes, App};
 use crate::metrics::metrics;
 
@@ -36,6 +37,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
+    /// The longest a streamed answer may last (the stages' longest `--stream-timeout-ms`).
+    pub stream_timeout: Duration,
 }
 
 /// The body of the answer to a connection over `max_connections`. The answer is written straight
@@ -89,15 +92,20 @@ pub async fn serve(
             continue;
         };
         let app = app.clone();
-        let clock = Clock::new(limits.header_read_timeout, limits.idle_timeout);
+        let clock =
+            Clock::new(limits.header_read_timeout, limits.idle_timeout, limits.stream_timeout);
         let service = service_fn({
             let clock = clock.clone();
             move |request| {
                 let (app, in_progress) = (app.clone(), clock.request());
                 async move {
                     let response = routes::route(&app, request).await;
-                    drop(in_progress);
-                    Ok::<_, Infallible>(response)
+                    // A body of no known size is a stream (the only kind Corral writes): its
+                    // request is in progress until the body has been written.
+                    if hyper::body::Body::size_hint(response.body()).exact().is_some() {
+                        return Ok::<_, Infallible>(response);
+                    }
+                    Ok(response.map(|body| Streaming::new(body, in_progress).boxed_unsync()))
                 }
             }
         });
@@ -113,6 +121,7 @@ pub async fn serve(
                 why = clock.expired() => match why {
                     Expired::Header => debug!("closed a connection: request head too slow"),
                     Expired::Idle => debug!("closed an idle keep-alive connection"),
+                    Expired::Stalled => debug!("closed a connection whose streams' client stopped reading"),
                 },
             }
             drop(permit);
