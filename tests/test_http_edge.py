@@ -102,6 +102,50 @@ def test_a_body_declared_too_large_is_refused_before_the_client_sends_it(corral_
     assert json.loads(body)["error"] == "body_too_large"
 
 
+def test_a_transfer_coding_other_than_chunked_is_415_not_taken_for_the_content(corral_factory):
+    """hyper undoes `chunked` only: a `gzip, chunked` body once reached the worker as gzip bytes."""
+    proxy = corral_factory(worker=None)
+    gzipped = b"\x1f\x8b\x08\x00\x00\x00\x00\x00"
+    with connect(proxy) as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/octet-stream\r\n"
+            b"transfer-encoding: gzip, chunked\r\n\r\n"
+            + b"%x\r\n%s\r\n0\r\n\r\n"
+            % (len(gzipped), gzipped)
+        )
+        answer = read_all(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 415"), head
+    assert b"connection: close" in head.lower()
+    assert json.loads(body)["message"].startswith('Transfer-Encoding "gzip" is not supported')
+
+
+@pytest.mark.parametrize(
+    "request_line", [b"POST /nowhere HTTP/1.1", b"PUT /infer HTTP/1.1", b"POST /healthz HTTP/1.1"]
+)
+def test_a_refusal_before_a_large_body_is_read_says_the_connection_closes(
+    corral_factory, request_line
+):
+    """hyper closes a connection whose request body it did not read; without `Connection: close`
+    a client reused it and saw it drop without an answer."""
+    proxy = corral_factory(worker=None)
+    body = b"x" * 200_000
+    with connect(proxy) as conn:
+        conn.sendall(
+            request_line + b"\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body)
+        )
+        answer = conn.recv(65536)
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith((b"http/1.1 404", b"http/1.1 405")), head
+    assert b"connection: close" in head
+    # Without a body to come, the connection stays open for the next request.
+    with connect(proxy) as conn:
+        conn.sendall(b"GET /nowhere HTTP/1.1\r\nhost: x\r\n\r\n")
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 404") and b"connection: close" not in answer.lower()
+
+
 def test_too_many_headers_are_431(corral_factory):
     proxy = corral_factory("--max-headers=20", worker=None)
     headers = {f"x-h{i}": "1" for i in range(30)}

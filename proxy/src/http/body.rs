@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
-use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT};
+use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING};
 use http::{HeaderMap, Request};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
@@ -126,10 +126,25 @@ pub fn before_body(error: ApiError) -> ApiError {
     ApiError { close: true, ..error }
 }
 
-/// A compressed body (`Content-Encoding` other than `identity`) is refused (415, RFC 9110
-/// 15.5.16), not passed on as if it were its content: the worker would read gzip bytes as the
-/// input, and a v2 client's compressed binary body would fail its lengths with a puzzling 400.
+/// A compressed body (`Content-Encoding` other than `identity`, or a `Transfer-Encoding` coding
+/// other than `chunked`, which hyper does not undo) is refused (415, RFC 9110 15.5.16), not
+/// passed on as if it were its content: the worker would read gzip bytes as the input, and a v2
+/// client's compressed binary body would fail its lengths with a puzzling 400.
 fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+    for value in headers.get_all(TRANSFER_ENCODING) {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        let coding = text
+            .split(',')
+            .map(str::trim)
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"));
+        if let Some(coding) = coding {
+            let message = format!(
+                "Transfer-Encoding {coding:?} is not supported: send the body uncompressed \
+                 (chunked, or with a Content-Length)"
+            );
+            return Err(ApiError { message, ..ApiError::unsupported_media_type("") });
+        }
+    }
     for value in headers.get_all(CONTENT_ENCODING) {
         let text = String::from_utf8_lossy(value.as_bytes());
         let coding = text

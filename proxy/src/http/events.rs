@@ -28,16 +28,11 @@ impl Framing {
     /// names one wants, whatever else it lists.
     pub fn requested(accept: Option<&HeaderValue>) -> Option<Framing> {
         let accept = accept?.to_str().ok()?;
-        accept.split(',').find_map(|range| {
-            let mut parts = range.split(';');
-            let media = parts.next().unwrap_or("").trim();
-            let refused = parts.any(|p| matches!(p.trim(), "q=0" | "q=0.0" | "q=0.00" | "q=0.000"));
-            match media {
-                _ if refused => None,
-                m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::Sse),
-                m if m.eq_ignore_ascii_case("application/x-ndjson") => Some(Framing::Ndjson),
-                _ => None,
-            }
+        // Refused ranges (`q=0`, in any spelling) are left out by `ranges`.
+        format::ranges(accept).find_map(|(media, _)| match media {
+            m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::Sse),
+            m if m.eq_ignore_ascii_case("application/x-ndjson") => Some(Framing::Ndjson),
+            _ => None,
         })
     }
 
@@ -84,6 +79,9 @@ mod tests {
         assert_eq!(accept("text/event-stream"), Some(Framing::Sse));
         assert_eq!(accept("application/json, application/x-ndjson"), Some(Framing::Ndjson));
         assert_eq!(accept("text/event-stream;q=0, application/json"), None);
+        assert_eq!(accept("text/event-stream;Q=0, application/json"), None);
+        assert_eq!(accept("text/event-stream; q=0.0000, application/json"), None);
+        assert_eq!(accept("text/event-stream;q=0.5"), Some(Framing::Sse));
         assert_eq!(accept("application/json"), None);
         assert_eq!(Framing::requested(None), None);
     }

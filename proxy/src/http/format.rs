@@ -97,18 +97,34 @@ impl Negotiation {
         };
         let accept = accept.to_str().ok()?;
         let named = content_type.and_then(|value| value.to_str().ok()).map(essence);
-        let mut best: Option<(f32, Answer)> = None;
-        for (media, quality) in ranges(accept) {
-            let answer = if media == "*/*" {
-                Some(default)
-            } else if media.eq_ignore_ascii_case("application/*") {
-                Some(Answer::Format(self.format))
-            } else if let Some(format) = Format::from_media_type(media) {
+        let specific = |media: &str| {
+            if let Some(format) = Format::from_media_type(media) {
                 Some(Answer::Format(format))
             } else if raw && accepts_raw(media, named) {
                 Some(Answer::Raw)
             } else {
                 None
+            }
+        };
+        // A form refused by name (`application/json;q=0`) is not taken back by a wildcard
+        // beside it (RFC 9110 12.5.1: the more specific range wins); the wildcard then means
+        // the other forms.
+        let refused: Vec<Answer> = quality_ranges(accept)
+            .filter(|&(_, quality)| quality <= 0.0)
+            .filter_map(|(media, _)| specific(media))
+            .collect();
+        let open = |first: Answer| {
+            let others = [first, Answer::Format(Format::Json), Answer::Format(Format::Msgpack)];
+            others.into_iter().find(|answer| !refused.contains(answer))
+        };
+        let mut best: Option<(f32, Answer)> = None;
+        for (media, quality) in ranges(accept) {
+            let answer = if media == "*/*" {
+                open(default)
+            } else if media.eq_ignore_ascii_case("application/*") {
+                open(Answer::Format(self.format))
+            } else {
+                specific(media)
             };
             if let Some(answer) = answer {
                 if best.is_none_or(|(q, _)| quality > q) {
@@ -134,15 +150,24 @@ fn accepts_raw(media: &str, named: Option<&str>) -> bool {
 }
 
 /// The media ranges of an `Accept` value with their qualities; refused ones (`q=0`) left out.
-fn ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
+pub fn ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
+    quality_ranges(accept).filter(|&(_, quality)| quality > 0.0)
+}
+
+/// Every media range of an `Accept` value with its quality (`q`, either case, 1 if absent or
+/// unreadable), refused ones (`q=0`, `Q=0.000`, …) included.
+fn quality_ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
     accept.split(',').filter_map(|range| {
         let mut parts = range.split(';');
         let media = parts.next().unwrap_or("").trim();
         let quality = parts
-            .filter_map(|p| p.trim().strip_prefix("q="))
+            .filter_map(|p| {
+                let (name, value) = p.split_once('=')?;
+                name.trim().eq_ignore_ascii_case("q").then_some(value)
+            })
             .find_map(|q| q.trim().parse::<f32>().ok())
             .unwrap_or(1.0);
-        (quality > 0.0 && !media.is_empty()).then_some((media, quality))
+        (!media.is_empty()).then_some((media, quality))
     })
 }
 
@@ -236,6 +261,11 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
             Err("the worker's output holds NaN or infinity, which JSON cannot carry (msgpack can)"
                 .into())
         }
+        // Found again after the tensors were expanded: an ext of another type. serde would
+        // write it as `[type, [bytes]]`, another value than the worker's.
+        Format::Json if found.ext => Err("the worker's output holds a msgpack ext value that \
+                                          is not a tensor, which JSON cannot carry (msgpack can)"
+            .into()),
         Format::Json => {
             let mut out = Vec::with_capacity(data.len() + data.len() / 2);
             let mut de = crate::msgpack::reader(&data[..]);
@@ -287,6 +317,21 @@ mod tests {
         assert_eq!(accept("text/html"), None);
         assert_eq!(accept("application/octet-stream"), None, "the output is not raw bytes");
         assert_eq!(accept("application/json;q=0"), None);
+        // A form refused by name stays refused beside a wildcard (RFC 9110 12.5.1), in any
+        // spelling of its quality; the wildcard then means the other forms.
+        assert_eq!(accept("application/json;q=0, */*"), msgpack);
+        assert_eq!(accept("application/json;Q=0.000, application/*"), msgpack);
+        assert_eq!(accept("application/msgpack;q=0, */*"), json);
+        assert_eq!(accept("application/json;q=0, application/msgpack;q=0, */*"), None);
+    }
+
+    #[test]
+    fn an_ext_value_that_is_not_a_tensor_has_no_json_form() {
+        // fixext 1 of type 5: serde would write it as `[5,[1]]`, another value.
+        let foreign = Bytes::from_static(&[0x91, 0xd4, 0x05, 0x01]);
+        let error = from_msgpack(Format::Json, foreign.clone()).unwrap_err();
+        assert!(error.contains("ext value that is not a tensor"), "{error}");
+        assert_eq!(from_msgpack(Format::Msgpack, foreign.clone()).unwrap(), foreign);
     }
 
     /// The answer for an output of raw bytes (`b"PNG"`, the worker naming `named`).

@@ -2,7 +2,9 @@
 
 use bytes::Bytes;
 use corral_protocol::JobId;
-use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER};
+use http::header::{
+    ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -57,6 +59,7 @@ async fn route_in(
     arrived: Instant,
 ) -> Response<Body> {
     let method = request.method().clone();
+    let unread = carries_body(&request);
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let path = request.uri().path();
     let head = head_size(&request);
@@ -85,6 +88,13 @@ async fn route_in(
     let mut response = answer.unwrap_or_else(error_response);
     let id = id.to_string();
     let code = response.status();
+    // These are answered before the body is read, on every route and protocol: the rest of the
+    // body may still be on its way, so the connection cannot be reused (hyper closes it, and a
+    // client that reused it at once saw it drop without an answer). See `body::before_body`.
+    let refused = [StatusCode::NOT_FOUND, StatusCode::METHOD_NOT_ALLOWED];
+    if unread && (refused.contains(&code) || code == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE) {
+        response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
+    }
     if let Some(cx) = timing::trace() {
         trace::answered(&cx, &method, route, code.as_u16(), &id);
     }
@@ -94,6 +104,13 @@ async fn route_in(
     metrics().requests.with_label_values(&[route, code.as_str()]).inc();
     metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());
     response
+}
+
+/// Whether a request has a body to come: a `Content-Length` above 0, or a `Transfer-Encoding`.
+fn carries_body(request: &Request<Incoming>) -> bool {
+    let headers = request.headers();
+    let length = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok());
+    headers.contains_key(TRANSFER_ENCODING) || length.is_some_and(|length| length.trim() != "0")
 }
 
 /// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its

@@ -82,7 +82,14 @@ pub async fn answer(
             // The job was answered without a chunk: its outcome is on its way.
             None => Some(outcome(&mut reply).await),
         },
-        answered = &mut reply => Some(answered.map(|r| r.outcome).unwrap_or_else(dropped)),
+        answered = &mut reply => {
+            // Every chunk was pushed before the outcome, maybe since `source` was polled just
+            // above: they go first.
+            while let Some(chunk) = source.try_next() {
+                first.push(chunk);
+            }
+            Some(answered.map(|r| r.outcome).unwrap_or_else(dropped))
+        }
         _ = tokio::time::sleep_until(deadline) => {
             departure.ended();
             return Err(ApiError::deadline_exceeded());
@@ -98,8 +105,16 @@ pub async fn answer(
     }
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
+    for chunk in first {
+        if finished {
+            break;
+        }
+        pending.push(event(framing, chunk, &mut finished));
+    }
+    let streamed = !pending.is_empty();
     match outcome {
         None => {}
+        Some(_) if finished => {}
         Some(Outcome::Done(data, _)) => {
             pending.extend(last_chunk(framing, data));
             finished = true;
@@ -108,10 +123,12 @@ pub async fn answer(
             pending.push(framing.done());
             finished = true;
         }
+        // After chunks, a failure is the stream's error event, as later in the stream.
+        Some(other) if streamed => {
+            pending.push(framing.error(&ApiError::from_outcome(other)));
+            finished = true;
+        }
         Some(other) => return Err(ApiError::from_outcome(other)),
-    }
-    for chunk in first {
-        pending.push(event(framing, chunk, &mut finished));
     }
     let events = Events {
         framing,

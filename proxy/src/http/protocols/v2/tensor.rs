@@ -523,7 +523,7 @@ fn expand_value(value: ValueRef<'_>) -> Result<ValueRef<'_>, String> {
             nest(&shape, &mut flat.into_iter())
         }
         // Other ext values are not Corral's: a msgpack client gets them as sent, and JSON
-        // refuses them when the answer is written.
+        // refuses them when the answer is written (`format::from_msgpack`).
         other @ ValueRef::Ext(..) => other,
         ValueRef::Array(items) => {
             ValueRef::Array(items.into_iter().map(expand_value).collect::<Result<_, _>>()?)
