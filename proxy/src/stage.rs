@@ -341,6 +341,7 @@ impl Stage {
         let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
         self.weigh(&mut jobs);
         let weight: usize = jobs.iter().map(|job| job.weight as usize).sum();
+        let heaviest = jobs.iter().map(|job| job.weight as usize).max().unwrap_or(0);
         let bytes: usize = jobs.iter().map(|job| job.size()).sum();
         let mut evicted = Vec::new();
         let mut retry_after = Duration::from_secs(1);
@@ -391,7 +392,7 @@ impl Stage {
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
                 // Only the jobs of this class and above go before these: lower ones wait.
                 let ahead = queue.jobs.weight_from(class) as usize;
-                let finish = self.predict(&queue, now, cost, ahead, weight);
+                let finish = self.predict(&queue, now, cost, ahead, weight, heaviest);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     let retry_after = admission::retry_after(finish, last.deadline);
@@ -405,7 +406,9 @@ impl Stage {
             if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
                 // When a job of the evicted class would be served, were it sent again now.
                 let ahead = queue.jobs.weight_from(victim.class) as usize + weight;
-                if let Some(finish) = self.predict(&queue, now, cost, ahead, victim.weight as usize)
+                let victim_weight = victim.weight as usize;
+                if let Some(finish) =
+                    self.predict(&queue, now, cost, ahead, victim_weight, victim_weight)
                 {
                     retry_after = admission::retry_after(finish, now);
                 }
@@ -414,7 +417,7 @@ impl Stage {
                 queue.arrivals.record(job.arrived);
                 queue.returns.arrived(job.arrived, self.settings.max_wait);
             }
-            queue.jobs.push(jobs);
+            queue.jobs.push(jobs, now);
         }
         self.arrivals.notify_waiters();
         for job in evicted {
@@ -440,6 +443,9 @@ impl Stage {
     }
 
     /// When `group` more weight, behind `ahead` weight, would be answered (None: no worker).
+    /// `heaviest` is the group's heaviest job: a job is never split, and one heavier than a
+    /// full batch goes in a batch of its own, costing its weight once — not as many batches,
+    /// each paying the overhead (a lone heavy job on an idle stage was refused so, for good).
     fn predict(
         &self,
         queue: &Queue,
@@ -447,10 +453,11 @@ impl Stage {
         cost: cost::Cost,
         ahead: usize,
         group: usize,
+        heaviest: usize,
     ) -> Option<Instant> {
         let first = queue.first.estimate().unwrap_or(cost);
         let mut free_at = queue.free_at(now, cost);
-        let max = self.batch_weight(queue);
+        let max = self.batch_weight(queue).max(heaviest);
         admission::predicted_finish(ahead, group, max, cost, first, &mut free_at)
     }
 

@@ -45,7 +45,11 @@ pub fn requested(
             value
                 .to_str()
                 .ok()
-                .and_then(|v| v.trim().parse::<u64>().ok())
+                // Past u64 is past the cap too: it counts as the cap, as any value above it.
+                .and_then(|v| match v.trim().parse::<u64>() {
+                    Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Some(u64::MAX),
+                    parsed => parsed.ok(),
+                })
                 .filter(|&w| w > 0)
                 .map(|w| w.min(u64::from(MAX_WEIGHT)) as u32)
                 .ok_or_else(|| {
@@ -95,6 +99,8 @@ mod tests {
     #[test]
     fn heavy_weights_are_capped() {
         assert_eq!(read(&[(WEIGHT_HEADER, "99999999999")]).unwrap().weight, Some(MAX_WEIGHT));
+        let past_u64 = [(WEIGHT_HEADER, "99999999999999999999999")];
+        assert_eq!(read(&past_u64).unwrap().weight, Some(MAX_WEIGHT));
     }
 
     #[test]

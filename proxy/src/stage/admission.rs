@@ -37,7 +37,7 @@ pub fn predicted_finish(
     // Batch j goes to the j-th worker to free up, in round j / workers: with equal batch costs
     // the workers take turns in the order they free up.
     let j = batches - 1;
-    let rounds_before = (j / free_at.len()) as u32;
+    let rounds_before = u32::try_from(j / free_at.len()).unwrap_or(u32::MAX);
     Some(
         free_at[j % free_at.len()]
             + cost.of(max_batch).saturating_mul(rounds_before)

@@ -213,10 +213,12 @@ impl Lanes {
         }
     }
 
-    /// Queues one request's jobs (all of one class and tenant) behind its lane's requests.
-    pub fn push(&mut self, jobs: Vec<Job>) {
+    /// Queues one request's jobs (all of one class and tenant) behind its lane's requests, at
+    /// `now`: its class ages from then, not from the request's arrival (its body may have
+    /// taken seconds to come, and it would enter the queue promoted already).
+    pub fn push(&mut self, jobs: Vec<Job>, now: Instant) {
         let Some(first) = jobs.first() else { return };
-        let (class, key, entered) = (first.class, first.tenant, first.arrived);
+        let (class, key, entered) = (first.class, first.tenant, now);
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
@@ -356,17 +358,26 @@ impl Lanes {
 
     /// Removes the least urgent request of a class below `class` — from the lowest class with
     /// work, the one with the latest deadline — to make room for a job of `class`.
+    ///
+    /// Every request of that class is looked at, not each lane's last (a scan: eviction comes
+    /// only with a full queue): the last queued is not the least urgent when clients ask for
+    /// different timeouts, or a job came back after its worker died. Among equal deadlines the
+    /// later queued goes.
     pub fn evict_below(&mut self, class: Class) -> Option<Vec<Job>> {
         let victim = Class::DISPATCH_ORDER.into_iter().rev().filter(|c| *c < class).find_map(|c| {
             let lanes = &self.classes[c.index()];
-            let latest = |lane: &TenantLane| {
-                lane.requests.back().and_then(|r| r.jobs.front()).map(|job| job.deadline)
-            };
-            lanes.tenants.iter().max_by_key(|(_, lane)| latest(lane)).map(|(key, _)| (c, *key))
+            let requests = lanes.tenants.iter().flat_map(|(key, lane)| {
+                lane.requests.iter().enumerate().filter_map(move |(at, request)| {
+                    Some((request.jobs.front()?.deadline, at, *key))
+                })
+            });
+            requests
+                .max_by_key(|&(deadline, at, _)| (deadline, at))
+                .map(|(_, at, key)| (c, key, at))
         });
-        let (class, key) = victim?;
+        let (class, key, at) = victim?;
         let lanes = &mut self.classes[class.index()];
-        let request = lanes.tenants.get_mut(&key)?.requests.pop_back()?;
+        let request = lanes.tenants.get_mut(&key)?.requests.remove(at)?;
         lanes.tidy(key);
         if self.current == Some((class, key)) && !lanes.tenants.contains_key(&key) {
             self.current = None;

@@ -611,3 +611,73 @@ async fn admission_counts_only_the_jobs_that_go_before() {
     stage.submit(high).unwrap();
     drop(seat);
 }
+
+/// A stage that learned batches cost 20 ms + 0.1 ms a unit of weight (from lone jobs of weight
+/// 500 and 1,000), its one worker idle.
+fn learned_by_weight(max_batch_weight: Option<usize>) -> Stage {
+    let settings = BatchSettings { max_batch_weight, ..*stage(32, 100).settings() };
+    let stage = Stage::new("default", settings, 100);
+    let seat = stage.worker_joined();
+    for round in 0..10u64 {
+        let weight = if round % 2 == 0 { 500 } else { 1000 };
+        seat.finished(1, weight as usize, Duration::from_micros(20_000 + 100 * weight));
+    }
+    std::mem::forget(seat); // the worker stays, idle
+    stage
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heavy_job_an_idle_stage_runs_in_time_is_admitted() {
+    // 120 ms alone; 500 ms to live. Counted as 32 (or 10) batches of the stage's full weight,
+    // each paying the overhead, it was refused for good.
+    for budget in [None, Some(100)] {
+        let stage = learned_by_weight(budget);
+        let (mut heavy, _answer) = job(b"heavy", Duration::from_millis(500));
+        heavy.weight = 1000;
+        assert!(stage.submit(heavy).is_ok(), "with max_batch_weight {budget:?}");
+        // One that would outlast its deadline even alone is still refused.
+        let (mut heavier, _answer) = job(b"heavier", Duration::from_millis(500));
+        heavier.weight = 10_000;
+        assert!(stage.submit(heavier).is_err(), "with max_batch_weight {budget:?}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_takes_the_latest_deadline_not_the_last_queued() {
+    // "The lowest class first, the latest deadline first."
+    let stage = stage(8, 2);
+    let (mut patient, mut patient_answer) = job(b"low-60s", Duration::from_secs(60));
+    patient.class = Class::Low;
+    stage.submit(patient).unwrap();
+    let (mut urgent, mut urgent_answer) = job(b"low-1s", Duration::from_secs(1));
+    urgent.class = Class::Low;
+    stage.submit(urgent).unwrap();
+    let (high, _high) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    let preempted = |answer: &mut oneshot::Receiver<Reply>| {
+        matches!(answer.try_recv().map(|r| r.outcome), Ok(Outcome::Preempted { .. }))
+    };
+    assert!(preempted(&mut patient_answer), "the job with 60 s left stays");
+    assert!(!preempted(&mut urgent_answer), "the job with 1 s left went");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_class_ages_from_when_its_job_was_queued_not_from_its_arrival() {
+    // A low request whose body took 12 s to come (aging: 5 s) enters the queue low, behind a
+    // high job queued before it.
+    let stage = stage(1, 10);
+    let (high, _high) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    let now = Instant::now();
+    let slow_body = now - Duration::from_secs(12);
+    let (mut low, _low) = Job::new(
+        JobId::new(),
+        Bytes::from_static(b"low"),
+        slow_body,
+        now + Duration::from_secs(20),
+    );
+    low.class = Class::Low;
+    stage.submit(low).unwrap();
+    assert_eq!(stage.queued_by_class(), [1, 0, 1], "high, normal, low");
+    assert_eq!(payloads(&stage.next_batch().await), [b"high"]);
+}

@@ -31,7 +31,7 @@ fn drain(lanes: &mut Lanes) -> Vec<String> {
 }
 
 fn one(lanes: &mut Lanes, name: &str, class: Class, tenant: Option<&str>, at: Instant) {
-    lanes.push(vec![job(name, class, tenant, 1, at)]);
+    lanes.push(vec![job(name, class, tenant, 1, at)], at);
 }
 
 #[test]
@@ -71,10 +71,10 @@ fn turns_are_fair_in_weight_not_in_jobs() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
     for i in 0..4 {
-        lanes.push(vec![job(&format!("heavy{i}"), Class::Normal, Some("h"), 10, now)]);
+        lanes.push(vec![job(&format!("heavy{i}"), Class::Normal, Some("h"), 10, now)], now);
     }
     for i in 0..20 {
-        lanes.push(vec![job(&format!("light{i}"), Class::Normal, Some("l"), 1, now)]);
+        lanes.push(vec![job(&format!("light{i}"), Class::Normal, Some("l"), 1, now)], now);
     }
     let order = drain(&mut lanes);
     // After the first heavy job (10), the light tenant catches up with ten of its own.
@@ -108,7 +108,7 @@ fn a_requests_jobs_stay_together_across_tenants() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
     let group = (0..3).map(|i| job(&format!("g{i}"), Class::Normal, Some("a"), 1, now)).collect();
-    lanes.push(group);
+    lanes.push(group, now);
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
     let order = drain(&mut lanes);
     let g = order.iter().position(|n| n == "g0").unwrap();
@@ -166,7 +166,7 @@ fn a_whole_request_is_evicted_and_counts_follow() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
     let group = (0..3).map(|i| job(&format!("g{i}"), Class::Low, Some("a"), 2, now)).collect();
-    lanes.push(group);
+    lanes.push(group, now);
     assert_eq!((lanes.len(), lanes.weight(), lanes.of_tenant(Tenant::of(b"a"))), (3, 6, 3));
     assert_eq!(names(lanes.evict_below(Class::Normal).unwrap()), ["g0", "g1", "g2"]);
     assert_eq!((lanes.len(), lanes.weight(), lanes.bytes()), (0, 0, 0));
@@ -191,10 +191,10 @@ fn dead_jobs_are_removed_wherever_they_wait() {
     {
         one(&mut lanes, name, class, tenant, now);
     }
-    lanes.push(vec![
-        job("c", Class::Normal, None, 1, now),
-        job("dead2", Class::Normal, None, 4, now),
-    ]);
+    lanes.push(
+        vec![job("c", Class::Normal, None, 1, now), job("dead2", Class::Normal, None, 4, now)],
+        now,
+    );
     let gone = lanes.remove_dead(|job| job.payload.contiguous().starts_with(b"dead"));
     assert_eq!(names(gone), ["dead2", "dead1"]);
     assert_eq!((lanes.len(), lanes.weight()), (3, 3));
@@ -218,7 +218,7 @@ fn a_request_of_many_jobs_does_not_hold_the_next_batch() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
     let flood = (0..6).map(|i| job(&format!("a{i}"), Class::Normal, Some("a"), 1, now)).collect();
-    lanes.push(flood);
+    lanes.push(flood, now);
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
     // Whichever tenant goes first, a batch that started the flood keeps taking it...
     let mut first: Vec<String> = Vec::new();
