@@ -103,6 +103,8 @@ def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corra
     # Both workers died with it (one try, one retry); both are restarted and serve again.
     proxy.wait_for_log(r"worker connected", count=4)
     assert proxy.post("still here").json()["echo"] == "still here"
+    # Every batch sent counts as one, those whose worker died too (they once counted nothing).
+    assert proxy.metric("corral_batch_size_count", stage="default") == 3
 
 
 def test_with_retries_off_a_dead_worker_s_job_is_not_run_again(corral_factory, tmp_path):

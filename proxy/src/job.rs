@@ -10,6 +10,7 @@
 //! A streamed job also carries a [`ChunkSink`]: its chunks go to the client as they arrive, and
 //! its outcome only ends the stream.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -88,6 +89,10 @@ pub struct Job {
     pub weight: u32,
     /// How many more times the job may be given to another worker if its worker dies with it.
     pub retries: u32,
+    /// The request the job belongs to, shared by all its jobs ([`Job::new`] gives each job a
+    /// request of its own): jobs handed back after their worker died are queued as their
+    /// request again, to be taken and evicted whole.
+    pub request: u64,
     /// Cancelled once nobody waits for the answer any more (client left, deadline passed).
     pub left: CancellationToken,
     /// Where a streamed job's chunks go (None: a one-shot job; chunks, if its worker streams,
@@ -105,6 +110,12 @@ pub struct Job {
     /// since the queue asks for [`Job::size`] several times per job.
     trace_bytes: usize,
     reply: oneshot::Sender<Reply>,
+}
+
+/// A request key no other request has: what [`Job::request`] holds.
+pub fn new_request() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Job {
@@ -125,6 +136,7 @@ impl Job {
             tenant: None,
             weight: 1,
             retries: 0,
+            request: new_request(),
             left: CancellationToken::new(),
             stream: None,
             content_type: None,

@@ -176,10 +176,12 @@ pub fn submit(
 ) -> Result<Queued<'_>, Shed> {
     let mut departure = Departure::new(stage);
     let traced = timing::trace();
+    let request = crate::job::new_request();
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
         .map(|Input { id, payload, content_type }| {
             let (mut job, answer) = Job::new(id, payload, arrived, deadline);
+            job.request = request;
             job.retries = retries;
             job.content_type = content_type;
             job.stream = stream.take();

@@ -139,6 +139,8 @@ struct Queue {
     closed: bool,
     /// When dead jobs were last cleared out of the whole queue.
     last_purge: Option<Instant>,
+    /// When a job was last admitted against the prediction, as a probe ([`PROBE_EVERY`]).
+    last_probe: Option<Instant>,
     /// Whether a purge is due once [`PURGE_EVERY`] allows ([`Stage::purge`]).
     purge_pending: bool,
 }
@@ -146,6 +148,11 @@ struct Queue {
 /// How long a queued job waits in its class before it is promoted, unless set
 /// (`--priority-aging-ms`).
 pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
+
+/// At most one job a second is admitted against the prediction, as a probe of a stale one: on a
+/// model that really is too slow for the deadlines asked, that is one job a second run to its
+/// 408 on a worker that was idle anyway.
+const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// What the stage knows of one connected worker.
 #[derive(Debug, Clone, Copy)]
@@ -180,6 +187,20 @@ impl Queue {
             let job = self.jobs.pop(false).expect("front exists");
             bury(job, now);
         }
+    }
+
+    /// Whether a job predicted to miss `latest` is admitted all the same, as a probe of a
+    /// prediction that may be stale: the stage is idle (nothing queued ahead of it, a worker
+    /// free), even the lightest job is predicted to miss (so no job with this little time is
+    /// admitted otherwise, no batch runs, and the cost is never learned again), and no probe went
+    /// in the last [`PROBE_EVERY`]. One slow batch — a cold start, a pause, a late worker — once
+    /// refused every request with a shorter deadline for good, on a healthy idle stage. A job
+    /// refused only for its own weight is not probed: the lightest job would fit.
+    fn may_probe(&self, now: Instant, ahead: usize, latest: Instant) -> bool {
+        let idle = ahead == 0 && self.seats.iter().flatten().any(|seat| seat.busy.is_none());
+        let lightest = self.first.estimate().or(self.cost.estimate()).map(|first| first.of(1));
+        let due = self.last_probe.is_none_or(|at| now >= at + PROBE_EVERY);
+        idle && due && lightest.is_some_and(|lightest| now + lightest > latest)
     }
 
     /// The queue as the policy sees it, for a worker free since `free_since`.
@@ -395,8 +416,12 @@ impl Stage {
                 let finish = self.predict(&queue, now, cost, ahead, weight, heaviest);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
-                    let retry_after = admission::retry_after(finish, last.deadline);
-                    return Err(Shed::DeadlineUnreachable { retry_after });
+                    if queue.may_probe(now, ahead, latest) {
+                        queue.last_probe = Some(now);
+                    } else {
+                        let retry_after = admission::retry_after(finish, last.deadline);
+                        return Err(Shed::DeadlineUnreachable { retry_after });
+                    }
                 }
             }
             while full(&queue.jobs) {
@@ -483,8 +508,20 @@ impl Stage {
                 }
                 return;
             }
-            for job in jobs.into_iter().rev() {
-                queue.jobs.push_front(job);
+            // Each run of one request's jobs goes back as that request (a batch may carry
+            // several requests, and one request's jobs are taken together), last run first so
+            // that they keep their order at the front.
+            let mut runs: Vec<Vec<Job>> = Vec::new();
+            for job in jobs {
+                match runs.last_mut() {
+                    Some(run) if run[0].request == job.request && run[0].class == job.class => {
+                        run.push(job)
+                    }
+                    _ => runs.push(vec![job]),
+                }
+            }
+            for run in runs.into_iter().rev() {
+                queue.jobs.push_front(run);
             }
         }
         self.arrivals.notify_waiters();

@@ -155,7 +155,7 @@ pub fn worker_results(data: &[u8]) {
         let predictions = answer["predictions"].as_array().expect("a predictions array");
         assert_eq!(predictions.len(), results.len(), "one prediction per instance");
     }
-    if let Ok(array) = items::assemble(outcomes()) {
+    if let Ok(array) = items::assemble(outcomes(), Format::Msgpack) {
         assert!(crate::msgpack::check(&array).is_ok(), "the results' array is msgpack");
     }
     v2_answer(choice, &results);

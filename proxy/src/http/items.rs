@@ -9,6 +9,7 @@
 use bytes::{BufMut, Bytes, BytesMut};
 
 use super::error::ApiError;
+use super::format::{self, Format};
 use crate::job::Outcome;
 use crate::msgpack;
 
@@ -40,13 +41,24 @@ pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
     Ok(Some(map.slice(map.len() - value.len()..map.len() - rest.len())))
 }
 
-/// The msgpack array of results, or the error answer described above.
-pub fn assemble(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
-    let failed: Vec<(usize, ApiError)> = outcomes
+/// The array of results in `format`, or the error answer described above. For JSON each result
+/// is written out here, so that one with no JSON form (NaN, a map key that is not a string) is a
+/// failed element of its own (500 `unrepresentable_output`, listed with the others), not the
+/// whole request's 500 with its other results dropped.
+pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiError> {
+    let written: Vec<Result<Bytes, ApiError>> = outcomes
+        .into_iter()
+        .map(|outcome| match (outcome, format) {
+            (Outcome::Done(data, _), Format::Msgpack) => Ok(data),
+            (Outcome::Done(data, _), Format::Json) => format::from_msgpack(Format::Json, data)
+                .map_err(|e| ApiError::internal("unrepresentable_output", e)),
+            (other, _) => Err(ApiError::from_outcome(other)),
+        })
+        .collect();
+    let failed: Vec<(usize, &ApiError)> = written
         .iter()
         .enumerate()
-        .filter(|(_, outcome)| !matches!(outcome, Outcome::Done(..)))
-        .map(|(index, outcome)| (index, ApiError::from_outcome(outcome.clone())))
+        .filter_map(|(index, result)| Some((index, result.as_ref().err()?)))
         .collect();
     if let Some((_, first)) = failed.first() {
         let listed = failed
@@ -60,19 +72,29 @@ pub fn assemble(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
                 })
             })
             .collect();
-        let message = format!("{} of {} items failed", failed.len(), outcomes.len());
-        return Err(ApiError { message, items: Some(listed), ..first.clone() });
+        let message = format!("{} of {} items failed", failed.len(), written.len());
+        return Err(ApiError { message, items: Some(listed), ..(*first).clone() });
     }
-    let size: usize =
-        outcomes.iter().map(|o| if let Outcome::Done(d, _) = o { d.len() } else { 0 }).sum();
-    let mut out = BytesMut::with_capacity(size + 5);
-    let mut header = Vec::with_capacity(5);
-    rmp::encode::write_array_len(&mut header, outcomes.len() as u32)
-        .expect("writing to a Vec cannot fail");
-    out.put_slice(&header);
-    for outcome in outcomes {
-        if let Outcome::Done(data, _) = outcome {
-            out.put_slice(&data);
+    let results: Vec<Bytes> = written.into_iter().map(|r| r.expect("none failed")).collect();
+    let size: usize = results.iter().map(Bytes::len).sum::<usize>() + results.len() + 5;
+    let mut out = BytesMut::with_capacity(size);
+    match format {
+        Format::Msgpack => {
+            let mut header = Vec::with_capacity(5);
+            rmp::encode::write_array_len(&mut header, results.len() as u32)
+                .expect("writing to a Vec cannot fail");
+            out.put_slice(&header);
+            results.iter().for_each(|result| out.put_slice(result));
+        }
+        Format::Json => {
+            out.put_u8(b'[');
+            for (at, result) in results.iter().enumerate() {
+                if at > 0 {
+                    out.put_u8(b',');
+                }
+                out.put_slice(result);
+            }
+            out.put_u8(b']');
         }
     }
     Ok(out.freeze())
@@ -116,20 +138,28 @@ mod tests {
 
     #[test]
     fn assembles_results_in_order() {
-        let data = assemble(vec![
-            Outcome::Done(mp(serde_json::json!("a")), None),
-            Outcome::Done(mp(serde_json::json!(2)), None),
-        ]);
+        let outcomes = || {
+            vec![
+                Outcome::Done(mp(serde_json::json!("a")), None),
+                Outcome::Done(mp(serde_json::json!(2)), None),
+            ]
+        };
+        let data = assemble(outcomes(), Format::Msgpack);
         assert_eq!(data.unwrap(), mp(serde_json::json!(["a", 2])));
+        assert_eq!(assemble(outcomes(), Format::Json).unwrap(), r#"["a",2]"#);
+        assert_eq!(assemble(Vec::new(), Format::Json).unwrap(), "[]");
     }
 
     #[test]
     fn answers_the_first_failure_and_lists_them_all() {
-        let error = assemble(vec![
-            Outcome::Done(mp(serde_json::json!(1)), None),
-            Outcome::Invalid("bad pixel".into()),
-            Outcome::Expired,
-        ])
+        let error = assemble(
+            vec![
+                Outcome::Done(mp(serde_json::json!(1)), None),
+                Outcome::Invalid("bad pixel".into()),
+                Outcome::Expired,
+            ],
+            Format::Msgpack,
+        )
         .unwrap_err();
         assert_eq!((error.status.as_u16(), error.code), (422, "invalid_input"));
         let body: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
@@ -137,5 +167,27 @@ mod tests {
         assert_eq!(body["items"][0]["index"], 1);
         assert_eq!(body["items"][0]["message"], "bad pixel");
         assert_eq!(body["items"][1]["status"], 408);
+    }
+
+    #[test]
+    fn an_item_with_no_json_form_is_a_failed_item_of_its_own() {
+        // [ok, NaN, rejected]: the NaN once failed the whole request (500, no list) as JSON.
+        let nan = Bytes::from(rmp_serde::to_vec(&f64::NAN).unwrap());
+        let outcomes = || {
+            vec![
+                Outcome::Done(mp(serde_json::json!(1)), None),
+                Outcome::Done(nan.clone(), None),
+                Outcome::Invalid("bad pixel".into()),
+            ]
+        };
+        let error = assemble(outcomes(), Format::Json).unwrap_err();
+        assert_eq!((error.status.as_u16(), error.code), (500, "unrepresentable_output"));
+        let body: serde_json::Value = serde_json::from_slice(&error.body()).unwrap();
+        assert_eq!(body["message"], "2 of 3 items failed");
+        assert_eq!(body["items"][0]["index"], 1);
+        assert_eq!(body["items"][1]["index"], 2);
+        // msgpack carries NaN: only the rejected item failed.
+        let error = assemble(outcomes(), Format::Msgpack).unwrap_err();
+        assert_eq!((error.status.as_u16(), error.code), (422, "invalid_input"));
     }
 }

@@ -227,14 +227,16 @@ impl Lanes {
         self.due(class, entered);
     }
 
-    /// Puts a job back at the front of its lane (its worker died holding it): it goes first
-    /// among its tenant's work.
-    pub fn push_front(&mut self, job: Job) {
-        let (class, key, entered) = (job.class, job.tenant, job.arrived);
-        self.count(class, &job, 1);
-        let (weight, bytes) = (u64::from(job.weight), job.size());
-        let request =
-            Request { jobs: VecDeque::from([job]), weight, bytes, started: false, entered };
+    /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
+    /// (their worker died holding them): they go first among their tenant's work, as one
+    /// request again.
+    pub fn push_front(&mut self, jobs: Vec<Job>) {
+        let Some(first) = jobs.first() else { return };
+        let (class, key, entered) = (first.class, first.tenant, first.arrived);
+        jobs.iter().for_each(|job| self.count(class, job, 1));
+        let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
+        let bytes = jobs.iter().map(Job::size).sum();
+        let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
         self.classes[class.index()].lane(key).requests.push_front(request);
         self.due(class, entered);
     }

@@ -69,10 +69,10 @@ impl WorkerSeat<'_> {
         self.stage.next_join(self.slot, max).await
     }
 
-    /// A streaming batch of `size` jobs (`weight` in all) sent its first chunk (or first result) `took` after it
-    /// was sent: what admission and the policy learn for a streaming stage is the time to first
+    /// A streaming batch of `weight` in all sent its first chunk (or first result) `took` after
+    /// it was sent: what admission and the policy learn for a streaming stage is the time to first
     /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
-    pub fn first_chunk(&self, size: usize, weight: usize, took: Duration, joining: bool) {
+    pub fn first_chunk(&self, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
         queue.first.record(weight, took);
         if joining {
@@ -80,7 +80,6 @@ impl WorkerSeat<'_> {
             queue.cost.record(weight, took);
         }
         let stage = [self.stage.name.as_str()];
-        metrics().batch_size.with_label_values(&stage).observe(size as f64);
         metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
     }
 
@@ -120,7 +119,6 @@ impl WorkerSeat<'_> {
         queue.first.record(weight, took);
         queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
-        metrics().batch_size.with_label_values(&stage).observe(size as f64);
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());
     }
 }

@@ -681,3 +681,66 @@ async fn a_class_ages_from_when_its_job_was_queued_not_from_its_arrival() {
     assert_eq!(stage.queued_by_class(), [1, 0, 1], "high, normal, low");
     assert_eq!(payloads(&stage.next_batch().await), [b"high"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_handed_back_by_a_dead_worker_is_evicted_whole() {
+    // A low request of 4 jobs, taken by a worker that dies: its jobs go back as one request, and
+    // a high job arriving at the full queue evicts all of them, not one.
+    let stage = stage(4, 4);
+    let seat = stage.worker_joined();
+    let request = crate::job::new_request();
+    let (jobs, mut answers): (Vec<Job>, Vec<_>) = (0..4)
+        .map(|_| {
+            let (mut job, answer) = job(b"low", Duration::from_secs(5));
+            (job.class, job.request) = (Class::Low, request);
+            (job, answer)
+        })
+        .unzip();
+    stage.submit_all(jobs).unwrap();
+    let held = seat.next_batch().await;
+    assert_eq!(held.len(), 4);
+    seat.requeue(held);
+    let (high, _high) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+    for answer in &mut answers {
+        assert!(matches!(answer.try_recv().map(|r| r.outcome), Ok(Outcome::Preempted { .. })));
+    }
+    assert_eq!(payloads(&seat.next_batch().await), [b"high"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_slow_batch_does_not_lock_short_deadlines_out_for_good() {
+    // One batch took 600 ms (a cold start, a pause); jobs with 400 ms to live are predicted to
+    // miss, so none was admitted, no batch ran, and the cost was never learned again.
+    let stage = stage(4, 100);
+    let seat = stage.worker_joined();
+    seat.finished(1, 1, Duration::from_millis(600));
+    let short = |payload| job(payload, Duration::from_millis(400));
+    let (probe, _probe) = short(b"probe");
+    assert!(stage.submit(probe).is_ok(), "an idle stage lets one in, as a probe");
+    let (next, _next) = short(b"next");
+    assert!(matches!(stage.submit(next), Err(Shed::DeadlineUnreachable { .. })));
+    // The probe runs, and fast: the stage learns it, and admits short jobs again.
+    let batch = seat.next_batch().await;
+    assert_eq!(payloads(&batch), [b"probe"]);
+    seat.finished(1, 1, Duration::from_millis(5));
+    let (after, _after) = short(b"after");
+    assert!(stage.submit(after).is_ok());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stage_too_slow_for_a_deadline_is_probed_at_most_once_a_second() {
+    let stage = stage(4, 100);
+    let seat = stage.worker_joined();
+    seat.finished(1, 1, Duration::from_millis(600));
+    let short = |payload| job(payload, Duration::from_millis(400));
+    let (probe, _probe) = short(b"probe");
+    assert!(stage.submit(probe).is_ok());
+    let batch = seat.next_batch().await;
+    seat.finished(batch.len(), 1, Duration::from_millis(600)); // it really is that slow
+    let (again, _again) = short(b"again");
+    assert!(stage.submit(again).is_err(), "idle again, but a probe went in this second");
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let (later, _later) = short(b"later");
+    assert!(stage.submit(later).is_ok(), "the next second's probe");
+}

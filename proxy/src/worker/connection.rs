@@ -494,6 +494,8 @@ pub(super) async fn idle(
 /// their media type.
 pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFlight {
     let sent = Instant::now();
+    // Counted as sent, whatever becomes of it (a batch whose worker dies counts too).
+    metrics().batch_size.with_label_values(&[by.stage]).observe(jobs.len() as f64);
     let span = trace::batch(by.stage, by.pid, &jobs);
     let batch_sent =
         Sent { at: sent, batch_size: jobs.len() as u32, span: span.as_ref().map(trace::ids) };

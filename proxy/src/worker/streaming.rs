@@ -60,7 +60,6 @@ struct Held {
 /// stage is the time to first chunk.
 struct Pending {
     sent: Instant,
-    size: usize,
     weight: usize,
     /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk.
     _span: Option<opentelemetry_sdk::trace::Span>,
@@ -177,8 +176,7 @@ impl State {
         let mut sent = send(outbox, jobs, by);
         let (since, size, held) = self.busy.unwrap_or((sent.sent, 0, 0));
         self.busy = Some((since, size + sent.jobs.len(), held + weight));
-        let size = sent.jobs.len();
-        let pending = Pending { sent: sent.sent, size, weight, _span: sent.span.take() };
+        let pending = Pending { sent: sent.sent, weight, _span: sent.span.take() };
         self.first.insert(sent.frame, pending);
         for job in sent.jobs {
             self.departures.watch(&job);
@@ -225,7 +223,7 @@ impl State {
     /// The first chunk or result of a batch: the stage learns its time to first chunk.
     fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
         if let Some(pending) = self.first.remove(&frame) {
-            seat.first_chunk(pending.size, pending.weight, pending.sent.elapsed(), self.joins);
+            seat.first_chunk(pending.weight, pending.sent.elapsed(), self.joins);
         }
     }
 

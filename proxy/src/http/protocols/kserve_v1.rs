@@ -95,7 +95,7 @@ async fn predict(
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
 pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
-    let predictions = items::assemble(outcomes)?;
+    let predictions = items::assemble(outcomes, Format::Msgpack)?;
     // A one-entry map around the results' array, which is copied once, into the JSON.
     let mut data = Vec::with_capacity(16);
     rmp::encode::write_map_len(&mut data, 1).expect("writing to a Vec cannot fail");

@@ -90,8 +90,17 @@ pub async fn handle(
     // A request of several items was read whole: its payload is one buffer, shared.
     let elements = items::split(&input.payload.to_bytes()).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
-    let data = items::assemble(outcomes)?;
-    answer(&negotiation, data, None)
+    // The answer is an array, never raw bytes: its format is known before it is written.
+    let chosen = negotiation.choose(&Bytes::from_static(&[0x90]), None);
+    let format = match chosen {
+        Some(Answer::Format(format)) => format,
+        _ => Format::Msgpack,
+    };
+    let body = items::assemble(outcomes, format)?;
+    match chosen {
+        Some(Answer::Format(format)) => Ok(respond(format, body)),
+        _ => Err(ApiError::not_acceptable()),
+    }
 }
 
 /// What a native route's request body is.
@@ -149,11 +158,16 @@ fn answer(
 fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
     let body = format::from_msgpack(output, data)
         .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
-    Ok(Response::builder()
+    Ok(respond(output, body))
+}
+
+/// A 200 whose body is written in `format` already.
+fn respond(format: Format, body: Bytes) -> Response<Body> {
+    Response::builder()
         .status(StatusCode::OK)
-        .header(CONTENT_TYPE, output.content_type())
+        .header(CONTENT_TYPE, format.content_type())
         .body(Full::new(body).boxed_unsync())
-        .expect("static headers are valid"))
+        .expect("static headers are valid")
 }
 
 fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
