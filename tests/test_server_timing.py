@@ -83,9 +83,13 @@ def test_an_answer_without_a_batch_has_its_total_only(proxy):
     answer = proxy.client.get("/healthz")
     assert set(timing(answer)) == {"total"}
     assert "x-corral-batch-size" not in answer.headers
-    # A deadline no batch can meet: shed at admission, no batch ran.
-    shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "1"})
-    assert shed.status_code in (408, 503), shed.text
+    # A deadline no batch can meet: shed at admission, no batch ran. (On an idle stage one such
+    # job a second goes in as a probe of the prediction: the next is shed.)
+    for _ in range(3):
+        shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "1"})
+        if shed.status_code == 503:
+            break
+    assert shed.status_code == 503, shed.text
     assert set(timing(shed)) == {"total"}
     assert "x-corral-batch-size" not in shed.headers
 
