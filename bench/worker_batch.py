@@ -61,9 +61,13 @@ def one_size(worker, size: int, batches: int, payload: str) -> dict[str, float]:
     jobs = [{"id": os.urandom(16), "payload": one, "timeout_ms": 30000} for _ in range(size)]
     body = protocol.encode_frame({"type": "batch", "jobs": jobs})[4:]
     read = protocol.decode_body(body)["jobs"]  # answering leaves the jobs as they are
-    # As the serve loop calls it: `process`, or in a package from before it had that name,
+    # As the serve loop calls it: `_corral_process`, or in packages from before, `process` or
     # `_corral_answer` (a plain worker is given no link).
-    process = getattr(worker, "process", None) or (lambda jobs: worker._corral_answer(jobs, None))
+    process = (
+        getattr(worker, "_corral_process", None)
+        or getattr(worker, "process", None)
+        or (lambda jobs: worker._corral_answer(jobs, None))
+    )
     return {
         "serve": median_us(lambda: protocol.encode_results(process(read)), batches),
         "read": median_us(lambda: protocol.decode_body(body), batches),

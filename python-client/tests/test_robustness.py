@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import msgpack
 import pytest
 
 import corral
+from corral import _batch
 from corral import _protocol as protocol
 from corral.testing import FakeProxy, Result
 
@@ -316,3 +319,75 @@ def test_a_stage_name_from_an_undecodable_argument_still_makes_a_hello():
     worker.stage = os.fsdecode(b"stage-\xff")  # as sys.argv holds a non-UTF-8 --stage
     with FakeProxy(worker) as proxy:
         assert proxy.hello["stage"] == "stage-\\xff"
+
+
+# -- the proxy's last word, and frames it must not send ---------------------------------------
+
+WAIT = 10  # seconds an Event may take before the test fails (a hang guard, not a timing)
+
+
+@pytest.mark.parametrize("streams", [False, True])
+def test_a_shutdown_sent_before_the_proxy_closed_stops_a_worker_whose_write_then_fails(streams):
+    """The proxy's grace period ran out during `forward`: it sent `shutdown` and closed the
+    connection. The worker's next write failed, and it once took that for a lost connection (a
+    worker started by hand reconnected) though its reader held the shutdown."""
+    started, release = threading.Event(), threading.Event()
+
+    class Plain(corral.Worker):
+        def forward(self, batch):
+            started.set()
+            release.wait(WAIT)
+            return batch
+
+    class Streaming(corral.Worker):
+        def forward(self, batch):
+            started.set()
+            release.wait(WAIT)
+            yield batch
+
+    proxy, worker = socket.socketpair()
+    ended: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            (Streaming() if streams else Plain()).serve(worker)
+        except BaseException as e:
+            ended.append(e)
+        finally:
+            worker.close()  # serve leaves closing to its caller
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    with proxy.makefile("rb") as stream:
+        assert protocol.read_frame(stream)["type"] == "hello"
+    proxy.sendall(protocol.encode_frame(batch_of(1)))
+    assert started.wait(WAIT)
+    proxy.sendall(protocol.encode_frame(protocol.shutdown("the grace period ran out")))
+    proxy.shutdown(socket.SHUT_RDWR)
+    proxy.close()
+    release.set()
+    thread.join(WAIT)
+    assert len(ended) == 1 and isinstance(ended[0], SystemExit), ended
+    assert ended[0].code == 0
+
+
+def test_a_job_that_is_not_a_map_is_a_protocol_error_not_a_crash():
+    with FakeProxy(Sized()) as proxy:
+        proxy.send({"type": "batch", "jobs": [7]})
+        assert proxy.receive() is None
+    assert isinstance(proxy.worker_error, corral.ProtocolError), proxy.worker_error
+
+
+def test_a_job_read_long_ago_has_its_deadline_from_then():
+    """A batch sent ahead waits out the batch before it in the reader's queue: its deadline
+    counts from when it was read (the reader's stamp), not from when it is prepared."""
+
+    class Echo(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    job = {"id": b"\1" * 16, "timeout_ms": 5000, "payload": msgpack.packb(1)}
+    job[protocol.RECEIVED] = time.monotonic() - 10  # read 10 s ago, with 5 s to live
+    answers, inputs, _ = _batch.prepare(Echo(), [job])
+    assert answers[0] is not None and answers[0]["status"] == "expired"
+    assert inputs == []

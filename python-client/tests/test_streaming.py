@@ -3,6 +3,7 @@ chunks as they come, END, cancellation, deadlines, failures, joining a running g
 plain workers unchanged."""
 
 import functools
+import socket
 import threading
 import time
 from pathlib import Path
@@ -553,7 +554,7 @@ def test_a_plain_worker_ignores_a_cancel_and_a_malformed_cancel_is_a_protocol_er
 def test_a_workers_own_helper_methods_do_not_replace_the_packages():
     class Helpers(corral.Worker):
         def forward(self, batch):
-            return [self._answer(x) for x in self._prepare(batch)]
+            return [self.process(self._answer(x)) for x in self._prepare(batch)]
 
         def _answer(self, x):
             return x + 1
@@ -561,5 +562,74 @@ def test_a_workers_own_helper_methods_do_not_replace_the_packages():
         def _prepare(self, batch):
             return batch
 
+        def process(self, x):  # a common name for a helper: it once replaced the serve loop's
+            return x
+
     with FakeProxy(Helpers()) as proxy:
         assert proxy.infer([1, 2]) == [Result("ok", value=2), Result("ok", value=3)]
+
+
+def test_a_decorated_generator_forward_that_raises_before_streaming_fails_its_batch_only():
+    """A wrapper (functools.wraps) may raise before it returns the generator: once that took the
+    worker process down, and the next worker with it on the retry."""
+
+    def checked(forward):
+        @functools.wraps(forward)
+        def wrapper(self, batch):
+            if "bad" in batch:
+                raise ValueError("bad batch")
+            return forward(self, batch)
+
+        return wrapper
+
+    class Checked(corral.Worker):
+        @checked
+        def forward(self, words):
+            yield [w.upper() for w in words]
+
+    with FakeProxy(Checked()) as proxy:
+        [failed] = proxy.stream(["bad"])
+        assert failed.status == "error" and "ValueError: bad batch" in failed.message
+        assert proxy.stream(["ok"]) == [Stream(["OK"], "end")]
+    assert proxy.worker_error is None
+
+
+def test_max_running_set_after_the_hello_never_makes_a_pull_without_join():
+    """The hello declared no `join`; a pull then is a protocol error to the proxy."""
+
+    class Late(corral.Worker):
+        def forward(self, items):
+            self.max_running = 8  # sized once the model is loaded, say
+            yield [None] * len(items)
+            yield [corral.END] * len(items)
+
+    with FakeProxy(Late()) as proxy:
+        assert "join" not in proxy.hello["features"]
+        for item in ("x", "y"):
+            proxy.stream([item])
+        assert proxy.pulls == []
+    assert proxy.worker_error is None
+
+
+def test_a_cancel_for_a_queued_batch_is_kept_for_the_run_that_takes_it():
+    """A worker that does not join may still be in its last generator when the proxy, seeing
+    every job ended, sends the next batch and then a cancel for it: that run's steps take the
+    cancel, and once threw it away (the proxy tells a worker once)."""
+    from corral import _serve
+
+    proxy, worker = socket.socketpair()
+    reader = _serve._Reader(worker, track_cancels=True)
+    queued = protocol.job(b"q" * 16, 5000, msgpack.packb(1))
+    proxy.sendall(protocol.encode_frame(protocol.batch([queued])))
+    proxy.sendall(protocol.encode_frame(protocol.cancel([b"q" * 16, b"gone" * 4])))
+    taken: set[bytes] = set()
+    deadline = time.monotonic() + WAIT
+    while not taken and time.monotonic() < deadline:
+        taken = reader.take_cancelled()  # the running generator's step
+    assert taken == {b"q" * 16, b"gone" * 4}
+    reader.keep_cancelled(taken)  # neither is the running generator's
+    assert reader.next()["jobs"][0]["id"] == b"q" * 16  # the next run takes the batch...
+    assert reader.take_cancelled() == {b"q" * 16}  # ...and its cancel; the unknown id is gone
+    proxy.close()
+    reader.stop()
+    worker.close()

@@ -266,3 +266,14 @@ def test_a_payload_is_copied_first_only_for_input_types_that_may_hold_views(inpu
     # msgspec leaves memoryview and Raw values pointing into the buffer it decodes: only then
     # must a payload that views shared memory be copied before decoding (Codec.views_payload).
     assert _typing._has_views(msgspec.inspect.type_info(input_type)) is views
+
+
+@pytest.mark.parametrize("size", [2**64 - 1, 2**63, -1])
+def test_a_shared_memory_size_mmap_cannot_take_is_a_protocol_error(size):
+    # OverflowError from mmap once escaped, and took a worker started by hand down.
+    fd = os.memfd_create("test-size")
+    try:
+        with pytest.raises(ProtocolError, match="cannot map"):
+            shared_memory.Memory(fd, size)
+    finally:
+        os.close(fd)

@@ -26,7 +26,7 @@ from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
 from corral._errors import text as _text
-from corral._protocol import job_content_type, job_timeout_ms
+from corral._protocol import RECEIVED, job_content_type, job_timeout_ms
 
 log = logging.getLogger("corral")
 
@@ -74,9 +74,10 @@ def prepare(
     the answer of each job that fails (``expired``, ``invalid``, ``error``), None for each that
     goes on to ``forward``; the inputs of the latter, in order; and every job's deadline.
     Raises :class:`ProtocolError` for a job the protocol does not allow."""
-    received = time.monotonic()
+    now = time.monotonic()
     answers: list[dict[str, Any] | None] = [None] * len(jobs)
-    deadlines = [received + job_timeout_ms(job) / 1000 for job in jobs]
+    # From when the batch was read (a batch sent ahead waits out the one before it), or now.
+    deadlines = [job.get(RECEIVED, now) + job_timeout_ms(job) / 1000 for job in jobs]
     inputs: list[Any] = []
     decode = _typing.codec(type(worker)).decode  # once a batch, not once an item
     # Without a preprocess of its own, nothing reads `deadline` or `content_type` while the

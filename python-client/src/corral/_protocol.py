@@ -31,6 +31,12 @@ HEADER_BYTES = _LENGTH.size
 _TOO_LARGE = "the output is too large for one frame"
 
 
+RECEIVED = "_received"
+"""The key under which a worker's reader stamps each job of a batch with when it was read
+(``time.monotonic()``): its deadline counts from then. Local to the package: the proxy's job
+maps have no such key, and nothing is sent with it."""
+
+
 def safe_text(text: str) -> str:
     """``text`` as valid UTF-8, which a msgpack ``str`` must be. Python strings may hold lone
     surrogates: ``os.fsdecode`` and ``sys.argv`` turn each undecodable byte of a name into one,

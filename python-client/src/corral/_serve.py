@@ -21,7 +21,7 @@ import queue
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Union
 
 from corral import _protocol as protocol
@@ -42,6 +42,9 @@ _READ_AHEAD = 3
 
 # The parent as this process started: a parent that changes later has exited (see _ProxyWatch).
 _FIRST_PARENT = os.getppid()
+
+# How long a worker whose write failed waits for the proxy's last word (a ``shutdown``).
+FAREWELL = 1.0
 
 # What the reader hands the serve loop: a message, None for a clean close, or the error that
 # ended the reading (raised by the serve loop when it gets there, after the frames before it).
@@ -72,6 +75,9 @@ class _Reader:
         self._track_cancels = track_cancels
         self._cancel_lock = threading.Lock()
         self._cancelled: set[bytes] = set()
+        # The job ids of batches read and not yet taken by the serve loop (with track_cancels):
+        # a cancel for one of them is kept for the run that takes it (see keep_cancelled).
+        self._queued: set[bytes] = set()
         self._thread = threading.Thread(target=self._read, name="corral-reader", daemon=True)
         self._thread.start()
 
@@ -87,6 +93,8 @@ class _Reader:
                 if message is not None and message["type"] == "cancel":
                     self._note_cancel(message)
                     continue
+                if message is not None and message["type"] == "batch":
+                    self._note_batch(message)
                 self._queue.put(message)
                 if message is None:
                     return
@@ -103,18 +111,62 @@ class _Reader:
             with self._cancel_lock:
                 self._cancelled.update(ids)
 
+    def _note_batch(self, message: dict[str, Any]) -> None:
+        """Stamps each job of a batch with when it was read (its deadline counts from then, not
+        from when the serve loop gets to it: a batch sent ahead waits a whole batch), and notes
+        its ids as queued. A malformed batch is left for ``_jobs`` to refuse."""
+        jobs = message.get("jobs")
+        if not isinstance(jobs, list):
+            return
+        received = time.monotonic()
+        ids = []
+        for job in jobs:
+            if isinstance(job, dict):
+                job[protocol.RECEIVED] = received
+                ids.append(job.get("id"))
+        if self._track_cancels:
+            with self._cancel_lock:
+                self._queued.update(i for i in ids if isinstance(i, bytes))
+
     def take_cancelled(self) -> set[bytes]:
         """The ids of every ``cancel`` read since the last call (without blocking)."""
         with self._cancel_lock:
             taken, self._cancelled = self._cancelled, set()
         return taken
 
+    def keep_cancelled(self, ids: Iterable[bytes]) -> None:
+        """Puts back the cancelled ids of jobs whose batch is still queued, for the run that
+        takes it; others (jobs already ended) are dropped."""
+        with self._cancel_lock:
+            self._cancelled.update(i for i in ids if i in self._queued)
+
     def _take(self, item: _Read) -> dict[str, Any] | None:
         if item is None or isinstance(item, BaseException):
             self._ended = True
         if isinstance(item, BaseException):
             raise item
+        if item is not None and item["type"] == "batch" and self._track_cancels:
+            jobs = item.get("jobs")
+            with self._cancel_lock:
+                for job in jobs if isinstance(jobs, list) else ():
+                    if isinstance(job, dict):
+                        self._queued.discard(job.get("id"))
         return item
+
+    def farewell(self) -> dict[str, Any] | None:
+        """After a write failed: the ``shutdown`` or ``reject`` the proxy sent before it closed
+        the connection, if it did. The proxy closed it, so the reader reaches its end; it gets
+        ``FAREWELL`` seconds to."""
+        while not self._ended:
+            try:
+                message = self._take(self._queue.get(timeout=FAREWELL))
+            except queue.Empty:
+                return None
+            except BaseException:
+                return None  # what ended the reading: no word from the proxy before it
+            if message is not None and message["type"] in ("shutdown", "reject"):
+                return message
+        return None
 
     def next(self) -> dict[str, Any] | None:
         """The next message, None once the proxy closed the connection; raises what ended the
@@ -151,8 +203,8 @@ def _jobs(message: dict[str, Any] | None) -> list[dict[str, Any]]:
     kind = message["type"]
     if kind == "batch":
         jobs = message.get("jobs")
-        if not isinstance(jobs, list):
-            raise ProtocolError("a batch must carry a list of jobs")
+        if not isinstance(jobs, list) or not all(isinstance(job, dict) for job in jobs):
+            raise ProtocolError("a batch must carry a list of jobs, each a map")
         return jobs
     if kind == "reject":
         raise SystemExit(f"corral refused this worker: {message.get('message')}")
@@ -178,6 +230,10 @@ class Link:
     def take_cancelled(self) -> set[bytes]:
         """Ids from the ``cancel`` frames read since the last call."""
         return self._reader.take_cancelled()
+
+    def keep_cancelled(self, ids: Iterable[bytes]) -> None:
+        """Gives back taken ids that name jobs of a batch still queued (see ``_Reader``)."""
+        self._reader.keep_cancelled(ids)
 
     def take_batches(self) -> list[list[dict[str, Any]]]:
         """The jobs of each batch already read, oldest first. A ``shutdown``, ``reject`` or the
@@ -216,6 +272,14 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
                 sock.sendall(protocol.encode_results(results))
     except _Closed:
         return
+    except OSError:
+        # A write failed: the proxy may have said why before closing (its grace period ran out
+        # during this batch). A shutdown or reject ends serving as it would between batches,
+        # not as a lost connection, which a worker started by hand would reconnect after.
+        said = reader.farewell()
+        if said is not None:
+            _jobs(said)  # raises SystemExit
+        raise
     finally:
         reader.stop()
 

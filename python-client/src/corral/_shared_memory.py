@@ -42,7 +42,8 @@ class Memory:
     def __init__(self, fd: int, size: int) -> None:
         try:
             self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
-        except (OSError, ValueError) as e:  # ValueError: a size past the end of the file
+        # ValueError: a size past the end of the file; OverflowError: past what mmap takes.
+        except (OSError, ValueError, OverflowError) as e:
             raise ProtocolError(f"cannot map the {size}-byte shared memory: {e}") from e
         self._view = memoryview(self._map)
         self.size = size

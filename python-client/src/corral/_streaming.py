@@ -106,12 +106,19 @@ def _max_running(worker: Any) -> int:
     return limit
 
 
-def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link) -> None:
+def limit(worker: Any) -> int:
+    """How many jobs a streaming worker runs at once (``max_running``; 0: no limit, no joining),
+    as its hello declares it: read once a connection, for :func:`run` to keep to."""
+    return _max_running(worker)
+
+
+def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) -> None:
     """Answer a batch with a streaming ``forward``, sending every frame through ``link``: the
     jobs that fail before ``forward`` at once, then chunks step by step, and each job's result
-    as soon as it ends. Returns once the generator has returned (or failed) and every job it
-    was given has its result."""
-    state = _Run(worker, link)
+    as soon as it ends. ``limit`` is the connection's (:func:`limit`): a worker that declared no
+    ``join`` must never offer room. Returns once the generator has returned (or failed) and
+    every job it was given has its result."""
+    state = _Run(worker, link, limit)
     inputs = state.admit(jobs)
     state.flush()  # a job that failed preprocess is answered now, not after the stream
     if not inputs:
@@ -119,7 +126,16 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link) -> None:
     worker.cancelled = state.cancelled
     worker.deadlines = state.deadlines
     worker.content_types = state.content_types
-    generator = worker.forward(inputs)
+    try:
+        generator = worker.forward(inputs)
+    except _STOPS:
+        raise
+    except BaseException as e:
+        # A wrapper (functools.wraps) around a generator may raise before it returns one: the
+        # batch's jobs fail, and the worker lives on, as for a failure mid-stream.
+        log.error("forward failed before streaming %d items", state.running, exc_info=e)
+        state.finish(e)
+        return
     failure: BaseException | None = None
     # The batch's `forward` span (if its jobs are traced) lasts as long as its stream, and is
     # current while the generator runs, so the user's spans inside it nest under it.
@@ -157,10 +173,10 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
 class _Run:
     """One generator's jobs, by position, and what has been sent for them."""
 
-    def __init__(self, worker: Streamer, link: Link) -> None:
+    def __init__(self, worker: Streamer, link: Link, limit: int) -> None:
         self.worker = worker
         self.link = link
-        self.limit = _max_running(worker)
+        self.limit = limit
         self.ids: list[bytes] = []
         self.deadlines: list[float] = []  # worker.deadlines during the run
         self.content_types: list[str | None] = []  # worker.content_types during the run
@@ -237,6 +253,10 @@ class _Run:
             position = self.by_id.get(job_id)
             if position is not None and position in self.live:
                 self._cancel(position, protocol.end(job_id))
+        # A cancel for a job of a batch still queued (sent to this worker, idle in the proxy's
+        # eyes once it ended every job, while this generator has not returned yet) is for the
+        # run that batch starts: the proxy tells a worker only once.
+        self.link.keep_cancelled(job_id for job_id in cancelled if job_id not in self.by_id)
         # The job's deadline bounds the time to its first chunk; once it streams, the proxy
         # says when it is over (its stream timeout) with a cancel.
         now = _now()

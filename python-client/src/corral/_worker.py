@@ -280,9 +280,10 @@ class Worker:
             weight=type(self).weight,
         )
         if streams:
-            _serve.serve(sock, hello, lambda jobs, link: _streaming.run(self, jobs, link))
+            limit = _streaming.limit(self)  # as the hello declared it (`join` or not)
+            _serve.serve(sock, hello, lambda jobs, link: _streaming.run(self, jobs, link, limit))
         else:
-            _serve.serve(sock, hello, lambda jobs, link: self.process(jobs))
+            _serve.serve(sock, hello, lambda jobs, link: self._corral_process(jobs))
 
     def schemas(self) -> dict[str, str]:
         """The hello's schema keys: JSON Schemas of ``input_type`` and ``output_type`` (as JSON
@@ -299,8 +300,10 @@ class Worker:
         """Seconds left before the current item's deadline (see :attr:`deadline`)."""
         return self.deadline - time.monotonic()
 
-    def process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One result per job of a batch (the protocol's ``results`` list; a plain worker)."""
+    def _corral_process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One result per job of a batch (the protocol's ``results`` list; a plain worker).
+        Named ``_corral_*``, as the package's other batch methods: a subclass's own helper
+        named ``process`` once replaced it, and every batch failed."""
         answers, inputs, deadlines = _batch.prepare(self, jobs)
         positions = [position for position, answer in enumerate(answers) if answer is None]
         if inputs:
