@@ -7,6 +7,7 @@ probes' paths answer, and the autoscaler's metric is one Corral exports."""
 from __future__ import annotations
 
 import copy
+import json
 import os
 import re
 import shutil
@@ -144,6 +145,14 @@ def test_the_dockerfile_copies_what_exists():
     for image in ("corral-proxy", "corral-worker"):
         target = image.removeprefix("corral-")
         assert f"--target {target}" in text, f"the header says how to build {image}"
+
+
+def test_the_image_that_spawns_workers_runs_corral_under_an_init():
+    """Orphans of a worker's wrapper go to process 1, which Corral does not reap for others."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    last = text[text.index("AS all-in-one") :]
+    entrypoint = re.search(r"^ENTRYPOINT (.+)$", last, re.M).group(1)
+    assert json.loads(entrypoint)[:2] == ["/usr/bin/tini", "--"], entrypoint
 
 
 def test_the_gpu_pod_asks_for_gpus_and_spreads_its_workers_over_them():

@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+import pytest
 
 from conftest import ROOT, SCRIPTED, Corral
 from test_failures import received
@@ -54,6 +57,58 @@ def test_lines_from_stdout_and_stderr_at_once_are_forwarded_whole(corral_factory
     torn = [line for line in mine if not re.fullmatch(r"\[worker 0\] (out|err) \d+", line)]
     assert not torn, f"lines torn apart: {torn[:5]}"
     assert len(mine) == 40000
+
+
+def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_factory):
+    """The proxy's stdout is a pipe nobody reads (a log driver behind, a paused `| less`) while
+    its workers print. Forwarding once blocked every runtime thread in `write`: no request was
+    answered, and SIGTERM and SIGINT did nothing."""
+    unread, stalled = os.pipe()
+    try:
+        proxy = corral_factory(
+            "--max-batch-size=1",
+            worker=NOISY,
+            workers=2,
+            preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
+        )
+        with ThreadPoolExecutor(2) as pool:
+            # Far more than the pipe holds, from both workers at once.
+            printing = [pool.submit(proxy.post, {"print_run": 4 << 20}) for _ in range(2)]
+            proxy.wait_until(
+                lambda: (
+                    proxy.metric("corral_queue_depth", stage="default") == 0
+                    and proxy.client.get("/healthz").status_code == 200
+                ),
+                what="an answer while the workers print",
+            )
+            proxy.proc.send_signal(signal.SIGTERM)
+            assert proxy.proc.wait(timeout=30) == 0
+            for answer in printing:
+                answer.result(timeout=30)  # each answered, whatever its status
+    finally:
+        os.close(unread)
+        os.close(stalled)
+
+
+def test_spawned_workers_get_the_open_file_limit_the_proxy_started_with(corral_factory, tmp_path):
+    """The proxy raises its own soft limit to the hard one for its connections; its workers once
+    inherited that (a program that closes every descriptor up to its limit pays for it)."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    start = 512
+    if hard != resource.RLIM_INFINITY and hard <= start:
+        pytest.skip(f"the hard limit ({hard}) leaves nothing to raise")
+    seen = tmp_path / "nofile"
+    proxy = corral_factory(
+        "--",
+        "sh",
+        "-c",
+        f"ulimit -Sn > {seen}; exec {sys.executable} {SCRIPTED}",
+        worker=None,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (start, hard)),
+    )
+    proxy.wait_for_log("raised the open-file limit")
+    proxy.wait_for_log("worker connected")
+    assert int(seen.read_text()) == start
 
 
 def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral_factory):

@@ -66,7 +66,7 @@ use corral_protocol::{FRAME_OVERHEAD_PER_JOB, MAX_FRAME_BYTES};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::info;
+use tracing::{info, warn};
 
 use config::topology::{StageSpec, Topology};
 use config::Config;
@@ -178,6 +178,13 @@ pub async fn run(
         shared_memory,
     };
     workers.spawn(worker::listener::accept(worker_listener, context, workers.clone()));
+    if std::process::id() == 1 && topology.stages.iter().any(|spec| !spec.command.is_empty()) {
+        // Corral reaps its own children only: what a worker's wrapper leaves behind (a killed
+        // group's members, a `sh -c` grandchild) is handed to process 1, here Corral itself.
+        warn!(
+            "corral runs as process 1 and spawns workers: orphaned processes of theirs are not              reaped and stay zombies; run it under an init (`docker run --init`, tini; the              all-in-one image does)"
+        );
+    }
     for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
         let command = supervisor::WorkerCommand {
             argv: spec.command.clone(),

@@ -3,32 +3,29 @@
 
 use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
+use std::sync::Mutex;
 
 use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use tokio::signal::unix::{signal, Signal, SignalKind};
+use tracing_appender::non_blocking::WorkerGuard;
 use tracing_subscriber::EnvFilter;
 
 use corral::config::{topology, Config, LogFormat};
+use corral::supervisor::output;
 
 mod allocator;
 
-/// Where log lines go: stderr, a line that cannot be written (the pipe's reader is gone) dropped.
-/// tracing-subscriber reports a failed write with `eprintln!`, which panics on that same closed
-/// stderr: `corral … 2>&1 | head -1` took the proxy down at its next log line, its socket file
-/// left behind. A proxy whose logs nobody reads must still serve.
-struct Stderr;
+/// The guard of the non-blocking writer of the log lines (`supervisor::output::standard`):
+/// dropped, it lets the last lines out (a second at most).
+static WRITER_GUARDS: Mutex<Vec<WorkerGuard>> = Mutex::new(Vec::new());
 
-impl Write for Stderr {
-    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
-        let _ = std::io::stderr().lock().write_all(line);
-        Ok(line.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        let _ = std::io::stderr().flush();
-        Ok(())
-    }
+/// Lets the lines still queued (workers' output, log lines) out before the process exits,
+/// waiting a second or two at most for a stream nobody reads.
+fn flush_output() {
+    output::flush(std::time::Duration::from_secs(1));
+    let guards = std::mem::take(&mut *WRITER_GUARDS.lock().unwrap_or_else(|e| e.into_inner()));
+    drop(guards);
 }
 
 fn main() -> std::process::ExitCode {
@@ -57,24 +54,30 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
+    // Log lines and workers' output are written by threads of their own, never blocking the
+    // runtime's (a stdout or stderr nobody reads once froze the proxy, signals and all).
+    let (stderr, stderr_guard) = output::standard(true);
+    WRITER_GUARDS.lock().unwrap_or_else(|e| e.into_inner()).push(stderr_guard);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
-    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(|| Stderr);
+    let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
         LogFormat::Json => {
             logs.json().flatten_event(true).with_current_span(true).init();
-            corral::supervisor::output::as_json();
+            output::as_json();
         }
     }
     warn_of_unused_options(&config, &explicit);
     keep_off_pinned_cores(&topology);
-    match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let code = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(serve(config, topology)),
         Err(e) => {
             tracing::error!(error = %e, "corral could not start its async runtime");
             std::process::ExitCode::FAILURE
         }
-    }
+    };
+    flush_output();
+    code
 }
 
 /// clap's error, exit 2 (help and version: their text, exit 0). A bad value that came from a
@@ -193,6 +196,7 @@ fn second_signal(mut term: Signal, mut int: Signal) {
         }
         tracing::warn!("second signal: exiting now");
         corral::supervisor::group::kill_all();
+        flush_output();
         std::process::exit(1);
     });
 }

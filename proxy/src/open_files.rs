@@ -45,6 +45,16 @@ fn cap_under(limit: u64, workers: u64) -> u64 {
     limit.saturating_sub(reserve).max(1)
 }
 
+/// The soft limit as the proxy started, if it raised it.
+static BEFORE: std::sync::OnceLock<libc::rlim_t> = std::sync::OnceLock::new();
+
+/// The soft open-file limit the proxy started with, if it raised its own: what the workers it
+/// spawns get back (a program that closes every descriptor up to its limit at start, or sizes
+/// a table by it, should not pay for the proxy's connections).
+pub fn soft_limit_before() -> Option<libc::rlim_t> {
+    BEFORE.get().copied()
+}
+
 /// Sets the soft `RLIMIT_NOFILE` to the hard limit; returns the soft limit in force after, or
 /// None if it cannot be read (or is unlimited).
 fn raise_soft_limit() -> Option<u64> {
@@ -71,6 +81,7 @@ fn raise_soft_limit() -> Option<u64> {
         // SAFETY: setrlimit only reads the struct it is given.
         if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raised) } == 0 {
             info!(from = limit.rlim_cur, to = hard, "raised the open-file limit");
+            let _ = BEFORE.set(limit.rlim_cur);
             return Some(hard);
         }
         warn!(error = %std::io::Error::last_os_error(), "cannot raise the open-file limit");

@@ -203,7 +203,6 @@ async fn supervise(
         group::finish(pid);
         children.forget(pid);
         restarts += 1;
-        metrics().worker_restarts.inc();
         match status {
             Ok(status) => {
                 warn!(stage = %command.stage, worker = index, %status, restarts, "worker exited; restarting")
@@ -218,6 +217,8 @@ async fn supervise(
         if wait_or_stop(backoff, &stop).await {
             return;
         }
+        // Counted once it happens: a stop during the backoff restarts nothing.
+        metrics().worker_restarts.inc();
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
 }

@@ -64,10 +64,21 @@ pub fn trace() -> Option<Context> {
 }
 
 /// Records one stage of the request: the jobs entered its queue at `entered` and got `replies`.
-/// Jobs that never rode a batch (expired in the queue, shed) add nothing.
+/// The stage's queue and batch are those of its job answered last, the one the request waited
+/// for: taken each as the longest over the jobs, they could come from two jobs (one long in the
+/// queue, another long in its batch) and add up past the request's total. The batch size is the
+/// largest batch any of them rode. Jobs that never rode a batch (expired in the queue, shed) add
+/// nothing.
 pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>) {
     let mut stage = Timing::default();
+    let mut last: Option<(Sent, Instant)> = None;
     for (sent, answered) in replies.into_iter().filter_map(|reply| reply.batch) {
+        stage.batch_size = stage.batch_size.max(sent.batch_size);
+        if last.is_none_or(|(_, at)| answered > at) {
+            last = Some((sent, answered));
+        }
+    }
+    if let Some((sent, answered)) = last {
         stage.add_max(entered, sent, answered);
     }
     add(stage);
@@ -134,7 +145,8 @@ mod tests {
     async fn stages_add_up_and_the_last_stage_names_the_batch_size() {
         let start = Instant::now();
         let ((), timing) = scope(None, async {
-            // Two jobs in the first stage: the longest wait and the longest batch count.
+            // Two jobs in the first stage: the one answered last counts (2 + 10 ms), and the
+            // larger batch names the size.
             record(start, &[reply(start, 2, 10, 4), reply(start, 5, 3, 8)]);
             let next = start + Duration::from_millis(20);
             record(next, &[reply(next, 1, 4, 2)]);
@@ -142,13 +154,29 @@ mod tests {
             record(next, &[Reply { outcome: Outcome::Expired, batch: None }]);
         })
         .await;
-        assert_eq!(timing.queue, Duration::from_millis(6));
+        assert_eq!(timing.queue, Duration::from_millis(3));
         assert_eq!(timing.batch, Duration::from_millis(14));
         assert_eq!(timing.batch_size, 2);
         assert_eq!(
             timing.header(Duration::from_millis(30)),
-            "queue;dur=6.000, batch;dur=14.000, total;dur=30.000"
+            "queue;dur=3.000, batch;dur=14.000, total;dur=30.000"
         );
+    }
+
+    #[tokio::test]
+    async fn queue_and_batch_come_from_one_job_and_never_pass_the_total() {
+        // One item batched 300 ms at once, the other queued 300 ms behind it and done in 1 ms:
+        // each part's longest (300 + 300) once passed the request's 301 ms.
+        let start = Instant::now();
+        let ((), timing) = scope(None, async {
+            record(start, &[reply(start, 0, 300, 1), reply(start, 300, 1, 1)]);
+        })
+        .await;
+        assert_eq!((timing.queue, timing.batch), (ms(300), ms(1)));
+    }
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
     }
 
     #[test]

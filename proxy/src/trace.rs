@@ -300,13 +300,34 @@ impl ShouldSample for Linked {
 struct Headers<'a>(&'a HeaderMap);
 
 impl opentelemetry::propagation::Extractor for Headers<'_> {
+    /// A header's value; a `traceparent` only if it has the W3C shape. The SDK's propagator
+    /// parses the ids with `from_str_radix` and checks no length: `00-1-1-1`, 31 hex digits or a
+    /// `+` became a parent, and went on to the worker. A client's malformed header is ignored
+    /// (a new trace starts), as the W3C recommendation asks.
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.get(key).and_then(|value| value.to_str().ok())
+        let value = self.0.get(key).and_then(|value| value.to_str().ok())?;
+        (key != "traceparent" || well_formed_traceparent(value)).then_some(value)
     }
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
+}
+
+/// A `traceparent` of the W3C shape: `version-trace_id-parent_id-flags`, lowercase hex of 2, 32,
+/// 16 and 2 digits; version `ff` is invalid; version `00` is exactly that, a later version may
+/// go on after a `-`. (All-zero ids are the propagator's to refuse.)
+fn well_formed_traceparent(value: &str) -> bool {
+    let b = value.as_bytes();
+    if b.len() < 55 {
+        return false;
+    }
+    let hex = |part: &[u8]| part.iter().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+    let version = &b[0..2];
+    let fields = [version, &b[3..35], &b[36..52], &b[53..55]];
+    let dashes = b[2] == b'-' && b[35] == b'-' && b[52] == b'-';
+    let rest = if version == b"00" { b.len() == 55 } else { b.len() == 55 || b[55] == b'-' };
+    dashes && rest && version != b"ff" && fields.iter().all(|field| hex(field))
 }
 
 #[cfg(test)]
@@ -342,5 +363,32 @@ mod tests {
         let none = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(0.0))));
         assert_eq!(decision(&none, &[link(true)]), SamplingDecision::RecordAndSample);
         assert_eq!(decision(&none, &[]), SamplingDecision::Drop);
+    }
+
+    #[test]
+    fn only_a_traceparent_of_the_w3c_shape_is_taken() {
+        let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let later = "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-what-comes";
+        for value in [good, later] {
+            assert!(well_formed_traceparent(value), "{value}");
+        }
+        for value in [
+            "00-1-1-1",
+            "00-af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01", // 31 digits
+            "00-+af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "+0-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01-",
+            "00-0AF7651916CD43DD8448EB211C80319C-B7AD6B7169203331-01",
+            "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            "01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01x",
+        ] {
+            assert!(!well_formed_traceparent(value), "{value}");
+        }
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", "00-1-1-1".parse().unwrap());
+        headers.insert("tracestate", "a=b".parse().unwrap());
+        use opentelemetry::propagation::Extractor;
+        assert_eq!(Headers(&headers).get("traceparent"), None);
+        assert_eq!(Headers(&headers).get("tracestate"), Some("a=b"));
     }
 }

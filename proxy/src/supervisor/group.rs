@@ -33,11 +33,16 @@ pub fn configure(command: &mut tokio::process::Command) {
 /// cannot catch, ignore or defer while stuck in native code, so the guarantee does not depend on
 /// what the worker does. It reaches only the process Corral spawned; a worker started through a
 /// wrapper is covered by `CORRAL_PROXY_PID` (the worker exits when that process is gone).
+///
+/// The same step gives the worker back the soft open-file limit the proxy started with, if the
+/// proxy raised its own (`open_files`): a worker is not a server of ten thousand connections.
 #[cfg(target_os = "linux")]
 fn die_with_parent(command: &mut tokio::process::Command) {
     let parent = std::process::id() as libc::pid_t;
-    // SAFETY: the closure runs in the forked child before exec; prctl and getppid are
-    // async-signal-safe system calls and the closure touches nothing but its captured pid.
+    let soft = crate::open_files::soft_limit_before();
+    // SAFETY: the closure runs in the forked child before exec; prctl, getppid, getrlimit and
+    // setrlimit are async-signal-safe system calls and the closure touches nothing but its
+    // captured values.
     unsafe {
         command.pre_exec(move || {
             if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong) != 0 {
@@ -46,6 +51,13 @@ fn die_with_parent(command: &mut tokio::process::Command) {
             // The proxy may have died between fork and prctl: then no signal will ever come.
             if libc::getppid() != parent {
                 return Err(std::io::Error::other("the proxy exited while starting a worker"));
+            }
+            if let Some(soft) = soft {
+                let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+                if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) == 0 {
+                    limit.rlim_cur = soft.min(limit.rlim_max);
+                    libc::setrlimit(libc::RLIMIT_NOFILE, &limit);
+                }
             }
             Ok(())
         });

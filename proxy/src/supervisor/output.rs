@@ -10,10 +10,23 @@
 //! With `--log-format json` ([`as_json`]) each line is a JSON object as the proxy's own log lines
 //! are (`timestamp`, `level`, `message`, `target`, and the `worker` and its `stream`): a log
 //! collector that parses one object per line would otherwise meet plain text among them.
+//!
+//! Lines are never written on the runtime's threads: a stdout nobody reads (a log driver that
+//! fell behind, a paused `| less`) blocked each forwarding task in `write`, holding the stdout
+//! lock, until no runtime thread was left to serve requests or take a stop signal. A thread of
+//! its own writes them ([`WRITER`]), fed by a queue of [`QUEUED_LINES`]; a forwarding task that
+//! finds it full waits for room without holding a thread, and stops reading its worker's pipe
+//! meanwhile, so a worker printing to a stalled stdout waits in its own `write`, as any process
+//! writing to a full pipe does, and no line is lost. The proxy's own log lines go through
+//! [`standard`] (tracing-appender's non-blocking writer: a thread of its own, and a line that
+//! finds its queue full is dropped: a log call cannot wait).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use tokio::sync::mpsc;
+use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing_subscriber::fmt::format::Writer;
@@ -21,6 +34,72 @@ use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
 
 /// Whether workers' lines are written as JSON objects.
 static JSON: AtomicBool = AtomicBool::new(false);
+
+/// The thread that writes workers' lines, and the queue to it (None if it could not start:
+/// lines are then written where they are forwarded, as before).
+static WRITER: OnceLock<Option<mpsc::Sender<(bool, String)>>> = OnceLock::new();
+
+/// Workers' lines that may wait for the writer thread (each at most [`MAX_LINE`] bytes and a
+/// prefix: 16 MiB in all).
+pub const QUEUED_LINES: usize = 1024;
+
+fn writer() -> Option<&'static mpsc::Sender<(bool, String)>> {
+    WRITER
+        .get_or_init(|| {
+            let (lines, mut queued) = mpsc::channel::<(bool, String)>(QUEUED_LINES);
+            let thread =
+                std::thread::Builder::new().name("corral-output".into()).spawn(move || {
+                    while let Some((stderr, line)) = queued.blocking_recv() {
+                        let _ = Standard { stderr }.write_all(line.as_bytes());
+                    }
+                });
+            thread.ok().map(|_| lines)
+        })
+        .as_ref()
+}
+
+/// Waits, up to `limit`, until the workers' lines queued so far are written: before the
+/// process exits.
+pub fn flush(limit: std::time::Duration) {
+    let Some(lines) = WRITER.get().and_then(Option::as_ref) else { return };
+    let until = std::time::Instant::now() + limit;
+    while lines.capacity() < lines.max_capacity() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5)); // a thread's queue: no event
+    }
+}
+
+/// A writer onto our own stdout (or stderr) that never blocks its caller, for the proxy's log
+/// lines, and the guard that lets its last lines out when dropped (a second at most).
+pub fn standard(stderr: bool) -> (NonBlocking, WorkerGuard) {
+    NonBlockingBuilder::default()
+        .lossy(true)
+        .thread_name(if stderr { "corral-stderr" } else { "corral-stdout" })
+        .finish(Standard { stderr })
+}
+
+/// Our own stdout or stderr, as the writer thread uses it: each line written whole (and stdout
+/// flushed after it); a line that cannot be written (nobody reads the pipe any more) is dropped.
+/// tracing-subscriber reports a failed write with `eprintln!`, which panics on that same closed
+/// stderr: `corral … 2>&1 | head -1` once took the proxy down at its next log line.
+pub struct Standard {
+    stderr: bool,
+}
+
+impl Write for Standard {
+    fn write(&mut self, line: &[u8]) -> std::io::Result<usize> {
+        let _ = if self.stderr {
+            std::io::stderr().lock().write_all(line)
+        } else {
+            let mut out = std::io::stdout().lock();
+            out.write_all(line).and_then(|()| out.flush())
+        };
+        Ok(line.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
 
 /// Workers' lines as JSON objects from now on, as `--log-format json` writes the proxy's own.
 pub fn as_json() {
@@ -36,36 +115,48 @@ const READ_CHUNK: usize = 64 * 1024;
 pub async fn forward(mut stream: impl AsyncRead + Unpin, label: Arc<String>, to_stderr: bool) {
     let mut lines = Lines::new(MAX_LINE);
     let mut chunk = vec![0; READ_CHUNK];
+    let mut ready = Vec::new();
     loop {
         let read = match stream.read(&mut chunk).await {
             Ok(0) | Err(_) => break,
             Ok(read) => read,
         };
-        lines.push(&chunk[..read], |line| emit(&label, line, to_stderr));
+        lines.push(&chunk[..read], |line| ready.push(prefixed(&label, line, to_stderr)));
+        emit(&mut ready, to_stderr).await;
     }
-    lines.finish(|line| emit(&label, line, to_stderr));
+    lines.finish(|line| ready.push(prefixed(&label, line, to_stderr)));
+    emit(&mut ready, to_stderr).await;
 }
 
-/// Writes one prefixed line. A write error (our own stdout closed, say) is ignored: the worker's
-/// pipe must still be drained, and `println!` would panic and end the copy instead.
+/// One line of a worker's as it is written: prefixed with the worker's label, or a JSON object.
 ///
 /// The line is put together first and written with one `write_all`: `writeln!` on unbuffered
 /// stderr makes a system call per piece (`[`, the label, `] `, the text), and where our stdout and
 /// stderr share one pipe or file (a container's log, a test harness) another line landed between
 /// the pieces.
-fn emit(label: &str, line: &[u8], to_stderr: bool) {
+fn prefixed(label: &str, line: &[u8], to_stderr: bool) -> String {
     let text = String::from_utf8_lossy(line);
-    let whole = if JSON.load(Ordering::Relaxed) {
+    if JSON.load(Ordering::Relaxed) {
         json_line(label, &text, to_stderr)
     } else {
         format!("[{label}] {text}\n")
-    };
-    let _ = if to_stderr {
-        std::io::stderr().lock().write_all(whole.as_bytes())
-    } else {
-        let mut out = std::io::stdout().lock();
-        out.write_all(whole.as_bytes()).and_then(|()| out.flush())
-    };
+    }
+}
+
+/// Hands the lines to the writer thread, waiting (without a thread) while its queue is full. A
+/// write error there (our own stdout closed, say) is ignored: the worker's pipe must still be
+/// drained, and `println!` would panic and end the copy instead.
+async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
+    for line in ready.drain(..) {
+        match writer() {
+            Some(lines) => {
+                let _ = lines.send((to_stderr, line)).await;
+            }
+            None => {
+                let _ = Standard { stderr: to_stderr }.write_all(line.as_bytes());
+            }
+        }
+    }
 }
 
 /// One line of a worker's as a JSON object, keyed as the proxy's own JSON log lines are.
