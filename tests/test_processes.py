@@ -72,8 +72,9 @@ def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_fac
             preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
         )
         with ThreadPoolExecutor(2) as pool:
-            # Far more than the pipe holds, from both workers at once.
-            printing = [pool.submit(proxy.post, {"print_run": 4 << 20}) for _ in range(2)]
+            # Far more than the pipe holds, and than the proxy's queue of lines to it (1,024
+            # pieces of 16 KiB), from both workers at once: the forwarding waits, not a thread.
+            printing = [pool.submit(proxy.post, {"print_run": 12 << 20}) for _ in range(2)]
             proxy.wait_until(
                 lambda: (
                     proxy.metric("corral_queue_depth", stage="default") == 0

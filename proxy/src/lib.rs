@@ -182,7 +182,9 @@ pub async fn run(
         // Corral reaps its own children only: what a worker's wrapper leaves behind (a killed
         // group's members, a `sh -c` grandchild) is handed to process 1, here Corral itself.
         warn!(
-            "corral runs as process 1 and spawns workers: orphaned processes of theirs are not              reaped and stay zombies; run it under an init (`docker run --init`, tini; the              all-in-one image does)"
+            "corral runs as process 1 and spawns workers: orphaned processes of theirs are not \
+             reaped and stay zombies; run it under an init (`docker run --init`, tini; the \
+             all-in-one image does)"
         );
     }
     for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
@@ -210,10 +212,14 @@ pub async fn run(
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,
             max_headers: config.max_headers,
+            // A stream lasts its stage's stream timeout, or its job's deadline if that is later
+            // (http/stream.rs): the longest of either is the longest a stream may last.
             stream_timeout: topology
                 .stages
                 .iter()
                 .map(|spec| spec.stream_timeout)
+                .chain(topology.routes.iter().map(|route| route.timeout))
+                .chain([Duration::from_millis(config.timeout_ms)])
                 .max()
                 .unwrap_or(Duration::from_millis(config.stream_timeout_ms)),
         },

@@ -16,16 +16,16 @@ use corral::supervisor::output;
 
 mod allocator;
 
-/// The guard of the non-blocking writer of the log lines (`supervisor::output::standard`):
+/// The guard of the non-blocking writer of the log lines (`supervisor::output::log_writer`):
 /// dropped, it lets the last lines out (a second at most).
-static WRITER_GUARDS: Mutex<Vec<WorkerGuard>> = Mutex::new(Vec::new());
+static LOG_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 
 /// Lets the lines still queued (workers' output, log lines) out before the process exits,
 /// waiting a second or two at most for a stream nobody reads.
 fn flush_output() {
     output::flush(std::time::Duration::from_secs(1));
-    let guards = std::mem::take(&mut *WRITER_GUARDS.lock().unwrap_or_else(|e| e.into_inner()));
-    drop(guards);
+    let guard = LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take();
+    drop(guard);
 }
 
 fn main() -> std::process::ExitCode {
@@ -56,8 +56,8 @@ fn main() -> std::process::ExitCode {
     };
     // Log lines and workers' output are written by threads of their own, never blocking the
     // runtime's (a stdout or stderr nobody reads once froze the proxy, signals and all).
-    let (stderr, stderr_guard) = output::standard(true);
-    WRITER_GUARDS.lock().unwrap_or_else(|e| e.into_inner()).push(stderr_guard);
+    let (stderr, guard) = output::log_writer();
+    *LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(stderr);
     match config.log_format {

@@ -149,8 +149,8 @@ struct Queue {
 /// (`--priority-aging-ms`).
 pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
 
-/// At most one job a second is admitted against the prediction, as a probe of a stale one: on a
-/// model that really is too slow for the deadlines asked, that is one job a second run to its
+/// At most one request a second is admitted against the prediction, as a probe of a stale one: on a
+/// model that really is too slow for the deadlines asked, that is one request a second run to its
 /// 408 on a worker that was idle anyway.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
 
@@ -362,7 +362,6 @@ impl Stage {
         let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
         self.weigh(&mut jobs);
         let weight: usize = jobs.iter().map(|job| job.weight as usize).sum();
-        let heaviest = jobs.iter().map(|job| job.weight as usize).max().unwrap_or(0);
         let bytes: usize = jobs.iter().map(|job| job.size()).sum();
         let mut evicted = Vec::new();
         let mut retry_after = Duration::from_secs(1);
@@ -413,7 +412,7 @@ impl Stage {
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
                 // Only the jobs of this class and above go before these: lower ones wait.
                 let ahead = queue.jobs.weight_from(class) as usize;
-                let finish = self.predict(&queue, now, cost, ahead, weight, heaviest);
+                let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     if queue.may_probe(now, ahead, latest) {
@@ -431,10 +430,8 @@ impl Stage {
             if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
                 // When a job of the evicted class would be served, were it sent again now.
                 let ahead = queue.jobs.weight_from(victim.class) as usize + weight;
-                let victim_weight = victim.weight as usize;
-                if let Some(finish) =
-                    self.predict(&queue, now, cost, ahead, victim_weight, victim_weight)
-                {
+                let victim = std::slice::from_ref(victim);
+                if let Some(finish) = self.predict(&queue, now, cost, ahead, victim) {
                     retry_after = admission::retry_after(finish, now);
                 }
             }
@@ -467,23 +464,35 @@ impl Stage {
         }
     }
 
-    /// When `group` more weight, behind `ahead` weight, would be answered (None: no worker).
-    /// `heaviest` is the group's heaviest job: a job is never split, and one heavier than a
-    /// full batch goes in a batch of its own, costing its weight once — not as many batches,
-    /// each paying the overhead (a lone heavy job on an idle stage was refused so, for good).
+    /// When `jobs` (a request's), behind `ahead` weight, would be answered (None:
+    /// no worker). A job is never split: one heavier than a full batch goes in a batch of its
+    /// own after the work before it, costing its weight once — not as that many full batches,
+    /// each paying the overhead (a lone heavy job on an idle stage was refused so, for good),
+    /// nor as wide batches that the whole queue ahead would share (it was then admitted behind
+    /// a queue it could not pass). With several workers that is an upper bound: the heavy job
+    /// could run beside the work before it.
     fn predict(
         &self,
         queue: &Queue,
         now: Instant,
         cost: cost::Cost,
         ahead: usize,
-        group: usize,
-        heaviest: usize,
+        jobs: &[Job],
     ) -> Option<Instant> {
         let first = queue.first.estimate().unwrap_or(cost);
         let mut free_at = queue.free_at(now, cost);
-        let max = self.batch_weight(queue).max(heaviest);
-        admission::predicted_finish(ahead, group, max, cost, first, &mut free_at)
+        let max = self.batch_weight(queue);
+        let weights = || jobs.iter().map(|job| job.weight as usize);
+        let light: usize = weights().filter(|&weight| weight <= max).sum();
+        if weights().all(|weight| weight <= max) {
+            return admission::predicted_finish(ahead, light, max, cost, first, &mut free_at);
+        }
+        let start = match ahead + light {
+            0 => *free_at.iter().min()?,
+            before => admission::predicted_finish(0, before, max, cost, cost, &mut free_at)?,
+        };
+        let alone = weights().filter(|&weight| weight > max);
+        Some(alone.fold(start, |at, weight| at + first.of(weight)))
     }
 
     /// The weight of a full batch: the budget, or `max_batch_size` jobs of the queue's mean
@@ -520,8 +529,9 @@ impl Stage {
                     _ => runs.push(vec![job]),
                 }
             }
+            let now = Instant::now();
             for run in runs.into_iter().rev() {
-                queue.jobs.push_front(run);
+                queue.jobs.push_front(run, now);
             }
         }
         self.arrivals.notify_waiters();

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT, TRANSFER_ENCODING};
-use http::{HeaderMap, Request};
+use http::{HeaderMap, HeaderName, Request};
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::time::Instant;
@@ -131,37 +131,37 @@ pub fn before_body(error: ApiError) -> ApiError {
 /// passed on as if it were its content: the worker would read gzip bytes as the input, and a v2
 /// client's compressed binary body would fail its lengths with a puzzling 400.
 fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
-    for value in headers.get_all(TRANSFER_ENCODING) {
-        let text = String::from_utf8_lossy(value.as_bytes());
-        let coding = text
-            .split(',')
-            .map(str::trim)
-            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("chunked"));
-        if let Some(coding) = coding {
-            let message = format!(
-                "Transfer-Encoding {coding:?} is not supported: send the body uncompressed \
-                 (chunked, or with a Content-Length)"
-            );
-            return Err(ApiError { message, ..ApiError::unsupported_media_type("") });
-        }
+    let refused = |coding: &str, header: &str, how: &str| {
+        let message = format!("{header} {coding:?} is not supported: send the body {how}");
+        Err(ApiError { message, ..ApiError::unsupported_media_type("") })
+    };
+    if let Some(coding) = coding_other_than(headers, TRANSFER_ENCODING, "chunked") {
+        return refused(
+            &coding,
+            "Transfer-Encoding",
+            "uncompressed (chunked, or with a Content-Length)",
+        );
     }
-    for value in headers.get_all(CONTENT_ENCODING) {
-        let text = String::from_utf8_lossy(value.as_bytes());
-        let coding = text
-            .split(',')
-            .map(str::trim)
-            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"));
-        if let Some(coding) = coding {
-            let message =
-                format!("Content-Encoding {coding:?} is not supported: send the body uncompressed");
-            return Err(ApiError { message, ..ApiError::unsupported_media_type("") });
-        }
+    if let Some(coding) = coding_other_than(headers, CONTENT_ENCODING, "identity") {
+        return refused(&coding, "Content-Encoding", "uncompressed");
     }
     Ok(())
 }
 
+/// The first coding a header lists (any of its values, comma-separated) other than `allowed`.
+fn coding_other_than(headers: &HeaderMap, name: HeaderName, allowed: &str) -> Option<String> {
+    headers.get_all(name).iter().find_map(|value| {
+        let text = String::from_utf8_lossy(value.as_bytes());
+        let coding = text.split(',').map(str::trim);
+        coding
+            .into_iter()
+            .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(allowed))
+            .map(String::from)
+    })
+}
+
 /// The body's length as its `Content-Length` declares it, if it does.
-fn declared_length(headers: &HeaderMap) -> Option<u64> {
+pub(super) fn declared_length(headers: &HeaderMap) -> Option<u64> {
     headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse().ok())
 }
 

@@ -2,9 +2,7 @@
 
 use bytes::Bytes;
 use corral_protocol::JobId;
-use http::header::{
-    ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
-};
+use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
 use http::{HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -15,7 +13,7 @@ use tracing::{debug, debug_span, Instrument};
 use super::error::ApiError;
 use super::protocols::native;
 use super::protocols::Endpoint;
-use super::{get_only, openapi, App, Body};
+use super::{body, get_only, openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
@@ -91,8 +89,13 @@ async fn route_in(
     // These are answered before the body is read, on every route and protocol: the rest of the
     // body may still be on its way, so the connection cannot be reused (hyper closes it, and a
     // client that reused it at once saw it drop without an answer). See `body::before_body`.
-    let refused = [StatusCode::NOT_FOUND, StatusCode::METHOD_NOT_ALLOWED];
-    if unread && (refused.contains(&code) || code == StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE) {
+    let refused = matches!(
+        code,
+        StatusCode::NOT_FOUND
+            | StatusCode::METHOD_NOT_ALLOWED
+            | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
+    );
+    if unread && refused {
         response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(cx) = timing::trace() {
@@ -109,8 +112,7 @@ async fn route_in(
 /// Whether a request has a body to come: a `Content-Length` above 0, or a `Transfer-Encoding`.
 fn carries_body(request: &Request<Incoming>) -> bool {
     let headers = request.headers();
-    let length = headers.get(CONTENT_LENGTH).and_then(|v| v.to_str().ok());
-    headers.contains_key(TRANSFER_ENCODING) || length.is_some_and(|length| length.trim() != "0")
+    headers.contains_key(TRANSFER_ENCODING) || body::declared_length(headers).is_some_and(|n| n > 0)
 }
 
 /// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its

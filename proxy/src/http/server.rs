@@ -37,7 +37,8 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
-    /// The longest a streamed answer may last (the stages' longest `--stream-timeout-ms`).
+    /// The longest a streamed answer may last: the longest stream timeout, or job timeout if
+    /// longer (a stream runs to the later of its stage's stream timeout and its job's deadline).
     pub stream_timeout: Duration,
 }
 

@@ -64,6 +64,9 @@ struct State {
     active: usize,
     /// Of those, the streams being written.
     streams: usize,
+    /// Bytes came while only streams were in progress: the next request's head (a stream's own
+    /// request was read whole before its answer began), whose clock starts when they end.
+    read_behind_stream: bool,
     /// When the first byte of the next request head arrived, if it has.
     head_started: Option<Instant>,
     /// When the connection last finished a request or wrote.
@@ -84,6 +87,7 @@ impl Clock {
             state: Mutex::new(State {
                 active: 0,
                 streams: 0,
+                read_behind_stream: false,
                 head_started: None,
                 idle_since: Instant::now(),
                 opened: false,
@@ -146,6 +150,9 @@ impl Clock {
             if starts_head {
                 state.head_started = Some(Instant::now());
             }
+            if state.active > 0 && state.active == state.streams && !state.http2 {
+                state.read_behind_stream = true;
+            }
             starts_head
         };
         if started {
@@ -191,6 +198,11 @@ impl Drop for RequestGuard {
             state.active -= 1;
             state.streams -= usize::from(self.stream);
             state.idle_since = Instant::now();
+            if state.active == 0 && std::mem::take(&mut state.read_behind_stream) {
+                // A head that came behind a stream has its deadline from the stream's end: it
+                // could not be read before (a slow one would otherwise get the idle timeout).
+                state.head_started = Some(Instant::now());
+            }
         }
         self.clock.changed.notify_one();
     }
@@ -367,6 +379,7 @@ mod tests {
         tokio::time::sleep(IDLE * 3).await;
         assert!(!watchdog.is_finished(), "a stream in progress was cut");
         drop(stream);
+        drop(clock.request()); // the pipelined request, served once the stream is over
         let ended = Instant::now();
         let (why, at) = watchdog.await.unwrap();
         assert_eq!((why, at - ended), (Expired::Idle, IDLE));
@@ -396,5 +409,17 @@ mod tests {
         assert!(!watchdog.is_finished());
         drop(plain);
         assert_eq!(watchdog.await.unwrap(), Expired::Stalled);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_begun_behind_a_stream_has_the_header_deadline_from_the_streams_end() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        let stream = clock.request().streaming();
+        clock.read(b"GET /healthz HTTP/1.1\r\n"); // a slow head, pipelined
+        tokio::time::sleep(IDLE * 2).await;
+        drop(stream);
+        let ended = Instant::now();
+        assert_eq!(clock.expired().await, Expired::Header);
+        assert_eq!(ended.elapsed(), HEADER);
     }
 }

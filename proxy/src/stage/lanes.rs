@@ -228,11 +228,11 @@ impl Lanes {
     }
 
     /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
-    /// (their worker died holding them): they go first among their tenant's work, as one
-    /// request again.
-    pub fn push_front(&mut self, jobs: Vec<Job>) {
+    /// (their worker died holding them) at `now`: they go first among their tenant's work, as
+    /// one request again, and their class ages from now, as a queued request's does.
+    pub fn push_front(&mut self, jobs: Vec<Job>, now: Instant) {
         let Some(first) = jobs.first() else { return };
-        let (class, key, entered) = (first.class, first.tenant, first.arrived);
+        let (class, key, entered) = (first.class, first.tenant, now);
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
@@ -363,19 +363,19 @@ impl Lanes {
     ///
     /// Every request of that class is looked at, not each lane's last (a scan: eviction comes
     /// only with a full queue): the last queued is not the least urgent when clients ask for
-    /// different timeouts, or a job came back after its worker died. Among equal deadlines the
-    /// later queued goes.
+    /// different timeouts, or a job came back after its worker died. A request a batch has
+    /// started is not evicted (its other jobs are in a worker already). Among equal deadlines
+    /// the one that entered its class last goes.
     pub fn evict_below(&mut self, class: Class) -> Option<Vec<Job>> {
         let victim = Class::DISPATCH_ORDER.into_iter().rev().filter(|c| *c < class).find_map(|c| {
             let lanes = &self.classes[c.index()];
             let requests = lanes.tenants.iter().flat_map(|(key, lane)| {
-                lane.requests.iter().enumerate().filter_map(move |(at, request)| {
-                    Some((request.jobs.front()?.deadline, at, *key))
+                let waiting = lane.requests.iter().enumerate().filter(|(_, r)| !r.started);
+                waiting.filter_map(move |(at, request)| {
+                    Some(((request.jobs.front()?.deadline, request.entered), at, *key))
                 })
             });
-            requests
-                .max_by_key(|&(deadline, at, _)| (deadline, at))
-                .map(|(_, at, key)| (c, key, at))
+            requests.max_by_key(|&(urgency, _, _)| urgency).map(|(_, at, key)| (c, key, at))
         });
         let (class, key, at) = victim?;
         let lanes = &mut self.classes[class.index()];

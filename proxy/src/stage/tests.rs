@@ -615,8 +615,9 @@ async fn admission_counts_only_the_jobs_that_go_before() {
 /// A stage that learned batches cost 20 ms + 0.1 ms a unit of weight (from lone jobs of weight
 /// 500 and 1,000), its one worker idle.
 fn learned_by_weight(max_batch_weight: Option<usize>) -> Stage {
-    let settings = BatchSettings { max_batch_weight, ..*stage(32, 100).settings() };
-    let stage = Stage::new("default", settings, 100);
+    let settings =
+        BatchSettings { max_batch_weight, max_batch_bytes: 1 << 20, ..*stage(32, 100).settings() };
+    let stage = Stage::new("default", settings, 1000);
     let seat = stage.worker_joined();
     for round in 0..10u64 {
         let weight = if round % 2 == 0 { 500 } else { 1000 };
@@ -640,6 +641,22 @@ async fn a_heavy_job_an_idle_stage_runs_in_time_is_admitted() {
         heavier.weight = 10_000;
         assert!(stage.submit(heavier).is_err(), "with max_batch_weight {budget:?}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_heavy_job_behind_a_queue_it_cannot_pass_is_refused() {
+    // 640 light jobs ahead (20 batches of 32, about 460 ms), then the same 120 ms heavy job
+    // with 500 ms to live: it would finish near 580 ms. Predicted with batches as wide as it,
+    // shared by the whole queue, it was admitted.
+    let stage = learned_by_weight(None);
+    for _ in 0..640 {
+        let (light, answer) = job(b"light", Duration::from_secs(60));
+        stage.submit(light).unwrap();
+        std::mem::forget(answer);
+    }
+    let (mut heavy, _answer) = job(b"heavy", Duration::from_millis(500));
+    heavy.weight = 1000;
+    assert!(matches!(stage.submit(heavy), Err(Shed::DeadlineUnreachable { .. })));
 }
 
 #[tokio::test(start_paused = true)]

@@ -18,11 +18,11 @@
 //! finds it full waits for room without holding a thread, and stops reading its worker's pipe
 //! meanwhile, so a worker printing to a stalled stdout waits in its own `write`, as any process
 //! writing to a full pipe does, and no line is lost. The proxy's own log lines go through
-//! [`standard`] (tracing-appender's non-blocking writer: a thread of its own, and a line that
+//! [`log_writer`] (tracing-appender's non-blocking writer: a thread of its own, and a line that
 //! finds its queue full is dropped: a log call cannot wait).
 
 use std::io::Write;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 
 use tokio::sync::mpsc;
@@ -43,6 +43,11 @@ static WRITER: OnceLock<Option<mpsc::Sender<(bool, String)>>> = OnceLock::new();
 /// prefix: 16 MiB in all).
 pub const QUEUED_LINES: usize = 1024;
 
+/// Lines handed to the writer thread, and lines it has written (or failed to): [`flush`] waits
+/// for the second to reach the first.
+static SENT: AtomicU64 = AtomicU64::new(0);
+static WRITTEN: AtomicU64 = AtomicU64::new(0);
+
 fn writer() -> Option<&'static mpsc::Sender<(bool, String)>> {
     WRITER
         .get_or_init(|| {
@@ -51,6 +56,7 @@ fn writer() -> Option<&'static mpsc::Sender<(bool, String)>> {
                 std::thread::Builder::new().name("corral-output".into()).spawn(move || {
                     while let Some((stderr, line)) = queued.blocking_recv() {
                         let _ = Standard { stderr }.write_all(line.as_bytes());
+                        WRITTEN.fetch_add(1, Ordering::Release);
                     }
                 });
             thread.ok().map(|_| lines)
@@ -58,23 +64,23 @@ fn writer() -> Option<&'static mpsc::Sender<(bool, String)>> {
         .as_ref()
 }
 
-/// Waits, up to `limit`, until the workers' lines queued so far are written: before the
-/// process exits.
+/// Waits, up to `limit`, until the workers' lines handed over so far are written (the last
+/// ones, at shutdown, are often the ones that say what went wrong): before the process exits.
 pub fn flush(limit: std::time::Duration) {
-    let Some(lines) = WRITER.get().and_then(Option::as_ref) else { return };
     let until = std::time::Instant::now() + limit;
-    while lines.capacity() < lines.max_capacity() && std::time::Instant::now() < until {
-        std::thread::sleep(std::time::Duration::from_millis(5)); // a thread's queue: no event
+    let sent = SENT.load(Ordering::Acquire);
+    while WRITTEN.load(Ordering::Acquire) < sent && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(5)); // another thread's work: no event
     }
 }
 
-/// A writer onto our own stdout (or stderr) that never blocks its caller, for the proxy's log
-/// lines, and the guard that lets its last lines out when dropped (a second at most).
-pub fn standard(stderr: bool) -> (NonBlocking, WorkerGuard) {
+/// A writer onto our own stderr that never blocks its caller, for the proxy's log lines, and the
+/// guard that lets its last lines out when dropped (a second at most).
+pub fn log_writer() -> (NonBlocking, WorkerGuard) {
     NonBlockingBuilder::default()
         .lossy(true)
-        .thread_name(if stderr { "corral-stderr" } else { "corral-stdout" })
-        .finish(Standard { stderr })
+        .thread_name("corral-log")
+        .finish(Standard { stderr: true })
 }
 
 /// Our own stdout or stderr, as the writer thread uses it: each line written whole (and stdout
@@ -150,7 +156,10 @@ async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
     for line in ready.drain(..) {
         match writer() {
             Some(lines) => {
-                let _ = lines.send((to_stderr, line)).await;
+                SENT.fetch_add(1, Ordering::Release);
+                if lines.send((to_stderr, line)).await.is_err() {
+                    WRITTEN.fetch_add(1, Ordering::Release); // the thread is gone: not waited for
+                }
             }
             None => {
                 let _ = Standard { stderr: to_stderr }.write_all(line.as_bytes());

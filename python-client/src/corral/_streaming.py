@@ -87,29 +87,26 @@ def is_streaming(worker: Any) -> bool:
     )
 
 
-def features(worker: Any) -> list[str]:
+def features(worker: Any, limit: int) -> list[str]:
     """The hello's ``features``: ``stream`` and ``cancel`` for a generator ``forward``, and
-    ``join`` when it also sets ``max_running``; none of these for a plain worker (which could not
-    act on a cancel in the middle of ``forward``: it declares ``shm`` instead, see
-    ``_shared_memory``)."""
+    ``join`` when it also sets ``max_running`` (``limit``, read once: :func:`limit`); none of
+    these for a plain worker (which could not act on a cancel in the middle of ``forward``: it
+    declares ``shm`` instead, see ``_shared_memory``)."""
     if not is_streaming(worker):
         return []
-    return ["stream", "cancel", "join"] if _max_running(worker) else ["stream", "cancel"]
+    return ["stream", "cancel", "join"] if limit else ["stream", "cancel"]
 
 
-def _max_running(worker: Any) -> int:
+def limit(worker: Any) -> int:
+    """How many jobs a streaming worker runs at once (``max_running``; 0: no limit, no joining).
+    Read once a connection, for its hello and for :func:`run` to keep to: a worker that sets it
+    later (once its model is loaded, say) must not offer room it declared no ``join`` for."""
     limit = getattr(worker, "max_running", None)
     if limit is None:
         return 0
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise TypeError(f"max_running must be None or a non-negative integer, not {limit!r}")
     return limit
-
-
-def limit(worker: Any) -> int:
-    """How many jobs a streaming worker runs at once (``max_running``; 0: no limit, no joining),
-    as its hello declares it: read once a connection, for :func:`run` to keep to."""
-    return _max_running(worker)
 
 
 def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) -> None:

@@ -267,6 +267,7 @@ class Worker:
         # Decided once a connection, from the instance (a forward set in __init__ counts), as
         # the hello declares it: not again per batch.
         streams = _streaming.is_streaming(self)
+        limit = _streaming.limit(self) if streams else 0  # `join` or not, for the connection
         hello = protocol.hello(
             self.stage,
             os.getpid(),
@@ -274,13 +275,12 @@ class Worker:
             schemas=self.schemas(),
             # Shared memory only for a plain worker: the proxy keeps it from streaming ones.
             # The instance's `max_running` (set in __init__, say) is the one its streams use.
-            features=_streaming.features(self) or _shared_memory.features(),
+            features=_streaming.features(self, limit) or _shared_memory.features(),
             inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
         )
         if streams:
-            limit = _streaming.limit(self)  # as the hello declared it (`join` or not)
             _serve.serve(sock, hello, lambda jobs, link: _streaming.run(self, jobs, link, limit))
         else:
             _serve.serve(sock, hello, lambda jobs, link: self._corral_process(jobs))

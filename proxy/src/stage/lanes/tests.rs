@@ -178,7 +178,7 @@ fn requeued_jobs_go_first_in_their_lane() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
     one(&mut lanes, "queued", Class::Normal, None, now);
-    lanes.push_front(vec![job("retried", Class::Normal, None, 1, now)]);
+    lanes.push_front(vec![job("retried", Class::Normal, None, 1, now)], now);
     assert_eq!(drain(&mut lanes), ["retried", "queued"]);
 }
 
