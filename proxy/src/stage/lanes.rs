@@ -217,27 +217,29 @@ impl Lanes {
     /// `now`: its class ages from then, not from the request's arrival (its body may have
     /// taken seconds to come, and it would enter the queue promoted already).
     pub fn push(&mut self, jobs: Vec<Job>, now: Instant) {
-        let Some(first) = jobs.first() else { return };
-        let (class, key, entered) = (first.class, first.tenant, now);
-        jobs.iter().for_each(|job| self.count(class, job, 1));
-        let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
-        let bytes = jobs.iter().map(Job::size).sum();
-        let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
-        self.classes[class.index()].lane(key).requests.push_back(request);
-        self.due(class, entered);
+        self.enter(jobs, now, false);
     }
 
     /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
     /// (their worker died holding them) at `now`: they go first among their tenant's work, as
     /// one request again, and their class ages from now, as a queued request's does.
     pub fn push_front(&mut self, jobs: Vec<Job>, now: Instant) {
+        self.enter(jobs, now, true);
+    }
+
+    fn enter(&mut self, jobs: Vec<Job>, entered: Instant, front: bool) {
         let Some(first) = jobs.first() else { return };
-        let (class, key, entered) = (first.class, first.tenant, now);
+        let (class, key) = (first.class, first.tenant);
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
         let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
-        self.classes[class.index()].lane(key).requests.push_front(request);
+        let requests = &mut self.classes[class.index()].lane(key).requests;
+        if front {
+            requests.push_front(request);
+        } else {
+            requests.push_back(request);
+        }
         self.due(class, entered);
     }
 
