@@ -39,6 +39,9 @@ static JSON: AtomicBool = AtomicBool::new(false);
 /// lines are then written where they are forwarded, as before).
 static WRITER: OnceLock<Option<mpsc::Sender<(bool, String)>>> = OnceLock::new();
 
+/// The proxy's own log lines that may wait for their thread before more are dropped.
+const LOG_LINES: usize = 4096;
+
 /// Workers' lines that may wait for the writer thread (each at most [`MAX_LINE`] bytes and a
 /// prefix: 16 MiB in all).
 pub const QUEUED_LINES: usize = 1024;
@@ -79,6 +82,9 @@ pub fn flush(limit: std::time::Duration) {
 pub fn log_writer() -> (NonBlocking, WorkerGuard) {
     NonBlockingBuilder::default()
         .lossy(true)
+        // The queue is allocated whole at start: tracing-appender's default of 128,000 lines
+        // took 4 MB of the proxy's memory for lines that come a few a second at most.
+        .buffered_lines_limit(LOG_LINES)
         .thread_name("corral-log")
         .finish(Standard { stderr: true })
 }
