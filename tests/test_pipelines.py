@@ -347,6 +347,18 @@ CONFIG_ERRORS = {
         STAGE + '[routes.r]\npath = "/v1/embeddings"\npipeline = "a"\n',
         "routes.r.path: /v1/embeddings: paths under /v1/ are the client protocols'",
     ),
+    "the v2 root as a path": (
+        STAGE + '[routes.r]\npath = "/v2"\npipeline = "a"\n',
+        "routes.r.path: /v2: paths under /v2/ are the client protocols'",
+    ),
+    "braces in a path": (
+        STAGE + '[routes.r]\npath = "/x/{y}"\npipeline = "a"\n',
+        'routes.r.path: "/x/{y}": a route path has no query, fragment, space or brace',
+    ),
+    "a tenant header corral reads already": (
+        'tenant_header = "x-corral-priority"\n' + STAGE + '[pipelines.p]\nstages = ["a"]\n',
+        "tenant_header: x-corral-priority is a header Corral reads for something else",
+    ),
     "unused stage": (
         TWO + '[pipelines.p]\nstages = ["a"]\n',
         "stages.b: no route's pipeline uses this stage",

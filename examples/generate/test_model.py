@@ -81,3 +81,20 @@ def test_removed_rows_leave_the_others_unchanged(model):
 def test_unknown_characters_and_long_prompts_are_accepted(model):
     state = model.start(["\x00\U0001f600" * 50], seeds=[5])
     assert len(run(model, state, 5)[0]) == 5
+
+
+def test_a_seed_out_of_range_fails_its_request_alone():
+    """A negative seed once failed every stream of its batch (numpy's uint64 overflow)."""
+    import worker as example  # the example's worker, from this directory as model.py
+
+    from corral.testing import FakeProxy
+
+    with FakeProxy(example.Generate()) as proxy:
+        bad, good = proxy.stream(
+            [
+                {"prompt": "A ", "max_tokens": 3, "seed": -1},
+                {"prompt": "A ", "max_tokens": 3, "seed": 1},
+            ]
+        )
+    assert bad.status == "invalid", bad
+    assert good.status == "end" and len("".join(good.chunks)) == 3, good

@@ -28,7 +28,9 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True):
 
     prompt: Annotated[str, msgspec.Meta(max_length=10_000)]
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
-    seed: int | None = None
+    # The model's generators take unsigned 64-bit seeds (the proxy refuses JSON integers past
+    # 64 bits): a negative one is the request's 422, not an error for every stream of its batch.
+    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
 
 
 class Generate(corral.Worker):

@@ -326,8 +326,30 @@ pub(crate) fn check_share(share: f64) -> Result<f64, String> {
 }
 
 pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> {
-    http::HeaderName::from_bytes(text.trim().as_bytes())
-        .map_err(|_| format!("{text:?} is not a valid HTTP header name"))
+    let name = http::HeaderName::from_bytes(text.trim().as_bytes())
+        .map_err(|_| format!("{text:?} is not a valid HTTP header name"))?;
+    // A header Corral reads for something else would be read as both (and listed twice in
+    // /openapi.json, which is then invalid).
+    use crate::http::{deadline, protocols::native, traffic};
+    let own = [
+        traffic::PRIORITY_HEADER,
+        traffic::WEIGHT_HEADER,
+        native::ITEMS_HEADER,
+        deadline::TIMEOUT_HEADER,
+        deadline::ENVOY_HEADER,
+        deadline::GRPC_HEADER,
+        deadline::REQUEST_TIMEOUT_HEADER,
+        "traceparent",
+        "tracestate",
+        "content-type",
+        "content-length",
+        "accept",
+        "inference-header-content-length",
+    ];
+    if own.contains(&name.as_str()) {
+        return Err(format!("{name} is a header Corral reads for something else"));
+    }
+    Ok(name)
 }
 
 pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {

@@ -92,6 +92,29 @@ pub struct Declared {
     pub weight: Option<WeightRule>,
 }
 
+impl Declared {
+    /// A hello's declarations laid over the stage's earlier ones, part by part: its schemas,
+    /// tensors and weight rule each replace the earlier ones only if it declares them. A later
+    /// worker that declared only schemas once wiped the weight rule an earlier one declared
+    /// (PROTOCOL.md: "the latest hello that declares one wins").
+    pub fn over(mut self, before: Option<&Declared>) -> Declared {
+        let Some(before) = before else { return self };
+        if self.input.is_none() && self.output.is_none() {
+            self.input.clone_from(&before.input);
+            self.output.clone_from(&before.output);
+            self.components.clone_from(&before.components);
+        }
+        if self.inputs.is_empty() && self.outputs.is_empty() {
+            self.inputs.clone_from(&before.inputs);
+            self.outputs.clone_from(&before.outputs);
+        }
+        if self.weight.is_none() {
+            self.weight.clone_from(&before.weight);
+        }
+        self
+    }
+}
+
 pub struct Stage {
     name: String,
     /// The declarations of the latest worker that made any (read per v2 request: shared, not
@@ -549,11 +572,13 @@ impl Stage {
         }
     }
 
-    /// Records what a worker declared (the latest declaration wins: workers of one stage are
-    /// copies of one program).
+    /// Records what a worker declared, over what earlier ones did ([`Declared::over`]: the
+    /// latest declaration of each part wins: workers of one stage are copies of one program).
     pub fn declare(&self, declared: Declared) {
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        let declared = declared.over(kept.as_deref());
         self.weighs.store(declared.weight.is_some(), Ordering::Relaxed);
-        *self.declared.lock().unwrap_or_else(|p| p.into_inner()) = Some(Arc::new(declared));
+        *kept = Some(Arc::new(declared));
     }
 
     pub fn declared(&self) -> Option<Arc<Declared>> {

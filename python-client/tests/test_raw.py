@@ -106,18 +106,29 @@ def test_a_typed_worker_gets_bytes_where_its_type_takes_them():
     assert point == Result("ok", 1)
 
 
-class Misnamed(corral.Worker):
-    output_content_type = 42  # not a str
+@pytest.mark.parametrize("named", [42, "image png", "png", "image/pngé", "image/" + "p" * 1100])
+def test_an_output_content_type_the_proxy_would_refuse_fails_where_the_class_is_defined(named):
+    """The proxy answers every bytes output under such a name 500 `bad_output`; FakeProxy once
+    passed it, so a worker's own tests did not see it."""
+    with pytest.raises(TypeError, match="output_content_type must be a media type"):
 
-    def forward(self, batch):
-        return [b"out", {"not": "bytes"}]
+        class Misnamed(corral.Worker):
+            output_content_type = named
+
+            def forward(self, batch):
+                return batch
 
 
-def test_an_output_content_type_that_is_not_a_string_fails_the_bytes_outputs():
-    with FakeProxy(Misnamed()) as proxy:
-        bad, fine = proxy.infer([b"a", b"b"], content_type="a/b")
-    assert bad.status == "error" and "output_content_type must be a str" in bad.message
-    assert fine == Result("ok", {"not": "bytes"})
+def test_an_output_content_type_with_parameters_is_a_media_type():
+    class Text(corral.Worker):
+        output_content_type = "text/plain; charset=utf-8"
+
+        def forward(self, batch):
+            return [b"hi" for _ in batch]
+
+    with FakeProxy(Text()) as proxy:
+        [answer] = proxy.infer([1])
+    assert answer == Result("ok", b"hi", content_type="text/plain; charset=utf-8")
 
 
 def test_a_content_type_that_is_not_a_string_is_a_protocol_error():

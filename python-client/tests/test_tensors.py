@@ -8,6 +8,7 @@ import struct
 import subprocess
 import sys
 import uuid
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -483,6 +484,27 @@ def test_declared_outputs_never_change_a_value(value, datatype):
         with pytest.raises(ValueError):
             _tensors.encode(given, datatype)
     assert _tensors.encode([1.0, 2.0], "INT32") == _tensors.encode([1, 2], "INT32")
+
+
+@pytest.mark.parametrize(
+    "value, datatype",
+    [
+        (["False"], "BOOL"),  # numpy: True; struct: True
+        ([0.5], "BOOL"),
+        (["1.5"], "FP32"),
+        ([1.0, None], "FP32"),  # numpy: NaN
+        ([Decimal("2.75")], "INT32"),  # numpy: 2
+        ([1 + 5j, 2], "FP32"),  # numpy: the imaginary part dropped
+        ([b"1"], "INT8"),
+    ],
+)
+def test_only_numbers_become_numeric_tensors(np, value, datatype):
+    """Whatever the source (with numpy or without): never a value the worker did not return."""
+    with pytest.raises((ValueError, TypeError)):
+        _tensors.encode(value, datatype)
+    if np is not None:
+        with pytest.raises((ValueError, TypeError)):
+            _tensors.encode(np.asarray(value, dtype=object), datatype)
 
 
 @pytest.mark.parametrize(

@@ -77,3 +77,50 @@ def test_an_untyped_worker_sends_no_schemas():
 
     with FakeProxy(Plain()) as proxy:
         assert "input_schema" not in proxy.hello
+
+
+def test_an_ext_value_comes_back_as_sent_from_a_worker_with_only_an_output_type():
+    """Decoded by msgpack (no input_type), an ext was a namedtuple that msgspec (output_type)
+    wrote back as an array: `[5, b"hi"]`, another value than the client's."""
+    from typing import Any
+
+    import msgpack
+
+    class Echo(corral.Worker):
+        output_type = Any
+
+        def forward(self, batch):
+            return batch
+
+    ext = msgpack.ExtType(5, b"hi")
+    with FakeProxy(Echo()) as proxy:
+        [answer] = proxy.infer([{"v": ext}])
+    assert answer == Result("ok", {"v": ext})
+
+
+def test_an_input_type_msgspec_cannot_decode_fails_before_the_hello():
+    """It once said hello (ready), then died at every batch and was restarted for ever."""
+
+    class A(msgspec.Struct):
+        x: int
+
+    class B(msgspec.Struct):
+        y: int
+
+    class Untagged(corral.Worker):
+        input_type = A | B
+
+        def forward(self, batch):
+            return batch
+
+    import socket
+
+    import pytest
+
+    proxy, worker = socket.socketpair()
+    with proxy, worker:
+        with pytest.raises(TypeError, match="Struct"):
+            Untagged().serve(worker)
+        proxy.setblocking(False)
+        with pytest.raises(BlockingIOError):  # nothing was said: no hello went out
+            proxy.recv(1)

@@ -543,13 +543,16 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
     if !path.starts_with('/') || path.len() < 2 {
         return Err(error(key, format!("{path:?} is not a path such as \"/embed\"")));
     }
-    if path.contains(['?', '#', ' ']) {
-        return Err(error(key, format!("{path:?}: a route path has no query, fragment or space")));
+    if path.contains(['?', '#', ' ', '{', '}']) {
+        // Braces would be an OpenAPI path template with no parameter behind it.
+        let problem = format!("{path:?}: a route path has no query, fragment, space or brace");
+        return Err(error(key, problem));
     }
     if RESERVED_PATHS.contains(&path) {
         return Err(error(key, format!("{path} is Corral's own route")));
     }
-    if let Some(prefix) = PROTOCOL_PREFIXES.iter().find(|p| path.starts_with(*p) || path == "/v2") {
+    let under = |prefix: &&&str| path.starts_with(**prefix) || path == prefix.trim_end_matches('/');
+    if let Some(prefix) = PROTOCOL_PREFIXES.iter().find(under) {
         let problem = format!("{path}: paths under {prefix} are the client protocols'");
         return Err(error(key, problem));
     }

@@ -761,3 +761,21 @@ async fn a_stage_too_slow_for_a_deadline_is_probed_at_most_once_a_second() {
     let (later, _later) = short(b"later");
     assert!(stage.submit(later).is_ok(), "the next second's probe");
 }
+
+#[test]
+fn a_hello_replaces_only_what_it_declares() {
+    // Worker A declares a weight rule; worker B, on the same stage, only schemas: A's rule stays
+    // (B once wiped it, and every batch was weighed 1 a job).
+    let stage = stage(4, 10);
+    let rule = super::weight::WeightRule::parse("/t").unwrap();
+    stage.declare(Declared { weight: Some(rule.clone()), ..Declared::default() });
+    let schema = serde_json::json!({"type": "object"});
+    stage.declare(Declared { input: Some(schema.clone()), ..Declared::default() });
+    let declared = stage.declared().unwrap();
+    assert_eq!((declared.weight.as_ref(), declared.input.as_ref()), (Some(&rule), Some(&schema)));
+    // A new rule replaces the old one; the schemas stay.
+    let other = super::weight::WeightRule::parse("/u").unwrap();
+    stage.declare(Declared { weight: Some(other.clone()), ..Declared::default() });
+    let declared = stage.declared().unwrap();
+    assert_eq!((declared.weight.as_ref(), declared.input.as_ref()), (Some(&other), Some(&schema)));
+}

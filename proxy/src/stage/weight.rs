@@ -28,6 +28,16 @@ impl WeightRule {
         let Some(rest) = pointer.strip_prefix('/') else {
             return Err(format!("weight {pointer:?} is not a JSON Pointer: it must start with /"));
         };
+        // RFC 6901: `~` only as `~0` or `~1`.
+        let escapes_ok = |token: &str| {
+            let mut after_tilde = token.split('~').skip(1);
+            after_tilde.all(|rest| rest.starts_with(['0', '1']))
+        };
+        if let Some(token) = rest.split('/').find(|token| !escapes_ok(token)) {
+            return Err(format!(
+                "weight {pointer:?} is not a JSON Pointer: {token:?} has a ~ not followed by 0 or 1"
+            ));
+        }
         let tokens = rest.split('/').map(|token| token.replace("~1", "/").replace("~0", "~"));
         Ok(Self { tokens: tokens.collect() })
     }
@@ -100,6 +110,15 @@ fn length(value: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tilde_is_only_an_escape() {
+        assert!(WeightRule::parse("/a~0b~1c").is_ok());
+        for bad in ["/a~2b", "/a~", "/~x"] {
+            let error = WeightRule::parse(bad).unwrap_err();
+            assert!(error.contains("not followed by 0 or 1"), "{bad}: {error}");
+        }
+    }
 
     fn mp(value: serde_json::Value) -> Vec<u8> {
         rmp_serde::to_vec(&value).unwrap()

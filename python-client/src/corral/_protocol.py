@@ -9,6 +9,7 @@ implementation's exactly (the golden frames in worker-protocol/vectors/ check it
 
 from __future__ import annotations
 
+import re
 import struct
 from typing import Any, BinaryIO, Union
 
@@ -35,6 +36,21 @@ RECEIVED = "_received"
 """The key under which a worker's reader stamps each job of a batch with when it was read
 (``time.monotonic()``): its deadline counts from then. Local to the package: the proxy's job
 maps have no such key, and nothing is sent with it."""
+
+
+# A media type as the proxy takes a worker's `content_type`: type/subtype, both RFC 9110 tokens,
+# optionally `;` and parameters, visible ASCII (and spaces), at most 1 KiB.
+_MEDIA_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(;[\x20-\x7e]*)?")
+
+
+def is_media_type(text: Any) -> bool:
+    """Whether the proxy takes ``text`` as an output's ``content_type``."""
+    return (
+        isinstance(text, str)
+        and len(text.encode("utf-8")) <= 1024
+        and _MEDIA_TYPE.fullmatch(text.strip(" ")) is not None
+        and text == text.strip(" \t")
+    )
 
 
 def safe_text(text: str) -> str:

@@ -159,6 +159,14 @@ def ext_hook(code: int, data: Any) -> Any:
     return msgpack.ExtType(code, data)
 
 
+def msgspec_ext_hook(code: int, data: Any) -> Any:
+    """:func:`ext_hook` for a worker whose outputs msgspec encodes: ext types other than a
+    tensor's as ``msgspec.msgpack.Ext``, which msgspec writes back as the ext it was."""
+    if code == EXT_TENSOR:
+        return ext_hook(code, data)
+    return msgspec.msgpack.Ext(code, bytes(data))
+
+
 def decode(data: bytes | memoryview) -> Any:
     """One tensor value's data (``[datatype, shape, bin]``) as a numpy array, or nested lists
     without numpy. The elements are not copied where numpy can view them in place."""
@@ -285,6 +293,11 @@ def encode(value: Any, datatype: str) -> bytes:
         if datatype == "BYTES":
             data = _join_bytes(flat)
         else:
+            # As with numpy: numbers only (struct takes any truthy value as a BOOL's True).
+            wrong = next((x for x in flat if type(x) not in (bool, int, float)), None)
+            if wrong is not None or (datatype == "BOOL" and any(x not in (0, 1) for x in flat)):
+                shown = f"a {type(wrong).__name__}" if wrong is not None else "a value not 0 or 1"
+                raise ValueError(f"cannot encode {shown} as {datatype}")
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
             # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
@@ -300,12 +313,18 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     a finite number past the type's range (numpy makes it infinite) is refused. The proxy
     refuses the same in JSON inputs: a tensor never holds a number its sender did not. (Floats
     narrowing to FP16 or FP32 round, as they must.)"""
+    # Only booleans and numbers are numbers: numpy would cast strings ("1.5", "False" to True),
+    # None (to NaN, in an object array), Decimals and complex numbers (dropping the imaginary
+    # part) without a word, and the client would get a value the worker never returned.
+    source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if source.size and source.dtype.kind not in "biuf":
+        raise ValueError(f"{datatype} holds numbers, not values of numpy dtype {source.dtype}")
     if target.kind == "f":
         # numpy flags a cast that makes a finite number infinite as an overflow (from 1.24 on),
         # element by element and at no cost when none is (an infinity given is no overflow).
         try:
             with np.errstate(over="raise", invalid="ignore"):
-                return np.asarray(value, dtype=target)
+                return np.asarray(source, dtype=target)
         except FloatingPointError as e:
             raise ValueError(f"a finite value is past {datatype}'s range") from e
     # What a cast loses is checked below, not warned about (NaN, overflow) as it happens.

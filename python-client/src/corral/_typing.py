@@ -53,10 +53,11 @@ class Codec:
         if not isinstance(payload, (bytes, memoryview)):
             raise ProtocolError("a job payload must be bytes")
         if not self.typed_input:
+            # Outputs encoded by msgspec (an `output_type`) write a msgpack ExtType, a namedtuple,
+            # as an array: other ext types then arrive as msgspec's Ext, which it writes back.
+            ext_hook = _tensors.ext_hook if self.plain else _tensors.msgspec_ext_hook
             try:
-                return msgpack.unpackb(
-                    payload, raw=False, strict_map_key=False, ext_hook=_tensors.ext_hook
-                )
+                return msgpack.unpackb(payload, raw=False, strict_map_key=False, ext_hook=ext_hook)
             except ValidationError:
                 raise  # a tensor value that does not fit its header, with its own message
             except Exception as e:  # msgpack raises several unrelated types for bad input

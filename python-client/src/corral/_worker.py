@@ -148,6 +148,13 @@ class Worker:
                 f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
                 f"is empty or starts with /), not {cls.weight!r}"
             )
+        named = getattr(cls, "output_content_type", None)
+        if named is not None and not protocol.is_media_type(named):
+            # The proxy answers every bytes output under such a name 500 `bad_output`.
+            raise TypeError(
+                f"{cls.__name__}.output_content_type must be a media type such as "
+                f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
+            )
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
@@ -266,6 +273,10 @@ class Worker:
         along, also while results are written."""
         # Decided once a connection, from the instance (a forward set in __init__ counts), as
         # the hello declares it: not again per batch.
+        # The codec first: an `input_type` msgspec cannot decode into (an untagged union of
+        # Structs, say) fails here, with msgspec's message, not at the first batch after a hello
+        # that said ready (the worker then died at every batch, restarted for ever).
+        _typing.codec(type(self))
         streams = _streaming.is_streaming(self)
         limit = _streaming.limit(self) if streams else 0  # `join` or not, for the connection
         hello = protocol.hello(
