@@ -320,10 +320,27 @@ def test_a_workers_name_is_logged_escaped_and_clipped(sidecar):
     assert len(connected) < 1000
 
 
-def test_a_tensor_declared_with_a_datatype_v2_lacks_is_refused_with_a_reason(sidecar):
-    hello = protocol.hello(
-        "default", os.getpid(), "odd", outputs=[{"name": "y", "datatype": "WAT", "shape": [-1]}]
-    )
+@pytest.mark.parametrize(
+    "outputs, reason",
+    [
+        (
+            [{"name": "y", "datatype": "WAT", "shape": [-1]}],
+            'tensor "y": unsupported datatype "WAT"',
+        ),
+        (
+            [{"name": "y", "datatype": "FP32", "shape": [3]}] * 2,
+            'tensor "y" is declared twice',  # it was listed twice in every answer
+        ),
+        (
+            [{"name": "y", "datatype": "FP32", "shape": [-5]}],
+            'tensor "y": a dimension is a length or -1 (any), not -5',  # taken as "any"
+        ),
+    ],
+)
+def test_tensors_declared_so_that_they_cannot_be_served_are_refused_with_a_reason(
+    sidecar, outputs, reason
+):
+    hello = protocol.hello("default", os.getpid(), "odd", outputs=outputs)
     reject, closed = refused(sidecar, hello)
     assert reject is not None and reject["type"] == "reject" and closed
-    assert 'tensor "y": unsupported datatype "WAT"' in reject["message"], reject
+    assert reason in reject["message"], reject

@@ -190,10 +190,24 @@ fn clipped(text: &str) -> &str {
 }
 
 /// Why a hello's tensor declarations cannot be served, if they cannot: a datatype v2 does not
-/// have would turn every v2 request into a 400 naming it.
+/// have would turn every v2 request into a 400 naming it; a name declared twice among the
+/// inputs (or the outputs) would be listed twice in every answer and in the metadata; a
+/// dimension below −1 (−1 is "any length") is no shape.
 fn undeclarable(hello: &Hello) -> Option<String> {
+    for side in [&hello.inputs, &hello.outputs] {
+        let mut names = std::collections::HashSet::new();
+        if let Some(twice) = side.iter().find(|spec| !names.insert(spec.name.as_str())) {
+            return Some(format!("tensor {:?} is declared twice", clipped(&twice.name)));
+        }
+    }
     let tensors = hello.inputs.iter().chain(&hello.outputs);
     tensors.into_iter().find_map(|spec| {
+        if let Some(dimension) = spec.shape.iter().find(|&&d| d < -1) {
+            return Some(format!(
+                "tensor {:?}: a dimension is a length or -1 (any), not {dimension}",
+                clipped(&spec.name)
+            ));
+        }
         DataType::parse(&spec.datatype)
             .err()
             .map(|problem| format!("tensor {:?}: {problem}", clipped(&spec.name)))
