@@ -210,6 +210,19 @@ def test_a_stage_listed_twice_is_not_cancelled_by_its_first_step(corral_factory,
     assert answer.json() == {"step": 2}
 
 
+def test_routes_named_like_corrals_own_operations_keep_the_document_valid(corral_factory, tmp_path):
+    """A route named `v2_infer` gave /openapi.json two operations of that id: invalid."""
+    text = ARITH_TOML + "".join(
+        f'[routes.{name}]\npipeline = "arith"\n'
+        for name in ("v2_infer", "openai_embeddings", "kserve_v1_predict")
+    )
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    document = proxy.client.get("/openapi.json").json()
+    ids = [op["operationId"] for path in document["paths"].values() for op in path.values()]
+    assert len(ids) == len(set(ids)), sorted(ids)
+    validate(document)
+
+
 def test_an_external_worker_names_its_stage(corral_factory, tmp_path):
     text = """
 [stages.shift]

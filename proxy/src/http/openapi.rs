@@ -307,9 +307,13 @@ pub fn weight_header() -> Value {
     })
 }
 
-/// The route's name, unless one of Corral's own operations has it.
+/// The route's name, unless one of Corral's own operations or a protocol's may have it (their
+/// ids are `v2_…`, `kserve_v1_…`, `openai_…`): a route named `v2_infer` once gave the document
+/// two operations of that id, which makes it invalid.
 fn operation_id(name: &str) -> String {
-    if ["healthz", "readyz", "metrics", "openapi"].contains(&name) {
+    let own = ["healthz", "readyz", "metrics", "openapi"].contains(&name)
+        || ["v2_", "kserve_v1_", "openai_", "route_"].iter().any(|p| name.starts_with(p));
+    if own {
         format!("route_{name}")
     } else {
         name.to_string()
