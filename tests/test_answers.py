@@ -132,6 +132,26 @@ def test_nan_and_infinity_go_back_in_msgpack_and_are_500_as_json(proxy):
     assert "NaN or infinity" in message and "msgpack can" in message
 
 
+def test_a_nan_among_a_thousand_items_fails_that_item_alone_in_json(proxy):
+    """At the size clients send (1,000 items, many batches): one item's NaN output once failed
+    the whole JSON answer with no list; it is that item's failure, listed by index."""
+    items = [{"n": n} for n in range(1000)]
+    items[500] = float("nan")
+    headers = {
+        "content-type": "application/msgpack",
+        "accept": "application/json",
+        "x-corral-items": "many",
+    }
+    response = proxy.client.post("/infer", content=msgpack.packb(items), headers=headers)
+    body = assert_error(response, 500, "unrepresentable_output")
+    assert body["message"] == "1 of 1000 items failed"
+    assert [item["index"] for item in body["items"]] == [500]
+    # Without it, all 1,000 come back in order, as JSON.
+    items[500] = {"n": 500}
+    response = proxy.client.post("/infer", content=msgpack.packb(items), headers=headers)
+    assert [answer["echo"]["n"] for answer in response.json()] == list(range(1000))
+
+
 def test_413_declared_and_streamed(proxy):
     big = json.dumps("x" * 70_000).encode()
     declared = proxy.client.post(

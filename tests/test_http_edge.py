@@ -146,6 +146,20 @@ def test_a_refusal_before_a_large_body_is_read_says_the_connection_closes(
     assert answer.startswith(b"HTTP/1.1 404") and b"connection: close" not in answer.lower()
 
 
+def test_a_head_too_large_before_a_large_body_says_the_connection_closes(corral_factory):
+    """The 431 is answered before the body is read, as the 404 and 405 above."""
+    proxy = corral_factory("--max-header-bytes=2048", worker=None)
+    body = b"x" * 200_000
+    with connect(proxy) as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"x-pad: " + b"p" * 3000 + b"\r\ncontent-length: %d\r\n\r\n" % len(body)
+        )
+        head = conn.recv(65536).partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 431"), head
+    assert b"connection: close" in head
+
+
 def test_too_many_headers_are_431(corral_factory):
     proxy = corral_factory("--max-headers=20", worker=None)
     headers = {f"x-h{i}": "1" for i in range(30)}

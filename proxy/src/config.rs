@@ -147,8 +147,8 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub body_read_timeout_ms: u64,
 
-    /// How long a keep-alive connection may sit idle (no request in progress) before it is
-    /// closed.
+    /// How long a keep-alive connection may sit idle (no request in progress, nothing written)
+    /// before it is closed; a stream being written is a request in progress.
     #[arg(long, env = "CORRAL_IDLE_TIMEOUT_MS", default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
@@ -202,7 +202,8 @@ pub struct Config {
     pub priority_aging_ms: u64,
 
     /// The request header that names a request's tenant, for fair shares of batches and of the
-    /// queue (e.g. x-api-key). Its values are never logged nor made metric labels.
+    /// queue (e.g. x-api-key); not one Corral reads for something else (x-corral-priority, …).
+    /// Its values are never logged nor made metric labels.
     #[arg(long, env = "CORRAL_TENANT_HEADER", default_value = "x-corral-tenant",
           value_parser = parse_header_name, value_name = "NAME")]
     pub tenant_header: http::HeaderName,

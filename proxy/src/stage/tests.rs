@@ -725,6 +725,11 @@ async fn a_request_handed_back_by_a_dead_worker_is_evicted_whole() {
     assert_eq!(payloads(&seat.next_batch().await), [b"high"]);
 }
 
+/// A job with 400 ms to live: less than the 600 ms batch the probe tests' stage learned.
+fn short(payload: &'static [u8]) -> (Job, oneshot::Receiver<Reply>) {
+    job(payload, Duration::from_millis(400))
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_slow_batch_does_not_lock_short_deadlines_out_for_good() {
     // One batch took 600 ms (a cold start, a pause); jobs with 400 ms to live are predicted to
@@ -732,7 +737,6 @@ async fn one_slow_batch_does_not_lock_short_deadlines_out_for_good() {
     let stage = stage(4, 100);
     let seat = stage.worker_joined();
     seat.finished(1, 1, Duration::from_millis(600));
-    let short = |payload| job(payload, Duration::from_millis(400));
     let (probe, _probe) = short(b"probe");
     assert!(stage.submit(probe).is_ok(), "an idle stage lets one in, as a probe");
     let (next, _next) = short(b"next");
@@ -750,7 +754,6 @@ async fn a_stage_too_slow_for_a_deadline_is_probed_at_most_once_a_second() {
     let stage = stage(4, 100);
     let seat = stage.worker_joined();
     seat.finished(1, 1, Duration::from_millis(600));
-    let short = |payload| job(payload, Duration::from_millis(400));
     let (probe, _probe) = short(b"probe");
     assert!(stage.submit(probe).is_ok());
     let batch = seat.next_batch().await;

@@ -119,12 +119,11 @@ class _Reader:
         if not isinstance(jobs, list):
             return
         received = time.monotonic()
-        ids = []
         for job in jobs:
             if isinstance(job, dict):
                 job[protocol.RECEIVED] = received
-                ids.append(job.get("id"))
-        if self._track_cancels:
+        if self._track_cancels:  # a plain worker is sent no cancel: nothing to note
+            ids = (job.get("id") for job in jobs if isinstance(job, dict))
             with self._cancel_lock:
                 self._queued.update(i for i in ids if isinstance(i, bytes))
 

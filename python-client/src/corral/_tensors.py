@@ -335,7 +335,7 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
             raise ValueError(f"a value does not fit in {datatype}: {e}") from e
         if target.kind not in "iub":
             return array
-        plain = np.asarray(value)
+        plain = source  # the value as numpy reads it, converted once (above)
         if plain.dtype == target or plain.dtype.kind not in "biuf" or not plain.size:
             return array
         if plain.dtype.kind in "iu" and target.kind in "iu":
