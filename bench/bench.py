@@ -292,6 +292,21 @@ def last_cores(count: int) -> list[int]:
     return allowed[-count:]
 
 
+def siblings(core: int) -> set[int]:
+    """The logical cores sharing `core`'s physical core (itself included; itself alone where the
+    machine does not say)."""
+    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    try:
+        listed = path.read_text().strip()
+    except OSError:
+        return {core}
+    found = {core}
+    for part in listed.split(","):
+        low, _, high = part.partition("-")
+        found.update(range(int(low), int(high or low) + 1))
+    return found
+
+
 # -- report ------------------------------------------------------------------------------------
 
 

@@ -20,6 +20,10 @@ CPU. Run: `make bench-gpu`, or on a machine without the Makefile's tools,
 `defspec` and `offapi`: MOSEC imports `offapi` as it starts, and exits without it;
 `make gpu-carry` gathers them, and bench/gpu_device.sh installs them there). The results
 replace the "GPU" section of BENCHMARKS.md.
+
+`--load-cpus away` runs the load generator off the last N cores and their SMT siblings, the
+cores `corral-pinned` gives its workers, for every system alike: as when the clients are on
+other machines. By default (`all`) it may run on every core, the pinned worker's too.
 """
 
 from __future__ import annotations
@@ -171,12 +175,19 @@ def measure(
 
 
 def point(
-    args, system, max_batch: int, workers: int, clients: int, limit: float, repeats: int = 1
+    args,
+    system,
+    max_batch: int,
+    workers: int,
+    clients: int,
+    limit: float,
+    repeats: int = 1,
+    load: list[str] | tuple[str, ...] = (),
 ) -> tuple[str, float]:
     """One measured point: its table row and its items/s; with `repeats`, the run of median
-    items/s among that many (its latencies with it)."""
+    items/s among that many (its latencies with it); `load` goes before the load generator."""
     with Utilisation() as gpu:
-        rate, p50, p99 = measure(args, system, clients, repeats)
+        rate, p50, p99 = measure(args, system, clients, repeats, load)
     row = (
         f"| {max_batch} | {workers} | {system.name} | {clients} | {rate:,.0f} | {rate / limit:.2f}"
         f" | {p50:.1f} | {p99:.1f} | {gpu.median():.0f} |"
@@ -208,6 +219,12 @@ def main() -> None:
         default=",".join(map(str, CLIENTS)),
         help="closed-loop clients per point (a list; the targets are judged at the largest)",
     )
+    parser.add_argument(
+        "--load-cpus",
+        choices=("all", "away"),
+        default="all",
+        help="where the load generator runs: every core, or away from the pinned workers' cores",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
     device = require_gpu()
@@ -238,16 +255,19 @@ def main() -> None:
         print(rows[-1], flush=True)
         for workers in [int(w) for w in args.workers.split(",")]:
             at_most: dict[str, float] = {}
+            load = load_prefix(args.load_cpus, workers)
             for system in systems(args, max_batch, workers):
                 # A log per server and setting (bench/gpu_worker.py's BENCH_GAPS lines land there).
                 bench.start(system, f"gpu-b{max_batch}-w{workers}", workdir, body=BODY)
                 try:
                     # Warm-up at full load: the batch shapes the measured points will use.
-                    bench.oha(args.oha, system.url, WARMUP_S, most, None, body=BODY)
+                    bench.oha(args.oha, system.url, WARMUP_S, most, None, BODY, load)
                     for clients in clients_list:
                         # The targets' point is measured `--repeats` times (its median kept).
                         repeats = args.repeats if clients == most else 1
-                        row, rate = point(args, system, max_batch, workers, clients, limit, repeats)
+                        row, rate = point(
+                            args, system, max_batch, workers, clients, limit, repeats, load
+                        )
                         rows.append(row)
                         print(row, flush=True)
                         report(args, device, most, rows, verdicts, timings, done=False)
@@ -270,6 +290,20 @@ def main() -> None:
                         "(target ≥ 1.5×)"
                     )
     print(report(args, device, most, rows, verdicts, timings, done=True))
+
+
+def load_prefix(where: str, workers: int) -> list[str]:
+    """The command before the load generator's: nothing for `all`; for `away`, a `taskset`
+    keeping it off the cores `corral-pinned` gives its `workers` and their SMT siblings."""
+    import bench
+
+    if where == "all":
+        return []
+    pinned = set().union(*(bench.siblings(core) for core in bench.last_cores(workers)))
+    away = sorted(set(os.sched_getaffinity(0)) - pinned)
+    if not away:
+        raise SystemExit(f"--load-cpus away: no core is left beside {workers} pinned worker(s)")
+    return ["taskset", "-c", ",".join(map(str, away))]
 
 
 def last_gaps(log: Path) -> str:
@@ -300,6 +334,10 @@ def report(
             "number of worker processes on the one GPU for each server, closed loop, "
             f"{args.seconds:g} s per point"
             + (f" (the limit and {most} clients: medians of {args.repeats})" * (args.repeats > 1))
+            + (
+                "; the load generator off the pinned workers' cores and their SMT siblings"
+                * (args.load_cpus == "away")
+            )
             + ("." if done else ". **Unfinished: the run stopped after the last row.**"),
             "\n".join(rows),
             "\n".join(f"- {v}" for v in verdicts),

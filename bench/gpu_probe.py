@@ -66,7 +66,7 @@ def variants(args) -> list[Variant]:
     core = allowed[-1]
     # The load generator off the worker's core and its SMT siblings (the same physical core);
     # where nothing else is left, `core to itself` cannot be measured and is left out.
-    away = sorted(set(allowed) - siblings(core))
+    away = sorted(set(allowed) - bench.siblings(core))
     clients = ("taskset", "-c", ",".join(map(str, away)))
     alone = [Variant("core to itself", ["--cpus", str(core)], [], {}, clients)] if away else []
     found = [
@@ -81,21 +81,6 @@ def variants(args) -> list[Variant]:
     ]
     if args.package_before:
         found.append(Variant("package before", [], [], bench.package_env(args.package_before)))
-    return found
-
-
-def siblings(core: int) -> set[int]:
-    """The logical cores sharing `core`'s physical core (itself included; itself alone where the
-    machine does not say)."""
-    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
-    try:
-        listed = path.read_text().strip()
-    except OSError:
-        return {core}
-    found = {core}
-    for part in listed.split(","):
-        low, _, high = part.partition("-")
-        found.update(range(int(low), int(high or low) + 1))
     return found
 
 

@@ -49,3 +49,20 @@ def test_the_worker_batch_benchmark_completes_a_tiny_run(tmp_path, payload):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "| 4 | current |" in out.read_text()
+
+
+def test_the_gpu_runs_load_generator_keeps_off_the_pinned_workers_cores(monkeypatch):
+    # Four logical cores, 2 and 3 one physical core: one pinned worker takes core 3, so the
+    # load generator gets 0 and 1 (not 2, its SMT sibling); two take 2 and 3 (and 0, 1 remain);
+    # with every core pinned the run refuses rather than measure something else.
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench
+    import gpu
+
+    monkeypatch.setattr("os.sched_getaffinity", lambda _pid: {0, 1, 2, 3})
+    monkeypatch.setattr(bench, "siblings", lambda core: {2, 3} if core in (2, 3) else {core})
+    assert gpu.load_prefix("all", 1) == []
+    assert gpu.load_prefix("away", 1) == ["taskset", "-c", "0,1"]
+    assert gpu.load_prefix("away", 2) == ["taskset", "-c", "0,1"]
+    with pytest.raises(SystemExit, match="no core is left"):
+        gpu.load_prefix("away", 4)
