@@ -34,9 +34,12 @@ def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
             assert response.json() == {**response.json(), "echo": item, "batch_size": 3}
 
 
-def test_408_while_in_the_worker(corral_factory):
+def test_408_while_in_the_worker(corral_factory, tmp_path):
     proxy = corral_factory("--max-wait-ms", "0")
-    response = proxy.post({"sleep_ms": 1500}, headers={"x-corral-timeout-ms": "100"})
+    gate = tmp_path / "gate"
+    # The worker holds the job until the client has had its answer.
+    response = proxy.post({"hold": str(gate)}, headers={"x-corral-timeout-ms": "100"})
+    gate.touch()
     assert response.status_code == 408
     assert response.json()["error"] == "deadline_exceeded"
 
@@ -46,11 +49,13 @@ def test_408_while_queued_and_never_dispatched(corral_factory, tmp_path):
     proxy = corral_factory(
         "--max-batch-size", "1", "--max-wait-ms", "0", env={"SCRIPTED_LOG": str(log)}
     )
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
-        slow = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 1000})
+        slow = pool.submit(proxy.post, {"tag": "A", "hold": str(gate)})
         proxy.wait_until(lambda: any(i.get("tag") == "A" for i in received(log)), what="A")
-        # The only worker is busy with A: B waits in the queue past its deadline.
+        # The only worker holds A until B is answered: B waits in the queue past its deadline.
         late = proxy.post({"tag": "B"}, headers={"x-corral-timeout-ms": "50"})
+        gate.touch()
         assert late.status_code == 408
         assert slow.result().status_code == 200
     # C queued after B: once C is answered the worker has pulled past B's place in the queue.
@@ -66,14 +71,16 @@ def test_503_with_retry_after_when_the_queue_is_full(corral_factory, tmp_path):
         "--queue-capacity=2",
         env={"SCRIPTED_LOG": str(log)},
     )
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(3) as pool:
-        busy = pool.submit(proxy.post, {"tag": "busy", "sleep_ms": 1500})
+        busy = pool.submit(proxy.post, {"tag": "busy", "hold": str(gate)})
         proxy.wait_until(lambda: received(log), what="the worker to be busy")
         queued = [pool.submit(proxy.post, {"tag": t}) for t in ("q1", "q2")]
         proxy.wait_until(
             lambda: proxy.client.get("/readyz").json().get("queued") == 2, what="two queued jobs"
         )
         shed = proxy.post({"tag": "shed"})
+        gate.touch()
         assert shed.status_code == 503
         assert shed.json()["error"] == "queue_full"
         assert int(shed.headers["retry-after"]) >= 1
@@ -84,15 +91,18 @@ def test_503_with_retry_after_when_the_queue_is_full(corral_factory, tmp_path):
 def test_a_killed_worker_s_jobs_succeed_on_another_worker(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(proxy.post, {"tag": "t", "sleep_ms": 1500})
+        # Held until its first worker is dead: only the retry can answer it.
+        pending = pool.submit(proxy.post, {"tag": "t", "hold": str(gate)})
         holder = proxy.wait_until(lambda: received(log, with_pid=True), what="the job")[0][0]
         os.kill(holder, signal.SIGKILL)
+        proxy.wait_for_log(r"worker exited; restarting")
+        gate.touch()
         response = pending.result()
     assert response.status_code == 200, response.text
     assert response.json()["pid"] != holder
     assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
-    proxy.wait_for_log(r"worker exited; restarting")
 
 
 def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corral_factory):

@@ -35,10 +35,13 @@ def test_instances_share_a_batch_and_answer_in_order(proxy):
     assert [p["batch_size"] for p in predictions] == [4, 4, 4, 4]
 
 
-def test_the_timeout_header_applies(proxy):
+def test_the_timeout_header_applies(proxy, tmp_path):
+    gate = tmp_path / "gate"
+    # The worker holds the instance until the client has had its answer.
     answer = predict(
-        proxy, {"instances": [{"sleep_ms": 2000}]}, headers={"x-corral-timeout-ms": "100"}
+        proxy, {"instances": [{"hold": str(gate)}]}, headers={"x-corral-timeout-ms": "100"}
     )
+    gate.touch()
     assert answer.status_code == 408
     assert "deadline" in answer.json()["error"]
 

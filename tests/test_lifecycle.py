@@ -21,14 +21,19 @@ WARM = str(ROOT / "tests" / "workers" / "warm.py")
 def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(4) as pool:
-        pending = [pool.submit(proxy.post, {"n": n, "sleep_ms": 700}) for n in range(4)]
-        # All four are in (in a worker or queued) before the signal: none is refused at the door.
+        pending = [pool.submit(proxy.post, {"n": n, "hold": str(gate)}) for n in range(4)]
+        # All four are in (two held by the workers, two queued) before the signal: none is
+        # refused at the door.
         proxy.wait_until(
             lambda: len(received(log)) + proxy.client.get("/readyz").json()["queued"] == 4,
             what="all jobs in the proxy",
         )
         proxy.proc.send_signal(signal.SIGTERM)
+        # The workers go on only once the proxy is draining: every job is in flight at the signal.
+        proxy.wait_for_log(r"shutting down: draining")
+        gate.touch()
         answers = [p.result() for p in pending]
     assert [a.status_code for a in answers] == [200] * 4
     assert proxy.proc.wait(timeout=30) == 0
@@ -36,14 +41,17 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
     proxy.wait_for_log(r"corral is shutting down")  # the workers were told
 
 
-def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory):
+def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory, tmp_path):
     proxy = corral_factory("--max-wait-ms=0", "--grace-period-ms=300")
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(proxy.post, {"sleep_ms": 5000})
+        # The worker holds the job until the grace period has ended it.
+        pending = pool.submit(proxy.post, {"hold": str(gate)})
         # Let the job reach the worker, then stop.
         proxy.wait_until(lambda: proxy.metric("corral_workers_busy", stage="default"), what="busy")
         proxy.proc.send_signal(signal.SIGTERM)
         answer = pending.result()
+        gate.touch()
     assert answer.status_code == 503
     assert answer.json()["error"] == "shutting_down"
     assert answer.headers["retry-after"] == "1"
@@ -70,13 +78,16 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     assert looping.client.get("/readyz").status_code == 503
 
 
-def test_readyz_waits_for_warm_up(corral_factory):
+def test_readyz_waits_for_warm_up(corral_factory, tmp_path):
+    gate = tmp_path / "warmed"
     warm = corral_factory(
-        "--workers=1", "--", sys.executable, WARM, worker=None, env={"WARM_SECONDS": "1"}
+        "--workers=1", "--", sys.executable, WARM, worker=None, env={"WARM_GATE": str(gate)}
     )
+    warm.wait_for_log(r"worker started")
     not_yet = warm.client.get("/readyz")
     assert not_yet.status_code == 503
     assert "no connected worker" in not_yet.json()["message"]
+    gate.touch()  # the worker's warm-up ends only now
     warm.wait_for_log(r"warmed up on 1 examples")
     warm.wait_for_log(r"worker connected")
     assert warm.client.get("/readyz").status_code == 200
@@ -85,7 +96,7 @@ def test_readyz_waits_for_warm_up(corral_factory):
 def test_a_failing_warm_up_keeps_the_worker_out(corral_factory):
     warm = corral_factory(
         "--workers=1", "--", sys.executable, WARM, worker=None,
-        env={"WARM_SECONDS": "0", "WARM_FAIL": "1"},
+        env={"WARM_FAIL": "1"},
     )  # fmt: skip
     warm.wait_for_log(r"warm-up failed")
     warm.wait_for_log(r"worker exited; restarting")

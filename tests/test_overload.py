@@ -17,11 +17,14 @@ def test_503_deadline_unreachable_when_the_predicted_finish_is_too_late(corral_f
     # Teach the proxy what a batch costs here: about 300 ms.
     assert proxy.post({"tag": "learn", "sleep_ms": 300}).status_code == 200
     # On the idle stage the first such job goes in all the same, as a probe of a prediction that
-    # may be stale; this one finds the model as slow as learned.
+    # may be stale; this one finds the model as slow as learned (held until the next is shed).
     short = {"x-corral-timeout-ms": "100"}
-    assert proxy.post({"tag": "probe", "sleep_ms": 300}, headers=short).status_code == 408
+    gate = tmp_path / "gate"
+    probe = {"tag": "probe", "sleep_ms": 300, "hold": str(gate)}
+    assert proxy.post(probe, headers=short).status_code == 408
     # The worker is still busy with it: this one is shed.
     shed = proxy.post({"tag": "hopeless"}, headers=short)
+    gate.touch()
     assert shed.status_code == 503
     assert shed.json()["error"] == "deadline_unreachable"
     assert int(shed.headers["retry-after"]) >= 1
@@ -47,9 +50,12 @@ def test_the_worker_is_told_the_remaining_time(corral_factory):
     assert 0 < body["timeout_ms"] <= 3000
 
 
-def test_a_late_result_is_dropped_and_counted(corral_factory):
+def test_a_late_result_is_dropped_and_counted(corral_factory, tmp_path):
     proxy = corral_factory("--max-wait-ms=0")
-    late = proxy.post({"sleep_ms": 500}, headers={"x-corral-timeout-ms": "100"})
+    gate = tmp_path / "gate"
+    # The worker answers only once the client has had its 408.
+    late = proxy.post({"hold": str(gate)}, headers={"x-corral-timeout-ms": "100"})
+    gate.touch()
     assert late.status_code == 408
     # The next request is served once the worker has delivered (and the proxy dropped) the
     # late result: one worker, so it queues behind it.
@@ -61,8 +67,9 @@ def test_a_late_result_is_dropped_and_counted(corral_factory):
 def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", env={"SCRIPTED_LOG": str(log)})
+    gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
-        busy = pool.submit(proxy.post, {"tag": "busy", "sleep_ms": 800})
+        busy = pool.submit(proxy.post, {"tag": "busy", "hold": str(gate)})
         proxy.wait_until(lambda: received(log), what="the worker to be busy")
         # A client queues a job, then hangs up before its answer.
         url = urlparse(proxy.url)
@@ -76,17 +83,38 @@ def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tm
             proxy.wait_until(
                 lambda: proxy.client.get("/readyz").json()["queued"] == 1, what="queued job"
             )
+        # The worker holds "busy" until the proxy has taken the abandoned job out of the queue.
+        proxy.wait_until(
+            lambda: proxy.metric("corral_jobs_cancelled_total", where="queue") == 1,
+            what="the abandoned job cancelled",
+        )
+        gate.touch()
         assert busy.result().status_code == 200
     assert proxy.post({"tag": "after"}).status_code == 200
     assert [i["tag"] for i in received(log)] == ["busy", "after"]
     assert proxy.metric("corral_jobs_cancelled_total", where="queue") == 1
 
 
-def test_shed_requests_are_not_logged_one_by_one(corral_factory):
-    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--queue-capacity=1")
-    with ThreadPoolExecutor(8) as pool:
-        answers = list(pool.map(lambda _: proxy.post({"sleep_ms": 200}), range(8)))
-    shed = [a for a in answers if a.status_code == 503]
-    assert shed, "some requests were shed"
+def test_shed_requests_are_not_logged_one_by_one(corral_factory, tmp_path):
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-batch-size=1",
+        "--max-wait-ms=0",
+        "--queue-capacity=1",
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(2) as pool:
+        # The worker holds one job and the queue holds another: every request after is shed.
+        held = pool.submit(proxy.post, {"tag": "held", "hold": str(gate)})
+        proxy.wait_until(lambda: received(log), what="the worker to be busy")
+        queued = pool.submit(proxy.post, {"tag": "queued"})
+        proxy.wait_until(
+            lambda: proxy.client.get("/readyz").json()["queued"] == 1, what="a queued job"
+        )
+        shed = [proxy.post({"tag": f"over{n}"}) for n in range(6)]
+        gate.touch()
+        assert [held.result().status_code, queued.result().status_code] == [200, 200]
+    assert [(a.status_code, a.json()["error"]) for a in shed] == [(503, "queue_full")] * 6
     assert not [line for line in proxy.lines if "queue_full" in line or "shed" in line]
-    assert proxy.metric("corral_jobs_shed_total", reason="queue_full") == len(shed)
+    assert proxy.metric("corral_jobs_shed_total", reason="queue_full") == 6

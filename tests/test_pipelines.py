@@ -48,9 +48,14 @@ def write(tmp_path: Path, text: str) -> str:
 
 @pytest.fixture
 def arith(corral_factory, tmp_path):
-    proxy = corral_factory("--config", write(tmp_path, ARITH_TOML), worker=None)
+    """The ARITH_TOML pipeline; shift holds -2 until the gate opens, at the test's end."""
+    gate = tmp_path / "gate"
+    proxy = corral_factory(
+        "--config", write(tmp_path, ARITH_TOML), worker=None, env={"ARITH_GATE": str(gate)}
+    )
     proxy.wait_for_log(r"worker connected", count=3)
-    return proxy
+    yield proxy
+    gate.touch()
 
 
 def batches(proxy, stage: str) -> tuple[float, float]:
@@ -103,15 +108,18 @@ def test_a_deadline_passing_in_the_second_stage_answers_408_at_once(arith):
     answer = arith.post(-1, headers={"x-corral-timeout-ms": "300"})
     assert answer.status_code == 408
     assert answer.json()["error"] == "deadline_exceeded"
-    # The job reached the second stage: shift's worker still holds it (for 5 s).
+    # The job reached the second stage: shift's worker still holds it (until the gate opens).
     assert arith.metric("corral_workers_busy", stage="shift") == 1
 
 
 def test_a_full_later_stage_sheds_the_request(corral_factory, tmp_path):
     text = ARITH_TOML.replace("max_batch_size = 1\n", "max_batch_size = 1\nqueue_capacity = 1\n")
-    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    gate = tmp_path / "gate"
+    proxy = corral_factory(
+        "--config", write(tmp_path, text), worker=None, env={"ARITH_GATE": str(gate)}
+    )
     proxy.wait_for_log(r"worker connected", count=3)
-    # Shift's only worker is held for 5 s; one job then fills shift's queue.
+    # Shift's only worker is held until the gate opens; one job then fills shift's queue.
     assert proxy.post(-1, headers={"x-corral-timeout-ms": "200"}).status_code == 408
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(proxy.post, 1)
@@ -119,10 +127,13 @@ def test_a_full_later_stage_sheds_the_request(corral_factory, tmp_path):
             lambda: proxy.metric("corral_queue_depth", stage="shift") == 1, what="a queued job"
         )
         answer = proxy.post(2)
+        gate.touch()
         assert answer.status_code == 503
         assert answer.json()["error"] == "queue_full"
         assert "retry-after" in answer.headers
-        assert waiting.result().status_code in (200, 408)
+        # The queued job goes through once shift's worker is free: (1 * 2) + 3.
+        waiting = waiting.result()
+        assert (waiting.status_code, waiting.json()) == (200, 5), waiting.text
 
 
 def test_each_item_of_a_request_goes_through_the_pipeline(arith):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import resource
+import select
 import signal
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -23,6 +24,13 @@ def peak_rss_kib(pid: int) -> int:
     """The most memory the process has held at once (VmHWM), so a buffer freed since counts."""
     status = Path(f"/proc/{pid}/status").read_text()
     return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1))
+
+
+def full(pipe_write_end: int) -> bool:
+    """True once a pipe takes no more bytes (its write end does not poll writable)."""
+    poller = select.poll()
+    poller.register(pipe_write_end, select.POLLOUT)
+    return not poller.poll(0)
 
 
 def gone(pid: int) -> bool:
@@ -75,13 +83,14 @@ def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_fac
             # Far more than the pipe holds, and than the proxy's queue of lines to it (1,024
             # pieces of 16 KiB), from both workers at once: the forwarding waits, not a thread.
             printing = [pool.submit(proxy.post, {"print_run": 12 << 20}) for _ in range(2)]
+            # Both workers hold their job, printing, and the pipe nobody reads is full: the
+            # proxy's writes to it wait from now on.
             proxy.wait_until(
-                lambda: (
-                    proxy.metric("corral_queue_depth", stage="default") == 0
-                    and proxy.client.get("/healthz").status_code == 200
-                ),
-                what="an answer while the workers print",
+                lambda: proxy.metric("corral_workers_busy", stage="default") == 2 and full(stalled),
+                what="both workers printing into a full pipe",
             )
+            assert proxy.client.get("/healthz").status_code == 200
+            assert proxy.metric("corral_workers_busy", stage="default") == 2
             proxy.proc.send_signal(signal.SIGTERM)
             assert proxy.proc.wait(timeout=30) == 0
             for answer in printing:

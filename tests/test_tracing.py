@@ -169,7 +169,7 @@ def dead_port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_dead_collector_drops_spans_and_counts_them_without_slowing_requests(corral_factory):
+def test_a_dead_collector_drops_spans_and_counts_them_and_requests_are_served(corral_factory):
     proxy = corral_factory(*BATCH, "--otlp-endpoint", f"http://127.0.0.1:{dead_port()}")
     with ThreadPoolExecutor(8) as pool:
         answers = list(pool.map(lambda i: proxy.post({"n": i}), range(32)))

@@ -76,15 +76,21 @@ def serve_one_batch(sidecar, pool, answer):
 
 
 def test_batch_carries_id_payload_and_remaining_time(sidecar, pool):
+    seen = []
+
     def answer(worker, batch):
         job = batch["jobs"][0]
+        seen.append(job)
         assert len(job["id"]) == 16
         assert 0 < job["timeout_ms"] <= 20000
         worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
 
     response, worker = serve_one_batch(sidecar, pool, answer)
     assert response.status_code == 200 and response.json() == {"x": 1}
-    assert uuid.UUID(response.headers["x-request-id"]).bytes  # the same id the worker saw
+    (job,) = seen
+    assert msgpack.unpackb(job["payload"]) == {"x": 1}
+    # The request's id is the job id the worker saw.
+    assert uuid.UUID(response.headers["x-request-id"]).bytes == job["id"]
     worker.close()
 
 

@@ -287,22 +287,57 @@ def protocol_batch(jobs):
     }
 
 
-def test_deadlines_are_exposed_to_every_hook():
+class _Clock:
+    """A monotonic clock the test moves on; the rest of the time module is the real one."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str):
+        return getattr(time, name)
+
+
+@pytest.fixture
+def stopped_clock(monkeypatch):
+    """The package's clock stands still (at 1000 s): a deadline is exactly what the job said."""
+    clock = _Clock()
+    for module in ("corral._serve", "corral._batch", "corral._worker"):
+        monkeypatch.setattr(f"{module}.time", clock)
+    return clock
+
+
+def test_deadlines_are_exposed_to_every_hook(stopped_clock):
+    seen = []
+
     class Clock(corral.Worker):
         def preprocess(self, item):
-            self.seen_pre = self.remaining()
+            seen.append(("pre", item, self.remaining()))
             return item
 
         def forward(self, batch):
-            now = time.monotonic()
-            return [round((d - now) * 1000) for d in self.deadlines]
+            seen.append(("forward", batch, [d - stopped_clock.now for d in self.deadlines]))
+            return batch
+
+        def postprocess(self, output):
+            seen.append(("post", output, self.remaining()))
+            return output
 
     with FakeProxy(Clock()) as proxy:
         got = proxy.infer([1, 2], timeout_ms=3000)
-    assert all(r.status == "ok" and 2000 < r.value <= 3000 for r in got)
+    assert got == [Result("ok", value=1), Result("ok", value=2)]
+    assert seen == [
+        ("pre", 1, 3.0),
+        ("pre", 2, 3.0),
+        ("forward", [1, 2], [3.0, 3.0]),
+        ("post", 1, 3.0),
+        ("post", 2, 3.0),
+    ]
 
 
-def test_hooks_set_on_the_instance_run_and_see_each_items_deadline():
+def test_hooks_set_on_the_instance_run_and_see_each_items_deadline(stopped_clock):
     # Without hooks of its class the worker skips them; ones set on the instance still run.
     seen = []
 
@@ -321,16 +356,6 @@ def test_hooks_set_on_the_instance_run_and_see_each_items_deadline():
         got = proxy.infer([1, 2], timeout_ms=60_000)
     assert got == [Result("ok", value=20), Result("ok", value=30)]
     assert sorted(seen) == [("post", 2, 60), ("post", 3, 60), ("pre", 1, 60), ("pre", 2, 60)]
-
-
-class _Clock:
-    """A monotonic clock the test moves on."""
-
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def monotonic(self) -> float:
-        return self.now
 
 
 def test_a_job_that_expires_while_an_earlier_one_decodes_is_not_processed(monkeypatch):

@@ -1,8 +1,8 @@
 """Arithmetic stages for the pipeline tests, chosen by the first argument:
 
 - ``scale``: x * 2; anything but a number is rejected (422);
-- ``shift``: x + 3; fails its whole batch (500) on a value over a million, and takes 5 s over
-  the value -2 (from scale's -1), to outlast a short deadline;
+- ``shift``: x + 3; fails its whole batch (500) on a value over a million, and holds a batch
+  with the value -2 (from scale's -1) until the file ARITH_GATE exists, to outlast a deadline;
 - ``where``: answers the stage it serves and the cores it may run on (for CPU pinning).
 """
 
@@ -36,7 +36,10 @@ class Shift(corral.Worker):
         if any(x > 1_000_000 for x in batch):
             raise RuntimeError("shift takes values up to a million")
         if -2 in batch:
-            time.sleep(5)  # a slow model call; the proxy answers 408 without waiting for it
+            # A slow model call, until the test creates the file; the proxy answers 408 without
+            # waiting for it.
+            while not os.path.exists(os.environ["ARITH_GATE"]):
+                time.sleep(0.005)
         return [x + 3 for x in batch]
 
 

@@ -4,7 +4,9 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"invalid": "why"}`: preprocess raises ValidationError (422 for this item alone);
 - `{"raise": "why"}`: forward raises (500 for the whole batch);
 - `{"exit": true}`: the process dies in forward (the proxy must answer the batch 500);
-- `{"sleep_ms": n}`: forward sleeps n ms before answering (408 tests);
+- `{"sleep_ms": n}`: forward sleeps n ms before answering (a model that costs that much);
+- `{"hold": path}`: forward holds the batch until the file `path` exists (the test creates it
+  once it has seen what it waits for: a 408, a full queue, a worker killed);
 - anything else is echoed.
 Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`, so tests can
 see batches form and the remaining time the worker was told.
@@ -37,6 +39,10 @@ class Scripted(corral.Worker):
                 raise RuntimeError(item["raise"])
             if item.get("exit"):
                 os._exit(3)
+        for item in batch:
+            if isinstance(item, dict) and "hold" in item:
+                while not os.path.exists(item["hold"]):
+                    time.sleep(0.005)  # polling for the file the test creates
         sleep_ms = max((i.get("sleep_ms", 0) for i in batch if isinstance(i, dict)), default=0)
         if sleep_ms:
             time.sleep(sleep_ms / 1000)

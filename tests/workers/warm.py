@@ -1,4 +1,5 @@
-"""A worker with a slow warm-up (WARM_SECONDS, default 1), which fails when WARM_FAIL is set."""
+"""A worker with a slow warm-up: it holds its warm-up until the file WARM_GATE exists (when set;
+the test creates it once it has seen the proxy not ready), and fails it when WARM_FAIL is set."""
 
 import os
 import time
@@ -11,7 +12,9 @@ class Warm(corral.Worker):
 
     def forward(self, batch):
         if any(isinstance(item, dict) and item.get("warm") for item in batch):
-            time.sleep(float(os.environ.get("WARM_SECONDS", "1")))
+            gate = os.environ.get("WARM_GATE")
+            while gate and not os.path.exists(gate):
+                time.sleep(0.005)  # polling for the file the test creates
             if os.environ.get("WARM_FAIL"):
                 raise RuntimeError("could not load the model")
         return batch
