@@ -527,6 +527,23 @@ def test_an_array_is_never_wrapped_into_its_declared_datatype(value, dtype, data
         _tensors.encode(np.asarray(value, dtype=dtype), datatype)
 
 
+def test_a_longdouble_past_fp64_s_range_fails_its_item_alone(real_np):
+    # numpy flags the cast that makes it infinite, as for FP16 and FP32 (numpy >= 1.24).
+    if real_np.dtype(real_np.longdouble).itemsize <= 8:
+        pytest.skip("longdouble is a float64 here")
+
+    class Wide(corral.Worker):
+        outputs = (corral.Tensor("Y", "FP64", [2]),)
+
+        def forward(self, batch):
+            return [{"Y": real_np.array([real_np.longdouble(x), 1])} for x in batch]
+
+    with FakeProxy(Wide()) as proxy:
+        past, fine = proxy.infer(["1e400", "1.5"])
+    assert past.status == "error" and "past FP64's range" in past.message
+    assert fine.status == "ok" and fine.value["Y"].tolist() == [1.5, 1.0]
+
+
 def test_arrays_that_fit_their_declared_datatype_go_as_they_are():
     np = pytest.importorskip("numpy")
     for value, dtype, datatype in [

@@ -1,13 +1,18 @@
 """Typed workers: requests validated by msgspec straight from msgpack, 422 with the path of the
-bad field for that item alone, and the schemas sent in the hello."""
+bad field for that item alone, the schemas sent in the hello, and the values whose JSON form (what
+those schemas describe) msgpack writes otherwise."""
 
 from __future__ import annotations
 
+import datetime
 import json
+from typing import Annotated, Any, Optional, Union
 
 import msgspec
+import pytest
 
 import corral
+from corral import _typing
 from corral.testing import FakeProxy, Result
 
 
@@ -124,3 +129,181 @@ def test_an_input_type_msgspec_cannot_decode_fails_before_the_hello():
         proxy.setblocking(False)
         with pytest.raises(BlockingIOError):  # nothing was said: no hello went out
             proxy.recv(1)
+
+
+# -- values whose JSON form msgpack writes otherwise (bytes, aware datetimes, number keys) -------
+
+PLUS_TWO = datetime.timezone(datetime.timedelta(hours=2))
+AWARE = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=PLUS_TWO)
+
+
+class Stamp(msgspec.Struct):
+    aware: datetime.datetime
+    naive: datetime.datetime
+    data: bytes
+    tags: dict[str, bytearray]
+
+
+class Stamper(corral.Worker):
+    output_type = Stamp
+
+    def forward(self, batch):
+        naive = AWARE.replace(tzinfo=None)
+        return [Stamp(AWARE, naive, b"\x00\xff", {"t": bytearray(b"!")}) for _ in batch]
+
+
+def test_an_output_type_s_datetimes_and_bytes_go_out_as_the_strings_its_schema_says():
+    """Written by msgpack, an aware datetime was its timestamp extension (a JSON client got 500
+    unrepresentable_output) and bytes a bin (an array of numbers in JSON), where the schema
+    says string; a msgpack client gets the schema's strings too."""
+    with FakeProxy(Stamper()) as proxy:
+        (result,) = proxy.infer([None])
+        components = json.loads(proxy.hello["schema_components"])
+    assert result == Result(
+        "ok",
+        {
+            "aware": "2024-05-06T07:08:09+02:00",
+            "naive": "2024-05-06T07:08:09",
+            "data": "AP8=",
+            "tags": {"t": "IQ=="},
+        },
+    )
+    fields = components["Stamp"]["properties"]
+    assert fields["aware"]["type"] == "string"
+    assert fields["data"] == {"type": "string", "contentEncoding": "base64"}
+
+
+def test_a_streamed_chunk_is_written_as_its_schema_says_too():
+    class Ticks(corral.Worker):
+        output_type = datetime.datetime
+
+        def forward(self, batch):
+            yield [AWARE] * len(batch)
+
+    with FakeProxy(Ticks()) as proxy:
+        (stream,) = proxy.stream([None])
+    assert stream.chunks == ["2024-05-06T07:08:09+02:00"] and stream.status == "end"
+
+
+def test_an_output_that_is_bytes_as_a_whole_is_still_the_raw_answer():
+    class Thumbnail(corral.Worker):
+        output_type = Union[bytes, Norm]
+        output_content_type = "image/png"
+
+        def forward(self, batch):
+            return [b"\x89PNG", Norm(1.0)]
+
+    with FakeProxy(Thumbnail()) as proxy:
+        raw, norm = proxy.infer([None, None])
+    assert raw == Result("ok", b"\x89PNG", content_type="image/png")
+    assert norm == Result("ok", {"norm": 1.0})
+
+
+class Blob(msgspec.Struct):
+    data: bytes
+    more: list[bytearray] = []
+
+
+class BlobSize(corral.Worker):
+    input_type = Blob
+    examples = ({"data": "AP8="},)  # as a JSON client sends it
+
+    def forward(self, batch):
+        return [len(blob.data) + sum(map(len, blob.more)) for blob in batch]
+
+
+def test_a_base64_string_is_taken_where_the_input_type_has_bytes():
+    """The schema says base64 string, and a JSON client's string reaches the worker as a msgpack
+    str: msgspec's msgpack decoder wanted a bin (422), which a msgpack client may still send."""
+    worker = BlobSize()
+    worker.warm_up()
+    items = [
+        {"data": "AP8=", "more": ["YWI="]},
+        {"data": b"\x00\xff", "more": [b"ab"]},
+        {"data": "not base64!"},
+        {"data": 7},
+    ]
+    with FakeProxy(worker) as proxy:
+        as_json, as_msgpack, not_base64, wrong = proxy.infer(items)
+    assert as_json == as_msgpack == Result("ok", 4)
+    assert not_base64.status == "invalid" and "base64" in not_base64.message
+    assert "$.data" in not_base64.message
+    assert wrong.status == "invalid" and "Expected `bytes`, got `int`" in wrong.message
+
+
+def test_a_json_object_s_string_keys_are_taken_where_the_input_type_has_number_keys():
+    class Counts(corral.Worker):
+        input_type = dict[int, str]
+
+        def forward(self, batch):
+            return [sorted(counts) for counts in batch]
+
+    with FakeProxy(Counts()) as proxy:
+        as_json, as_msgpack, wrong = proxy.infer([{"20": "b", "1": "a"}, {3: "c"}, {"x": "d"}])
+    assert as_json == Result("ok", [1, 20]) and as_msgpack == Result("ok", [3])
+    assert wrong.status == "invalid" and "int" in wrong.message
+
+
+@pytest.mark.parametrize(
+    "output_type, converted",
+    [
+        (Norm, False),
+        (list[float], False),
+        (dict[int, str], False),  # the proxy writes number keys as JSON strings itself
+        (Annotated[datetime.datetime, msgspec.Meta(tz=False)], False),  # naive: a str already
+        (datetime.date, False),
+        (datetime.datetime, True),
+        (bytes, True),
+        (Stamp, True),
+        (Optional[list[Stamp]], True),
+        (Any, True),  # whatever it holds
+        (object, True),
+    ],
+)
+def test_outputs_are_converted_only_where_msgpack_may_write_them_otherwise(output_type, converted):
+    # The conversion (msgspec.to_builtins) builds every output again: not for types it cannot
+    # change, such as the usual Struct of numbers and strings.
+    assert _typing._may_differ(output_type) is converted
+
+
+class BlobAndRaw(msgspec.Struct):
+    data: bytes
+    raw: msgspec.Raw  # only the one-pass decoder makes a Raw: a second try could take nothing
+
+
+@pytest.mark.parametrize(
+    "input_type, lenient",
+    [
+        (Point, False),
+        (dict[str, float], False),
+        (Blob, True),
+        (dict[int, str], True),
+        (BlobAndRaw, False),
+    ],
+)
+def test_only_input_types_with_such_values_get_a_second_try(input_type, lenient):
+    class Typed(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    Typed.input_type = input_type
+    assert (_typing.codec(Typed).lenient is not None) is lenient
+
+
+def test_a_longdouble_output_fails_its_item_with_a_reason():
+    """numpy's longdouble is its own tolist(): msgspec called the hook again and again, and the
+    item failed with a RecursionError."""
+    np = pytest.importorskip("numpy")
+    if np.dtype(np.longdouble).itemsize <= 8:
+        pytest.skip("longdouble is a float64 here")
+
+    class Wide(corral.Worker):
+        output_type = float
+
+        def forward(self, batch):
+            return [np.longdouble(x) for x in batch]
+
+    with FakeProxy(Wide()) as proxy:
+        (result,) = proxy.infer([1.5])
+    assert result.status == "error"
+    assert "cannot encode longdouble" in result.message, result.message

@@ -7,6 +7,10 @@ A raw-bytes request's payload is one msgpack ``bin``: it decodes to ``bytes`` li
 ``bin``, so an untyped worker gets ``bytes``, and a typed one gets them where its ``input_type``
 takes ``bytes`` (``bytes``, ``bytes | Item``, …) and a 422 with msgspec's message elsewhere.
 
+A typed worker's values travel in their JSON form where msgpack's would differ (``_json_form``):
+a base64 string is taken where its ``input_type`` has bytes, and an ``output_type``'s bytes and
+aware datetimes go out as the strings its JSON Schema promises.
+
 Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
 (``_tensors``); in an output that is a dict, the values under the names of the worker's declared
 ``outputs`` are encoded as tensor values of the declared datatypes.
@@ -23,7 +27,7 @@ from typing import Any
 import msgpack
 import msgspec
 
-from corral import _tensors
+from corral import _json_form, _tensors
 from corral._errors import ProtocolError, ValidationError
 
 
@@ -42,9 +46,13 @@ class Codec:
         self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
         self.plain = input_type is None and output_type is None
         self.typed_input = input_type is not None
+        info = msgspec.inspect.type_info(input_type) if self.typed_input else None
         # msgspec decodes `memoryview` and `Raw` values as views of the payload: only then does
         # a payload that is itself a view (of its frame, or of shared memory) need copying first.
-        self.views_payload = self.typed_input and _has_views(msgspec.inspect.type_info(input_type))
+        self.views_payload = info is not None and _has_views(info)
+        # A JSON client's base64 bytes, say: a second try, for the types that may need one.
+        self.lenient = None if info is None else _json_form.lenient(input_type, info)
+        self.json_form = output_type is not None and _may_differ(output_type)
         self.output_content_type = getattr(worker, "output_content_type", None)
 
     def decode(self, payload: Any) -> Any:
@@ -69,17 +77,23 @@ class Codec:
         try:
             return self.decoder.decode(payload)
         except msgspec.ValidationError as e:
-            raise ValidationError(str(e)) from e
+            if self.lenient is None:
+                raise ValidationError(str(e)) from e
         except msgspec.DecodeError as e:
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+        # Well-formed, refused by the type: maybe a JSON client's (a base64 string for bytes).
+        return self.lenient.decode(payload)
 
     def encode(self, output: Any) -> bytes:
         """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
         plain msgpack otherwise; in a dict, each value under a declared output's name as a
-        tensor value of that output's datatype."""
+        tensor value of that output's datatype. With an ``output_type``, in its JSON form (but
+        an output that is bytes as a whole: the raw answer)."""
         output = self._with_tensors(output)
         if self.plain:
             return pack(output)
+        if self.json_form and not isinstance(output, (bytes, bytearray, memoryview)):
+            output = _json_form.to_json_form(output, plain)
         return self.encoder.encode(output)
 
     def batch_encoder(self) -> Callable[[Any], bytes]:
@@ -123,24 +137,19 @@ class Codec:
 def _has_views(root: msgspec.inspect.Type) -> bool:
     """Whether a value of this type (msgspec's description of it) may hold a ``memoryview`` or
     ``msgspec.Raw``, anywhere inside it (recursive types are walked once)."""
-    seen: set[int] = set()
-    pending = [root]
-    while pending:
-        node = pending.pop()
-        if isinstance(node, (msgspec.inspect.MemoryViewType, msgspec.inspect.RawType)):
-            return True
-        if id(node) in seen:
-            continue
-        seen.add(id(node))
-        # Every description is a Struct: its parts are types, fields, or tuples of them.
-        for name in node.__struct_fields__:
-            value = getattr(node, name)
-            for part in value if isinstance(value, tuple) else (value,):
-                if isinstance(part, msgspec.inspect.Field):
-                    part = part.type
-                if isinstance(part, msgspec.inspect.Type):
-                    pending.append(part)
-    return False
+    views = (msgspec.inspect.MemoryViewType, msgspec.inspect.RawType)
+    return _json_form.holds(root, lambda node: isinstance(node, views))
+
+
+def _may_differ(output_type: Any) -> bool:
+    """Whether an output of this type may be written otherwise in msgpack than in its JSON form
+    (then each is converted first). A type msgspec cannot describe (an untagged union, say,
+    which it encodes all the same) is converted."""
+    try:
+        info = msgspec.inspect.type_info(output_type)
+    except (TypeError, ValueError):
+        return True
+    return _json_form.holds(info, _json_form.differs_in_msgpack)
 
 
 _CODECS: dict[type, Codec] = {}
@@ -175,7 +184,11 @@ def plain(value: Any) -> Any:
     """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
     tolist = getattr(value, "tolist", None)
     if callable(tolist):
-        return tolist()
+        converted = tolist()
+        # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that
+        # holds it: msgspec would call this hook again, until a RecursionError.
+        if type(converted) is not type(value):
+            return converted
     raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
 
 

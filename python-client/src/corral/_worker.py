@@ -106,11 +106,14 @@ class Worker:
     msgspec can validate (``list[float]``, ``dict[str, int]``, …). Each payload is decoded and
     validated straight from msgpack into it; a payload that does not fit answers 422 with
     msgspec's message and the path of the bad field, and its batch-mates go on. Its JSON Schema
-    goes to the proxy in the handshake, for ``GET /openapi.json``."""
+    goes to the proxy in the handshake, for ``GET /openapi.json``; a payload in that schema's
+    form is taken too (bytes as a base64 string, as a JSON client sends them)."""
 
     output_type: ClassVar[Any] = None
     """Optional: the type of each response (documented in ``/openapi.json``; outputs are encoded
-    with msgspec, so ``msgspec.Struct`` instances need no conversion)."""
+    with msgspec, so ``msgspec.Struct`` instances need no conversion), written as its JSON Schema
+    says for every client: bytes as base64 strings, aware datetimes as RFC 3339 strings (an
+    output that is bytes as a whole stays the raw answer)."""
 
     inputs: ClassVar[Sequence[_tensors.Tensor]] = ()
     """Optional, for Open Inference Protocol v2 clients: the tensors each request holds, as

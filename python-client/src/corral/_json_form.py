@@ -1,0 +1,129 @@
+"""A typed worker's values in their JSON form: the form the JSON Schemas in its hello describe,
+which is what a JSON client reads in ``/openapi.json`` and sends.
+
+msgspec's msgpack codec and its JSON Schemas disagree about a few values. ``bytes`` (and
+``bytearray``, ``memoryview``) are a base64 string in the schema, a ``bin`` in msgpack; a
+timezone-aware ``datetime`` is a string in the schema, msgpack's timestamp extension on the wire
+(naive ones are strings in both); a number-keyed dict (``dict[int, str]``) has string keys in a
+JSON object. The proxy transcodes a JSON body to msgpack value for value, and a msgpack output
+to JSON the same way, so left to msgpack a JSON client could send no bytes (its base64 string
+reaches the decoder as a ``str``: 422), would get bytes back as an array of numbers, and would
+have an answer holding an aware datetime refused (500 ``unrepresentable_output``: JSON has no
+timestamp).
+
+So, in the worker:
+
+- a payload its ``input_type`` refuses is decoded again from its JSON form (:class:`Lenient`):
+  ``msgspec.convert`` base64-decodes a string where bytes go and reads a string key as the number
+  the type wants. Only for types that hold such values, and only once the one-pass decoder has
+  refused: a msgpack client's ``bin`` costs what it always did;
+- a worker with an ``output_type`` writes its outputs in their JSON form (:func:`to_json_form`,
+  ``msgspec.to_builtins``) for every client, so that its one schema holds for JSON and msgpack
+  alike: datetimes as RFC 3339 strings, bytes as base64 strings. An output that is bytes as a
+  whole stays a ``bin``, the raw-bytes answer (``output_content_type``). Types that hold none of
+  those values skip the conversion, which would change nothing (:func:`differs_in_msgpack`).
+
+This module imports nothing of the package but ``_tensors`` and its errors, so ``_typing`` uses it
+without an import circle.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from corral import _tensors
+from corral._errors import ValidationError
+
+_BYTES = (
+    msgspec.inspect.BytesType,
+    msgspec.inspect.ByteArrayType,
+    msgspec.inspect.MemoryViewType,
+)
+_STR_KEYS = (msgspec.inspect.StrType, msgspec.inspect.AnyType)
+
+
+def holds(root: msgspec.inspect.Type, found: Callable[[msgspec.inspect.Type], bool]) -> bool:
+    """Whether a value of this type (msgspec's description of it) may hold, anywhere inside it,
+    a type for which ``found`` is true (recursive types are walked once)."""
+    seen: set[int] = set()
+    pending = [root]
+    while pending:
+        node = pending.pop()
+        if found(node):
+            return True
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        # Every description is a Struct: its parts are types, fields, or tuples of them.
+        for name in node.__struct_fields__:
+            value = getattr(node, name)
+            for part in value if isinstance(value, tuple) else (value,):
+                if isinstance(part, msgspec.inspect.Field):
+                    part = part.type
+                if isinstance(part, msgspec.inspect.Type):
+                    pending.append(part)
+    return False
+
+
+def refused_in_json_form(node: msgspec.inspect.Type) -> bool:
+    """A type whose JSON form msgspec's msgpack decoder refuses: bytes (a base64 string), a dict
+    whose keys are not strings (a JSON object's keys are)."""
+    if isinstance(node, _BYTES):
+        return True
+    key = getattr(node, "key_type", None)  # dict-like types
+    return key is not None and not isinstance(key, _STR_KEYS)
+
+
+def differs_in_msgpack(node: msgspec.inspect.Type) -> bool:
+    """A type whose value msgspec's msgpack encoder may write otherwise than its JSON form:
+    bytes, a datetime that may be aware, and whatever ``Any`` or a custom type (the encoder's
+    ``enc_hook``) may turn out to hold."""
+    if isinstance(node, msgspec.inspect.DateTimeType):
+        return node.tz is not False  # naive datetimes are strings in msgpack too
+    return isinstance(node, (*_BYTES, msgspec.inspect.AnyType, msgspec.inspect.CustomType))
+
+
+def lenient(input_type: Any, info: msgspec.inspect.Type) -> Lenient | None:
+    """The second try for payloads of ``input_type`` (``info``, msgspec's description of it), or
+    None where it could take no payload the one-pass decoder refused: a type that holds no value
+    refused in its JSON form, or one that holds a ``Raw`` (which only that decoder makes)."""
+    if not holds(info, refused_in_json_form):
+        return None
+    if holds(info, lambda node: isinstance(node, msgspec.inspect.RawType)):
+        return None
+    return Lenient(input_type)
+
+
+class Lenient:
+    """The second try at a payload the one-pass decoder of ``input_type`` refused: decoded as
+    any msgpack value, then converted to ``input_type`` from its JSON form."""
+
+    def __init__(self, input_type: Any) -> None:
+        self.type = input_type
+        # Tensor values and other ext types decoded as the one-pass decoder gives them.
+        self.decoder = msgspec.msgpack.Decoder(Any, ext_hook=_tensors.ext_hook)
+
+    def decode(self, payload: bytes | memoryview) -> Any:
+        """The payload as ``input_type``, or :class:`ValidationError` with msgspec's message
+        about its JSON form (an invalid base64 string, say, rather than "expected bytes")."""
+        try:
+            value = self.decoder.decode(payload)
+        except msgspec.DecodeError as e:  # malformed past where the typed decoder stopped
+            raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+        try:
+            # str_keys: a JSON object's keys are strings, whatever the type's are.
+            return msgspec.convert(value, self.type, str_keys=True)
+        except msgspec.ValidationError as e:
+            raise ValidationError(str(e)) from e
+
+
+def to_json_form(output: Any, enc_hook: Callable[[Any], Any]) -> Any:
+    """``output`` as the builtin values of its JSON form, but for the msgpack extensions the
+    worker means to send as they are (tensor values, a client's own ext) and ``Raw`` values,
+    which msgpack writes unchanged."""
+    return msgspec.to_builtins(
+        output, builtin_types=(msgspec.msgpack.Ext, msgspec.Raw), enc_hook=enc_hook
+    )
