@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from openapi_spec_validator import validate
 
 from conftest import ROOT
+from test_pipelines import write
 
 TYPED = str(ROOT / "examples" / "typed" / "worker.py")
 
@@ -165,6 +166,73 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
         "/v2/models/{name}/ready",
         "/v2/models/{name}/infer",
     }
+
+
+def test_openapi_keeps_apart_components_that_stages_name_alike(corral_factory, tmp_path):
+    """Two stages' workers name different types `Item`, and one names its own `Error`: each route
+    refers to its own worker's types, and error answers to Corral's error body. The last stage's
+    `Item` once stood for both routes', and a worker's `Error` was replaced by Corral's."""
+    import os
+    import socket
+
+    from corral import _protocol as protocol
+
+    text = "".join(
+        f'[stages.{n}]\n[pipelines.{n}]\nstages = ["{n}"]\n[routes.{n}]\npipeline = "{n}"\n'
+        for n in ("left", "right")
+    )
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    reason = {"type": "object", "required": ["why"], "properties": {"why": {"type": "string"}}}
+    declared = {
+        "left": {"Item": {"type": "integer"}, "Error": reason},
+        "right": {"Item": {"type": "string"}},
+    }
+    workers = []
+    for stage, components in declared.items():
+        schemas = {
+            "input_schema": json.dumps({"$ref": "#/components/schemas/Item"}),
+            "output_schema": json.dumps(
+                {"$ref": "#/components/schemas/" + ("Error" if "Error" in components else "Item")}
+            ),
+            "schema_components": json.dumps(components),
+        }
+        hello = protocol.hello(stage, os.getpid(), stage, schemas=schemas)
+        worker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        workers.append(worker)
+        worker.connect(str(proxy.socket))
+        worker.sendall(protocol.encode_frame(hello))
+    try:
+        proxy.wait_for_log(r"worker connected", count=2)
+        document = proxy.client.get("/openapi.json").json()
+    finally:
+        for worker in workers:
+            worker.close()
+    validate(document)
+
+    def resolved(schema):
+        """The component `schema` refers to."""
+        name = schema["$ref"].removeprefix("#/components/schemas/")
+        return document["components"]["schemas"][name]
+
+    def one(path, side):
+        """The schema of one job's request (or result) on `path`, as JSON."""
+        operation = document["paths"][path]["post"]
+        if side == "request":
+            content = operation["requestBody"]["content"]
+        else:
+            content = operation["responses"]["200"]["content"]
+        return content["application/json"]["schema"]["anyOf"][0]
+
+    assert resolved(one("/left", "request")) == {"type": "integer"}
+    assert resolved(one("/right", "request")) == {"type": "string"}
+    assert resolved(one("/right", "response")) == {"type": "string"}
+    assert resolved(one("/left", "response")) == reason
+    for path in ("/left", "/right"):
+        error = document["paths"][path]["post"]["responses"]["500"]["content"]
+        assert set(resolved(error["application/json"]["schema"])["required"]) == {
+            "error",
+            "message",
+        }
 
 
 def test_schemathesis_finds_no_server_error_and_no_undocumented_answer(corral_factory):

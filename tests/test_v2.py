@@ -18,6 +18,8 @@ import tritonclient.http as triton
 from tritonclient.utils import InferenceServerException
 
 from conftest import Corral
+from corral import _protocol as protocol
+from test_worker_protocol import FakeWorker
 
 WORKER = str(Path(__file__).parent / "workers" / "tensors.py")
 
@@ -106,7 +108,7 @@ def test_fp32_int64_and_bytes_tensors(proxy, binary):
 def test_only_the_outputs_asked_for_come_back(proxy):
     x, scale, words = rows(1)
     result = infer(proxy, x, scale, words, True, outputs=("SUM",))
-    assert result.as_numpy("SUM") is not None
+    np.testing.assert_allclose(result.as_numpy("SUM"), x.sum(axis=1, keepdims=True))
     assert result.as_numpy("SCALED") is None
 
 
@@ -363,3 +365,44 @@ def test_multi_mib_binary_tensors_from_many_clients(corral_factory, rows, width,
     proxy.wait_until(
         lambda: proxy.metric("corral_shared_memory_used_bytes") == 0, what="memory given back"
     )
+
+
+@pytest.mark.parametrize(
+    ("result", "problem"),
+    [
+        # {"y": 1, "y": 2}: was a 200 listing output "y" twice.
+        (b"\x82\xa1y\x01\xa1y\x02", 'row 0, output "y": named twice in the worker\'s result'),
+        # {1: 2}: was a 200 with no outputs at all.
+        (b"\x81\x01\x02", "row 0: the worker's result has a key that is no output name"),
+    ],
+)
+def test_a_result_v2_cannot_answer_from_a_worker_that_declares_no_outputs_is_a_500(
+    corral_factory, result, problem
+):
+    """The worker declares no tensors, so its result's keys are the outputs: a key repeated (a
+    msgpack map may repeat one) or a key that is not a name fails the request, 500 in v2's shape,
+    and the worker keeps its connection."""
+    sidecar = corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
+    worker = FakeWorker(sidecar.socket)
+    sidecar.wait_for_log(r"worker connected")
+    body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
+
+    def answered(pool, data: bytes):
+        """The answer to one request whose one row the worker answers `data`."""
+        answer = pool.submit(sidecar.client.post, "/v2/models/default/infer", json=body)
+        (job,) = worker.receive()["jobs"]
+        worker.send(protocol.results([protocol.ok(job["id"], data)]))
+        return answer.result(timeout=30)
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            failed = answered(pool, result)
+            served = answered(pool, b"\x81\xa1y\x03")  # {"y": 3}
+    finally:
+        worker.close()
+    assert failed.status_code == 500, failed.text
+    assert set(failed.json()) == {"error"} and problem in failed.json()["error"], failed.text
+    assert served.status_code == 200, served.text
+    assert served.json()["outputs"] == [
+        {"name": "y", "datatype": "INT64", "shape": [1], "data": [3]}
+    ]

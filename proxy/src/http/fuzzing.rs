@@ -207,11 +207,12 @@ fn v2_answer(choice: u8, results: &[Bytes]) {
     let json_end = answer.header_length.unwrap_or(answer.body.len());
     let header: serde_json::Value =
         serde_json::from_slice(&answer.body[..json_end]).expect("a v2 answer's header is JSON");
-    let sizes: u64 = header["outputs"]
-        .as_array()
-        .expect("the answer lists its outputs")
-        .iter()
-        .filter_map(|output| output["parameters"]["binary_data_size"].as_u64())
-        .sum();
+    let outputs = header["outputs"].as_array().expect("the answer lists its outputs");
+    let names: std::collections::HashSet<&str> =
+        outputs.iter().map(|output| output["name"].as_str().expect("a named output")).collect();
+    assert!(!outputs.is_empty(), "a v2 answer gives some output");
+    assert_eq!(names.len(), outputs.len(), "each output once");
+    let sizes: u64 =
+        outputs.iter().filter_map(|output| output["parameters"]["binary_data_size"].as_u64()).sum();
     assert_eq!(sizes, (answer.body.len() - json_end) as u64, "binary data as its sizes say");
 }

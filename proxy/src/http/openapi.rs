@@ -4,8 +4,12 @@
 //! schema may be megabytes and the document several times that.
 //!  Without declared schemas, requests and results are any JSON value. A route
 //! also takes raw bytes of any other media type, and answers raw bytes to a client that accepts
-//! them: both are listed as `application/octet-stream` and `*/*`.
+//! them: both are listed as `application/octet-stream` and `*/*`. The workers' schema components
+//! are named apart where they would collide ([`components`]).
 
+mod components;
+
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -16,8 +20,12 @@ use super::protocols::native::{ITEMS_HEADER, TIMEOUT_HEADER};
 use super::routes::REQUEST_ID_HEADER;
 use super::traffic;
 use super::{App, Route};
-use crate::stage::Declared;
+use crate::stage::{Declared, Stage};
 use crate::timing::{BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
+use components::Schemas;
+
+/// Corral's own component: the error body of its native answers.
+const ERROR: &str = "Error";
 
 /// The document as last built, and the declarations (each stage's, by identity) it was built
 /// from: a stage's declarations are replaced, never changed in place, so the same `Arc`s mean
@@ -83,14 +91,30 @@ const INFER_ERRORS: &[(&str, &str)] = &[
 ];
 
 pub fn document(app: &App) -> Value {
-    let mut components = Map::new();
+    // The stages whose schemas describe a route: the first stage's request, the last's response.
+    let ends = |stage: &Stage| {
+        app.routes.iter().any(|route| {
+            let stages = &route.pipeline.stages;
+            [stages.first(), stages.last()]
+                .into_iter()
+                .flatten()
+                .any(|end| end.name() == stage.name())
+        })
+    };
+    let declared: Vec<(&str, Arc<Declared>)> = app
+        .stages
+        .iter()
+        .filter(|stage| ends(stage))
+        .filter_map(|stage| Some((stage.name(), stage.declared()?)))
+        .collect();
+    let named = components::name(declared.iter().map(|(stage, d)| (*stage, &**d)), &[ERROR]);
     let mut paths = Map::new();
     for route in &app.routes {
-        let (operation, schemas) = route_operation(app, route);
+        let operation = route_operation(app, route, &named.stages);
         paths.insert(route.path.clone(), json!({"post": operation}));
-        components.extend(schemas);
     }
-    components.insert("Error".into(), error_schema());
+    let mut components = named.components;
+    components.insert(ERROR.into(), error_schema());
     paths.extend(super::protocols::openapi::paths(app));
     paths.insert(
         "/healthz".into(),
@@ -138,18 +162,15 @@ pub fn document(app: &App) -> Value {
 }
 
 /// A route's POST operation: its request is what the pipeline's first stage takes, its result
-/// what the last stage gives (as their workers declared; any JSON value otherwise). Returns the
-/// schema components those declarations refer to; components of the same name from different
-/// stages are taken to be the same type (the last stage's wins).
-fn route_operation(app: &App, route: &Route) -> (Value, Map<String, Value>) {
+/// what the last stage gives (as their workers declared, each stage's `$ref`s pointing at the
+/// names its components have in the document; any JSON value otherwise).
+fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>) -> Value {
     let stages = &route.pipeline.stages;
-    let first = stages.first().and_then(|stage| stage.declared()).unwrap_or_default();
-    let last = stages.last().and_then(|stage| stage.declared()).unwrap_or_default();
+    let declared = |stage: Option<&Arc<Stage>>| schemas.get(stage?.name());
     let any = json!({});
-    let input = first.input.clone().unwrap_or_else(|| any.clone());
-    let output = last.output.clone().unwrap_or(any);
-    let mut components = first.components.clone();
-    components.extend(last.components.clone());
+    let input = declared(stages.first()).and_then(|s| s.input.clone());
+    let output = declared(stages.last()).and_then(|s| s.output.clone());
+    let (input, output) = (input.unwrap_or_else(|| any.clone()), output.unwrap_or(any));
 
     let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
     // Raw bytes: any media type but JSON and msgpack, one job each, in and out.
@@ -217,7 +238,7 @@ fn route_operation(app: &App, route: &Route) -> (Value, Map<String, Value>) {
         },
         "responses": responses,
     });
-    (operation, components)
+    operation
 }
 
 /// `x-corral-timeout-ms`, as every job-taking path reads it.
@@ -360,10 +381,11 @@ fn error_response(description: &str, retry_after: bool) -> Value {
             "schema": {"type": "integer"},
         });
     }
+    let error = format!("#/components/schemas/{ERROR}");
     json!({
         "description": description,
         "headers": headers,
-        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+        "content": {"application/json": {"schema": {"$ref": error}}},
     })
 }
 

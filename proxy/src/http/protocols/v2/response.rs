@@ -4,8 +4,14 @@
 //! the client asked for it, as binary data after the JSON header
 //! (`Inference-Header-Content-Length` says where the header ends).
 //!
-//! A result that is not such a map, lacks an output, or whose rows disagree in datatype or shape
-//! is the worker's fault: 500 `bad_output`, naming the row and the output.
+//! A result that is not such a map, lacks an output, names one twice, or whose rows disagree in
+//! datatype or shape is the worker's fault: 500 `bad_output`, naming the row and the output. So
+//! is, from a worker that declares no outputs (its results' keys are then the outputs), a result
+//! whose keys are not all names (strings), one that names none, or a row naming an output row 0
+//! does not: an answer of no outputs, or of one output listed twice (msgpack maps may repeat a
+//! key, and are read as they come), is no v2 answer.
+
+use std::collections::HashSet;
 
 use corral_protocol::TensorSpec;
 use rmpv::ValueRef;
@@ -42,20 +48,24 @@ pub fn build(
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    // With no outputs declared, the results' keys are the outputs.
+    let given = if declared.is_empty() {
+        given_names(&rows, request.outputs.is_empty())?
+    } else {
+        Vec::new()
+    };
     let wanted: Vec<Requested> = if !request.outputs.is_empty() {
         request.outputs.clone()
     } else if !declared.is_empty() {
         declared.iter().map(|s| requested(&s.name, request)).collect()
     } else {
-        let first = rows.first().map(Vec::as_slice).unwrap_or_default();
-        first.iter().filter_map(|(k, _)| key(k)).map(|name| requested(name, request)).collect()
+        given.iter().map(|name| requested(name, request)).collect()
     };
 
     // With no outputs declared, a name the client asked for that the results lack is its
     // mistake (400), not the worker's (the 500 below).
     if declared.is_empty() {
-        let first = rows.first().map(Vec::as_slice).unwrap_or_default();
-        check_requested(request, first.iter().filter_map(|(k, _)| key(k)))?;
+        check_requested(request, given.iter().copied())?;
     }
     let mut outputs = Vec::with_capacity(wanted.len());
     let mut tail = Vec::new();
@@ -110,6 +120,44 @@ pub fn check_requested<'a>(
     )))
 }
 
+/// The outputs a worker that declares none gives: the keys of row 0's result, each once, in
+/// order. Every key of every row must be a name (a string), and row 0 must name one; with `all`
+/// (the answer lists every output), no later row may name one that row 0 does not, which the
+/// answer would drop unseen.
+fn given_names<'a>(
+    rows: &'a [Vec<(ValueRef<'a>, ValueRef<'a>)>],
+    all: bool,
+) -> Result<Vec<&'a str>, ApiError> {
+    let mut names: Vec<&str> = Vec::new();
+    let mut seen = HashSet::new();
+    for (index, entries) in rows.iter().enumerate() {
+        for (k, _) in entries {
+            let name = key(k).ok_or_else(|| {
+                bad_output(format!(
+                    "row {index}: the worker's result has a key that is no output name: v2 \
+                     outputs are named by strings, and this worker declares none"
+                ))
+            })?;
+            if index == 0 {
+                if seen.insert(name) {
+                    names.push(name);
+                }
+            } else if all && !seen.contains(name) {
+                return Err(bad_output(format!(
+                    "row {index}, output {name:?}: not in row 0's result: rows must give the \
+                     same outputs to stack"
+                )));
+            }
+        }
+    }
+    if names.is_empty() && !rows.is_empty() {
+        return Err(bad_output(
+            "row 0: the worker's result names no output: a v2 answer needs one".into(),
+        ));
+    }
+    Ok(names)
+}
+
 fn requested(name: &str, request: &Request) -> Requested {
     Requested { name: name.to_string(), binary: request.binary_by_default }
 }
@@ -131,11 +179,11 @@ fn stack(
     let mut data = Vec::new();
     for (index, entries) in rows.iter().enumerate() {
         let at = |e: String| bad_output(format!("row {index}, output {name:?}: {e}"));
-        let value = entries
-            .iter()
-            .find(|(k, _)| key(k) == Some(name))
-            .map(|(_, v)| v)
-            .ok_or_else(|| at("missing from the worker's result".into()))?;
+        let mut named = entries.iter().filter(|(k, _)| key(k) == Some(name)).map(|(_, v)| v);
+        let value = named.next().ok_or_else(|| at("missing from the worker's result".into()))?;
+        if named.next().is_some() {
+            return Err(at("named twice in the worker's result".into()));
+        }
         let row = tensor::row(value, declared).map_err(at)?;
         match &stacked {
             None => {
@@ -174,5 +222,87 @@ fn key<'a>(value: &'a ValueRef<'a>) -> Option<&'a str> {
     match value {
         ValueRef::String(s) => s.as_str(),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::http::protocols::v2::request;
+
+    /// A JSON request of one row per result, asking for `outputs` (all, if empty).
+    fn answer(
+        outputs: &[&str],
+        declared: &[TensorSpec],
+        results: &[&[u8]],
+    ) -> Result<Value, ApiError> {
+        let outputs: Vec<Value> = outputs.iter().map(|name| json!({"name": name})).collect();
+        let rows = results.len();
+        let body = json!({"inputs": [{"name": "X", "shape": [rows], "datatype": "FP32",
+            "data": vec![0.0; rows]}], "outputs": outputs});
+        let body = Bytes::from(serde_json::to_vec(&body).unwrap());
+        let request = request::parse(&body, None, 0, &[]).unwrap();
+        let answer = build("m", &request, declared, results)?;
+        Ok(serde_json::from_slice(&answer.body).unwrap())
+    }
+
+    fn bad_output_message(error: ApiError) -> String {
+        assert_eq!((error.status.as_u16(), error.code), (500, "bad_output"), "{}", error.message);
+        error.message
+    }
+
+    // Results by hand: msgpack maps may hold what no Python dict can (a repeated key).
+    const Y_1_Z_TRUE: &[u8] = b"\x82\xa1y\x01\xa1z\xc3"; // {"y": 1, "z": true}
+    const Y_1_Y_2: &[u8] = b"\x82\xa1y\x01\xa1y\x02"; // {"y": 1, "y": 2}
+    const ONE_2: &[u8] = b"\x81\x01\x02"; // {1: 2}
+    const Y_3: &[u8] = b"\x81\xa1y\x03"; // {"y": 3}
+
+    #[test]
+    fn an_undeclared_workers_keys_are_its_outputs_each_once() {
+        let answer = answer(&[], &[], &[Y_1_Z_TRUE, Y_1_Z_TRUE]).unwrap();
+        let names: Vec<&str> = answer["outputs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["y", "z"]);
+        assert_eq!(answer["outputs"][0]["data"], json!([1, 1]));
+    }
+
+    #[test]
+    fn an_output_named_twice_in_a_result_is_the_workers_fault() {
+        let message = bad_output_message(answer(&[], &[], &[Y_1_Y_2]).unwrap_err());
+        assert!(message.contains(r#"row 0, output "y": named twice"#), "{message}");
+        // In a later row, and from a worker that declares the output, too.
+        let declared = [TensorSpec { name: "y".into(), datatype: "INT64".into(), shape: vec![] }];
+        let message = bad_output_message(answer(&[], &declared, &[Y_3, Y_1_Y_2]).unwrap_err());
+        assert!(message.contains(r#"row 1, output "y": named twice"#), "{message}");
+    }
+
+    #[test]
+    fn an_undeclared_result_that_names_no_output_is_the_workers_fault() {
+        for result in [ONE_2, b"\x80".as_slice()] {
+            let message = bad_output_message(answer(&[], &[], &[result]).unwrap_err());
+            assert!(message.starts_with("row 0: "), "{message}");
+        }
+        // A key that is no name, beside names, is dropped no more than a name would be.
+        let message =
+            bad_output_message(answer(&[], &[], &[Y_3, b"\x82\xa1y\x01\x01\x02"]).unwrap_err());
+        assert!(message.starts_with("row 1: "), "{message}");
+    }
+
+    #[test]
+    fn a_later_row_with_an_output_row_0_lacks_is_the_workers_fault_unless_left_out() {
+        let message = bad_output_message(answer(&[], &[], &[Y_3, Y_1_Z_TRUE]).unwrap_err());
+        assert!(message.contains(r#"row 1, output "z": not in row 0's result"#), "{message}");
+        // Asked only for `y`, the client gets it: `z` was not asked for.
+        let answer = answer(&["y"], &[], &[Y_3, Y_1_Z_TRUE]).unwrap();
+        assert_eq!(
+            answer["outputs"],
+            json!([{"name": "y", "datatype": "INT64", "shape": [2], "data": [3, 1]}])
+        );
     }
 }

@@ -1,0 +1,297 @@
+//! The schema components of `/openapi.json`. Each stage's workers name the components their
+//! schemas refer to as they like, but the document has one namespace: a name two stages declare
+//! with different schemas once made one route's request refer to another route's type (the last
+//! stage's won), and a worker's `Error` was replaced by Corral's own (the error body).
+//!
+//! So a name is shared as it is only where every stage that declares it declares the same schema
+//! (and none of Corral's own components has it); otherwise each stage's gets the stage's name as
+//! a prefix (`scale.Item`, then `scale.Item.2` if a worker took that too), and that stage's
+//! `$ref`s — in its request and response schemas and in its other components — are rewritten to
+//! match. A schema that refers to a name renamed apart is renamed apart too: two stages' `Pair`
+//! may read the same yet mean different `Item`s.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use serde_json::{Map, Value};
+
+use crate::stage::Declared;
+
+/// Where a `$ref` into the components points.
+const PREFIX: &str = "#/components/schemas/";
+
+/// One stage's request and response schemas, their `$ref`s pointing at the names the document
+/// gives the stage's components.
+#[derive(Default)]
+pub struct Schemas {
+    pub input: Option<Value>,
+    pub output: Option<Value>,
+}
+
+/// Every stage's components under names unique in the document, and each stage's schemas.
+pub struct Named {
+    pub components: Map<String, Value>,
+    /// By stage name.
+    pub stages: HashMap<String, Schemas>,
+}
+
+/// Names the components of `stages` (each a stage's name and its declarations; names made apart
+/// are given out in this order), leaving `own` — the names of Corral's own components — free.
+pub fn name<'a>(stages: impl IntoIterator<Item = (&'a str, &'a Declared)>, own: &[&str]) -> Named {
+    let stages: Vec<(&str, &Declared)> = stages.into_iter().collect();
+    let apart = apart(&stages, own);
+    // Names kept as they are, then Corral's own: neither may be given out again.
+    let mut taken: HashSet<String> = stages
+        .iter()
+        .flat_map(|(_, declared)| declared.components.keys())
+        .filter(|name| !apart.contains(name.as_str()))
+        .cloned()
+        .chain(own.iter().map(|name| name.to_string()))
+        .collect();
+    let mut named = Named { components: Map::new(), stages: HashMap::new() };
+    for (stage, declared) in &stages {
+        let renamed: HashMap<&str, String> = declared
+            .components
+            .keys()
+            .filter(|name| apart.contains(name.as_str()))
+            .map(|name| (name.as_str(), unique(format!("{stage}.{name}"), &mut taken)))
+            .collect();
+        let retarget = |schema: &Value| {
+            let mut schema = schema.clone();
+            if renamed.is_empty() {
+                // Nothing to rewrite: a schema of megabytes is not walked for nothing.
+                return schema;
+            }
+            each_ref(&mut schema, &mut |reference| {
+                let Some((name, rest)) = target(reference) else { return };
+                if let Some(new) = renamed.get(name.as_str()) {
+                    *reference = format!("{PREFIX}{}{rest}", escape(new));
+                }
+            });
+            schema
+        };
+        for (name, schema) in &declared.components {
+            let name = renamed.get(name.as_str()).unwrap_or(name);
+            // A shared name's schema is the same from every stage that declares it.
+            named.components.entry(name.clone()).or_insert_with(|| retarget(schema));
+        }
+        let schemas = Schemas {
+            input: declared.input.as_ref().map(retarget),
+            output: declared.output.as_ref().map(retarget),
+        };
+        named.stages.insert(stage.to_string(), schemas);
+    }
+    named
+}
+
+/// The names that cannot be shared: Corral's own, those two stages declare differently, and
+/// (until nothing changes) those two stages declare alike but whose schema in some stage refers
+/// to a name of that stage that cannot be shared.
+fn apart<'a>(stages: &[(&'a str, &'a Declared)], own: &[&str]) -> HashSet<&'a str> {
+    let mut declarers: HashMap<&str, Vec<&Value>> = HashMap::new();
+    for (_, declared) in stages {
+        for (name, schema) in &declared.components {
+            declarers.entry(name.as_str()).or_default().push(schema);
+        }
+    }
+    let mut apart: HashSet<&str> = declarers
+        .iter()
+        .filter(|(name, schemas)| {
+            own.contains(name) || schemas.iter().any(|schema| *schema != schemas[0])
+        })
+        .map(|(name, _)| *name)
+        .collect();
+    // Each stage's own names its shared candidates refer to, read once.
+    let shared: HashSet<&str> =
+        declarers.iter().filter(|(_, s)| s.len() > 1).map(|(name, _)| *name).collect();
+    let mut refers: Vec<(&str, BTreeSet<String>)> = Vec::new();
+    for (_, declared) in stages {
+        for (name, schema) in &declared.components {
+            if shared.contains(name.as_str()) {
+                let mut names = referred(schema);
+                names.retain(|to| declared.components.contains_key(to));
+                refers.push((name.as_str(), names));
+            }
+        }
+    }
+    loop {
+        let more: Vec<&str> = refers
+            .iter()
+            .filter(|(name, to)| {
+                !apart.contains(name) && to.iter().any(|to| apart.contains(to.as_str()))
+            })
+            .map(|(name, _)| *name)
+            .collect();
+        if more.is_empty() {
+            return apart;
+        }
+        apart.extend(more);
+    }
+}
+
+/// The component names `schema` refers to.
+fn referred(schema: &Value) -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    each_ref(&mut schema.clone(), &mut |reference| {
+        names.extend(target(reference).map(|(name, _)| name));
+    });
+    names
+}
+
+/// `wanted`, or if it is taken, the first of `wanted.2`, `wanted.3`, … that is not; now taken.
+fn unique(wanted: String, taken: &mut HashSet<String>) -> String {
+    let name = if taken.contains(&wanted) {
+        (2..).map(|n| format!("{wanted}.{n}")).find(|n| !taken.contains(n)).expect("a free one")
+    } else {
+        wanted
+    };
+    taken.insert(name.clone());
+    name
+}
+
+/// The component a `$ref` names (its JSON Pointer segment unescaped) and what follows it (a
+/// pointer further into that component, or nothing); None for a `$ref` elsewhere.
+fn target(reference: &str) -> Option<(String, &str)> {
+    let rest = reference.strip_prefix(PREFIX)?;
+    let end = rest.find('/').unwrap_or(rest.len());
+    let name = rest[..end].replace("~1", "/").replace("~0", "~");
+    Some((name, &rest[end..]))
+}
+
+/// A name as a JSON Pointer segment.
+fn escape(name: &str) -> String {
+    name.replace('~', "~0").replace('/', "~1")
+}
+
+/// Calls `visit` on every reference in `schema`: each `$ref`, and each target of an OpenAPI
+/// discriminator's `mapping` (msgspec writes one for a tagged union). Values that are data, not
+/// schemas (`const`, `enum`, `default`, examples), are left alone, and the keys of a map of
+/// named schemas (`properties`, …) are names: a property may be called `$ref` or `enum`.
+fn each_ref(schema: &mut Value, visit: &mut dyn FnMut(&mut String)) {
+    match schema {
+        Value::Object(map) => {
+            for (key, value) in map.iter_mut() {
+                match (key.as_str(), value) {
+                    ("$ref", Value::String(reference)) => visit(reference),
+                    ("discriminator", Value::Object(discriminator)) => {
+                        if let Some(Value::Object(mapping)) = discriminator.get_mut("mapping") {
+                            for target in mapping.values_mut() {
+                                if let Value::String(reference) = target {
+                                    visit(reference);
+                                }
+                            }
+                        }
+                    }
+                    ("const" | "enum" | "default" | "examples" | "example", _) => {}
+                    (
+                        "properties" | "patternProperties" | "$defs" | "definitions"
+                        | "dependentSchemas",
+                        Value::Object(named),
+                    ) => named.values_mut().for_each(|schema| each_ref(schema, visit)),
+                    (_, value) => each_ref(value, visit),
+                }
+            }
+        }
+        Value::Array(schemas) => schemas.iter_mut().for_each(|schema| each_ref(schema, visit)),
+        _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    /// A stage's declarations: `input` as its request schema, and these components.
+    fn declared(input: Value, components: Value) -> Declared {
+        let Value::Object(components) = components else { panic!("components are a map") };
+        Declared { input: Some(input), components, ..Declared::default() }
+    }
+
+    fn to(name: &str) -> Value {
+        json!({"$ref": format!("{PREFIX}{name}")})
+    }
+
+    #[test]
+    fn a_name_two_stages_declare_differently_is_named_per_stage() {
+        let a = declared(to("Item"), json!({"Item": {"type": "integer"}}));
+        let b = declared(to("Item"), json!({"Item": {"type": "string"}}));
+        let named = name([("a", &a), ("b", &b)], &[]);
+        assert_eq!(
+            Value::Object(named.components),
+            json!({"a.Item": {"type": "integer"}, "b.Item": {"type": "string"}})
+        );
+        assert_eq!(named.stages["a"].input, Some(to("a.Item")));
+        assert_eq!(named.stages["b"].input, Some(to("b.Item")));
+    }
+
+    #[test]
+    fn a_name_every_stage_declares_alike_is_shared_as_it_is() {
+        let a = declared(to("Item"), json!({"Item": {"type": "integer"}}));
+        let b =
+            declared(json!({"type": "array", "items": to("Item")}), a.components.clone().into());
+        let named = name([("a", &a), ("b", &b)], &["Error"]);
+        assert_eq!(Value::Object(named.components), json!({"Item": {"type": "integer"}}));
+        assert_eq!(named.stages["a"].input, Some(to("Item")));
+        assert_eq!(named.stages["b"].input, Some(json!({"type": "array", "items": to("Item")})));
+    }
+
+    #[test]
+    fn a_workers_component_named_like_corrals_own_is_renamed() {
+        let error = json!({"type": "object", "properties": {"why": {"type": "string"}}});
+        let a = declared(to("Error"), json!({"Error": error}));
+        let named = name([("a", &a)], &["Error"]);
+        assert_eq!(Value::Object(named.components), json!({"a.Error": error}));
+        assert_eq!(named.stages["a"].input, Some(to("a.Error")));
+    }
+
+    #[test]
+    fn a_schema_alike_in_two_stages_that_refers_to_a_name_renamed_apart_is_renamed_too() {
+        let pair = json!({"type": "array", "prefixItems": [to("Item"), to("Item")]});
+        let a = declared(to("Pair"), json!({"Pair": pair, "Item": {"type": "integer"}}));
+        let b = declared(to("Pair"), json!({"Pair": pair, "Item": {"type": "string"}}));
+        let named = name([("a", &a), ("b", &b)], &[]);
+        let components = Value::Object(named.components);
+        for stage in ["a", "b"] {
+            let pair = &components[format!("{stage}.Pair")];
+            assert_eq!(pair["prefixItems"][1], to(&format!("{stage}.Item")), "{components}");
+            assert_eq!(named.stages[stage].input, Some(to(&format!("{stage}.Pair"))));
+        }
+        assert!(components.get("Pair").is_none() && components.get("Item").is_none());
+    }
+
+    #[test]
+    fn every_reference_is_rewritten_and_nothing_else() {
+        let schema = json!({
+            "anyOf": [to("Item"), {"$ref": format!("{PREFIX}Item/properties/a")}],
+            "discriminator": {"propertyName": "t", "mapping": {"i": format!("{PREFIX}Item")}},
+            // Data and names, not references.
+            "properties": {"$ref": {"type": "string"}, "enum": to("Item")},
+            "const": to("Item"),
+            "examples": [to("Item")],
+        });
+        let a = declared(schema, json!({"Item": {"type": "integer"}}));
+        let b = declared(json!({}), json!({"Item": {"type": "string"}}));
+        let named = name([("a", &a), ("b", &b)], &[]);
+        let input = named.stages["a"].input.clone().unwrap();
+        assert_eq!(
+            input["anyOf"],
+            json!([to("a.Item"), {"$ref": format!("{PREFIX}a.Item/properties/a")}])
+        );
+        assert_eq!(input["discriminator"]["mapping"]["i"], json!(format!("{PREFIX}a.Item")));
+        assert_eq!(input["properties"], json!({"$ref": {"type": "string"}, "enum": to("a.Item")}));
+        assert_eq!((&input["const"], &input["examples"]), (&to("Item"), &json!([to("Item")])));
+    }
+
+    #[test]
+    fn a_prefixed_name_a_worker_took_already_is_not_given_out_again() {
+        let a = declared(to("Item"), json!({"Item": {"type": "integer"}}));
+        let b = declared(to("a.Item"), json!({"Item": {"type": "string"}, "a.Item": {}}));
+        let named = name([("a", &a), ("b", &b)], &[]);
+        let names: Vec<&String> = named.components.keys().collect();
+        assert_eq!(names, ["a.Item", "a.Item.2", "b.Item"]);
+        assert_eq!(named.components["a.Item.2"], json!({"type": "integer"}));
+        assert_eq!(named.stages["a"].input, Some(to("a.Item.2")));
+        assert_eq!(named.stages["b"].input, Some(to("a.Item")));
+    }
+}
