@@ -7,11 +7,9 @@
 //! A result that is not such a map, lacks an output, names one twice, or whose rows disagree in
 //! datatype or shape is the worker's fault: 500 `bad_output`, naming the row and the output. So
 //! is, from a worker that declares no outputs (its results' keys are then the outputs), a result
-//! whose keys are not all names (strings), one that names none, or a row naming an output row 0
-//! does not: an answer of no outputs, or of one output listed twice (msgpack maps may repeat a
-//! key, and are read as they come), is no v2 answer.
-
-use std::collections::HashSet;
+//! that names none, and, where the answer lists every output, a key that is no name (a string)
+//! or a row naming an output row 0 does not: an answer of no outputs, or of one output listed
+//! twice (msgpack maps may repeat a key, and are read as they come), is no v2 answer.
 
 use corral_protocol::TensorSpec;
 use rmpv::ValueRef;
@@ -121,33 +119,40 @@ pub fn check_requested<'a>(
 }
 
 /// The outputs a worker that declares none gives: the keys of row 0's result, each once, in
-/// order. Every key of every row must be a name (a string), and row 0 must name one; with `all`
-/// (the answer lists every output), no later row may name one that row 0 does not, which the
-/// answer would drop unseen.
+/// order. With `all` (the answer lists every output), every key of every row must be a name (a
+/// string), and no later row may name one that row 0 does not, which the answer would drop
+/// unseen; a client that named its outputs is given those, and other keys are not its concern.
+/// Row 0 must name one. A result has a few keys: a list, not a hash set, holds those seen.
 fn given_names<'a>(
     rows: &'a [Vec<(ValueRef<'a>, ValueRef<'a>)>],
     all: bool,
 ) -> Result<Vec<&'a str>, ApiError> {
     let mut names: Vec<&str> = Vec::new();
-    let mut seen = HashSet::new();
     for (index, entries) in rows.iter().enumerate() {
         for (k, _) in entries {
-            let name = key(k).ok_or_else(|| {
-                bad_output(format!(
+            let Some(name) = key(k) else {
+                if !all {
+                    continue;
+                }
+                return Err(bad_output(format!(
                     "row {index}: the worker's result has a key that is no output name: v2 \
                      outputs are named by strings, and this worker declares none"
-                ))
-            })?;
+                )));
+            };
             if index == 0 {
-                if seen.insert(name) {
+                if !names.contains(&name) {
                     names.push(name);
                 }
-            } else if all && !seen.contains(name) {
+            } else if all && !names.contains(&name) {
                 return Err(bad_output(format!(
                     "row {index}, output {name:?}: not in row 0's result: rows must give the \
                      same outputs to stack"
                 )));
             }
+        }
+        if !all && index == 0 {
+            // Only row 0's names are wanted from here on, and the client named those it wants.
+            break;
         }
     }
     if names.is_empty() && !rows.is_empty() {
@@ -298,11 +303,15 @@ mod tests {
     fn a_later_row_with_an_output_row_0_lacks_is_the_workers_fault_unless_left_out() {
         let message = bad_output_message(answer(&[], &[], &[Y_3, Y_1_Z_TRUE]).unwrap_err());
         assert!(message.contains(r#"row 1, output "z": not in row 0's result"#), "{message}");
-        // Asked only for `y`, the client gets it: `z` was not asked for.
-        let answer = answer(&["y"], &[], &[Y_3, Y_1_Z_TRUE]).unwrap();
-        assert_eq!(
-            answer["outputs"],
-            json!([{"name": "y", "datatype": "INT64", "shape": [2], "data": [3, 1]}])
-        );
+        // Asked only for `y`, the client gets it: `z` was not asked for, nor a key that is no
+        // name (it could not be).
+        let y_1_one_2: &[u8] = b"\x82\xa1y\x01\x01\x02"; // {"y": 1, 1: 2}
+        for rows in [[Y_3, Y_1_Z_TRUE], [Y_3, y_1_one_2]] {
+            let answer = answer(&["y"], &[], &rows).unwrap();
+            assert_eq!(
+                answer["outputs"],
+                json!([{"name": "y", "datatype": "INT64", "shape": [2], "data": [3, 1]}])
+            );
+        }
     }
 }
