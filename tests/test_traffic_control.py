@@ -158,11 +158,11 @@ def test_a_flooding_tenant_does_not_starve_a_quiet_one(gated):
                 return await client.post("/infer", json={"id": f"{tenant}{i}"}, headers=headers)
 
             flood = [asyncio.create_task(one("flood", i)) for i in range(200)]
-            while proxy.queued("normal") < 200:
-                await asyncio.sleep(0.01)  # polling the proxy's gauge, not waiting out time
+            # The gauge has no event of its own: wait_queued polls it, up to its deadline, in a
+            # thread, while this loop goes on sending the requests.
+            await asyncio.to_thread(proxy.wait_queued, "normal", 200)
             quiet = [asyncio.create_task(one("quiet", i)) for i in range(4)]
-            while proxy.queued("normal") < 204:
-                await asyncio.sleep(0.01)
+            await asyncio.to_thread(proxy.wait_queued, "normal", 204)
             proxy.open()
             return await asyncio.gather(*flood, *quiet)
 

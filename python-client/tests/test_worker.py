@@ -3,8 +3,11 @@ the protocol rules a worker must follow."""
 
 import asyncio
 import functools
+import logging
 import socket
 import struct
+import subprocess
+import sys
 import threading
 import time
 
@@ -260,24 +263,44 @@ def test_an_unknown_message_is_a_protocol_error():
     assert isinstance(proxy.worker_error, corral.ProtocolError)
 
 
-def test_run_connects_to_the_socket_and_reconnects(tmp_path):
+def test_run_connects_to_the_socket_and_reconnects(tmp_path, monkeypatch, caplog):
     """Worker.run against a real listening Unix socket: hello, a batch, then a second connection
-    after the first one is closed by the 'proxy'."""
-    path = str(tmp_path / "w.sock")
+    after the first one is closed by the 'proxy', and no third once the proxy's process is gone:
+    the loop returns."""
+    # The process the worker is told is its proxy: the test ends it before the last close.
+    stand_in = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    with subprocess.Popen(stand_in, stdin=subprocess.PIPE) as proxy:
+        try:
+            monkeypatch.setenv("CORRAL_PROXY_PID", str(proxy.pid))
+            monkeypatch.delenv("CORRAL_WORKER_INDEX", raising=False)  # external: it reconnects
+            caplog.set_level(logging.INFO, logger="corral")
+            serve_twice_then_end_the_proxy(str(tmp_path / "w.sock"), proxy)
+            assert f"the proxy (pid {proxy.pid}) is gone; exiting" in caplog.messages
+        finally:
+            proxy.kill()
+
+
+def serve_twice_then_end_the_proxy(path: str, proxy: subprocess.Popen) -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.settimeout(30)  # a worker that never reconnects fails the test, not pytest's timeout
     server.bind(path)
     server.listen()
     thread = threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
-    thread.start()
-    for _ in range(2):
-        conn, _ = server.accept()
-        stream = conn.makefile("rb")
-        assert protocol.read_frame(stream)["type"] == "hello"
-        conn.sendall(protocol.encode_frame(protocol_batch([(b"i" * 16, b"\x07")])))
-        assert protocol.read_frame(stream)["results"] == [protocol.ok(b"i" * 16, b"\x07")]
-        stream.close()
-        conn.close()
-    server.close()
+    with server:
+        thread.start()
+        for n in range(2):
+            conn, _ = server.accept()
+            with conn, conn.makefile("rb") as stream:
+                assert protocol.read_frame(stream)["type"] == "hello"
+                conn.sendall(protocol.encode_frame(protocol_batch([(b"i" * 16, b"\x07")])))
+                results = protocol.read_frame(stream)["results"]
+                assert results == [protocol.ok(b"i" * 16, b"\x07")]
+                if n == 1:
+                    # Gone (and reaped) before the worker sees this connection close.
+                    proxy.kill()
+                    proxy.wait()
+        thread.join(timeout=30)
+    assert not thread.is_alive(), "the worker went on reconnecting after its proxy exited"
 
 
 def protocol_batch(jobs):
