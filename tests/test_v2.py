@@ -188,6 +188,8 @@ def good():
         ("missing input", 400, 'missing input "TEXT"'),
         ("binary past the body", 400, "runs past the body"),
         ("unknown output", 400, 'unknown output "NOPE"'),
+        # Was a 200 listing SUM twice, where an input given twice is a 400.
+        ("output asked for twice", 400, 'output "SUM" is asked for twice'),
         ("not JSON", 400, "header is not valid"),
         ("unknown model", 404, 'no model named "nope"'),
     ],
@@ -206,6 +208,8 @@ def test_bad_requests_get_a_v2_error_and_harm_nothing(proxy, case, status, expec
         binary = b"\0" * 8
     elif case == "unknown output":
         header["outputs"] = [{"name": "NOPE"}]
+    elif case == "output asked for twice":
+        header["outputs"] = [{"name": "SUM"}, {"name": "SUM", "parameters": {"binary_data": True}}]
     elif case == "unknown model":
         path = "/v2/models/nope/infer"
     if case == "not JSON":

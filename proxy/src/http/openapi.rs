@@ -5,7 +5,8 @@
 //!  Without declared schemas, requests and results are any JSON value. A route
 //! also takes raw bytes of any other media type, and answers raw bytes to a client that accepts
 //! them: both are listed as `application/octet-stream` and `*/*`. The workers' schema components
-//! are named apart where they would collide ([`components`]).
+//! are named apart where they would collide, and respelled where OpenAPI does not allow their
+//! names ([`components`]).
 
 mod components;
 

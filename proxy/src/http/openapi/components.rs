@@ -9,6 +9,15 @@
 //! `$ref`s — in its request and response schemas and in its other components — are rewritten to
 //! match. A schema that refers to a name renamed apart is renamed apart too: two stages' `Pair`
 //! may read the same yet mean different `Item`s.
+//!
+//! A name OpenAPI does not allow as a component's key (anything but `^[a-zA-Z0-9._-]+$`, such as
+//! `Page[Item]` or `my item`) made the whole document invalid. It is respelled here, each such
+//! character as `_` (`Page_Item_`, as msgspec and pydantic spell a generic's name themselves),
+//! with the stage's `$ref`s rewritten like a prefixed name's; rather than the worker refused in
+//! its hello: the schemas are documentation (a worker's schema that does not parse is ignored,
+//! not refused, too), and a serving model must not go down over the spelling of a type's name.
+//! msgspec, which the Python package uses, already writes only allowed names: this is for
+//! workers written otherwise.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
@@ -39,21 +48,37 @@ pub struct Named {
 pub fn name<'a>(stages: impl IntoIterator<Item = (&'a str, &'a Declared)>, own: &[&str]) -> Named {
     let stages: Vec<(&str, &Declared)> = stages.into_iter().collect();
     let apart = apart(&stages, own);
+    let kept = |name: &&String| !apart.contains(name.as_str()) && allowed(name);
     // Names kept as they are, then Corral's own: neither may be given out again.
     let mut taken: HashSet<String> = stages
         .iter()
         .flat_map(|(_, declared)| declared.components.keys())
-        .filter(|name| !apart.contains(name.as_str()))
+        .filter(kept)
         .cloned()
         .chain(own.iter().map(|name| name.to_string()))
         .collect();
+    // Names shared (or declared once) but not allowed: respelled once for every stage that
+    // declares them, so that they stay shared.
+    let mut respelled: HashMap<&str, String> = HashMap::new();
+    for name in stages.iter().flat_map(|(_, declared)| declared.components.keys()) {
+        if !apart.contains(name.as_str()) && !allowed(name) {
+            let new = || unique(allowed_spelling(name), &mut taken);
+            respelled.entry(name.as_str()).or_insert_with(new);
+        }
+    }
     let mut named = Named { components: Map::new(), stages: HashMap::new() };
     for (stage, declared) in &stages {
         let renamed: HashMap<&str, String> = declared
             .components
             .keys()
-            .filter(|name| apart.contains(name.as_str()))
-            .map(|name| (name.as_str(), unique(format!("{stage}.{name}"), &mut taken)))
+            .filter_map(|name| {
+                let new = if apart.contains(name.as_str()) {
+                    unique(allowed_spelling(&format!("{stage}.{name}")), &mut taken)
+                } else {
+                    respelled.get(name.as_str())?.clone()
+                };
+                Some((name.as_str(), new))
+            })
             .collect();
         let retarget = |schema: &Value| {
             let mut schema = schema.clone();
@@ -148,12 +173,34 @@ fn unique(wanted: String, taken: &mut HashSet<String>) -> String {
     name
 }
 
-/// The component a `$ref` names (its JSON Pointer segment unescaped) and what follows it (a
-/// pointer further into that component, or nothing); None for a `$ref` elsewhere.
+/// Whether OpenAPI allows `c` in a component's key: `^[a-zA-Z0-9._-]+$`.
+fn allowed_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
+}
+
+/// Whether OpenAPI allows `name` as a component's key.
+fn allowed(name: &str) -> bool {
+    !name.is_empty() && name.chars().all(allowed_char)
+}
+
+/// `name` with each character OpenAPI does not allow in a component's key as `_` (`_` for an
+/// empty name).
+fn allowed_spelling(name: &str) -> String {
+    if name.is_empty() {
+        return "_".into();
+    }
+    name.chars().map(|c| if allowed_char(c) { c } else { '_' }).collect()
+}
+
+/// The component a `$ref` names (its JSON Pointer segment unescaped: a URI fragment's percent
+/// escapes, as a name OpenAPI does not allow may be written, `Page%5BItem%5D`, then `~1` and
+/// `~0`) and what follows it (a pointer further into that component, or nothing); None for a
+/// `$ref` elsewhere.
 fn target(reference: &str) -> Option<(String, &str)> {
     let rest = reference.strip_prefix(PREFIX)?;
     let end = rest.find('/').unwrap_or(rest.len());
-    let name = rest[..end].replace("~1", "/").replace("~0", "~");
+    let segment = percent_encoding::percent_decode_str(&rest[..end]).decode_utf8_lossy();
+    let name = segment.replace("~1", "/").replace("~0", "~");
     Some((name, &rest[end..]))
 }
 
@@ -176,6 +223,12 @@ fn each_ref(schema: &mut Value, visit: &mut dyn FnMut(&mut String)) {
                         if let Some(Value::Object(mapping)) = discriminator.get_mut("mapping") {
                             for target in mapping.values_mut() {
                                 if let Value::String(reference) = target {
+                                    // A bare schema name (OpenAPI allows one here) as the full
+                                    // reference it stands for, so that a renamed name is
+                                    // followed: left bare, it would name nothing.
+                                    if !reference.contains(['#', '/']) {
+                                        *reference = format!("{PREFIX}{}", escape(reference));
+                                    }
                                     visit(reference);
                                 }
                             }
@@ -264,7 +317,8 @@ mod tests {
     fn every_reference_is_rewritten_and_nothing_else() {
         let schema = json!({
             "anyOf": [to("Item"), {"$ref": format!("{PREFIX}Item/properties/a")}],
-            "discriminator": {"propertyName": "t", "mapping": {"i": format!("{PREFIX}Item")}},
+            "discriminator": {"propertyName": "t",
+                "mapping": {"i": format!("{PREFIX}Item"), "bare": "Item"}},
             // Data and names, not references.
             "properties": {"$ref": {"type": "string"}, "enum": to("Item")},
             "const": to("Item"),
@@ -278,9 +332,47 @@ mod tests {
             input["anyOf"],
             json!([to("a.Item"), {"$ref": format!("{PREFIX}a.Item/properties/a")}])
         );
-        assert_eq!(input["discriminator"]["mapping"]["i"], json!(format!("{PREFIX}a.Item")));
+        let mapping = &input["discriminator"]["mapping"];
+        assert_eq!(mapping["i"], json!(format!("{PREFIX}a.Item")));
+        assert_eq!(mapping["bare"], json!(format!("{PREFIX}a.Item")), "a bare name followed");
         assert_eq!(input["properties"], json!({"$ref": {"type": "string"}, "enum": to("a.Item")}));
         assert_eq!((&input["const"], &input["examples"]), (&to("Item"), &json!([to("Item")])));
+    }
+
+    #[test]
+    fn a_name_openapi_does_not_allow_is_respelled_with_its_references() {
+        // `Page[Item]` made the document invalid: a component's key is `^[a-zA-Z0-9._-]+$`.
+        let page = json!({"type": "array", "items": to("Item")});
+        let a = declared(
+            json!({"anyOf": [to("Page[Item]"), to("a~1b~0c"), to("Größe"), to(""),
+                to("Page%5BItem%5D")]}),
+            json!({"Page[Item]": page, "Item": {}, "a/b~c": {}, "Größe": {}, "": {}}),
+        );
+        let named = name([("a", &a)], &[]);
+        let names: Vec<&String> = named.components.keys().collect();
+        assert_eq!(names, ["Gr__e", "Item", "Page_Item_", "_", "a_b_c"]);
+        assert_eq!(named.components["Page_Item_"], page, "its own references kept");
+        let input = named.stages["a"].input.clone().unwrap();
+        let respelled = [to("Page_Item_"), to("a_b_c"), to("Gr__e"), to("_"), to("Page_Item_")];
+        assert_eq!(input["anyOf"], json!(respelled), "a URI's escapes read too");
+    }
+
+    #[test]
+    fn a_respelled_name_stays_shared_apart_or_clear_of_a_name_taken() {
+        let page = json!({"type": "object"});
+        let a = declared(to("Page[Item]"), json!({"Page[Item]": page, "my item": {}}));
+        let b = declared(
+            json!({"anyOf": [to("Page[Item]"), to("Page_Item_"), to("my item")]}),
+            json!({"Page[Item]": page, "Page_Item_": {"type": "string"}, "my item": {"a": 1}}),
+        );
+        let named = name([("a", &a), ("b", &b)], &[]);
+        let names: Vec<&String> = named.components.keys().collect();
+        // Declared alike, shared; the respelling a worker took already is not given out again;
+        // declared differently, apart per stage as any name is.
+        assert_eq!(names, ["Page_Item_", "Page_Item_.2", "a.my_item", "b.my_item"]);
+        assert_eq!(named.stages["a"].input, Some(to("Page_Item_.2")));
+        let b = named.stages["b"].input.clone().unwrap();
+        assert_eq!(b["anyOf"], json!([to("Page_Item_.2"), to("Page_Item_"), to("b.my_item")]));
     }
 
     #[test]

@@ -1,0 +1,44 @@
+"""`/openapi.json` stays a valid OpenAPI document whatever a worker calls its schema components:
+a name OpenAPI does not allow as a component's key is respelled in the document, with the
+worker's `$ref`s rewritten to match, and the worker is served as any other."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+
+from openapi_spec_validator import validate
+
+from corral import _protocol as protocol
+
+SCHEMAS = "#/components/schemas/"
+
+
+def test_a_component_name_openapi_does_not_allow_is_respelled(corral_factory):
+    """A worker not written with msgspec (which respells its names itself) may call a type
+    `Page[Item]`: such a key once made the whole document invalid."""
+    proxy = corral_factory(worker=None)
+    page = {"type": "array", "items": {"$ref": SCHEMAS + "my item"}}
+    schemas = {
+        "input_schema": json.dumps({"$ref": SCHEMAS + "Page[Item]"}),
+        # As a URI fragment strictly writes it.
+        "output_schema": json.dumps({"$ref": SCHEMAS + "my%20item"}),
+        "schema_components": json.dumps({"Page[Item]": page, "my item": {"type": "integer"}}),
+    }
+    hello = protocol.hello("default", os.getpid(), "typed", schemas=schemas)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as worker:
+        worker.connect(str(proxy.socket))
+        worker.sendall(protocol.encode_frame(hello))
+        proxy.wait_for_log(r"worker connected")
+        document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    components = document["components"]["schemas"]
+    assert all(re.fullmatch(r"[a-zA-Z0-9._-]+", name) for name in components), components
+    assert components["Page_Item_"] == {"type": "array", "items": {"$ref": SCHEMAS + "my_item"}}
+    assert components["my_item"] == {"type": "integer"}
+    operation = document["paths"]["/infer"]["post"]
+    request = operation["requestBody"]["content"]["application/json"]["schema"]["anyOf"][0]
+    response = operation["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][0]
+    assert (request, response) == ({"$ref": SCHEMAS + "Page_Item_"}, {"$ref": SCHEMAS + "my_item"})
