@@ -83,3 +83,15 @@ def test_a_string_that_is_not_base64_is_422_with_its_path_alone(proxy):
     response = proxy.post({**UPLOAD, "name": 5})
     assert response.status_code == 422, response.text
     assert "$.name" in response.json()["message"], response.text
+
+
+def test_a_dict_output_holding_bytes_and_an_aware_datetime_reaches_a_json_client(corral_factory):
+    # `output_type = dict` declares no form, but its values still reach a JSON client (an aware
+    # datetime was 500 unrepresentable_output when such types skipped the conversion), and a
+    # msgpack client gets the same.
+    proxy = corral_factory(worker=STAMPED, env={"STAMPED_OUTPUT": "dict"})
+    response = proxy.post(UPLOAD)
+    assert response.status_code == 200, response.text
+    assert response.json() == RECEIPT
+    response = proxy.client.post("/infer", content=msgpack.packb(UPLOAD), headers=MSGPACK)
+    assert msgpack.unpackb(response.content) == RECEIPT
