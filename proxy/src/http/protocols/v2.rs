@@ -16,6 +16,7 @@
 
 pub mod request;
 pub mod response;
+mod result_row;
 pub mod tensor;
 
 use std::sync::Arc;

@@ -16,6 +16,7 @@ use rmpv::ValueRef;
 use serde_json::{json, Map, Value};
 
 use super::request::{Request, Requested};
+use super::result_row::{Found, ResultRow};
 use super::tensor::{self, DataType};
 use crate::http::error::ApiError;
 
@@ -46,6 +47,7 @@ pub fn build(
             ))),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    let rows: Vec<ResultRow> = rows.iter().map(|entries| ResultRow::new(entries)).collect();
     // With no outputs declared, the results' keys are the outputs.
     let given = if declared.is_empty() {
         given_names(&rows, request.outputs.is_empty())?
@@ -63,7 +65,16 @@ pub fn build(
     // With no outputs declared, a name the client asked for that the results lack is its
     // mistake (400), not the worker's (the 500 below).
     if declared.is_empty() {
-        check_requested(request, given.iter().copied())?;
+        match rows.first() {
+            // Looked up in row 0, not in the list of its names: both may be long.
+            Some(first) => {
+                let missing = |o: &&Requested| matches!(first.get(&o.name), Found::Missing);
+                if let Some(unknown) = request.outputs.iter().find(missing) {
+                    return Err(unknown_output(&unknown.name, given.iter().copied()));
+                }
+            }
+            None => check_requested(request, given.iter().copied())?,
+        }
     }
     let mut outputs = Vec::with_capacity(wanted.len());
     let mut tail = Vec::new();
@@ -110,55 +121,61 @@ pub fn check_requested<'a>(
     let Some(unknown) = request.outputs.iter().find(|o| !names.clone().any(|n| n == o.name)) else {
         return Ok(());
     };
+    Err(unknown_output(&unknown.name, names))
+}
+
+/// 400: the client asked for an output the model does not give.
+fn unknown_output<'a>(unknown: &str, names: impl Iterator<Item = &'a str>) -> ApiError {
     let names: Vec<&str> = names.collect();
-    Err(ApiError::bad_request(format!(
-        "unknown output {:?}; the model gives {}",
-        unknown.name,
+    ApiError::bad_request(format!(
+        "unknown output {unknown:?}; the model gives {}",
         names.join(", ")
-    )))
+    ))
 }
 
 /// The outputs a worker that declares none gives: the keys of row 0's result, each once, in
 /// order. With `all` (the answer lists every output), every key of every row must be a name (a
 /// string), and no later row may name one that row 0 does not, which the answer would drop
 /// unseen; a client that named its outputs is given those, and other keys are not its concern.
-/// Row 0 must name one. A result has a few keys: a list, not a hash set, holds those seen.
-fn given_names<'a>(
-    rows: &'a [Vec<(ValueRef<'a>, ValueRef<'a>)>],
-    all: bool,
-) -> Result<Vec<&'a str>, ApiError> {
-    let mut names: Vec<&str> = Vec::new();
-    for (index, entries) in rows.iter().enumerate() {
-        for (k, _) in entries {
-            let Some(name) = key(k) else {
-                if !all {
-                    continue;
-                }
-                return Err(bad_output(format!(
-                    "row {index}: the worker's result has a key that is no output name: v2 \
-                     outputs are named by strings, and this worker declares none"
-                )));
-            };
-            if index == 0 {
-                if !names.contains(&name) {
-                    names.push(name);
-                }
-            } else if all && !names.contains(&name) {
-                return Err(bad_output(format!(
-                    "row {index}, output {name:?}: not in row 0's result: rows must give the \
-                     same outputs to stack"
-                )));
-            }
-        }
-        if !all && index == 0 {
-            // Only row 0's names are wanted from here on, and the client named those it wants.
-            break;
+/// Row 0 must name one.
+fn given_names<'a>(rows: &[ResultRow<'a>], all: bool) -> Result<Vec<&'a str>, ApiError> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    let no_name = |index: usize| {
+        bad_output(format!(
+            "row {index}: the worker's result has a key that is no output name: v2 outputs are \
+             named by strings, and this worker declares none"
+        ))
+    };
+    // Each name once, in order: a name named twice is refused where it is stacked.
+    let mut names: Vec<&str> = Vec::with_capacity(first.len());
+    let mut seen = std::collections::HashSet::with_capacity(first.len());
+    for key in first.keys() {
+        match key {
+            Some(name) if seen.insert(name) => names.push(name),
+            Some(_) => {}
+            None if all => return Err(no_name(0)),
+            None => {}
         }
     }
-    if names.is_empty() && !rows.is_empty() {
+    if names.is_empty() {
         return Err(bad_output(
             "row 0: the worker's result names no output: a v2 answer needs one".into(),
         ));
+    }
+    if all {
+        for (index, row) in rows.iter().enumerate().skip(1) {
+            for key in row.keys() {
+                let name = key.ok_or_else(|| no_name(index))?;
+                if matches!(first.get(name), Found::Missing) {
+                    return Err(bad_output(format!(
+                        "row {index}, output {name:?}: not in row 0's result: rows must give \
+                         the same outputs to stack"
+                    )));
+                }
+            }
+        }
     }
     Ok(names)
 }
@@ -171,7 +188,7 @@ fn requested(name: &str, request: &Request) -> Requested {
 fn stack(
     name: &str,
     spec: Option<&TensorSpec>,
-    rows: &[Vec<(ValueRef, ValueRef)>],
+    rows: &[ResultRow],
 ) -> Result<(DataType, Vec<u64>, Vec<u8>), ApiError> {
     let declared =
         match spec {
@@ -182,13 +199,13 @@ fn stack(
         };
     let mut stacked: Option<(DataType, Vec<u64>)> = None;
     let mut data = Vec::new();
-    for (index, entries) in rows.iter().enumerate() {
+    for (index, row) in rows.iter().enumerate() {
         let at = |e: String| bad_output(format!("row {index}, output {name:?}: {e}"));
-        let mut named = entries.iter().filter(|(k, _)| key(k) == Some(name)).map(|(_, v)| v);
-        let value = named.next().ok_or_else(|| at("missing from the worker's result".into()))?;
-        if named.next().is_some() {
-            return Err(at("named twice in the worker's result".into()));
-        }
+        let value = match row.get(name) {
+            Found::Once(value) => value,
+            Found::Missing => return Err(at("missing from the worker's result".into())),
+            Found::Twice => return Err(at("named twice in the worker's result".into())),
+        };
         let row = tensor::row(value, declared).map_err(at)?;
         match &stacked {
             None => {
@@ -220,14 +237,6 @@ fn stack(
     shape.push(rows.len() as u64);
     shape.extend(row_shape);
     Ok((datatype, shape, data))
-}
-
-/// A map key that is a string.
-fn key<'a>(value: &'a ValueRef<'a>) -> Option<&'a str> {
-    match value {
-        ValueRef::String(s) => s.as_str(),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
