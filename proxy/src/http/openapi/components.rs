@@ -87,7 +87,11 @@ pub fn name<'a>(stages: impl IntoIterator<Item = (&'a str, &'a Declared)>, own: 
                 return schema;
             }
             each_ref(&mut schema, &mut |reference| {
-                let Some((name, rest)) = target(reference) else { return };
+                let Some((names, rest)) = target(reference) else { return };
+                // The name decoded, or as written where only that is one of the stage's (a
+                // name with a literal `%`).
+                let known = |name: &&String| declared.components.contains_key(name.as_str());
+                let name = names.iter().find(known).unwrap_or(&names[0]);
                 if let Some(new) = renamed.get(name.as_str()) {
                     *reference = format!("{PREFIX}{}{rest}", escape(new));
                 }
@@ -157,7 +161,7 @@ fn apart<'a>(stages: &[(&'a str, &'a Declared)], own: &[&str]) -> HashSet<&'a st
 fn referred(schema: &Value) -> BTreeSet<String> {
     let mut names = BTreeSet::new();
     each_ref(&mut schema.clone(), &mut |reference| {
-        names.extend(target(reference).map(|(name, _)| name));
+        names.extend(target(reference).into_iter().flat_map(|(names, _)| names));
     });
     names
 }
@@ -192,17 +196,22 @@ fn allowed_spelling(name: &str) -> String {
     name.chars().map(|c| if allowed_char(c) { c } else { '_' }).collect()
 }
 
-/// The component a `$ref` names (its JSON Pointer segment unescaped: a URI fragment's percent
-/// escapes, as a name OpenAPI does not allow may be written, `Page%5BItem%5D`, then `~1` and
-/// `~0`) and what follows it (a pointer further into that component, or nothing); None for a
-/// `$ref` elsewhere.
-fn target(reference: &str) -> Option<(String, &str)> {
+/// The component a `$ref` names, and what follows it (a pointer further into that component, or
+/// nothing); None for a `$ref` elsewhere. Its JSON Pointer segment unescaped (`~1`, `~0`) two
+/// ways: with a URI fragment's percent escapes decoded, as a name OpenAPI does not allow may be
+/// written (`Page%5BItem%5D`), and as written (a name with a literal `%`, `a%2Fb`).
+fn target(reference: &str) -> Option<([String; 2], &str)> {
     let rest = reference.strip_prefix(PREFIX)?;
     let end = rest.find('/').unwrap_or(rest.len());
-    let segment = percent_encoding::percent_decode_str(&rest[..end]).decode_utf8_lossy();
-    let name = segment.replace("~1", "/").replace("~0", "~");
-    Some((name, &rest[end..]))
+    let unescape = |segment: &str| segment.replace("~1", "/").replace("~0", "~");
+    let decoded = percent_encoding::percent_decode_str(&rest[..end]).decode_utf8_lossy();
+    Some(([unescape(&decoded), unescape(&rest[..end])], &rest[end..]))
 }
+
+/// What a URI fragment's segment must escape beyond a JSON Pointer's `~0` and `~1`: all but
+/// letters, digits and the characters OpenAPI allows in a component's name.
+const FRAGMENT: &percent_encoding::AsciiSet =
+    &percent_encoding::NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-').remove(b'~');
 
 /// A name as a JSON Pointer segment.
 fn escape(name: &str) -> String {
@@ -226,8 +235,12 @@ fn each_ref(schema: &mut Value, visit: &mut dyn FnMut(&mut String)) {
                                     // A bare schema name (OpenAPI allows one here) as the full
                                     // reference it stands for, so that a renamed name is
                                     // followed: left bare, it would name nothing.
-                                    if !reference.contains(['#', '/']) {
-                                        *reference = format!("{PREFIX}{}", escape(reference));
+                                    if !reference.starts_with('#') && !reference.contains('/') {
+                                        let segment = escape(reference);
+                                        let segment = percent_encoding::utf8_percent_encode(
+                                            &segment, FRAGMENT,
+                                        );
+                                        *reference = format!("{PREFIX}{segment}");
                                     }
                                     visit(reference);
                                 }
@@ -355,6 +368,25 @@ mod tests {
         let input = named.stages["a"].input.clone().unwrap();
         let respelled = [to("Page_Item_"), to("a_b_c"), to("Gr__e"), to("_"), to("Page_Item_")];
         assert_eq!(input["anyOf"], json!(respelled), "a URI's escapes read too");
+    }
+
+    #[test]
+    fn a_literal_percent_and_a_bare_mapping_name_reach_their_respelled_component() {
+        // `a%2Fb` is a name with a `%` in it (decoded, `a/b` names nothing); a mapping's bare
+        // `a%41` is that name, not `aA`, and a bare `A#B` is a name too.
+        let schema = json!({
+            "anyOf": [to("a%2Fb")],
+            "discriminator": {"propertyName": "t", "mapping": {"x": "a%41", "y": "A#B"}},
+        });
+        let a = declared(schema, json!({"a%2Fb": {}, "aA": {}, "a%41": {}, "A#B": {}}));
+        let named = name([("a", &a)], &[]);
+        let names: Vec<&String> = named.components.keys().collect();
+        assert_eq!(names, ["A_B", "aA", "a_2Fb", "a_41"]);
+        let input = named.stages["a"].input.clone().unwrap();
+        assert_eq!(input["anyOf"], json!([to("a_2Fb")]));
+        let mapping = &input["discriminator"]["mapping"];
+        assert_eq!(mapping["x"], json!(format!("{PREFIX}a_41")));
+        assert_eq!(mapping["y"], json!(format!("{PREFIX}A_B")));
     }
 
     #[test]
