@@ -20,6 +20,27 @@ def received(log_path, with_pid: bool = False) -> list:
     return [(e["pid"], e["item"]) if with_pid else e["item"] for e in entries]
 
 
+def shed_behind_a_held_job(proxy, log, gate, queued: int = 1, over: int = 1) -> list:
+    """On a proxy that runs one job a batch, sends none ahead and queues `queued` jobs at most
+    (its scripted worker logging to `log`): the worker holds one job until `gate` exists and
+    `queued` more wait in the queue, so each of `over` requests posted then must be shed 503
+    `queue_full`. Opens the gate, checks that the held and queued jobs are answered 200, and
+    returns the shed answers."""
+    with ThreadPoolExecutor(1 + queued) as pool:
+        item = {"tag": "held", "hold": str(gate)}
+        held = pool.submit(proxy.post, item)
+        proxy.wait_until(lambda: item in received(log), what="the worker to hold a job")
+        waiting = [pool.submit(proxy.post, {"tag": f"queued{n}"}) for n in range(queued)]
+        proxy.wait_until(
+            lambda: proxy.client.get("/readyz").json()["queued"] == queued, what="queued jobs"
+        )
+        shed = [proxy.post({"tag": f"over{n}"}) for n in range(over)]
+        gate.touch()
+        assert [job.result().status_code for job in [held, *waiting]] == [200] * (1 + queued)
+    assert [(a.status_code, a.json()["error"]) for a in shed] == [(503, "queue_full")] * over
+    return shed
+
+
 def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
     # A batch is released only when full (the wait is long), so the four jobs share one batch.
     proxy = corral_factory("--batch-policy=fixed", "--max-batch-size=4", "--max-wait-ms=60000")
@@ -71,21 +92,8 @@ def test_503_with_retry_after_when_the_queue_is_full(corral_factory, tmp_path):
         "--queue-capacity=2",
         env={"SCRIPTED_LOG": str(log)},
     )
-    gate = tmp_path / "gate"
-    with ThreadPoolExecutor(3) as pool:
-        busy = pool.submit(proxy.post, {"tag": "busy", "hold": str(gate)})
-        proxy.wait_until(lambda: received(log), what="the worker to be busy")
-        queued = [pool.submit(proxy.post, {"tag": t}) for t in ("q1", "q2")]
-        proxy.wait_until(
-            lambda: proxy.client.get("/readyz").json().get("queued") == 2, what="two queued jobs"
-        )
-        shed = proxy.post({"tag": "shed"})
-        gate.touch()
-        assert shed.status_code == 503
-        assert shed.json()["error"] == "queue_full"
-        assert int(shed.headers["retry-after"]) >= 1
-        assert busy.result().status_code == 200
-        assert [q.result().status_code for q in queued] == [200, 200]
+    [shed] = shed_behind_a_held_job(proxy, log, tmp_path / "gate", queued=2)
+    assert int(shed.headers["retry-after"]) >= 1
 
 
 def test_a_killed_worker_s_jobs_succeed_on_another_worker(corral_factory, tmp_path):

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from openapi_spec_validator import validate
 
 from conftest import ROOT
-from test_failures import received
+from test_failures import shed_behind_a_held_job
 from test_pipelines import write
 
 TYPED = str(ROOT / "examples" / "typed" / "worker.py")
@@ -37,20 +37,7 @@ def test_metrics_count_every_kind_of_answer(corral_factory, tmp_path):
     expired = proxy.post({"hold": str(late)}, headers={"x-corral-timeout-ms": "250"})
     late.touch()
     assert expired.status_code == 408
-    gate = tmp_path / "gate"
-    with ThreadPoolExecutor(2) as pool:
-        # The worker holds one job and the queue holds another: each request after is shed.
-        item = {"tag": "held", "hold": str(gate)}
-        held = pool.submit(proxy.post, item)
-        proxy.wait_until(lambda: item in received(log), what="the worker to hold a job")
-        queued = pool.submit(proxy.post, {"tag": "queued"})
-        proxy.wait_until(
-            lambda: proxy.client.get("/readyz").json()["queued"] == 1, what="a queued job"
-        )
-        shed = [proxy.post({"tag": f"over{n}"}) for n in range(3)]
-        gate.touch()
-        assert [held.result().status_code, queued.result().status_code] == [200, 200]
-    assert [(a.status_code, a.json()["error"]) for a in shed] == [(503, "queue_full")] * 3
+    shed_behind_a_held_job(proxy, log, tmp_path / "gate", over=3)
     assert proxy.post("after").status_code == 200
 
     def count(name, **labels):

@@ -8,7 +8,7 @@ import socket
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlparse
 
-from test_failures import received
+from test_failures import received, shed_behind_a_held_job
 
 
 def test_503_deadline_unreachable_when_the_predicted_finish_is_too_late(corral_factory, tmp_path):
@@ -103,18 +103,6 @@ def test_shed_requests_are_not_logged_one_by_one(corral_factory, tmp_path):
         "--queue-capacity=1",
         env={"SCRIPTED_LOG": str(log)},
     )
-    gate = tmp_path / "gate"
-    with ThreadPoolExecutor(2) as pool:
-        # The worker holds one job and the queue holds another: every request after is shed.
-        held = pool.submit(proxy.post, {"tag": "held", "hold": str(gate)})
-        proxy.wait_until(lambda: received(log), what="the worker to be busy")
-        queued = pool.submit(proxy.post, {"tag": "queued"})
-        proxy.wait_until(
-            lambda: proxy.client.get("/readyz").json()["queued"] == 1, what="a queued job"
-        )
-        shed = [proxy.post({"tag": f"over{n}"}) for n in range(6)]
-        gate.touch()
-        assert [held.result().status_code, queued.result().status_code] == [200, 200]
-    assert [(a.status_code, a.json()["error"]) for a in shed] == [(503, "queue_full")] * 6
+    shed_behind_a_held_job(proxy, log, tmp_path / "gate", over=6)
     assert not [line for line in proxy.lines if "queue_full" in line or "shed" in line]
     assert proxy.metric("corral_jobs_shed_total", reason="queue_full") == 6

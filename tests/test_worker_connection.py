@@ -44,44 +44,72 @@ def closed_loop(url: str, clients: int, requests: int, body_for) -> list[int]:
     return statuses
 
 
-def test_embedding_sized_results_with_batches_sent_ahead_never_jam(corral_factory):
-    # All defaults: batch 32, prefetch on, no batch timeout. 64 clients each post ~8 KB texts;
-    # each answer is 1024 floats. Before the fix about 100 requests succeeded, then every request
-    # was a 408 for good.
-    proxy = corral_factory(worker=EMBEDDER)
+def sent_ahead(proxy, gate) -> None:
+    """Waits until the proxy has sent a batch ahead to the worker that holds its batch until
+    `gate` exists, then opens the gate (on failure too, so that the held clients are answered)."""
+    try:
+        proxy.wait_until(
+            lambda: proxy.metric("corral_batches_sent_ahead_total", stage="default"),
+            what="a batch sent ahead",
+        )
+    finally:
+        gate.touch()
+
+
+def test_embedding_sized_results_with_batches_sent_ahead_never_jam(corral_factory, tmp_path):
+    # Defaults: batch 32, prefetch on, no batch timeout. 64 clients each post ~8 KB texts; each
+    # answer is 1024 floats. Before the fix about 100 requests succeeded, then every request was
+    # a 408 for good. Only the deadline is not the default, far beyond the work: the held batch
+    # teaches the proxy a cost by which admission sheds some requests (503) at the default 5 s,
+    # and this test is about frames, not shedding.
+    gate = tmp_path / "gate"
+    proxy = corral_factory("--timeout-ms=60000", worker=EMBEDDER, env={"EMBEDDER_GATE": str(gate)})
     text = "lorem ipsum " * 700
 
     # 640 requests: far past the ~100 that got through before the fix, counted rather than
-    # timed, so that a slow machine runs the same load.
-    statuses = closed_loop(proxy.url, 64, 10, lambda n, i: f"{n}-{i} {text}")
+    # timed, so that a slow machine runs the same load. The worker holds its second batch (of
+    # at most 32; the first taught the proxy what a batch costs) until a batch has gone ahead of
+    # it: the other clients, 32 or more, queue a full batch meanwhile.
+    with ThreadPoolExecutor(1) as pool:
+        load = pool.submit(closed_loop, proxy.url, 64, 10, lambda n, i: f"{n}-{i} {text}")
+        sent_ahead(proxy, gate)
+        statuses = load.result()
     assert len(statuses) == 640
     assert set(statuses) == {200}, {s: statuses.count(s) for s in set(statuses)}
-    assert proxy.metric("corral_batches_sent_ahead_total", stage="default") > 0
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 
-def test_batches_and_results_of_several_mib_each_way(corral_factory):
+def test_batches_and_results_of_several_mib_each_way(corral_factory, tmp_path):
     # Batches of 4 items of 2 MiB each (an 8 MiB frame out, 8 MiB back), one sent ahead while
-    # the worker is busy with the one before.
+    # the worker holds the one before.
     # A deadline far beyond the work: on a loaded machine the 5 s default can be predicted
     # unreachable (a 503), and this test is about frames, not shedding.
     proxy = corral_factory("--max-batch-size=4", "--max-wait-ms=50", "--timeout-ms=60000")
     blob = "x" * (2 * 1024 * 1024)
+    gate = tmp_path / "gate"
 
-    def one(n: int) -> tuple[int, bool]:
-        with httpx.Client(base_url=proxy.url, timeout=60) as http:
-            ok = 0
-            for i in range(4):
-                tag = f"{n}-{i}"
-                response = http.post("/infer", json={"tag": tag, "blob": blob, "sleep_ms": 30})
-                echo = response.json().get("echo", {}) if response.status_code == 200 else {}
-                ok += echo.get("tag") == tag and echo.get("blob") == blob
-            return ok
+    def echoed(tag: str, **extra) -> bool:
+        response = proxy.post({"tag": tag, "blob": blob, **extra})
+        echo = response.json().get("echo", {}) if response.status_code == 200 else {}
+        return echo.get("tag") == tag and echo.get("blob") == blob
 
-    with ThreadPoolExecutor(12) as pool:
-        answered = list(pool.map(one, range(12)))
-    assert answered == [4] * 12
-    assert proxy.metric("corral_batches_sent_ahead_total", stage="default") > 0
+    def client(n: int) -> int:
+        return sum(echoed(f"{n}-{i}") for i in range(4))
+
+    # A first batch teaches the proxy what a batch costs: nothing goes ahead before.
+    assert echoed("learn")
+    with ThreadPoolExecutor(13) as pool:
+        held = pool.submit(echoed, "held", hold=str(gate))
+        proxy.wait_until(
+            lambda: proxy.metric("corral_workers_busy", stage="default") == 1,
+            what="the worker to hold a batch",
+        )
+        # 12 clients post one request after another: while the worker holds its batch, 12 queue,
+        # and a full batch of them goes ahead.
+        answered = pool.map(client, range(12))
+        sent_ahead(proxy, gate)
+        assert held.result()
+        assert list(answered) == [4] * 12
 
 
 def test_a_worker_that_stops_reading_mid_frame_is_declared_hung(corral_factory):
