@@ -730,15 +730,21 @@ fn short(payload: &'static [u8]) -> (Job, oneshot::Receiver<Reply>) {
     job(payload, Duration::from_millis(400))
 }
 
+/// The probe tests' start: one batch took 600 ms, then a short job is let in as a probe.
+fn probe_after_a_slow_batch(stage: &Stage, seat: &WorkerSeat<'_>) -> oneshot::Receiver<Reply> {
+    seat.finished(1, 1, Duration::from_millis(600));
+    let (probe, answer) = short(b"probe");
+    assert!(stage.submit(probe).is_ok(), "an idle stage lets one in, as a probe");
+    answer
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_slow_batch_does_not_lock_short_deadlines_out_for_good() {
     // One batch took 600 ms (a cold start, a pause); jobs with 400 ms to live are predicted to
     // miss, so none was admitted, no batch ran, and the cost was never learned again.
     let stage = stage(4, 100);
     let seat = stage.worker_joined();
-    seat.finished(1, 1, Duration::from_millis(600));
-    let (probe, _probe) = short(b"probe");
-    assert!(stage.submit(probe).is_ok(), "an idle stage lets one in, as a probe");
+    let _probe = probe_after_a_slow_batch(&stage, &seat);
     let (next, _next) = short(b"next");
     assert!(matches!(stage.submit(next), Err(Shed::DeadlineUnreachable { .. })));
     // The probe runs, and fast: the stage learns it, and admits short jobs again.
@@ -753,9 +759,7 @@ async fn one_slow_batch_does_not_lock_short_deadlines_out_for_good() {
 async fn a_stage_too_slow_for_a_deadline_is_probed_at_most_once_a_second() {
     let stage = stage(4, 100);
     let seat = stage.worker_joined();
-    seat.finished(1, 1, Duration::from_millis(600));
-    let (probe, _probe) = short(b"probe");
-    assert!(stage.submit(probe).is_ok());
+    let _probe = probe_after_a_slow_batch(&stage, &seat);
     let batch = seat.next_batch().await;
     seat.finished(batch.len(), 1, Duration::from_millis(600)); // it really is that slow
     let (again, _again) = short(b"again");
