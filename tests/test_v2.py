@@ -410,3 +410,40 @@ def test_a_result_v2_cannot_answer_from_a_worker_that_declares_no_outputs_is_a_5
     assert served.json()["outputs"] == [
         {"name": "y", "datatype": "INT64", "shape": [1], "data": [3]}
     ]
+
+
+def test_twenty_thousand_inputs_and_outputs_of_a_worker_that_declares_none(corral_factory):
+    """At the sizes an echoing worker meets: 20,000 inputs in, a result of 20,000 keys back, as
+    every output and asked for by name (each was a scan of every key per name: quadratic), and
+    the same inputs with one given twice, a 400."""
+    import msgpack
+
+    sidecar = corral_factory("--max-wait-ms=0", "--retries=0", "--timeout-ms=60000", worker=None)
+    worker = FakeWorker(sidecar.socket)
+    sidecar.wait_for_log(r"worker connected")
+    count = 20_000
+    inputs = [
+        {"name": f"k{i}", "shape": [1], "datatype": "INT64", "data": [i]} for i in range(count)
+    ]
+    result = msgpack.packb({f"k{i}": i for i in range(count)})
+
+    def answered(pool, body):
+        answer = pool.submit(sidecar.client.post, "/v2/models/default/infer", json=body)
+        (job,) = worker.receive()["jobs"]
+        worker.send(protocol.results([protocol.ok(job["id"], result)]))
+        return answer.result(timeout=60)
+
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            every = answered(pool, {"inputs": inputs})
+            named = [{"name": f"k{i}"} for i in reversed(range(count))]
+            by_name = answered(pool, {"inputs": inputs, "outputs": named})
+    finally:
+        worker.close()
+    for response, order in ((every, range(count)), (by_name, range(count - 1, -1, -1))):
+        assert response.status_code == 200, response.text[:300]
+        outputs = response.json()["outputs"]
+        assert [o["name"] for o in outputs] == [f"k{i}" for i in order]
+        assert [o["data"] for o in outputs] == [[i] for i in order]
+    twice = sidecar.client.post("/v2/models/default/infer", json={"inputs": [*inputs, inputs[7]]})
+    assert twice.status_code == 400 and "appears twice" in twice.json()["error"], twice.text

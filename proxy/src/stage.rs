@@ -117,8 +117,8 @@ impl Declared {
 
 pub struct Stage {
     name: String,
-    /// The declarations of the latest worker that made any (read per v2 request: shared, not
-    /// copied).
+    /// The declarations, each part (schemas, tensors, weight rule) as the latest hello that
+    /// declared it gave it (`Declared::over`; read per v2 request: shared, not copied).
     declared: Mutex<Option<Arc<Declared>>>,
     /// Whether those declarations hold a weight rule: jobs are weighed without a lock otherwise.
     weighs: AtomicBool,

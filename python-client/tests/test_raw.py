@@ -131,6 +131,13 @@ def test_an_output_content_type_with_parameters_is_a_media_type():
     assert answer == Result("ok", b"hi", content_type="text/plain; charset=utf-8")
 
 
+@pytest.mark.parametrize("media_type", ["text/plain ; charset=utf-8", "a/b;x=\ty"])
+def test_a_media_type_the_proxy_takes_is_one_for_the_package_too(media_type):
+    # A space before `;` and a tab among the parameters: the proxy takes both
+    # (`format::media_type`), and a class naming them was a TypeError where it was defined.
+    assert protocol.is_media_type(media_type)
+
+
 def test_a_content_type_that_is_not_a_string_is_a_protocol_error():
     with FakeProxy(Seen()) as proxy:
         payload = msgpack.packb(b"x")

@@ -152,9 +152,8 @@ fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
 fn coding_other_than(headers: &HeaderMap, name: HeaderName, allowed: &str) -> Option<String> {
     headers.get_all(name).iter().find_map(|value| {
         let text = String::from_utf8_lossy(value.as_bytes());
-        let coding = text.split(',').map(str::trim);
-        coding
-            .into_iter()
+        text.split(',')
+            .map(str::trim)
             .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(allowed))
             .map(String::from)
     })

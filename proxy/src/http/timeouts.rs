@@ -67,7 +67,8 @@ struct State {
     /// Bytes came while only streams were in progress: the next request's head (a stream's own
     /// request was read whole before its answer began), whose clock starts when they end.
     read_behind_stream: bool,
-    /// When the first byte of the next request head arrived, if it has.
+    /// When the first byte of the next request head arrived, if it has; for a head that came
+    /// while a stream was being written, when the last stream ended.
     head_started: Option<Instant>,
     /// When the connection last finished a request or wrote.
     idle_since: Instant,

@@ -63,7 +63,8 @@ struct Request {
     bytes: usize,
     /// Whether a batch took some of its jobs already.
     started: bool,
-    /// When the request entered its class: its arrival, plus one aging period per promotion.
+    /// When the request entered its class: when it was queued (again, when put back), plus one
+    /// aging period per promotion.
     entered: Instant,
 }
 

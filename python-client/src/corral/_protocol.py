@@ -39,8 +39,11 @@ maps have no such key, and nothing is sent with it."""
 
 
 # A media type as the proxy takes a worker's `content_type`: type/subtype, both RFC 9110 tokens,
-# optionally `;` and parameters, visible ASCII (and spaces), at most 1 KiB.
-_MEDIA_TYPE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(;[\x20-\x7e]*)?")
+# optionally `;` (after spaces or tabs) and parameters, visible ASCII, spaces and tabs, at most
+# 1 KiB (`format::media_type`).
+_MEDIA_TYPE = re.compile(
+    r"[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+[ \t]*(;[\t\x20-\x7e]*)?"
+)
 
 
 def is_media_type(text: Any) -> bool:
@@ -48,7 +51,7 @@ def is_media_type(text: Any) -> bool:
     return (
         isinstance(text, str)
         and len(text.encode("utf-8")) <= 1024
-        and _MEDIA_TYPE.fullmatch(text.strip(" ")) is not None
+        and _MEDIA_TYPE.fullmatch(text) is not None
         and text == text.strip(" \t")
     )
 

@@ -30,7 +30,6 @@ const PREFIX: &str = "#/components/schemas/";
 
 /// One stage's request and response schemas, their `$ref`s pointing at the names the document
 /// gives the stage's components.
-#[derive(Default)]
 pub struct Schemas {
     pub input: Option<Value>,
     pub output: Option<Value>,
@@ -92,8 +91,9 @@ pub fn name<'a>(stages: impl IntoIterator<Item = (&'a str, &'a Declared)>, own: 
                 // name with a literal `%`).
                 let known = |name: &&String| declared.components.contains_key(name.as_str());
                 let name = names.iter().find(known).unwrap_or(&names[0]);
+                // A new name holds only OpenAPI's allowed characters: nothing to escape.
                 if let Some(new) = renamed.get(name.as_str()) {
-                    *reference = format!("{PREFIX}{}{rest}", escape(new));
+                    *reference = format!("{PREFIX}{new}{rest}");
                 }
             });
             schema
@@ -213,6 +213,16 @@ fn target(reference: &str) -> Option<([String; 2], &str)> {
 const FRAGMENT: &percent_encoding::AsciiSet =
     &percent_encoding::NON_ALPHANUMERIC.remove(b'.').remove(b'_').remove(b'-').remove(b'~');
 
+/// A discriminator mapping's bare schema name (OpenAPI allows one there) as the full reference
+/// it stands for, so that a renamed name is followed: left bare, it would name nothing.
+fn as_reference(reference: &mut String) {
+    if !reference.starts_with('#') && !reference.contains('/') {
+        let segment = escape(reference);
+        let segment = percent_encoding::utf8_percent_encode(&segment, FRAGMENT);
+        *reference = format!("{PREFIX}{segment}");
+    }
+}
+
 /// A name as a JSON Pointer segment.
 fn escape(name: &str) -> String {
     name.replace('~', "~0").replace('/', "~1")
@@ -229,21 +239,13 @@ fn each_ref(schema: &mut Value, visit: &mut dyn FnMut(&mut String)) {
                 match (key.as_str(), value) {
                     ("$ref", Value::String(reference)) => visit(reference),
                     ("discriminator", Value::Object(discriminator)) => {
-                        if let Some(Value::Object(mapping)) = discriminator.get_mut("mapping") {
-                            for target in mapping.values_mut() {
-                                if let Value::String(reference) = target {
-                                    // A bare schema name (OpenAPI allows one here) as the full
-                                    // reference it stands for, so that a renamed name is
-                                    // followed: left bare, it would name nothing.
-                                    if !reference.starts_with('#') && !reference.contains('/') {
-                                        let segment = escape(reference);
-                                        let segment = percent_encoding::utf8_percent_encode(
-                                            &segment, FRAGMENT,
-                                        );
-                                        *reference = format!("{PREFIX}{segment}");
-                                    }
-                                    visit(reference);
-                                }
+                        let Some(Value::Object(mapping)) = discriminator.get_mut("mapping") else {
+                            continue;
+                        };
+                        for target in mapping.values_mut() {
+                            if let Value::String(reference) = target {
+                                as_reference(reference);
+                                visit(reference);
                             }
                         }
                     }

@@ -64,16 +64,11 @@ pub fn build(
 
     // With no outputs declared, a name the client asked for that the results lack is its
     // mistake (400), not the worker's (the 500 below).
-    if declared.is_empty() {
-        match rows.first() {
-            // Looked up in row 0, not in the list of its names: both may be long.
-            Some(first) => {
-                let missing = |o: &&Requested| matches!(first.get(&o.name), Found::Missing);
-                if let Some(unknown) = request.outputs.iter().find(missing) {
-                    return Err(unknown_output(&unknown.name, given.iter().copied()));
-                }
-            }
-            None => check_requested(request, given.iter().copied())?,
+    if let (true, Some(first)) = (declared.is_empty(), rows.first()) {
+        // Looked up in row 0, not in the list of its names: both may be long.
+        let missing = |o: &&Requested| matches!(first.get(&o.name), Found::Missing);
+        if let Some(unknown) = request.outputs.iter().find(missing) {
+            return Err(unknown_output(&unknown.name, first.keys().flatten()));
         }
     }
     let mut outputs = Vec::with_capacity(wanted.len());
@@ -124,56 +119,53 @@ pub fn check_requested<'a>(
     Err(unknown_output(&unknown.name, names))
 }
 
-/// 400: the client asked for an output the model does not give.
+/// 400: the client asked for an output the model does not give. The message names the first
+/// [`LISTED`] the model gives: a worker that declares none may give a hundred thousand.
 fn unknown_output<'a>(unknown: &str, names: impl Iterator<Item = &'a str>) -> ApiError {
-    let names: Vec<&str> = names.collect();
+    let mut names = names.peekable();
+    let listed: Vec<&str> = names.by_ref().take(LISTED).collect();
+    let more = if names.peek().is_some() { ", …" } else { "" };
     ApiError::bad_request(format!(
-        "unknown output {unknown:?}; the model gives {}",
-        names.join(", ")
+        "unknown output {unknown:?}; the model gives {}{more}",
+        listed.join(", ")
     ))
 }
 
-/// The outputs a worker that declares none gives: the keys of row 0's result, each once, in
-/// order. With `all` (the answer lists every output), every key of every row must be a name (a
-/// string), and no later row may name one that row 0 does not, which the answer would drop
-/// unseen; a client that named its outputs is given those, and other keys are not its concern.
-/// Row 0 must name one.
+/// How many of the model's outputs an unknown output's 400 lists.
+const LISTED: usize = 20;
+
+/// The outputs a worker that declares none gives, where the answer lists every output (`all`):
+/// the keys of row 0's result, in order (a name given twice is refused where it is stacked).
+/// Then every key of every row must be a name (a string), and no later row may name one that row
+/// 0 does not, which the answer would drop unseen. A client that named its outputs is given
+/// those, and other keys are not its concern: nothing is listed for it (a name it asks for that
+/// row 0 lacks is its mistake, a 400, below).
 fn given_names<'a>(rows: &[ResultRow<'a>], all: bool) -> Result<Vec<&'a str>, ApiError> {
-    let Some(first) = rows.first() else {
-        return Ok(Vec::new());
-    };
+    let Some(first) = rows.first() else { return Ok(Vec::new()) };
     let no_name = |index: usize| {
         bad_output(format!(
             "row {index}: the worker's result has a key that is no output name: v2 outputs are \
              named by strings, and this worker declares none"
         ))
     };
-    // Each name once, in order: a name named twice is refused where it is stacked.
-    let mut names: Vec<&str> = Vec::with_capacity(first.len());
-    let mut seen = std::collections::HashSet::with_capacity(first.len());
-    for key in first.keys() {
-        match key {
-            Some(name) if seen.insert(name) => names.push(name),
-            Some(_) => {}
-            None if all => return Err(no_name(0)),
-            None => {}
-        }
+    if !all {
+        return Ok(Vec::new());
     }
+    let names: Vec<&str> =
+        first.keys().map(|key| key.ok_or_else(|| no_name(0))).collect::<Result<_, _>>()?;
     if names.is_empty() {
         return Err(bad_output(
             "row 0: the worker's result names no output: a v2 answer needs one".into(),
         ));
     }
-    if all {
-        for (index, row) in rows.iter().enumerate().skip(1) {
-            for key in row.keys() {
-                let name = key.ok_or_else(|| no_name(index))?;
-                if matches!(first.get(name), Found::Missing) {
-                    return Err(bad_output(format!(
-                        "row {index}, output {name:?}: not in row 0's result: rows must give \
-                         the same outputs to stack"
-                    )));
-                }
+    for (index, row) in rows.iter().enumerate().skip(1) {
+        for key in row.keys() {
+            let name = key.ok_or_else(|| no_name(index))?;
+            if matches!(first.get(name), Found::Missing) {
+                return Err(bad_output(format!(
+                    "row {index}, output {name:?}: not in row 0's result: rows must give the \
+                     same outputs to stack"
+                )));
             }
         }
     }
@@ -312,6 +304,9 @@ mod tests {
     fn a_later_row_with_an_output_row_0_lacks_is_the_workers_fault_unless_left_out() {
         let message = bad_output_message(answer(&[], &[], &[Y_3, Y_1_Z_TRUE]).unwrap_err());
         assert!(message.contains(r#"row 1, output "z": not in row 0's result"#), "{message}");
+        // Asked for `y` of a result naming nothing, the client asked for what is not there.
+        let error = answer(&["y"], &[], &[ONE_2]).unwrap_err();
+        assert_eq!(error.status.as_u16(), 400, "{}", error.message);
         // Asked only for `y`, the client gets it: `z` was not asked for, nor a key that is no
         // name (it could not be).
         let y_1_one_2: &[u8] = b"\x82\xa1y\x01\x01\x02"; // {"y": 1, 1: 2}
