@@ -63,8 +63,8 @@ struct Request {
     bytes: usize,
     /// Whether a batch took some of its jobs already.
     started: bool,
-    /// When the request entered its class: when it was queued (again, when put back), plus one
-    /// aging period per promotion.
+    /// When the request entered its class: when it was queued (again when put back, but no
+    /// later than the request it goes before), plus one aging period per promotion.
     entered: Instant,
 }
 
@@ -234,8 +234,15 @@ impl Lanes {
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
-        let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
         let requests = &mut self.classes[class.index()].lane(key).requests;
+        // Put back at the front, it counts as entered no later than the request it goes before:
+        // the lane stays ordered by entry (promotion reads only its front), and the older work
+        // behind it is not held back a whole aging period by the newcomer.
+        let entered = match requests.front() {
+            Some(next) if front => entered.min(next.entered),
+            _ => entered,
+        };
+        let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
         if front {
             requests.push_front(request);
         } else {

@@ -183,6 +183,21 @@ fn requeued_jobs_go_first_in_their_lane() {
 }
 
 #[test]
+fn a_request_put_back_does_not_hold_back_the_promotion_of_older_ones() {
+    // Queued at 0 s; a request put back before it at 4 s. At 5 s (aging 5 s) the queued one is
+    // due: it was promoted only at 9 s, once the one put back at the front had aged too.
+    let start = Instant::now();
+    let aging = SECOND * 5;
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "queued", Class::Low, Some("t"), start);
+    let back = start + SECOND * 4;
+    lanes.push_front(vec![job("put back", Class::Low, Some("t"), 1, back)], back);
+    lanes.promote(start + aging, aging);
+    assert_eq!(lanes.jobs_in(Class::Low), 0);
+    assert_eq!(drain(&mut lanes), ["put back", "queued"]);
+}
+
+#[test]
 fn dead_jobs_are_removed_wherever_they_wait() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
