@@ -75,20 +75,22 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
         let message = format!("{} of {} items failed", failed.len(), written.len());
         return Err(ApiError { message, items: Some(listed), ..(*first).clone() });
     }
-    let results: Vec<Bytes> = written.into_iter().map(|r| r.expect("none failed")).collect();
-    let size: usize = results.iter().map(Bytes::len).sum::<usize>() + results.len() + 5;
+    // None failed: every result is written, with no second list of them.
+    let results = || written.iter().flatten();
+    let count = written.len();
+    let size: usize = results().map(Bytes::len).sum::<usize>() + count + 5;
     let mut out = BytesMut::with_capacity(size);
     match format {
         Format::Msgpack => {
             let mut header = Vec::with_capacity(5);
-            rmp::encode::write_array_len(&mut header, results.len() as u32)
+            rmp::encode::write_array_len(&mut header, count as u32)
                 .expect("writing to a Vec cannot fail");
             out.put_slice(&header);
-            results.iter().for_each(|result| out.put_slice(result));
+            results().for_each(|result| out.put_slice(result));
         }
         Format::Json => {
             out.put_u8(b'[');
-            for (at, result) in results.iter().enumerate() {
+            for (at, result) in results().enumerate() {
                 if at > 0 {
                     out.put_u8(b',');
                 }
