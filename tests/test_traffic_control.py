@@ -423,6 +423,13 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         (["--tenant-header", "bad header"], None, "is not a valid HTTP header name"),
         ([], "tenant_queue_share = 0.0\n", "tenant_queue_share"),
         ([], 'tenant_header = "a b"\n', "tenant_header"),
+        # The client's request id, logged with its request: a tenant's value never is.
+        (
+            [],
+            'tenant_header = "X-Request-Id"\n',
+            "tenant_header: x-request-id is a header Corral reads for something else",
+        ),
+        (["--tenant-header", "x-request-id"], None, "x-request-id is a header Corral reads"),
         ([], "[stages.s]\nmax_batch_weight = 0\n", "stages.s.max_batch_weight"),
         ([], '[stages.s]\n[routes.r]\npipeline = "s"\npriority = "urgent"\n', "priority"),
     ],

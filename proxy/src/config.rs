@@ -330,8 +330,10 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
     let name = http::HeaderName::from_bytes(text.trim().as_bytes())
         .map_err(|_| format!("{text:?} is not a valid HTTP header name"))?;
     // A header Corral reads for something else would be read as both (and listed twice in
-    // /openapi.json, which is then invalid).
-    use crate::http::{deadline, protocols::native, traffic};
+    // /openapi.json, which is then invalid). The client's x-request-id is logged with its
+    // request (a tenant's value never is), and names one request, not a tenant.
+    use crate::http::{deadline, protocols::native, protocols::v2, routes, traffic};
+    use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
     let own = [
         traffic::PRIORITY_HEADER,
         traffic::WEIGHT_HEADER,
@@ -340,12 +342,14 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
         deadline::ENVOY_HEADER,
         deadline::GRPC_HEADER,
         deadline::REQUEST_TIMEOUT_HEADER,
+        routes::REQUEST_ID_HEADER,
+        v2::HEADER_LENGTH,
+        // W3C trace context, read by OpenTelemetry's propagator (no constant names them).
         "traceparent",
         "tracestate",
-        "content-type",
-        "content-length",
-        "accept",
-        "inference-header-content-length",
+        CONTENT_TYPE.as_str(),
+        CONTENT_LENGTH.as_str(),
+        ACCEPT.as_str(),
     ];
     if own.contains(&name.as_str()) {
         return Err(format!("{name} is a header Corral reads for something else"));

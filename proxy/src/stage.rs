@@ -219,11 +219,18 @@ impl Queue {
     /// in the last [`PROBE_EVERY`]. One slow batch — a cold start, a pause, a late worker — once
     /// refused every request with a shorter deadline for good, on a healthy idle stage. A job
     /// refused only for its own weight is not probed: the lightest job would fit.
-    fn may_probe(&self, now: Instant, ahead: usize, latest: Instant) -> bool {
+    fn may_probe(&self, now: Instant, ahead: usize, latest: Instant, cost: cost::Cost) -> bool {
         let idle = ahead == 0 && self.seats.iter().flatten().any(|seat| seat.busy.is_none());
-        let lightest = self.first.estimate().or(self.cost.estimate()).map(|first| first.of(1));
+        let lightest = self.first_cost(cost).of(1);
         let due = self.last_probe.is_none_or(|at| now >= at + PROBE_EVERY);
-        idle && due && lightest.is_some_and(|lightest| now + lightest > latest)
+        idle && due && now + lightest > latest
+    }
+
+    /// What a batch takes to its first answer, for a stage whose batches cost `cost`: the first
+    /// answers' own model once it has learned, else the batches' (for a plain worker the two
+    /// are the same).
+    fn first_cost(&self, cost: cost::Cost) -> cost::Cost {
+        self.first.estimate().unwrap_or(cost)
     }
 
     /// The queue as the policy sees it, for a worker free since `free_since`.
@@ -438,7 +445,7 @@ impl Stage {
                 let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
-                    if queue.may_probe(now, ahead, latest) {
+                    if queue.may_probe(now, ahead, latest, cost) {
                         queue.last_probe = Some(now);
                     } else {
                         let retry_after = admission::retry_after(finish, last.deadline);
@@ -502,7 +509,7 @@ impl Stage {
         ahead: usize,
         jobs: &[Job],
     ) -> Option<Instant> {
-        let first = queue.first.estimate().unwrap_or(cost);
+        let first = queue.first_cost(cost);
         let mut free_at = queue.free_at(now, cost);
         let max = self.batch_weight(queue);
         let weights = || jobs.iter().map(|job| job.weight as usize);

@@ -70,35 +70,36 @@ pub fn trace() -> Option<Context> {
 /// largest batch any of them rode. Jobs that never rode a batch (expired in the queue, shed) add
 /// nothing.
 pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>) {
-    let mut stage = Timing::default();
+    let mut batch_size = 0;
     let mut last: Option<(Sent, Instant)> = None;
     for (sent, answered) in replies.into_iter().filter_map(|reply| reply.batch) {
-        stage.batch_size = stage.batch_size.max(sent.batch_size);
+        batch_size = batch_size.max(sent.batch_size);
         if last.is_none_or(|(_, at)| answered > at) {
             last = Some((sent, answered));
         }
     }
     if let Some((sent, answered)) = last {
-        stage.add_max(entered, sent, answered);
+        add(Timing { batch_size, ..Timing::of_job(entered, sent, answered) });
     }
-    add(stage);
 }
 
 /// Records a streamed job at its first chunk (or its answer): its batch, sent at `sent`, had
 /// produced something by `first`.
 pub fn record_stream(entered: Instant, sent: Option<Sent>, first: Instant) {
-    let mut stage = Timing::default();
     if let Some(sent) = sent {
-        stage.add_max(entered, sent, first);
+        add(Timing::of_job(entered, sent, first));
     }
-    add(stage);
 }
 
 impl Timing {
-    fn add_max(&mut self, entered: Instant, sent: Sent, answered: Instant) {
-        self.queue = self.queue.max(sent.at.saturating_duration_since(entered));
-        self.batch = self.batch.max(answered.saturating_duration_since(sent.at));
-        self.batch_size = self.batch_size.max(sent.batch_size);
+    /// One job's time at a stage: queued from `entered` until its batch was `sent`, in that
+    /// batch until `answered`.
+    fn of_job(entered: Instant, sent: Sent, answered: Instant) -> Self {
+        Timing {
+            queue: sent.at.saturating_duration_since(entered),
+            batch: answered.saturating_duration_since(sent.at),
+            batch_size: sent.batch_size,
+        }
     }
 
     /// The `server-timing` value: `queue` and `batch` when a batch ran, and `total` (`total`:

@@ -90,6 +90,21 @@ impl Negotiation {
     /// None means nothing acceptable (406).
     pub fn choose(&self, output: &Bytes, content_type: Option<&HeaderValue>) -> Option<Answer> {
         let raw = crate::msgpack::bin_contents(output).is_some();
+        self.choose_for(raw, content_type)
+    }
+
+    /// The format of an answer that is never raw bytes (the array of a request of several
+    /// items), known before any output is; None means neither JSON nor msgpack is acceptable
+    /// (406).
+    pub fn structured(&self) -> Option<Format> {
+        self.choose_for(false, None).map(|answer| match answer {
+            Answer::Format(format) => format,
+            Answer::Raw => unreachable!("only an output that is raw bytes is answered raw"),
+        })
+    }
+
+    /// [`Negotiation::choose`] for an output that is raw bytes (`raw`) or not.
+    fn choose_for(&self, raw: bool, content_type: Option<&HeaderValue>) -> Option<Answer> {
         let default =
             if raw && self.raw_request { Answer::Raw } else { Answer::Format(self.format) };
         let Some(accept) = &self.accept else {
@@ -373,6 +388,24 @@ mod tests {
         assert_eq!(raw_answer(Some("image/png;q=0.5, application/json"), true, png), json);
         assert_eq!(raw_answer(Some("application/json, image/png"), true, png), json);
         assert_eq!(raw_answer(Some("image/png, application/json"), true, png), raw);
+    }
+
+    #[test]
+    fn an_answer_that_is_never_raw_is_json_or_msgpack_or_refused() {
+        let structured = |accept: Option<&'static str>, format, raw_request| {
+            let accept = accept.map(HeaderValue::from_static);
+            Negotiation::new(accept.as_ref(), format, raw_request).structured()
+        };
+        let (json, msgpack) = (Some(Format::Json), Some(Format::Msgpack));
+        // A raw request that left the answer open: raw bytes would go back raw, this is JSON.
+        assert_eq!(structured(None, Format::Json, true), json);
+        assert_eq!(structured(Some("*/*"), Format::Json, true), json);
+        assert_eq!(structured(None, Format::Msgpack, false), msgpack);
+        assert_eq!(structured(Some("application/msgpack"), Format::Json, false), msgpack);
+        assert_eq!(structured(Some("application/json;q=0, */*"), Format::Json, false), msgpack);
+        // Ranges only raw bytes could meet.
+        assert_eq!(structured(Some("application/octet-stream"), Format::Json, true), None);
+        assert_eq!(structured(Some("image/*"), Format::Json, true), None);
     }
 
     #[test]

@@ -64,11 +64,9 @@ struct State {
     active: usize,
     /// Of those, the streams being written.
     streams: usize,
-    /// Bytes came while only streams were in progress: the next request's head (a stream's own
-    /// request was read whole before its answer began), whose clock starts when they end.
-    read_behind_stream: bool,
-    /// When the first byte of the next request head arrived, if it has; for a head that came
-    /// while a stream was being written, when the last stream ended.
+    /// When the first byte of the next request head arrived, if it has. Bytes that come while
+    /// only streams are in progress are that head too (a stream's own request was read whole
+    /// before its answer began); its clock starts again when the last stream ends.
     head_started: Option<Instant>,
     /// When the connection last finished a request or wrote.
     idle_since: Instant,
@@ -88,7 +86,6 @@ impl Clock {
             state: Mutex::new(State {
                 active: 0,
                 streams: 0,
-                read_behind_stream: false,
                 head_started: None,
                 idle_since: Instant::now(),
                 opened: false,
@@ -147,12 +144,12 @@ impl Clock {
                 state.opened = true;
                 state.http2 = bytes.starts_with(H2_PREFACE);
             }
-            let starts_head = state.active == 0 && state.head_started.is_none() && !state.http2;
+            // Bytes read while a handler runs are its request's body; while nothing, or only
+            // streams, are in progress, they begin the next request's head.
+            let starts_head =
+                state.active == state.streams && state.head_started.is_none() && !state.http2;
             if starts_head {
                 state.head_started = Some(Instant::now());
-            }
-            if state.active > 0 && state.active == state.streams && !state.http2 {
-                state.read_behind_stream = true;
             }
             starts_head
         };
@@ -199,9 +196,10 @@ impl Drop for RequestGuard {
             state.active -= 1;
             state.streams -= usize::from(self.stream);
             state.idle_since = Instant::now();
-            if state.active == 0 && std::mem::take(&mut state.read_behind_stream) {
+            if state.active == 0 && state.head_started.is_some() {
                 // A head that came behind a stream has its deadline from the stream's end: it
-                // could not be read before (a slow one would otherwise get the idle timeout).
+                // could not be read before (a slow one would otherwise get the idle timeout, or
+                // one that came early in a long stream be cut the moment it ends).
                 state.head_started = Some(Instant::now());
             }
         }

@@ -38,8 +38,7 @@ impl WeightRule {
                 "weight {pointer:?} is not a JSON Pointer: {token:?} has a ~ not followed by 0 or 1"
             ));
         }
-        let tokens = rest.split('/').map(|token| token.replace("~1", "/").replace("~0", "~"));
-        Ok(Self { tokens: tokens.collect() })
+        Ok(Self { tokens: rest.split('/').map(unescape).collect() })
     }
 
     /// The weight of a job whose payload (one msgpack value) is `payload`: between 1 and
@@ -82,6 +81,14 @@ impl WeightRule {
     }
 }
 
+/// A JSON Pointer's reference token unescaped (RFC 6901: `~1` to `/` first, then `~0` to `~`, so
+/// that `~01` is `~1`). Here because a weight rule is where the proxy parses JSON Pointers, and
+/// `/openapi.json` unescapes a `$ref`'s segment with it too: the stages sit below the HTTP edge,
+/// which may use them, not the other way round.
+pub(crate) fn unescape(token: &str) -> String {
+    token.replace("~1", "/").replace("~0", "~")
+}
+
 /// The length of the value at the start of `value`, if it has one.
 fn length(value: &[u8]) -> Option<usize> {
     use rmp::Marker;
@@ -118,6 +125,13 @@ mod tests {
             let error = WeightRule::parse(bad).unwrap_err();
             assert!(error.contains("not followed by 0 or 1"), "{bad}: {error}");
         }
+    }
+
+    #[test]
+    fn a_token_unescapes_slash_first_then_tilde() {
+        assert_eq!(unescape("a~1b~0c"), "a/b~c");
+        // `~01` is an escaped `~` then `1`, not `~` then an escaped `/`.
+        assert_eq!((unescape("~01"), unescape("~10")), ("~1".into(), "/0".into()));
     }
 
     fn mp(value: serde_json::Value) -> Vec<u8> {

@@ -44,7 +44,7 @@ const LOG_LINES: usize = 4096;
 
 /// Workers' lines that may wait for the writer thread (each at most [`MAX_LINE`] bytes and a
 /// prefix: 16 MiB in all).
-pub const QUEUED_LINES: usize = 1024;
+const QUEUED_LINES: usize = 1024;
 
 /// Lines handed to the writer thread, and lines it has written (or failed to): [`flush`] waits
 /// for the second to reach the first.
@@ -93,7 +93,7 @@ pub fn log_writer() -> (NonBlocking, WorkerGuard) {
 /// flushed after it); a line that cannot be written (nobody reads the pipe any more) is dropped.
 /// tracing-subscriber reports a failed write with `eprintln!`, which panics on that same closed
 /// stderr: `corral … 2>&1 | head -1` once took the proxy down at its next log line.
-pub struct Standard {
+struct Standard {
     stderr: bool,
 }
 
@@ -119,12 +119,16 @@ pub fn as_json() {
 }
 
 /// The longest piece forwarded as one line.
-pub const MAX_LINE: usize = 16 * 1024;
+const MAX_LINE: usize = 16 * 1024;
 /// How much is read from the pipe at once.
 const READ_CHUNK: usize = 64 * 1024;
 
 /// Copies a worker's output to ours until the worker closes it (end of file, or a read error).
-pub async fn forward(mut stream: impl AsyncRead + Unpin, label: Arc<String>, to_stderr: bool) {
+pub(super) async fn forward(
+    mut stream: impl AsyncRead + Unpin,
+    label: Arc<String>,
+    to_stderr: bool,
+) {
     let mut lines = Lines::new(MAX_LINE);
     let mut chunk = vec![0; READ_CHUNK];
     let mut ready = Vec::new();
@@ -191,19 +195,19 @@ fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
 
 /// Splits bytes into lines of at most `max` bytes (without their `\n`, or `\r\n`), keeping only
 /// the unfinished line between pushes.
-pub struct Lines {
+struct Lines {
     pending: Vec<u8>,
     max: usize,
 }
 
 impl Lines {
-    pub fn new(max: usize) -> Self {
+    fn new(max: usize) -> Self {
         assert!(max >= 4, "a piece must hold at least one UTF-8 character");
         Lines { pending: Vec::new(), max }
     }
 
     /// Adds bytes; calls `line` for every line they finish and every piece of `max` bytes.
-    pub fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&[u8])) {
+    fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&[u8])) {
         while !bytes.is_empty() {
             let room = self.max - self.pending.len();
             let window = &bytes[..bytes.len().min(room)];
@@ -230,7 +234,7 @@ impl Lines {
     }
 
     /// Forwards what is left after the last newline (output that ended without one).
-    pub fn finish(self, mut line: impl FnMut(&[u8])) {
+    fn finish(self, mut line: impl FnMut(&[u8])) {
         if !self.pending.is_empty() {
             line(&self.pending);
         }

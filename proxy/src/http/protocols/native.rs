@@ -90,17 +90,13 @@ pub async fn handle(
     // A request of several items was read whole: its payload is one buffer, shared.
     let elements = items::split(&input.payload.to_bytes()).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
-    // The answer is an array, never raw bytes: its format is known before it is written.
-    let chosen = negotiation.choose(&Bytes::from_static(&[0x90]), None);
-    let format = match chosen {
-        Some(Answer::Format(format)) => format,
-        _ => Format::Msgpack,
-    };
-    let body = items::assemble(outcomes, format)?;
-    match chosen {
-        Some(Answer::Format(format)) => Ok(respond(format, body)),
-        _ => Err(ApiError::not_acceptable()),
-    }
+    // The answer is an array, never raw bytes: its format is known before it is written. Failed
+    // items are reported as such (their error, with the list of them) even to a client that
+    // accepts neither format: the 406 is only for an answer that would have been written.
+    let format = negotiation.structured();
+    let body = items::assemble(outcomes, format.unwrap_or(Format::Msgpack))?;
+    let format = format.ok_or_else(ApiError::not_acceptable)?;
+    Ok(respond(format, body))
 }
 
 /// What a native route's request body is.
