@@ -292,16 +292,16 @@ def last_cores(count: int) -> list[int]:
     return allowed[-count:]
 
 
-def siblings(core: int) -> set[int]:
+def siblings(core: int, cpus: Path = Path("/sys/devices/system/cpu")) -> set[int]:
     """The logical cores sharing `core`'s physical core (itself included; itself alone where the
-    machine does not say)."""
-    path = Path(f"/sys/devices/system/cpu/cpu{core}/topology/thread_siblings_list")
+    machine does not say), from sysfs' `cpus` folder (another one in tests)."""
+    path = cpus / f"cpu{core}" / "topology" / "thread_siblings_list"
     try:
         listed = path.read_text().strip()
     except OSError:
         return {core}
     found = {core}
-    for part in listed.split(","):
+    for part in filter(None, listed.split(",")):
         low, _, high = part.partition("-")
         found.update(range(int(low), int(high or low) + 1))
     return found

@@ -66,3 +66,43 @@ def test_the_gpu_runs_load_generator_keeps_off_the_pinned_workers_cores(monkeypa
     assert gpu.load_prefix("away", 2) == ["taskset", "-c", "0,1"]
     with pytest.raises(SystemExit, match="no core is left"):
         gpu.load_prefix("away", 4)
+
+
+@pytest.mark.parametrize(
+    ("listed", "expected"),
+    [
+        ("0-1\n", {0, 1}),  # two threads of one core, as a range
+        ("0,8\n", {0, 8}),  # siblings numbered apart, as a list
+        ("2-3,10-11\n", {2, 3, 10, 11}),  # four threads of one core (ranges in a list)
+        ("5\n", {5}),  # no SMT: the core alone
+        ("4,5-6,12\n", {4, 5, 6, 12}),  # a list mixing single cores and a range
+    ],
+)
+def test_siblings_reads_sysfs_thread_siblings_lists(tmp_path, monkeypatch, listed, expected):
+    # The kernel's cpulist format (Documentation/ABI: ranges "a-b" in a comma-separated list),
+    # read from a fake sysfs tree; the asked core is in its own list there.
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench
+
+    core = min(expected)
+    topology = tmp_path / f"cpu{core}" / "topology"
+    topology.mkdir(parents=True)
+    (topology / "thread_siblings_list").write_text(listed)
+    assert bench.siblings(core, tmp_path) == expected
+
+
+def test_siblings_is_the_core_alone_where_sysfs_does_not_say(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(str(BENCH))
+    import bench
+
+    (tmp_path / "cpu3").mkdir()  # a core without a topology folder (and cpu7 not at all)
+    assert bench.siblings(3, tmp_path) == {3}
+    assert bench.siblings(7, tmp_path) == {7}
+    # The core is counted even if its list (wrongly) leaves it out.
+    topology = tmp_path / "cpu9" / "topology"
+    topology.mkdir(parents=True)
+    (topology / "thread_siblings_list").write_text("1-2\n")
+    assert bench.siblings(9, tmp_path) == {1, 2, 9}
+    # An empty list says nothing either.
+    (topology / "thread_siblings_list").write_text("\n")
+    assert bench.siblings(9, tmp_path) == {9}

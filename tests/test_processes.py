@@ -7,13 +7,16 @@ import os
 import re
 import resource
 import select
+import shlex
 import signal
+import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
+import conftest
 from conftest import ROOT, SCRIPTED, Corral
 from test_failures import received
 
@@ -230,3 +233,72 @@ def test_workers_without_a_command_to_spawn_is_said_not_silently_taken(corral_fa
     proxy = corral_factory("--workers", "2", worker=None)
     line = proxy.wait_for_log("no worker command follows")
     assert "WARN" in line and "2" in line
+
+
+def can_be_process_1() -> bool:
+    """Whether this machine lets an unprivileged user start a process as process 1 of a PID
+    namespace of its own (util-linux `unshare`, user namespaces allowed)."""
+    try:
+        done = subprocess.run(
+            ["unshare", "--user", "--map-root-user", "--pid", "--fork", "sh", "-c", 'test $$ = 1'],
+            capture_output=True, timeout=30,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return done.returncode == 0
+
+
+def children(pid: int) -> list[int]:
+    """The processes whose parent is `pid`, by their pid here (not their namespace's)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+PROCESS_1_WARNING = r"WARN.*corral runs as process 1 and spawns workers: orphaned processes"
+
+
+@pytest.mark.skipif(not can_be_process_1(), reason="no PID namespace for an unprivileged user")
+@pytest.mark.parametrize("spawns", [True, False])
+def test_corral_warns_when_it_is_process_1_with_workers_to_spawn(
+    corral_factory, tmp_path, monkeypatch, spawns
+):
+    """docs/DEPLOY.md: "Corral warns at start when it finds itself process 1 with workers to
+    spawn" (no init would reap what they leave behind). `unshare` makes it process 1 of a PID
+    namespace of its own, as in a container started without --init; a sidecar (no workers to
+    spawn) is not warned."""
+    wrapper = tmp_path / "as-process-1"
+    wrapper.write_text(
+        "#!/bin/sh\nexec unshare --user --map-root-user --pid --fork --kill-child=SIGTERM "
+        f'{shlex.quote(conftest.BINARY)} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(conftest, "BINARY", str(wrapper))
+    proxy = corral_factory(worker=SCRIPTED if spawns else None)
+    # `unshare` keeps SIGTERM to itself: the signal goes to Corral (its one child) directly.
+    [corral] = children(proxy.proc.pid)
+    try:
+        if spawns:
+            proxy.wait_for_log(PROCESS_1_WARNING)
+            assert proxy.post("as process 1").json()["echo"] == "as process 1"
+        os.kill(corral, signal.SIGTERM)
+        # unshare exits with Corral's status; stop() then reads the log to its end.
+        assert proxy.stop() == 0
+    finally:
+        if proxy.proc.poll() is None:
+            os.kill(corral, signal.SIGKILL)
+    assert any(line.endswith("corral: stopped") for line in proxy.lines)  # the whole log
+    assert any(re.search(PROCESS_1_WARNING, line) for line in proxy.lines) == spawns
+
+
+def test_corral_does_not_warn_when_it_is_not_process_1(corral_factory):
+    proxy = corral_factory()  # spawns a worker, started by pytest: not process 1
+    assert proxy.stop() == 0
+    assert any(line.endswith("corral: stopped") for line in proxy.lines)  # the whole log
+    assert not any(re.search(PROCESS_1_WARNING, line) for line in proxy.lines)

@@ -15,8 +15,10 @@ import sys
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
+from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import ROOT
 
@@ -465,3 +467,76 @@ def test_a_request_of_several_items_cannot_be_streamed(corral_factory):
     response = proxy.post([{"chunks": 1}], headers={**SSE, "x-corral-items": "many"})
     assert response.status_code == 400
     assert "cannot be streamed" in response.json()["message"]
+
+
+def unread(proxy_port: int, client_port: int) -> int | None:
+    """Bytes the proxy has not read yet from the connection of `client_port` (its receive queue
+    in /proc/net/tcp); None while the kernel lists no such socket."""
+    local, remote = f"0100007F:{proxy_port:04X}", f"0100007F:{client_port:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[1] == local and fields[2] == remote:
+            return int(fields[4].split(":")[1], 16)
+    return None
+
+
+def read_answer(sock: socket.socket) -> tuple[str, dict[str, str], bytes]:
+    """An HTTP/1.1 answer the proxy ends by closing the connection: status line, headers, body."""
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    status, *lines = head.decode().split("\r\n")
+    headers = dict(line.lower().split(": ", 1) for line in lines)
+    return status, headers, body
+
+
+def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refused(
+    corral_factory, tmp_path
+):
+    """README: at SIGTERM Corral stops accepting connections, answers new requests 503
+    `shutting_down` (with `Connection: close`), and lets what is in flight finish within the grace
+    period; an open stream is in flight: it gets its remaining chunks and `done`, then the proxy
+    exits 0. The grace period here is far longer than the test, so only a drain that cut the
+    stream short could end it early."""
+    proxy = corral_factory("--grace-period-ms=100000", worker=STREAMER)
+    host, port = proxy.url.removeprefix("http://").split(":")
+    port = int(port)
+    gate = tmp_path / "gate"
+    # A client whose request is on its way at the signal: its connection is open and its head
+    # half sent (more than the 24 bytes hyper reads to tell HTTP/1.1 from h2), and read by the
+    # proxy. The rest comes during the drain.
+    late = socket.create_connection((host, port), timeout=30)
+    late.sendall(b"POST /infer HTTP/1.1\r\nhost: corral\r\ncontent-type: application/json\r\n")
+    client_port = late.getsockname()[1]
+    proxy.wait_until(lambda: unread(port, client_port) == 0, what="the half head read")
+    try:
+        item = {"chunks": 3, "gate": str(gate)}
+        with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+            assert response.status_code == 200
+            received = events(response)
+            assert next(received) == ("message", "c-0")  # the worker now holds the rest
+            proxy.proc.send_signal(signal.SIGTERM)
+            proxy.wait_for_log(r"no longer accepting HTTP connections")
+
+            # During the drain: a new connection is refused...
+            with pytest.raises(httpx.ConnectError):
+                httpx.post(proxy.url + "/infer", json={"chunks": 1}, timeout=30)
+            # ...and the request whose head ends now is answered 503, its connection closed.
+            late.sendall(b"content-length: 13\r\n\r\n" + b'{"chunks": 1}')
+            status, headers, body = read_answer(late)
+            assert status == "HTTP/1.1 503 Service Unavailable"
+            assert headers["connection"] == "close"
+            assert headers["retry-after"] == "1"
+            assert json.loads(body)["error"] == "shutting_down"
+
+            # The stream still runs: released, it ends as if nothing had happened.
+            assert proxy.proc.poll() is None
+            gate.touch()
+            assert list(received) == [("message", "c-1"), ("message", "c-2"), ("done", {})]
+    finally:
+        late.close()
+    assert proxy.proc.wait(timeout=30) == 0
+    assert not proxy.socket.exists()
+    proxy.stop()  # reads the log to its end
+    assert not any("grace period ran out" in line for line in proxy.lines)

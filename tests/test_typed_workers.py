@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import datetime
+import random
 
 import jsonschema
 import msgpack
@@ -95,3 +96,29 @@ def test_a_dict_output_holding_bytes_and_an_aware_datetime_reaches_a_json_client
     assert response.json() == RECEIPT
     response = proxy.client.post("/infer", content=msgpack.packb(UPLOAD), headers=MSGPACK)
     assert msgpack.unpackb(response.content) == RECEIPT
+
+
+@pytest.mark.parametrize("client", ["json", "msgpack with bin", "msgpack with base64"])
+def test_megabytes_of_bytes_go_through_whole(proxy, client):
+    """4 MiB of `bytes` in a typed request and its answer: a JSON client sends and gets base64, a
+    msgpack client may send `bin`, and the answer's bytes are the worker's own (the upload
+    reversed), in base64 as its schema says for both formats. The msgpack bodies reach the worker
+    through the proxy's shared memory (`payload_at`), the JSON one transcoded, in its frame."""
+    data = random.Random(client).randbytes(4 << 20)  # every byte value, in no pattern
+    text = base64.b64encode(data).decode()
+    upload = {"name": client, "data": text if client != "msgpack with bin" else data,
+              "at": UPLOAD["at"]}  # fmt: skip
+    if client == "json":
+        response = proxy.post(upload)
+        assert response.status_code == 200, response.text[:1000]
+        assert response.headers["content-type"] == "application/json"
+        answer = response.json()
+    else:
+        response = proxy.client.post("/infer", content=msgpack.packb(upload), headers=MSGPACK)
+        assert response.status_code == 200, response.text[:1000]
+        assert response.headers["content-type"] == "application/msgpack"
+        answer = msgpack.unpackb(response.content)
+    assert answer["name"] == client
+    assert answer["size"] == len(data) == 4 << 20
+    assert isinstance(answer["reversed"], str)
+    assert base64.b64decode(answer["reversed"], validate=True) == data[::-1]

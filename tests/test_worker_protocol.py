@@ -3,6 +3,7 @@ connection and its batch (500), never the proxy, never a hang."""
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import struct
@@ -350,3 +351,45 @@ def test_tensors_declared_so_that_they_cannot_be_served_are_refused_with_a_reaso
     reject, closed = refused(sidecar, hello)
     assert reject is not None and reject["type"] == "reject" and closed
     assert reason in reject["message"], reject
+
+
+def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
+    """PROTOCOL.md: a result map with a key twice (msgpack allows it) reaches a msgpack client as
+    sent and a JSON client as an object with that name twice, in order: the proxy transcodes,
+    it does not rebuild the map (which would keep one of the two)."""
+    packer = msgpack.Packer()
+    # {"a": 1, "b": [{"k": "first", "k": "second"}], "a": 2}, written header by header.
+    data = (
+        packer.pack_map_header(3)
+        + packer.pack("a") + packer.pack(1)
+        + packer.pack("b") + packer.pack_array_header(1)
+        + packer.pack_map_header(2)
+        + packer.pack("k") + packer.pack("first")
+        + packer.pack("k") + packer.pack("second")
+        + packer.pack("a") + packer.pack(2)
+    )  # fmt: skip
+    assert msgpack.unpackb(data) == {"a": 2, "b": [{"k": "second"}]}  # a dict keeps one
+    requests = {
+        "json": pool.submit(sidecar.post, {"client": "json"}),
+        "msgpack": pool.submit(
+            sidecar.post, {"client": "msgpack"}, headers={"accept": "application/msgpack"}
+        ),
+    }
+    sidecar.wait_until(
+        lambda: sidecar.metric("corral_queue_depth", stage="default") == 2, what="two queued jobs"
+    )
+    worker = FakeWorker(sidecar.socket)
+    batch = worker.receive()
+    assert len(batch["jobs"]) == 2
+    worker.send(protocol.results([protocol.ok(job["id"], data) for job in batch["jobs"]]))
+
+    as_json = requests["json"].result(timeout=30)
+    assert as_json.status_code == 200, as_json.text
+    assert as_json.headers["content-type"] == "application/json"
+    pairs = json.loads(as_json.text, object_pairs_hook=lambda pairs: pairs)
+    assert pairs == [("a", 1), ("b", [[("k", "first"), ("k", "second")]]), ("a", 2)]
+    as_msgpack = requests["msgpack"].result(timeout=30)
+    assert as_msgpack.status_code == 200
+    assert as_msgpack.headers["content-type"] == "application/msgpack"
+    assert as_msgpack.content == data  # byte for byte
+    worker.close()
