@@ -333,7 +333,10 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
     // /openapi.json, which is then invalid). The client's x-request-id is logged with its
     // request (a tenant's value never is), and names one request, not a tenant.
     use crate::http::{deadline, protocols::native, protocols::v2, routes, traffic};
-    use http::header::{ACCEPT, CONTENT_LENGTH, CONTENT_TYPE};
+    use http::header::{
+        ACCEPT, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT,
+        TRANSFER_ENCODING,
+    };
     let own = [
         traffic::PRIORITY_HEADER,
         traffic::WEIGHT_HEADER,
@@ -350,6 +353,11 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
         CONTENT_TYPE.as_str(),
         CONTENT_LENGTH.as_str(),
         ACCEPT.as_str(),
+        // The body's framing and coding (a coded body is refused 415), read by hyper or here.
+        CONTENT_ENCODING.as_str(),
+        TRANSFER_ENCODING.as_str(),
+        EXPECT.as_str(),
+        CONNECTION.as_str(),
     ];
     if own.contains(&name.as_str()) {
         return Err(format!("{name} is a header Corral reads for something else"));
