@@ -345,6 +345,22 @@ def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_fa
     assert proxy.metric("corral_streams_cancelled_total", reason="deadline") == 1
 
 
+def test_a_longer_deadline_does_not_lift_the_stream_timeout(corral_factory, tmp_path):
+    """--stream-timeout-ms bounds a whole stream, as the README says, also where the job's
+    deadline is later (it ran to the deadline before: here 10 minutes)."""
+    proxy = corral_factory("--stream-timeout-ms=500", "--timeout-ms=600000", worker=STREAMER)
+    item = {"chunks": 3, "gate": str(tmp_path / "never")}
+    headers = {**SSE, "x-corral-timeout-ms": "600000"}
+    with proxy.client.stream("POST", "/infer", json=item, headers=headers) as response:
+        received = list(events(response))
+    assert received[0] == ("message", "c-0")
+    assert received[1][0] == "error" and received[1][1]["error"] == "deadline_exceeded"
+    # Before its first chunk too: a job held that long is a 408, not a 10-minute wait.
+    item = {"chunks": 1, "gate_first": str(tmp_path / "never")}
+    response = proxy.post(item, headers=headers)
+    assert response.status_code == 408 and response.json()["error"] == "deadline_exceeded"
+
+
 def test_a_new_job_joins_a_running_batch(corral_factory, tmp_path):
     joined, gate = tmp_path / "joined", tmp_path / "gate"
     proxy = corral_factory(

@@ -212,14 +212,11 @@ pub async fn run(
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,
             max_headers: config.max_headers,
-            // A stream lasts its stage's stream timeout, or its job's deadline if that is later
-            // (http/stream.rs): the longest of either is the longest a stream may last.
+            // A stream lasts at most its stage's stream timeout (http/stream.rs).
             stream_timeout: topology
                 .stages
                 .iter()
                 .map(|spec| spec.stream_timeout)
-                .chain(topology.routes.iter().map(|route| route.timeout))
-                .chain([Duration::from_millis(config.timeout_ms)])
                 .max()
                 .unwrap_or(Duration::from_millis(config.stream_timeout_ms)),
         },

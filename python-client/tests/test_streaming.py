@@ -633,3 +633,36 @@ def test_a_cancel_for_a_queued_batch_is_kept_for_the_run_that_takes_it():
     proxy.close()
     reader.stop()
     worker.close()
+
+
+def test_the_readmes_spelling_worker_drops_what_follows_a_cancel():
+    """README's joining example, run as its text says: item 1 is cancelled after its first
+    chunk, so its stream holds that chunk alone, as a client of the proxy would have seen; the
+    worker may have made the next step before the cancel reached it (the package then sends it,
+    and the fake proxy drops it as the proxy does)."""
+
+    class ReadmeSpell(corral.Worker):
+        max_running = 16
+
+        def forward(self, words):
+            words, sent = list(words), [0] * len(words)
+            while any(n <= len(w) for n, w in zip(sent, words)):
+                step = [None] * len(words)
+                for p, w in enumerate(words):
+                    if p in self.cancelled:
+                        sent[p] = len(w) + 1
+                    elif sent[p] <= len(w):
+                        step[p] = w[sent[p]] if sent[p] < len(w) else corral.END
+                        sent[p] += 1
+                new = yield step
+                words += new
+                sent += [0] * len(new)
+
+    with FakeProxy(ReadmeSpell()) as proxy:
+        abc, de, xy = proxy.stream(["abc", "de"], join=["xy"], cancel_after={1: 1})
+    assert (abc, de, xy) == (
+        Stream(list("abc"), "end"),
+        Stream(["d"], "end"),
+        Stream(["x", "y"], "end"),
+    )
+    assert ("cancel", 1) in proxy.events

@@ -4,8 +4,8 @@
 //! Until the first chunk the answer is still undecided: every error known by then (a shed, a 422
 //! from preprocess, a 408 when nothing came by the job's deadline) is a plain HTTP error with its
 //! status. From the first chunk on the status is 200 and the stream carries the rest: chunks, then
-//! `done`, or an `error` event. The whole stream is bounded by `--stream-timeout-ms`; past it the
-//! stream ends with `deadline_exceeded`. However the answer ends — done, error, timeout, or hyper
+//! `done`, or an `error` event. The whole stream is bounded by `--stream-timeout-ms`, whatever
+//! the job's deadline; past it the stream ends with `deadline_exceeded`. However the answer ends — done, error, timeout, or hyper
 //! dropping it because the client left — the job's `left` token is cancelled with it, and a
 //! worker still holding the job is told to stop.
 
@@ -44,6 +44,11 @@ pub async fn answer(
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
     let shed = |shed| shed_error(shed, traffic.class);
+    // The stream timeout bounds the whole answer: a deadline past it (a route's timeout longer
+    // than its stage's stream timeout) does not lift it, and it bounds the first chunk too.
+    let last = route.pipeline.last();
+    let stream_deadline = arrived + last.stream_timeout();
+    let deadline = deadline.min(stream_deadline);
     let inputs = route
         .pipeline
         .run_before_last(vec![input], arrived, deadline, app.retries, traffic)
@@ -57,8 +62,6 @@ pub async fn answer(
         }
     };
 
-    let last = route.pipeline.last();
-    let stream_deadline = arrived + last.stream_timeout().max(deadline - arrived);
     let (sink, mut source) = chunks::channel(app.stream_buffer_bytes);
     // Until the first chunk or the outcome, the job may still be queued: a client that leaves
     // meanwhile has it purged (`departure`).

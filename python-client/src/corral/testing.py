@@ -194,9 +194,11 @@ class FakeProxy:
         :class:`Stream` per item, then one per ``join`` item.
 
         ``cancel_after={i: n}`` sends a ``cancel`` for item ``i`` once its ``n``-th chunk has
-        come (``0``: right after the batch). ``join`` items wait, as queued jobs do in the
-        proxy: each ``pull`` the worker sends is answered with a batch of up to ``max`` of them,
-        and those left when the worker holds no job go to it as a batch, as to an idle worker.
+        come (``0``: right after the batch); chunks of it that come later are left out of its
+        :class:`Stream`, as the proxy drops them (``events`` still lists them). ``join`` items
+        wait, as queued jobs do in the proxy: each ``pull`` the worker sends is answered with a
+        batch of up to ``max`` of them, and those left when the worker holds no job go to it as
+        a batch, as to an idle worker.
         ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is).
         ``content_type`` sends ``items`` as raw bytes, as :meth:`infer` does."""
         first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
@@ -205,6 +207,7 @@ class FakeProxy:
         chunks: list[list[Any]] = [[] for _ in jobs]
         ends: list[dict[str, Any] | None] = [None] * len(jobs)
         cancels = dict(cancel_after or {})
+        cancelled: set[int] = set()
         held: set[bytes] = set()
         self.events = []
 
@@ -218,6 +221,7 @@ class FakeProxy:
 
         def cancel(i: int) -> None:
             self.send(protocol.cancel([jobs[i]["id"]]))
+            cancelled.add(i)
             self.events.append(("cancel", i))
 
         send_batch(first)
@@ -232,7 +236,8 @@ class FakeProxy:
                 for entry in message["chunks"]:
                     i = self._held(index, held, entry["id"], "a chunk")
                     value = _unpack(entry["data"])
-                    chunks[i].append(value)
+                    if i not in cancelled:  # one the worker made before it saw the cancel
+                        chunks[i].append(value)
                     self.events.append(("chunk", i, value))
                     if on_chunk is not None:
                         on_chunk(i, value)
