@@ -47,6 +47,22 @@ def test_malformed_bodies_are_400(proxy, name, body, content_type):
     assert proxy.client.get("/healthz").status_code == 200
 
 
+@pytest.mark.parametrize(
+    ("content_type", "nest", "deepest"),
+    [
+        ("application/json", lambda n: b"[" * n + b"]" * n, 127),
+        ("application/msgpack", lambda n: b"\x91" * n + b"\xc0", 128),
+    ],
+)
+def test_nesting_is_refused_just_past_the_documented_depth(proxy, content_type, nest, deepest):
+    """README: a body may nest 128 levels, a JSON one 127. The deepest passes the parse (no
+    worker here, so it goes no further than a 503 or 408), one more is the 400."""
+    fits = send(proxy, nest(deepest), content_type, **{"x-corral-timeout-ms": "1"})
+    assert fits.status_code != 400, fits.text
+    too_deep = send(proxy, nest(deepest + 1), content_type)
+    assert too_deep.status_code == 400 and too_deep.json()["error"] == "bad_request"
+
+
 def test_deep_multi_item_body_is_400(proxy):
     response = send(proxy, b"[" * 100_000 + b"]" * 100_000, **{"x-corral-items": "many"})
     assert response.status_code == 400

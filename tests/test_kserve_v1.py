@@ -141,3 +141,20 @@ def test_64_instances_of_64_kib_from_16_clients_at_once(corral_factory):
 
     with ThreadPoolExecutor(16) as pool:
         assert list(pool.map(one, range(16))) == [(200, True)] * 16
+
+
+def test_an_output_json_cannot_carry_names_its_instance(proxy):
+    """v1 answers in JSON only: an instance whose output holds NaN fails the request, and the
+    message names that instance and offers no other format (v1 has none)."""
+    import msgpack
+
+    body = msgpack.packb({"instances": [1, float("nan"), 3]})
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=body,
+        headers={"content-type": "application/msgpack", "accept": "application/msgpack"},
+    )
+    assert answer.status_code == 500
+    message = answer.json()["error"]
+    assert message.startswith("instance 1: ") and "NaN or infinity" in message
+    assert "msgpack" not in message

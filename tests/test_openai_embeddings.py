@@ -135,6 +135,16 @@ def test_a_msgpack_body_is_415_saying_json_only(proxy):
     )
 
 
+@pytest.mark.parametrize("body", [["hello world", "m", "float", None], [1], "hello", 3])
+def test_a_body_that_is_not_an_object_is_400(proxy, body):
+    # serde reads a struct from an array of its fields too: ["text", "model", ...] was served.
+    answer = proxy.client.post("/v1/embeddings", json=body)
+    assert answer.status_code == 400
+    error = answer.json()["error"]
+    assert error["code"] == "bad_request"
+    assert error["message"] == "the body must be a JSON object: an embeddings request"
+
+
 def test_an_input_the_worker_rejects_is_422_naming_it(client):
     with pytest.raises(openai.UnprocessableEntityError) as raised:
         client.embeddings.create(model="m", input=["fine", "reject me"])

@@ -42,3 +42,27 @@ def test_a_component_name_openapi_does_not_allow_is_respelled(corral_factory):
     request = operation["requestBody"]["content"]["application/json"]["schema"]["anyOf"][0]
     response = operation["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][0]
     assert (request, response) == ({"$ref": SCHEMAS + "Page_Item_"}, {"$ref": SCHEMAS + "my_item"})
+
+
+def test_the_405_and_431_that_infer_answers_are_documented_with_their_error_body(corral_factory):
+    """Every status `/infer` answers with Corral's error body is in the document, with its code
+    word: a wrong method (405, with Allow) and a head over --max-header-bytes that the HTTP
+    layer's 8 KiB read buffer still took in (431) were answered but not listed."""
+    proxy = corral_factory("--max-header-bytes", "1000", worker=None)
+    wrong_method = proxy.client.get("/infer")
+    head_too_large = proxy.client.post("/infer", json=1, headers={"x-big": "a" * 2000})
+    document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    responses = document["paths"]["/infer"]["post"]["responses"]
+    for answer in (wrong_method, head_too_large):
+        status = str(answer.status_code)
+        assert status in responses, (status, sorted(responses))
+        documented = responses[status]
+        body = answer.json()
+        assert f"`{body['error']}`" in documented["description"], (body, documented)
+        schema = documented["content"]["application/json"]["schema"]
+        assert schema == {"$ref": SCHEMAS + "Error"}, schema
+        assert "x-request-id" in documented["headers"] and "x-request-id" in answer.headers
+    assert (wrong_method.status_code, head_too_large.status_code) == (405, 431)
+    assert wrong_method.headers["allow"] == "POST"
+    assert "Allow" in responses["405"]["headers"]

@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from conftest import ROOT
+from test_failures import received
 from test_pipelines import ARITH_TOML, write
 
 STREAMER = str(ROOT / "tests" / "workers" / "streamer.py")
@@ -116,3 +117,48 @@ def test_a_stream_sends_them_as_headers_at_its_first_chunk(corral_factory):
         assert response.headers["x-corral-batch-size"] == "1"
         check_parts(response)
         response.read()
+
+
+def test_a_408_after_the_job_reached_its_worker_says_where_its_time_went(corral_factory, tmp_path):
+    """A batch ran for a job whose deadline passed while its worker held it, and a 408 is when a
+    user most wants to know whether the time went to the queue or to the worker: it once had
+    `total` only. A job that expired behind it in the queue, never sent, still has `total` only."""
+    log = tmp_path / "received.jsonl"
+    # No batch sent ahead to the busy worker: the second job must stay in the queue.
+    proxy = corral_factory(
+        "--max-batch-size=1",
+        "--max-wait-ms=0",
+        "--worker-prefetch=false",
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(
+            proxy.post, {"tag": "A", "hold": str(gate)}, headers={"x-corral-timeout-ms": "1000"}
+        )
+        proxy.wait_until(lambda: any(i.get("tag") == "A" for i in received(log)), what="A")
+        # The only worker holds A until both are answered: B expires in the queue.
+        queued = proxy.post({"tag": "B"}, headers={"x-corral-timeout-ms": "50"})
+        in_worker = held.result()
+    gate.touch()
+    assert (in_worker.status_code, queued.status_code) == (408, 408)
+    assert in_worker.json()["error"] == queued.json()["error"] == "deadline_exceeded"
+    check_parts(in_worker)
+    assert in_worker.headers["x-corral-batch-size"] == "1"
+    assert set(timing(queued)) == {"total"}
+    assert "x-corral-batch-size" not in queued.headers
+
+
+def test_a_stream_that_times_out_before_its_first_chunk_says_where_its_time_went(
+    corral_factory, tmp_path
+):
+    """A stream's 408 before any chunk came, its batch in the worker: `queue` and `batch` too."""
+    proxy = corral_factory(worker=STREAMER)
+    gate = tmp_path / "gate"
+    item = {"chunks": 1, "gate_first": str(gate)}
+    headers = {"accept": "text/event-stream", "x-corral-timeout-ms": "300"}
+    response = proxy.client.post("/infer", json=item, headers=headers)
+    gate.touch()
+    assert response.status_code == 408, response.text
+    check_parts(response)
+    assert response.headers["x-corral-batch-size"] == "1"

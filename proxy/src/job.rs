@@ -11,6 +11,7 @@
 //! its outcome only ends the stream.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -39,7 +40,7 @@ pub enum Outcome {
     BadOutput(String),
     /// The worker's connection broke or misbehaved while it held this job (500).
     WorkerLost(String),
-    /// The deadline passed before the job could be dispatched (408).
+    /// The deadline passed before the job was answered, queued or in its worker (408).
     Expired,
     /// A job of a higher class needed the queue's room: this one was evicted before it was
     /// dispatched (503 `preempted`), worth retrying after `retry_after`.
@@ -60,6 +61,23 @@ pub struct Sent {
     pub batch_size: u32,
     /// The batch's span (trace and span id), when tracing is on and the batch has one.
     pub span: Option<(TraceId, SpanId)>,
+}
+
+/// A one-shot job's [`Sent`], as its waiting side sees it: shared with the job
+/// ([`Job::watch_sent`]), so that a job whose deadline passed while a worker held it is answered
+/// 408 with the batch it rode (`server-timing`'s `queue` and `batch`, `x-corral-batch-size`).
+#[derive(Debug, Default)]
+pub struct SentSlot(Mutex<Option<Sent>>);
+
+impl SentSlot {
+    /// The batch that carried the job to its worker (the latest, if it was retried), once one did.
+    pub fn get(&self) -> Option<Sent> {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn set(&self, sent: Sent) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
+    }
 }
 
 /// A job's answer as its waiting side receives it: the outcome and, if the job rode a batch,
@@ -101,8 +119,11 @@ pub struct Job {
     /// A raw-bytes job only: the media type of its payload (one msgpack `bin`), as the client
     /// sent it; it goes to the worker as the job's `content_type`.
     pub content_type: Option<HeaderValue>,
-    /// The batch that carries the job to its worker, once one does.
+    /// The batch that carries the job to its worker, once one does ([`Job::mark_sent`]).
     pub sent: Option<Sent>,
+    /// Where the waiting side of a one-shot job looks for [`Job::sent`] when its deadline comes
+    /// before the answer ([`Job::watch_sent`]); a streamed job's sink does this for it.
+    sent_slot: Option<Arc<SentSlot>>,
     /// The request's span context, when tracing is on: its batch's span links to it. Set with
     /// [`Job::set_trace`], which also counts what it adds to the frame; read with [`Job::trace`].
     trace: Option<Box<SpanContext>>,
@@ -141,6 +162,7 @@ impl Job {
             stream: None,
             content_type: None,
             sent: None,
+            sent_slot: None,
             trace: None,
             trace_bytes: 0,
             reply,
@@ -170,6 +192,25 @@ impl Job {
             55 + 13 + state
         });
         self.trace = context;
+    }
+
+    /// Shares [`Job::sent`] with the job's waiting side, from now on.
+    pub fn watch_sent(&mut self) -> Arc<SentSlot> {
+        let slot = Arc::new(SentSlot::default());
+        self.sent_slot = Some(slot.clone());
+        slot
+    }
+
+    /// The batch that carries the job to its worker was sent: the job keeps it for its answer,
+    /// and tells whoever waits for it (a stream's client, a one-shot waiter that watches).
+    pub fn mark_sent(&mut self, sent: Sent) {
+        self.sent = Some(sent);
+        if let Some(stream) = &self.stream {
+            stream.sent(sent);
+        }
+        if let Some(slot) = &self.sent_slot {
+            slot.set(sent);
+        }
     }
 
     /// Answers the job. Returns false when nobody was waiting any more (the client left, or its
@@ -206,5 +247,16 @@ mod tests {
         assert_eq!(job.size(), 5);
         job.content_type = Some(HeaderValue::from_static("image/png"));
         assert_eq!(job.size(), 5 + "image/png".len());
+    }
+
+    #[test]
+    fn a_watching_waiter_learns_when_its_jobs_batch_was_sent() {
+        let now = Instant::now();
+        let (mut job, _answer) = Job::new(JobId::new(), Bytes::new(), now, now);
+        let slot = job.watch_sent();
+        assert_eq!(slot.get(), None, "still queued");
+        let sent = Sent { at: now, batch_size: 3, span: None };
+        job.mark_sent(sent);
+        assert_eq!((job.sent, slot.get()), (Some(sent), Some(sent)));
     }
 }

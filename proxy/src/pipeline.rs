@@ -19,7 +19,7 @@ use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
-use crate::job::{Job, Outcome, Reply};
+use crate::job::{Job, Outcome, Reply, SentSlot};
 use crate::stage::{Departure, Shed, Stage};
 use crate::stream::ChunkSink;
 use crate::traffic::Traffic;
@@ -160,6 +160,10 @@ pub struct Queued<'a> {
     pub left: Vec<DropGuard>,
     /// The request's trace context, when it is traced.
     pub traced: Option<Context>,
+    /// One-shot jobs only (empty for a stream, whose sink tells): one per job, in the inputs'
+    /// order, holding the batch that carried it once one did, so that a job whose deadline
+    /// passed in its worker is answered with that batch's timing.
+    pub sent: Vec<Arc<SentSlot>>,
 }
 
 /// Makes the jobs (each with the request's deadline, retries, traffic and trace) and queues them
@@ -177,6 +181,8 @@ pub fn submit(
     let mut departure = Departure::new(stage);
     let traced = timing::trace();
     let request = crate::job::new_request();
+    let watch = stream.is_none();
+    let mut sent = Vec::with_capacity(if watch { inputs.len() } else { 0 });
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
         .map(|Input { id, payload, content_type }| {
@@ -187,6 +193,9 @@ pub fn submit(
             job.stream = stream.take();
             job.set_trace(traced.as_ref().map(trace::job_context));
             traffic.mark(&mut job);
+            if watch {
+                sent.push(job.watch_sent());
+            }
             (job, answer)
         })
         .unzip();
@@ -200,11 +209,13 @@ pub fn submit(
         departure.ended(); // nothing of this request was queued
         return Err(shed);
     }
-    Ok(Queued { answers, departure, left, traced })
+    Ok(Queued { answers, departure, left, traced, sent })
 }
 
 /// Queues the jobs on one stage (all or none) and waits, until the shared deadline at most, for
-/// each answer. A job still unanswered at the deadline is [`Outcome::Expired`].
+/// each answer. A job still unanswered at the deadline is [`Outcome::Expired`]: with the batch it
+/// rode if a worker held it then (its `server-timing` has `queue` and `batch`, up to the
+/// deadline), without one if it never left the queue.
 ///
 /// Waiting here is what makes 408 hold wherever a job is, queued or inside a worker; and if the
 /// client leaves, hyper drops this future with the receivers, so the queue skips the jobs.
@@ -218,9 +229,13 @@ async fn run_stage(
 ) -> Result<Vec<Outcome>, Shed> {
     let mut queued = submit(stage, inputs, arrived, deadline, retries, traffic, None)?;
     let answers = std::mem::take(&mut queued.answers);
-    let waits = answers.into_iter().map(|answer| async move {
+    let sent = std::mem::take(&mut queued.sent);
+    let waits = answers.into_iter().zip(sent).map(|(answer, sent)| async move {
         match tokio::time::timeout_at(deadline, answer).await {
-            Err(_elapsed) => Reply { outcome: Outcome::Expired, batch: None },
+            Err(_elapsed) => {
+                let batch = sent.get().map(|sent| (sent, Instant::now()));
+                Reply { outcome: Outcome::Expired, batch }
+            }
             Ok(Ok(reply)) => reply,
             // Only a bug drops a job unanswered; say so rather than hang or guess.
             Ok(Err(_dropped)) => Reply {

@@ -26,10 +26,11 @@ pub const SERVER_TIMING_HEADER: &str = "server-timing";
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Timing {
     /// From entering each stage's queue until its batch was sent, summed over stages; within a
-    /// stage, the longest of the request's jobs.
+    /// stage, that of the request's job answered last.
     pub queue: Duration,
     /// From each batch being sent until the answer came (time in the worker, and on the socket),
-    /// summed over stages; within a stage, the longest of the request's jobs.
+    /// or the deadline, for a job its worker held past it; summed over stages; within a stage,
+    /// that of the request's job answered last.
     pub batch: Duration,
     /// The size of the batch the request rode in at its last stage (for a request of several
     /// items, the largest of its batches there). Zero: no job of the request rode a batch.
@@ -67,8 +68,8 @@ pub fn trace() -> Option<Context> {
 /// The stage's queue and batch are those of its job answered last, the one the request waited
 /// for: taken each as the longest over the jobs, they could come from two jobs (one long in the
 /// queue, another long in its batch) and add up past the request's total. The batch size is the
-/// largest batch any of them rode. Jobs that never rode a batch (expired in the queue, shed) add
-/// nothing.
+/// largest batch any of them rode. A job expired in its worker counts, answered at its deadline;
+/// jobs that never rode a batch (expired in the queue, shed) add nothing.
 pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>) {
     let mut batch_size = 0;
     let mut last: Option<(Sent, Instant)> = None;

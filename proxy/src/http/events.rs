@@ -25,15 +25,29 @@ impl Framing {
     }
 
     /// The streamed framing an `Accept` header asks for, if any: a stream is what a client that
-    /// names one wants, whatever else it lists.
+    /// names one wants, unless it names a one-shot form it prefers (a higher `q`:
+    /// `text/event-stream;q=0.1, application/json` is JSON); among streams the highest `q`, the
+    /// first listed on a tie. Wildcards (`*/*`) do not count against a stream named beside them.
     pub fn requested(accept: Option<&HeaderValue>) -> Option<Framing> {
         let accept = accept?.to_str().ok()?;
+        let mut stream: Option<(f32, Framing)> = None;
+        let mut one_shot = 0.0f32;
         // Refused ranges (`q=0`, in any spelling) are left out by `ranges`.
-        format::ranges(accept).find_map(|(media, _)| match media {
-            m if m.eq_ignore_ascii_case("text/event-stream") => Some(Framing::Sse),
-            m if m.eq_ignore_ascii_case("application/x-ndjson") => Some(Framing::Ndjson),
-            _ => None,
-        })
+        for (media, quality) in format::ranges(accept) {
+            let framing = match media {
+                m if m.eq_ignore_ascii_case("text/event-stream") => Framing::Sse,
+                m if m.eq_ignore_ascii_case("application/x-ndjson") => Framing::Ndjson,
+                m if m.ends_with("/*") => continue,
+                _ => {
+                    one_shot = one_shot.max(quality);
+                    continue;
+                }
+            };
+            if stream.is_none_or(|(best, _)| quality > best) {
+                stream = Some((quality, framing));
+            }
+        }
+        stream.filter(|&(quality, _)| quality >= one_shot).map(|(_, framing)| framing)
     }
 
     /// One chunk (a msgpack value) as an event; an error event if it has no JSON form.
@@ -82,6 +96,18 @@ mod tests {
         assert_eq!(accept("text/event-stream;Q=0, application/json"), None);
         assert_eq!(accept("text/event-stream; q=0.0000, application/json"), None);
         assert_eq!(accept("text/event-stream;q=0.5"), Some(Framing::Sse));
+        // A one-shot form preferred by q is taken; a tie, or a wildcard beside it, is a stream.
+        assert_eq!(accept("text/event-stream;q=0.1, application/json"), None);
+        assert_eq!(accept("application/json;q=0.9, text/event-stream"), Some(Framing::Sse));
+        assert_eq!(accept("application/json, text/event-stream"), Some(Framing::Sse));
+        assert_eq!(accept("text/event-stream;q=0.2, */*"), Some(Framing::Sse));
+        assert_eq!(
+            accept(
+                "application/x-ndjson;q=0.5, text/event-stream;q=0.8, application/msgpack;q=0.6"
+            ),
+            Some(Framing::Sse)
+        );
+        assert_eq!(accept("application/x-ndjson, text/event-stream"), Some(Framing::Ndjson));
         assert_eq!(accept("application/json"), None);
         assert_eq!(Framing::requested(None), None);
     }

@@ -253,6 +253,9 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
     }
 }
 
+/// What a client that can choose its answer's format may do about an output JSON cannot carry.
+pub const MSGPACK_CAN: &str = "; msgpack can (Accept: application/msgpack)";
+
 /// Turns a worker's msgpack output into the answer format. Tensor values in it (from a worker
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
 /// a native client gets plain values in either format.
@@ -273,13 +276,12 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
         Format::Msgpack => Ok(data),
         // serde_json would write `null`: the client would read another value, or none.
         Format::Json if found.non_finite => {
-            Err("the worker's output holds NaN or infinity, which JSON cannot carry (msgpack can)"
-                .into())
+            Err("the worker's output holds NaN or infinity, which JSON cannot carry".into())
         }
         // Found again after the tensors were expanded: an ext of another type. serde would
         // write it as `[type, [bytes]]`, another value than the worker's.
         Format::Json if found.ext => Err("the worker's output holds a msgpack ext value that \
-                                          is not a tensor, which JSON cannot carry (msgpack can)"
+                                          is not a tensor, which JSON cannot carry"
             .into()),
         Format::Json => {
             let mut out = Vec::with_capacity(data.len() + data.len() / 2);

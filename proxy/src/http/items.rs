@@ -50,8 +50,12 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
         .into_iter()
         .map(|outcome| match (outcome, format) {
             (Outcome::Done(data, _), Format::Msgpack) => Ok(data),
+            // Asked by a native client, which may ask for msgpack instead.
             (Outcome::Done(data, _), Format::Json) => format::from_msgpack(Format::Json, data)
-                .map_err(|e| ApiError::internal("unrepresentable_output", e)),
+                .map_err(|e| {
+                    let message = format!("{e}{}", format::MSGPACK_CAN);
+                    ApiError::internal("unrepresentable_output", message)
+                }),
             (other, _) => Err(ApiError::from_outcome(other)),
         })
         .collect();

@@ -60,6 +60,7 @@ pub fn body(app: &App) -> Bytes {
 /// Every error status a route (`/infer`) can answer, with what it means.
 const INFER_ERRORS: &[(&str, &str)] = &[
     ("400", "Malformed body or header (`bad_request`)."),
+    ("405", "The route takes POST only (`method_not_allowed`); see Allow."),
     (
         "406",
         "Accept allows neither JSON nor msgpack, nor (for an output of raw bytes) \
@@ -78,6 +79,13 @@ const INFER_ERRORS: &[(&str, &str)] = &[
          (`unsupported_media_type`).",
     ),
     ("422", "The worker rejected this input (`invalid_input`)."),
+    (
+        "431",
+        "The request head (request line and headers) is over --max-header-bytes \
+         (`request_head_too_large`). A head past the HTTP layer's read buffer (the power of two \
+         at or above that bound, 8 KiB at least), or over --max-headers, is answered 431 by \
+         the HTTP layer itself, without a body.",
+    ),
     (
         "500",
         "The worker failed (`worker_error`, `worker_died`), or its output for this job is not \
@@ -204,7 +212,8 @@ fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>)
         }),
     );
     for (status, description) in INFER_ERRORS {
-        responses.insert((*status).into(), error_response(description, *status == "503"));
+        responses
+            .insert((*status).into(), error_response(description, infer_error_headers(status)));
     }
     let names: Vec<&str> = stages.iter().map(|stage| stage.name()).collect();
     let summary = if names.len() == 1 {
@@ -374,14 +383,30 @@ fn request_id_header() -> Value {
     }})
 }
 
-fn error_response(description: &str, retry_after: bool) -> Value {
+/// The headers an `/infer` error of `status` comes with: its id, and a 503's `Retry-After` or a
+/// 405's `Allow`.
+fn infer_error_headers(status: &str) -> Value {
     let mut headers = request_id_header();
-    if retry_after {
-        headers["Retry-After"] = json!({
-            "description": "Seconds after which a retry may succeed.",
-            "schema": {"type": "integer"},
-        });
+    match status {
+        "503" => {
+            headers["Retry-After"] = json!({
+                "description": "Seconds after which a retry may succeed.",
+                "schema": {"type": "integer"},
+            });
+        }
+        "405" => {
+            headers["Allow"] = json!({
+                "description": "The methods the route takes.",
+                "schema": {"type": "string"},
+            });
+        }
+        _ => {}
     }
+    headers
+}
+
+/// An answer with Corral's error body and these headers.
+fn error_response(description: &str, headers: Value) -> Value {
     let error = format!("#/components/schemas/{ERROR}");
     json!({
         "description": description,
@@ -398,15 +423,28 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
     });
     let mut responses = json!({"200": ok});
     if may_be_unavailable {
-        responses["503"] =
-            error_response("Not ready (`not_ready`): no worker yet, or stopping.", false);
+        responses["503"] = error_response(
+            "Not ready (`not_ready`): no worker yet, or stopping.",
+            request_id_header(),
+        );
     }
     json!({"operationId": operation, "summary": summary, "responses": responses})
 }
 
 #[cfg(test)]
 mod tests {
-    use super::operation_id;
+    use super::{infer_error_headers as headers, operation_id, INFER_ERRORS};
+
+    #[test]
+    fn a_405_names_its_allow_header_and_a_503_its_retry_after() {
+        assert!(headers("405").get("Allow").is_some());
+        assert!(headers("503").get("Retry-After").is_some());
+        assert!(
+            headers("431").get("Allow").is_none() && headers("431").get("Retry-After").is_none()
+        );
+        let listed: Vec<&str> = INFER_ERRORS.iter().map(|(status, _)| *status).collect();
+        assert!(listed.contains(&"405") && listed.contains(&"431"), "{listed:?}");
+    }
 
     #[test]
     fn a_route_named_like_one_of_corrals_own_operations_gets_a_prefix() {

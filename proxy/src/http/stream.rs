@@ -95,6 +95,8 @@ pub async fn answer(
         }
         _ = tokio::time::sleep_until(deadline) => {
             departure.ended();
+            // A batch that ran past the deadline is where its time went.
+            timing::record_stream(entered, source.sent(), Instant::now());
             return Err(ApiError::deadline_exceeded());
         }
     };

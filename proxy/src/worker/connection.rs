@@ -128,7 +128,13 @@ pub async fn serve(stream: UnixStream, context: Context) {
         }
         Ended::Closed => {}
     }
-    info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+    if let Ended::Failed { .. } = ended {
+        // A worker that broke the protocol, died holding a batch or hung is an operator's
+        // problem to see; one that left or was told to is routine.
+        warn!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+    } else {
+        info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+    }
 }
 
 /// Answers a worker that declared `shm` with the `shm` frame, first thing after its hello: the
@@ -514,10 +520,7 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
     let batch_sent =
         Sent { at: sent, batch_size: jobs.len() as u32, span: span.as_ref().map(trace::ids) };
     for job in &mut jobs {
-        job.sent = Some(batch_sent);
-        if let Some(stream) = &job.stream {
-            stream.sent(batch_sent);
-        }
+        job.mark_sent(batch_sent);
     }
     let batch = Batch {
         jobs: jobs

@@ -101,8 +101,18 @@ pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     rmp::encode::write_map_len(&mut data, 1).expect("writing to a Vec cannot fail");
     rmp::encode::write_str(&mut data, "predictions").expect("writing to a Vec cannot fail");
     let data = Bytes::from([&data[..], &predictions[..]].concat());
-    format::from_msgpack(Format::Json, data)
-        .map_err(|e| ApiError::internal("unrepresentable_output", e))
+    format::from_msgpack(Format::Json, data).map_err(|e| {
+        // One conversion for the whole answer; only when it fails are the instances looked at
+        // one by one, for the message to name the first that JSON cannot carry (v1 answers in
+        // JSON whatever the client accepts: no other format to offer).
+        let bad = |row: Bytes| format::from_msgpack(Format::Json, row).is_err();
+        let index = items::split(&predictions).ok().and_then(|rows| rows.into_iter().position(bad));
+        let message = match index {
+            Some(index) => format!("instance {index}: {e}"),
+            None => e,
+        };
+        ApiError::internal("unrepresentable_output", message)
+    })
 }
 
 /// `{"models": [...]}`: the model names, one per route, as KServe v1's list answers them.

@@ -152,8 +152,9 @@ fn answer(
 }
 
 fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
-    let body = format::from_msgpack(output, data)
-        .map_err(|e| ApiError::internal("unrepresentable_output", e))?;
+    let body = format::from_msgpack(output, data).map_err(|e| {
+        ApiError::internal("unrepresentable_output", format!("{e}{}", format::MSGPACK_CAN))
+    })?;
     Ok(respond(output, body))
 }
 

@@ -58,6 +58,11 @@ pub async fn embeddings(
         return Err(body::before_body(error));
     }
     let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
+    // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
+    // object is an embeddings request.
+    if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("the body must be a JSON object: an embeddings request"));
+    }
     let request: EmbeddingsRequest = serde_json::from_slice(&body).map_err(|e| {
         ApiError::bad_request(format!("the body is not an embeddings request: {e}"))
     })?;
