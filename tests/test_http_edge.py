@@ -1,7 +1,9 @@
 """The HTTP edge holds against hostile or careless clients: a slowloris is cut off, and so is a
 client dribbling its body (408), an idle keep-alive connection is closed on its own clock,
 oversized or overlong headers get 431, and connections past the cap, or past what the open-file
-limit allows, get a clear 503 instead of a hang."""
+limit allows, get a clear 503 instead of a hang. An answer being written holds its connection
+open (a request pipelined behind it waits), an HTTP/2 client's PINGs hold nothing open, and an
+HTTP/2 connection runs at most --http2-max-streams requests at once."""
 
 from __future__ import annotations
 
@@ -9,10 +11,20 @@ import json
 import re
 import resource
 import socket
+import subprocess
 from urllib.parse import urlparse
 
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.settings
 import httpx
 import pytest
+
+from conftest import BINARY, ROOT
+
+STREAMER = str(ROOT / "tests" / "workers" / "streamer.py")
 
 
 def connect(proxy) -> socket.socket:
@@ -253,3 +265,181 @@ def test_connections_past_the_open_file_limit_get_503_not_a_hang(corral_factory)
     assert all(b'"error":"too_many_connections"' in a for a in refused)
     line = proxy.wait_for_log(r"open-file limit leaves room for")
     assert len(served) == int(re.search(r"effective\W+(\d+)", line).group(1))
+
+
+def read_answer(conn: socket.socket, data: bytes = b"") -> tuple[bytes, bytes, bytes]:
+    """One HTTP/1.1 answer with a Content-Length, after `data` already read from `conn`: its
+    head, its body (short if the connection ends first) and the bytes that followed it."""
+    while b"\r\n\r\n" not in data and (chunk := conn.recv(65536)):
+        data += chunk
+    head, _, rest = data.partition(b"\r\n\r\n")
+    length = int(re.search(rb"(?i)\r\ncontent-length: (\d+)", head).group(1))
+    while len(rest) < length and (chunk := conn.recv(1 << 20)):
+        rest += chunk
+    return head, rest[:length], rest[length:]
+
+
+def test_a_request_pipelined_behind_a_large_answer_waits_for_it(corral_factory):
+    """A one-shot answer's request once ended with its handler, before hyper had written the
+    answer: a request pipelined behind it started the header clock, which then cut the answer
+    short (about 4 MB of 8 came, then the connection closed)."""
+    proxy = corral_factory("--header-read-timeout-ms=300", "--max-body-bytes=67108864")
+    body = json.dumps({"pad": "x" * 8_000_000}).encode()
+    url = urlparse(proxy.url)
+    with socket.socket() as conn:
+        # A small receive window, so that most of the answer waits in the proxy.
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        conn.settimeout(20)
+        conn.connect((url.hostname, url.port))
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body
+        )
+        first = conn.recv(65536)  # the answer is being written
+        assert first.startswith(b"HTTP/1.1 200"), first[:200]
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        # Not read for longer than the header deadline: connections opened now, each starting
+        # a head and never ending it, are cut off at that deadline, one after the other.
+        for _ in range(2):
+            with connect(proxy) as slow:
+                slow.sendall(b"GET /healthz HTTP/1.1\r\n")
+                assert read_all(slow) == b""
+        head, answer, rest = read_answer(conn, first)
+        length = int(re.search(rb"(?i)\r\ncontent-length: (\d+)", head).group(1))
+        assert len(answer) == length > 8_000_000
+        assert json.loads(answer)["echo"]["pad"] == "x" * 8_000_000
+        head, answer, _ = read_answer(conn, rest)
+        assert head.startswith(b"HTTP/1.1 200") and json.loads(answer) == {"status": "ok"}
+
+
+class H2:
+    """An HTTP/2 (h2c) client on a plain socket, as careless as a test needs: it reads only when
+    told to. The h2 library acknowledges the proxy's SETTINGS and PINGs as it reads them."""
+
+    def __init__(self, proxy, settings: dict | None = None) -> None:
+        self.sock = connect(proxy)
+        config = h2.config.H2Configuration(client_side=True, header_encoding="utf-8")
+        self.conn = h2.connection.H2Connection(config)
+        self.conn.initiate_connection()
+        if settings:
+            self.conn.update_settings(settings)
+        self.flush()
+
+    def __enter__(self) -> H2:
+        return self
+
+    def __exit__(self, *_) -> None:
+        self.sock.close()
+
+    def flush(self) -> None:
+        self.sock.sendall(self.conn.data_to_send())
+
+    def request(self, method: str, path: str, headers=(), end: bool = True) -> int:
+        stream = self.conn.get_next_available_stream_id()
+        head = [(":method", method), (":scheme", "http"), (":authority", "x"), (":path", path)]
+        self.conn.send_headers(stream, head + list(headers), end_stream=end)
+        self.flush()
+        return stream
+
+    def events(self) -> list | None:
+        """What arrives next, as h2 events; None once the proxy has closed the connection."""
+        try:
+            data = self.sock.recv(65536)
+        except ConnectionResetError:
+            return None
+        if not data:
+            return None
+        events = self.conn.receive_data(data)
+        try:
+            self.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return None
+        return events
+
+    def ping(self) -> bool:
+        """Sends a PING; False if the proxy has closed the connection."""
+        self.conn.ping(b"corral!!")
+        try:
+            self.flush()
+        except (BrokenPipeError, ConnectionResetError):
+            return False
+        return True
+
+
+@pytest.mark.parametrize(
+    "case", ["idle", "answer-unread", "stream-unread"], ids=["idle", "answer", "stream"]
+)
+def test_an_http2_client_pinging_holds_no_connection_open(corral_factory, case):
+    """hyper answers an HTTP/2 client's PINGs itself, and every write once counted as progress:
+    a client pinging held an idle connection open for ever, and one that never read its answers
+    (a window of 0) held them, and their memory, too. Only requests and their answers count."""
+    timeouts = ["--idle-timeout-ms=300", "--stream-timeout-ms=300", "--timeout-ms=300"]
+    proxy = corral_factory(*timeouts, worker=STREAMER if case == "stream-unread" else None)
+    with H2(proxy, settings={h2.settings.SettingCodes.INITIAL_WINDOW_SIZE: 0}) as client:
+        if case != "idle":
+            if case == "answer-unread":
+                stream = client.request("GET", "/healthz")
+            else:
+                stream = client.request(
+                    "POST", "/infer", [("accept", "text/event-stream")], end=False
+                )
+                client.conn.send_data(
+                    stream, json.dumps({"chunks": 1000}).encode(), end_stream=True
+                )
+                client.flush()
+            # The answer has begun (its head takes no window); its body cannot come.
+            while not any(
+                isinstance(e, h2.events.ResponseReceived) and e.stream_id == stream
+                for e in client.events() or ()
+            ):
+                pass
+        # A PING whenever the proxy has been quiet for a third of the idle timeout, until it
+        # closes the connection (the old proxy never did: give up after 60 idle timeouts of it).
+        client.sock.settimeout(0.1)
+        for _ in range(180):
+            try:
+                if client.events() is None:
+                    break
+            except TimeoutError:
+                if not client.ping():
+                    break
+        else:
+            pytest.fail("a client sending PINGs held its connection open")
+
+
+@pytest.mark.parametrize(("args", "limit"), [([], 100), (["--http2-max-streams=3"], 3)])
+def test_an_http2_connection_runs_at_most_http2_max_streams_requests(corral_factory, args, limit):
+    """hyper's own default was 200 requests at once per connection, each holding a body as it
+    arrives: README's bound on the memory of bodies (one per connection) held 200 times over.
+    One more request than the limit, each with its body still to come, sent before the proxy's
+    SETTINGS are read (the client cannot know the limit yet): the last is refused."""
+    proxy = corral_factory(*args, worker=None)
+    with H2(proxy) as client:
+        headers = [("content-type", "application/json"), ("content-length", "2")]
+        streams = [client.request("POST", "/infer", headers, end=False) for _ in range(limit + 1)]
+        announced, refused = None, []
+        client.sock.settimeout(5)
+        while announced is None or not refused:
+            try:
+                events = client.events()
+            except TimeoutError:
+                break
+            assert events is not None, "the proxy closed the connection"
+            for event in events:
+                if isinstance(event, h2.events.RemoteSettingsChanged):
+                    changed = event.changed_settings.get(
+                        h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS
+                    )
+                    announced = changed.new_value if changed else announced
+                elif isinstance(event, h2.events.StreamReset):
+                    refused.append((event.stream_id, event.error_code))
+    assert announced == limit
+    assert refused == [(streams[-1], h2.errors.ErrorCodes.REFUSED_STREAM)]
+
+
+def test_http2_max_streams_of_zero_is_refused():
+    ran = subprocess.run(
+        [BINARY, "--http2-max-streams=0"], capture_output=True, text=True, timeout=30
+    )
+    assert ran.returncode == 2
+    assert "invalid value '0' for '--http2-max-streams" in ran.stderr, ran.stderr

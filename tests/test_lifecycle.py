@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import pytest
 
 from conftest import ROOT
 from test_failures import received
@@ -18,7 +19,9 @@ from test_failures import received
 WARM = str(ROOT / "tests" / "workers" / "warm.py")
 
 
-def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
+# SIGHUP (a terminal gone) stops Corral as SIGTERM does: it once exited on the spot.
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path, stop):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
     gate = tmp_path / "gate"
@@ -30,7 +33,7 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path):
             lambda: len(received(log)) + proxy.client.get("/readyz").json()["queued"] == 4,
             what="all jobs in the proxy",
         )
-        proxy.proc.send_signal(signal.SIGTERM)
+        proxy.proc.send_signal(stop)
         # The workers go on only once the proxy is draining: every job is in flight at the signal.
         proxy.wait_for_log(r"shutting down: draining")
         gate.touch()

@@ -104,6 +104,41 @@ def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
     assert {link for f in forwards for link in f.links} == requests
 
 
+def test_forward_follows_a_sampled_job_when_the_batchs_first_is_not(corral_factory, receiver):
+    """A batch whose first job its client did not sample, and a sampled one behind it: the
+    worker's `forward` (and the user's span in it) is recorded under the sampled request, not
+    dropped with the first job's unsampled context."""
+    env = {"OTEL_SERVICE_NAME": "proxy", "TRACED_ENDPOINT": f"{receiver.url}/v1/traces"}
+    # A batch of two leaves when full: the two requests below are one batch, the quiet first.
+    proxy = corral_factory(
+        "--max-batch-size", "2", "--max-wait-ms", "60000", "--batch-policy", "fixed",
+        "--otlp-endpoint", receiver.url,
+        worker=TRACED, env=env,
+    )  # fmt: skip
+    unsampled = "5" * 32
+    with ThreadPoolExecutor(2) as pool:
+        quiet = pool.submit(
+            proxy.post, {"x": 1}, headers={"traceparent": f"00-{unsampled}-{CLIENT_SPAN}-00"}
+        )
+        proxy.wait_until(
+            lambda: proxy.metric("corral_queue_depth", stage="default") == 1,
+            what="the unsampled request queued first",
+        )
+        loud = proxy.post({"x": 2}, headers={"traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"})
+        assert quiet.result().json()["batch_size"] == 2 and loud.json()["batch_size"] == 2
+    # The sampled request's span (the metrics scrapes above have theirs) and the worker's.
+    posts = lambda spans: [s for s in requests_of(spans) if s.name == "POST /infer"]  # noqa: E731
+    spans = receiver.wait_for(
+        lambda spans: posts(spans) and any(s.name == "user work" for s in spans)
+    )
+    (request,) = posts(spans)
+    (forward,) = [s for s in spans if s.name == "forward"]
+    assert (forward.trace_id, forward.parent_span_id) == (CLIENT_TRACE, request.span_id)
+    assert forward.links == [(CLIENT_TRACE, request.span_id)]  # the unsampled one is not linked
+    (work,) = [s for s in spans if s.name == "user work"]
+    assert work.parent_span_id == forward.span_id
+
+
 def test_a_request_its_client_did_not_sample_exports_no_batch_span(traced, receiver):
     # Its batch was drawn at the ratio (1 here) of its own, and exported linked to a request
     # span that never was. A sampled request after it shows what was exported by then.
@@ -248,6 +283,25 @@ def test_a_hung_worker_killed_is_an_event_on_its_batch_span(corral_factory, rece
     )
     assert proxy.post({"sleep_ms": 60_000}).status_code == 500
     assert batch_events(receiver, 1) == [["worker hung: killed"]]
+
+
+def test_a_job_answered_408_before_its_hung_worker_is_killed_is_not_retried(
+    corral_factory, receiver
+):
+    """The client has its 408 when the worker is killed: the job does not go back to the queue,
+    so its batch span has no `retry` event, and no late result is counted (none came)."""
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--batch-timeout-ms=500", "--otlp-endpoint", receiver.url
+    )
+    answer = proxy.post({"sleep_ms": 60_000}, headers={"x-corral-timeout-ms": "100"})
+    assert answer.status_code == 408
+    assert batch_events(receiver, 1) == [["worker hung: killed"]]
+    proxy.wait_until(
+        lambda: proxy.metric("corral_jobs_expired_total", where="worker") == 1,
+        what="the expired job counted once its worker gave it back",
+    )
+    assert proxy.metric("corral_late_results_total") == 0
+    assert proxy.metric("corral_jobs_retried_total", stage="default") == 0
 
 
 def test_a_pipeline_has_a_queue_wait_and_a_batch_per_stage(corral_factory, receiver, tmp_path):

@@ -136,6 +136,14 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,
 
+    /// Most requests one HTTP/2 connection may have in progress at once (its
+    /// SETTINGS_MAX_CONCURRENT_STREAMS; default 100, RFC 9113's recommended minimum). Each may
+    /// hold a body arriving and an answer going out, so the memory one connection holds over
+    /// HTTP/2 is this many times what it holds over HTTP/1.1.
+    #[arg(long, env = "CORRAL_HTTP2_MAX_STREAMS", default_value_t = 100,
+          value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+    pub http2_max_streams: u32,
+
     /// Time a client has to send a request's headers, counted from the request's first byte.
     #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]

@@ -208,6 +208,7 @@ pub async fn run(
         expired.clone(),
         http::server::Limits {
             max_connections,
+            http2_max_streams: config.http2_max_streams,
             header_read_timeout: Duration::from_millis(config.header_read_timeout_ms),
             idle_timeout: Duration::from_millis(config.idle_timeout_ms),
             max_header_bytes: config.max_header_bytes,

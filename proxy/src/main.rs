@@ -169,8 +169,10 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
     }
 }
 
-/// Completes on the first SIGINT or SIGTERM; a second one exits at once, killing the spawned
-/// workers first (the orderly stop that would have ended them is cut short).
+/// Completes on the first SIGINT, SIGTERM or SIGHUP; a second one exits at once, killing the
+/// spawned workers first (the orderly stop that would have ended them is cut short). SIGHUP (its
+/// terminal gone; Corral reloads nothing) took the default action before: an exit on the spot,
+/// jobs dropped and the socket file left behind.
 ///
 /// The handlers are installed when this is called, before anything listens, not when the future
 /// is first polled: a SIGTERM that came as soon as the proxy listened took the default action
@@ -178,21 +180,24 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
 fn stop_signal() -> impl std::future::Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
+    let mut hup = signal(SignalKind::hangup()).expect("can install a SIGHUP handler");
     async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
+            _ = hup.recv() => {}
         }
-        second_signal(term, int);
+        second_signal(term, int, hup);
     }
 }
 
 /// After the first stop signal, the second exits at once.
-fn second_signal(mut term: Signal, mut int: Signal) {
+fn second_signal(mut term: Signal, mut int: Signal, mut hup: Signal) {
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
+            _ = hup.recv() => {}
         }
         tracing::warn!("second signal: exiting now");
         corral::supervisor::group::kill_all();

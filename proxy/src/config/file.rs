@@ -30,6 +30,7 @@ pub struct File {
     pub max_body_bytes: Option<usize>,
     pub shared_memory_bytes: Option<usize>,
     pub max_connections: Option<u32>,
+    pub http2_max_streams: Option<u32>,
     pub header_read_timeout_ms: Option<u64>,
     pub body_read_timeout_ms: Option<u64>,
     pub idle_timeout_ms: Option<u64>,

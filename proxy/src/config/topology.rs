@@ -227,6 +227,7 @@ pub fn resolve(
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
     top_level!(config, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
     top_level!(config, f, explicit, stream_buffer_bytes, priority_aging_ms, tenant_queue_share);
+    top_level!(config, f, explicit, http2_max_streams);
     if let Some(name) = f.max_batch_weight.take() {
         if !explicit("max_batch_weight") {
             config.max_batch_weight = Some(name);
@@ -525,6 +526,7 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     positive("queue_capacity", config.queue_capacity.into())?;
     positive("queue_capacity_bytes", config.queue_capacity_bytes)?;
     positive("max_connections", config.max_connections.into())?;
+    positive("http2_max_streams", config.http2_max_streams.into())?;
     positive("header_read_timeout_ms", config.header_read_timeout_ms)?;
     positive("body_read_timeout_ms", config.body_read_timeout_ms)?;
     positive("idle_timeout_ms", config.idle_timeout_ms)?;

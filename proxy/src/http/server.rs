@@ -1,16 +1,17 @@
 //! The HTTP server loop: accept, one task per connection (HTTP/1.1 and h2c), graceful drain, and
 //! the limits that keep one client from holding resources: a cap on open connections, a deadline
 //! for a request's headers (a client dribbling them, slowloris-style, is cut off), an idle
-//! timeout for keep-alive connections (both in [`super::timeouts`]), and a cap on header size and
-//! count (431; the size to the byte in [`super::routes`]). A request's body has its own clock, read in its handler ([`super::body`]); the cap on
-//! connections is kept under the open-file limit ([`crate::open_files`]).
+//! timeout for keep-alive connections (both in [`super::timeouts`]), a cap on header size and
+//! count (431; the size to the byte in [`super::routes`]), and a cap on the requests one HTTP/2
+//! connection runs at once. A request's body has its own clock, read in its handler
+//! ([`super::body`]); the cap on connections is kept under the open-file limit
+//! ([`crate::open_files`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::JobId;
-use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -21,7 +22,7 @@ use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::timeouts::{Clock, Expired, Streaming, Watched};
+use super::timeouts::{Answer, Clock, Expired, Watched};
 use super::{routes, App};
 use crate::metrics::metrics;
 
@@ -37,9 +38,10 @@ pub struct Limits {
     pub idle_timeout: Duration,
     pub max_header_bytes: usize,
     pub max_headers: usize,
-    /// The longest a streamed answer may last: the longest stream timeout, or job timeout if
-    /// longer (a stream runs to the later of its stage's stream timeout and its job's deadline).
+    /// The longest a streamed answer may last: the longest of the stages' stream timeouts.
     pub stream_timeout: Duration,
+    /// Most requests in progress at once on one HTTP/2 connection (`--http2-max-streams`).
+    pub http2_max_streams: u32,
 }
 
 /// The body of the answer to a connection over `max_connections`. The answer is written straight
@@ -69,7 +71,13 @@ pub async fn serve(
         // The buffer grows in powers of two, so the bound to the byte is kept at the edge
         // (`routes::head_size`), with the JSON answer every other error has.
         .max_buf_size(limits.max_header_bytes.max(8192));
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes as u32);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes as u32)
+        // Each stream may hold a body as it arrives and an answer as it goes: hyper's default of
+        // 200 per connection made the memory bound 200 times what one connection holds.
+        .max_concurrent_streams(limits.http2_max_streams);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
     loop {
@@ -101,12 +109,10 @@ pub async fn serve(
                 let (app, in_progress) = (app.clone(), clock.request());
                 async move {
                     let response = routes::route(&app, request).await;
-                    // A body of no known size is a stream (the only kind Corral writes): its
-                    // request is in progress until the body has been written.
-                    if hyper::body::Body::size_hint(response.body()).exact().is_some() {
-                        return Ok::<_, Infallible>(response);
-                    }
-                    Ok(response.map(|body| Streaming::new(body, in_progress).boxed_unsync()))
+                    // Its request is in progress until hyper has taken the last of the answer:
+                    // a request pipelined behind a large answer started the header clock, and
+                    // cut the answer, when it ended with the handler.
+                    Ok::<_, Infallible>(response.map(|body| Answer::new(body, in_progress)))
                 }
             }
         });
@@ -117,12 +123,13 @@ pub async fn serve(
                 ended = connection => if let Err(e) = ended {
                     debug!(error = %e, "HTTP connection ended with an error");
                 },
-                // Dropping the connection closes it: either no request is in progress (idle),
-                // or a head is still arriving after its deadline, with no handler to cut short.
+                // Dropping the connection closes it: no request is in progress (idle), a head is
+                // still arriving after its deadline, or only answers are being written to a
+                // client that stopped reading them; no handler is cut short.
                 why = clock.expired() => match why {
                     Expired::Header => debug!("closed a connection: request head too slow"),
                     Expired::Idle => debug!("closed an idle keep-alive connection"),
-                    Expired::Stalled => debug!("closed a connection whose streams' client stopped reading"),
+                    Expired::Stalled => debug!("closed a connection whose client stopped reading its answers"),
                 },
             }
             drop(permit);

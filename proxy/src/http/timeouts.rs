@@ -4,30 +4,40 @@
 //! - the **header deadline** (`--header-read-timeout-ms`): from the first byte of a request head
 //!   to the request reaching a handler. A client dribbling headers (slowloris) is cut off.
 //! - the **idle timeout** (`--idle-timeout-ms`): how long a keep-alive connection may sit with no
-//!   request in progress and nothing written. It is then closed, as nginx's `keepalive_timeout`
-//!   does; a request that started in time is never cut by it.
+//!   request in progress. It is then closed, as nginx's `keepalive_timeout` does; a request that
+//!   started in time is never cut by it.
 //!
-//! [`Watched`] wraps the socket and notes when a request head starts (bytes read while no request
-//! is in progress) and when the connection writes; [`Clock::request`] marks a request from its
-//! handler's start to its end — for a streamed answer, to its body's end ([`Streaming`]): a
-//! stream is a request in progress until its last event is written, so neither clock cuts it
-//! (a stream whose worker sends nothing for longer than the idle timeout once lost its
-//! terminal event that way, and a pipelined request's first bytes started the header clock).
-//! While only streams are in progress the connection has a third bound instead: nothing
-//! written for the longest stream timeout plus the idle timeout (every stream has ended by
-//! then), so a client that stopped reading does not hold its connection for ever.
-//! [`Clock::expired`] completes when a clock runs out. HTTP/2 connections (they open with the h2
-//! preface) keep only the idle clock: their frames (pings, settings) arrive between requests and
-//! are not request heads.
+//! [`Watched`] wraps the socket and notes when a request head starts and, on HTTP/1.1, when the
+//! connection writes; [`Clock::request`] marks a request from its handler's start until hyper has
+//! taken the last of its answer ([`Answer`] holds the request's guard in the body). An answer
+//! being written is a request in progress, so neither clock cuts it: a stream whose worker was
+//! silent for longer than the idle timeout once lost its terminal event that way, and a request
+//! pipelined behind a large answer started the header clock and cut the answer short (a head
+//! that starts behind an answer now has its deadline from the answer's end). While only answers
+//! are being written the connection has a third bound instead, for a client that stopped
+//! reading: no progress for the idle timeout — or, while a stream is among them, for the longest
+//! a stream may last plus the idle timeout (every stream has ended by then). [`Clock::expired`]
+//! completes when a clock runs out.
+//!
+//! Bytes read while a handler runs are taken for its request's body: where that body ends is
+//! hyper's to know, so a head that starts before the handler returns has the idle timeout, not
+//! the header deadline. HTTP/2 connections (they open with the h2 preface) have no header clock
+//! at all: their frames (pings, settings) arrive between requests and are not request heads, so
+//! a slow HEADERS frame has the idle timeout too. Nor do their writes count as progress: hyper
+//! answers a client's PINGs and SETTINGS itself, and a client sending them held an idle
+//! connection, or answers it never read, for ever. Progress there is a request ending, an answer
+//! beginning, or an answer handing hyper its next piece, which hyper asks for only once the
+//! client's window had room for the one before.
 
 use std::convert::Infallible;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::task::{Context, Poll};
+use std::task::{ready, Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
+use hyper::body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
@@ -37,6 +47,13 @@ use super::Body;
 /// What an HTTP/2 connection's first bytes are.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
+/// The most bytes of an HTTP/2 answer handed to hyper at once. hyper asks a body for its next
+/// frame only once the stream's window had room for the one before, so each piece it takes is
+/// the client reading; a large answer handed over whole would sit in h2's send buffer with no
+/// progress to see. About the 64 KiB window a client has by default. (HTTP/1.1 writes count as
+/// they are: its frames stay whole.)
+const PIECE: usize = 64 * 1024;
+
 /// Which clock ran out.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Expired {
@@ -44,31 +61,37 @@ pub enum Expired {
     Header,
     /// The connection sat idle past the idle timeout.
     Idle,
-    /// Only streams were in progress, and nothing was written for longer than any stream lasts.
+    /// Only answers were being written, and none made progress for longer than its bound: their
+    /// client stopped reading.
     Stalled,
 }
 
 pub struct Clock {
     state: Mutex<State>,
-    /// Woken when a request starts or ends, or a head starts: the deadline may have moved.
+    /// Woken when a request starts or ends, an answer begins, or a head starts: the deadline may
+    /// have moved.
     changed: Notify,
     header_timeout: Duration,
     idle_timeout: Duration,
-    /// How long a connection whose only requests in progress are streams may write nothing.
+    /// How long a connection whose only requests in progress are answers being written, a stream
+    /// among them, may make no progress.
     stall_timeout: Duration,
 }
 
 struct State {
-    /// Requests in progress now (HTTP/2 runs several at once): in a handler, or a stream whose
-    /// body is still being written.
+    /// Requests in progress now (HTTP/2 runs several at once): in a handler, or with an answer
+    /// still being written.
     active: usize,
-    /// Of those, the streams being written.
+    /// Of those, the answers being written (their handlers have returned).
+    writing: usize,
+    /// Of those, the streams.
     streams: usize,
     /// When the first byte of the next request head arrived, if it has. Bytes that come while
-    /// only streams are in progress are that head too (a stream's own request was read whole
-    /// before its answer began); its clock starts again when the last stream ends.
+    /// only answers are being written are that head too (the answers' requests were read whole
+    /// before they began); its clock starts again when the last answer has been written.
     head_started: Option<Instant>,
-    /// When the connection last finished a request or wrote.
+    /// When the connection last made progress: a request ended, an answer began or handed
+    /// hyper a frame, or (HTTP/1.1) the socket took a write.
     idle_since: Instant,
     /// Whether any byte was read yet (the first ones tell HTTP/2 apart).
     opened: bool,
@@ -85,6 +108,7 @@ impl Clock {
         Arc::new(Self {
             state: Mutex::new(State {
                 active: 0,
+                writing: 0,
                 streams: 0,
                 head_started: None,
                 idle_since: Instant::now(),
@@ -98,7 +122,8 @@ impl Clock {
         })
     }
 
-    /// Marks a request as in progress until the returned guard is dropped.
+    /// Marks a request as in progress until the returned guard is dropped: hand it to its
+    /// answer's body ([`Answer::new`]) to keep it until the answer has been written.
     pub fn request(self: &Arc<Self>) -> RequestGuard {
         {
             let mut state = self.lock();
@@ -106,18 +131,22 @@ impl Clock {
             state.head_started = None;
         }
         self.changed.notify_one();
-        RequestGuard { clock: self.clone(), stream: false }
+        RequestGuard { clock: self.clone(), writing: false, stream: false }
     }
 
-    /// Completes when the header deadline or the idle timeout runs out.
+    /// Completes when the header deadline, the idle timeout or the stall bound runs out.
     pub async fn expired(&self) -> Expired {
         loop {
             let next = {
                 let state = self.lock();
-                if state.active > state.streams {
+                if state.active > state.writing {
+                    // A handler runs: its body and its job have clocks of their own.
                     None
                 } else if state.streams > 0 {
                     Some((state.idle_since + self.stall_timeout, Expired::Stalled))
+                } else if state.writing > 0 {
+                    // As long as an unread answer was held before it counted as a request.
+                    Some((state.idle_since + self.idle_timeout, Expired::Stalled))
                 } else if let Some(started) = state.head_started {
                     Some((started + self.header_timeout, Expired::Header))
                 } else {
@@ -144,10 +173,11 @@ impl Clock {
                 state.opened = true;
                 state.http2 = bytes.starts_with(H2_PREFACE);
             }
-            // Bytes read while a handler runs are its request's body; while nothing, or only
-            // streams, are in progress, they begin the next request's head.
+            // Bytes read while a handler runs are its request's body (or, unknowably, the next
+            // head: README says such a head has the idle timeout); while nothing, or only answers
+            // being written, are in progress, they begin the next request's head.
             let starts_head =
-                state.active == state.streams && state.head_started.is_none() && !state.http2;
+                state.active == state.writing && state.head_started.is_none() && !state.http2;
             if starts_head {
                 state.head_started = Some(Instant::now());
             }
@@ -159,6 +189,16 @@ impl Clock {
     }
 
     fn wrote(&self) {
+        let mut state = self.lock();
+        // hyper writes on an HTTP/2 connection of its own accord (acks of the client's PINGs and
+        // SETTINGS): progress there is counted by the answers instead ([`Answer`]).
+        if !state.http2 {
+            state.idle_since = Instant::now();
+        }
+    }
+
+    /// An answer handed hyper a frame. The deadline only moves later: no one need be woken.
+    fn progressed(&self) {
         self.lock().idle_since = Instant::now();
     }
 
@@ -170,22 +210,28 @@ impl Clock {
 /// A request in progress; its end restarts the idle clock.
 pub struct RequestGuard {
     clock: Arc<Clock>,
-    /// Whether it is a stream being written ([`RequestGuard::streaming`]).
+    /// Whether its handler has returned and its answer is being written.
+    writing: bool,
+    /// Whether that answer is a stream.
     stream: bool,
 }
 
 impl RequestGuard {
-    /// The request's answer is a stream: it stays in progress while its body is written.
-    pub fn streaming(mut self) -> Self {
-        {
+    /// The request's handler has returned its answer, a stream or not; the request stays in
+    /// progress while the answer is written. Returns whether the connection is HTTP/2.
+    fn writing(&mut self, stream: bool) -> bool {
+        let http2 = {
             let mut state = self.clock.lock();
-            state.streams += 1;
-            // The stall clock starts with the stream: its first event may be a while coming.
+            state.writing += 1;
+            state.streams += usize::from(stream);
+            // The stall clock starts with the answer: a stream's first event may be a while
+            // coming.
             state.idle_since = Instant::now();
-        }
-        self.stream = true;
+            state.http2
+        };
+        (self.writing, self.stream) = (true, stream);
         self.clock.changed.notify_one();
-        self
+        http2
     }
 }
 
@@ -194,12 +240,13 @@ impl Drop for RequestGuard {
         {
             let mut state = self.clock.lock();
             state.active -= 1;
+            state.writing -= usize::from(self.writing);
             state.streams -= usize::from(self.stream);
             state.idle_since = Instant::now();
             if state.active == 0 && state.head_started.is_some() {
-                // A head that came behind a stream has its deadline from the stream's end: it
+                // A head that came behind an answer has its deadline from the answer's end: it
                 // could not be read before (a slow one would otherwise get the idle timeout, or
-                // one that came early in a long stream be cut the moment it ends).
+                // one that came early in a long answer be cut the moment it ends).
                 state.head_started = Some(Instant::now());
             }
         }
@@ -207,36 +254,85 @@ impl Drop for RequestGuard {
     }
 }
 
-/// A streamed answer's body, holding its request's guard until hyper has written (or dropped)
-/// the last of it.
-pub struct Streaming {
+/// Every answer's body as hyper gets it: the handler's body, holding its request's guard until
+/// hyper has taken the last of it (or dropped it), and telling the clock of each frame taken.
+pub struct Answer {
     body: Body,
-    _request: RequestGuard,
+    /// The rest of the body's last frame, handed over a [`PIECE`] at a time (HTTP/2 only).
+    rest: Bytes,
+    /// Whether the connection is HTTP/2, where frames go in pieces.
+    http2: bool,
+    /// Whether a frame has been handed over yet.
+    started: bool,
+    request: RequestGuard,
 }
 
-impl Streaming {
-    pub fn new(body: Body, request: RequestGuard) -> Self {
-        Self { body, _request: request.streaming() }
+impl Answer {
+    pub fn new(body: Body, mut request: RequestGuard) -> Self {
+        // A body of no known size is a stream (the only kind Corral writes).
+        let stream = hyper::body::Body::size_hint(&body).exact().is_none();
+        let http2 = request.writing(stream);
+        Self { body, rest: Bytes::new(), http2, started: false, request }
     }
 }
 
-impl hyper::body::Body for Streaming {
+impl hyper::body::Body for Answer {
     type Data = Bytes;
     type Error = Infallible;
 
     fn poll_frame(
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<hyper::body::Frame<Bytes>, Infallible>>> {
-        Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let this = self.get_mut();
+        if this.rest.is_empty() {
+            let frame = match ready!(Pin::new(&mut this.body).poll_frame(cx)) {
+                Some(Ok(frame)) => frame,
+                Some(Err(never)) => match never {},
+                None => return Poll::Ready(None),
+            };
+            match frame.into_data() {
+                Ok(data) => this.rest = data,
+                Err(other) => return Poll::Ready(Some(Ok(other))),
+            }
+        }
+        // Splitting shares the frame's bytes: no copy, and no allocation past the first split.
+        let piece = if this.http2 && this.rest.len() > PIECE {
+            this.rest.split_to(PIECE)
+        } else {
+            std::mem::take(&mut this.rest)
+        };
+        this.started = true;
+        this.request.clock.progressed();
+        Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
     fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
+        if self.http2 {
+            // hyper's HTTP/2 writer keeps the body until its last piece has had room in the
+            // window.
+            self.rest.is_empty() && self.body.is_end_stream()
+        } else {
+            // hyper's HTTP/1.1 writer drops a body that says it has ended as soon as it takes
+            // the last frame, all of it still unwritten; one that does not say so it drops once
+            // its write buffer is under its bound (`max_buf_size`), or asks again and finds the
+            // end. Said only of a body with nothing to write at all.
+            !self.started && self.body.is_end_stream()
+        }
     }
 
-    fn size_hint(&self) -> hyper::body::SizeHint {
-        self.body.size_hint()
+    fn size_hint(&self) -> SizeHint {
+        let hint = self.body.size_hint();
+        if self.rest.is_empty() {
+            return hint;
+        }
+        let rest = self.rest.len() as u64;
+        let mut sum = SizeHint::new();
+        sum.set_lower(hint.lower() + rest);
+        if let Some(upper) = hint.upper() {
+            sum.set_upper(upper + rest);
+        }
+        sum
     }
 }
 
@@ -307,11 +403,62 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for Watched<S> {
 
 #[cfg(test)]
 mod tests {
+    use http_body_util::{BodyExt, Empty, Full};
+    use hyper::body::Body as _;
+    use tokio::sync::mpsc;
+
     use super::*;
 
     const HEADER: Duration = Duration::from_millis(100);
     const IDLE: Duration = Duration::from_secs(5);
     const STREAM: Duration = Duration::from_secs(60);
+    const HTTP2: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    /// A request whose handler has returned a stream.
+    fn stream(clock: &Arc<Clock>) -> RequestGuard {
+        let mut request = clock.request();
+        request.writing(true);
+        request
+    }
+
+    /// A one-shot answer's body: `size` bytes in one frame.
+    fn whole(size: usize) -> Body {
+        Full::new(Bytes::from(vec![b'x'; size])).boxed_unsync()
+    }
+
+    /// A stream's body (no known size), its events sent by the test.
+    struct Events(mpsc::UnboundedReceiver<Bytes>);
+
+    impl hyper::body::Body for Events {
+        type Data = Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            mut self: Pin<&mut Self>,
+            cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+            self.0.poll_recv(cx).map(|event| event.map(|event| Ok(Frame::data(event))))
+        }
+    }
+
+    /// Taps the clock as hyper's acks of a client's PINGs do, every `every`.
+    fn pings(clock: &Arc<Clock>, every: Duration) -> tokio::task::JoinHandle<()> {
+        let clock = clock.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                clock.wrote();
+            }
+        })
+    }
+
+    // A bound that does not hold fails its test rather than keeping it waiting for ever (paused
+    // time runs on while a pinger keeps the clock busy).
+    use tokio::time::timeout as within;
+
+    async fn next_len(answer: &mut Answer) -> usize {
+        answer.frame().await.unwrap().unwrap().into_data().unwrap().len()
+    }
 
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_outlives_the_header_deadline_until_the_idle_timeout() {
@@ -355,7 +502,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn http2_frames_between_requests_are_not_heads() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        clock.read(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n");
+        clock.read(HTTP2);
         let start = Instant::now();
         assert_eq!(clock.expired().await, Expired::Idle);
         assert_eq!(start.elapsed(), IDLE);
@@ -365,7 +512,7 @@ mod tests {
     async fn a_stream_being_written_is_cut_by_neither_clock() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(b"POST /infer HTTP/1.1\r\n\r\n");
-        let stream = clock.request().streaming();
+        let stream = stream(&clock);
         let watchdog = tokio::spawn({
             let clock = clock.clone();
             async move { (clock.expired().await, Instant::now()) }
@@ -387,7 +534,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_stream_whose_client_stopped_reading_is_cut_past_any_streams_length() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        let _stream = clock.request().streaming();
+        let _stream = stream(&clock);
         tokio::time::sleep(Duration::from_secs(10)).await;
         clock.wrote();
         let last = Instant::now();
@@ -398,7 +545,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_plain_request_beside_a_stream_holds_the_connection_open() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        let _stream = clock.request().streaming();
+        let _stream = stream(&clock);
         let plain = clock.request();
         let watchdog = tokio::spawn({
             let clock = clock.clone();
@@ -413,12 +560,109 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_head_begun_behind_a_stream_has_the_header_deadline_from_the_streams_end() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        let stream = clock.request().streaming();
+        let stream = stream(&clock);
         clock.read(b"GET /healthz HTTP/1.1\r\n"); // a slow head, pipelined
         tokio::time::sleep(IDLE * 2).await;
         drop(stream);
         let ended = Instant::now();
         assert_eq!(clock.expired().await, Expired::Header);
         assert_eq!(ended.elapsed(), HEADER);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_head_pipelined_behind_a_large_answer_waits_for_hyper_to_take_all_of_it() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(b"POST /infer HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
+        let mut answer = Answer::new(whole(8 << 20), clock.request());
+        let watchdog = tokio::spawn({
+            let clock = clock.clone();
+            async move { (clock.expired().await, Instant::now()) }
+        });
+        assert_eq!(next_len(&mut answer).await, 8 << 20, "HTTP/1.1 writes a frame whole");
+        // Not ended, though nothing is left: hyper then keeps the body, and its guard, until all
+        // but its write buffer's bound has been written.
+        assert!(!answer.is_end_stream());
+        clock.read(b"GET /healthz HTTP/1.1\r\n\r\n");
+        for _ in 0..10 {
+            tokio::time::sleep(HEADER * 5).await; // longer than the header deadline
+            clock.wrote(); // the answer goes out to a client reading it slowly
+        }
+        assert!(!watchdog.is_finished(), "an answer being written was cut");
+        drop(answer);
+        let ended = Instant::now();
+        let (why, at) = watchdog.await.unwrap();
+        assert_eq!((why, at - ended), (Expired::Header, HEADER), "the head's clock starts now");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_whose_client_stopped_reading_is_cut_at_the_idle_timeout() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        let mut answer = Answer::new(whole(1 << 20), clock.request());
+        next_len(&mut answer).await;
+        tokio::time::sleep(IDLE / 2).await;
+        clock.wrote();
+        let last = Instant::now();
+        assert_eq!(clock.expired().await, Expired::Stalled);
+        assert_eq!(last.elapsed(), IDLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_empty_answer_ends_at_once() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        let answer = Answer::new(Empty::new().boxed_unsync(), clock.request());
+        assert!(answer.is_end_stream(), "hyper drops a body that says so without polling it");
+        drop(answer);
+        let ended = Instant::now();
+        assert_eq!(clock.expired().await, Expired::Idle);
+        assert_eq!(ended.elapsed(), IDLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn http2_writes_of_hypers_own_do_not_hold_an_idle_connection() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(HTTP2);
+        drop(clock.request());
+        let ended = Instant::now();
+        let pinger = pings(&clock, IDLE / 4);
+        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Idle), "held by pings");
+        assert_eq!(ended.elapsed(), IDLE);
+        pinger.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_answer_goes_in_pieces_each_one_progress() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(HTTP2);
+        let mut answer = Answer::new(whole(2 * PIECE + 1), clock.request());
+        assert_eq!(answer.size_hint().exact(), Some(2 * PIECE as u64 + 1));
+        assert_eq!(next_len(&mut answer).await, PIECE);
+        assert_eq!(answer.size_hint().exact(), Some(PIECE as u64 + 1));
+        let pinger = pings(&clock, IDLE / 4);
+        tokio::time::sleep(IDLE - HEADER).await;
+        assert_eq!(next_len(&mut answer).await, PIECE); // the client read the first
+        tokio::time::sleep(IDLE - HEADER).await;
+        assert_eq!(next_len(&mut answer).await, 1);
+        assert!(answer.is_end_stream());
+        let last = Instant::now();
+        // The last piece waits for a window the client never opens; its pings do not count.
+        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Stalled), "held by pings");
+        assert_eq!(last.elapsed(), IDLE);
+        pinger.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_stream_whose_client_stopped_reading_is_cut_however_it_pings() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(HTTP2);
+        let (events, rx) = mpsc::unbounded_channel();
+        let mut answer = Answer::new(Events(rx).boxed_unsync(), clock.request());
+        events.send(Bytes::from_static(b"data: 1\n\n")).unwrap();
+        assert_eq!(next_len(&mut answer).await, 9);
+        let last = Instant::now();
+        let pinger = pings(&clock, IDLE / 4);
+        let expired = within(STREAM * 2, clock.expired()).await;
+        assert_eq!(expired, Ok(Expired::Stalled), "held by pings");
+        assert_eq!(last.elapsed(), STREAM + IDLE);
+        pinger.abort();
     }
 }

@@ -30,7 +30,7 @@ use tracing::{info, warn};
 
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
-use super::settle::{self, answer, give_back, Orphan};
+use super::settle::{self, answer, answer_result, give_back, Orphan};
 use super::streaming;
 use crate::http::protocols::v2::tensor::DataType;
 use crate::job::{Job, Outcome, Sent};
@@ -421,7 +421,7 @@ async fn work(
                         seat.finished(size, weight, now - batch.sent.max(last_done));
                         last_done = now;
                         for (job, outcome) in answers {
-                            answer(job, outcome, now);
+                            answer_result(job, outcome, now);
                         }
                     }
                     Err((why, jobs)) => {
@@ -442,7 +442,9 @@ async fn work(
         // The grace period is over: no retry, the client hears that the proxy is stopping.
         let now = Instant::now();
         for batch in in_flight {
-            batch.jobs.into_iter().for_each(|job| answer(job, Outcome::ShuttingDown, now));
+            for job in batch.jobs {
+                answer(job, Outcome::ShuttingDown, now);
+            }
         }
     } else if !in_flight.is_empty() {
         outbox.halt().await;
@@ -451,22 +453,27 @@ async fn work(
             Ended::Failed { reason, why } => (*reason, why.as_str()),
             _ => ("closed", "connection closed while holding a batch"),
         };
+        let now = Instant::now();
         let orphans = in_flight
             .into_iter()
             .flat_map(|mut batch| {
                 // A worker that hung or died inside a frame had that batch in hand as far as
                 // anyone can tell; one whose socket took not a byte of it never saw it.
                 let reached = outbox.delivery(batch.frame) != Delivery::None;
+                let orphans: Vec<Orphan> =
+                    batch.jobs.into_iter().map(|job| Orphan { job, reached }).collect();
                 if let Some(span) = &mut batch.span {
                     trace::worker_failed(span, reason, why);
-                    for job in batch.jobs.iter().filter(|job| !reached || job.retries > 0) {
-                        trace::retried(span, &job.id.to_string());
+                    // Those that go back to the queue, as `give_back` decides at the same now
+                    // (not a job answered 408 meanwhile, nor one out of retries).
+                    for orphan in orphans.iter().filter(|orphan| orphan.goes_back(now)) {
+                        trace::retried(span, &orphan.job.id.to_string());
                     }
                 }
-                batch.jobs.into_iter().map(move |job| Orphan { job, reached })
+                orphans
             })
             .collect();
-        give_back(seat, orphans, &ended.to_string());
+        give_back(seat, orphans, &ended.to_string(), now);
     }
     ended
 }

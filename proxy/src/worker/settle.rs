@@ -110,18 +110,26 @@ pub struct Orphan {
     pub reached: bool,
 }
 
+impl Orphan {
+    /// Whether [`give_back`] at `now` puts the job back in the queue (else it is answered).
+    pub fn goes_back(&self, now: Instant) -> bool {
+        let live = !self.job.is_expired(now) && !self.job.is_abandoned();
+        live && (!self.reached || self.job.retries > 0)
+    }
+}
+
 /// Jobs whose worker is gone or untrustworthy, oldest first: those with time left before their
 /// deadline go back to the front of the queue, in the same order, for the next idle worker. A
 /// job whose batch reached the worker costs one of its retries (the worker may have run it, and
 /// a poison input must not kill worker after worker); one whose batch never did costs nothing.
 /// The others are answered 500 (`worker_died`).
-pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str) {
-    let now = Instant::now();
+pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: Instant) {
     let mut retry = Vec::new();
     let mut retried = 0;
-    for Orphan { mut job, reached } in orphans {
-        let live = !job.is_expired(now) && !job.is_abandoned();
-        if live && (!reached || job.retries > 0) {
+    for orphan in orphans {
+        let goes_back = orphan.goes_back(now);
+        let Orphan { mut job, reached } = orphan;
+        if goes_back {
             if reached {
                 debug!(request_id = %job.id, "job goes back to the queue for another worker");
                 job.retries -= 1;
@@ -141,17 +149,24 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str) {
     }
 }
 
-/// Answers a job that a worker held. Nobody listening means the client got its 408 already (a
-/// late result, dropped) or disconnected (a cancelled job): either is counted.
-pub fn answer(job: Job, outcome: Outcome, now: Instant) {
+/// Answers a job that a worker held. Nobody listening means the client got its 408 already or
+/// disconnected (a cancelled job): either is counted, now that the worker has given the job back.
+/// Returns whether it was the first (the answer came after the deadline, and was dropped).
+pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     let expired = job.is_expired(now);
-    if !job.answer(outcome) {
-        if expired {
-            metrics().late_results.inc();
-            metrics().expired.with_label_values(&["worker"]).inc();
-        } else {
-            metrics().cancelled.with_label_values(&["worker"]).inc();
-        }
+    if job.answer(outcome) {
+        return false;
+    }
+    let place = if expired { &metrics().expired } else { &metrics().cancelled };
+    place.with_label_values(&["worker"]).inc();
+    expired
+}
+
+/// Answers a job with the result its worker sent: one that came after the job's deadline is
+/// also a late result (a job given back because its worker failed is not: no result came).
+pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
+    if answer(job, outcome, now) {
+        metrics().late_results.inc();
     }
 }
 
@@ -201,7 +216,7 @@ mod tests {
         let (a, _a) = orphan(b"a", 1, true);
         let (b, _b) = orphan(b"b", 1, true);
         let (c, _c) = orphan(b"c", 1, false);
-        give_back(&seat, vec![a, b, c], "died");
+        give_back(&seat, vec![a, b, c], "died", Instant::now());
         let batch = seat.next_batch().await;
         let order: Vec<&[u8]> = batch.iter().map(|job| &job.payload.segments()[0][..]).collect();
         assert_eq!(order, [b"a", b"b", b"c"]);
@@ -216,7 +231,7 @@ mod tests {
         let seat = stage.worker_joined();
         let (unseen, mut unseen_answer) = orphan(b"unseen", 0, false);
         let (seen, seen_answer) = orphan(b"seen", 0, true);
-        give_back(&seat, vec![unseen, seen], "died");
+        give_back(&seat, vec![unseen, seen], "died", Instant::now());
         assert!(matches!(seen_answer.await.map(|r| r.outcome), Ok(Outcome::WorkerLost(_))));
         assert!(unseen_answer.try_recv().is_err(), "not answered: queued again");
         assert_eq!(payloads_of(seat.next_batch().await), [b"unseen"]);

@@ -25,7 +25,7 @@ use super::connection::{
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
-use super::settle::{answer, give_back, output, reason, Orphan};
+use super::settle::{answer, answer_result, give_back, output, reason, Orphan};
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::msgpack;
@@ -335,7 +335,7 @@ impl State {
                 (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
                 (ResultStatus::Expired, _) => Outcome::Expired,
             };
-            answer(job, outcome, now);
+            answer_result(job, outcome, now);
         }
         Ok(())
     }
@@ -360,7 +360,7 @@ impl State {
             }
         }
         if !orphans.is_empty() {
-            give_back(seat, orphans, &ended.to_string());
+            give_back(seat, orphans, &ended.to_string(), now);
         }
     }
 }

@@ -5,8 +5,9 @@ the batch frame. If the ``opentelemetry`` API is installed (the ``otel`` extra:
 ``pip install "./python-client[otel]"`` from the repository)
 the worker then opens, under the application's own tracer provider:
 
-- ``forward``: one span per batch, the child of its first traced job's context and linked to
-  every traced job's, so that a user's own spans inside ``forward`` land in a request's trace;
+- ``forward``: one span per batch, the child of its first sampled job's context and linked to
+  every sampled job's (the first traced job's when none is sampled), so that a user's own spans
+  inside ``forward`` land in a request's trace;
 - ``preprocess`` / ``postprocess``: one span per item, the child of its job's context.
 
 A streaming worker's ``forward`` span lasts as long as the stream of the batch that started it.
@@ -87,11 +88,15 @@ def batch(jobs: Sequence[dict[str, Any]]) -> contextlib.AbstractContextManager[A
 @contextlib.contextmanager
 def _forward(contexts: list[Any], size: int) -> Iterator[Any]:
     trace, _, tracer = _api
-    links = [trace.Link(trace.get_current_span(c).get_span_context()) for c in contexts]
+    spans = [trace.get_current_span(c).get_span_context() for c in contexts]
+    # The parent is the first *sampled* job's: under a parent-based sampler the first job's
+    # unsampled flag made the whole `forward` (and the user's spans in it) unrecorded for the
+    # sampled jobs beside it. Links go to sampled spans only, which are the ones exported.
+    sampled = [i for i, span in enumerate(spans) if span.trace_flags.sampled] or range(len(spans))
     with tracer.start_as_current_span(
         "forward",
-        context=contexts[0],
-        links=links,
+        context=contexts[sampled[0]],
+        links=[trace.Link(spans[i]) for i in sampled],
         attributes={"corral.batch.size": size},
     ) as span:
         yield span

@@ -104,6 +104,7 @@ fn every_option_the_file_sets_is_a_command_line_option() {
         "max_body_bytes",
         "shared_memory_bytes",
         "max_connections",
+        "http2_max_streams",
         "header_read_timeout_ms",
         "body_read_timeout_ms",
         "idle_timeout_ms",
