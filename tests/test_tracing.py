@@ -137,6 +137,10 @@ def test_forward_follows_a_sampled_job_when_the_batchs_first_is_not(corral_facto
     assert forward.links == [(CLIENT_TRACE, request.span_id)]  # the unsampled one is not linked
     (work,) = [s for s in spans if s.name == "user work"]
     assert work.parent_span_id == forward.span_id
+    # The proxy's batch span links to the sampled member alone: the other's span was never
+    # exported.
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    assert batch.links == [(CLIENT_TRACE, request.span_id)]
 
 
 def test_a_request_its_client_did_not_sample_exports_no_batch_span(traced, receiver):

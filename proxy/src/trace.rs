@@ -215,18 +215,21 @@ pub fn queue_wait(
     span.end_with_timestamp(wall(end.unwrap_or_else(Instant::now)));
 }
 
-/// The span of one batch, if a member of it is traced: a root of its own (the batch is shared,
-/// no one request's child), linked to every traced member; sampled if any member is.
+/// The span of one batch, if a member of it is sampled: a root of its own (the batch is shared,
+/// no one request's child), linked to every sampled member. Not to the others: their spans are
+/// never exported, and a link to one led nowhere (a mixed batch linked to them all).
 pub fn batch(stage: &str, pid: u32, jobs: &[Job]) -> Option<Span> {
     let tracer = tracer()?;
-    if jobs.iter().all(|job| job.trace().is_none()) {
-        return None;
-    }
-    let links = jobs
+    let links: Vec<Link> = jobs
         .iter()
         .filter_map(Job::trace)
+        .filter(|context| context.is_sampled())
         .map(|context| Link::with_context(context.clone()))
         .collect();
+    if links.is_empty() {
+        // No member sampled: nor would the batch be (`Linked`); no span costs nothing.
+        return None;
+    }
     let span = tracer
         .span_builder(format!("batch {stage}"))
         .with_kind(SpanKind::Client)
