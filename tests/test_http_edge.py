@@ -388,11 +388,14 @@ def test_an_http2_client_pinging_holds_no_connection_open(corral_factory, case):
                 )
                 client.flush()
             # The answer has begun (its head takes no window); its body cannot come.
-            while not any(
-                isinstance(e, h2.events.ResponseReceived) and e.stream_id == stream
-                for e in client.events() or ()
-            ):
-                pass
+            while True:
+                events = client.events()
+                assert events is not None, "the connection closed before the answer began"
+                if any(
+                    isinstance(e, h2.events.ResponseReceived) and e.stream_id == stream
+                    for e in events
+                ):
+                    break
         # A PING whenever the proxy has been quiet for a third of the idle timeout, until it
         # closes the connection (the old proxy never did: give up after 60 idle timeouts of it).
         client.sock.settimeout(0.1)

@@ -240,7 +240,8 @@ def can_be_process_1() -> bool:
     namespace of its own (util-linux `unshare`, user namespaces allowed)."""
     try:
         done = subprocess.run(
-            ["unshare", "--user", "--map-root-user", "--pid", "--fork", "sh", "-c", 'test $$ = 1'],
+            ["unshare", "--user", "--map-root-user", "--pid", "--fork", "--kill-child=SIGTERM",
+             "sh", "-c", 'test $$ = 1'],
             capture_output=True, timeout=30,
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
@@ -264,7 +265,7 @@ def children(pid: int) -> list[int]:
 PROCESS_1_WARNING = r"WARN.*corral runs as process 1 and spawns workers: orphaned processes"
 
 
-@pytest.mark.skipif(not can_be_process_1(), reason="no PID namespace for an unprivileged user")
+@pytest.mark.skipif(not can_be_process_1(), reason="unshare cannot make a PID namespace here")
 @pytest.mark.parametrize("spawns", [True, False])
 def test_corral_warns_when_it_is_process_1_with_workers_to_spawn(
     corral_factory, tmp_path, monkeypatch, spawns
@@ -288,7 +289,9 @@ def test_corral_warns_when_it_is_process_1_with_workers_to_spawn(
             proxy.wait_for_log(PROCESS_1_WARNING)
             assert proxy.post("as process 1").json()["echo"] == "as process 1"
         os.kill(corral, signal.SIGTERM)
-        # unshare exits with Corral's status; stop() then reads the log to its end.
+        # unshare exits with Corral's status once Corral has drained (signalled itself while
+        # Corral drains, an older unshare would die of it); stop() then reads the log to its end.
+        assert proxy.proc.wait(timeout=30) == 0
         assert proxy.stop() == 0
     finally:
         if proxy.proc.poll() is None:

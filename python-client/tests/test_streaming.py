@@ -665,4 +665,4 @@ def test_the_readmes_spelling_worker_drops_what_follows_a_cancel():
         Stream(["d"], "end"),
         Stream(["x", "y"], "end"),
     )
-    assert ("cancel", 1) in proxy.events
+    assert proxy.events.count(("cancel", 1)) == 1  # not again for each chunk dropped

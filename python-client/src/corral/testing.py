@@ -241,7 +241,7 @@ class FakeProxy:
                     self.events.append(("chunk", i, value))
                     if on_chunk is not None:
                         on_chunk(i, value)
-                    if cancels.get(i) == len(chunks[i]):
+                    if i not in cancelled and cancels.get(i) == len(chunks[i]):
                         cancel(i)
             elif kind == "pull":
                 self.pulls.append(message["max"])
