@@ -446,3 +446,23 @@ def test_http2_max_streams_of_zero_is_refused():
     )
     assert ran.returncode == 2
     assert "invalid value '0' for '--http2-max-streams" in ran.stderr, ran.stderr
+
+
+def test_a_head_request_over_http2_has_headers_and_no_body(corral_factory):
+    """hyper's HTTP/2 server sent a HEAD answer's body, which h2 (and curl) refuse as a
+    protocol error; the answer now says the length and carries none."""
+    proxy = corral_factory()
+    with H2(proxy) as client:
+        stream = client.request("HEAD", "/healthz")
+        got, ended = [], False
+        while not ended:
+            events = client.events()
+            assert events is not None, "the connection closed before the answer ended"
+            got += events  # a DATA frame on a HEAD stream raises here, in h2
+            ended = any(
+                isinstance(e, h2.events.StreamEnded) and e.stream_id == stream for e in events
+            )
+    (head,) = [e for e in got if isinstance(e, h2.events.ResponseReceived)]
+    headers = dict(head.headers)
+    assert headers[":status"] == "200" and headers["content-length"] == "15"
+    assert not [e for e in got if isinstance(e, h2.events.DataReceived)]

@@ -44,6 +44,27 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path, stop):
     proxy.wait_for_log(r"corral is shutting down")  # the workers were told
 
 
+def test_a_corral_started_ignoring_sighup_goes_on_ignoring_it(
+    corral_factory, tmp_path, monkeypatch
+):
+    """Under `nohup` (SIGHUP ignored, inherited across exec) a hangup must not stop Corral: a
+    SIGHUP then a SIGTERM is one stop signal, a clean drain (exit 0), not a second signal's
+    exit at once (1), as it was when Corral's own listener replaced the ignored disposition."""
+    import conftest
+
+    wrapper = tmp_path / "nohup-like"
+    wrapper.write_text(f"#!/bin/sh\ntrap '' HUP\nexec {conftest.BINARY} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setattr(conftest, "BINARY", str(wrapper))
+    proxy = corral_factory()
+    assert proxy.post("before").status_code == 200
+    proxy.proc.send_signal(signal.SIGHUP)
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert proxy.proc.wait(timeout=30) == 0
+    proxy.stop()  # reads the log to its end
+    assert not any("second signal" in line for line in proxy.lines)
+
+
 def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory, tmp_path):
     proxy = corral_factory("--max-wait-ms=0", "--grace-period-ms=300")
     gate = tmp_path / "gate"

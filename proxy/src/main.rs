@@ -172,7 +172,8 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
 /// Completes on the first SIGINT, SIGTERM or SIGHUP; a second one exits at once, killing the
 /// spawned workers first (the orderly stop that would have ended them is cut short). SIGHUP (its
 /// terminal gone; Corral reloads nothing) took the default action before: an exit on the spot,
-/// jobs dropped and the socket file left behind.
+/// jobs dropped and the socket file left behind. Where it was ignored when Corral started (run
+/// under `nohup`), it stays ignored: a listener would replace the disposition asked for.
 ///
 /// The handlers are installed when this is called, before anything listens, not when the future
 /// is first polled: a SIGTERM that came as soon as the proxy listened took the default action
@@ -180,24 +181,46 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
 fn stop_signal() -> impl std::future::Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
-    let mut hup = signal(SignalKind::hangup()).expect("can install a SIGHUP handler");
+    let mut hup = (!hangup_ignored())
+        .then(|| signal(SignalKind::hangup()).expect("can install a SIGHUP handler"));
     async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
-            _ = hup.recv() => {}
+            _ = hangup(&mut hup) => {}
         }
         second_signal(term, int, hup);
     }
 }
 
+/// A SIGHUP, where Corral listens for one; else never.
+async fn hangup(hup: &mut Option<Signal>) {
+    match hup {
+        Some(hup) => {
+            hup.recv().await;
+        }
+        None => std::future::pending().await,
+    }
+}
+
+/// Whether SIGHUP was ignored when Corral started, as `nohup` leaves it.
+fn hangup_ignored() -> bool {
+    // SAFETY: with a null new action, sigaction only writes the current one into `old`, a
+    // zeroed sigaction (a valid value of the plain C struct).
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(libc::SIGHUP, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
+
 /// After the first stop signal, the second exits at once.
-fn second_signal(mut term: Signal, mut int: Signal, mut hup: Signal) {
+fn second_signal(mut term: Signal, mut int: Signal, mut hup: Option<Signal>) {
     tokio::spawn(async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
-            _ = hup.recv() => {}
+            _ = hangup(&mut hup) => {}
         }
         tracing::warn!("second signal: exiting now");
         corral::supervisor::group::kill_all();

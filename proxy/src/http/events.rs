@@ -25,9 +25,11 @@ impl Framing {
     }
 
     /// The streamed framing an `Accept` header asks for, if any: a stream is what a client that
-    /// names one wants, unless it names a one-shot form it prefers (a higher `q`:
+    /// names one wants, unless it prefers JSON or msgpack (a higher `q`:
     /// `text/event-stream;q=0.1, application/json` is JSON); among streams the highest `q`, the
-    /// first listed on a tie. Wildcards (`*/*`) do not count against a stream named beside them.
+    /// first listed on a tie. Wildcards, and types only a raw output could meet (`text/plain`),
+    /// do not count against a stream named beside them: a one-shot answer might not meet them,
+    /// and a client refused after its job ran (406) is worse off than one streamed to.
     pub fn requested(accept: Option<&HeaderValue>) -> Option<Framing> {
         let accept = accept?.to_str().ok()?;
         let mut stream: Option<(f32, Framing)> = None;
@@ -37,11 +39,11 @@ impl Framing {
             let framing = match media {
                 m if m.eq_ignore_ascii_case("text/event-stream") => Framing::Sse,
                 m if m.eq_ignore_ascii_case("application/x-ndjson") => Framing::Ndjson,
-                m if m.ends_with("/*") => continue,
-                _ => {
+                m if Format::from_media_type(m).is_some() => {
                     one_shot = one_shot.max(quality);
                     continue;
                 }
+                _ => continue,
             };
             if stream.is_none_or(|(best, _)| quality > best) {
                 stream = Some((quality, framing));
@@ -101,6 +103,7 @@ mod tests {
         assert_eq!(accept("application/json;q=0.9, text/event-stream"), Some(Framing::Sse));
         assert_eq!(accept("application/json, text/event-stream"), Some(Framing::Sse));
         assert_eq!(accept("text/event-stream;q=0.2, */*"), Some(Framing::Sse));
+        assert_eq!(accept("text/event-stream;q=0.5, text/plain"), Some(Framing::Sse));
         assert_eq!(
             accept(
                 "application/x-ndjson;q=0.5, text/event-stream;q=0.8, application/msgpack;q=0.6"

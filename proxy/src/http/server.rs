@@ -44,6 +44,17 @@ pub struct Limits {
     pub http2_max_streams: u32,
 }
 
+/// A HEAD request's answer: its headers, the length its body would have had, and no body.
+/// hyper's HTTP/1.1 server leaves a HEAD answer's body out itself; its HTTP/2 server sent it,
+/// which clients refuse as a protocol error.
+fn without_body(mut response: http::Response<super::Body>) -> http::Response<super::Body> {
+    use http_body_util::BodyExt;
+    if let Some(length) = hyper::body::Body::size_hint(response.body()).exact() {
+        response.headers_mut().entry(http::header::CONTENT_LENGTH).or_insert(length.into());
+    }
+    response.map(|_| http_body_util::Empty::new().boxed_unsync())
+}
+
 /// The body of the answer to a connection over `max_connections`. The answer is written straight
 /// to the socket: hyper is not involved, so it costs no buffers and cannot hang.
 const TOO_MANY_CONNECTIONS: &str =
@@ -108,7 +119,11 @@ pub async fn serve(
             move |request| {
                 let (app, in_progress) = (app.clone(), clock.request());
                 async move {
-                    let response = routes::route(&app, request).await;
+                    let head = request.method() == hyper::Method::HEAD;
+                    let mut response = routes::route(&app, request).await;
+                    if head {
+                        response = without_body(response);
+                    }
                     // Its request is in progress until hyper has taken the last of the answer:
                     // a request pipelined behind a large answer started the header clock, and
                     // cut the answer, when it ended with the handler.
