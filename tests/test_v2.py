@@ -112,6 +112,20 @@ def test_only_the_outputs_asked_for_come_back(proxy):
     assert result.as_numpy("SCALED") is None
 
 
+def test_classification_is_refused_not_answered_with_the_raw_tensor(proxy):
+    # Triton's classification extension: Corral does not serve it (GET /v2 lists what it does),
+    # and a client asking for classes was given the raw tensor with a 200.
+    x, scale, words = rows(1)
+    with client(proxy) as c, pytest.raises(InferenceServerException) as refused:
+        c.infer(
+            "default",
+            tensors(x, scale, words),
+            outputs=[triton.InferRequestedOutput("SUM", class_count=1)],
+        )
+    assert refused.value.status() == "400"
+    assert 'output "SUM" asks for classification' in str(refused.value)
+
+
 def test_a_request_of_64_rows_is_64_jobs_in_order(proxy):
     x, scale, words = rows(64)
     result = infer(proxy, x, scale, words, True)
@@ -447,3 +461,23 @@ def test_twenty_thousand_inputs_and_outputs_of_a_worker_that_declares_none(corra
         assert [o["data"] for o in outputs] == [[i] for i in order]
     twice = sidecar.client.post("/v2/models/default/infer", json={"inputs": [*inputs, inputs[7]]})
     assert twice.status_code == 400 and "appears twice" in twice.json()["error"], twice.text
+
+
+def test_a_typed_worker_serves_v2_clients(corral_factory):
+    """examples/typed declares a msgspec `Vector` of `values: list[float]`: a v2 row arrives as
+    a tensor value, which the typed decoder refused (every v2 request was a 422). It now takes
+    the row as lists; the type's own limits still answer 422 in v2's shape."""
+    typed = str(Path(__file__).parents[1] / "examples" / "typed" / "worker.py")
+    proxy = corral_factory(worker=typed)
+    for binary in (False, True):
+        values = triton.InferInput("values", [2, 2], "FP32")
+        values.set_data_from_numpy(np.array([[3, 4], [6, 8]], dtype=np.float32), binary)
+        with client(proxy) as c:
+            answer = c.infer("default", [values])
+        assert answer.as_numpy("norm").tolist() == [5.0, 10.0]
+        assert answer.as_numpy("size").tolist() == [2, 2]
+    too_long = triton.InferInput("values", [1, 1025], "FP32")
+    too_long.set_data_from_numpy(np.zeros((1, 1025), dtype=np.float32))
+    with client(proxy) as c, pytest.raises(InferenceServerException) as refused:
+        c.infer("default", [too_long])
+    assert "row 0" in str(refused.value) and "1024" in str(refused.value)

@@ -90,31 +90,45 @@ def differs_in_msgpack(node: msgspec.inspect.Type) -> bool:
 
 def lenient(input_type: Any, info: msgspec.inspect.Type) -> Lenient | None:
     """The second try for payloads of ``input_type`` (``info``, msgspec's description of it), or
-    None where it could take no payload the one-pass decoder refused: a type that holds no value
-    refused in its JSON form, or one that holds a ``Raw`` (which only that decoder makes)."""
-    if not holds(info, refused_in_json_form):
-        return None
+    None for a type that holds a ``Raw`` (which only the one-pass decoder makes). A payload the
+    one-pass decoder refused may be a JSON client's (a type holding values refused in their JSON
+    form) or an Open Inference Protocol v2 row, whose tensors only a second try turns into the
+    lists the type asks for (typed workers once refused every v2 request)."""
     if holds(info, lambda node: isinstance(node, msgspec.inspect.RawType)):
         return None
-    return Lenient(input_type)
+    return Lenient(input_type, json_form=holds(info, refused_in_json_form))
 
 
 class Lenient:
     """The second try at a payload the one-pass decoder of ``input_type`` refused: decoded as
-    any msgpack value, then converted to ``input_type`` from its JSON form."""
+    any msgpack value, its tensor values as nested lists, then converted to ``input_type`` from
+    its JSON form. Only a payload that may be worth it is tried: one with a tensor value, or any
+    where the type holds values refused in their JSON form (``json_form``)."""
 
-    def __init__(self, input_type: Any) -> None:
+    def __init__(self, input_type: Any, json_form: bool) -> None:
         self.type = input_type
-        # Tensor values and other ext types decoded as the one-pass decoder gives them.
-        self.decoder = msgspec.msgpack.Decoder(Any, ext_hook=_tensors.ext_hook)
+        self.json_form = json_form
 
-    def decode(self, payload: bytes | memoryview) -> Any:
+    def decode(self, payload: bytes | memoryview, refused: msgspec.ValidationError) -> Any:
         """The payload as ``input_type``, or :class:`ValidationError` with msgspec's message
-        about its JSON form (an invalid base64 string, say, rather than "expected bytes")."""
+        about its JSON form (an invalid base64 string, say, rather than "expected bytes"); the
+        first decoder's (``refused``) where a second try could change nothing."""
+        tensors = []
+
+        def ext_hook(code: int, data: Any) -> Any:
+            value = _tensors.ext_hook(code, data)
+            if code != _tensors.EXT_TENSOR:
+                return value
+            tensors.append(code)
+            return value.tolist() if hasattr(value, "tolist") else value
+
         try:
-            value = self.decoder.decode(payload)
+            # A decoder per try: its hook counts this payload's tensors (refused payloads only).
+            value = msgspec.msgpack.Decoder(Any, ext_hook=ext_hook).decode(payload)
         except msgspec.DecodeError as e:  # malformed past where the typed decoder stopped
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
+        if not tensors and not self.json_form:
+            raise ValidationError(str(refused)) from refused
         try:
             # str_keys: a JSON object's keys are strings, whatever the type's are.
             return msgspec.convert(value, self.type, str_keys=True)

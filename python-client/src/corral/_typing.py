@@ -79,10 +79,12 @@ class Codec:
         except msgspec.ValidationError as e:
             if self.lenient is None:
                 raise ValidationError(str(e)) from e
+            refused = e
         except msgspec.DecodeError as e:
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
-        # Well-formed, refused by the type: maybe a JSON client's (a base64 string for bytes).
-        return self.lenient.decode(payload)
+        # Well-formed, refused by the type: maybe a JSON client's (a base64 string for bytes), or
+        # a v2 row (tensor values where the type has lists).
+        return self.lenient.decode(payload, refused)
 
     def encode(self, output: Any) -> bytes:
         """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),

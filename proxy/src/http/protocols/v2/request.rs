@@ -55,6 +55,11 @@ struct Parameters {
     binary_data: Option<bool>,
     #[serde(default)]
     binary_data_output: Option<bool>,
+    /// Triton's classification extension (an output's top classes as `"value:index"`), which
+    /// Corral does not serve: refused rather than ignored, since the client would get the raw
+    /// tensor where it expects classes. `GET /v2` lists the extensions served.
+    #[serde(default)]
+    classification: Option<serde::de::IgnoredAny>,
 }
 
 /// An output the client asked for, and whether it wants it as binary data.
@@ -188,11 +193,17 @@ pub fn parse(
     let outputs = header
         .outputs
         .into_iter()
-        .map(|o| Requested {
-            binary: o.parameters.binary_data.unwrap_or(binary_by_default),
-            name: o.name,
+        .map(|o| match o.parameters.classification {
+            Some(_) => Err(format!(
+                "output {:?} asks for classification, an extension Corral does not serve",
+                o.name
+            )),
+            None => Ok(Requested {
+                binary: o.parameters.binary_data.unwrap_or(binary_by_default),
+                name: o.name,
+            }),
         })
-        .collect();
+        .collect::<Result<_, _>>()?;
     Ok(Request { id: header.id, outputs, binary_by_default, inputs, rows, body: body.clone() })
 }
 
