@@ -3,6 +3,7 @@ chunks as they come, END, cancellation, deadlines, failures, joining a running g
 plain workers unchanged."""
 
 import functools
+import os
 import socket
 import threading
 import time
@@ -666,3 +667,67 @@ def test_the_readmes_spelling_worker_drops_what_follows_a_cancel():
         Stream(["x", "y"], "end"),
     )
     assert proxy.events.count(("cancel", 1)) == 1  # not again for each chunk dropped
+
+
+def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch):
+    """Under steady traffic a joining generator never returned on its own: each job it ever
+    took kept a position, and each step walked them all. Past its bound (here 16 x max_running,
+    64) a run offers no more room, so its streams finish and it returns; the proxy's next batch
+    starts a new run from position 0."""
+    monkeypatch.setattr(_streaming, "MAX_POSITIONS", 0)
+
+    class Link:  # the proxy's side: a new job answers each standing offer, at once
+        def __init__(self):
+            self.offers = []
+            self.owed = 0
+
+        def send(self, frame):
+            message = msgpack.unpackb(frame[4:])
+            if message["type"] == "pull":
+                self.offers.append(message["max"])
+                self.owed = message["max"]
+
+        def take_cancelled(self):
+            return set()
+
+        def keep_cancelled(self, ids):
+            list(ids)
+
+        def take_batches(self):
+            owed, self.owed = self.owed, 0
+            return [[protocol.job(os.urandom(16), 60_000, msgpack.packb("x"))] for _ in range(owed)]
+
+    class Steady(corral.Worker):
+        max_running = 4
+
+        def forward(self, items):
+            live, positions = list(range(len(items))), len(items)
+            while live:
+                out = [None] * positions
+                out[live.pop(0)] = corral.END  # the oldest ends; the others stream on
+                for p in live:
+                    out[p] = "x"
+                new = yield out
+                live += range(positions, positions + len(new))
+                positions += len(new)
+            self.positions = positions
+
+    link, worker = Link(), Steady()
+    jobs = [protocol.job(os.urandom(16), 60_000, msgpack.packb("x")) for _ in range(4)]
+    _streaming.run(worker, jobs, link, _streaming.limit(worker))
+    assert worker.positions == 16 * Steady.max_running
+    assert sum(link.offers) == 16 * Steady.max_running - len(jobs)  # none past the bound
+
+
+def test_a_forward_that_changes_its_run_s_lists_fails_its_batch_not_the_worker():
+    class Meddles(corral.Worker):
+        def forward(self, words):
+            yield [w[0] for w in words]
+            self.deadlines.pop()  # the run's own list: its next step indexed past its end
+            yield [w[1] for w in words]
+
+    with FakeProxy(Meddles()) as proxy:
+        ab, cd = proxy.stream(["ab", "cd"])
+        assert (ab.chunks, ab.status, cd.status) == (["a"], "error", "error")
+        assert "IndexError" in ab.message
+        assert proxy.stream(["ok"])[0].status == "error"  # the worker lives on: still meddling

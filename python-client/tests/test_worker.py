@@ -303,6 +303,43 @@ def serve_twice_then_end_the_proxy(path: str, proxy: subprocess.Popen) -> None:
     assert not thread.is_alive(), "the worker went on reconnecting after its proxy exited"
 
 
+def test_sessions_that_end_as_they_start_are_retried_with_a_backoff(tmp_path, monkeypatch):
+    """A proxy that drops every connection at once (another version refusing the hello, say)
+    had an external worker reconnect with no pause: some 250 connections a second."""
+    slept = []
+
+    class Clock(_Clock):  # stands still, so every session is short; sleeping is recorded
+        def sleep(self, seconds: float) -> None:
+            slept.append(seconds)
+
+    monkeypatch.setattr("corral._serve.time", Clock())
+    stand_in = [sys.executable, "-c", "import sys; sys.stdin.read()"]
+    with subprocess.Popen(stand_in, stdin=subprocess.PIPE) as proxy:
+        try:
+            monkeypatch.setenv("CORRAL_PROXY_PID", str(proxy.pid))
+            monkeypatch.delenv("CORRAL_WORKER_INDEX", raising=False)
+            path = str(tmp_path / "w.sock")
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.settimeout(30)
+            server.bind(path)
+            server.listen()
+            thread = threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
+            with server:
+                thread.start()
+                for n in range(4):
+                    conn, _ = server.accept()
+                    with conn, conn.makefile("rb") as stream:
+                        assert protocol.read_frame(stream)["type"] == "hello"
+                        if n == 3:
+                            proxy.kill()  # gone before the worker sees this close
+                            proxy.wait()
+            thread.join(timeout=30)
+        finally:
+            proxy.kill()
+    assert not thread.is_alive()
+    assert slept[:3] == [0.05, 0.1, 0.2]  # before the second, third and fourth connection
+
+
 def protocol_batch(jobs):
     return {
         "type": "batch",

@@ -307,8 +307,9 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
             time.sleep(delay)  # nothing to await: the proxy is not there yet
             delay = min(delay * 2, 1.0)
             continue
-        delay, waiting_logged = 0.05, False
+        waiting_logged = False
         log.info("connected to corral at %s", path)
+        connected = time.monotonic()
         try:
             serve_one(sock)
             log.info("proxy closed the connection")
@@ -322,6 +323,18 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
             # The proxy that spawned us restarts us if it still wants a worker; reconnecting
             # on our own could outlive it.
             return
+        if time.monotonic() - connected < _SHORT_SESSION:
+            # A session that ends as it starts (a proxy of another version refusing our hello,
+            # one dropping every connection) is retried with the backoff of a proxy not there
+            # yet, not at once: that was 250 connections and 500 log lines a second.
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        else:
+            delay = 0.05
+
+
+# A session shorter than this is retried after a backoff, as a failed connect is.
+_SHORT_SESSION = 1.0
 
 
 class _ProxyWatch:
