@@ -280,12 +280,18 @@ def test_run_connects_to_the_socket_and_reconnects(tmp_path, monkeypatch, caplog
             proxy.kill()
 
 
-def serve_twice_then_end_the_proxy(path: str, proxy: subprocess.Popen) -> None:
+def stand_in_proxy(path: str) -> tuple[socket.socket, threading.Thread]:
+    """A socket listening at ``path`` as the proxy's would, and an external Echo worker's
+    connect loop for it, not started yet."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.settimeout(30)  # a worker that never reconnects fails the test, not pytest's timeout
     server.bind(path)
     server.listen()
-    thread = threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
+    return server, threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
+
+
+def serve_twice_then_end_the_proxy(path: str, proxy: subprocess.Popen) -> None:
+    server, thread = stand_in_proxy(path)
     with server:
         thread.start()
         for n in range(2):
@@ -318,12 +324,7 @@ def test_sessions_that_end_as_they_start_are_retried_with_a_backoff(tmp_path, mo
         try:
             monkeypatch.setenv("CORRAL_PROXY_PID", str(proxy.pid))
             monkeypatch.delenv("CORRAL_WORKER_INDEX", raising=False)
-            path = str(tmp_path / "w.sock")
-            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            server.settimeout(30)
-            server.bind(path)
-            server.listen()
-            thread = threading.Thread(target=Echo()._run_forever, args=(path,), daemon=True)
+            server, thread = stand_in_proxy(str(tmp_path / "w.sock"))
             with server:
                 thread.start()
                 for n in range(4):
