@@ -98,6 +98,21 @@ def test_406_unacceptable_accept(proxy):
     assert_error(response, 406, "not_acceptable")
 
 
+def test_several_items_for_a_client_that_takes_only_raw_bytes_are_406_before_they_run(
+    corral_factory, tmp_path
+):
+    # Their answer is an array, JSON or msgpack: `Accept: image/png` cannot take it, and the
+    # items once ran before the 406.
+    from test_failures import received
+
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(env={"SCRIPTED_LOG": str(log)})
+    many = {"x-corral-items": "many", "accept": "image/png"}
+    assert_error(proxy.post([1, 2], headers=many), 406, "not_acceptable")
+    assert proxy.post("after").status_code == 200  # the worker logs every job it gets
+    assert received(log) == ["after"]
+
+
 def test_415_for_a_content_type_that_is_not_a_media_type(proxy):
     # Any media type but JSON, msgpack and a form is raw bytes (tests/test_raw_bodies.py); a
     # value that is not one (no type/subtype) is refused.

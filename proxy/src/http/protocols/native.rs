@@ -87,16 +87,14 @@ pub async fn handle(
         };
     }
 
+    // The answer is an array, never raw bytes: its format is known before any job runs, and a
+    // client that accepts neither JSON nor msgpack (`Accept: image/png`) is refused now, not
+    // after its items ran for nothing.
+    let format = negotiation.structured().ok_or_else(ApiError::not_acceptable)?;
     // A request of several items was read whole: its payload is one buffer, shared.
     let elements = items::split(&input.payload.to_bytes()).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
-    // The answer is an array, never raw bytes: its format is known before it is written. Failed
-    // items are reported as such (their error, with the list of them) even to a client that
-    // accepts neither format: the 406 is only for an answer that would have been written.
-    let format = negotiation.structured();
-    let body = items::assemble(outcomes, format.unwrap_or(Format::Msgpack))?;
-    let format = format.ok_or_else(ApiError::not_acceptable)?;
-    Ok(respond(format, body))
+    Ok(respond(format, items::assemble(outcomes, format)?))
 }
 
 /// What a native route's request body is.
