@@ -7,6 +7,7 @@ HTTP/2 connection runs at most --http2-max-streams requests at once."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import resource
@@ -312,6 +313,29 @@ def test_a_request_pipelined_behind_a_large_answer_waits_for_it(corral_factory):
         assert head.startswith(b"HTTP/1.1 200") and json.loads(answer) == {"status": "ok"}
 
 
+def test_an_http1_answer_its_client_does_not_read_is_cut_at_the_idle_timeout(corral_factory):
+    """README: --idle-timeout-ms also bounds a one-shot answer its client does not read
+    (HTTP/1.1: nothing written for that long); an 8 MB answer held by a client that reads
+    nothing does not hold its connection for ever."""
+    proxy = corral_factory(
+        "--idle-timeout-ms=300", "--max-body-bytes=67108864", env={"RUST_LOG": "debug"}
+    )
+    body = json.dumps({"pad": "x" * 8_000_000}).encode()
+    url = urlparse(proxy.url)
+    with socket.socket() as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        conn.settimeout(20)
+        conn.connect((url.hostname, url.port))
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: %d\r\n\r\n" % len(body) + body
+        )
+        proxy.wait_for_log(r"closed a connection whose client stopped reading its answers")
+        head, answer, _ = read_answer(conn)  # what the socket buffers held, then the end
+    assert head.startswith(b"HTTP/1.1 200")
+    assert len(answer) < 8_000_000
+
+
 class H2:
     """An HTTP/2 (h2c) client on a plain socket, as careless as a test needs: it reads only when
     told to. The h2 library acknowledges the proxy's SETTINGS and PINGs as it reads them."""
@@ -466,3 +490,27 @@ def test_a_head_request_over_http2_has_headers_and_no_body(corral_factory):
     headers = dict(head.headers)
     assert headers[":status"] == "200" and headers["content-length"] == "15"
     assert not [e for e in got if isinstance(e, h2.events.DataReceived)]
+
+
+def test_large_answers_on_one_http2_connection_arrive_whole(corral_factory):
+    """Answers go to hyper in 16 KiB pieces over HTTP/2, each one counted as the client's
+    progress: at the sizes and concurrency clients use — 64 streams at once on one connection,
+    answers far past the 64 KiB window, two of 4 MiB — every answer arrives whole. (httpx's
+    asyncio client: its threaded one shares an h2 connection across threads unsafely.)"""
+    proxy = corral_factory("--max-wait-ms=0")
+    sizes = [256 * 1024] * 64 + [4 * 1024 * 1024] * 2
+
+    async def echoes():
+        # h2c with prior knowledge: httpx speaks HTTP/2 over plain TCP only when told to.
+        async with httpx.AsyncClient(
+            base_url=proxy.url, http1=False, http2=True, timeout=60
+        ) as client:
+
+            async def echo(n: int):
+                text = f"{n:04d}" * (sizes[n] // 4)
+                answer = await client.post("/infer", json=text)
+                return answer.http_version, answer.status_code, answer.json()["echo"] == text
+
+            return await asyncio.gather(*(echo(n) for n in range(len(sizes))))
+
+    assert asyncio.run(echoes()) == [("HTTP/2", 200, True)] * len(sizes)

@@ -385,6 +385,15 @@ def test_multi_mib_binary_tensors_from_many_clients(corral_factory, rows, width,
     )
 
 
+def answered_by(sidecar, worker, pool, body, data: bytes):
+    """The answer to one v2 request of one row on `sidecar`, whose fake `worker` answers that
+    row's job `data`."""
+    answer = pool.submit(sidecar.client.post, "/v2/models/default/infer", json=body)
+    (job,) = worker.receive()["jobs"]
+    worker.send(protocol.results([protocol.ok(job["id"], data)]))
+    return answer.result(timeout=60)
+
+
 @pytest.mark.parametrize(
     ("result", "problem"),
     [
@@ -404,18 +413,10 @@ def test_a_result_v2_cannot_answer_from_a_worker_that_declares_no_outputs_is_a_5
     worker = FakeWorker(sidecar.socket)
     sidecar.wait_for_log(r"worker connected")
     body = {"inputs": [{"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}]}
-
-    def answered(pool, data: bytes):
-        """The answer to one request whose one row the worker answers `data`."""
-        answer = pool.submit(sidecar.client.post, "/v2/models/default/infer", json=body)
-        (job,) = worker.receive()["jobs"]
-        worker.send(protocol.results([protocol.ok(job["id"], data)]))
-        return answer.result(timeout=30)
-
     try:
         with ThreadPoolExecutor(1) as pool:
-            failed = answered(pool, result)
-            served = answered(pool, b"\x81\xa1y\x03")  # {"y": 3}
+            failed = answered_by(sidecar, worker, pool, body, result)
+            served = answered_by(sidecar, worker, pool, body, b"\x81\xa1y\x03")  # {"y": 3}
     finally:
         worker.close()
     assert failed.status_code == 500, failed.text
@@ -440,18 +441,12 @@ def test_twenty_thousand_inputs_and_outputs_of_a_worker_that_declares_none(corra
         {"name": f"k{i}", "shape": [1], "datatype": "INT64", "data": [i]} for i in range(count)
     ]
     result = msgpack.packb({f"k{i}": i for i in range(count)})
-
-    def answered(pool, body):
-        answer = pool.submit(sidecar.client.post, "/v2/models/default/infer", json=body)
-        (job,) = worker.receive()["jobs"]
-        worker.send(protocol.results([protocol.ok(job["id"], result)]))
-        return answer.result(timeout=60)
-
     try:
         with ThreadPoolExecutor(1) as pool:
-            every = answered(pool, {"inputs": inputs})
+            every = answered_by(sidecar, worker, pool, {"inputs": inputs}, result)
             named = [{"name": f"k{i}"} for i in reversed(range(count))]
-            by_name = answered(pool, {"inputs": inputs, "outputs": named})
+            body = {"inputs": inputs, "outputs": named}
+            by_name = answered_by(sidecar, worker, pool, body, result)
     finally:
         worker.close()
     for response, order in ((every, range(count)), (by_name, range(count - 1, -1, -1))):
@@ -461,6 +456,17 @@ def test_twenty_thousand_inputs_and_outputs_of_a_worker_that_declares_none(corra
         assert [o["data"] for o in outputs] == [[i] for i in order]
     twice = sidecar.client.post("/v2/models/default/infer", json={"inputs": [*inputs, inputs[7]]})
     assert twice.status_code == 400 and "appears twice" in twice.json()["error"], twice.text
+
+
+def test_v2_readiness_is_503_until_a_worker_connects(corral_factory):
+    # ARCHITECTURE: not ready is 503 on every health route (the spec says a 4xx; tritonclient
+    # reads only 200 as ready).
+    proxy = corral_factory(worker=None)
+    for path in ("/v2/health/ready", "/v2/models/default/ready"):
+        assert proxy.client.get(path).status_code == 503, path
+    with client(proxy) as c:
+        assert not c.is_server_ready()
+    assert proxy.client.get("/v2/health/live").status_code == 200
 
 
 def test_a_typed_worker_serves_v2_clients(corral_factory):

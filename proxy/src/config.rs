@@ -113,8 +113,9 @@ pub struct Config {
 
     /// Streaming answers (Accept: text/event-stream or application/x-ndjson): longest a stream
     /// may last from the request's arrival; past it the stream ends with an error event
-    /// (deadline_exceeded) and the job is cancelled in the worker. The job's own deadline
-    /// (--timeout-ms, x-corral-timeout-ms) bounds the time to the first chunk.
+    /// (deadline_exceeded) and the job is cancelled in the worker, whatever the job's deadline.
+    /// That deadline (--timeout-ms, x-corral-timeout-ms) bounds the time to the first chunk,
+    /// and no later than this.
     #[arg(long, env = "CORRAL_STREAM_TIMEOUT_MS", default_value_t = 300_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub stream_timeout_ms: u64,
@@ -144,7 +145,9 @@ pub struct Config {
           value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
     pub http2_max_streams: u32,
 
-    /// Time a client has to send a request's headers, counted from the request's first byte.
+    /// Time a client has to send an HTTP/1.1 request's headers, counted from the request's first
+    /// byte (behind an answer still being written, from that answer's end). HTTP/2 heads, and a
+    /// head that starts while the previous request's handler runs, have --idle-timeout-ms.
     #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub header_read_timeout_ms: u64,
@@ -155,8 +158,10 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub body_read_timeout_ms: u64,
 
-    /// How long a keep-alive connection may sit idle (no request in progress, nothing written)
-    /// before it is closed; a stream being written is a request in progress.
+    /// How long a keep-alive connection may sit idle (no request in progress) before it is
+    /// closed; an answer being written, a stream too, is a request in progress. It also bounds
+    /// an answer its client does not read: no progress for this long (HTTP/1.1: nothing
+    /// written; HTTP/2: no 16 KiB piece taken; a client's PINGs count for nothing).
     #[arg(long, env = "CORRAL_IDLE_TIMEOUT_MS", default_value_t = 60_000,
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
@@ -169,7 +174,7 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_HEADERS", default_value_t = 100)]
     pub max_headers: usize,
 
-    /// At SIGTERM/SIGINT: how long queued and in-flight jobs get to finish before what is left
+    /// At SIGTERM/SIGINT/SIGHUP: how long queued and in-flight jobs get to finish before what is left
     /// is answered 503.
     #[arg(long, env = "CORRAL_GRACE_PERIOD_MS", default_value_t = 10_000)]
     pub grace_period_ms: u64,

@@ -11,6 +11,7 @@
 use bytes::Bytes;
 use http::HeaderValue;
 
+use super::error::ApiError;
 use super::protocols::v2::tensor;
 use super::validate;
 
@@ -253,8 +254,12 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
     }
 }
 
-/// What a client that can choose its answer's format may do about an output JSON cannot carry.
-pub const MSGPACK_CAN: &str = "; msgpack can (Accept: application/msgpack)";
+/// A native client's 500 for an output JSON cannot carry (`why`, from [`from_msgpack`]): unlike
+/// a protocol's client, it may ask for msgpack instead, and is told so.
+pub fn unrepresentable_for_native(why: String) -> ApiError {
+    let message = format!("{why}; msgpack can (Accept: application/msgpack)");
+    ApiError::internal("unrepresentable_output", message)
+}
 
 /// Turns a worker's msgpack output into the answer format. Tensor values in it (from a worker
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:

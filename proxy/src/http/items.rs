@@ -51,11 +51,9 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
         .map(|outcome| match (outcome, format) {
             (Outcome::Done(data, _), Format::Msgpack) => Ok(data),
             // Asked by a native client, which may ask for msgpack instead.
-            (Outcome::Done(data, _), Format::Json) => format::from_msgpack(Format::Json, data)
-                .map_err(|e| {
-                    let message = format!("{e}{}", format::MSGPACK_CAN);
-                    ApiError::internal("unrepresentable_output", message)
-                }),
+            (Outcome::Done(data, _), Format::Json) => {
+                format::from_msgpack(Format::Json, data).map_err(format::unrepresentable_for_native)
+            }
             (other, _) => Err(ApiError::from_outcome(other)),
         })
         .collect();

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::JobId;
+use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
@@ -48,7 +49,6 @@ pub struct Limits {
 /// hyper's HTTP/1.1 server leaves a HEAD answer's body out itself; its HTTP/2 server sent it,
 /// which clients refuse as a protocol error.
 fn without_body(mut response: http::Response<super::Body>) -> http::Response<super::Body> {
-    use http_body_util::BodyExt;
     if let Some(length) = hyper::body::Body::size_hint(response.body()).exact() {
         response.headers_mut().entry(http::header::CONTENT_LENGTH).or_insert(length.into());
     }
@@ -119,6 +119,7 @@ pub async fn serve(
             move |request| {
                 let (app, in_progress) = (app.clone(), clock.request());
                 async move {
+                    // A HEAD request runs its handler as a GET would (the length is the body's).
                     let head = request.method() == hyper::Method::HEAD;
                     let mut response = routes::route(&app, request).await;
                     if head {

@@ -1,13 +1,13 @@
-//! The streamed answer path, beside the one-shot one ([`super::protocols::native`]): a job whose chunks go
-//! to the client as Server-Sent Events or NDJSON as they arrive ([`super::events`]).
+//! The streamed answer path, beside the one-shot one ([`super::protocols::native`]): a job whose
+//! chunks go to the client as Server-Sent Events or NDJSON as they arrive ([`super::events`]).
 //!
 //! Until the first chunk the answer is still undecided: every error known by then (a shed, a 422
 //! from preprocess, a 408 when nothing came by the job's deadline) is a plain HTTP error with its
 //! status. From the first chunk on the status is 200 and the stream carries the rest: chunks, then
 //! `done`, or an `error` event. The whole stream is bounded by `--stream-timeout-ms`, whatever
-//! the job's deadline; past it the stream ends with `deadline_exceeded`. However the answer ends — done, error, timeout, or hyper
-//! dropping it because the client left — the job's `left` token is cancelled with it, and a
-//! worker still holding the job is told to stop.
+//! the job's deadline; past it the stream ends with `deadline_exceeded`. However the answer ends
+//! — done, error, timeout, or hyper dropping it because the client left — the job's `left` token
+//! is cancelled with it, and a worker still holding the job is told to stop.
 
 use std::convert::Infallible;
 use std::pin::Pin;

@@ -147,7 +147,8 @@ impl Clock {
                 } else if state.streams > 0 {
                     Some((state.idle_since + self.stall_timeout, Expired::Stalled))
                 } else if state.writing > 0 {
-                    // As long as an unread answer was held before it counted as a request.
+                    // A one-shot answer its client does not read: the idle timeout, as when it
+                    // did not count as a request in progress.
                     Some((state.idle_since + self.idle_timeout, Expired::Stalled))
                 } else if let Some(started) = state.head_started {
                     Some((started + self.header_timeout, Expired::Header))

@@ -7,8 +7,8 @@
 //! replays the queue onto the workers: the jobs ahead, plus this request's, go out
 //! in full batches, each to the worker that frees up first; a batch costs what the learned model
 //! says. A job heavier than a full batch is never split: `Stage::predict` places it alone, after
-//! the work ahead. A busy worker frees up when its batch is expected to end. With no learned cost yet, or no
-//! connected worker, there is nothing to predict from and the job is admitted.
+//! the work ahead. A busy worker frees up when its batch is expected to end. With no learned cost
+//! yet, or no connected worker, there is nothing to predict from and the job is admitted.
 
 use std::time::Duration;
 

@@ -150,9 +150,7 @@ fn answer(
 }
 
 fn ok(output: Format, data: Bytes) -> Result<Response<Body>, ApiError> {
-    let body = format::from_msgpack(output, data).map_err(|e| {
-        ApiError::internal("unrepresentable_output", format!("{e}{}", format::MSGPACK_CAN))
-    })?;
+    let body = format::from_msgpack(output, data).map_err(format::unrepresentable_for_native)?;
     Ok(respond(output, body))
 }
 

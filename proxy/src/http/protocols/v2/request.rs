@@ -14,6 +14,7 @@ use corral_protocol::Payload;
 use corral_protocol::TensorSpec;
 use serde::Deserialize;
 
+use super::result_row::SCANNED;
 use super::tensor::{self, DataType};
 
 /// The JSON header of an inference request; unknown keys are ignored, as v2 allows extensions.
@@ -220,9 +221,6 @@ fn repeated<'a>(mut names: impl ExactSizeIterator<Item = &'a str> + Clone) -> Op
     let mut seen = HashSet::with_capacity(names.len());
     names.find(|name| !seen.insert(*name))
 }
-
-/// Up to this many names, [`repeated`] compares them pairwise: cheaper than a set's allocation.
-const SCANNED: usize = 16;
 
 /// Checks the inputs against each other and the declarations; the number of rows.
 fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {

@@ -9,8 +9,9 @@ use std::collections::HashMap;
 
 use rmpv::ValueRef;
 
-/// Up to this many keys, a row is scanned for each name: cheaper than hashing them.
-const SCANNED: usize = 16;
+/// Up to this many names, a scan is cheaper than hashing them: a row's keys are scanned for each
+/// name, and a request's input names compared pairwise for repeats ([`super::request`]).
+pub(super) const SCANNED: usize = 16;
 
 /// What a row's result holds under one name.
 pub enum Found<'a> {
