@@ -63,9 +63,10 @@ pub struct Sent {
     pub span: Option<(TraceId, SpanId)>,
 }
 
-/// A one-shot job's [`Sent`], as its waiting side sees it: shared with the job
-/// ([`Job::watch_sent`]), so that a job whose deadline passed while a worker held it is answered
-/// 408 with the batch it rode (`server-timing`'s `queue` and `batch`, `x-corral-batch-size`).
+/// A job's [`Sent`], as its waiting side sees it: a one-shot job's shared with it
+/// ([`Job::watch_sent`]), a stream's kept by its chunks' channel ([`crate::stream`]). So a job
+/// whose deadline passed while a worker held it is answered 408 with the batch it rode
+/// (`server-timing`'s `queue` and `batch`, `x-corral-batch-size`).
 #[derive(Debug, Default)]
 pub struct SentSlot(Mutex<Option<Sent>>);
 
@@ -75,7 +76,7 @@ impl SentSlot {
         *self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    fn set(&self, sent: Sent) {
+    pub(crate) fn set(&self, sent: Sent) {
         *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
     }
 }

@@ -8,19 +8,19 @@
 //! at most the bound plus one chunk.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
-use crate::job::Sent;
+use crate::job::{Sent, SentSlot};
 
 /// What both ends share: the bytes pushed and not yet taken, and the batch that carried the job
 /// to its worker (for the stream's `server-timing`).
 #[derive(Debug, Default)]
 struct Shared {
     pending: AtomicUsize,
-    sent: Mutex<Option<Sent>>,
+    sent: SentSlot,
 }
 
 /// The pushing end, carried by the job.
@@ -56,7 +56,7 @@ pub fn channel(limit: usize) -> (ChunkSink, ChunkSource) {
 impl ChunkSink {
     /// Records the batch that carries the job to its worker (the latest, if it is retried).
     pub fn sent(&self, sent: Sent) {
-        *self.pending.sent.lock().unwrap_or_else(|e| e.into_inner()) = Some(sent);
+        self.pending.sent.set(sent);
     }
 
     /// Queues a chunk for the client, never waiting.
@@ -80,7 +80,7 @@ impl ChunkSink {
 impl ChunkSource {
     /// The batch that carried the job to its worker, once one did.
     pub fn sent(&self) -> Option<Sent> {
-        *self.pending.sent.lock().unwrap_or_else(|e| e.into_inner())
+        self.pending.sent.get()
     }
 
     /// The next chunk, once one is there; None once the sink is gone and every chunk taken.

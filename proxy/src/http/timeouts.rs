@@ -306,7 +306,10 @@ impl hyper::body::Body for Answer {
             std::mem::take(&mut this.rest)
         };
         this.started = true;
-        this.request.clock.progressed();
+        if this.http2 {
+            // HTTP/1.1 counts the socket's writes as they happen ([`Watched`]): no second lock.
+            this.request.clock.progressed();
+        }
         Poll::Ready(Some(Ok(Frame::data(piece))))
     }
 
