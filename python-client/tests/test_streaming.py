@@ -687,6 +687,9 @@ def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch
                 self.offers.append(message["max"])
                 self.owed = message["max"]
 
+        def send_results(self, results):
+            pass
+
         def take_cancelled(self):
             return set()
 

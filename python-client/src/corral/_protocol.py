@@ -210,11 +210,27 @@ def encode_frame(message: dict[str, Any]) -> bytes:
     body = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME_BYTES:
         raise ProtocolError(f"frame of {len(body)} bytes is over the {MAX_FRAME_BYTES} limit")
+    return framed(body)
+
+
+def framed(body: bytes) -> bytes:
+    """``body`` as one complete frame, its length prefix in front (a copy of ``body``)."""
     return _LENGTH.pack(len(body)) + body
 
 
+def length_prefix(body: bytes) -> bytes:
+    """The 4 bytes that go before ``body`` on the wire."""
+    return _LENGTH.pack(len(body))
+
+
 def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) -> bytes:
-    """The ``results`` frame for ``items`` (the same bytes as ``encode_frame(results(items))``).
+    """The ``results`` frame for ``items`` (the same bytes as ``encode_frame(results(items))``)."""
+    return framed(results_body(items, limit))
+
+
+def results_body(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) -> bytes:
+    """The body of the ``results`` frame for ``items``, without its length prefix (a large one
+    is written after its prefix rather than copied behind it: see ``_serve.send_body``).
 
     The frame is packed in one call; only if that fails, or the frame is over ``limit``, is
     each result encoded on its own, so that one that cannot be encoded becomes an error result
@@ -231,7 +247,7 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
         pass  # each result on its own, below (a failed pack leaves nothing: msgpack >= 1.0)
     else:
         if len(body) <= limit:
-            return _LENGTH.pack(len(body)) + body
+            return body
         del body  # over the limit: not kept alive while each result is encoded again
     head = b"".join(
         [
@@ -244,8 +260,7 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
     )
     encoded = [_encode_result(packer, item) for item in items]
     if len(head) + sum(len(body) for body in encoded) <= limit:  # the usual case: all fit
-        frame = b"".join([head, *encoded])
-        return _LENGTH.pack(len(frame)) + frame
+        return b"".join([head, *encoded])
     # Start from the smallest frame: each result as the shorter of itself and the "too large"
     # error (a result shorter than that error always keeps its place), then let each longer
     # result in turn have its real size while the body stays within limit.
@@ -260,10 +275,9 @@ def encode_results(items: list[dict[str, Any]], limit: int = MAX_FRAME_BYTES) ->
             parts.append(body)
         else:
             parts.append(fallback)
-    frame = b"".join(parts)
-    if len(frame) > limit:  # only if even the errors alone are over it
+    if used > limit:  # only if even the errors alone are over it
         raise ProtocolError(f"{len(items)} results cannot fit in a frame of {limit} bytes")
-    return _LENGTH.pack(len(frame)) + frame
+    return b"".join(parts)
 
 
 def encode_chunks(
@@ -284,10 +298,10 @@ def encode_chunks(
 
     def flush() -> None:
         if group:
-            body = b"".join(
-                [packer.pack_map_header(2), prefix, packer.pack_array_header(len(group)), *group]
-            )
-            frames.append(_LENGTH.pack(len(body)) + body)
+            head = packer.pack_map_header(2) + prefix + packer.pack_array_header(len(group))
+            size = len(head) + sum(len(body) for body in group)
+            # The length prefix joined in with the rest: one copy of the chunks, not two.
+            frames.append(b"".join([_LENGTH.pack(size), head, *group]))
 
     for index, entry in enumerate(entries):
         body = packer.pack(entry)

@@ -213,6 +213,21 @@ def _jobs(message: dict[str, Any] | None) -> list[dict[str, Any]]:
     raise ProtocolError(f"unexpected message type {kind!r}")
 
 
+# From this size a frame's body is written after its length prefix instead of copied behind it:
+# the copy took ~33 ms for a 48 MiB results frame (three quarters of packing it), the
+# second write a few microseconds; below it one write of the joined bytes costs less.
+_WRITE_APART = 64 * 1024
+
+
+def send_body(sock: socket.socket, body: bytes) -> None:
+    """Write the frame whose body is ``body``."""
+    if len(body) < _WRITE_APART:
+        sock.sendall(protocol.framed(body))
+    else:
+        sock.sendall(protocol.length_prefix(body))
+        sock.sendall(body)
+
+
 class Link:
     """The connection as a batch in progress uses it: what a streaming batch sends as it goes
     (``chunks``, ``results`` of some of its jobs, ``pull``), and what it takes in between steps
@@ -225,6 +240,10 @@ class Link:
     def send(self, frame: bytes) -> None:
         """Write one encoded frame (the proxy is read all along meanwhile)."""
         self._sock.sendall(frame)
+
+    def send_results(self, results: list[dict[str, Any]]) -> None:
+        """Write the ``results`` frame for ``results``."""
+        send_body(self._sock, protocol.results_body(results))
 
     def take_cancelled(self) -> set[bytes]:
         """Ids from the ``cancel`` frames read since the last call."""
@@ -268,7 +287,7 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
         while True:
             results = answer(_jobs(reader.next()), link)
             if results is not None:
-                sock.sendall(protocol.encode_results(results))
+                send_body(sock, protocol.results_body(results))
     except _Closed:
         return
     except OSError:

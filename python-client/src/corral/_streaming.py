@@ -313,7 +313,7 @@ class _Run:
 
     def flush(self) -> None:
         if self.results:
-            self.link.send(protocol.encode_results(self.results))
+            self.link.send_results(self.results)
             self.results = []
 
     def _end(self, position: int, result: dict[str, Any]) -> None:
