@@ -9,6 +9,7 @@ its first chunk, on a file the test creates only once it has read that chunk.
 from __future__ import annotations
 
 import json
+import re
 import signal
 import socket
 import sys
@@ -514,8 +515,11 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
     `shutting_down` (with `Connection: close`), and lets what is in flight finish within the grace
     period; an open stream is in flight: it gets its remaining chunks and `done`, then the proxy
     exits 0. The grace period here is far longer than the test, so only a drain that cut the
-    stream short could end it early."""
-    proxy = corral_factory("--grace-period-ms=100000", worker=STREAMER)
+    stream short could end it early. A keep-alive connection idle at the signal is closed at
+    once (the idle timeout here is far longer too), not left open for the drain's length."""
+    proxy = corral_factory(
+        "--grace-period-ms=100000", "--idle-timeout-ms=600000", worker=STREAMER
+    )
     host, port = proxy.url.removeprefix("http://").split(":")
     port = int(port)
     gate = tmp_path / "gate"
@@ -526,6 +530,17 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
     late.sendall(b"POST /infer HTTP/1.1\r\nhost: corral\r\ncontent-type: application/json\r\n")
     client_port = late.getsockname()[1]
     proxy.wait_until(lambda: unread(port, client_port) == 0, what="the half head read")
+    # A keep-alive connection that had its answer and sits idle.
+    idle = socket.create_connection((host, port), timeout=30)
+    idle.sendall(b"GET /healthz HTTP/1.1\r\nhost: corral\r\n\r\n")
+    answer = b""
+    while b"\r\n\r\n" not in answer:
+        answer += idle.recv(65536)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"connection: close" not in head.lower()
+    length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))
+    while len(body) < length:
+        body += idle.recv(65536)
     try:
         item = {"chunks": 3, "gate": str(gate)}
         with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
@@ -535,7 +550,9 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
             proxy.proc.send_signal(signal.SIGTERM)
             proxy.wait_for_log(r"no longer accepting HTTP connections")
 
-            # During the drain: a new connection is refused...
+            # During the drain: the idle keep-alive connection is closed at once...
+            assert idle.recv(65536) == b""
+            # ...a new connection is refused...
             with pytest.raises(httpx.ConnectError):
                 httpx.post(proxy.url + "/infer", json={"chunks": 1}, timeout=30)
             # ...and the request whose head ends now is answered 503, its connection closed.
@@ -552,6 +569,7 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
             assert list(received) == [("message", "c-1"), ("message", "c-2"), ("done", {})]
     finally:
         late.close()
+        idle.close()
     assert proxy.proc.wait(timeout=30) == 0
     assert not proxy.socket.exists()
     proxy.stop()  # reads the log to its end

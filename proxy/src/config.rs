@@ -429,3 +429,43 @@ impl Config {
         Duration::from_millis(self.priority_aging_ms)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_header_name;
+
+    #[test]
+    fn every_header_corral_reads_is_refused_as_the_tenant_header_in_any_case() {
+        // As a user would write them: a tenant header that is also one of these would be read
+        // as both (and a request id would be logged, which a tenant's value never is).
+        let read = [
+            "x-corral-priority",
+            "x-corral-weight",
+            "x-corral-items",
+            "x-corral-timeout-ms",
+            "x-envoy-expected-rq-timeout-ms",
+            "grpc-timeout",
+            "request-timeout",
+            "x-request-id",
+            "inference-header-content-length",
+            "traceparent",
+            "tracestate",
+            "content-type",
+            "content-length",
+            "accept",
+            "content-encoding",
+            "transfer-encoding",
+            "expect",
+            "connection",
+        ];
+        for name in read {
+            for spelled in [name.to_string(), name.to_uppercase(), format!(" {name} ")] {
+                let refused = parse_header_name(&spelled).expect_err(&spelled);
+                assert_eq!(refused, format!("{name} is a header Corral reads for something else"));
+            }
+        }
+        for name in ["x-corral-tenant", "x-api-key", "authorization-tenant"] {
+            assert_eq!(parse_header_name(name).unwrap().as_str(), name);
+        }
+    }
+}
