@@ -4,7 +4,9 @@ worker reports the size of the batch it saw, which the header must match."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -162,3 +164,75 @@ def test_a_stream_that_times_out_before_its_first_chunk_says_where_its_time_went
     assert response.status_code == 408, response.text
     check_parts(response)
     assert response.headers["x-corral-batch-size"] == "1"
+
+
+def test_a_408_in_a_pipelines_second_stage_sums_both_stages(corral_factory, tmp_path):
+    """-1 is doubled by `scale`, then `shift` holds -2 past the deadline: the 408 rode a batch
+    in each stage, so it has `queue` and `batch` (summed over both) and shift's batch size."""
+    gate = tmp_path / "gate"
+    proxy = corral_factory(
+        "--config", write(tmp_path, ARITH_TOML), worker=None, env={"ARITH_GATE": str(gate)}
+    )
+    proxy.wait_for_log(r"worker connected", count=3)
+    try:
+        answer = proxy.post(-1, headers={"x-corral-timeout-ms": "300"})
+    finally:
+        gate.touch()
+    assert answer.status_code == 408, answer.text
+    parts = check_parts(answer)
+    assert answer.headers["x-corral-batch-size"] == "1"  # shift takes one job a batch
+    # `batch` runs to the deadline in shift: most of the 300 ms the job had.
+    assert parts["batch"] > 0 and parts["queue"] >= 0, parts
+
+
+def test_a_retried_job_says_where_its_time_went_across_both_tries(corral_factory, tmp_path):
+    """The worker holding the job is killed; the retry on the other worker answers it. Its
+    parts are those of the job as answered: `queue` to the retry's send (the first try's time
+    in its dead worker included), `batch` from there; together within the total."""
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(proxy.post, {"tag": "t", "hold": str(gate)})
+        holder = proxy.wait_until(lambda: received(log, with_pid=True), what="the job")[0][0]
+        os.kill(holder, signal.SIGKILL)
+        proxy.wait_for_log(r"worker exited; restarting")
+        gate.touch()
+        answer = pending.result()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["pid"] != holder
+    check_parts(answer)
+    assert answer.headers["x-corral-batch-size"] == "1"
+
+
+def test_the_drains_503s_say_whether_a_batch_ran(corral_factory, tmp_path):
+    """At the end of the grace period a job its worker holds and one still queued are both
+    answered 503 `shutting_down`. The held one rode a batch: `queue` and `batch` (to the
+    503) and its batch size; the queued one has `total` only, as every answer no batch ran
+    for."""
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-batch-size=1",
+        "--max-wait-ms=0",
+        "--worker-prefetch=false",
+        "--grace-period-ms=300",
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    gate = tmp_path / "gate"
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            held = pool.submit(proxy.post, {"tag": "A", "hold": str(gate)})
+            proxy.wait_until(lambda: any(i.get("tag") == "A" for i in received(log)), what="A")
+            queued = pool.submit(proxy.post, {"tag": "B"})
+            proxy.wait_until(lambda: proxy.metric("corral_queue_depth", stage="default") == 1)
+            proxy.proc.send_signal(signal.SIGTERM)
+            in_worker, in_queue = held.result(), queued.result()
+    finally:
+        gate.touch()
+    for answer in (in_worker, in_queue):
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == "shutting_down"
+    check_parts(in_worker)
+    assert in_worker.headers["x-corral-batch-size"] == "1"
+    assert set(timing(in_queue)) == {"total"}
+    assert "x-corral-batch-size" not in in_queue.headers

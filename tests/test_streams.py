@@ -517,9 +517,7 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
     exits 0. The grace period here is far longer than the test, so only a drain that cut the
     stream short could end it early. A keep-alive connection idle at the signal is closed at
     once (the idle timeout here is far longer too), not left open for the drain's length."""
-    proxy = corral_factory(
-        "--grace-period-ms=100000", "--idle-timeout-ms=600000", worker=STREAMER
-    )
+    proxy = corral_factory("--grace-period-ms=100000", "--idle-timeout-ms=600000", worker=STREAMER)
     host, port = proxy.url.removeprefix("http://").split(":")
     port = int(port)
     gate = tmp_path / "gate"
