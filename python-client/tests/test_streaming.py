@@ -669,12 +669,14 @@ def test_the_readmes_spelling_worker_drops_what_follows_a_cancel():
     assert proxy.events.count(("cancel", 1)) == 1  # not again for each chunk dropped
 
 
-def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch):
+@pytest.mark.parametrize("positions", [0, _streaming.MAX_POSITIONS])
+def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch, positions):
     """Under steady traffic a joining generator never returned on its own: each job it ever
-    took kept a position, and each step walked them all. Past its bound (here 16 x max_running,
-    64) a run offers no more room, so its streams finish and it returns; the proxy's next batch
-    starts a new run from position 0."""
-    monkeypatch.setattr(_streaming, "MAX_POSITIONS", 0)
+    took kept a position, and each step walked them all. Past its bound (16 x max_running, 64,
+    with MAX_POSITIONS at 0; the real 4,096 otherwise) a run offers no more room, so its
+    streams finish and it returns; the proxy's next batch starts a new run from position 0."""
+    monkeypatch.setattr(_streaming, "MAX_POSITIONS", positions)
+    bound = max(positions, 16 * 4)
 
     class Link:  # the proxy's side: a new job answers each standing offer, at once
         def __init__(self):
@@ -718,8 +720,8 @@ def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch
     link, worker = Link(), Steady()
     jobs = [protocol.job(os.urandom(16), 60_000, msgpack.packb("x")) for _ in range(4)]
     _streaming.run(worker, jobs, link, _streaming.limit(worker))
-    assert worker.positions == 16 * Steady.max_running
-    assert sum(link.offers) == 16 * Steady.max_running - len(jobs)  # none past the bound
+    assert worker.positions == bound
+    assert sum(link.offers) == bound - len(jobs)  # none past the bound
 
 
 def test_a_forward_that_changes_its_run_s_lists_fails_its_batch_not_the_worker():
