@@ -486,6 +486,16 @@ def test_declared_outputs_never_change_a_value(value, datatype):
     assert _tensors.encode([1.0, 2.0], "INT32") == _tensors.encode([1, 2], "INT32")
 
 
+def test_whole_floats_become_integers_with_numpy_or_without(np):
+    """Without numpy, struct refused every float as an integer: 2.0 was an error there and
+    the integer 2 with numpy. Now both take whole floats and refuse the rest alike."""
+    assert _tensors.encode([[1.0, -2.0]], "INT64") == _tensors.encode([[1, -2]], "INT64")
+    assert _tensors.encode(3.0, "UINT8") == _tensors.encode(3, "UINT8")
+    for changed in ([1.5], [float("nan")], [float("inf")], [256.0]):
+        with pytest.raises(ValueError):
+            _tensors.encode(changed, "UINT8")
+
+
 @pytest.mark.parametrize(
     "value, datatype",
     [

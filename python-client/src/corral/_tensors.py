@@ -59,6 +59,9 @@ DATATYPES: dict[str, Datatype] = {
 }
 """The datatypes of the protocol, by their v2 name."""
 
+# The struct codes of the integer datatypes.
+_INTEGERS = frozenset("bBhHiIqQ")
+
 # numpy 2 allows 64 dimensions (numpy 1: 32, where reshape's own error answers). A bound also
 # keeps the nested lists built without numpy within Python's recursion limit.
 _MAX_DIMS = 64
@@ -298,6 +301,12 @@ def encode(value: Any, datatype: str) -> bytes:
             if wrong is not None or (datatype == "BOOL" and any(x not in (0, 1) for x in flat)):
                 shown = f"a {type(wrong).__name__}" if wrong is not None else "a value not 0 or 1"
                 raise ValueError(f"cannot encode {shown} as {datatype}")
+            if info.struct in _INTEGERS:
+                # As with numpy: a float that is a whole number is that integer (struct refuses
+                # every float); one with a fraction, NaN or an infinity would change.
+                if any(type(x) is float and not x.is_integer() for x in flat):
+                    raise ValueError(f"these values would change as {datatype} (fractions or NaN)")
+                flat = [int(x) if type(x) is float else x for x in flat]
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
             # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
