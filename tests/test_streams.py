@@ -342,6 +342,8 @@ def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_fa
         received = list(events(response))
     assert received[0] == ("message", "c-0")
     assert received[1][0] == "error" and received[1][1]["error"] == "deadline_exceeded"
+    # Which bound it was: not the job's deadline, which bounded only the first chunk.
+    assert received[1][1]["message"] == "the stream ran past its stream timeout of 500 ms"
     proxy.wait_until(lambda: job in ids(cancels), what="the job cancelled in the worker")
     assert proxy.metric("corral_streams_cancelled_total", reason="deadline") == 1
 

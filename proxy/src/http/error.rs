@@ -107,6 +107,14 @@ impl ApiError {
         Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
     }
 
+    /// A stream that had begun ran past its stream timeout (`--stream-timeout-ms`): the same
+    /// code as any deadline, a message that says which bound it was.
+    pub fn stream_timeout(allowed: Duration) -> Self {
+        let message =
+            format!("the stream ran past its stream timeout of {} ms", allowed.as_millis());
+        Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
+    }
+
     /// The body did not arrive in time (`--body-read-timeout-ms`, or the job's deadline).
     pub fn body_timeout(allowed: Duration) -> Self {
         let message = format!("the body did not arrive within {} ms", allowed.as_millis());

@@ -11,6 +11,7 @@
 
 use std::convert::Infallible;
 use std::pin::Pin;
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures_util::stream;
@@ -140,6 +141,7 @@ pub async fn answer(
         source,
         reply,
         deadline: Box::pin(tokio::time::sleep_until(stream_deadline)),
+        stream_timeout: last.stream_timeout(),
         pending: pending.into(),
         finished,
         _left: left,
@@ -187,6 +189,8 @@ struct Events {
     source: ChunkSource,
     reply: oneshot::Receiver<Reply>,
     deadline: Pin<Box<Sleep>>,
+    /// The stage's stream timeout, which `deadline` is (from the request's arrival).
+    stream_timeout: Duration,
     /// Events ready to go out before anything else.
     pending: std::collections::VecDeque<Bytes>,
     /// The last event is out (or queued in `pending`).
@@ -229,7 +233,7 @@ impl Events {
                 metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
                 self.finished = true;
                 self._open.finished = true;
-                self.framing.error(&ApiError::deadline_exceeded())
+                self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
             }
         };
         Some((Ok(Frame::data(event)), self))
