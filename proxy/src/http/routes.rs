@@ -70,7 +70,9 @@ async fn route_in(
         };
         (route.path.as_str(), answer)
     } else if let Some(endpoint) = Endpoint::find(app, path) {
-        let (label, response) = endpoint.answer(app, &method, request).await;
+        // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
+        // request's future, native ones too, would otherwise be sized for it.
+        let (label, response) = Box::pin(endpoint.answer(app, &method, request)).await;
         (label, Ok(response))
     } else if let Some(page) = own_page(path) {
         let answer = get_only(&method).and_then(|()| match page {
