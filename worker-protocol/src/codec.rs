@@ -177,6 +177,30 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_nests_at_most_31_levels_counting_its_own_map() {
+        // A valid hello with an ignored key holding arrays `levels - 1` deep inside the map.
+        let hello = |levels: usize| {
+            let mut body = vec![0x85];
+            for (key, value) in [("type", "hello"), ("stage", "s")] {
+                body.extend(rmp_serde::to_vec(key).unwrap());
+                body.extend(rmp_serde::to_vec(value).unwrap());
+            }
+            for key in ["version", "pid"] {
+                body.extend(rmp_serde::to_vec(key).unwrap());
+                body.push(0x01);
+            }
+            body.extend(rmp_serde::to_vec(&"future").unwrap());
+            body.extend(std::iter::repeat_n(0x91u8, levels - 1));
+            body.push(0xc0);
+            body
+        };
+        // MAX_DEPTH (32) admits one level fewer counted this way, the frame's own map included:
+        // PROTOCOL.md gives this count.
+        assert!(decode::<WorkerMessage>(&hello(31)).is_ok());
+        assert!(decode::<WorkerMessage>(&hello(32)).is_err());
+    }
+
+    #[test]
     fn refuses_a_job_id_that_is_not_16_bytes() {
         let value = serde_json::json!({"type": "results", "results": [
             {"id": "not-bytes", "status": "ok", "data": []},
