@@ -14,9 +14,11 @@ use uuid::Uuid;
 pub struct JobId(Uuid);
 
 impl JobId {
-    /// A fresh random (version 4) id.
+    /// A fresh random (version 4) id, from the thread's CSPRNG (rand's `ThreadRng`, seeded and
+    /// reseeded from the OS): `Uuid::new_v4` asks the kernel for each one, a `getrandom` call
+    /// of ~390 ns against ~26 ns, once per request and per item.
     pub fn new() -> Self {
-        Self(Uuid::new_v4())
+        Self(uuid::Builder::from_random_bytes(rand::random()).into_uuid())
     }
 
     pub fn from_bytes(bytes: [u8; 16]) -> Self {
@@ -70,5 +72,23 @@ impl Visitor<'_> for JobIdVisitor {
     fn visit_bytes<E: de::Error>(self, v: &[u8]) -> Result<JobId, E> {
         let bytes: [u8; 16] = v.try_into().map_err(|_| E::invalid_length(v.len(), &self))?;
         Ok(JobId::from_bytes(bytes))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::JobId;
+
+    #[test]
+    fn a_new_id_is_a_random_version_4_uuid_and_never_repeats() {
+        let ids: std::collections::HashSet<JobId> = (0..10_000).map(|_| JobId::new()).collect();
+        assert_eq!(ids.len(), 10_000);
+        for id in ids.iter().take(100) {
+            assert_eq!(id.as_uuid().get_version(), Some(uuid::Version::Random));
+            assert_eq!(id.as_uuid().get_variant(), uuid::Variant::RFC4122);
+        }
+        // Each thread has its own generator: ids from two threads differ too.
+        let other = std::thread::spawn(JobId::new).join().unwrap();
+        assert!(!ids.contains(&other));
     }
 }
