@@ -182,6 +182,16 @@ def test_too_many_headers_are_431(corral_factory):
     assert proxy.client.get("/healthz").status_code == 200
 
 
+def test_the_default_bound_of_100_headers_holds_to_the_header(corral_factory):
+    """At the default (hyper's own bound, which Corral then leaves to hyper) 100 headers pass
+    and 101 are a 431."""
+    proxy = corral_factory(worker=None)
+    own = len(proxy.client.build_request("GET", proxy.url + "/healthz").headers)
+    for count, status in ((100, 200), (101, 431)):
+        headers = {f"x-h{i}": "1" for i in range(count - own)}
+        assert proxy.client.get("/healthz", headers=headers).status_code == status, count
+
+
 def test_connections_past_the_cap_get_503_and_are_closed(corral_factory):
     proxy = corral_factory("--max-connections=2", worker=None)
     proxy.client.close()  # its pooled connection would take a slot
