@@ -33,7 +33,7 @@ def timing(response) -> dict[str, float]:
 def check_parts(response) -> dict[str, float]:
     parts = timing(response)
     assert set(parts) == {"queue", "batch", "total"}, parts
-    # Rounded to microseconds each: the parts may exceed the total by that much at most.
+    # Cut to whole microseconds each: the parts may exceed the total by that much at most.
     assert parts["queue"] + parts["batch"] <= parts["total"] + 0.002, parts
     return parts
 
