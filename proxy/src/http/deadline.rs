@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use http::HeaderMap;
+use http::{HeaderMap, HeaderName};
 
 use super::error::ApiError;
 
@@ -27,16 +27,22 @@ pub const GRPC_HEADER: &str = "grpc-timeout";
 /// A plain deadline in seconds.
 pub const REQUEST_TIMEOUT_HEADER: &str = "request-timeout";
 
+// The names above as looked up: a `&str` is parsed into a name at every lookup.
+static TIMEOUT: HeaderName = HeaderName::from_static(TIMEOUT_HEADER);
+static ENVOY: HeaderName = HeaderName::from_static(ENVOY_HEADER);
+static GRPC: HeaderName = HeaderName::from_static(GRPC_HEADER);
+static REQUEST_TIMEOUT: HeaderName = HeaderName::from_static(REQUEST_TIMEOUT_HEADER);
+
 /// A header's name, its parser, and what its value must be (for the 400).
-type Reader = (&'static str, fn(&str) -> Option<Duration>, &'static str);
+type Reader = (&'static HeaderName, fn(&str) -> Option<Duration>, &'static str);
 
 /// The shortest time any of the headers allows, if one is present.
 pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     let parsers: [Reader; 4] = [
-        (TIMEOUT_HEADER, milliseconds, "a positive whole number of milliseconds"),
-        (ENVOY_HEADER, milliseconds, "a positive whole number of milliseconds"),
-        (GRPC_HEADER, grpc, "1 to 8 digits and a unit (H, M, S, m, u or n), above zero"),
-        (REQUEST_TIMEOUT_HEADER, seconds, "a positive number of seconds"),
+        (&TIMEOUT, milliseconds, "a positive whole number of milliseconds"),
+        (&ENVOY, milliseconds, "a positive whole number of milliseconds"),
+        (&GRPC, grpc, "1 to 8 digits and a unit (H, M, S, m, u or n), above zero"),
+        (&REQUEST_TIMEOUT, seconds, "a positive number of seconds"),
     ];
     let mut earliest: Option<Duration> = None;
     for (name, parse, expected) in parsers {

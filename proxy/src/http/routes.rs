@@ -3,7 +3,7 @@
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -22,13 +22,18 @@ use crate::traffic::Class;
 /// Header carrying the request's (and its job's) id on every answer.
 pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
+// The names every request reads or writes, as names: a `&str` is parsed at every use.
+static REQUEST_ID: HeaderName = HeaderName::from_static(REQUEST_ID_HEADER);
+static SERVER_TIMING: HeaderName = HeaderName::from_static(SERVER_TIMING_HEADER);
+static BATCH_SIZE: HeaderName = HeaderName::from_static(BATCH_SIZE_HEADER);
+
 pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let arrived = Instant::now();
     // Every request gets an id, job or not, so every answer can be traced. Log lines about it
     // (debug level: none per request by default) carry that id, and the client's own
     // x-request-id if it sent one.
     let id = JobId::new();
-    let client_id = request.headers().get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok());
+    let client_id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok());
     let span = debug_span!("request", request_id = %id, client_request_id = client_id);
     let trace = trace::request(request.headers(), request.method());
     let (mut response, timing) =
@@ -38,11 +43,11 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let headers = response.headers_mut();
     let server_timing = timing.header(arrived.elapsed());
     headers.insert(
-        SERVER_TIMING_HEADER,
+        SERVER_TIMING.clone(),
         HeaderValue::from_str(&server_timing).expect("digits and ASCII are a valid header value"),
     );
     if timing.batch_size > 0 {
-        headers.insert(BATCH_SIZE_HEADER, HeaderValue::from(timing.batch_size));
+        headers.insert(BATCH_SIZE.clone(), HeaderValue::from(timing.batch_size));
     }
     if let Some(cx) = trace {
         trace::end(&cx);
@@ -104,7 +109,7 @@ async fn route_in(
         trace::answered(&cx, &method, route, code.as_u16(), &id);
     }
     let id = HeaderValue::from_str(&id).expect("a UUID is a valid header value");
-    response.headers_mut().insert(REQUEST_ID_HEADER, id);
+    response.headers_mut().insert(REQUEST_ID.clone(), id);
     debug!(route, status = code.as_u16(), "answered");
     metrics().requests.with_label_values(&[route, code.as_str()]).inc();
     metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());

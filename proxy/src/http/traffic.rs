@@ -19,13 +19,17 @@ pub const TENANT_HEADER: &str = "x-corral-tenant";
 /// Header that gives each of a request's items its weight.
 pub const WEIGHT_HEADER: &str = "x-corral-weight";
 
+// The names above as looked up: a `&str` is parsed into a name at every lookup.
+static PRIORITY: HeaderName = HeaderName::from_static(PRIORITY_HEADER);
+static WEIGHT: HeaderName = HeaderName::from_static(WEIGHT_HEADER);
+
 /// The request's traffic, from its headers and its route's default class.
 pub fn requested(
     headers: &HeaderMap,
     default: Class,
     tenant_header: &HeaderName,
 ) -> Result<Traffic, ApiError> {
-    let class = match headers.get(PRIORITY_HEADER) {
+    let class = match headers.get(&PRIORITY) {
         None => default,
         Some(value) => {
             value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
@@ -39,7 +43,7 @@ pub fn requested(
         .map(|value| value.as_bytes().trim_ascii())
         .filter(|value| !value.is_empty())
         .map(Tenant::of);
-    let weight = match headers.get(WEIGHT_HEADER) {
+    let weight = match headers.get(&WEIGHT) {
         None => None,
         Some(value) => Some(
             value

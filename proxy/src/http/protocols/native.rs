@@ -13,7 +13,7 @@
 use bytes::Bytes;
 use corral_protocol::JobId;
 use http::header::{ACCEPT, CONTENT_TYPE};
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -164,7 +164,9 @@ fn respond(format: Format, body: Bytes) -> Response<Body> {
 }
 
 fn carries_many(headers: &HeaderMap) -> Result<bool, ApiError> {
-    match headers.get(ITEMS_HEADER).map(|v| v.to_str().map(str::trim)) {
+    // Looked up by name: a `&str` is parsed into a name at every lookup.
+    static ITEMS: HeaderName = HeaderName::from_static(ITEMS_HEADER);
+    match headers.get(&ITEMS).map(|v| v.to_str().map(str::trim)) {
         None => Ok(false),
         Some(Ok(v)) if v.eq_ignore_ascii_case("one") => Ok(false),
         Some(Ok(v)) if v.eq_ignore_ascii_case("many") => Ok(true),
