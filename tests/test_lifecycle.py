@@ -94,6 +94,22 @@ def test_a_hung_worker_is_killed_and_restarted(corral_factory):
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
 
 
+def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_factory):
+    """Without --batch-timeout-ms a worker is hung one second past the latest deadline its jobs'
+    routes allow. A client's shorter deadline once counted instead: a 100 ms header on a batch of
+    1.5 s got the worker killed as hung every time (a model reload each), though it was only
+    slow. The client has its 408; the worker finishes (its late result dropped, counted) and
+    the same process answers the next request, after that batch."""
+    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=10000")
+    first = proxy.post("warm").json()["pid"]
+    short = proxy.post({"sleep_ms": 1500}, headers={"x-corral-timeout-ms": "100"})
+    assert short.status_code == 408, short.text
+    # Queued behind the slow batch: answered once it is done, by the same worker.
+    assert proxy.post("after").json()["pid"] == first
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+    assert proxy.metric("corral_late_results_total") == 1
+
+
 def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     looping = corral_factory("--workers=1", "--", sys.executable, "-c", "raise SystemExit(3)",
                              worker=None)  # fmt: skip

@@ -445,6 +445,19 @@ def test_a_worker_that_streams_steadily_is_never_hung(corral_factory):
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 
+def test_a_client_s_short_deadline_bounds_the_first_chunk_not_a_pause_mid_stream(
+    corral_factory,
+):
+    """The deadline bounds a stream's first chunk only; the worker may pause mid-stream as long
+    as the route's own timeout allows. The client's 300 ms once bounded the worker's silence
+    too: a 1.5 s pause after the first chunk got the worker killed as hung (worker_died)."""
+    proxy = corral_factory("--timeout-ms=10000", worker=STREAMER)
+    headers = {**SSE, "x-corral-timeout-ms": "300"}
+    _, received = stream_all(proxy, {"chunks": 2, "step_ms": 1500}, headers=headers)
+    assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+
+
 def test_a_plain_worker_that_declared_cancel_hears_of_a_one_shot_client_leaving(
     corral_factory, tmp_path
 ):

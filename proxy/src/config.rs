@@ -127,8 +127,8 @@ pub struct Config {
     pub stream_buffer_bytes: u64,
 
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
-    /// jobs retried or failed, a spawned worker killed and restarted). 0: until the batch's
-    /// latest deadline plus one second.
+    /// jobs retried or failed, a spawned worker killed and restarted). 0: until the latest
+    /// deadline its jobs' routes allow plus one second (not a client's shorter deadline).
     #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
     pub batch_timeout_ms: u64,
 

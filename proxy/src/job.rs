@@ -99,6 +99,13 @@ pub struct Job {
     /// When the job was queued; the batch window counts from the oldest queued job's arrival.
     pub arrived: Instant,
     pub deadline: Instant,
+    /// The latest deadline the job's route allows it: the request's arrival plus the route's
+    /// timeout (a stream's: no later than its stream timeout), never before `deadline`. A
+    /// client's deadline header (or the mesh's) shortens `deadline`, never this: its worker's
+    /// hung clock counts to it, so that no client can get a healthy worker killed by asking
+    /// for less time than its batch takes (a 100 ms header on a 2.5 s model once did, every
+    /// time). Its client has its 408 at `deadline` all the same.
+    pub ceiling: Instant,
     /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
     pub class: Class,
     /// The tenant the request named, if any.
@@ -154,6 +161,7 @@ impl Job {
             payload: payload.into(),
             arrived,
             deadline,
+            ceiling: deadline,
             class: Class::Normal,
             tenant: None,
             weight: 1,

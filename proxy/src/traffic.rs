@@ -5,6 +5,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
+use tokio::time::Instant;
 
 /// A priority class (`x-corral-priority`). Higher classes are dispatched first and may evict
 /// queued jobs of lower ones when the queue is full.
@@ -88,6 +89,10 @@ pub struct Traffic {
     pub tenant: Option<Tenant>,
     /// Each item's weight as the client gave it (None: the stage's weight rule, else 1).
     pub weight: Option<u32>,
+    /// The latest deadline the route allows (the request's arrival plus the route's timeout, no
+    /// later than a stream's timeout), whatever shorter one the client asked for; None: the
+    /// jobs' own deadline. See [`crate::job::Job::ceiling`].
+    pub ceiling: Option<Instant>,
 }
 
 impl Traffic {
@@ -97,6 +102,7 @@ impl Traffic {
         job.class = self.class;
         job.tenant = self.tenant;
         job.weight = self.weight.unwrap_or(0);
+        job.ceiling = self.ceiling.map_or(job.deadline, |ceiling| ceiling.max(job.deadline));
     }
 }
 

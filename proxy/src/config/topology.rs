@@ -65,7 +65,8 @@ pub struct StageSpec {
     pub max_wait: Duration,
     pub batch_policy: Policy,
     pub worker_prefetch: bool,
-    /// Longest a worker may hold a batch (None: the batch's latest deadline plus a margin).
+    /// Longest a worker may hold a batch (None: the latest deadline its jobs' routes allow plus
+    /// a margin).
     pub batch_timeout: Option<Duration>,
     pub queue_capacity: u32,
     /// Payload bytes the queue holds (an empty queue takes any one request).

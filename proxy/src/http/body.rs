@@ -92,7 +92,7 @@ pub async fn receive_with(
     let timeout = deadline::requested(headers)
         .map_err(before_body)?
         .map_or(route.timeout, |t| t.min(route.timeout));
-    let traffic =
+    let mut traffic =
         traffic::requested(headers, route.priority, &app.tenant_header).map_err(before_body)?;
     let declared = declared_length(headers);
     if declared.is_some_and(|length| length > app.max_body_bytes as u64)
@@ -103,6 +103,7 @@ pub async fn receive_with(
         return Err(before_body(ApiError::body_too_large(app.max_body_bytes)));
     }
     let deadline = arrived + timeout;
+    traffic.ceiling = Some(arrived + route.timeout);
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);

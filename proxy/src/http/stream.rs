@@ -41,7 +41,7 @@ pub async fn answer(
     input: Input,
     arrived: Instant,
     deadline: Instant,
-    traffic: Traffic,
+    mut traffic: Traffic,
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
     let shed = |shed| shed_error(shed, traffic.class);
@@ -50,6 +50,7 @@ pub async fn answer(
     let last = route.pipeline.last();
     let stream_deadline = arrived + last.stream_timeout();
     let deadline = deadline.min(stream_deadline);
+    traffic.ceiling = traffic.ceiling.map(|ceiling| ceiling.min(stream_deadline));
     let inputs = route
         .pipeline
         .run_before_last(vec![input], arrived, deadline, app.retries, traffic)

@@ -61,7 +61,7 @@ pub fn requested(
                 })?,
         ),
     };
-    Ok(Traffic { class, tenant, weight })
+    Ok(Traffic { class, tenant, weight, ceiling: None })
 }
 
 #[cfg(test)]
@@ -89,7 +89,8 @@ mod tests {
     #[test]
     fn without_headers_the_route_decides_and_nobody_is_named() {
         let none = requested(&HeaderMap::new(), Class::Low, &HeaderName::from_static("x-api-key"));
-        assert_eq!(none.unwrap(), Traffic { class: Class::Low, tenant: None, weight: None });
+        let nobody = Traffic { class: Class::Low, tenant: None, weight: None, ceiling: None };
+        assert_eq!(none.unwrap(), nobody);
         assert_eq!(read(&[(TENANT_HEADER, " ")]).unwrap().tenant, None);
     }
 

@@ -64,7 +64,9 @@ pub struct Context {
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
-/// batch's latest deadline: by then every client has its 408 and nobody waits for the worker.
+/// latest deadline its jobs' routes allow ([`Job::ceiling`]): by then every client has its 408
+/// and nobody waits for the worker. Not a client's shorter deadline: no client can get a worker
+/// killed by asking for less time than its batch takes.
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
@@ -373,8 +375,9 @@ async fn work(
             let front = in_flight.front().expect("a batch is in flight");
             let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => front.sent.max(last_done) + limit,
+                // The route's allowance, not what a client shortened it to (`Job::ceiling`).
                 None => {
-                    front.jobs.iter().map(|job| job.deadline).max().unwrap_or(front.sent)
+                    front.jobs.iter().map(|job| job.ceiling).max().unwrap_or(front.sent)
                         + HUNG_MARGIN
                 }
             };
