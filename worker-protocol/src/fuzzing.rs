@@ -11,6 +11,10 @@ use crate::{decode, encode, ProxyCodec, ProxyMessage, WorkerCodec, WorkerMessage
 /// chunks (sized by the first byte, so the fuzzer explores splits too). Decoding may fail; it must
 /// not panic, and what decodes must re-encode to a frame that decodes to the same message.
 pub fn frames(data: &[u8]) {
+    // Whatever serde's reading of the tagged enum takes, the `type`-first reading takes alike.
+    if let Ok(message) = crate::codec::decode_by_serde::<WorkerMessage>(data) {
+        assert_eq!(decode::<WorkerMessage>(data).ok(), Some(message));
+    }
     if let Ok(message) = decode::<WorkerMessage>(data) {
         assert_eq!(decode::<WorkerMessage>(&encode(&message)).ok(), Some(message));
     }

@@ -8,7 +8,6 @@ use std::path::PathBuf;
 
 use bytes::{Bytes, BytesMut};
 use corral_protocol::*;
-use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::codec::{Decoder, Encoder};
 
@@ -243,7 +242,7 @@ fn vector_path(name: &str) -> PathBuf {
 
 fn check<T>(name: &str, message: &T)
 where
-    T: Serialize + DeserializeOwned + PartialEq + std::fmt::Debug,
+    T: Serialize + codec::Tagged + PartialEq + std::fmt::Debug,
 {
     let mut codec = codec::MessageCodec::<T, T>::default();
     let mut frame = BytesMut::new();
