@@ -11,10 +11,9 @@ use crate::{decode, encode, ProxyCodec, ProxyMessage, WorkerCodec, WorkerMessage
 /// chunks (sized by the first byte, so the fuzzer explores splits too). Decoding may fail; it must
 /// not panic, and what decodes must re-encode to a frame that decodes to the same message.
 pub fn frames(data: &[u8]) {
-    // Whatever serde's reading of the tagged enum takes, the `type`-first reading takes alike.
-    if let Ok(message) = crate::codec::decode_by_serde::<WorkerMessage>(data) {
-        assert_eq!(decode::<WorkerMessage>(data).ok(), Some(message));
-    }
+    // The `type`-first reading takes and refuses what serde's reading of the tagged enum does.
+    let by_serde = crate::codec::decode_by_serde::<WorkerMessage>(data).ok();
+    assert_eq!(decode::<WorkerMessage>(data).ok(), by_serde);
     if let Ok(message) = decode::<WorkerMessage>(data) {
         assert_eq!(decode::<WorkerMessage>(&encode(&message)).ok(), Some(message));
     }

@@ -172,7 +172,7 @@ pub struct Results {
 }
 
 /// How one job ended in the worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ResultStatus {
     /// `data` holds the output (one msgpack value as `bin`); the client gets 200.
@@ -185,6 +185,33 @@ pub enum ResultStatus {
     Expired,
     /// Streaming workers only: the job's stream ended after its chunks (no `data`).
     End,
+}
+
+/// A status is read from its name only: serde's derived reading also took a variant's index
+/// (`1` for `invalid`) where msgpack was read directly, but not where it was buffered first, so
+/// a frame's fate hung on its keys' order (`codec::Tagged`).
+impl<'de> Deserialize<'de> for ResultStatus {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = ResultStatus;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("ok, invalid, error, expired or end")
+            }
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<ResultStatus, E> {
+                Ok(match name {
+                    "ok" => ResultStatus::Ok,
+                    "invalid" => ResultStatus::Invalid,
+                    "error" => ResultStatus::Error,
+                    "expired" => ResultStatus::Expired,
+                    "end" => ResultStatus::End,
+                    _ => return Err(E::unknown_variant(name, STATUSES)),
+                })
+            }
+        }
+        const STATUSES: &[&str] = &["ok", "invalid", "error", "expired", "end"];
+        deserializer.deserialize_str(Name)
+    }
 }
 
 /// One job's result. `data` is present exactly when `status` is `ok`, `message` otherwise.

@@ -49,8 +49,7 @@ struct Held {
     /// do not count: that client has seen nothing.
     streamed: bool,
     /// The job's first-chunk budget as its route allows it, when it was taken on: how long its
-    /// worker may stay silent
-    /// (kept here because the job itself may be answered early).
+    /// worker may stay silent (kept here because the job itself may be answered early).
     silence: Duration,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
@@ -185,7 +184,8 @@ impl State {
             // The job's time left as sent, not its whole budget: a job that waited in the
             // queue, or comes back after another worker died, has less. As its route allows it
             // (`Job::ceiling`): a client's short deadline bounds its first chunk, not how long
-            // the worker may pause mid-stream (a 1 s header got a worker pausing 3 s killed).
+            // the worker may pause mid-stream (a 300 ms header got a worker pausing 1.5 s
+            // after its first chunk killed).
             let silence = job.ceiling.saturating_duration_since(sent.sent);
             let held = Held {
                 job: Some(job),
@@ -202,9 +202,9 @@ impl State {
     }
 
     /// How long the worker may send nothing (by default, without `--batch-timeout-ms`): the
-    /// longest first-chunk budget, as the routes allow it, among the jobs it holds. A worker that streams steadily is
-    /// never hung; one that freezes is found within about a job's time to first chunk, whether
-    /// or not its streams started or were answered early.
+    /// longest first-chunk budget, as the routes allow it, among the jobs it holds. A worker
+    /// that streams steadily is never hung; one that freezes is found within about a job's time
+    /// to first chunk, whether or not its streams started or were answered early.
     fn silence(&self) -> Duration {
         self.held.values().map(|held| held.silence).max().unwrap_or_default()
     }

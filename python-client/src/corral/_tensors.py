@@ -305,7 +305,9 @@ def encode(value: Any, datatype: str) -> bytes:
                 # As with numpy: a float that is a whole number is that integer (struct refuses
                 # every float); one with a fraction, NaN or an infinity would change.
                 if any(type(x) is float and not x.is_integer() for x in flat):
-                    raise ValueError(f"these values would change as {datatype} (fractions or NaN)")
+                    raise ValueError(
+                        f"these values would change as {datatype} (fractions, NaN or infinities)"
+                    )
                 flat = [int(x) if type(x) is float else x for x in flat]
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
