@@ -125,4 +125,24 @@ mod tests {
         assert_ne!(Tenant::of(b"acme"), Tenant::of(b"globex"));
         assert!(!format!("{:?}", Tenant::of(b"acme")).contains("acme"));
     }
+
+    #[test]
+    fn a_job_s_ceiling_is_its_route_s_never_before_its_deadline() {
+        use std::time::Duration;
+        let now = Instant::now();
+        let deadline = now + Duration::from_millis(100);
+        let job = || {
+            crate::job::Job::new(corral_protocol::JobId::new(), bytes::Bytes::new(), now, deadline)
+                .0
+        };
+        let marked = |ceiling| {
+            let mut job = job();
+            Traffic { ceiling, ..Traffic::default() }.mark(&mut job);
+            job.ceiling
+        };
+        // The route allows 5 s; the client asked for 100 ms: the worker's clock runs to 5 s.
+        assert_eq!(marked(Some(now + Duration::from_secs(5))), now + Duration::from_secs(5));
+        assert_eq!(marked(None), deadline);
+        assert_eq!(marked(Some(now)), deadline);
+    }
 }
