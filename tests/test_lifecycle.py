@@ -110,6 +110,26 @@ def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_fact
     assert proxy.metric("corral_late_results_total") == 1
 
 
+def test_a_job_queued_behind_a_long_batch_does_not_get_its_worker_killed(corral_factory, tmp_path):
+    """The hung clock runs from when the worker got the batch, for as long as the route allows
+    (here 2 s, + 1 s). B queues 1.8 s behind A, then takes 1.8 s itself: 3.6 s from its arrival.
+    Counted from B's arrival, as it was, the worker was killed at 3 s, though it was answering
+    every batch within the route's timeout. B's client has its 408 at 2 s all the same."""
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=2000", env={"SCRIPTED_LOG": str(log)})
+    pid = proxy.post("warm").json()["pid"]
+    with ThreadPoolExecutor(1) as pool:
+        first = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 1800})
+        tags = lambda: [i.get("tag") for i in received(log) if isinstance(i, dict)]  # noqa: E731
+        proxy.wait_until(lambda: "A" in tags(), what="A")
+        queued = proxy.post({"tag": "B", "sleep_ms": 1800})
+        assert first.result().status_code == 200
+    assert queued.status_code == 408, queued.text
+    # Behind B's batch: answered by the same process once B's batch is done.
+    assert proxy.post("after").json()["pid"] == pid
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+
+
 def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     looping = corral_factory("--workers=1", "--", sys.executable, "-c", "raise SystemExit(3)",
                              worker=None)  # fmt: skip

@@ -127,8 +127,9 @@ pub struct Config {
     pub stream_buffer_bytes: u64,
 
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
-    /// jobs retried or failed, a spawned worker killed and restarted). 0: until the latest
-    /// deadline its jobs' routes allow plus one second (not a client's shorter deadline).
+    /// jobs retried or failed, a spawned worker killed and restarted). 0: the longest timeout
+    /// among its jobs' routes plus one second, from when the worker got the batch (not a
+    /// client's shorter deadline).
     #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
     pub batch_timeout_ms: u64,
 

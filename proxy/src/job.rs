@@ -99,13 +99,14 @@ pub struct Job {
     /// When the job was queued; the batch window counts from the oldest queued job's arrival.
     pub arrived: Instant,
     pub deadline: Instant,
-    /// The latest deadline the job's route allows it: the request's arrival plus the route's
-    /// timeout (a stream's: no later than its stream timeout), never before `deadline`. A
-    /// client's deadline header (or the mesh's) shortens `deadline`, never this: its worker's
-    /// hung clock counts to it, so that no client can get a healthy worker killed by asking
-    /// for less time than its batch takes (a 100 ms header on a 2.5 s model once did, every
-    /// time). Its client has its 408 at `deadline` all the same.
-    pub ceiling: Instant,
+    /// How long a worker may take over the job: its route's timeout (a stream's, no longer
+    /// than its stream timeout), never less than the job's own budget. A worker's hung clock
+    /// runs this long from when it got the batch (the longest among the batch's jobs). Not the
+    /// time to `deadline`, which a client's header (or the mesh's) shortens and the queue uses
+    /// up: with it, a 100 ms header on a 2.5 s model got the worker killed as hung on every
+    /// request, and so did a job queued behind a long batch. The client has its 408 at
+    /// `deadline` all the same.
+    pub allowance: Duration,
     /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
     pub class: Class,
     /// The tenant the request named, if any.
@@ -161,7 +162,7 @@ impl Job {
             payload: payload.into(),
             arrived,
             deadline,
-            ceiling: deadline,
+            allowance: deadline.saturating_duration_since(arrived),
             class: Class::Normal,
             tenant: None,
             weight: 1,

@@ -5,7 +5,7 @@
 
 use std::hash::BuildHasher;
 use std::sync::OnceLock;
-use tokio::time::Instant;
+use std::time::Duration;
 
 /// A priority class (`x-corral-priority`). Higher classes are dispatched first and may evict
 /// queued jobs of lower ones when the queue is full.
@@ -89,10 +89,10 @@ pub struct Traffic {
     pub tenant: Option<Tenant>,
     /// Each item's weight as the client gave it (None: the stage's weight rule, else 1).
     pub weight: Option<u32>,
-    /// The latest deadline the route allows (the request's arrival plus the route's timeout, no
-    /// later than a stream's timeout), whatever shorter one the client asked for; None: the
-    /// jobs' own deadline. See [`crate::job::Job::ceiling`].
-    pub ceiling: Option<Instant>,
+    /// How long the route lets a worker take over a job (its timeout; a stream's, no longer
+    /// than its stream timeout), whatever shorter deadline the client asked for; None: the
+    /// jobs' own budget. See [`crate::job::Job::allowance`].
+    pub allowance: Option<Duration>,
 }
 
 impl Traffic {
@@ -102,7 +102,8 @@ impl Traffic {
         job.class = self.class;
         job.tenant = self.tenant;
         job.weight = self.weight.unwrap_or(0);
-        job.ceiling = self.ceiling.map_or(job.deadline, |ceiling| ceiling.max(job.deadline));
+        let budget = job.deadline.saturating_duration_since(job.arrived);
+        job.allowance = self.allowance.map_or(budget, |allowance| allowance.max(budget));
     }
 }
 
@@ -127,22 +128,18 @@ mod tests {
     }
 
     #[test]
-    fn a_job_s_ceiling_is_its_route_s_never_before_its_deadline() {
-        use std::time::Duration;
-        let now = Instant::now();
+    fn a_job_s_allowance_is_its_route_s_never_less_than_its_budget() {
+        let now = tokio::time::Instant::now();
         let deadline = now + Duration::from_millis(100);
-        let job = || {
-            crate::job::Job::new(corral_protocol::JobId::new(), bytes::Bytes::new(), now, deadline)
-                .0
+        let marked = |allowance| {
+            let id = corral_protocol::JobId::new();
+            let mut job = crate::job::Job::new(id, bytes::Bytes::new(), now, deadline).0;
+            Traffic { allowance, ..Traffic::default() }.mark(&mut job);
+            job.allowance
         };
-        let marked = |ceiling| {
-            let mut job = job();
-            Traffic { ceiling, ..Traffic::default() }.mark(&mut job);
-            job.ceiling
-        };
-        // The route allows 5 s; the client asked for 100 ms: the worker's clock runs to 5 s.
-        assert_eq!(marked(Some(now + Duration::from_secs(5))), now + Duration::from_secs(5));
-        assert_eq!(marked(None), deadline);
-        assert_eq!(marked(Some(now)), deadline);
+        // The route allows 5 s; the client asked for 100 ms: a worker may take 5 s.
+        assert_eq!(marked(Some(Duration::from_secs(5))), Duration::from_secs(5));
+        assert_eq!(marked(None), Duration::from_millis(100));
+        assert_eq!(marked(Some(Duration::ZERO)), Duration::from_millis(100));
     }
 }

@@ -65,7 +65,7 @@ pub struct StageSpec {
     pub max_wait: Duration,
     pub batch_policy: Policy,
     pub worker_prefetch: bool,
-    /// Longest a worker may hold a batch (None: the latest deadline its jobs' routes allow plus
+    /// Longest a worker may hold a batch (None: the longest timeout among its jobs' routes plus
     /// a margin).
     pub batch_timeout: Option<Duration>,
     pub queue_capacity: u32,

@@ -103,7 +103,7 @@ pub async fn receive_with(
         return Err(before_body(ApiError::body_too_large(app.max_body_bytes)));
     }
     let deadline = arrived + timeout;
-    traffic.ceiling = Some(arrived + route.timeout);
+    traffic.allowance = Some(route.timeout);
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);

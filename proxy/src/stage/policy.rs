@@ -61,8 +61,8 @@ pub struct BatchSettings {
     pub policy: Policy,
     /// Whether a saturated stage may send a busy worker its next batch ahead.
     pub prefetch: bool,
-    /// Longest a worker may hold a batch before it is declared hung (None: until the latest
-    /// deadline its jobs' routes allow plus a margin).
+    /// Longest a worker may hold a batch before it is declared hung (None: the longest timeout
+    /// among its jobs' routes plus a margin).
     pub batch_timeout: Option<Duration>,
 }
 

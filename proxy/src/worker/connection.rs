@@ -64,9 +64,9 @@ pub struct Context {
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
-/// latest deadline its jobs' routes allow ([`Job::ceiling`]): by then every client has its 408
-/// and nobody waits for the worker. Not a client's shorter deadline: no client can get a worker
-/// killed by asking for less time than its batch takes.
+/// longest its jobs' routes allow a worker from when it got the batch ([`Job::allowance`]):
+/// every client has its 408 by then. Not from its jobs' deadlines: those a client shortens and
+/// the queue uses up, and no client can get a worker killed that way.
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
@@ -375,10 +375,11 @@ async fn work(
             let front = in_flight.front().expect("a batch is in flight");
             let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => front.sent.max(last_done) + limit,
-                // The route's allowance, not what a client shortened it to (`Job::ceiling`).
+                // From when the worker could start on the batch (one sent ahead: once it was
+                // done with the one before), for as long as the jobs' routes allow.
                 None => {
-                    front.jobs.iter().map(|job| job.ceiling).max().unwrap_or(front.sent)
-                        + HUNG_MARGIN
+                    let allowance = front.jobs.iter().map(|job| job.allowance).max();
+                    front.sent.max(last_done) + allowance.unwrap_or_default() + HUNG_MARGIN
                 }
             };
             // Biased, results first: after a long write the results and an expired hung timer

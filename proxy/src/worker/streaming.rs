@@ -48,8 +48,8 @@ struct Held {
     /// elsewhere (the client has seen part of an answer). Chunks gathered for a one-shot client
     /// do not count: that client has seen nothing.
     streamed: bool,
-    /// The job's first-chunk budget as its route allows it, when it was taken on: how long its
-    /// worker may stay silent (kept here because the job itself may be answered early).
+    /// How long its worker may stay silent, as its route allows (kept here because the job
+    /// itself may be answered early).
     silence: Duration,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
@@ -181,12 +181,11 @@ impl State {
         for job in sent.jobs {
             self.departures.watch(&job);
             self.seq += 1;
-            // The job's time left as sent, not its whole budget: a job that waited in the
-            // queue, or comes back after another worker died, has less. As its route allows it
-            // (`Job::ceiling`): a client's short deadline bounds its first chunk, not how long
-            // the worker may pause mid-stream (a 300 ms header got a worker pausing 1.5 s
-            // after its first chunk killed).
-            let silence = job.ceiling.saturating_duration_since(sent.sent);
+            // As long as its route allows a worker (`Job::allowance`): a client's short deadline
+            // bounds its first chunk, not how long the worker may pause mid-stream (a 300 ms
+            // header got a worker pausing 1.5 s after its first chunk killed), and neither does
+            // the time the job spent queued.
+            let silence = job.allowance;
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -202,7 +201,7 @@ impl State {
     }
 
     /// How long the worker may send nothing (by default, without `--batch-timeout-ms`): the
-    /// longest first-chunk budget, as the routes allow it, among the jobs it holds. A worker
+    /// longest its jobs' routes allow a worker, among the jobs it holds. A worker
     /// that streams steadily is never hung; one that freezes is found within about a job's time
     /// to first chunk, whether or not its streams started or were answered early.
     fn silence(&self) -> Duration {
