@@ -84,3 +84,52 @@ def test_queued_requests_hold_one_copy_of_their_bodies(corral_factory, tmp_path)
         assert {future.result().status_code for future in pending} == {503}
     total = count * size
     assert grown < 1.3 * total, f"RSS grew {grown / total:.2f}x the queued bodies"
+
+
+def peak_rss_bytes(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    line = next(line for line in status.splitlines() if line.startswith("VmHWM:"))
+    return int(line.split()[1]) * 1024
+
+
+def test_too_many_items_are_refused_before_a_payload_is_made_for_each(corral_factory, tmp_path):
+    """A request of more items than the queue holds is a 413, known from the array's header (or,
+    for OpenAI's `input`, from its item 1,025): it once had every element split out first, one
+    payload each, and a 15 MB body took the proxy's memory up by 1.2 GiB before its 413 (and
+    OpenAI's 4M one-character inputs by 780 MiB). Native msgpack, KServe v1 and OpenAI."""
+    import sys
+
+    from conftest import ROOT
+
+    scripted = ROOT / "tests" / "workers" / "scripted.py"
+    (tmp_path / "corral.toml").write_text(
+        "[stages.s]\n"
+        f'command = ["{sys.executable}", "{scripted}"]\n'
+        "[routes.infer]\n"
+        'pipeline = "s"\n'
+        'path = "/infer"\n'
+        "[routes.embed]\n"
+        'pipeline = "s"\n'
+        'protocol = "openai-embeddings"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    before = peak_rss_bytes(proxy.proc.pid)
+    zeros = msgpack.packb([0] * 15_000_000)
+    many = {"content-type": "application/msgpack", "x-corral-items": "many"}
+    native = proxy.client.post("/infer", content=zeros, headers=many)
+    kserve = proxy.client.post(
+        "/v1/models/infer:predict", content=b'{"instances": [' + b"0," * 7_000_000 + b"0]}"
+    )
+    openai = proxy.client.post(
+        "/v1/embeddings",
+        content=b'{"model": "m", "input": [' + b'"a",' * 3_500_000 + b'"a"]}',
+        headers={"content-type": "application/json"},
+    )
+    for answer in (native, kserve, openai):
+        assert answer.status_code == 413, answer.text[:200]
+    assert native.json()["error"] == "too_many_items"
+    assert "1024" in kserve.text and "1024" in openai.text
+    grew = peak_rss_bytes(proxy.proc.pid) - before
+    # The bodies themselves (15 MB each, and once transcoded), not a payload per element.
+    assert grew < 200 * 1024 * 1024, f"the proxy's peak memory grew by {grew >> 20} MiB"

@@ -23,13 +23,10 @@ pub async fn run_items(
     deadline: Instant,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
+    check_item_count(route, payloads.len())?;
     let payloads: Vec<Payload> = payloads.into_iter().map(Into::into).collect();
     for payload in &payloads {
         check_payload_size(app, route, payload.len())?;
-    }
-    let capacity = route.pipeline.capacity();
-    if payloads.len() > capacity {
-        return Err(ApiError::too_many_items(payloads.len(), capacity));
     }
     let jobs = payloads.into_iter().map(|payload| Input::new(JobId::new(), payload)).collect();
     run(app, route, jobs, arrived, deadline, traffic).await
@@ -46,6 +43,16 @@ pub async fn run(
 ) -> Result<Vec<Outcome>, ApiError> {
     let run = route.pipeline.run(jobs, arrived, deadline, app.retries, traffic);
     run.await.map_err(|shed| shed_error(shed, traffic.class))
+}
+
+/// A request of `count` items must fit in the smallest queue on its route's way (413). An
+/// envelope checks this as soon as it knows the count, before it makes the items' payloads.
+pub fn check_item_count(route: &Route, count: usize) -> Result<(), ApiError> {
+    let capacity = route.pipeline.capacity();
+    if count > capacity {
+        return Err(ApiError::too_many_items(count, capacity));
+    }
+    Ok(())
 }
 
 /// A single payload (`size` bytes) must fit in one batch frame.

@@ -13,6 +13,13 @@ use super::format::{self, Format};
 use crate::job::Outcome;
 use crate::msgpack;
 
+/// How many elements a msgpack array says it holds, from its header alone: a request of more
+/// items than its route's queue holds is refused before a payload is made for each (a 16 MiB
+/// array of 16M zeros took 1.2 GiB, split, before its 413).
+pub fn declared_len(array: &[u8]) -> Option<usize> {
+    rmp::decode::read_array_len(&mut &array[..]).ok().map(|len| len as usize)
+}
+
 /// One msgpack value per element of a msgpack array.
 pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
     let not_an_array = || "with x-corral-items: many the body must be an array".to_string();

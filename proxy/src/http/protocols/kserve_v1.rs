@@ -84,6 +84,9 @@ async fn predict(
         .ok()
         .flatten()
         .ok_or_else(|| ApiError::bad_request(NO_INSTANCES))?;
+    if let Some(count) = items::declared_len(&instances) {
+        infer::check_item_count(route, count)?;
+    }
     let rows = items::split(&instances).map_err(|_| ApiError::bad_request(NO_INSTANCES))?;
     if rows.is_empty() {
         return Err(ApiError::bad_request(r#""instances" is empty"#));

@@ -21,7 +21,7 @@ use super::super::body::{self, before_body, Received};
 use super::super::error::ApiError;
 use super::super::events::Framing;
 use super::super::format::{self, Answer, Format, Negotiation};
-use super::super::infer::{check_payload_size, run, run_items};
+use super::super::infer::{check_item_count, check_payload_size, run, run_items};
 use super::super::{items, stream, App, Body, Route};
 use crate::job::Outcome;
 use crate::msgpack;
@@ -92,7 +92,11 @@ pub async fn handle(
     // after its items ran for nothing.
     let format = negotiation.structured().ok_or_else(ApiError::not_acceptable)?;
     // A request of several items was read whole: its payload is one buffer, shared.
-    let elements = items::split(&input.payload.to_bytes()).map_err(ApiError::bad_request)?;
+    let array = input.payload.to_bytes();
+    if let Some(count) = items::declared_len(&array) {
+        check_item_count(route, count)?;
+    }
+    let elements = items::split(&array).map_err(ApiError::bad_request)?;
     let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
     Ok(respond(format, items::assemble(outcomes, format)?))
 }
