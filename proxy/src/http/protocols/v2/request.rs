@@ -19,25 +19,27 @@ use super::tensor::{self, DataType};
 
 /// The JSON header of an inference request; unknown keys are ignored, as v2 allows extensions.
 #[derive(Debug, Deserialize)]
-struct Header {
+struct Header<'a> {
     #[serde(default)]
     id: Option<String>,
     #[serde(default)]
     parameters: Parameters,
-    inputs: Vec<InputHeader>,
+    #[serde(borrow)]
+    inputs: Vec<InputHeader<'a>>,
     #[serde(default)]
     outputs: Vec<OutputHeader>,
 }
 
 #[derive(Debug, Deserialize)]
-struct InputHeader {
+struct InputHeader<'a> {
     name: String,
     shape: Vec<u64>,
     datatype: String,
     #[serde(default)]
     parameters: Parameters,
-    #[serde(default)]
-    data: Option<serde_json::Value>,
+    /// Its text, packed as it is read ([`tensor::pack_json`]).
+    #[serde(default, borrow)]
+    data: Option<&'a serde_json::value::RawValue>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -93,7 +95,7 @@ struct Input {
 /// None for any other request, or a header that does not parse (the parse that counts, with
 /// its error, comes after).
 pub fn single_row_head(json: &[u8]) -> Option<Vec<u8>> {
-    let header: Header = serde_json::from_slice(json).ok()?;
+    let header: Header<'_> = serde_json::from_slice(json).ok()?;
     let [input] = &header.inputs[..] else { return None };
     let size = usize::try_from(input.parameters.binary_data_size?).ok()?;
     if input.data.is_some() || input.shape.first() != Some(&1) || size < SHARED_SLICE {
@@ -151,7 +153,7 @@ pub fn parse(
             body.len()
         ));
     }
-    let header: Header = serde_json::from_slice(&body[..json_end])
+    let header: Header<'_> = serde_json::from_slice(&body[..json_end])
         .map_err(|e| format!("the inference request header is not valid: {e}"))?;
     if let Some(name) = repeated(header.inputs.iter().map(|i| i.name.as_str())) {
         return Err(format!("input {name:?} appears twice"));
@@ -170,7 +172,7 @@ pub fn parse(
             (Some(_), Some(_)) => return Err(at("has both data and binary_data_size".into())),
             (None, None) => return Err(at("has neither data nor binary_data_size".into())),
             (None, Some(json)) => {
-                Bytes::from(tensor::pack_json(datatype, &json, count).map_err(at)?)
+                Bytes::from(tensor::pack_json(datatype, json, count).map_err(at)?)
             }
             (Some(size), None) => {
                 if size > binary.len() as u64 {

@@ -13,7 +13,8 @@
 
 use corral_protocol::TensorSpec;
 use rmpv::ValueRef;
-use serde_json::{json, Map, Value};
+use serde::Serialize;
+use serde_json::{json, Value};
 
 use super::request::{Request, Requested};
 use super::result_row::{Found, ResultRow};
@@ -71,41 +72,59 @@ pub fn build(
             return Err(unknown_output(&unknown.name, first.keys().flatten()));
         }
     }
-    let mut outputs = Vec::with_capacity(wanted.len());
+    let stacked = wanted
+        .iter()
+        .map(|output| {
+            let spec = declared.iter().find(|s| s.name == output.name);
+            stack(&output.name, spec, &rows)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     let mut tail = Vec::new();
-    for output in &wanted {
-        let spec = declared.iter().find(|s| s.name == output.name);
-        let (datatype, shape, data) = stack(&output.name, spec, &rows)?;
-        let mut entry = Map::new();
-        entry.insert("name".into(), json!(output.name));
-        entry.insert("datatype".into(), json!(datatype.name()));
-        entry.insert("shape".into(), json!(shape));
-        if output.binary {
-            entry.insert("parameters".into(), json!({"binary_data_size": data.len()}));
-            tail.extend_from_slice(&data);
-        } else {
-            let values = tensor::unpack_json(datatype, &shape, &data).map_err(|e| {
-                ApiError::internal(
-                    "unrepresentable_output",
-                    format!("output {:?}: {e}", output.name),
-                )
-            })?;
-            entry.insert("data".into(), values);
-        }
-        outputs.push(Value::Object(entry));
-    }
-    let mut header = Map::new();
-    header.insert("model_name".into(), json!(model));
-    header.insert("model_version".into(), json!("1"));
-    if let Some(id) = &request.id {
-        header.insert("id".into(), json!(id));
-    }
-    header.insert("outputs".into(), Value::Array(outputs));
-    let mut body = serde_json::to_vec(&header).expect("JSON values always serialize");
+    let outputs = wanted
+        .iter()
+        .zip(&stacked)
+        .map(|(output, (datatype, shape, data))| {
+            let (parameters, data) = if output.binary {
+                tail.extend_from_slice(data);
+                (Some(json!({"binary_data_size": data.len()})), None)
+            } else {
+                let name = &output.name;
+                (None, Some(tensor::JsonData { output: name, datatype: *datatype, shape, data }))
+            };
+            Output { name: &output.name, datatype: datatype.name(), shape, parameters, data }
+        })
+        .collect();
+    let header =
+        Header { model_name: model, model_version: "1", id: request.id.as_deref(), outputs };
+    // Only an element JSON cannot carry fails this (`JsonData`), with a message naming it.
+    let mut body = serde_json::to_vec(&header)
+        .map_err(|e| ApiError::internal("unrepresentable_output", e.to_string()))?;
     let binary = wanted.iter().any(|o| o.binary);
     let header_length = binary.then_some(body.len());
     body.extend_from_slice(&tail);
     Ok(Answer { body, header_length })
+}
+
+/// The answer's JSON header, written straight into the body: an output's JSON `data` is written
+/// element by element as it is read ([`tensor::JsonData`]).
+#[derive(Serialize)]
+struct Header<'a> {
+    model_name: &'a str,
+    model_version: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    id: Option<&'a str>,
+    outputs: Vec<Output<'a>>,
+}
+
+#[derive(Serialize)]
+struct Output<'a> {
+    name: &'a str,
+    datatype: &'static str,
+    shape: &'a [u64],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    parameters: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    data: Option<tensor::JsonData<'a>>,
 }
 
 /// 400 if the request asks for an output the model does not give (`names`).

@@ -9,6 +9,7 @@
 //! already them, a JSON one is packed once, and a row is a slice of them.
 
 use rmpv::ValueRef;
+use serde::de::DeserializeSeed;
 
 /// The ext type of a tensor value.
 pub const TENSOR_EXT: i8 = 1;
@@ -189,49 +190,121 @@ pub fn read_tensor(ext: &[u8]) -> Result<Tensor<'_>, String> {
     Ok(Tensor { datatype, shape, data })
 }
 
-/// Packs a JSON `data` array (flat, or nested any way) of `count` elements.
+/// Packs a JSON `data` array (flat, or nested any way) of `count` elements, as its text: each
+/// element is packed as it is read, never held as a `serde_json::Value` (32 bytes and more
+/// each: a valid 16 MiB request of numbers took 419 MiB that way, four at once 1.8 GiB).
 pub fn pack_json(
     datatype: DataType,
-    value: &serde_json::Value,
+    data: &serde_json::value::RawValue,
     count: u64,
 ) -> Result<Vec<u8>, String> {
-    let mut leaves = Vec::new();
-    flatten_json(value, &mut leaves, 0)?;
-    if leaves.len() as u64 != count {
-        return Err(format!("{} elements of data for a shape of {count}", leaves.len()));
+    let capacity = usize::try_from(count).unwrap_or(usize::MAX).min(data.get().len());
+    let mut leaves =
+        Leaves { datatype, count, seen: 0, out: Vec::with_capacity(capacity), refused: None };
+    let mut reader = serde_json::Deserializer::from_str(data.get());
+    let read = (&mut leaves).deserialize(&mut reader);
+    if let Some(refused) = leaves.refused {
+        return Err(refused);
     }
-    let mut out = Vec::with_capacity(leaves.len() * datatype.size().unwrap_or(8));
-    for (index, leaf) in leaves.into_iter().enumerate() {
-        let element = match leaf {
-            serde_json::Value::Bool(b) => Element::Bool(*b),
-            serde_json::Value::Number(n) => match (n.as_u64(), n.as_i64(), n.as_f64()) {
-                (Some(u), _, _) => Element::Uint(u),
-                (None, Some(i), _) => Element::Int(i),
-                (_, _, Some(f)) => Element::Float(f),
-                _ => return Err(format!("element {index}: not a number Corral can read")),
-            },
-            serde_json::Value::String(s) => Element::Bytes(s.as_bytes()),
-            other => return Err(format!("element {index}: {other} is not a tensor element")),
-        };
-        push(&mut out, datatype, element).map_err(|e| format!("element {index}: {e}"))?;
+    read.map_err(|e| format!("data is not JSON: {e}"))?;
+    if leaves.seen != count {
+        return Err(format!("{} elements of data for a shape of {count}", leaves.seen));
     }
-    Ok(out)
+    Ok(leaves.out)
 }
 
-fn flatten_json<'a>(
-    value: &'a serde_json::Value,
-    leaves: &mut Vec<&'a serde_json::Value>,
+/// What [`pack_json`] reads: every leaf of the nested arrays, in order, packed as `datatype`
+/// while there are no more than `count` (past them only counted, for the error).
+struct Leaves {
+    datatype: DataType,
+    count: u64,
+    seen: u64,
+    out: Vec<u8>,
+    /// Why the data was refused, in Corral's words (serde_json's own would add a position).
+    refused: Option<String>,
+}
+
+impl Leaves {
+    fn leaf<E: serde::de::Error>(&mut self, element: Element) -> Result<(), E> {
+        let index = self.seen;
+        self.seen += 1;
+        if index >= self.count {
+            return Ok(());
+        }
+        push(&mut self.out, self.datatype, element)
+            .map_err(|e| self.refuse(format!("element {index}: {e}")))
+    }
+
+    fn refuse<E: serde::de::Error>(&mut self, why: String) -> E {
+        self.refused = Some(why);
+        E::custom("refused")
+    }
+}
+
+/// One level of nesting of [`Leaves`].
+struct Level<'a> {
+    leaves: &'a mut Leaves,
     depth: usize,
-) -> Result<(), String> {
-    match value {
-        serde_json::Value::Array(items) if depth < MAX_DEPTH => {
-            items.iter().try_for_each(|item| flatten_json(item, leaves, depth + 1))
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for &mut Leaves {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, reader: D) -> Result<(), D::Error> {
+        reader.deserialize_any(Level { leaves: self, depth: 0 })
+    }
+}
+
+impl<'de> serde::de::DeserializeSeed<'de> for Level<'_> {
+    type Value = ();
+    fn deserialize<D: serde::Deserializer<'de>>(self, reader: D) -> Result<(), D::Error> {
+        reader.deserialize_any(self)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Level<'_> {
+    type Value = ();
+
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("tensor elements")
+    }
+
+    fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<(), E> {
+        self.leaves.leaf(Element::Bool(b))
+    }
+
+    fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<(), E> {
+        self.leaves.leaf(Element::Uint(u))
+    }
+
+    fn visit_i64<E: serde::de::Error>(self, i: i64) -> Result<(), E> {
+        self.leaves.leaf(Element::Int(i))
+    }
+
+    fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<(), E> {
+        self.leaves.leaf(Element::Float(f))
+    }
+
+    fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
+        self.leaves.leaf(Element::Bytes(s.as_bytes()))
+    }
+
+    fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
+        let index = self.leaves.seen;
+        Err(self.leaves.refuse(format!("element {index}: null is not a tensor element")))
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
+        let index = self.leaves.seen;
+        Err(self.leaves.refuse(format!("element {index}: an object is not a tensor element")))
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        if self.depth >= MAX_DEPTH {
+            return Err(self.leaves.refuse(format!("data nested deeper than {MAX_DEPTH} levels")));
         }
-        serde_json::Value::Array(_) => Err(format!("data nested deeper than {MAX_DEPTH} levels")),
-        leaf => {
-            leaves.push(leaf);
-            Ok(())
-        }
+        let depth = self.depth + 1;
+        while items.next_element_seed(Level { leaves: &mut *self.leaves, depth })?.is_some() {}
+        Ok(())
     }
 }
 
@@ -326,35 +399,44 @@ fn push_integer(out: &mut Vec<u8>, datatype: DataType, value: i128) -> Option<()
     Some(())
 }
 
-/// Packed data as a flat JSON array (v2's `data`). `BYTES` elements become strings, so they
-/// must be UTF-8: other bytes need the binary extension.
-pub fn unpack_json(
-    datatype: DataType,
-    shape: &[u64],
-    data: &[u8],
-) -> Result<serde_json::Value, String> {
-    use serde_json::Value;
-    // JSON has no NaN nor infinity: written as `null` (serde_json's way) they would come back
-    // to the client as another value, or none; refused instead (the client can ask for binary data).
-    let number = |f: f64| {
-        serde_json::Number::from_f64(f).map(Value::Number).ok_or_else(|| {
-            format!("{f} is not a number JSON can carry: ask for it with binary_data")
-        })
-    };
-    let values = unpack(datatype, shape, data)?.into_iter().map(|element| match element {
-        Element::Bool(b) => Ok(Value::Bool(b)),
-        Element::Uint(u) => Ok(Value::from(u)),
-        Element::Int(i) => Ok(Value::from(i)),
-        Element::Float(f) => number(f),
-        Element::Float32(f) => number(f64::from(f)),
-        Element::Bytes(b) => {
-            std::str::from_utf8(b).map(|s| Value::String(s.to_owned())).map_err(|_| {
-                "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data"
-                    .to_string()
+/// A tensor's packed data as v2 JSON `data`: a flat array of its elements, written into the
+/// answer as they are read, never held as `serde_json::Value`s (with its elements collected
+/// first, 80 bytes and more each: a 16 MiB answer of UINT8s took the proxy past 1 GiB). JSON has
+/// no NaN nor infinity: written as `null` (serde_json's way) they would reach the client as
+/// another value, or none; they fail the answer instead, naming `output` (the client can ask for
+/// binary data), as do BYTES elements that are not UTF-8.
+pub struct JsonData<'a> {
+    pub output: &'a str,
+    pub datatype: DataType,
+    pub shape: &'a [u64],
+    pub data: &'a [u8],
+}
+
+impl serde::Serialize for JsonData<'_> {
+    fn serialize<S: serde::Serializer>(&self, writer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeSeq};
+        let fail = |why: &str| S::Error::custom(format!("output {:?}: {why}", self.output));
+        let elements = each(self.datatype, self.shape, self.data).map_err(|e| fail(&e))?;
+        let number = |f: f64| {
+            f.is_finite().then_some(f).ok_or_else(|| {
+                fail(&format!("{f} is not a number JSON can carry: ask for it with binary_data"))
             })
+        };
+        let mut seq = writer.serialize_seq(None)?;
+        for element in elements {
+            match element {
+                Element::Bool(b) => seq.serialize_element(&b)?,
+                Element::Uint(u) => seq.serialize_element(&u)?,
+                Element::Int(i) => seq.serialize_element(&i)?,
+                Element::Float(f) => seq.serialize_element(&number(f)?)?,
+                Element::Float32(f) => seq.serialize_element(&number(f64::from(f))?)?,
+                Element::Bytes(b) => seq.serialize_element(std::str::from_utf8(b).map_err(|_| {
+                    fail("a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data")
+                })?)?,
+            }
         }
-    });
-    values.collect::<Result<Vec<_>, _>>().map(Value::Array)
+        seq.end()
+    }
 }
 
 /// Packed data's elements, row-major (its length already checked against the shape).
@@ -363,12 +445,20 @@ fn unpack<'a>(
     shape: &[u64],
     data: &'a [u8],
 ) -> Result<Vec<Element<'a>>, String> {
+    Ok(each(datatype, shape, data)?.collect())
+}
+
+/// The elements of packed data, read as they are asked for.
+fn each<'a>(
+    datatype: DataType,
+    shape: &[u64],
+    data: &'a [u8],
+) -> Result<Box<dyn Iterator<Item = Element<'a>> + 'a>, String> {
     let Some(size) = datatype.size() else {
         let (spans, _) = bytes_elements(data, elements(shape).unwrap_or(0))?;
-        return Ok(spans
-            .into_iter()
-            .map(|(start, end)| Element::Bytes(&data[start..end]))
-            .collect());
+        return Ok(Box::new(
+            spans.into_iter().map(|(start, end)| Element::Bytes(&data[start..end])),
+        ));
     };
     let word = |b: &[u8]| {
         let mut bytes = [0u8; 8];
@@ -376,22 +466,19 @@ fn unpack<'a>(
         u64::from_le_bytes(bytes)
     };
     // Sign-extends a little-endian integer of `b.len()` bytes.
-    let signed = |b: &[u8]| {
+    let signed = move |b: &[u8]| {
         let shift = 64 - 8 * b.len() as u32;
         ((word(b) << shift) as i64) >> shift
     };
-    Ok(data
-        .chunks_exact(size)
-        .map(|b| match datatype {
-            DataType::Bool => Element::Bool(b[0] != 0),
-            DataType::U8 | DataType::U16 | DataType::U32 | DataType::U64 => Element::Uint(word(b)),
-            DataType::I8 | DataType::I16 | DataType::I32 | DataType::I64 => Element::Int(signed(b)),
-            DataType::F16 => Element::Float32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
-            DataType::F32 => Element::Float32(f32::from_bits(word(b) as u32)),
-            DataType::F64 => Element::Float(f64::from_bits(word(b))),
-            DataType::Bytes => unreachable!("BYTES has no fixed size"),
-        })
-        .collect())
+    Ok(Box::new(data.chunks_exact(size).map(move |b| match datatype {
+        DataType::Bool => Element::Bool(b[0] != 0),
+        DataType::U8 | DataType::U16 | DataType::U32 | DataType::U64 => Element::Uint(word(b)),
+        DataType::I8 | DataType::I16 | DataType::I32 | DataType::I64 => Element::Int(signed(b)),
+        DataType::F16 => Element::Float32(half::f16::from_le_bytes([b[0], b[1]]).to_f32()),
+        DataType::F32 => Element::Float32(f32::from_bits(word(b) as u32)),
+        DataType::F64 => Element::Float(f64::from_bits(word(b))),
+        DataType::Bytes => unreachable!("BYTES has no fixed size"),
+    })))
 }
 
 /// A worker's row of one output: its datatype, shape and packed data.
@@ -609,6 +696,9 @@ mod tests {
 
     #[test]
     fn json_data_packs_by_datatype() {
+        let pack_json = |datatype, json: &serde_json::Value, count| {
+            pack_json(datatype, &serde_json::value::to_raw_value(json).unwrap(), count)
+        };
         let json = serde_json::json!([[1, 2], [3, 4]]);
         assert_eq!(pack_json(DataType::I16, &json, 4).unwrap(), [1, 0, 2, 0, 3, 0, 4, 0]);
         assert!(pack_json(DataType::U8, &serde_json::json!([256]), 1).unwrap_err().contains("fit"));
@@ -624,6 +714,47 @@ mod tests {
         assert!(pack_json(DataType::F32, &serde_json::json!([1e39]), 1).is_err());
         assert!(pack_json(DataType::F32, &serde_json::json!([3.4e38]), 1).is_ok());
         assert!(pack_json(DataType::F16, &serde_json::json!([65504]), 1).is_ok(), "FP16's max");
+    }
+
+    #[test]
+    fn json_data_is_read_as_text_with_corral_s_own_refusals() {
+        let pack = |datatype, text: &str, count| {
+            let raw = serde_json::value::RawValue::from_string(text.to_string()).unwrap();
+            pack_json(datatype, &raw, count)
+        };
+        assert_eq!(pack(DataType::I8, "[[-1], [2]]", 2).unwrap(), [0xff, 2]);
+        assert_eq!(pack(DataType::U64, "[18446744073709551615]", 1).unwrap(), [0xff; 8]);
+        let escaped = pack(DataType::Bytes, r#"["a\"\u00e9"]"#, 1).unwrap();
+        assert_eq!(escaped, [4, 0, 0, 0, b'a', b'"', 0xc3, 0xa9]);
+        assert_eq!(
+            pack(DataType::I8, "[1, null]", 2).unwrap_err(),
+            "element 1: null is not a tensor element"
+        );
+        assert_eq!(
+            pack(DataType::I8, r#"[{"a": 1}]"#, 1).unwrap_err(),
+            "element 0: an object is not a tensor element"
+        );
+        assert_eq!(
+            pack(DataType::I8, "[1, 2, 3]", 2).unwrap_err(),
+            "3 elements of data for a shape of 2"
+        );
+        assert_eq!(
+            pack(DataType::I8, "[1]", 2).unwrap_err(),
+            "1 elements of data for a shape of 2"
+        );
+        assert_eq!(pack(DataType::I8, "7", 1).unwrap(), [7], "a scalar is one element");
+        let deep = format!("{}1{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
+        let refused = pack(DataType::I8, &deep, 1).unwrap_err();
+        assert!(refused.contains("nested deeper") || refused.contains("recursion"), "{refused}");
+    }
+
+    fn unpack_json(
+        datatype: DataType,
+        shape: &[u64],
+        data: &[u8],
+    ) -> Result<serde_json::Value, String> {
+        let json = JsonData { output: "o", datatype, shape, data };
+        serde_json::to_value(json).map_err(|e| e.to_string())
     }
 
     #[test]
