@@ -111,6 +111,12 @@ def test_a_killed_worker_s_jobs_succeed_on_another_worker(corral_factory, tmp_pa
     assert response.status_code == 200, response.text
     assert response.json()["pid"] != holder
     assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
+    # Server-Timing says where its time went across both tries: `queue` to the retry's send
+    # (the first try's time in its dead worker included), `batch` from there, within the total.
+    from test_server_timing import check_parts  # it imports this module: not at the top
+
+    check_parts(response)
+    assert response.headers["x-corral-batch-size"] == "1"
 
 
 def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corral_factory):

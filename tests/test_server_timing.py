@@ -4,7 +4,6 @@ worker reports the size of the batch it saw, which the header must match."""
 
 from __future__ import annotations
 
-import os
 import re
 import signal
 from concurrent.futures import ThreadPoolExecutor
@@ -183,26 +182,6 @@ def test_a_408_in_a_pipelines_second_stage_sums_both_stages(corral_factory, tmp_
     assert answer.headers["x-corral-batch-size"] == "1"  # shift takes one job a batch
     # `batch` runs to the deadline in shift: most of the 300 ms the job had.
     assert parts["batch"] > 0 and parts["queue"] >= 0, parts
-
-
-def test_a_retried_job_says_where_its_time_went_across_both_tries(corral_factory, tmp_path):
-    """The worker holding the job is killed; the retry on the other worker answers it. Its
-    parts are those of the job as answered: `queue` to the retry's send (the first try's time
-    in its dead worker included), `batch` from there; together within the total."""
-    log = tmp_path / "received.jsonl"
-    proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})
-    gate = tmp_path / "gate"
-    with ThreadPoolExecutor(1) as pool:
-        pending = pool.submit(proxy.post, {"tag": "t", "hold": str(gate)})
-        holder = proxy.wait_until(lambda: received(log, with_pid=True), what="the job")[0][0]
-        os.kill(holder, signal.SIGKILL)
-        proxy.wait_for_log(r"worker exited; restarting")
-        gate.touch()
-        answer = pending.result()
-    assert answer.status_code == 200, answer.text
-    assert answer.json()["pid"] != holder
-    check_parts(answer)
-    assert answer.headers["x-corral-batch-size"] == "1"
 
 
 def test_the_drains_503s_say_whether_a_batch_ran(corral_factory, tmp_path):
