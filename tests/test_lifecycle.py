@@ -95,11 +95,12 @@ def test_a_hung_worker_is_killed_and_restarted(corral_factory):
 
 
 def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_factory):
-    """Without --batch-timeout-ms a worker is hung one second past the latest deadline its jobs'
-    routes allow. A client's shorter deadline once counted instead: a 100 ms header on a batch of
-    1.5 s got the worker killed as hung every time (a model reload each), though it was only
-    slow. The client has its 408; the worker finishes (its late result dropped, counted) and
-    the same process answers the next request, after that batch."""
+    """Without --batch-timeout-ms a worker is hung one second past the longest timeout among its
+    jobs' routes, from when it got the batch. A client's shorter deadline once counted instead:
+    a 100 ms header on a batch of 1.5 s got the worker killed as hung every time (a model
+    reload each), though it was only slow. The client has its 408; the worker finishes (its
+    late result dropped, counted) and the same process answers the next request, after that
+    batch."""
     proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=10000")
     first = proxy.post("warm").json()["pid"]
     short = proxy.post({"sleep_ms": 1500}, headers={"x-corral-timeout-ms": "100"})
@@ -112,21 +113,22 @@ def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_fact
 
 def test_a_job_queued_behind_a_long_batch_does_not_get_its_worker_killed(corral_factory, tmp_path):
     """The hung clock runs from when the worker got the batch, for as long as the route allows
-    (here 2 s, + 1 s). B queues 1.8 s behind A, then takes 1.8 s itself: 3.6 s from its arrival.
-    Counted from B's arrival, as it was, the worker was killed at 3 s, though it was answering
-    every batch within the route's timeout. B's client has its 408 at 2 s all the same."""
+    (here 3 s, + 1 s). B queues 2.5 s behind A, then takes 2.5 s itself: 5 s from its arrival.
+    Counted from B's arrival, as it was, the worker was killed at 4 s, though it was answering
+    every batch within the route's timeout. B's client has its 408 at 3 s all the same."""
     log = tmp_path / "received.jsonl"
-    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=2000", env={"SCRIPTED_LOG": str(log)})
+    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=3000", env={"SCRIPTED_LOG": str(log)})
     pid = proxy.post("warm").json()["pid"]
     with ThreadPoolExecutor(1) as pool:
-        first = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 1800})
+        first = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 2500})
         tags = lambda: [i.get("tag") for i in received(log) if isinstance(i, dict)]  # noqa: E731
         proxy.wait_until(lambda: "A" in tags(), what="A")
-        queued = proxy.post({"tag": "B", "sleep_ms": 1800})
+        queued = proxy.post({"tag": "B", "sleep_ms": 2500})
         assert first.result().status_code == 200
     assert queued.status_code == 408, queued.text
     # Behind B's batch: answered by the same process once B's batch is done.
     assert proxy.post("after").json()["pid"] == pid
+    assert "B" in tags(), "B reached the worker (else this tested nothing)"
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 

@@ -96,7 +96,8 @@ def test_too_many_items_are_refused_before_a_payload_is_made_for_each(corral_fac
     """A request of more items than the queue holds is a 413, known from the array's header (or,
     for OpenAI's `input`, from its item 1,025): it once had every element split out first, one
     payload each, and a 15 MB body took the proxy's memory up by 1.2 GiB before its 413 (and
-    OpenAI's 4M one-character inputs by 780 MiB). Native msgpack, KServe v1 and OpenAI."""
+    OpenAI's 4M one-character inputs by 780 MiB, and one input of 7M numbers by 500 MiB).
+    Native msgpack, KServe v1 and OpenAI."""
     import sys
 
     from conftest import ROOT
@@ -126,6 +127,14 @@ def test_too_many_items_are_refused_before_a_payload_is_made_for_each(corral_fac
         content=b'{"model": "m", "input": [' + b'"a",' * 3_500_000 + b'"a"]}',
         headers={"content-type": "application/json"},
     )
+    # One input that is a list of 7M numbers: read past, not built, for its 400 (500 MiB).
+    token_list = proxy.client.post(
+        "/v1/embeddings",
+        content=b'{"model": "m", "input": ["a", [' + b"0," * 7_000_000 + b"0]]}",
+        headers={"content-type": "application/json"},
+    )
+    assert token_list.status_code == 400, token_list.text[:200]
+    assert token_list.json()["error"]["message"] == "input 1 is not a string"
     for answer in (native, kserve, openai):
         assert answer.status_code == 413, answer.text[:200]
     assert native.json()["error"] == "too_many_items"

@@ -475,7 +475,7 @@ def test_a_plain_worker_that_declared_cancel_hears_of_a_one_shot_client_leaving(
 
 def test_a_worker_silent_after_its_stream_was_cut_off_is_not_hung(corral_factory, tmp_path):
     # A slow client is cut off (its job answered early) and the worker takes 1.5 s to end that
-    # job, sending nothing meanwhile. Its silence is within the job's first-chunk budget (5 s):
+    # job, sending nothing meanwhile. Its silence is within the job's allowance (the route's 5 s):
     # the worker is not hung (it once was, a second after the cut, and was killed).
     cancels, ended = tmp_path / "cancels", tmp_path / "ended"
     proxy = corral_factory(

@@ -129,7 +129,8 @@ pub struct Config {
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
     /// jobs retried or failed, a spawned worker killed and restarted). 0: the longest timeout
     /// among its jobs' routes plus one second, from when the worker got the batch (not a
-    /// client's shorter deadline).
+    /// client's shorter deadline). A streaming worker's clock counts its silence since its last
+    /// frame instead.
     #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
     pub batch_timeout_ms: u64,
 

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use rmp::Marker;
-use serde::de::{SeqAccess, Visitor};
+use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{json, Value};
@@ -47,8 +47,9 @@ struct EmbeddingsRequest<'a> {
     model: String,
     #[serde(default)]
     encoding_format: Option<String>,
+    /// Refused when given; read past, not built.
     #[serde(default)]
-    dimensions: Option<Value>,
+    dimensions: Option<IgnoredAny>,
 }
 
 pub async fn embeddings(
@@ -82,7 +83,7 @@ pub async fn embeddings(
     if request.dimensions.is_some() {
         return Err(ApiError::bad_request("dimensions is not supported: the worker decides"));
     }
-    let inputs = strings(bounded(request.input, route)?)?;
+    let inputs = strings(request.input, route.pipeline.capacity())?;
     let tokens: usize = inputs.iter().map(|text| text.split_whitespace().count()).sum();
     let payloads = inputs.iter().map(|text| msgpack_str(text)).collect();
     let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
@@ -101,60 +102,106 @@ pub async fn embeddings(
     Ok(json(StatusCode::OK, answer.to_string()))
 }
 
-/// `input` as a JSON value, a list of more elements than the route's queue holds refused (413)
-/// as soon as its first one too many is read: read whole first, 4M one-character strings took
-/// 780 MiB before their 413.
-fn bounded(input: &RawValue, route: &Route) -> Result<Value, ApiError> {
+/// One element of `input` as read: only a string is kept; anything else is read past, not built
+/// (a list of 7.5M numbers as a `serde_json::Value` took 500 MiB for its 400).
+enum Item {
+    Text(String),
+    /// A number or a list: a token array's element (or a token array).
+    Token,
+    Other,
+}
+
+impl<'de> Deserialize<'de> for Item {
+    fn deserialize<D: serde::Deserializer<'de>>(reader: D) -> Result<Self, D::Error> {
+        struct Read;
+        impl<'de> Visitor<'de> for Read {
+            type Value = Item;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an input")
+            }
+            fn visit_str<E>(self, text: &str) -> Result<Item, E> {
+                Ok(Item::Text(text.to_string()))
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Item, E> {
+                Ok(Item::Token)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Item, E> {
+                Ok(Item::Token)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Item, E> {
+                Ok(Item::Token)
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Item, A::Error> {
+                while items.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Item::Token)
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<Item, A::Error> {
+                while entries.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Item::Other)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Item, E> {
+                Ok(Item::Other)
+            }
+            fn visit_unit<E>(self) -> Result<Item, E> {
+                Ok(Item::Other)
+            }
+        }
+        reader.deserialize_any(Read)
+    }
+}
+
+/// `input` as the strings it holds. A list of more elements than the route's queue holds is
+/// refused (413) as soon as its first one too many is read: read whole first, 4M one-character
+/// strings took 780 MiB before their 413. Token arrays (lists of integers) would need the
+/// model's tokenizer to mean anything to a worker that takes text: refused, with the reason.
+fn strings(input: &RawValue, max: usize) -> Result<Vec<String>, ApiError> {
     struct Bounded<'a> {
         max: usize,
         over: &'a Cell<bool>,
     }
     impl<'de> Visitor<'de> for Bounded<'_> {
-        type Value = Value;
+        type Value = Vec<Item>;
         fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
             f.write_str("a list")
         }
-        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<Item>, A::Error> {
             let mut list = Vec::new();
-            while let Some(item) = seq.next_element::<Value>()? {
+            while let Some(item) = seq.next_element::<Item>()? {
                 if list.len() == self.max {
                     self.over.set(true);
                     return Err(serde::de::Error::custom("too many inputs"));
                 }
                 list.push(item);
             }
-            Ok(Value::Array(list))
+            Ok(list)
         }
     }
-    let read = |e: serde_json::Error| ApiError::bad_request(format!("input is not JSON: {e}"));
-    if !input.get().starts_with('[') {
-        return serde_json::from_str(input.get()).map_err(read);
-    }
-    let max = route.pipeline.capacity();
-    let over = Cell::new(false);
-    let mut reader = serde_json::Deserializer::from_str(input.get());
-    match serde::Deserializer::deserialize_seq(&mut reader, Bounded { max, over: &over }) {
-        Ok(list) => Ok(list),
-        Err(_) if over.get() => {
-            let message = format!("input holds more than {max} items; the queue holds {max}");
-            Err(ApiError { message, ..ApiError::too_many_items(max + 1, max) })
-        }
-        Err(e) => Err(read(e)),
-    }
-}
-
-/// `input` as the strings it holds. Token arrays (lists of integers) would need the model's
-/// tokenizer to mean anything to a worker that takes text: refused, with the reason.
-fn strings(input: Value) -> Result<Vec<String>, ApiError> {
     let bad = |message: &str| ApiError::bad_request(message);
-    let list = match input {
-        Value::String(text) => vec![Value::String(text)],
-        Value::Array(list) if list.is_empty() => return Err(bad("input must not be empty")),
-        Value::Array(list) => list,
-        _ => return Err(bad("input must be a string or a list of strings")),
+    let read = |e: serde_json::Error| ApiError::bad_request(format!("input is not JSON: {e}"));
+    let list = if input.get().starts_with('[') {
+        let over = Cell::new(false);
+        let mut reader = serde_json::Deserializer::from_str(input.get());
+        match serde::Deserializer::deserialize_seq(&mut reader, Bounded { max, over: &over }) {
+            Ok(list) => list,
+            Err(_) if over.get() => {
+                let message = format!(
+                    "the request carries more than {max} items; the queue holds at most {max}"
+                );
+                return Err(ApiError { message, ..ApiError::too_many_items(max + 1, max) });
+            }
+            Err(e) => return Err(read(e)),
+        }
+    } else {
+        match serde_json::from_str::<Item>(input.get()).map_err(read)? {
+            Item::Text(text) => vec![Item::Text(text)],
+            _ => return Err(bad("input must be a string or a list of strings")),
+        }
     };
+    if list.is_empty() {
+        return Err(bad("input must not be empty"));
+    }
     // A list of numbers, or of lists, is OpenAI's token arrays; a number among strings is not.
-    if list.iter().all(|item| matches!(item, Value::Number(_) | Value::Array(_))) {
+    if list.iter().all(|item| matches!(item, Item::Token)) {
         return Err(bad(
             "token arrays are not supported: send the text as a string or a list of strings",
         ));
@@ -162,10 +209,10 @@ fn strings(input: Value) -> Result<Vec<String>, ApiError> {
     list.into_iter()
         .enumerate()
         .map(|(index, item)| match item {
-            Value::String(text) if text.is_empty() => {
+            Item::Text(text) if text.is_empty() => {
                 Err(bad(&format!("input {index} is an empty string")))
             }
-            Value::String(text) => Ok(text),
+            Item::Text(text) => Ok(text),
             _ => Err(bad(&format!("input {index} is not a string"))),
         })
         .collect()
@@ -278,6 +325,7 @@ mod tests {
 
     #[test]
     fn token_arrays_are_refused_with_a_reason() {
+        let strings = |input: Value| strings(&serde_json::value::to_raw_value(&input).unwrap(), 4);
         let error = strings(json!([[1, 2, 3]])).unwrap_err();
         assert!(error.message.contains("token arrays"), "{}", error.message);
         assert!(strings(json!([1, 2])).is_err());
@@ -285,6 +333,16 @@ mod tests {
         assert_eq!(strings(json!("a b")).unwrap(), ["a b"]);
         let mixed = strings(json!(["a", 1])).unwrap_err();
         assert_eq!(mixed.message, "input 1 is not a string", "not a token array");
+        assert_eq!(
+            strings(json!(["a", {"b": [1]}])).unwrap_err().message,
+            "input 1 is not a string"
+        );
+        assert_eq!(strings(json!(["a", ""])).unwrap_err().message, "input 1 is an empty string");
+        let number = strings(json!(7)).unwrap_err();
+        assert_eq!(number.message, "input must be a string or a list of strings");
+        // Past the queue's room (here 4), refused as soon as the fifth is read.
+        let over = strings(json!(["a", "b", "c", "d", "e"])).unwrap_err();
+        assert_eq!((over.status.as_u16(), over.code), (413, "too_many_items"));
     }
 
     fn done(value: &impl serde::Serialize) -> Outcome {

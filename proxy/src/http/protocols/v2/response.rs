@@ -12,7 +12,6 @@
 //! twice (msgpack maps may repeat a key, and are read as they come), is no v2 answer.
 
 use corral_protocol::TensorSpec;
-use rmpv::ValueRef;
 use serde::Serialize;
 use serde_json::{json, Value};
 
@@ -41,11 +40,12 @@ pub fn build(
     let rows = results
         .iter()
         .enumerate()
-        .map(|(index, data)| match tensor::read_value(data) {
-            Ok(ValueRef::Map(entries)) => Ok(entries),
-            _ => Err(bad_output(format!(
-                "row {index}: a v2 result must be a map from output name to its row"
-            ))),
+        .map(|(index, data)| {
+            super::result_row::entries(data).ok_or_else(|| {
+                bad_output(format!(
+                    "row {index}: a v2 result must be a map from output name to its row"
+                ))
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let rows: Vec<ResultRow> = rows.iter().map(|entries| ResultRow::new(entries)).collect();

@@ -13,25 +13,41 @@ use rmpv::ValueRef;
 /// name, and a request's input names compared pairwise for repeats ([`super::request`]).
 pub(super) const SCANNED: usize = 16;
 
-/// What a row's result holds under one name.
+/// A row's result as its map's keys and each value's msgpack, unread: a value is read only when
+/// its output is stacked ([`super::tensor::row`]), never as a tree of its elements. None for a
+/// result that is not a map.
+pub fn entries(data: &[u8]) -> Option<Vec<(ValueRef<'_>, &[u8])>> {
+    let mut rest = data;
+    let len = rmp::decode::read_map_len(&mut rest).ok()?;
+    let mut entries = Vec::with_capacity((len as usize).min(rest.len()));
+    for _ in 0..len {
+        let key = super::tensor::read_value_from(&mut rest).ok()?;
+        let value = rest;
+        crate::msgpack::skip(&mut rest).ok()?;
+        entries.push((key, &value[..value.len() - rest.len()]));
+    }
+    Some(entries)
+}
+
+/// What a row's result holds under one name: its value's msgpack.
 pub enum Found<'a> {
     Missing,
-    Once(&'a ValueRef<'a>),
+    Once(&'a [u8]),
     /// A msgpack map may repeat a key, which no answer can carry.
     Twice,
 }
 
 pub struct ResultRow<'a> {
-    entries: &'a [(ValueRef<'a>, ValueRef<'a>)],
+    entries: &'a [(ValueRef<'a>, &'a [u8])],
     /// With more than [`SCANNED`] keys: each name's value, None where it is named twice.
-    index: Option<HashMap<&'a str, Option<&'a ValueRef<'a>>>>,
+    index: Option<HashMap<&'a str, Option<&'a [u8]>>>,
 }
 
 impl<'a> ResultRow<'a> {
-    pub fn new(entries: &'a [(ValueRef<'a>, ValueRef<'a>)]) -> Self {
+    pub fn new(entries: &'a [(ValueRef<'a>, &'a [u8])]) -> Self {
         let index = (entries.len() > SCANNED).then(|| {
             let mut index = HashMap::with_capacity(entries.len());
-            for (name, value) in entries.iter().filter_map(|(k, v)| Some((name(k)?, v))) {
+            for (name, value) in entries.iter().filter_map(|(k, v)| Some((name(k)?, *v))) {
                 index.entry(name).and_modify(|slot| *slot = None).or_insert(Some(value));
             }
             index
@@ -73,43 +89,38 @@ fn name<'a>(value: &'a ValueRef<'a>) -> Option<&'a str> {
 mod tests {
     use super::*;
 
-    /// `{"k0": 0, "k1": 1, …}` of `count` keys, then `extra` entries.
-    fn row(
-        count: usize,
-        extra: &[(ValueRef<'static>, ValueRef<'static>)],
-    ) -> Vec<(ValueRef<'static>, ValueRef<'static>)> {
-        let names: &'static [String] =
-            (0..count).map(|i| format!("k{i}")).collect::<Vec<_>>().leak();
-        let mut entries: Vec<_> = names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| (ValueRef::from(n.as_str()), ValueRef::from(i as u64)))
-            .collect();
-        entries.extend_from_slice(extra);
-        entries
+    /// `{"k0": 0, "k1": 1, …}` of `count` keys, then `"k1": 9` and `5: nil`, as msgpack.
+    fn result(count: usize) -> Vec<u8> {
+        let mut out = Vec::new();
+        rmp::encode::write_map_len(&mut out, count as u32 + 2).unwrap();
+        for i in 0..count {
+            rmp::encode::write_str(&mut out, &format!("k{i}")).unwrap();
+            rmp::encode::write_uint(&mut out, i as u64).unwrap();
+        }
+        rmp::encode::write_str(&mut out, "k1").unwrap();
+        rmp::encode::write_uint(&mut out, 9).unwrap();
+        rmp::encode::write_uint(&mut out, 5).unwrap();
+        rmp::encode::write_nil(&mut out).unwrap();
+        out
     }
 
     #[test]
     fn a_few_keys_and_many_are_found_alike() {
         // Scanned (a few keys) and indexed (many): the same answers, a key twice included, and
         // a key that is no name found under no name.
-        let extra =
-            [(ValueRef::from("k1"), ValueRef::from(9u64)), (ValueRef::from(5u64), ValueRef::Nil)];
         for count in [3, SCANNED * 4] {
-            let entries = row(count, &extra);
+            let data = result(count);
+            let entries = entries(&data).unwrap();
             let row = ResultRow::new(&entries);
-            assert_eq!(row.index.is_some(), count > SCANNED);
-            assert!(
-                matches!(row.get("k0"), Found::Once(ValueRef::Integer(i)) if i.as_u64() == Some(0))
-            );
-            assert!(
-                matches!(row.get("k2"), Found::Once(ValueRef::Integer(i)) if i.as_u64() == Some(2))
-            );
+            assert_eq!(row.index.is_some(), count + 2 > SCANNED);
+            assert!(matches!(row.get("k0"), Found::Once([0x00])));
+            assert!(matches!(row.get("k2"), Found::Once([0x02])));
             assert!(matches!(row.get("k1"), Found::Twice));
             assert!(matches!(row.get("5"), Found::Missing));
             assert!(matches!(row.get("nope"), Found::Missing));
             assert_eq!(row.keys().count(), count + 2);
             assert_eq!(row.keys().filter(Option::is_none).count(), 1);
         }
+        assert!(entries(&[0x91, 0x01]).is_none(), "not a map");
     }
 }

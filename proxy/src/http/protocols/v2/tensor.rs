@@ -198,46 +198,60 @@ pub fn pack_json(
     data: &serde_json::value::RawValue,
     count: u64,
 ) -> Result<Vec<u8>, String> {
-    let capacity = usize::try_from(count).unwrap_or(usize::MAX).min(data.get().len());
-    let mut leaves =
-        Leaves { datatype, count, seen: 0, out: Vec::with_capacity(capacity), refused: None };
+    // Each element takes two characters at least (a digit and a comma).
+    let elements = usize::try_from(count).unwrap_or(usize::MAX).min(data.get().len() / 2 + 1);
+    let capacity = elements.saturating_mul(datatype.size().unwrap_or(1));
+    let mut leaves = Leaves {
+        datatype,
+        count,
+        seen: 0,
+        out: Vec::with_capacity(capacity),
+        too_deep: None,
+        refused: None,
+    };
     let mut reader = serde_json::Deserializer::from_str(data.get());
     let read = (&mut leaves).deserialize(&mut reader);
-    if let Some(refused) = leaves.refused {
-        return Err(refused);
+    // As when the data was read whole first: too deep, then a count that does not match the
+    // shape, then the first element refused.
+    if let Some(too_deep) = leaves.too_deep {
+        return Err(too_deep);
     }
     read.map_err(|e| format!("data is not JSON: {e}"))?;
     if leaves.seen != count {
         return Err(format!("{} elements of data for a shape of {count}", leaves.seen));
     }
-    Ok(leaves.out)
+    match leaves.refused {
+        Some(refused) => Err(refused),
+        None => Ok(leaves.out),
+    }
 }
 
 /// What [`pack_json`] reads: every leaf of the nested arrays, in order, packed as `datatype`
-/// while there are no more than `count` (past them only counted, for the error).
+/// while there are no more than `count` and none was refused (past that only counted, for the
+/// count's error).
 struct Leaves {
     datatype: DataType,
     count: u64,
     seen: u64,
     out: Vec<u8>,
-    /// Why the data was refused, in Corral's words (serde_json's own would add a position).
+    /// Nesting past [`MAX_DEPTH`], in Corral's words (serde_json's would add a position): the
+    /// reading stops there.
+    too_deep: Option<String>,
+    /// The first element refused, in Corral's words.
     refused: Option<String>,
 }
 
 impl Leaves {
-    fn leaf<E: serde::de::Error>(&mut self, element: Element) -> Result<(), E> {
+    fn leaf(&mut self, element: Result<Element, String>) {
         let index = self.seen;
         self.seen += 1;
-        if index >= self.count {
-            return Ok(());
+        if index >= self.count || self.refused.is_some() {
+            return;
         }
-        push(&mut self.out, self.datatype, element)
-            .map_err(|e| self.refuse(format!("element {index}: {e}")))
-    }
-
-    fn refuse<E: serde::de::Error>(&mut self, why: String) -> E {
-        self.refused = Some(why);
-        E::custom("refused")
+        let packed = element.and_then(|element| push(&mut self.out, self.datatype, element));
+        if let Err(e) = packed {
+            self.refused = Some(format!("element {index}: {e}"));
+        }
     }
 }
 
@@ -269,38 +283,48 @@ impl<'de> serde::de::Visitor<'de> for Level<'_> {
     }
 
     fn visit_bool<E: serde::de::Error>(self, b: bool) -> Result<(), E> {
-        self.leaves.leaf(Element::Bool(b))
+        self.leaves.leaf(Ok(Element::Bool(b)));
+        Ok(())
     }
 
     fn visit_u64<E: serde::de::Error>(self, u: u64) -> Result<(), E> {
-        self.leaves.leaf(Element::Uint(u))
+        self.leaves.leaf(Ok(Element::Uint(u)));
+        Ok(())
     }
 
     fn visit_i64<E: serde::de::Error>(self, i: i64) -> Result<(), E> {
-        self.leaves.leaf(Element::Int(i))
+        self.leaves.leaf(Ok(Element::Int(i)));
+        Ok(())
     }
 
     fn visit_f64<E: serde::de::Error>(self, f: f64) -> Result<(), E> {
-        self.leaves.leaf(Element::Float(f))
+        self.leaves.leaf(Ok(Element::Float(f)));
+        Ok(())
     }
 
     fn visit_str<E: serde::de::Error>(self, s: &str) -> Result<(), E> {
-        self.leaves.leaf(Element::Bytes(s.as_bytes()))
+        self.leaves.leaf(Ok(Element::Bytes(s.as_bytes())));
+        Ok(())
     }
 
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        let index = self.leaves.seen;
-        Err(self.leaves.refuse(format!("element {index}: null is not a tensor element")))
+        self.leaves.leaf(Err("null is not a tensor element".into()));
+        Ok(())
     }
 
-    fn visit_map<A: serde::de::MapAccess<'de>>(self, _: A) -> Result<(), A::Error> {
-        let index = self.leaves.seen;
-        Err(self.leaves.refuse(format!("element {index}: an object is not a tensor element")))
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut entries: A) -> Result<(), A::Error> {
+        // Read past without building it.
+        while entries.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
+        self.leaves.leaf(Err("an object is not a tensor element".into()));
+        Ok(())
     }
 
     fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut items: A) -> Result<(), A::Error> {
+        // serde_json's own recursion limit (128) comes first as the data is read today; kept
+        // so that the bound does not hang on it.
         if self.depth >= MAX_DEPTH {
-            return Err(self.leaves.refuse(format!("data nested deeper than {MAX_DEPTH} levels")));
+            self.leaves.too_deep = Some(format!("data nested deeper than {MAX_DEPTH} levels"));
+            return Err(serde::de::Error::custom("too deep"));
         }
         let depth = self.depth + 1;
         while items.next_element_seed(Level { leaves: &mut *self.leaves, depth })?.is_some() {}
@@ -494,9 +518,10 @@ pub struct Row {
 /// nested to a rectangular shape — packed as the declared datatype or, with none declared, as
 /// the one its elements suggest (booleans `BOOL`, integers `INT64`, any float `FP64`, strings
 /// and bins `BYTES`).
-pub fn row(value: &ValueRef, declared: Option<DataType>) -> Result<Row, String> {
-    if let ValueRef::Ext(ext_type, ext) = value {
-        if *ext_type != TENSOR_EXT {
+pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row, String> {
+    let mut rest = value;
+    if let ValueRef::Ext(ext_type, ext) = peek_ext(value)? {
+        if ext_type != TENSOR_EXT {
             return Err(format!("ext type {ext_type} is not a tensor value (ext type 1)"));
         }
         let tensor = read_tensor(ext)?;
@@ -510,73 +535,127 @@ pub fn row(value: &ValueRef, declared: Option<DataType>) -> Result<Row, String> 
         let Tensor { datatype, shape, data } = tensor;
         return Ok(Row { datatype, shape, data: data.to_vec() });
     }
+    // A plain value is read twice as msgpack, never as a tree of its elements (32 bytes and more
+    // each: an 8M-element answer took over 400 MiB): its shape from the first element of each
+    // level, then every element checked against it (and the datatype they suggest), then packed.
     let mut shape = Vec::new();
     let mut probe = value;
-    while let ValueRef::Array(items) = probe {
-        shape.push(items.len() as u64);
-        match items.first() {
-            Some(first) if shape.len() < MAX_DEPTH => probe = first,
-            _ => break,
+    while let Some(length) = array_len(&mut probe) {
+        shape.push(u64::from(length));
+        if length == 0 || shape.len() >= MAX_DEPTH {
+            break;
         }
     }
-    let mut leaves = Vec::new();
-    flatten_msgpack(value, &shape, &mut leaves)?;
+    let (mut count, mut kinds) = (0u64, Kinds::default());
+    walk(&mut rest, &shape, &mut |element| {
+        count += 1;
+        kinds.add(&element);
+        Ok(())
+    })?;
     let datatype = match declared {
         Some(datatype) => datatype,
-        None => infer(&leaves)?,
+        None => kinds.datatype()?,
     };
-    let mut data = Vec::with_capacity(leaves.len() * datatype.size().unwrap_or(8));
-    for (index, leaf) in leaves.into_iter().enumerate() {
-        push(&mut data, datatype, leaf).map_err(|e| format!("element {index}: {e}"))?;
-    }
+    let capacity = usize::try_from(count).unwrap_or(0).saturating_mul(datatype.size().unwrap_or(8));
+    let mut data = Vec::with_capacity(capacity.min(value.len().saturating_mul(8)));
+    let mut index = 0u64;
+    walk(&mut &value[..], &shape, &mut |element| {
+        push(&mut data, datatype, element).map_err(|e| format!("element {index}: {e}"))?;
+        index += 1;
+        Ok(())
+    })?;
     Ok(Row { datatype, shape, data })
 }
 
-/// The elements of a rectangular nest of arrays of `shape`, in row-major order.
-fn flatten_msgpack<'a>(
-    value: &'a ValueRef<'a>,
+/// The value at the start of `data` if it is an ext value; `Nil` otherwise (not read).
+fn peek_ext(data: &[u8]) -> Result<ValueRef<'_>, String> {
+    match data.first() {
+        Some(0xc7..=0xc9 | 0xd4..=0xd8) => read_value(data),
+        _ => Ok(ValueRef::Nil),
+    }
+}
+
+/// The length of the array at the start of `rest`, moving past its header; None (and `rest`
+/// left as it was) where no array starts.
+fn array_len(rest: &mut &[u8]) -> Option<u32> {
+    match rest.first() {
+        Some(0x90..=0x9f | 0xdc | 0xdd) => rmp::decode::read_array_len(rest).ok(),
+        _ => None,
+    }
+}
+
+/// Walks a plain row (`rest`), a rectangular nest of arrays of `shape`, calling `leaf` on each
+/// element in row-major order, each read on its own.
+fn walk<'a>(
+    rest: &mut &'a [u8],
     shape: &[u64],
-    leaves: &mut Vec<Element<'a>>,
+    leaf: &mut impl FnMut(Element<'a>) -> Result<(), String>,
 ) -> Result<(), String> {
+    let uneven = || "arrays nested unevenly (not a tensor)".to_string();
     let Some((&length, inner)) = shape.split_first() else {
-        let element = match value {
-            ValueRef::Boolean(b) => Element::Bool(*b),
+        if array_len(&mut &rest[..]).is_some() {
+            return Err(uneven());
+        }
+        let element = match read_value_from(rest)? {
+            ValueRef::Boolean(b) => Element::Bool(b),
             ValueRef::Integer(i) => match (i.as_u64(), i.as_i64()) {
                 (Some(u), _) => Element::Uint(u),
                 (None, Some(i)) => Element::Int(i),
                 _ => return Err("an integer out of range".into()),
             },
-            ValueRef::F32(f) => Element::Float(f64::from(*f)),
-            ValueRef::F64(f) => Element::Float(*f),
-            ValueRef::String(s) => Element::Bytes(s.as_bytes()),
+            ValueRef::F32(f) => Element::Float(f64::from(f)),
+            ValueRef::F64(f) => Element::Float(f),
+            // Strings in a result were checked to be UTF-8 as it arrived.
+            ValueRef::String(s) => match s.into_str() {
+                Some(text) => Element::Bytes(text.as_bytes()),
+                None => return Err("a string that is not UTF-8".into()),
+            },
             ValueRef::Binary(b) => Element::Bytes(b),
-            ValueRef::Array(_) => return Err("arrays nested unevenly (not a tensor)".into()),
             other => return Err(format!("{other} is not a tensor element")),
         };
-        leaves.push(element);
-        return Ok(());
+        return leaf(element);
     };
-    match value {
-        ValueRef::Array(items) if items.len() as u64 == length => {
-            items.iter().try_for_each(|item| flatten_msgpack(item, inner, leaves))
-        }
-        _ => Err("arrays nested unevenly (not a tensor)".into()),
+    match array_len(rest) {
+        Some(len) if u64::from(len) == length => (0..len).try_for_each(|_| walk(rest, inner, leaf)),
+        _ => Err(uneven()),
     }
 }
 
-fn infer(leaves: &[Element]) -> Result<DataType, String> {
-    let mut kinds = leaves.iter().map(|leaf| match leaf {
-        Element::Bool(_) => DataType::Bool,
-        Element::Uint(_) | Element::Int(_) => DataType::I64,
-        Element::Float(_) | Element::Float32(_) => DataType::F64,
-        Element::Bytes(_) => DataType::Bytes,
-    });
-    let Some(first) = kinds.next() else { return Ok(DataType::F64) };
-    kinds.try_fold(first, |kind, next| match (kind, next) {
-        (a, b) if a == b => Ok(a),
-        (DataType::I64 | DataType::F64, DataType::I64 | DataType::F64) => Ok(DataType::F64),
-        (a, b) => Err(format!("elements of {} and {} in one tensor", a.name(), b.name())),
-    })
+/// The datatype a plain row's elements suggest, gathered one element at a time: booleans
+/// `BOOL`, integers `INT64`, any float `FP64` (with integers too), strings and bins `BYTES`.
+#[derive(Default)]
+struct Kinds {
+    seen: Option<DataType>,
+    mixed: Option<(DataType, DataType)>,
+}
+
+impl Kinds {
+    fn add(&mut self, element: &Element) {
+        let next = match element {
+            Element::Bool(_) => DataType::Bool,
+            Element::Uint(_) | Element::Int(_) => DataType::I64,
+            Element::Float(_) | Element::Float32(_) => DataType::F64,
+            Element::Bytes(_) => DataType::Bytes,
+        };
+        self.seen = match (self.seen, next) {
+            (None, next) => Some(next),
+            (Some(a), b) if a == b => Some(a),
+            (Some(DataType::I64 | DataType::F64), DataType::I64 | DataType::F64) => {
+                Some(DataType::F64)
+            }
+            (Some(a), b) => {
+                self.mixed.get_or_insert((a, b));
+                Some(a)
+            }
+        };
+    }
+
+    fn datatype(&self) -> Result<DataType, String> {
+        if let Some((a, b)) = self.mixed {
+            return Err(format!("elements of {} and {} in one tensor", a.name(), b.name()));
+        }
+        Ok(self.seen.unwrap_or(DataType::F64))
+    }
 }
 
 /// Most empty arrays a tensor with no elements may expand to (as the Python package allows).
@@ -657,6 +736,12 @@ fn nest<'a>(shape: &[u64], flat: &mut impl Iterator<Item = ValueRef<'a>>) -> Val
 /// and up to three for the leaf in the deepest (a string: the value, the string, its bytes).
 /// Passing MAX_DEPTH itself refused from 64 levels on what the body's check took to 128.
 const RMPV_DEPTH: usize = 2 * MAX_DEPTH + 3;
+
+/// Reads one msgpack value from the start of `rest`, moving past it; nesting is bounded as
+/// everywhere.
+pub fn read_value_from<'a>(rest: &mut &'a [u8]) -> Result<ValueRef<'a>, String> {
+    rmpv::decode::read_value_ref_with_max_depth(rest, RMPV_DEPTH).map_err(|e| e.to_string())
+}
 
 /// Reads a worker's result (one msgpack value) for its rows; nesting is bounded as everywhere.
 pub fn read_value(data: &[u8]) -> Result<ValueRef<'_>, String> {
@@ -743,9 +828,16 @@ mod tests {
             "1 elements of data for a shape of 2"
         );
         assert_eq!(pack(DataType::I8, "7", 1).unwrap(), [7], "a scalar is one element");
+        // As when read whole: the count before any element's refusal, wherever it is.
+        let over = "3 elements of data for a shape of 2";
+        assert_eq!(pack(DataType::U8, "[256, 1, 2]", 2).unwrap_err(), over);
+        assert_eq!(pack(DataType::U8, r#"[1, 2, {"a": 1}]"#, 2).unwrap_err(), over);
+        let first = pack(DataType::U8, "[1, 256, null]", 3).unwrap_err();
+        assert_eq!(first, "element 1: 256 does not fit in UINT8");
+        // serde_json's recursion limit (128) is met first: a 400 all the same.
         let deep = format!("{}1{}", "[".repeat(MAX_DEPTH + 1), "]".repeat(MAX_DEPTH + 1));
         let refused = pack(DataType::I8, &deep, 1).unwrap_err();
-        assert!(refused.contains("nested deeper") || refused.contains("recursion"), "{refused}");
+        assert!(refused.contains("recursion limit"), "{refused}");
     }
 
     fn unpack_json(
@@ -807,20 +899,19 @@ mod tests {
     #[test]
     fn plain_rows_pack_as_declared_or_as_they_look() {
         let nested = plain(serde_json::json!([[1, 2], [3, 4]]));
-        let value = read_value(&nested).unwrap();
-        let declared = row(&value, Some(DataType::U8)).unwrap();
+        let declared = row(&nested, Some(DataType::U8)).unwrap();
         assert_eq!((declared.shape, declared.data), (vec![2, 2], vec![1, 2, 3, 4]));
-        let inferred = row(&value, None).unwrap();
+        let inferred = row(&nested, None).unwrap();
         assert_eq!((inferred.datatype, inferred.data.len()), (DataType::I64, 32));
         let mixed = plain(serde_json::json!([1, 2.5]));
-        assert_eq!(row(&read_value(&mixed).unwrap(), None).unwrap().datatype, DataType::F64);
+        assert_eq!(row(&mixed, None).unwrap().datatype, DataType::F64);
         let scalar = plain(serde_json::json!(true));
-        let scalar = row(&read_value(&scalar).unwrap(), None).unwrap();
+        let scalar = row(&scalar, None).unwrap();
         assert_eq!((scalar.datatype, scalar.shape, scalar.data), (DataType::Bool, vec![], vec![1]));
         let ragged = plain(serde_json::json!([[1, 2], [3]]));
-        assert!(row(&read_value(&ragged).unwrap(), None).unwrap_err().contains("unevenly"));
+        assert!(row(&ragged, None).unwrap_err().contains("unevenly"));
         let words = plain(serde_json::json!(["a", 1]));
-        assert!(row(&read_value(&words).unwrap(), None).is_err());
+        assert!(row(&words, None).is_err());
     }
 
     #[test]
@@ -846,8 +937,7 @@ mod tests {
     #[test]
     fn a_tensor_row_must_have_the_declared_datatype() {
         let packed = tensor(DataType::F64, &[1], &0f64.to_le_bytes());
-        let value = read_value(&packed).unwrap();
-        assert!(row(&value, Some(DataType::F32)).unwrap_err().contains("FP32 is declared"));
-        assert_eq!(row(&value, None).unwrap().datatype, DataType::F64);
+        assert!(row(&packed, Some(DataType::F32)).unwrap_err().contains("FP32 is declared"));
+        assert_eq!(row(&packed, None).unwrap().datatype, DataType::F64);
     }
 }
