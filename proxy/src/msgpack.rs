@@ -74,6 +74,8 @@ pub struct Found {
     pub ext: bool,
     /// A float that is NaN or infinite, which JSON cannot carry.
     pub non_finite: bool,
+    /// The most containers open at once: at [`MAX_DEPTH`] the value cannot go inside another.
+    pub deepest: usize,
 }
 
 /// [`Found`] of `body`, in one walk.
@@ -157,6 +159,7 @@ fn walk(body: &[u8]) -> Result<Found, String> {
                 return Err(format!("byte {at}: nested deeper than {MAX_DEPTH} levels"));
             }
             pending.push(values);
+            found.deepest = found.deepest.max(pending.len() - 1);
         }
     }
     match body.len() - reader.at {

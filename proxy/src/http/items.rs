@@ -56,6 +56,15 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
     let written: Vec<Result<Bytes, ApiError>> = outcomes
         .into_iter()
         .map(|outcome| match (outcome, format) {
+            // The array is one level more: a result nested as deep as Corral reads anything
+            // would make an answer it would not read itself (the fuzzer found it).
+            (Outcome::Done(data, _), Format::Msgpack) if msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH => {
+                let message = format!(
+                    "the worker's output is nested {} levels deep: it cannot be an item of the answer's array",
+                    msgpack::MAX_DEPTH
+                );
+                Err(ApiError::internal("unrepresentable_output", message))
+            }
             (Outcome::Done(data, _), Format::Msgpack) => Ok(data),
             // Asked by a native client, which may ask for msgpack instead.
             (Outcome::Done(data, _), Format::Json) => {
