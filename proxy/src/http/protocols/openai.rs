@@ -184,9 +184,8 @@ fn strings(input: &RawValue, max: usize) -> Result<Vec<String>, ApiError> {
         match serde::Deserializer::deserialize_seq(&mut reader, Bounded { max, over: &over }) {
             Ok(list) => list,
             Err(_) if over.get() => {
-                let message = format!(
-                    "the request carries more than {max} items; the queue holds at most {max}"
-                );
+                // Starting with the field's name, as every error that names one (`param`).
+                let message = format!("input holds more than {max} items; the queue holds {max}");
                 return Err(ApiError { message, ..ApiError::too_many_items(max + 1, max) });
             }
             Err(e) => return Err(read(e)),
@@ -343,6 +342,7 @@ mod tests {
         // Past the queue's room (here 4), refused as soon as the fifth is read.
         let over = strings(json!(["a", "b", "c", "d", "e"])).unwrap_err();
         assert_eq!((over.status.as_u16(), over.code), (413, "too_many_items"));
+        assert_eq!(param(&over), Some("input"), "{}", over.message);
     }
 
     fn done(value: &impl serde::Serialize) -> Outcome {

@@ -79,13 +79,11 @@ pub fn build(
             stack(&output.name, spec, &rows)
         })
         .collect::<Result<Vec<_>, _>>()?;
-    let mut tail = Vec::new();
     let outputs = wanted
         .iter()
         .zip(&stacked)
         .map(|(output, (datatype, shape, data))| {
             let (parameters, data) = if output.binary {
-                tail.extend_from_slice(data);
                 (Some(json!({"binary_data_size": data.len()})), None)
             } else {
                 let name = &output.name;
@@ -101,7 +99,12 @@ pub fn build(
         .map_err(|e| ApiError::internal("unrepresentable_output", e.to_string()))?;
     let binary = wanted.iter().any(|o| o.binary);
     let header_length = binary.then_some(body.len());
-    body.extend_from_slice(&tail);
+    // The binary outputs' data after the header, in order, copied once (not into a tail first).
+    let binaries = wanted.iter().zip(&stacked).filter(|(output, _)| output.binary);
+    body.reserve(binaries.clone().map(|(_, (_, _, data))| data.len()).sum());
+    for (_, (_, _, data)) in binaries {
+        body.extend_from_slice(data);
+    }
     Ok(Answer { body, header_length })
 }
 
@@ -228,8 +231,12 @@ fn stack(
                         )));
                     }
                 }
-                data.reserve(row.data.len() * rows.len());
                 stacked = Some((row.datatype, row.shape.clone()));
+                if rows.len() == 1 {
+                    data = row.data; // one row: its data is the stack, not copied
+                    continue;
+                }
+                data.reserve(row.data.len() * rows.len());
             }
             Some((datatype, shape)) if (*datatype, shape) != (row.datatype, &row.shape) => {
                 return Err(at(format!(
