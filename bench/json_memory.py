@@ -66,12 +66,16 @@ def measure(binary: str, path: str, body: bytes, headers: dict[str, str]) -> tup
         try:
             url = f"http://127.0.0.1:{PORT}"
             for _ in range(300):  # until its worker has said hello
+                if proc.poll() is not None:
+                    raise SystemExit(f"{binary} exited ({proc.returncode}): is port {PORT} free?")
                 try:
                     if httpx.get(url + "/readyz", timeout=1).status_code == 200:
                         break
                 except httpx.TransportError:
                     pass
                 time.sleep(0.05)
+            else:
+                raise SystemExit(f"{binary} was not ready within 15 s")
             before = peak_mib(proc.pid)
             answer = httpx.post(url + path, content=body, headers=headers, timeout=120)
             return answer.status_code, peak_mib(proc.pid) - before
