@@ -290,22 +290,28 @@ def read_answer(conn: socket.socket, data: bytes = b"") -> tuple[bytes, bytes, b
     return head, rest[:length], rest[length:]
 
 
+def post_8_mb(proxy) -> socket.socket:
+    """A connection that has posted an 8 MB JSON item to the echo worker, its receive window
+    small, so that most of the answer waits in the proxy."""
+    body = json.dumps({"pad": "x" * 8_000_000}).encode()
+    url = urlparse(proxy.url)
+    conn = socket.socket()
+    conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+    conn.settimeout(20)
+    conn.connect((url.hostname, url.port))
+    conn.sendall(
+        b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        b"content-length: %d\r\n\r\n" % len(body) + body
+    )
+    return conn
+
+
 def test_a_request_pipelined_behind_a_large_answer_waits_for_it(corral_factory):
     """A one-shot answer's request once ended with its handler, before hyper had written the
     answer: a request pipelined behind it started the header clock, which then cut the answer
     short (about 4 MB of 8 came, then the connection closed)."""
     proxy = corral_factory("--header-read-timeout-ms=300", "--max-body-bytes=67108864")
-    body = json.dumps({"pad": "x" * 8_000_000}).encode()
-    url = urlparse(proxy.url)
-    with socket.socket() as conn:
-        # A small receive window, so that most of the answer waits in the proxy.
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        conn.settimeout(20)
-        conn.connect((url.hostname, url.port))
-        conn.sendall(
-            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % len(body) + body
-        )
+    with post_8_mb(proxy) as conn:
         first = conn.recv(65536)  # the answer is being written
         assert first.startswith(b"HTTP/1.1 200"), first[:200]
         conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -330,16 +336,7 @@ def test_an_http1_answer_its_client_does_not_read_is_cut_at_the_idle_timeout(cor
     proxy = corral_factory(
         "--idle-timeout-ms=300", "--max-body-bytes=67108864", env={"RUST_LOG": "debug"}
     )
-    body = json.dumps({"pad": "x" * 8_000_000}).encode()
-    url = urlparse(proxy.url)
-    with socket.socket() as conn:
-        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
-        conn.settimeout(20)
-        conn.connect((url.hostname, url.port))
-        conn.sendall(
-            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b"content-length: %d\r\n\r\n" % len(body) + body
-        )
+    with post_8_mb(proxy) as conn:
         proxy.wait_for_log(r"closed a connection whose client stopped reading its answers")
         head, answer, _ = read_answer(conn)  # what the socket buffers held, then the end
     assert head.startswith(b"HTTP/1.1 200")

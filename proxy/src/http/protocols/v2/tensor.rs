@@ -436,6 +436,9 @@ pub struct JsonData<'a> {
     pub data: &'a [u8],
 }
 
+const NOT_UTF8: &str =
+    "a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data";
+
 impl serde::Serialize for JsonData<'_> {
     fn serialize<S: serde::Serializer>(&self, writer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::{Error, SerializeSeq};
@@ -454,25 +457,18 @@ impl serde::Serialize for JsonData<'_> {
                 Element::Int(i) => seq.serialize_element(&i)?,
                 Element::Float(f) => seq.serialize_element(&number(f)?)?,
                 Element::Float32(f) => seq.serialize_element(&number(f64::from(f))?)?,
-                Element::Bytes(b) => seq.serialize_element(std::str::from_utf8(b).map_err(|_| {
-                    fail("a BYTES element is not UTF-8, which JSON cannot carry: ask for it with binary_data")
-                })?)?,
+                Element::Bytes(b) => {
+                    let text = std::str::from_utf8(b).map_err(|_| fail(NOT_UTF8))?;
+                    seq.serialize_element(text)?
+                }
             }
         }
         seq.end()
     }
 }
 
-/// Packed data's elements, row-major (its length already checked against the shape).
-fn unpack<'a>(
-    datatype: DataType,
-    shape: &[u64],
-    data: &'a [u8],
-) -> Result<Vec<Element<'a>>, String> {
-    Ok(each(datatype, shape, data)?.collect())
-}
-
-/// The elements of packed data, read as they are asked for.
+/// Packed data's elements, row-major (its length already checked against the shape), read as
+/// they are asked for: no list of them is made.
 fn each<'a>(
     datatype: DataType,
     shape: &[u64],
@@ -710,7 +706,7 @@ fn elements_of<'a>(
     shape: &[u64],
     data: &'a [u8],
 ) -> Result<Vec<ValueRef<'a>>, String> {
-    let values = unpack(datatype, shape, data)?.into_iter().map(|element| match element {
+    let values = each(datatype, shape, data)?.map(|element| match element {
         Element::Bool(b) => ValueRef::Boolean(b),
         Element::Uint(u) => ValueRef::from(u),
         Element::Int(i) => ValueRef::from(i),
