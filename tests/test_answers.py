@@ -167,6 +167,32 @@ def test_a_nan_among_a_thousand_items_fails_that_item_alone_in_json(proxy):
     assert [answer["echo"]["n"] for answer in response.json()] == list(range(1000))
 
 
+def test_an_output_too_deep_to_be_an_item_of_a_msgpack_answer_fails_that_item_alone(proxy):
+    """An item nested 127 levels is read (the body's array makes it 128); the worker's answer
+    wraps it once more, and the answer's array would then be one level deeper than Corral reads
+    anything (the fuzzer's find): that item is a 500 of its own, its batch-mate is answered."""
+    deep = []
+    for _ in range(126):
+        deep = [deep]
+    headers = {
+        "content-type": "application/msgpack",
+        "accept": "application/msgpack",
+        "x-corral-items": "many",
+    }
+    body = msgpack.packb([{"n": 1}, deep], use_bin_type=True)
+    response = proxy.client.post("/infer", content=body, headers=headers)
+    body = assert_error(response, 500, "unrepresentable_output")
+    assert body["message"] == "1 of 2 items failed"
+    assert [item["index"] for item in body["items"]] == [1]
+    assert "nested 128 levels deep" in body["items"][0]["message"]
+    # One level less, and both come back.
+    response = proxy.client.post(
+        "/infer", content=msgpack.packb([{"n": 1}, deep[0]]), headers=headers
+    )
+    assert response.status_code == 200, response.text
+    assert [answer["echo"] for answer in msgpack.unpackb(response.content)] == [{"n": 1}, deep[0]]
+
+
 def test_413_declared_and_streamed(proxy):
     big = json.dumps("x" * 70_000).encode()
     declared = proxy.client.post(

@@ -364,6 +364,22 @@ def test_a_longer_deadline_does_not_lift_the_stream_timeout(corral_factory, tmp_
     assert response.status_code == 408 and response.json()["error"] == "deadline_exceeded"
 
 
+def test_a_streamed_job_s_timeout_ms_is_no_more_than_its_stream_timeout(corral_factory):
+    """PROTOCOL.md: a deadline later than the stream timeout does not lift it, and `timeout_ms`
+    is then what is left of the stream timeout (a worker skipping work by it must not count on
+    the ten minutes its client asked for)."""
+    proxy = corral_factory("--stream-timeout-ms=2000", "--timeout-ms=600000", worker=STREAMER)
+    item = {"chunks": 2, "say_timeout": True}
+    response, received = stream_all(proxy, item, headers={**SSE, "x-corral-timeout-ms": "600000"})
+    assert response.status_code == 200
+    (name, timeout_ms), rest = received[0], received[1:]
+    assert name == "message" and 0 < timeout_ms <= 2000
+    assert rest == [("message", "c-1"), ("done", {})]
+    # A deadline shorter than the stream timeout is the one the worker is given.
+    response, received = stream_all(proxy, item, headers={**SSE, "x-corral-timeout-ms": "1500"})
+    assert response.status_code == 200 and 0 < received[0][1] <= 1500
+
+
 def test_a_new_job_joins_a_running_batch(corral_factory, tmp_path):
     joined, gate = tmp_path / "joined", tmp_path / "gate"
     proxy = corral_factory(

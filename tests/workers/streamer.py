@@ -18,7 +18,8 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
 - `"break_once": path`: if that file does not exist yet, the worker creates it and answers the
   job twice in one `results` frame (a rule broken), `ok` "broken" each time; else as usual;
 - `"pull_after_end": true` (with STREAMER_JOIN): right after the job's end, with nothing held,
-  the worker offers room again (`pull`), as a join loop may.
+  the worker offers room again (`pull`), as a join loop may;
+- `"say_timeout": true`: the first chunk is the job's `timeout_ms` as the batch gave it.
 Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
 ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
 """
@@ -79,6 +80,7 @@ class Job:
         item = msgpack.unpackb(raw["payload"], raw=False)
         # Behind the scripted worker in a pipeline, the item arrives as its echo.
         self.item = item["echo"] if isinstance(item, dict) and "echo" in item else item
+        self.timeout_ms = raw["timeout_ms"]
         self.sent = 0
         self.cancelled_at = None
 
@@ -87,6 +89,9 @@ class Job:
         return bool(gate) and not os.path.exists(gate)
 
     def next_chunk(self):
+        if self.sent == 0 and self.item.get("say_timeout"):
+            self.sent += 1
+            return self.timeout_ms
         chunk = f"{self.item.get('tag', 'c')}-{self.sent}"
         self.sent += 1
         return chunk.ljust(self.item.get("size", 0), ".")

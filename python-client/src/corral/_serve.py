@@ -323,8 +323,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
             if not waiting_logged:
                 log.info("waiting for the proxy at %s (%s)", path, e)
                 waiting_logged = True
-            time.sleep(delay)  # nothing to await: the proxy is not there yet
-            delay = min(delay * 2, 1.0)
+            delay = _back_off(delay)  # nothing to await: the proxy is not there yet
             continue
         waiting_logged = False
         log.info("connected to corral at %s", path)
@@ -346,14 +345,20 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
             # A session that ends as it starts (a proxy of another version refusing our hello,
             # one dropping every connection) is retried with the backoff of a proxy not there
             # yet, not at once: that was 250 connections and 500 log lines a second.
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+            delay = _back_off(delay)
         else:
             delay = 0.05
 
 
 # A session shorter than this is retried after a backoff, as a failed connect is.
 _SHORT_SESSION = 1.0
+
+
+def _back_off(delay: float) -> float:
+    """Waits ``delay`` seconds before the next connect; returns the wait after it (doubled,
+    up to a second)."""
+    time.sleep(delay)
+    return min(delay * 2, 1.0)
 
 
 class _ProxyWatch:
