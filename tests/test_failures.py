@@ -36,9 +36,8 @@ def shed_behind_a_held_job(proxy, log, gate, queued: int = 1, over: int = 1) -> 
         )
         shed = [proxy.post({"tag": f"over{n}"}) for n in range(over)]
         # Shedding is not unreadiness (docs/DEPLOY.md): the probes pass while the queue is full.
-        assert [proxy.client.get(probe).status_code for probe in ("/readyz", "/healthz")] == [
-            200
-        ] * 2
+        probes = [proxy.client.get(probe).status_code for probe in ("/readyz", "/healthz")]
+        assert probes == [200, 200]
         gate.touch()
         assert [job.result().status_code for job in [held, *waiting]] == [200] * (1 + queued)
     assert [(a.status_code, a.json()["error"]) for a in shed] == [(503, "queue_full")] * over
