@@ -38,12 +38,14 @@ def post(body: object) -> bytes:
 
 
 def test_a_burst_admits_only_what_can_finish_in_time(corral_factory):
-    # One job per batch, 300 ms each, 1 s to live: three fit one behind the other, a fourth not.
-    proxy = corral_factory("--max-batch-size=1", "--timeout-ms=1000")
+    # One job per batch, 500 ms each, 1.3 s to live (admitted if predicted done by 1,235 ms):
+    # two fit one behind the other, a third not. The deadline sits halfway between two and
+    # three jobs' cost, so that a loaded machine's slower sleeps change neither side.
+    proxy = corral_factory("--max-batch-size=1", "--timeout-ms=1300")
     for _ in range(3):  # the cost is learned
-        assert proxy.post({"sleep_ms": 300}).status_code == 200
+        assert proxy.post({"sleep_ms": 500}).status_code == 200
     clients = [KeptAlive(proxy.url) for _ in range(CLIENTS)]
-    request = post({"sleep_ms": 300})
+    request = post({"sleep_ms": 500})
     for client in clients:
         client.send(request)
     answers = [client.answer() for client in clients]

@@ -58,16 +58,6 @@ def test_422_only_for_the_invalid_item_of_a_batch(corral_factory):
             assert response.json() == {**response.json(), "echo": item, "batch_size": 3}
 
 
-def test_408_while_in_the_worker(corral_factory, tmp_path):
-    proxy = corral_factory("--max-wait-ms", "0")
-    gate = tmp_path / "gate"
-    # The worker holds the job until the client has had its answer.
-    response = proxy.post({"hold": str(gate)}, headers={"x-corral-timeout-ms": "100"})
-    gate.touch()
-    assert response.status_code == 408
-    assert response.json()["error"] == "deadline_exceeded"
-
-
 def test_408_while_queued_and_never_dispatched(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory(

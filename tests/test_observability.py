@@ -34,7 +34,7 @@ def test_metrics_count_every_kind_of_answer(corral_factory, tmp_path):
     # The worker answers only once the client has had its 408: a late result, dropped. (The
     # deadline leaves a loaded machine time to hand the job to the worker: it expires there.)
     late = tmp_path / "late"
-    expired = proxy.post({"hold": str(late)}, headers={"x-corral-timeout-ms": "250"})
+    expired = proxy.post({"hold": str(late)}, headers={"x-corral-timeout-ms": "1000"})
     late.touch()
     assert expired.status_code == 408
     shed_behind_a_held_job(proxy, log, tmp_path / "gate", over=3)

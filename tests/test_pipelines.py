@@ -105,7 +105,8 @@ def test_a_failure_in_the_second_stage_answers_500(arith):
 
 
 def test_a_deadline_passing_in_the_second_stage_answers_408_at_once(arith):
-    answer = arith.post(-1, headers={"x-corral-timeout-ms": "300"})
+    # 1 s: time to get through `scale` to `shift` on a loaded machine.
+    answer = arith.post(-1, headers={"x-corral-timeout-ms": "1000"})
     assert answer.status_code == 408
     assert answer.json()["error"] == "deadline_exceeded"
     # The job reached the second stage: shift's worker still holds it (until the gate opens).
@@ -120,7 +121,7 @@ def test_a_full_later_stage_sheds_the_request(corral_factory, tmp_path):
     )
     proxy.wait_for_log(r"worker connected", count=3)
     # Shift's only worker is held until the gate opens; one job then fills shift's queue.
-    assert proxy.post(-1, headers={"x-corral-timeout-ms": "200"}).status_code == 408
+    assert proxy.post(-1, headers={"x-corral-timeout-ms": "1000"}).status_code == 408
     with ThreadPoolExecutor(1) as pool:
         waiting = pool.submit(proxy.post, 1)
         proxy.wait_until(

@@ -427,7 +427,7 @@ def test_only_the_last_stage_of_a_pipeline_may_stream(corral_factory, tmp_path):
 
 
 def test_a_pipeline_streams_from_its_last_stage_within_its_stream_timeout(corral_factory, tmp_path):
-    config = pipeline_config(tmp_path, False, stream_timeout_ms=500)
+    config = pipeline_config(tmp_path, False, stream_timeout_ms=2000)
     proxy = corral_factory("--config", config, worker=None)
     proxy.wait_for_log(r"worker connected", count=2)
     # The first stage (the scripted worker) echoes the item to the streaming last stage.
@@ -453,11 +453,11 @@ def test_shutdown_ends_open_streams_with_an_error_after_the_grace_period(corral_
 
 
 def test_a_worker_that_streams_steadily_is_never_hung(corral_factory):
-    # The hung clock counts from the worker's last frame: a stream of 10 steps of 100 ms outlasts
-    # --batch-timeout-ms 400 without ever leaving the worker silent that long.
-    proxy = corral_factory("--batch-timeout-ms=400", worker=STREAMER)
-    _, received = stream_all(proxy, {"chunks": 10, "step_ms": 100})
-    assert received == [("message", f"c-{i}") for i in range(10)] + [("done", {})]
+    # The hung clock counts from the worker's last frame: a stream of 15 steps of 100 ms outlasts
+    # --batch-timeout-ms 1000 without ever leaving the worker silent that long.
+    proxy = corral_factory("--batch-timeout-ms=1000", worker=STREAMER)
+    _, received = stream_all(proxy, {"chunks": 15, "step_ms": 100})
+    assert received == [("message", f"c-{i}") for i in range(15)] + [("done", {})]
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 
@@ -466,10 +466,11 @@ def test_a_client_s_short_deadline_bounds_the_first_chunk_not_a_pause_mid_stream
 ):
     """The deadline bounds a stream's first chunk only; the worker may pause mid-stream as long
     as the route's own timeout allows. The client's 300 ms once bounded the worker's silence
-    too: a 1.5 s pause after the first chunk got the worker killed as hung (worker_died)."""
+    too: a 1.5 s pause after the first chunk got the worker killed as hung (worker_died). (Here
+    1 s and a 3 s pause: time for a first chunk on a loaded machine; the old bound was 2 s.)"""
     proxy = corral_factory("--timeout-ms=10000", worker=STREAMER)
-    headers = {**SSE, "x-corral-timeout-ms": "300"}
-    _, received = stream_all(proxy, {"chunks": 2, "step_ms": 1500}, headers=headers)
+    headers = {**SSE, "x-corral-timeout-ms": "1000"}
+    _, received = stream_all(proxy, {"chunks": 2, "step_ms": 3000}, headers=headers)
     assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
@@ -481,7 +482,8 @@ def test_a_plain_worker_that_declared_cancel_hears_of_a_one_shot_client_leaving(
     patient = str(ROOT / "tests" / "workers" / "patient.py")
     proxy = corral_factory(worker=patient, env={"PATIENT_CANCELS": str(cancels)})
     # The worker answers only once told: the deadline passing (408) is what tells it.
-    response = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "300"})
+    # 1 s: time for the job to reach the worker on a loaded machine before its deadline.
+    response = proxy.post({"x": 1}, headers={"x-corral-timeout-ms": "1000"})
     assert response.status_code == 408
     job = uuid.UUID(response.headers["x-request-id"]).hex
     proxy.wait_until(lambda: job in ids(cancels), what="the cancel in the worker")
