@@ -121,10 +121,11 @@ def test_embeddings_example_serves_its_route_and_openai(corral_factory, tmp_path
     many = proxy.post([{"text": "ab"}, {"text": "abc"}], headers={"x-corral-items": "many"})
     assert [answer["embedding"][0] for answer in many.json()] == [2.0, 3.0]
     # OpenAI's route: each input string is a job whose payload is the bare string.
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
-    answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=["ab", "abcd"])
-    assert [d.embedding[0] for d in answer.data] == [2.0, 4.0]
-    assert client.embeddings.create(model="m", input="hello").data[0].embedding[0] == 5.0
+    # Closed as it goes out of use: an unclosed client's warning could fail another test.
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client:
+        answer = client.embeddings.create(model="all-MiniLM-L6-v2", input=["ab", "abcd"])
+        assert [d.embedding[0] for d in answer.data] == [2.0, 4.0]
+        assert client.embeddings.create(model="m", input="hello").data[0].embedding[0] == 5.0
 
 
 def test_embeddings_example_rejects_bad_requests_alone(corral_factory, tmp_path):
@@ -137,7 +138,7 @@ def test_embeddings_example_rejects_bad_requests_alone(corral_factory, tmp_path)
     )
     assert answer.status_code == 422
     assert [item["index"] for item in answer.json()["items"]] == [1, 2, 3]
-    client = openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0)
-    with pytest.raises(openai.UnprocessableEntityError) as raised:
-        client.embeddings.create(model="m", input=["fine", "x" * 10_001])
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.UnprocessableEntityError) as raised:
+            client.embeddings.create(model="m", input=["fine", "x" * 10_001])
     assert "input 1" in raised.value.message and "length <= 10000" in raised.value.message

@@ -46,7 +46,7 @@ def test_a_client_dribbling_headers_is_cut_off(corral_factory):
     with connect(proxy) as conn:
         conn.sendall(b"POST /infer HTTP/1.1\r\nhost: x\r\n")  # ...and never finishes
         answer = read_all(conn)  # returns once the proxy closes the connection
-    assert answer == b"" or answer.startswith(b"HTTP/1.1 408")
+    assert answer == b"", "README: the connection is closed, with no answer"
     assert proxy.client.get("/healthz").status_code == 200
 
 

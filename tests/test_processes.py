@@ -134,7 +134,9 @@ def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral
     proxy.post({"print_hex": b"\ndone\n".hex()})
     proxy.wait_for_log(r"^\[worker 0\] done$")
     grown = peak_rss_kib(proxy.proc.pid) - before
-    assert grown < 8 * 1024, f"peak RSS grew {grown} KiB forwarding {size >> 20} MiB in one line"
+    # Bounded by the pieces, not the line: a quarter of it is far more than pieces need.
+    message = f"peak RSS grew {grown} KiB forwarding {size >> 20} MiB in one line"
+    assert grown < size // 1024 // 4, message
     pieces = [line for line in proxy.lines if re.fullmatch(r"\[worker 0\] #+", line)]
     assert sum(len(line) - len("[worker 0] ") for line in pieces) == size
     assert max(len(line) for line in pieces) <= len("[worker 0] ") + 16 * 1024

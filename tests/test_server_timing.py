@@ -82,17 +82,22 @@ def test_a_protocols_envelope_carries_them_too(proxy):
     check_parts(answer)
 
 
-def test_an_answer_without_a_batch_has_its_total_only(proxy):
+def test_an_answer_without_a_batch_has_its_total_only(proxy, tmp_path):
     answer = proxy.client.get("/healthz")
     assert set(timing(answer)) == {"total"}
     assert "x-corral-batch-size" not in answer.headers
-    # A deadline no batch can meet: shed at admission, no batch ran. (With a cost learned, the
-    # first such job on an idle stage may go in as a probe of the prediction: the next is shed.)
+    # A deadline no batch can meet: shed at admission, no batch ran. The only worker is held
+    # meanwhile: on an idle stage the job could go in as a probe of the prediction instead.
     assert proxy.post({"sleep_ms": 20}).status_code == 200  # a batch costs 20 ms here
-    for _ in range(3):
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(1) as pool:
+        held = pool.submit(proxy.post, {"hold": str(gate)})
+        proxy.wait_until(
+            lambda: proxy.metric("corral_workers_busy", stage="default") == 1, what="held"
+        )
         shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "1"})
-        if shed.status_code == 503:
-            break
+        gate.touch()
+        assert held.result().status_code == 200
     assert shed.status_code == 503, shed.text
     assert set(timing(shed)) == {"total"}
     assert "x-corral-batch-size" not in shed.headers

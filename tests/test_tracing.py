@@ -36,7 +36,10 @@ def traced(corral_factory, receiver):
 
 
 def requests_of(spans):
-    return [s for s in spans if s.kind == 2 and s.service == "proxy"]  # SPAN_KIND_SERVER
+    """The proxy's spans of inference requests (not of the probes a test made meanwhile)."""
+    return [  # SPAN_KIND_SERVER
+        s for s in spans if s.kind == 2 and s.service == "proxy" and s.name.startswith("POST")
+    ]
 
 
 def test_a_client_traceparent_is_the_parent_of_the_request_span(traced, receiver):
@@ -76,9 +79,21 @@ def test_a_client_traceparent_is_the_parent_of_the_request_span(traced, receiver
     assert worker["postprocess"].parent_span_id == request.span_id
 
 
-def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
+def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver, tmp_path):
+    # The first request holds the worker until the other 15 are queued: they share a batch.
+    gate = tmp_path / "gate"
+    items = [{"n": 0, "hold": str(gate)}] + [{"n": i} for i in range(1, 16)]
     with ThreadPoolExecutor(16) as pool:
-        answers = list(pool.map(lambda i: traced.post({"n": i}), range(16)))
+        first = pool.submit(traced.post, items[0])
+        traced.wait_until(
+            lambda: traced.metric("corral_workers_busy", stage="default") == 1, what="held"
+        )
+        rest = [pool.submit(traced.post, item) for item in items[1:]]
+        traced.wait_until(
+            lambda: traced.metric("corral_queue_depth", stage="default") == 15, what="queued"
+        )
+        gate.touch()
+        answers = [first.result()] + [answer.result() for answer in rest]
     assert all(a.status_code == 200 for a in answers)
     spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 16)
     batches = {s.span_id: s for s in spans if s.name == "batch default"}
@@ -92,8 +107,8 @@ def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver):
         # The batch is no request's child, and links back to each of its members.
         assert batch.parent_span_id == ""
         assert (request.trace_id, request.span_id) in batch.links
-    # The burst shared batches: fewer batches than requests.
-    assert len(batches) < 16
+    # The burst shared batches: the held one and the 15 queued behind it.
+    assert sorted(b.attributes["corral.batch.size"] for b in batches.values()) == [1, 15]
     # One forward span per batch in the worker, linked to each of its members.
     requests = {(r.trace_id, r.span_id) for r in requests_of(spans)}
     spans = receiver.wait_for(
