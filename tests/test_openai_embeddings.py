@@ -117,6 +117,23 @@ def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(cli
     assert 'encoding_format "base64"' in raised.value.message
 
 
+def test_floats_are_written_as_float32_in_openai_s_order(proxy):
+    """OpenAI's embeddings are float32, written in the shortest form that reads back to the same
+    float32 (as OpenAI and TEI write them), not widened to float64's 17 digits; keys come in the
+    order OpenAI's own answers have them."""
+    body = {"model": "m", "input": "tenths", "encoding_format": "float"}
+    answer = proxy.client.post("/v1/embeddings", json=body)
+    assert answer.status_code == 200, answer.text
+    assert answer.text == (
+        '{"object":"list","data":[{"object":"embedding","index":0,'
+        '"embedding":[0.1,0.2,0.33333334]}],'
+        '"model":"m","usage":{"prompt_tokens":1,"total_tokens":1}}'
+    )
+    # Read back as float32, the worker's values.
+    embedding = np.array(answer.json()["data"][0]["embedding"], dtype=np.float32)
+    assert embedding.tolist() == np.array([0.1, 0.2, 1 / 3], dtype=np.float32).tolist()
+
+
 def test_raw_bytes_from_the_worker_are_a_bad_output_not_an_embedding(client):
     # Read as the list of its bytes they would be a vector of byte values, with a 200.
     with pytest.raises(openai.InternalServerError) as raised:
