@@ -11,6 +11,8 @@
 //! to their visitor as bytes, exactly as they hand a `bin`.
 
 use bytes::Bytes;
+pub use corral_protocol::walk::Found;
+use corral_protocol::walk::{walk_one, Strings};
 
 /// Deepest nesting accepted in a msgpack value, as serde_json allows for JSON: every decoder here
 /// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
@@ -31,7 +33,7 @@ pub fn reader<R: std::io::Read>(
 /// copied. (serde's `IgnoredAny` over rmp_serde copied every `str`, `bin` and ext into a growing
 /// buffer to move past it: 13% of the proxy's time answering a 1 MiB v2 tensor.)
 pub fn skip(rest: &mut &[u8]) -> Result<(), String> {
-    let (_, end) = walk_one(rest, Strings::Skip)?;
+    let (_, end) = walk_one(rest, Strings::Skip, MAX_DEPTH)?;
     *rest = &rest[end..];
     Ok(())
 }
@@ -69,19 +71,8 @@ pub fn check(body: &[u8]) -> Result<(), String> {
     walk(body).map(drop)
 }
 
-/// What a well-formed msgpack value holds that a JSON answer must treat apart (all false for a
-/// malformed one).
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Found {
-    /// An ext value (a worker's tensor value, which native answers write out plainly).
-    pub ext: bool,
-    /// A float that is NaN or infinite, which JSON cannot carry.
-    pub non_finite: bool,
-    /// The most containers open at once: at [`MAX_DEPTH`] the value cannot go inside another.
-    pub deepest: usize,
-}
-
-/// [`Found`] of `body`, in one walk.
+/// [`Found`] of `body` (all false for a malformed one), in one walk: at [`MAX_DEPTH`] deep the
+/// value cannot go inside another.
 pub fn scan(body: &[u8]) -> Found {
     walk(body).unwrap_or_default()
 }
@@ -91,153 +82,10 @@ fn walk(body: &[u8]) -> Result<Found, String> {
     if body.is_empty() {
         return Err("empty body".into());
     }
-    let (found, end) = walk_one(body, Strings::Check)?;
+    let (found, end) = walk_one(body, Strings::Check, MAX_DEPTH)?;
     match body.len() - end {
         0 => Ok(found),
         rest => Err(format!("{rest} bytes after the value")),
-    }
-}
-
-/// Whether a walk checks that strings are UTF-8, or only moves past them.
-#[derive(Clone, Copy, PartialEq)]
-enum Strings {
-    Check,
-    Skip,
-}
-
-/// Walks the one value at the start of `body`: what it found, and where the value ends.
-fn walk_one(body: &[u8], strings: Strings) -> Result<(Found, usize), String> {
-    let mut found = Found::default();
-    let mut reader = Reader { body, at: 0, strings };
-    // Values still to read in each open container; the body itself is a container of one.
-    let mut pending: Vec<u64> = vec![1];
-    while let Some(left) = pending.last_mut() {
-        if *left == 0 {
-            pending.pop();
-            continue;
-        }
-        *left -= 1;
-        let at = reader.at;
-        let opened = match reader.byte()? {
-            0x00..=0x7f | 0xc0 | 0xc2 | 0xc3 | 0xe0..=0xff => None,
-            marker @ 0x80..=0x8f => Some(2 * u64::from(marker & 0x0f)),
-            marker @ 0x90..=0x9f => Some(u64::from(marker & 0x0f)),
-            marker @ 0xa0..=0xbf => {
-                reader.string(usize::from(marker & 0x1f), at)?;
-                None
-            }
-            0xc1 => return Err(format!("byte {at}: 0xc1 is never used in msgpack")),
-            // bin 8, 16, 32
-            0xc4 => reader.skip_sized(1, 0)?,
-            0xc5 => reader.skip_sized(2, 0)?,
-            0xc6 => reader.skip_sized(4, 0)?,
-            // ext 8, 16, 32: a length, a type byte, the data
-            marker @ (0xc7..=0xc9 | 0xd4..=0xd8) => {
-                found.ext = true;
-                match marker {
-                    0xc7 => reader.skip_sized(1, 1)?,
-                    0xc8 => reader.skip_sized(2, 1)?,
-                    0xc9 => reader.skip_sized(4, 1)?,
-                    // fixext 1, 2, 4, 8, 16: a type byte, the data
-                    0xd4 => reader.skip(2)?,
-                    0xd5 => reader.skip(3)?,
-                    0xd6 => reader.skip(5)?,
-                    0xd7 => reader.skip(9)?,
-                    _ => reader.skip(17)?,
-                }
-            }
-            // float 32, 64
-            0xca => {
-                let bits = reader.take(4)?.try_into().expect("4 bytes taken");
-                found.non_finite |= !f32::from_be_bytes(bits).is_finite();
-                None
-            }
-            0xcb => {
-                let bits = reader.take(8)?.try_into().expect("8 bytes taken");
-                found.non_finite |= !f64::from_be_bytes(bits).is_finite();
-                None
-            }
-            // uint 8..64; int 8..64
-            0xce | 0xd2 => reader.skip(4)?,
-            0xcf | 0xd3 => reader.skip(8)?,
-            0xcc | 0xd0 => reader.skip(1)?,
-            0xcd | 0xd1 => reader.skip(2)?,
-            // str 8, 16, 32
-            0xd9 => reader.sized_string(1, at)?,
-            0xda => reader.sized_string(2, at)?,
-            0xdb => reader.sized_string(4, at)?,
-            // array 16, 32; map 16, 32
-            0xdc => Some(reader.length(2)?),
-            0xdd => Some(reader.length(4)?),
-            0xde => Some(2 * reader.length(2)?),
-            0xdf => Some(2 * reader.length(4)?),
-        };
-        if let Some(values) = opened {
-            // `pending` holds the body's own level besides the containers.
-            if pending.len() > MAX_DEPTH {
-                return Err(format!("byte {at}: nested deeper than {MAX_DEPTH} levels"));
-            }
-            pending.push(values);
-            found.deepest = found.deepest.max(pending.len() - 1);
-        }
-    }
-    Ok((found, reader.at))
-}
-
-/// A cursor over a msgpack body; every read says where the body ended too early.
-struct Reader<'a> {
-    body: &'a [u8],
-    at: usize,
-    strings: Strings,
-}
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.at.checked_add(n).filter(|&end| end <= self.body.len());
-        let Some(end) = end else {
-            return Err(format!("truncated: {n} more bytes expected at byte {}", self.at));
-        };
-        let taken = &self.body[self.at..end];
-        self.at = end;
-        Ok(taken)
-    }
-
-    fn byte(&mut self) -> Result<u8, String> {
-        Ok(self.take(1)?[0])
-    }
-
-    fn skip(&mut self, n: usize) -> Result<Option<u64>, String> {
-        self.take(n)?;
-        Ok(None)
-    }
-
-    /// A big-endian length of `width` bytes.
-    fn length(&mut self, width: usize) -> Result<u64, String> {
-        Ok(self.take(width)?.iter().fold(0, |n, &b| n << 8 | u64::from(b)))
-    }
-
-    /// Skips a length-prefixed value (`extra` bytes sit between the length and the data).
-    fn skip_sized(&mut self, width: usize, extra: usize) -> Result<Option<u64>, String> {
-        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
-        self.skip(length.saturating_add(extra))
-    }
-
-    fn string(&mut self, length: usize, at: usize) -> Result<(), String> {
-        let text = self.take(length)?;
-        if self.strings == Strings::Skip {
-            return Ok(());
-        }
-        std::str::from_utf8(text).map(drop).map_err(|e| {
-            format!(
-                "the string at byte {at} is not valid UTF-8 ({e}); send raw bytes as bin, not str"
-            )
-        })
-    }
-
-    fn sized_string(&mut self, width: usize, at: usize) -> Result<Option<u64>, String> {
-        let length = usize::try_from(self.length(width)?).unwrap_or(usize::MAX);
-        self.string(length, at)?;
-        Ok(None)
     }
 }
 

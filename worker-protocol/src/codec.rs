@@ -15,6 +15,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 use tokio_util::codec::{Decoder, Encoder, LengthDelimitedCodec};
 
+use crate::walk::{self, Strings};
 use crate::{ProxyMessage, WorkerMessage, MAX_FRAME_BYTES};
 
 /// Deepest nesting accepted in a frame (payloads are opaque `bin`, so messages are shallow).
@@ -31,6 +32,8 @@ pub enum DecodeError {
     Msgpack(#[from] rmp_serde::decode::Error),
     #[error("frame has {0} bytes after its message")]
     TrailingBytes(usize),
+    #[error("frame is not a valid message: {0}")]
+    Walk(String),
 }
 
 /// The length-delimited framing both sides use.
@@ -126,15 +129,18 @@ fn first_key_type(body: &[u8]) -> Option<&str> {
 
 /// Reads `T` from the whole body, with nothing after it.
 fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
-    // Reading from a `&[u8]` advances it, so what is left afterwards is the trailing garbage.
-    let mut rest = body;
-    let mut de = rmp_serde::Deserializer::new(&mut rest);
+    // Read from the body's own bytes: a `bin` is copied once, into its `Bytes` (serde's reading
+    // from a `Read` copied it into a scratch buffer first, grown as it went).
+    let mut de = rmp_serde::Deserializer::from_read_ref(body);
     // Messages are a few levels deep; a hostile frame nesting an ignored key a million levels
     // deep must be an error, not a stack overflow.
     de.set_max_depth(MAX_DEPTH);
     let message = T::deserialize(&mut de)?;
-    if !rest.is_empty() {
-        return Err(DecodeError::TrailingBytes(rest.len()));
+    // That reader does not say where it stopped: the walk does (markers and lengths only; the
+    // message just read is within its bounds).
+    let (_, end) = walk::walk_one(body, Strings::Skip, MAX_DEPTH).map_err(DecodeError::Walk)?;
+    if end != body.len() {
+        return Err(DecodeError::TrailingBytes(body.len() - end));
     }
     Ok(message)
 }

@@ -11,6 +11,8 @@
 //! - [`payload`]: a job's payload, one msgpack value held as one buffer or several segments.
 //! - [`segments`]: a `batch` frame as segments around its payloads, for one vectored write that
 //!   copies no payload byte.
+//! - [`walk`]: a msgpack value walked marker by marker — where it ends, what it holds, whether
+//!   its strings are UTF-8 — for the codec and for the proxy's checks of every value it reads.
 //!
 //! This crate has no opinion about sockets or runtimes: anything that is `AsyncRead + AsyncWrite`
 //! can be wrapped in a `Framed` with [`codec::ProxyCodec`] or [`codec::WorkerCodec`].
@@ -24,6 +26,7 @@ pub mod job_id;
 pub mod message;
 pub mod payload;
 pub mod segments;
+pub mod walk;
 
 pub use codec::{decode, encode, frame_codec, DecodeError, ProxyCodec, WorkerCodec};
 pub use job_id::JobId;
