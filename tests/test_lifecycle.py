@@ -3,6 +3,7 @@ the socket file's permissions, and worker output in Corral's log."""
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import stat
@@ -288,3 +289,47 @@ def test_errors_setting_up_name_what_could_not_be_set_up(tmp_path):
     )  # fmt: skip
     assert missing.returncode != 0
     assert f"cannot listen for workers at {nowhere} (--socket)" in missing.stderr
+
+
+def test_a_socket_path_too_long_for_workers_is_refused_at_start(tmp_path):
+    """Linux's Unix socket addresses hold 107 bytes: Corral once started on a longer path (it
+    binds a short one and links it), and every worker then waited for it forever."""
+    import subprocess
+
+    from conftest import BINARY
+
+    long = tmp_path / ("s" * (108 - len(str(tmp_path)) - 1 + 10))
+    assert len(str(long)) > 107
+    started = subprocess.run(
+        [BINARY, "--listen", "127.0.0.1:0", "--socket", str(long)],
+        capture_output=True, text=True, timeout=30, cwd=tmp_path,
+    )  # fmt: skip
+    assert started.returncode != 0
+    assert f"cannot listen for workers at {long} (--socket)" in started.stderr
+    assert "longer than 107" in started.stderr
+    assert not long.exists()
+
+
+def test_a_deleted_socket_is_published_again_and_another_s_is_never_removed(corral_factory):
+    """A tmp cleaner or an operator's `rm` deleted the socket: the next worker to start could not
+    reach the proxy, and nothing said so. It is published again within seconds; a worker that
+    connects then is served. At exit, a socket at the path that is not Corral's stays."""
+    import socket as sockets
+
+    proxy = corral_factory(workers=1)
+    first = proxy.post("before").json()["pid"]
+    proxy.socket.unlink()
+    proxy.wait_for_log(r"the worker socket was deleted: published it again")
+    os.kill(first, signal.SIGKILL)  # its replacement must connect through the new socket
+    proxy.wait_for_log(r"worker connected", count=2)
+    assert proxy.post("after").json()["pid"] != first
+    # Another process's socket at the path: left alone at exit.
+    proxy.socket.unlink()
+    other = sockets.socket(sockets.AF_UNIX, sockets.SOCK_STREAM)
+    other.bind(str(proxy.socket))
+    try:
+        proxy.wait_for_log(r"replaced by another file")
+        assert proxy.stop() == 0
+        assert proxy.socket.exists()
+    finally:
+        other.close()

@@ -114,7 +114,7 @@ pub async fn run(
             format!("cannot listen for HTTP on {} (--listen): {e}", config.listen),
         )
     })?;
-    let worker_listener =
+    let (worker_listener, worker_socket) =
         worker::listener::bind(&socket, config.socket_mode).await.map_err(|e| {
             let path = socket.display();
             std::io::Error::new(
@@ -177,7 +177,12 @@ pub async fn run(
         children: children.clone(),
         shared_memory,
     };
-    workers.spawn(worker::listener::accept(worker_listener, context, workers.clone()));
+    workers.spawn(worker::listener::accept(
+        worker_listener,
+        worker_socket.clone(),
+        context,
+        workers.clone(),
+    ));
     if std::process::id() == 1 && topology.stages.iter().any(|spec| !spec.command.is_empty()) {
         // Corral reaps its own children only: what a worker's wrapper leaves behind (a killed
         // group's members, a `sh -c` grandchild) is handed to process 1, here Corral itself.
@@ -242,7 +247,7 @@ pub async fn run(
     stop_workers.cancel();
     workers.close();
     workers.wait().await;
-    worker::listener::remove(&socket);
+    worker::listener::remove(&worker_socket);
     trace::shutdown();
     info!("stopped");
     Ok(())

@@ -1,23 +1,73 @@
 //! The Unix socket workers connect to: created with its final permissions, a stale file from a
-//! dead proxy replaced, a live proxy's never touched, and removed at exit.
+//! dead proxy replaced, a live proxy's never touched, published again if it is deleted while the
+//! proxy runs, and removed at exit (only if the file there is still this proxy's).
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
 use tokio_util::task::TaskTracker;
-use tracing::warn;
+use tracing::{error, warn};
 
 use crate::worker::connection;
+
+/// The longest socket path a worker can connect to: `sun_path` holds 108 bytes with its NUL.
+const MAX_PATH_BYTES: usize = 107;
+
+/// How often the accept loop looks whether the socket file is still there: a tmp cleaner or an
+/// operator's `rm` once left every later worker waiting for a proxy it could not reach, unseen.
+const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// The worker socket as published: where, with which mode, and which file it is (device and
+/// inode), so that only this proxy's own file is ever deleted.
+#[derive(Debug)]
+pub struct Socket {
+    path: PathBuf,
+    mode: u32,
+    file: Mutex<Option<(u64, u64)>>,
+}
+
+impl Socket {
+    /// The file now at the path, if any.
+    fn found(&self) -> io::Result<(u64, u64)> {
+        let metadata = std::fs::symlink_metadata(&self.path)?;
+        Ok((metadata.dev(), metadata.ino()))
+    }
+
+    fn ours(&self) -> Option<(u64, u64)> {
+        *self.file.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
 
 /// Binds the worker socket. A socket file left behind by a proxy that died is replaced; one that a
 /// live proxy still answers on is an error, so two proxies never share a path by accident; and a
 /// path that is not a socket at all is never deleted. The socket gets permissions `mode`
-/// (owner-only by default): whoever can connect sees every payload.
-pub async fn bind(path: &Path, mode: u32) -> io::Result<UnixListener> {
+/// (owner-only by default): whoever can connect sees every payload. A path too long for a
+/// worker to connect to is an error here (the proxy itself binds a short one and links it).
+pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Arc<Socket>)> {
+    let length = path.as_os_str().len();
+    if length > MAX_PATH_BYTES {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "the path is {length} bytes long, and a worker cannot connect to a Unix socket \
+                 path longer than {MAX_PATH_BYTES}: choose a shorter one"
+            ),
+        ));
+    }
     clear_stale(path).await?;
-    let listener = publish(path, mode)?;
+    let socket = Arc::new(Socket { path: path.to_owned(), mode, file: Mutex::new(None) });
+    let listener = listen(&socket)?;
+    Ok((listener, socket))
+}
+
+/// Publishes the socket at its path, and records which file that is.
+fn listen(socket: &Socket) -> io::Result<UnixListener> {
+    let listener = publish(&socket.path, socket.mode)?;
+    *socket.file.lock().unwrap_or_else(|e| e.into_inner()) = socket.found().ok();
     listener.set_nonblocking(true)?;
     UnixListener::from_std(listener)
 }
@@ -127,11 +177,44 @@ fn in_use(path: &Path) -> io::Error {
     )
 }
 
-/// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`.
-pub async fn accept(listener: UnixListener, context: connection::Context, tasks: TaskTracker) {
+/// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`. Every
+/// [`WATCH_EVERY`] it looks at the socket's path: deleted, the socket is published again (a new
+/// listener; connected workers keep their connections); replaced by another file, it says so once
+/// and leaves that file alone.
+pub async fn accept(
+    mut listener: UnixListener,
+    socket: Arc<Socket>,
+    context: connection::Context,
+    tasks: TaskTracker,
+) {
     let shutdown = context.shutdown.clone();
+    let mut watch = tokio::time::interval(WATCH_EVERY);
+    watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut told = false;
     loop {
         let stream = tokio::select! {
+            _ = watch.tick() => {
+                match look(&socket) {
+                    Look::Ours => told = false,
+                    Look::Gone => match listen(&socket) {
+                        Ok(again) => {
+                            warn!(socket = %socket.path.display(), "the worker socket was deleted: published it again");
+                            listener = again;
+                        }
+                        Err(e) if !told => {
+                            told = true;
+                            error!(socket = %socket.path.display(), error = %e, "the worker socket was deleted and cannot be published again: workers cannot connect");
+                        }
+                        Err(_) => {}
+                    },
+                    Look::Replaced if !told => {
+                        told = true;
+                        error!(socket = %socket.path.display(), "the worker socket was replaced by another file: workers connecting there do not reach this proxy");
+                    }
+                    Look::Replaced => {}
+                }
+                continue;
+            }
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
@@ -147,11 +230,33 @@ pub async fn accept(listener: UnixListener, context: connection::Context, tasks:
     }
 }
 
-/// Removes the socket file at shutdown.
-pub fn remove(path: &PathBuf) {
-    if let Err(e) = std::fs::remove_file(path) {
+/// What is at the socket's path now.
+#[derive(Debug, PartialEq)]
+enum Look {
+    Ours,
+    Gone,
+    Replaced,
+}
+
+fn look(socket: &Socket) -> Look {
+    match socket.found() {
+        Ok(file) if Some(file) == socket.ours() => Look::Ours,
+        Ok(_) => Look::Replaced,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Look::Gone,
+        // Cannot tell (a directory we may no longer read): leave it.
+        Err(_) => Look::Ours,
+    }
+}
+
+/// Removes the socket file at shutdown, if the file at its path is still this proxy's: another
+/// proxy's socket there (started after ours was deleted) is not ours to remove.
+pub fn remove(socket: &Socket) {
+    if look(socket) != Look::Ours {
+        return;
+    }
+    if let Err(e) = std::fs::remove_file(&socket.path) {
         if e.kind() != io::ErrorKind::NotFound {
-            warn!(path = %path.display(), error = %e, "could not remove the worker socket");
+            warn!(path = %socket.path.display(), error = %e, "could not remove the worker socket");
         }
     }
 }

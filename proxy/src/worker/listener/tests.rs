@@ -121,3 +121,38 @@ async fn a_file_that_appears_while_binding_is_never_replaced() {
     assert_eq!(refused.kind(), io::ErrorKind::AddrInUse);
     assert_eq!(std::fs::read(&path).unwrap(), b"not ours");
 }
+
+#[tokio::test]
+async fn a_path_too_long_for_a_worker_to_connect_to_is_refused() {
+    let scratch = Scratch::new("long");
+    let path = scratch.0.join("x".repeat(108));
+    let refused = bind(&path, 0o600).await.expect_err("no worker could connect to it");
+    assert_eq!(refused.kind(), io::ErrorKind::InvalidInput);
+    assert!(refused.to_string().contains("longer than 107"), "{refused}");
+    assert!(!path.exists());
+}
+
+#[tokio::test]
+async fn a_deleted_socket_is_published_again_and_only_our_own_is_removed() {
+    let scratch = Scratch::new("ours");
+    let path = scratch.0.join("corral.sock");
+    let (_listener, socket) = bind(&path, 0o600).await.unwrap();
+    assert_eq!(look(&socket), Look::Ours);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(look(&socket), Look::Gone);
+    // Another process's socket at the path meanwhile: never ours to remove.
+    let other = std::os::unix::net::UnixListener::bind(&path).unwrap();
+    assert_eq!(look(&socket), Look::Replaced);
+    remove(&socket);
+    assert!(path.exists(), "another process's socket was removed");
+    drop(other);
+    std::fs::remove_file(&path).unwrap();
+    // Published again (what the accept loop does once it sees the path empty): ours, listening,
+    // with its mode, and removed at exit.
+    let _again = listen(&socket).unwrap();
+    assert_eq!(look(&socket), Look::Ours);
+    assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
+    UnixStream::connect(&path).await.expect("it listens");
+    remove(&socket);
+    assert!(!path.exists());
+}
