@@ -20,8 +20,11 @@ from test_failures import received
 WARM = str(ROOT / "tests" / "workers" / "warm.py")
 
 
-# SIGHUP (a terminal gone) stops Corral as SIGTERM does: it once exited on the spot.
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+# SIGHUP (a terminal gone) and SIGQUIT (some images' stop signal) stop Corral as SIGTERM does:
+# each once exited on the spot (SIGQUIT with a core dump and a worker's children left running).
+@pytest.mark.parametrize(
+    "stop", [signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT], ids=["SIGTERM", "SIGHUP", "SIGQUIT"]
+)
 def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path, stop):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory("--max-wait-ms=0", workers=2, env={"SCRIPTED_LOG": str(log)})

@@ -169,8 +169,10 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
     }
 }
 
-/// Completes on the first SIGINT, SIGTERM or SIGHUP; a second one exits at once, killing the
-/// spawned workers first (the orderly stop that would have ended them is cut short). SIGHUP (its
+/// Completes on the first SIGINT, SIGTERM, SIGQUIT or SIGHUP; a second one exits at once, killing
+/// the spawned workers first (the orderly stop that would have ended them is cut short). SIGQUIT,
+/// which some images give as their stop signal (nginx's graceful stop), dumped core on the spot:
+/// requests in flight had no answer, and a worker's own children were left running. SIGHUP (its
 /// terminal gone; Corral reloads nothing) took the default action before: an exit on the spot,
 /// jobs dropped and the socket file left behind. Where it was ignored when Corral started (run
 /// under `nohup`), it stays ignored: a listener would replace the disposition asked for.
@@ -181,17 +183,43 @@ async fn serve(config: Config, topology: topology::Topology) -> std::process::Ex
 fn stop_signal() -> impl std::future::Future<Output = ()> {
     let mut term = signal(SignalKind::terminate()).expect("can install a SIGTERM handler");
     let mut int = signal(SignalKind::interrupt()).expect("can install a SIGINT handler");
+    let mut quit = signal(SignalKind::quit()).expect("can install a SIGQUIT handler");
     let mut hup = (!hangup_ignored())
         .then(|| signal(SignalKind::hangup()).expect("can install a SIGHUP handler"));
     async move {
         tokio::select! {
             _ = term.recv() => {}
             _ = int.recv() => {}
+            _ = quit.recv() => {}
             _ = hangup(&mut hup) => {}
         }
-        second_signal(term, int, hup);
+        second_signal(Stops { term, int, quit, hup });
     }
 }
+
+/// The stop signals Corral listens for.
+struct Stops {
+    term: Signal,
+    int: Signal,
+    quit: Signal,
+    hup: Option<Signal>,
+}
+
+impl Stops {
+    async fn recv(&mut self) {
+        tokio::select! {
+            _ = self.term.recv() => {}
+            _ = self.int.recv() => {}
+            _ = self.quit.recv() => {}
+            _ = hangup(&mut self.hup) => {}
+        }
+    }
+}
+
+/// A second stop signal this soon after the first is the same stop delivered twice (`timeout`
+/// signals its child and then the child's process group; so do some init systems), not an
+/// operator asking twice: it skipped the drain in one run of ten.
+const SAME_STOP: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// A SIGHUP, where Corral listens for one; else never.
 async fn hangup(hup: &mut Option<Signal>) {
@@ -214,13 +242,15 @@ fn hangup_ignored() -> bool {
     }
 }
 
-/// After the first stop signal, the second exits at once.
-fn second_signal(mut term: Signal, mut int: Signal, mut hup: Option<Signal>) {
+/// After the first stop signal, the second (from [`SAME_STOP`] on) exits at once.
+fn second_signal(mut stops: Stops) {
+    let first = std::time::Instant::now();
     tokio::spawn(async move {
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            _ = hangup(&mut hup) => {}
+        loop {
+            stops.recv().await;
+            if first.elapsed() >= SAME_STOP {
+                break;
+            }
         }
         tracing::warn!("second signal: exiting now");
         corral::supervisor::group::kill_all();
