@@ -176,7 +176,7 @@ pub struct Config {
     #[arg(long, env = "CORRAL_MAX_HEADERS", default_value_t = 100)]
     pub max_headers: usize,
 
-    /// At SIGTERM/SIGINT/SIGHUP: how long queued and in-flight jobs get to finish before what is left
+    /// At SIGTERM/SIGINT/SIGQUIT/SIGHUP: how long queued and in-flight jobs get to finish before what is left
     /// is answered 503.
     #[arg(long, env = "CORRAL_GRACE_PERIOD_MS", default_value_t = 10_000)]
     pub grace_period_ms: u64,

@@ -1,5 +1,5 @@
 //! The `corral` binary: parse the options, keep off the cores pinned workers own, start the
-//! runtime, set up logging, run until SIGINT or SIGTERM.
+//! runtime, set up logging, run until a stop signal (SIGTERM, SIGINT, SIGQUIT, SIGHUP).
 
 use std::collections::BTreeSet;
 use std::io::{IsTerminal, Write};
