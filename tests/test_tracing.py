@@ -231,6 +231,15 @@ def test_a_dead_collector_drops_spans_and_counts_them_and_requests_are_served(co
     proxy.wait_until(
         lambda: proxy.metric("corral_spans_dropped_total") > 0, what="dropped spans counted"
     )
+    # Said at the default level, once (not a line per failed export): a collector down or a
+    # mistyped endpoint once dropped every span with nothing in the log.
+    proxy.wait_for_log(r"WARN.*exports of spans to the OTLP endpoint failed")
+    for i in range(32):
+        assert proxy.post({"n": i}).status_code == 200
+    proxy.wait_until(
+        lambda: proxy.metric("corral_spans_dropped_total") >= 64, what="later drops counted"
+    )
+    assert sum("exports of spans" in line for line in proxy.lines) == 1
 
 
 def test_a_streaming_workers_forward_span_spans_its_stream(corral_factory, receiver):

@@ -14,7 +14,7 @@ use opentelemetry::Context;
 use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
-use tracing::debug;
+use tracing::{debug, warn};
 
 use super::otlp;
 use crate::metrics::metrics;
@@ -151,9 +151,42 @@ impl SpanProcessor for Queue {
     }
 }
 
+/// How often failed exports are logged at most: a collector down (or a mistyped endpoint) once
+/// dropped every span with nothing at the default log level, and logging each failure would
+/// be a line per batch.
+const FAILURES_LOGGED_EVERY: Duration = Duration::from_secs(60);
+
+/// Failed exports since the last warning about them.
+#[derive(Default)]
+struct Failures {
+    warned: Option<std::time::Instant>,
+    exports: u64,
+    spans: u64,
+}
+
+impl Failures {
+    fn failed(&mut self, spans: usize, error: &Error) {
+        self.exports += 1;
+        self.spans += spans as u64;
+        debug!(error = %error, spans, "an export of spans failed: dropped");
+        let now = std::time::Instant::now();
+        if self.warned.is_some_and(|at| now < at + FAILURES_LOGGED_EVERY) {
+            return;
+        }
+        warn!(
+            error = %error,
+            exports = self.exports,
+            spans = self.spans,
+            "exports of spans to the OTLP endpoint failed: spans dropped (logged at most once a minute; corral_spans_dropped_total counts them)"
+        );
+        *self = Failures { warned: Some(now), exports: 0, spans: 0 };
+    }
+}
+
 fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime::Handle) {
     // Spans are large: the queue's buffers are sized once, so that pushing never moves them.
     let mut spare: Vec<SpanData> = Vec::with_capacity(2 * BATCH_SPANS);
+    let mut failures = Failures::default();
     loop {
         std::thread::park_timeout(BATCH_DELAY);
         let flushed =
@@ -165,7 +198,7 @@ fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime:
         for batch in spans.chunks(BATCH_SPANS) {
             if let Err(e) = runtime.block_on(collector.export(batch)) {
                 metrics().spans_dropped.inc_by(batch.len() as u64);
-                debug!(error = %e, spans = batch.len(), "an export of spans failed: dropped");
+                failures.failed(batch.len(), &e);
             }
         }
         spans.clear();
