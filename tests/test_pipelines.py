@@ -346,6 +346,12 @@ CONFIG_ERRORS = {
         STAGE + '[routes.r]\npipeline = "nope"\n',
         'routes.r.pipeline: no pipeline named "nope"',
     ),
+    # A lone stage is a pipeline of itself; two are not, and the error says what to write.
+    "route to a stage of several, no pipelines": (
+        TWO + '[routes.r]\npipeline = "a"\n',
+        'routes.r.pipeline: no pipeline named "a" (pipelines: ); with more than one stage, '
+        "declare each pipeline as [pipelines.NAME] stages = [...]",
+    ),
     "reserved path": (
         STAGE + '[routes.r]\npath = "/metrics"\npipeline = "a"\n',
         "routes.r.path: /metrics is Corral's own route",
