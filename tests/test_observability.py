@@ -80,6 +80,27 @@ def test_json_logs_carry_request_ids(corral_factory):
     assert workers and all(r["worker"] == "worker 0" for r in workers), records
 
 
+def test_a_worker_s_failures_are_logged_with_their_jobs_once_a_minute(corral_factory):
+    """A model failing every batch once wrote a traceback per batch, naming no job, and in JSON
+    logs every one of its lines was an INFO line of its own. Each kind of failure is logged in
+    full once a minute, naming the jobs (a client's x-request-id), and counted meanwhile; as JSON
+    the record keeps its level and its traceback in one object."""
+    proxy = corral_factory("--log-format=json", "--max-wait-ms=0", workers=1)
+    failed = [proxy.post({"raise": "the model is broken"}) for _ in range(5)]
+    assert [f.status_code for f in failed] == [500] * 5
+    first = failed[0].headers["x-request-id"]
+    line = proxy.wait_for_log(r'"message":"forward failed')
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and record["worker"] == "worker 0"
+    assert record["message"] == f"forward failed for job {first}"
+    assert record["exception"].endswith("RuntimeError: the model is broken")
+    assert "Traceback (most recent call last)" in record["exception"]
+    # The other four were alike (same hook, type and line): counted, not logged.
+    assert proxy.post("fine").status_code == 200
+    assert sum("forward failed" in line for line in proxy.lines) == 1
+    assert sum("RuntimeError" in line for line in proxy.lines) == 1, "one traceback, whole"
+
+
 def test_openapi_is_built_again_when_a_worker_declares_new_schemas(corral_factory):
     """The document is kept between requests, and built again once declarations change."""
     import os

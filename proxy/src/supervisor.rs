@@ -232,6 +232,7 @@ async fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
         .env("CORRAL_STAGE", &command.stage)
         .env("CORRAL_WORKER_INDEX", index.to_string())
         .env("CORRAL_PROXY_PID", std::process::id().to_string())
+        .env("CORRAL_LOG_FORMAT", output::format_name())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

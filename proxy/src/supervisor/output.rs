@@ -118,6 +118,16 @@ pub fn as_json() {
     JSON.store(true, Ordering::Relaxed);
 }
 
+/// The log format workers are asked to write (`CORRAL_LOG_FORMAT`): `json` where their lines
+/// become JSON objects, so that a worker's record keeps its level and traceback together.
+pub fn format_name() -> &'static str {
+    if JSON.load(Ordering::Relaxed) {
+        "json"
+    } else {
+        "text"
+    }
+}
+
 /// The longest piece forwarded as one line.
 const MAX_LINE: usize = 16 * 1024;
 /// How much is read from the pipe at once.
@@ -178,11 +188,15 @@ async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
     }
 }
 
-/// One line of a worker's as a JSON object, keyed as the proxy's own JSON log lines are.
+/// One line of a worker's as a JSON object, keyed as the proxy's own JSON log lines are. A line
+/// that is itself a record as the worker package writes it (`CORRAL_LOG_FORMAT=json`: a JSON
+/// object with a `level` and a `message`) keeps its level and its other fields (`logger`, the
+/// traceback as `exception`); any other line is an INFO line of text. Every forwarded line was
+/// INFO before, a worker's errors among them, and a traceback a line per frame.
 fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
     let mut timestamp = String::new();
     let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
-    let line = serde_json::json!({
+    let mut line = serde_json::json!({
         "timestamp": timestamp,
         "level": "INFO",
         "message": text,
@@ -190,7 +204,44 @@ fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
         "stream": if to_stderr { "stderr" } else { "stdout" },
         "target": "corral::worker",
     });
+    if let (Some(record), serde_json::Value::Object(fields)) = (worker_record(text), &mut line) {
+        for (key, value) in record {
+            match key.as_str() {
+                "level" => {
+                    let level = value.as_str().unwrap_or_default().to_ascii_uppercase();
+                    fields.insert(key, tracing_level(&level).into());
+                }
+                // What Corral says of the line is Corral's: when, which worker, which stream.
+                "timestamp" | "worker" | "stream" | "target" => {}
+                _ => {
+                    fields.insert(key, value);
+                }
+            }
+        }
+    }
     format!("{line}\n")
+}
+
+/// The fields of a line written as a record (a JSON object with a string `level` and
+/// `message`), if it is one.
+fn worker_record(text: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
+    if !text.starts_with('{') {
+        return None;
+    }
+    let serde_json::Value::Object(record) = serde_json::from_str(text).ok()? else {
+        return None;
+    };
+    let is_text = |key| record.get(key).is_some_and(serde_json::Value::is_string);
+    (is_text("level") && is_text("message")).then_some(record)
+}
+
+/// A level as Python's logging names it, as the proxy's own lines name it.
+fn tracing_level(level: &str) -> String {
+    match level {
+        "WARNING" => "WARN".into(),
+        "CRITICAL" | "FATAL" => "ERROR".into(),
+        other => other.into(),
+    }
 }
 
 /// Splits bytes into lines of at most `max` bytes (without their `\n`, or `\r\n`), keeping only
@@ -272,6 +323,34 @@ mod tests {
         assert_eq!((&value["worker"], &value["stream"]), (&"worker 0".into(), &"stderr".into()));
         assert_eq!(value["target"], "corral::worker");
         assert!(value["timestamp"].as_str().is_some_and(|t| t.len() > 10));
+    }
+
+    #[test]
+    fn a_worker_s_json_record_keeps_its_level_and_traceback() {
+        let record = r#"{"level": "WARNING", "logger": "corral", "message": "forward failed",
+            "exception": "Traceback:\n  ...\nRuntimeError: why", "worker": "not this"}"#
+            .replace('\n', " ");
+        let value: serde_json::Value =
+            serde_json::from_str(&json_line("worker 1", &record, true)).unwrap();
+        assert_eq!(value["level"], "WARN");
+        assert_eq!(
+            (&value["message"], &value["logger"]),
+            (&"forward failed".into(), &"corral".into())
+        );
+        assert_eq!(value["exception"], "Traceback:\n  ...\nRuntimeError: why");
+        assert_eq!(value["worker"], "worker 1", "Corral says which worker");
+        for (level, as_logged) in [("CRITICAL", "ERROR"), ("error", "ERROR"), ("DEBUG", "DEBUG")] {
+            let line = format!(r#"{{"level": "{level}", "message": "m"}}"#);
+            let value: serde_json::Value =
+                serde_json::from_str(&json_line("worker 0", &line, true)).unwrap();
+            assert_eq!(value["level"], as_logged);
+        }
+        // Not a record: a JSON object without a level, or a level that is not text, is text.
+        for text in [r#"{"message": "m"}"#, r#"{"level": 40, "message": "m"}"#, "{not json"] {
+            let value: serde_json::Value =
+                serde_json::from_str(&json_line("worker 0", text, false)).unwrap();
+            assert_eq!((&value["level"], &value["message"]), (&"INFO".into(), &text.into()));
+        }
     }
 
     fn split(max: usize, chunks: &[&[u8]]) -> Vec<Vec<u8>> {

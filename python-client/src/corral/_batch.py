@@ -14,21 +14,18 @@ imports neither ``_worker`` nor ``_streaming``, both of which import it.
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
 
+from corral import _failures, _tracing, _typing
 from corral import _protocol as protocol
-from corral import _tracing, _typing
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
 from corral._errors import describe as _describe
 from corral._errors import text as _text
 from corral._protocol import RECEIVED, job_content_type, job_timeout_ms
-
-log = logging.getLogger("corral")
 
 
 class Hooks(Protocol):
@@ -110,7 +107,7 @@ def prepare(
         except _STOPS:
             raise
         except BaseException as e:
-            log.exception("preprocess failed")
+            _failures.failed("preprocess", e, [job_id])
             answers[position] = protocol.error(job_id, _describe(e))
         else:
             inputs.append(item)
@@ -164,10 +161,8 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
         except _STOPS:
             raise
         except BaseException as e:
-            if chunks:
-                log.exception("postprocess or encoding of a chunk failed")
-            else:
-                log.exception("postprocess or encoding failed")
+            what = "postprocess or encoding of a chunk" if chunks else "postprocess or encoding"
+            _failures.failed(what, e, [job_id])
             return protocol.error(job_id, _describe(e))
 
     return answer

@@ -28,7 +28,7 @@ import time
 from collections.abc import Generator, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral import _batch, _tracing, _typing
+from corral import _batch, _failures, _tracing, _typing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError
@@ -131,7 +131,7 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     except BaseException as e:
         # A wrapper (functools.wraps) around a generator may raise before it returns one: the
         # batch's jobs fail, and the worker lives on, as for a failure mid-stream.
-        log.error("forward failed before streaming %d items", state.running, exc_info=e)
+        _failures.failed("forward (before streaming)", e, state.live_ids())
         state.finish(e)
         return
     failure: BaseException | None = None
@@ -140,7 +140,7 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     with _tracing.batch(jobs):
         failure = _drive(generator, state)
     if failure is not None:
-        log.error("forward failed while streaming %d items", state.running, exc_info=failure)
+        _failures.failed("forward (while streaming)", failure, state.live_ids())
     state.finish(failure)
 
 
@@ -204,6 +204,10 @@ class _Run:
     @property
     def running(self) -> int:
         return len(self.live)
+
+    def live_ids(self) -> list[bytes]:
+        """The ids of the jobs not yet ended, in order."""
+        return [self.ids[position] for position in sorted(self.live)]
 
     def admit(self, jobs: list[dict[str, Any]]) -> list[Any]:
         """Prepare a batch's jobs: those that fail (422, 500, expired) are answered at the next

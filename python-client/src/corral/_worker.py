@@ -29,6 +29,8 @@ from typing import Any, ClassVar
 from corral import (
     _allocator,
     _batch,
+    _failures,
+    _logging,
     _serve,
     _shared_memory,
     _streaming,
@@ -217,8 +219,7 @@ class Worker:
         command line, else ``CORRAL_SOCKET``, else ``corral.sock``) for ``stage`` (default:
         ``--stage``, else ``CORRAL_STAGE``, else the class's :attr:`stage`), reconnecting if the
         connection drops, until the process is stopped."""
-        if not logging.getLogger().handlers:
-            logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+        _logging.configure()
         argv = _options_from_argv()
         # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
         path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
@@ -347,7 +348,7 @@ class Worker:
         except _STOPS:
             raise
         except BaseException as e:
-            log.exception("forward failed on a batch of %d", count)
+            _failures.failed("forward", e, [jobs[p]["id"] for p in positions])
             message = _describe(e)
             for position in positions:
                 answers[position] = protocol.error(jobs[position]["id"], message)

@@ -1,0 +1,104 @@
+"""The worker's own log: failures of the worker's code logged with their jobs, in full once a
+minute per kind (``_failures``), and records as JSON lines when Corral's log is JSON
+(``_logging``)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+import pytest
+
+from corral import _failures, _logging
+
+A, B = uuid.UUID(int=1), uuid.UUID(int=2)
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    _failures.forget()
+    yield
+    _failures.forget()
+
+
+def raise_here(message: str) -> BaseException:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as e:
+        return e
+
+
+def raise_there(message: str) -> BaseException:
+    try:
+        raise RuntimeError(message)
+    except RuntimeError as e:
+        return e
+
+
+def test_a_failure_is_logged_with_its_jobs_then_counted_until_a_minute_passed(caplog, monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr(_failures.time, "monotonic", lambda: now[0])
+    with caplog.at_level(logging.ERROR, logger="corral"):
+        _failures.failed("forward", raise_here("one"), [A.bytes, B.bytes])
+        for _ in range(3):
+            _failures.failed("forward", raise_here("again"), [A.bytes])
+        assert [r.getMessage() for r in caplog.records] == [f"forward failed for jobs {A}, {B}"]
+        assert caplog.records[0].exc_info[1].args == ("one",)
+        now[0] += _failures.EVERY
+        _failures.failed("forward", raise_here("later"), [B.bytes])
+    assert caplog.records[-1].getMessage() == (
+        f"forward failed for job {B} (3 more like it not logged in the last minute)"
+    )
+
+
+def test_failures_of_another_hook_or_line_are_logged_apart(caplog):
+    with caplog.at_level(logging.ERROR, logger="corral"):
+        _failures.failed("forward", raise_here("x"), [A.bytes])
+        _failures.failed("forward", raise_there("x"), [A.bytes])
+        _failures.failed("preprocess", raise_here("x"), [A.bytes])
+        _failures.failed("forward", ValueError("never raised"), [A.bytes])
+    assert len(caplog.records) == 4
+
+
+def test_a_long_batch_names_its_first_jobs_and_counts_the_rest():
+    ids = [uuid.UUID(int=n).bytes for n in range(10)]
+    assert _failures.jobs(ids) == (
+        "jobs " + ", ".join(str(uuid.UUID(int=n)) for n in range(4)) + " and 6 more"
+    )
+
+
+def test_json_lines_keep_a_record_s_level_and_traceback_together():
+    record = logging.LogRecord("corral", logging.ERROR, __file__, 1, "failed %s", ("x",), None)
+    error = raise_here("why")
+    record.exc_info = (type(error), error, error.__traceback__)
+    line = _logging.JsonLines().format(record)
+    assert "\n" not in line
+    entry = json.loads(line)
+    assert (entry["level"], entry["logger"], entry["message"]) == ("ERROR", "corral", "failed x")
+    assert entry["exception"].startswith("Traceback (most recent call last):\n")
+    assert entry["exception"].endswith("RuntimeError: why")
+
+
+@pytest.mark.parametrize("form", ["json", "text", None])
+def test_configure_leaves_an_application_s_logging_alone_and_follows_corral_s_format(
+    monkeypatch, form
+):
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level
+    root.handlers = []
+    try:
+        if form is None:
+            monkeypatch.delenv("CORRAL_LOG_FORMAT", raising=False)
+        else:
+            monkeypatch.setenv("CORRAL_LOG_FORMAT", form)
+        _logging.configure()
+        (handler,) = root.handlers
+        expected = _logging.JsonLines if form == "json" else logging.Formatter
+        assert type(handler.formatter) is expected
+        assert root.level == logging.INFO
+        _logging.configure()  # a handler is there now: nothing is added
+        assert root.handlers == [handler]
+    finally:
+        root.handlers, level = saved
+        root.setLevel(level)
