@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning bench-chunked bench-json-memory gpu-carry fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning bench-chunked bench-json-memory bench-protocols gpu-carry fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -129,6 +129,11 @@ bench-pinning: release venv $(BENCH_VENV)/.installed $(OHA)
 # The proxy's peak memory for 16 MiB JSON requests (see BENCHMARKS.md, "JSON memory").
 bench-json-memory: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/json_memory.py $(BENCH_ARGS)
+
+# Proxy CPU per request on the protocol paths with large values (see BENCHMARKS.md, "Protocol
+# paths, proxy CPU").
+bench-protocols: release $(BENCH_VENV)/.installed $(OHA)
+	$(BENCH_VENV)/bin/python bench/protocol_paths.py --oha $(OHA) $(BENCH_ARGS)
 
 # Large raw bodies sent chunked against sent with a length (see BENCHMARKS.md, "Chunked bodies").
 bench-chunked: release $(BENCH_VENV)/.installed
