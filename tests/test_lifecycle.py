@@ -309,7 +309,7 @@ def test_a_socket_path_too_long_for_workers_is_refused_at_start(tmp_path):
     )  # fmt: skip
     assert started.returncode != 0
     assert f"cannot listen for workers at {long} (--socket)" in started.stderr
-    assert "longer than 107" in started.stderr
+    assert "holds at most 107" in started.stderr
     assert not long.exists()
 
 

@@ -179,7 +179,7 @@ pub async fn run(
     };
     workers.spawn(worker::listener::accept(
         worker_listener,
-        worker_socket.clone(),
+        worker_socket,
         context,
         workers.clone(),
     ));
@@ -247,7 +247,6 @@ pub async fn run(
     stop_workers.cancel();
     workers.close();
     workers.wait().await;
-    worker::listener::remove(&worker_socket);
     trace::shutdown();
     info!("stopped");
     Ok(())

@@ -46,17 +46,27 @@ impl Socket {
 /// live proxy still answers on is an error, so two proxies never share a path by accident; and a
 /// path that is not a socket at all is never deleted. The socket gets permissions `mode`
 /// (owner-only by default): whoever can connect sees every payload. A path too long for a
-/// worker to connect to is an error here (the proxy itself binds a short one and links it).
+/// worker to connect to is an error here, and so is one whose private directory's path would be.
 pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Arc<Socket>)> {
+    let too_long = |what: &str, length: usize| {
+        let problem = format!(
+            "{what} is {length} bytes long, and a Unix socket path holds at most \
+             {MAX_PATH_BYTES}: choose a shorter one"
+        );
+        Err(io::Error::new(io::ErrorKind::InvalidInput, problem))
+    };
     let length = path.as_os_str().len();
     if length > MAX_PATH_BYTES {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!(
-                "the path is {length} bytes long, and a worker cannot connect to a Unix socket \
-                 path longer than {MAX_PATH_BYTES}: choose a shorter one"
-            ),
-        ));
+        return too_long("the path", length);
+    }
+    // The socket is bound in a private directory beside it first ([`publish`]): that path, a
+    // little longer, must fit too.
+    let staged = staging(path).1.as_os_str().len();
+    if staged > MAX_PATH_BYTES {
+        return too_long(
+            "the socket is bound first in a directory beside it, and that path",
+            staged,
+        );
     }
     clear_stale(path).await?;
     let socket = Arc::new(Socket { path: path.to_owned(), mode, file: Mutex::new(None) });
@@ -133,13 +143,7 @@ fn existing(connect: io::Result<()>) -> Existing {
 /// rename, so that a file that appeared at `path` meanwhile is never replaced: that is a proxy
 /// starting at the same time, and the later one fails as `bind` would have.
 fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    // Short names: a socket path has to fit in 108 bytes, and this one is a little longer.
-    let private = parent.join(format!(".corral-{}", std::process::id()));
-    let staged = private.join("s");
+    let (private, staged) = staging(path);
     make_private_dir(&private, &staged)?;
     let published = std::os::unix::net::UnixListener::bind(&staged).and_then(|listener| {
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
@@ -152,6 +156,18 @@ fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListene
     let _ = std::fs::remove_file(&staged);
     let _ = std::fs::remove_dir(&private);
     published
+}
+
+/// The private directory [`publish`] binds in, and the socket's path inside it. Short names: a
+/// socket path has to fit in 108 bytes, and this one is a little longer than `path`.
+fn staging(path: &Path) -> (PathBuf, PathBuf) {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    let private = parent.join(format!(".corral-{}", std::process::id()));
+    let staged = private.join("s");
+    (private, staged)
 }
 
 /// Creates the private directory, replacing one left empty (but for its socket) by a proxy
@@ -180,7 +196,9 @@ fn in_use(path: &Path) -> io::Error {
 /// Accepts worker connections until shutdown; each gets its own task, tracked by `tasks`. Every
 /// [`WATCH_EVERY`] it looks at the socket's path: deleted, the socket is published again (a new
 /// listener; connected workers keep their connections); replaced by another file, it says so once
-/// and leaves that file alone.
+/// and leaves that file alone. At shutdown it removes the socket file, if it is still ours, while
+/// the listener is still open: a socket bound keeps its inode number, which the filesystem could
+/// otherwise give to another proxy's socket at the same path, and ours would be taken for it.
 pub async fn accept(
     mut listener: UnixListener,
     socket: Arc<Socket>,
@@ -190,29 +208,34 @@ pub async fn accept(
     let shutdown = context.shutdown.clone();
     let mut watch = tokio::time::interval(WATCH_EVERY);
     watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut told = false;
+    // What was last said about the path: each change is said once.
+    let mut said = Look::Ours;
     loop {
         let stream = tokio::select! {
             _ = watch.tick() => {
-                match look(&socket) {
-                    Look::Ours => told = false,
+                let now = match look(&socket) {
                     Look::Gone => match listen(&socket) {
                         Ok(again) => {
                             warn!(socket = %socket.path.display(), "the worker socket was deleted: published it again");
                             listener = again;
+                            Look::Ours
                         }
-                        Err(e) if !told => {
-                            told = true;
-                            error!(socket = %socket.path.display(), error = %e, "the worker socket was deleted and cannot be published again: workers cannot connect");
+                        Err(e) => {
+                            if said != Look::Gone {
+                                error!(socket = %socket.path.display(), error = %e, "the worker socket was deleted and cannot be published again: workers cannot connect");
+                            }
+                            Look::Gone
                         }
-                        Err(_) => {}
                     },
-                    Look::Replaced if !told => {
-                        told = true;
-                        error!(socket = %socket.path.display(), "the worker socket was replaced by another file: workers connecting there do not reach this proxy");
+                    Look::Replaced => {
+                        if said != Look::Replaced {
+                            error!(socket = %socket.path.display(), "the worker socket was replaced by another file: workers connecting there do not reach this proxy");
+                        }
+                        Look::Replaced
                     }
-                    Look::Replaced => {}
-                }
+                    Look::Ours => Look::Ours,
+                };
+                said = now;
                 continue;
             }
             accepted = listener.accept() => match accepted {
@@ -224,7 +247,11 @@ pub async fn accept(
                     continue;
                 }
             },
-            _ = shutdown.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                remove(&socket);
+                drop(listener);
+                return;
+            }
         };
         tasks.spawn(connection::serve(stream, context.clone()));
     }
@@ -248,9 +275,9 @@ fn look(socket: &Socket) -> Look {
     }
 }
 
-/// Removes the socket file at shutdown, if the file at its path is still this proxy's: another
-/// proxy's socket there (started after ours was deleted) is not ours to remove.
-pub fn remove(socket: &Socket) {
+/// Removes the socket file, if the file at its path is still this proxy's: another proxy's socket
+/// there (started after ours was deleted) is not ours to remove.
+fn remove(socket: &Socket) {
     if look(socket) != Look::Ours {
         return;
     }
