@@ -56,8 +56,9 @@ def test_malformed_bodies_are_400(proxy, name, body, content_type):
 )
 def test_nesting_is_refused_just_past_the_documented_depth(proxy, content_type, nest, deepest):
     """README: a body may nest 128 levels, a JSON one 127. The deepest passes the parse (no
-    worker here, so it waits in the queue for its 408), one more is the 400."""
-    fits = send(proxy, nest(deepest), content_type, **{"x-corral-timeout-ms": "1"})
+    worker here, so it waits in the queue for its 408: 200 ms, time for its body to arrive after
+    its head, which a 1 ms deadline would make a 408 `body_timeout`), one more is the 400."""
+    fits = send(proxy, nest(deepest), content_type, **{"x-corral-timeout-ms": "200"})
     assert (fits.status_code, fits.json()["error"]) == (408, "deadline_exceeded"), fits.text
     too_deep = send(proxy, nest(deepest + 1), content_type)
     assert too_deep.status_code == 400 and too_deep.json()["error"] == "bad_request"

@@ -349,7 +349,7 @@ CONFIG_ERRORS = {
     # A lone stage is a pipeline of itself; two are not, and the error says what to write.
     "route to a stage of several, no pipelines": (
         TWO + '[routes.r]\npipeline = "a"\n',
-        'routes.r.pipeline: no pipeline named "a" (pipelines: ); with more than one stage, '
+        'routes.r.pipeline: no pipeline named "a" (none declared); with more than one stage, '
         "declare each pipeline as [pipelines.NAME] stages = [...]",
     ),
     "reserved path": (

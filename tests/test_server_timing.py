@@ -88,14 +88,16 @@ def test_an_answer_without_a_batch_has_its_total_only(proxy, tmp_path):
     assert "x-corral-batch-size" not in answer.headers
     # A deadline no batch can meet: shed at admission, no batch ran. The only worker is held
     # meanwhile: on an idle stage the job could go in as a probe of the prediction instead.
-    assert proxy.post({"sleep_ms": 20}).status_code == 200  # a batch costs 20 ms here
+    assert proxy.post({"sleep_ms": 500}).status_code == 200  # a batch costs 500 ms here
     gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
         held = pool.submit(proxy.post, {"hold": str(gate)})
         proxy.wait_until(
             lambda: proxy.metric("corral_workers_busy", stage="default") == 1, what="held"
         )
-        shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "1"})
+        # 100 ms: time for the body to arrive after the head (a 1 ms deadline can make that a
+        # 408 `body_timeout` on a loaded machine), far short of a batch.
+        shed = proxy.client.post("/infer", json={"n": 1}, headers={"x-corral-timeout-ms": "100"})
         gate.touch()
         assert held.result().status_code == 200
     assert shed.status_code == 503, shed.text

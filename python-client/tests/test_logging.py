@@ -48,8 +48,27 @@ def test_a_failure_is_logged_with_its_jobs_then_counted_until_a_minute_passed(ca
         now[0] += _failures.EVERY
         _failures.failed("forward", raise_here("later"), [B.bytes])
     assert caplog.records[-1].getMessage() == (
-        f"forward failed for job {B} (3 more like it not logged in the last minute)"
+        f"forward failed for job {B} (3 more like it since it was last logged, 60 s ago)"
     )
+
+
+def test_an_id_that_is_not_16_bytes_is_named_in_hex_not_a_second_failure(caplog):
+    with caplog.at_level(logging.ERROR, logger="corral"):
+        _failures.failed("forward", raise_here("x"), [b"short"])
+    assert caplog.records[0].getMessage() == "forward failed for job 73686f7274"
+
+
+def test_a_long_record_is_shortened_in_its_middle_to_stay_one_line_corral_reads_whole():
+    record = logging.LogRecord("corral", logging.ERROR, __file__, 1, "m" * 30_000, None, None)
+    error = raise_here("x" * 40_000)
+    record.exc_info = (type(error), error, error.__traceback__)
+    line = _logging.JsonLines().format(record)
+    assert len(line.encode()) <= _logging.LINE
+    entry = json.loads(line)
+    assert entry["level"] == "ERROR"
+    assert entry["exception"].startswith("Traceback (most recent call last):")
+    assert "characters left out" in entry["exception"]
+    assert entry["exception"].endswith("xxx")
 
 
 def test_failures_of_another_hook_or_line_are_logged_apart(caplog):

@@ -20,7 +20,9 @@ pub struct Found {
 /// Whether a walk checks that strings are UTF-8, or only moves past them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Strings {
+    /// Every `str` must be valid UTF-8 (else the walk fails, naming where).
     Check,
+    /// A `str`'s bytes are moved past unread (its value was checked already).
     Skip,
 }
 

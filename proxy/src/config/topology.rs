@@ -324,17 +324,18 @@ pub fn resolve(
                 return Err(error(format!("{key}.path"), format!("{path} is served twice")));
             }
             let Some(pipeline) = pipelines.get(&route.pipeline) else {
-                let names: HashSet<&str> = pipelines.keys().map(String::as_str).collect();
-                let mut problem =
-                    format!("no pipeline named {:?} (pipelines: {})", route.pipeline, list(&names));
-                if pipelines.is_empty() {
+                let problem = if pipelines.is_empty() {
                     // Only a lone stage is a pipeline of itself: with two or more, which run in
                     // which order is the file's to say.
-                    problem.push_str(
-                        "; with more than one stage, declare each pipeline as \
-                         [pipelines.NAME] stages = [...]",
-                    );
-                }
+                    format!(
+                        "no pipeline named {:?} (none declared); with more than one stage, \
+                         declare each pipeline as [pipelines.NAME] stages = [...]",
+                        route.pipeline
+                    )
+                } else {
+                    let names: HashSet<&str> = pipelines.keys().map(String::as_str).collect();
+                    format!("no pipeline named {:?} (pipelines: {})", route.pipeline, list(&names))
+                };
                 return Err(error(format!("{key}.pipeline"), problem));
             };
             let timeout_ms = match route.timeout_ms {

@@ -205,43 +205,40 @@ fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
         "target": "corral::worker",
     });
     if let (Some(record), serde_json::Value::Object(fields)) = (worker_record(text), &mut line) {
-        for (key, value) in record {
-            match key.as_str() {
-                "level" => {
-                    let level = value.as_str().unwrap_or_default().to_ascii_uppercase();
-                    fields.insert(key, tracing_level(&level).into());
-                }
-                // What Corral says of the line is Corral's: when, which worker, which stream.
-                "timestamp" | "worker" | "stream" | "target" => {}
-                _ => {
-                    fields.insert(key, value);
-                }
-            }
-        }
+        fields.extend(record);
     }
     format!("{line}\n")
 }
 
-/// The fields of a line written as a record (a JSON object with a string `level` and
-/// `message`), if it is one.
+/// The fields a line written as a record by the worker package gives, if it is one: a JSON
+/// object with a `logger`, a `message` and a `level` of Python's logging, all strings. Only
+/// `level` (as the proxy names levels), `message`, `logger`, `exception` and `stack` are taken:
+/// a worker that prints what a client sent must not forge a line's other fields.
 fn worker_record(text: &str) -> Option<serde_json::Map<String, serde_json::Value>> {
     if !text.starts_with('{') {
         return None;
     }
-    let serde_json::Value::Object(record) = serde_json::from_str(text).ok()? else {
+    let serde_json::Value::Object(mut record) = serde_json::from_str(text).ok()? else {
         return None;
     };
-    let is_text = |key| record.get(key).is_some_and(serde_json::Value::is_string);
-    (is_text("level") && is_text("message")).then_some(record)
-}
-
-/// A level as Python's logging names it, as the proxy's own lines name it.
-fn tracing_level(level: &str) -> String {
-    match level {
-        "WARNING" => "WARN".into(),
-        "CRITICAL" | "FATAL" => "ERROR".into(),
-        other => other.into(),
-    }
+    let text_of = |record: &serde_json::Map<_, _>, key| match record.get(key) {
+        Some(serde_json::Value::String(text)) => Some(text.clone()),
+        _ => None,
+    };
+    let level = match text_of(&record, "level")?.as_str() {
+        "DEBUG" => "DEBUG",
+        "INFO" => "INFO",
+        "WARNING" => "WARN",
+        "ERROR" | "CRITICAL" => "ERROR",
+        _ => return None,
+    };
+    text_of(&record, "logger")?;
+    text_of(&record, "message")?;
+    record.retain(|key, value| {
+        matches!(key.as_str(), "message" | "logger" | "exception" | "stack") && value.is_string()
+    });
+    record.insert("level".into(), level.into());
+    Some(record)
 }
 
 /// Splits bytes into lines of at most `max` bytes (without their `\n`, or `\r\n`), keeping only
@@ -328,7 +325,8 @@ mod tests {
     #[test]
     fn a_worker_s_json_record_keeps_its_level_and_traceback() {
         let record = r#"{"level": "WARNING", "logger": "corral", "message": "forward failed",
-            "exception": "Traceback:\n  ...\nRuntimeError: why", "worker": "not this"}"#
+            "exception": "Traceback:\n  ...\nRuntimeError: why", "worker": "not this",
+            "request_id": "forged"}"#
             .replace('\n', " ");
         let value: serde_json::Value =
             serde_json::from_str(&json_line("worker 1", &record, true)).unwrap();
@@ -339,14 +337,22 @@ mod tests {
         );
         assert_eq!(value["exception"], "Traceback:\n  ...\nRuntimeError: why");
         assert_eq!(value["worker"], "worker 1", "Corral says which worker");
-        for (level, as_logged) in [("CRITICAL", "ERROR"), ("error", "ERROR"), ("DEBUG", "DEBUG")] {
-            let line = format!(r#"{{"level": "{level}", "message": "m"}}"#);
+        assert!(value.get("request_id").is_none(), "only a record's own fields are taken");
+        for (level, as_logged) in [("CRITICAL", "ERROR"), ("ERROR", "ERROR"), ("DEBUG", "DEBUG")] {
+            let line = format!(r#"{{"level": "{level}", "logger": "l", "message": "m"}}"#);
             let value: serde_json::Value =
                 serde_json::from_str(&json_line("worker 0", &line, true)).unwrap();
             assert_eq!(value["level"], as_logged);
         }
-        // Not a record: a JSON object without a level, or a level that is not text, is text.
-        for text in [r#"{"message": "m"}"#, r#"{"level": 40, "message": "m"}"#, "{not json"] {
+        // Not a record: without a level or a logger, a level that is not one of Python's, or
+        // not text, the line is text.
+        for text in [
+            r#"{"message": "m", "logger": "l"}"#,
+            r#"{"level": "ERROR", "message": "m"}"#,
+            r#"{"level": "error", "logger": "l", "message": "m"}"#,
+            r#"{"level": 40, "logger": "l", "message": "m"}"#,
+            "{not json",
+        ] {
             let value: serde_json::Value =
                 serde_json::from_str(&json_line("worker 0", text, false)).unwrap();
             assert_eq!((&value["level"], &value["message"]), (&"INFO".into(), &text.into()));

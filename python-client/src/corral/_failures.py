@@ -12,6 +12,7 @@ same line.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Sequence
@@ -25,8 +26,11 @@ EVERY = 60.0
 # logged once more), so a worker raising ever new exception types cannot grow it without bound.
 _KINDS = 1024
 
-# Per kind: when it was last logged, and how many like it went unlogged since.
+# Per kind: when it was last logged, and how many like it went unlogged since. Shared by every
+# worker of the process (a test's FakeProxy workers too: it forgets at each start), under a lock
+# (a worker run in threads).
 _seen: dict[tuple[str, str, str, int], list[float]] = {}
+_lock = threading.Lock()
 
 
 def failed(what: str, error: BaseException, job_ids: Sequence[bytes]) -> None:
@@ -34,15 +38,17 @@ def failed(what: str, error: BaseException, job_ids: Sequence[bytes]) -> None:
     it was logged less than :data:`EVERY` seconds ago (then it is only counted)."""
     kind = (what, *_raised_at(error))
     now = time.monotonic()
-    seen = _seen.get(kind)
-    if seen is not None and now - seen[0] < EVERY:
-        seen[1] += 1
-        return
-    unlogged = int(seen[1]) if seen is not None else 0
-    if seen is None and len(_seen) >= _KINDS:
-        _seen.clear()
-    _seen[kind] = [now, 0]
-    more = f" ({unlogged} more like it not logged in the last minute)" if unlogged else ""
+    with _lock:
+        seen = _seen.get(kind)
+        if seen is not None and now - seen[0] < EVERY:
+            seen[1] += 1
+            return
+        if seen is None and len(_seen) >= _KINDS:
+            _seen.clear()
+        _seen[kind] = [now, 0]
+    more = ""
+    if seen is not None and seen[1]:
+        more = f" ({int(seen[1])} more like it since it was last logged, {now - seen[0]:.0f} s ago)"
     log.error("%s failed for %s%s", what, jobs(job_ids), more, exc_info=error)
 
 
@@ -58,12 +64,20 @@ def _raised_at(error: BaseException) -> tuple[str, str, int]:
 
 def jobs(job_ids: Sequence[bytes], shown: int = 4) -> str:
     """``job_ids`` as a client sees them (``x-request-id``): the first few, and how many more."""
-    names = ", ".join(str(uuid.UUID(bytes=bytes(i))) for i in job_ids[:shown])
+    names = ", ".join(_name(job_id) for job_id in job_ids[:shown])
     rest = len(job_ids) - shown
     noun = "job" if len(job_ids) == 1 else "jobs"
     return f"{noun} {names}" + (f" and {rest} more" if rest > 0 else "")
 
 
+def _name(job_id: bytes) -> str:
+    """A job id as a UUID; in hex if it is not the 16 bytes the protocol promises (this runs
+    while a failure is being answered: it must not fail itself)."""
+    raw = bytes(job_id)
+    return str(uuid.UUID(bytes=raw)) if len(raw) == 16 else raw.hex()
+
+
 def forget() -> None:
-    """Forgets every failure seen (for tests)."""
-    _seen.clear()
+    """Forgets every failure seen: each kind is logged in full again (a test's new worker)."""
+    with _lock:
+        _seen.clear()

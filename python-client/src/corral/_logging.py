@@ -31,9 +31,16 @@ def configure() -> None:
     root.setLevel(logging.INFO)
 
 
+# Longest line written as JSON: Corral forwards a worker's line in pieces of 16 KiB, and a record
+# cut in two would no longer be one (its level and traceback lost to plain INFO text).
+LINE = 16_000
+
+
 class JsonLines(logging.Formatter):
     """A record as one line of JSON: ``level``, ``logger``, ``message``, and ``exception`` (the
-    traceback, newlines kept inside the string) when it has one."""
+    traceback, newlines kept inside the string) when it has one. A line longer than
+    :data:`LINE` has the middle of its message, traceback and stack left out, each its share,
+    and says how much."""
 
     def format(self, record: logging.LogRecord) -> str:
         entry = {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
@@ -41,4 +48,31 @@ class JsonLines(logging.Formatter):
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
-        return json.dumps(entry, ensure_ascii=False, default=str)
+        line = _dumps(entry)
+        for _ in range(8):  # a few passes at most: one usually does
+            long = [
+                key for key in ("message", "exception", "stack") if len(entry.get(key, "")) > 256
+            ]
+            if len(line) <= LINE or not long:
+                break
+            # Each field gives up its share of the excess, by its length: a long message does
+            # not take the whole traceback with it.
+            excess, total = len(line) - LINE, sum(len(entry[key]) for key in long)
+            for key in long:
+                entry[key] = _shorten(entry[key], excess * len(entry[key]) // total + 1)
+            line = _dumps(entry)
+        return line
+
+
+def _dumps(entry: dict[str, str]) -> str:
+    # ASCII only: its length in characters is its length in bytes.
+    return json.dumps(entry, default=str)
+
+
+def _shorten(text: str, over: int) -> str:
+    """``text`` at least ``over`` characters of JSON shorter (each character left out is one or
+    more), its middle left out: a traceback's first and last frames say the most."""
+    keep = max(0, len(text) - over - 64)
+    head, tail = keep // 2, keep - keep // 2
+    gap = f" [... {len(text) - keep} characters left out ...] "
+    return text[:head] + gap + text[len(text) - tail :]

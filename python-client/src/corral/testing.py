@@ -43,8 +43,8 @@ from typing import Any, Optional, Union
 
 import msgpack
 
+from corral import _failures, _tensors
 from corral import _protocol as protocol
-from corral import _tensors
 from corral._worker import Worker
 
 __all__ = ["FakeProxy", "Result", "Stream", "tensor"]
@@ -117,6 +117,9 @@ class FakeProxy:
         # was made and never entered.
         self._sock, self._worker_sock = socket.socketpair()
         self._connected = True
+        # Each test's worker logs its first failure of each kind in full, whatever an earlier
+        # test's worker in this process logged.
+        _failures.forget()
         self._stream = self._sock.makefile("rb")
         self._thread = threading.Thread(target=self._serve, args=(self._worker,), daemon=True)
         self._thread.start()
