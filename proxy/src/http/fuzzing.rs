@@ -51,7 +51,11 @@ pub fn v2_request(data: &[u8]) {
         TensorSpec { name: "T".into(), datatype: "BYTES".into(), shape: vec![1] },
     ];
     for declared in [&declared[..], &[]] {
-        let Ok(mut parsed) = request::parse(&body, header_length, 0, declared) else { continue };
+        let parsed = request::parse(&body, header_length, 0, declared);
+        // Data packed as the header is read is what packing its text after gives, errors too.
+        let by_text = request::parse_by_text(&body, header_length, 0, declared);
+        assert_eq!(format!("{parsed:?}"), format!("{by_text:?}"), "one pass reads as two");
+        let Ok(mut parsed) = parsed else { continue };
         // Rows may be segments around the body's data: none empty, adding up to the row, and
         // framed byte for byte as the codec frames the row in one piece.
         let rows = parsed.payloads();

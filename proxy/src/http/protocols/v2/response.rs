@@ -11,6 +11,8 @@
 //! or a row naming an output row 0 does not: an answer of no outputs, or of one output listed
 //! twice (msgpack maps may repeat a key, and are read as they come), is no v2 answer.
 
+use std::borrow::Cow;
+
 use corral_protocol::TensorSpec;
 use serde::Serialize;
 use serde_json::{json, Value};
@@ -198,12 +200,16 @@ fn requested(name: &str, request: &Request) -> Requested {
     Requested { name: name.to_string(), binary: request.binary_by_default }
 }
 
-/// One output's rows, checked against each other and the declaration, end to end.
-fn stack(
+/// An output's datatype, shape and data, all its rows stacked.
+type Stacked<'a> = (DataType, Vec<u64>, Cow<'a, [u8]>);
+
+/// One output's rows, checked against each other and the declaration, end to end. One row's
+/// tensor value is its stack as it is in the result, not copied.
+fn stack<'a>(
     name: &str,
     spec: Option<&TensorSpec>,
-    rows: &[ResultRow],
-) -> Result<(DataType, Vec<u64>, Vec<u8>), ApiError> {
+    rows: &'a [ResultRow],
+) -> Result<Stacked<'a>, ApiError> {
     let declared =
         match spec {
             Some(spec) => Some(DataType::parse(&spec.datatype).map_err(|e| {
@@ -212,7 +218,7 @@ fn stack(
             None => None,
         };
     let mut stacked: Option<(DataType, Vec<u64>)> = None;
-    let mut data = Vec::new();
+    let mut data = Cow::Borrowed(&[][..]);
     for (index, row) in rows.iter().enumerate() {
         let at = |e: String| bad_output(format!("row {index}, output {name:?}: {e}"));
         let value = match row.get(name) {
@@ -236,7 +242,7 @@ fn stack(
                     data = row.data; // one row: its data is the stack, not copied
                     continue;
                 }
-                data.reserve(row.data.len() * rows.len());
+                data.to_mut().reserve(row.data.len() * rows.len());
             }
             Some((datatype, shape)) if (*datatype, shape) != (row.datatype, &row.shape) => {
                 return Err(at(format!(
@@ -248,7 +254,7 @@ fn stack(
             }
             Some(_) => {}
         }
-        data.extend_from_slice(&row.data);
+        data.to_mut().extend_from_slice(&row.data);
     }
     let (datatype, row_shape) = stacked.unwrap_or((declared.unwrap_or(DataType::F64), vec![]));
     let mut shape = Vec::with_capacity(row_shape.len() + 1);

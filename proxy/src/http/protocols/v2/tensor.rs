@@ -8,6 +8,8 @@
 //! Bytes are the one representation every path goes through: a binary request's tensor is
 //! already them, a JSON one is packed once, and a row is a slice of them.
 
+use std::borrow::Cow;
+
 use rmpv::ValueRef;
 use serde::de::DeserializeSeed;
 
@@ -200,36 +202,17 @@ pub fn pack_json(
 ) -> Result<Vec<u8>, String> {
     // Each element takes two characters at least (a digit and a comma).
     let elements = usize::try_from(count).unwrap_or(usize::MAX).min(data.get().len() / 2 + 1);
-    let capacity = elements.saturating_mul(datatype.size().unwrap_or(1));
-    let mut leaves = Leaves {
-        datatype,
-        count,
-        seen: 0,
-        out: Vec::with_capacity(capacity),
-        too_deep: None,
-        refused: None,
-    };
+    let mut leaves = Leaves::new(datatype, count, elements);
     let mut reader = serde_json::Deserializer::from_str(data.get());
-    let read = (&mut leaves).deserialize(&mut reader);
-    // As when the data was read whole first: too deep, then a count that does not match the
-    // shape, then the first element refused.
-    if let Some(too_deep) = leaves.too_deep {
-        return Err(too_deep);
-    }
-    read.map_err(|e| format!("data is not JSON: {e}"))?;
-    if leaves.seen != count {
-        return Err(format!("{} elements of data for a shape of {count}", leaves.seen));
-    }
-    match leaves.refused {
-        Some(refused) => Err(refused),
-        None => Ok(leaves.out),
-    }
+    let read = (&mut leaves).deserialize(&mut reader).map_err(|e| e.to_string());
+    leaves.finish(read)
 }
 
 /// What [`pack_json`] reads: every leaf of the nested arrays, in order, packed as `datatype`
 /// while there are no more than `count` and none was refused (past that only counted, for the
-/// count's error).
-struct Leaves {
+/// count's error). A seed: a request's reader packs `data` with it as it reads the header, where
+/// the datatype and shape came first.
+pub struct Leaves {
     datatype: DataType,
     count: u64,
     seen: u64,
@@ -242,6 +225,36 @@ struct Leaves {
 }
 
 impl Leaves {
+    /// Ready to pack `count` elements of `datatype`, with room for `elements` of them at first.
+    pub fn new(datatype: DataType, count: u64, elements: usize) -> Self {
+        let capacity = elements.saturating_mul(datatype.size().unwrap_or(1));
+        Leaves {
+            datatype,
+            count,
+            seen: 0,
+            out: Vec::with_capacity(capacity),
+            too_deep: None,
+            refused: None,
+        }
+    }
+
+    /// The packed data once `read` (the reading's own result) is over, or the error, in the
+    /// order the data was always judged: too deep, then JSON that does not parse, then a count
+    /// that does not match the shape, then the first element refused.
+    pub fn finish(self, read: Result<(), String>) -> Result<Vec<u8>, String> {
+        if let Some(too_deep) = self.too_deep {
+            return Err(too_deep);
+        }
+        read.map_err(|e| format!("data is not JSON: {e}"))?;
+        if self.seen != self.count {
+            return Err(format!("{} elements of data for a shape of {}", self.seen, self.count));
+        }
+        match self.refused {
+            Some(refused) => Err(refused),
+            None => Ok(self.out),
+        }
+    }
+
     fn leaf(&mut self, element: Result<Element, String>) {
         let index = self.seen;
         self.seen += 1;
@@ -508,10 +521,12 @@ fn each<'a>(
 
 /// A worker's row of one output: its datatype, shape and packed data.
 #[derive(Debug, PartialEq)]
-pub struct Row {
+pub struct Row<'a> {
     pub datatype: DataType,
     pub shape: Vec<u64>,
-    pub data: Vec<u8>,
+    /// A tensor value's data as it is in the result (not copied: a 1 MiB output was copied
+    /// once more here); a plain value's, packed.
+    pub data: Cow<'a, [u8]>,
 }
 
 /// A row from what a worker returned for one output: a tensor value (of the declared datatype,
@@ -519,7 +534,7 @@ pub struct Row {
 /// nested to a rectangular shape — packed as the declared datatype or, with none declared, as
 /// the one its elements suggest (booleans `BOOL`, integers `INT64`, any float `FP64`, strings
 /// and bins `BYTES`).
-pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row, String> {
+pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row<'_>, String> {
     let mut rest = value;
     if let ValueRef::Ext(ext_type, ext) = peek_ext(value)? {
         if ext_type != TENSOR_EXT {
@@ -534,7 +549,7 @@ pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row, String> {
             ));
         }
         let Tensor { datatype, shape, data } = tensor;
-        return Ok(Row { datatype, shape, data: data.to_vec() });
+        return Ok(Row { datatype, shape, data: Cow::Borrowed(data) });
     }
     // A plain value is read twice as msgpack, never as a tree of its elements (32 bytes and more
     // each: an 8M-element answer took over 400 MiB): its shape from the first element of each
@@ -565,7 +580,7 @@ pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row, String> {
         index += 1;
         Ok(())
     })?;
-    Ok(Row { datatype, shape, data })
+    Ok(Row { datatype, shape, data: Cow::Owned(data) })
 }
 
 /// The value at the start of `data` if it is an ext value; `Nil` otherwise (not read).
@@ -910,14 +925,17 @@ mod tests {
     fn plain_rows_pack_as_declared_or_as_they_look() {
         let nested = plain(serde_json::json!([[1, 2], [3, 4]]));
         let declared = row(&nested, Some(DataType::U8)).unwrap();
-        assert_eq!((declared.shape, declared.data), (vec![2, 2], vec![1, 2, 3, 4]));
+        assert_eq!((declared.shape, &*declared.data), (vec![2, 2], &[1, 2, 3, 4][..]));
         let inferred = row(&nested, None).unwrap();
         assert_eq!((inferred.datatype, inferred.data.len()), (DataType::I64, 32));
         let mixed = plain(serde_json::json!([1, 2.5]));
         assert_eq!(row(&mixed, None).unwrap().datatype, DataType::F64);
         let scalar = plain(serde_json::json!(true));
         let scalar = row(&scalar, None).unwrap();
-        assert_eq!((scalar.datatype, scalar.shape, scalar.data), (DataType::Bool, vec![], vec![1]));
+        assert_eq!(
+            (scalar.datatype, scalar.shape, &*scalar.data),
+            (DataType::Bool, vec![], &[1][..])
+        );
         let ragged = plain(serde_json::json!([[1, 2], [3]]));
         assert!(row(&ragged, None).unwrap_err().contains("unevenly"));
         let words = plain(serde_json::json!(["a", 1]));
