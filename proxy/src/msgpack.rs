@@ -18,11 +18,10 @@ use corral_protocol::walk::{walk_one, Strings};
 /// recurses per level, and a body of a million nested arrays must be a 400, not a stack overflow.
 pub const MAX_DEPTH: usize = 128;
 
-/// A msgpack decoder over `input` with the nesting limit set.
-pub fn reader<R: std::io::Read>(
-    input: R,
-) -> rmp_serde::Deserializer<rmp_serde::decode::ReadReader<R>> {
-    let mut de = rmp_serde::Deserializer::new(input);
+/// A msgpack decoder over `input` with the nesting limit set, reading strings and bins where
+/// they lie (serde's reading from a `Read` copied each into a scratch buffer first).
+pub fn reader(input: &[u8]) -> rmp_serde::Deserializer<rmp_serde::decode::ReadRefReader<'_, [u8]>> {
+    let mut de = rmp_serde::Deserializer::from_read_ref(input);
     // rmp_serde counts the value it is reading as a level: one more than MAX_DEPTH's containers.
     de.set_max_depth(MAX_DEPTH + 1);
     de
