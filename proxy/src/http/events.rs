@@ -54,12 +54,12 @@ impl Framing {
 
     /// One chunk (a msgpack value) as an event; an error event if it has no JSON form.
     pub fn chunk(self, data: Bytes) -> Result<Bytes, Bytes> {
-        let json = format::from_msgpack(Format::Json, data)
-            .map_err(|e| self.error(&ApiError::internal("unrepresentable_output", e)))?;
-        Ok(match self {
-            Framing::Sse => [b"data: ", &json[..], b"\n\n"].concat().into(),
-            Framing::Ndjson => [&json[..], b"\n"].concat().into(),
-        })
+        let (prefix, suffix): (&[u8], &[u8]) = match self {
+            Framing::Sse => (b"data: ", b"\n\n"),
+            Framing::Ndjson => (b"", b"\n"),
+        };
+        format::from_msgpack_between(Format::Json, data, prefix, suffix)
+            .map_err(|e| self.error(&ApiError::internal("unrepresentable_output", e)))
     }
 
     /// The end of a stream that went well.

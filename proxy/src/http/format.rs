@@ -265,6 +265,18 @@ pub fn unrepresentable_for_native(why: String) -> ApiError {
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
 /// a native client gets plain values in either format.
 pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
+    from_msgpack_between(format, data, b"", b"")
+}
+
+/// [`from_msgpack`], with JSON written between `prefix` and `suffix` into one buffer (a streamed
+/// chunk's event framing: one allocation an event, not one for the JSON and one for the event).
+/// A msgpack answer is the data as it is, without them.
+pub fn from_msgpack_between(
+    format: Format,
+    data: Bytes,
+    prefix: &[u8],
+    suffix: &[u8],
+) -> Result<Bytes, String> {
     let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
         let plain = tensor::expand(&data)
@@ -289,10 +301,13 @@ pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
                                           is not a tensor, which JSON cannot carry"
             .into()),
         Format::Json => {
-            let mut out = Vec::with_capacity(data.len() + data.len() / 2);
+            let mut out =
+                Vec::with_capacity(prefix.len() + data.len() + data.len() / 2 + suffix.len());
+            out.extend_from_slice(prefix);
             let mut de = crate::msgpack::reader(&data[..]);
             serde_transcode::transcode(&mut de, &mut serde_json::Serializer::new(&mut out))
                 .map_err(|e| format!("the worker's output cannot be written as JSON: {e}"))?;
+            out.extend_from_slice(suffix);
             Ok(Bytes::from(out))
         }
     }
