@@ -328,6 +328,30 @@ def test_a_workers_name_is_logged_escaped_and_clipped(sidecar):
     assert len(connected) < 1000
 
 
+@pytest.mark.parametrize("where", ["hello type", "result status"])
+def test_words_a_decoder_quotes_are_logged_escaped_and_clipped(sidecar, where):
+    """A decoder's error quotes what it could not read (an unknown `type` or `status`): logged as
+    it came, a line break in it wrote a line of the worker's choosing into the log, and megabytes
+    of it a line of megabytes (a security probe's finds)."""
+    forged = "x\n2026-01-01T00:00:00Z ERROR corral::http: FORGED " + "n" * 100_000
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(str(sidecar.socket))
+        if where == "hello type":
+            sock.sendall(protocol.encode_frame({"type": forged, "version": 1}))
+            line = sidecar.wait_for_log(r"worker refused|connection closed before its hello")
+        else:
+            sock.sendall(protocol.encode_frame(protocol.hello("default", os.getpid(), "x")))
+            sidecar.wait_for_log(r"worker connected")
+            sock.sendall(protocol.encode_frame({"type": "results", "results": [
+                {"id": b"i" * 16, "status": forged}
+            ]}))  # fmt: skip
+            line = sidecar.wait_for_log(r"worker disconnected")
+    assert not any(line.startswith("2026-01-01") for line in sidecar.lines)
+    assert "x\\n2026" in line  # escaped, on the one line
+    assert len(line) < 1000
+
+
 @pytest.mark.parametrize(
     "outputs, reason",
     [

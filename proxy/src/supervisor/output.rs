@@ -164,9 +164,22 @@ fn prefixed(label: &str, line: &[u8], to_stderr: bool) -> String {
     let text = String::from_utf8_lossy(line);
     if JSON.load(Ordering::Relaxed) {
         json_line(label, &text, to_stderr)
+    } else if text.chars().any(hidden) {
+        // Shown, not obeyed: a carriage return or an escape sequence could rewrite the line's
+        // prefix, or an earlier line of Corral's, on a terminal.
+        let shown: String = text
+            .chars()
+            .map(|c| if hidden(c) { c.escape_unicode().to_string() } else { c.to_string() })
+            .collect();
+        format!("[{label}] {shown}\n")
     } else {
         format!("[{label}] {text}\n")
     }
+}
+
+/// A character a terminal acts on rather than shows (a tab is shown as space).
+fn hidden(c: char) -> bool {
+    (c.is_control() && c != '\t') || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
 /// Hands the lines to the writer thread, waiting (without a thread) while its queue is full. A
@@ -320,6 +333,13 @@ mod tests {
         assert_eq!((&value["worker"], &value["stream"]), (&"worker 0".into(), &"stderr".into()));
         assert_eq!(value["target"], "corral::worker");
         assert!(value["timestamp"].as_str().is_some_and(|t| t.len() > 10));
+    }
+
+    #[test]
+    fn control_characters_in_a_text_line_are_shown_not_obeyed() {
+        let line = prefixed("worker 0", b"ok\r[worker 9] forged\x1b[2K\tend", true);
+        assert_eq!(line, "[worker 0] ok\\u{d}[worker 9] forged\\u{1b}[2K\tend\n");
+        assert_eq!(prefixed("worker 0", "plain é".as_bytes(), false), "[worker 0] plain é\n");
     }
 
     #[test]

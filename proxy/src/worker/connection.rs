@@ -133,9 +133,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
     if let Ended::Failed { .. } = ended {
         // A worker that broke the protocol, died holding a batch or hung is an operator's
         // problem to see; one that left or was told to is routine.
-        warn!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+        warn!(stage = stage.name(), pid = hello.pid, reason = ?logged(&ended), "worker disconnected");
     } else {
-        info!(stage = stage.name(), pid = hello.pid, reason = %ended, "worker disconnected");
+        info!(stage = stage.name(), pid = hello.pid, reason = ?logged(&ended), "worker disconnected");
     }
 }
 
@@ -169,7 +169,9 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
         serde_json::from_str(text)
-            .inspect_err(|e| warn!(pid = hello.pid, error = %e, "ignoring a worker's schema"))
+            .inspect_err(
+                |e| warn!(pid = hello.pid, error = ?logged(e), "ignoring a worker's schema"),
+            )
             .ok()
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
@@ -190,7 +192,24 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
 /// at most 200 bytes, and logged escaped (`?`), so that a name with a line break cannot forge a
 /// log line, and one of megabytes does not write one on every reconnect.
 fn clipped(text: &str) -> &str {
-    let mut end = text.len().min(200);
+    clip(text, 200)
+}
+
+/// A reason or error that may carry a worker's words (a decoder's message quotes what it could
+/// not read: an unknown `type` or `status`) as a log line shows it: at most 300 bytes, said so
+/// when cut, and logged escaped (`?`). Logged as it came (`%`), a `type` with a line break wrote
+/// a line of the worker's choosing into Corral's text log, and one of megabytes a line as long.
+fn logged(reason: &impl std::fmt::Display) -> String {
+    let text = reason.to_string();
+    match clip(&text, 300) {
+        whole if whole.len() == text.len() => text,
+        cut => format!("{cut}… ({} bytes in all)", text.len()),
+    }
+}
+
+/// `text`'s first `max` bytes at most, ending on a character's boundary.
+fn clip(text: &str, max: usize) -> &str {
+    let mut end = text.len().min(max);
     while !text.is_char_boundary(end) {
         end -= 1;
     }
@@ -252,7 +271,7 @@ async fn handshake(
         }
         // The connection broke inside the first frame: nobody is there to tell.
         Ok(Some(Err(e))) => {
-            warn!(error = %e, "worker connection closed before its hello");
+            warn!(error = ?logged(&e), "worker connection closed before its hello");
             return None;
         }
         Ok(Some(Ok(message))) => Ok(message),
@@ -281,7 +300,7 @@ async fn handshake(
         },
         Ok(_) => "the first message must be a hello".to_string(),
     };
-    warn!(reason = %refusal, "worker refused");
+    warn!(reason = ?logged(&refusal), "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
     metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.

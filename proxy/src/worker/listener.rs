@@ -61,7 +61,7 @@ pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Arc<Socke
     }
     // The socket is bound in a private directory beside it first ([`publish`]): that path, a
     // little longer, must fit too.
-    let staged = staging(path).1.as_os_str().len();
+    let staged = staging(path, 0).1.as_os_str().len();
     if staged > MAX_PATH_BYTES {
         return too_long(
             "the socket is bound first in a directory beside it, and that path",
@@ -143,8 +143,7 @@ fn existing(connect: io::Result<()>) -> Existing {
 /// rename, so that a file that appeared at `path` meanwhile is never replaced: that is a proxy
 /// starting at the same time, and the later one fails as `bind` would have.
 fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
-    let (private, staged) = staging(path);
-    make_private_dir(&private, &staged)?;
+    let (private, staged) = make_private_dir(path)?;
     let published = std::os::unix::net::UnixListener::bind(&staged).and_then(|listener| {
         std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
         std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
@@ -158,32 +157,46 @@ fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListene
     published
 }
 
-/// The private directory [`publish`] binds in, and the socket's path inside it. Short names: a
-/// socket path has to fit in 108 bytes, and this one is a little longer than `path`.
-fn staging(path: &Path) -> (PathBuf, PathBuf) {
+/// The private directory [`publish`] binds in, and the socket's path inside it, for a random
+/// `tag`. Short names: a socket path has to fit in 108 bytes, and this one is a little longer
+/// than `path`.
+fn staging(path: &Path, tag: u32) -> (PathBuf, PathBuf) {
     let parent = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),
     };
-    let private = parent.join(format!(".corral-{}", std::process::id()));
+    let private = parent.join(format!(".corral-{}-{tag:08x}", std::process::id()));
     let staged = private.join("s");
     (private, staged)
 }
 
-/// Creates the private directory, replacing one left empty (but for its socket) by a proxy
-/// with the same pid that was killed while binding — common in containers, where the pid
-/// repeats. A directory holding anything else is not ours to clear, and the error says so.
-fn make_private_dir(private: &Path, staged: &Path) -> io::Result<()> {
-    let create = || std::fs::DirBuilder::new().mode(0o700).create(private);
-    match create() {
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {
-            let _ = std::fs::remove_file(staged);
-            std::fs::remove_dir(private)
-                .and_then(|()| create())
-                .map_err(|e| io::Error::new(e.kind(), format!("{}: {e}", private.display())))
+/// Creates a private directory beside `path` (mode 0700), under a name nobody can foresee, and
+/// never touches what is there already: another name is tried. Its name was once the pid alone,
+/// and an entry found under it was cleared first; another user who could write the socket's
+/// directory could plant a symlink there, and have Corral delete a file named `s` wherever it
+/// pointed (every 5 s, once the socket was deleted), or block the socket for good.
+fn make_private_dir(path: &Path) -> io::Result<(PathBuf, PathBuf)> {
+    let mut last = None;
+    for _ in 0..8 {
+        let (private, staged) = staging(path, random_tag());
+        match std::fs::DirBuilder::new().mode(0o700).create(&private) {
+            Ok(()) => return Ok((private, staged)),
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(private),
+            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", private.display()))),
         }
-        created => created,
     }
+    let taken = last.map_or_else(String::new, |p| p.display().to_string());
+    Err(io::Error::new(
+        io::ErrorKind::AlreadyExists,
+        format!("no free name for a private directory beside the socket (last tried: {taken})"),
+    ))
+}
+
+/// 32 random bits, from a job id's (a fresh one is random).
+fn random_tag() -> u32 {
+    let id = corral_protocol::JobId::new();
+    let bytes = id.as_uuid().as_bytes();
+    u32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]])
 }
 
 fn in_use(path: &Path) -> io::Error {

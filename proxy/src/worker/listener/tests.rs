@@ -101,14 +101,25 @@ async fn a_stale_socket_is_replaced_and_a_live_one_refused() {
 }
 
 #[tokio::test]
-async fn a_private_directory_left_by_a_killed_proxy_with_our_pid_is_replaced() {
-    let scratch = Scratch::new("leftover");
-    let private = scratch.0.join(format!(".corral-{}", std::process::id()));
-    std::fs::create_dir(&private).unwrap();
-    drop(std::os::unix::net::UnixListener::bind(private.join("s")).unwrap());
+async fn what_another_user_plants_beside_the_socket_is_never_followed_nor_removed() {
+    let scratch = Scratch::new("planted");
+    let victim = scratch.0.join("victim");
+    std::fs::create_dir(&victim).unwrap();
+    std::fs::write(victim.join("s"), b"keep").unwrap();
+    // The private directory's name was the pid alone: a symlink planted there had Corral delete
+    // the file `s` it led to. Its name is random now, and nothing found is touched.
+    let planted = scratch.0.join(format!(".corral-{}", std::process::id()));
+    std::os::unix::fs::symlink(&victim, &planted).unwrap();
     let path = scratch.0.join("corral.sock");
-    let _listener = bind(&path, 0o600).await.unwrap();
-    assert!(!private.exists());
+    let (_listener, _socket) = bind(&path, 0o600).await.unwrap();
+    assert_eq!(std::fs::read(victim.join("s")).unwrap(), b"keep");
+    assert!(std::fs::symlink_metadata(&planted).unwrap().file_type().is_symlink());
+    // And the private directory Corral made is gone, leaving the socket, the victim, the plant.
+    let mut names: Vec<_> =
+        std::fs::read_dir(&scratch.0).unwrap().map(|e| e.unwrap().file_name()).collect();
+    names.sort();
+    let planted_name = planted.file_name().unwrap().to_owned();
+    assert_eq!(names, [planted_name, "corral.sock".into(), "victim".into()]);
 }
 
 #[tokio::test]
