@@ -133,9 +133,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
     if let Ended::Failed { .. } = ended {
         // A worker that broke the protocol, died holding a batch or hung is an operator's
         // problem to see; one that left or was told to is routine.
-        warn!(stage = stage.name(), pid = hello.pid, reason = ?logged(&ended), "worker disconnected");
+        warn!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
     } else {
-        info!(stage = stage.name(), pid = hello.pid, reason = ?logged(&ended), "worker disconnected");
+        info!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
     }
 }
 
@@ -170,7 +170,7 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
         let text = text.as_deref()?;
         serde_json::from_str(text)
             .inspect_err(
-                |e| warn!(pid = hello.pid, error = ?logged(e), "ignoring a worker's schema"),
+                |e| warn!(pid = hello.pid, error = %logged(e), "ignoring a worker's schema"),
             )
             .ok()
     };
@@ -196,15 +196,21 @@ fn clipped(text: &str) -> &str {
 }
 
 /// A reason or error that may carry a worker's words (a decoder's message quotes what it could
-/// not read: an unknown `type` or `status`) as a log line shows it: at most 300 bytes, said so
-/// when cut, and logged escaped (`?`). Logged as it came (`%`), a `type` with a line break wrote
-/// a line of the worker's choosing into Corral's text log, and one of megabytes a line as long.
+/// not read: an unknown `type` or `status`) as a log line or a client's 500 shows it: at most
+/// 300 bytes, said so when cut, its control characters shown escaped (`\u{a}`). As it came, a
+/// `type` with a line break wrote a line of the worker's choosing into Corral's text log, and
+/// one of megabytes a line as long.
 fn logged(reason: &impl std::fmt::Display) -> String {
     let text = reason.to_string();
-    match clip(&text, 300) {
-        whole if whole.len() == text.len() => text,
-        cut => format!("{cut}… ({} bytes in all)", text.len()),
+    let cut = clip(&text, 300);
+    let mut shown: String = cut
+        .chars()
+        .map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() })
+        .collect();
+    if cut.len() < text.len() {
+        shown.push_str(&format!("… ({} bytes in all)", text.len()));
     }
+    shown
 }
 
 /// `text`'s first `max` bytes at most, ending on a character's boundary.
@@ -271,7 +277,7 @@ async fn handshake(
         }
         // The connection broke inside the first frame: nobody is there to tell.
         Ok(Some(Err(e))) => {
-            warn!(error = ?logged(&e), "worker connection closed before its hello");
+            warn!(error = %logged(&e), "worker connection closed before its hello");
             return None;
         }
         Ok(Some(Ok(message))) => Ok(message),
@@ -300,7 +306,7 @@ async fn handshake(
         },
         Ok(_) => "the first message must be a hello".to_string(),
     };
-    warn!(reason = ?logged(&refusal), "worker refused");
+    warn!(reason = %logged(&refusal), "worker refused");
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
     metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.
@@ -338,8 +344,11 @@ pub(super) fn read_error(e: io::Error) -> Ended {
     }
 }
 
+/// A broken protocol. `why` may quote the worker's words (a decoder's error quotes an unknown
+/// `type` or `status`, up to a frame's 64 MiB): kept to a few hundred bytes, since it goes into
+/// every orphaned job's 500 and the logs.
 pub(super) fn protocol_error(why: impl std::fmt::Display) -> Ended {
-    Ended::Failed { reason: "protocol", why: format!("protocol error: {why}") }
+    Ended::Failed { reason: "protocol", why: format!("protocol error: {}", logged(&why)) }
 }
 
 pub(super) fn died(why: String) -> Ended {

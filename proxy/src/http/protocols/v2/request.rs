@@ -85,9 +85,14 @@ enum Field {
     Other,
 }
 
-/// Elements [`EagerInput`] makes room for at first: the shape's count is the client's word, and
-/// the room grows as the data is read.
-const FIRST_ROOM: usize = 1 << 16;
+thread_local! {
+    /// The length of the JSON header being read by [`EagerInput`]s (set by `parse_reading`, on
+    /// this thread, for that one synchronous read): what bounds the room they make for data, as
+    /// [`tensor::pack_json`] bounds it by its text. Sized by the shape alone (the client's word)
+    /// it would be unbounded; grown by doubling, the packed data kept up to twice its bytes for
+    /// as long as its jobs were queued (a review's find).
+    static HEADER_LENGTH: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
 
 impl<'de: 'a, 'a> Deserialize<'de> for EagerInput<'a> {
     fn deserialize<D: serde::Deserializer<'de>>(reader: D) -> Result<Self, D::Error> {
@@ -127,12 +132,18 @@ impl<'de: 'a, 'a> serde::de::Visitor<'de> for EagerVisitor<'a> {
                     let count = shape.as_deref().and_then(tensor::elements);
                     let value = match known.zip(count) {
                         Some((datatype, count)) => {
-                            let room = usize::try_from(count).unwrap_or(usize::MAX).min(FIRST_ROOM);
+                            // Each element takes two characters at least (a digit and a comma).
+                            let most = HEADER_LENGTH.with(std::cell::Cell::get) / 2 + 1;
+                            let room = usize::try_from(count).unwrap_or(usize::MAX).min(most);
                             let mut leaves = tensor::Leaves::new(datatype, count, room);
                             map.next_value_seed(&mut leaves)?;
                             Data::Packed(leaves.finish(Ok(())).map_err(A::Error::custom)?)
                         }
-                        None => Data::Text(map.next_value()?),
+                        // `null` is no data to the derived reading (`None`): left to it.
+                        None => match map.next_value::<Option<&serde_json::value::RawValue>>()? {
+                            Some(text) => Data::Text(text),
+                            None => return Err(A::Error::custom("data is null")),
+                        },
                     };
                     once(&mut data, value, "data")?
                 }
@@ -285,7 +296,11 @@ fn parse_reading(
         ));
     }
     let json = &body[..json_end];
-    let first = if eager { serde_json::from_slice(json).ok() } else { None };
+    let first = eager.then(|| {
+        HEADER_LENGTH.with(|length| length.set(json.len()));
+        serde_json::from_slice(json).ok()
+    });
+    let first = first.flatten();
     let header: Header<EagerInput<'_>> = match first {
         Some(header) => header,
         // The reading whose errors clients get, and what the one-pass reading could not settle.
@@ -533,12 +548,35 @@ mod tests {
         ] {
             assert!(read(unsettled).is_err(), "{unsettled}");
         }
+        // `null` is no data to the derived reading, wherever it comes: left to it.
+        let null_first =
+            r#"{"inputs": [{"data": null, "name": "a", "datatype": "INT8", "shape": [1]}]}"#;
+        assert!(read(null_first).is_err());
+        // Room for the data as the header's length bounds it: none to spare once packed.
+        let text = format!(
+            r#"{{"inputs": [{{"name": "a", "datatype": "FP32", "shape": [70000], "data": {:?}}}]}}"#,
+            vec![0.5f32; 70_000]
+        );
+        HEADER_LENGTH.with(|length| length.set(text.len()));
+        let header = read(&text).unwrap();
+        let Some(Data::Packed(packed)) = &header.inputs[0].data else { panic!("not packed") };
+        assert_eq!((packed.len(), packed.capacity()), (280_000, 280_000));
         // And the request reads as before, errors included.
         let parse = |text: &str| parse(&Bytes::from(text.to_string()), None, 0, &[]).map(drop);
         let short = r#"{"inputs": [{"name": "a", "datatype": "INT8", "shape": [2], "data": [1]}]}"#;
         assert_eq!(parse(short).unwrap_err(), "input \"a\": 1 elements of data for a shape of 2");
         let twice = r#"{"inputs": [{"name": "a", "name": "b", "datatype": "INT8", "shape": [1]}]}"#;
         assert!(parse(twice).unwrap_err().contains("duplicate field `name`"));
+        assert_eq!(
+            parse(null_first).unwrap_err(),
+            "input \"a\": has neither data nor binary_data_size"
+        );
+        let (body, length) = binary(
+            serde_json::json!({"inputs": [{"data": null, "datatype": "INT8", "name": "a",
+                "parameters": {"binary_data_size": 1}, "shape": [1]}]}),
+            &[7],
+        );
+        assert!(super::parse(&body, Some(length), 0, &[]).is_ok(), "a null data is none");
     }
 
     fn binary(header: serde_json::Value, data: &[u8]) -> (Bytes, usize) {
