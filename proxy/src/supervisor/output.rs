@@ -165,13 +165,7 @@ fn prefixed(label: &str, line: &[u8], to_stderr: bool) -> String {
     if JSON.load(Ordering::Relaxed) {
         json_line(label, &text, to_stderr)
     } else if text.chars().any(hidden) {
-        // Shown, not obeyed: a carriage return or an escape sequence could rewrite the line's
-        // prefix, or an earlier line of Corral's, on a terminal.
-        let shown: String = text
-            .chars()
-            .map(|c| if hidden(c) { c.escape_unicode().to_string() } else { c.to_string() })
-            .collect();
-        format!("[{label}] {shown}\n")
+        shown(label, &text)
     } else {
         format!("[{label}] {text}\n")
     }
@@ -180,6 +174,54 @@ fn prefixed(label: &str, line: &[u8], to_stderr: bool) -> String {
 /// A character a terminal acts on rather than shows (a tab is shown as space).
 fn hidden(c: char) -> bool {
     (c.is_control() && c != '\t') || matches!(c, '\u{2028}' | '\u{2029}')
+}
+
+/// The length of the colour sequence (`[`, digits and `;`, `m`) that `rest` starts with, after
+/// an escape character; None if it is another sequence.
+fn colour_sequence(mut rest: impl Iterator<Item = char>) -> Option<usize> {
+    if rest.next()? != '[' {
+        return None;
+    }
+    let mut length = 1;
+    for c in rest {
+        length += 1;
+        match c {
+            '0'..='9' | ';' => {}
+            'm' => return Some(length),
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// A text line with characters a terminal would act on: shown, not obeyed, since a carriage
+/// return or an escape sequence could rewrite the line's prefix, or an earlier line of Corral's.
+/// A carriage return ends a line (a progress bar's redraws become lines of their own), colour
+/// sequences (`ESC [ … m`) are dropped, and any other such character is shown escaped.
+fn shown(label: &str, text: &str) -> String {
+    let mut out = String::with_capacity(text.len() + label.len() + 4);
+    for piece in text.split('\r').filter(|piece| !piece.is_empty()) {
+        out.push_str(&format!("[{label}] "));
+        let mut chars = piece.chars();
+        while let Some(c) = chars.next() {
+            if c == '\u{1b}' {
+                if let Some(length) = colour_sequence(chars.clone()) {
+                    chars.nth(length - 1); // past the sequence
+                    continue;
+                }
+            }
+            if hidden(c) {
+                out.extend(c.escape_unicode());
+            } else {
+                out.push(c);
+            }
+        }
+        out.push('\n');
+    }
+    if out.is_empty() {
+        out = format!("[{label}] \n");
+    }
+    out
 }
 
 /// Hands the lines to the writer thread, waiting (without a thread) while its queue is full. A
@@ -337,8 +379,11 @@ mod tests {
 
     #[test]
     fn control_characters_in_a_text_line_are_shown_not_obeyed() {
-        let line = prefixed("worker 0", b"ok\r[worker 9] forged\x1b[2K\tend", true);
-        assert_eq!(line, "[worker 0] ok\\u{d}[worker 9] forged\\u{1b}[2K\tend\n");
+        let line = prefixed("worker 0", b"ok\r[worker 9] forged\x1b[2K\tend\x07", true);
+        assert_eq!(line, "[worker 0] ok\n[worker 0] [worker 9] forged\\u{1b}[2K\tend\\u{7}\n");
+        // A progress bar's redraws are lines of their own; colours are dropped, not escaped.
+        let bar = prefixed("worker 1", b"\r 10%|#\r 20%|##\x1b[32m ok\x1b[0m", true);
+        assert_eq!(bar, "[worker 1]  10%|#\n[worker 1]  20%|## ok\n");
         assert_eq!(prefixed("worker 0", "plain é".as_bytes(), false), "[worker 0] plain é\n");
     }
 
