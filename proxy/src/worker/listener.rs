@@ -3,7 +3,7 @@
 //! proxy runs, and removed at exit (only if the file there is still this proxy's).
 
 use std::io;
-use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -46,27 +46,11 @@ impl Socket {
 /// live proxy still answers on is an error, so two proxies never share a path by accident; and a
 /// path that is not a socket at all is never deleted. The socket gets permissions `mode`
 /// (owner-only by default): whoever can connect sees every payload. A path too long for a
-/// worker to connect to is an error here, and so is one whose private directory's path would be.
+/// worker to connect to is an error here.
 pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Arc<Socket>)> {
-    let too_long = |what: &str, length: usize| {
-        let problem = format!(
-            "{what} is {length} bytes long, and a Unix socket path holds at most \
-             {MAX_PATH_BYTES}: choose a shorter one"
-        );
-        Err(io::Error::new(io::ErrorKind::InvalidInput, problem))
-    };
     let length = path.as_os_str().len();
     if length > MAX_PATH_BYTES {
-        return too_long("the path", length);
-    }
-    // The socket is bound in a private directory beside it first ([`publish`]): that path, a
-    // little longer, must fit too.
-    let staged = staging(path, 0).1.as_os_str().len();
-    if staged > MAX_PATH_BYTES {
-        return too_long(
-            "the socket is bound first in a directory beside it, and that path",
-            staged,
-        );
+        return Err(too_long("the path", length));
     }
     clear_stale(path).await?;
     let socket = Arc::new(Socket { path: path.to_owned(), mode, file: Mutex::new(None) });
@@ -142,19 +126,78 @@ fn existing(connect: io::Result<()>) -> Existing {
 /// (it is process-wide, and the runtime's threads are already running). A hard link, not a
 /// rename, so that a file that appeared at `path` meanwhile is never replaced: that is a proxy
 /// starting at the same time, and the later one fails as `bind` would have.
+///
+/// Once made, the private directory is opened (a symlink refused, and one not Corral's own, or
+/// open to others) and everything else goes through that descriptor, never its name: another user
+/// who can write the socket's directory could swap the name for a symlink between two steps, and
+/// have Corral chmod, link or delete a file elsewhere. The socket is bound at
+/// `/proc/self/fd/N/s` (short, whatever the directory's path), or at the directory's path where
+/// there is no `/proc`.
 fn publish(path: &Path, mode: u32) -> io::Result<std::os::unix::net::UnixListener> {
     let (private, staged) = make_private_dir(path)?;
-    let published = std::os::unix::net::UnixListener::bind(&staged).and_then(|listener| {
-        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
-        std::fs::hard_link(&staged, path).map_err(|e| match e.kind() {
-            io::ErrorKind::AlreadyExists => in_use(path),
-            _ => e,
-        })?;
-        Ok(listener)
-    });
-    let _ = std::fs::remove_file(&staged);
-    let _ = std::fs::remove_dir(&private);
+    let published = publish_in(&private, &staged, path, mode);
+    let _ = std::fs::remove_dir(&private); // by name: what another put there is no empty dir of ours
     published
+}
+
+fn publish_in(
+    private: &Path,
+    staged: &Path,
+    path: &Path,
+    mode: u32,
+) -> io::Result<std::os::unix::net::UnixListener> {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let directory = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOFOLLOW)
+        .open(private)?;
+    let made = directory.metadata()?;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let uid = unsafe { libc::geteuid() };
+    if made.uid() != uid || made.mode() & 0o077 != 0 {
+        let problem = format!("{} changed hands while Corral was binding in it", private.display());
+        return Err(io::Error::new(io::ErrorKind::PermissionDenied, problem));
+    }
+    let fd = directory.as_raw_fd();
+    let through_proc = PathBuf::from(format!("/proc/self/fd/{fd}/s"));
+    let address = if Path::new("/proc/self/fd").is_dir() {
+        through_proc
+    } else if staged.as_os_str().len() > MAX_PATH_BYTES {
+        let what =
+            "without /proc, the socket is bound first in a directory beside it, and that path";
+        return Err(too_long(what, staged.as_os_str().len()));
+    } else {
+        staged.to_owned()
+    };
+    let name = c"s";
+    let listener = std::os::unix::net::UnixListener::bind(&address)?;
+    let linked = (|| {
+        // SAFETY: `fd` is an open directory, `name` a NUL-terminated name in it.
+        if unsafe { libc::fchmodat(fd, name.as_ptr(), mode as libc::mode_t, 0) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let target = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "a NUL in the path"))?;
+        // SAFETY: as above, and `target` is a NUL-terminated path; flags 0: a symlink named
+        // `s` would be linked itself, not followed (none can be there: the directory is ours).
+        if unsafe { libc::linkat(fd, name.as_ptr(), libc::AT_FDCWD, target.as_ptr(), 0) } != 0 {
+            let e = io::Error::last_os_error();
+            return Err(if e.kind() == io::ErrorKind::AlreadyExists { in_use(path) } else { e });
+        }
+        Ok(())
+    })();
+    // SAFETY: as above.
+    unsafe { libc::unlinkat(fd, name.as_ptr(), 0) };
+    linked.map(|()| listener)
+}
+
+fn too_long(what: &str, length: usize) -> io::Error {
+    let problem = format!(
+        "{what} is {length} bytes long, and a Unix socket path holds at most {MAX_PATH_BYTES}: \
+         choose a shorter one"
+    );
+    io::Error::new(io::ErrorKind::InvalidInput, problem)
 }
 
 /// The private directory [`publish`] binds in, and the socket's path inside it, for a random
