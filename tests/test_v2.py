@@ -346,17 +346,22 @@ def test_small_requests_of_many_rows_are_refused_before_they_are_built(corral_fa
 
 
 @pytest.mark.parametrize(
-    "rows, width, clients, memory",
+    "rows, width, clients, memory, binary",
     [
-        (64, 16_384, 16, None),
-        (1, 1_048_576, 16, None),
+        (64, 16_384, 16, None, True),
+        (1, 1_048_576, 16, None, True),
         # Room in the shared memory for two requests of 64: the rest find it full, and their
         # rows, not gathered, go in the frames beside rows that were.
-        (64, 16_384, 64, 8 * 1024 * 1024),
-        (1, 1_048_576, 64, 8 * 1024 * 1024),
+        (64, 16_384, 64, 8 * 1024 * 1024, True),
+        (1, 1_048_576, 64, 8 * 1024 * 1024, True),
+        # As JSON both ways (about 800 KB of text a request): `data` packed as the header is
+        # read, the answer's FP32 written as float32, which must read back to the same values.
+        (4, 16_384, 64, None, False),
     ],
 )
-def test_multi_mib_binary_tensors_from_many_clients(corral_factory, rows, width, clients, memory):
+def test_multi_mib_binary_tensors_from_many_clients(
+    corral_factory, rows, width, clients, memory, binary
+):
     # Clients at once, each 4 MiB a request: 64 rows of 16,384 FP32 (64 KiB a row, each
     # gathered into shared memory), or one row of 1,048,576 (read in one piece of its body):
     # rows of several clients share batches, and every value comes back right.
@@ -370,11 +375,11 @@ def test_multi_mib_binary_tensors_from_many_clients(corral_factory, rows, width,
     def one(i):
         x = np.random.default_rng(i).random((rows, width), dtype=np.float32)
         tensor = triton.InferInput("X", list(x.shape), "FP32")
-        tensor.set_data_from_numpy(x, binary_data=True)
-        wanted = [triton.InferRequestedOutput("Y", binary_data=True)]
+        tensor.set_data_from_numpy(x, binary_data=binary)
+        wanted = [triton.InferRequestedOutput("Y", binary_data=binary)]
         with client(proxy) as c:
             y = c.infer("default", [tensor], outputs=wanted).as_numpy("Y")
-        return np.array_equal(y, x * 2)
+        return y.dtype == np.float32 and np.array_equal(y, x * 2)
 
     with ThreadPoolExecutor(clients) as pool:
         assert list(pool.map(one, range(clients))) == [True] * clients
