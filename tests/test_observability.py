@@ -101,6 +101,22 @@ def test_a_worker_s_failures_are_logged_with_their_jobs_once_a_minute(corral_fac
     assert sum("RuntimeError" in line for line in proxy.lines) == 1, "one traceback, whole"
 
 
+def test_a_worker_s_failure_of_megabytes_stays_one_error_record(corral_factory):
+    """Corral forwards a worker's output in lines of at most 16 KiB: a record longer than that
+    (an exception quoting a 1 MB input) came in pieces, none of them JSON, each an INFO line of
+    raw text. The package shortens its middle to stay one record, level and traceback kept."""
+    proxy = corral_factory("--log-format=json", "--max-wait-ms=0", workers=1)
+    reason = "begin " + "x" * 1_000_000 + " end"
+    assert proxy.post({"raise": reason}).status_code == 500
+    line = proxy.wait_for_log(r'"message":"forward failed')
+    record = json.loads(line)
+    assert record["level"] == "ERROR" and len(line) <= 16 * 1024
+    assert record["exception"].startswith("Traceback (most recent call last)")
+    assert record["exception"].endswith(" end") and "characters left out" in record["exception"]
+    # No other line carries a piece of it.
+    assert [other for other in proxy.lines if "xxxx" in other] == [line]
+
+
 def test_openapi_is_built_again_when_a_worker_declares_new_schemas(corral_factory):
     """The document is kept between requests, and built again once declarations change."""
     import os
