@@ -176,6 +176,16 @@ fn hidden(c: char) -> bool {
     (c.is_control() && c != '\t') || matches!(c, '\u{2028}' | '\u{2029}')
 }
 
+/// Pushes `c` onto `out`, shown escaped (`\u{1b}`) where a terminal would act on it: for worker
+/// output here, and a worker's words Corral logs itself (`worker::connection`).
+pub(crate) fn push_shown(out: &mut String, c: char) {
+    if hidden(c) {
+        out.extend(c.escape_unicode());
+    } else {
+        out.push(c);
+    }
+}
+
 /// The length of the colour sequence (`[`, digits and `;`, `m`) that `rest` starts with, after
 /// an escape character; None if it is another sequence.
 fn colour_sequence(mut rest: impl Iterator<Item = char>) -> Option<usize> {
@@ -210,11 +220,7 @@ fn shown(label: &str, text: &str) -> String {
                     continue;
                 }
             }
-            if hidden(c) {
-                out.extend(c.escape_unicode());
-            } else {
-                out.push(c);
-            }
+            push_shown(&mut out, c);
         }
         out.push('\n');
     }

@@ -203,10 +203,8 @@ fn clipped(text: &str) -> &str {
 fn logged(reason: &impl std::fmt::Display) -> String {
     let text = reason.to_string();
     let cut = clip(&text, 300);
-    let mut shown: String = cut
-        .chars()
-        .map(|c| if c.is_control() { c.escape_unicode().to_string() } else { c.to_string() })
-        .collect();
+    let mut shown = String::with_capacity(cut.len());
+    cut.chars().for_each(|c| crate::supervisor::output::push_shown(&mut shown, c));
     if cut.len() < text.len() {
         shown.push_str(&format!("… ({} bytes in all)", text.len()));
     }
