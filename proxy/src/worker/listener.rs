@@ -5,7 +5,6 @@
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::net::{UnixListener, UnixStream};
@@ -22,12 +21,12 @@ const MAX_PATH_BYTES: usize = 107;
 const WATCH_EVERY: Duration = Duration::from_secs(5);
 
 /// The worker socket as published: where, with which mode, and which file it is (device and
-/// inode), so that only this proxy's own file is ever deleted.
+/// inode), so that only this proxy's own file is ever deleted. Owned by the accept loop.
 #[derive(Debug)]
 pub struct Socket {
     path: PathBuf,
     mode: u32,
-    file: Mutex<Option<(u64, u64)>>,
+    file: Option<(u64, u64)>,
 }
 
 impl Socket {
@@ -36,10 +35,6 @@ impl Socket {
         let metadata = std::fs::symlink_metadata(&self.path)?;
         Ok((metadata.dev(), metadata.ino()))
     }
-
-    fn ours(&self) -> Option<(u64, u64)> {
-        *self.file.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// Binds the worker socket. A socket file left behind by a proxy that died is replaced; one that a
@@ -47,21 +42,21 @@ impl Socket {
 /// path that is not a socket at all is never deleted. The socket gets permissions `mode`
 /// (owner-only by default): whoever can connect sees every payload. A path too long for a
 /// worker to connect to is an error here.
-pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Arc<Socket>)> {
+pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Socket)> {
     let length = path.as_os_str().len();
     if length > MAX_PATH_BYTES {
         return Err(too_long("the path", length));
     }
     clear_stale(path).await?;
-    let socket = Arc::new(Socket { path: path.to_owned(), mode, file: Mutex::new(None) });
-    let listener = listen(&socket)?;
+    let mut socket = Socket { path: path.to_owned(), mode, file: None };
+    let listener = listen(&mut socket)?;
     Ok((listener, socket))
 }
 
 /// Publishes the socket at its path, and records which file that is.
-fn listen(socket: &Socket) -> io::Result<UnixListener> {
+fn listen(socket: &mut Socket) -> io::Result<UnixListener> {
     let listener = publish(&socket.path, socket.mode)?;
-    *socket.file.lock().unwrap_or_else(|e| e.into_inner()) = socket.found().ok();
+    socket.file = socket.found().ok();
     listener.set_nonblocking(true)?;
     UnixListener::from_std(listener)
 }
@@ -257,7 +252,7 @@ fn in_use(path: &Path) -> io::Error {
 /// otherwise give to another proxy's socket at the same path, and ours would be taken for it.
 pub async fn accept(
     mut listener: UnixListener,
-    socket: Arc<Socket>,
+    mut socket: Socket,
     context: connection::Context,
     tasks: TaskTracker,
 ) {
@@ -270,7 +265,7 @@ pub async fn accept(
         let stream = tokio::select! {
             _ = watch.tick() => {
                 let now = match look(&socket) {
-                    Look::Gone => match listen(&socket) {
+                    Look::Gone => match listen(&mut socket) {
                         Ok(again) => {
                             warn!(socket = %socket.path.display(), "the worker socket was deleted: published it again");
                             listener = again;
@@ -323,7 +318,7 @@ enum Look {
 
 fn look(socket: &Socket) -> Look {
     match socket.found() {
-        Ok(file) if Some(file) == socket.ours() => Look::Ours,
+        Ok(file) if Some(file) == socket.file => Look::Ours,
         Ok(_) => Look::Replaced,
         Err(e) if e.kind() == io::ErrorKind::NotFound => Look::Gone,
         // Cannot tell (a directory we may no longer read): leave it.

@@ -158,7 +158,7 @@ async fn a_path_too_long_for_a_worker_to_connect_to_is_refused() {
 async fn a_deleted_socket_is_published_again_and_only_our_own_is_removed() {
     let scratch = Scratch::new("ours");
     let path = scratch.0.join("corral.sock");
-    let (_listener, socket) = bind(&path, 0o600).await.unwrap();
+    let (_listener, mut socket) = bind(&path, 0o600).await.unwrap();
     assert_eq!(look(&socket), Look::Ours);
     std::fs::remove_file(&path).unwrap();
     assert_eq!(look(&socket), Look::Gone);
@@ -171,7 +171,7 @@ async fn a_deleted_socket_is_published_again_and_only_our_own_is_removed() {
     std::fs::remove_file(&path).unwrap();
     // Published again (what the accept loop does once it sees the path empty): ours, listening,
     // with its mode, and removed at exit.
-    let _again = listen(&socket).unwrap();
+    let _again = listen(&mut socket).unwrap();
     assert_eq!(look(&socket), Look::Ours);
     assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     UnixStream::connect(&path).await.expect("it listens");
