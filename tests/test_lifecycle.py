@@ -98,6 +98,21 @@ def test_a_hung_worker_is_killed_and_restarted(corral_factory):
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
 
 
+def test_without_a_batch_timeout_a_worker_silent_past_its_route_s_timeout_is_killed(
+    corral_factory,
+):
+    """The default hung clock (no --batch-timeout-ms) does fire: the route's timeout plus a
+    second from when the worker got the batch. The tests beside this one show only when it must
+    not."""
+    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=1000")
+    first = proxy.post("warm").json()["pid"]
+    assert proxy.post({"sleep_ms": 60_000}).status_code == 408
+    proxy.wait_for_log(r"killed a hung worker")
+    proxy.wait_for_log(r"worker connected", count=2)
+    assert proxy.post("after").json()["pid"] != first
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
+
+
 def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_factory):
     """Without --batch-timeout-ms a worker is hung one second past the longest timeout among its
     jobs' routes, from when it got the batch. A client's shorter deadline once counted instead:
@@ -116,14 +131,21 @@ def test_a_client_s_short_deadline_does_not_get_a_slow_worker_killed(corral_fact
     assert proxy.metric("corral_late_results_total") == 1
 
 
-def test_a_job_queued_behind_a_long_batch_does_not_get_its_worker_killed(corral_factory, tmp_path):
+# With batches of one, B is sent ahead to the busy worker (PROTOCOL.md: its clock counts from
+# when the worker answered the batch before), rather than waiting in the queue.
+@pytest.mark.parametrize("batch", [[], ["--max-batch-size=1"]], ids=["queued", "sent-ahead"])
+def test_a_job_queued_behind_a_long_batch_does_not_get_its_worker_killed(
+    corral_factory, tmp_path, batch
+):
     """The hung clock runs from when the worker got the batch, for as long as the route allows
     (here 3 s, + 1 s). B queues 1.5 s behind A, then takes 3 s itself: 4.5 s from its arrival.
     Counted from B's arrival, as it was, the worker was killed at 4 s, though it was answering
     every batch within the route's timeout. B's client has its 408 at 3 s all the same. (Each
     bound is met or missed by at least a second, for a loaded machine.)"""
     log = tmp_path / "received.jsonl"
-    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=3000", env={"SCRIPTED_LOG": str(log)})
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--timeout-ms=3000", *batch, env={"SCRIPTED_LOG": str(log)}
+    )
     pid = proxy.post("warm").json()["pid"]
     with ThreadPoolExecutor(1) as pool:
         first = pool.submit(proxy.post, {"tag": "A", "sleep_ms": 1500})
@@ -136,6 +158,8 @@ def test_a_job_queued_behind_a_long_batch_does_not_get_its_worker_killed(corral_
     assert proxy.post("after").json()["pid"] == pid
     assert "B" in tags(), "B reached the worker (else this tested nothing)"
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+    if batch:
+        assert proxy.metric("corral_batches_sent_ahead_total", stage="default") >= 1
 
 
 def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
