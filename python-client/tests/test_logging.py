@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import uuid
 
 import pytest
@@ -115,6 +116,11 @@ def test_configure_leaves_an_application_s_logging_alone_and_follows_corral_s_fo
         (handler,) = root.handlers
         expected = _logging.JsonLines if form == "json" else logging.Formatter
         assert type(handler.formatter) is expected
+        if form != "json":  # as text, with a timestamp first
+            record = logging.LogRecord("corral", logging.INFO, __file__, 1, "hello", None, None)
+            assert re.match(
+                r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} corral INFO hello$", handler.format(record)
+            )
         assert root.level == logging.INFO
         _logging.configure()  # a handler is there now: nothing is added
         assert root.handlers == [handler]

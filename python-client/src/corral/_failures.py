@@ -63,7 +63,8 @@ def _raised_at(error: BaseException) -> tuple[str, str, int]:
 
 
 def jobs(job_ids: Sequence[bytes], shown: int = 4) -> str:
-    """``job_ids`` as a client sees them (``x-request-id``): the first few, and how many more."""
+    """``job_ids`` as UUIDs (a one-item request's is the ``x-request-id`` it was answered with):
+    the first few, and how many more."""
     names = ", ".join(_name(job_id) for job_id in job_ids[:shown])
     rest = len(job_ids) - shown
     noun = "job" if len(job_ids) == 1 else "jobs"

@@ -18,17 +18,14 @@ TEXT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
 def configure() -> None:
-    """Sets up the root logger as above, unless the application already gave it a handler."""
-    root = logging.getLogger()
-    if root.handlers:
-        return
+    """Sets up the root logger as above, unless the application already gave it a handler
+    (``basicConfig`` then does nothing)."""
     handler = logging.StreamHandler()
     if os.environ.get("CORRAL_LOG_FORMAT") == "json":
         handler.setFormatter(JsonLines())
     else:
         handler.setFormatter(logging.Formatter(TEXT))
-    root.addHandler(handler)
-    root.setLevel(logging.INFO)
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
 
 
 # Longest line written as JSON: Corral forwards a worker's line in pieces of 16 KiB, and a record
