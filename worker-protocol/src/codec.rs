@@ -230,6 +230,25 @@ mod tests {
     }
 
     #[test]
+    fn nil_is_left_out_for_the_schemas_and_weight_and_refused_elsewhere() {
+        let hello = |extra: serde_json::Value| {
+            let mut value = serde_json::json!({
+                "type": "hello", "version": 1, "stage": "s", "pid": 7,
+            });
+            value.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            decode::<WorkerMessage>(&rmp_serde::to_vec_named(&value).unwrap())
+        };
+        let left_out = serde_json::json!({
+            "input_schema": null, "output_schema": null, "schema_components": null, "weight": null,
+        });
+        let Ok(WorkerMessage::Hello(read)) = hello(left_out) else { panic!("refused") };
+        assert_eq!((read.input_schema, read.weight), (None, None));
+        for key in ["name", "features", "inputs", "outputs"] {
+            assert!(hello(serde_json::json!({ key: null })).is_err(), "{key}: nil is refused");
+        }
+    }
+
+    #[test]
     fn ignores_unknown_keys() {
         let value = serde_json::json!({
             "type": "hello", "version": 1, "stage": "s", "pid": 7, "future": [1, 2],
