@@ -142,3 +142,39 @@ def test_too_many_items_are_refused_before_a_payload_is_made_for_each(corral_fac
     grew = peak_rss_bytes(proxy.proc.pid) - before
     # The bodies themselves (15 MB each, and once transcoded), not a payload per element.
     assert grew < 200 * 1024 * 1024, f"the proxy's peak memory grew by {grew >> 20} MiB"
+
+
+def test_a_16_mib_v2_json_tensor_echoed_is_never_a_tree_of_values(corral_factory, tmp_path):
+    """A v2 request of ~8M UINT8 as JSON `data`, echoed by a worker that answers plain lists:
+    packed as its text is read, read back from the worker as msgpack twice (shape, then packed)
+    and written out element by element. As `serde_json::Value`s and an `rmpv` tree per element
+    it took the proxy's peak memory up by 1,106 MiB; BENCHMARKS.md "JSON memory" has 127."""
+    import sys
+
+    from conftest import ROOT
+
+    echo = ROOT / "examples" / "echo" / "worker.py"
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.echo]\ncommand = ["{sys.executable}", "{echo}"]\n'
+        '[routes.infer]\npipeline = "echo"\npath = "/infer"\n'
+    )
+    proxy = corral_factory(
+        "--config", str(tmp_path / "corral.toml"), "--timeout-ms=120000", worker=None
+    )
+    proxy.wait_for_log(r"worker connected")
+    count = (16 * 1024 * 1024 - 200) // 2  # the body just under the default 16 MiB bound
+    data = b"[" + b"7," * (count - 1) + b"7]"
+    body = b'{"inputs":[{"name":"a","shape":[1,%d],"datatype":"UINT8","data":%s}]}' % (count, data)
+    before = peak_rss_bytes(proxy.proc.pid)
+    answer = proxy.client.post(
+        "/v2/models/infer/infer",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text[:200]
+    (output,) = answer.json()["outputs"]
+    assert output["shape"] == [1, count] and output["data"][:3] == [7, 7, 7]
+    assert len(output["data"]) == count
+    grown = (peak_rss_bytes(proxy.proc.pid) - before) >> 20
+    assert grown < 400, f"the proxy's peak grew {grown} MiB for a 16 MiB request"
