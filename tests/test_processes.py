@@ -339,3 +339,43 @@ def test_corral_does_not_warn_when_it_is_not_process_1(corral_factory):
     assert proxy.stop() == 0
     assert any(line.endswith("corral: stopped") for line in proxy.lines)  # the whole log
     assert not any(re.search(PROCESS_1_WARNING, line) for line in proxy.lines)
+
+
+# Answers with what each of its descriptors is (readlink of /proc/self/fd/N).
+DESCRIPTORS = """
+import os
+import corral
+
+class Descriptors(corral.Worker):
+    def forward(self, batch):
+        fds = "/proc/self/fd"
+        found = []
+        for name in os.listdir(fds):
+            try:
+                found.append(os.readlink(f"{fds}/{name}"))
+            except OSError:
+                pass  # the listing's own descriptor, closed by now
+        return [sorted(found) for _ in batch]
+
+Descriptors.run()
+"""
+
+
+def test_a_spawned_worker_holds_its_socket_shared_memory_and_pipes_only(corral_factory, tmp_path):
+    """README: the descriptors Corral opens are close-on-exec. A worker (re)started while clients
+    are connected must not hold the HTTP listener or a client's connection: one socket only,
+    its own to Corral, beside its pipes, /dev/null and the shared memory."""
+    worker = tmp_path / "descriptors.py"
+    worker.write_text(DESCRIPTORS)
+    proxy = corral_factory("--workers=1", "--", sys.executable, str(worker), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    first = proxy.post("x").json()
+    # Restarted while the test's client holds a keep-alive connection to Corral.
+    pid = int(re.search(r"pid\W+(\d+)", proxy.wait_for_log(r"worker connected")).group(1))
+    os.kill(pid, signal.SIGKILL)
+    proxy.wait_for_log(r"worker connected", count=2)
+    again = proxy.post("x").json()
+    for found in (first, again):
+        assert sum(target.startswith("socket:") for target in found) == 1, found
+        kinds = {"socket:", "pipe:", "/dev/null", "/memfd:"}
+        assert all(any(target.startswith(k) for k in kinds) for target in found), found
