@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from typing import Annotated, Any, Optional, Union
 
 import msgspec
@@ -103,8 +104,9 @@ def test_an_ext_value_comes_back_as_sent_from_a_worker_with_only_an_output_type(
     assert answer == Result("ok", {"v": ext})
 
 
-def test_an_input_type_msgspec_cannot_decode_fails_before_the_hello():
-    """It once said hello (ready), then died at every batch and was restarted for ever."""
+def test_an_input_type_msgspec_cannot_decode_fails_where_the_class_is_defined():
+    """It once said hello (ready), then died at every batch and was restarted for ever; then it
+    died at every connection with msgspec's message, which named no ``input_type``."""
 
     class A(msgspec.Struct):
         x: int
@@ -112,23 +114,47 @@ def test_an_input_type_msgspec_cannot_decode_fails_before_the_hello():
     class B(msgspec.Struct):
         y: int
 
-    class Untagged(corral.Worker):
-        input_type = A | B
+    import pytest
 
+    with pytest.raises(TypeError, match=r"Untagged\.input_type cannot be decoded into.*tagged"):
+
+        class Untagged(corral.Worker):
+            input_type = A | B
+
+            def forward(self, batch):
+                return batch
+
+    class Later(corral.Worker):
         def forward(self, batch):
             return batch
 
+    # Set after the class was made (past the class check): still refused before the hello.
+    Later.input_type = A | B
     import socket
-
-    import pytest
 
     proxy, worker = socket.socketpair()
     with proxy, worker:
         with pytest.raises(TypeError, match="Struct"):
-            Untagged().serve(worker)
+            Later().serve(worker)
         proxy.setblocking(False)
         with pytest.raises(BlockingIOError):  # nothing was said: no hello went out
             proxy.recv(1)
+
+
+@pytest.mark.parametrize(
+    ("name", "declared", "said"),
+    [
+        ("input_type", "Point", "the str 'Point'"),
+        ("output_type", "Norm", "the str 'Norm'"),
+        ("input_type", (int, str), "the tuple"),
+        ("output_type", Norm(1.0), "the Norm"),
+    ],
+)
+def test_a_declared_type_that_is_no_type_fails_where_the_class_is_defined(name, declared, said):
+    """A string naming the type only logged a warning and dropped every schema (output), or
+    failed at every connection with msgspec's message (input)."""
+    with pytest.raises(TypeError, match=rf"Bad\.{name} must be a type .*not {re.escape(said)}"):
+        type("Bad", (corral.Worker,), {name: declared, "forward": lambda self, batch: batch})
 
 
 # -- values whose JSON form msgpack writes otherwise (bytes, aware datetimes, number keys) -------

@@ -155,6 +155,116 @@ def test_an_async_forward_is_refused_where_the_class_is_defined():
     assert got[0].status == "error" and "forward returned a coroutine" in got[0].message
 
 
+def test_async_hooks_are_refused_where_the_class_is_defined():
+    """They were accepted: each item reached forward as an un-awaited coroutine, and every
+    request failed 500 ("cannot encode coroutine")."""
+    for hook in ("preprocess", "postprocess"):
+
+        async def waiting(self, item):
+            return item
+
+        with pytest.raises(TypeError, match=rf"Hooked\.{hook} is async"):
+            type("Hooked", (corral.Worker,), {hook: waiting, "forward": lambda self, b: b})
+
+
+class ModelOutput(dict):
+    """What a transformers model returns: a dict of batched arrays."""
+
+
+@pytest.mark.parametrize(
+    ("returned", "said"),
+    [
+        (ModelOutput(logits=[[0.1], [0.2]]), "forward returned a ModelOutput (keys 'logits')"),
+        ("ab", "forward returned a str: return a list with one output per input"),
+        (b"ab", "forward returned a bytes"),
+        (None, "forward returned NoneType, not its outputs"),
+        (7, "forward returned int, not its outputs"),
+    ],
+)
+def test_forward_returning_what_is_not_its_outputs_fails_every_item_saying_so(returned, said):
+    """A dict of as many keys as inputs was answered key by key (200 "logits" at a batch of
+    one), a string character by character; None said only "'NoneType' object is not
+    iterable"."""
+
+    class Returning(corral.Worker):
+        def forward(self, batch):
+            return returned
+
+    with FakeProxy(Returning()) as proxy:
+        got = proxy.infer(["x"] if isinstance(returned, ModelOutput) else ["x", "y"])
+    assert {r.status for r in got} == {"error"}
+    assert said in got[0].message
+
+
+def test_a_generator_forward_hidden_by_a_decorator_is_refused_not_mixed_across_items():
+    """Without functools.wraps the worker was not a streaming one, and each yielded step became
+    one item's whole answer: one client got the other's tokens, 200."""
+
+    def timed(forward):
+        def wrapper(self, batch):  # no functools.wraps
+            return forward(self, batch)
+
+        return wrapper
+
+    class Hidden(corral.Worker):
+        @timed
+        def forward(self, batch):
+            for step in range(2):
+                yield [f"{item}-tok{step}" for item in batch]
+
+    with FakeProxy(Hidden()) as proxy:
+        got = proxy.infer(["a", "b"])
+    assert {r.status for r in got} == {"error"}
+    assert "forward returned a generator, but the worker does not stream" in got[0].message
+    assert "functools.wraps" in got[0].message
+
+
+@pytest.mark.parametrize("examples", ["hello", {"text": "hi"}, 3])
+def test_examples_that_are_not_a_sequence_of_requests_are_refused(examples):
+    """("hello") without its comma warmed up on five one-character requests."""
+    with pytest.raises(TypeError, match=r"Warm\.examples must be a tuple or list of requests"):
+        type("Warm", (corral.Worker,), {"examples": examples, "forward": lambda self, b: b})
+
+
+def test_remaining_in_forward_is_the_time_to_the_batch_last_deadline():
+    """It was infinite in forward (the docs say a worker may skip work that can no longer
+    make it), so a worker checking it never skipped."""
+    seen = []
+
+    class Checking(corral.Worker):
+        def forward(self, batch):
+            seen.append((self.remaining(), self.deadline, list(self.deadlines)))
+            return batch
+
+    with FakeProxy(Checking()) as proxy:
+        proxy.infer([1, 2], timeout_ms=30_000)
+    remaining, deadline, deadlines = seen[0]
+    assert deadline == max(deadlines) and len(deadlines) == 2
+    assert 0 < remaining <= 30
+
+
+def test_run_on_an_instance_serves_that_instance():
+    """``Worker.run`` built a second worker from the class: a configured instance's settings
+    were dropped (its threshold served as the class default), or its constructor's arguments
+    missing raised inside the package."""
+    served = []
+
+    class Configured(corral.Worker):
+        def __init__(self, threshold):
+            super().__init__()
+            self.threshold = threshold
+
+        def _run_forever(self, path):
+            served.append((self, path, self.stage))
+
+    worker = Configured(0.9)
+    worker.run("some.sock", stage="s")
+    assert served == [(worker, "some.sock", "s")]
+    assert worker.threshold == 0.9
+    with pytest.raises(TypeError, match="threshold"):
+        Configured.run("some.sock")  # from the class it is built, as before
+
+
 def test_a_type_without_a_json_schema_serves_without_one():
     class Anything(corral.Worker):
         input_type = object
@@ -531,3 +641,77 @@ def test_a_weight_rule_goes_in_the_hello_and_a_bad_one_fails_at_definition():
 
         class Bad(corral.Worker):
             weight = "text"
+
+
+def test_a_socket_path_too_long_for_a_unix_socket_stops_the_worker_saying_so(tmp_path):
+    """Every connect failed "AF_UNIX path too long", taken for a proxy not there yet: the worker
+    waited for ever."""
+    path = str(tmp_path / ("s" * 120))
+    stopped: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            Echo()._run_forever(path)
+        except BaseException as e:
+            stopped.append(e)
+
+    # In a thread: the old worker never returned, and this test must fail, not hang.
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(timeout=30)
+    assert stopped, "the worker was still waiting"
+    assert isinstance(stopped[0], SystemExit)
+    assert "bytes over the 107 a Unix socket's path may have" in str(stopped[0])
+
+
+def test_a_fake_proxy_given_the_class_says_to_give_an_instance():
+    with pytest.raises(TypeError, match=r"FakeProxy\(Echo\(\)\), not the class"):
+        FakeProxy(Echo)  # type: ignore[arg-type]
+
+
+def test_an_error_message_for_the_batch_clients_is_cut_and_says_so():
+    """A 2 MiB exception message was each batch-mate's 500 body."""
+
+    class Quoting(corral.Worker):
+        def forward(self, batch):
+            raise ValueError("x" * 2_000_000)
+
+    with FakeProxy(Quoting()) as proxy:
+        got = proxy.infer([1, 2])
+    assert {r.status for r in got} == {"error"}
+    message = got[0].message
+    assert message.startswith("ValueError: xxx")
+    assert message.endswith("… (cut: 2,000,012 characters in all)")
+    assert len(message) < 2100
+
+
+@pytest.mark.parametrize("stop", [SystemExit(3), KeyboardInterrupt()])
+def test_a_stop_raised_in_forward_is_logged_before_the_worker_stops(stop, caplog):
+    """A library's sys.exit() in forward ended the worker with nothing in its log."""
+
+    class Exiting(corral.Worker):
+        def forward(self, batch):
+            raise stop
+
+    caplog.set_level(logging.ERROR, logger="corral")
+    with FakeProxy(Exiting()) as proxy:
+        proxy.send(protocol.batch([protocol.job(b"j" * 16, 5000, msgpack.packb(1))]))
+        assert proxy.receive() is None  # the worker closed its end, answering nothing
+    assert isinstance(proxy.worker_error, type(stop))
+    assert f"forward raised {type(stop).__name__}" in caplog.text
+    assert "this worker stops" in caplog.text
+
+
+def test_max_running_on_a_plain_worker_is_warned_about(caplog):
+    """It was ignored without a word: items never join a plain forward."""
+
+    class Plain(corral.Worker):
+        max_running = 8
+
+        def forward(self, batch):
+            return batch
+
+    caplog.set_level(logging.WARNING, logger="corral")
+    with FakeProxy(Plain()) as proxy:
+        assert [r.value for r in proxy.infer([1])] == [1]
+    assert "max_running is set but forward is not a generator" in caplog.text

@@ -277,3 +277,27 @@ def test_a_shared_memory_size_mmap_cannot_take_is_a_protocol_error(size):
             shared_memory.Memory(fd, size)
     finally:
         os.close(fd)
+
+
+def test_an_shm_descriptor_the_kernel_dropped_says_the_worker_has_none_free():
+    """A worker with no file descriptor free gets the frame without its descriptor (the kernel
+    sets MSG_CTRUNC): it said "came without a descriptor", blaming the proxy."""
+    frame = protocol.encode_frame({"type": "shm", "size": 4096})
+
+    class Full:
+        """A socket whose process had no descriptor free as the shm frame came."""
+
+        def __init__(self) -> None:
+            self.left = frame
+
+        def recvmsg(self, size, ancillary_size, flags):
+            data, self.left = self.left[:size], self.left[size:]
+            return data, [], socket.MSG_CTRUNC, None
+
+        def recv_into(self, view):
+            count = min(len(view), len(self.left))
+            view[:count], self.left = self.left[:count], self.left[count:]
+            return count
+
+    with pytest.raises(ProtocolError, match=r"no file descriptor free \(raise its limit"):
+        shared_memory.first_frame(Full())  # type: ignore[arg-type]

@@ -11,6 +11,7 @@ items join the running generator between steps. Declaring ``inputs`` and ``outpu
 when numpy is installed).
 
 Modules: ``_worker`` (the Worker base class: hooks, a plain batch's ``forward``, starting),
+``_declarations`` (what a Worker subclass declares, checked where the class is defined),
 ``_streaming`` (running a generator ``forward``: chunks, END, cancellation, joining), ``_batch``
 (the per-job steps around ``forward`` both share: each job decoded and preprocessed, each output
 or chunk postprocessed and encoded, a failure answered alone), ``_serve`` (one proxy

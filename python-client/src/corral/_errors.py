@@ -23,6 +23,16 @@ def text(error: BaseException) -> str:
         return "(the exception's message could not be read)"
 
 
+# An error result's message goes to every client of the batch, and into the proxy's log: an
+# exception quoting a whole input (or a megabyte of it) is cut here; the worker's own log keeps
+# it whole.
+MESSAGE_LIMIT = 2000
+
+
 def describe(error: BaseException) -> str:
-    """``Type: message``, as an error result's message."""
-    return f"{type(error).__name__}: {text(error)}"
+    """``Type: message``, as an error result's message (cut past :data:`MESSAGE_LIMIT`
+    characters, saying how long it was)."""
+    described = f"{type(error).__name__}: {text(error)}"
+    if len(described) <= MESSAGE_LIMIT:
+        return described
+    return f"{described[:MESSAGE_LIMIT]}… (cut: {len(described):,} characters in all)"

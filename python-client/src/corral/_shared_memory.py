@@ -73,12 +73,14 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
     # Not inherited by the model's own subprocesses in the moment before it is closed (and why
     # this is recvmsg by hand: socket.recv_fds ignores its flags).
     flags = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+    truncated = False  # the kernel dropped a descriptor: this process had no number free
     try:
         header = b""
         while len(header) < protocol.HEADER_BYTES:
-            data, ancillary, _flags, _addr = sock.recvmsg(
+            data, ancillary, got_flags, _addr = sock.recvmsg(
                 protocol.HEADER_BYTES - len(header), socket.CMSG_SPACE(fds.itemsize), flags
             )
+            truncated |= bool(got_flags & getattr(socket, "MSG_CTRUNC", 0))
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     usable = len(payload) - len(payload) % fds.itemsize
@@ -103,6 +105,11 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
             raise ProtocolError("a shm frame needs a size (an integer)")
         if size == 0:
             return None, None
+        if not fds and truncated:
+            raise ProtocolError(
+                "the shared memory's descriptor was dropped on its way in: this process has "
+                "no file descriptor free (raise its limit, ulimit -n, or close what it holds)"
+            )
         if not fds:
             raise ProtocolError("a shm frame of a size came without a descriptor")
         return Memory(fds[0], size), None

@@ -16,6 +16,7 @@ to answer a batch are named ``_corral_*`` so that a subclass's own helpers, such
 from __future__ import annotations
 
 import argparse
+import functools
 import inspect
 import logging
 import math
@@ -23,12 +24,13 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence, Set
+from collections.abc import Callable, Iterable, Mapping, Sequence, Set
 from typing import Any, ClassVar
 
 from corral import (
     _allocator,
     _batch,
+    _declarations,
     _failures,
     _logging,
     _serve,
@@ -43,6 +45,19 @@ from corral._errors import STOPS as _STOPS
 from corral._errors import describe as _describe
 
 log = logging.getLogger("corral")
+
+
+class _class_or_instance:
+    """A method that gets its class and, called on an instance, that instance too (else
+    ``None``): ``Worker.run()`` builds the worker, ``Worker(...).run()`` serves the one built
+    (a classmethod would build another and drop its configuration)."""
+
+    def __init__(self, method: Callable[..., Any]) -> None:
+        self._method = method
+        functools.update_wrapper(self, method)  # type: ignore[arg-type]
+
+    def __get__(self, instance: Any, owner: type) -> Callable[..., Any]:
+        return functools.partial(self._method, owner, instance)
 
 
 class Worker:
@@ -137,33 +152,13 @@ class Worker:
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         # A bad declaration fails where the class is defined, not at the first hello.
-        _tensors.declared(cls, "inputs")
-        _tensors.declared(cls, "outputs")
-        # The outer callable only: a sync wrapper around an async def (asyncio.run) is fine.
-        forward = cls.forward
-        if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
-            raise TypeError(
-                f"{cls.__name__}.forward is async: it must be a plain function (one output per "
-                "input) or a generator (to stream); run a coroutine from it with asyncio.run"
-            )
-        if cls.weight is not None and (
-            not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
-        ):
-            raise TypeError(
-                f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
-                f"is empty or starts with /), not {cls.weight!r}"
-            )
-        named = getattr(cls, "output_content_type", None)
-        if named is not None and not protocol.is_media_type(named):
-            # The proxy answers every bytes output under such a name 500 `bad_output`.
-            raise TypeError(
-                f"{cls.__name__}.output_content_type must be a media type such as "
-                f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
-            )
+        _declarations.check(cls)
 
     deadline: float = math.inf
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
-    ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped."""
+    ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped.
+    During a plain ``forward``: the latest of the batch's :attr:`deadlines`, so that once
+    :meth:`remaining` is not positive no item of the batch can make it."""
 
     deadlines: list[float]
     """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
@@ -213,18 +208,21 @@ class Worker:
 
     # -- running ---------------------------------------------------------------------------
 
-    @classmethod
-    def run(cls, socket_path: str | None = None, stage: str | None = None) -> None:
-        """Create the worker and serve the proxy at ``socket_path`` (default: ``--socket`` on the
+    @_class_or_instance
+    def run(
+        cls, instance: Worker | None, socket_path: str | None = None, stage: str | None = None
+    ) -> None:
+        """Create the worker (``Worker.run()``; or serve this one, ``Worker(...).run()``, as
+        configured) and serve the proxy at ``socket_path`` (default: ``--socket`` on the
         command line, else ``CORRAL_SOCKET``, else ``corral.sock``) for ``stage`` (default:
-        ``--stage``, else ``CORRAL_STAGE``, else the class's :attr:`stage`), reconnecting if the
-        connection drops, until the process is stopped."""
+        ``--stage``, else ``CORRAL_STAGE``, else the worker's :attr:`stage`), reconnecting if
+        the connection drops, until the process is stopped."""
         _logging.configure()
         argv = _options_from_argv()
         # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
         path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
-        worker = cls()
-        worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or cls.stage
+        worker = cls() if instance is None else instance
+        worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
         try:
             worker.warm_up()
         except Exception as e:
@@ -295,6 +293,11 @@ class Worker:
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
         )
+        if not streams and self.max_running:
+            log.warning(
+                "max_running is set but forward is not a generator: items join only a "
+                "streaming forward, and this worker serves batches as they come"
+            )
         if streams:
             _serve.serve(sock, hello, lambda jobs, link: _streaming.run(self, jobs, link, limit))
         else:
@@ -312,7 +315,8 @@ class Worker:
             return {}
 
     def remaining(self) -> float:
-        """Seconds left before the current item's deadline (see :attr:`deadline`)."""
+        """Seconds left before the current item's deadline (in a plain ``forward``, the
+        batch's last; see :attr:`deadline`)."""
         return self.deadline - time.monotonic()
 
     def _corral_process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -337,6 +341,8 @@ class Worker:
         """``forward`` on the prepared inputs (the jobs at ``positions``), and each output's
         answer into ``answers``; every one of them an error if ``forward`` fails."""
         self.deadlines = [deadlines[p] for p in positions]
+        # The batch's last deadline: once `remaining()` is not positive, none of it can make it.
+        self.deadline = max(self.deadlines)
         content_types = [jobs[p].get("content_type") for p in positions]  # checked in prepare
         self.content_types = content_types
         count = len(positions)  # not len(inputs): forward may consume or pad its list
@@ -345,7 +351,10 @@ class Worker:
                 outputs = list(_outputs(self.forward(inputs)))
             if len(outputs) != count:
                 raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
-        except _STOPS:
+        except _STOPS as e:
+            # Raised by the model or a library (sys.exit), it stops the worker: say where, or
+            # the log shows only a worker gone and its batch retried elsewhere.
+            log.error("forward raised %s: this worker stops", _describe(e), exc_info=e)
             raise
         except BaseException as e:
             _failures.failed("forward", e, [jobs[p]["id"] for p in positions])
@@ -360,15 +369,42 @@ class Worker:
 
 
 def _outputs(returned: Any) -> Any:
-    """What ``forward`` returned, if it can be its outputs: a coroutine (a wrapper that returns
-    an ``async def``'s call) is closed and refused with the fix, not left to fail as "not
-    iterable" with a warning that it was never awaited."""
+    """What ``forward`` returned, if it can be its outputs (one per input, in order); refused
+    with the fix where it cannot, rather than read item by item into wrong answers:
+
+    - a coroutine (a wrapper that returns an ``async def``'s call), closed first;
+    - a generator: a ``forward`` that yields, under a decorator that hides it (no
+      ``functools.wraps``), so the worker was not made a streaming one; each step would have
+      been taken as one item's whole answer, the batch's tokens mixed across its clients;
+    - a mapping (a model's output of named batched arrays), a string or bytes: iterating them
+      gives keys or characters;
+    - anything that is not iterable (``None``, a number)."""
     if inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
         if inspect.iscoroutine(returned):
             returned.close()
         raise TypeError(
             "forward returned a coroutine: it must return the outputs (run an async model "
             "with asyncio.run)"
+        )
+    if inspect.isgenerator(returned):
+        returned.close()
+        raise TypeError(
+            "forward returned a generator, but the worker does not stream: a decorator around "
+            "a generator forward must keep it visible (functools.wraps); to return outputs, "
+            "return a list"
+        )
+    if isinstance(returned, (Mapping, str, bytes, bytearray)):
+        hint = (
+            f" (keys {', '.join(map(repr, list(returned)[:3]))}): return one output per input, "
+            "e.g. a list of dicts, or the batched array itself"
+            if isinstance(returned, Mapping)
+            else ": return a list with one output per input"
+        )
+        raise TypeError(f"forward returned a {type(returned).__name__}{hint}")
+    if not isinstance(returned, Iterable):
+        raise TypeError(
+            f"forward returned {type(returned).__name__}, not its outputs: return a list with "
+            "one output per input"
         )
     return returned
 

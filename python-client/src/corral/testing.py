@@ -97,6 +97,11 @@ class FakeProxy:
     ``("pull", max)``, ``("end", index, status)``."""
 
     def __init__(self, worker: Worker) -> None:
+        if isinstance(worker, type):
+            # Its serve() would fail later, missing its `sock`, naming neither the class nor this.
+            raise TypeError(
+                f"FakeProxy takes a worker instance: FakeProxy({worker.__name__}()), not the class"
+            )
         self._worker = worker
         self._connected = False
         self.hello: dict[str, Any] | None = None

@@ -1,0 +1,83 @@
+"""What a :class:`~corral.Worker` subclass declares, checked where the class is defined: a
+mistake there (an ``async`` hook, a type that is no type, ``examples`` without its comma) raises
+at once, naming the attribute, rather than in a worker that says ready and then fails every
+batch, or dies at every connection with a message that names none of it."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import msgspec
+
+from corral import _protocol as protocol
+from corral import _tensors
+
+
+def check(cls: Any) -> None:
+    """Raises ``TypeError`` naming the first bad declaration of the Worker subclass ``cls``."""
+    _tensors.declared(cls, "inputs")
+    _tensors.declared(cls, "outputs")
+    # The outer callable only: a sync wrapper around an async def (asyncio.run) is fine.
+    forward = cls.forward
+    if inspect.iscoroutinefunction(forward) or inspect.isasyncgenfunction(forward):
+        raise TypeError(
+            f"{cls.__name__}.forward is async: it must be a plain function (one output per "
+            "input) or a generator (to stream); run a coroutine from it with asyncio.run"
+        )
+    for name in ("preprocess", "postprocess"):
+        # Called per item and never awaited: each item would be a coroutine, and fail.
+        hook = getattr(cls, name)
+        if inspect.iscoroutinefunction(hook) or inspect.isasyncgenfunction(hook):
+            raise TypeError(
+                f"{cls.__name__}.{name} is async: hooks are plain functions (run a coroutine "
+                "from one with asyncio.run)"
+            )
+    _examples(cls)
+    _types(cls)
+    if cls.weight is not None and (
+        not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
+    ):
+        raise TypeError(
+            f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
+            f"is empty or starts with /), not {cls.weight!r}"
+        )
+    named = getattr(cls, "output_content_type", None)
+    if named is not None and not protocol.is_media_type(named):
+        # The proxy answers every bytes output under such a name 500 `bad_output`.
+        raise TypeError(
+            f"{cls.__name__}.output_content_type must be a media type such as "
+            f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
+        )
+
+
+def _examples(cls: type) -> None:
+    """``examples`` is a sequence of requests: a string (a tuple's missing comma) or a mapping
+    would warm up on its characters or keys."""
+    examples = cls.examples  # type: ignore[attr-defined]
+    if isinstance(examples, (str, bytes, bytearray, Mapping)) or not isinstance(examples, Sequence):
+        raise TypeError(
+            f"{cls.__name__}.examples must be a tuple or list of requests, not a "
+            f"{type(examples).__name__} (one example: ({examples!r:.60},) with its comma)"
+        )
+
+
+def _types(cls: type) -> None:
+    """``input_type`` is one msgspec decodes into, and ``output_type`` no plain mistake (a
+    string naming a type, an instance, a tuple of types): where the class is defined, not in a
+    worker that dies at every connection, its error naming neither."""
+    for name in ("input_type", "output_type"):
+        declared = getattr(cls, name)
+        if declared is None:
+            continue
+        if isinstance(declared, (str, tuple, list, dict, msgspec.Struct)):
+            raise TypeError(
+                f"{cls.__name__}.{name} must be a type (a msgspec.Struct class, list[float], "
+                f"...), not the {type(declared).__name__} {declared!r:.60}"
+            )
+    if cls.input_type is not None:  # type: ignore[attr-defined]
+        try:
+            msgspec.msgpack.Decoder(cls.input_type)  # type: ignore[attr-defined]
+        except TypeError as e:
+            raise TypeError(f"{cls.__name__}.input_type cannot be decoded into: {e}") from None
