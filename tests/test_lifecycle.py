@@ -170,6 +170,43 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     assert looping.client.get("/readyz").status_code == 503
 
 
+# Says hello as a worker does, then exits: a model that dies as its first batch arrives.
+HELLO_THEN_EXIT = """
+import os, socket
+from corral import _protocol as protocol
+sock = socket.socket(socket.AF_UNIX)
+sock.connect(os.environ["CORRAL_SOCKET"])
+sock.sendall(protocol.encode_frame(protocol.hello("default", os.getpid(), "brief")))
+"""
+
+
+def restart_delays(proxy) -> list[int]:
+    return [int(m) for m in re.findall(r"restart_in_ms=(\d+)", "\n".join(proxy.lines))]
+
+
+def test_a_worker_that_connects_and_dies_still_backs_off(corral_factory):
+    """Connecting reset the backoff: a worker that died right after its hello was restarted
+    six times a second for ever."""
+    looping = corral_factory("--workers=1", "--", sys.executable, "-c", HELLO_THEN_EXIT,
+                             worker=None)  # fmt: skip
+    looping.wait_for_log(r"worker exited; restarting", count=4)
+    assert [line for line in looping.lines if "worker connected" in line], "it never connected"
+    assert restart_delays(looping)[:4] == [100, 200, 400, 800]
+
+
+def test_a_worker_that_answered_work_restarts_without_delay(corral_factory):
+    """Answering a batch shows the worker is not crash-looping: each restart after one is at
+    the first delay, however often it dies."""
+    proxy = corral_factory("--retries=0", workers=1)
+    for round in range(3):
+        assert proxy.post({"n": round}).status_code == 200
+        died = proxy.post({"exit": True})
+        assert died.status_code == 500, died.text
+        proxy.wait_for_log(r"worker exited; restarting", count=round + 1)
+        proxy.wait_for_log(r"worker connected", count=round + 2)
+    assert restart_delays(proxy) == [100, 100, 100]
+
+
 def test_readyz_waits_for_warm_up(corral_factory, tmp_path):
     gate = tmp_path / "warmed"
     warm = corral_factory(

@@ -37,8 +37,10 @@ use crate::metrics::metrics;
 /// First restart delay; doubled after each quick exit up to [`MAX_BACKOFF`].
 const FIRST_BACKOFF: Duration = Duration::from_millis(100);
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
-/// A worker that ran this long before exiting is restarted without delay, as is one that got as
-/// far as connecting: only a worker that dies before serving is crash-looping.
+/// A worker that ran this long before exiting is restarted without delay, as is one that
+/// answered work: only a worker that dies before serving is crash-looping. Connecting is not
+/// enough: a model that fails on its first batch connects every time, and was restarted six
+/// times a second for ever.
 const HEALTHY_RUN: Duration = Duration::from_secs(30);
 /// At shutdown, how long a worker gets to exit on its own (it was sent `shutdown`) before it is
 /// killed.
@@ -84,6 +86,8 @@ pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 struct SpawnedWorker {
     kill: CancellationToken,
     connected: Arc<AtomicBool>,
+    /// Set once it answered work (a batch, a stream's job): it is not crash-looping.
+    served: Served,
     /// The device it was given, if any.
     gpu: Option<u32>,
 }
@@ -101,10 +105,15 @@ impl Children {
         }
     }
 
-    /// Notes that the worker with this pid (if ours) connected: it is not crash-looping.
-    pub fn connected(&self, pid: u32) {
-        if let Some(child) = self.find(pid) {
-            child.connected.store(true, Ordering::Relaxed);
+    /// Notes that the worker with this pid (if ours) connected; what its connection marks once
+    /// the worker answered work (nothing for a worker Corral did not spawn).
+    pub fn connected(&self, pid: u32) -> Served {
+        match self.find(pid) {
+            Some(child) => {
+                child.connected.store(true, Ordering::Relaxed);
+                child.served
+            }
+            None => Served::default(),
         }
     }
 
@@ -138,6 +147,21 @@ impl Children {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, SpawnedWorker>> {
         self.0.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Whether a spawned worker answered work, marked by its connection: its next restart, if it
+/// exits, is without delay.
+#[derive(Clone, Default)]
+pub struct Served(Arc<AtomicBool>);
+
+impl Served {
+    pub fn mark(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    fn get(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
     }
 }
 
@@ -203,16 +227,17 @@ async fn supervise(
         group::finish(pid);
         children.forget(pid);
         restarts += 1;
+        if started.elapsed() >= HEALTHY_RUN || registered.served.get() {
+            backoff = FIRST_BACKOFF;
+        }
+        let restart_in_ms = backoff.as_millis() as u64;
         match status {
             Ok(status) => {
-                warn!(stage = %command.stage, worker = index, %status, restarts, "worker exited; restarting")
+                warn!(stage = %command.stage, worker = index, %status, restarts, restart_in_ms, "worker exited; restarting")
             }
             Err(e) => {
-                warn!(stage = %command.stage, worker = index, error = %e, restarts, "lost track of worker; restarting")
+                warn!(stage = %command.stage, worker = index, error = %e, restarts, restart_in_ms, "lost track of worker; restarting")
             }
-        }
-        if started.elapsed() >= HEALTHY_RUN || registered.connected.load(Ordering::Relaxed) {
-            backoff = FIRST_BACKOFF;
         }
         if wait_or_stop(backoff, &stop).await {
             return;

@@ -37,7 +37,7 @@ use crate::job::{Job, Outcome, Sent};
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
 use crate::stage::{Declared, Stage, WeightRule, WorkerSeat};
-use crate::supervisor::Children;
+use crate::supervisor::{Children, Served};
 use crate::trace;
 
 /// How long a new connection has to say hello before it is dropped.
@@ -99,7 +99,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
     }
     let shared = share_memory(&mut outbox, &hello, &context);
     keep_declarations(stage, &hello);
-    context.children.connected(own_pid);
+    let served = context.children.connected(own_pid);
     let seat = stage.worker_joined_on(context.children.gpu(own_pid));
     info!(
         stage = stage.name(),
@@ -109,9 +109,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
         "worker connected"
     );
     let ended = if hello.declares(FEATURE_STREAM) {
-        streaming::work(&mut inbox, &mut outbox, stage, &seat, &context, &hello).await
+        streaming::work(&mut inbox, &mut outbox, stage, &seat, &context, &hello, &served).await
     } else {
-        let by = Worker { stage: stage.name(), pid: hello.pid, shared };
+        let by = Worker { stage: stage.name(), pid: hello.pid, shared, served: &served };
         let cancels = hello.declares(FEATURE_CANCEL);
         work(&mut inbox, &mut outbox, stage, &seat, &context, cancels, &by).await
     };
@@ -445,6 +445,7 @@ async fn work(
                 let (size, weight) = (batch.jobs.len(), crate::stage::weight_of(&batch.jobs));
                 match settle::pair(batch.jobs, results) {
                     Ok(answers) => {
+                        by.served.mark();
                         let now = Instant::now();
                         // Before the answers go out: the clients they release may be back at
                         // once, and the stage counts arrivals after this moment as returns.
@@ -599,4 +600,6 @@ pub(super) struct Worker<'a> {
     pub stage: &'a str,
     pub pid: u32,
     pub shared: Option<&'a SharedMemory>,
+    /// Marked once the worker answered work (see `supervisor::Served`).
+    pub served: &'a Served,
 }

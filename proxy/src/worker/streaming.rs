@@ -31,6 +31,7 @@ use crate::metrics::metrics;
 use crate::msgpack;
 use crate::stage::{Stage, WorkerSeat};
 use crate::stream::Refused;
+use crate::supervisor::Served;
 
 /// A job the worker holds.
 struct Held {
@@ -74,11 +75,12 @@ pub(super) async fn work(
     seat: &WorkerSeat<'_>,
     context: &Context,
     hello: &Hello,
+    served: &Served,
 ) -> Ended {
     // No payload of a streaming worker's points into shared memory: a job may be answered
     // (a slow client's) while the worker still holds it, and its slot must not be taken again
     // before the worker has read it.
-    let by = Worker { stage: stage.name(), pid: hello.pid, shared: None };
+    let by = Worker { stage: stage.name(), pid: hello.pid, shared: None, served };
     let mut state = State {
         held: HashMap::new(),
         busy: None,
@@ -145,6 +147,7 @@ pub(super) async fn work(
             break ended;
         }
         if state.held.is_empty() {
+            by.served.mark(); // every job it held has ended, answered by it
             offer = None;
             if let Some((since, size, weight)) = state.busy.take() {
                 seat.released(size, weight, since.elapsed(), joins);
