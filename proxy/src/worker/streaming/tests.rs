@@ -45,7 +45,12 @@ fn outbox() -> (Outbox, UnixStream) {
     (Outbox::new(write), worker_end)
 }
 
-const BY: Worker<'static> = Worker { stage: "default", pid: 1, shared: None };
+static SERVED: std::sync::LazyLock<crate::supervisor::Served> =
+    std::sync::LazyLock::new(Default::default);
+
+fn by() -> Worker<'static> {
+    Worker { stage: "default", pid: 1, shared: None, served: &SERVED }
+}
 
 fn job(arrived: Instant, budget: Duration) -> (Job, oneshot::Receiver<Reply>) {
     Job::new(JobId::new(), Bytes::from_static(b"\xc0"), arrived, arrived + budget)
@@ -74,7 +79,7 @@ async fn a_chunk_refused_for_a_slow_client_ends_its_stream_there() {
     job.stream = Some(sink);
     let id = job.id;
     let mut state = state(false);
-    state.hold(&mut outbox, vec![job], &BY);
+    state.hold(&mut outbox, vec![job], &by());
     assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(0, 98)])).is_ok());
     assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(1, 98), bin(2, 8)])).is_ok());
     let mut seen = Vec::new();
@@ -95,7 +100,7 @@ async fn a_worker_may_stay_silent_as_long_as_its_jobs_routes_allow_however_long_
     let (job, _reply) = job(arrived, Duration::from_secs(5));
     tokio::time::advance(Duration::from_secs(4)).await;
     let mut state = state(false);
-    state.hold(&mut outbox, vec![job], &BY);
+    state.hold(&mut outbox, vec![job], &by());
     assert_eq!(state.silence(), Duration::from_secs(5));
 }
 
@@ -109,7 +114,7 @@ async fn a_departure_under_the_id_of_a_job_still_waited_for_is_not_told() {
     let (live_id, gone_id) = (live.id, gone.id);
     gone.left.cancel();
     let mut state = state(true);
-    state.hold(&mut outbox, vec![live, gone], &BY);
+    state.hold(&mut outbox, vec![live, gone], &by());
     state.cancel(&mut outbox, live_id);
     state.cancel(&mut outbox, gone_id);
     assert!(!state.held[&live_id].cancelled, "a job still waited for was cancelled");
@@ -124,7 +129,7 @@ async fn an_answer_gathered_past_one_frame_is_failed_and_its_chunks_let_go() {
     let (job, reply) = job(Instant::now(), Duration::from_secs(5));
     let id = job.id;
     let mut state = state(false);
-    state.hold(&mut outbox, vec![job], &BY);
+    state.hold(&mut outbox, vec![job], &by());
     // One MiB `bin 32`, the same buffer each time: 65 of them pass the 64 MiB of one answer.
     let mut value = vec![0xc6];
     value.extend_from_slice(&(1u32 << 20).to_be_bytes());
