@@ -22,6 +22,11 @@ pub const DEFAULT_MAX_BATCH_BYTES: u64 = 24 * 1024 * 1024;
 
 /// The largest `max_batch_size`, from a flag, a variable or the config file.
 pub const MAX_BATCH_SIZE: u32 = 4096;
+/// `--max-header-bytes`' range: below it a health probe's own head is refused; above it the
+/// bound eats into what a job's frame may carry (and HTTP/2 counts it in 32 bits).
+pub const HEADER_BYTES: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
+/// `--max-headers`' range: memory for this many is set aside on each connection.
+pub const HEADERS: std::ops::RangeInclusive<u64> = 8..=10_000;
 /// The most spawned workers of a stage (`workers`, and `workers_per_gpu`), wherever set.
 pub const MAX_WORKERS: u32 = 1024;
 
@@ -168,12 +173,15 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
 
-    /// Largest request head (request line and headers) in bytes; larger is answered 431.
-    #[arg(long, env = "CORRAL_MAX_HEADER_BYTES", default_value_t = 65_536)]
+    /// Largest request head (request line and headers) in bytes, 1 KiB to 1 MiB; larger is
+    /// answered 431.
+    #[arg(long, env = "CORRAL_MAX_HEADER_BYTES", default_value_t = 65_536,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(HEADER_BYTES))]
     pub max_header_bytes: usize,
 
-    /// Most headers in a request; more is answered 431.
-    #[arg(long, env = "CORRAL_MAX_HEADERS", default_value_t = 100)]
+    /// Most headers in a request, 8 to 10,000; more is answered 431.
+    #[arg(long, env = "CORRAL_MAX_HEADERS", default_value_t = 100,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(HEADERS))]
     pub max_headers: usize,
 
     /// At SIGTERM/SIGINT/SIGQUIT/SIGHUP: how long queued and in-flight jobs get to finish before what is left
@@ -381,10 +389,18 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
 }
 
 pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
-    u32::from_str_radix(text, 8)
+    let mode = u32::from_str_radix(text, 8)
         .ok()
         .filter(|mode| *mode <= 0o777)
-        .ok_or_else(|| format!("{text:?} is not an octal file mode such as 600 or 660"))
+        .ok_or_else(|| format!("{text:?} is not an octal file mode such as 600 or 660"))?;
+    if mode & 0o222 == 0 {
+        // Connecting to a Unix socket takes write permission: only root would get in.
+        return Err(format!(
+            "{text:?} lets no one write the socket, and a worker needs that to connect: use 600 \
+             or 660"
+        ));
+    }
+    Ok(mode)
 }
 
 impl Config {

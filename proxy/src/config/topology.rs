@@ -532,6 +532,9 @@ fn stage_spec(
 fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("max_batch_size", config.max_batch_size.into(), 1, MAX_BATCH_SIZE.into())?;
     in_range("workers", config.workers.into(), 1, MAX_WORKERS.into())?;
+    let (bytes, count) = (crate::config::HEADER_BYTES, crate::config::HEADERS);
+    in_range("max_header_bytes", config.max_header_bytes as u64, *bytes.start(), *bytes.end())?;
+    in_range("max_headers", config.max_headers as u64, *count.start(), *count.end())?;
     positive("timeout_ms", config.timeout_ms)?;
     positive("queue_capacity", config.queue_capacity.into())?;
     positive("queue_capacity_bytes", config.queue_capacity_bytes)?;

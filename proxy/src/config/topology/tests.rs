@@ -266,3 +266,36 @@ fn the_default_route_is_model_default() {
     let topology = resolve_with("[stages.a]\n", &[], &[]).unwrap();
     assert_eq!(topology.routes[0].model, DEFAULT_MODEL);
 }
+
+#[test]
+fn request_head_bounds_and_socket_modes_that_break_serving_are_refused() {
+    // Every request answered 431 (0, 20), every one 413 past 64 MiB with a job budget of 0,
+    // a start that panicked on overflow, 24 GB per 20 connections for a billion headers, and a
+    // socket no worker could connect to: refused, from a flag and from the file alike.
+    for (flag, value, key) in [
+        ("--max-header-bytes", "1023", "max_header_bytes"),
+        ("--max-header-bytes", "67108864", "max_header_bytes"),
+        ("--max-header-bytes", "18446744073709551615", "max_header_bytes"),
+        ("--max-headers", "0", "max_headers"),
+        ("--max-headers", "1000000000", "max_headers"),
+    ] {
+        let refused = Config::try_parse_from(["corral", flag, value]).unwrap_err().to_string();
+        assert!(refused.contains("is not in"), "{flag} {value}: {refused}");
+        let text = format!("{key} = {value}\n");
+        if let Ok(parsed) = file::parse(&text) {
+            let mut config = Config::parse_from(["corral"]);
+            let error = resolve(&mut config, parsed, &|_| false).unwrap_err();
+            assert_eq!(error.key, key, "{text}");
+        }
+    }
+    for (flag, value) in [("--max-header-bytes", "1024"), ("--max-headers", "10000")] {
+        assert!(Config::try_parse_from(["corral", flag, value]).is_ok(), "{flag} {value}");
+    }
+    for mode in ["0", "400", "444", "500"] {
+        let refused = Config::try_parse_from(["corral", "--socket-mode", mode]).unwrap_err();
+        assert!(refused.to_string().contains("lets no one write the socket"), "{mode}");
+        let error = resolve_with(&format!("socket_mode = \"{mode}\"\n"), &[], &[]).unwrap_err();
+        assert_eq!(error.key, "socket_mode");
+    }
+    assert!(Config::try_parse_from(["corral", "--socket-mode", "060"]).is_ok(), "group only");
+}
