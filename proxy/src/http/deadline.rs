@@ -10,7 +10,8 @@
 //! | `request-timeout` | seconds, a positive decimal (`2`, `0.25`) | other gateways |
 //!
 //! A value that does not parse, or is not positive, is a 400 naming the header: a deadline the
-//! caller meant but Corral misread would be worse than none.
+//! caller meant but Corral misread would be worse than none. A header sent more than once
+//! counts each time (the earliest wins, and each must parse).
 
 use std::time::Duration;
 
@@ -46,14 +47,17 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     ];
     let mut earliest: Option<Duration> = None;
     for (name, parse, expected) in parsers {
-        let Some(value) = headers.get(name) else { continue };
-        let timeout = value
-            .to_str()
-            .ok()
-            .and_then(|v| parse(v.trim()))
-            .filter(|t| !t.is_zero())
-            .ok_or_else(|| ApiError::bad_request(format!("{name} must be {expected}")))?;
-        earliest = Some(earliest.map_or(timeout, |e| e.min(timeout)));
+        // Every field of a repeated header: a gateway that adds its own shorter deadline
+        // after the client's was ignored (only the first field was read).
+        for value in headers.get_all(name) {
+            let timeout = value
+                .to_str()
+                .ok()
+                .and_then(|v| parse(v.trim()))
+                .filter(|t| !t.is_zero())
+                .ok_or_else(|| ApiError::bad_request(format!("{name} must be {expected}")))?;
+            earliest = Some(earliest.map_or(timeout, |e| e.min(timeout)));
+        }
     }
     Ok(earliest)
 }
@@ -109,6 +113,18 @@ mod tests {
         let some = headers(&[(TIMEOUT_HEADER, "900"), (GRPC_HEADER, "1S")]);
         assert_eq!(requested(&some).unwrap(), Some(Duration::from_millis(900)));
         assert_eq!(requested(&HeaderMap::new()).unwrap(), None);
+    }
+
+    #[test]
+    fn every_field_of_a_repeated_header_counts() {
+        // Only the first field was read: a later, shorter deadline (a gateway's) was ignored,
+        // and a later bad value never checked.
+        let repeated = headers(&[(TIMEOUT_HEADER, "5000"), (TIMEOUT_HEADER, "100")]);
+        assert_eq!(requested(&repeated).unwrap(), Some(Duration::from_millis(100)));
+        let grpc = headers(&[(GRPC_HEADER, "5S"), (GRPC_HEADER, "100m")]);
+        assert_eq!(requested(&grpc).unwrap(), Some(Duration::from_millis(100)));
+        let bad = headers(&[(TIMEOUT_HEADER, "100"), (TIMEOUT_HEADER, "abc")]);
+        assert!(requested(&bad).unwrap_err().message.contains(TIMEOUT_HEADER));
     }
 
     #[test]
