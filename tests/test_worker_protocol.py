@@ -378,6 +378,37 @@ def test_tensors_declared_so_that_they_cannot_be_served_are_refused_with_a_reaso
     assert reason in reject["message"], reject
 
 
+def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sidecar):
+    """The latest hello's tensors won silently and stayed: with A (FP32 [3]) and B (INT64 [5])
+    on one stage, a request fitting A was refused 400 and one fitting B was sent to A."""
+    fp32 = [{"name": "x", "datatype": "FP32", "shape": [3]}]
+    int64 = [{"name": "x", "datatype": "INT64", "shape": [5]}]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+        first.connect(str(sidecar.socket))
+        first.sendall(protocol.encode_frame(protocol.hello("default", 1, "a", inputs=fp32)))
+        sidecar.wait_for_log(r"worker connected")
+        # The same tensors join; others are refused, naming the ones served.
+        same = protocol.hello("default", 2, "a2", inputs=fp32)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+            second.connect(str(sidecar.socket))
+            second.sendall(protocol.encode_frame(same))
+            sidecar.wait_for_log(r"worker connected", count=2)
+        reject, closed = refused(sidecar, protocol.hello("default", 3, "b", inputs=int64))
+        assert reject is not None and reject["type"] == "reject" and closed
+        assert "is served under other tensors (inputs: x FP32 [3]" in reject["message"]
+        metadata = sidecar.client.get("/v2/models/default").json()
+        assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
+    # With none connected, a newcomer's tensors replace what the last ones left.
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+                       what="no worker connected")  # fmt: skip
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as third:
+        third.connect(str(sidecar.socket))
+        third.sendall(protocol.encode_frame(protocol.hello("default", 4, "b", inputs=int64)))
+        sidecar.wait_for_log(r"worker connected", count=3)
+        metadata = sidecar.client.get("/v2/models/default").json()
+        assert metadata["inputs"] == [{"name": "x", "datatype": "INT64", "shape": [-1, 5]}]
+
+
 def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
     """PROTOCOL.md: a result map with a key twice (msgpack allows it) reaches a msgpack client as
     sent and a JSON client as an object with that name twice, in order: the proxy transcodes,

@@ -588,6 +588,40 @@ impl Stage {
         *kept = Some(Arc::new(declared));
     }
 
+    /// Why a hello declaring these tensors may not join, if it may not: while a connected
+    /// worker serves the stage under other tensor declarations, a v2 request is read against
+    /// one set and could reach a worker of the other (a row its hello did not take). With no
+    /// worker connected, the newcomer's declarations replace what the last ones left.
+    pub fn tensor_conflict(
+        &self,
+        inputs: &[corral_protocol::TensorSpec],
+        outputs: &[corral_protocol::TensorSpec],
+    ) -> Option<String> {
+        if (inputs.is_empty() && outputs.is_empty()) || self.workers() == 0 {
+            return None;
+        }
+        let kept = self.declared()?;
+        if kept.inputs.is_empty() && kept.outputs.is_empty() {
+            return None;
+        }
+        if kept.inputs == inputs && kept.outputs == outputs {
+            return None;
+        }
+        let named = |specs: &[corral_protocol::TensorSpec]| {
+            let each = specs.iter().map(|t| format!("{} {} {:?}", t.name, t.datatype, t.shape));
+            each.collect::<Vec<_>>().join(", ")
+        };
+        Some(format!(
+            "stage {:?} is served under other tensors (inputs: {}; outputs: {}) by the {} \
+             worker(s) connected: a stage's workers must declare the same ones (replace them \
+             all, or serve the new model as another stage)",
+            self.name,
+            named(&kept.inputs),
+            named(&kept.outputs),
+            self.workers()
+        ))
+    }
+
     pub fn declared(&self) -> Option<Arc<Declared>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }

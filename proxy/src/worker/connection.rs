@@ -86,11 +86,15 @@ pub async fn serve(stream: UnixStream, context: Context) {
         return;
     };
     let stage = &stage;
-    if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
-        let message = format!(
+    let refusal = if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
+        Some(format!(
             "stage {:?} feeds another stage; only the last stage of a pipeline may stream",
             stage.name()
-        );
+        ))
+    } else {
+        stage.tensor_conflict(&hello.inputs, &hello.outputs)
+    };
+    if let Some(message) = refusal {
         warn!(reason = %message, "worker refused");
         metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
         outbox.send(ProxyMessage::Reject(Reject { message }));
