@@ -59,7 +59,7 @@ impl Framing {
             Framing::Ndjson => (b"", b"\n"),
         };
         format::from_msgpack_between(Format::Json, data, prefix, suffix)
-            .map_err(|e| self.error(&ApiError::internal("unrepresentable_output", e)))
+            .map_err(|e| self.error(&ApiError::internal(e.code(), e.message)))
     }
 
     /// The end of a stream that went well.

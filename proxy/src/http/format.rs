@@ -254,9 +254,55 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
     }
 }
 
-/// A native client's 500 for an output JSON cannot carry (`why`, from [`from_msgpack`]): unlike
-/// a protocol's client, it may ask for msgpack instead, and is told so.
-pub fn unrepresentable_for_native(why: String) -> ApiError {
+/// Why a worker's output could not be written for its client ([`from_msgpack`]).
+#[derive(Debug)]
+pub struct Unwritable {
+    pub message: String,
+    /// The output breaks the protocol (a tensor value that does not fit its own header): the
+    /// worker's fault whatever the client accepts, `bad_output`. Otherwise the output is sound
+    /// and has no JSON form, `unrepresentable_output`.
+    pub malformed: bool,
+}
+
+impl Unwritable {
+    fn no_json_form(message: impl Into<String>) -> Self {
+        Unwritable { message: message.into(), malformed: false }
+    }
+
+    pub fn code(&self) -> &'static str {
+        if self.malformed {
+            "bad_output"
+        } else {
+            "unrepresentable_output"
+        }
+    }
+
+    /// The client's 500, with `message` as its message.
+    pub fn into_error_saying(self, message: String) -> ApiError {
+        ApiError::internal(self.code(), message)
+    }
+}
+
+impl std::ops::Deref for Unwritable {
+    type Target = str;
+    fn deref(&self) -> &str {
+        &self.message
+    }
+}
+
+impl std::fmt::Display for Unwritable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+/// A native client's 500 for an output it cannot be given (from [`from_msgpack`]): for one JSON
+/// cannot carry, unlike a protocol's client, it may ask for msgpack instead, and is told so; a
+/// malformed output is the worker's fault, which no format mends.
+pub fn unrepresentable_for_native(why: Unwritable) -> ApiError {
+    if why.malformed {
+        return ApiError::internal("bad_output", why.message);
+    }
     let message = format!("{why}; msgpack can (Accept: application/msgpack)");
     ApiError::internal("unrepresentable_output", message)
 }
@@ -264,7 +310,7 @@ pub fn unrepresentable_for_native(why: String) -> ApiError {
 /// Turns a worker's msgpack output into the answer format. Tensor values in it (from a worker
 /// that also serves Open Inference Protocol v2 clients) are written out as nested arrays first:
 /// a native client gets plain values in either format.
-pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, String> {
+pub fn from_msgpack(format: Format, data: Bytes) -> Result<Bytes, Unwritable> {
     from_msgpack_between(format, data, b"", b"")
 }
 
@@ -276,11 +322,13 @@ pub fn from_msgpack_between(
     data: Bytes,
     prefix: &[u8],
     suffix: &[u8],
-) -> Result<Bytes, String> {
+) -> Result<Bytes, Unwritable> {
     let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
-        let plain = tensor::expand(&data)
-            .map_err(|e| format!("the worker's output has a value Corral cannot write: {e}"))?;
+        let plain = tensor::expand(&data).map_err(|e| Unwritable {
+            message: format!("the worker's output has a tensor value that is not well formed: {e}"),
+            malformed: true,
+        })?;
         if format == Format::Json {
             // A tensor's floats are plain values only now.
             found = crate::msgpack::scan(&plain);
@@ -292,21 +340,26 @@ pub fn from_msgpack_between(
     match format {
         Format::Msgpack => Ok(data),
         // serde_json would write `null`: the client would read another value, or none.
-        Format::Json if found.non_finite => {
-            Err("the worker's output holds NaN or infinity, which JSON cannot carry".into())
-        }
+        Format::Json if found.non_finite => Err(Unwritable::no_json_form(
+            "the worker's output holds NaN or infinity, which JSON cannot carry",
+        )),
         // Found again after the tensors were expanded: an ext of another type. serde would
         // write it as `[type, [bytes]]`, another value than the worker's.
-        Format::Json if found.ext => Err("the worker's output holds a msgpack ext value that \
-                                          is not a tensor, which JSON cannot carry"
-            .into()),
+        Format::Json if found.ext => Err(Unwritable::no_json_form(
+            "the worker's output holds a msgpack ext value that is not a tensor, which JSON \
+             cannot carry",
+        )),
         Format::Json => {
             let mut out =
                 Vec::with_capacity(prefix.len() + data.len() + data.len() / 2 + suffix.len());
             out.extend_from_slice(prefix);
             let mut de = crate::msgpack::reader(&data[..]);
             serde_transcode::transcode(&mut de, &mut serde_json::Serializer::new(&mut out))
-                .map_err(|e| format!("the worker's output cannot be written as JSON: {e}"))?;
+                .map_err(|e| {
+                    Unwritable::no_json_form(format!(
+                        "the worker's output cannot be written as JSON: {e}"
+                    ))
+                })?;
             out.extend_from_slice(suffix);
             Ok(Bytes::from(out))
         }
@@ -360,6 +413,30 @@ mod tests {
         assert_eq!(accept("application/json;Q=0.000, application/*"), msgpack);
         assert_eq!(accept("application/msgpack;q=0, */*"), json);
         assert_eq!(accept("application/json;q=0, application/msgpack;q=0, */*"), None);
+    }
+
+    #[test]
+    fn a_malformed_tensor_is_the_workers_fault_in_every_format() {
+        // 7 bytes of FP32 data for shape [2]: it was `unrepresentable_output`, telling a client
+        // that already asked for msgpack to ask for msgpack.
+        let mut bad = Vec::new();
+        crate::http::protocols::v2::tensor::write_tensor(
+            &mut bad,
+            crate::http::protocols::v2::tensor::DataType::F32,
+            &[2],
+            &[0; 7],
+        );
+        for format in [Format::Json, Format::Msgpack] {
+            let why = from_msgpack(format, Bytes::from(bad.clone())).unwrap_err();
+            assert!(why.malformed && why.contains("not well formed"), "{why}");
+            let error = unrepresentable_for_native(why);
+            assert_eq!(error.code, "bad_output");
+            assert!(!error.message.contains("msgpack can"), "{}", error.message);
+        }
+        let nan = Bytes::from(rmp_serde::to_vec(&f64::NAN).unwrap());
+        let error = unrepresentable_for_native(from_msgpack(Format::Json, nan).unwrap_err());
+        assert_eq!(error.code, "unrepresentable_output");
+        assert!(error.message.contains("msgpack can"), "{}", error.message);
     }
 
     #[test]

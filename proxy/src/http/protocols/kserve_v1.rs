@@ -112,9 +112,9 @@ pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
         let index = items::split(&predictions).ok().and_then(|rows| rows.into_iter().position(bad));
         let message = match index {
             Some(index) => format!("instance {index}: {e}"),
-            None => e,
+            None => e.to_string(),
         };
-        ApiError::internal("unrepresentable_output", message)
+        e.into_error_saying(message)
     })
 }
 
