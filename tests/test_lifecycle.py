@@ -167,7 +167,12 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
                              worker=None)  # fmt: skip
     looping.wait_for_log(r"worker exited; restarting", count=3)
     assert looping.client.get("/healthz").status_code == 200
-    assert looping.client.get("/readyz").status_code == 503
+    ready = looping.client.get("/readyz")
+    assert ready.status_code == 503
+    # Why, beyond "no connected worker" (a crash loop, not a slow start): it said only that.
+    message = ready.json()["message"]
+    said = re.search(r"its workers exited (\d+) time\(s\), the last with exit status: 3", message)
+    assert said and int(said[1]) >= 3, message
 
 
 # Says hello as a worker does, then exits: a model that dies as its first batch arrives.

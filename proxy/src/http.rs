@@ -116,7 +116,7 @@ impl App {
             return Some("shutting down".into());
         }
         let idle = stages.find(|stage| stage.workers() == 0)?;
-        Some(format!("stage {:?} has no connected worker", idle.name()))
+        Some(format!("stage {:?} has no connected worker{}", idle.name(), idle.exits_said()))
     }
 
     /// What every job-taking endpoint checks first, native or a protocol's: `POST` only, and no

@@ -171,8 +171,9 @@ pub async fn run(
     let stop_workers = CancellationToken::new();
     let workers = TaskTracker::new();
     let children = supervisor::Children::default();
+    let by_stage = Arc::new(by_name);
     let context = worker::connection::Context {
-        stages: Arc::new(by_name),
+        stages: by_stage.clone(),
         shutdown: stop_workers.clone(),
         children: children.clone(),
         shared_memory,
@@ -194,6 +195,7 @@ pub async fn run(
     }
     for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
         let command = supervisor::WorkerCommand {
+            serves: by_stage[&spec.name].clone(),
             argv: spec.command.clone(),
             socket: socket.clone(),
             stage: spec.name.clone(),

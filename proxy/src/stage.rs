@@ -139,6 +139,9 @@ pub struct Stage {
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
+    /// How often its spawned workers exited, and how the last did: what `/readyz` says of a
+    /// stage without a worker (a crash loop, rather than a slow start).
+    exits: Mutex<(u64, String)>,
 }
 
 #[derive(Default)]
@@ -302,6 +305,27 @@ impl Stage {
             gpus: Vec::new(),
             queue: Mutex::default(),
             arrivals: Notify::new(),
+            exits: Mutex::default(),
+        }
+    }
+
+    /// Notes that one of its spawned workers exited, how (the supervisor's words).
+    pub fn worker_exited(&self, how: &str) {
+        let mut exits = self.exits.lock().unwrap_or_else(|p| p.into_inner());
+        exits.0 += 1;
+        exits.1 = how.to_string();
+    }
+
+    /// Why it has no worker, as far as its spawned ones tell: how often they exited and how
+    /// the last did; empty if none has exited.
+    pub fn exits_said(&self) -> String {
+        let exits = self.exits.lock().unwrap_or_else(|p| p.into_inner());
+        match exits.0 {
+            0 => String::new(),
+            count => format!(
+                "; its workers exited {count} time(s), the last with {} (see the log)",
+                exits.1
+            ),
         }
     }
 

@@ -47,8 +47,10 @@ const HEALTHY_RUN: Duration = Duration::from_secs(30);
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start the workers.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct WorkerCommand {
+    /// The stage its workers serve, told of each exit (for `/readyz`).
+    pub serves: Arc<crate::stage::Stage>,
     pub argv: Vec<String>,
     pub socket: PathBuf,
     /// The stage the workers serve.
@@ -231,6 +233,10 @@ async fn supervise(
             backoff = FIRST_BACKOFF;
         }
         let restart_in_ms = backoff.as_millis() as u64;
+        match &status {
+            Ok(how) => command.serves.worker_exited(how),
+            Err(e) => command.serves.worker_exited(&format!("an unknown status ({e})")),
+        }
         match status {
             Ok(status) => {
                 warn!(stage = %command.stage, worker = index, %status, restarts, restart_in_ms, "worker exited; restarting")
