@@ -89,6 +89,33 @@ fn raise_soft_limit() -> Option<u64> {
     (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur)
 }
 
+/// An accept loop's failures (out of descriptors, typically), logged at most once a minute with
+/// how many were not: the loop retries every 50 ms, and logged each time it wrote 450 warnings
+/// in 13 s while the descriptors stayed used up.
+#[derive(Default)]
+pub struct AcceptFailures {
+    logged: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl AcceptFailures {
+    pub fn failed(&mut self, what: &str, error: &std::io::Error) {
+        let due = self.logged.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(60));
+        if !due {
+            self.unlogged += 1;
+            return;
+        }
+        warn!(
+            %error,
+            failed_since = self.unlogged,
+            "could not accept {what} (logged at most once a minute; failed_since counts the \
+             failures not logged since the last line)"
+        );
+        self.logged = Some(std::time::Instant::now());
+        self.unlogged = 0;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +131,20 @@ mod tests {
     #[test]
     fn the_cap_is_never_above_the_flag() {
         assert_eq!(connection_cap(2, 1), 2);
+    }
+
+    #[test]
+    fn accept_failures_are_logged_once_a_minute_and_counted_between() {
+        let mut failures = AcceptFailures::default();
+        let error = std::io::Error::from_raw_os_error(libc::EMFILE);
+        failures.failed("a test connection", &error);
+        assert!(failures.logged.is_some());
+        for _ in 0..3 {
+            failures.failed("a test connection", &error);
+        }
+        assert_eq!(failures.unlogged, 3, "not logged within the minute, counted");
+        failures.logged = Some(std::time::Instant::now() - std::time::Duration::from_secs(61));
+        failures.failed("a test connection", &error);
+        assert_eq!(failures.unlogged, 0, "logged again a minute on, the count with it");
     }
 }

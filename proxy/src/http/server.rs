@@ -98,13 +98,14 @@ pub async fn serve(
         .max_concurrent_streams(limits.http2_max_streams);
     let connections = Arc::new(Semaphore::new(limits.max_connections));
     let graceful = GracefulShutdown::new();
+    let mut accept_failures = crate::open_files::AcceptFailures::default();
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Typically out of file descriptors: back off a little and keep serving.
-                    warn!(error = %e, "could not accept an HTTP connection");
+                    accept_failures.failed("an HTTP connection", &e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

@@ -261,6 +261,7 @@ pub async fn accept(
     watch.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     // What was last said about the path: each change is said once.
     let mut said = Look::Ours;
+    let mut accept_failures = crate::open_files::AcceptFailures::default();
     loop {
         let stream = tokio::select! {
             _ = watch.tick() => {
@@ -293,7 +294,7 @@ pub async fn accept(
                 Ok((stream, _)) => stream,
                 Err(e) => {
                     // Typically out of file descriptors: keep the listener, try again.
-                    warn!(error = %e, "could not accept a worker connection");
+                    accept_failures.failed("a worker connection", &e);
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 }
