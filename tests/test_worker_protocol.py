@@ -449,3 +449,30 @@ def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
     assert as_msgpack.headers["content-type"] == "application/msgpack"
     assert as_msgpack.content == data  # byte for byte
     worker.close()
+
+
+def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, pool):
+    """It said "result for unknown or repeated job id X" of a job the worker held."""
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--retries=0", worker=None)
+    worker = FakeWorker(proxy.socket)
+    # One batch answered first: nothing goes ahead before the stage has learned a batch's cost.
+    warm = pool.submit(proxy.post, "w")
+    job = worker.receive()["jobs"][0]
+    worker.send(protocol.results([protocol.ok(job["id"], job["payload"])]))
+    assert warm.result(timeout=30).status_code == 200
+    first = pool.submit(proxy.post, "a")
+    batch = worker.receive()
+    second = pool.submit(proxy.post, "b")
+    ahead = worker.receive()  # sent while the worker holds the first
+    proxy.wait_until(
+        lambda: proxy.metric("corral_batches_sent_ahead_total", stage="default") >= 1,
+        what="the second batch counted as sent ahead",
+    )
+    worker.send(protocol.results([protocol.ok(job["id"], b"\xc0") for job in ahead["jobs"]]))
+    line = proxy.wait_for_log(r"worker disconnected")
+    assert "a job of the batch sent after the one being answered" in line, line
+    assert "answer batches in the order they came" in line
+    assert first.result(timeout=30).status_code == 500
+    assert second.result(timeout=30).status_code == 500
+    assert batch["jobs"][0]["id"] != ahead["jobs"][0]["id"]
+    worker.close()

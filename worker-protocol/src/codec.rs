@@ -166,7 +166,17 @@ impl<In: Tagged, Out> Decoder for MessageCodec<In, Out> {
     type Error = io::Error;
 
     fn decode(&mut self, src: &mut BytesMut) -> io::Result<Option<In>> {
-        match self.frames.decode(src)? {
+        // The announced length, for the message if the framing refuses it ("frame size too
+        // big" said neither the size nor the limit).
+        let announced = src.get(..4).map(|head| u32::from_be_bytes(head.try_into().unwrap()));
+        let frame = self.frames.decode(src).map_err(|e| match announced {
+            Some(length) if length as usize > MAX_FRAME_BYTES => io::Error::new(
+                io::ErrorKind::InvalidData,
+                format!("a frame of {length} bytes is over the limit of {MAX_FRAME_BYTES}"),
+            ),
+            _ => e,
+        })?;
+        match frame {
             None => Ok(None),
             Some(body) => {
                 decode(&body).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
@@ -356,7 +366,12 @@ mod tests {
     fn refuses_a_length_prefix_over_the_limit() {
         let mut codec = ProxyCodec::default();
         let mut buf = BytesMut::from(&((MAX_FRAME_BYTES as u32) + 1).to_be_bytes()[..]);
-        assert!(codec.decode(&mut buf).is_err());
+        let refused = codec.decode(&mut buf).unwrap_err().to_string();
+        // It said "frame size too big", naming neither.
+        let said = format!("a frame of {} bytes is over the limit of {MAX_FRAME_BYTES}", {
+            MAX_FRAME_BYTES + 1
+        });
+        assert_eq!(refused, said);
     }
 
     #[test]

@@ -262,9 +262,9 @@ async fn handshake(
         _ = shutdown.cancelled() => return None,
     };
     let first = match first {
+        // Refused, saying why: a worker that said nothing yet may still be reading.
         Err(_) => {
-            warn!("worker connection closed: no hello within {HELLO_TIMEOUT:?}");
-            return None;
+            Err(format!("no hello within {HELLO_TIMEOUT:?}: a worker's first frame is its hello"))
         }
         Ok(None) => return None,
         // A frame that arrived whole but is not a valid message (a hello without `pid`, a
@@ -460,6 +460,19 @@ async fn work(
                         }
                     }
                     Err((why, jobs)) => {
+                        // An id of the batch sent ahead: the worker answered out of order (the
+                        // message said only "unknown or repeated" of a job it does hold).
+                        let ahead = in_flight.front().is_some_and(|ahead| {
+                            ahead.jobs.iter().any(|job| why.ends_with(&job.id.to_string()))
+                        });
+                        let why = if ahead {
+                            format!(
+                                "{why}, a job of the batch sent after the one being answered: \
+                                 answer batches in the order they came, each in its own frame"
+                            )
+                        } else {
+                            why
+                        };
                         // Put back in front, so that the jobs are handed back oldest first.
                         in_flight.push_front(InFlight { jobs, ..batch });
                         break protocol_error(why);
@@ -519,7 +532,7 @@ fn kind_of(message: &WorkerMessage) -> &'static str {
         WorkerMessage::Hello(_) => "hello",
         WorkerMessage::Results(_) => "results",
         WorkerMessage::Chunks(_) => "chunks (the worker did not declare stream)",
-        WorkerMessage::Pull(_) => "pull (the worker did not declare join)",
+        WorkerMessage::Pull(_) => "pull (the worker did not declare stream and join)",
     }
 }
 
@@ -606,4 +619,28 @@ pub(super) struct Worker<'a> {
     pub shared: Option<&'a SharedMemory>,
     /// Marked once the worker answered work (see `supervisor::Served`).
     pub served: &'a Served,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_silent_past_the_hello_timeout_is_told_why() {
+        // It was closed without a word: the worker saw a bare end of file.
+        let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+        let (read, write) = proxy_end.into_split();
+        let mut inbox = FramedRead::new(read, ProxyCodec::default());
+        let mut outbox = Outbox::new(write);
+        let (stages, shutdown) = (HashMap::new(), CancellationToken::new());
+        assert!(handshake(&mut inbox, &mut outbox, &stages, &shutdown).await.is_none());
+        outbox.close(CLOSE_WRITE_LIMIT).await;
+        let mut heard = FramedRead::new(worker_end, corral_protocol::WorkerCodec::default());
+        match heard.next().await {
+            Some(Ok(ProxyMessage::Reject(reject))) => {
+                assert!(reject.message.starts_with("no hello within 10s"), "{}", reject.message)
+            }
+            other => panic!("expected a reject, got {other:?}"),
+        }
+    }
 }
