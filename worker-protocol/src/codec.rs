@@ -363,6 +363,44 @@ mod tests {
     }
 
     #[test]
+    fn data_is_a_bin_and_nothing_else() {
+        use rmpv::Value;
+        let frame = |kind: &str, entry: Vec<(Value, Value)>| {
+            let entry = [vec![(Value::from("id"), Value::Binary(vec![7; 16]))], entry].concat();
+            let list = if kind == "results" { "results" } else { "chunks" };
+            let map = Value::Map(vec![
+                (Value::from("type"), Value::from(kind)),
+                (Value::from(list), Value::Array(vec![Value::Map(entry)])),
+            ]);
+            let mut body = Vec::new();
+            rmpv::encode::write_value(&mut body, &map).unwrap();
+            body
+        };
+        let ok = |data: Value| {
+            let status = (Value::from("status"), Value::from("ok"));
+            frame("results", vec![status, (Value::from("data"), data)])
+        };
+        let chunk = |data: Value| frame("chunks", vec![(Value::from("data"), data)]);
+        // A str's bytes were taken as msgpack ("1" answered 49), and so was an array of numbers.
+        for data in [Value::from("1"), Value::Array(vec![Value::from(0xc0)])] {
+            for body in [ok(data.clone()), chunk(data.clone())] {
+                let refused = decode::<WorkerMessage>(&body).unwrap_err().to_string();
+                assert!(refused.contains("a msgpack bin"), "{refused}");
+                assert!(decode_by_serde::<WorkerMessage>(&body).is_err());
+            }
+        }
+        let Ok(WorkerMessage::Results(results)) = decode(&ok(Value::Binary(vec![0xc0]))) else {
+            panic!("a bin is data")
+        };
+        assert_eq!(results.results[0].data.as_deref(), Some(&[0xc0][..]));
+        let error = frame(
+            "results",
+            vec![(Value::from("status"), Value::from("error")), (Value::from("data"), Value::Nil)],
+        );
+        assert!(decode::<WorkerMessage>(&error).is_ok(), "nil counts as left out");
+    }
+
+    #[test]
     fn refuses_a_length_prefix_over_the_limit() {
         let mut codec = ProxyCodec::default();
         let mut buf = BytesMut::from(&((MAX_FRAME_BYTES as u32) + 1).to_be_bytes()[..]);

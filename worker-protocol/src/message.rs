@@ -219,7 +219,7 @@ impl<'de> Deserialize<'de> for ResultStatus {
 pub struct JobResult {
     pub id: JobId,
     pub status: ResultStatus,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(default, skip_serializing_if = "Option::is_none", deserialize_with = "bin::optional")]
     pub data: Option<Bytes>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -239,7 +239,66 @@ pub struct Chunks {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Chunk {
     pub id: JobId,
+    #[serde(deserialize_with = "bin::required")]
     pub data: Bytes,
+}
+
+/// A result's or a chunk's `data` as the protocol has it, a msgpack `bin` and nothing else:
+/// serde's reading of `Bytes` also took a `str` (its bytes then read as msgpack: a worker that
+/// wrote the text `"1"` there was answered 49, with 200) and an array of integers.
+mod bin {
+    use std::fmt;
+
+    use bytes::Bytes;
+    use serde::de::{self, Deserializer, Visitor};
+
+    struct Bin;
+
+    impl<'de> Visitor<'de> for Bin {
+        type Value = Bytes;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a msgpack bin (the msgpack value, as bytes)")
+        }
+
+        fn visit_bytes<E: de::Error>(self, bytes: &[u8]) -> Result<Bytes, E> {
+            Ok(Bytes::copy_from_slice(bytes))
+        }
+
+        fn visit_byte_buf<E: de::Error>(self, bytes: Vec<u8>) -> Result<Bytes, E> {
+            Ok(Bytes::from(bytes))
+        }
+    }
+
+    struct MaybeBin;
+
+    impl<'de> Visitor<'de> for MaybeBin {
+        type Value = Option<Bytes>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("a msgpack bin (the msgpack value, as bytes), or nil")
+        }
+
+        fn visit_none<E: de::Error>(self) -> Result<Option<Bytes>, E> {
+            Ok(None)
+        }
+
+        fn visit_unit<E: de::Error>(self) -> Result<Option<Bytes>, E> {
+            Ok(None)
+        }
+
+        fn visit_some<D: Deserializer<'de>>(self, d: D) -> Result<Option<Bytes>, D::Error> {
+            required(d).map(Some)
+        }
+    }
+
+    pub fn required<'de, D: Deserializer<'de>>(d: D) -> Result<Bytes, D::Error> {
+        d.deserialize_byte_buf(Bin)
+    }
+
+    pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Bytes>, D::Error> {
+        d.deserialize_option(MaybeBin)
+    }
 }
 
 /// A joining worker can take up to `max` more jobs now (0 withdraws an earlier offer). The proxy
