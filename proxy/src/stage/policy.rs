@@ -130,6 +130,16 @@ pub fn decide(
         return Release::Now;
     }
     let mut release_at = oldest + settings.max_wait;
+    if let Some(deadline) = queue.oldest_deadline {
+        // Never waited out past the point where the oldest job can still be answered in time:
+        // its deadline less the batch's learned cost, or, none learned yet, halfway there. (A
+        // `--max-wait-ms` at or above the deadline answered every lone request 408.)
+        let latest = match forecast.cost {
+            Some(cost) => deadline.checked_sub(cost.of(queue.weight)).unwrap_or(now),
+            None => oldest + deadline.saturating_duration_since(oldest) / 2,
+        };
+        release_at = release_at.min(latest);
+    }
     if settings.policy == Policy::Adaptive {
         // Since when a worker could have run the oldest job: the hold for returns ends max_wait
         // after that, however many answers announce more returns meanwhile.
@@ -270,6 +280,25 @@ mod tests {
         );
         let later = oldest + WAIT;
         assert_eq!(decide(view(2, oldest), later, &fixed, &Forecast::default()), Release::Now);
+    }
+
+    #[test]
+    fn no_policy_waits_out_the_oldest_jobs_deadline() {
+        // A max wait of a minute for jobs of a second: every lone request got its 408.
+        let oldest = Instant::now();
+        let long = BatchSettings { max_wait: Duration::from_secs(60), ..settings(Policy::Fixed) };
+        let due = QueueView { oldest_deadline: Some(oldest + ms(1000)), ..view(1, oldest) };
+        let none_learned = Forecast::default();
+        assert_eq!(decide(due, oldest, &long, &none_learned), Release::At(oldest + ms(500)));
+        let learned = Forecast {
+            cost: Some(Cost { overhead: ms(100), per_item: ms(50) }),
+            ..Forecast::default()
+        };
+        assert_eq!(decide(due, oldest, &long, &learned), Release::At(oldest + ms(850)));
+        // Within its wait, the deadline far off: the wait as set.
+        let far = QueueView { oldest_deadline: Some(oldest + ms(60_000)), ..view(1, oldest) };
+        let fixed = settings(Policy::Fixed);
+        assert_eq!(decide(far, oldest, &fixed, &none_learned), Release::At(oldest + WAIT));
     }
 
     #[test]
