@@ -236,15 +236,17 @@ impl Queue {
         self.first.estimate().unwrap_or(cost)
     }
 
-    /// The queue as the policy sees it, for a worker free since `free_since`.
-    fn view(&self, free_since: Instant) -> QueueView {
+    /// The queue as the policy sees it, for a worker free since `free_since` taking batches of
+    /// at most `max` jobs.
+    fn view(&self, free_since: Instant, max: usize) -> QueueView {
         let oldest = self.jobs.oldest();
         QueueView {
             jobs: self.jobs.len(),
             bytes: self.jobs.bytes(),
             weight: self.jobs.weight() as usize,
             oldest: oldest.map(|j| j.arrived),
-            oldest_deadline: oldest.map(|j| j.deadline),
+            // A walk of at most `max` jobs, as the batch taken would be.
+            earliest_deadline: self.jobs.earliest_deadline(max),
             worker_free_since: Some(free_since),
         }
     }

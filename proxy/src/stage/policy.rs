@@ -38,7 +38,8 @@ use super::returns::Expected;
 pub enum Policy {
     /// Release as soon as waiting no longer pays, within the hard bounds.
     Adaptive,
-    /// Always wait up to max-wait for a full batch, as MOSEC and Triton's dynamic batcher do.
+    /// Always wait up to max-wait for a full batch, as MOSEC and Triton's dynamic batcher do
+    /// (but never past a job's deadline).
     Fixed,
 }
 
@@ -86,8 +87,9 @@ pub struct QueueView {
     pub weight: usize,
     /// Arrival of the oldest queued job (None when empty).
     pub oldest: Option<Instant>,
-    /// Deadline of the oldest queued job.
-    pub oldest_deadline: Option<Instant>,
+    /// The earliest deadline among the jobs the next batch would take (not only the oldest
+    /// job's: a later one may be due sooner, a client's shorter deadline).
+    pub earliest_deadline: Option<Instant>,
     /// When the worker asking became free (None: before the oldest job arrived).
     pub worker_free_since: Option<Instant>,
 }
@@ -130,10 +132,11 @@ pub fn decide(
         return Release::Now;
     }
     let mut release_at = oldest + settings.max_wait;
-    if let Some(deadline) = queue.oldest_deadline {
-        // Never waited out past the point where the oldest job can still be answered in time:
-        // its deadline less the batch's learned cost, or, none learned yet, halfway there. (A
-        // `--max-wait-ms` at or above the deadline answered every lone request 408.)
+    if let Some(deadline) = queue.earliest_deadline {
+        // Never waited out past the point where the batch's earliest-due job can still be
+        // answered in time: its deadline less the batch's learned cost, or, none learned yet,
+        // halfway there from the oldest arrival. (A `--max-wait-ms` at or above the deadline
+        // answered every lone request 408.)
         let latest = match forecast.cost {
             Some(cost) => deadline.checked_sub(cost.of(queue.weight)).unwrap_or(now),
             None => oldest + deadline.saturating_duration_since(oldest) / 2,
@@ -174,7 +177,7 @@ fn returns_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option<
         return None;
     }
     let joined = queue.weight + (returns.jobs * queue.mean_weight()).ceil() as usize;
-    if let Some(deadline) = queue.oldest_deadline {
+    if let Some(deadline) = queue.earliest_deadline {
         if returns.by + cost.of(joined) > deadline {
             return None;
         }
@@ -193,7 +196,7 @@ fn adaptive_limit(queue: QueueView, now: Instant, forecast: &Forecast) -> Option
         return None;
     }
     let mut limit = last_arrival + gap * 2;
-    if let Some(deadline) = queue.oldest_deadline {
+    if let Some(deadline) = queue.earliest_deadline {
         // Leave the batch (one job larger than now) time to run before the oldest job's deadline.
         let one_more = queue.weight + queue.mean_weight().ceil() as usize;
         let latest = deadline.checked_sub(cost.of(one_more)).unwrap_or(now);
@@ -231,7 +234,7 @@ mod tests {
             bytes: jobs * 10,
             weight: jobs,
             oldest: Some(oldest),
-            oldest_deadline: Some(oldest + Duration::from_secs(5)),
+            earliest_deadline: Some(oldest + Duration::from_secs(5)),
             worker_free_since: None,
         }
     }
@@ -287,7 +290,7 @@ mod tests {
         // A max wait of a minute for jobs of a second: every lone request got its 408.
         let oldest = Instant::now();
         let long = BatchSettings { max_wait: Duration::from_secs(60), ..settings(Policy::Fixed) };
-        let due = QueueView { oldest_deadline: Some(oldest + ms(1000)), ..view(1, oldest) };
+        let due = QueueView { earliest_deadline: Some(oldest + ms(1000)), ..view(1, oldest) };
         let none_learned = Forecast::default();
         assert_eq!(decide(due, oldest, &long, &none_learned), Release::At(oldest + ms(500)));
         let learned = Forecast {
@@ -296,7 +299,7 @@ mod tests {
         };
         assert_eq!(decide(due, oldest, &long, &learned), Release::At(oldest + ms(850)));
         // Within its wait, the deadline far off: the wait as set.
-        let far = QueueView { oldest_deadline: Some(oldest + ms(60_000)), ..view(1, oldest) };
+        let far = QueueView { earliest_deadline: Some(oldest + ms(60_000)), ..view(1, oldest) };
         let fixed = settings(Policy::Fixed);
         assert_eq!(decide(far, oldest, &fixed, &none_learned), Release::At(oldest + WAIT));
     }
@@ -356,13 +359,15 @@ mod tests {
         let now = Instant::now();
         let adaptive = settings(Policy::Adaptive);
         // Deadline in 2.5 ms; a batch of 2 is expected to take 2.4 ms: 0.1 ms of slack left.
-        let tight =
-            QueueView { oldest_deadline: Some(now + Duration::from_micros(2500)), ..view(1, now) };
+        let tight = QueueView {
+            earliest_deadline: Some(now + Duration::from_micros(2500)),
+            ..view(1, now)
+        };
         assert_eq!(
             decide(tight, now, &adaptive, &busy(now)),
             Release::At(now + Duration::from_micros(100))
         );
-        let none_left = QueueView { oldest_deadline: Some(now + ms(2)), ..view(1, now) };
+        let none_left = QueueView { earliest_deadline: Some(now + ms(2)), ..view(1, now) };
         assert_eq!(decide(none_left, now, &adaptive, &busy(now)), Release::Now);
     }
 
@@ -428,12 +433,12 @@ mod tests {
     }
 
     #[test]
-    fn adaptive_does_not_wait_for_returns_past_the_oldest_deadline() {
+    fn adaptive_does_not_wait_for_returns_past_the_earliest_deadline() {
         let now = Instant::now();
         let roomy = BatchSettings { max_batch_size: 32, ..settings(Policy::Adaptive) };
         // A joined batch of 32 takes 212 ms; the oldest job has 200 ms left.
         let tight =
-            QueueView { oldest_deadline: Some(now + ms(200)), ..queued_while_busy(16, now, now) };
+            QueueView { earliest_deadline: Some(now + ms(200)), ..queued_while_busy(16, now, now) };
         assert_eq!(decide(tight, now, &roomy, &returning(now, 6000, 20_000)), Release::Now);
     }
 }

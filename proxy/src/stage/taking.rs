@@ -35,7 +35,12 @@ impl Stage {
         self.take_when(|stage, queue, now| {
             let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
             let forecast = queue.forecast(now, stage.settings.max_wait);
-            match policy::decide(queue.view(free_since), now, &stage.settings, &forecast) {
+            match policy::decide(
+                queue.view(free_since, stage.settings.max_batch_size),
+                now,
+                &stage.settings,
+                &forecast,
+            ) {
                 Release::Now => {
                     let batch = stage.take(queue, now);
                     if let (Some(slot), false) = (slot, batch.is_empty()) {

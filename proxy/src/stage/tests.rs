@@ -83,13 +83,30 @@ async fn an_idle_worker_wakes_for_the_first_arrival() {
 #[tokio::test(start_paused = true)]
 async fn an_expired_job_is_answered_and_never_dispatched() {
     let stage = stage(8, 10);
-    // The fresh job first: the batch is never held past the oldest job's deadline.
-    let _fresh = submit(&stage, b"fresh");
     let (short, mut expired) = job(b"late", Duration::from_millis(5));
     stage.submit(short).unwrap();
+    // Past its deadline before any worker asks (no batch is held past one: the next test).
+    tokio::time::sleep(Duration::from_millis(6)).await;
+    let _fresh = submit(&stage, b"fresh");
     let batch = stage.next_batch().await;
     assert_eq!(payloads(&batch), [b"fresh"]);
     assert_eq!(expired.try_recv().map(|r| r.outcome), Ok(Outcome::Expired));
+}
+
+#[tokio::test(start_paused = true)]
+async fn no_batch_is_held_past_the_deadline_of_a_job_it_would_take() {
+    // A minute's wait: the later job, due in 100 ms, goes out with its batch-mate in time
+    // (halfway to its deadline, no cost learned yet), not answered 408 at the end of the wait.
+    let settings = BatchSettings { max_wait: Duration::from_secs(60), ..stage(8, 10).settings };
+    let stage = Stage::new("default", settings, 10);
+    let start = Instant::now();
+    let _first = submit(&stage, b"first");
+    let (due, mut answer) = job(b"due", Duration::from_millis(100));
+    stage.submit(due).unwrap();
+    let batch = stage.next_batch().await;
+    assert_eq!(payloads(&batch), [&b"first"[..], &b"due"[..]]);
+    assert_eq!(start.elapsed(), Duration::from_millis(50));
+    assert!(answer.try_recv().is_err(), "not answered: sent to the worker");
 }
 
 #[tokio::test(start_paused = true)]
