@@ -2,6 +2,8 @@
 the protocol rules a worker must follow."""
 
 import asyncio
+import datetime
+import enum
 import functools
 import logging
 import socket
@@ -10,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 
 import msgpack
 import msgspec
@@ -224,6 +227,64 @@ def test_examples_that_are_not_a_sequence_of_requests_are_refused(examples):
     """("hello") without its comma warmed up on five one-character requests."""
     with pytest.raises(TypeError, match=r"Warm\.examples must be a tuple or list of requests"):
         type("Warm", (corral.Worker,), {"examples": examples, "forward": lambda self, b: b})
+
+
+def test_a_plain_forward_may_return_a_generator_expression_or_a_helper_generator():
+    """Only the hidden forward's own generator is refused: these were served, and are."""
+
+    def doubled(batch):
+        for x in batch:
+            yield x * 2
+
+    class Lazy(corral.Worker):
+        examples = (1,)
+
+        def forward(self, batch):
+            return (x + 1 for x in batch)
+
+    class Helped(corral.Worker):
+        def forward(self, batch):
+            return doubled(batch)
+
+    class Indexed:  # a sequence by __getitem__ alone, which list() takes
+        def __init__(self, items):
+            self.items = items
+
+        def __getitem__(self, i):
+            return self.items[i]
+
+    class Old(corral.Worker):
+        def forward(self, batch):
+            return Indexed(batch)
+
+    Lazy().warm_up()
+    for worker, expected in ((Lazy(), [2, 3]), (Helped(), [2, 4]), (Old(), [1, 2])):
+        with FakeProxy(worker) as proxy:
+            assert [r.value for r in proxy.infer([1, 2])] == expected
+
+
+def test_examples_may_be_none_or_a_property():
+    """None (no examples) and a property (loaded when the worker is made) were refused."""
+
+    class Nothing(corral.Worker):
+        examples = None
+
+        def forward(self, batch):
+            return batch
+
+    class Loaded(corral.Worker):
+        @property
+        def examples(self):
+            return (3,)
+
+        def forward(self, batch):
+            self.seen = list(batch)
+            return batch
+
+    Nothing().warm_up()
+    loaded = Loaded()
+    loaded.warm_up()
+    assert loaded.seen == [3]
 
 
 def test_remaining_in_forward_is_the_time_to_the_batch_last_deadline():
@@ -687,13 +748,14 @@ def test_an_error_message_for_the_batch_clients_is_cut_and_says_so():
 
 @pytest.mark.parametrize("stop", [SystemExit(3), KeyboardInterrupt()])
 def test_a_stop_raised_in_forward_is_logged_before_the_worker_stops(stop, caplog):
-    """A library's sys.exit() in forward ended the worker with nothing in its log."""
+    """A library's sys.exit() in forward ended the worker with nothing in its log (Ctrl-C, a
+    KeyboardInterrupt, is said at info, without a traceback)."""
 
     class Exiting(corral.Worker):
         def forward(self, batch):
             raise stop
 
-    caplog.set_level(logging.ERROR, logger="corral")
+    caplog.set_level(logging.INFO, logger="corral")
     with FakeProxy(Exiting()) as proxy:
         proxy.send(protocol.batch([protocol.job(b"j" * 16, 5000, msgpack.packb(1))]))
         assert proxy.receive() is None  # the worker closed its end, answering nothing
@@ -715,3 +777,47 @@ def test_max_running_on_a_plain_worker_is_warned_about(caplog):
     with FakeProxy(Plain()) as proxy:
         assert [r.value for r in proxy.infer([1])] == [1]
     assert "max_running is set but forward is not a generator" in caplog.text
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+@pytest.mark.parametrize(
+    ("output", "said"),
+    [
+        (2**64, "an integer of 65 bits is past msgpack's range"),
+        (datetime.date(2026, 1, 1), "return value.isoformat()"),
+        (uuid.UUID(int=1), "return str(value)"),
+        (Color.RED, "return value.value"),
+        (object(), "return str, int, float, bool, None, bytes, or a list or dict of them"),
+    ],
+)
+def test_an_output_msgpack_cannot_encode_says_what_to_return_instead(output, said):
+    """It said only "cannot encode int as msgpack" (of an integer too large), or the type."""
+
+    class Returning(corral.Worker):
+        def forward(self, batch):
+            return [output for _ in batch]
+
+    with FakeProxy(Returning()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "error"
+    assert "as msgpack: " in got.message and said in got.message, got.message
+
+
+def test_run_checks_the_socket_path_before_the_model_is_made(tmp_path):
+    """The path was checked only once warm-up was done: minutes of loading, then the exit."""
+    made = []
+
+    class Heavy(corral.Worker):
+        def __init__(self):
+            super().__init__()
+            made.append(self)
+
+        def forward(self, batch):
+            return batch
+
+    with pytest.raises(SystemExit, match="bytes over the 107"):
+        Heavy.run(str(tmp_path / ("s" * 120)))
+    assert made == []

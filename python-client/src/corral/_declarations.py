@@ -6,7 +6,7 @@ batch, or dies at every connection with a message that names none of it."""
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import msgspec
@@ -53,10 +53,15 @@ def check(cls: Any) -> None:
 
 
 def _examples(cls: type) -> None:
-    """``examples`` is a sequence of requests: a string (a tuple's missing comma) or a mapping
-    would warm up on its characters or keys."""
-    examples = cls.examples  # type: ignore[attr-defined]
-    if isinstance(examples, (str, bytes, bytearray, Mapping)) or not isinstance(examples, Sequence):
+    """``examples`` is a collection of requests: a string (a tuple's missing comma) or a
+    mapping would warm up on its characters or keys. ``None`` is none, and a property (examples
+    loaded when the worker is made) is read then."""
+    examples = inspect.getattr_static(cls, "examples")
+    if examples is None or hasattr(examples, "__get__"):
+        return
+    if isinstance(examples, (str, bytes, bytearray, Mapping)) or not isinstance(
+        examples, Collection
+    ):
         raise TypeError(
             f"{cls.__name__}.examples must be a tuple or list of requests, not a "
             f"{type(examples).__name__} (one example: ({examples!r:.60},) with its comma)"

@@ -307,13 +307,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
     reconnects whenever the connection drops, a worker spawned by ``corral -- CMD``
     (``CORRAL_WORKER_INDEX`` set) returns instead, as it does while waiting for a proxy that is
     gone (``CORRAL_PROXY_PID``)."""
-    too_long = len(os.fsencode(path)) - SOCKET_PATH_LIMIT
-    if too_long > 0:
-        # Every connect would fail the same way ("AF_UNIX path too long"), retried for ever.
-        raise SystemExit(
-            f"the socket path {path!r} is {too_long} bytes over the {SOCKET_PATH_LIMIT} a Unix "
-            "socket's path may have: use a shorter one (Corral refuses such a path too)"
-        )
+    check_path(path)
     spawned = "CORRAL_WORKER_INDEX" in os.environ
     proxy = _ProxyWatch.from_environment()
     delay = 0.05
@@ -359,6 +353,18 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
 
 # The bytes of a Unix socket's path (sun_path, less its terminating NUL), as Corral counts them.
 SOCKET_PATH_LIMIT = 107
+
+
+def check_path(path: str) -> None:
+    """Stops the worker (``SystemExit``) if ``path`` is too long for a Unix socket: every
+    connect would fail the same way ("AF_UNIX path too long"), retried for ever."""
+    too_long = len(os.fsencode(path)) - SOCKET_PATH_LIMIT
+    if too_long > 0:
+        raise SystemExit(
+            f"the socket path {path!r} is {too_long} bytes over the {SOCKET_PATH_LIMIT} a Unix "
+            "socket's path may have: use a shorter one (Corral refuses such a path too)"
+        )
+
 
 # A session shorter than this is retried after a backoff, as a failed connect is.
 _SHORT_SESSION = 1.0

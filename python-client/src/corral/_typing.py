@@ -21,6 +21,10 @@ codecs for a worker class are built once and kept.
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import enum
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -191,7 +195,27 @@ def plain(value: Any) -> Any:
         # holds it: msgspec would call this hook again, until a RecursionError.
         if type(converted) is not type(value):
             return converted
-    raise TypeError(f"cannot encode {type(value).__name__} as msgpack")
+    raise TypeError(f"cannot encode {type(value).__name__} as msgpack: {_instead(value)}")
+
+
+def _instead(value: Any) -> str:
+    """What to return instead of a value msgpack does not encode (the message's second half:
+    the type alone told an author nothing, and "int" was about its size)."""
+    if isinstance(value, int):
+        return (
+            f"an integer of {value.bit_length()} bits is past msgpack's range (-2**63 to "
+            "2**64-1); return it as a str"
+        )
+    if isinstance(value, (datetime.date, datetime.time)):
+        return "return value.isoformat() (or declare an output_type, which writes it so)"
+    if isinstance(value, enum.Enum):
+        return "return value.value"
+    if isinstance(value, (uuid.UUID, decimal.Decimal)):
+        return "return str(value)"
+    return (
+        "return str, int, float, bool, None, bytes, or a list or dict of them (numpy arrays "
+        "and scalars are converted)"
+    )
 
 
 def schemas(input_type: Any, output_type: Any) -> dict[str, str]:

@@ -23,8 +23,9 @@ import math
 import os
 import socket
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence, Set
+from collections.abc import Callable, Mapping, Sequence, Set
 from typing import Any, ClassVar
 
 from corral import (
@@ -41,10 +42,12 @@ from corral import (
     _typing,
 )
 from corral import _protocol as protocol
-from corral._errors import STOPS as _STOPS
 from corral._errors import describe as _describe
 
 log = logging.getLogger("corral")
+
+# Whether `max_running` on a worker that does not stream was warned about (once a process).
+_warned_max_running = threading.Event()
 
 
 class _class_or_instance:
@@ -221,6 +224,7 @@ class Worker:
         argv = _options_from_argv()
         # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
         path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
+        _serve.check_path(path)  # before a model is loaded and warmed for minutes
         worker = cls() if instance is None else instance
         worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
         try:
@@ -293,7 +297,8 @@ class Worker:
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
         )
-        if not streams and self.max_running:
+        if not streams and self.max_running and not _warned_max_running.is_set():
+            _warned_max_running.set()  # once a process, not at every reconnect
             log.warning(
                 "max_running is set but forward is not a generator: items join only a "
                 "streaming forward, and this worker serves batches as they come"
@@ -351,10 +356,13 @@ class Worker:
                 outputs = list(_outputs(self.forward(inputs)))
             if len(outputs) != count:
                 raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
-        except _STOPS as e:
+        except SystemExit as e:
             # Raised by the model or a library (sys.exit), it stops the worker: say where, or
             # the log shows only a worker gone and its batch retried elsewhere.
             log.error("forward raised %s: this worker stops", _describe(e), exc_info=e)
+            raise
+        except KeyboardInterrupt:
+            log.info("forward raised KeyboardInterrupt: this worker stops")  # Ctrl-C, as a rule
             raise
         except BaseException as e:
             _failures.failed("forward", e, [jobs[p]["id"] for p in positions])
@@ -386,7 +394,9 @@ def _outputs(returned: Any) -> Any:
             "forward returned a coroutine: it must return the outputs (run an async model "
             "with asyncio.run)"
         )
-    if inspect.isgenerator(returned):
+    # The hidden forward's own generator (its code is named so); a generator expression or a
+    # helper generator returned from a plain forward is read into its outputs, as ever.
+    if inspect.isgenerator(returned) and returned.gi_code.co_name == "forward":
         returned.close()
         raise TypeError(
             "forward returned a generator, but the worker does not stream: a decorator around "
@@ -401,11 +411,13 @@ def _outputs(returned: Any) -> Any:
             else ": return a list with one output per input"
         )
         raise TypeError(f"forward returned a {type(returned).__name__}{hint}")
-    if not isinstance(returned, Iterable):
+    try:
+        iter(returned)  # what list() takes: `__iter__`, or a sequence's `__getitem__`
+    except TypeError:
         raise TypeError(
             f"forward returned {type(returned).__name__}, not its outputs: return a list with "
             "one output per input"
-        )
+        ) from None
     return returned
 
 
