@@ -48,7 +48,7 @@ def test_the_405_and_431_that_infer_answers_are_documented_with_their_error_body
     """Every status `/infer` answers with Corral's error body is in the document, with its code
     word: a wrong method (405, with Allow) and a head over --max-header-bytes that the HTTP
     layer's 8 KiB read buffer still took in (431) were answered but not listed."""
-    proxy = corral_factory("--max-header-bytes", "1024", worker=None)
+    proxy = corral_factory("--max-header-bytes", "1000", worker=None)
     wrong_method = proxy.client.get("/infer")
     head_too_large = proxy.client.post("/infer", json=1, headers={"x-big": "a" * 2000})
     document = proxy.client.get("/openapi.json").json()

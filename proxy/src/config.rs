@@ -24,7 +24,7 @@ pub const DEFAULT_MAX_BATCH_BYTES: u64 = 24 * 1024 * 1024;
 pub const MAX_BATCH_SIZE: u32 = 4096;
 /// `--max-header-bytes`' range: below it a health probe's own head is refused; above it the
 /// bound eats into what a job's frame may carry (and HTTP/2 counts it in 32 bits).
-pub const HEADER_BYTES: std::ops::RangeInclusive<u64> = 1024..=1_048_576;
+pub const HEADER_BYTES: std::ops::RangeInclusive<u64> = 256..=1_048_576;
 /// `--max-headers`' range: memory for this many is set aside on each connection.
 pub const HEADERS: std::ops::RangeInclusive<u64> = 8..=10_000;
 /// The most spawned workers of a stage (`workers`, and `workers_per_gpu`), wherever set.
@@ -173,7 +173,7 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub idle_timeout_ms: u64,
 
-    /// Largest request head (request line and headers) in bytes, 1 KiB to 1 MiB; larger is
+    /// Largest request head (request line and headers) in bytes, 256 B to 1 MiB; larger is
     /// answered 431.
     #[arg(long, env = "CORRAL_MAX_HEADER_BYTES", default_value_t = 65_536,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(HEADER_BYTES))]
@@ -396,8 +396,8 @@ pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
     if mode & 0o222 == 0 {
         // Connecting to a Unix socket takes write permission: only root would get in.
         return Err(format!(
-            "{text:?} lets no one write the socket, and a worker needs that to connect: use 600 \
-             or 660"
+            "{text:?} lets no one write the socket, and a worker needs that to connect (only one \
+             running as root would get in): use 600 or 660"
         ));
     }
     Ok(mode)

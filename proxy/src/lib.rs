@@ -195,7 +195,10 @@ pub async fn run(
     }
     for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
         let command = supervisor::WorkerCommand {
-            serves: by_stage[&spec.name].clone(),
+            on_exit: {
+                let stage = by_stage[&spec.name].clone();
+                supervisor::ExitHook(Arc::new(move |how: &str| stage.worker_exited(how)))
+            },
             argv: spec.command.clone(),
             socket: socket.clone(),
             stage: spec.name.clone(),

@@ -114,6 +114,15 @@ impl AcceptFailures {
         self.logged = Some(std::time::Instant::now());
         self.unlogged = 0;
     }
+
+    /// A connection was accepted: after failures, says so once, with those not logged, so that
+    /// a burst that ended is not left looking as if it went on.
+    pub fn accepted(&mut self, what: &str) {
+        if self.logged.take().is_some() {
+            info!(failed_since = self.unlogged, "accepting {what} again");
+            self.unlogged = 0;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -146,5 +155,10 @@ mod tests {
         failures.logged = Some(std::time::Instant::now() - std::time::Duration::from_secs(61));
         failures.failed("a test connection", &error);
         assert_eq!(failures.unlogged, 0, "logged again a minute on, the count with it");
+        failures.failed("a test connection", &error);
+        failures.accepted("test connections");
+        assert_eq!((failures.logged, failures.unlogged), (None, 0), "said once, and reset");
+        failures.failed("a test connection", &error);
+        assert!(failures.logged.is_some(), "the next failure is logged at once");
     }
 }

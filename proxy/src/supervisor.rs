@@ -47,10 +47,10 @@ const HEALTHY_RUN: Duration = Duration::from_secs(30);
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start the workers.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WorkerCommand {
-    /// The stage its workers serve, told of each exit (for `/readyz`).
-    pub serves: Arc<crate::stage::Stage>,
+    /// Told how each of its workers exited (the stage keeps it, for `/readyz`).
+    pub on_exit: ExitHook,
     pub argv: Vec<String>,
     pub socket: PathBuf,
     /// The stage the workers serve.
@@ -152,8 +152,20 @@ impl Children {
     }
 }
 
+/// What the supervisor tells of each worker exit, how it ended: a hook, so that the
+/// supervisor needs nothing of the stage it tells.
+#[derive(Clone)]
+pub struct ExitHook(pub Arc<dyn Fn(&str) + Send + Sync>);
+
+impl std::fmt::Debug for ExitHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ExitHook")
+    }
+}
+
 /// Whether a spawned worker answered work, marked by its connection: its next restart, if it
-/// exits, is without delay.
+/// exits, is without delay. A worker that exits right after writing its results may be reaped
+/// before its connection has read them: that exit backs off as one that answered nothing.
 #[derive(Clone, Default)]
 pub struct Served(Arc<AtomicBool>);
 
@@ -234,8 +246,8 @@ async fn supervise(
         }
         let restart_in_ms = backoff.as_millis() as u64;
         match &status {
-            Ok(how) => command.serves.worker_exited(how),
-            Err(e) => command.serves.worker_exited(&format!("an unknown status ({e})")),
+            Ok(how) => (command.on_exit.0)(how),
+            Err(e) => (command.on_exit.0)(&format!("an unknown status ({e})")),
         }
         match status {
             Ok(status) => {

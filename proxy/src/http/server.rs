@@ -102,7 +102,10 @@ pub async fn serve(
     loop {
         let stream = tokio::select! {
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    accept_failures.accepted("HTTP connections");
+                    stream
+                }
                 Err(e) => {
                     // Typically out of file descriptors: back off a little and keep serving.
                     accept_failures.failed("an HTTP connection", &e);

@@ -447,7 +447,8 @@ async fn work(
             Some(Ok(WorkerMessage::Results(results))) => {
                 let batch = in_flight.pop_front().expect("a batch is in flight");
                 let (size, weight) = (batch.jobs.len(), crate::stage::weight_of(&batch.jobs));
-                match settle::pair(batch.jobs, results) {
+                let sent_after = in_flight.front().map_or(&[][..], |ahead| &ahead.jobs[..]);
+                match settle::pair(batch.jobs, results, sent_after) {
                     Ok(answers) => {
                         by.served.mark();
                         let now = Instant::now();
@@ -460,19 +461,6 @@ async fn work(
                         }
                     }
                     Err((why, jobs)) => {
-                        // An id of the batch sent ahead: the worker answered out of order (the
-                        // message said only "unknown or repeated" of a job it does hold).
-                        let ahead = in_flight.front().is_some_and(|ahead| {
-                            ahead.jobs.iter().any(|job| why.ends_with(&job.id.to_string()))
-                        });
-                        let why = if ahead {
-                            format!(
-                                "{why}, a job of the batch sent after the one being answered: \
-                                 answer batches in the order they came, each in its own frame"
-                            )
-                        } else {
-                            why
-                        };
                         // Put back in front, so that the jobs are handed back oldest first.
                         in_flight.push_front(InFlight { jobs, ..batch });
                         break protocol_error(why);

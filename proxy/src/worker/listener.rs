@@ -291,7 +291,10 @@ pub async fn accept(
                 continue;
             }
             accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    accept_failures.accepted("worker connections");
+                    stream
+                }
                 Err(e) => {
                     // Typically out of file descriptors: keep the listener, try again.
                     accept_failures.failed("a worker connection", &e);

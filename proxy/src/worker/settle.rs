@@ -25,7 +25,14 @@ pub const NO_REASON: &str = "the worker gave no reason";
 /// can no longer be trusted. An `ok` whose data is not exactly one well-formed msgpack value (one
 /// skip-pass, as for request bodies) fails that job alone ([`Outcome::BadOutput`]): the worker
 /// kept the protocol, its model's output is broken.
-pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Untrusted> {
+///
+/// `sent_after` is the batch sent ahead, if any: a result for one of its jobs is named as an
+/// answer out of order rather than an unknown id.
+pub fn pair(
+    jobs: Vec<Job>,
+    results: Results,
+    sent_after: &[Job],
+) -> Result<Vec<(Job, Outcome)>, Untrusted> {
     // Each job with its place in the batch: jobs handed back go back in the batch's order.
     let mut pending: HashMap<JobId, (usize, Job)> =
         jobs.into_iter().enumerate().map(|(at, job)| (job.id, (at, job))).collect();
@@ -33,7 +40,15 @@ pub fn pair(jobs: Vec<Job>, results: Results) -> Result<Vec<(Job, Outcome)>, Unt
     let mut problem = None;
     for result in results.results {
         let Some((at, job)) = pending.remove(&result.id) else {
-            problem = Some(format!("result for unknown or repeated job id {}", result.id));
+            problem = Some(if sent_after.iter().any(|job| job.id == result.id) {
+                format!(
+                    "result for job {}, of the batch sent after the one being answered: answer \
+                     batches in the order they came, each in its own frame",
+                    result.id
+                )
+            } else {
+                format!("result for unknown or repeated job id {}", result.id)
+            });
             break;
         };
         let outcome = match (result.status, result.data) {
@@ -260,7 +275,8 @@ mod tests {
     /// The outcomes of `pair`, in the batch's order.
     fn outcomes(jobs: Vec<Job>, results: Vec<JobResult>) -> Vec<Outcome> {
         let order: Vec<JobId> = jobs.iter().map(|job| job.id).collect();
-        let answers = pair(jobs, Results { results }).unwrap_or_else(|(why, _)| panic!("{why}"));
+        let answers =
+            pair(jobs, Results { results }, &[]).unwrap_or_else(|(why, _)| panic!("{why}"));
         let mut by_id: HashMap<JobId, Outcome> =
             answers.into_iter().map(|(job, outcome)| (job.id, outcome)).collect();
         order.iter().map(|id| by_id.remove(id).unwrap()).collect()
@@ -339,7 +355,7 @@ mod tests {
                 .iter()
                 .map(|&at| result(&jobs[at], ResultStatus::Ok, Some(b"\x01")))
                 .collect();
-            let (_, back) = pair(jobs, Results { results }).expect_err("a result is missing");
+            let (_, back) = pair(jobs, Results { results }, &[]).expect_err("a result is missing");
             let back: Vec<JobId> = back.iter().map(|job| job.id).collect();
             assert_eq!(back, order, "results for {results_for:?}");
         }
