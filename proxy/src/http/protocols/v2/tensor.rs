@@ -638,27 +638,37 @@ fn walk<'a>(
 }
 
 /// The datatype a plain row's elements suggest, gathered one element at a time: booleans
-/// `BOOL`, integers `INT64`, any float `FP64` (with integers too), strings and bins `BYTES`.
+/// `BOOL`, integers `INT64` (`UINT64` once one is past INT64's range and none is negative: a
+/// worker echoing a valid UINT64 tensor was answered 500), any float `FP64` (with integers too),
+/// strings and bins `BYTES`.
 #[derive(Default)]
 struct Kinds {
     seen: Option<DataType>,
     mixed: Option<(DataType, DataType)>,
+    negative: bool,
 }
 
 impl Kinds {
     fn add(&mut self, element: &Element) {
         let next = match element {
             Element::Bool(_) => DataType::Bool,
-            Element::Uint(_) | Element::Int(_) => DataType::I64,
+            Element::Uint(u) if *u > i64::MAX as u64 => DataType::U64,
+            Element::Uint(_) => DataType::I64,
+            Element::Int(i) => {
+                self.negative |= *i < 0;
+                DataType::I64
+            }
             Element::Float(_) | Element::Float32(_) => DataType::F64,
             Element::Bytes(_) => DataType::Bytes,
         };
+        let number = |t: DataType| matches!(t, DataType::I64 | DataType::U64 | DataType::F64);
         self.seen = match (self.seen, next) {
             (None, next) => Some(next),
             (Some(a), b) if a == b => Some(a),
-            (Some(DataType::I64 | DataType::F64), DataType::I64 | DataType::F64) => {
-                Some(DataType::F64)
+            (Some(DataType::I64 | DataType::U64), DataType::I64 | DataType::U64) => {
+                Some(DataType::U64)
             }
+            (Some(a), b) if number(a) && number(b) => Some(DataType::F64),
             (Some(a), b) => {
                 self.mixed.get_or_insert((a, b));
                 Some(a)
@@ -669,6 +679,9 @@ impl Kinds {
     fn datatype(&self) -> Result<DataType, String> {
         if let Some((a, b)) = self.mixed {
             return Err(format!("elements of {} and {} in one tensor", a.name(), b.name()));
+        }
+        if self.seen == Some(DataType::U64) && self.negative {
+            return Err("integers past INT64's range and negative ones in one tensor".into());
         }
         Ok(self.seen.unwrap_or(DataType::F64))
     }
@@ -930,6 +943,13 @@ mod tests {
         assert_eq!((inferred.datatype, inferred.data.len()), (DataType::I64, 32));
         let mixed = plain(serde_json::json!([1, 2.5]));
         assert_eq!(row(&mixed, None).unwrap().datatype, DataType::F64);
+        // Past INT64's range: UINT64, which holds it (INT64 refused it, a valid echo's 500).
+        let big = plain(serde_json::json!([1, u64::MAX]));
+        let big = row(&big, None).unwrap();
+        assert_eq!(big.datatype, DataType::U64);
+        assert_eq!(&big.data[8..], &u64::MAX.to_le_bytes());
+        let both = plain(serde_json::json!([-1, u64::MAX]));
+        assert!(row(&both, None).unwrap_err().contains("past INT64's range and negative"));
         let scalar = plain(serde_json::json!(true));
         let scalar = row(&scalar, None).unwrap();
         assert_eq!(
