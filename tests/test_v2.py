@@ -492,3 +492,18 @@ def test_a_typed_worker_serves_v2_clients(corral_factory):
     with client(proxy) as c, pytest.raises(InferenceServerException) as refused:
         c.infer("default", [too_long])
     assert "row 0" in str(refused.value) and "1024" in str(refused.value)
+
+
+def test_a_bool_tensor_of_bytes_other_than_0_or_1_is_the_clients_400(corral_factory):
+    """It reached the worker, whose package refused the row: a 422, "the model rejected this
+    row", for a malformed request."""
+    echo = str(Path(__file__).parent.parent / "examples" / "echo" / "worker.py")
+    proxy = corral_factory(worker=echo)  # no declarations: the proxy alone checks
+    header = {"inputs": [{"name": "B", "shape": [1, 2], "datatype": "BOOL",
+                          "parameters": {"binary_data_size": 2}}]}  # fmt: skip
+    refused = post(proxy, INFER, header, b"\x01\x02")
+    assert refused.status_code == 400, refused.text
+    assert "a BOOL tensor's bytes must each be 0 or 1" in refused.json()["error"]
+    fine = post(proxy, INFER, header, b"\x01\x00")
+    assert fine.status_code == 200, fine.text
+    assert fine.json()["outputs"][0]["data"] == [True, False]

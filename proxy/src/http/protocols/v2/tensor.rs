@@ -123,7 +123,8 @@ pub fn bytes_elements(data: &[u8], count: u64) -> Result<(Vec<(usize, usize)>, u
 }
 
 /// The length packed data of `datatype` and `shape` must have, checked against `data` (the
-/// whole of it).
+/// whole of it); and a `BOOL` tensor's bytes, each 0 or 1 (another byte was a worker's 422,
+/// "the model rejected this row", for a malformed request).
 pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<(), String> {
     let count = elements(shape).ok_or("the shape's element count overflows")?;
     let expected = match datatype.size() {
@@ -136,6 +137,9 @@ pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<()
             data.len(),
             datatype.name()
         ));
+    }
+    if datatype == DataType::Bool && data.iter().any(|&b| b > 1) {
+        return Err("a BOOL tensor's bytes must each be 0 or 1".into());
     }
     Ok(())
 }
@@ -948,6 +952,9 @@ mod tests {
         let big = row(&big, None).unwrap();
         assert_eq!(big.datatype, DataType::U64);
         assert_eq!(&big.data[8..], &u64::MAX.to_le_bytes());
+        assert!(check_length(DataType::Bool, &[2], &[1, 0]).is_ok());
+        let odd = check_length(DataType::Bool, &[2], &[1, 2]).unwrap_err();
+        assert_eq!(odd, "a BOOL tensor's bytes must each be 0 or 1");
         let both = plain(serde_json::json!([-1, u64::MAX]));
         assert!(row(&both, None).unwrap_err().contains("past INT64's range and negative"));
         let scalar = plain(serde_json::json!(true));
