@@ -245,8 +245,13 @@ impl Queue {
             bytes: self.jobs.bytes(),
             weight: self.jobs.weight() as usize,
             oldest: oldest.map(|j| j.arrived),
-            // A walk of at most `max` jobs, as the batch taken would be.
-            earliest_deadline: self.jobs.earliest_deadline(max),
+            // A walk of the jobs a partial batch would take (fewer than `max`); a full queue
+            // goes at once, and the policy reads no deadline then.
+            earliest_deadline: if self.jobs.len() >= max {
+                oldest.map(|j| j.deadline)
+            } else {
+                self.jobs.earliest_deadline(max)
+            },
             worker_free_since: Some(free_since),
         }
     }
