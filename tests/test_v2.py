@@ -507,3 +507,21 @@ def test_a_bool_tensor_of_bytes_other_than_0_or_1_is_the_clients_400(corral_fact
     fine = post(proxy, INFER, header, b"\x01\x00")
     assert fine.status_code == 200, fine.text
     assert fine.json()["outputs"][0]["data"] == [True, False]
+
+
+def test_a_worker_without_declarations_echoes_uint64_rows_past_int64s_range(corral_factory):
+    """Integers came back as INT64, each row on its own: a value of 2**63 or more was a 500,
+    and so were rows whose values suggested different datatypes ("rows must agree"). 100 rows
+    a request (spread over batches of 32), 16 clients at once."""
+    echo = str(Path(__file__).parent.parent / "examples" / "echo" / "worker.py")
+    proxy = corral_factory("--queue-capacity=4096", worker=echo)  # 1,600 rows queued at most
+    values = [[i] for i in range(99)] + [[2**64 - 1]]
+    header = {"inputs": [{"name": "B", "shape": [100, 1], "datatype": "UINT64",
+                          "data": values}]}  # fmt: skip
+    with ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _: post(proxy, INFER, header), range(16)))
+    for answer in answers:
+        assert answer.status_code == 200, answer.text
+        (output,) = answer.json()["outputs"]
+        assert (output["datatype"], output["shape"]) == ("UINT64", [100, 1])
+        assert output["data"] == [v for row in values for v in row]

@@ -217,6 +217,19 @@ fn stack<'a>(
             })?),
             None => None,
         };
+    stack_as(name, spec, declared, rows)
+}
+
+/// [`stack`] with every row read as `datatype` (None: as its values suggest). Undeclared rows
+/// whose values suggest different numeric datatypes are read again as the one that holds them
+/// all (row 0 `[1]`, row 1 `[2^64 - 1]`: UINT64; integers and floats: FP64), as one row's
+/// elements are: each row on its own made them a 500, "rows must agree".
+fn stack_as<'a>(
+    name: &str,
+    spec: Option<&TensorSpec>,
+    declared: Option<DataType>,
+    rows: &'a [ResultRow],
+) -> Result<Stacked<'a>, ApiError> {
     let mut stacked: Option<(DataType, Vec<u64>)> = None;
     let mut data = Cow::Borrowed(&[][..]);
     for (index, row) in rows.iter().enumerate() {
@@ -245,12 +258,19 @@ fn stack<'a>(
                 data.to_mut().reserve(row.data.len() * rows.len());
             }
             Some((datatype, shape)) if (*datatype, shape) != (row.datatype, &row.shape) => {
-                return Err(at(format!(
+                let disagree = at(format!(
                     "{} {:?}, where row 0 has {} {shape:?}: rows must agree to stack",
                     row.datatype.name(),
                     row.shape,
                     datatype.name()
-                )));
+                ));
+                let joint = tensor::widened(*datatype, row.datatype);
+                return match joint.filter(|_| declared.is_none() && *shape == row.shape) {
+                    // Read again as the joint datatype; if a row still does not fit (a tensor
+                    // value of its own datatype, a negative among UINT64s), the rows disagree.
+                    Some(joint) => stack_as(name, spec, Some(joint), rows).map_err(|_| disagree),
+                    None => Err(disagree),
+                };
             }
             Some(_) => {}
         }
@@ -308,6 +328,24 @@ mod tests {
             .collect();
         assert_eq!(names, ["y", "z"]);
         assert_eq!(answer["outputs"][0]["data"], json!([1, 1]));
+    }
+
+    #[test]
+    fn undeclared_rows_of_numbers_stack_as_the_datatype_that_holds_them_all() {
+        // Row 0 suggested INT64 and row 1 UINT64 (or FP64): "rows must agree", a 500 for a
+        // worker echoing a valid request.
+        let pack = |y: serde_json::Value| rmp_serde::to_vec_named(&json!({ "y": y })).unwrap();
+        let (small, big, half) = (pack(json!([1])), pack(json!([u64::MAX])), pack(json!([0.5])));
+        let ints = answer(&[], &[], &[&small, &big]).unwrap();
+        assert_eq!(ints["outputs"][0]["datatype"], "UINT64");
+        assert_eq!(ints["outputs"][0]["data"], json!([1, u64::MAX]));
+        let floats = answer(&[], &[], &[&small, &half]).unwrap();
+        assert_eq!(floats["outputs"][0]["datatype"], "FP64");
+        assert_eq!(floats["outputs"][0]["data"], json!([1.0, 0.5]));
+        // What no datatype holds, the rows still disagree on.
+        let negative = pack(json!([-1]));
+        let message = bad_output_message(answer(&[], &[], &[&negative, &big]).unwrap_err());
+        assert!(message.contains("rows must agree to stack"), "{message}");
     }
 
     #[test]

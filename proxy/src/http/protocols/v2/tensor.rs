@@ -665,18 +665,15 @@ impl Kinds {
             Element::Float(_) | Element::Float32(_) => DataType::F64,
             Element::Bytes(_) => DataType::Bytes,
         };
-        let number = |t: DataType| matches!(t, DataType::I64 | DataType::U64 | DataType::F64);
-        self.seen = match (self.seen, next) {
-            (None, next) => Some(next),
-            (Some(a), b) if a == b => Some(a),
-            (Some(DataType::I64 | DataType::U64), DataType::I64 | DataType::U64) => {
-                Some(DataType::U64)
-            }
-            (Some(a), b) if number(a) && number(b) => Some(DataType::F64),
-            (Some(a), b) => {
-                self.mixed.get_or_insert((a, b));
-                Some(a)
-            }
+        self.seen = match self.seen {
+            None => Some(next),
+            Some(seen) => match widened(seen, next) {
+                Some(joint) => Some(joint),
+                None => {
+                    self.mixed.get_or_insert((seen, next));
+                    Some(seen)
+                }
+            },
         };
     }
 
@@ -688,6 +685,18 @@ impl Kinds {
             return Err("integers past INT64's range and negative ones in one tensor".into());
         }
         Ok(self.seen.unwrap_or(DataType::F64))
+    }
+}
+
+/// The datatype that holds elements suggesting `a` and `b` (see [`Kinds`]): either, if they are
+/// the same; INT64 and UINT64 in UINT64; any other two numbers in FP64; else none.
+pub fn widened(a: DataType, b: DataType) -> Option<DataType> {
+    let number = |t: DataType| matches!(t, DataType::I64 | DataType::U64 | DataType::F64);
+    match (a, b) {
+        _ if a == b => Some(a),
+        (DataType::I64 | DataType::U64, DataType::I64 | DataType::U64) => Some(DataType::U64),
+        _ if number(a) && number(b) => Some(DataType::F64),
+        _ => None,
     }
 }
 
