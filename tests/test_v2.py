@@ -126,6 +126,47 @@ def test_classification_is_refused_not_answered_with_the_raw_tensor(proxy):
     assert 'output "SUM" asks for classification' in str(refused.value)
 
 
+def test_tritons_shared_memory_is_refused_naming_the_extension(proxy):
+    # An input in a region came with no data ("has neither data nor binary_data_size"), and an
+    # output asked for in one was written in the body, where its client does not look.
+    x, scale, words = rows(1)
+    inputs = tensors(x, scale, words)
+    inputs[0].set_shared_memory("input_region", x.nbytes)
+    with client(proxy) as c, pytest.raises(InferenceServerException) as refused:
+        c.infer("default", inputs)
+    assert refused.value.status() == "400"
+    assert 'input "X": names a shared-memory region' in str(refused.value)
+    output = triton.InferRequestedOutput("SUM")
+    output.set_shared_memory("output_region", 4)
+    with client(proxy) as c, pytest.raises(InferenceServerException) as refused:
+        c.infer("default", tensors(x, scale, words), outputs=[output])
+    assert refused.value.status() == "400"
+    assert 'output "SUM": names a shared-memory region' in str(refused.value)
+
+
+def test_tritons_timeout_parameter_is_the_requests_deadline(tmp_path):
+    # tritonclient's `timeout=` (microseconds) had been ignored: the request waited out the
+    # proxy's own timeout (here 5 min; the client gives up after 30 s). The worker holds every
+    # batch until the test opens the gate.
+    gate = tmp_path / "gate"
+    proxy = Corral(
+        tmp_path, "--timeout-ms", "300000", worker=WORKER, env={"TENSORS_GATE": str(gate)}
+    )
+    try:
+        x, scale, words = rows(2)
+        address = proxy.url.removeprefix("http://")
+        c = triton.InferenceServerClient(address, concurrency=1, network_timeout=30.0)
+        with contextlib.closing(c), pytest.raises(InferenceServerException) as expired:
+            c.infer("default", tensors(x, scale, words), timeout=50_000)
+        assert expired.value.status() == "408"
+        gate.touch()
+        with client(proxy) as c:
+            answer = c.infer("default", tensors(x, scale, words), timeout=0)  # 0: none
+        np.testing.assert_allclose(answer.as_numpy("SCALED"), x * scale)
+    finally:
+        proxy.stop()
+
+
 def test_a_request_of_64_rows_is_64_jobs_in_order(proxy):
     x, scale, words = rows(64)
     result = infer(proxy, x, scale, words, True)

@@ -272,6 +272,12 @@ async fn infer(
             }
         }
     }
+    // Triton's `timeout` parameter tightens the deadline as a shorter deadline header would;
+    // one past the clock's range sets none.
+    let deadline = match parsed.timeout.and_then(|timeout| arrived.checked_add(timeout)) {
+        Some(timeout) => deadline.min(timeout),
+        None => deadline,
+    };
     let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
     first_failure(&outcomes, "row")?;
     let results: Vec<&[u8]> = outcomes

@@ -8,6 +8,7 @@
 //! anything.
 
 use std::collections::HashSet;
+use std::time::Duration;
 
 use bytes::Bytes;
 use corral_protocol::Payload;
@@ -183,6 +184,16 @@ struct Parameters {
     /// tensor where it expects classes. `GET /v2` lists the extensions served.
     #[serde(default)]
     classification: Option<serde::de::IgnoredAny>,
+    /// Triton's request timeout, in microseconds (what tritonclient's `timeout=` sends; 0: none).
+    /// It tightens the job's deadline as a deadline header does; on an input or output it means
+    /// nothing and is ignored.
+    #[serde(default)]
+    timeout: Option<u64>,
+    /// Triton's shared-memory extension (`shared_memory_region` on an input or output), which
+    /// Corral does not serve: refused, since an input would arrive without its data and an
+    /// output's client would read its region, which nothing wrote.
+    #[serde(default)]
+    shared_memory_region: Option<serde::de::IgnoredAny>,
 }
 
 /// An output the client asked for, and whether it wants it as binary data.
@@ -191,6 +202,10 @@ pub struct Requested {
     pub name: String,
     pub binary: bool,
 }
+
+/// Why a `shared_memory_region` parameter is refused.
+const SHARED_MEMORY: &str = "names a shared-memory region, Triton's shared-memory extension, \
+     which Corral does not serve: send the tensor's data in the body (binary_data)";
 
 /// The smallest slice of a row's data that its payload shares with the body rather than copies.
 pub const SHARED_SLICE: usize = 4096;
@@ -253,6 +268,8 @@ pub struct Request {
     inputs: Vec<Input>,
     /// The first dimension every input shares.
     pub rows: usize,
+    /// The request's own `timeout` parameter, if it set one other than 0.
+    pub timeout: Option<Duration>,
     /// The body the binary inputs' data are slices of, until [`Request::payloads`] takes it.
     body: Bytes,
 }
@@ -322,6 +339,9 @@ fn parse_reading(
     let mut inputs = Vec::with_capacity(header.inputs.len());
     for input in header.inputs {
         let at = |e: String| format!("input {:?}: {e}", input.name);
+        if input.parameters.shared_memory_region.is_some() {
+            return Err(at(SHARED_MEMORY.into()));
+        }
         let datatype = DataType::parse(&input.datatype).map_err(at)?;
         let count = tensor::elements(&input.shape).ok_or_else(|| at("shape overflows".into()))?;
         let data = match (input.parameters.binary_data_size, input.data) {
@@ -353,18 +373,28 @@ fn parse_reading(
     let outputs = header
         .outputs
         .into_iter()
-        .map(|o| match o.parameters.classification {
-            Some(_) => Err(format!(
+        .map(|o| match (&o.parameters.classification, &o.parameters.shared_memory_region) {
+            (Some(_), _) => Err(format!(
                 "output {:?} asks for classification, an extension Corral does not serve",
                 o.name
             )),
-            None => Ok(Requested {
+            (None, Some(_)) => Err(format!("output {:?}: {SHARED_MEMORY}", o.name)),
+            (None, None) => Ok(Requested {
                 binary: o.parameters.binary_data.unwrap_or(binary_by_default),
                 name: o.name,
             }),
         })
         .collect::<Result<_, _>>()?;
-    Ok(Request { id: header.id, outputs, binary_by_default, inputs, rows, body: body.clone() })
+    let timeout = header.parameters.timeout.filter(|&us| us > 0).map(Duration::from_micros);
+    Ok(Request {
+        id: header.id,
+        outputs,
+        binary_by_default,
+        inputs,
+        rows,
+        timeout,
+        body: body.clone(),
+    })
 }
 
 /// The first name in `names` that an earlier one has already, if any. A few names (the usual
@@ -577,6 +607,30 @@ mod tests {
             &[7],
         );
         assert!(super::parse(&body, Some(length), 0, &[]).is_ok(), "a null data is none");
+    }
+
+    #[test]
+    fn tritons_timeout_is_read_and_its_shared_memory_refused() {
+        let parse = |text: &str| parse(&Bytes::from(text.to_string()), None, 0, &[]);
+        let input = r#"{"name": "a", "datatype": "INT8", "shape": [1], "data": [1]}"#;
+        let with = |parameters: &str| {
+            parse(&format!(r#"{{"parameters": {parameters}, "inputs": [{input}]}}"#))
+        };
+        assert_eq!(
+            with(r#"{"timeout": 250000}"#).unwrap().timeout,
+            Some(Duration::from_millis(250))
+        );
+        assert_eq!(with(r#"{"timeout": 0}"#).unwrap().timeout, None, "0 is none, as in Triton");
+        assert_eq!(with("{}").unwrap().timeout, None);
+        assert!(with(r#"{"timeout": -1}"#).unwrap_err().contains("not valid"));
+        assert!(with(r#"{"timeout": "1s"}"#).unwrap_err().contains("not valid"));
+        let region = r#"{"name": "a", "datatype": "INT8", "shape": [1],
+            "parameters": {"shared_memory_region": "r", "shared_memory_byte_size": 1}}"#;
+        let refused = parse(&format!(r#"{{"inputs": [{region}]}}"#)).unwrap_err();
+        assert!(refused.starts_with("input \"a\": names a shared-memory region"), "{refused}");
+        let output = r#"{"name": "y", "parameters": {"shared_memory_region": "r"}}"#;
+        let refused = parse(&format!(r#"{{"inputs": [{input}], "outputs": [{output}]}}"#));
+        assert!(refused.unwrap_err().starts_with("output \"y\": names a shared-memory region"));
     }
 
     fn binary(header: serde_json::Value, data: &[u8]) -> (Bytes, usize) {
