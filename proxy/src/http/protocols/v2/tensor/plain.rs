@@ -1,0 +1,348 @@
+//! Workers' plain msgpack values, beside tensor values: [`row`] reads what a worker returned
+//! for one output (a tensor value, or numbers, booleans, strings and arrays of them) as a row
+//! of a datatype, declared or inferred ([`widened`] joins two rows' inferences); [`expand`]
+//! writes a result's tensor values out as nested arrays for a native client; [`read_value`]
+//! reads a result with the nesting bound Corral keeps everywhere.
+
+use std::borrow::Cow;
+
+use rmpv::ValueRef;
+
+use super::{each, elements, push, read_tensor, DataType, Element, Tensor, MAX_DEPTH, TENSOR_EXT};
+
+/// A worker's row of one output: its datatype, shape and packed data.
+#[derive(Debug, PartialEq)]
+pub struct Row<'a> {
+    pub datatype: DataType,
+    pub shape: Vec<u64>,
+    /// A tensor value's data as it is in the result (not copied: a 1 MiB output was copied
+    /// once more here); a plain value's, packed.
+    pub data: Cow<'a, [u8]>,
+}
+
+/// A row from what a worker returned for one output: a tensor value (of the declared datatype,
+/// if one is declared) or a plain value — a number, boolean, string or bin, or arrays of them
+/// nested to a rectangular shape — packed as the declared datatype or, with none declared, as
+/// the one its elements suggest (booleans `BOOL`, integers `INT64`, any float `FP64`, strings
+/// and bins `BYTES`).
+pub fn row(value: &[u8], declared: Option<DataType>) -> Result<Row<'_>, String> {
+    let mut rest = value;
+    if let ValueRef::Ext(ext_type, ext) = peek_ext(value)? {
+        if ext_type != TENSOR_EXT {
+            return Err(format!("ext type {ext_type} is not a tensor value (ext type 1)"));
+        }
+        let tensor = read_tensor(ext)?;
+        if declared.is_some_and(|d| d != tensor.datatype) {
+            return Err(format!(
+                "a tensor of {} where {} is declared",
+                tensor.datatype.name(),
+                declared.map_or("", DataType::name)
+            ));
+        }
+        let Tensor { datatype, shape, data } = tensor;
+        return Ok(Row { datatype, shape, data: Cow::Borrowed(data) });
+    }
+    // A plain value is read twice as msgpack, never as a tree of its elements (32 bytes and more
+    // each: an 8M-element answer took over 400 MiB): its shape from the first element of each
+    // level, then every element checked against it (and the datatype they suggest), then packed.
+    let mut shape = Vec::new();
+    let mut probe = value;
+    while let Some(length) = array_len(&mut probe) {
+        shape.push(u64::from(length));
+        if length == 0 || shape.len() >= MAX_DEPTH {
+            break;
+        }
+    }
+    let (mut count, mut kinds) = (0u64, Kinds::default());
+    walk(&mut rest, &shape, &mut |element| {
+        count += 1;
+        kinds.add(&element);
+        Ok(())
+    })?;
+    let datatype = match declared {
+        Some(datatype) => datatype,
+        None => kinds.datatype()?,
+    };
+    let capacity = usize::try_from(count).unwrap_or(0).saturating_mul(datatype.size().unwrap_or(8));
+    let mut data = Vec::with_capacity(capacity.min(value.len().saturating_mul(8)));
+    let mut index = 0u64;
+    walk(&mut &value[..], &shape, &mut |element| {
+        push(&mut data, datatype, element).map_err(|e| format!("element {index}: {e}"))?;
+        index += 1;
+        Ok(())
+    })?;
+    Ok(Row { datatype, shape, data: Cow::Owned(data) })
+}
+
+/// The value at the start of `data` if it is an ext value; `Nil` otherwise (not read).
+fn peek_ext(data: &[u8]) -> Result<ValueRef<'_>, String> {
+    match data.first() {
+        Some(0xc7..=0xc9 | 0xd4..=0xd8) => read_value(data),
+        _ => Ok(ValueRef::Nil),
+    }
+}
+
+/// The length of the array at the start of `rest`, moving past its header; None (and `rest`
+/// left as it was) where no array starts.
+fn array_len(rest: &mut &[u8]) -> Option<u32> {
+    match rest.first() {
+        Some(0x90..=0x9f | 0xdc | 0xdd) => rmp::decode::read_array_len(rest).ok(),
+        _ => None,
+    }
+}
+
+/// Walks a plain row (`rest`), a rectangular nest of arrays of `shape`, calling `leaf` on each
+/// element in row-major order, each read on its own.
+fn walk<'a>(
+    rest: &mut &'a [u8],
+    shape: &[u64],
+    leaf: &mut impl FnMut(Element<'a>) -> Result<(), String>,
+) -> Result<(), String> {
+    let uneven = || "arrays nested unevenly (not a tensor)".to_string();
+    let Some((&length, inner)) = shape.split_first() else {
+        if array_len(&mut &rest[..]).is_some() {
+            return Err(uneven());
+        }
+        let element = match read_value_from(rest)? {
+            ValueRef::Boolean(b) => Element::Bool(b),
+            ValueRef::Integer(i) => match (i.as_u64(), i.as_i64()) {
+                (Some(u), _) => Element::Uint(u),
+                (None, Some(i)) => Element::Int(i),
+                _ => return Err("an integer out of range".into()),
+            },
+            ValueRef::F32(f) => Element::Float(f64::from(f)),
+            ValueRef::F64(f) => Element::Float(f),
+            // Strings in a result were checked to be UTF-8 as it arrived.
+            ValueRef::String(s) => match s.into_str() {
+                Some(text) => Element::Bytes(text.as_bytes()),
+                None => return Err("a string that is not UTF-8".into()),
+            },
+            ValueRef::Binary(b) => Element::Bytes(b),
+            other => return Err(format!("{other} is not a tensor element")),
+        };
+        return leaf(element);
+    };
+    match array_len(rest) {
+        Some(len) if u64::from(len) == length => (0..len).try_for_each(|_| walk(rest, inner, leaf)),
+        _ => Err(uneven()),
+    }
+}
+
+/// The datatype a plain row's elements suggest, gathered one element at a time: booleans
+/// `BOOL`, integers `INT64` (`UINT64` once one is past INT64's range and none is negative: a
+/// worker echoing a valid UINT64 tensor was answered 500), any float `FP64` (with integers too),
+/// strings and bins `BYTES`.
+#[derive(Default)]
+struct Kinds {
+    seen: Option<DataType>,
+    mixed: Option<(DataType, DataType)>,
+    negative: bool,
+}
+
+impl Kinds {
+    fn add(&mut self, element: &Element) {
+        let next = match element {
+            Element::Bool(_) => DataType::Bool,
+            Element::Uint(u) if *u > i64::MAX as u64 => DataType::U64,
+            Element::Uint(_) => DataType::I64,
+            Element::Int(i) => {
+                self.negative |= *i < 0;
+                DataType::I64
+            }
+            Element::Float(_) | Element::Float32(_) => DataType::F64,
+            Element::Bytes(_) => DataType::Bytes,
+        };
+        self.seen = match self.seen {
+            None => Some(next),
+            Some(seen) => match widened(seen, next) {
+                Some(joint) => Some(joint),
+                None => {
+                    self.mixed.get_or_insert((seen, next));
+                    Some(seen)
+                }
+            },
+        };
+    }
+
+    fn datatype(&self) -> Result<DataType, String> {
+        if let Some((a, b)) = self.mixed {
+            return Err(format!("elements of {} and {} in one tensor", a.name(), b.name()));
+        }
+        if self.seen == Some(DataType::U64) && self.negative {
+            return Err("integers past INT64's range and negative ones in one tensor".into());
+        }
+        Ok(self.seen.unwrap_or(DataType::F64))
+    }
+}
+
+/// The datatype that holds elements suggesting `a` and `b` (see [`Kinds`]): either, if they are
+/// the same; INT64 and UINT64 in UINT64; any other two numbers in FP64; else none.
+pub fn widened(a: DataType, b: DataType) -> Option<DataType> {
+    let number = |t: DataType| matches!(t, DataType::I64 | DataType::U64 | DataType::F64);
+    match (a, b) {
+        _ if a == b => Some(a),
+        (DataType::I64 | DataType::U64, DataType::I64 | DataType::U64) => Some(DataType::U64),
+        _ if number(a) && number(b) => Some(DataType::F64),
+        _ => None,
+    }
+}
+
+/// Most empty arrays a tensor with no elements may expand to (as the Python package allows).
+const MAX_EMPTY_ARRAYS: u64 = 65_536;
+
+/// A worker's output with every tensor value in it written out plainly, for a native client:
+/// nested arrays of numbers (booleans for `BOOL`; `BYTES` elements as strings when UTF-8, else
+/// `bin`). Other ext values are left as they are.
+pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
+    let value = read_value(data)?;
+    let plain = expand_value(value)?;
+    let mut out = Vec::with_capacity(data.len() * 2);
+    rmpv::encode::write_value_ref(&mut out, &plain).map_err(|e| e.to_string())?;
+    Ok(out)
+}
+
+fn expand_value(value: ValueRef<'_>) -> Result<ValueRef<'_>, String> {
+    Ok(match value {
+        ValueRef::Ext(TENSOR_EXT, ext) => {
+            let Tensor { datatype, shape, data } = read_tensor(ext)?;
+            // A tensor with no elements still nests one empty array per leading index: a shape
+            // such as [2^62, 0] would be a few bytes that build billions of them.
+            let containers = shape
+                .iter()
+                .take_while(|&&d| d != 0)
+                .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_EMPTY_ARRAYS));
+            if containers.is_none() && elements(&shape) == Some(0) {
+                return Err(format!("a tensor of shape {shape:?} nests too many empty arrays"));
+            }
+            let flat = elements_of(datatype, &shape, data)?;
+            nest(&shape, &mut flat.into_iter())
+        }
+        // Other ext values are not Corral's: a msgpack client gets them as sent, and JSON
+        // refuses them when the answer is written (`format::from_msgpack`).
+        other @ ValueRef::Ext(..) => other,
+        ValueRef::Array(items) => {
+            ValueRef::Array(items.into_iter().map(expand_value).collect::<Result<_, _>>()?)
+        }
+        ValueRef::Map(entries) => ValueRef::Map(
+            entries
+                .into_iter()
+                .map(|(k, v)| Ok((expand_value(k)?, expand_value(v)?)))
+                .collect::<Result<_, String>>()?,
+        ),
+        plain => plain,
+    })
+}
+
+/// A tensor's elements as msgpack values, row-major.
+fn elements_of<'a>(
+    datatype: DataType,
+    shape: &[u64],
+    data: &'a [u8],
+) -> Result<Vec<ValueRef<'a>>, String> {
+    let values = each(datatype, shape, data)?.map(|element| match element {
+        Element::Bool(b) => ValueRef::Boolean(b),
+        Element::Uint(u) => ValueRef::from(u),
+        Element::Int(i) => ValueRef::from(i),
+        Element::Float(f) => ValueRef::F64(f),
+        Element::Float32(f) => ValueRef::F32(f),
+        Element::Bytes(b) => match std::str::from_utf8(b) {
+            Ok(text) => ValueRef::from(text),
+            Err(_) => ValueRef::Binary(b),
+        },
+    });
+    Ok(values.collect())
+}
+
+/// Flat elements nested to `shape` (a scalar for an empty shape).
+fn nest<'a>(shape: &[u64], flat: &mut impl Iterator<Item = ValueRef<'a>>) -> ValueRef<'a> {
+    match shape.split_first() {
+        None => flat.next().unwrap_or(ValueRef::Nil),
+        Some((&length, inner)) => ValueRef::Array((0..length).map(|_| nest(inner, flat)).collect()),
+    }
+}
+
+/// [`MAX_DEPTH`] as rmpv counts: two steps for each container (the value, then its contents)
+/// and up to three for the leaf in the deepest (a string: the value, the string, its bytes).
+/// Passing MAX_DEPTH itself refused from 64 levels on what the body's check took to 128.
+const RMPV_DEPTH: usize = 2 * MAX_DEPTH + 3;
+
+/// Reads one msgpack value from the start of `rest`, moving past it; nesting is bounded as
+/// everywhere.
+pub fn read_value_from<'a>(rest: &mut &'a [u8]) -> Result<ValueRef<'a>, String> {
+    rmpv::decode::read_value_ref_with_max_depth(rest, RMPV_DEPTH).map_err(|e| e.to_string())
+}
+
+/// Reads a worker's result (one msgpack value) for its rows; nesting is bounded as everywhere.
+pub fn read_value(data: &[u8]) -> Result<ValueRef<'_>, String> {
+    let mut rest = data;
+    rmpv::decode::read_value_ref_with_max_depth(&mut rest, RMPV_DEPTH).map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::tensor;
+    use super::super::{check_length, write_tensor};
+    use super::*;
+
+    fn plain(value: serde_json::Value) -> Vec<u8> {
+        rmp_serde::to_vec(&value).unwrap()
+    }
+
+    #[test]
+    fn plain_rows_pack_as_declared_or_as_they_look() {
+        let nested = plain(serde_json::json!([[1, 2], [3, 4]]));
+        let declared = row(&nested, Some(DataType::U8)).unwrap();
+        assert_eq!((declared.shape, &*declared.data), (vec![2, 2], &[1, 2, 3, 4][..]));
+        let inferred = row(&nested, None).unwrap();
+        assert_eq!((inferred.datatype, inferred.data.len()), (DataType::I64, 32));
+        let mixed = plain(serde_json::json!([1, 2.5]));
+        assert_eq!(row(&mixed, None).unwrap().datatype, DataType::F64);
+        // Past INT64's range: UINT64, which holds it (INT64 refused it, a valid echo's 500).
+        let big = plain(serde_json::json!([1, u64::MAX]));
+        let big = row(&big, None).unwrap();
+        assert_eq!(big.datatype, DataType::U64);
+        assert_eq!(&big.data[8..], &u64::MAX.to_le_bytes());
+        assert!(check_length(DataType::Bool, &[2], &[1, 0]).is_ok());
+        let odd = check_length(DataType::Bool, &[2], &[1, 2]).unwrap_err();
+        assert_eq!(odd, "a BOOL tensor's bytes must each be 0 or 1");
+        let both = plain(serde_json::json!([-1, u64::MAX]));
+        assert!(row(&both, None).unwrap_err().contains("past INT64's range and negative"));
+        let scalar = plain(serde_json::json!(true));
+        let scalar = row(&scalar, None).unwrap();
+        assert_eq!(
+            (scalar.datatype, scalar.shape, &*scalar.data),
+            (DataType::Bool, vec![], &[1][..])
+        );
+        let ragged = plain(serde_json::json!([[1, 2], [3]]));
+        assert!(row(&ragged, None).unwrap_err().contains("unevenly"));
+        let words = plain(serde_json::json!(["a", 1]));
+        assert!(row(&words, None).is_err());
+    }
+
+    #[test]
+    fn tensor_values_expand_to_nested_arrays_for_native_clients() {
+        let mut out = Vec::new();
+        rmp::encode::write_map_len(&mut out, 1).unwrap();
+        rmp::encode::write_str(&mut out, "y").unwrap();
+        let data: Vec<u8> = [1i32, 2, 3, 4].iter().flat_map(|i| i.to_le_bytes()).collect();
+        write_tensor(&mut out, DataType::I32, &[2, 2], &data);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&out).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!({"y": [[1, 2], [3, 4]]}));
+        let words = tensor(DataType::Bytes, &[2], &[1, 0, 0, 0, b'a', 1, 0, 0, 0, b'b']);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&words).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!(["a", "b"]));
+        assert_eq!(expand(&[0xd4, 0x05, 0x00]).unwrap(), [0xd4, 0x05, 0x00], "not ours: kept");
+        let empty = tensor(DataType::F32, &[1 << 62, 0], &[]);
+        assert!(expand(&empty).unwrap_err().contains("too many empty arrays"));
+        let few = tensor(DataType::F32, &[2, 0], &[]);
+        let plain: serde_json::Value = rmp_serde::from_slice(&expand(&few).unwrap()).unwrap();
+        assert_eq!(plain, serde_json::json!([[], []]));
+    }
+
+    #[test]
+    fn a_tensor_row_must_have_the_declared_datatype() {
+        let packed = tensor(DataType::F64, &[1], &0f64.to_le_bytes());
+        assert!(row(&packed, Some(DataType::F32)).unwrap_err().contains("FP32 is declared"));
+        assert_eq!(row(&packed, None).unwrap().datatype, DataType::F64);
+    }
+}
