@@ -158,3 +158,45 @@ def test_an_output_json_cannot_carry_names_its_instance(proxy):
     message = answer.json()["error"]
     assert message.startswith("instance 1: ") and "NaN or infinity" in message
     assert "msgpack" not in message
+
+
+WORKERS = Path(__file__).parent / "workers"
+
+
+def test_a_worker_with_declared_tensors_takes_instances_as_its_tensors(corral_factory):
+    # Each instance reaches the worker as the row a v2 request makes ({input: tensor}); before,
+    # it came as a plain list and a worker reading row["X"] failed every instance with a 500.
+    proxy = corral_factory(worker=str(WORKERS / "tensor_echo.py"))  # X: FP32 [-1] -> Y = 2X
+    answer = predict(proxy, {"instances": [[1, 2, 3], [4.5], {"X": [0.25]}]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": [{"Y": [2, 4, 6]}, {"Y": [9]}, {"Y": [0.5]}]}
+    for instances, expected in [
+        ([[1], "words"], 'instance 1: input "X": '),
+        ([[1], [[1, 2], [3, 4]]], 'instance 1: input "X": has shape [2, 2]; the model takes [-1]'),
+        ([{"Z": [1]}], 'instance 0: unknown input "Z"; the model takes "X"'),
+        ([{}], 'instance 0: missing input "X"'),
+    ]:
+        answer = predict(proxy, {"instances": instances})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"].startswith(expected), answer.text
+
+
+def test_a_worker_with_several_inputs_takes_each_instance_as_a_map_of_them(corral_factory):
+    proxy = corral_factory(worker=str(WORKERS / "tensors.py"))  # X FP32 [3], N INT64 [1], TEXT
+    instances = [
+        {"X": [1, 2, 3], "N": [2], "TEXT": ["ab"]},
+        {"X": [0, 0, 1], "N": [3], "TEXT": ["c"]},
+    ]
+    answer = predict(proxy, {"instances": instances})
+    assert answer.status_code == 200, answer.text
+    first, second = answer.json()["predictions"]
+    assert (first["SUM"], first["SCALED"], first["UPPER"]) == ([6], [2, 4, 6], ["AB"])
+    assert (second["SCALED"], second["UPPER"]) == ([0, 0, 3], ["C"])
+    for instance, expected in [
+        ([1, 2, 3], 'instance 0: must be an object naming the model\'s inputs, "X", "N", "TEXT"'),
+        ({"X": [1, 2, 3], "N": [2]}, 'instance 0: missing input "TEXT"'),
+        ({"X": [1, 2, 3], "N": [2.5], "TEXT": ["a"]}, 'instance 0: input "N": '),
+    ]:
+        answer = predict(proxy, {"instances": [instance]})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["error"].startswith(expected), answer.text

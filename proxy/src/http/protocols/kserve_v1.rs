@@ -9,8 +9,15 @@
 //!
 //! Errors are `{"error": "<message>"}` with the status a native request would get; a failed
 //! instance fails the request (v1 has no per-instance errors) and the message names its index.
+//!
+//! To a route whose first stage's workers declared input tensors, each instance goes as the row
+//! a v2 request would make (a map from each input's name to its tensor value), so that a worker
+//! reads its inputs alike whichever of the two a client spoke: with one input declared, the
+//! instance is its value (or a map naming it); with several, a map naming each — v1's row
+//! format, as TensorFlow Serving reads it.
 
 use bytes::Bytes;
+use corral_protocol::TensorSpec;
 use http::{Method, Request, Response, StatusCode};
 use hyper::body::Incoming;
 
@@ -20,8 +27,10 @@ use super::super::format::{self, Format};
 use super::super::infer;
 use super::super::routes::json;
 use super::super::{get_only, items, App, Body, Route};
+use super::v2::tensor::{self, DataType};
 use super::{first_failure, model_readiness, plain_error_response, unknown_model};
 use crate::job::Outcome;
+use crate::msgpack;
 
 pub const PREFIX: &str = "/v1/models/";
 /// KServe v1's list of the models served.
@@ -79,6 +88,7 @@ async fn predict(
 ) -> Result<Response<Body>, ApiError> {
     let input = body::request_format(request.headers()).map_err(body::before_body)?;
     let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
+    let body_len = body.len();
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     let instances = items::field(&payload, "instances")
         .ok()
@@ -91,8 +101,87 @@ async fn predict(
     if rows.is_empty() {
         return Err(ApiError::bad_request(r#""instances" is empty"#));
     }
+    let declared = route.pipeline.stages.first().and_then(|stage| stage.declared());
+    let rows = match declared.as_deref().map(|d| &d.inputs[..]) {
+        Some(inputs) if !inputs.is_empty() => as_tensors(app, rows, inputs, body_len)?,
+        _ => rows,
+    };
     let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
     Ok(json(StatusCode::OK, predictions(outcomes)?))
+}
+
+/// The instances as rows of the declared `inputs` (see the module's head); 400 naming the first
+/// that is not one, 413 if packed they would take more than 4x the body plus 1 MiB (a one-byte
+/// msgpack integer is eight bytes of FP64), as a v2 request's rows may.
+fn as_tensors(
+    app: &App,
+    instances: Vec<Bytes>,
+    inputs: &[TensorSpec],
+    body_len: usize,
+) -> Result<Vec<Bytes>, ApiError> {
+    let allowed = 4 * body_len as u128 + super::v2::MIN_ROWS_ALLOWANCE;
+    let mut taken = 0u128;
+    let mut rows = Vec::with_capacity(instances.len());
+    for (index, instance) in instances.iter().enumerate() {
+        let row = as_row(instance, inputs)
+            .map_err(|e| ApiError::bad_request(format!("instance {index}: {e}")))?;
+        taken += row.len() as u128;
+        if taken > allowed {
+            let message = format!(
+                "as tensors, the instances would take more than 4x the body plus 1 MiB \
+                 ({allowed} bytes): send fewer instances"
+            );
+            return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
+        }
+        rows.push(row);
+    }
+    Ok(rows)
+}
+
+/// One instance as `{name: tensor value}` for each of `inputs`.
+fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
+    let names = || inputs.iter().map(|s| format!("{:?}", s.name)).collect::<Vec<_>>().join(", ");
+    let mut map = instance;
+    let values: Vec<&[u8]> = match rmp::decode::read_map_len(&mut map) {
+        Err(_) if inputs.len() == 1 => vec![instance],
+        Err(_) => return Err(format!("must be an object naming the model's inputs, {}", names())),
+        Ok(len) => {
+            for _ in 0..len {
+                let name = rmp::decode::read_str_from_slice(map)
+                    .map(|(name, _)| name)
+                    .map_err(|_| "a key that is not a string".to_string())?;
+                if !inputs.iter().any(|s| s.name == name) {
+                    return Err(format!("unknown input {name:?}; the model takes {}", names()));
+                }
+                msgpack::skip(&mut map)?;
+                msgpack::skip(&mut map)?;
+            }
+            let mut values = Vec::with_capacity(inputs.len());
+            for spec in inputs {
+                let Some(at) = msgpack::after_key(instance, &spec.name)? else {
+                    return Err(format!("missing input {:?}", spec.name));
+                };
+                let mut rest = at;
+                msgpack::skip(&mut rest)?;
+                values.push(&at[..at.len() - rest.len()]);
+            }
+            values
+        }
+    };
+    let mut out = Vec::with_capacity(instance.len() * 2);
+    let len = u32::try_from(inputs.len()).map_err(|_| "too many inputs".to_string())?;
+    rmp::encode::write_map_len(&mut out, len).expect("writing to a Vec cannot fail");
+    for (spec, value) in inputs.iter().zip(values) {
+        let at = |e: String| format!("input {:?}: {e}", spec.name);
+        let datatype = DataType::parse(&spec.datatype).map_err(at)?;
+        let row = tensor::row(value, Some(datatype)).map_err(at)?;
+        if !tensor::fits(&row.shape, &spec.shape) {
+            return Err(at(format!("has shape {:?}; the model takes {:?}", row.shape, spec.shape)));
+        }
+        rmp::encode::write_str(&mut out, &spec.name).expect("writing to a Vec cannot fail");
+        tensor::write_tensor(&mut out, datatype, &row.shape, &row.data);
+    }
+    Ok(Bytes::from(out))
 }
 
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.

@@ -43,7 +43,7 @@ pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
 /// What a request's rows may take beyond 4x its body (each row repeats the input names and a
 /// tensor header, so many rows of little data weigh more than their body).
-const MIN_ROWS_ALLOWANCE: u128 = 1024 * 1024;
+pub(super) const MIN_ROWS_ALLOWANCE: u128 = 1024 * 1024;
 
 /// Which v2 endpoint a path names.
 enum Kind {
