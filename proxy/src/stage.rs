@@ -171,6 +171,26 @@ struct Queue {
     purge_pending: bool,
 }
 
+/// The work queued before a new job of some class: the weight of the jobs that share batches,
+/// and the count and weight of those heavier than the budget, which go alone.
+#[derive(Debug, Clone, Copy)]
+struct Ahead {
+    light: usize,
+    heavy: (usize, u64),
+}
+
+impl Ahead {
+    fn from(jobs: &Lanes, class: Class) -> Ahead {
+        let heavy = jobs.heavy_from(class);
+        Ahead { light: (jobs.weight_from(class) - heavy.1) as usize, heavy }
+    }
+
+    /// All of it, as weight.
+    fn weight(self) -> usize {
+        self.light + self.heavy.1 as usize
+    }
+}
+
 /// How long a queued job waits in its class before it is promoted, unless set
 /// (`--priority-aging-ms`).
 pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
@@ -298,6 +318,8 @@ fn bury(job: Job, now: Instant) {
 
 impl Stage {
     pub fn new(name: impl Into<String>, settings: BatchSettings, capacity: usize) -> Self {
+        let mut queue = Queue::default();
+        queue.jobs.set_budget(settings.max_batch_weight);
         Self {
             name: name.into(),
             declared: Mutex::default(),
@@ -310,7 +332,7 @@ impl Stage {
             aging: DEFAULT_AGING,
             tenant_limit: usize::MAX,
             gpus: Vec::new(),
-            queue: Mutex::default(),
+            queue: Mutex::new(queue),
             arrivals: Notify::new(),
             exits: Mutex::default(),
         }
@@ -462,21 +484,23 @@ impl Stage {
                 return Err(Shed::TenantQuota { retry_after: Duration::from_secs(1) });
             }
             // Room made by evicting every lower class: enough, or nothing is evicted at all.
-            let (lower_jobs, lower_bytes) = queue.jobs.below(class);
-            let (kept_jobs, kept_bytes) =
-                (queue.jobs.len() - lower_jobs, queue.jobs.bytes() - lower_bytes);
-            let room = kept_jobs + count <= self.capacity
-                && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
-            if full(&queue.jobs) && !room {
-                return Err(Shed::QueueFull);
+            if full(&queue.jobs) {
+                let (lower_jobs, lower_bytes) = queue.jobs.below(class);
+                let (kept_jobs, kept_bytes) =
+                    (queue.jobs.len() - lower_jobs, queue.jobs.bytes() - lower_bytes);
+                let room = kept_jobs + count <= self.capacity
+                    && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
+                if !room {
+                    return Err(Shed::QueueFull);
+                }
             }
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
                 // Only the jobs of this class and above go before these: lower ones wait.
-                let ahead = queue.jobs.weight_from(class) as usize;
+                let ahead = Ahead::from(&queue.jobs, class);
                 let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
-                    if queue.may_probe(now, ahead, latest, cost) {
+                    if queue.may_probe(now, ahead.weight(), latest, cost) {
                         queue.last_probe = Some(now);
                     } else {
                         let retry_after = admission::retry_after(finish, last.deadline);
@@ -490,7 +514,8 @@ impl Stage {
             }
             if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
                 // When a job of the evicted class would be served, were it sent again now.
-                let ahead = queue.jobs.weight_from(victim.class) as usize + weight;
+                let mut ahead = Ahead::from(&queue.jobs, victim.class);
+                ahead.light += weight;
                 let victim = std::slice::from_ref(victim);
                 if let Some(finish) = self.predict(&queue, now, cost, ahead, victim) {
                     retry_after = admission::retry_after(finish, now);
@@ -525,23 +550,33 @@ impl Stage {
         }
     }
 
-    /// When `jobs` (a request's), behind `ahead` weight, would be answered (None:
+    /// When `jobs` (a request's), behind the work `ahead`, would be answered (None:
     /// no worker). A job is never split: one heavier than a full batch goes in a batch of its
     /// own after the work before it, costing its weight once — not as that many full batches,
     /// each paying the overhead (a lone heavy job on an idle stage was refused so, for good),
     /// nor as wide batches that the whole queue ahead would share (it was then admitted behind
     /// a queue it could not pass). With several workers that is an upper bound: the heavy job
-    /// could run beside the work before it.
+    /// could run beside the work before it. The heavy jobs queued ahead are costed alike, each
+    /// once, their time shared by the workers (counted as weight, one of 1,000,000 behind a
+    /// budget of 100 was 10,000 batches' overheads, and refused everything behind it).
     fn predict(
         &self,
         queue: &Queue,
         now: Instant,
         cost: cost::Cost,
-        ahead: usize,
+        ahead: Ahead,
         jobs: &[Job],
     ) -> Option<Instant> {
         let first = queue.first_cost(cost);
         let mut free_at = queue.free_at(now, cost);
+        if ahead.heavy.0 > 0 && !free_at.is_empty() {
+            let times = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
+            let alone = (cost.overhead.saturating_mul(times(ahead.heavy.0 as u64)))
+                .saturating_add(cost.per_item.saturating_mul(times(ahead.heavy.1)));
+            let share = alone / times(free_at.len() as u64);
+            free_at.iter_mut().for_each(|at| *at = at.checked_add(share).unwrap_or(*at));
+        }
+        let ahead = ahead.light;
         let max = self.batch_weight(queue);
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();

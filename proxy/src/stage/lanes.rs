@@ -99,6 +99,8 @@ struct ClassLane {
     jobs: usize,
     bytes: usize,
     weight: u64,
+    /// Jobs heavier than a batch's weight budget, and their weight: each goes alone.
+    heavy: (usize, u64),
 }
 
 impl ClassLane {
@@ -149,6 +151,8 @@ pub struct Lanes {
     current: Option<(Class, Key)>,
     /// Earliest instant a queued request of a class below high is due for promotion.
     next_promotion: Option<Instant>,
+    /// A batch's weight budget (`--max-batch-weight`; None: no budget, and no job is heavy).
+    budget: Option<u64>,
 }
 
 impl Lanes {
@@ -173,14 +177,32 @@ impl Lanes {
         self.classes[class.index()].jobs
     }
 
-    /// Jobs and bytes queued in classes below `class`: what eviction could free for it.
+    /// Jobs and bytes queued in classes below `class` that eviction could free for it: those of
+    /// requests no batch has started ([`Lanes::evict_below`] leaves those; counted, they let a
+    /// request in that eviction then could not make room for, past the queue's capacity). A
+    /// scan of the lower classes' requests: asked only of a full queue.
     pub fn below(&self, class: Class) -> (usize, usize) {
-        self.classes[..class.index()].iter().fold((0, 0), |(j, b), c| (j + c.jobs, b + c.bytes))
+        let lanes = self.classes[..class.index()].iter().flat_map(|c| c.tenants.values());
+        let requests = lanes.flat_map(|lane| lane.requests.iter()).filter(|r| !r.started);
+        requests.fold((0, 0), |(j, b), r| (j + r.jobs.len(), b + r.bytes))
     }
 
     /// Weight queued in `class` and above: the work that goes before a new job of `class`.
     pub fn weight_from(&self, class: Class) -> u64 {
         self.classes[class.index()..].iter().map(|c| c.weight).sum()
+    }
+
+    /// Jobs queued in `class` and above that are heavier than the budget (each is sent alone),
+    /// and their weight: part of [`Lanes::weight_from`].
+    pub fn heavy_from(&self, class: Class) -> (usize, u64) {
+        let lanes = &self.classes[class.index()..];
+        lanes.iter().fold((0, 0), |(n, w), c| (n + c.heavy.0, w + c.heavy.1))
+    }
+
+    /// Sets the batch weight budget, which makes the jobs above it heavy; on an empty queue.
+    pub fn set_budget(&mut self, budget: Option<usize>) {
+        debug_assert!(self.is_empty(), "jobs already counted against no budget");
+        self.budget = budget.map(|b| b as u64);
     }
 
     /// Jobs the tenant has queued.
@@ -190,7 +212,14 @@ impl Lanes {
 
     fn count(&mut self, class: Class, job: &Job, sign: i8) {
         let (size, weight) = (job.size(), u64::from(job.weight));
+        let heavy = self.budget.is_some_and(|budget| weight > budget);
         let lane = &mut self.classes[class.index()];
+        if heavy {
+            lane.heavy = match sign > 0 {
+                true => (lane.heavy.0 + 1, lane.heavy.1 + weight),
+                false => (lane.heavy.0 - 1, lane.heavy.1 - weight),
+            };
+        }
         if sign > 0 {
             (lane.jobs, lane.bytes, lane.weight) =
                 (lane.jobs + 1, lane.bytes + size, lane.weight + weight);
@@ -301,7 +330,8 @@ impl Lanes {
         let job = request.jobs.pop_front().expect("a queued request has a job");
         request.weight -= u64::from(job.weight);
         request.bytes -= job.size();
-        request.started = true;
+        // Only a batch starts a request (and so keeps it from eviction); a buried job does not.
+        request.started |= dispatched;
         self.current = if request.jobs.is_empty() {
             lane.requests.pop_front();
             None

@@ -804,3 +804,55 @@ fn a_hello_replaces_only_what_it_declares() {
     let declared = stage.declared().unwrap();
     assert_eq!((declared.weight.as_ref(), declared.input.as_ref()), (Some(&other), Some(&schema)));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_heavy_job_queued_ahead_costs_its_weight_once() {
+    // A job of weight 3,000 behind a budget of 100 goes alone: 320 ms. A light job behind it
+    // is answered near 340 ms, inside its 500 ms. Counted as 30 full batches, each paying the
+    // 20 ms overhead (about 900 ms), the light job was refused, as was everything behind the
+    // heavy one until it left.
+    let stage = learned_by_weight(Some(100));
+    let (mut heavy, _heavy_answer) = job(b"heavy", Duration::from_secs(60));
+    heavy.weight = 3000;
+    stage.submit(heavy).unwrap();
+    let (light, _answer) = job(b"light", Duration::from_millis(500));
+    assert!(stage.submit(light).is_ok());
+    // Behind two such heavy jobs (640 ms), the light one cannot make it.
+    let (mut second, _second_answer) = job(b"heavy", Duration::from_secs(60));
+    second.weight = 3000;
+    stage.submit(second).unwrap();
+    let (light, _answer) = job(b"light", Duration::from_millis(500));
+    assert!(matches!(stage.submit(light), Err(Shed::DeadlineUnreachable { .. })));
+}
+
+#[tokio::test(start_paused = true)]
+async fn eviction_counts_no_request_a_batch_has_started() {
+    // Capacity 8. A low request of 8 jobs, 4 of them taken by a batch (the other 4 cannot be
+    // evicted), and a normal request of 4: full. A high request of 8 was admitted, counting the
+    // started low request as room; only the normal one could go, and the queue held 12.
+    let stage = stage(4, 8);
+    let request = crate::job::new_request();
+    let lows: Vec<Job> = (0..8)
+        .map(|_| {
+            let (mut job, answer) = classed(b"low", Class::Low, None, 1);
+            job.request = request;
+            std::mem::forget(answer);
+            job
+        })
+        .collect();
+    stage.submit_all(lows).unwrap();
+    assert_eq!(stage.next_batch().await.len(), 4);
+    let normal = |_| classed(b"normal", Class::Normal, None, 1);
+    let (normals, mut normal_answers): (Vec<Job>, Vec<_>) = (0..4).map(normal).unzip();
+    stage.submit_all(normals).unwrap();
+    let (highs, _high_answers): (Vec<Job>, Vec<_>) =
+        (0..8).map(|_| classed(b"high", Class::High, None, 1)).unzip();
+    assert_eq!(stage.submit_all(highs), Err(Shed::QueueFull));
+    assert!(normal_answers.iter_mut().all(|a| a.try_recv().is_err()), "nothing evicted");
+    assert_eq!(stage.queued(), 8);
+    // Four high jobs fit once the normal request is evicted.
+    let (highs, _high_answers): (Vec<Job>, Vec<_>) =
+        (0..4).map(|_| classed(b"high", Class::High, None, 1)).unzip();
+    stage.submit_all(highs).unwrap();
+    assert_eq!(stage.queued(), 8);
+}
