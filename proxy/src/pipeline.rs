@@ -245,6 +245,13 @@ async fn run_stage(
         }
     });
     let replies = join_all(waits).await;
+    // A job answered 408 while still queued is gone for its client: purged now (as when the
+    // client leaves), so that it leaves the queue's depth, the prediction and `/readyz`, and
+    // counts as expired at once, not when a later sweep finds it — with no worker connected,
+    // never.
+    if replies.iter().any(|reply| reply.outcome == Outcome::Expired && reply.batch.is_none()) {
+        stage.purge();
+    }
     queued.departure.ended();
     timing::record(arrived, &replies);
     if let Some(cx) = &queued.traced {
@@ -321,6 +328,19 @@ mod tests {
         let outcomes = hand_over(&from, &to, ids, vec![done(b"abcde"), done(b"ok")]).unwrap_err();
         assert!(matches!(&outcomes[0], Outcome::Failed(why) if why.contains("5 bytes")));
         assert_eq!(outcomes[1], done(b"ok"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_answered_408_in_the_queue_leaves_it_at_once() {
+        // No worker: nothing else would sweep the queue. The expired jobs stayed counted in
+        // its depth (and `/readyz`, and the prediction) for as long as the outage lasted.
+        let queue = Arc::new(stage("a", 100));
+        let now = Instant::now();
+        let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 3];
+        let deadline = now + Duration::from_millis(100);
+        let outcomes = run_stage(&queue, inputs, now, deadline, 0, Traffic::default()).await;
+        assert_eq!(outcomes.unwrap(), vec![Outcome::Expired; 3]);
+        assert_eq!(queue.queued(), 0);
     }
 
     #[tokio::test(start_paused = true)]
