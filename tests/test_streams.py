@@ -13,12 +13,14 @@ import re
 import signal
 import socket
 import sys
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from pathlib import Path
 
 import httpx
+import msgpack
 import pytest
 
 from conftest import ROOT
@@ -346,6 +348,91 @@ def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_fa
     assert received[1][1]["message"] == "the stream ran past its stream timeout of 500 ms"
     proxy.wait_until(lambda: job in ids(cancels), what="the job cancelled in the worker")
     assert proxy.metric("corral_streams_cancelled_total", reason="deadline") == 1
+    # Its client had a 200 and the error event: the job the worker then ended was cancelled,
+    # not answered 408, and its end is no late result (both had been counted).
+    proxy.wait_until(
+        lambda: (
+            proxy.metric("corral_jobs_cancelled_total", where="worker")
+            + proxy.metric("corral_jobs_expired_total", where="worker")
+            == 1
+        ),
+        what="the worker's end of the cancelled job counted",
+    )
+    assert proxy.metric("corral_jobs_expired_total", where="worker") == 0
+    assert proxy.metric("corral_late_results_total") == 0
+
+
+def raw_stream(proxy, item) -> socket.socket:
+    """A stream requested on a socket with a small receive buffer, which the test reads at its
+    own pace (httpx's reads go through buffers of their own)."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((host, int(port)))
+    body = json.dumps(item).encode()
+    head = (
+        "POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+        f"accept: text/event-stream\r\ncontent-length: {len(body)}\r\n\r\n"
+    )
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def test_a_stream_timeout_ends_a_stream_whose_client_is_always_behind(corral_factory, tmp_path):
+    # The worker writes faster than the client reads, so chunks are always waiting in the
+    # buffer: the timeout had waited for an empty buffer, and the stream (and its worker) ran
+    # on for as long as the worker wrote.
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--stream-timeout-ms=1000",
+        "--stream-buffer-bytes=67108864",
+        worker=STREAMER,
+        env={"STREAMER_CANCELS": str(cancels)},
+    )
+    started = time.monotonic()
+    with raw_stream(proxy, {"chunks": 100_000_000, "size": 100}) as sock:
+        tail = b""
+        while not tail.endswith(b"\r\n0\r\n\r\n"):
+            piece = sock.recv(1024)
+            assert piece, "the connection closed before the stream ended"
+            tail = (tail + piece)[-1024:]
+            time.sleep(0.002)  # a client slower than the worker: not waiting for anything
+            # A guard against the old behaviour's endless stream, not a measure of speed.
+            assert time.monotonic() - started < 60, "the stream outlived its timeout by far"
+    assert b"event: error" in tail and b"deadline_exceeded" in tail, tail
+    proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the job cancelled in the worker")
+
+
+def test_a_slow_client_that_then_leaves_is_counted_once(corral_factory, tmp_path):
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)})
+    with raw_stream(proxy, {"chunks": 100_000, "size": 100, "burst": 1000}):
+        proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the slow client cancelled")
+    # It left without reading its error event: not also a client that left.
+    proxy.wait_until(lambda: proxy.metric("corral_streams_open") == 0, what="the stream closed")
+    assert proxy.metric("corral_streams_cancelled_total", reason="slow_client") == 1
+    assert proxy.metric("corral_streams_cancelled_total", reason="client_left") == 0
+
+
+def test_a_first_answer_with_no_json_form_is_a_plain_500_not_a_stream(corral_factory):
+    # A plain worker's one answer holds NaN: nothing has gone to the client, so the error is
+    # still a plain one (it had been a 200 whose one event was the error).
+    proxy = corral_factory()
+    body = msgpack.packb({"echo": float("nan")})
+    headers = {**SSE, "content-type": "application/msgpack"}
+    response = proxy.client.post("/infer", content=body, headers=headers)
+    assert response.status_code == 500
+    assert response.json()["error"] == "unrepresentable_output"
+
+
+def test_accept_on_several_lines_is_read_as_one_list(corral_factory):
+    proxy = corral_factory(worker=STREAMER)
+    for lines in (
+        [("accept", "application/json"), ("accept", "text/event-stream;q=1")],
+        [("accept", "text/event-stream"), ("accept", "application/json;q=0.5")],
+    ):
+        response = proxy.client.post("/infer", json={"chunks": 2}, headers=lines)
+        assert response.headers["content-type"].startswith("text/event-stream"), lines
 
 
 def test_a_longer_deadline_does_not_lift_the_stream_timeout(corral_factory, tmp_path):

@@ -4,16 +4,23 @@
 //!
 //! The buffer is bounded in bytes, not in chunks (`--stream-buffer-bytes`): one slow client must
 //! never slow its worker or its batch-mates, so a push never waits. A push past the bound is
-//! refused instead, and the connection ends that job (`slow_client`). Memory per stream is thus
-//! at most the bound plus one chunk.
+//! refused instead, and the connection ends that job (`slow_client`). Each chunk counts as its
+//! bytes plus [`CHUNK_HELD`], what holding it costs besides them, so that memory per stream is
+//! at most the bound plus one chunk however small the chunks (counted as their bytes alone,
+//! a megabyte of one-byte chunks held 49 MiB).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
 use tokio::sync::mpsc;
 
 use crate::job::{Sent, SentSlot};
+
+/// What a chunk costs held in the buffer besides its bytes: its `Bytes` in the channel's slot
+/// (32 bytes), its allocation's own rounding and head (one-byte chunks cost 49 bytes each,
+/// measured), and a margin.
+pub const CHUNK_HELD: usize = 64;
 
 /// What both ends share: the bytes pushed and not yet taken, and the batch that carried the job
 /// to its worker (for the stream's `server-timing`).
@@ -29,6 +36,8 @@ pub struct ChunkSink {
     chunks: mpsc::UnboundedSender<Bytes>,
     pending: Arc<Shared>,
     limit: usize,
+    /// A chunk went into the buffer: the client's answer is a stream (200) from then on.
+    started: AtomicBool,
 }
 
 /// The taking end, kept by the HTTP answer.
@@ -50,7 +59,8 @@ pub enum Refused {
 pub fn channel(limit: usize) -> (ChunkSink, ChunkSource) {
     let (tx, rx) = mpsc::unbounded_channel();
     let pending = Arc::new(Shared::default());
-    (ChunkSink { chunks: tx, pending: pending.clone(), limit }, ChunkSource { chunks: rx, pending })
+    let sink = ChunkSink { chunks: tx, pending: pending.clone(), limit, started: false.into() };
+    (sink, ChunkSource { chunks: rx, pending })
 }
 
 impl ChunkSink {
@@ -64,7 +74,7 @@ impl ChunkSink {
         if self.chunks.is_closed() {
             return Err(Refused::Gone);
         }
-        let len = chunk.len();
+        let len = chunk.len() + CHUNK_HELD;
         let before = self.pending.pending.fetch_add(len, Ordering::AcqRel);
         if before > 0 && before + len > self.limit {
             self.pending.pending.fetch_sub(len, Ordering::AcqRel);
@@ -73,7 +83,14 @@ impl ChunkSink {
         self.chunks.send(chunk).map_err(|_| {
             self.pending.pending.fetch_sub(len, Ordering::AcqRel);
             Refused::Gone
-        })
+        })?;
+        self.started.store(true, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether a chunk went to the client: its answer is a stream, never a 408.
+    pub fn started(&self) -> bool {
+        self.started.load(Ordering::Relaxed)
     }
 }
 
@@ -86,14 +103,14 @@ impl ChunkSource {
     /// The next chunk, once one is there; None once the sink is gone and every chunk taken.
     pub async fn next(&mut self) -> Option<Bytes> {
         let chunk = self.chunks.recv().await?;
-        self.pending.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
+        self.pending.pending.fetch_sub(chunk.len() + CHUNK_HELD, Ordering::AcqRel);
         Some(chunk)
     }
 
     /// A chunk already there, without waiting.
     pub fn try_next(&mut self) -> Option<Bytes> {
         let chunk = self.chunks.try_recv().ok()?;
-        self.pending.pending.fetch_sub(chunk.len(), Ordering::AcqRel);
+        self.pending.pending.fetch_sub(chunk.len() + CHUNK_HELD, Ordering::AcqRel);
         Some(chunk)
     }
 }
@@ -104,13 +121,21 @@ mod tests {
 
     #[tokio::test]
     async fn a_client_behind_by_more_than_the_bound_is_refused_and_one_chunk_always_fits() {
-        let (sink, mut source) = channel(10);
-        assert_eq!(sink.push(Bytes::from(vec![0; 64])), Ok(()), "one chunk always fits");
+        let (sink, mut source) = channel(CHUNK_HELD + 10);
+        assert_eq!(sink.push(Bytes::from(vec![0; 640])), Ok(()), "one chunk always fits");
         assert_eq!(sink.push(Bytes::from_static(b"x")), Err(Refused::SlowClient));
-        assert_eq!(source.next().await.map(|c| c.len()), Some(64));
+        assert_eq!(source.next().await.map(|c| c.len()), Some(640));
         assert_eq!(sink.push(Bytes::from_static(b"0123456789")), Ok(()));
         assert_eq!(sink.push(Bytes::from_static(b"x")), Err(Refused::SlowClient));
         drop(source);
         assert_eq!(sink.push(Bytes::from_static(b"late")), Err(Refused::Gone));
+    }
+
+    #[tokio::test]
+    async fn small_chunks_count_what_holding_them_costs() {
+        // A bound of 1,000 bytes held a thousand one-byte chunks, 49 bytes of memory each.
+        let (sink, _source) = channel(1000);
+        let taken = (0..1000).take_while(|_| sink.push(Bytes::from_static(b"x")).is_ok()).count();
+        assert_eq!(taken, 1000 / (1 + CHUNK_HELD));
     }
 }

@@ -4,7 +4,8 @@ side of streams is tested against it, whatever the Python package does.
 It declares `stream` and `cancel` (and `join` when STREAMER_JOIN is set, offering room for
 STREAMER_JOIN jobs in all). Each job's item scripts its stream:
 - `{"chunks": n}`: n chunks, one per step, each `"<tag>-<i>"` (tag: the item's `tag`, default
-  "c"); `"size": k` pads each chunk to k characters;
+  "c"); `"size": k` pads each chunk to k characters; `"burst": k` sends k chunks a step, in
+  one frame;
 - `"gate": path`: after its first chunk, the job waits (other jobs go on) until that file exists;
   `"gate_first": path` waits before the first chunk;
 - `"step_ms": k`: the worker waits k ms after each step that sent this job a chunk;
@@ -171,7 +172,8 @@ def main():
                 data = msgpack.packb(job.next_chunk()) + b"\x01"
                 chunks.append({"id": job.id, "data": data})
             else:
-                chunks.append({"id": job.id, "data": msgpack.packb(job.next_chunk())})
+                for _ in range(min(item.get("burst", 1), item.get("chunks", 1) - job.sent)):
+                    chunks.append({"id": job.id, "data": msgpack.packb(job.next_chunk())})
         if chunks:
             sock.sendall(protocol.encode_frame({"type": "chunks", "chunks": chunks}))
             step_ms = max(job.item.get("step_ms", 0) for job in held.values())

@@ -48,7 +48,8 @@ impl ApiError {
 
     pub fn not_acceptable() -> Self {
         let message = "Accept must allow application/json or application/msgpack, or, for an \
-                       output of raw bytes, application/octet-stream or the output's media type";
+                       output of raw bytes, application/octet-stream or the output's media type \
+                       (or, for a streamed answer, text/event-stream or application/x-ndjson)";
         Self::new(StatusCode::NOT_ACCEPTABLE, "not_acceptable", message)
     }
 

@@ -54,12 +54,18 @@ impl Framing {
 
     /// One chunk (a msgpack value) as an event; an error event if it has no JSON form.
     pub fn chunk(self, data: Bytes) -> Result<Bytes, Bytes> {
+        self.try_chunk(data).map_err(|error| self.error(&error))
+    }
+
+    /// One chunk as an event, or why it has none (no JSON form): what the first chunk is
+    /// turned into, where that error is still a plain HTTP error.
+    pub fn try_chunk(self, data: Bytes) -> Result<Bytes, ApiError> {
         let (prefix, suffix): (&[u8], &[u8]) = match self {
             Framing::Sse => (b"data: ", b"\n\n"),
             Framing::Ndjson => (b"", b"\n"),
         };
         format::from_msgpack_between(Format::Json, data, prefix, suffix)
-            .map_err(|e| self.error(&ApiError::internal(e.code(), e.message)))
+            .map_err(|e| ApiError::internal(e.code(), e.message))
     }
 
     /// The end of a stream that went well.

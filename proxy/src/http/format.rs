@@ -9,7 +9,8 @@
 //! `bin` goes to a client that accepts it as the bytes themselves ([`Negotiation`]).
 
 use bytes::Bytes;
-use http::HeaderValue;
+use http::header::ACCEPT;
+use http::{HeaderMap, HeaderValue};
 
 use super::error::ApiError;
 use super::protocols::v2::tensor;
@@ -53,6 +54,24 @@ pub enum Answer {
     Format(Format),
     /// The bytes of an output that is one msgpack `bin`, as the body.
     Raw,
+}
+
+/// The request's `Accept`, its field lines joined into one list: several lines mean what one
+/// comma-joined line means (RFC 9110 5.3), and reading the first alone answered JSON to a client
+/// whose second line asked for a stream. None if it has none.
+pub fn accept(headers: &HeaderMap) -> Option<HeaderValue> {
+    let mut lines = headers.get_all(ACCEPT).iter();
+    let first = lines.next()?;
+    let mut joined: Option<Vec<u8>> = None;
+    for line in lines {
+        let joined = joined.get_or_insert_with(|| first.as_bytes().to_vec());
+        joined.extend_from_slice(b", ");
+        joined.extend_from_slice(line.as_bytes());
+    }
+    match joined {
+        None => Some(first.clone()),
+        Some(joined) => HeaderValue::from_bytes(&joined).ok(),
+    }
 }
 
 /// A request's `Accept`, kept from before its job runs: the form of the answer depends on the

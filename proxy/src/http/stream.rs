@@ -113,15 +113,27 @@ pub async fn answer(
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     for chunk in first {
-        if finished {
-            break;
+        match framing.try_chunk(chunk) {
+            Ok(event) => pending.push(event),
+            // Nothing has gone out: a first chunk with no JSON form is still a plain error (it
+            // had been a 200 whose one event was the error).
+            Err(error) if pending.is_empty() => return Err(error),
+            Err(error) => {
+                pending.push(framing.error(&error));
+                finished = true;
+                break;
+            }
         }
-        pending.push(event(framing, chunk, &mut finished));
     }
     let streamed = !pending.is_empty();
     match outcome {
         None => {}
         Some(_) if finished => {}
+        Some(Outcome::Done(data, _)) if !streamed => {
+            pending.push(framing.try_chunk(data)?);
+            pending.push(framing.done());
+            finished = true;
+        }
         Some(Outcome::Done(data, _)) => {
             pending.extend(last_chunk(framing, data));
             finished = true;
@@ -211,7 +223,16 @@ impl Events {
             return None;
         }
         let event = tokio::select! {
+            // The timeout first: with chunks always buffered (a client reading about as fast as
+            // the worker writes), a branch below it would never let it run, and the stream and
+            // its worker went on past it (8 s of a 1 s timeout).
             biased;
+            _ = &mut self.deadline => {
+                metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+                self.finished = true;
+                self._open.finished = true;
+                self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+            }
             chunk = self.source.next() => match chunk {
                 Some(chunk) => event(self.framing, chunk, &mut self.finished),
                 None => {
@@ -229,12 +250,6 @@ impl Events {
                     self.pending.push_back(event);
                 }
                 self.end(answered.map(|r| r.outcome).unwrap_or_else(dropped))
-            }
-            _ = &mut self.deadline => {
-                metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
-                self.finished = true;
-                self._open.finished = true;
-                self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
             }
         };
         Some((Ok(Frame::data(event)), self))
@@ -254,6 +269,17 @@ impl Events {
             }
         }
         self.pending.pop_front().unwrap_or_else(|| self.framing.done())
+    }
+}
+
+impl Drop for Events {
+    fn drop(&mut self) {
+        // A client cut off as slow was counted so where it was cut off; leaving afterwards,
+        // without reading its error event, it is not counted a second time as one that left.
+        let reply = self.reply.try_recv();
+        if reply.is_ok_and(|reply| matches!(reply.outcome, Outcome::SlowClient)) {
+            self._open.finished = true;
+        }
     }
 }
 

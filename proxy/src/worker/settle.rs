@@ -169,7 +169,10 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
 /// Returns true when nobody was listening because the deadline had passed (the client had its
 /// 408; the answer is dropped): [`answer_result`] counts such a result as late.
 pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
-    let expired = job.is_expired(now);
+    // A stream that had chunks ended for its client as a 200 (its timeout's error event, or the
+    // client leaving): past its deadline, the job is cancelled, not a 408 nor a late result.
+    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
+    let expired = job.is_expired(now) && !streamed;
     if job.answer(outcome) {
         return false;
     }

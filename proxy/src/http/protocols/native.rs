@@ -12,7 +12,7 @@
 
 use bytes::Bytes;
 use corral_protocol::JobId;
-use http::header::{ACCEPT, CONTENT_TYPE};
+use http::header::CONTENT_TYPE;
 use http::{HeaderMap, HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -39,14 +39,15 @@ pub async fn handle(
 ) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
     let kind = body_kind(headers).map_err(before_body)?;
-    let streamed = Framing::requested(headers.get(ACCEPT));
+    let accept = format::accept(headers);
+    let streamed = Framing::requested(accept.as_ref());
     // A raw request's non-raw answers are JSON unless the client asks for msgpack.
     let format = match kind {
         BodyKind::Format(format) => format,
         BodyKind::Raw(_) => Format::Json,
     };
     let raw = matches!(kind, BodyKind::Raw(_));
-    let negotiation = Negotiation::new(headers.get(ACCEPT), format, raw);
+    let negotiation = Negotiation::new(accept.as_ref(), format, raw);
     // The output format is moot for a stream (events are JSON) but for its plain errors.
     if streamed.is_none() && !negotiation.satisfiable() {
         return Err(before_body(ApiError::not_acceptable()));

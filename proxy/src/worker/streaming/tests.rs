@@ -139,5 +139,17 @@ async fn an_answer_gathered_past_one_frame_is_failed_and_its_chunks_let_go() {
     assert!(state.chunks(&mut outbox, &seat, frame(id, &chunks)).is_ok());
     let Outcome::Failed(why) = reply.await.expect("answered").outcome else { panic!() };
     assert!(why.contains("larger than one answer"), "{why}");
-    assert!(state.held[&id].gathered.is_empty(), "the gathered chunks are kept");
+    assert!(state.held[&id].gathered.count == 0, "the gathered chunks are kept");
+}
+
+#[test]
+fn gathered_chunks_are_one_msgpack_array_whatever_its_head() {
+    for count in [0usize, 1, 15, 16, 70_000] {
+        let mut gathered = Gathered::default();
+        (0..count).for_each(|i| gathered.push(&rmp_serde::to_vec(&(i % 100)).unwrap()));
+        let array: Vec<u64> = rmp_serde::from_slice(&gathered.array(Some(&[0x07]))).unwrap();
+        assert_eq!(array.len(), count + 1);
+        assert_eq!(array[count], 7);
+        assert!(array[..count].iter().enumerate().all(|(i, &v)| v == (i % 100) as u64));
+    }
 }
