@@ -83,6 +83,22 @@ def test_a_stream_arrives_chunk_by_chunk_and_ends_with_done(corral_factory, tmp_
     assert proxy.metric("corral_streams_open") == 0
 
 
+def test_a_quiet_stream_is_kept_alive_with_comments(corral_factory, tmp_path):
+    # A model thinking between chunks sent nothing: a proxy in front with an idle limit (nginx,
+    # a cloud balancer: 60 s) cut the stream. A comment line now goes after each quiet spell.
+    proxy = corral_factory("--stream-keepalive-ms=100", worker=STREAMER)
+    gate = tmp_path / "gate"
+    item = {"chunks": 2, "gate": str(gate)}
+    with proxy.client.stream("POST", "/infer", json=item, headers=SSE) as response:
+        lines = response.iter_lines()
+        assert next(lines) == 'data: "c-0"'
+        # The worker holds its second chunk until the test has seen a keep-alive.
+        assert [next(lines) for _ in range(3)] == ["", ": keep-alive", ""]
+        gate.touch()
+        rest = [line for line in lines if line not in ("", ": keep-alive")]
+    assert rest == ['data: "c-1"', "event: done", "data: {}"]
+
+
 def test_ndjson_streams_one_object_per_line(corral_factory):
     proxy = corral_factory(worker=STREAMER)
     headers = {"accept": "application/x-ndjson"}

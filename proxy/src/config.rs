@@ -131,6 +131,12 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub stream_buffer_bytes: u64,
 
+    /// Server-Sent Events: a comment line (`: keep-alive`) sent after this long without an
+    /// event, so that proxies and load balancers in front (nginx, cloud balancers: 60 s idle
+    /// limits) do not cut a stream whose model is thinking. 0: none.
+    #[arg(long, env = "CORRAL_STREAM_KEEPALIVE_MS", default_value_t = 15_000)]
+    pub stream_keepalive_ms: u64,
+
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its
     /// jobs retried or failed, a spawned worker killed and restarted). 0: the longest timeout
     /// among its jobs' routes plus one second, from when the worker got the batch (not a

@@ -50,6 +50,9 @@ pub struct App {
     pub retries: u32,
     /// Most bytes of chunks a streaming client may fall behind by before its job is cancelled.
     pub stream_buffer_bytes: usize,
+    /// How long a Server-Sent Events stream may go without an event before a comment line
+    /// keeps it alive (None: never).
+    pub stream_keepalive: Option<Duration>,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
     pub draining: AtomicBool,
     /// The header that names a request's tenant (`--tenant-header`).

@@ -155,6 +155,8 @@ pub async fn run(
         .collect();
     let app = Arc::new(http::App {
         stream_buffer_bytes: config.stream_buffer_bytes as usize,
+        stream_keepalive: (config.stream_keepalive_ms > 0)
+            .then(|| Duration::from_millis(config.stream_keepalive_ms)),
         routes,
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,

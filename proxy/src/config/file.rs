@@ -38,6 +38,7 @@ pub struct File {
     pub max_headers: Option<usize>,
     pub grace_period_ms: Option<u64>,
     pub stream_buffer_bytes: Option<u64>,
+    pub stream_keepalive_ms: Option<u64>,
     pub priority_aging_ms: Option<u64>,
     pub tenant_header: Option<String>,
     pub tenant_queue_share: Option<f64>,

@@ -228,7 +228,7 @@ pub fn resolve(
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
     top_level!(config, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
     top_level!(config, f, explicit, stream_buffer_bytes, priority_aging_ms, tenant_queue_share);
-    top_level!(config, f, explicit, http2_max_streams);
+    top_level!(config, f, explicit, http2_max_streams, stream_keepalive_ms);
     if let Some(name) = f.max_batch_weight.take() {
         if !explicit("max_batch_weight") {
             config.max_batch_weight = Some(name);

@@ -155,6 +155,7 @@ pub async fn answer(
         reply,
         deadline: Box::pin(tokio::time::sleep_until(stream_deadline)),
         stream_timeout: last.stream_timeout(),
+        keepalive: KeepAlive::new(framing, app.stream_keepalive),
         pending: pending.into(),
         finished,
         _left: left,
@@ -204,6 +205,7 @@ struct Events {
     deadline: Pin<Box<Sleep>>,
     /// The stage's stream timeout, which `deadline` is (from the request's arrival).
     stream_timeout: Duration,
+    keepalive: KeepAlive,
     /// Events ready to go out before anything else.
     pending: std::collections::VecDeque<Bytes>,
     /// The last event is out (or queued in `pending`).
@@ -222,7 +224,9 @@ impl Events {
             self._open.finished = true;
             return None;
         }
-        let event = tokio::select! {
+        self.keepalive.sent(Instant::now());
+        let event = loop {
+            let event = tokio::select! {
             // The timeout first: with chunks always buffered (a client reading about as fast as
             // the worker writes), a branch below it would never let it run, and the stream and
             // its worker went on past it (8 s of a 1 s timeout).
@@ -251,6 +255,13 @@ impl Events {
                 }
                 self.end(answered.map(|r| r.outcome).unwrap_or_else(dropped))
             }
+            // Last: only a stream with nothing else to send is kept alive.
+            () = self.keepalive.due() => match self.keepalive.comment(Instant::now()) {
+                Some(comment) => comment,
+                None => continue,
+            },
+            };
+            break event;
         };
         Some((Ok(Frame::data(event)), self))
     }
@@ -283,6 +294,52 @@ impl Drop for Events {
     }
 }
 
+/// A Server-Sent Events stream's keep-alive: a comment line once it has gone `every` without
+/// an event. The timer is moved only when it fires (to the last event's time plus `every`, if
+/// an event went since), not at every event: a stream of tokens would reset it thousands of
+/// times a second. NDJSON has no comment to send, and is not kept alive.
+struct KeepAlive {
+    every: Option<Duration>,
+    last: Instant,
+    timer: Pin<Box<Sleep>>,
+}
+
+impl KeepAlive {
+    fn new(framing: Framing, every: Option<Duration>) -> Self {
+        let every = every.filter(|_| framing == Framing::Sse);
+        let now = Instant::now();
+        let first = now.checked_add(every.unwrap_or(Duration::ZERO)).unwrap_or(now);
+        KeepAlive { every, last: now, timer: Box::pin(tokio::time::sleep_until(first)) }
+    }
+
+    /// An event went to the client at `now`.
+    fn sent(&mut self, now: Instant) {
+        self.last = now;
+    }
+
+    /// Ready when the timer fires; never without a keep-alive.
+    async fn due(&mut self) {
+        match self.every {
+            Some(_) => self.timer.as_mut().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The comment, if the stream has been quiet long enough by `now`; the timer set again
+    /// either way.
+    fn comment(&mut self, now: Instant) -> Option<Bytes> {
+        let every = self.every?;
+        let due = self.last.checked_add(every).unwrap_or(now);
+        if now < due {
+            self.timer.as_mut().reset(due);
+            return None;
+        }
+        self.last = now;
+        self.timer.as_mut().reset(now.checked_add(every).unwrap_or(now));
+        Some(Bytes::from_static(b": keep-alive\n\n"))
+    }
+}
+
 /// Counts an open stream; one dropped before its last event is a client that left.
 struct Open {
     finished: bool,
@@ -301,5 +358,31 @@ impl Drop for Open {
         if !self.finished {
             metrics().streams_cancelled.with_label_values(&["client_left"]).inc();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_sse_stream_gets_a_comment_and_ndjson_none() {
+        let every = Some(Duration::from_secs(15));
+        let mut keepalive = KeepAlive::new(Framing::Sse, every);
+        tokio::time::advance(Duration::from_secs(10)).await;
+        keepalive.sent(Instant::now());
+        // The timer set at the start fires at 15 s; an event went at 10 s: not quiet yet.
+        tokio::time::advance(Duration::from_secs(5)).await;
+        keepalive.due().await;
+        assert_eq!(keepalive.comment(Instant::now()), None);
+        // Set again for 25 s, when it is.
+        tokio::time::advance(Duration::from_secs(10)).await;
+        keepalive.due().await;
+        assert_eq!(keepalive.comment(Instant::now()).as_deref(), Some(&b": keep-alive\n\n"[..]));
+        // NDJSON has no comment a client would skip: never due.
+        let mut ndjson = KeepAlive::new(Framing::Ndjson, every);
+        assert_eq!(ndjson.comment(Instant::now()), None);
+        let never = tokio::time::timeout(Duration::from_secs(3600), ndjson.due()).await;
+        assert!(never.is_err());
     }
 }

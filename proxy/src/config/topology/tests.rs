@@ -121,6 +121,7 @@ fn every_option_the_file_sets_is_a_command_line_option() {
         "queue_capacity_bytes",
         "stream_timeout_ms",
         "stream_buffer_bytes",
+        "stream_keepalive_ms",
         "workers",
     ];
     // `cpus` is asked about too, but it is a stage's key in the file, not a top-level one.
