@@ -83,7 +83,7 @@ pub struct Route {
 /// under overload.
 pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
     let error = match shed {
-        Shed::QueueFull => error::ApiError::queue_full(),
+        Shed::QueueFull { retry_after } => error::ApiError::queue_full(retry_after.as_secs()),
         Shed::DeadlineUnreachable { retry_after } => {
             error::ApiError::deadline_unreachable(retry_after.as_secs())
         }
@@ -158,7 +158,7 @@ mod tests {
     fn a_shed_answers_with_its_own_code_word() {
         let later = Duration::from_secs(3);
         for shed in [
-            Shed::QueueFull,
+            Shed::QueueFull { retry_after: later },
             Shed::DeadlineUnreachable { retry_after: later },
             Shed::TenantQuota { retry_after: later },
             Shed::ShuttingDown,

@@ -53,8 +53,9 @@ pub use weight::WeightRule;
 /// Why jobs were not admitted.
 #[derive(Debug, PartialEq, Eq)]
 pub enum Shed {
-    /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`.
-    QueueFull,
+    /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`;
+    /// `retry_after`: when the work ahead of them is predicted done (1 s before a cost is learned).
+    QueueFull { retry_after: Duration },
     /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
     DeadlineUnreachable { retry_after: Duration },
     /// Their tenant already holds its share of the queue (`--tenant-queue-share`).
@@ -68,7 +69,7 @@ impl Shed {
     /// shed metric carry the same one (`http::shed_error`, and a test there holds them to it).
     pub fn code(&self) -> &'static str {
         match self {
-            Shed::QueueFull => "queue_full",
+            Shed::QueueFull { .. } => "queue_full",
             Shed::DeadlineUnreachable { .. } => "deadline_unreachable",
             Shed::TenantQuota { .. } => "tenant_quota",
             Shed::ShuttingDown => "shutting_down",
@@ -491,7 +492,17 @@ impl Stage {
                 let room = kept_jobs + count <= self.capacity
                     && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
                 if !room {
-                    return Err(Shed::QueueFull);
+                    // When the work before them is done, as admission predicts it: a constant
+                    // second had the clients of a queue draining for seconds retry in a storm.
+                    let ahead = Ahead::from(&queue.jobs, class);
+                    let finish = queue
+                        .cost
+                        .estimate()
+                        .and_then(|cost| self.predict(&queue, now, cost, ahead, &jobs));
+                    let retry_after = finish.map_or(Duration::from_secs(1), |finish| {
+                        admission::retry_after(finish, now)
+                    });
+                    return Err(Shed::QueueFull { retry_after });
                 }
             }
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {

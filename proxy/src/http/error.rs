@@ -125,10 +125,10 @@ impl ApiError {
         error
     }
 
-    pub fn queue_full() -> Self {
+    pub fn queue_full(retry_after_secs: u64) -> Self {
         let message = "the queue is full; retry later";
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "queue_full", message);
-        error.retry_after = Some(1);
+        error.retry_after = Some(retry_after_secs);
         error
     }
 

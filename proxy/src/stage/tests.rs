@@ -124,7 +124,7 @@ async fn a_full_queue_sheds_but_first_clears_out_dead_jobs() {
     drop(submit(&stage, b"gone"));
     let _c = submit(&stage, b"c"); // fits: "gone" made room
     let (d, _answer) = job(b"d", Duration::from_secs(1));
-    assert!(matches!(stage.submit(d), Err(Shed::QueueFull)));
+    assert!(matches!(stage.submit(d), Err(Shed::QueueFull { .. })));
     assert_eq!(stage.queued(), 2);
 }
 
@@ -133,11 +133,11 @@ async fn the_queue_s_bytes_are_bounded_but_an_empty_queue_takes_any_one_request(
     let stage = stage(8, 10).with_capacity_bytes(10);
     let _big = submit(&stage, &[1; 12]); // over the bound, but alone: served, not shed forever
     let (small, _answer) = job(b"s", Duration::from_secs(1));
-    assert_eq!(stage.submit(small), Err(Shed::QueueFull));
+    assert!(matches!(stage.submit(small), Err(Shed::QueueFull { .. })));
     let batch = stage.next_batch().await;
     let _a = submit(&stage, &[2; 6]);
     let (b, _answer) = job(&[3; 6], Duration::from_secs(1));
-    assert_eq!(stage.submit(b), Err(Shed::QueueFull), "6 + 6 bytes > 10");
+    assert!(matches!(stage.submit(b), Err(Shed::QueueFull { .. })), "6 + 6 bytes > 10");
     stage.requeue(batch); // a retry bypasses the bound, as it does the count
     assert_eq!(stage.queued(), 2);
 }
@@ -287,7 +287,7 @@ async fn a_request_is_admitted_whole_or_not_at_all() {
     let _a = submit(&stage, b"a");
     let (jobs, _answers): (Vec<_>, Vec<_>) =
         (0..5).map(|_| job(b"g", Duration::from_secs(5))).unzip();
-    assert_eq!(stage.submit_all(jobs), Err(Shed::QueueFull));
+    assert!(matches!(stage.submit_all(jobs), Err(Shed::QueueFull { .. })));
     assert_eq!(stage.queued(), 1);
 }
 
@@ -520,7 +520,7 @@ async fn a_high_job_evicts_a_queued_low_one_which_is_answered_preempted_at_once(
     let (late, mut late_answer) = classed(b"low-late", Class::Low, None, 1);
     stage.submit(late).unwrap();
     let (low, _low) = classed(b"low", Class::Low, None, 1);
-    assert_eq!(stage.submit(low), Err(Shed::QueueFull), "low evicts nothing");
+    assert!(matches!(stage.submit(low), Err(Shed::QueueFull { .. })), "low evicts nothing");
     let (high, _high) = classed(b"high", Class::High, None, 1);
     stage.submit(high).unwrap();
     // The latest deadline went, answered before any worker looked at the queue.
@@ -542,7 +542,10 @@ async fn eviction_happens_only_if_it_makes_room() {
     let (a, _a) = classed(b"h1", Class::High, None, 1);
     let (b, _b) = classed(b"h2", Class::High, None, 1);
     let (c, _c) = classed(b"h3", Class::High, None, 1);
-    assert_eq!(stage.submit_all(vec![a, b, c]), Err(Shed::QueueFull), "3 > capacity 2");
+    assert!(
+        matches!(stage.submit_all(vec![a, b, c]), Err(Shed::QueueFull { .. })),
+        "3 > capacity 2"
+    );
     assert!(low_answer.try_recv().is_err(), "nothing was evicted for a request that cannot fit");
     assert_eq!(stage.queued(), 2);
 }
@@ -847,7 +850,7 @@ async fn eviction_counts_no_request_a_batch_has_started() {
     stage.submit_all(normals).unwrap();
     let (highs, _high_answers): (Vec<Job>, Vec<_>) =
         (0..8).map(|_| classed(b"high", Class::High, None, 1)).unzip();
-    assert_eq!(stage.submit_all(highs), Err(Shed::QueueFull));
+    assert!(matches!(stage.submit_all(highs), Err(Shed::QueueFull { .. })));
     assert!(normal_answers.iter_mut().all(|a| a.try_recv().is_err()), "nothing evicted");
     assert_eq!(stage.queued(), 8);
     // Four high jobs fit once the normal request is evicted.
@@ -855,4 +858,29 @@ async fn eviction_counts_no_request_a_batch_has_started() {
         (0..4).map(|_| classed(b"high", Class::High, None, 1)).unzip();
     stage.submit_all(highs).unwrap();
     assert_eq!(stage.queued(), 8);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_says_when_its_work_ahead_is_done() {
+    // One worker, batches of one job that cost a second: four queued jobs are four seconds of
+    // work, and the fifth job's would end a second later. Retry-After had been 1 s, whatever the
+    // queue: its clients came back while it was still full.
+    let full = stage(1, 4);
+    let seat = full.worker_joined();
+    for _ in 0..10 {
+        seat.finished(1, 1, Duration::from_secs(1));
+    }
+    let _answers: Vec<_> = (0..4).map(|_| submit(&full, b"queued")).collect();
+    let (extra, _answer) = job(b"one too many", Duration::from_secs(60));
+    match full.submit(extra) {
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(5)),
+        other => panic!("expected queue_full, got {other:?}"),
+    }
+    drop(seat);
+    // Before a cost is learned: a second.
+    let fresh = stage(1, 1);
+    let _queued = submit(&fresh, b"queued");
+    let (extra, _answer) = job(b"one too many", Duration::from_secs(60));
+    let expected = Err(Shed::QueueFull { retry_after: Duration::from_secs(1) });
+    assert_eq!(fresh.submit(extra), expected);
 }
