@@ -1,9 +1,10 @@
 """The HTTP edge holds against hostile or careless clients: a slowloris is cut off, and so is a
 client dribbling its body (408), an idle keep-alive connection is closed on its own clock,
 oversized or overlong headers get 431, and connections past the cap, or past what the open-file
-limit allows, get a clear 503 instead of a hang. An answer being written holds its connection
-open (a request pipelined behind it waits), an HTTP/2 client's PINGs hold nothing open, and an
-HTTP/2 connection runs at most --http2-max-streams requests at once."""
+limit allows, get a clear 503 instead of a hang — but for probes and the proxy's own pages,
+answered on a small reserve of connections past the cap. An answer being written holds its
+connection open (a request pipelined behind it waits), an HTTP/2 client's PINGs hold nothing
+open, and an HTTP/2 connection runs at most --http2-max-streams requests at once."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import pytest
 from conftest import BINARY, ROOT
 
 STREAMER = str(ROOT / "tests" / "workers" / "streamer.py")
+RESERVE = 16  # connections past the cap for probes: proxy/src/http/reserve.rs, CONNECTIONS
 
 
 def connect(proxy) -> socket.socket:
@@ -192,7 +194,7 @@ def test_the_default_bound_of_100_headers_holds_to_the_header(corral_factory):
         assert proxy.client.get("/healthz", headers=headers).status_code == status, count
 
 
-def test_connections_past_the_cap_get_503_and_are_closed(corral_factory):
+def test_connections_past_the_cap_and_its_reserve_get_503_and_are_closed(corral_factory):
     proxy = corral_factory("--max-connections=2", worker=None)
     proxy.client.close()  # its pooled connection would take a slot
     held = [connect(proxy), connect(proxy)]
@@ -201,12 +203,72 @@ def test_connections_past_the_cap_get_503_and_are_closed(corral_factory):
         for conn in held:
             conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
             assert conn.recv(65536).startswith(b"HTTP/1.1 200")
-        with connect(proxy) as third:
-            answer = read_all(third)
+        # Then the reserve, by connections sending nothing: the proxy accepts in order, so each
+        # has its reserve slot before the connection after them is accepted.
+        held += [connect(proxy) for _ in range(RESERVE)]
+        with connect(proxy) as past:
+            answer = read_all(past)
         assert answer.startswith(b"HTTP/1.1 503")
         assert b'"error":"too_many_connections"' in answer
         # An id as every answer has, though no request was read.
         assert re.search(rb"\r\nx-request-id: [0-9a-f]{8}-[0-9a-f]{4}-", answer), answer
+    finally:
+        for conn in held:
+            conn.close()
+
+
+def test_probes_are_answered_while_clients_hold_every_connection(corral_factory):
+    """DEPLOY.md: probes do not fail because of load. With every connection under
+    --max-connections held by idle clients, a new connection lands on the reserve: the probes and
+    /metrics are answered 200 and the connection closed; a request for a job is 503
+    too_many_connections, counted as shed, its body not read."""
+    proxy = corral_factory("--max-connections=4")
+    proxy.client.close()  # its pooled connection would take a slot
+    held = [connect(proxy) for _ in range(4)]
+    try:
+        # Each is served once, then sits idle in keep-alive: every slot of the cap is held.
+        for conn in held:
+            conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            assert conn.recv(65536).startswith(b"HTTP/1.1 200")
+        # A prober as the kubelet or Prometheus is: a new connection for each check. (Also the
+        # client proxy.metric reads through, and closed at the end.)
+        proxy.client = prober = httpx.Client(base_url=proxy.url, timeout=20)
+        for path in ("/healthz", "/readyz", "/metrics", "/v2/health/live", "/v2/health/ready"):
+            response = prober.get(path)
+            assert response.status_code == 200, (path, response.text)
+            assert response.headers["connection"] == "close", path
+        assert "corral_workers_connected" in prober.get("/metrics").text, "the page, whole"
+        shed_before = proxy.metric("corral_jobs_shed_total", reason="too_many_connections")
+
+        response = proxy.post({"x": 1})
+        assert response.status_code == 503, response.text
+        assert response.json() == {
+            "error": "too_many_connections",
+            "message": "the proxy holds its maximum of connections",
+        }
+        assert response.headers["retry-after"] == "1"
+        assert response.headers["connection"] == "close"
+        assert re.fullmatch(r"[0-9a-f]{8}-[0-9a-f-]{27}", response.headers["x-request-id"])
+
+        # A large body is not waited for: the answer comes with most of it unsent, and the
+        # connection is closed after it.
+        with connect(proxy) as conn:
+            conn.sendall(
+                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                b"content-length: 10000000\r\n\r\n[" + b" " * 1000
+            )
+            answer = read_all(conn)  # returns once the proxy closes the connection
+        assert answer.startswith(b"HTTP/1.1 503"), answer
+        assert b'"error":"too_many_connections"' in answer
+        shed_after = proxy.metric("corral_jobs_shed_total", reason="too_many_connections")
+        assert shed_after == shed_before + 2, "each refused request counted as shed"
+
+        # The connections under the cap are still served as before.
+        held[0].sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 7\r\n\r\n{"x":1}'
+        )
+        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
     finally:
         for conn in held:
             conn.close()
@@ -262,10 +324,11 @@ def test_connections_past_the_open_file_limit_get_503_not_a_hang(corral_factory)
     try:
         # More connections than the proxy can open files: each one either is served or is
         # refused at once; none may wait for an answer that never comes (the socket timeout).
+        # (`/v2`, which the reserve past the cap refuses as it does every path but the probes.)
         for _ in range(80):
             conn = connect(proxy)
             held.append(conn)
-            conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+            conn.sendall(b"GET /v2 HTTP/1.1\r\nhost: x\r\n\r\n")
             answers.append(conn.recv(65536))
     finally:
         for conn in held:

@@ -145,7 +145,9 @@ pub struct Config {
     #[arg(long, env = "CORRAL_BATCH_TIMEOUT_MS", default_value_t = 0)]
     pub batch_timeout_ms: u64,
 
-    /// Most open HTTP connections; one more is answered 503 (`too_many_connections`) and closed.
+    /// Most open HTTP connections. Past it, 16 more are let in for probes and Corral's own pages,
+    /// one request each (any other is answered 503 `too_many_connections`); one more past those
+    /// is answered 503 (`too_many_connections`) and closed.
     #[arg(long, env = "CORRAL_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub max_connections: u32,

@@ -11,6 +11,7 @@ pub mod infer;
 pub mod items;
 pub mod openapi;
 pub mod protocols;
+pub mod reserve;
 pub mod routes;
 pub mod server;
 pub mod stream;

@@ -7,11 +7,11 @@
 //! # Layout
 //! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
 //!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
-//! - [`http`]: the HTTP edge — server loop and its connection clocks, routes, formats and body
-//!   checks, the `/infer` handler and its streamed answer path (SSE, NDJSON), the client
-//!   protocols as envelopes around rows (Open Inference v2, KServe v1, OpenAI embeddings), the
-//!   deadline and traffic headers, `/openapi.json`, and the one mapping from failures to status
-//!   codes.
+//! - [`http`]: the HTTP edge — server loop and its connection clocks, the connection reserve
+//!   past the cap for probes, routes, formats and body checks, the `/infer` handler and its
+//!   streamed answer path (SSE, NDJSON), the client protocols as envelopes around rows (Open
+//!   Inference v2, KServe v1, OpenAI embeddings), the deadline and traffic headers,
+//!   `/openapi.json`, and the one mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.
 //! - [`stage`]: the bounded job queue and the batch release policy that idle workers pull through;

@@ -6,8 +6,9 @@
 //! in the kernel's backlog with no answer, instead of getting the documented 503. So at start the
 //! soft limit is raised to the hard one (allowed without privileges), and the effective cap is
 //! kept below the limit, with room left for what else the process opens: its listeners, the
-//! runtime's own descriptors, each worker's socket and output pipes, and connections being
-//! refused (each holds a descriptor while its 503 is written).
+//! runtime's own descriptors, each worker's socket and output pipes, the connection reserve past
+//! the cap ([`crate::http::reserve`]), and connections being refused (each holds a descriptor
+//! while its 503 is written).
 
 use tracing::{info, warn};
 
@@ -31,18 +32,21 @@ pub fn connection_cap(requested: usize, workers: usize) -> usize {
             open_file_limit = limit,
             effective = cap,
             "--max-connections is more than the open-file limit leaves room for; connections \
-             past the effective cap are answered 503 (raise the hard limit, e.g. `ulimit -Hn`, \
-             to allow more)"
+             past the effective cap are answered 503, but for probes on the connection reserve \
+             (raise the hard limit, e.g. `ulimit -Hn`, to allow more)"
         );
     }
     cap
 }
 
-/// The connections a process with `limit` descriptors can hold besides its own and its
-/// workers'. Under a tiny limit, at most half of it goes to the reserve.
+/// The connections a process with `limit` descriptors can hold besides its own, its workers'
+/// and the connection reserve's. Under a tiny limit, at most half of it is kept for the process
+/// and its workers; the reserve's connections are always kept room for, since they are opened
+/// whenever the cap is reached.
 fn cap_under(limit: u64, workers: u64) -> u64 {
-    let reserve = (RESERVED + PER_WORKER * workers).min(limit / 2);
-    limit.saturating_sub(reserve).max(1)
+    let kept = (RESERVED + PER_WORKER * workers).min(limit / 2);
+    let reserve = crate::http::reserve::CONNECTIONS as u64;
+    limit.saturating_sub(kept).saturating_sub(reserve).max(1)
 }
 
 /// The soft limit as the proxy started, if it raised it.
@@ -131,9 +135,9 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_room_for_the_process_and_its_workers() {
-        assert_eq!(cap_under(1024, 1), 1024 - 64 - 4);
-        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - 32);
-        assert_eq!(cap_under(64, 1), 32, "a tiny limit: half of it");
+        assert_eq!(cap_under(1024, 1), 1024 - 64 - 4 - 16, "16: the connection reserve");
+        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - 32 - 16);
+        assert_eq!(cap_under(64, 1), 16, "a tiny limit: half of it, less the reserve");
         assert_eq!(cap_under(1, 1), 1);
     }
 

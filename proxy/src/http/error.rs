@@ -132,6 +132,15 @@ impl ApiError {
         error
     }
 
+    /// A connection past `--max-connections` and its reserve, refused unread
+    /// ([`super::server`]), or a request other than a probe on a reserve connection
+    /// ([`super::reserve`]). The connection closes after the answer.
+    pub fn too_many_connections() -> Self {
+        let message = "the proxy holds its maximum of connections";
+        let error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_connections", message);
+        Self { retry_after: Some(1), close: true, ..error }
+    }
+
     pub fn not_ready(message: impl Into<String>) -> Self {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message)
     }

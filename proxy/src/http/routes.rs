@@ -151,7 +151,7 @@ pub fn head_size<B>(request: &Request<B>) -> usize {
 
 /// The proxy's own GET pages, as the label of their requests (a `'static` one: a client's path
 /// must not grow the label set).
-fn own_page(path: &str) -> Option<&'static str> {
+pub(super) fn own_page(path: &str) -> Option<&'static str> {
     ["/healthz", "/readyz", "/metrics", "/openapi.json"].into_iter().find(|page| *page == path)
 }
 

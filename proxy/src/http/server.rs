@@ -1,11 +1,12 @@
 //! The HTTP server loop: accept, one task per connection (HTTP/1.1 and h2c), graceful drain, and
-//! the limits that keep one client from holding resources: a cap on open connections, a deadline
-//! for a request's headers (a client dribbling them, slowloris-style, is cut off), an idle
-//! timeout for keep-alive connections (both in [`super::timeouts`]), a cap on header size and
-//! count (431; the size to the byte in [`super::routes`]), and a cap on the requests one HTTP/2
-//! connection runs at once. A request's body has its own clock, read in its handler
-//! ([`super::body`]); the cap on connections is kept under the open-file limit
-//! ([`crate::open_files`]).
+//! the limits that keep one client from holding resources: a cap on open connections (and past
+//! it a small reserve on which only probes and the proxy's own pages are answered,
+//! [`super::reserve`]), a deadline for a request's headers (a client dribbling them,
+//! slowloris-style, is cut off), an idle timeout for keep-alive connections (both in
+//! [`super::timeouts`]), a cap on header size and count (431; the size to the byte in
+//! [`super::routes`]), and a cap on the requests one HTTP/2 connection runs at once. A request's
+//! body has its own clock, read in its handler ([`super::body`]); the cap on connections, and
+//! its reserve, are kept under the open-file limit ([`crate::open_files`]).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -19,10 +20,11 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use super::error::ApiError;
+use super::reserve::{self, Caps};
 use super::timeouts::{Answer, Clock, Expired, Watched};
 use super::{routes, App};
 use crate::metrics::metrics;
@@ -60,11 +62,6 @@ fn without_body(mut response: http::Response<super::Body>) -> http::Response<sup
     response.map(|_| http_body_util::Empty::new().boxed_unsync())
 }
 
-/// The body of the answer to a connection over `max_connections`. The answer is written straight
-/// to the socket: hyper is not involved, so it costs no buffers and cannot hang.
-const TOO_MANY_CONNECTIONS: &str =
-    r#"{"error":"too_many_connections","message":"the proxy holds its maximum of connections"}"#;
-
 /// Serves until `stop` is cancelled, then stops accepting and lets open requests finish for up
 /// to `grace`. If that runs out, `expired` is cancelled (whoever holds the remaining jobs answers
 /// them) and the answers get [`FLUSH`] to go out.
@@ -96,7 +93,12 @@ pub async fn serve(
         // Each stream may hold a body as it arrives and an answer as it goes: hyper's default of
         // 200 per connection made the memory bound 200 times what one connection holds.
         .max_concurrent_streams(limits.http2_max_streams);
-    let connections = Arc::new(Semaphore::new(limits.max_connections));
+    // A reserve connection carries one request ([`reserve`]): HTTP/1.1, which probes and
+    // scrapers speak, since an h2 connection cannot be held to one request by an answer's
+    // header. (An h2c client past the cap got an HTTP/1.1 503 it could not read before, too.)
+    let mut one_request = builder.clone().http1_only();
+    one_request.http1().keep_alive(false);
+    let caps = Caps::new(limits.max_connections);
     let graceful = GracefulShutdown::new();
     let mut accept_failures = crate::open_files::AcceptFailures::default();
     loop {
@@ -117,14 +119,22 @@ pub async fn serve(
         };
         // Small answers go out at once rather than waiting for Nagle's timer.
         let _ = stream.set_nodelay(true);
-        let Ok(permit) = connections.clone().try_acquire_owned() else {
+        let Some(permit) = caps.admit() else {
             metrics().shed.with_label_values(&["too_many_connections", ""]).inc();
             tokio::spawn(refuse(stream));
             continue;
         };
+        let reserved = permit.reserve;
         let app = app.clone();
-        let clock =
-            Clock::new(limits.header_read_timeout, limits.idle_timeout, limits.stream_timeout);
+        // A probe sends its request at once: a reserve connection waits for one no longer than
+        // for a head, so that idle connections past the cap do not keep the reserve for the
+        // whole keep-alive timeout.
+        let idle_timeout = if reserved {
+            limits.idle_timeout.min(limits.header_read_timeout)
+        } else {
+            limits.idle_timeout
+        };
+        let clock = Clock::new(limits.header_read_timeout, idle_timeout, limits.stream_timeout);
         let service = service_fn({
             let clock = clock.clone();
             move |request| {
@@ -132,7 +142,11 @@ pub async fn serve(
                 async move {
                     // A HEAD request runs its handler as a GET would (the length is the body's).
                     let head = request.method() == hyper::Method::HEAD;
-                    let mut response = routes::route(&app, request).await;
+                    let mut response = if reserved {
+                        reserve::answer(&app, request).await
+                    } else {
+                        routes::route(&app, request).await
+                    };
                     if head {
                         response = without_body(response);
                     }
@@ -144,6 +158,8 @@ pub async fn serve(
             }
         });
         let io = TokioIo::new(Watched::new(stream, clock.clone()));
+        let builder = if reserved { &one_request } else { &builder };
+        // Reserve connections drain on shutdown as every other does.
         let connection = graceful.watch(builder.serve_connection(io, service).into_owned());
         tokio::spawn(async move {
             tokio::select! {
@@ -173,19 +189,22 @@ pub async fn serve(
     }
 }
 
-/// Answers a connection over the cap 503 and closes it, without reading its request.
+/// Answers a connection over the cap and its reserve 503 and closes it, without reading its
+/// request. The answer is written straight to the socket: hyper is not involved, so it costs no
+/// buffers and cannot hang.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
+        // The body a reserve connection's refusal has too.
+        let body = ApiError::too_many_connections().body();
         // An id as every answer has, though no request was read to give one to.
-        let answer = format!(
+        let head = format!(
             "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
              x-request-id: {}\r\nretry-after: 1\r\nconnection: close\r\n\
-             content-length: {}\r\n\r\n{}",
+             content-length: {}\r\n\r\n",
             JobId::new(),
-            TOO_MANY_CONNECTIONS.len(),
-            TOO_MANY_CONNECTIONS
+            body.len(),
         );
-        stream.write_all(answer.as_bytes()).await?;
+        stream.write_all(&[head.as_bytes(), &body].concat()).await?;
         stream.shutdown().await
     })
     .await;
