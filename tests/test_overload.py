@@ -97,6 +97,9 @@ def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tm
     assert proxy.post({"tag": "after"}).status_code == 200
     assert [i["tag"] for i in received(log)] == ["busy", "after"]
     assert proxy.metric("corral_jobs_cancelled_total", where="queue") == 1
+    # The request is counted too, as nginx's 499 (it had been in no request metric at all).
+    assert proxy.metric("corral_requests_total", route="/infer", code="499") == 1
+    assert proxy.metric("corral_requests_total", route="/infer", code="200") == 2
 
 
 def test_shed_requests_are_not_logged_one_by_one(corral_factory, tmp_path):

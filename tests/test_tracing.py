@@ -394,3 +394,30 @@ def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected)
     assert done.returncode == 2, done.stderr
     assert all(word in done.stderr for word in expected), done.stderr
     assert "listening" not in done.stderr
+
+
+def test_a_request_whose_client_left_ends_its_span_with_its_route_and_499(
+    corral_factory, receiver, tmp_path
+):
+    # The span had been exported as a bare "POST": no route, no status, no request id.
+    proxy = corral_factory("--otlp-endpoint", receiver.url, env={"OTEL_SERVICE_NAME": "proxy"})
+    gate = tmp_path / "gate"
+    host, port = proxy.url.removeprefix("http://").split(":")
+    body = f'{{"hold": "{gate}"}}'.encode()
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        proxy.wait_until(
+            lambda: proxy.metric("corral_batch_size_count", stage="default") == 1,
+            what="the job in its worker",
+        )
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    gate.touch()
+    (request,) = requests_of(spans)
+    assert request.name == "POST /infer"
+    assert request.attributes["http.route"] == "/infer"
+    assert request.attributes["http.response.status_code"] == 499
+    assert "corral.request_id" in request.attributes

@@ -57,14 +57,25 @@ impl<'a> Endpoint<'a> {
         None
     }
 
-    /// The answer, in the protocol's own shape whatever went wrong, and the route label its
-    /// metrics go under (a fixed one per endpoint, so that no client can grow the label set).
+    /// The route label its metrics go under: a fixed one per endpoint, so that no client can
+    /// grow the label set (an unknown path's is the one native 404s go under).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Endpoint::KServe(endpoint) => endpoint.label(),
+            Endpoint::V2(endpoint) => endpoint.label(),
+            Endpoint::OpenAi(_) => openai::EMBEDDINGS_PATH,
+            Endpoint::KServeModels => kserve_v1::MODELS_PATH,
+            Endpoint::Unknown(_) => "other",
+        }
+    }
+
+    /// The answer, in the protocol's own shape whatever went wrong.
     pub async fn answer(
         self,
         app: &App,
         method: &Method,
         request: Request<Incoming>,
-    ) -> (&'static str, Response<Body>) {
+    ) -> Response<Body> {
         match self {
             Endpoint::KServe(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::V2(endpoint) => endpoint.answer(app, method, request).await,
@@ -73,18 +84,13 @@ impl<'a> Endpoint<'a> {
                     Ok(()) => openai::embeddings(app, route, request).await,
                     Err(error) => Err(error),
                 };
-                let response = answer.unwrap_or_else(|e| openai::error_response(&e));
-                (openai::EMBEDDINGS_PATH, response)
+                answer.unwrap_or_else(|e| openai::error_response(&e))
             }
             Endpoint::KServeModels => {
                 let answer = super::get_only(method).map(|()| kserve_v1::models(app));
-                let response = answer.unwrap_or_else(|error| plain_error_response(&error));
-                (kserve_v1::MODELS_PATH, response)
+                answer.unwrap_or_else(|error| plain_error_response(&error))
             }
-            Endpoint::Unknown(path) => {
-                // The label native 404s go under: a client must not grow the label set.
-                ("other", plain_error_response(&ApiError::not_found(&path)))
-            }
+            Endpoint::Unknown(path) => plain_error_response(&ApiError::not_found(&path)),
         }
     }
 }

@@ -36,8 +36,10 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let client_id = request.headers().get(&REQUEST_ID).and_then(|v| v.to_str().ok());
     let span = debug_span!("request", request_id = %id, client_request_id = client_id);
     let trace = trace::request(request.headers(), request.method());
-    let (mut response, timing) =
-        timing::scope(trace.clone(), route_in(app, request, id, arrived)).instrument(span).await;
+    let mut unanswered = Unanswered::new(request.method(), id, arrived, trace.clone());
+    let handled = route_in(app, request, id, arrived, &unanswered);
+    let (mut response, timing) = timing::scope(trace.clone(), handled).instrument(span).await;
+    unanswered.answered = true;
     // Written here, once, for every route and protocol: a stream's total is its time to its
     // first chunk, when its headers go.
     let headers = response.headers_mut();
@@ -55,11 +57,12 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     response
 }
 
-async fn route_in(
-    app: &App,
+async fn route_in<'a>(
+    app: &'a App,
     request: Request<Incoming>,
     id: JobId,
     arrived: Instant,
+    unanswered: &Unanswered<'a>,
 ) -> Response<Body> {
     let method = request.method().clone();
     let unread = carries_body(&request);
@@ -69,6 +72,7 @@ async fn route_in(
     let (route, answer) = if head > app.max_header_bytes {
         ("other", Err(ApiError::head_too_large(head, app.max_header_bytes)))
     } else if let Some(route) = app.route(path) {
+        let _ = unanswered.route.set(route.path.as_str());
         let answer = match app.admit(&method) {
             Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
@@ -77,7 +81,9 @@ async fn route_in(
     } else if let Some(endpoint) = Endpoint::find(app, path) {
         // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
         // request's future, native ones too, would otherwise be sized for it.
-        let (label, response) = Box::pin(endpoint.answer(app, &method, request)).await;
+        let label = endpoint.label();
+        let _ = unanswered.route.set(label);
+        let response = Box::pin(endpoint.answer(app, &method, request)).await;
         (label, Ok(response))
     } else if let Some(page) = own_page(path) {
         let answer = get_only(&method).and_then(|()| match page {
@@ -114,6 +120,53 @@ async fn route_in(
     metrics().requests.with_label_values(&[route, code.as_str()]).inc();
     metrics().request_seconds.with_label_values(&[route]).observe(arrived.elapsed().as_secs_f64());
     response
+}
+
+/// A request until it is answered: one whose client leaves first (hyper drops the handler's
+/// future) is counted, on drop, as 499 — nginx's "client closed request" — in the request
+/// metrics, and its span ends named after its route with that status. Before, such a request
+/// was in no request metric (only `corral_jobs_cancelled_total` moved), and its span was
+/// exported as a bare `POST` with no route nor status.
+struct Unanswered<'a> {
+    /// The route label, once routing has found it ("other" before).
+    route: std::sync::OnceLock<&'a str>,
+    method: http::Method,
+    id: JobId,
+    arrived: Instant,
+    trace: Option<opentelemetry::Context>,
+    answered: bool,
+}
+
+impl<'a> Unanswered<'a> {
+    fn new(
+        method: &http::Method,
+        id: JobId,
+        arrived: Instant,
+        trace: Option<opentelemetry::Context>,
+    ) -> Self {
+        let route = std::sync::OnceLock::new();
+        Self { route, method: method.clone(), id, arrived, trace, answered: false }
+    }
+}
+
+/// The status a request whose client left is counted under (nginx's; HTTP has none).
+const CLIENT_CLOSED: &str = "499";
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.answered {
+            return;
+        }
+        let route = self.route.get().copied().unwrap_or("other");
+        debug!(route, "the client left before its answer");
+        metrics().requests.with_label_values(&[route, CLIENT_CLOSED]).inc();
+        let seconds = self.arrived.elapsed().as_secs_f64();
+        metrics().request_seconds.with_label_values(&[route]).observe(seconds);
+        if let Some(cx) = &self.trace {
+            trace::answered(cx, &self.method, route, 499, &self.id.to_string());
+            trace::end(cx);
+        }
+    }
 }
 
 /// Whether a request has a body to come: a `Content-Length` above 0, or a `Transfer-Encoding`.

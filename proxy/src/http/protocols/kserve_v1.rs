@@ -60,13 +60,21 @@ impl<'a> Endpoint<'a> {
         Some(Endpoint { name, route, predict })
     }
 
+    /// The route label its metrics go under.
+    pub fn label(&self) -> &'static str {
+        if self.predict {
+            "/v1/models/{name}:predict"
+        } else {
+            "/v1/models/{name}"
+        }
+    }
+
     pub async fn answer(
         self,
         app: &App,
         method: &Method,
         request: Request<Incoming>,
-    ) -> (&'static str, Response<Body>) {
-        let label = if self.predict { "/v1/models/{name}:predict" } else { "/v1/models/{name}" };
+    ) -> Response<Body> {
         let answer = match self.route {
             None => Err(unknown_model(&self.name)),
             Some(route) if self.predict => match app.admit(method) {
@@ -75,7 +83,7 @@ impl<'a> Endpoint<'a> {
             },
             Some(route) => get_only(method).map(|()| model_readiness(app, route)),
         };
-        (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
+        answer.unwrap_or_else(|error| plain_error_response(&error))
     }
 }
 

@@ -94,34 +94,37 @@ impl<'a> Endpoint<'a> {
         Some(Endpoint { kind, name: String::new(), route: None })
     }
 
+    /// The route label its metrics go under.
+    pub fn label(&self) -> &'static str {
+        match self.kind {
+            Kind::Live => "/v2/health/live",
+            Kind::Ready => "/v2/health/ready",
+            Kind::Server => "/v2",
+            Kind::Model => "/v2/models/{name}",
+            Kind::ModelReady => "/v2/models/{name}/ready",
+            Kind::Infer => "/v2/models/{name}/infer",
+        }
+    }
+
     pub async fn answer(
         self,
         app: &App,
         method: &Method,
         request: Request<Incoming>,
-    ) -> (&'static str, Response<Body>) {
-        let (label, answer) = match self.kind {
-            Kind::Live => ("/v2/health/live", get_only(method).map(|()| live())),
-            Kind::Ready => ("/v2/health/ready", get_only(method).map(|()| server_ready(app))),
-            Kind::Server => ("/v2", get_only(method).map(|()| server_metadata())),
-            Kind::Model => {
-                let answer = self.model(method).and_then(metadata);
-                ("/v2/models/{name}", answer)
-            }
-            Kind::ModelReady => {
-                let answer = self.model(method).map(|route| model_readiness(app, route));
-                ("/v2/models/{name}/ready", answer)
-            }
-            Kind::Infer => {
-                let answer = match (&self.route, app.admit(method)) {
-                    (None, _) => Err(unknown_model(&self.name)),
-                    (Some(_), Err(error)) => Err(error),
-                    (Some(route), Ok(())) => infer(app, route, request).await,
-                };
-                ("/v2/models/{name}/infer", answer)
-            }
+    ) -> Response<Body> {
+        let answer = match self.kind {
+            Kind::Live => get_only(method).map(|()| live()),
+            Kind::Ready => get_only(method).map(|()| server_ready(app)),
+            Kind::Server => get_only(method).map(|()| server_metadata()),
+            Kind::Model => self.model(method).and_then(metadata),
+            Kind::ModelReady => self.model(method).map(|route| model_readiness(app, route)),
+            Kind::Infer => match (&self.route, app.admit(method)) {
+                (None, _) => Err(unknown_model(&self.name)),
+                (Some(_), Err(error)) => Err(error),
+                (Some(route), Ok(())) => infer(app, route, request).await,
+            },
         };
-        (label, answer.unwrap_or_else(|error| plain_error_response(&error)))
+        answer.unwrap_or_else(|error| plain_error_response(&error))
     }
 
     /// The route of a model endpoint that answers `GET`.
