@@ -421,3 +421,12 @@ def test_a_request_whose_client_left_ends_its_span_with_its_route_and_499(
     assert request.attributes["http.route"] == "/infer"
     assert request.attributes["http.response.status_code"] == 499
     assert "corral.request_id" in request.attributes
+
+
+def test_a_path_that_is_no_route_names_its_span_by_method_alone(traced, receiver):
+    # OpenTelemetry's HTTP conventions: no route, no `http.route` ("GET other" before).
+    assert traced.client.get("/no/such/path").status_code == 404
+    spans = receiver.wait_for(lambda spans: any(s.kind == 2 and s.name == "GET" for s in spans))
+    (span,) = [s for s in spans if s.kind == 2 and s.name == "GET"]
+    assert "http.route" not in span.attributes
+    assert span.attributes["http.response.status_code"] == 404

@@ -122,12 +122,16 @@ fn method_name(method: &http::Method) -> std::borrow::Cow<'static, str> {
     }
 }
 
-/// Names the request's span after its route, with its status and request id.
+/// Names the request's span after its route, with its status and request id. A path that is no
+/// route (the metrics' `other`) leaves the name the method alone and sets no `http.route`, as
+/// OpenTelemetry's HTTP conventions ask: `other` is a label, not a route.
 pub fn answered(cx: &Context, method: &http::Method, route: &str, status: u16, id: &str) {
     let span = cx.span();
-    span.update_name(format!("{method} {route}"));
+    if route != "other" {
+        span.update_name(format!("{method} {route}"));
+        span.set_attribute(KeyValue::new("http.route", route.to_string()));
+    }
     span.set_attributes([
-        KeyValue::new("http.route", route.to_string()),
         KeyValue::new("http.response.status_code", i64::from(status)),
         KeyValue::new("corral.request_id", id.to_string()),
     ]);
