@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 
@@ -25,6 +26,25 @@ def test_a_generator_worker_streams_each_item_its_own_tokens(corral_factory, tmp
         assert list(received) == [("message", "t-1"), ("message", "t-2"), ("done", {})]
     # A client that asks for one answer gets every token at once.
     assert proxy.post({"n": 2, "tag": "one"}).json() == ["one-0", "one-1"]
+
+
+def test_a_generator_quiet_past_its_hung_limit_is_not_killed(corral_factory, tmp_path):
+    # A 300 ms timeout gives the worker 1.3 s of silence mid-stream; the item waits at its gate
+    # longer than that, its generator stepping with nothing to send. It was killed as hung, and
+    # the stream ended worker_died; the package now sends a sign of life.
+    proxy = corral_factory(
+        "--timeout-ms=300", worker=TOKENS, env={"TOKENS_CANCELS": str(tmp_path / "c")}
+    )
+    gate = tmp_path / "gate"
+    with proxy.client.stream(
+        "POST", "/infer", json={"n": 2, "gate": str(gate)}, headers=SSE
+    ) as response:
+        received = events(response)
+        assert next(received) == ("message", "t-0")
+        time.sleep(2.0)  # the quiet spell itself, past the hung limit: no event marks its end
+        gate.touch()
+        assert list(received) == [("message", "t-1"), ("done", {})]
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 
 def test_a_client_leaving_reaches_the_generator_as_cancelled(corral_factory, tmp_path):

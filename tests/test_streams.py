@@ -349,6 +349,30 @@ def test_no_first_chunk_by_the_deadline_is_a_plain_408(corral_factory, tmp_path)
     assert response.json()["error"] == "deadline_exceeded"
 
 
+def test_a_stream_answered_408_while_queued_leaves_the_queue_at_once(corral_factory, tmp_path):
+    # It stayed queued (in the depth, /readyz and the prediction, not yet counted as expired)
+    # until the busy worker came back for more.
+    proxy = corral_factory("--max-batch-size=1", worker=STREAMER)
+    gate = tmp_path / "gate"
+    with ThreadPoolExecutor(1) as pool:
+        busy = pool.submit(stream_all, proxy, {"chunks": 1, "gate_first": str(gate)})
+        proxy.wait_until(
+            lambda: proxy.metric("corral_batch_size_count", stage="default") == 1,
+            what="the worker busy",
+        )
+        queued = proxy.post({"chunks": 1}, headers={**SSE, "x-corral-timeout-ms": "300"})
+        assert queued.status_code == 408
+        proxy.wait_until(
+            lambda: proxy.metric("corral_queue_depth", stage="default") == 0,
+            timeout=10,
+            what="the expired job out of the queue while the worker is still busy",
+        )
+        assert proxy.metric("corral_jobs_expired_total", where="queue") == 1
+        gate.touch()
+        response, received = busy.result()
+    assert response.status_code == 200 and received[-1] == ("done", {})
+
+
 def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_factory, tmp_path):
     cancels = tmp_path / "cancels"
     proxy = corral_factory(

@@ -737,3 +737,34 @@ def test_a_forward_that_changes_its_run_s_lists_fails_its_batch_not_the_worker()
         assert (ab.chunks, ab.status, cd.status) == (["a"], "error", "error")
         assert "IndexError" in ab.message
         assert proxy.stream(["ok"])[0].status == "error"  # the worker lives on: still meddling
+
+
+def test_a_quiet_generator_tells_the_proxy_it_is_alive(monkeypatch):
+    # The proxy's hung clock counts from the worker's last frame: a generator whose steps
+    # yielded nothing for longer than a route's timeout plus a second was killed as hung.
+    monkeypatch.setattr(_streaming, "HEARTBEAT", 0.0)  # every quiet step, for the test
+    release = threading.Event()
+
+    class Quiet(corral.Worker):
+        def forward(self, batch):
+            yield ["first"] * len(batch)
+            while not release.is_set():
+                yield [None] * len(batch)  # waiting on something: nothing to say
+            yield [corral.END] * len(batch)
+
+    job_id = b"\1" * 16
+    with FakeProxy(Quiet()) as proxy:
+        proxy.send(protocol.batch([protocol.job(job_id, 5000, msgpack.packb("x"))]))
+        assert proxy.receive() == protocol.chunks([protocol.chunk(job_id, msgpack.packb("first"))])
+        assert proxy.receive() == protocol.chunks([]), "a sign of life, no chunk"
+        release.set()
+        while (message := proxy.receive()) == protocol.chunks([]):
+            pass
+        assert message == protocol.results([protocol.end(job_id)])
+
+
+def test_a_generator_that_sends_sends_no_heartbeat():
+    with FakeProxy(Spell()) as proxy:
+        proxy.send(protocol.batch([protocol.job(b"\1" * 16, 5000, msgpack.packb("abc"))]))
+        messages = [proxy.receive() for _ in range(4)]
+    assert protocol.chunks([]) not in messages

@@ -96,7 +96,11 @@ pub async fn answer(
             Some(answered.map(|r| r.outcome).unwrap_or_else(dropped))
         }
         _ = tokio::time::sleep_until(deadline) => {
-            departure.ended();
+            // Still queued, the job leaves the queue now, as a one-shot job answered 408 does
+            // (`Departure`'s purge); taken by a worker, there is nothing to purge.
+            if source.sent().is_some() {
+                departure.ended();
+            }
             // A batch that ran past the deadline is where its time went.
             timing::record_stream(entered, source.sent(), Instant::now());
             return Err(ApiError::deadline_exceeded());

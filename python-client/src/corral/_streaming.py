@@ -42,6 +42,13 @@ log = logging.getLogger("corral")
 # The clock deadlines are compared with (time.monotonic; a test may put a fake one here).
 _now = time.monotonic
 
+HEARTBEAT = 0.5
+"""Seconds a stepping generator may go without a frame to the proxy before it sends an empty
+``chunks`` frame, a sign of life: the proxy's hung clock for a streaming worker counts from its
+last frame, and a generator whose steps yielded nothing (every item waiting on something) for
+longer than a route's timeout plus a second was killed as hung, its streams ended
+``worker_died``. Below that second, whatever the timeout."""
+
 
 class _End:
     """The type of :data:`END`."""
@@ -258,6 +265,8 @@ class _Run:
             for frame in frames:
                 self.link.send(frame)
         self.flush()
+        if time.monotonic() - self.link.sent_at >= HEARTBEAT:
+            self.link.send(protocol.encode_frame(protocol.chunks([])))
 
     def between_steps(self) -> list[Any]:
         """Take in what the proxy sent meanwhile, cancel what is over, offer room; returns the
