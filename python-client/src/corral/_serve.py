@@ -236,18 +236,14 @@ class Link:
     def __init__(self, sock: socket.socket, reader: _Reader) -> None:
         self._sock = sock
         self._reader = reader
-        self.sent_at = time.monotonic()
-        """When a frame last went to the proxy (``time.monotonic``)."""
 
     def send(self, frame: bytes) -> None:
         """Write one encoded frame (the proxy is read all along meanwhile)."""
         self._sock.sendall(frame)
-        self.sent_at = time.monotonic()
 
     def send_results(self, results: list[dict[str, Any]]) -> None:
         """Write the ``results`` frame for ``results``."""
         send_body(self._sock, protocol.results_body(results))
-        self.sent_at = time.monotonic()
 
     def take_cancelled(self) -> set[bytes]:
         """Ids from the ``cancel`` frames read since the last call."""

@@ -207,6 +207,7 @@ class _Run:
         self.by_id: dict[bytes, int] = {}
         self.results: list[dict[str, Any]] = []  # to send at the next flush
         self.offer = 0  # the standing pull offer, 0 for none
+        self.sent_at = time.monotonic()  # when a frame last went to the proxy
 
     @property
     def running(self) -> int:
@@ -263,10 +264,10 @@ class _Run:
                 message = "a chunk is too large for one frame"
                 self._fail(position, protocol.error(self.ids[position], message))
             for frame in frames:
-                self.link.send(frame)
+                self._send(frame)
         self.flush()
-        if time.monotonic() - self.link.sent_at >= HEARTBEAT:
-            self.link.send(protocol.encode_frame(protocol.chunks([])))
+        if time.monotonic() - self.sent_at >= HEARTBEAT:
+            self._send(protocol.encode_frame(protocol.chunks([])))
 
     def between_steps(self) -> list[Any]:
         """Take in what the proxy sent meanwhile, cancel what is over, offer room; returns the
@@ -306,7 +307,7 @@ class _Run:
             # proxy can never send more than the room there was. None while holding no job:
             # the proxy then sends a batch anyway, as to any idle worker.
             self.offer = self.limit - self.running
-            self.link.send(protocol.encode_frame(protocol.pull(self.offer)))
+            self._send(protocol.encode_frame(protocol.pull(self.offer)))
         return joined
 
     def finish(self, failure: BaseException | None) -> None:
@@ -314,7 +315,7 @@ class _Run:
         holds none is idle, and its offer lapsed), then end every job still live (``end``, or
         ``error`` if the generator failed)."""
         if self.offer and self.live:
-            self.link.send(protocol.encode_frame(protocol.pull(0)))
+            self._send(protocol.encode_frame(protocol.pull(0)))
             self.offer = 0
         for position in sorted(self.live):
             job_id = self.ids[position]
@@ -327,7 +328,12 @@ class _Run:
     def flush(self) -> None:
         if self.results:
             self.link.send_results(self.results)
+            self.sent_at = time.monotonic()
             self.results = []
+
+    def _send(self, frame: bytes) -> None:
+        self.link.send(frame)
+        self.sent_at = time.monotonic()
 
     def _end(self, position: int, result: dict[str, Any]) -> None:
         self.live.discard(position)
