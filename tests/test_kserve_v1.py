@@ -200,3 +200,13 @@ def test_a_worker_with_several_inputs_takes_each_instance_as_a_map_of_them(corra
         answer = predict(proxy, {"instances": [instance]})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"].startswith(expected), answer.text
+
+
+def test_a_predict_before_any_worker_said_hello_is_503_not_ready(corral_factory):
+    # What an instance is (a plain value, or tensors) depends on the workers' declarations: a
+    # request queued before they are known reached a tensor worker as a plain list.
+    proxy = corral_factory(worker=None)
+    answer = predict(proxy, {"instances": [[1, 2, 3]]})
+    assert answer.status_code == 503, answer.text
+    assert "no worker yet" in answer.json()["error"]
+    assert answer.headers["retry-after"] == "1"

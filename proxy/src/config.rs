@@ -134,7 +134,8 @@ pub struct Config {
     /// Server-Sent Events: a comment line (`: keep-alive`) sent after this long without an
     /// event, so that proxies and load balancers in front (nginx, cloud balancers: 60 s idle
     /// limits) do not cut a stream whose model is thinking. 0: none.
-    #[arg(long, env = "CORRAL_STREAM_KEEPALIVE_MS", default_value_t = 15_000)]
+    #[arg(long, env = "CORRAL_STREAM_KEEPALIVE_MS", default_value_t = 15_000,
+          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
     pub stream_keepalive_ms: u64,
 
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its

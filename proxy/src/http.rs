@@ -165,10 +165,14 @@ mod tests {
             Shed::ShuttingDown,
         ] {
             let code = shed.code();
+            let said = !matches!(shed, Shed::ShuttingDown);
             let error = shed_error(shed, Class::Normal);
             assert_eq!(error.code, code);
             assert_eq!(error.status, http::StatusCode::SERVICE_UNAVAILABLE);
             assert!(error.retry_after.is_some(), "{code} says when to retry");
+            if said {
+                assert_eq!(error.retry_after, Some(3), "{code} says what admission said");
+            }
         }
     }
 }

@@ -54,7 +54,7 @@ pub use weight::WeightRule;
 #[derive(Debug, PartialEq, Eq)]
 pub enum Shed {
     /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`;
-    /// `retry_after`: when the work ahead of them is predicted done (1 s before a cost is learned).
+    /// `retry_after`: when it is predicted to have room ([`Stage::room_in`]).
     QueueFull { retry_after: Duration },
     /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
     DeadlineUnreachable { retry_after: Duration },
@@ -171,6 +171,10 @@ struct Queue {
     /// Whether a purge is due once [`PURGE_EVERY`] allows ([`Stage::purge`]).
     purge_pending: bool,
 }
+
+/// A prediction's ceiling: later than any deadline a client can ask for here, and far from
+/// where an `Instant` overflows.
+const DAY: Duration = Duration::from_secs(86_400);
 
 /// The work queued before a new job of some class: the weight of the jobs that share batches,
 /// and the count and weight of those heavier than the budget, which go alone.
@@ -445,7 +449,6 @@ impl Stage {
         let Some(first) = jobs.first() else { return Ok(()) };
         let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
         self.weigh(&mut jobs);
-        let weight: usize = jobs.iter().map(|job| job.weight as usize).sum();
         let bytes: usize = jobs.iter().map(|job| job.size()).sum();
         let mut evicted = Vec::new();
         let mut retry_after = Duration::from_secs(1);
@@ -492,16 +495,7 @@ impl Stage {
                 let room = kept_jobs + count <= self.capacity
                     && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
                 if !room {
-                    // When the work before them is done, as admission predicts it: a constant
-                    // second had the clients of a queue draining for seconds retry in a storm.
-                    let ahead = Ahead::from(&queue.jobs, class);
-                    let finish = queue
-                        .cost
-                        .estimate()
-                        .and_then(|cost| self.predict(&queue, now, cost, ahead, &jobs));
-                    let retry_after = finish.map_or(Duration::from_secs(1), |finish| {
-                        admission::retry_after(finish, now)
-                    });
+                    let retry_after = self.room_in(&queue, now, count);
                     return Err(Shed::QueueFull { retry_after });
                 }
             }
@@ -526,7 +520,16 @@ impl Stage {
             if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
                 // When a job of the evicted class would be served, were it sent again now.
                 let mut ahead = Ahead::from(&queue.jobs, victim.class);
-                ahead.light += weight;
+                // This request's jobs go before it, each heavy one alone, as in `Ahead::from`.
+                let budget = self.settings.max_batch_weight.map(|budget| budget as u64);
+                for job in &jobs {
+                    let weight = u64::from(job.weight);
+                    if budget.is_some_and(|budget| weight > budget) {
+                        ahead.heavy = (ahead.heavy.0 + 1, ahead.heavy.1 + weight);
+                    } else {
+                        ahead.light += weight as usize;
+                    }
+                }
                 let victim = std::slice::from_ref(victim);
                 if let Some(finish) = self.predict(&queue, now, cost, ahead, victim) {
                     retry_after = admission::retry_after(finish, now);
@@ -544,6 +547,23 @@ impl Stage {
             job.answer(Outcome::Preempted { retry_after });
         }
         Ok(())
+    }
+
+    /// When the queue is predicted to have room for `count` more jobs: once enough of its jobs
+    /// have left in batches (as admission replays them onto the workers), at least a second (a
+    /// second, too, before a cost is learned). A constant second had the clients of a queue
+    /// draining for seconds come back in a storm; the time this request's own work would end
+    /// is later than the room it needs.
+    fn room_in(&self, queue: &Queue, now: Instant, count: usize) -> Duration {
+        let second = Duration::from_secs(1);
+        let Some(cost) = queue.cost.estimate() else { return second };
+        let leave = (queue.jobs.len() + count).saturating_sub(self.capacity).max(1);
+        let mut free_at = queue.free_at(now, cost);
+        let max = self.settings.max_batch_size;
+        match admission::predicted_finish(0, leave, max, cost, cost, &mut free_at) {
+            Some(finish) => admission::retry_after(finish, now),
+            None => second,
+        }
     }
 
     /// Weighs the jobs the client gave no weight, by the workers' rule if they declared one.
@@ -581,11 +601,13 @@ impl Stage {
         let first = queue.first_cost(cost);
         let mut free_at = queue.free_at(now, cost);
         if ahead.heavy.0 > 0 && !free_at.is_empty() {
-            let times = |n: u64| u32::try_from(n).unwrap_or(u32::MAX);
-            let alone = (cost.overhead.saturating_mul(times(ahead.heavy.0 as u64)))
-                .saturating_add(cost.per_item.saturating_mul(times(ahead.heavy.1)));
-            let share = alone / times(free_at.len() as u64);
-            free_at.iter_mut().for_each(|at| *at = at.checked_add(share).unwrap_or(*at));
+            // In nanoseconds, wide: a weight summed over the queue may pass u32 (what a
+            // Duration multiplies by). Past a day it is as good as never, and kept there.
+            let (jobs, weight) = (ahead.heavy.0 as u128, u128::from(ahead.heavy.1));
+            let nanos = cost.overhead.as_nanos() * jobs + cost.per_item.as_nanos() * weight;
+            let share = nanos / free_at.len() as u128;
+            let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX)).min(DAY);
+            free_at.iter_mut().for_each(|at| *at += share);
         }
         let ahead = ahead.light;
         let max = self.batch_weight(queue);

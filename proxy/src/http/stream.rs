@@ -7,7 +7,8 @@
 //! `done`, or an `error` event. The whole stream is bounded by `--stream-timeout-ms`, whatever
 //! the job's deadline; past it the stream ends with `deadline_exceeded`. However the answer ends
 //! — done, error, timeout, or hyper dropping it because the client left — the job's `left` token
-//! is cancelled with it, and a worker still holding the job is told to stop.
+//! is cancelled with it, and a worker still holding the job is told to stop. A quiet SSE stream
+//! is kept alive with comment lines ([`KeepAlive`]).
 
 use std::convert::Infallible;
 use std::pin::Pin;
@@ -310,10 +311,12 @@ struct KeepAlive {
 
 impl KeepAlive {
     fn new(framing: Framing, every: Option<Duration>) -> Self {
-        let every = every.filter(|_| framing == Framing::Sse);
         let now = Instant::now();
-        let first = now.checked_add(every.unwrap_or(Duration::ZERO)).unwrap_or(now);
-        KeepAlive { every, last: now, timer: Box::pin(tokio::time::sleep_until(first)) }
+        // A period past the clock's range is none (the flag bounds it to a day).
+        let first = every.and_then(|every| now.checked_add(every));
+        let every = every.filter(|_| framing == Framing::Sse && first.is_some());
+        let timer = Box::pin(tokio::time::sleep_until(first.unwrap_or(now)));
+        KeepAlive { every, last: now, timer }
     }
 
     /// An event went to the client at `now`.
@@ -333,13 +336,13 @@ impl KeepAlive {
     /// either way.
     fn comment(&mut self, now: Instant) -> Option<Bytes> {
         let every = self.every?;
-        let due = self.last.checked_add(every).unwrap_or(now);
+        let due = self.last + every;
         if now < due {
             self.timer.as_mut().reset(due);
             return None;
         }
         self.last = now;
-        self.timer.as_mut().reset(now.checked_add(every).unwrap_or(now));
+        self.timer.as_mut().reset(now + every);
         Some(Bytes::from_static(b": keep-alive\n\n"))
     }
 }

@@ -1,6 +1,8 @@
 //! A request leaving a stage: the [`Departure`] its wait holds, and the purge it asks for when
 //! the wait is dropped unanswered (its client left), so that the jobs it left behind leave the
-//! queue at once and count as cancelled, not as expired once their deadline comes.
+//! queue at once and count as cancelled, not as expired once their deadline comes. The same
+//! purge takes jobs answered 408 while still queued (`pipeline::run_stage`, and a stream's
+//! first-chunk deadline), counted then as expired.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +18,7 @@ impl Stage {
     /// Clears out jobs whose clients left or whose deadline passed: called when a request's
     /// wait is dropped unanswered (its client left, [`Departure`]), so that its jobs leave the
     /// queue, and its depth, at once and count as cancelled, not as expired once their deadline
-    /// comes. At most once every [`PURGE_EVERY`], so that a burst of departures does not scan a
+    /// comes; and when a wait answered queued jobs 408, so that they leave it then. At most once every [`PURGE_EVERY`], so that a burst of departures does not scan a
     /// long queue once each: within it, one more purge is set for when the limit allows, and
     /// takes every job left behind meanwhile.
     pub fn purge(self: &Arc<Self>) {

@@ -16,8 +16,10 @@
 //! - **Eviction**: when a higher class needs room, the request of the lowest class with the
 //!   latest deadline leaves first — it had the most time to come back.
 //!
-//! Counts (jobs, bytes, weight; per class and per tenant) are kept as jobs come and go, so the
-//! admission checks read them in O(1). Picking the next tenant is O(log tenants); the scans
+//! Counts (jobs, bytes, weight, heavy jobs; per class and per tenant) are kept as jobs come and
+//! go, so the admission checks read them in O(1); only the room eviction would make, which
+//! leaves out requests a batch has started, is a scan of the lower classes' requests, asked of
+//! a full queue alone. Picking the next tenant is O(log tenants); the scans
 //! (oldest job, promotion, eviction) are O(tenants with queued work), promotion at most once per
 //! due instant.
 

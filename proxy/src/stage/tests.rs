@@ -861,19 +861,19 @@ async fn eviction_counts_no_request_a_batch_has_started() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_full_queue_says_when_its_work_ahead_is_done() {
-    // One worker, batches of one job that cost a second: four queued jobs are four seconds of
-    // work, and the fifth job's would end a second later. Retry-After had been 1 s, whatever the
-    // queue: its clients came back while it was still full.
+async fn a_full_queue_says_when_it_will_have_room() {
+    // One worker, batches of one job that cost a second, four jobs queued in a queue of four:
+    // a request of three has room once three have left, in three seconds. Retry-After had been
+    // 1 s, whatever the queue: its clients came back while it was still full.
     let full = stage(1, 4);
     let seat = full.worker_joined();
     for _ in 0..10 {
         seat.finished(1, 1, Duration::from_secs(1));
     }
     let _answers: Vec<_> = (0..4).map(|_| submit(&full, b"queued")).collect();
-    let (extra, _answer) = job(b"one too many", Duration::from_secs(60));
-    match full.submit(extra) {
-        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(5)),
+    let three: Vec<Job> = (0..3).map(|_| job(b"three", Duration::from_secs(60)).0).collect();
+    match full.submit_all(three) {
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(3)),
         other => panic!("expected queue_full, got {other:?}"),
     }
     drop(seat);

@@ -95,6 +95,20 @@ async fn predict(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let input = body::request_format(request.headers()).map_err(body::before_body)?;
+    // What an instance is depends on the first stage's declarations: with none kept and no
+    // worker connected they are not known, and a plain list queued now would reach a worker
+    // that declares tensors as a list (every instance 500). Not ready yet, as v2's metadata
+    // says then too. A worker connected without declarations takes plain values.
+    let first = route.pipeline.stages.first().expect("a pipeline has a stage");
+    let declared = first.declared();
+    if declared.is_none() && first.workers() == 0 {
+        let message = format!(
+            "model {:?} has no worker yet: what its instances are is known once one connects",
+            route.model
+        );
+        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
+        return Err(body::before_body(error));
+    }
     let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
     let body_len = body.len();
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
@@ -109,10 +123,9 @@ async fn predict(
     if rows.is_empty() {
         return Err(ApiError::bad_request(r#""instances" is empty"#));
     }
-    let declared = route.pipeline.stages.first().and_then(|stage| stage.declared());
-    let rows = match declared.as_deref().map(|d| &d.inputs[..]) {
-        Some(inputs) if !inputs.is_empty() => as_tensors(app, rows, inputs, body_len)?,
-        _ => rows,
+    let rows = match declared.as_deref().map_or(&[][..], |d| &d.inputs[..]) {
+        [] => rows,
+        inputs => as_tensors(app, rows, inputs, body_len)?,
     };
     let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
     Ok(json(StatusCode::OK, predictions(outcomes)?))

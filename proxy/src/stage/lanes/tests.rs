@@ -245,3 +245,28 @@ fn a_request_of_many_jobs_does_not_hold_the_next_batch() {
     let next = names(lanes.pop(true)).pop().unwrap();
     assert!(first.contains(&"b0".to_string()) || next == "b0", "{first:?} then {next}");
 }
+
+#[test]
+fn a_request_whose_job_was_buried_can_still_be_evicted_and_one_a_batch_took_cannot() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    let request = crate::job::new_request();
+    let two = |first: &str, second: &str| {
+        [first, second].map(|name| {
+            let mut job = job(name, Class::Low, None, 1, now);
+            job.request = request;
+            job
+        })
+    };
+    // Its first job taken to be buried (expired, abandoned), not dispatched: no batch started
+    // the request, and it is still room for a higher class (it had been kept for good).
+    lanes.push(two("buried", "left").into(), now);
+    assert_eq!(names(lanes.pop(false)), ["buried"]);
+    assert_eq!(lanes.below(Class::High).0, 1);
+    assert_eq!(names(lanes.evict_below(Class::High).unwrap()), ["left"]);
+    // Its first job dispatched: the rest is under way, neither room nor evicted.
+    lanes.push(two("sent", "rest").into(), now);
+    assert_eq!(names(lanes.pop(true)), ["sent"]);
+    assert_eq!(lanes.below(Class::High).0, 0);
+    assert!(lanes.evict_below(Class::High).is_none());
+}
