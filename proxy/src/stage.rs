@@ -39,6 +39,7 @@ use tokio::time::Instant;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::traffic::Class;
+use admission::Ahead;
 use arrivals::Arrivals;
 use cost::CostModel;
 pub use departure::Departure;
@@ -170,30 +171,6 @@ struct Queue {
     last_probe: Option<Instant>,
     /// Whether a purge is due once [`PURGE_EVERY`] allows ([`Stage::purge`]).
     purge_pending: bool,
-}
-
-/// A prediction's ceiling: later than any deadline a client can ask for here, and far from
-/// where an `Instant` overflows.
-const DAY: Duration = Duration::from_secs(86_400);
-
-/// The work queued before a new job of some class: the weight of the jobs that share batches,
-/// and the count and weight of those heavier than the budget, which go alone.
-#[derive(Debug, Clone, Copy)]
-struct Ahead {
-    light: usize,
-    heavy: (usize, u64),
-}
-
-impl Ahead {
-    fn from(jobs: &Lanes, class: Class) -> Ahead {
-        let heavy = jobs.heavy_from(class);
-        Ahead { light: (jobs.weight_from(class) - heavy.1) as usize, heavy }
-    }
-
-    /// All of it, as weight.
-    fn weight(self) -> usize {
-        self.light + self.heavy.1 as usize
-    }
 }
 
 /// How long a queued job waits in its class before it is promoted, unless set
@@ -549,23 +526,6 @@ impl Stage {
         Ok(())
     }
 
-    /// When the queue is predicted to have room for `count` more jobs: once enough of its jobs
-    /// have left in batches (as admission replays them onto the workers), at least a second (a
-    /// second, too, before a cost is learned). A constant second had the clients of a queue
-    /// draining for seconds come back in a storm; the time this request's own work would end
-    /// is later than the room it needs.
-    fn room_in(&self, queue: &Queue, now: Instant, count: usize) -> Duration {
-        let second = Duration::from_secs(1);
-        let Some(cost) = queue.cost.estimate() else { return second };
-        let leave = (queue.jobs.len() + count).saturating_sub(self.capacity).max(1);
-        let mut free_at = queue.free_at(now, cost);
-        let max = self.settings.max_batch_size;
-        match admission::predicted_finish(0, leave, max, cost, cost, &mut free_at) {
-            Some(finish) => admission::retry_after(finish, now),
-            None => second,
-        }
-    }
-
     /// Weighs the jobs the client gave no weight, by the workers' rule if they declared one.
     fn weigh(&self, jobs: &mut [Job]) {
         if jobs.iter().all(|job| job.weight > 0) {
@@ -579,58 +539,6 @@ impl Stage {
         for job in jobs.iter_mut().filter(|job| job.weight == 0) {
             job.weight = rule.as_ref().map_or(1, |rule| rule.weigh_payload(&job.payload));
         }
-    }
-
-    /// When `jobs` (a request's), behind the work `ahead`, would be answered (None:
-    /// no worker). A job is never split: one heavier than a full batch goes in a batch of its
-    /// own after the work before it, costing its weight once — not as that many full batches,
-    /// each paying the overhead (a lone heavy job on an idle stage was refused so, for good),
-    /// nor as wide batches that the whole queue ahead would share (it was then admitted behind
-    /// a queue it could not pass). With several workers that is an upper bound: the heavy job
-    /// could run beside the work before it. The heavy jobs queued ahead are costed alike, each
-    /// once, their time shared by the workers (counted as weight, one of 1,000,000 behind a
-    /// budget of 100 was 10,000 batches' overheads, and refused everything behind it).
-    fn predict(
-        &self,
-        queue: &Queue,
-        now: Instant,
-        cost: cost::Cost,
-        ahead: Ahead,
-        jobs: &[Job],
-    ) -> Option<Instant> {
-        let first = queue.first_cost(cost);
-        let mut free_at = queue.free_at(now, cost);
-        if ahead.heavy.0 > 0 && !free_at.is_empty() {
-            // In nanoseconds, wide: a weight summed over the queue may pass u32 (what a
-            // Duration multiplies by). Past a day it is as good as never, and kept there.
-            let (jobs, weight) = (ahead.heavy.0 as u128, u128::from(ahead.heavy.1));
-            let nanos = cost.overhead.as_nanos() * jobs + cost.per_item.as_nanos() * weight;
-            let share = nanos / free_at.len() as u128;
-            let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX)).min(DAY);
-            free_at.iter_mut().for_each(|at| *at += share);
-        }
-        let ahead = ahead.light;
-        let max = self.batch_weight(queue);
-        let weights = || jobs.iter().map(|job| job.weight as usize);
-        let light: usize = weights().filter(|&weight| weight <= max).sum();
-        if weights().all(|weight| weight <= max) {
-            return admission::predicted_finish(ahead, light, max, cost, first, &mut free_at);
-        }
-        let start = match ahead + light {
-            0 => *free_at.iter().min()?,
-            before => admission::predicted_finish(0, before, max, cost, cost, &mut free_at)?,
-        };
-        let alone = weights().filter(|&weight| weight > max);
-        Some(alone.fold(start, |at, weight| at + first.of(weight)))
-    }
-
-    /// The weight of a full batch: the budget, or `max_batch_size` jobs of the queue's mean
-    /// weight, whichever is less (with nothing weighed, `max_batch_size`).
-    fn batch_weight(&self, queue: &Queue) -> usize {
-        let jobs = &queue.jobs;
-        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
-        let by_count = (self.settings.max_batch_size as f64 * mean.max(1.0)).ceil() as usize;
-        self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count)).max(1)
     }
 
     /// Puts jobs back at the front of the queue, in order, whatever its capacity: they were
