@@ -145,9 +145,37 @@ fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
 }
 
 /// A codec that reads `In` and writes `Out`, one msgpack map per length-delimited frame.
+///
+/// The framing reserves room for a whole frame as soon as its 4-byte length is read: from a
+/// peer not yet trusted ([`MessageCodec::trust`]: the proxy's end, before a hello) that was 64
+/// MiB of address space per connection for 4 bytes sent, and 40 such connections aborted a
+/// proxy under a 3 GiB limit. Until trusted, room grows with the bytes that come, at most
+/// doubling what arrived (a step of 64 KiB at least).
 pub struct MessageCodec<In, Out> {
     frames: LengthDelimitedCodec,
+    trusted: bool,
     _types: PhantomData<fn(Out) -> In>,
+}
+
+/// The least room an untrusted frame grows by.
+const UNTRUSTED_STEP: usize = 64 * 1024;
+
+impl<In, Out> MessageCodec<In, Out> {
+    /// A codec that reserves room for a whole frame on reading its length (a peer known to
+    /// speak the protocol: the other end of the proxy's socket, or a worker that said hello).
+    pub fn trusted() -> Self {
+        Self { frames: frame_codec(), trusted: true, _types: PhantomData }
+    }
+
+    /// A codec for a peer not yet known: room for a frame grows as its bytes come.
+    pub fn untrusted() -> Self {
+        Self { frames: frame_codec(), trusted: false, _types: PhantomData }
+    }
+
+    /// From now on, reserve room for a whole frame on reading its length: the peer said hello.
+    pub fn trust(&mut self) {
+        self.trusted = true;
+    }
 }
 
 /// The proxy's end: reads what workers send, writes what the proxy sends.
@@ -157,7 +185,7 @@ pub type WorkerCodec = MessageCodec<ProxyMessage, WorkerMessage>;
 
 impl<In, Out> Default for MessageCodec<In, Out> {
     fn default() -> Self {
-        Self { frames: frame_codec(), _types: PhantomData }
+        Self::trusted()
     }
 }
 
@@ -169,6 +197,16 @@ impl<In: Tagged, Out> Decoder for MessageCodec<In, Out> {
         // The announced length, for the message if the framing refuses it ("frame size too
         // big" said neither the size nor the limit).
         let announced = src.get(..4).map(|head| u32::from_be_bytes(head.try_into().unwrap()));
+        // Untrusted, the framing is handed a frame only once it is all here: it then reserves
+        // nothing (and, never having read a head alone, each time starts from one).
+        if let Some(length) = announced.filter(|&n| !self.trusted && n as usize <= MAX_FRAME_BYTES)
+        {
+            let whole = 4 + length as usize;
+            if src.len() < whole {
+                src.reserve((whole - src.len()).min(src.len().max(UNTRUSTED_STEP)));
+                return Ok(None);
+            }
+        }
         let frame = self.frames.decode(src).map_err(|e| match announced {
             Some(length) if length as usize > MAX_FRAME_BYTES => io::Error::new(
                 io::ErrorKind::InvalidData,
@@ -424,5 +462,43 @@ mod tests {
         assert!(codec.decode(&mut buf).unwrap().is_none());
         buf.extend_from_slice(&whole[whole.len() - 1..]);
         assert_eq!(codec.decode(&mut buf).unwrap(), Some(results));
+    }
+
+    #[test]
+    fn an_untrusted_peer_gets_room_as_its_bytes_come_not_as_announced() {
+        // Four bytes announcing 64 MiB had 64 MiB reserved for them.
+        let mut codec = ProxyCodec::untrusted();
+        let mut buf = BytesMut::from(&(MAX_FRAME_BYTES as u32).to_be_bytes()[..]);
+        buf.extend_from_slice(b"x");
+        assert!(codec.decode(&mut buf).unwrap().is_none());
+        assert!(buf.capacity() < 1024 * 1024, "{} bytes reserved", buf.capacity());
+        // A frame that comes in pieces, and one after it, read as ever; trusted, the same.
+        let hello = WorkerMessage::Hello(crate::Hello {
+            version: 1,
+            stage: "s".repeat(200_000),
+            pid: 1,
+            name: String::new(),
+            input_schema: None,
+            output_schema: None,
+            schema_components: None,
+            features: vec![],
+            inputs: vec![],
+            outputs: vec![],
+            weight: None,
+        });
+        let mut whole = BytesMut::new();
+        WorkerCodec::default().encode(&hello, &mut whole).unwrap();
+        WorkerCodec::default().encode(&hello, &mut whole).unwrap();
+        for mut codec in [ProxyCodec::untrusted(), ProxyCodec::trusted()] {
+            let mut buf = BytesMut::new();
+            let mut read = Vec::new();
+            for piece in whole.chunks(7_000) {
+                buf.extend_from_slice(piece);
+                while let Some(message) = codec.decode(&mut buf).unwrap() {
+                    read.push(message);
+                }
+            }
+            assert_eq!(read, [hello.clone(), hello.clone()]);
+        }
     }
 }

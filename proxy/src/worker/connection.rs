@@ -77,7 +77,9 @@ pub async fn serve(stream: UnixStream, context: Context) {
     let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
     let own_pid = peer.and_then(|pid| u32::try_from(pid).ok()).unwrap_or(0);
     let (read, write) = stream.into_split();
-    let mut inbox = FramedRead::new(read, ProxyCodec::default());
+    // Until its hello, a peer is anyone who can open the socket: its frames get room as their
+    // bytes come, not as their length announces (`MessageCodec`).
+    let mut inbox = FramedRead::new(read, ProxyCodec::untrusted());
     let mut outbox = Outbox::new(write);
     let Some((hello, stage)) =
         handshake(&mut inbox, &mut outbox, &context.stages, &context.shutdown).await
@@ -85,6 +87,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         outbox.close(CLOSE_WRITE_LIMIT).await;
         return;
     };
+    inbox.decoder_mut().trust();
     let stage = &stage;
     let refusal = if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
         Some(format!(
