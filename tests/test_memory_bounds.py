@@ -178,3 +178,29 @@ def test_a_16_mib_v2_json_tensor_echoed_is_never_a_tree_of_values(corral_factory
     assert len(output["data"]) == count
     grown = (peak_rss_bytes(proxy.proc.pid) - before) >> 20
     assert grown < 400, f"the proxy's peak grew {grown} MiB for a 16 MiB request"
+
+
+def test_tensor_outputs_written_out_for_a_kserve_client_are_never_a_tree(corral_factory):
+    """A worker declaring an FP32 output answers 2M elements as a tensor value; a KServe v1
+    client gets them as nested arrays, written element by element. Built as an `rmpv` tree first
+    (32 bytes and more an element, twice), a 30 MB answer took the proxy to 1.9 GB."""
+    from conftest import ROOT
+
+    proxy = corral_factory(
+        "--timeout-ms=120000", worker=str(ROOT / "tests" / "workers" / "tensor_echo.py")
+    )
+    count = 2_000_000
+    body = b'{"instances": [[' + b"1," * (count - 1) + b"1]]}"
+    before = peak_rss_bytes(proxy.proc.pid)
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=body,
+        headers={"content-type": "application/json"},
+        timeout=120,
+    )
+    assert answer.status_code == 200, answer.text[:200]
+    (prediction,) = answer.json()["predictions"]
+    assert len(prediction["Y"]) == count and prediction["Y"][:2] == [2, 2]
+    grown = (peak_rss_bytes(proxy.proc.pid) - before) >> 20
+    # 52 MiB measured; 156 as a tree.
+    assert grown < 100, f"the proxy's peak grew {grown} MiB for a 4 MB request"

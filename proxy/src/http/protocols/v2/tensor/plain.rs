@@ -192,72 +192,103 @@ const MAX_EMPTY_ARRAYS: u64 = 65_536;
 
 /// A worker's output with every tensor value in it written out plainly, for a native client:
 /// nested arrays of numbers (booleans for `BOOL`; `BYTES` elements as strings when UTF-8, else
-/// `bin`). Other ext values are left as they are.
+/// `bin`). Other ext values are left as they are. Written as it is read, one marker and one
+/// element at a time: built as a tree of values first (32 bytes and more an element, twice),
+/// a 30 MB answer of UINT8s took the proxy to 1.9 GB.
 pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
-    let value = read_value(data)?;
-    let plain = expand_value(value)?;
     let mut out = Vec::with_capacity(data.len() * 2);
-    rmpv::encode::write_value_ref(&mut out, &plain).map_err(|e| e.to_string())?;
+    expand_into(&mut &data[..], &mut out, 0)?;
     Ok(out)
 }
 
-fn expand_value(value: ValueRef<'_>) -> Result<ValueRef<'_>, String> {
-    Ok(match value {
-        ValueRef::Ext(TENSOR_EXT, ext) => {
-            let Tensor { datatype, shape, data } = read_tensor(ext)?;
-            // A tensor with no elements still nests one empty array per leading index: a shape
-            // such as [2^62, 0] would be a few bytes that build billions of them.
-            let containers = shape
-                .iter()
-                .take_while(|&&d| d != 0)
-                .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_EMPTY_ARRAYS));
-            if containers.is_none() && elements(&shape) == Some(0) {
-                return Err(format!("a tensor of shape {shape:?} nests too many empty arrays"));
+/// Writes the value at the start of `rest` into `out`, its tensor values expanded, and moves
+/// `rest` past it.
+fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), String> {
+    if depth > MAX_DEPTH {
+        return Err(format!("nested deeper than {MAX_DEPTH} levels"));
+    }
+    let start = *rest;
+    match start.first().copied().ok_or("the value ends early")? {
+        0x90..=0x9f | 0xdc | 0xdd => {
+            let len = rmp::decode::read_array_len(rest).map_err(|e| e.to_string())?;
+            rmp::encode::write_array_len(out, len).expect(TO_VEC);
+            (0..len).try_for_each(|_| expand_into(rest, out, depth + 1))
+        }
+        0x80..=0x8f | 0xde | 0xdf => {
+            let len = rmp::decode::read_map_len(rest).map_err(|e| e.to_string())?;
+            rmp::encode::write_map_len(out, len).expect(TO_VEC);
+            (0..2 * u64::from(len)).try_for_each(|_| expand_into(rest, out, depth + 1))
+        }
+        0xd4..=0xd8 | 0xc7..=0xc9 => {
+            let meta = rmp::decode::read_ext_meta(rest).map_err(|e| e.to_string())?;
+            let size = meta.size as usize;
+            let body = rest.get(..size).ok_or("an ext value ends early")?;
+            *rest = &rest[size..];
+            match meta.typeid {
+                TENSOR_EXT => write_plain(out, body),
+                // Other ext values are not Corral's: a msgpack client gets them as sent, and
+                // JSON refuses them when the answer is written (`format::from_msgpack`).
+                _ => {
+                    out.extend_from_slice(&start[..start.len() - rest.len()]);
+                    Ok(())
+                }
             }
-            let flat = elements_of(datatype, &shape, data)?;
-            nest(&shape, &mut flat.into_iter())
         }
-        // Other ext values are not Corral's: a msgpack client gets them as sent, and JSON
-        // refuses them when the answer is written (`format::from_msgpack`).
-        other @ ValueRef::Ext(..) => other,
-        ValueRef::Array(items) => {
-            ValueRef::Array(items.into_iter().map(expand_value).collect::<Result<_, _>>()?)
+        _ => {
+            crate::msgpack::skip(rest)?;
+            out.extend_from_slice(&start[..start.len() - rest.len()]);
+            Ok(())
         }
-        ValueRef::Map(entries) => ValueRef::Map(
-            entries
-                .into_iter()
-                .map(|(k, v)| Ok((expand_value(k)?, expand_value(v)?)))
-                .collect::<Result<_, String>>()?,
-        ),
-        plain => plain,
-    })
+    }
 }
 
-/// A tensor's elements as msgpack values, row-major.
-fn elements_of<'a>(
-    datatype: DataType,
+/// A tensor value's elements as nested arrays (a scalar for an empty shape).
+fn write_plain(out: &mut Vec<u8>, ext: &[u8]) -> Result<(), String> {
+    let Tensor { datatype, shape, data } = read_tensor(ext)?;
+    // A tensor with no elements still nests one empty array per leading index: a shape such
+    // as [2^62, 0] would be a few bytes that write billions of them.
+    let containers = shape
+        .iter()
+        .take_while(|&&d| d != 0)
+        .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_EMPTY_ARRAYS));
+    if containers.is_none() && elements(&shape) == Some(0) {
+        return Err(format!("a tensor of shape {shape:?} nests too many empty arrays"));
+    }
+    let mut flat = each(datatype, &shape, data)?;
+    nest_into(out, &shape, &mut flat)
+}
+
+const TO_VEC: &str = "writing to a Vec cannot fail";
+
+/// Flat elements nested to `shape`, written.
+fn nest_into<'a>(
+    out: &mut Vec<u8>,
     shape: &[u64],
-    data: &'a [u8],
-) -> Result<Vec<ValueRef<'a>>, String> {
-    let values = each(datatype, shape, data)?.map(|element| match element {
-        Element::Bool(b) => ValueRef::Boolean(b),
-        Element::Uint(u) => ValueRef::from(u),
-        Element::Int(i) => ValueRef::from(i),
-        Element::Float(f) => ValueRef::F64(f),
-        Element::Float32(f) => ValueRef::F32(f),
-        Element::Bytes(b) => match std::str::from_utf8(b) {
-            Ok(text) => ValueRef::from(text),
-            Err(_) => ValueRef::Binary(b),
-        },
-    });
-    Ok(values.collect())
+    flat: &mut impl Iterator<Item = Element<'a>>,
+) -> Result<(), String> {
+    let Some((&length, inner)) = shape.split_first() else {
+        write_element(out, flat.next());
+        return Ok(());
+    };
+    let length = u32::try_from(length).map_err(|_| format!("a dimension of {length}"))?;
+    rmp::encode::write_array_len(out, length).expect(TO_VEC);
+    (0..length).try_for_each(|_| nest_into(out, inner, flat))
 }
 
-/// Flat elements nested to `shape` (a scalar for an empty shape).
-fn nest<'a>(shape: &[u64], flat: &mut impl Iterator<Item = ValueRef<'a>>) -> ValueRef<'a> {
-    match shape.split_first() {
-        None => flat.next().unwrap_or(ValueRef::Nil),
-        Some((&length, inner)) => ValueRef::Array((0..length).map(|_| nest(inner, flat)).collect()),
+/// One element as its plain msgpack value (nil if the data ran out, which its check forbids).
+fn write_element(out: &mut Vec<u8>, element: Option<Element<'_>>) {
+    use rmp::encode as to;
+    match element {
+        None => to::write_nil(out).expect(TO_VEC),
+        Some(Element::Bool(b)) => to::write_bool(out, b).expect(TO_VEC),
+        Some(Element::Uint(u)) => drop(to::write_uint(out, u).expect(TO_VEC)),
+        Some(Element::Int(i)) => drop(to::write_sint(out, i).expect(TO_VEC)),
+        Some(Element::Float(f)) => to::write_f64(out, f).expect(TO_VEC),
+        Some(Element::Float32(f)) => to::write_f32(out, f).expect(TO_VEC),
+        Some(Element::Bytes(b)) => match std::str::from_utf8(b) {
+            Ok(text) => to::write_str(out, text).expect(TO_VEC),
+            Err(_) => to::write_bin(out, b).expect(TO_VEC),
+        },
     }
 }
 
