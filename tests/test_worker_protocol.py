@@ -476,3 +476,29 @@ def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, p
     assert second.result(timeout=30).status_code == 500
     assert batch["jobs"][0]["id"] != ahead["jobs"][0]["id"]
     worker.close()
+
+
+def test_connections_that_never_say_hello_are_bounded(corral_factory):
+    # Each one held a descriptor (and a task) until the 10 s hello timeout: 1,100 of them took
+    # every descriptor, and HTTP, probes included, could not accept. Past the bound (32 more
+    # than the workers spawned, here 1), a connection is closed as it is accepted.
+    proxy = corral_factory()
+    silent = []
+    try:
+        for _ in range(33):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(proxy.socket))
+            silent.append(sock)
+        # Accepted in order: the one after them finds the bound reached and is closed at once.
+        extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        silent.append(extra)
+        extra.connect(str(proxy.socket))
+        extra.settimeout(5)  # the hello timeout (10 s) would close it too: not that
+        assert extra.recv(1) == b""
+        proxy.wait_for_log(r"yet to say hello")
+        # The connected worker and HTTP serve on.
+        assert proxy.client.get("/healthz").status_code == 200
+        assert proxy.post({"n": 1}).status_code == 200
+    finally:
+        for sock in silent:
+            sock.close()

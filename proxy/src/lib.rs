@@ -103,9 +103,9 @@ pub async fn run(
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         info!(endpoint, service, ratio = config.trace_sample_ratio, "exporting spans over OTLP");
     }
-    let workers: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
+    let spawned: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
     let max_connections =
-        open_files::connection_cap(config.max_connections as usize, workers as usize);
+        open_files::connection_cap(config.max_connections as usize, spawned as usize);
     // Each error names what could not be set up: a bare "Address already in use" or "No such
     // file or directory" left a newcomer to guess which address, or which path.
     let http_listener = TcpListener::bind(config.listen).await.map_err(|e| {
@@ -179,6 +179,9 @@ pub async fn run(
         shutdown: stop_workers.clone(),
         children: children.clone(),
         shared_memory,
+        awaiting_hello: Arc::new(tokio::sync::Semaphore::new(
+            worker::listener::AWAITING_HELLO + spawned as usize,
+        )),
     };
     workers.spawn(worker::listener::accept(
         worker_listener,

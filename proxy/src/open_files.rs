@@ -6,8 +6,9 @@
 //! in the kernel's backlog with no answer, instead of getting the documented 503. So at start the
 //! soft limit is raised to the hard one (allowed without privileges), and the effective cap is
 //! kept below the limit, with room left for what else the process opens: its listeners, the
-//! runtime's own descriptors, each worker's socket and output pipes, the connection reserve past
-//! the cap ([`crate::http::reserve`]), and connections being refused (each holds a descriptor
+//! runtime's own descriptors, each worker's socket and output pipes, the worker socket's
+//! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`]), the connection
+//! reserve past the cap ([`crate::http::reserve`]), and connections being refused (each holds a descriptor
 //! while its 503 is written).
 
 use tracing::{info, warn};
@@ -44,7 +45,8 @@ pub fn connection_cap(requested: usize, workers: usize) -> usize {
 /// and its workers; the reserve's connections are always kept room for, since they are opened
 /// whenever the cap is reached.
 fn cap_under(limit: u64, workers: u64) -> u64 {
-    let kept = (RESERVED + PER_WORKER * workers).min(limit / 2);
+    let awaiting_hello = crate::worker::listener::AWAITING_HELLO as u64;
+    let kept = (RESERVED + awaiting_hello + PER_WORKER * workers).min(limit / 2);
     let reserve = crate::http::reserve::CONNECTIONS as u64;
     limit.saturating_sub(kept).saturating_sub(reserve).max(1)
 }
@@ -135,8 +137,9 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_room_for_the_process_and_its_workers() {
-        assert_eq!(cap_under(1024, 1), 1024 - 64 - 4 - 16, "16: the connection reserve");
-        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - 32 - 16);
+        let hello = 32; // the worker socket's connections yet to say hello
+        assert_eq!(cap_under(1024, 1), 1024 - 64 - hello - 4 - 16, "16: the connection reserve");
+        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - hello - 32 - 16);
         assert_eq!(cap_under(64, 1), 16, "a tiny limit: half of it, less the reserve");
         assert_eq!(cap_under(1, 1), 1);
     }

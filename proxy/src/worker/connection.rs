@@ -61,6 +61,9 @@ pub struct Context {
     pub children: Children,
     /// Large bodies' memory, handed to workers that declare `shm`.
     pub shared_memory: Option<Arc<SharedMemory>>,
+    /// Connections yet to say hello, at most [`super::listener::AWAITING_HELLO`] more than the
+    /// workers spawned (`listener::accept` takes a permit, the handshake gives it back).
+    pub awaiting_hello: Arc<tokio::sync::Semaphore>,
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
@@ -70,7 +73,11 @@ pub struct Context {
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
-pub async fn serve(stream: UnixStream, context: Context) {
+pub async fn serve(
+    stream: UnixStream,
+    context: Context,
+    awaiting_hello: tokio::sync::OwnedSemaphorePermit,
+) {
     // The worker's pid as the kernel tells it, for what only a spawned worker may claim (its
     // device, and being killed when hung): a hello could name another worker's pid. 0 (no
     // process is) where the kernel cannot say, such as a peer in another pid namespace.
@@ -87,6 +94,7 @@ pub async fn serve(stream: UnixStream, context: Context) {
         outbox.close(CLOSE_WRITE_LIMIT).await;
         return;
     };
+    drop(awaiting_hello);
     inbox.decoder_mut().trust();
     let stage = &stage;
     let refusal = if hello.declares(FEATURE_STREAM) && stage.feeds_another() {

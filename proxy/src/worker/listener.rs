@@ -262,6 +262,7 @@ pub async fn accept(
     // What was last said about the path: each change is said once.
     let mut said = Look::Ours;
     let mut accept_failures = crate::open_files::AcceptFailures::default();
+    let mut hello_refusals = crate::open_files::AcceptFailures::default();
     loop {
         let stream = tokio::select! {
             _ = watch.tick() => {
@@ -308,9 +309,24 @@ pub async fn accept(
                 return;
             }
         };
-        tasks.spawn(connection::serve(stream, context.clone()));
+        // Each connection yet to say hello holds a descriptor and a task: past the bound one is
+        // closed at once (a spawned worker that meets that is restarted; an external one
+        // reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
+        // and HTTP (probes included) could not accept until the hello timeout closed them.
+        let Ok(permit) = context.awaiting_hello.clone().try_acquire_owned() else {
+            let why = "as many connections as allowed are yet to say hello; closed at once";
+            hello_refusals.failed("a worker connection", &io::Error::other(why));
+            continue;
+        };
+        hello_refusals.accepted("worker connections");
+        tasks.spawn(connection::serve(stream, context.clone(), permit));
     }
 }
+
+/// Connections that may wait for their hello at once, beyond one per spawned worker: what
+/// workers started by hand reconnecting together need, with room to spare, at a descriptor
+/// each (`open_files` keeps room for them).
+pub const AWAITING_HELLO: usize = 32;
 
 /// What is at the socket's path now.
 #[derive(Debug, PartialEq)]
