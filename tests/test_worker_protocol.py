@@ -502,3 +502,27 @@ def test_connections_that_never_say_hello_are_bounded(corral_factory):
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_a_sign_of_life_sent_as_a_streaming_workers_last_job_ends_is_no_breach(sidecar, pool):
+    # An empty `chunks` frame racing the end of the worker's last job reached an idle
+    # connection and closed it as "message while idle" (a `pull` there was already forgiven).
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(sidecar.socket))
+    stream = sock.makefile("rb")
+    hello = {**protocol.hello("default", os.getpid(), "alive"), "features": ["stream"]}
+    sock.sendall(protocol.encode_frame(hello))
+    sidecar.wait_for_log(r"worker connected")
+    try:
+        for n in range(2):
+            response = pool.submit(sidecar.post, {"n": n})
+            batch = protocol.read_frame(stream)
+            (job,) = batch["jobs"]
+            sock.sendall(protocol.encode_frame(protocol.results([protocol.ok(job["id"], b"\x01")])))
+            sock.sendall(protocol.encode_frame(protocol.chunks([])))
+            assert response.result().status_code == 200
+        assert not any("message while idle" in line for line in sidecar.lines)
+    finally:
+        stream.close()
+        sock.close()

@@ -402,7 +402,7 @@ async fn work(
     let mut last_done = Instant::now();
     let ended = loop {
         let message = if in_flight.is_empty() {
-            match idle(inbox, outbox, seat, context, false).await {
+            match idle(inbox, outbox, seat, context, (false, false)).await {
                 Ok(jobs) => {
                     let batch = send(outbox, jobs, by);
                     batch.jobs.iter().for_each(|job| departures.watch(job));
@@ -539,13 +539,15 @@ fn kind_of(message: &WorkerMessage) -> &'static str {
 /// out of turn), a failed write and shutdown, so that a batch goes to a live connection whenever
 /// that can be told. Shared by both pull loops. A worker that `joins` may offer room (`pull`)
 /// just as its last job ends: the offer lapses (the worker is idle, and gets batches the
-/// ordinary way) rather than break the protocol, which would depend on that race.
+/// ordinary way) rather than break the protocol, which would depend on that race. So, for a
+/// worker that `streams`, does a sign of life (a `chunks` frame with no chunk) sent as its last
+/// job ended.
 pub(super) async fn idle(
     inbox: &mut Inbox,
     outbox: &mut Outbox,
     seat: &WorkerSeat<'_>,
     context: &Context,
-    joins: bool,
+    (streams, joins): (bool, bool),
 ) -> Result<Vec<Job>, Ended> {
     let mut next = std::pin::pin!(seat.next_batch());
     loop {
@@ -554,6 +556,9 @@ pub(super) async fn idle(
             message = inbox.next() => Err(match message {
                 None => Ended::Closed,
                 Some(Ok(WorkerMessage::Pull(_))) if joins => continue,
+                Some(Ok(WorkerMessage::Chunks(chunks))) if streams && chunks.chunks.is_empty() => {
+                    continue
+                }
                 Some(Ok(_)) => protocol_error("message while idle"),
                 Some(Err(e)) => read_error(e),
             }),

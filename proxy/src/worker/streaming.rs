@@ -96,7 +96,7 @@ pub(super) async fn work(
     let mut heard = Instant::now();
     let ended = loop {
         let message = if state.held.is_empty() {
-            match idle(inbox, outbox, seat, context, joins).await {
+            match idle(inbox, outbox, seat, context, (true, joins)).await {
                 Ok(jobs) => {
                     heard = Instant::now();
                     state.hold(outbox, jobs, &by);

@@ -266,7 +266,7 @@ class _Run:
             for frame in frames:
                 self._send(frame)
         self.flush()
-        if time.monotonic() - self.sent_at >= HEARTBEAT:
+        if self.live and time.monotonic() - self.sent_at >= HEARTBEAT:
             self._send(protocol.encode_frame(protocol.chunks([])))
 
     def between_steps(self) -> list[Any]:
