@@ -7,6 +7,7 @@ import json
 import os
 import socket
 import struct
+import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
@@ -523,6 +524,41 @@ def test_a_sign_of_life_sent_as_a_streaming_workers_last_job_ends_is_no_breach(s
             sock.sendall(protocol.encode_frame(protocol.chunks([])))
             assert response.result().status_code == 200
         assert not any("message while idle" in line for line in sidecar.lines)
+    finally:
+        stream.close()
+        sock.close()
+
+
+def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral_factory, pool):
+    # A worker that does not listen for `cancel` keeps the job and sends signs of life: they
+    # reset the silence clock, and it held its seat for ever (no batch again, nothing logged).
+    proxy = corral_factory(
+        "--stream-timeout-ms=500", "--timeout-ms=500", "--retries=0", worker=None
+    )
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    sock.settimeout(30)
+    sock.connect(str(proxy.socket))
+    stream = sock.makefile("rb")
+    hello = {**protocol.hello("default", os.getpid(), "zombie"), "features": ["stream"]}
+    sock.sendall(protocol.encode_frame(hello))
+    proxy.wait_for_log(r"worker connected")
+    started = time.monotonic()
+    try:
+        response = pool.submit(proxy.post, {"n": 1}, headers={"accept": "text/event-stream"})
+        (job,) = protocol.read_frame(stream)["jobs"]
+        chunk = protocol.chunks([protocol.chunk(job["id"], msgpack.packb("first"))])
+        sock.sendall(protocol.encode_frame(chunk))
+        try:
+            while True:  # a sign of life every 100 ms, the job never ended
+                sock.sendall(protocol.encode_frame(protocol.chunks([])))
+                time.sleep(0.1)  # the worker's own pace, not a wait for an event
+                # A guard against the old behaviour's endless hold, not a measure of speed.
+                assert time.monotonic() - started < 30, "the worker kept its job"
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the proxy closed the connection: the worker is hung
+        assert response.result().status_code == 200  # its stream had begun
+        proxy.wait_for_log(r"held a job past its stream timeout")
+        assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
     finally:
         stream.close()
         sock.close()

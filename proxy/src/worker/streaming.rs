@@ -51,6 +51,9 @@ struct Held {
     /// How long its worker may stay silent, as its route allows (kept here because the job
     /// itself may be answered early).
     silence: Duration,
+    /// When the worker is hung if it still holds the job, however lively: its stream timeout
+    /// from its arrival, plus its silence allowance and the margin to end it ([`State::overdue`]).
+    overdue: Instant,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
     cancelled: bool,
@@ -88,6 +91,7 @@ pub(super) async fn work(
         seq: 0,
         departures: Departures::new(hello.declares(FEATURE_CANCEL)),
         cancels: hello.declares(FEATURE_CANCEL),
+        stream_timeout: stage.stream_timeout(),
     };
     let joins = hello.declares(FEATURE_JOIN);
     // Room the worker offered for more jobs (`pull`), while it holds some.
@@ -105,9 +109,15 @@ pub(super) async fn work(
                 Err(ended) => break ended,
             }
         } else {
-            let hung_at = match stage.settings().batch_timeout {
+            let silent_at = match stage.settings().batch_timeout {
                 Some(limit) => heard + limit,
                 None => heard + state.silence() + HUNG_MARGIN,
+            };
+            let (hung_at, why) = match state.overdue() {
+                Some(overdue) if overdue < silent_at => {
+                    (overdue, "the streaming worker held a job past its stream timeout")
+                }
+                _ => (silent_at, "the streaming worker sent nothing past its limit"),
             };
             tokio::select! {
                 biased;
@@ -116,7 +126,7 @@ pub(super) async fn work(
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
                     reason: "hung",
-                    why: "the streaming worker sent nothing past its limit".into(),
+                    why: why.into(),
                 },
                 id = state.departures.next() => {
                     state.cancel(outbox, id);
@@ -169,6 +179,8 @@ struct State {
     seq: u64,
     departures: Departures,
     cancels: bool,
+    /// The stage's stream timeout: no job is the worker's for longer ([`Held::overdue`]).
+    stream_timeout: Duration,
 }
 
 impl State {
@@ -188,6 +200,9 @@ impl State {
             // header got a worker pausing 1.5 s after its first chunk killed), and neither does
             // the time the job spent queued.
             let silence = job.allowance;
+            let lasts = self.stream_timeout.saturating_add(silence).saturating_add(HUNG_MARGIN);
+            // (A stream timeout of years is as good as none, and kept from the clock's end.)
+            let overdue = job.arrived + lasts.min(Duration::from_secs(365 * 86_400));
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -195,6 +210,7 @@ impl State {
                 gathered: Gathered::default(),
                 streamed: false,
                 silence,
+                overdue,
                 cancelled: false,
             };
             self.held.insert(held.job.as_ref().expect("just held").id, held);
@@ -207,6 +223,14 @@ impl State {
     /// to first chunk, whether or not its streams started or were answered early.
     fn silence(&self) -> Duration {
         self.held.values().map(|held| held.silence).max().unwrap_or_default()
+    }
+
+    /// When the earliest held job is overdue: past its stream timeout, its client has had its
+    /// answer, and a worker that still holds it (one that does not listen for `cancel`, or
+    /// ignores it) keeps its seat for ever, however often it sends a sign of life, which resets
+    /// the silence clock. Such a worker got no batch again, and nothing was logged.
+    fn overdue(&self) -> Option<Instant> {
+        self.held.values().map(|held| held.overdue).min()
     }
 
     /// Tells the worker (if it listens) that nobody waits for `id` any more. (The answer's side
