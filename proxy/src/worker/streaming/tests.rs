@@ -35,6 +35,7 @@ fn state(cancels: bool) -> State {
         seq: 0,
         departures: Departures::new(cancels),
         cancels,
+        stream_timeout: Duration::from_secs(300),
     }
 }
 
