@@ -356,6 +356,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         ([], STAGE + 'env = { "1A" = "x" }\n', "stages.s.env.1A: an environment variable name"),
         ([], STAGE + 'env = { A = "a\\u0000b" }\n', "stages.s.env.A: holds a NUL byte"),
         ([], STAGE + "gpus = [-1]\n", "-1 is not a device index"),
+        # Corral's own: a worker with CORRAL_STAGE set said hello for another stage.
+        (["--worker-env", "CORRAL_STAGE=a", *WORKER], None, "worker_env: CORRAL_STAGE is Corral's"),
+        (
+            [],
+            STAGE + 'env = { CORRAL_SOCKET = "/x" }\n',
+            "stages.s.env.CORRAL_SOCKET: CORRAL_SOCKET",
+        ),
         ([], STAGE + "gpus = 0\n", 'expected "all" or a list of device indices'),
     ],
 )

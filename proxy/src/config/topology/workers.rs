@@ -36,10 +36,12 @@ pub(super) fn place(
     let mut env: Vec<(String, String)> = Vec::new();
     for text in &config.file_worker_env {
         let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        not_corrals(&name).map_err(|problem| error("worker_env", problem))?;
         env.retain(|(other, _)| *other != name);
         env.push((name, value));
     }
     for (name, value) in stage_env {
+        not_corrals(&name).map_err(|problem| error(format!("{}.{name}", keys.env), problem))?;
         env.retain(|(other, _)| *other != name);
         env.push((name, value));
     }
@@ -76,6 +78,7 @@ pub(super) fn place(
     }
     for text in &config.worker_env {
         let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
+        not_corrals(&name).map_err(|problem| error("worker_env", problem))?;
         env.retain(|(other, _)| *other != name);
         env.push((name, value));
     }
@@ -87,6 +90,24 @@ pub(super) fn place(
     spec.workers_per_gpu = per_gpu;
     spec.env = env;
     Ok(())
+}
+
+/// What Corral tells each worker it spawns, which the worker's environment may not set: its
+/// socket, its stage, its index and the proxy's pid. Set, a worker said hello for the wrong
+/// stage (`CORRAL_STAGE=a` in a two-stage file moved stage b's worker to a: b never got one,
+/// and every request waited for its 408), or lost its proxy. (`CUDA_VISIBLE_DEVICES` stays the
+/// user's to set: a MIG device is named so.)
+const CORRALS: [&str; 4] =
+    ["CORRAL_SOCKET", "CORRAL_STAGE", "CORRAL_WORKER_INDEX", "CORRAL_PROXY_PID"];
+
+fn not_corrals(name: &str) -> Result<(), String> {
+    match CORRALS.contains(&name) {
+        true => Err(format!(
+            "{name} is Corral's to set for each worker it spawns (with CORRAL_SOCKET, \
+             CORRAL_STAGE, CORRAL_WORKER_INDEX and CORRAL_PROXY_PID): leave it out"
+        )),
+        false => Ok(()),
+    }
 }
 
 /// `--gpus`/`gpus`: `all` (the machine's) or a list of device indexes, each once.
