@@ -180,9 +180,19 @@ fn share_memory<'a>(
 /// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
 /// clients, and its weight rule, for the stage's batches. Schemas that do not parse are logged and ignored: they are documentation, and must
 /// not cost the worker its connection.
+/// Largest schema (or set of schema components) a hello may declare. Schemas are documentation,
+/// each copied into `/openapi.json` where its routes use it: one of 50 MB made that document 209
+/// MB and the proxy's memory 1.2 GB. Real ones are kilobytes.
+const MAX_SCHEMA_BYTES: usize = 1024 * 1024;
+
 fn keep_declarations(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
+        if text.len() > MAX_SCHEMA_BYTES {
+            let bytes = text.len();
+            warn!(pid = hello.pid, bytes, "ignoring a worker's schema larger than 1 MiB");
+            return None;
+        }
         serde_json::from_str(text)
             .inspect_err(
                 |e| warn!(pid = hello.pid, error = %logged(e), "ignoring a worker's schema"),
