@@ -175,8 +175,17 @@ def test_a_worker_with_declared_tensors_takes_instances_as_its_tensors(corral_fa
         ([[1], [[1, 2], [3, 4]]], 'instance 1: input "X": has shape [2, 2]; the model takes [-1]'),
         ([{"Z": [1]}], 'instance 0: unknown input "Z"; the model takes "X"'),
         ([{}], 'instance 0: missing input "X"'),
+        ("DUPLICATE", 'instance 0: input "X" appears twice'),
     ]:
-        answer = predict(proxy, {"instances": instances})
+        if instances == "DUPLICATE":  # a key twice: JSON text, since a dict cannot hold it
+            body = '{"instances": [{"X": [1], "X": [2]}]}'
+            answer = proxy.client.post(
+                "/v1/models/default:predict",
+                content=body,
+                headers={"content-type": "application/json"},
+            )
+        else:
+            answer = predict(proxy, {"instances": instances})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"].startswith(expected), answer.text
 

@@ -167,6 +167,7 @@ fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
         Err(_) if inputs.len() == 1 => vec![instance],
         Err(_) => return Err(format!("must be an object naming the model's inputs, {}", names())),
         Ok(len) => {
+            let mut seen: Vec<&str> = Vec::with_capacity(inputs.len());
             for _ in 0..len {
                 let name = rmp::decode::read_str_from_slice(map)
                     .map(|(name, _)| name)
@@ -174,6 +175,11 @@ fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
                 if !inputs.iter().any(|s| s.name == name) {
                     return Err(format!("unknown input {name:?}; the model takes {}", names()));
                 }
+                // As a v2 request's: the first would be taken, the second dropped unseen.
+                if seen.contains(&name) {
+                    return Err(format!("input {name:?} appears twice"));
+                }
+                seen.push(name);
                 msgpack::skip(&mut map)?;
                 msgpack::skip(&mut map)?;
             }
