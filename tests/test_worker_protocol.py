@@ -564,17 +564,17 @@ def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral
         sock.close()
 
 
-def test_a_schema_over_a_mebibyte_is_ignored_not_copied_into_openapi(sidecar):
+def test_a_schema_over_8_mib_is_ignored_not_copied_into_openapi(sidecar):
     # One of 50 MB made /openapi.json 209 MB and the proxy's memory 1.2 GB.
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     sock.settimeout(30)
     sock.connect(str(sidecar.socket))
-    huge = json.dumps({"type": "object", "description": "x" * (2 * 1024 * 1024)})
+    huge = json.dumps({"type": "object", "description": "x" * (9 * 1024 * 1024)})
     hello = {**protocol.hello("default", os.getpid(), "verbose"), "input_schema": huge}
     try:
         sock.sendall(protocol.encode_frame(hello))
         sidecar.wait_for_log(r"worker connected")
-        sidecar.wait_for_log(r"ignoring a worker's schema larger than 1 MiB")
+        sidecar.wait_for_log(r"ignoring a worker's schema larger than 8 MiB")
         document = sidecar.client.get("/openapi.json")
         assert document.status_code == 200 and len(document.content) < 1024 * 1024
     finally:
