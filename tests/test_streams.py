@@ -444,6 +444,26 @@ def test_a_stream_timeout_ends_a_stream_whose_client_is_always_behind(corral_fac
     proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the job cancelled in the worker")
 
 
+def test_a_stream_whose_client_stalls_is_cancelled_in_the_worker_at_its_timeout(
+    corral_factory, tmp_path
+):
+    # The answer notices its timeout only when its client takes the next event: one that never
+    # reads (a full window) left the worker streaming on, uncancelled, past the timeout.
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(
+        "--stream-timeout-ms=6000",
+        "--stream-buffer-bytes=67108864",
+        worker=STREAMER,
+        env={"STREAMER_CANCELS": str(cancels)},
+    )
+    # About 1 MB/s: the socket's buffers fill within the timeout, and the answer stops taking
+    # events; 64 MiB of buffer would hold the rest for a minute (then `slow_client`).
+    item = {"chunks": 100_000_000, "size": 1000, "burst": 10, "step_ms": 10}
+    with raw_stream(proxy, item):  # never read
+        proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the worker told")
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+
+
 def test_a_slow_client_that_then_leaves_is_counted_once(corral_factory, tmp_path):
     cancels = tmp_path / "cancels"
     proxy = corral_factory(worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)})

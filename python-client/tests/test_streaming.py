@@ -768,3 +768,26 @@ def test_a_generator_that_sends_sends_no_heartbeat():
         proxy.send(protocol.batch([protocol.job(b"\1" * 16, 5000, msgpack.packb("abc"))]))
         messages = [proxy.receive() for _ in range(4)]
     assert protocol.chunks([]) not in messages
+
+
+def test_a_generator_holding_no_job_sends_no_sign_of_life(monkeypatch):
+    # Its worker is idle to the proxy once every job ended: a frame then broke the protocol.
+    monkeypatch.setattr(_streaming, "HEARTBEAT", 0.0)
+
+    class Lingers(corral.Worker):
+        def forward(self, batch):
+            yield ["a"] * len(batch)
+            yield [corral.END] * len(batch)
+            for _ in range(3):
+                yield [None] * len(batch)  # steps on after every job has ended
+
+    first, second = b"\1" * 16, b"\2" * 16
+    with FakeProxy(Lingers()) as proxy:
+        proxy.send(protocol.batch([protocol.job(first, 5000, msgpack.packb("x"))]))
+        assert proxy.receive() == protocol.chunks([protocol.chunk(first, msgpack.packb("a"))])
+        while (message := proxy.receive()) == protocol.chunks([]):
+            pass  # signs of life while the job was held
+        assert message == protocol.results([protocol.end(first)])
+        proxy.send(protocol.batch([protocol.job(second, 5000, msgpack.packb("x"))]))
+        # Nothing between the end and the next batch's first chunk.
+        assert proxy.receive() == protocol.chunks([protocol.chunk(second, msgpack.packb("a"))])

@@ -21,22 +21,51 @@ pub fn frames(data: &[u8]) {
         assert_eq!(decode::<ProxyMessage>(&encode(&message)).ok(), Some(message));
     }
     let chunk = usize::from(data.first().copied().unwrap_or(1)).max(1);
-    stream(&mut ProxyCodec::default(), data, chunk);
-    stream(&mut WorkerCodec::default(), data, chunk);
+    let trusted = stream(&mut ProxyCodec::default(), data, chunk, false);
+    stream(&mut WorkerCodec::default(), data, chunk, false);
+    // A peer not yet trusted (the proxy's end before a hello), trusted after its first frame:
+    // the same messages, and the same first error, as the trusted reading.
+    let untrusted = stream(&mut ProxyCodec::untrusted(), data, chunk, true);
+    assert_eq!(untrusted, trusted);
 }
 
-fn stream<D: Decoder>(codec: &mut D, data: &[u8], chunk: usize) {
+/// The messages decoded from `data` fed in chunks, and the error that ended them, if any.
+/// `trust` trusts an untrusted codec once it has read a frame.
+fn stream<D: Decoder<Error = std::io::Error> + Trust>(
+    codec: &mut D,
+    data: &[u8],
+    chunk: usize,
+    trust: bool,
+) -> (Vec<D::Item>, Option<String>) {
     let mut buf = BytesMut::new();
+    let mut read = Vec::new();
     for piece in data.chunks(chunk) {
         buf.extend_from_slice(piece);
         loop {
             match codec.decode(&mut buf) {
-                Ok(Some(_)) => continue,
+                Ok(Some(message)) => {
+                    if trust {
+                        codec.trust();
+                    }
+                    read.push(message);
+                }
                 Ok(None) => break,
                 // The proxy closes the connection at the first bad frame: nothing after it counts.
-                Err(_) => return,
+                Err(e) => return (read, Some(e.to_string())),
             }
         }
+    }
+    (read, None)
+}
+
+/// What [`stream`] may trust.
+trait Trust {
+    fn trust(&mut self);
+}
+
+impl<In, Out> Trust for crate::codec::MessageCodec<In, Out> {
+    fn trust(&mut self) {
+        crate::codec::MessageCodec::trust(self);
     }
 }
 

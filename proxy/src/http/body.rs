@@ -181,7 +181,8 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// at that size and filled as frames come — in `shared` memory when given, the length is at
 /// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept as they
 /// are and copied at the end into a buffer of the size they add up to ([`assemble`]), where
-/// growing a buffer by doubling would copy the body again at each step. Returns the body and
+/// growing a buffer by doubling would copy the body again at each step (frames under 4 KiB are
+/// copied together as they come, once more: [`Frames`]). Returns the body and
 /// the room its gap left (0 without one).
 async fn read_body(
     mut body: Incoming,
@@ -245,9 +246,6 @@ async fn read_body(
     Ok((buf.freeze(), room))
 }
 
-/// A chunked body's frames, `received` bytes in all, copied into one buffer now that its size
-/// is known, as a declared length's is ([`Buffer::for_body`]). Returns the buffer and the gap
-/// it kept.
 /// The frames of a body of unknown length, kept until it has all come. A small frame is copied
 /// onto the small ones before it (one `Bytes`, with its allocation, per frame: a 16 MiB body sent
 /// in one-byte chunks held 1 GB while it came); a large one is kept as it came, not copied.
@@ -269,6 +267,10 @@ impl Frames {
             self.kept.push(data);
             return;
         }
+        if self.small.capacity() == 0 {
+            // Room for a whole gathering at once: grown by doubling, it could end at twice that.
+            self.small.reserve(Self::GATHERED + Self::SMALL);
+        }
         self.small.extend_from_slice(&data);
         if self.small.len() >= Self::GATHERED {
             self.flush();
@@ -288,6 +290,9 @@ impl Frames {
     }
 }
 
+/// A chunked body's frames, `received` bytes in all, copied into one buffer now that its size
+/// is known, as a declared length's is ([`Buffer::for_body`]). Returns the buffer and the gap
+/// it kept.
 fn assemble(
     frames: &[Bytes],
     received: usize,

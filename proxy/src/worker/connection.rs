@@ -177,15 +177,15 @@ fn share_memory<'a>(
     memory.filter(|_| size > 0)
 }
 
-/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
-/// clients, and its weight rule, for the stage's batches. Schemas that do not parse are logged and ignored: they are documentation, and must
-/// not cost the worker its connection.
 /// Largest schema (or set of schema components) a hello may declare. Schemas are documentation,
 /// each copied into `/openapi.json` where its routes use it: one of 50 MB made that document 209
 /// MB and the proxy's memory 1.2 GB. Real ones are kilobytes; one of 4 MiB (10,000 described
 /// fields) is served, and tested.
 const MAX_SCHEMA_BYTES: usize = 8 * 1024 * 1024;
 
+/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
+/// clients, and its weight rule, for the stage's batches. Schemas that do not parse (or pass [`MAX_SCHEMA_BYTES`]) are logged and ignored: they are documentation, and must
+/// not cost the worker its connection.
 fn keep_declarations(stage: &Stage, hello: &Hello) {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;

@@ -7,7 +7,9 @@
 //! while it holds some. Each chunk goes to its job's client at once (or is gathered into one
 //! answer for a client that did not ask for a stream). The worker is idle when it holds nothing;
 //! only then does it get a batch the ordinary way. Its hung clock counts from its last frame, so a
-//! worker that streams steadily is never declared hung.
+//! worker that streams steadily is not declared hung, unless it holds a job well past that job's
+//! stream timeout: at the timeout the worker is told to stop it (`cancel`), whether or not its
+//! client is still reading, and a second past its allowance after that it is hung.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -32,6 +34,10 @@ use crate::msgpack;
 use crate::stage::{Stage, WorkerSeat};
 use crate::stream::Refused;
 use crate::supervisor::Served;
+
+/// Longer than any stream a clock here counts to: further is as good as never, and kept from
+/// the end of the clock's range.
+const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
 /// A job the worker holds.
 struct Held {
@@ -92,6 +98,7 @@ pub(super) async fn work(
         departures: Departures::new(hello.declares(FEATURE_CANCEL)),
         cancels: hello.declares(FEATURE_CANCEL),
         stream_timeout: stage.stream_timeout(),
+        batch_timeout: stage.settings().batch_timeout,
     };
     let joins = hello.declares(FEATURE_JOIN);
     // Room the worker offered for more jobs (`pull`), while it holds some.
@@ -119,6 +126,7 @@ pub(super) async fn work(
                 }
                 _ => (silent_at, "the streaming worker sent nothing past its limit"),
             };
+            let stream_end = state.stream_end();
             tokio::select! {
                 biased;
                 message = inbox.next() => message,
@@ -135,6 +143,11 @@ pub(super) async fn work(
                 jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
                     offer = None;
                     state.hold(outbox, jobs, &by);
+                    continue;
+                }
+                _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)),
+                    if stream_end.is_some() => {
+                    state.end_streams(Instant::now());
                     continue;
                 }
             }
@@ -181,6 +194,8 @@ struct State {
     cancels: bool,
     /// The stage's stream timeout: no job is the worker's for longer ([`Held::overdue`]).
     stream_timeout: Duration,
+    /// The stage's `--batch-timeout-ms`, which lengthens what a job may take past it.
+    batch_timeout: Option<Duration>,
 }
 
 impl State {
@@ -200,9 +215,10 @@ impl State {
             // header got a worker pausing 1.5 s after its first chunk killed), and neither does
             // the time the job spent queued.
             let silence = job.allowance;
-            let lasts = self.stream_timeout.saturating_add(silence).saturating_add(HUNG_MARGIN);
+            let allowance = self.batch_timeout.map_or(silence, |limit| limit.max(silence));
+            let lasts = self.stream_timeout.saturating_add(allowance).saturating_add(HUNG_MARGIN);
             // (A stream timeout of years is as good as none, and kept from the clock's end.)
-            let overdue = job.arrived + lasts.min(Duration::from_secs(365 * 86_400));
+            let overdue = job.arrived + lasts.min(YEAR);
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -231,6 +247,27 @@ impl State {
     /// the silence clock. Such a worker got no batch again, and nothing was logged.
     fn overdue(&self) -> Option<Instant> {
         self.held.values().map(|held| held.overdue).min()
+    }
+
+    /// When the earliest stream still going runs out of its stream timeout (from the job's
+    /// arrival at this stage, at or after the answer's own clock). The answer notices that
+    /// only when its client takes the next event; a client that stalls (a full window) left
+    /// the worker streaming on, uncancelled, until it was found overdue and killed.
+    fn stream_end(&self) -> Option<Instant> {
+        let going = self.held.values().filter_map(|held| held.job.as_ref());
+        let streams = going.filter(|job| job.stream.is_some() && !job.left.is_cancelled());
+        streams.map(|job| job.arrived + self.stream_timeout.min(YEAR)).min()
+    }
+
+    /// Ends, for the worker, the streams whose time is out at `now`: as if their clients had
+    /// left (the departures then tell a worker that listens). Their clients still get the
+    /// stream timeout's error event when they next read.
+    fn end_streams(&self, now: Instant) {
+        for job in self.held.values().filter_map(|held| held.job.as_ref()) {
+            if job.stream.is_some() && job.arrived + self.stream_timeout.min(YEAR) <= now {
+                job.left.cancel();
+            }
+        }
     }
 
     /// Tells the worker (if it listens) that nobody waits for `id` any more. (The answer's side

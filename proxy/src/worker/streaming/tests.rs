@@ -36,6 +36,7 @@ fn state(cancels: bool) -> State {
         departures: Departures::new(cancels),
         cancels,
         stream_timeout: Duration::from_secs(300),
+        batch_timeout: None,
     }
 }
 

@@ -225,7 +225,7 @@ fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), 
             let body = rest.get(..size).ok_or("an ext value ends early")?;
             *rest = &rest[size..];
             match meta.typeid {
-                TENSOR_EXT => write_plain(out, body),
+                TENSOR_EXT => write_plain(out, body, depth),
                 // Other ext values are not Corral's: a msgpack client gets them as sent, and
                 // JSON refuses them when the answer is written (`format::from_msgpack`).
                 _ => {
@@ -242,9 +242,18 @@ fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), 
     }
 }
 
-/// A tensor value's elements as nested arrays (a scalar for an empty shape).
-fn write_plain(out: &mut Vec<u8>, ext: &[u8]) -> Result<(), String> {
+/// A tensor value's elements as nested arrays (a scalar for an empty shape), one level per
+/// dimension, at `depth` in the value around it.
+fn write_plain(out: &mut Vec<u8>, ext: &[u8], depth: usize) -> Result<(), String> {
     let Tensor { datatype, shape, data } = read_tensor(ext)?;
+    // Each dimension is a level of nesting written (and of recursion here): a shape of 100,000
+    // ones, one element in 100 KB, overflowed the stack and aborted the proxy.
+    if depth + shape.len() > MAX_DEPTH {
+        return Err(format!(
+            "a tensor of {} dimensions nests deeper than {MAX_DEPTH} levels",
+            shape.len()
+        ));
+    }
     // A tensor with no elements still nests one empty array per leading index: a shape such
     // as [2^62, 0] would be a few bytes that write billions of them.
     let containers = shape
@@ -375,5 +384,15 @@ mod tests {
         let packed = tensor(DataType::F64, &[1], &0f64.to_le_bytes());
         assert!(row(&packed, Some(DataType::F32)).unwrap_err().contains("FP32 is declared"));
         assert_eq!(row(&packed, None).unwrap().datatype, DataType::F64);
+    }
+
+    #[test]
+    fn a_tensor_of_more_dimensions_than_nesting_allows_is_refused_not_recursed() {
+        // One element, 100,000 dimensions: written out as nested arrays it overflowed the stack.
+        let shape = vec![1u64; 100_000];
+        let deep = tensor(DataType::F32, &shape, &1f32.to_le_bytes());
+        assert!(expand(&deep).unwrap_err().contains("100000 dimensions"));
+        let fits = tensor(DataType::F32, &vec![1u64; MAX_DEPTH], &1f32.to_le_bytes());
+        assert!(expand(&fits).is_ok());
     }
 }
