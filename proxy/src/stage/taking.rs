@@ -77,7 +77,14 @@ impl Stage {
                 free_at = free_at.max(*since + cost.of(*weight));
             }
             let done_by = free_at + cost.of(stage.batch_weight(queue));
-            if queue.jobs.earliest_deadline(max).is_some_and(|deadline| deadline < done_by) {
+            // With admission's margin, as a batch's wait keeps one: on the learned cost alone,
+            // a job whose deadline came just after was sent ahead, and the slightest slower
+            // batch answered it 408.
+            let late = |deadline: Instant| {
+                deadline
+                    < done_by + super::admission::margin(deadline.saturating_duration_since(now))
+            };
+            if queue.jobs.earliest_deadline(max).is_some_and(late) {
                 return Look::Until(None);
             }
             let batch = stage.take(queue, now);
