@@ -461,8 +461,9 @@ impl Stage {
                 queue.drop_dead(now, true);
                 queue.last_purge = Some(now);
             }
-            if over_share(&queue.jobs) {
-                return Err(Shed::TenantQuota { retry_after: Duration::from_secs(1) });
+            if let Some(tenant) = tenant.filter(|_| over_share(&queue.jobs)) {
+                let retry_after = self.share_in(&queue, now, tenant, count, class);
+                return Err(Shed::TenantQuota { retry_after });
             }
             // Room made by evicting every lower class: enough, or nothing is evicted at all.
             if full(&queue.jobs) {

@@ -18,7 +18,7 @@ use super::cost::Cost;
 use super::lanes::Lanes;
 use super::{Queue, Stage};
 use crate::job::Job;
-use crate::traffic::Class;
+use crate::traffic::{Class, Tenant};
 
 /// When the last of `group` new jobs, queued behind `ahead` jobs, is expected to be answered
 /// (its first chunk, for a streaming stage). `free_at` holds, per connected worker, when it can
@@ -91,6 +91,31 @@ impl Ahead {
 /// Admission as the stage's queue stands: the work queued ahead of a request, when its jobs
 /// would be answered behind it, and when a full queue will have room.
 impl Stage {
+    /// When `tenant` is predicted to hold few enough jobs to place `count` more within its share:
+    /// once enough of its jobs have left, the tenants with work in its class taking turns (so
+    /// each of its jobs leaves among as many of theirs). At least a second, and a second before a
+    /// cost is learned; a constant second sent a tenant whose share took seconds to drain back
+    /// in a storm.
+    pub(super) fn share_in(
+        &self,
+        queue: &Queue,
+        now: Instant,
+        tenant: Tenant,
+        count: usize,
+        class: Class,
+    ) -> Duration {
+        let second = Duration::from_secs(1);
+        let Some(cost) = queue.cost.estimate() else { return second };
+        let leave = (queue.jobs.of_tenant(tenant) + count).saturating_sub(self.tenant_limit).max(1);
+        let turns = queue.jobs.tenants_in(class).max(1);
+        let mut free_at = queue.free_at(now, cost);
+        let max = self.settings.max_batch_size;
+        match predicted_finish(0, leave.saturating_mul(turns), max, cost, cost, &mut free_at) {
+            Some(finish) => retry_after(finish, now),
+            None => second,
+        }
+    }
+
     /// When the queue is predicted to have room for `count` more jobs: once enough of its jobs
     /// have left in batches (as admission replays them onto the workers), at least a second (a
     /// second, too, before a cost is learned). A constant second had the clients of a queue

@@ -207,6 +207,11 @@ impl Lanes {
         self.budget = budget.map(|b| b as u64);
     }
 
+    /// Tenants with work queued in `class`: those that take turns there.
+    pub fn tenants_in(&self, class: Class) -> usize {
+        self.classes[class.index()].tenants.len()
+    }
+
     /// Jobs the tenant has queued.
     pub fn of_tenant(&self, tenant: Tenant) -> usize {
         self.per_tenant.get(&tenant).copied().unwrap_or(0)

@@ -920,3 +920,26 @@ async fn a_full_queue_says_when_it_will_have_room() {
     let expected = Err(Shed::QueueFull { retry_after: Duration::from_secs(1) });
     assert_eq!(fresh.submit(extra), expected);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
+    // Batches of one job, a second each, one worker; the flood holds its share of 3 and a
+    // quiet tenant has work too: the flood's next job fits once one of its jobs has left, and
+    // the two take turns, so in two batches. Retry-After had been 1 s whatever the queue.
+    let stage = stage(1, 10).with_tenant_share(0.3);
+    let seat = stage.worker_joined();
+    for _ in 0..10 {
+        seat.finished(1, 1, Duration::from_secs(1));
+    }
+    let mut answers = Vec::new();
+    for tenant in ["flood", "flood", "flood", "quiet"] {
+        let (job, answer) = classed(b"a", Class::Normal, Some(tenant), 1);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    let (fourth, _f) = classed(b"a", Class::Normal, Some("flood"), 1);
+    match stage.submit(fourth) {
+        Err(Shed::TenantQuota { retry_after }) => assert_eq!(retry_after, Duration::from_secs(2)),
+        other => panic!("expected tenant_quota, got {other:?}"),
+    }
+}
