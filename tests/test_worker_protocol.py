@@ -579,3 +579,26 @@ def test_a_schema_over_8_mib_is_ignored_not_copied_into_openapi(sidecar):
         assert document.status_code == 200 and len(document.content) < 1024 * 1024
     finally:
         sock.close()
+
+
+def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slots(
+    corral_factory,
+):
+    # The slots for connections yet to say hello are not a spawned worker's to wait for: a
+    # restarted one was turned away until the hello timeout (10 s) freed them.
+    import signal
+
+    proxy = corral_factory()
+    pid = proxy.post({"n": 1}).json()["pid"]  # it has served: restarted without delay
+    silent = []
+    try:
+        for _ in range(33):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.connect(str(proxy.socket))
+            silent.append(sock)
+        os.kill(pid, signal.SIGKILL)
+        proxy.wait_for_log(r"worker connected", count=2, timeout=8)
+        assert proxy.post({"n": 2}).status_code == 200
+    finally:
+        for sock in silent:
+            sock.close()

@@ -132,6 +132,11 @@ impl Children {
         self.lock().get(&group).cloned()
     }
 
+    /// Whether `pid` is a worker Corral spawned (or runs under one).
+    pub fn spawned(&self, pid: u32) -> bool {
+        self.find(pid).is_some()
+    }
+
     /// The device of the spawned worker `pid` is (or runs under), if it was given one.
     pub fn gpu(&self, pid: u32) -> Option<u32> {
         self.find(pid)?.gpu

@@ -62,7 +62,8 @@ pub struct Context {
     /// Large bodies' memory, handed to workers that declare `shm`.
     pub shared_memory: Option<Arc<SharedMemory>>,
     /// Connections yet to say hello, at most [`super::listener::AWAITING_HELLO`] more than the
-    /// workers spawned (`listener::accept` takes a permit, the handshake gives it back).
+    /// workers spawned (`listener::accept` takes a permit, the handshake gives it back; a
+    /// worker Corral spawned is let in without one).
     pub awaiting_hello: Arc<tokio::sync::Semaphore>,
 }
 
@@ -76,7 +77,7 @@ pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 pub async fn serve(
     stream: UnixStream,
     context: Context,
-    awaiting_hello: tokio::sync::OwnedSemaphorePermit,
+    awaiting_hello: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
     // The worker's pid as the kernel tells it, for what only a spawned worker may claim (its
     // device, and being killed when hung): a hello could name another worker's pid. 0 (no

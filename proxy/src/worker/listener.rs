@@ -313,10 +313,20 @@ pub async fn accept(
         // closed at once (a spawned worker that meets that is restarted; an external one
         // reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
         // and HTTP (probes included) could not accept until the hello timeout closed them.
-        let Ok(permit) = context.awaiting_hello.clone().try_acquire_owned() else {
-            let why = "as many connections as allowed are yet to say hello; closed at once";
-            hello_refusals.failed("a worker connection", &io::Error::other(why));
-            continue;
+        // A worker Corral spawned is never refused so: 33 silent connections held the slots,
+        // and a restarted worker was turned away until the hello timeout freed them.
+        let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
+        let spawned = peer.and_then(|pid| u32::try_from(pid).ok()).is_some_and(|pid| {
+            context.children.spawned(pid)
+        });
+        let permit = match context.awaiting_hello.clone().try_acquire_owned() {
+            Ok(permit) => Some(permit),
+            Err(_) if spawned => None,
+            Err(_) => {
+                let why = "as many connections as allowed are yet to say hello; closed at once";
+                hello_refusals.failed("a worker connection", &io::Error::other(why));
+                continue;
+            }
         };
         hello_refusals.accepted("worker connections");
         tasks.spawn(connection::serve(stream, context.clone(), permit));
