@@ -473,7 +473,7 @@ impl Stage {
                 let room = kept_jobs + count <= self.capacity
                     && (kept_jobs == 0 || kept_bytes + bytes <= self.capacity_bytes);
                 if !room {
-                    let retry_after = self.room_in(&queue, now, count);
+                    let retry_after = self.room_in(&queue, now, count, bytes);
                     return Err(Shed::QueueFull { retry_after });
                 }
             }

@@ -121,13 +121,31 @@ impl Stage {
     /// second, too, before a cost is learned). A constant second had the clients of a queue
     /// draining for seconds come back in a storm; the time this request's own work would end
     /// is later than the room it needs.
-    pub(super) fn room_in(&self, queue: &Queue, now: Instant, count: usize) -> Duration {
+    pub(super) fn room_in(
+        &self,
+        queue: &Queue,
+        now: Instant,
+        count: usize,
+        bytes: usize,
+    ) -> Duration {
         let second = Duration::from_secs(1);
         let Some(cost) = queue.cost.estimate() else { return second };
-        let leave = (queue.jobs.len() + count).saturating_sub(self.capacity).max(1);
+        let jobs = &queue.jobs;
+        // The jobs that must leave, for its count or its bytes (at the queue's mean job size)...
+        let by_count = (jobs.len() + count).saturating_sub(self.capacity);
+        let over_bytes = (jobs.bytes() + bytes).saturating_sub(self.capacity_bytes);
+        let by_bytes = match jobs.len() {
+            0 => 0,
+            n => over_bytes.div_ceil((jobs.bytes() / n).max(1)),
+        };
+        let leave = by_count.max(by_bytes).clamp(1, jobs.len().max(1));
+        // ...in batches by weight, as they go (counted as jobs of weight 1, a queue of jobs
+        // heavier than their batches' budget was told 1 s where it took 3).
+        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
+        let weight = (leave as f64 * mean.max(1.0)).ceil() as usize;
         let mut free_at = queue.free_at(now, cost);
-        let max = self.settings.max_batch_size;
-        match predicted_finish(0, leave, max, cost, cost, &mut free_at) {
+        let max = self.batch_weight(queue);
+        match predicted_finish(0, weight, max, cost, cost, &mut free_at) {
             Some(finish) => retry_after(finish, now),
             None => second,
         }

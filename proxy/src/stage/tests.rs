@@ -913,6 +913,33 @@ async fn a_full_queue_says_when_it_will_have_room() {
         other => panic!("expected queue_full, got {other:?}"),
     }
     drop(seat);
+    // Jobs of weight 10, batches of at most 10: each goes alone, a second each, and eight
+    // must leave (they had been counted as weight 1, in one batch of 8: 1 s).
+    let settings = BatchSettings { max_batch_weight: Some(10), ..*stage(8, 8).settings() };
+    let weighed = Stage::new("default", settings, 8);
+    let seat = weighed.worker_joined();
+    for _ in 0..10 {
+        seat.finished(1, 10, Duration::from_secs(1));
+    }
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        let (mut heavy, answer) = job(b"ten", Duration::from_secs(60));
+        heavy.weight = 10;
+        weighed.submit(heavy).unwrap();
+        held.push(answer);
+    }
+    let eight: Vec<Job> = (0..8)
+        .map(|_| {
+            let (mut heavy, _) = job(b"ten", Duration::from_secs(60));
+            heavy.weight = 10;
+            heavy
+        })
+        .collect();
+    match weighed.submit_all(eight) {
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(8)),
+        other => panic!("expected queue_full, got {other:?}"),
+    }
+    drop(seat);
     // Before a cost is learned: a second.
     let fresh = stage(1, 1);
     let _queued = submit(&fresh, b"queued");

@@ -316,9 +316,9 @@ pub async fn accept(
         // A worker Corral spawned is never refused so: 33 silent connections held the slots,
         // and a restarted worker was turned away until the hello timeout freed them.
         let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
-        let spawned = peer.and_then(|pid| u32::try_from(pid).ok()).is_some_and(|pid| {
-            context.children.spawned(pid)
-        });
+        let spawned = peer
+            .and_then(|pid| u32::try_from(pid).ok())
+            .is_some_and(|pid| context.children.spawned(pid));
         let permit = match context.awaiting_hello.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) if spawned => None,
