@@ -203,7 +203,8 @@ fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
         let datatype = DataType::parse(&spec.datatype).map_err(at)?;
         let row = tensor::row(value, Some(datatype)).map_err(at)?;
         if !tensor::fits(&row.shape, &spec.shape) {
-            return Err(at(format!("has shape {:?}; the model takes {:?}", row.shape, spec.shape)));
+            let shape = tensor::shown(&row.shape);
+            return Err(at(format!("has shape {shape}; the model takes {:?}", spec.shape)));
         }
         rmp::encode::write_str(&mut out, &spec.name).expect("writing to a Vec cannot fail");
         tensor::write_tensor(&mut out, datatype, &row.shape, &row.data);

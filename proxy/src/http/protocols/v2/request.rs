@@ -420,8 +420,9 @@ fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {
         let rows = input.shape.first().copied().unwrap_or(0);
         if input.shape.is_empty() || rows == 0 {
             return Err(format!(
-                "input {:?}: shape {:?} has no rows; its first dimension is the batch",
-                input.name, input.shape
+                "input {:?}: shape {} has no rows; its first dimension is the batch",
+                input.name,
+                tensor::shown(&input.shape)
             ));
         }
         if rows != first.shape[0] {
@@ -451,9 +452,9 @@ fn check(inputs: &[Input], declared: &[TensorSpec]) -> Result<usize, String> {
         }
         if !tensor::fits(&input.shape[1..], &spec.shape) {
             return Err(format!(
-                "input {:?} has shape {:?}; the model takes [-1{}] (the first dimension is the batch)",
+                "input {:?} has shape {}; the model takes [-1{}] (the first dimension is the batch)",
                 input.name,
-                input.shape,
+                tensor::shown(&input.shape),
                 spec.shape.iter().map(|d| format!(", {d}")).collect::<String>()
             ));
         }

@@ -245,8 +245,9 @@ fn stack_as<'a>(
                 if let Some(spec) = spec {
                     if !tensor::fits(&row.shape, &spec.shape) {
                         return Err(at(format!(
-                            "shape {:?} where {:?} is declared",
-                            row.shape, spec.shape
+                            "shape {} where {:?} is declared",
+                            tensor::shown(&row.shape),
+                            spec.shape
                         )));
                     }
                 }

@@ -141,9 +141,10 @@ pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<()
     };
     if expected != data.len() as u64 {
         return Err(format!(
-            "{} bytes of {} data for shape {shape:?}, which takes {expected}",
+            "{} bytes of {} data for shape {}, which takes {expected}",
             data.len(),
-            datatype.name()
+            datatype.name(),
+            shown(shape)
         ));
     }
     if datatype == DataType::Bool && data.iter().any(|&b| b > 1) {
@@ -217,6 +218,19 @@ enum Element<'a> {
     Bytes(&'a [u8]),
 }
 
+/// A shape as an error message shows it: whole up to 16 dimensions, else its first 16 and how
+/// many there are (a client's shape of a million dimensions made a 400 of 3 MB).
+pub fn shown(shape: &[u64]) -> String {
+    const SHOWN: usize = 16;
+    match shape.len() {
+        n if n <= SHOWN => format!("{shape:?}"),
+        n => {
+            let first: Vec<String> = shape[..SHOWN].iter().map(u64::to_string).collect();
+            format!("[{}, … ({n} dimensions)]", first.join(", "))
+        }
+    }
+}
+
 /// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
 /// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
 fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), String> {
@@ -246,6 +260,11 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
             out.extend_from_slice(&narrow.to_le_bytes())
         }
         (T::F64, e) => out.extend_from_slice(&float(e)?.to_le_bytes()),
+        // An integer for a BOOL or BYTES tensor is of the wrong kind, not too large: "1 does
+        // not fit in BOOL" said otherwise.
+        (T::Bool | T::Bytes, element @ (Element::Uint(_) | Element::Int(_))) => {
+            return Err(format!("{} is not {} element", describe(element), a(datatype)))
+        }
         (integer, Element::Uint(u)) => {
             push_integer(out, integer, i128::from(u)).ok_or_else(|| fits(&format!("{u}")))?
         }
@@ -253,10 +272,18 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
             push_integer(out, integer, i128::from(i)).ok_or_else(|| fits(&format!("{i}")))?
         }
         (_, element) => {
-            return Err(format!("{} is not a {} element", describe(element), datatype.name()))
+            return Err(format!("{} is not {} element", describe(element), a(datatype)))
         }
     }
     Ok(())
+}
+
+/// The datatype's name with its article, as said aloud: "an INT64", "an FP32" ("eff"), "a
+/// UINT8" ("you").
+fn a(datatype: DataType) -> String {
+    let name = datatype.name();
+    let article = if name.starts_with(['I', 'F']) { "an" } else { "a" };
+    format!("{article} {name}")
 }
 
 fn float(element: Element) -> Result<f64, String> {
@@ -358,5 +385,26 @@ mod tests {
         let ValueRef::Ext(1, ext) = read_value(&bytes).unwrap() else { panic!() };
         assert!(read_tensor(ext).unwrap_err().contains("past the data"));
         assert!(read_tensor(&[0x93, 0xa1, b'X', 0x90, 0xc4, 0x00]).unwrap_err().contains("X"));
+    }
+
+    #[test]
+    fn an_element_of_the_wrong_kind_is_named_so_not_as_too_large() {
+        let refused = |datatype, element| push(&mut Vec::new(), datatype, element).unwrap_err();
+        // "5 does not fit in BYTES", "1 does not fit in BOOL" said otherwise.
+        assert_eq!(refused(DataType::Bytes, Element::Uint(5)), "an integer is not a BYTES element");
+        assert_eq!(refused(DataType::Bool, Element::Int(-1)), "an integer is not a BOOL element");
+        assert_eq!(
+            refused(DataType::I64, Element::Bool(true)),
+            "a boolean is not an INT64 element"
+        );
+        assert_eq!(refused(DataType::U8, Element::Bytes(b"x")), "a string is not a UINT8 element");
+        assert_eq!(refused(DataType::U8, Element::Uint(256)), "256 does not fit in UINT8");
+    }
+
+    #[test]
+    fn a_long_shape_is_shown_cut() {
+        assert_eq!(shown(&[2, 3]), "[2, 3]");
+        let long = shown(&[1; 1_000_000]);
+        assert!(long.ends_with(", … (1000000 dimensions)]") && long.len() < 100, "{long}");
     }
 }

@@ -8,7 +8,9 @@ use std::borrow::Cow;
 
 use rmpv::ValueRef;
 
-use super::{each, elements, push, read_tensor, DataType, Element, Tensor, MAX_DEPTH, TENSOR_EXT};
+use super::{
+    each, elements, push, read_tensor, shown, DataType, Element, Tensor, MAX_DEPTH, TENSOR_EXT,
+};
 
 /// A worker's row of one output: its datatype, shape and packed data.
 #[derive(Debug, PartialEq)]
@@ -261,7 +263,7 @@ fn write_plain(out: &mut Vec<u8>, ext: &[u8], depth: usize) -> Result<(), String
         .take_while(|&&d| d != 0)
         .try_fold(1u64, |n, &d| n.checked_mul(d).filter(|&n| n <= MAX_EMPTY_ARRAYS));
     if containers.is_none() && elements(&shape) == Some(0) {
-        return Err(format!("a tensor of shape {shape:?} nests too many empty arrays"));
+        return Err(format!("a tensor of shape {} nests too many empty arrays", shown(&shape)));
     }
     let mut flat = each(datatype, &shape, data)?;
     nest_into(out, &shape, &mut flat)
