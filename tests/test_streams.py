@@ -461,6 +461,11 @@ def test_a_stream_whose_client_stalls_is_cancelled_in_the_worker_at_its_timeout(
     item = {"chunks": 100_000_000, "size": 1000, "burst": 10, "step_ms": 10}
     with raw_stream(proxy, item):  # never read
         proxy.wait_until(lambda: len(ids(cancels)) == 1, what="the worker told")
+        # Its job counts as cancelled once the worker ends it, the client still connected.
+        proxy.wait_until(
+            lambda: proxy.metric("corral_jobs_cancelled_total", where="worker") == 1,
+            what="the job counted as cancelled",
+        )
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
 
 

@@ -173,7 +173,14 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // client leaving): past its deadline, the job is cancelled, not a 408 nor a late result.
     let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
     let expired = job.is_expired(now) && !streamed;
+    // A stream the connection ended at its timeout while its client was not reading
+    // (`streaming::State::end_streams`): its answer still reaches the client, yet the job was
+    // cancelled in the worker all the same, and had been in no count.
+    let ended_for_the_worker = streamed && job.left.is_cancelled();
     if job.answer(outcome) {
+        if ended_for_the_worker {
+            metrics().cancelled.with_label_values(&["worker"]).inc();
+        }
         return false;
     }
     let place = if expired { &metrics().expired } else { &metrics().cancelled };
