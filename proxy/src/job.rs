@@ -120,7 +120,9 @@ pub struct Job {
     /// request of its own): jobs handed back after their worker died are queued as their
     /// request again, to be taken and evicted whole.
     pub request: u64,
-    /// Cancelled once nobody waits for the answer any more (client left, deadline passed).
+    /// Cancelled once nobody waits for the answer any more (client left, deadline passed), or,
+    /// for a stream, by its worker's connection at the stream's timeout (the client then gets
+    /// the timeout's error event, nothing more).
     pub left: CancellationToken,
     /// Where a streamed job's chunks go (None: a one-shot job; chunks, if its worker streams,
     /// are gathered into one answer).

@@ -278,8 +278,16 @@ impl Frames {
     }
 
     fn flush(&mut self) {
-        if !self.small.is_empty() {
+        if self.small.is_empty() {
+            return;
+        }
+        if self.small.len() * 2 >= self.small.capacity() {
             self.kept.push(std::mem::take(&mut self.small).freeze());
+        } else {
+            // Kept frozen, a buffer keeps its whole allocation: a 1-byte frame between 4 KiB
+            // ones would hold 68 KiB each. Copied out instead, and the buffer used again.
+            self.kept.push(Bytes::copy_from_slice(&self.small));
+            self.small.clear();
         }
     }
 
@@ -439,6 +447,15 @@ mod tests {
         assert_eq!(body.len(), 100_000 + Frames::SMALL + 3);
         assert!(body[..100_000].iter().enumerate().all(|(i, &b)| b == i as u8));
         assert!(body.ends_with(b"end"));
+        // One small frame between large ones is kept at its size, not in a gathering's room.
+        let mut frames = Frames::default();
+        for _ in 0..100 {
+            frames.keep(Bytes::from_static(b"x"));
+            frames.keep(large.clone());
+        }
+        let kept = frames.done();
+        let small: usize = kept.iter().filter(|f| f.len() == 1).count();
+        assert_eq!(small, 100);
     }
 
     fn fill(first: &[u8]) -> Option<Vec<u8>> {

@@ -9,6 +9,10 @@
 //! says. A job heavier than a full batch is never split: `Stage::predict` places it alone, after
 //! the work ahead. A busy worker frees up when its batch is expected to end. With no learned cost
 //! yet, or no connected worker, there is nothing to predict from and the job is admitted.
+//!
+//! The same replay says when a refused request may come back: a full queue, when enough jobs
+//! have left to make room (`queue_full`); a tenant over its share, when enough of its own have
+//! left, taking turns with the others (`tenant_quota`).
 
 use std::time::Duration;
 
@@ -106,11 +110,18 @@ impl Stage {
     ) -> Duration {
         let second = Duration::from_secs(1);
         let Some(cost) = queue.cost.estimate() else { return second };
-        let leave = (queue.jobs.of_tenant(tenant) + count).saturating_sub(self.tenant_limit).max(1);
-        let turns = queue.jobs.tenants_in(class).max(1);
+        let jobs = &queue.jobs;
+        // Its jobs that must leave (all it holds, at most: holding none, it may place one
+        // request past its share)...
+        let held = jobs.of_tenant(tenant);
+        let leave = (held + count).saturating_sub(self.tenant_limit).clamp(1, held.max(1));
+        // ...each turn beside one of every other tenant still holding work in the class.
+        let beside = jobs.turns_beside(class, tenant, leave);
+        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
+        let weight = ((leave + beside) as f64 * mean.max(1.0)).ceil() as usize;
         let mut free_at = queue.free_at(now, cost);
-        let max = self.settings.max_batch_size;
-        match predicted_finish(0, leave.saturating_mul(turns), max, cost, cost, &mut free_at) {
+        let max = self.batch_weight(queue);
+        match predicted_finish(0, weight, max, cost, cost, &mut free_at) {
             Some(finish) => retry_after(finish, now),
             None => second,
         }

@@ -207,9 +207,13 @@ impl Lanes {
         self.budget = budget.map(|b| b as u64);
     }
 
-    /// Tenants with work queued in `class`: those that take turns there.
-    pub fn tenants_in(&self, class: Class) -> usize {
-        self.classes[class.index()].tenants.len()
+    /// The jobs of `class` that go in turn beside `rounds` of `tenant`'s: up to `rounds` of each
+    /// other tenant with work queued there (an O(tenants) scan, asked of a tenant over its share).
+    pub fn turns_beside(&self, class: Class, tenant: Tenant, rounds: usize) -> usize {
+        let lanes = &self.classes[class.index()].tenants;
+        let others = lanes.iter().filter(|(other, _)| **other != Some(tenant));
+        let held = |lane: &TenantLane| lane.requests.iter().map(|r| r.jobs.len()).sum::<usize>();
+        others.map(|(_, lane)| held(lane).min(rounds)).sum()
     }
 
     /// Jobs the tenant has queued.

@@ -80,9 +80,11 @@ impl Stage {
             // With admission's margin, as a batch's wait keeps one: on the learned cost alone,
             // a job whose deadline came just after was sent ahead, and the slightest slower
             // batch answered it 408.
+            // The margin of the job's whole time, from the oldest arrival, as admission's is.
+            let since = queue.jobs.oldest().map_or(now, |job| job.arrived);
             let late = |deadline: Instant| {
                 deadline
-                    < done_by + super::admission::margin(deadline.saturating_duration_since(now))
+                    < done_by + super::admission::margin(deadline.saturating_duration_since(since))
             };
             if queue.jobs.earliest_deadline(max).is_some_and(late) {
                 return Look::Until(None);

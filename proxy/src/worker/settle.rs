@@ -165,7 +165,8 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
 }
 
 /// Answers a job that a worker held. Nobody listening means the client got its 408 already or
-/// disconnected (a cancelled job): either is counted, now that the worker has given the job back.
+/// disconnected (a cancelled job): either is counted, now that the worker has given the job back;
+/// so is a stream the connection ended at its timeout, though its client may still be there.
 /// Returns true when nobody was listening because the deadline had passed (the client had its
 /// 408; the answer is dropped): [`answer_result`] counts such a result as late.
 pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {

@@ -58,7 +58,8 @@ struct Held {
     /// itself may be answered early).
     silence: Duration,
     /// When the worker is hung if it still holds the job, however lively: its stream timeout
-    /// from its arrival, plus its silence allowance and the margin to end it ([`State::overdue`]).
+    /// from its arrival, plus its silence allowance (or `--batch-timeout-ms`, if longer) and the
+    /// margin to end it ([`State::overdue`]).
     overdue: Instant,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
@@ -126,16 +127,20 @@ pub(super) async fn work(
                 }
                 _ => (silent_at, "the streaming worker sent nothing past its limit"),
             };
-            let stream_end = state.stream_end();
+            // One timer: the earlier of the hung limit and the next stream's timeout.
+            let stream_end = state.stream_end().filter(|&end| end < hung_at);
             tokio::select! {
                 biased;
                 message = inbox.next() => message,
                 e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
-                _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
-                    reason: "hung",
-                    why: why.into(),
-                },
+                _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
+                    if stream_end.is_none() {
+                        break Ended::Failed { reason: "hung", why: why.into() };
+                    }
+                    state.end_streams(Instant::now());
+                    continue;
+                }
                 id = state.departures.next() => {
                     state.cancel(outbox, id);
                     continue;
@@ -143,11 +148,6 @@ pub(super) async fn work(
                 jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
                     offer = None;
                     state.hold(outbox, jobs, &by);
-                    continue;
-                }
-                _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)),
-                    if stream_end.is_some() => {
-                    state.end_streams(Instant::now());
                     continue;
                 }
             }
@@ -235,8 +235,9 @@ impl State {
 
     /// How long the worker may send nothing (by default, without `--batch-timeout-ms`): the
     /// longest its jobs' routes allow a worker, among the jobs it holds. A worker
-    /// that streams steadily is never hung; one that freezes is found within about a job's time
-    /// to first chunk, whether or not its streams started or were answered early.
+    /// that streams steadily is not hung for its pace (only, however lively, for a job held past
+    /// its stream timeout: [`State::overdue`]); one that freezes is found within about a job's
+    /// time to first chunk, whether or not its streams started or were answered early.
     fn silence(&self) -> Duration {
         self.held.values().map(|held| held.silence).max().unwrap_or_default()
     }
@@ -319,6 +320,10 @@ impl State {
             }
             held.streamed |= job.stream.is_some();
             match &job.stream {
+                // Ended for the worker at its stream timeout (`end_streams`): its client gets the
+                // timeout's error event next, nothing more (pushed, a stalled client's buffer
+                // could fill and count it `slow_client` as well as `deadline`).
+                Some(_) if job.left.is_cancelled() => {}
                 Some(sink) => match sink.push(chunk.data) {
                     Ok(()) => metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc(),
                     // Answered at once, not after the frame: a later, smaller chunk of the same

@@ -260,10 +260,11 @@ fn stack_as<'a>(
             }
             Some((datatype, shape)) if (*datatype, shape) != (row.datatype, &row.shape) => {
                 let disagree = at(format!(
-                    "{} {:?}, where row 0 has {} {shape:?}: rows must agree to stack",
+                    "{} {}, where row 0 has {} {}: rows must agree to stack",
                     row.datatype.name(),
-                    row.shape,
-                    datatype.name()
+                    tensor::shown(&row.shape),
+                    datatype.name(),
+                    tensor::shown(shape)
                 ));
                 let joint = tensor::widened(*datatype, row.datatype);
                 return match joint.filter(|_| declared.is_none() && *shape == row.shape) {

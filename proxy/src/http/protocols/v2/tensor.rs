@@ -13,8 +13,6 @@
 //! msgpack values of workers (a worker's row of an output, and tensor values expanded for a
 //! native client).
 
-use rmpv::ValueRef;
-
 mod json;
 mod plain;
 
@@ -186,24 +184,34 @@ pub struct Tensor<'a> {
 pub fn read_tensor(ext: &[u8]) -> Result<Tensor<'_>, String> {
     let malformed = "a tensor value must be [datatype, shape, data]";
     let mut rest = ext;
-    let value = rmpv::decode::read_value_ref_with_max_depth(&mut rest, 8)
-        .map_err(|e| format!("{malformed}: {e}"))?;
-    if !rest.is_empty() {
-        return Err(format!("{malformed}: {} bytes after it", rest.len()));
-    }
-    let ValueRef::Array(parts) = value else { return Err(malformed.into()) };
-    let [ValueRef::String(datatype), ValueRef::Array(dims), ValueRef::Binary(data)] = &parts[..]
-    else {
+    if rmp::decode::read_array_len(&mut rest).ok() != Some(3) {
         return Err(malformed.into());
-    };
-    let datatype = DataType::parse(datatype.as_str().ok_or(malformed)?)?;
-    let shape = dims
-        .iter()
-        .map(|d| d.as_u64().ok_or("a tensor's shape must be non-negative integers"))
+    }
+    let (datatype, after) = rmp::decode::read_str_from_slice(rest).map_err(|_| malformed)?;
+    let datatype = DataType::parse(datatype)?;
+    rest = after;
+    // Read by its length first: a shape of millions of dimensions (a few bytes each in a 64 MiB
+    // frame) was a tree of values of 32 bytes each, then a message of megabytes.
+    let dims = rmp::decode::read_array_len(&mut rest).map_err(|_| malformed)? as usize;
+    if dims > MAX_DIMENSIONS {
+        return Err(format!("a tensor of {dims} dimensions; at most {MAX_DIMENSIONS} are taken"));
+    }
+    let not_dimension = "a tensor's shape must be non-negative integers";
+    let shape = (0..dims)
+        .map(|_| rmp::decode::read_int::<u64, _>(&mut rest).map_err(|_| not_dimension))
         .collect::<Result<Vec<u64>, _>>()?;
+    let length = rmp::decode::read_bin_len(&mut rest).map_err(|_| malformed)? as usize;
+    let data = rest.get(..length).ok_or(malformed)?;
+    if rest.len() > length {
+        return Err(format!("{malformed}: {} bytes after it", rest.len() - length));
+    }
     check_length(datatype, &shape, data)?;
     Ok(Tensor { datatype, shape, data })
 }
+
+/// Most dimensions a tensor value may have: numpy takes 64, and each is a level of nesting
+/// when the tensor is written out as arrays (at most [`MAX_DEPTH`]).
+const MAX_DIMENSIONS: usize = 64;
 
 /// One element as a client or worker wrote it, before it is packed.
 #[derive(Debug, Clone, Copy)]
@@ -358,6 +366,8 @@ fn each<'a>(
 
 #[cfg(test)]
 mod tests {
+    use rmpv::ValueRef;
+
     use super::*;
 
     /// A tensor value of `data` (also for the submodules' tests).

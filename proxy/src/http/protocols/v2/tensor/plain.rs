@@ -394,7 +394,9 @@ mod tests {
         let shape = vec![1u64; 100_000];
         let deep = tensor(DataType::F32, &shape, &1f32.to_le_bytes());
         assert!(expand(&deep).unwrap_err().contains("100000 dimensions"));
-        let fits = tensor(DataType::F32, &vec![1u64; MAX_DEPTH], &1f32.to_le_bytes());
-        assert!(expand(&fits).is_ok());
+        let fits = tensor(DataType::F32, &[1u64; 64], &1f32.to_le_bytes());
+        assert!(expand(&fits).is_ok(), "numpy's most dimensions");
+        let more = tensor(DataType::F32, &[1u64; 65], &1f32.to_le_bytes());
+        assert!(expand(&more).unwrap_err().contains("at most 64"));
     }
 }
