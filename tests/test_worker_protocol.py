@@ -20,12 +20,13 @@ from corral import _protocol as protocol
 class FakeWorker:
     """A worker scripted by the test, speaking raw frames over the proxy's socket."""
 
-    def __init__(self, path, version: int = protocol.PROTOCOL_VERSION) -> None:
+    def __init__(self, path, version: int = protocol.PROTOCOL_VERSION, **hello_keys) -> None:
+        """`hello_keys` are added to the hello (`features`, a schema)."""
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.sock.settimeout(30)
         self.sock.connect(str(path))
         self.stream = self.sock.makefile("rb")
-        hello = protocol.hello("default", os.getpid(), "fake")
+        hello = {**protocol.hello("default", os.getpid(), "fake"), **hello_keys}
         hello["version"] = version
         self.sock.sendall(protocol.encode_frame(hello))
 
@@ -508,25 +509,18 @@ def test_connections_that_never_say_hello_are_bounded(corral_factory):
 def test_a_sign_of_life_sent_as_a_streaming_workers_last_job_ends_is_no_breach(sidecar, pool):
     # An empty `chunks` frame racing the end of the worker's last job reached an idle
     # connection and closed it as "message while idle" (a `pull` there was already forgiven).
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
-    sock.connect(str(sidecar.socket))
-    stream = sock.makefile("rb")
-    hello = {**protocol.hello("default", os.getpid(), "alive"), "features": ["stream"]}
-    sock.sendall(protocol.encode_frame(hello))
+    worker = FakeWorker(sidecar.socket, features=["stream"])
     sidecar.wait_for_log(r"worker connected")
     try:
         for n in range(2):
             response = pool.submit(sidecar.post, {"n": n})
-            batch = protocol.read_frame(stream)
-            (job,) = batch["jobs"]
-            sock.sendall(protocol.encode_frame(protocol.results([protocol.ok(job["id"], b"\x01")])))
-            sock.sendall(protocol.encode_frame(protocol.chunks([])))
+            (job,) = worker.receive()["jobs"]
+            worker.send(protocol.results([protocol.ok(job["id"], b"\x01")]))
+            worker.send(protocol.chunks([]))
             assert response.result().status_code == 200
         assert not any("message while idle" in line for line in sidecar.lines)
     finally:
-        stream.close()
-        sock.close()
+        worker.close()
 
 
 def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral_factory, pool):
@@ -535,22 +529,16 @@ def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral
     proxy = corral_factory(
         "--stream-timeout-ms=500", "--timeout-ms=500", "--retries=0", worker=None
     )
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
-    sock.connect(str(proxy.socket))
-    stream = sock.makefile("rb")
-    hello = {**protocol.hello("default", os.getpid(), "zombie"), "features": ["stream"]}
-    sock.sendall(protocol.encode_frame(hello))
+    worker = FakeWorker(proxy.socket, features=["stream"])
     proxy.wait_for_log(r"worker connected")
     started = time.monotonic()
     try:
         response = pool.submit(proxy.post, {"n": 1}, headers={"accept": "text/event-stream"})
-        (job,) = protocol.read_frame(stream)["jobs"]
-        chunk = protocol.chunks([protocol.chunk(job["id"], msgpack.packb("first"))])
-        sock.sendall(protocol.encode_frame(chunk))
+        (job,) = worker.receive()["jobs"]
+        worker.send(protocol.chunks([protocol.chunk(job["id"], msgpack.packb("first"))]))
         try:
             while True:  # a sign of life every 100 ms, the job never ended
-                sock.sendall(protocol.encode_frame(protocol.chunks([])))
+                worker.send(protocol.chunks([]))
                 time.sleep(0.1)  # the worker's own pace, not a wait for an event
                 # A guard against the old behaviour's endless hold, not a measure of speed.
                 assert time.monotonic() - started < 30, "the worker kept its job"
@@ -560,25 +548,20 @@ def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral
         proxy.wait_for_log(r"held a job past its stream timeout")
         assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
     finally:
-        stream.close()
-        sock.close()
+        worker.close()
 
 
 def test_a_schema_over_8_mib_is_ignored_not_copied_into_openapi(sidecar):
     # One of 50 MB made /openapi.json 209 MB and the proxy's memory 1.2 GB.
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    sock.settimeout(30)
-    sock.connect(str(sidecar.socket))
     huge = json.dumps({"type": "object", "description": "x" * (9 * 1024 * 1024)})
-    hello = {**protocol.hello("default", os.getpid(), "verbose"), "input_schema": huge}
+    worker = FakeWorker(sidecar.socket, input_schema=huge)
     try:
-        sock.sendall(protocol.encode_frame(hello))
         sidecar.wait_for_log(r"worker connected")
         sidecar.wait_for_log(r"ignoring a worker's schema larger than 8 MiB")
         document = sidecar.client.get("/openapi.json")
         assert document.status_code == 200 and len(document.content) < 1024 * 1024
     finally:
-        sock.close()
+        worker.close()
 
 
 def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slots(

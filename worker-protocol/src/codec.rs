@@ -248,10 +248,10 @@ mod tests {
     use super::*;
     use crate::{Chunk, Chunks, Hello, JobId, JobResult, Pull, Results};
 
-    fn hello_map() -> Vec<u8> {
-        encode(&WorkerMessage::Hello(Hello {
+    fn hello(stage: &str) -> WorkerMessage {
+        WorkerMessage::Hello(Hello {
             version: 1,
-            stage: "default".into(),
+            stage: stage.into(),
             pid: 1,
             name: String::new(),
             input_schema: None,
@@ -261,7 +261,11 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             weight: None,
-        }))
+        })
+    }
+
+    fn hello_map() -> Vec<u8> {
+        encode(&hello("default"))
     }
 
     #[test]
@@ -483,19 +487,7 @@ mod tests {
         assert!(codec.decode(&mut buf).unwrap().is_none());
         assert!(buf.capacity() < 1024 * 1024, "{} bytes reserved", buf.capacity());
         // A frame that comes in pieces, and one after it, read as ever; trusted, the same.
-        let hello = WorkerMessage::Hello(crate::Hello {
-            version: 1,
-            stage: "s".repeat(200_000),
-            pid: 1,
-            name: String::new(),
-            input_schema: None,
-            output_schema: None,
-            schema_components: None,
-            features: vec![],
-            inputs: vec![],
-            outputs: vec![],
-            weight: None,
-        });
+        let hello = hello(&"s".repeat(200_000));
         let mut whole = BytesMut::new();
         WorkerCodec::default().encode(&hello, &mut whole).unwrap();
         WorkerCodec::default().encode(&hello, &mut whole).unwrap();
