@@ -480,17 +480,23 @@ def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, p
     worker.close()
 
 
+def silent_connections(proxy, count: int) -> list[socket.socket]:
+    """`count` connections to the worker socket that say nothing (the caller closes them)."""
+    silent = []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(str(proxy.socket))
+        silent.append(sock)
+    return silent
+
+
 def test_connections_that_never_say_hello_are_bounded(corral_factory):
     # Each one held a descriptor (and a task) until the 10 s hello timeout: 1,100 of them took
     # every descriptor, and HTTP, probes included, could not accept. Past the bound (32 more
     # than the workers spawned, here 1), a connection is closed as it is accepted.
     proxy = corral_factory()
-    silent = []
+    silent = silent_connections(proxy, 33)
     try:
-        for _ in range(33):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(str(proxy.socket))
-            silent.append(sock)
         # Accepted in order: the one after them finds the bound reached and is closed at once.
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         silent.append(extra)
@@ -573,12 +579,8 @@ def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slot
 
     proxy = corral_factory()
     pid = proxy.post({"n": 1}).json()["pid"]  # it has served: restarted without delay
-    silent = []
+    silent = silent_connections(proxy, 33)
     try:
-        for _ in range(33):
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.connect(str(proxy.socket))
-            silent.append(sock)
         os.kill(pid, signal.SIGKILL)
         proxy.wait_for_log(r"worker connected", count=2, timeout=8)
         assert proxy.post({"n": 2}).status_code == 200

@@ -108,8 +108,6 @@ impl Stage {
         count: usize,
         class: Class,
     ) -> Duration {
-        let second = Duration::from_secs(1);
-        let Some(cost) = queue.cost.estimate() else { return second };
         let jobs = &queue.jobs;
         // Its jobs that must leave (all it holds, at most: holding none, it may place one
         // request past its share)...
@@ -117,14 +115,7 @@ impl Stage {
         let leave = (held + count).saturating_sub(self.tenant_limit).clamp(1, held.max(1));
         // ...each turn beside one of every other tenant still holding work in the class.
         let beside = jobs.turns_beside(class, tenant, leave);
-        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
-        let weight = ((leave + beside) as f64 * mean.max(1.0)).ceil() as usize;
-        let mut free_at = queue.free_at(now, cost);
-        let max = self.batch_weight(queue);
-        match predicted_finish(0, weight, max, cost, cost, &mut free_at) {
-            Some(finish) => retry_after(finish, now),
-            None => second,
-        }
+        self.gone_in(queue, now, leave + beside)
     }
 
     /// When the queue is predicted to have room for `count` more jobs: once enough of its jobs
@@ -139,10 +130,8 @@ impl Stage {
         count: usize,
         bytes: usize,
     ) -> Duration {
-        let second = Duration::from_secs(1);
-        let Some(cost) = queue.cost.estimate() else { return second };
         let jobs = &queue.jobs;
-        // The jobs that must leave, for its count or its bytes (at the queue's mean job size)...
+        // The jobs that must leave, for its count or its bytes (at the queue's mean job size).
         let by_count = (jobs.len() + count).saturating_sub(self.capacity);
         let over_bytes = (jobs.bytes() + bytes).saturating_sub(self.capacity_bytes);
         let by_bytes = match jobs.len() {
@@ -150,8 +139,17 @@ impl Stage {
             n => over_bytes.div_ceil((jobs.bytes() / n).max(1)),
         };
         let leave = by_count.max(by_bytes).clamp(1, jobs.len().max(1));
-        // ...in batches by weight, as they go (counted as jobs of weight 1, a queue of jobs
-        // heavier than their batches' budget was told 1 s where it took 3).
+        self.gone_in(queue, now, leave)
+    }
+
+    /// A Retry-After for when `leave` queued jobs (of the queue's mean weight) will have gone,
+    /// in batches by weight as the replay sends them (counted as jobs of weight 1, a queue of
+    /// jobs heavier than their batches' budget was told 1 s where it took 8): at least a
+    /// second, and a second before a cost is learned.
+    fn gone_in(&self, queue: &Queue, now: Instant, leave: usize) -> Duration {
+        let second = Duration::from_secs(1);
+        let Some(cost) = queue.cost.estimate() else { return second };
+        let jobs = &queue.jobs;
         let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
         let weight = (leave as f64 * mean.max(1.0)).ceil() as usize;
         let mut free_at = queue.free_at(now, cost);

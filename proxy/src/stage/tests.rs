@@ -340,18 +340,8 @@ async fn a_job_that_cannot_wait_out_the_current_batch_does_not_go_ahead() {
 async fn a_job_due_just_after_the_batch_ahead_would_end_does_not_go_ahead() {
     // The worker's batch ends at 1 s and the one sent ahead at 2 s; a job due at 2.05 s has
     // less than admission's margin (5% of its 2.05 s) to spare, and had been sent ahead.
-    let stage = stage(1, 100);
-    let busy = stage.worker_joined();
-    let teacher = stage.worker_joined();
-    let _a = submit(&stage, b"a");
-    let _ = busy.next_batch().await;
-    let (tight, _answer) = job(b"tight", Duration::from_millis(2050));
-    stage.submit(tight).unwrap();
-    teacher.finished(1, 1, Duration::from_secs(1));
-    drop(teacher);
-    let ahead = busy.next_batch_ahead();
-    tokio::pin!(ahead);
-    assert!(futures_util::poll!(&mut ahead).is_pending());
+    let tight = std::pin::pin!(stage_with_one_busy_worker(Duration::from_millis(2050)));
+    assert!(futures_util::poll!(tight).is_pending());
     // With room to spare (due at 2.5 s), the same goes ahead.
     let roomy = stage_with_one_busy_worker(Duration::from_millis(2500)).await;
     assert_eq!(roomy.len(), 1);
