@@ -219,3 +219,34 @@ def test_a_predict_before_any_worker_said_hello_is_503_not_ready(corral_factory)
     assert answer.status_code == 503, answer.text
     assert "no worker yet" in answer.json()["error"]
     assert answer.headers["retry-after"] == "1"
+
+
+def test_16_clients_of_multi_mib_instances_to_a_tensor_worker(corral_factory):
+    # The conversion at the sizes users send: each request 2 instances of 262,144 values (a 2
+    # MiB body, a 4 MB answer), 16 clients at once; frames far past a socket buffer, and every
+    # client's rows its own.
+    from concurrent.futures import ThreadPoolExecutor
+
+    proxy = corral_factory("--timeout-ms=120000", worker=str(WORKERS / "tensor_echo.py"))
+    size = 262_144
+
+    def one(client: int) -> tuple[int, bool]:
+        value = client + 0.5  # doubled exactly: 2 * client + 1
+        row = "[" + ",".join([str(value)] * size) + "]"
+        body = '{"instances": [' + row + ", " + row + "]}"
+        answer = proxy.client.post(
+            "/v1/models/default:predict",
+            content=body,
+            headers={"content-type": "application/json"},
+            timeout=120,
+        )
+        if answer.status_code != 200:
+            return answer.status_code, False
+        predictions = answer.json()["predictions"]
+        want = 2 * client + 1
+        return 200, [len(p["Y"]) for p in predictions] == [size, size] and all(
+            p["Y"][0] == want and p["Y"][-1] == want for p in predictions
+        )
+
+    with ThreadPoolExecutor(16) as pool:
+        assert list(pool.map(one, range(16))) == [(200, True)] * 16

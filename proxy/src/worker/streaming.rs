@@ -39,6 +39,13 @@ use crate::supervisor::Served;
 /// the end of the clock's range.
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
+/// The clocks of [`State::clocks`].
+struct Clocks {
+    silence: Duration,
+    overdue: Option<Instant>,
+    stream_end: Option<Instant>,
+}
+
 /// A job the worker holds.
 struct Held {
     /// None once the job was answered early (its client fell behind): what the worker still
@@ -59,7 +66,7 @@ struct Held {
     silence: Duration,
     /// When the worker is hung if it still holds the job, however lively: its stream timeout
     /// from its arrival, plus its silence allowance (or `--batch-timeout-ms`, if longer) and the
-    /// margin to end it ([`State::overdue`]).
+    /// margin to end it ([`State::clocks`]).
     overdue: Instant,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
@@ -117,18 +124,20 @@ pub(super) async fn work(
                 Err(ended) => break ended,
             }
         } else {
+            // One pass over the held jobs per frame, for all three clocks.
+            let clocks = state.clocks();
             let silent_at = match stage.settings().batch_timeout {
                 Some(limit) => heard + limit,
-                None => heard + state.silence() + HUNG_MARGIN,
+                None => heard + clocks.silence + HUNG_MARGIN,
             };
-            let (hung_at, why) = match state.overdue() {
+            let (hung_at, why) = match clocks.overdue {
                 Some(overdue) if overdue < silent_at => {
                     (overdue, "the streaming worker held a job past its stream timeout")
                 }
                 _ => (silent_at, "the streaming worker sent nothing past its limit"),
             };
             // One timer: the earlier of the hung limit and the next stream's timeout.
-            let stream_end = state.stream_end().filter(|&end| end < hung_at);
+            let stream_end = clocks.stream_end.filter(|&end| end < hung_at);
             tokio::select! {
                 biased;
                 message = inbox.next() => message,
@@ -233,31 +242,38 @@ impl State {
         }
     }
 
-    /// How long the worker may send nothing (by default, without `--batch-timeout-ms`): the
-    /// longest its jobs' routes allow a worker, among the jobs it holds. A worker
-    /// that streams steadily is not hung for its pace (only, however lively, for a job held past
-    /// its stream timeout: [`State::overdue`]); one that freezes is found within about a job's
-    /// time to first chunk, whether or not its streams started or were answered early.
-    fn silence(&self) -> Duration {
-        self.held.values().map(|held| held.silence).max().unwrap_or_default()
+    /// The worker's clocks as the jobs it holds set them, in one pass over them:
+    ///
+    /// - `silence`: how long the worker may send nothing (without `--batch-timeout-ms`), the
+    ///   longest its jobs' routes allow a worker. A worker that streams steadily is not hung for
+    ///   its pace; one that freezes is found within about a job's time to first chunk, whether
+    ///   or not its streams started or were answered early.
+    /// - `overdue`: when the earliest held job is overdue ([`Held::overdue`]). Past its stream
+    ///   timeout its client has had its answer, and a worker that still holds it (one that does
+    ///   not listen for `cancel`, or ignores it) kept its seat for ever, however often it sent a
+    ///   sign of life, which resets the silence clock: no batch again, nothing logged.
+    /// - `stream_end`: when the earliest stream still going runs out of its stream timeout
+    ///   ([`State::ends`]). The answer notices that only when its client takes the next event;
+    ///   a client that stalls (a full window) left the worker streaming on, uncancelled, until
+    ///   it was found overdue and killed.
+    fn clocks(&self) -> Clocks {
+        let mut clocks = Clocks { silence: Duration::ZERO, overdue: None, stream_end: None };
+        for held in self.held.values() {
+            clocks.silence = clocks.silence.max(held.silence);
+            clocks.overdue = Some(clocks.overdue.map_or(held.overdue, |at| at.min(held.overdue)));
+            let going = held.job.as_ref().filter(|job| job.stream.is_some());
+            if let Some(job) = going.filter(|job| !job.left.is_cancelled()) {
+                let end = self.ends(job);
+                clocks.stream_end = Some(clocks.stream_end.map_or(end, |at| at.min(end)));
+            }
+        }
+        clocks
     }
 
-    /// When the earliest held job is overdue: past its stream timeout, its client has had its
-    /// answer, and a worker that still holds it (one that does not listen for `cancel`, or
-    /// ignores it) keeps its seat for ever, however often it sends a sign of life, which resets
-    /// the silence clock. Such a worker got no batch again, and nothing was logged.
-    fn overdue(&self) -> Option<Instant> {
-        self.held.values().map(|held| held.overdue).min()
-    }
-
-    /// When the earliest stream still going runs out of its stream timeout (from the job's
-    /// arrival at this stage, at or after the answer's own clock). The answer notices that
-    /// only when its client takes the next event; a client that stalls (a full window) left
-    /// the worker streaming on, uncancelled, until it was found overdue and killed.
-    fn stream_end(&self) -> Option<Instant> {
-        let going = self.held.values().filter_map(|held| held.job.as_ref());
-        let streams = going.filter(|job| job.stream.is_some() && !job.left.is_cancelled());
-        streams.map(|job| job.arrived + self.stream_timeout.min(YEAR)).min()
+    /// When a streamed job's stream timeout runs out: from its arrival at this stage, at or
+    /// after the answer's own clock.
+    fn ends(&self, job: &Job) -> Instant {
+        job.arrived + self.stream_timeout.min(YEAR)
     }
 
     /// Ends, for the worker, the streams whose time is out at `now`: as if their clients had
@@ -265,7 +281,7 @@ impl State {
     /// stream timeout's error event when they next read.
     fn end_streams(&self, now: Instant) {
         for job in self.held.values().filter_map(|held| held.job.as_ref()) {
-            if job.stream.is_some() && job.arrived + self.stream_timeout.min(YEAR) <= now {
+            if job.stream.is_some() && self.ends(job) <= now {
                 job.left.cancel();
             }
         }

@@ -103,7 +103,7 @@ async fn a_worker_may_stay_silent_as_long_as_its_jobs_routes_allow_however_long_
     tokio::time::advance(Duration::from_secs(4)).await;
     let mut state = state(false);
     state.hold(&mut outbox, vec![job], &by());
-    assert_eq!(state.silence(), Duration::from_secs(5));
+    assert_eq!(state.clocks().silence, Duration::from_secs(5));
 }
 
 #[tokio::test]
