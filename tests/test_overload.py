@@ -35,6 +35,25 @@ def test_503_deadline_unreachable_when_the_predicted_finish_is_too_late(corral_f
     assert proxy.metric("corral_jobs_shed_total", reason="deadline_unreachable") == 1
 
 
+def test_a_request_too_heavy_for_its_deadline_even_alone_is_not_told_to_retry(corral_factory):
+    """Its own weight, at the learned cost, outlasts its deadline on an idle stage: every retry
+    meets the same verdict, so a Retry-After only brought clients that honour it back for ever."""
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0")
+    # Teach the proxy a cost by weight: about 10 ms a unit (batches of 1 and of 100).
+    for weight, sleep_ms in [(1, 20), (100, 1000)]:
+        taught = proxy.post({"sleep_ms": sleep_ms}, headers={"x-corral-weight": str(weight)})
+        assert taught.status_code == 200
+    short = {"x-corral-timeout-ms": "2000"}
+    for _ in range(2):
+        heavy = proxy.post({"heavy": True}, headers={**short, "x-corral-weight": "1000"})
+        assert heavy.status_code == 503, heavy.text
+        assert heavy.json()["error"] == "deadline_unreachable"
+        assert "retry-after" not in heavy.headers, "a retry cannot help"
+        assert "longer deadline" in heavy.json()["message"]
+    # A light one on the same deadline is served: it is the weight, not the stage.
+    assert proxy.post({"light": True}, headers={**short, "x-corral-weight": "1"}).status_code == 200
+
+
 def test_one_slow_batch_does_not_shut_short_deadlines_out(corral_factory):
     """One batch took 2 s (a cold start, a pause); the model is fast again. Every request with
     1.5 s to live was once refused for good: predicted to miss, none ran to teach otherwise."""

@@ -57,8 +57,9 @@ pub enum Shed {
     /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`;
     /// `retry_after`: when it is predicted to have room ([`Stage::room_in`]).
     QueueFull { retry_after: Duration },
-    /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
-    DeadlineUnreachable { retry_after: Duration },
+    /// They were predicted to finish past their deadline; worth retrying after `retry_after`,
+    /// or never (None) where they alone, on an idle stage, are predicted to miss it.
+    DeadlineUnreachable { retry_after: Option<Duration> },
     /// Their tenant already holds its share of the queue (`--tenant-queue-share`).
     TenantQuota { retry_after: Duration },
     /// The stage is closed: the proxy is stopping.
@@ -486,7 +487,17 @@ impl Stage {
                     if queue.may_probe(now, ahead.weight(), latest, cost) {
                         queue.last_probe = Some(now);
                     } else {
-                        let retry_after = admission::retry_after(finish, last.deadline);
+                        // Where these jobs alone would miss on an idle stage, though one light
+                        // job would not (so it is their own weight, not a stale cost that a
+                        // probe would learn again), a retry meets the same verdict: no
+                        // Retry-After (clients that honour it came back for ever).
+                        let alone = self.predict_idle(&queue, now, cost, &jobs);
+                        let light_fits = now + queue.first_cost(cost).of(1) <= latest;
+                        let retry_after = match alone.filter(|&alone| light_fits && alone > latest)
+                        {
+                            Some(_) => None,
+                            None => Some(admission::retry_after(finish, last.deadline)),
+                        };
                         return Err(Shed::DeadlineUnreachable { retry_after });
                     }
                 }

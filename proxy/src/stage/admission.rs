@@ -177,8 +177,33 @@ impl Stage {
         ahead: Ahead,
         jobs: &[Job],
     ) -> Option<Instant> {
+        self.predict_from(queue, queue.free_at(now, cost), cost, ahead, jobs)
+    }
+
+    /// When `jobs` would be answered on this stage idle: every worker free now, nothing queued.
+    /// Past their deadline, they can never make it at the learned cost.
+    pub(super) fn predict_idle(
+        &self,
+        queue: &Queue,
+        now: Instant,
+        cost: Cost,
+        jobs: &[Job],
+    ) -> Option<Instant> {
+        let idle = vec![now; queue.free_at(now, cost).len()];
+        let nothing = Ahead { light: 0, heavy: (0, 0) };
+        self.predict_from(queue, idle, cost, nothing, jobs)
+    }
+
+    /// [`Stage::predict`], the workers free at `free_at`.
+    fn predict_from(
+        &self,
+        queue: &Queue,
+        mut free_at: Vec<Instant>,
+        cost: Cost,
+        ahead: Ahead,
+        jobs: &[Job],
+    ) -> Option<Instant> {
         let first = queue.first_cost(cost);
-        let mut free_at = queue.free_at(now, cost);
         if ahead.heavy.0 > 0 && !free_at.is_empty() {
             // In nanoseconds, wide: a weight summed over the queue may pass u32 (what a
             // Duration multiplies by). Past a day it is as good as never, and kept there.

@@ -683,10 +683,13 @@ async fn a_heavy_job_an_idle_stage_runs_in_time_is_admitted() {
         let (mut heavy, _answer) = job(b"heavy", Duration::from_millis(500));
         heavy.weight = 1000;
         assert!(stage.submit(heavy).is_ok(), "with max_batch_weight {budget:?}");
-        // One that would outlast its deadline even alone is still refused.
+        // One that would outlast its deadline even alone is still refused, and told that no
+        // retry would help: no Retry-After.
         let (mut heavier, _answer) = job(b"heavier", Duration::from_millis(500));
         heavier.weight = 10_000;
-        assert!(stage.submit(heavier).is_err(), "with max_batch_weight {budget:?}");
+        let refused = stage.submit(heavier);
+        let hopeless = Err(Shed::DeadlineUnreachable { retry_after: None });
+        assert_eq!(refused, hopeless, "with max_batch_weight {budget:?}");
     }
 }
 
@@ -703,7 +706,9 @@ async fn a_heavy_job_behind_a_queue_it_cannot_pass_is_refused() {
     }
     let (mut heavy, _answer) = job(b"heavy", Duration::from_millis(500));
     heavy.weight = 1000;
-    assert!(matches!(stage.submit(heavy), Err(Shed::DeadlineUnreachable { .. })));
+    // Alone it would make it: worth a retry once the queue has drained.
+    let refused = stage.submit(heavy);
+    assert!(matches!(refused, Err(Shed::DeadlineUnreachable { retry_after: Some(_) })));
 }
 
 #[tokio::test(start_paused = true)]
