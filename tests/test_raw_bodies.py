@@ -307,3 +307,19 @@ def test_multi_mib_bodies_from_64_clients_come_back_whole(corral_factory):
     with ThreadPoolExecutor(64) as pool:
         answers = list(pool.map(one, range(64)))
     assert answers == [(200, True)] * 64
+
+
+def test_a_structured_json_media_type_is_json_not_raw_bytes(corral_factory):
+    # `+json` types (RFC 6839) are JSON text: the worker gets the value, not its bytes, and the
+    # client its value back as JSON. Taken for raw bytes, the echo answered the bytes.
+    proxy = corral_factory(worker=ECHO)
+    for media_type in ["application/vnd.api+json", "Application/CloudEvents+JSON; charset=utf-8"]:
+        body = json.dumps({"data": {"type": "doc", "id": "1"}})
+        response = proxy.client.post("/infer", content=body, headers={"content-type": media_type})
+        assert response.status_code == 200, response.text
+        assert response.headers["content-type"] == "application/json"
+        assert response.json() == {"data": {"type": "doc", "id": "1"}}
+    malformed = proxy.client.post(
+        "/infer", content=b"{not json", headers={"content-type": "application/problem+json"}
+    )
+    assert malformed.status_code == 400 and malformed.json()["error"] == "bad_request"

@@ -27,8 +27,7 @@ pub fn request_format(headers: &HeaderMap) -> Result<Format, ApiError> {
         None => Ok(Format::Json),
         Some(value) => {
             let media_type = value.to_str().unwrap_or("");
-            Format::from_media_type(media_type)
-                .ok_or_else(|| ApiError::unsupported_media_type(media_type))
+            Format::of_body(media_type).ok_or_else(|| ApiError::unsupported_media_type(media_type))
         }
     }
 }

@@ -45,6 +45,20 @@ impl Format {
             None
         }
     }
+
+    /// The format of a request body of this `Content-Type`: also JSON for a structured-syntax
+    /// `+json` type (RFC 6839: `application/cloudevents+json`, `application/vnd.api+json`),
+    /// which is JSON text whatever it names; taken for raw bytes, such a body reached a
+    /// worker as bytes instead of its value. Only bodies: an answer is labelled with the
+    /// formats Corral names, so `Accept` is read by [`Format::from_media_type`].
+    pub fn of_body(media_type: &str) -> Option<Format> {
+        let essence = essence(media_type).to_ascii_lowercase();
+        let subtype = essence.strip_prefix("application/").and_then(|s| s.strip_suffix("+json"));
+        if subtype.is_some_and(|subtype| !subtype.is_empty()) {
+            return Some(Format::Json);
+        }
+        Format::from_media_type(media_type)
+    }
 }
 
 /// How a one-shot answer is written.
@@ -577,6 +591,16 @@ mod tests {
         assert_eq!(Format::from_media_type("application/json; charset=utf-8"), Some(Format::Json));
         assert_eq!(Format::from_media_type("application/x-msgpack"), Some(Format::Msgpack));
         assert_eq!(Format::from_media_type("text/plain"), None);
+        assert_eq!(Format::of_body("application/vnd.api+json"), Some(Format::Json));
+        assert_eq!(
+            Format::of_body("Application/CloudEvents+JSON; charset=utf-8"),
+            Some(Format::Json)
+        );
+        assert_eq!(Format::of_body("application/msgpack"), Some(Format::Msgpack));
+        assert_eq!(Format::of_body("image/svg+xml"), None);
+        assert_eq!(Format::of_body("text/x+json"), None, "JSON text is an application type");
+        assert_eq!(Format::of_body("application/+json"), None, "no subtype");
+        assert_eq!(Format::from_media_type("application/vnd.api+json"), None, "not for Accept");
     }
 
     #[test]

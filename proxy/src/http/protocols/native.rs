@@ -118,7 +118,7 @@ fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
         return Ok(BodyKind::Format(Format::Json));
     };
     let media_type = value.to_str().unwrap_or("");
-    if let Some(format) = Format::from_media_type(media_type) {
+    if let Some(format) = Format::of_body(media_type) {
         return Ok(BodyKind::Format(format));
     }
     if format::essence(media_type).eq_ignore_ascii_case("application/x-www-form-urlencoded") {
