@@ -280,6 +280,21 @@ def test_a_result_without_a_message_says_the_worker_gave_no_reason(
     worker.close()
 
 
+def test_a_job_the_worker_skips_as_expired_before_the_proxy_saw_it_is_counted(sidecar, pool):
+    # The worker reads the deadline as time left, on its own clock: it may call a job expired
+    # while the proxy's clock has a little left. The client's 408 comes from that answer, and
+    # had been in no count.
+    def answer(worker, batch):
+        worker.send(protocol.results([{"id": batch["jobs"][0]["id"], "status": "expired"}]))
+
+    response, worker = serve_one_batch(sidecar, pool, answer)
+    assert response.status_code == 408
+    assert response.json()["error"] == "deadline_exceeded"
+    assert sidecar.metric("corral_jobs_expired_total", where="worker") == 1
+    assert sidecar.metric("corral_late_results_total") == 0, "answered in time: not late"
+    worker.close()
+
+
 def refused(sidecar, hello) -> tuple[dict | None, bool]:
     """Says `hello` as a worker would: the proxy's first frame back, and whether the proxy then
     closed the connection."""

@@ -178,9 +178,15 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // (`streaming::State::end_streams`): its answer still reaches the client, yet the job was
     // cancelled in the worker all the same, and had been in no count.
     let ended_for_the_worker = streamed && job.left.is_cancelled();
+    // A worker may skip a job as expired a little before the proxy's own clock says so (its
+    // deadline is sent as time left, read on another clock): its client gets that 408 now,
+    // and the expiry is counted as one the proxy saw would be (it had been in no count).
+    let skipped_as_expired = matches!(outcome, Outcome::Expired);
     if job.answer(outcome) {
         if ended_for_the_worker {
             metrics().cancelled.with_label_values(&["worker"]).inc();
+        } else if skipped_as_expired {
+            metrics().expired.with_label_values(&["worker"]).inc();
         }
         return false;
     }
