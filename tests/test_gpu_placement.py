@@ -205,6 +205,33 @@ def test_a_config_files_stage_places_its_workers(tmp_path):
         proxy.stop()
 
 
+def test_top_level_gpus_place_the_spawned_stage_and_leave_an_external_one_alone(tmp_path):
+    # The top level is a default for the stages Corral spawns workers for: one whose workers
+    # start elsewhere takes no device. It had refused to start, naming `stages.ext.gpus`, a key
+    # the file does not have.
+    records = tmp_path / "records"
+    records.mkdir()
+    (tmp_path / "corral.toml").write_text(
+        f"""
+        gpus = [5]
+        [stages.embed]
+        command = ["{sys.executable}", "{PLACED}"]
+        [stages.ext]
+        [pipelines.both]
+        stages = ["embed", "ext"]
+        """
+    )
+    env = {"PLACED_DIR": str(records)}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "corral.toml"), worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected")
+        placed = by_index(records, proxy.worker_pids())
+        assert placed["0"]["CUDA_VISIBLE_DEVICES"] == "5"
+        assert proxy.metric("corral_workers_connected_by_gpu", stage="embed", gpu="5") == 1
+    finally:
+        proxy.stop()
+
+
 def test_the_files_top_level_takes_the_tracing_and_worker_env_options(tmp_path):
     # The command line's --otlp-endpoint, --trace-sample-ratio and --worker-env, as the docs
     # promise every option is taken at the top level.
@@ -364,6 +391,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             "stages.s.env.CORRAL_SOCKET: CORRAL_SOCKET",
         ),
         ([], STAGE + "gpus = 0\n", 'expected "all" or a list of device indices'),
+        # Keys that shape only what Corral spawns, on a stage it spawns nothing for.
+        ([], "[stages.s]\nworkers = 4\n", "stages.s.workers: only shapes the workers Corral"),
+        ([], "[stages.s]\nworkers_per_gpu = 2\n", "stages.s.workers_per_gpu: only shapes"),
+        ([], '[stages.s]\nenv = { A = "1" }\n', "stages.s.env: only shapes the workers"),
+        ([], "[stages.s]\ngpus = [0]\n", "stages.s.gpus: only shapes the workers"),
+        ([], "gpus = [0]\n[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
+        (["--gpus", "0"], "[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):

@@ -290,6 +290,10 @@ pub fn resolve(
         stages.push(stage_spec(config, &name, stage, explicit)?);
     }
     check_cores_shared(&stages)?;
+    if config.gpus.is_some() && stages.iter().all(|stage| stage.command.is_empty()) {
+        let problem = "only spawned workers can be given GPUs, and no stage has a `command`";
+        return Err(error("gpus", problem));
+    }
     let known: HashSet<&str> = stages.iter().map(|s| s.name.as_str()).collect();
 
     let mut pipelines: BTreeMap<String, Vec<String>> = BTreeMap::new();
@@ -466,6 +470,21 @@ fn stage_spec(
         Some(command) => command,
         None => Vec::new(),
     };
+    if command.is_empty() {
+        // A stage's own key that only shapes what Corral spawns, on a stage it spawns nothing
+        // for: a mistake in the file (taken silently, `workers = 4` had started none).
+        let spawn_keys = [
+            ("workers", stage.workers.is_some()),
+            ("workers_per_gpu", stage.workers_per_gpu.is_some()),
+            ("env", stage.env.is_some()),
+            ("gpus", stage.gpus.is_some()),
+        ];
+        if let Some((field, _)) = spawn_keys.into_iter().find(|(_, set)| *set) {
+            let problem = "only shapes the workers Corral spawns, and this stage has no \
+                           `command`: add one, or leave the key out for workers started elsewhere";
+            return Err(error(key(field), problem));
+        }
+    }
     // A set --cpus wins over the stage's own key, as every flag wins over the file.
     let (cpus, cpus_key) = if explicit("cpus") {
         (config.cpus.clone(), "cpus".to_string())
@@ -487,6 +506,10 @@ fn stage_spec(
     in_range(&key("workers"), workers.into(), 1, MAX_WORKERS.into())?;
     let asked = if explicit("workers") { Some(config.workers) } else { stage.workers };
     let gpus = match (&stage.gpus, &config.gpus) {
+        // The top level's devices (the file's, or --gpus) are for the stages Corral spawns
+        // workers for; one whose workers start elsewhere takes none (`resolve` refuses them
+        // where no stage spawns).
+        (None, Some(_)) if command.is_empty() => Vec::new(),
         (_, Some(text)) if explicit("gpus") => resolve_gpus("gpus", text)?,
         (Some(gpus), _) => resolve_gpus(&key("gpus"), &gpus.text())?,
         (None, Some(text)) => resolve_gpus("gpus", text)?,
