@@ -142,9 +142,12 @@ def test_raw_bytes_from_the_worker_are_a_bad_output_not_an_embedding(client):
     assert "input 1 is not a list of numbers" in raised.value.message
 
 
-def test_a_msgpack_body_is_415_saying_json_only(proxy):
+@pytest.mark.parametrize("media_type", ["application/msgpack", "text/plain"])
+def test_a_body_not_json_is_415_saying_json_only(proxy, media_type):
+    # Any other type was told "application/json or application/msgpack", and msgpack is then
+    # refused here.
     answer = proxy.client.post(
-        "/v1/embeddings", content=b"\x80", headers={"content-type": "application/msgpack"}
+        "/v1/embeddings", content=b"\x80", headers={"content-type": media_type}
     )
     assert answer.status_code == 415
     assert answer.json()["error"]["message"] == (

@@ -57,8 +57,9 @@ pub async fn embeddings(
     route: &Route,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    if body::request_format(request.headers()).map_err(body::before_body)? != Format::Json {
-        // A msgpack body: OpenAI's API is JSON only.
+    if body::request_format(request.headers()).ok() != Some(Format::Json) {
+        // A msgpack body, or any other: OpenAI's API is JSON only (the shared refusal offered
+        // msgpack, which this endpoint then refused).
         let message = "Content-Type must be application/json: OpenAI's API is JSON only";
         let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
         return Err(body::before_body(error));
@@ -336,7 +337,8 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
 /// The request field a client error is about, for `param`: each message of this module about a
 /// field starts with its name (a worker's refusal of one input, `input 1: …`, included).
 fn param(error: &ApiError) -> Option<&'static str> {
-    if !error.status.is_client_error() {
+    // A 408 is about time, not a field, though its message may name the input it was for.
+    if !error.status.is_client_error() || error.status == http::StatusCode::REQUEST_TIMEOUT {
         return None;
     }
     if error.message.starts_with("token arrays") {
@@ -381,6 +383,12 @@ mod tests {
         let over = strings(json!(["a", "b", "c", "d", "e"])).unwrap_err();
         assert_eq!((over.status.as_u16(), over.code), (413, "too_many_items"));
         assert_eq!(param(&over), Some("input"), "{}", over.message);
+        // A 408 is about time, whatever input its message names.
+        let late = ApiError {
+            message: "input 0: deadline passed".into(),
+            ..ApiError::deadline_exceeded()
+        };
+        assert_eq!(param(&late), None);
     }
 
     fn done(value: &impl serde::Serialize) -> Outcome {
