@@ -361,7 +361,26 @@ CONFIG_ERRORS = {
         STAGE
         + '[routes.r]\npath = "/x"\npipeline = "a"\n'
         + '[routes.s]\npath = "/x"\npipeline = "a"\n',
-        "routes.s.path: /x is served twice",
+        "routes.s.path: /x is served twice: routes.r serves it too",
+    ),
+    "dot segment in a path": (
+        STAGE + '[routes.r]\npath = "/x/../healthz"\npipeline = "a"\n',
+        'routes.r.path: "/x/../healthz": a route path has no `.` or `..` segment',
+    ),
+    # A route's name is its model's name in v2 and KServe v1 paths.
+    "empty route name": (STAGE + '[routes.""]\npath = "/e"\npipeline = "a"\n', 'routes."": a'),
+    "slash in a route name": (
+        STAGE + '[routes."a/b"]\npath = "/ab"\npipeline = "a"\n',
+        'routes."a/b": a route name is its model\'s name in v2 and KServe v1 paths',
+    ),
+    "colon in a route name": (
+        STAGE + '[routes."x:predict"]\npath = "/x"\npipeline = "a"\n',
+        'routes."x:predict": a route name',
+    ),
+    "unused pipeline": (
+        STAGE + '[pipelines.p]\nstages = ["a"]\n[pipelines.q]\nstages = ["a"]\n'
+        '[routes.r]\npipeline = "p"\n',
+        "pipelines.q: no route serves this pipeline",
     ),
     "unknown protocol": (
         STAGE + '[routes.r]\npipeline = "a"\nprotocol = "openai-embedding"\n',

@@ -6,7 +6,7 @@
 //! key in the file, then the file's top-level key, then the built-in default. Without a file the
 //! proxy serves one stage, `default`, on one route, `POST /infer`.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
 
 use super::file::{self, File, StageFile};
@@ -319,13 +319,15 @@ pub fn resolve(
         default_route(config, &pipelines)?
     } else {
         let mut routes = Vec::new();
-        let mut paths = HashSet::new();
+        let mut paths: HashMap<String, &str> = HashMap::new();
         for (name, route) in &file.routes {
             let key = format!("routes.{name}");
+            check_model_name(name)?;
             let path = route.path.clone().unwrap_or_else(|| format!("/{name}"));
             check_path(&format!("{key}.path"), &path)?;
-            if !paths.insert(path.clone()) {
-                return Err(error(format!("{key}.path"), format!("{path} is served twice")));
+            if let Some(other) = paths.insert(path.clone(), name) {
+                let problem = format!("{path} is served twice: routes.{other} serves it too");
+                return Err(error(format!("{key}.path"), problem));
             }
             let Some(pipeline) = pipelines.get(&route.pipeline) else {
                 let problem = if pipelines.is_empty() {
@@ -379,6 +381,12 @@ pub fn resolve(
     if let Some(idle) = stages.iter().find(|s| !used.contains(s.name.as_str())) {
         return Err(error(format!("stages.{}", idle.name), "no route's pipeline uses this stage"));
     }
+    // So is a declared pipeline no route serves (its stages used by others): it had been
+    // taken silently, the route meant for it perhaps naming another.
+    let served: HashSet<&str> = routes.iter().map(|r| r.pipeline.as_str()).collect();
+    if let Some(idle) = file.pipelines.keys().find(|name| !served.contains(name.as_str())) {
+        return Err(error(format!("pipelines.{idle}"), "no route serves this pipeline"));
+    }
     Ok(Topology { stages, routes })
 }
 
@@ -408,6 +416,24 @@ fn default_route(
             "with several pipelines, declare [routes.NAME] tables saying which path serves which",
         )),
     }
+}
+
+/// A route's name is its model's name in the model-serving protocols, where it is a path
+/// segment (`/v2/models/NAME/infer`, `/v1/models/NAME:predict`): an empty one, or one with `/`
+/// or `:`, could not be asked for there (tritonclient leaves `/` unquoted), though `/v1/models`
+/// listed it.
+fn check_model_name(name: &str) -> Result<(), ConfigError> {
+    let problem = if name.is_empty() {
+        "a route name is its model's name in v2 and KServe v1: it cannot be empty"
+    } else if name.contains(['/', ':']) {
+        "a route name is its model's name in v2 and KServe v1 paths, where `/` and `:` cannot \
+         stand: pick a name without them (the route's `path` may hold any)"
+    } else if name.chars().any(char::is_control) {
+        "a route name is its model's name, and holds no control characters"
+    } else {
+        return Ok(());
+    };
+    Err(error(format!("routes.{name:?}"), problem))
 }
 
 fn stage_spec(
@@ -585,6 +611,15 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
         // Braces would be an OpenAPI path template with no parameter behind it.
         let problem = format!("{path:?}: a route path has no query, fragment, space or brace");
         return Err(error(key, problem));
+    }
+    if path.split('/').any(|segment| segment == "." || segment == "..") {
+        // Clients resolve dot segments before sending (curl, browsers): `/x/../healthz` would
+        // reach /healthz, never this route.
+        let problem = format!("{path:?}: a route path has no `.` or `..` segment");
+        return Err(error(key, problem));
+    }
+    if path.chars().any(char::is_control) {
+        return Err(error(key, format!("{path:?}: a route path has no control characters")));
     }
     if RESERVED_PATHS.contains(&path) {
         return Err(error(key, format!("{path} is Corral's own route")));
