@@ -80,6 +80,30 @@ def test_oversized_headers_are_431(corral_factory):
     assert response.status_code == 431
 
 
+def test_a_head_too_large_for_a_protocol_is_in_its_shape_and_under_its_route(
+    corral_factory, tmp_path
+):
+    # Refused before the path was looked at, it had Corral's own body (an openai client lost
+    # the message) and went under route="other", which is for paths Corral does not serve.
+    # (Past 20,000 bytes and under hyper's 32 KiB buffer: the proxy's own bound answers.)
+    config = tmp_path / "corral.toml"
+    config.write_text('[stages.e]\n[routes.e]\npipeline = "e"\nprotocol = "openai-embeddings"\n')
+    proxy = corral_factory("--max-header-bytes=20000", f"--config={config}", worker=None)
+    big = {"x-big": "a" * 25_000}
+    openai = proxy.client.post("/v1/embeddings", json={"input": "x", "model": "e"}, headers=big)
+    assert openai.status_code == 431
+    error = openai.json()["error"]
+    assert error["code"] == "request_head_too_large" and error["type"] == "invalid_request_error"
+    v2 = proxy.client.post("/v2/models/e/infer", json={"inputs": []}, headers=big)
+    assert v2.status_code == 431
+    assert set(v2.json()) == {"error"} and "head" in v2.json()["error"]
+    native = proxy.client.post("/e", json=1, headers=big)
+    assert native.json()["error"] == "request_head_too_large"
+    for route in ["/v1/embeddings", "/v2/models/{name}/infer", "/e"]:
+        assert proxy.metric("corral_requests_total", route=route, code="431") == 1, route
+    assert proxy.metric("corral_requests_total", route="other", code="431") == 0
+
+
 @pytest.mark.parametrize("limit", [2048, 20_000])
 def test_the_head_bound_holds_to_the_byte(corral_factory, limit):
     """hyper's read buffer grows in powers of two from 8 KiB, and took heads of up to 32 KB

@@ -69,6 +69,15 @@ impl<'a> Endpoint<'a> {
         }
     }
 
+    /// `error`, found before the request was looked at (a head too large), in the protocol's
+    /// own error shape: its clients read no other (openai's lost the message in Corral's).
+    pub fn refuse(&self, error: &ApiError) -> Response<Body> {
+        match self {
+            Endpoint::OpenAi(_) => openai::error_response(error),
+            _ => plain_error_response(error),
+        }
+    }
+
     /// The answer, in the protocol's own shape whatever went wrong.
     pub async fn answer(
         self,

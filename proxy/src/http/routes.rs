@@ -69,22 +69,28 @@ async fn route_in<'a>(
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let path = request.uri().path();
     let head = head_size(&request);
-    let (route, answer) = if head > app.max_header_bytes {
-        ("other", Err(ApiError::head_too_large(head, app.max_header_bytes)))
-    } else if let Some(route) = app.route(path) {
+    // Refused unread, yet under its route's label and in its protocol's error shape.
+    let too_large =
+        (head > app.max_header_bytes).then(|| ApiError::head_too_large(head, app.max_header_bytes));
+    let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
-        let answer = match app.admit(&method) {
+        let answer = match too_large.map_or_else(|| app.admit(&method), Err) {
             Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
         };
         (route.path.as_str(), answer)
     } else if let Some(endpoint) = Endpoint::find(app, path) {
-        // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
-        // request's future, native ones too, would otherwise be sized for it.
         let label = endpoint.label();
         let _ = unanswered.route.set(label);
-        let response = Box::pin(endpoint.answer(app, &method, request)).await;
+        let response = match too_large {
+            Some(error) => endpoint.refuse(&error),
+            // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
+            // request's future, native ones too, would otherwise be sized for it.
+            None => Box::pin(endpoint.answer(app, &method, request)).await,
+        };
         (label, Ok(response))
+    } else if let Some(error) = too_large {
+        (own_page(path).unwrap_or("other"), Err(error))
     } else if let Some(page) = own_page(path) {
         let answer = get_only(&method).and_then(|()| match page {
             "/healthz" => Ok(json(StatusCode::OK, r#"{"status":"ok"}"#)),
