@@ -66,3 +66,28 @@ def test_the_405_and_431_that_infer_answers_are_documented_with_their_error_body
     assert (wrong_method.status_code, head_too_large.status_code) == (405, 431)
     assert wrong_method.headers["allow"] == "POST"
     assert "Allow" in responses["405"]["headers"]
+
+
+def test_the_statuses_the_protocol_endpoints_answer_are_documented(corral_factory):
+    """A 405 on every endpoint, v2 metadata's 503 before any worker, and v2's 415 for a
+    compressed body (tritonclient's `request_compression_algorithm`) were answered, unlisted."""
+    proxy = corral_factory(worker=None)
+    document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    asked = {
+        ("/v2/models/default", "get"): proxy.client.get("/v2/models/default"),
+        ("/v2/models/{name}", "get"): proxy.client.post("/v2/models/default", json={}),
+        ("/v2/health/live", "get"): proxy.client.post("/v2/health/live", json={}),
+        ("/v1/models", "get"): proxy.client.post("/v1/models", json={}),
+        ("/v1/models/{name}:predict", "post"): proxy.client.get("/v1/models/default:predict"),
+        ("/v2/models/{name}/infer", "post"): proxy.client.post(
+            "/v2/models/default/infer", content=b"x", headers={"content-encoding": "gzip"}
+        ),
+        ("/healthz", "get"): proxy.client.post("/healthz", json={}),
+    }
+    for (path, method), answer in asked.items():
+        path = path.replace("/v2/models/default", "/v2/models/{name}")
+        responses = document["paths"][path][method]["responses"]
+        status = str(answer.status_code)
+        assert status in responses, (path, method, status, sorted(responses))
+    assert {str(a.status_code) for a in asked.values()} == {"405", "415", "503"}

@@ -422,6 +422,10 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
         "content": {"application/json": {"schema": {"type": "object"}}},
     });
     let mut responses = json!({"200": ok});
+    responses["405"] = error_response(
+        "The path takes GET only (`method_not_allowed`); see Allow.",
+        infer_error_headers("405"),
+    );
     if may_be_unavailable {
         responses["503"] = error_response(
             "Not ready (`not_ready`): no worker yet, or stopping.",

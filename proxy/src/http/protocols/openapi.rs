@@ -46,7 +46,8 @@ pub fn paths(app: &App) -> Map<String, Value> {
             "operationId": "kserve_v1_models",
             "summary": "KServe v1: the models served, one per route.",
             "responses": {"200": ok(json!({"type": "object", "required": ["models"],
-                "properties": {"models": {"type": "array", "items": {"type": "string"}}}}))},
+                "properties": {"models": {"type": "array", "items": {"type": "string"}}}})),
+                "405": get_only(&v1_error)},
         }}),
     );
     paths.insert(
@@ -59,6 +60,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
                 "200": ok(readiness.clone()),
                 "404": response("No such model.", &v1_error),
                 "503": response("Not ready.", &readiness),
+                "405": get_only(&v1_error),
             },
         }}),
     );
@@ -71,7 +73,8 @@ pub fn paths(app: &App) -> Map<String, Value> {
 
 /// Open Inference Protocol v2: health, metadata and infer (whose error body is v1's).
 fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
-    let get = |id: &str, summary: &str, parameters: Value, responses: Value| {
+    let get = |id: &str, summary: &str, parameters: Value, mut responses: Value| {
+        responses["405"] = get_only(error);
         json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
             "responses": responses}})
     };
@@ -101,7 +104,9 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "v2_model",
         "v2: the tensors the model's workers declared (the batch dimension first, as -1).",
         json!([name]),
-        json!({"200": ok(model), "404": not_found}),
+        json!({"200": ok(model), "404": not_found,
+            "503": response("No worker has connected yet: its tensors are not known (see \
+                Retry-After).", error)}),
     );
     paths.insert("/v2/models/{name}".into(), metadata);
     let readiness = json!({"type": "object", "required": ["name", "ready"],
@@ -138,7 +143,9 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "model_name": {"type": "string"}, "model_version": {"type": "string"},
         "id": {"type": "string"}, "outputs": {"type": "array", "items": output}}});
     let mut responses = errors(error, "row");
-    responses.remove("415");
+    // Binary tensors come as application/octet-stream; what is refused is a compressed body.
+    let compressed = "The body is compressed (Content-Encoding): send it uncompressed.";
+    responses.insert("415".into(), response(compressed, error));
     responses.insert(
         "200".into(),
         json!({
@@ -226,14 +233,21 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
     let described = [
         ("400", "Malformed body, or not of the protocol's shape.".to_string()),
         ("404", "No such model.".to_string()),
+        ("405", "The endpoint takes POST only; see Allow.".to_string()),
         ("408", "The deadline passed, or the body did not arrive in time.".to_string()),
         ("413", "Body or a row too large, or too many rows.".to_string()),
         ("415", "Content-Type is not JSON.".to_string()),
         ("422", format!("The worker rejected a row; the message names the {row}.")),
+        ("431", "The request head is larger than --max-header-bytes.".to_string()),
         ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
         ("503", "Shed or stopping; see Retry-After.".to_string()),
     ];
     described.into_iter().map(|(status, text)| (status.into(), response(&text, schema))).collect()
+}
+
+/// A read-only endpoint's answer to another method.
+fn get_only(error: &Value) -> Value {
+    response("The endpoint takes GET only; see Allow.", error)
 }
 
 fn response(description: &str, schema: &Value) -> Value {
