@@ -791,3 +791,40 @@ def test_a_generator_holding_no_job_sends_no_sign_of_life(monkeypatch):
         proxy.send(protocol.batch([protocol.job(second, 5000, msgpack.packb("x"))]))
         # Nothing between the end and the next batch's first chunk.
         assert proxy.receive() == protocol.chunks([protocol.chunk(second, msgpack.packb("a"))])
+
+
+def test_warm_up_of_a_streaming_forward_that_consumes_its_list_counts_positions():
+    """Serving counts the positions it gave; warm-up counted the list forward had emptied, and
+    a worker that serves fine failed every start (a crash loop) once it had examples."""
+
+    class Consuming(corral.Worker):
+        examples = ("hi", "yo")
+
+        def forward(self, words):
+            taken = []
+            while words:
+                taken.append(words.pop(0))
+            yield [w.upper() for w in taken]
+            # After END, what a position yields is dropped: not postprocessed here either.
+            yield [corral.END] * len(taken)
+            yield [object()] * len(taken)
+
+    Consuming().warm_up()
+    with FakeProxy(Consuming()) as proxy:
+        assert proxy.stream(["ab"]) == [Stream(["AB"], "end")]
+
+
+def test_remaining_in_a_streaming_forward_is_the_latest_live_items():
+    seen = []
+
+    class Timed(corral.Worker):
+        def forward(self, words):
+            seen.append(self.remaining())
+            yield [corral.END] + [None] * (len(words) - 1)
+            seen.append(self.remaining())
+            yield [w for w in words]
+
+    with FakeProxy(Timed()) as proxy:
+        proxy.stream(["a", "b"], timeout_ms=30_000)
+    # It had stayed infinite (and as JSON, an unrepresentable 500).
+    assert 20 < seen[0] <= 30 and 20 < seen[1] <= 30, seen

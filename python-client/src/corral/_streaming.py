@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import inspect
 import logging
+import math
 import time
 from collections.abc import Generator, Set
 from typing import TYPE_CHECKING, Any, Protocol
@@ -131,6 +132,7 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     worker.cancelled = state.cancelled
     worker.deadlines = state.deadlines
     worker.content_types = state.content_types
+    state.set_deadline()
     try:
         generator = worker.forward(inputs)
     except _STOPS:
@@ -257,6 +259,7 @@ class _Run:
             owners.append(position)
             self.waiting.discard(position)
         _batch.clear(self.worker)
+        self.set_deadline()
         if entries:
             frames, too_large = protocol.encode_chunks(entries)
             for index in too_large:
@@ -308,7 +311,15 @@ class _Run:
             # the proxy then sends a batch anyway, as to any idle worker.
             self.offer = self.limit - self.running
             self._send(protocol.encode_frame(protocol.pull(self.offer)))
+        self.set_deadline()
         return joined
+
+    def set_deadline(self) -> None:
+        """``worker.deadline`` while the generator runs, as in a plain ``forward``: the latest
+        of its live items' deadlines (each bounding its item's first chunk), so that
+        ``remaining()`` means something there too. It had stayed ``inf``."""
+        live = [self.deadlines[position] for position in self.live]
+        self.worker.deadline = max(live) if live else math.inf
 
     def finish(self, failure: BaseException | None) -> None:
         """After the generator: withdraw a standing offer (while still holding jobs: one that
@@ -352,15 +363,25 @@ def warm_up(worker: Streamer, inputs: list[Any]) -> None:
     """Run a streaming ``forward`` on ``inputs`` to its end, each chunk postprocessed and encoded;
     raises as the first failure does."""
     worker.cancelled = set()
-    _batch.warm_up_batch(worker, len(inputs))
+    # Counted before forward, which may consume its list (as serving counts positions), and
+    # what serving drops (a value at an ended position) is not postprocessed: warm-up had
+    # failed a worker that serves.
+    positions = len(inputs)
+    _batch.warm_up_batch(worker, positions)
+    codec = _typing.codec(type(worker))
+    ended: set[int] = set()
     generator = worker.forward(inputs)
     try:
         out = next(generator)
         while True:
-            _check(out, len(inputs))
-            for value in out:
-                if value is not None and value is not END:
-                    _typing.codec(type(worker)).encode(worker.postprocess(value))
+            _check(out, positions)
+            for position, value in enumerate(out):
+                if value is None or position in ended:
+                    continue
+                if value is END:
+                    ended.add(position)
+                    continue
+                codec.encode(worker.postprocess(value))
             out = generator.send([])
     except StopIteration:
         pass

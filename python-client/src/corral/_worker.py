@@ -161,7 +161,8 @@ class Worker:
     """During ``preprocess`` and ``postprocess``: the current item's deadline, on the
     ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped.
     During a plain ``forward``: the latest of the batch's :attr:`deadlines`, so that once
-    :meth:`remaining` is not positive no item of the batch can make it."""
+    :meth:`remaining` is not positive no item of the batch can make it; during a streaming one,
+    the latest of its live items' (kept up to date at each ``yield``)."""
 
     deadlines: list[float]
     """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
@@ -246,12 +247,12 @@ class Worker:
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
         codec = _typing.codec(type(self))
         inputs = [self.preprocess(codec.decode(_typing.pack(example))) for example in self.examples]
+        count = len(inputs)  # counted before forward, which may consume or pad its list
         if _streaming.is_streaming(self):
             _streaming.warm_up(self, inputs)
-            log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
+            log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
-        _batch.warm_up_batch(self, len(inputs))
-        count = len(inputs)  # counted before forward, which may consume or pad its list
+        _batch.warm_up_batch(self, count)
         outputs = list(_outputs(self.forward(inputs)))
         if len(outputs) != count:
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
@@ -259,7 +260,7 @@ class Worker:
             value = self.postprocess(output)
             codec.encode(value)
             codec.content_type(value)
-        log.info("warmed up on %d examples in %.2fs", len(inputs), time.monotonic() - started)
+        log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
 
     def _run_forever(self, path: str) -> None:
         """Connect and serve; an external worker reconnects whenever the connection drops, a
