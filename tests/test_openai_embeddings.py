@@ -189,4 +189,3 @@ def test_the_timeout_header_is_read(proxy):
     )
     assert answer.status_code == 400
     assert "x-corral-timeout-ms" in answer.json()["error"]["message"]
-
