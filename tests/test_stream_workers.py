@@ -3,6 +3,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
@@ -85,6 +88,30 @@ def test_a_new_request_joins_a_running_generator(corral_factory, tmp_path):
         assert received == [("message", "new-0"), ("message", "new-1"), ("done", {})]
         gate.touch()
         assert [data for _, data in long_events] == ["long-1", "long-2", {}]
+
+
+def test_a_joining_worker_never_runs_more_than_max_running(corral_factory, tmp_path):
+    """Five streams queued before the worker connects: with max_running = 2 it had been sent
+    all five in its first batch (bounded only by --max-batch-size), and ran them at once."""
+    proxy = corral_factory(worker=None)
+    peaks = tmp_path / "peaks"
+    with ThreadPoolExecutor(5) as pool:
+        streams = [pool.submit(stream_all, proxy, {"n": 3, "tag": f"s{i}"}) for i in range(5)]
+        proxy.wait_until(lambda: proxy.metric("corral_queue_depth") == 5, what="5 queued")
+        env = {
+            **os.environ, "TOKENS_MAX_RUNNING": "2", "TOKENS_PEAKS": str(peaks),
+            "TOKENS_CANCELS": str(tmp_path / "c"),
+        }  # fmt: skip
+        worker = subprocess.Popen([sys.executable, TOKENS, "--socket", str(proxy.socket)], env=env)
+        try:
+            for i, done in enumerate(streams):
+                _, received = done.result(timeout=60)
+                assert [data for _, data in received] == [f"s{i}-{k}" for k in range(3)] + [{}]
+        finally:
+            worker.terminate()
+            worker.wait(timeout=30)
+    ran = [int(line) for line in peaks.read_text().split()]
+    assert ran and max(ran) <= 2, ran
 
 
 def test_the_generation_example_streams_characters(corral_factory):

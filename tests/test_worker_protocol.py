@@ -330,6 +330,31 @@ def test_a_malformed_hello_is_refused_with_a_reason(sidecar, change, problem):
     sidecar.wait_for_log(r"worker refused.*malformed hello")
 
 
+def test_a_hello_bounding_its_batches_to_none_is_refused(sidecar):
+    hello = protocol.hello("default", os.getpid(), "nothing", max_batch=0)
+    reject, closed = refused(sidecar, hello)
+    assert reject["type"] == "reject" and "max_batch 0 would take no job" in reject["message"]
+    assert closed
+
+
+def test_a_worker_bounding_its_batches_is_sent_none_larger(sidecar, pool):
+    worker = FakeWorker(sidecar.socket, max_batch=2)
+    sidecar.wait_for_log(r"worker connected")
+    worker.close()  # gone: the requests below queue for the next worker
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected") == 0, what="gone")
+    answers = [pool.submit(sidecar.post, {"n": n}) for n in range(3)]
+    sidecar.wait_until(lambda: sidecar.metric("corral_queue_depth") == 3, what="3 queued")
+    worker = FakeWorker(sidecar.socket, max_batch=2)
+    first = worker.receive()
+    assert len(first["jobs"]) == 2, "bounded by the hello, not --max-batch-size"
+    echo_back(worker, first)
+    second = worker.receive()
+    assert len(second["jobs"]) == 1
+    echo_back(worker, second)
+    assert sorted(a.result(timeout=30).json()["n"] for a in answers) == [0, 1, 2]
+    worker.close()
+
+
 def test_a_workers_name_is_logged_escaped_and_clipped(sidecar):
     """A hello's name is the worker's own words: a line break in it must not forge a log line,
     and megabytes of it must not become a log line of megabytes."""

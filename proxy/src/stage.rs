@@ -193,11 +193,19 @@ struct Seat {
     /// When the worker last became free (joined, or answered with nothing sent ahead): the
     /// policy holds queued jobs back at most `max_wait` from then.
     free_since: Instant,
+    /// The most jobs the worker takes in one batch (its hello's `max_batch`; else unbounded
+    /// here, the stage's `max_batch_size` bounding every batch).
+    max_batch: usize,
 }
 
 impl Seat {
     fn free(now: Instant) -> Self {
-        Self { busy: None, ahead: 0, free_since: now }
+        Self { busy: None, ahead: 0, free_since: now, max_batch: usize::MAX }
+    }
+
+    /// The same worker free again from `now`: nothing held, its own bound kept.
+    fn freed(&self, now: Instant) -> Self {
+        Self { max_batch: self.max_batch, ..Self::free(now) }
     }
 }
 

@@ -148,8 +148,11 @@ def test_max_running_set_on_the_instance_is_the_one_declared():
 
     with FakeProxy(Configured(4)) as proxy:
         assert proxy.hello["features"] == ["stream", "cancel", "join"]
+        # So that no fresh batch brings more than it runs at once.
+        assert proxy.hello["max_batch"] == 4
     with FakeProxy(Configured(None)) as proxy:
         assert proxy.hello["features"] == ["stream", "cancel"]
+        assert "max_batch" not in proxy.hello
 
 
 def test_hello_features_come_last_in_the_documented_order():

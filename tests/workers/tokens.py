@@ -1,7 +1,8 @@
 """A streaming worker on the Python package (generator `forward`): item `{"n": k}` streams
 `"<tag>-0"` … `"<tag>-(k-1)"`, one per step for the whole running batch. `"gate": path` holds an
 item after its first token until that file exists (the others go on). Positions the proxy
-cancelled are appended to TOKENS_CANCELS as the items' tags. TOKENS_MAX_RUNNING turns joining on.
+cancelled are appended to TOKENS_CANCELS as the items' tags. TOKENS_MAX_RUNNING turns joining on;
+with TOKENS_PEAKS set, each generator appends there the most items it had running at once.
 """
 
 import os
@@ -16,7 +17,9 @@ class Tokens(corral.Worker):
     def forward(self, batch):
         items, sent, seen = list(batch), [0] * len(batch), set()
         wake = threading.Event()
+        peak = 0  # the most items running at once (not ended before this step)
         while any(sent[p] <= item["n"] for p, item in enumerate(items)):
+            peak = max(peak, sum(1 for p, item in enumerate(items) if sent[p] <= item["n"]))
             for p in self.cancelled - seen:
                 seen.add(p)
                 with open(os.environ["TOKENS_CANCELS"], "a") as f:
@@ -37,6 +40,9 @@ class Tokens(corral.Worker):
             joined = yield step
             items += joined
             sent += [0] * len(joined)
+        if os.environ.get("TOKENS_PEAKS"):
+            with open(os.environ["TOKENS_PEAKS"], "a") as f:
+                f.write(f"{peak}\n")
 
 
 if __name__ == "__main__":

@@ -261,6 +261,7 @@ mod tests {
             inputs: vec![],
             outputs: vec![],
             weight: None,
+            max_batch: None,
         })
     }
 

@@ -15,6 +15,9 @@ use serde::{Deserialize, Serialize};
 use crate::{JobId, Payload};
 
 /// What a worker sends.
+// A hello is far larger than the rest, and comes once a connection; the frames of the hot path
+// (results, chunks, pull) are small whatever its size, so nothing is gained by boxing it.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum WorkerMessage {
@@ -80,6 +83,10 @@ pub struct Hello {
     /// "Weights".
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight: Option<String>,
+    /// Optional: the most jobs the worker takes in one `batch` (at least 1): the proxy sends it
+    /// none larger than this or the stage's `max_batch_size`. A joining worker's `max_running`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_batch: Option<u32>,
 }
 
 /// A tensor a worker takes or gives, one row of it per job.

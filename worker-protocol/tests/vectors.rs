@@ -36,6 +36,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 inputs: vec![],
                 outputs: vec![],
                 weight: None,
+                max_batch: None,
             }),
         ),
         (
@@ -52,6 +53,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 inputs: vec![],
                 outputs: vec![],
                 weight: None,
+                max_batch: None,
             }),
         ),
         (
@@ -75,6 +77,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                     shape: vec![2, 2],
                 }],
                 weight: None,
+                max_batch: None,
             }),
         ),
         (
@@ -91,6 +94,7 @@ fn worker_messages() -> Vec<(&'static str, WorkerMessage)> {
                 inputs: vec![],
                 outputs: vec![],
                 weight: Some("/text".into()),
+                max_batch: None,
             }),
         ),
         (

@@ -52,6 +52,11 @@ pub struct WorkerSeat<'a> {
 }
 
 impl WorkerSeat<'_> {
+    /// Bounds the batches this worker is sent to `most` jobs (its hello's `max_batch`).
+    pub fn take_at_most(&self, most: usize) {
+        self.stage.lock().seat(self.slot).max_batch = most.max(1);
+    }
+
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
     /// Cancel-safe.
     pub async fn next_batch(&self) -> Vec<Job> {
@@ -89,7 +94,8 @@ impl WorkerSeat<'_> {
     pub fn released(&self, size: usize, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
         let now = Instant::now();
-        *queue.seat(self.slot) = Seat::free(now);
+        let seat = queue.seat(self.slot);
+        *seat = seat.freed(now);
         if !joining && size > 0 {
             queue.cost.record(weight, took);
         }
@@ -112,7 +118,7 @@ impl WorkerSeat<'_> {
         let now = Instant::now();
         let seat = queue.seat(self.slot);
         match seat.ahead {
-            0 => *seat = Seat::free(now),
+            0 => *seat = seat.freed(now),
             ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
         }
         queue.cost.record(weight, took);

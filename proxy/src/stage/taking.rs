@@ -35,14 +35,17 @@ impl Stage {
         self.take_when(|stage, queue, now| {
             let free_since = slot.map_or(called, |slot| queue.seat(slot).free_since);
             let forecast = queue.forecast(now, stage.settings.max_wait);
+            // A worker that takes fewer jobs a batch than the stage's bound: its batch is full,
+            // to the policy, at its own bound.
+            let settings = stage.settings_for(queue, slot);
             match policy::decide(
-                queue.view(free_since, stage.settings.max_batch_size),
+                queue.view(free_since, settings.max_batch_size),
                 now,
-                &stage.settings,
+                &settings,
                 &forecast,
             ) {
                 Release::Now => {
-                    let batch = stage.take(queue, now);
+                    let batch = stage.take_up_to(queue, now, settings.max_batch_size);
                     if let (Some(slot), false) = (slot, batch.is_empty()) {
                         queue.seat(slot).busy = Some((now, weight_of(&batch)));
                     }
@@ -62,8 +65,8 @@ impl Stage {
     /// learned cost; with none learned yet, nothing goes ahead). The batch is recorded on the
     /// seat under the same lock that takes it. Cancel-safe like [`Stage::next_batch_for`].
     pub(super) async fn next_batch_ahead(&self, slot: usize) -> Vec<Job> {
-        let max = self.settings.max_batch_size;
         self.take_when(|stage, queue, now| {
+            let max = stage.settings_for(queue, Some(slot)).max_batch_size;
             let budget = stage.settings.max_batch_weight;
             let full = queue.jobs.len() >= max
                 || queue.jobs.bytes() >= stage.settings.max_batch_bytes
@@ -89,7 +92,7 @@ impl Stage {
             if queue.jobs.earliest_deadline(max).is_some_and(late) {
                 return Look::Until(None);
             }
-            let batch = stage.take(queue, now);
+            let batch = stage.take_up_to(queue, now, max);
             if !batch.is_empty() {
                 queue.seat(slot).ahead = weight_of(&batch);
             }
@@ -102,7 +105,7 @@ impl Stage {
     /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
     /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
     pub(super) async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
-        let max = max.min(self.settings.max_batch_size);
+        let max = max.min(self.settings.max_batch_size).min(self.lock().seat(slot).max_batch);
         self.take_when(|stage, queue, now| {
             if queue.jobs.is_empty() {
                 return Look::Until(None);
@@ -155,15 +158,18 @@ impl Stage {
         }
     }
 
-    /// Takes the next batch off the front of the queue, in the lanes' order: up to
-    /// `max_batch_size` jobs, `max_batch_bytes` and `max_batch_weight` (a job heavier than the
-    /// budget goes alone). A batch ends early rather than split a request of several jobs that
-    /// would fit whole in the next batch.
-    fn take(&self, queue: &mut Queue, now: Instant) -> Vec<Job> {
-        self.take_up_to(queue, now, self.settings.max_batch_size)
+    /// The stage's batch settings as the worker in `slot` takes batches: at most its own
+    /// `max_batch` jobs, where that is fewer than the stage's.
+    fn settings_for(&self, queue: &mut Queue, slot: Option<usize>) -> policy::BatchSettings {
+        let own = slot.map_or(usize::MAX, |slot| queue.seat(slot).max_batch);
+        let max_batch_size = self.settings.max_batch_size.min(own);
+        policy::BatchSettings { max_batch_size, ..self.settings }
     }
 
-    /// [`Stage::take`], at most `max` jobs.
+    /// Takes the next batch off the front of the queue, in the lanes' order: up to `max` jobs
+    /// (`max_batch_size`, or the worker's own bound), `max_batch_bytes` and `max_batch_weight`
+    /// (a job heavier than the budget goes alone). A batch ends early rather than split a
+    /// request of several jobs that would fit whole in the next batch.
     fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
         let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
         let byte_budget = self.settings.max_batch_bytes;

@@ -55,6 +55,27 @@ async fn a_full_batch_goes_at_once() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_worker_bounding_its_batches_gets_none_larger_and_no_wait_for_more() {
+    // Its hello's `max_batch` (a joining worker's `max_running`): a batch of 2 is full for it,
+    // and goes at once, as a batch of the stage's 8 would.
+    let stage = stage(8, 10);
+    let seat = stage.worker_joined();
+    seat.take_at_most(2);
+    let _answers: Vec<_> = [b"a", b"b", b"c", b"d", b"e"].map(|p| submit(&stage, p)).into();
+    let start = Instant::now();
+    assert_eq!(payloads(&seat.next_batch().await), [b"a", b"b"]);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // Its room for joins is bounded alike, whatever it offers.
+    assert_eq!(payloads(&seat.next_join(5).await), [b"c", b"d"]);
+    // And the bound outlives the batch: free again, it still gets no more.
+    seat.released(4, 4, Duration::from_millis(1), true);
+    let _more: Vec<_> = [b"f", b"g"].map(|p| submit(&stage, p)).into();
+    assert_eq!(payloads(&seat.next_batch().await), [b"e", b"f"]);
+    seat.finished(2, 2, Duration::from_millis(1));
+    assert_eq!(payloads(&seat.next_batch().await), [b"g"]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_partial_batch_goes_at_max_wait_from_the_oldest_arrival() {
     let stage = stage(8, 10);
     let start = Instant::now();

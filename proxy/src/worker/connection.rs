@@ -117,6 +117,9 @@ pub async fn serve(
     keep_declarations(stage, &hello);
     let served = context.children.connected(own_pid);
     let seat = stage.worker_joined_on(context.children.gpu(own_pid));
+    if let Some(most) = hello.max_batch {
+        seat.take_at_most(most as usize);
+    }
     info!(
         stage = stage.name(),
         pid = hello.pid,
@@ -318,6 +321,9 @@ async fn handshake(
         {
             let pointer = hello.weight.as_deref().unwrap_or_default();
             format!("weight {pointer:?} is not a JSON Pointer: it must be empty or start with /")
+        }
+        Ok(WorkerMessage::Hello(hello)) if hello.max_batch == Some(0) => {
+            "max_batch 0 would take no job: it is at least 1 (leave it out for no bound)".into()
         }
         Ok(WorkerMessage::Hello(hello)) => match (undeclarable(&hello), stages.get(&hello.stage)) {
             (Some(why), _) => why,

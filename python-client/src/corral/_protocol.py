@@ -83,13 +83,15 @@ def hello(
     inputs: list[dict[str, Any]] | None = None,
     outputs: list[dict[str, Any]] | None = None,
     weight: str | None = None,
+    max_batch: int | None = None,
 ) -> dict[str, Any]:
     """The worker's first message. ``schemas`` (the optional ``input_schema``,
     ``output_schema`` and ``schema_components`` keys), ``features`` (``"stream"``,
     ``"cancel"``, ``"join"``, ``"shm"``), the tensor declarations ``inputs`` and ``outputs``
-    (each ``{"name", "datatype", "shape"}``) and the ``weight`` rule (a JSON Pointer) are left
-    out when empty (``weight`` when ``None``: ``""`` names the whole payload), so a hello with
-    none of them is the v1 bytes."""
+    (each ``{"name", "datatype", "shape"}``), the ``weight`` rule (a JSON Pointer) and
+    ``max_batch`` (the most jobs a batch may bring) are left out when empty (``weight`` and
+    ``max_batch`` when ``None``: ``""`` names the whole payload), so a hello with none of them
+    is the v1 bytes."""
     message: dict[str, Any] = {
         "type": "hello",
         "version": PROTOCOL_VERSION,
@@ -106,6 +108,8 @@ def hello(
         message["outputs"] = list(outputs)
     if weight is not None:
         message["weight"] = weight
+    if max_batch is not None:
+        message["max_batch"] = max_batch
     return message
 
 

@@ -297,6 +297,8 @@ class Worker:
             inputs=[t.spec() for t in _tensors.declared(type(self), "inputs")],
             outputs=[t.spec() for t in _tensors.declared(type(self), "outputs")],
             weight=type(self).weight,
+            # A joining worker runs at most `max_running` items: no fresh batch brings more.
+            max_batch=limit or None,
         )
         if not streams and self.max_running and not _warned_max_running.is_set():
             _warned_max_running.set()  # once a process, not at every reconnect
