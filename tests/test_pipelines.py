@@ -363,6 +363,20 @@ CONFIG_ERRORS = {
         + '[routes.s]\npath = "/x"\npipeline = "a"\n',
         "routes.s.path: /x is served twice: routes.r serves it too",
     ),
+    "a path twice, once percent-encoded": (
+        STAGE
+        + '[routes.r]\npath = "/%C3%BC"\npipeline = "a"\n'
+        + '[routes.s]\npath = "/\u00fc"\npipeline = "a"\n',
+        "is served twice: routes.r serves it too",
+    ),
+    "corral's own path percent-encoded": (
+        STAGE + '[routes.r]\npath = "/%6Detrics"\npipeline = "a"\n',
+        "routes.r.path: /%6Detrics is Corral's own route",
+    ),
+    "keep-alive past a day": (
+        "stream_keepalive_ms = 99999999999\n" + STAGE,
+        "stream_keepalive_ms: 99999999999 is not in 0..=86400000",
+    ),
     "dot segment in a path": (
         STAGE + '[routes.r]\npath = "/x/../healthz"\npipeline = "a"\n',
         'routes.r.path: "/x/../healthz": a route path has no `.` or `..` segment',

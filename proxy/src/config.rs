@@ -27,6 +27,8 @@ pub const MAX_BATCH_SIZE: u32 = 4096;
 pub const HEADER_BYTES: std::ops::RangeInclusive<u64> = 256..=1_048_576;
 /// `--max-headers`' range: memory for this many is set aside on each connection.
 pub const HEADERS: std::ops::RangeInclusive<u64> = 8..=10_000;
+/// `--stream-keepalive-ms`' largest value: a day.
+pub const MAX_KEEPALIVE_MS: u64 = 86_400_000;
 /// The most spawned workers of a stage (`workers`, and `workers_per_gpu`), wherever set.
 pub const MAX_WORKERS: u32 = 1024;
 
@@ -135,7 +137,7 @@ pub struct Config {
     /// event, so that proxies and load balancers in front (nginx, cloud balancers: 60 s idle
     /// limits) do not cut a stream whose model is thinking. 0: none.
     #[arg(long, env = "CORRAL_STREAM_KEEPALIVE_MS", default_value_t = 15_000,
-          value_parser = clap::value_parser!(u64).range(0..=86_400_000))]
+          value_parser = clap::value_parser!(u64).range(0..=MAX_KEEPALIVE_MS))]
     pub stream_keepalive_ms: u64,
 
     /// Longest a worker may hold a batch before it is declared hung (its connection closed, its

@@ -325,7 +325,8 @@ pub fn resolve(
             check_model_name(name)?;
             let path = route.path.clone().unwrap_or_else(|| format!("/{name}"));
             check_path(&format!("{key}.path"), &path)?;
-            if let Some(other) = paths.insert(path.clone(), name) {
+            // As requests are matched: sent as written, or percent-decoded (`/%C3%BC` is `/ü`).
+            if let Some(other) = paths.insert(decoded(&path), name) {
                 let problem = format!("{path} is served twice: routes.{other} serves it too");
                 return Err(error(format!("{key}.path"), problem));
             }
@@ -595,6 +596,8 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     positive("stream_timeout_ms", config.stream_timeout_ms)?;
     positive("stream_buffer_bytes", config.stream_buffer_bytes)?;
     positive("priority_aging_ms", config.priority_aging_ms)?;
+    let most = crate::config::MAX_KEEPALIVE_MS;
+    in_range("stream_keepalive_ms", config.stream_keepalive_ms, 0, most)?;
     if let Some(weight) = config.max_batch_weight {
         positive("max_batch_weight", weight)?;
     }
@@ -621,15 +624,28 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
     if path.chars().any(char::is_control) {
         return Err(error(key, format!("{path:?}: a route path has no control characters")));
     }
-    if RESERVED_PATHS.contains(&path) {
+    // Checked as written and as decoded: either is how a client may reach it.
+    let plain = decoded(path);
+    if RESERVED_PATHS.contains(&path) || RESERVED_PATHS.contains(&plain.as_str()) {
         return Err(error(key, format!("{path} is Corral's own route")));
     }
-    let under = |prefix: &&&str| path.starts_with(**prefix) || path == prefix.trim_end_matches('/');
+    let under = |prefix: &&&str| {
+        [path, plain.as_str()]
+            .iter()
+            .any(|path| path.starts_with(**prefix) || *path == prefix.trim_end_matches('/'))
+    };
     if let Some(prefix) = PROTOCOL_PREFIXES.iter().find(under) {
         let problem = format!("{path}: paths under {prefix} are the client protocols'");
         return Err(error(key, problem));
     }
     Ok(())
+}
+
+/// A route path percent-decoded, as `App::route` matches a request's (as written where it
+/// does not decode to UTF-8).
+fn decoded(path: &str) -> String {
+    let decoded = percent_encoding::percent_decode_str(path).decode_utf8();
+    decoded.map_or_else(|_| path.to_string(), |path| path.into_owned())
 }
 
 fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
