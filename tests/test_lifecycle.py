@@ -175,6 +175,19 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     assert said and int(said[1]) >= 3, message
 
 
+def test_a_worker_command_that_cannot_start_is_said_and_counted(corral_factory, tmp_path):
+    # Retried for ever (the program may appear), it had looked like a slow start: /readyz said
+    # only "no connected worker", and no restart nor failure was counted for an alert.
+    missing = str(tmp_path / "no-such-model-server")
+    proxy = corral_factory("--workers=1", "--", missing, worker=None)
+    proxy.wait_for_log(r"could not start worker", count=2)
+    message = proxy.client.get("/readyz").json()["message"]
+    assert "the last with a failed start (No such file or directory" in message, message
+    proxy.wait_until(
+        lambda: proxy.metric("corral_worker_restarts_total") >= 1, what="the retry counted"
+    )
+
+
 # Says hello as a worker does, then exits: a model that dies as its first batch arrives.
 HELLO_THEN_EXIT = """
 import os, socket

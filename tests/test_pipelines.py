@@ -377,6 +377,10 @@ CONFIG_ERRORS = {
         "stream_keepalive_ms = 99999999999\n" + STAGE,
         "stream_keepalive_ms: 99999999999 is not in 0..=86400000",
     ),
+    "a NUL byte in a command": (
+        '[stages.a]\ncommand = ["python3", "-c", "pass\\u0000"]\n',
+        "stages.a.command: holds a NUL byte",
+    ),
     "dot segment in a path": (
         STAGE + '[routes.r]\npath = "/x/../healthz"\npipeline = "a"\n',
         'routes.r.path: "/x/../healthz": a route path has no `.` or `..` segment',

@@ -212,10 +212,14 @@ async fn supervise(
             Ok(child) => child,
             Err(e) => {
                 error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, "could not start worker");
+                // Said where an exit is (`/readyz`) and counted as a restart when tried again:
+                // a command that never starts had looked like a slow start, with no alert.
+                (command.on_exit.0)(&format!("a failed start ({e})"));
                 // Keep trying: the command may appear (a volume mounted late, say).
                 if wait_or_stop(backoff, &stop).await {
                     return;
                 }
+                metrics().worker_restarts.inc();
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }

@@ -494,6 +494,10 @@ fn stage_spec(
                 "an empty command; leave the key out for workers started elsewhere",
             ));
         }
+        Some(command) if command.iter().any(|word| word.contains('\0')) => {
+            // No program can be given it: the worker would fail to start, again and again.
+            return Err(error(key("command"), "holds a NUL byte, which no command can carry"));
+        }
         Some(command) => command,
         None => Vec::new(),
     };
