@@ -3,6 +3,7 @@ the socket file's permissions, and worker output in Corral's log."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -16,6 +17,7 @@ import pytest
 
 from conftest import ROOT
 from test_failures import received
+from test_http_edge import connect, read_all
 
 WARM = str(ROOT / "tests" / "workers" / "warm.py")
 
@@ -83,6 +85,26 @@ def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory, t
     assert answer.status_code == 503
     assert answer.json()["error"] == "shutting_down"
     assert answer.headers["retry-after"] == "1"
+    assert proxy.proc.wait(timeout=30) == 0
+
+
+def test_a_body_still_arriving_when_the_grace_period_ends_is_answered_503(corral_factory):
+    # A slow upload during a rollout had its connection dropped unanswered at the grace
+    # period's end, not told to retry.
+    proxy = corral_factory("--grace-period-ms=300")
+    with connect(proxy) as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 100\r\nexpect: 100-continue\r\n\r\n"
+        )
+        # hyper says 100 Continue as the handler first reads the body: it is reading now.
+        assert conn.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        conn.sendall(b'{"x": "part')
+        proxy.proc.send_signal(signal.SIGTERM)
+        answer = read_all(conn)
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 503"), answer
+    assert json.loads(body)["error"] == "shutting_down"
     assert proxy.proc.wait(timeout=30) == 0
 
 

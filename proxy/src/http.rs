@@ -56,6 +56,9 @@ pub struct App {
     pub stream_keepalive: Option<Duration>,
     /// Set when shutdown begins: new jobs are answered 503 and readiness fails.
     pub draining: AtomicBool,
+    /// Cancelled when the grace period runs out: what is left is answered 503, a body still
+    /// arriving included.
+    pub grace_over: tokio_util::sync::CancellationToken,
     /// The header that names a request's tenant (`--tenant-header`).
     pub tenant_header: http::HeaderName,
     /// Where large bodies are read to (`--shared-memory-bytes`), if anywhere.

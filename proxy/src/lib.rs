@@ -153,6 +153,8 @@ pub async fn run(
             }
         })
         .collect();
+    // Cancelled when the grace period runs out.
+    let expired = CancellationToken::new();
     let app = Arc::new(http::App {
         stream_buffer_bytes: config.stream_buffer_bytes as usize,
         stream_keepalive: (config.stream_keepalive_ms > 0)
@@ -164,6 +166,7 @@ pub async fn run(
         body_read_timeout: config.body_read_timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),
+        grace_over: expired.clone(),
         tenant_header: config.tenant_header.clone(),
         shared_memory: shared_memory.clone(),
         openapi: std::sync::Mutex::default(),
@@ -214,7 +217,6 @@ pub async fn run(
         };
         supervisor::spawn(command, spec.workers, &children, &workers, stop_workers.clone());
     }
-    let expired = CancellationToken::new();
     let server = tokio::spawn(http::server::serve(
         http_listener,
         app.clone(),

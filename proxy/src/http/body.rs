@@ -17,6 +17,7 @@ use tokio::time::Instant;
 use super::error::ApiError;
 use super::format::{self, Format};
 use super::{deadline, traffic, App, Route};
+use crate::metrics::metrics;
 use crate::shared_memory::{SharedMemory, Slot, SHARED_FROM};
 use crate::traffic::Traffic;
 
@@ -111,11 +112,21 @@ pub async fn receive_with(
     // from there, and large bodies take one pool of memory rather than two that each keep
     // their peak.
     let shared = app.shared_memory.as_ref();
-    let (body, room) =
-        read_body(request.into_body(), app.max_body_bytes, declared, read_by, front, gap, shared)
-            .await
-            .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
+    let limits =
+        Limits { bytes: app.max_body_bytes, declared, read_by, grace_over: &app.grace_over };
+    let (body, room) = read_body(request.into_body(), limits, front, gap, shared)
+        .await
+        .map_err(|e| e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived)))?;
     Ok((Received { body, arrived, deadline, traffic }, room))
+}
+
+/// What bounds a body's reading: its size (`--max-body-bytes`, and the length it declared),
+/// its time, and the end of the grace period.
+struct Limits<'a> {
+    bytes: usize,
+    declared: Option<u64>,
+    read_by: Instant,
+    grace_over: &'a tokio_util::sync::CancellationToken,
 }
 
 /// An error answered before the request's body was read: the connection is closed after it
@@ -185,13 +196,12 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// the room its gap left (0 without one).
 async fn read_body(
     mut body: Incoming,
-    limit: usize,
-    declared: Option<u64>,
-    read_by: Instant,
+    limits: Limits<'_>,
     front: usize,
     gap: Option<Gap>,
     shared: Option<&Arc<SharedMemory>>,
 ) -> Result<(Bytes, usize), Option<ApiError>> {
+    let Limits { bytes: limit, declared, read_by, grace_over } = limits;
     let too_large = Some(ApiError::body_too_large(limit));
     if declared.is_some_and(|length| length > limit as u64) {
         drain(body).await;
@@ -206,9 +216,19 @@ async fn read_body(
     };
     let mut frames = Frames::default();
     let mut received = 0;
-    while let Some(frame) =
-        tokio::time::timeout_at(read_by, body.frame()).await.map_err(|_| None)?
-    {
+    loop {
+        let frame = tokio::select! {
+            biased;
+            frame = tokio::time::timeout_at(read_by, body.frame()) => frame.map_err(|_| None)?,
+            // A body still arriving when the grace period runs out is answered as what else is
+            // left: 503 (it had been dropped unanswered as the server stopped).
+            () = grace_over.cancelled() => {
+                let code = crate::stage::Shed::ShuttingDown.code();
+                metrics().shed.with_label_values(&[code, ""]).inc();
+                return Err(Some(before_body(ApiError::shutting_down())));
+            }
+        };
+        let Some(frame) = frame else { break };
         let frame = frame
             .map_err(|e| Some(ApiError::bad_request(format!("could not read the body: {e}"))))?;
         if let Ok(data) = frame.into_data() {
