@@ -14,8 +14,10 @@
 //! Lines are never written on the runtime's threads: a stdout nobody reads (a log driver that
 //! fell behind, a paused `| less`) blocked each forwarding task in `write`, holding the stdout
 //! lock, until no runtime thread was left to serve requests or take a stop signal. A thread of
-//! its own writes them ([`WRITER`]), fed by a queue of [`QUEUED_LINES`]; a forwarding task that
-//! finds it full waits for room without holding a thread, and stops reading its worker's pipe
+//! its own writes them ([`WRITER`]), fed by a queue of [`QUEUED_LINES`] and [`QUEUED_BYTES`]
+//! (counted as written: a piece of `\r`-separated output becomes many prefixed lines, and a
+//! control byte six escaped ones, so a bound on pieces alone let a 160-character stage name
+//! hold 735 MB); a forwarding task that finds it full waits for room without holding a thread, and stops reading its worker's pipe
 //! meanwhile, so a worker printing to a stalled stdout waits in its own `write`, as any process
 //! writing to a full pipe does, and no line is lost. The proxy's own log lines go through
 //! [`log_writer`] (tracing-appender's non-blocking writer: a thread of its own, and a line that
@@ -37,28 +39,40 @@ static JSON: AtomicBool = AtomicBool::new(false);
 
 /// The thread that writes workers' lines, and the queue to it (None if it could not start:
 /// lines are then written where they are forwarded, as before).
-static WRITER: OnceLock<Option<mpsc::Sender<(bool, String)>>> = OnceLock::new();
+static WRITER: OnceLock<Option<mpsc::Sender<Queued>>> = OnceLock::new();
+
+/// A line on its way to the writer thread: to stderr or not, and the room it holds.
+struct Queued {
+    stderr: bool,
+    line: String,
+    room: u32,
+}
 
 /// The proxy's own log lines that may wait for their thread before more are dropped.
 const LOG_LINES: usize = 4096;
 
-/// Workers' lines that may wait for the writer thread (each at most [`MAX_LINE`] bytes and a
-/// prefix: 16 MiB in all).
+/// Workers' lines that may wait for the writer thread.
 const QUEUED_LINES: usize = 1024;
+/// The bytes of workers' lines that may wait for the writer thread, as they are written.
+const QUEUED_BYTES: usize = 16 * 1024 * 1024;
+/// Room for [`QUEUED_BYTES`]: taken by a line as it is queued, given back once it is written.
+static ROOM: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(QUEUED_BYTES);
 
 /// Lines handed to the writer thread, and lines it has written (or failed to): [`flush`] waits
 /// for the second to reach the first.
 static SENT: AtomicU64 = AtomicU64::new(0);
 static WRITTEN: AtomicU64 = AtomicU64::new(0);
 
-fn writer() -> Option<&'static mpsc::Sender<(bool, String)>> {
+fn writer() -> Option<&'static mpsc::Sender<Queued>> {
     WRITER
         .get_or_init(|| {
-            let (lines, mut queued) = mpsc::channel::<(bool, String)>(QUEUED_LINES);
+            let (lines, mut queued) = mpsc::channel::<Queued>(QUEUED_LINES);
             let thread =
                 std::thread::Builder::new().name("corral-output".into()).spawn(move || {
-                    while let Some((stderr, line)) = queued.blocking_recv() {
+                    while let Some(Queued { stderr, line, room }) = queued.blocking_recv() {
                         let _ = Standard { stderr }.write_all(line.as_bytes());
+                        drop(line);
+                        ROOM.add_permits(room as usize);
                         WRITTEN.fetch_add(1, Ordering::Release);
                     }
                 });
@@ -237,8 +251,15 @@ async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
     for line in ready.drain(..) {
         match writer() {
             Some(lines) => {
+                // A line larger than the whole room waits for all of it.
+                let room = line.len().min(QUEUED_BYTES) as u32;
+                if let Ok(taken) = ROOM.acquire_many(room).await {
+                    taken.forget(); // given back by the writer thread once written
+                }
                 SENT.fetch_add(1, Ordering::Release);
-                if lines.send((to_stderr, line)).await.is_err() {
+                let queued = Queued { stderr: to_stderr, line, room };
+                if let Err(unsent) = lines.send(queued).await {
+                    ROOM.add_permits(unsent.0.room as usize);
                     WRITTEN.fetch_add(1, Ordering::Release); // the thread is gone: not waited for
                 }
             }
