@@ -447,6 +447,9 @@ def answered_by(sidecar, worker, pool, body, data: bytes):
         (b"\x82\xa1y\x01\xa1y\x02", 'row 0, output "y": named twice in the worker\'s result'),
         # {1: 2}: was a 200 with no outputs at all.
         (b"\x81\x01\x02", "row 0: the worker's result has a key that is no output name"),
+        # [{"y": 1}]: a streaming worker's one-shot answer (its chunks) was told only that a
+        # result must be a map, though it had sent maps.
+        (b"\x91\x81\xa1y\x01", "not an array (a streaming worker answers with its chunks"),
     ],
 )
 def test_a_result_v2_cannot_answer_from_a_worker_that_declares_no_outputs_is_a_500(

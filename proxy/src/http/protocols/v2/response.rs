@@ -44,8 +44,17 @@ pub fn build(
         .enumerate()
         .map(|(index, data)| {
             super::result_row::entries(data).ok_or_else(|| {
+                // An array is what a streaming worker's one-shot answer is (its chunks): say
+                // so, as the worker's maps came one per chunk.
+                let array = matches!(data.first(), Some(0x90..=0x9f | 0xdc | 0xdd));
+                let why = if array {
+                    ", not an array (a streaming worker answers with its chunks: serve v2 from \
+                     one that returns one map per row)"
+                } else {
+                    ""
+                };
                 bad_output(format!(
-                    "row {index}: a v2 result must be a map from output name to its row"
+                    "row {index}: a v2 result must be a map from output name to its row{why}"
                 ))
             })
         })
