@@ -1,6 +1,7 @@
 """KServe v1 end to end: `POST /v1/models/{name}:predict` and `GET /v1/models/{name}` against the
 real binary and the scripted worker, which echoes each instance with the size of its batch."""
 
+import base64
 import sys
 from pathlib import Path
 
@@ -209,6 +210,19 @@ def test_a_worker_with_several_inputs_takes_each_instance_as_a_map_of_them(corra
         answer = predict(proxy, {"instances": [instance]})
         assert answer.status_code == 400, answer.text
         assert answer.json()["error"].startswith(expected), answer.text
+
+
+def test_a_bytes_input_takes_tensorflow_servings_b64_form(corral_factory):
+    # JSON has no bytes: {"b64": ...} is how a v1 client (TensorFlow Serving's) sends them.
+    # It had been refused as "not a tensor element".
+    proxy = corral_factory(worker=str(WORKERS / "tensors.py"))  # TEXT BYTES [1] -> UPPER
+    instance = {"X": [1, 2, 3], "N": [2], "TEXT": [{"b64": base64.b64encode(b"ab").decode()}]}
+    answer = predict(proxy, {"instances": [instance, {**instance, "TEXT": ["cd"]}]})
+    assert answer.status_code == 200, answer.text
+    assert [p["UPPER"] for p in answer.json()["predictions"]] == [["AB"], ["CD"]]
+    bad = predict(proxy, {"instances": [{**instance, "TEXT": [{"b64": "not base64!"}]}]})
+    assert bad.status_code == 400
+    assert bad.json()["error"].startswith('instance 0: input "TEXT": a "b64" value that is not')
 
 
 def test_a_predict_before_any_worker_said_hello_is_503_not_ready(corral_factory):

@@ -14,7 +14,10 @@
 //! a v2 request would make (a map from each input's name to its tensor value), so that a worker
 //! reads its inputs alike whichever of the two a client spoke: with one input declared, the
 //! instance is its value (or a map naming it); with several, a map naming each — v1's row
-//! format, as TensorFlow Serving reads it.
+//! format, as TensorFlow Serving reads it, `{"b64": …}` objects in a `BYTES` input's value
+//! included ([`b64`]).
+
+mod b64;
 
 use bytes::Bytes;
 use corral_protocol::TensorSpec;
@@ -163,7 +166,10 @@ fn as_tensors(
 fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
     let names = || inputs.iter().map(|s| format!("{:?}", s.name)).collect::<Vec<_>>().join(", ");
     let mut map = instance;
+    // A lone input's value may itself be an object: TensorFlow Serving's `{"b64": …}`.
+    let lone_b64 = inputs.len() == 1 && inputs[0].name != "b64" && b64::is_b64(instance);
     let values: Vec<&[u8]> = match rmp::decode::read_map_len(&mut map) {
+        _ if lone_b64 => vec![instance],
         Err(_) if inputs.len() == 1 => vec![instance],
         Err(_) => return Err(format!("must be an object naming the model's inputs, {}", names())),
         Ok(len) => {
@@ -201,7 +207,11 @@ fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
     for (spec, value) in inputs.iter().zip(values) {
         let at = |e: String| format!("input {:?}: {e}", spec.name);
         let datatype = DataType::parse(&spec.datatype).map_err(at)?;
-        let row = tensor::row(value, Some(datatype)).map_err(at)?;
+        let value = match datatype {
+            DataType::Bytes => b64::decoded(value).map_err(at)?,
+            _ => std::borrow::Cow::Borrowed(value),
+        };
+        let row = tensor::row(&value, Some(datatype)).map_err(at)?;
         if !tensor::fits(&row.shape, &spec.shape) {
             let shape = tensor::shown(&row.shape);
             return Err(at(format!("has shape {shape}; the model takes {:?}", spec.shape)));
