@@ -3,6 +3,7 @@ real binary and the scripted worker, which echoes each instance with the size of
 
 import base64
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -223,6 +224,42 @@ def test_a_bytes_input_takes_tensorflow_servings_b64_form(corral_factory):
     bad = predict(proxy, {"instances": [{**instance, "TEXT": [{"b64": "not base64!"}]}]})
     assert bad.status_code == 400
     assert bad.json()["error"].startswith('instance 0: input "TEXT": a "b64" value that is not')
+
+
+def test_predictions_are_held_to_the_declared_outputs(corral_factory):
+    # As a v2 answer is: a result that is not the declared outputs had been passed on as a
+    # prediction.
+    import msgpack
+
+    from corral import _protocol as protocol
+    from test_worker_protocol import FakeWorker
+
+    sidecar = corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
+    spec = {"name": "X", "datatype": "FP32", "shape": [1]}
+    out = {"name": "Y", "datatype": "INT64", "shape": [2]}
+    worker = FakeWorker(sidecar.socket, inputs=[spec], outputs=[out])
+    sidecar.wait_for_log(r"worker connected")
+
+    def answered(result: dict):
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(predict, sidecar, {"instances": [[1.0]]})
+            (job,) = worker.receive()["jobs"]
+            worker.send(protocol.results([protocol.ok(job["id"], msgpack.packb(result))]))
+            return answer.result(timeout=60)
+
+    try:
+        good = answered({"Y": [1, 2]})
+        assert good.status_code == 200 and good.json() == {"predictions": [{"Y": [1, 2]}]}
+        for result, problem in [
+            ({"Z": [1, 2]}, 'instance 0: output "Y": missing from the worker\'s result'),
+            ({"Y": [1, 2, 3]}, 'instance 0: output "Y": shape [3] where [2] is declared'),
+            ({"Y": ["a", "b"]}, 'instance 0: output "Y": '),
+        ]:
+            bad = answered(result)
+            assert bad.status_code == 500, bad.text
+            assert bad.json()["error"].startswith(problem), bad.text
+    finally:
+        worker.close()
 
 
 def test_a_predict_before_any_worker_said_hello_is_503_not_ready(corral_factory):

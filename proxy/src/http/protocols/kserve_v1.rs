@@ -131,6 +131,12 @@ async fn predict(
         inputs => as_tensors(app, rows, inputs, body_len)?,
     };
     let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
+    // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
+    // not them is the worker's fault, not a prediction.
+    let last = route.pipeline.stages.last().expect("a pipeline has a stage");
+    if let Some(outputs) = last.declared().map(|d| d.outputs.clone()).filter(|o| !o.is_empty()) {
+        check_outputs(&outputs, &outcomes)?;
+    }
     Ok(json(StatusCode::OK, predictions(outcomes)?))
 }
 
@@ -220,6 +226,17 @@ fn as_row(instance: &[u8], inputs: &[TensorSpec]) -> Result<Bytes, String> {
         tensor::write_tensor(&mut out, datatype, &row.shape, &row.data);
     }
     Ok(Bytes::from(out))
+}
+
+/// 500 `bad_output` naming the first instance whose result is not the declared `outputs`; an
+/// instance that failed before it is left to [`predictions`], which answers the first failure.
+fn check_outputs(outputs: &[TensorSpec], outcomes: &[Outcome]) -> Result<(), ApiError> {
+    for (index, outcome) in outcomes.iter().enumerate() {
+        let Outcome::Done(data, _) = outcome else { break };
+        super::v2::response::check_row(outputs, data)
+            .map_err(|e| ApiError::internal("bad_output", format!("instance {index}: {e}")))?;
+    }
+    Ok(())
 }
 
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.

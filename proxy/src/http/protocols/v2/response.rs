@@ -141,6 +141,30 @@ struct Output<'a> {
     data: Option<tensor::JsonData<'a>>,
 }
 
+/// One row's result held to the `declared` outputs, for a protocol that passes results on as
+/// they are (KServe v1): a map giving each once, of its datatype and a shape its declaration
+/// takes. The message names the output.
+pub fn check_row(declared: &[TensorSpec], data: &[u8]) -> Result<(), String> {
+    let entries = super::result_row::entries(data)
+        .ok_or("the worker's result is not a map from output name to its value")?;
+    let row = ResultRow::new(&entries);
+    for spec in declared {
+        let at = |e: String| format!("output {:?}: {e}", spec.name);
+        let value = match row.get(&spec.name) {
+            Found::Once(value) => value,
+            Found::Missing => return Err(at("missing from the worker's result".into())),
+            Found::Twice => return Err(at("named twice in the worker's result".into())),
+        };
+        let datatype = DataType::parse(&spec.datatype).map_err(at)?;
+        let value = tensor::row(value, Some(datatype)).map_err(at)?;
+        if !tensor::fits(&value.shape, &spec.shape) {
+            let shape = tensor::shown(&value.shape);
+            return Err(at(format!("shape {shape} where {:?} is declared", spec.shape)));
+        }
+    }
+    Ok(())
+}
+
 /// 400 if the request asks for an output the model does not give (`names`).
 pub fn check_requested<'a>(
     request: &Request,
