@@ -262,6 +262,34 @@ def test_predictions_are_held_to_the_declared_outputs(corral_factory):
         worker.close()
 
 
+def test_a_worker_replacing_a_tensor_worker_alone_without_tensors_takes_plain_values(
+    corral_factory,
+):
+    # The tensors the last worker declared had stayed: each instance still went as them.
+    import msgpack
+
+    from test_worker_protocol import FakeWorker, echo_back
+
+    sidecar = corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
+    spec = {"name": "X", "datatype": "FP32", "shape": [1]}
+    tensors = FakeWorker(sidecar.socket, inputs=[spec], outputs=[spec])
+    sidecar.wait_for_log(r"worker connected")
+    tensors.close()
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected") == 0, what="gone")
+    plain = FakeWorker(sidecar.socket)
+    sidecar.wait_for_log(r"worker connected", count=2)
+    try:
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(predict, sidecar, {"instances": [[1.5]]})
+            batch = plain.receive()
+            assert msgpack.unpackb(batch["jobs"][0]["payload"]) == [1.5], "a plain value"
+            echo_back(plain, batch)
+            assert answer.result(timeout=60).json() == {"predictions": [[1.5]]}
+        assert sidecar.client.get("/v2/models/default").json()["inputs"] == []
+    finally:
+        plain.close()
+
+
 def test_a_predict_before_any_worker_said_hello_is_503_not_ready(corral_factory):
     # What an instance is (a plain value, or tensors) depends on the workers' declarations: a
     # request queued before they are known reached a tensor worker as a plain list.

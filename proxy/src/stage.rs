@@ -608,6 +608,21 @@ impl Stage {
 
     /// Records what a worker declared, over what earlier ones did ([`Declared::over`]: the
     /// latest declaration of each part wins: workers of one stage are copies of one program).
+    /// Forgets the tensors the stage's earlier workers declared: a worker that joins the stage
+    /// alone declaring none takes plain values (a v1 instance had still been sent to it as the
+    /// tensors of the worker it replaced, and v2's metadata listed them).
+    pub fn forget_tensors(&self) {
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(declared) =
+            kept.as_ref().filter(|d| !d.inputs.is_empty() || !d.outputs.is_empty())
+        {
+            let mut without = Declared::clone(declared);
+            without.inputs.clear();
+            without.outputs.clear();
+            *kept = Some(Arc::new(without));
+        }
+    }
+
     pub fn declare(&self, declared: Declared) {
         let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
         let declared = declared.over(kept.as_deref());

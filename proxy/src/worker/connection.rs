@@ -207,6 +207,11 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
     let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
     let declared_tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
+    if !declared_tensors && stage.workers() == 0 {
+        // Alone on the stage, its (lack of) tensors replace the last ones', as a newcomer's
+        // tensors do (`Stage::tensor_conflict`).
+        stage.forget_tensors();
+    }
     if input.is_none() && output.is_none() && !declared_tensors && weight.is_none() {
         return;
     }
