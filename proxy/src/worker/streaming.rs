@@ -138,6 +138,16 @@ pub(super) async fn work(
             };
             // One timer: the earlier of the hung limit and the next stream's timeout.
             let stream_end = clocks.stream_end.filter(|&end| end < hung_at);
+            // The select below reads the inbox first: a worker whose frames never stop coming
+            // would keep its timers from firing there. They are looked at here too, once a frame.
+            let now = Instant::now();
+            if clocks.overdue.is_some_and(|overdue| now >= overdue) {
+                let why = "the streaming worker held a job past its stream timeout";
+                break Ended::Failed { reason: "hung", why: why.into() };
+            }
+            if stream_end.is_some_and(|end| now >= end) {
+                state.end_streams(now);
+            }
             tokio::select! {
                 biased;
                 message = inbox.next() => message,
