@@ -73,6 +73,10 @@ pub struct Context {
 /// the queue uses up, and no client can get a worker killed that way.
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
+/// The most workers a stage takes connected at once (beyond those Corral spawned for it): as
+/// many as it may spawn (`MAX_WORKERS`).
+const MAX_CONNECTED: usize = crate::config::MAX_WORKERS as usize;
+
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(
     stream: UnixStream,
@@ -98,7 +102,16 @@ pub async fn serve(
     drop(awaiting_hello);
     inbox.decoder_mut().trust();
     let stage = &stage;
-    let refusal = if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
+    let spawned = own_pid != 0 && context.children.spawned(own_pid);
+    let refusal = if !spawned && stage.workers() >= MAX_CONNECTED {
+        // Each connected worker holds a descriptor, buffers and a task: past what any stage is
+        // spawned with, a peer opening connection after connection (each saying hello) took
+        // the descriptors HTTP needs. Corral's own workers are always let in.
+        Some(format!(
+            "stage {:?} has {MAX_CONNECTED} connected workers, the most it takes",
+            stage.name()
+        ))
+    } else if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
         Some(format!(
             "stage {:?} feeds another stage; only the last stage of a pipeline may stream",
             stage.name()
