@@ -391,6 +391,10 @@ CONFIG_ERRORS = {
         STAGE + '[routes."a/b"]\npath = "/ab"\npipeline = "a"\n',
         'routes."a/b": a route name is its model\'s name in v2 and KServe v1 paths',
     ),
+    "a dot segment as a route name": (
+        STAGE + '[routes.".."]\npath = "/up"\npipeline = "a"\n',
+        'routes."..": a route name',
+    ),
     "colon in a route name": (
         STAGE + '[routes."x:predict"]\npath = "/x"\npipeline = "a"\n',
         'routes."x:predict": a route name',

@@ -107,6 +107,10 @@ pub struct Job {
     /// request, and so did a job queued behind a long batch. The client has its 408 at
     /// `deadline` all the same.
     pub allowance: Duration,
+    /// The request's whole time, arrival to deadline, whichever stage the job is on (a later
+    /// stage's job is given what is left): admission judges against it whether the request could
+    /// ever make it, with nothing queued and every worker free.
+    pub budget: Duration,
     /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
     pub class: Class,
     /// The tenant the request named, if any.
@@ -165,6 +169,7 @@ impl Job {
             arrived,
             deadline,
             allowance: deadline.saturating_duration_since(arrived),
+            budget: deadline.saturating_duration_since(arrived),
             class: Class::Normal,
             tenant: None,
             weight: 1,

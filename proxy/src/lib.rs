@@ -79,6 +79,15 @@ fn shared_memory(size: usize) -> Option<Arc<shared_memory::SharedMemory>> {
     if size == 0 {
         return None;
     }
+    if let Some(memory) = shared_memory::memory_limit().filter(|&memory| size as u64 > memory) {
+        // Pages are taken as bodies first use them, and kept: past the memory there is, a busy
+        // proxy is killed for what it was allowed to take.
+        tracing::warn!(
+            bytes = size,
+            memory,
+            "--shared-memory-bytes is more than the memory this process may use; lower it"
+        );
+    }
     shared_memory::SharedMemory::new(size)
         .inspect(|_| info!(bytes = size, "large bodies go through shared memory"))
         .inspect_err(|e| tracing::warn!(error = %e, "no shared memory: bodies use the socket"))

@@ -298,9 +298,31 @@ mod platform {
     pub unsafe fn unmap(_base: NonNull<u8>, _size: usize) {}
 }
 
+/// The memory this process may use: the machine's, or its cgroup's limit where lower (a
+/// container's); None where neither can be read.
+pub fn memory_limit() -> Option<u64> {
+    // SAFETY: sysconf reads a system value and has no preconditions.
+    let (pages, page) =
+        unsafe { (libc::sysconf(libc::_SC_PHYS_PAGES), libc::sysconf(libc::_SC_PAGESIZE)) };
+    let machine = (pages > 0 && page > 0).then(|| pages as u64 * page as u64);
+    let cgroup = std::fs::read_to_string("/sys/fs/cgroup/memory.max")
+        .ok()
+        .and_then(|text| text.trim().parse::<u64>().ok());
+    match (machine, cgroup) {
+        (Some(machine), Some(cgroup)) => Some(machine.min(cgroup)),
+        (machine, cgroup) => machine.or(cgroup),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_os = "linux")]
+    fn the_memory_a_process_may_use_is_known_on_linux() {
+        assert!(memory_limit().is_some_and(|bytes| bytes > 1 << 20));
+    }
 
     #[test]
     fn a_slot_becomes_bytes_that_lie_in_the_memory() {

@@ -495,17 +495,15 @@ impl Stage {
                     if queue.may_probe(now, ahead.weight(), latest, cost) {
                         queue.last_probe = Some(now);
                     } else {
-                        // Where these jobs alone would miss on an idle stage, though one light
-                        // job would not (so it is their own weight, not a stale cost that a
-                        // probe would learn again), a retry meets the same verdict: no
-                        // Retry-After (clients that honour it came back for ever).
-                        let alone = self.predict_idle(&queue, now, cost, &jobs);
-                        let light_fits = now + queue.first_cost(cost).of(1) <= latest;
-                        let retry_after = match alone.filter(|&alone| light_fits && alone > latest)
-                        {
-                            Some(_) => None,
-                            None => Some(admission::retry_after(finish, last.deadline)),
-                        };
+                        // Where even their largest batch alone outlasts the request's whole
+                        // time, though one light job would not (so it is their own weight, not
+                        // a stale cost that a probe would learn again), a retry meets the same
+                        // verdict: no Retry-After (clients that honour it came back for ever).
+                        let whole = last.budget - admission::margin(last.budget);
+                        let light_fits = queue.first_cost(cost).of(1) <= whole;
+                        let hopeless = light_fits && self.least_time(&queue, cost, &jobs) > whole;
+                        let retry_after =
+                            (!hopeless).then(|| admission::retry_after(finish, last.deadline));
                         return Err(Shed::DeadlineUnreachable { retry_after });
                     }
                 }

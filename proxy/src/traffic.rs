@@ -93,6 +93,10 @@ pub struct Traffic {
     /// than its stream timeout), whatever shorter deadline the client asked for; None: the
     /// jobs' own budget. See [`crate::job::Job::allowance`].
     pub allowance: Option<Duration>,
+    /// The request's whole time, from its arrival to its deadline (None: a job's own, from its
+    /// stage's entry). A later stage of a pipeline gets what is left of it; whether a request
+    /// could ever make it is judged against the whole. See [`crate::job::Job::budget`].
+    pub budget: Option<Duration>,
 }
 
 impl Traffic {
@@ -104,6 +108,7 @@ impl Traffic {
         job.weight = self.weight.unwrap_or(0);
         let budget = job.deadline.saturating_duration_since(job.arrived);
         job.allowance = self.allowance.map_or(budget, |allowance| allowance.max(budget));
+        job.budget = self.budget.unwrap_or(budget).max(budget);
     }
 }
 

@@ -831,3 +831,34 @@ def test_remaining_in_a_streaming_forward_is_the_latest_live_items():
         proxy.stream(["a", "b"], timeout_ms=30_000)
     # It had stayed infinite (and as JSON, an unrepresentable 500).
     assert 20 < seen[0] <= 30 and 20 < seen[1] <= 30, seen
+
+
+def test_remaining_is_infinite_once_an_item_streams():
+    # Its end is then the proxy's stream timeout: a finite value past its first-chunk deadline
+    # told a worker to give up on a healthy stream.
+    seen = []
+
+    class Streams(corral.Worker):
+        def forward(self, words):
+            yield ["a"] + [None] * (len(words) - 1)
+            seen.append(self.remaining())
+            yield [corral.END] * len(words)
+
+    with FakeProxy(Streams()) as proxy:
+        proxy.stream(["x", "y"], timeout_ms=30_000)
+    assert seen == [float("inf")]
+
+
+def test_a_streaming_warm_up_runs_at_most_max_running_examples_at_once():
+    sizes = []
+
+    class Bounded(corral.Worker):
+        examples = ("a", "b", "c")
+        max_running = 2
+
+        def forward(self, words):
+            sizes.append(len(words))
+            yield [corral.END] * len(words)
+
+    Bounded().warm_up()
+    assert sizes == [2, 1]

@@ -426,6 +426,9 @@ fn default_route(
 fn check_model_name(name: &str) -> Result<(), ConfigError> {
     let problem = if name.is_empty() {
         "a route name is its model's name in v2 and KServe v1: it cannot be empty"
+    } else if name == "." || name == ".." {
+        "a route name is its model's name in v2 and KServe v1 paths, where clients resolve `.` \
+         and `..` away: pick another"
     } else if name.contains(['/', ':']) {
         "a route name is its model's name in v2 and KServe v1 paths, where `/` and `:` cannot \
          stand: pick a name without them (the route's `path` may hold any)"

@@ -104,6 +104,7 @@ pub async fn receive_with(
     }
     let deadline = arrived + timeout;
     traffic.allowance = Some(route.timeout);
+    traffic.budget = Some(timeout);
     // No connection clock runs while a handler does (a slow body is not a slow head), so the
     // body gets its own, ending at the job's deadline at the latest.
     let read_by = deadline.min(arrived + app.body_read_timeout);
@@ -218,8 +219,8 @@ async fn read_body(
     let mut received = 0;
     loop {
         let frame = tokio::select! {
+            // The grace period first: a body that keeps coming never lets the read be pending.
             biased;
-            frame = tokio::time::timeout_at(read_by, body.frame()) => frame.map_err(|_| None)?,
             // A body still arriving when the grace period runs out is answered as what else is
             // left: 503 (it had been dropped unanswered as the server stopped).
             () = grace_over.cancelled() => {
@@ -227,6 +228,7 @@ async fn read_body(
                 metrics().shed.with_label_values(&[code, ""]).inc();
                 return Err(Some(before_body(ApiError::shutting_down())));
             }
+            frame = tokio::time::timeout_at(read_by, body.frame()) => frame.map_err(|_| None)?,
         };
         let Some(frame) = frame else { break };
         let frame = frame

@@ -426,6 +426,10 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
         "The path takes GET only (`method_not_allowed`); see Allow.",
         infer_error_headers("405"),
     );
+    responses["431"] = error_response(
+        "The request head is larger than --max-header-bytes (`request_head_too_large`).",
+        request_id_header(),
+    );
     if may_be_unavailable {
         responses["503"] = error_response(
             "Not ready (`not_ready`): no worker yet, or stopping.",

@@ -61,7 +61,7 @@ pub fn requested(
                 })?,
         ),
     };
-    Ok(Traffic { class, tenant, weight, allowance: None })
+    Ok(Traffic { class, tenant, weight, allowance: None, budget: None })
 }
 
 #[cfg(test)]
@@ -89,7 +89,13 @@ mod tests {
     #[test]
     fn without_headers_the_route_decides_and_nobody_is_named() {
         let none = requested(&HeaderMap::new(), Class::Low, &HeaderName::from_static("x-api-key"));
-        let nobody = Traffic { class: Class::Low, tenant: None, weight: None, allowance: None };
+        let nobody = Traffic {
+            class: Class::Low,
+            tenant: None,
+            weight: None,
+            allowance: None,
+            budget: None,
+        };
         assert_eq!(none.unwrap(), nobody);
         assert_eq!(read(&[(TENANT_HEADER, " ")]).unwrap().tenant, None);
     }

@@ -177,33 +177,8 @@ impl Stage {
         ahead: Ahead,
         jobs: &[Job],
     ) -> Option<Instant> {
-        self.predict_from(queue, queue.free_at(now, cost), cost, ahead, jobs)
-    }
-
-    /// When `jobs` would be answered on this stage idle: every worker free now, nothing queued.
-    /// Past their deadline, they can never make it at the learned cost.
-    pub(super) fn predict_idle(
-        &self,
-        queue: &Queue,
-        now: Instant,
-        cost: Cost,
-        jobs: &[Job],
-    ) -> Option<Instant> {
-        let idle = vec![now; queue.free_at(now, cost).len()];
-        let nothing = Ahead { light: 0, heavy: (0, 0) };
-        self.predict_from(queue, idle, cost, nothing, jobs)
-    }
-
-    /// [`Stage::predict`], the workers free at `free_at`.
-    fn predict_from(
-        &self,
-        queue: &Queue,
-        mut free_at: Vec<Instant>,
-        cost: Cost,
-        ahead: Ahead,
-        jobs: &[Job],
-    ) -> Option<Instant> {
         let first = queue.first_cost(cost);
+        let mut free_at = queue.free_at(now, cost);
         if ahead.heavy.0 > 0 && !free_at.is_empty() {
             // In nanoseconds, wide: a weight summed over the queue may pass u32 (what a
             // Duration multiplies by). Past a day it is as good as never, and kept there.
@@ -226,6 +201,18 @@ impl Stage {
         };
         let alone = weights().filter(|&weight| weight > max);
         Some(alone.fold(start, |at, weight| at + first.of(weight)))
+    }
+
+    /// The least time `jobs` take on this stage whatever its load and however many workers it
+    /// has: their largest batch (one heavier than a batch's budget alone, else the lighter ones
+    /// together up to that budget), from an idle worker.
+    pub(super) fn least_time(&self, queue: &Queue, cost: Cost, jobs: &[Job]) -> Duration {
+        let first = queue.first_cost(cost);
+        let max = self.batch_weight(queue);
+        let weights = || jobs.iter().map(|job| job.weight as usize);
+        let light: usize = weights().filter(|&weight| weight <= max).sum();
+        let heaviest = weights().filter(|&weight| weight > max).max().unwrap_or(0);
+        first.of(heaviest.max(light.min(max)))
     }
 
     /// The weight of a full batch: the budget, or `max_batch_size` jobs of the queue's mean

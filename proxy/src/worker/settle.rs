@@ -181,7 +181,7 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // A worker may skip a job as expired a little before the proxy's own clock says so (its
     // deadline is sent as time left, read on another clock): its client gets that 408 now,
     // and the expiry is counted as one the proxy saw would be (it had been in no count).
-    let skipped_as_expired = matches!(outcome, Outcome::Expired);
+    let skipped_as_expired = matches!(outcome, Outcome::Expired) && !streamed;
     if job.answer(outcome) {
         if ended_for_the_worker {
             metrics().cancelled.with_label_values(&["worker"]).inc();

@@ -115,7 +115,7 @@ def limit(worker: Any) -> int:
         return 0
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
         raise TypeError(f"max_running must be None or a non-negative integer, not {limit!r}")
-    return limit
+    return min(limit, MAX_RUNNING)
 
 
 def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) -> None:
@@ -184,6 +184,10 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
         _close(generator)
     return failure
 
+
+# The largest `max_running` taken as it is: the hello's `max_batch` is 32 bits (a larger one is
+# as good as none).
+MAX_RUNNING = 2**32 - 1
 
 # The most positions one run of a joining generator takes; past them it offers no more room,
 # its streams finish, and the next batch starts a new run from position 0. A run's lists, and
@@ -315,11 +319,14 @@ class _Run:
         return joined
 
     def set_deadline(self) -> None:
-        """``worker.deadline`` while the generator runs, as in a plain ``forward``: the latest
-        of its live items' deadlines (each bounding its item's first chunk), so that
-        ``remaining()`` means something there too. It had stayed ``inf``."""
-        live = [self.deadlines[position] for position in self.live]
-        self.worker.deadline = max(live) if live else math.inf
+        """``worker.deadline`` while the generator runs: while every live item still waits for
+        its first chunk, the latest of their deadlines (each bounds its item's first chunk), so
+        that once ``remaining()`` is not positive none can make it, as in a plain ``forward``.
+        Once any item streams, its end is the proxy's stream timeout, not a deadline here:
+        ``inf`` (a finite one would have told a worker to give up on healthy streams)."""
+        streaming = len(self.waiting) < len(self.live)
+        waiting = [self.deadlines[position] for position in self.waiting]
+        self.worker.deadline = max(waiting) if waiting and not streaming else math.inf
 
     def finish(self, failure: BaseException | None) -> None:
         """After the generator: withdraw a standing offer (while still holding jobs: one that

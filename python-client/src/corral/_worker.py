@@ -162,7 +162,9 @@ class Worker:
     ``time.monotonic()`` clock. Past it the client has had its 408 and the result is dropped.
     During a plain ``forward``: the latest of the batch's :attr:`deadlines`, so that once
     :meth:`remaining` is not positive no item of the batch can make it; during a streaming one,
-    the latest of its live items' (kept up to date at each ``yield``)."""
+    the same over its items while none has sent a chunk yet (kept up to date at each
+    ``yield``), and ``inf`` once one streams (the proxy's stream timeout ends it, with a
+    cancel)."""
 
     deadlines: list[float]
     """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
@@ -249,7 +251,10 @@ class Worker:
         inputs = [self.preprocess(codec.decode(_typing.pack(example))) for example in self.examples]
         count = len(inputs)  # counted before forward, which may consume or pad its list
         if _streaming.is_streaming(self):
-            _streaming.warm_up(self, inputs)
+            # As serving runs them: at most `max_running` at once (a memory bound, say).
+            step = _streaming.limit(self) or count or 1
+            for start in range(0, count, step):
+                _streaming.warm_up(self, inputs[start : start + step])
             log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
         _batch.warm_up_batch(self, count)

@@ -47,7 +47,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
             "summary": "KServe v1: the models served, one per route.",
             "responses": {"200": ok(json!({"type": "object", "required": ["models"],
                 "properties": {"models": {"type": "array", "items": {"type": "string"}}}})),
-                "405": get_only(&v1_error)},
+                "405": get_only(&v1_error), "431": head_too_large(&v1_error)},
         }}),
     );
     paths.insert(
@@ -61,6 +61,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
                 "404": response("No such model.", &v1_error),
                 "503": response("Not ready.", &readiness),
                 "405": get_only(&v1_error),
+                "431": head_too_large(&v1_error),
             },
         }}),
     );
@@ -75,6 +76,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
 fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
     let get = |id: &str, summary: &str, parameters: Value, mut responses: Value| {
         responses["405"] = get_only(error);
+        responses["431"] = head_too_large(error);
         json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
             "responses": responses}})
     };
@@ -105,8 +107,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "v2: the tensors the model's workers declared (the batch dimension first, as -1).",
         json!([name]),
         json!({"200": ok(model), "404": not_found,
-            "503": response("No worker has connected yet: its tensors are not known (see \
-                Retry-After).", error)}),
+            "503": response("No worker has connected yet: its tensors are not known.", error)}),
     );
     paths.insert("/v2/models/{name}".into(), metadata);
     let readiness = json!({"type": "object", "required": ["name", "ready"],
@@ -182,7 +183,8 @@ fn embeddings(app: &App) -> Value {
             "message": {"type": "string"},
             "type": {"type": "string", "enum": ["invalid_request_error", "server_error"]},
             "code": {"type": "string", "description": "Corral's code word."},
-            "param": {"type": "null"},
+            "param": {"type": ["string", "null"],
+                "description": "The request field a client error is about, if one is."},
         },
     }}});
     let strings =
@@ -243,6 +245,11 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
         ("503", "Shed or stopping; see Retry-After.".to_string()),
     ];
     described.into_iter().map(|(status, text)| (status.into(), response(&text, schema))).collect()
+}
+
+/// Any endpoint's answer to a head larger than `--max-header-bytes`.
+fn head_too_large(error: &Value) -> Value {
+    response("The request head is larger than --max-header-bytes.", error)
 }
 
 /// A read-only endpoint's answer to another method.
