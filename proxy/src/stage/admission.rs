@@ -81,9 +81,24 @@ pub(super) struct Ahead {
 }
 
 impl Ahead {
+    /// Everything queued in `class` and above: what goes before a job of `class` at the latest.
     pub(super) fn from(jobs: &Lanes, class: Class) -> Ahead {
         let heavy = jobs.heavy_from(class);
         Ahead { light: (jobs.weight_from(class) - heavy.1) as usize, heavy }
+    }
+
+    /// What goes before a new request of `weight` from `tenant` in `class`, tenants taking
+    /// turns ([`Lanes::weight_before`]); the heavy jobs among it in proportion.
+    pub(super) fn before(jobs: &Lanes, class: Class, tenant: Option<Tenant>, weight: u64) -> Ahead {
+        let all = Ahead::from(jobs, class);
+        let total = all.weight() as u64;
+        let before = jobs.weight_before(class, tenant, weight).min(total);
+        if before >= total {
+            return all;
+        }
+        let share = |n: u64| (u128::from(n) * u128::from(before) / u128::from(total)) as u64;
+        let heavy = (share(all.heavy.0 as u64) as usize, share(all.heavy.1));
+        Ahead { light: (before - heavy.1) as usize, heavy }
     }
 
     /// All of it, as weight.

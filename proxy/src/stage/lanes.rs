@@ -75,6 +75,8 @@ struct TenantLane {
     requests: VecDeque<Request>,
     /// Weight dispatched from this lane so far: the least served tenant goes next.
     served: u64,
+    /// Weight queued in this lane (its requests' weights, summed).
+    weight: u64,
 }
 
 impl TenantLane {
@@ -113,7 +115,7 @@ impl ClassLane {
         let turns = &mut self.turns;
         self.tenants.entry(key).or_insert_with(|| {
             turns.insert((clock, key));
-            TenantLane { requests: VecDeque::new(), served: clock }
+            TenantLane { requests: VecDeque::new(), served: clock, weight: 0 }
         })
     }
 
@@ -192,6 +194,30 @@ impl Lanes {
     /// Weight queued in `class` and above: the work that goes before a new job of `class`.
     pub fn weight_from(&self, class: Class) -> u64 {
         self.classes[class.index()..].iter().map(|c| c.weight).sum()
+    }
+
+    /// The weight that goes before a new request of `weight` from tenant `key` (None: no
+    /// tenant) in `class`: every higher class's, and in its class its tenant's own queued work
+    /// and what the turns put first of every other tenant's: at most as much as the new
+    /// request's tenant will have been served by its end (its queued work, the request, and how
+    /// far its turns are ahead of the least served), each bounded by what it holds. Counted
+    /// whole, a busy tenant's backlog refused every other tenant's short deadlines, though
+    /// their jobs went in the next batch. An O(1) bound, not a walk of the lanes: admission
+    /// asks it on every arrival.
+    pub fn weight_before(&self, class: Class, key: Key, weight: u64) -> u64 {
+        let higher: u64 = self.classes[class.index() + 1..].iter().map(|c| c.weight).sum();
+        let lanes = &self.classes[class.index()];
+        let least = lanes.turns.first().map(|&(served, _)| served);
+        let (served, queued) = match lanes.tenants.get(&key) {
+            Some(lane) => (lane.served, lane.weight),
+            // A tenant with nothing queued starts level with the least served (`ClassLane::lane`).
+            None => (least.unwrap_or(lanes.clock), 0),
+        };
+        let others = (lanes.tenants.len() - usize::from(lanes.tenants.contains_key(&key))) as u64;
+        let lead = served.saturating_sub(least.unwrap_or(served));
+        let rounds = queued.saturating_add(weight).saturating_add(lead);
+        let theirs = (lanes.weight - queued).min(others.saturating_mul(rounds));
+        higher + queued + theirs
     }
 
     /// Jobs queued in `class` and above that are heavier than the budget (each is sent alone),
@@ -274,7 +300,9 @@ impl Lanes {
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
-        let requests = &mut self.classes[class.index()].lane(key).requests;
+        let lane = self.classes[class.index()].lane(key);
+        lane.weight += weight;
+        let requests = &mut lane.requests;
         // Put back at the front, it counts as entered no later than the request it goes before:
         // the lane stays ordered by entry (promotion reads only its front), and the older work
         // behind it is not held back a whole aging period by the newcomer.
@@ -340,6 +368,7 @@ impl Lanes {
         let request = lane.requests.front_mut().expect("a lane with work has a request");
         let job = request.jobs.pop_front().expect("a queued request has a job");
         request.weight -= u64::from(job.weight);
+        lane.weight -= u64::from(job.weight);
         request.bytes -= job.size();
         // Only a batch starts a request (and so keeps it from eviction); a buried job does not.
         request.started |= dispatched;
@@ -388,6 +417,7 @@ impl Lanes {
                         break;
                     }
                     let mut request = lane.requests.pop_front().expect("checked above");
+                    lane.weight -= request.weight;
                     lanes.tidy(key);
                     if self.current == Some((class, key)) {
                         self.current = None;
@@ -402,7 +432,9 @@ impl Lanes {
                     if up != Class::High {
                         next = Some(next.map_or(request.entered, |at| at.min(request.entered)));
                     }
-                    self.classes[up.index()].lane(key).insert(request);
+                    let lane = self.classes[up.index()].lane(key);
+                    lane.weight += request.weight;
+                    lane.insert(request);
                 }
             }
         }
@@ -430,7 +462,9 @@ impl Lanes {
         });
         let (class, key, at) = victim?;
         let lanes = &mut self.classes[class.index()];
-        let request = lanes.tenants.get_mut(&key)?.requests.remove(at)?;
+        let lane = lanes.tenants.get_mut(&key)?;
+        let request = lane.requests.remove(at)?;
+        lane.weight -= request.weight;
         lanes.tidy(key);
         if self.current == Some((class, key)) && !lanes.tenants.contains_key(&key) {
             self.current = None;
@@ -490,6 +524,7 @@ impl Lanes {
                     gone.extend(dead_jobs.into_iter().map(|job| (class, job)));
                 }
                 lane.requests.retain(|request| !request.jobs.is_empty());
+                lane.weight = lane.requests.iter().map(|request| request.weight).sum();
                 lanes.tidy(key);
             }
         }

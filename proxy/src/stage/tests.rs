@@ -986,3 +986,30 @@ async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
         other => panic!("expected tenant_quota, got {other:?}"),
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_quiet_tenant_is_admitted_past_a_busy_tenants_backlog() {
+    // Tenants take turns: a newcomer's job goes in the next batch or two, not behind a busy
+    // tenant's 300 jobs (38 batches of 40 ms, 1.5 s). Counted whole, every short deadline of
+    // every other tenant was refused while one tenant kept the queue full.
+    let stage = stage(8, 1000);
+    let seat = stage.worker_joined();
+    for _ in 0..10 {
+        seat.finished(8, 8, Duration::from_millis(40));
+    }
+    for _ in 0..300 {
+        let (busy, answer) = classed(b"a", Class::Normal, Some("a"), 1);
+        stage.submit(busy).unwrap();
+        std::mem::forget(answer);
+    }
+    let short = |tenant: &str| {
+        let (mut job, answer) = job(b"short", Duration::from_millis(800));
+        job.tenant = Some(crate::traffic::Tenant::of(tenant.as_bytes()));
+        (job, answer)
+    };
+    let (quiet, _quiet) = short("b");
+    assert!(stage.submit(quiet).is_ok(), "one turn of a's is before it");
+    // The busy tenant's own short job is behind its own backlog: refused.
+    let (busy, _busy) = short("a");
+    assert!(matches!(stage.submit(busy), Err(Shed::DeadlineUnreachable { .. })));
+}

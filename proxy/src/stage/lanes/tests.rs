@@ -270,3 +270,24 @@ fn a_request_whose_job_was_buried_can_still_be_evicted_and_one_a_batch_took_cann
     assert_eq!(lanes.below(Class::High).0, 0);
     assert!(lanes.evict_below(Class::High).is_none());
 }
+
+#[test]
+fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() {
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..300 {
+        one(&mut lanes, &format!("a{i}"), Class::Normal, Some("a"), now);
+    }
+    one(&mut lanes, "high", Class::High, None, now);
+    let b = Some(Tenant::of(b"b"));
+    // The high job, then one of a's for b's one: not a's 300.
+    assert_eq!(lanes.weight_before(Class::Normal, b, 1), 2);
+    // A request of 3 waits for 3 of a's.
+    assert_eq!(lanes.weight_before(Class::Normal, b, 3), 4);
+    // a itself waits for its own backlog.
+    let a = Some(Tenant::of(b"a"));
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1), 301);
+    // And the turns bear it out: b's job goes within the first two normal ones.
+    one(&mut lanes, "b0", Class::Normal, Some("b"), now);
+    assert!(drain(&mut lanes)[..3].contains(&"b0".to_string()));
+}
