@@ -362,7 +362,7 @@ def test_a_routes_default_priority_applies_without_the_header(tmp_path):
         [routes.scoring]
         path = "/score"
         pipeline = "default"
-        priority = "low"
+        priority = "LOW"  # any case, as the header's
         """
     )
     gate, log = tmp_path / "gate", tmp_path / "log"

@@ -22,12 +22,22 @@ use std::time::Duration;
     serde::Deserialize,
     clap::ValueEnum,
 )]
-#[serde(rename_all = "lowercase")]
+// Read in any case, as the header is: a config file's `priority = "HIGH"` had been refused.
+#[serde(try_from = "String")]
 pub enum Class {
     Low,
     #[default]
     Normal,
     High,
+}
+
+impl TryFrom<String> for Class {
+    type Error = String;
+
+    fn try_from(value: String) -> Result<Self, Self::Error> {
+        Class::parse(&value)
+            .ok_or_else(|| format!("{value:?} is not a priority class: low, normal or high"))
+    }
 }
 
 impl Class {
