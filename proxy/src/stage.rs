@@ -489,7 +489,8 @@ impl Stage {
             if let (Some(cost), Some(last)) = (queue.cost.estimate(), jobs.last()) {
                 // Only the jobs of this class and above go before these: lower ones wait.
                 let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
-                let ahead = Ahead::before(&queue.jobs, class, tenant, weight);
+                let batch = self.batch_weight(&queue) as u64;
+                let ahead = Ahead::before(&queue.jobs, class, tenant, weight, batch);
                 let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 let latest = last.deadline - admission::margin(last.deadline - last.arrived);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {

@@ -52,6 +52,7 @@ pub async fn answer(
     let stream_deadline = arrived + last.stream_timeout();
     let deadline = deadline.min(stream_deadline);
     traffic.allowance = traffic.allowance.map(|allowance| allowance.min(last.stream_timeout()));
+    traffic.budget = traffic.budget.map(|budget| budget.min(last.stream_timeout()));
     let inputs = route
         .pipeline
         .run_before_last(vec![input], arrived, deadline, app.retries, traffic)

@@ -88,17 +88,34 @@ impl Ahead {
     }
 
     /// What goes before a new request of `weight` from `tenant` in `class`, tenants taking
-    /// turns ([`Lanes::weight_before`]); the heavy jobs among it in proportion.
-    pub(super) fn before(jobs: &Lanes, class: Class, tenant: Option<Tenant>, weight: u64) -> Ahead {
+    /// turns ([`Lanes::weight_before`], with a `batch` of slack): the higher classes' heavy
+    /// jobs all, its own class's in proportion to its part of that class (their count rounded
+    /// up: a heavy job is costed only where one is counted).
+    pub(super) fn before(
+        jobs: &Lanes,
+        class: Class,
+        tenant: Option<Tenant>,
+        weight: u64,
+        batch: u64,
+    ) -> Ahead {
         let all = Ahead::from(jobs, class);
         let total = all.weight() as u64;
-        let before = jobs.weight_before(class, tenant, weight).min(total);
+        let before = jobs.weight_before(class, tenant, weight, batch).min(total);
         if before >= total {
             return all;
         }
-        let share = |n: u64| (u128::from(n) * u128::from(before) / u128::from(total)) as u64;
-        let heavy = (share(all.heavy.0 as u64) as usize, share(all.heavy.1));
-        Ahead { light: (before - heavy.1) as usize, heavy }
+        let (in_class, in_class_weight) = jobs.heavy_in(class);
+        let higher = (all.heavy.0 - in_class, all.heavy.1 - in_class_weight);
+        let class_weight = jobs.weight_in(class);
+        let in_class_before = before.saturating_sub(total - class_weight);
+        let share = |n: u64| {
+            let n = u128::from(n) * u128::from(in_class_before);
+            n.div_ceil(u128::from(class_weight.max(1))) as u64
+        };
+        let heavy_weight = share(in_class_weight).min(in_class_weight);
+        let heavy_count = if heavy_weight > 0 { share(in_class as u64).max(1) } else { 0 };
+        let heavy = (higher.0 + heavy_count as usize, higher.1 + heavy_weight);
+        Ahead { light: before.saturating_sub(heavy.1) as usize, heavy }
     }
 
     /// All of it, as weight.
@@ -220,10 +237,16 @@ impl Stage {
 
     /// The least time `jobs` take on this stage whatever its load and however many workers it
     /// has: their largest batch (one heavier than a batch's budget alone, else the lighter ones
-    /// together up to that budget), from an idle worker.
+    /// together up to a full batch of theirs: `max_batch_size` of them, within the budget),
+    /// from an idle worker. Their own batch, not the queue's (whose mean weight may be far
+    /// from theirs).
     pub(super) fn least_time(&self, queue: &Queue, cost: Cost, jobs: &[Job]) -> Duration {
         let first = queue.first_cost(cost);
-        let max = self.batch_weight(queue);
+        let total: u64 = jobs.iter().map(|job| u64::from(job.weight)).sum();
+        let mean = total as f64 / jobs.len().max(1) as f64;
+        let by_count = (self.settings.max_batch_size as f64 * mean.max(1.0)).ceil() as usize;
+        let max = self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count));
+        let max = max.max(1);
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let heaviest = weights().filter(|&weight| weight > max).max().unwrap_or(0);

@@ -200,11 +200,12 @@ impl Lanes {
     /// tenant) in `class`: every higher class's, and in its class its tenant's own queued work
     /// and what the turns put first of every other tenant's: at most as much as the new
     /// request's tenant will have been served by its end (its queued work, the request, and how
-    /// far its turns are ahead of the least served), each bounded by what it holds. Counted
-    /// whole, a busy tenant's backlog refused every other tenant's short deadlines, though
-    /// their jobs went in the next batch. An O(1) bound, not a walk of the lanes: admission
-    /// asks it on every arrival.
-    pub fn weight_before(&self, class: Class, key: Key, weight: u64) -> u64 {
+    /// far its turns are ahead of the least served) and one `batch` more (a request a batch has
+    /// started fills it before the turns are counted again, and a job is not split), each
+    /// bounded by what it holds. Counted whole, a busy tenant's backlog refused every other
+    /// tenant's short deadlines, though their jobs went in the next batch. An O(1) bound, not
+    /// a walk of the lanes: admission asks it on every arrival.
+    pub fn weight_before(&self, class: Class, key: Key, weight: u64, batch: u64) -> u64 {
         let higher: u64 = self.classes[class.index() + 1..].iter().map(|c| c.weight).sum();
         let lanes = &self.classes[class.index()];
         let least = lanes.turns.first().map(|&(served, _)| served);
@@ -215,9 +216,19 @@ impl Lanes {
         };
         let others = (lanes.tenants.len() - usize::from(lanes.tenants.contains_key(&key))) as u64;
         let lead = served.saturating_sub(least.unwrap_or(served));
-        let rounds = queued.saturating_add(weight).saturating_add(lead);
+        let rounds = queued.saturating_add(weight).saturating_add(lead).saturating_add(batch);
         let theirs = (lanes.weight - queued).min(others.saturating_mul(rounds));
         higher + queued + theirs
+    }
+
+    /// Weight queued in `class` alone.
+    pub fn weight_in(&self, class: Class) -> u64 {
+        self.classes[class.index()].weight
+    }
+
+    /// Jobs queued in `class` alone that are heavier than the budget, and their weight.
+    pub fn heavy_in(&self, class: Class) -> (usize, u64) {
+        self.classes[class.index()].heavy
     }
 
     /// Jobs queued in `class` and above that are heavier than the budget (each is sent alone),

@@ -1013,3 +1013,23 @@ async fn a_quiet_tenant_is_admitted_past_a_busy_tenants_backlog() {
     let (busy, _busy) = short("a");
     assert!(matches!(stage.submit(busy), Err(Shed::DeadlineUnreachable { .. })));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_higher_class_heavy_job_is_counted_whole_before_another_tenants_job() {
+    // The tenants' turns share out their own class's work, not a higher class's: a high job of
+    // 100,000 (10 s here) goes first whatever the tenants, and a 500 ms job behind it is
+    // refused. Shared out, its count rounded to none, it had been costed at nothing.
+    let stage = learned_by_weight(Some(100));
+    let (mut heavy, _heavy) = classed(b"heavy", Class::High, None, 100_000);
+    heavy.deadline += Duration::from_secs(60);
+    stage.submit(heavy).unwrap();
+    for _ in 0..10 {
+        let (mut light, answer) = classed(b"a", Class::Normal, Some("a"), 1);
+        light.deadline += Duration::from_secs(60);
+        stage.submit(light).unwrap();
+        std::mem::forget(answer);
+    }
+    let (mut quiet, _quiet) = job(b"b", Duration::from_millis(500));
+    quiet.tenant = Some(crate::traffic::Tenant::of(b"b"));
+    assert!(matches!(stage.submit(quiet), Err(Shed::DeadlineUnreachable { .. })));
+}

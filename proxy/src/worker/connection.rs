@@ -73,8 +73,8 @@ pub struct Context {
 /// the queue uses up, and no client can get a worker killed that way.
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
-/// The most workers a stage takes connected at once (beyond those Corral spawned for it): as
-/// many as it may spawn (`MAX_WORKERS`).
+/// The most workers a stage takes connected at once, counting those Corral spawned (which are
+/// let in past it): as many as it may spawn (`MAX_WORKERS`).
 const MAX_CONNECTED: usize = crate::config::MAX_WORKERS as usize;
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.

@@ -181,11 +181,13 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // A worker may skip a job as expired a little before the proxy's own clock says so (its
     // deadline is sent as time left, read on another clock): its client gets that 408 now,
     // and the expiry is counted as one the proxy saw would be (it had been in no count).
-    let skipped_as_expired = matches!(outcome, Outcome::Expired) && !streamed;
+    let said_expired = matches!(outcome, Outcome::Expired);
     if job.answer(outcome) {
-        if ended_for_the_worker {
+        if ended_for_the_worker || (said_expired && streamed) {
+            // A stream the worker gave up on after chunks: its client had a 200 stream, ended
+            // by an error event; cancelled, as a streamed job past its deadline is.
             metrics().cancelled.with_label_values(&["worker"]).inc();
-        } else if skipped_as_expired {
+        } else if said_expired {
             metrics().expired.with_label_values(&["worker"]).inc();
         }
         return false;

@@ -242,7 +242,8 @@ class Worker:
 
     def warm_up(self) -> None:
         """Run :attr:`examples` through ``preprocess``, ``forward`` and ``postprocess`` as one
-        batch; raise if any step fails or an output cannot be encoded."""
+        batch (a streaming worker's in batches of at most ``max_running``); raise if any step
+        fails or an output cannot be encoded."""
         if not self.examples:
             return
         started = time.monotonic()

@@ -280,13 +280,14 @@ fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() 
     }
     one(&mut lanes, "high", Class::High, None, now);
     let b = Some(Tenant::of(b"b"));
-    // The high job, then one of a's for b's one: not a's 300.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 1), 2);
-    // A request of 3 waits for 3 of a's.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 3), 4);
+    // The high job, then one of a's for b's one, and a batch (of 8) a's may fill first: not
+    // a's 300.
+    assert_eq!(lanes.weight_before(Class::Normal, b, 1, 8), 1 + 9);
+    // A request of 3 waits for 3 of a's, and that batch.
+    assert_eq!(lanes.weight_before(Class::Normal, b, 3, 8), 1 + 11);
     // a itself waits for its own backlog.
     let a = Some(Tenant::of(b"a"));
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1), 301);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 301);
     // And the turns bear it out: b's job goes within the first two normal ones.
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
     assert!(drain(&mut lanes)[..3].contains(&"b0".to_string()));
