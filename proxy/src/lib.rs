@@ -191,6 +191,7 @@ pub async fn run(
         shutdown: stop_workers.clone(),
         children: children.clone(),
         shared_memory,
+        external: Arc::new(tokio::sync::Semaphore::new(worker::connection::MAX_EXTERNAL)),
         awaiting_hello: Arc::new(tokio::sync::Semaphore::new(
             worker::listener::AWAITING_HELLO + spawned as usize,
         )),

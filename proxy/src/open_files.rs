@@ -7,7 +7,8 @@
 //! soft limit is raised to the hard one (allowed without privileges), and the effective cap is
 //! kept below the limit, with room left for what else the process opens: its listeners, the
 //! runtime's own descriptors, each worker's socket and output pipes, the worker socket's
-//! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`]), the connection
+//! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`]), the workers it
+//! did not spawn ([`crate::worker::connection::MAX_EXTERNAL`]), the connection
 //! reserve past the cap ([`crate::http::reserve`]), and connections being refused (each holds a descriptor
 //! while its 503 is written).
 
@@ -46,7 +47,9 @@ pub fn connection_cap(requested: usize, workers: usize) -> usize {
 /// whenever the cap is reached.
 fn cap_under(limit: u64, workers: u64) -> u64 {
     let awaiting_hello = crate::worker::listener::AWAITING_HELLO as u64;
-    let kept = (RESERVED + awaiting_hello + PER_WORKER * workers).min(limit / 2);
+    // A worker Corral did not spawn holds its socket alone.
+    let external = crate::worker::connection::MAX_EXTERNAL as u64;
+    let kept = (RESERVED + awaiting_hello + external + PER_WORKER * workers).min(limit / 2);
     let reserve = crate::http::reserve::CONNECTIONS as u64;
     limit.saturating_sub(kept).saturating_sub(reserve).max(1)
 }
@@ -138,8 +141,10 @@ mod tests {
     #[test]
     fn the_cap_leaves_room_for_the_process_and_its_workers() {
         let hello = 32; // the worker socket's connections yet to say hello
-        assert_eq!(cap_under(1024, 1), 1024 - 64 - hello - 4 - 16, "16: the connection reserve");
-        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - 64 - hello - 32 - 16);
+        let external = 128; // workers it did not spawn
+        let kept = 64 + hello + external;
+        assert_eq!(cap_under(1024, 1), 1024 - kept - 4 - 16, "16: the connection reserve");
+        assert_eq!(cap_under(1_048_576, 8), 1_048_576 - kept - 32 - 16);
         assert_eq!(cap_under(64, 1), 16, "a tiny limit: half of it, less the reserve");
         assert_eq!(cap_under(1, 1), 1);
     }

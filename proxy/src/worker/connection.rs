@@ -65,6 +65,9 @@ pub struct Context {
     /// workers spawned (`listener::accept` takes a permit, the handshake gives it back; a
     /// worker Corral spawned is let in without one).
     pub awaiting_hello: Arc<tokio::sync::Semaphore>,
+    /// Connected workers Corral did not spawn, at most [`MAX_EXTERNAL`] across the stages: each
+    /// holds a permit for as long as it is connected.
+    pub external: Arc<tokio::sync::Semaphore>,
 }
 
 /// Without `--batch-timeout-ms`, a worker is hung once it holds a batch this long past the
@@ -73,9 +76,13 @@ pub struct Context {
 /// the queue uses up, and no client can get a worker killed that way.
 pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
-/// The most workers a stage takes connected at once, counting those Corral spawned (which are
-/// let in past it): as many as it may spawn (`MAX_WORKERS`).
-const MAX_CONNECTED: usize = crate::config::MAX_WORKERS as usize;
+/// The most workers connected at once that Corral did not spawn, across its stages: each holds
+/// a descriptor, buffers and a task, and a peer saying hello on connection after connection had
+/// taken the descriptors HTTP needs. Kept room for under the open-file limit
+/// ([`crate::open_files`]), so kept modest: a sidecar's external workers are a node's GPUs'
+/// worth (8 × 4 is 32), and each counts against the HTTP connections a 1,024-descriptor limit
+/// leaves. Corral's own workers are always let in.
+pub const MAX_EXTERNAL: usize = 128;
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
 pub async fn serve(
@@ -103,13 +110,14 @@ pub async fn serve(
     inbox.decoder_mut().trust();
     let stage = &stage;
     let spawned = own_pid != 0 && context.children.spawned(own_pid);
-    let refusal = if !spawned && stage.workers() >= MAX_CONNECTED {
-        // Each connected worker holds a descriptor, buffers and a task: past what any stage is
-        // spawned with, a peer opening connection after connection (each saying hello) took
-        // the descriptors HTTP needs. Corral's own workers are always let in.
+    // Held while connected (dropped as this function returns).
+    let external = match spawned {
+        true => None,
+        false => context.external.clone().try_acquire_owned().ok(),
+    };
+    let refusal = if !spawned && external.is_none() {
         Some(format!(
-            "stage {:?} has {MAX_CONNECTED} connected workers, the most it takes",
-            stage.name()
+            "the proxy has {MAX_EXTERNAL} connected workers it did not spawn, the most it takes"
         ))
     } else if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
         Some(format!(
