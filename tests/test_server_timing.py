@@ -227,3 +227,31 @@ def test_the_drains_503s_say_whether_a_batch_ran(corral_factory, tmp_path):
     assert in_worker.headers["x-corral-batch-size"] == "1"
     assert set(timing(in_queue)) == {"total"}
     assert "x-corral-batch-size" not in in_queue.headers
+
+
+def test_a_slow_bodys_reading_is_not_queue_time(corral_factory):
+    # The first stage's jobs enter its queue once the body is in: its reading had been counted
+    # as queueing (`queue;dur` of 1,000 ms for a body sent over a second to an idle worker).
+    import threading
+
+    proxy = corral_factory("--max-wait-ms=0")
+    halfway = threading.Event()
+
+    def body():
+        yield b'{"x": "'
+        halfway.wait(timeout=30)
+        yield b'slow"}'
+
+    with ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(
+            proxy.client.post, "/infer", content=body(),
+            headers={"content-type": "application/json"},
+        )  # fmt: skip
+        # The stimulus: the body's second half comes 1 s after its first.
+        threading.Timer(1.0, halfway.set).start()
+        response = answer.result(timeout=30)
+    assert response.status_code == 200, response.text
+    parts = check_parts(response)
+    assert parts["total"] >= 1000, parts
+    assert parts["queue"] < parts["total"] / 2, parts
+    assert proxy.metric("corral_queue_wait_seconds_sum", stage="default") < 0.5

@@ -88,8 +88,8 @@ pub struct Route {
 pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
     let error = match shed {
         Shed::QueueFull { retry_after } => error::ApiError::queue_full(retry_after.as_secs()),
-        Shed::DeadlineUnreachable { retry_after } => {
-            error::ApiError::deadline_unreachable(retry_after.map(|after| after.as_secs()))
+        Shed::DeadlineUnreachable { retry_after, alone } => {
+            error::ApiError::deadline_unreachable(retry_after.as_secs(), alone)
         }
         Shed::TenantQuota { retry_after } => error::ApiError::tenant_quota(retry_after.as_secs()),
         Shed::ShuttingDown => error::ApiError::shutting_down(),
@@ -163,7 +163,7 @@ mod tests {
         let later = Duration::from_secs(3);
         for shed in [
             Shed::QueueFull { retry_after: later },
-            Shed::DeadlineUnreachable { retry_after: Some(later) },
+            Shed::DeadlineUnreachable { retry_after: later, alone: false },
             Shed::TenantQuota { retry_after: later },
             Shed::ShuttingDown,
         ] {

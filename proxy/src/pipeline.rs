@@ -73,12 +73,14 @@ impl Pipeline {
     pub async fn run_before_last(
         &self,
         mut jobs: Vec<Input>,
-        arrived: Instant,
         deadline: Instant,
         retries: u32,
         traffic: Traffic,
     ) -> Result<Result<(Instant, Vec<Input>), Vec<Outcome>>, Shed> {
-        let mut entered = arrived;
+        // The first stage's jobs enter its queue now, with the body in: its reading is the
+        // edge's time, not the queue's (`queue;dur` and `corral_queue_wait_seconds` had
+        // counted a slow upload as queueing, and the batch window had opened before it ended).
+        let mut entered = Instant::now();
         for pair in self.stages.windows(2) {
             let (stage, next) = (&pair[0], &pair[1]);
             let ids: Vec<JobId> = jobs.iter().map(|input| input.id).collect();
@@ -97,12 +99,11 @@ impl Pipeline {
     pub async fn run(
         &self,
         jobs: Vec<Input>,
-        arrived: Instant,
         deadline: Instant,
         retries: u32,
         traffic: Traffic,
     ) -> Result<Vec<Outcome>, Shed> {
-        match self.run_before_last(jobs, arrived, deadline, retries, traffic).await? {
+        match self.run_before_last(jobs, deadline, retries, traffic).await? {
             Ok((entered, inputs)) => {
                 run_stage(self.last(), inputs, entered, deadline, retries, traffic).await
             }

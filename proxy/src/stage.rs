@@ -57,9 +57,10 @@ pub enum Shed {
     /// The queue has no room for them under `--queue-capacity` or `--queue-capacity-bytes`;
     /// `retry_after`: when it is predicted to have room ([`Stage::room_in`]).
     QueueFull { retry_after: Duration },
-    /// They were predicted to finish past their deadline; worth retrying after `retry_after`,
-    /// or never (None) where they alone, on an idle stage, are predicted to miss it.
-    DeadlineUnreachable { retry_after: Option<Duration> },
+    /// They were predicted to finish past their deadline; worth retrying after `retry_after`.
+    /// `alone`: even their own largest batch, on an idle worker, is predicted to outlast the
+    /// request's whole time (the client is told to give it more time or fewer items).
+    DeadlineUnreachable { retry_after: Duration, alone: bool },
     /// Their tenant already holds its share of the queue (`--tenant-queue-share`).
     TenantQuota { retry_after: Duration },
     /// The stage is closed: the proxy is stopping.
@@ -498,15 +499,16 @@ impl Stage {
                         queue.last_probe = Some(now);
                     } else {
                         // Where even their largest batch alone outlasts the request's whole
-                        // time, though one light job would not (so it is their own weight, not
-                        // a stale cost that a probe would learn again), a retry meets the same
-                        // verdict: no Retry-After (clients that honour it came back for ever).
+                        // time, though one light job would not, the client is told it is the
+                        // request's own size. Retry-After stays: the cost may be stale (the
+                        // model became faster), and only traffic relearns it. Without it, a
+                        // request served once 8 others had retrained the cost had been told
+                        // never to retry.
                         let whole = last.budget - admission::margin(last.budget);
                         let light_fits = queue.first_cost(cost).of(1) <= whole;
-                        let hopeless = light_fits && self.least_time(&queue, cost, &jobs) > whole;
-                        let retry_after =
-                            (!hopeless).then(|| admission::retry_after(finish, last.deadline));
-                        return Err(Shed::DeadlineUnreachable { retry_after });
+                        let alone = light_fits && self.least_time(&queue, cost, &jobs) > whole;
+                        let retry_after = admission::retry_after(finish, last.deadline);
+                        return Err(Shed::DeadlineUnreachable { retry_after, alone });
                     }
                 }
             }

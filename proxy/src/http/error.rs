@@ -145,18 +145,17 @@ impl ApiError {
         Self::new(StatusCode::SERVICE_UNAVAILABLE, "not_ready", message)
     }
 
-    /// Predicted past its deadline: at the current load (retry after `retry_after_secs`), or
-    /// even on an idle stage (None: retrying the same request cannot help).
-    pub fn deadline_unreachable(retry_after_secs: Option<u64>) -> Self {
-        let Some(secs) = retry_after_secs else {
-            let message = "the request alone is predicted to take longer than its deadline \
-                           allows, even with nothing queued: give it a longer deadline or fewer \
-                           items";
-            return Self::new(StatusCode::SERVICE_UNAVAILABLE, "deadline_unreachable", message);
+    /// Predicted past its deadline: at the current load, or (`alone`) even with nothing queued,
+    /// by the request's own size at the learned cost.
+    pub fn deadline_unreachable(retry_after_secs: u64, alone: bool) -> Self {
+        let message = if alone {
+            "the request alone is predicted to take longer than its deadline allows, even with \
+             nothing queued: give it a longer deadline or fewer items"
+        } else {
+            "the job cannot finish before its deadline at the current load; retry later"
         };
-        let message = "the job cannot finish before its deadline at the current load; retry later";
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "deadline_unreachable", message);
-        error.retry_after = Some(secs.max(1));
+        error.retry_after = Some(retry_after_secs.max(1));
         error
     }
 

@@ -19,7 +19,6 @@ pub async fn run_items(
     app: &App,
     route: &Route,
     payloads: Vec<impl Into<Payload>>,
-    arrived: Instant,
     deadline: Instant,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
@@ -29,7 +28,7 @@ pub async fn run_items(
         check_payload_size(app, route, payload.len())?;
     }
     let jobs = payloads.into_iter().map(|payload| Input::new(JobId::new(), payload)).collect();
-    run(app, route, jobs, arrived, deadline, traffic).await
+    run(app, route, jobs, deadline, traffic).await
 }
 
 /// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503.
@@ -37,11 +36,10 @@ pub async fn run(
     app: &App,
     route: &Route,
     jobs: Vec<Input>,
-    arrived: Instant,
     deadline: Instant,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let run = route.pipeline.run(jobs, arrived, deadline, app.retries, traffic);
+    let run = route.pipeline.run(jobs, deadline, app.retries, traffic);
     run.await.map_err(|shed| shed_error(shed, traffic.class))
 }
 

@@ -55,7 +55,7 @@ pub async fn answer(
     traffic.budget = traffic.budget.map(|budget| budget.min(last.stream_timeout()));
     let inputs = route
         .pipeline
-        .run_before_last(vec![input], arrived, deadline, app.retries, traffic)
+        .run_before_last(vec![input], deadline, app.retries, traffic)
         .await
         .map_err(shed)?;
     let (entered, input) = match inputs {

@@ -88,9 +88,10 @@ impl Ahead {
     }
 
     /// What goes before a new request of `weight` from `tenant` in `class`, tenants taking
-    /// turns ([`Lanes::weight_before`], with a `batch` of slack): the higher classes' heavy
-    /// jobs all, its own class's in proportion to its part of that class (their count rounded
-    /// up: a heavy job is costed only where one is counted).
+    /// turns ([`Lanes::weight_before`], with a `batch` of slack; more than is queued, where the
+    /// other tenants are expected to keep their turns): the higher classes' heavy jobs all, its
+    /// own class's in proportion to its part of that class (their count rounded up: a heavy job
+    /// is costed only where one is counted), the rest light.
     pub(super) fn before(
         jobs: &Lanes,
         class: Class,
@@ -100,9 +101,10 @@ impl Ahead {
     ) -> Ahead {
         let all = Ahead::from(jobs, class);
         let total = all.weight() as u64;
-        let before = jobs.weight_before(class, tenant, weight, batch).min(total);
+        let before = jobs.weight_before(class, tenant, weight, batch);
         if before >= total {
-            return all;
+            let extra = (before - total) as usize;
+            return Ahead { light: all.light + extra, heavy: all.heavy };
         }
         let (in_class, in_class_weight) = jobs.heavy_in(class);
         let higher = (all.heavy.0 - in_class, all.heavy.1 - in_class_weight);
@@ -237,14 +239,14 @@ impl Stage {
 
     /// The least time `jobs` take on this stage whatever its load and however many workers it
     /// has: their largest batch (one heavier than a batch's budget alone, else the lighter ones
-    /// together up to a full batch of theirs: `max_batch_size` of them, within the budget),
+    /// together up to a full batch of theirs: [`Stage::batch_jobs`] of them, within the budget),
     /// from an idle worker. Their own batch, not the queue's (whose mean weight may be far
     /// from theirs).
     pub(super) fn least_time(&self, queue: &Queue, cost: Cost, jobs: &[Job]) -> Duration {
         let first = queue.first_cost(cost);
         let total: u64 = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let mean = total as f64 / jobs.len().max(1) as f64;
-        let by_count = (self.settings.max_batch_size as f64 * mean.max(1.0)).ceil() as usize;
+        let by_count = (self.batch_jobs(queue) as f64 * mean.max(1.0)).ceil() as usize;
         let max = self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count));
         let max = max.max(1);
         let weights = || jobs.iter().map(|job| job.weight as usize);
@@ -253,13 +255,22 @@ impl Stage {
         first.of(heaviest.max(light.min(max)))
     }
 
-    /// The weight of a full batch: the budget, or `max_batch_size` jobs of the queue's mean
-    /// weight, whichever is less (with nothing weighed, `max_batch_size`).
+    /// The weight of a full batch: the budget, or a full batch's jobs ([`Stage::batch_jobs`])
+    /// of the queue's mean weight, whichever is less.
     pub(super) fn batch_weight(&self, queue: &Queue) -> usize {
         let jobs = &queue.jobs;
         let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
-        let by_count = (self.settings.max_batch_size as f64 * mean.max(1.0)).ceil() as usize;
+        let by_count = (self.batch_jobs(queue) as f64 * mean.max(1.0)).ceil() as usize;
         self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count)).max(1)
+    }
+
+    /// The most jobs a batch takes: `max_batch_size`, or less where every connected worker
+    /// bounds its batches lower (hello `max_batch`: a joining worker's `max_running`). Replayed
+    /// as batches of 32 for a worker taking 1, admission let in 20 times the work a deadline
+    /// allowed, and each client got its 408 instead of a 503.
+    pub(super) fn batch_jobs(&self, queue: &Queue) -> usize {
+        let most = queue.seats.iter().flatten().map(|seat| seat.max_batch).max();
+        self.settings.max_batch_size.min(most.unwrap_or(usize::MAX)).max(1)
     }
 }
 

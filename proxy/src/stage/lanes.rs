@@ -198,13 +198,17 @@ impl Lanes {
 
     /// The weight that goes before a new request of `weight` from tenant `key` (None: no
     /// tenant) in `class`: every higher class's, and in its class its tenant's own queued work
-    /// and what the turns put first of every other tenant's: at most as much as the new
-    /// request's tenant will have been served by its end (its queued work, the request, and how
-    /// far its turns are ahead of the least served) and one `batch` more (a request a batch has
-    /// started fills it before the turns are counted again, and a job is not split), each
-    /// bounded by what it holds. Counted whole, a busy tenant's backlog refused every other
-    /// tenant's short deadlines, though their jobs went in the next batch. An O(1) bound, not
-    /// a walk of the lanes: admission asks it on every arrival.
+    /// and the other tenants' turns: of what they hold, as much each as the new request's
+    /// tenant will have been served by its end (its queued work, the request, and how far its
+    /// turns are ahead of the least served) and one `batch` more (a request a batch has started
+    /// fills it before the turns are counted again, and a job is not split); and at least that
+    /// much each (not the batch) whatever they hold, for the tenants with work keep sending:
+    /// each takes its turn all the while a long queue of this tenant's drains. Counted as what they held, a busy
+    /// tenant was admitted past what it would be served in time, and 60% of its requests
+    /// expired in the queue or the worker beside a quiet tenant taking a third of the turns;
+    /// counted as every tenant's queued work, the quiet tenant's short deadlines were all
+    /// refused, though its jobs went in the next batch. An O(1) count, not a walk of the
+    /// lanes: admission asks it on every arrival.
     pub fn weight_before(&self, class: Class, key: Key, weight: u64, batch: u64) -> u64 {
         let higher: u64 = self.classes[class.index() + 1..].iter().map(|c| c.weight).sum();
         let lanes = &self.classes[class.index()];
@@ -216,9 +220,10 @@ impl Lanes {
         };
         let others = (lanes.tenants.len() - usize::from(lanes.tenants.contains_key(&key))) as u64;
         let lead = served.saturating_sub(least.unwrap_or(served));
-        let rounds = queued.saturating_add(weight).saturating_add(lead).saturating_add(batch);
-        let theirs = (lanes.weight - queued).min(others.saturating_mul(rounds));
-        higher + queued + theirs
+        let rounds = queued.saturating_add(weight).saturating_add(lead);
+        let held = lanes.weight - queued;
+        let of_the_queue = held.min(others.saturating_mul(rounds.saturating_add(batch)));
+        higher + queued + of_the_queue.max(others.saturating_mul(rounds))
     }
 
     /// Weight queued in `class` alone.

@@ -112,7 +112,7 @@ async fn predict(
         let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
         return Err(body::before_body(error));
     }
-    let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
+    let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
     let instances = items::field(&payload, "instances")
@@ -130,7 +130,7 @@ async fn predict(
         [] => rows,
         inputs => as_tensors(app, rows, inputs, body_len)?,
     };
-    let outcomes = infer::run_items(app, route, rows, arrived, deadline, traffic).await?;
+    let outcomes = infer::run_items(app, route, rows, deadline, traffic).await?;
     // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
     // not them is the worker's fault, not a prediction.
     let last = route.pipeline.stages.last().expect("a pipeline has a stage");

@@ -81,7 +81,7 @@ pub async fn handle(
     }
     if !many {
         check_payload_size(app, route, input.size())?;
-        let outcome = run(app, route, vec![input], arrived, deadline, traffic).await?;
+        let outcome = run(app, route, vec![input], deadline, traffic).await?;
         return match outcome.into_iter().next().expect("one job, one outcome") {
             Outcome::Done(data, content_type) => answer(&negotiation, data, content_type),
             other => Err(ApiError::from_outcome(other)),
@@ -98,7 +98,7 @@ pub async fn handle(
         check_item_count(route, count)?;
     }
     let elements = items::split(&array).map_err(ApiError::bad_request)?;
-    let outcomes = run_items(app, route, elements, arrived, deadline, traffic).await?;
+    let outcomes = run_items(app, route, elements, deadline, traffic).await?;
     Ok(respond(format, items::assemble(outcomes, format)?))
 }
 

@@ -64,7 +64,7 @@ pub async fn embeddings(
         let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
         return Err(body::before_body(error));
     }
-    let Received { body, arrived, deadline, traffic } = body::receive(app, route, request).await?;
+    let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
@@ -87,7 +87,7 @@ pub async fn embeddings(
     let inputs = strings(request.input, route.pipeline.capacity())?;
     let tokens: usize = inputs.iter().map(|text| text.split_whitespace().count()).sum();
     let payloads = inputs.iter().map(|text| msgpack_str(text)).collect();
-    let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
+    let outcomes = infer::run_items(app, route, payloads, deadline, traffic).await?;
     first_failure(&outcomes, "input")?;
     let data = outcomes
         .into_iter()

@@ -281,7 +281,7 @@ async fn infer(
         Some(timeout) => deadline.min(timeout),
         None => deadline,
     };
-    let outcomes = infer::run_items(app, route, payloads, arrived, deadline, traffic).await?;
+    let outcomes = infer::run_items(app, route, payloads, deadline, traffic).await?;
     first_failure(&outcomes, "row")?;
     let results: Vec<&[u8]> = outcomes
         .iter()

@@ -288,6 +288,13 @@ fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() 
     // a itself waits for its own backlog.
     let a = Some(Tenant::of(b"a"));
     assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 301);
+    // With b holding work, a's job waits as long for b's turns as for its own queue: b may
+    // keep sending all the while (more than the 5 it holds).
+    for i in 0..5 {
+        one(&mut lanes, &format!("b{i}"), Class::Normal, Some("b"), now);
+    }
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 1 + 300 + 301);
+    lanes.remove_dead(|job| job.tenant == b);
     // And the turns bear it out: b's job goes within the first two normal ones.
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
     assert!(drain(&mut lanes)[..3].contains(&"b0".to_string()));
