@@ -249,8 +249,10 @@ async fn run_stage(
     // A job answered 408 while still queued is gone for its client: purged now (as when the
     // client leaves), so that it leaves the queue's depth, the prediction and `/readyz`, and
     // counts as expired at once, not when a later sweep finds it — with no worker connected,
-    // never.
-    if replies.iter().any(|reply| reply.outcome == Outcome::Expired && reply.batch.is_none()) {
+    // never. Whether it was ever sent does not tell: a job given back by a worker that died
+    // waits in the queue again (it had stayed there, aging to `high`). The purge is bounded
+    // (`Stage::purge`), and finds nothing to do for a job a worker holds.
+    if replies.iter().any(|reply| reply.outcome == Outcome::Expired) {
         stage.purge();
     }
     queued.departure.ended();

@@ -98,11 +98,9 @@ pub async fn answer(
             Some(answered.map(|r| r.outcome).unwrap_or_else(dropped))
         }
         _ = tokio::time::sleep_until(deadline) => {
-            // Still queued, the job leaves the queue now, as a one-shot job answered 408 does
-            // (`Departure`'s purge); taken by a worker, there is nothing to purge.
-            if source.sent().is_some() {
-                departure.ended();
-            }
+            // Still queued (or queued again, given back by a worker that died), the job leaves
+            // the queue now, as a one-shot job answered 408 does: `Departure`'s purge, as it
+            // drops here; taken by a worker, the purge finds nothing.
             // A batch that ran past the deadline is where its time went.
             timing::record_stream(entered, source.sent(), Instant::now());
             return Err(ApiError::deadline_exceeded());
