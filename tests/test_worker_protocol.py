@@ -301,34 +301,22 @@ def test_a_job_given_back_by_a_dead_worker_that_expires_in_the_queue_leaves_it(
     # Sent once, it was taken for held by a worker: at its 408 nothing purged it, and it stayed
     # in the queue's depth (aging to `high`), uncounted as expired, until a worker came back.
     proxy = corral_factory("--max-wait-ms=0", "--retries=1", worker=None)
-    worker = FakeWorker(proxy.socket)
-    proxy.wait_for_log(r"worker connected")
-    answer = pool.submit(proxy.post, {"x": 1}, headers={"x-corral-timeout-ms": "1000"})
-    worker.receive()
-    worker.close()  # dies holding it: the job goes back to the queue, and no worker is left
-    proxy.wait_until(
-        lambda: proxy.metric("corral_jobs_retried_total", stage="default") == 1, what="retried"
-    )
-    assert answer.result(timeout=30).status_code == 408
-    proxy.wait_until(
-        lambda: proxy.metric("corral_queue_depth", stage="default") == 0, what="purged"
-    )
-    assert proxy.metric("corral_jobs_expired_total", where="queue") == 1
-    # The same for a stream before its first chunk.
-    worker = FakeWorker(proxy.socket, features=["stream"])
-    proxy.wait_for_log(r"worker connected", count=2)
-    sse = {"x-corral-timeout-ms": "1000", "accept": "text/event-stream"}
-    answer = pool.submit(proxy.post, {"x": 2}, headers=sse)
-    worker.receive()
-    worker.close()
-    proxy.wait_until(
-        lambda: proxy.metric("corral_jobs_retried_total", stage="default") == 2, what="retried"
-    )
-    assert answer.result(timeout=30).status_code == 408
-    proxy.wait_until(
-        lambda: proxy.metric("corral_queue_depth", stage="default") == 0, what="purged"
-    )
-    assert proxy.metric("corral_jobs_expired_total", where="queue") == 2
+    short = {"x-corral-timeout-ms": "1000"}
+    sse = {**short, "accept": "text/event-stream"}  # a stream, before its first chunk
+
+    def metric(name: str) -> float:
+        return proxy.metric(name, stage="default")
+
+    for round, (features, headers) in enumerate([([], short), (["stream"], sse)], start=1):
+        worker = FakeWorker(proxy.socket, features=features)
+        proxy.wait_for_log(r"worker connected", count=round)
+        answer = pool.submit(proxy.post, {"x": round}, headers=headers)
+        worker.receive()
+        worker.close()  # dies holding it: the job goes back to the queue, no worker is left
+        proxy.wait_until(lambda n=round: metric("corral_jobs_retried_total") == n, what="retried")
+        assert answer.result(timeout=30).status_code == 408
+        proxy.wait_until(lambda: metric("corral_queue_depth") == 0, what="purged")
+        assert proxy.metric("corral_jobs_expired_total", where="queue") == round
 
 
 def refused(sidecar, hello) -> tuple[dict | None, bool]:
