@@ -862,3 +862,15 @@ def test_a_streaming_warm_up_runs_at_most_max_running_examples_at_once():
 
     Bounded().warm_up()
     assert sizes == [2, 1]
+
+
+def test_the_fake_proxy_bounds_its_batches_by_max_running_as_the_proxy_does():
+    class Two(Spell):
+        max_running = 2
+
+    with FakeProxy(Two()) as proxy:
+        streams = proxy.stream(["ab", "cd", "ef", "gh", "ij"])
+        batches = [event[1] for event in proxy.events if event[0] == "batch"]
+    assert [s.chunks for s in streams] == [list(w) for w in ["ab", "cd", "ef", "gh", "ij"]]
+    assert batches[0] == [0, 1], batches
+    assert all(len(batch) <= 2 for batch in batches), batches

@@ -207,7 +207,9 @@ class FakeProxy:
         wait, as queued jobs do in the proxy: each ``pull`` the worker sends is answered with a
         batch of up to ``max`` of them, and those left when the worker holds no job go to it as
         a batch, as to an idle worker.
-        ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is).
+        ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is). As
+        the proxy, it sends no batch larger than the worker's ``max_running`` (its hello's
+        ``max_batch``): the items past it wait, as ``join`` items do.
         ``content_type`` sends ``items`` as raw bytes, as :meth:`infer` does."""
         first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
         jobs = first + waiting
@@ -232,11 +234,15 @@ class FakeProxy:
             cancelled.add(i)
             self.events.append(("cancel", i))
 
-        send_batch(first)
+        # As the proxy does: no batch larger than the worker's hello `max_batch` (a joining
+        # worker's `max_running`); the items past it wait, as queued jobs do.
+        bound = (self.hello or {}).get("max_batch") or len(jobs) or 1
+        waiting = first[bound:] + waiting
+        send_batch(first[:bound])
         while held or waiting:
             if not held:
-                send_batch(waiting)
-                waiting = []
+                send_batch(waiting[:bound])
+                waiting = waiting[bound:]
                 continue
             message = self.receive()
             kind = None if message is None else message.get("type")
@@ -255,8 +261,9 @@ class FakeProxy:
                 self.pulls.append(message["max"])
                 self.events.append(("pull", message["max"]))
                 if message["max"] > 0 and waiting:
-                    send_batch(waiting[: message["max"]])
-                    waiting = waiting[message["max"] :]
+                    room = min(message["max"], bound)
+                    send_batch(waiting[:room])
+                    waiting = waiting[room:]
             elif kind == "results":
                 for result in message["results"]:
                     i = self._held(index, held, result["id"], "a result")
