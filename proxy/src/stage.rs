@@ -493,7 +493,9 @@ impl Stage {
                 let batch = self.batch_weight(&queue) as u64;
                 let ahead = Ahead::before(&queue.jobs, class, tenant, weight, batch);
                 let finish = self.predict(&queue, now, cost, ahead, &jobs);
-                let latest = last.deadline - admission::margin(last.deadline - last.arrived);
+                // 5% of the request's whole time, as the README says (not of what its body's
+                // reading left).
+                let latest = last.deadline - admission::margin(last.budget);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
                     if queue.may_probe(now, ahead.weight(), latest, cost) {
                         queue.last_probe = Some(now);

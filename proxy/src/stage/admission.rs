@@ -103,8 +103,8 @@ impl Ahead {
         let total = all.weight() as u64;
         let before = jobs.weight_before(class, tenant, weight, batch);
         if before >= total {
-            let extra = (before - total) as usize;
-            return Ahead { light: all.light + extra, heavy: all.heavy };
+            let extra = usize::try_from(before - total).unwrap_or(usize::MAX);
+            return Ahead { light: all.light.saturating_add(extra), heavy: all.heavy };
         }
         let (in_class, in_class_weight) = jobs.heavy_in(class);
         let higher = (all.heavy.0 - in_class, all.heavy.1 - in_class_weight);

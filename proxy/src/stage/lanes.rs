@@ -223,7 +223,12 @@ impl Lanes {
         let rounds = queued.saturating_add(weight).saturating_add(lead);
         let held = lanes.weight - queued;
         let of_the_queue = held.min(others.saturating_mul(rounds.saturating_add(batch)));
-        higher + queued + of_the_queue.max(others.saturating_mul(rounds))
+        // What they keep sending goes beside this tenant's queue and the part of the request
+        // past its first batch: that batch is not split by turns (a request of 32 rows beside
+        // ten tenants of one job was counted behind 320).
+        let kept_pace = queued.saturating_add(lead).saturating_add(weight.saturating_sub(batch));
+        let theirs = of_the_queue.max(others.saturating_mul(kept_pace));
+        higher.saturating_add(queued).saturating_add(theirs)
     }
 
     /// Weight queued in `class` alone.

@@ -293,7 +293,14 @@ fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() 
     for i in 0..5 {
         one(&mut lanes, &format!("b{i}"), Class::Normal, Some("b"), now);
     }
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 1 + 300 + 301);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 1 + 300 + 300);
+    // A new tenant's request of 32 rows beside ten tenants of one job each: its first batch is
+    // not split by their turns, so they count as what they hold, not 32 each.
+    let mut crowd = Lanes::default();
+    for t in 0..10 {
+        one(&mut crowd, "one", Class::Normal, Some(&format!("t{t}")), now);
+    }
+    assert_eq!(crowd.weight_before(Class::Normal, Some(Tenant::of(b"new")), 32, 32), 10);
     lanes.remove_dead(|job| job.tenant == b);
     // And the turns bear it out: b's job goes within the first two normal ones.
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
