@@ -91,13 +91,15 @@ def test_a_new_request_joins_a_running_generator(corral_factory, tmp_path):
 
 
 def test_a_joining_worker_never_runs_more_than_max_running(corral_factory, tmp_path):
-    """Five streams queued before the worker connects: with max_running = 2 it had been sent
-    all five in its first batch (bounded only by --max-batch-size), and ran them at once."""
-    proxy = corral_factory(worker=None)
+    """64 streams queued before the worker connects (as many clients as users send): with
+    max_running = 2 it had been sent a full batch at once (bounded only by --max-batch-size),
+    and ran them all."""
+    proxy = corral_factory("--timeout-ms=60000", worker=None)
     peaks = tmp_path / "peaks"
-    with ThreadPoolExecutor(5) as pool:
-        streams = [pool.submit(stream_all, proxy, {"n": 3, "tag": f"s{i}"}) for i in range(5)]
-        proxy.wait_until(lambda: proxy.metric("corral_queue_depth") == 5, what="5 queued")
+    count = 64
+    with ThreadPoolExecutor(count) as pool:
+        streams = [pool.submit(stream_all, proxy, {"n": 3, "tag": f"s{i}"}) for i in range(count)]
+        proxy.wait_until(lambda: proxy.metric("corral_queue_depth") == count, what="all queued")
         env = {
             **os.environ, "TOKENS_MAX_RUNNING": "2", "TOKENS_PEAKS": str(peaks),
             "TOKENS_CANCELS": str(tmp_path / "c"),

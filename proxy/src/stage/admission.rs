@@ -245,10 +245,7 @@ impl Stage {
     pub(super) fn least_time(&self, queue: &Queue, cost: Cost, jobs: &[Job]) -> Duration {
         let first = queue.first_cost(cost);
         let total: u64 = jobs.iter().map(|job| u64::from(job.weight)).sum();
-        let mean = total as f64 / jobs.len().max(1) as f64;
-        let by_count = (self.batch_jobs(queue) as f64 * mean.max(1.0)).ceil() as usize;
-        let max = self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count));
-        let max = max.max(1);
+        let max = self.full_batch(queue, total as f64 / jobs.len().max(1) as f64);
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let heaviest = weights().filter(|&weight| weight > max).max().unwrap_or(0);
@@ -260,6 +257,12 @@ impl Stage {
     pub(super) fn batch_weight(&self, queue: &Queue) -> usize {
         let jobs = &queue.jobs;
         let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
+        self.full_batch(queue, mean)
+    }
+
+    /// The weight of a full batch of jobs weighing `mean` each: the budget, or a full batch's
+    /// jobs ([`Stage::batch_jobs`]) of that weight, whichever is less (at least 1).
+    fn full_batch(&self, queue: &Queue, mean: f64) -> usize {
         let by_count = (self.batch_jobs(queue) as f64 * mean.max(1.0)).ceil() as usize;
         self.settings.max_batch_weight.map_or(by_count, |budget| budget.min(by_count)).max(1)
     }
