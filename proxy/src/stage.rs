@@ -171,6 +171,9 @@ struct Queue {
     last_purge: Option<Instant>,
     /// When a job was last admitted against the prediction, as a probe ([`PROBE_EVERY`]).
     last_probe: Option<Instant>,
+    /// When a batch's cost was last learned: a prediction older than [`STALE_AFTER`] on an idle
+    /// stage may be probed even for a request refused for its own size.
+    learned: Option<Instant>,
     /// Whether a purge is due once [`PURGE_EVERY`] allows ([`Stage::purge`]).
     purge_pending: bool,
 }
@@ -183,6 +186,12 @@ pub const DEFAULT_AGING: Duration = Duration::from_secs(5);
 /// model that really is too slow for the deadlines asked, that is one request a second run to its
 /// 408 on a worker that was idle anyway.
 const PROBE_EVERY: Duration = Duration::from_secs(1);
+
+/// A request refused for its own size alone (a light job would fit) is probed only once the stage
+/// has learned nothing for this long: its batch, run to a 408, holds the worker for as long as
+/// the model really takes, so at most one such batch in this time where the model really is
+/// too slow for it.
+const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// What the stage knows of one connected worker.
 #[derive(Debug, Clone, Copy)]
@@ -232,13 +241,24 @@ impl Queue {
     /// free), even the lightest job is predicted to miss (so no job with this little time is
     /// admitted otherwise, no batch runs, and the cost is never learned again), and no probe went
     /// in the last [`PROBE_EVERY`]. One slow batch — a cold start, a pause, a late worker — once
-    /// refused every request with a shorter deadline for good, on a healthy idle stage. A job
-    /// refused only for its own weight is not probed: the lightest job would fit.
+    /// refused every request with a shorter deadline for good, on a healthy idle stage.
+    ///
+    /// A job refused only for its own weight (the lightest job would fit) is probed too, once
+    /// the stage has learned nothing for [`STALE_AFTER`]: a model that became faster refused
+    /// every multi-item request for good once only those came (60 of 60 8-item requests on an
+    /// idle stage, 500 ms each where the model now took 40).
     fn may_probe(&self, now: Instant, ahead: usize, latest: Instant, cost: cost::Cost) -> bool {
         let idle = ahead == 0 && self.seats.iter().flatten().any(|seat| seat.busy.is_none());
         let lightest = self.first_cost(cost).of(1);
         let due = self.last_probe.is_none_or(|at| now >= at + PROBE_EVERY);
-        idle && due && now + lightest > latest
+        let stale = self.learned.is_none_or(|at| now >= at + STALE_AFTER)
+            && self.last_probe.is_none_or(|at| now >= at + STALE_AFTER);
+        idle && due && (now + lightest > latest || stale)
+    }
+
+    /// A batch's cost was learned (`queue.cost` or `queue.first` recorded a sample).
+    fn learned(&mut self, now: Instant) {
+        self.learned = Some(now);
     }
 
     /// What a batch takes to its first answer, for a stage whose batches cost `cost`: the first

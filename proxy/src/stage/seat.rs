@@ -80,6 +80,7 @@ impl WorkerSeat<'_> {
     pub fn first_chunk(&self, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
         queue.first.record(weight, took);
+        queue.learned(Instant::now());
         if joining {
             // A joining worker takes new jobs within a step: it is as busy as its first chunk.
             queue.cost.record(weight, took);
@@ -98,6 +99,7 @@ impl WorkerSeat<'_> {
         *seat = seat.freed(now);
         if !joining && size > 0 {
             queue.cost.record(weight, took);
+            queue.learned(now);
         }
         queue.returns.answered(now, size);
     }
@@ -123,6 +125,7 @@ impl WorkerSeat<'_> {
         }
         queue.cost.record(weight, took);
         queue.first.record(weight, took);
+        queue.learned(now);
         queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());

@@ -842,6 +842,36 @@ async fn a_stage_too_slow_for_a_deadline_is_probed_at_most_once_a_second() {
     assert!(stage.submit(later).is_ok(), "the next second's probe");
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_request_refused_for_its_own_size_is_probed_once_the_cost_is_stale() {
+    // The model took 10 ms + 100 ms an item, then became 20× faster. Only 8-item requests with
+    // 500 ms come (810 ms by the old fit): all refused, nothing ran, and nothing was relearned.
+    let stage = stage(8, 100);
+    let seat = stage.worker_joined();
+    for size in [1, 8, 1, 8] {
+        seat.finished(size, size, Duration::from_millis(10 + 100 * size as u64));
+    }
+    let eight =
+        || (0..8).map(|_| job(b"i", Duration::from_millis(500))).unzip::<_, _, Vec<_>, Vec<_>>();
+    let (jobs, _answers) = eight();
+    let refused = stage.submit_all(jobs);
+    assert!(matches!(refused, Err(Shed::DeadlineUnreachable { alone: true, .. })), "{refused:?}");
+    // Once the stage has learned nothing for 10 s, one such request goes in as a probe.
+    tokio::time::advance(STALE_AFTER).await;
+    let (jobs, _probe) = eight();
+    assert!(stage.submit_all(jobs).is_ok(), "an idle stage with a stale cost probes it");
+    let batch = seat.next_batch().await;
+    assert_eq!(batch.len(), 8);
+    // It really is that slow: the next such request waits another 10 s.
+    seat.finished(8, 8, Duration::from_millis(810));
+    tokio::time::advance(PROBE_EVERY).await;
+    let (jobs, _answers) = eight();
+    assert!(stage.submit_all(jobs).is_err(), "a probe was just learned");
+    tokio::time::advance(STALE_AFTER).await;
+    let (jobs, _answers) = eight();
+    assert!(stage.submit_all(jobs).is_ok(), "the next probe");
+}
+
 #[test]
 fn a_hello_replaces_only_what_it_declares() {
     // Worker A declares a weight rule; worker B, on the same stage, only schemas: A's rule stays
