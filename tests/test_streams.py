@@ -113,6 +113,8 @@ def test_a_one_shot_client_of_a_streaming_worker_gets_every_chunk_at_once(corral
     response = proxy.post({"chunks": 3})
     assert response.status_code == 200
     assert response.json() == ["c-0", "c-1", "c-2"]
+    # Counted as the stage's output, as a stream's are (they had been left out).
+    assert proxy.metric("corral_chunks_sent_total", stage="default") == 3
 
 
 def test_a_streaming_client_of_a_plain_worker_gets_one_chunk(corral_factory):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import uuid
 
@@ -127,3 +128,17 @@ def test_configure_leaves_an_application_s_logging_alone_and_follows_corral_s_fo
     finally:
         root.handlers, level = saved
         root.setLevel(level)
+
+
+def test_a_lone_surrogate_is_written_as_text_corral_can_read_as_json():
+    # os.fsdecode turns an undecodable byte of a file name into a lone surrogate; json.dumps
+    # wrote it as "\udcff", which serde_json refuses: the record became a plain INFO line.
+    name = os.fsdecode(b"/data/img-\xff.png")
+    record = logging.LogRecord(
+        "corral", logging.ERROR, __file__, 1, "cannot open %s", (name,), None
+    )
+    line = _logging.JsonLines().format(record)
+    assert "\\udcff" not in line.lower()
+    entry = json.loads(line)
+    assert entry["level"] == "ERROR"
+    assert entry["message"].encode("utf-8") == b"cannot open /data/img-\\xff.png"

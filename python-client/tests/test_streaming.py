@@ -874,3 +874,50 @@ def test_the_fake_proxy_bounds_its_batches_by_max_running_as_the_proxy_does():
     assert [s.chunks for s in streams] == [list(w) for w in ["ab", "cd", "ef", "gh", "ij"]]
     assert batches[0] == [0, 1], batches
     assert all(len(batch) <= 2 for batch in batches), batches
+
+
+@pytest.mark.timeout(10)
+def test_a_generator_whose_streams_were_all_cancelled_is_closed_and_the_next_batch_served():
+    # A live feed runs until its client leaves. Once every item was cancelled it had been
+    # stepped on for good: the next batch waited behind it until the proxy declared it hung.
+    class Feed(corral.Worker):
+        def __init__(self):
+            self.closed = 0
+
+        def forward(self, items):
+            try:
+                while True:
+                    yield list(items)
+            finally:
+                self.closed += 1
+
+    worker = Feed()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream(["a", "b"], cancel_after={0: 2, 1: 3})
+        assert (a.chunks, b.chunks) == (["a", "a"], ["b", "b", "b"])
+        (c,) = proxy.stream(["c"], cancel_after={0: 1})
+        assert c.chunks == ["c"]
+    assert worker.closed == 2
+
+
+@pytest.mark.timeout(10)
+def test_a_joining_generator_holding_no_job_is_left_running_for_the_next_to_join():
+    # A joining worker's generator may be its engine's loop: a batch sent to it while it holds
+    # nothing joins it.
+    class Engine(corral.Worker):
+        max_running = 4
+
+        def __init__(self):
+            self.runs = 0
+
+        def forward(self, items):
+            self.runs += 1
+            items = list(items)
+            while len(items) < 2 or len(self.cancelled) < len(items):
+                items += yield [None if p in self.cancelled else x for p, x in enumerate(items)]
+
+    worker = Engine()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream(["a"], cancel_after={0: 1, 1: 1}, join=["b"])
+    assert (a.chunks, b.chunks) == (["a"], ["b"])
+    assert worker.runs == 1  # b joined the generator a had left

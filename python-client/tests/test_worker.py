@@ -180,6 +180,8 @@ class ModelOutput(dict):
         (ModelOutput(logits=[[0.1], [0.2]]), "forward returned a ModelOutput (keys 'logits')"),
         ("ab", "forward returned a str: return a list with one output per input"),
         (b"ab", "forward returned a bytes"),
+        ({"a", "b"}, "forward returned a set, which has no order"),
+        (frozenset("ab"), "forward returned a frozenset, which has no order"),
         (None, "forward returned NoneType, not its outputs"),
         (7, "forward returned int, not its outputs"),
     ],
@@ -340,7 +342,8 @@ def test_a_type_without_a_json_schema_serves_without_one():
 
 def test_a_worker_failing_before_its_hello_shows_why_in_the_fake_proxy():
     class Broken(corral.Worker):
-        max_running = -1  # refused when the hello is built
+        def __init__(self):
+            self.max_running = -1  # set on the instance: refused when the hello is built
 
         def forward(self, batch):
             yield batch
@@ -348,6 +351,13 @@ def test_a_worker_failing_before_its_hello_shows_why_in_the_fake_proxy():
     with pytest.raises(AssertionError, match="failed before its hello: TypeError: max_running"):
         with FakeProxy(Broken()):
             pass
+
+
+@pytest.mark.parametrize("bad", [-1, True, "4", 2.0])
+def test_a_bad_max_running_fails_where_the_class_is_defined(bad):
+    # It had failed at the hello, so a spawned worker died before it on every restart.
+    with pytest.raises(TypeError, match=r"Bad\.max_running must be None or a non-negative"):
+        type("Bad", (corral.Worker,), {"max_running": bad, "forward": lambda self, b: (yield b)})
 
 
 @pytest.mark.timeout(10)
@@ -831,3 +841,61 @@ def test_run_checks_the_socket_path_before_the_model_is_made(tmp_path):
     thread.join(timeout=30)
     assert stopped and "bytes over the 107" in str(stopped[0]), stopped
     assert made == []
+
+
+def test_the_fake_proxy_checks_outputs_as_the_proxy_does():
+    """An output nested past 128 levels, or a malformed tensor, is that item's 500 from the
+    proxy; FakeProxy had passed the first and raised on the second. A tuple key (an array key,
+    which the proxy passes to msgpack clients) had crashed it."""
+    deep = 0
+    for _ in range(129):
+        deep = [deep]
+
+    class Odd(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+        def postprocess(self, output):
+            return {
+                "deep": deep,
+                "deepest": deep[0],
+                "tensor": msgpack.ExtType(1, b"abc"),
+                "tuple": {(1, 2): "a"},
+            }.get(output, output)
+
+    with FakeProxy(Odd()) as proxy:
+        got = proxy.infer(["deep", "deepest", "tensor", "tuple", "fine"])
+    assert [r.status for r in got] == ["error", "ok", "error", "ok", "ok"], got
+    assert "nested deeper than 128" in got[0].message
+    assert got[2].message.startswith("the worker's output for this job is not one well-formed")
+    assert got[3].value == {(1, 2): "a"}
+
+
+def test_the_fake_proxy_fails_a_stream_whose_chunk_it_cannot_read_and_cancels_it():
+    class Chunks(corral.Worker):
+        def forward(self, batch):
+            while True:
+                yield [msgpack.ExtType(1, b"abc") if item == "bad" else item for item in batch]
+
+    with FakeProxy(Chunks()) as proxy:
+        bad, good = proxy.stream(["bad", "good"], cancel_after={1: 2})
+    assert (bad.status, bad.chunks) == ("error", []), bad
+    assert bad.message.startswith("the worker's output for this job is not one well-formed")
+    assert (good.chunks, good.status) == (["good", "good"], "end"), good  # cancelled
+
+
+def test_the_fake_proxy_warms_the_worker_up_as_corral_s_worker_does():
+    # It had served a worker whose examples fail, which under Corral exits and restarts forever.
+    class BadExamples(corral.Worker):
+        examples = ["ok", "boom"]
+
+        def forward(self, batch):
+            if "boom" in batch:
+                raise ValueError("boom in warm-up")
+            return batch
+
+    with pytest.raises(AssertionError, match="warm-up failed: ValueError: boom in warm-up"):
+        with FakeProxy(BadExamples()):
+            pass
+    with FakeProxy(BadExamples(), warm_up=False) as proxy:
+        assert [r.value for r in proxy.infer(["x"])] == ["x"]

@@ -365,6 +365,9 @@ impl State {
                 },
                 None => {
                     held.gathered.push(&chunk.data);
+                    // The stage's output as well: the rate of this counter is its throughput
+                    // (tokens a second), whoever asked for a stream.
+                    metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
                     if held.gathered.len() > MAX_FRAME_BYTES {
                         // Not kept until the worker ends the job: it is over 64 MiB.
                         held.gathered = Gathered::default();

@@ -12,7 +12,7 @@ from typing import Any
 import msgspec
 
 from corral import _protocol as protocol
-from corral import _tensors
+from corral import _streaming, _tensors
 
 
 def check(cls: Any) -> None:
@@ -36,6 +36,10 @@ def check(cls: Any) -> None:
             )
     _examples(cls)
     _types(cls)
+    try:
+        _streaming.limit(cls)
+    except TypeError as error:  # else the worker died before its hello, at every restart
+        raise TypeError(f"{cls.__name__}.{error}") from None
     if cls.weight is not None and (
         not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
     ):

@@ -14,6 +14,8 @@ import json
 import logging
 import os
 
+from corral._protocol import safe_text
+
 TEXT = "%(asctime)s %(name)s %(levelname)s %(message)s"
 
 
@@ -62,8 +64,11 @@ class JsonLines(logging.Formatter):
 
 
 def _dumps(entry: dict[str, str]) -> str:
-    # ASCII only: its length in characters is its length in bytes.
-    return json.dumps(entry, default=str)
+    # ASCII only: its length in characters is its length in bytes. A lone surrogate (an
+    # undecodable byte of a file name, through ``os.fsdecode``) would be written as a ``\udcff``
+    # escape, which is not JSON Corral can read: the record fell back to a plain INFO line, its
+    # level lost. Such characters go as ``\xNN`` text instead (``safe_text``).
+    return json.dumps({key: safe_text(str(value)) for key, value in entry.items()})
 
 
 def _shorten(text: str, over: int) -> str:

@@ -173,6 +173,8 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
             try:
                 state.step(out)
                 joined = state.between_steps()
+                if state.abandoned():
+                    break  # closed in `finally`
             except (*_STOPS, OSError, ProtocolError):
                 raise  # the worker's stop, or the connection's end
             except Exception as e:
@@ -218,6 +220,14 @@ class _Run:
     @property
     def running(self) -> int:
         return len(self.live)
+
+    def abandoned(self) -> bool:
+        """Whether nothing the generator computes can reach anyone: a worker that does not join
+        holds no job of it any more, and the last ones ended without an ``END`` (a client left, a
+        stream timed out, a chunk failed). It is then closed at its yield (``GeneratorExit``, its
+        ``finally`` runs). Stepped on, a generator that runs until it is cancelled (a live feed)
+        ran for good: the next batch waited behind it until the proxy declared the worker hung."""
+        return not self.live and not self.limit and bool(self.cancelled)
 
     def live_ids(self) -> list[bytes]:
         """The ids of the jobs not yet ended, in order."""

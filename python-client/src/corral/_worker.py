@@ -395,6 +395,8 @@ def _outputs(returned: Any) -> Any:
       been taken as one item's whole answer, the batch's tokens mixed across its clients;
     - a mapping (a model's output of named batched arrays), a string or bytes: iterating them
       gives keys or characters;
+    - a set: it has no order, so its outputs went to other clients' inputs (7 of 8 clients got
+      another's answer);
     - anything that is not iterable (``None``, a number)."""
     if inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
         if inspect.iscoroutine(returned):
@@ -420,6 +422,11 @@ def _outputs(returned: Any) -> Any:
             else ": return a list with one output per input"
         )
         raise TypeError(f"forward returned a {type(returned).__name__}{hint}")
+    if isinstance(returned, (set, frozenset)):
+        raise TypeError(
+            f"forward returned a {type(returned).__name__}, which has no order: return a list "
+            "with one output per input, in the inputs' order"
+        )
     try:
         iter(returned)  # what list() takes: `__iter__`, or a sequence's `__getitem__`
     except TypeError:

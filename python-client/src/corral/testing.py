@@ -1,5 +1,6 @@
 """Test a worker without the Corral binary: :class:`FakeProxy` speaks the proxy's side of the
-protocol over a socket pair and runs the worker's serve loop in a thread.
+protocol over a socket pair and runs the worker's serve loop in a thread, after its warm-up
+(``examples``) as ``Worker.run`` does (``FakeProxy(worker, warm_up=False)`` skips it).
 
     from corral.testing import FakeProxy
 
@@ -96,13 +97,17 @@ class FakeProxy:
     ``("batch", [indices])``, ``("chunk", index, value)``, ``("cancel", index)``,
     ``("pull", max)``, ``("end", index, status)``."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: Worker, *, warm_up: bool = True) -> None:
+        """``warm_up``: run the worker's :attr:`~corral.Worker.examples` on entering, as
+        ``Worker.run`` does before it connects (a worker whose warm-up fails never serves under
+        Corral: it exits and restarts)."""
         if isinstance(worker, type):
             # Its serve() would fail later, missing its `sock`, naming neither the class nor this.
             raise TypeError(
                 f"FakeProxy takes a worker instance: FakeProxy({worker.__name__}()), not the class"
             )
         self._worker = worker
+        self._warm_up = warm_up
         self._connected = False
         self.hello: dict[str, Any] | None = None
         self.worker_error: BaseException | None = None
@@ -118,6 +123,16 @@ class FakeProxy:
             self._worker_sock.close()
 
     def __enter__(self) -> FakeProxy:
+        if self._warm_up:
+            # Served without it, a worker whose examples fail passed its tests here and then
+            # restarted forever under Corral.
+            try:
+                self._worker.warm_up()
+            except Exception as error:
+                raise AssertionError(
+                    f"the worker's warm-up failed: {type(error).__name__}: {error} (under Corral "
+                    "it would exit and never serve)"
+                ) from error
         # The connection exists from here to close(): nothing is left open by a FakeProxy that
         # was made and never entered.
         self._sock, self._worker_sock = socket.socketpair()
@@ -218,6 +233,9 @@ class FakeProxy:
         ends: list[dict[str, Any] | None] = [None] * len(jobs)
         cancels = dict(cancel_after or {})
         cancelled: set[int] = set()
+        # Items whose chunk could not be read, and why: the proxy fails that job alone (500
+        # bad_output) and cancels it in the worker.
+        broken: dict[int, str] = {}
         held: set[bytes] = set()
         self.events = []
 
@@ -249,7 +267,13 @@ class FakeProxy:
             if kind == "chunks":
                 for entry in message["chunks"]:
                     i = self._held(index, held, entry["id"], "a chunk")
-                    value = _unpack(entry["data"])
+                    try:
+                        value = _unpack(entry["data"])
+                    except Exception as error:  # as `_result`: that job's 500
+                        if i not in cancelled:
+                            broken[i] = f"{NOT_READABLE}: {error}"
+                            cancel(i)
+                        continue
                     if i not in cancelled:  # one the worker made before it saw the cancel
                         chunks[i].append(value)
                     self.events.append(("chunk", i, value))
@@ -272,7 +296,10 @@ class FakeProxy:
                     self.events.append(("end", i, result["status"]))
             else:
                 raise AssertionError(f"expected chunks, pull or results, got {message!r}")
-        return [_stream(c, e) for c, e in zip(chunks, ends) if e is not None]  # all ended
+        streams = [_stream(c, e) for c, e in zip(chunks, ends) if e is not None]  # all ended
+        for i, why in broken.items():
+            streams[i] = Stream(chunks[i], "error", why)
+        return streams
 
     @staticmethod
     def _held(index: dict[bytes, int], held: set[bytes], job_id: Any, what: str) -> int:
@@ -333,18 +360,68 @@ def _payload(item: Any, content_type: str | None) -> bytes:
     return b"\xc6" + struct.pack(">I", len(item)) + bytes(item)
 
 
+# As deep as the proxy lets an output nest (PROTOCOL.md): a deeper one is its job's 500.
+MAX_DEPTH = 128
+
+NOT_READABLE = "the worker's output for this job is not one well-formed msgpack value"
+
+
 def _unpack(data: bytes) -> Any:
     # Tensor values as a worker's forward would see them: numpy arrays, or lists without numpy.
-    return msgpack.unpackb(data, raw=False, strict_map_key=False, ext_hook=_tensors.ext_hook)
+    # A map key that is an array (a tuple key, which the proxy passes to msgpack clients) comes
+    # back as a tuple: as a list it cannot be a dict key.
+    value = msgpack.unpackb(
+        data,
+        raw=False,
+        strict_map_key=False,
+        ext_hook=_tensors.ext_hook,
+        object_pairs_hook=lambda pairs: {_hashable(key): v for key, v in pairs},
+    )
+    if _depth(value) > MAX_DEPTH:
+        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
+    return value
+
+
+def _hashable(key: Any) -> Any:
+    if isinstance(key, list):
+        return tuple(_hashable(k) for k in key)
+    if isinstance(key, dict):
+        return tuple((_hashable(k), _hashable(v)) for k, v in key.items())
+    return key
+
+
+def _depth(value: Any) -> int:
+    """How many arrays and maps deep ``value`` nests (decoded tensors count as none)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, level = todo.pop()
+        if isinstance(node, dict):
+            children = [*node.keys(), *node.values()]
+        elif isinstance(node, (list, tuple)):
+            children = node
+        else:
+            continue
+        deepest = max(deepest, level)
+        todo.extend((child, level + 1) for child in children)
+    return deepest
 
 
 def _result(raw: dict[str, Any]) -> Result:
     if raw["status"] == "ok":
-        return Result("ok", value=_unpack(raw["data"]), content_type=raw.get("content_type"))
+        # As the proxy checks every output: one that cannot be read fails its job alone, a
+        # 500 (bad_output), rather than the test.
+        try:
+            value = _unpack(raw["data"])
+        except Exception as error:  # msgpack's, or a tensor's that is malformed
+            return Result("error", message=f"{NOT_READABLE}: {error}")
+        return Result("ok", value=value, content_type=raw.get("content_type"))
     return Result(raw["status"], message=raw.get("message"))
 
 
 def _stream(chunks: list[Any], raw: dict[str, Any]) -> Stream:
     if raw["status"] == "ok":
-        return Stream([*chunks, _unpack(raw["data"])], "end")
+        try:
+            return Stream([*chunks, _unpack(raw["data"])], "end")
+        except Exception as error:  # as `_result`
+            return Stream(chunks, "error", f"{NOT_READABLE}: {error}")
     return Stream(chunks, raw["status"], raw.get("message"))
