@@ -475,6 +475,43 @@ def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sid
         assert metadata["inputs"] == [{"name": "x", "datatype": "INT64", "shape": [-1, 5]}]
 
 
+def test_two_hellos_of_other_tensors_at_once_on_an_empty_stage_are_never_both_taken(sidecar):
+    """Each hello was checked against the workers connected, then joined: two at once on an
+    empty stage each saw none, and workers of other tensors served it together (18 rounds in
+    300). Every round must refuse one of the two. Against the old code a round is caught only
+    when the hellos race, so this catches it most runs, not every one."""
+    tensors = [
+        [{"name": "a", "datatype": "FP32", "shape": [2]}],
+        [{"name": "b", "datatype": "INT64", "shape": [3]}],
+    ]
+    for round_ in range(40):
+        frames = [protocol.encode_frame(protocol.hello("default", 1 + i, "w", inputs=t))
+                  for i, t in enumerate(tensors)]  # fmt: skip
+        socks = [socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) for _ in frames]
+        for sock in socks:
+            sock.settimeout(10)
+            sock.connect(str(sidecar.socket))
+        for sock, frame in zip(socks, frames):
+            sock.sendall(frame)
+        # The one refused is told so; the one taken hears nothing until it is sent a batch.
+        # Whichever was refused, a worker taken never sees a reject.
+        streams = [sock.makefile("rb") for sock in socks]
+        sidecar.wait_until(
+            lambda: sidecar.metric("corral_worker_failures_total", stage="default",
+                                   reason="refused") >= round_ + 1,
+            timeout=5,
+            what=f"one of the two refused in round {round_}",
+        )  # fmt: skip
+        for stream, sock in zip(streams, socks):
+            stream.close()
+            sock.close()
+        sidecar.wait_until(
+            lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+            what="no worker connected",
+        )
+    assert sidecar.metric("corral_worker_failures_total", stage="default", reason="refused") == 40
+
+
 def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
     """PROTOCOL.md: a result map with a key twice (msgpack allows it) reaches a msgpack client as
     sent and a JSON client as an object with that name twice, in order: the proxy transcodes,

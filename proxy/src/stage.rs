@@ -146,6 +146,9 @@ pub struct Stage {
     /// How often its spawned workers exited, and how the last did: what `/readyz` says of a
     /// stage without a worker (a crash loop, rather than a slow start).
     exits: Mutex<(u64, String)>,
+    /// Held by a worker from its hello's check against the stage's tensors to its seat
+    /// ([`Stage::joining`]).
+    joining: Mutex<()>,
 }
 
 #[derive(Default)]
@@ -347,6 +350,7 @@ impl Stage {
             queue: Mutex::new(queue),
             arrivals: Notify::new(),
             exits: Mutex::default(),
+            joining: Mutex::default(),
         }
     }
 
@@ -645,6 +649,14 @@ impl Stage {
             without.outputs.clear();
             *kept = Some(Arc::new(without));
         }
+    }
+
+    /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
+    /// its declarations kept and its seat taken: one step for every newcomer at a time. Two
+    /// hellos on an empty stage had each seen no worker connected, and workers of different
+    /// tensors served it together (v2 rows read for one reached the other: 18 races in 300).
+    pub fn joining(&self) -> MutexGuard<'_, ()> {
+        self.joining.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     pub fn declare(&self, declared: Declared) {

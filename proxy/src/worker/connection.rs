@@ -115,29 +115,41 @@ pub async fn serve(
         true => None,
         false => context.external.clone().try_acquire_owned().ok(),
     };
-    let refusal = if !spawned && external.is_none() {
-        Some(format!(
-            "the proxy has {MAX_EXTERNAL} connected workers it did not spawn, the most it takes"
-        ))
-    } else if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
-        Some(format!(
-            "stage {:?} feeds another stage; only the last stage of a pipeline may stream",
-            stage.name()
-        ))
-    } else {
-        stage.tensor_conflict(&hello.inputs, &hello.outputs)
+    // The check, the declarations and the seat in one step ([`Stage::joining`]).
+    let joined = {
+        let _joining = stage.joining();
+        let refusal = if !spawned && external.is_none() {
+            Some(format!(
+                "the proxy has {MAX_EXTERNAL} connected workers it did not spawn, the most it takes"
+            ))
+        } else if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
+            Some(format!(
+                "stage {:?} feeds another stage; only the last stage of a pipeline may stream",
+                stage.name()
+            ))
+        } else {
+            stage.tensor_conflict(&hello.inputs, &hello.outputs)
+        };
+        match refusal {
+            Some(message) => Err(message),
+            None => {
+                keep_declarations(stage, &hello);
+                let served = context.children.connected(own_pid);
+                Ok((served, stage.worker_joined_on(context.children.gpu(own_pid))))
+            }
+        }
     };
-    if let Some(message) = refusal {
-        warn!(reason = %message, "worker refused");
-        metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
-        outbox.send(ProxyMessage::Reject(Reject { message }));
-        outbox.close(CLOSE_WRITE_LIMIT).await;
-        return;
-    }
+    let (served, seat) = match joined {
+        Ok(joined) => joined,
+        Err(message) => {
+            warn!(reason = %message, "worker refused");
+            metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
+            outbox.send(ProxyMessage::Reject(Reject { message }));
+            outbox.close(CLOSE_WRITE_LIMIT).await;
+            return;
+        }
+    };
     let shared = share_memory(&mut outbox, &hello, &context);
-    keep_declarations(stage, &hello);
-    let served = context.children.connected(own_pid);
-    let seat = stage.worker_joined_on(context.children.gpu(own_pid));
     if let Some(most) = hello.max_batch {
         seat.take_at_most(most as usize);
     }
