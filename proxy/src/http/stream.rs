@@ -236,10 +236,18 @@ impl Events {
             // its worker went on past it (8 s of a 1 s timeout).
             biased;
             _ = &mut self.deadline => {
-                metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
                 self.finished = true;
                 self._open.finished = true;
-                self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+                // Cut off as slow before its timeout (its buffer full while the client
+                // stalled), the stream ends as that, counted once where it was cut off: a
+                // client reading again past the timeout had been told `deadline_exceeded`,
+                // and the stream counted under both reasons.
+                if let Ok(Reply { outcome: Outcome::SlowClient, .. }) = self.reply.try_recv() {
+                    self.framing.error(&ApiError::slow_client())
+                } else {
+                    metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+                    self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+                }
             }
             chunk = self.source.next() => match chunk {
                 Some(chunk) => event(self.framing, chunk, &mut self.finished),
@@ -370,6 +378,37 @@ impl Drop for Open {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_cut_off_as_slow_ends_so_when_read_past_its_timeout() {
+        let (sink, source) = chunks::channel(1 << 20);
+        sink.push(Bytes::from_static(b"\xa1a")).unwrap();
+        let (answer, reply) = oneshot::channel();
+        answer.send(Reply { outcome: Outcome::SlowClient, batch: None }).unwrap();
+        let token = tokio_util::sync::CancellationToken::new();
+        let events = Events {
+            framing: Framing::Sse,
+            source,
+            reply,
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            stream_timeout: Duration::from_secs(1),
+            keepalive: KeepAlive::new(Framing::Sse, None),
+            pending: Default::default(),
+            finished: false,
+            _left: token.drop_guard(),
+            _open: Open::new(),
+        };
+        let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
+        let before = deadline();
+        // The client reads again only past the stream's timeout.
+        tokio::time::advance(Duration::from_secs(2)).await;
+        let (frame, events) = events.next_frame().await.unwrap();
+        let event = frame.unwrap().into_data().unwrap();
+        let text = std::str::from_utf8(&event).unwrap();
+        assert!(text.starts_with("event: error") && text.contains("slow_client"), "{text}");
+        assert!(events.next_frame().await.is_none());
+        assert_eq!(deadline(), before, "counted as slow where it was cut off, not again");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_quiet_sse_stream_gets_a_comment_and_ndjson_none() {
