@@ -408,7 +408,18 @@ impl State {
         let now = Instant::now();
         for result in results.results {
             let held = self.held.remove(&result.id).expect("checked above");
-            self.heard_from(seat, held.frame);
+            if held.cancelled {
+                // The worker acknowledging a cancel (its client left, or its deadline passed
+                // before any chunk) is no first answer: counted, a client that got nothing
+                // showed as a time to first chunk, and admission learned the batch faster than
+                // it is. The batch is still waited on while another of its jobs is held.
+                let frame = held.frame;
+                if !self.held.values().any(|other| other.frame == frame) {
+                    self.first.remove(&frame);
+                }
+            } else {
+                self.heard_from(seat, held.frame);
+            }
             let Some(job) = held.job else { continue };
             let outcome = match (result.status, result.data) {
                 // Its data would be dropped unseen: the worker meant a last chunk, or an `ok`.
