@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -255,3 +256,36 @@ def test_a_slow_bodys_reading_is_not_queue_time(corral_factory):
     assert parts["total"] >= 1000, parts
     assert parts["queue"] < parts["total"] / 2, parts
     assert proxy.metric("corral_queue_wait_seconds_sum", stage="default") < 0.5
+
+
+def test_a_batch_sent_ahead_counts_its_wait_behind_the_one_before_as_queue(
+    corral_factory, tmp_path
+):
+    # Sent ahead (prefetch) while its worker was busy, a batch's `batch` had counted from the
+    # send: about one batch more than the worker spent on it, and almost no `queue`, blaming
+    # the model for what was queueing. `corral_batch_duration_seconds` counted it right.
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0")
+    gate = tmp_path / "gate"
+    # A batch goes ahead only once the stage has learned what one costs.
+    assert proxy.post({"n": 0}).status_code == 200
+    with ThreadPoolExecutor(2) as pool:
+        held = pool.submit(proxy.client.post, "/infer", json={"hold": str(gate)})
+        proxy.wait_until(
+            lambda: proxy.metric("corral_batch_size_count", stage="default") == 2,
+            what="the worker holding the first batch",
+        )
+        ahead = pool.submit(proxy.client.post, "/infer", json={"n": 1})
+        proxy.wait_until(
+            lambda: proxy.metric("corral_batches_sent_ahead_total", stage="default") == 1,
+            what="the second batch sent ahead",
+        )
+        # The second request entered before now and cannot start before the gate opens: at
+        # least this long of it is queueing, whatever the machine's speed.
+        hold_ms = 300
+        time.sleep(hold_ms / 1000)
+        gate.touch()
+        assert held.result().status_code == 200
+        answer = ahead.result()
+    assert answer.status_code == 200, answer.text
+    parts = check_parts(answer)
+    assert parts["queue"] >= hold_ms, parts

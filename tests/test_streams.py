@@ -386,7 +386,7 @@ def test_a_stream_that_never_sent_a_chunk_is_no_time_to_first_chunk(corral_facto
     assert late.status_code == 408
     proxy.wait_until(lambda: ids(cancels), what="the cancel in the worker")
     # The worker ended that job before it streams this one: its end has been read by then.
-    response, received = stream_all(proxy, {"chunks": 2})
+    _, received = stream_all(proxy, {"chunks": 2})
     assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
     assert proxy.metric("corral_time_to_first_chunk_seconds_count", stage="default") == 1
 

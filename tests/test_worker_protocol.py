@@ -496,9 +496,11 @@ def test_two_hellos_of_other_tensors_at_once_on_an_empty_stage_are_never_both_ta
         # The one refused is told so; the one taken hears nothing until it is sent a batch.
         # Whichever was refused, a worker taken never sees a reject.
         streams = [sock.makefile("rb") for sock in socks]
+        refused = round_ + 1
         sidecar.wait_until(
-            lambda: sidecar.metric("corral_worker_failures_total", stage="default",
-                                   reason="refused") >= round_ + 1,
+            lambda refused=refused: sidecar.metric(
+                "corral_worker_failures_total", stage="default", reason="refused"
+            ) >= refused,
             timeout=5,
             what=f"one of the two refused in round {round_}",
         )  # fmt: skip

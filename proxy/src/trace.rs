@@ -224,10 +224,13 @@ pub fn queue_wait(
 /// never exported, and a link to one led nowhere (a mixed batch linked to them all).
 pub fn batch(stage: &str, pid: u32, jobs: &[Job]) -> Option<Span> {
     let tracer = tracer()?;
+    // One link per request: the jobs of a request of several items share its context, and
+    // each had linked it again.
+    let mut seen = std::collections::HashSet::new();
     let links: Vec<Link> = jobs
         .iter()
         .filter_map(Job::trace)
-        .filter(|context| context.is_sampled())
+        .filter(|context| context.is_sampled() && seen.insert(context.span_id()))
         .map(|context| Link::with_context(context.clone()))
         .collect();
     if links.is_empty() {
@@ -262,6 +265,12 @@ pub fn worker_failed(span: &mut Span, reason: &'static str, why: &str) {
         vec![KeyValue::new("corral.reason", reason), KeyValue::new("corral.why", why.to_string())],
     );
     span.set_status(Status::error(why.to_string()));
+}
+
+/// Notes on the span of a batch sent ahead that its worker got to it (was done with the batch
+/// before): the span began when it was written.
+pub fn started(span: &mut Span) {
+    span.add_event("started", vec![]);
 }
 
 /// Notes on a batch's span that a job of it goes back to the queue for another worker.

@@ -887,7 +887,7 @@ def test_the_fake_proxy_fails_a_stream_whose_chunk_it_cannot_read_and_cancels_it
 def test_the_fake_proxy_warms_the_worker_up_as_corral_s_worker_does():
     # It had served a worker whose examples fail, which under Corral exits and restarts forever.
     class BadExamples(corral.Worker):
-        examples = ["ok", "boom"]
+        examples = ("ok", "boom")
 
         def forward(self, batch):
             if "boom" in batch:

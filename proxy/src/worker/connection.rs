@@ -435,6 +435,25 @@ pub(super) struct InFlight {
     pub span: Option<opentelemetry_sdk::trace::Span>,
 }
 
+impl InFlight {
+    /// A batch sent ahead reaches its turn: the worker is done with the one before it. Its jobs'
+    /// batch time counts from now (`server-timing`'s `batch`, as `corral_batch_duration_seconds`
+    /// counts it), the wait behind that batch as queueing (`queue`, and the end of the `queue`
+    /// span); its span, which began when it was written, gets a `started` event. Counted from the
+    /// send, a saturated stage's every answer showed about one batch more as `batch` and almost
+    /// no `queue`, blaming the model or the payload for what was queueing.
+    fn started(&mut self, at: Instant) {
+        for job in &mut self.jobs {
+            if let Some(sent) = job.sent {
+                job.mark_sent(Sent { at, ..sent });
+            }
+        }
+        if let Some(span) = &mut self.span {
+            trace::started(span);
+        }
+    }
+}
+
 /// The pull loop. Returns why it ended; every job it took has been answered or handed back by
 /// then.
 ///
@@ -523,6 +542,9 @@ async fn work(
                         // once, and the stage counts arrivals after this moment as returns.
                         seat.finished(size, weight, now - batch.sent.max(last_done));
                         last_done = now;
+                        if let Some(ahead) = in_flight.front_mut() {
+                            ahead.started(now);
+                        }
                         for (job, outcome) in answers {
                             answer_result(job, outcome, now);
                         }
