@@ -128,6 +128,23 @@ def test_the_head_bound_holds_to_the_byte(corral_factory, limit):
     assert json.loads(body)["error"] == "request_head_too_large"
 
 
+def test_the_header_count_bound_holds_over_http2_too(corral_factory):
+    """hyper bounds an HTTP/1.1 head's header count itself, not an HTTP/2 one's: 14 headers
+    past a bound of 10 had been served."""
+    proxy = corral_factory("--max-headers=10")
+    many = {f"x-pad-{n}": "a" for n in range(14)}
+
+    async def post(headers):
+        async with httpx.AsyncClient(base_url=proxy.url, http1=False, http2=True) as client:
+            return await client.post("/infer", json={"a": 1}, headers=headers)
+
+    refused = asyncio.run(post(many))
+    assert (refused.http_version, refused.status_code) == ("HTTP/2", 431), refused.text
+    assert refused.json()["error"] == "request_head_too_large"
+    assert "header fields, over the limit of 10" in refused.json()["message"]
+    assert asyncio.run(post({"x-pad": "a"})).status_code == 200
+
+
 def test_a_body_declared_too_large_is_refused_before_the_client_sends_it(corral_factory):
     """A client that asks `Expect: 100-continue` gets the 413 instead of the 100 that would
     have told it to send a body only to be thrown away."""
@@ -159,6 +176,24 @@ def test_a_transfer_coding_other_than_chunked_is_415_not_taken_for_the_content(c
     assert head.startswith(b"HTTP/1.1 415"), head
     assert b"connection: close" in head.lower()
     assert json.loads(body)["message"].startswith('Transfer-Encoding "gzip" is not supported')
+
+
+@pytest.mark.parametrize(
+    "request_line",
+    [b"GET /healthz HTTP/1.1", b"GET /metrics HTTP/1.1", b"GET /v2/models/default HTTP/1.1"],
+)
+def test_a_page_answered_with_its_body_unread_says_the_connection_closes(
+    corral_factory, request_line
+):
+    """A GET with a body (HTTP allows one) got a 200 with the connection left open, which hyper
+    then dropped under the next request."""
+    proxy = corral_factory()
+    body = b"x" * 200_000
+    with connect(proxy) as conn:
+        conn.sendall(request_line + b"\r\nhost: x\r\ncontent-length: %d\r\n\r\n" % len(body))
+        head = conn.recv(65536).partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.1 200"), head
+    assert b"connection: close" in head
 
 
 @pytest.mark.parametrize(

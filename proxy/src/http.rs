@@ -45,6 +45,9 @@ pub struct App {
     pub max_body_bytes: usize,
     /// Largest request head, counted in its shortest HTTP/1.1 form ([`routes::head_size`]).
     pub max_header_bytes: usize,
+    /// Most header fields in a request (`--max-headers`): hyper bounds an HTTP/1.1 head itself,
+    /// not an HTTP/2 one ([`routes`] does).
+    pub max_headers: usize,
     /// Longest a request's body may take to arrive, from the request's start.
     pub body_read_timeout: Duration,
     /// Times a job may be retried on another worker when its worker dies with it.

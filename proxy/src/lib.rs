@@ -172,6 +172,7 @@ pub async fn run(
         stages: stages.clone(),
         max_body_bytes: config.max_body_bytes,
         max_header_bytes: config.max_header_bytes,
+        max_headers: config.max_headers,
         body_read_timeout: config.body_read_timeout(),
         retries: config.retries,
         draining: AtomicBool::new(false),

@@ -92,6 +92,18 @@ impl ApiError {
         Self { close: true, ..error }
     }
 
+    /// A request of more header fields than `--max-headers` (HTTP/2: hyper refuses an HTTP/1.1
+    /// one itself).
+    pub fn too_many_headers(count: usize, limit: usize) -> Self {
+        let message = format!("the request has {count} header fields, over the limit of {limit}");
+        let error = Self::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "request_head_too_large",
+            message,
+        );
+        Self { close: true, ..error }
+    }
+
     pub fn body_too_large(limit: usize) -> Self {
         let message = format!("the body is larger than {limit} bytes");
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "body_too_large", message)

@@ -70,8 +70,14 @@ async fn route_in<'a>(
     let path = request.uri().path();
     let head = head_size(&request);
     // Refused unread, yet under its route's label and in its protocol's error shape.
-    let too_large =
-        (head > app.max_header_bytes).then(|| ApiError::head_too_large(head, app.max_header_bytes));
+    // The count too: hyper bounds an HTTP/1.1 head's, but not an HTTP/2 one's (14 headers
+    // past a bound of 10 had been served).
+    let fields = request.headers().len();
+    let too_large = if head > app.max_header_bytes {
+        Some(ApiError::head_too_large(head, app.max_header_bytes))
+    } else {
+        (fields > app.max_headers).then(|| ApiError::too_many_headers(fields, app.max_headers))
+    };
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
         let answer = match too_large.map_or_else(|| app.admit(&method), Err) {
@@ -114,7 +120,9 @@ async fn route_in<'a>(
             | StatusCode::METHOD_NOT_ALLOWED
             | StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE
     );
-    if unread && refused {
+    // A GET (a page, a model's metadata) never reads a body either: one sent with it (which
+    // HTTP allows) had left the connection open behind a 200, then dropped.
+    if unread && (refused || method != http::Method::POST) {
         response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     }
     if let Some(cx) = timing::trace() {

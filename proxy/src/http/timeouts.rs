@@ -95,8 +95,10 @@ struct State {
     /// When the connection last made progress: a request ended, an answer began or handed
     /// hyper a frame, or (HTTP/1.1) the socket took a write.
     idle_since: Instant,
-    /// Whether any byte was read yet (the first ones tell HTTP/2 apart).
+    /// Whether the first bytes have told HTTP/2 apart yet.
     opened: bool,
+    /// Bytes of [`H2_PREFACE`] read so far, until it is told: a client may send it in pieces.
+    preface: usize,
     http2: bool,
 }
 
@@ -115,6 +117,7 @@ impl Clock {
                 head_started: None,
                 idle_since: Instant::now(),
                 opened: false,
+                preface: 0,
                 http2: false,
             }),
             changed: Notify::new(),
@@ -173,8 +176,18 @@ impl Clock {
         let started = {
             let mut state = self.lock();
             if !state.opened {
-                state.opened = true;
-                state.http2 = bytes.starts_with(H2_PREFACE);
+                // Told from the preface however it is cut: a client that wrote its first byte
+                // on its own was taken for HTTP/1.1, its PINGs (acked by hyper) counted as
+                // progress, and answers it never read were held for good.
+                let rest = &H2_PREFACE[state.preface..];
+                let seen = rest.len().min(bytes.len());
+                if bytes[..seen] != rest[..seen] {
+                    state.opened = true;
+                } else if state.preface + seen == H2_PREFACE.len() {
+                    (state.opened, state.http2, state.head_started) = (true, true, None);
+                } else {
+                    state.preface += seen;
+                }
             }
             // Bytes read while a handler runs are its request's body (or, unknowably, the next
             // head: README says such a head has the idle timeout); while nothing, or only answers
@@ -621,6 +634,25 @@ mod tests {
         let ended = Instant::now();
         assert_eq!(clock.expired().await, Expired::Idle);
         assert_eq!(ended.elapsed(), IDLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_http2_preface_sent_in_pieces_is_told_apart_too() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        for piece in HTTP2.chunks(1) {
+            clock.read(piece);
+        }
+        drop(clock.request());
+        let ended = Instant::now();
+        let pinger = pings(&clock, IDLE / 4);
+        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Idle), "held by pings");
+        assert_eq!(ended.elapsed(), IDLE);
+        pinger.abort();
+        // A head that only begins like the preface is HTTP/1.1's.
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(b"PRI");
+        clock.read(b"NT / HTTP/1.1\r\n");
+        assert_eq!(clock.expired().await, Expired::Header);
     }
 
     #[tokio::test(start_paused = true)]
