@@ -100,8 +100,12 @@ pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
     let Some(named) = content_type else {
         return Outcome::Done(data, None);
     };
+    // With data that is not one `bin` the type names nothing, and is ignored, checked or not
+    // (PROTOCOL.md): such a job had failed `bad_output` for a type no client would have seen.
+    if msgpack::bin_contents(&data).is_none() {
+        return Outcome::Done(data, None);
+    }
     match format::media_type(&named) {
-        Some(_) if msgpack::bin_contents(&data).is_none() => Outcome::Done(data, None),
         Some(media_type) => Outcome::Done(data, Some(media_type)),
         None => {
             let shown: String = named.chars().take(100).collect();
@@ -323,7 +327,7 @@ mod tests {
 
     #[test]
     fn a_content_type_is_kept_with_raw_bytes_dropped_elsewhere_and_checked() {
-        let jobs: Vec<Job> = (0..4).map(|_| job()).collect();
+        let jobs: Vec<Job> = (0..5).map(|_| job()).collect();
         let named = |job: &Job, data: &'static [u8], content_type: &str| JobResult {
             content_type: Some(content_type.into()),
             ..result(job, ResultStatus::Ok, Some(data))
@@ -333,6 +337,8 @@ mod tests {
             named(&jobs[1], b"\x92\x01\x02", "image/png"), // [1, 2]: not raw bytes
             named(&jobs[2], b"\xc4\x03PNG", "image png"),
             result(&jobs[3], ResultStatus::Ok, Some(b"\xc4\x03PNG")),
+            // Not raw bytes: the type is ignored, not checked (it had failed the job).
+            named(&jobs[4], b"\x92\x01\x02", "image png"),
         ];
         let outcomes = outcomes(jobs, results);
         let png = Bytes::from_static(b"\xc4\x03PNG");
@@ -341,6 +347,7 @@ mod tests {
         let Outcome::BadOutput(why) = &outcomes[2] else { panic!("{:?}", outcomes[2]) };
         assert!(why.contains("not a media type") && why.contains("image png"), "{why}");
         assert_eq!(outcomes[3], Outcome::Done(png, None));
+        assert_eq!(outcomes[4], Outcome::Done(Bytes::from_static(b"\x92\x01\x02"), None));
     }
 
     #[test]
