@@ -391,6 +391,26 @@ def test_a_stream_that_never_sent_a_chunk_is_no_time_to_first_chunk(corral_facto
     assert proxy.metric("corral_time_to_first_chunk_seconds_count", stage="default") == 1
 
 
+@pytest.mark.parametrize("nan_after", [0, 1])
+def test_a_stream_the_proxy_ends_for_a_chunk_json_cannot_write_is_no_cancellation(
+    corral_factory, tmp_path, nan_after
+):
+    # The client got its error (a plain 500 before any chunk, an error event after one); the
+    # worker, told to stop, ended the job, and that end had been counted as a client gone.
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)})
+    item = {"chunks": 3, "nan_after": nan_after, "gate": str(tmp_path / "never")}
+    response, received = stream_all(proxy, item)
+    if nan_after == 0:
+        assert response.status_code == 500
+    else:
+        assert received[0] == ("message", "c-0") and received[-1][0] == "error", received
+    proxy.wait_until(lambda: ids(cancels), what="the worker told to stop")
+    # Its end is read before the next stream's first chunk (one worker, one socket).
+    assert stream_all(proxy, {"chunks": 1})[1][-1] == ("done", {})
+    assert proxy.metric("corral_jobs_cancelled_total", where="worker") == 0
+
+
 def test_a_stream_past_its_timeout_ends_with_an_error_and_is_cancelled(corral_factory, tmp_path):
     cancels = tmp_path / "cancels"
     proxy = corral_factory(

@@ -28,6 +28,8 @@ pub const CHUNK_HELD: usize = 64;
 struct Shared {
     pending: AtomicUsize,
     sent: SentSlot,
+    /// The answer ended the stream itself: a chunk it could not write (no JSON form).
+    ended_here: AtomicBool,
 }
 
 /// The pushing end, carried by the job.
@@ -92,6 +94,12 @@ impl ChunkSink {
     pub fn started(&self) -> bool {
         self.started.load(Ordering::Relaxed)
     }
+
+    /// Whether the answer ended the stream itself ([`ChunkSource::end_here`]): the worker's
+    /// later end of the job is then no client's departure.
+    pub fn ended_here(&self) -> bool {
+        self.pending.ended_here.load(Ordering::Relaxed)
+    }
 }
 
 impl ChunkSource {
@@ -105,6 +113,13 @@ impl ChunkSource {
         let chunk = self.chunks.recv().await?;
         self.pending.pending.fetch_sub(chunk.len() + CHUNK_HELD, Ordering::AcqRel);
         Some(chunk)
+    }
+
+    /// The answer ends the stream itself, with an error its client gets (a chunk that has no
+    /// JSON form): not a client that left, which `corral_jobs_cancelled_total` counts. The
+    /// worker is still told to stop, as the answer ends.
+    pub fn end_here(&self) {
+        self.pending.ended_here.store(true, Ordering::Relaxed);
     }
 
     /// A chunk already there, without waiting.

@@ -15,6 +15,8 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
   for it meanwhile), and its id then appended to STREAMER_ENDED;
 - `"bad_chunk_after": k`: after k chunks, a chunk whose data is not one msgpack value (a value
   and a byte after it), then the rest as usual;
+- `"nan_after": k`: after k chunks, a chunk that is a NaN (well-formed msgpack that JSON cannot
+  write), then the rest as usual (no gate holds the job before it);
 - `"end_with_data": true`: the job ends with `end` carrying data (which `end` must not);
 - `"break_once": path`: if that file does not exist yet, the worker creates it and answers the
   job twice in one `results` frame (a rule broken), `ok` "broken" each time; else as usual;
@@ -86,6 +88,8 @@ class Job:
         self.cancelled_at = None
 
     def gated(self):
+        if self.sent <= self.item.get("nan_after", -1):
+            return False  # its NaN chunk goes before any gate holds it
         gate = self.item.get("gate_first") if self.sent == 0 else self.item.get("gate")
         return bool(gate) and not os.path.exists(gate)
 
@@ -168,6 +172,9 @@ def main():
                 if item.get("end_with_data"):
                     end["data"] = msgpack.packb("lost")
                 results.append(end)
+            elif job.sent == item.get("nan_after"):
+                chunks.append({"id": job.id, "data": msgpack.packb(float("nan"))})
+                job.sent += 1
             elif job.sent == item.get("bad_chunk_after"):
                 data = msgpack.packb(job.next_chunk()) + b"\x01"
                 chunks.append({"id": job.id, "data": data})

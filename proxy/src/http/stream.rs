@@ -121,8 +121,12 @@ pub async fn answer(
             Ok(event) => pending.push(event),
             // Nothing has gone out: a first chunk with no JSON form is still a plain error (it
             // had been a 200 whose one event was the error).
-            Err(error) if pending.is_empty() => return Err(error),
+            Err(error) if pending.is_empty() => {
+                source.end_here();
+                return Err(error);
+            }
             Err(error) => {
+                source.end_here();
                 pending.push(framing.error(&error));
                 finished = true;
                 break;
@@ -177,9 +181,10 @@ pub async fn answer(
 }
 
 /// A chunk as an event; one that has no JSON form ends the stream with an error event.
-fn event(framing: Framing, chunk: Bytes, finished: &mut bool) -> Bytes {
+fn event(framing: Framing, chunk: Bytes, finished: &mut bool, source: &ChunkSource) -> Bytes {
     framing.chunk(chunk).unwrap_or_else(|error| {
         *finished = true;
+        source.end_here();
         error
     })
 }
@@ -250,7 +255,7 @@ impl Events {
                 }
             }
             chunk = self.source.next() => match chunk {
-                Some(chunk) => event(self.framing, chunk, &mut self.finished),
+                Some(chunk) => event(self.framing, chunk, &mut self.finished, &self.source),
                 None => {
                     let outcome = outcome(&mut self.reply).await;
                     self.end(outcome)
@@ -262,7 +267,7 @@ impl Events {
                     if self.finished {
                         break;
                     }
-                    let event = event(self.framing, chunk, &mut self.finished);
+                    let event = event(self.framing, chunk, &mut self.finished, &self.source);
                     self.pending.push_back(event);
                 }
                 self.end(answered.map(|r| r.outcome).unwrap_or_else(dropped))

@@ -186,6 +186,9 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // deadline is sent as time left, read on another clock): its client gets that 408 now,
     // and the expiry is counted as one the proxy saw would be (it had been in no count).
     let said_expired = matches!(outcome, Outcome::Expired);
+    // Ended by its answer with an error its client got (a chunk with no JSON form): nobody
+    // waits any more, yet no client left; it had been counted cancelled.
+    let ended_here = job.stream.as_ref().is_some_and(|stream| stream.ended_here());
     if job.answer(outcome) {
         if ended_for_the_worker || (said_expired && streamed) {
             // A stream the worker gave up on after chunks: its client had a 200 stream, ended
@@ -194,6 +197,9 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
         } else if said_expired {
             metrics().expired.with_label_values(&["worker"]).inc();
         }
+        return false;
+    }
+    if ended_here {
         return false;
     }
     let place = if expired { &metrics().expired } else { &metrics().cancelled };
