@@ -192,8 +192,8 @@ const PROBE_EVERY: Duration = Duration::from_secs(1);
 
 /// A request refused for its own size alone (a light job would fit) is probed only once the stage
 /// has learned nothing for this long: its batch, run to a 408, holds the worker for as long as
-/// the model really takes, so at most one such batch in this time where the model really is
-/// too slow for it.
+/// the model really takes, so at most one such probe starts in this time where the model
+/// really is too slow for it.
 const STALE_AFTER: Duration = Duration::from_secs(10);
 
 /// What the stage knows of one connected worker.
@@ -246,17 +246,31 @@ impl Queue {
     /// in the last [`PROBE_EVERY`]. One slow batch — a cold start, a pause, a late worker — once
     /// refused every request with a shorter deadline for good, on a healthy idle stage.
     ///
-    /// A job refused only for its own weight (the lightest job would fit) is probed too, once
-    /// the stage has learned nothing for [`STALE_AFTER`]: a model that became faster refused
+    /// A job refused only for its own weight (the lightest job would fit) is probed too, if it
+    /// is `worth` it (it might make it, and would not get its worker declared hung), once the
+    /// stage has learned nothing for [`STALE_AFTER`] nor probed so in that time: a model that became faster refused
     /// every multi-item request for good once only those came (60 of 60 8-item requests on an
     /// idle stage, 500 ms each where the model now took 40).
-    fn may_probe(&self, now: Instant, ahead: usize, latest: Instant, cost: cost::Cost) -> bool {
+    fn may_probe(
+        &self,
+        now: Instant,
+        ahead: usize,
+        latest: Instant,
+        cost: cost::Cost,
+        worth: bool,
+    ) -> bool {
         let idle = ahead == 0 && self.seats.iter().flatten().any(|seat| seat.busy.is_none());
         let lightest = self.first_cost(cost).of(1);
         let due = self.last_probe.is_none_or(|at| now >= at + PROBE_EVERY);
-        let stale = self.learned.is_none_or(|at| now >= at + STALE_AFTER)
+        let stale = worth
+            && self.learned.is_none_or(|at| now >= at + STALE_AFTER)
             && self.last_probe.is_none_or(|at| now >= at + STALE_AFTER);
         idle && due && (now + lightest > latest || stale)
+    }
+
+    /// What a batch is predicted to take to its first answer, once anything was learned.
+    fn first_cost_estimate(&self) -> Option<cost::Cost> {
+        self.first.estimate().or(self.cost.estimate())
     }
 
     /// A batch's cost was learned (`queue.cost` or `queue.first` recorded a sample).
@@ -521,7 +535,13 @@ impl Stage {
                 // reading left).
                 let latest = last.deadline - admission::margin(last.budget);
                 if let Some(finish) = finish.filter(|&finish| finish > latest) {
-                    if queue.may_probe(now, ahead.weight(), latest, cost) {
+                    let least = self.least_time(&queue, cost, &jobs);
+                    // Probed for its own size only if it might make it (within three times its
+                    // time, as predicted) and its worker would not be declared hung over it
+                    // (its route's allowance): a hopeless one had its worker killed and
+                    // reloaded once every idle 10 s.
+                    let worth = least <= last.budget.saturating_mul(3).min(last.allowance);
+                    if queue.may_probe(now, ahead.weight(), latest, cost, worth) {
                         queue.last_probe = Some(now);
                     } else {
                         // Where even their largest batch alone outlasts the request's whole
@@ -532,7 +552,7 @@ impl Stage {
                         // never to retry.
                         let whole = last.budget - admission::margin(last.budget);
                         let light_fits = queue.first_cost(cost).of(1) <= whole;
-                        let alone = light_fits && self.least_time(&queue, cost, &jobs) > whole;
+                        let alone = light_fits && least > whole;
                         let retry_after = admission::retry_after(finish, last.deadline);
                         return Err(Shed::DeadlineUnreachable { retry_after, alone });
                     }

@@ -921,3 +921,24 @@ def test_a_joining_generator_holding_no_job_is_left_running_for_the_next_to_join
         a, b = proxy.stream(["a"], cancel_after={0: 1, 1: 1}, join=["b"])
     assert (a.chunks, b.chunks) == (["a"], ["b"])
     assert worker.runs == 1  # b joined the generator a had left
+
+
+def test_a_generator_whose_last_item_ended_with_end_runs_on_to_its_return():
+    # Only a generator whose last items were cancelled is closed: one that ended them with END
+    # runs its code after the last yield, whatever an earlier item's cancel.
+    class Tail(corral.Worker):
+        def __init__(self):
+            self.after = False
+
+        def forward(self, items):
+            yield list(items)
+            while 0 not in self.cancelled:
+                yield [None, "b"]
+            yield [None, corral.END]
+            self.after = True
+
+    worker = Tail()
+    with FakeProxy(worker) as proxy:
+        a, b = proxy.stream(["a", "b"], cancel_after={0: 1})
+    assert a.chunks == ["a"] and b.chunks[-1] == "b"
+    assert worker.after

@@ -899,3 +899,22 @@ def test_the_fake_proxy_warms_the_worker_up_as_corral_s_worker_does():
             pass
     with FakeProxy(BadExamples(), warm_up=False) as proxy:
         assert [r.value for r in proxy.infer(["x"])] == ["x"]
+
+
+def test_max_running_set_later_or_on_a_plain_worker_is_not_refused_at_definition():
+    class Later(corral.Worker):
+        @property
+        def max_running(self):
+            return 4
+
+        def forward(self, batch):
+            yield [corral.END] * len(batch)
+
+    class Plain(corral.Worker):
+        max_running = "4"  # a plain worker's is warned of when it serves
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Later()) as proxy:
+        assert proxy.hello["max_batch"] == 4

@@ -72,7 +72,10 @@ async fn route_in<'a>(
     // Refused unread, yet under its route's label and in its protocol's error shape.
     // The count too: hyper bounds an HTTP/1.1 head's, but not an HTTP/2 one's (14 headers
     // past a bound of 10 had been served).
-    let fields = request.headers().len();
+    // An HTTP/2 client may split its `cookie` into crumbs, one field each (RFC 9113 8.2.3):
+    // they count as the one field HTTP/1.1 sends.
+    let crumbs = request.headers().get_all(http::header::COOKIE).iter().count();
+    let fields = request.headers().len() - crumbs.saturating_sub(1);
     let too_large = if head > app.max_header_bytes {
         Some(ApiError::head_too_large(head, app.max_header_bytes))
     } else {

@@ -243,15 +243,21 @@ impl Events {
             _ = &mut self.deadline => {
                 self.finished = true;
                 self._open.finished = true;
-                // Cut off as slow before its timeout (its buffer full while the client
-                // stalled), the stream ends as that, counted once where it was cut off: a
-                // client reading again past the timeout had been told `deadline_exceeded`,
-                // and the stream counted under both reasons.
-                if let Ok(Reply { outcome: Outcome::SlowClient, .. }) = self.reply.try_recv() {
-                    self.framing.error(&ApiError::slow_client())
-                } else {
-                    metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
-                    self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+                // Ended by a failure before its timeout (cut off as slow while its client
+                // stalled, a worker that died, a broken chunk), the stream ends with that
+                // failure: a client reading again past the timeout had been told
+                // `deadline_exceeded`, and a slow one counted under both reasons. A stream
+                // that ended well still ends at its timeout, as documented.
+                match self.reply.try_recv() {
+                    Ok(Reply { outcome, .. })
+                        if !matches!(outcome, Outcome::Ended | Outcome::Done(..)) =>
+                    {
+                        self.framing.error(&ApiError::from_outcome(outcome))
+                    }
+                    _ => {
+                        metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+                        self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+                    }
                 }
             }
             chunk = self.source.next() => match chunk {

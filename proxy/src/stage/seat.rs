@@ -89,6 +89,25 @@ impl WorkerSeat<'_> {
         metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
     }
 
+    /// A streaming batch of `weight` none of whose jobs sent a chunk: each was cancelled (its
+    /// client left, its deadline passed) and acknowledged, the last `took` after the batch was
+    /// sent. No time to first chunk (its clients got none), but a lower bound of it: learned
+    /// only where longer than predicted. Where first chunks had grown slower than the deadlines
+    /// asked, every batch ended so, and with nothing learned admission let every request wait
+    /// out its deadline rather than refuse it at once.
+    pub fn no_first_chunk(&self, weight: usize, took: Duration, joining: bool) {
+        let mut queue = self.stage.lock();
+        let predicted = queue.first_cost_estimate().map(|cost| cost.of(weight));
+        if predicted.is_none_or(|predicted| took <= predicted) {
+            return;
+        }
+        queue.first.record(weight, took);
+        queue.learned(Instant::now());
+        if joining {
+            queue.cost.record(weight, took);
+        }
+    }
+
     /// A streaming worker holds no job any more: it is idle, after `took` busy with `size` jobs.
     /// A worker that does not join was unavailable all that time: that is its batches' cost for
     /// the policy and for predicting when it is free (its clients, too, come back now).

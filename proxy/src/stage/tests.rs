@@ -851,8 +851,16 @@ async fn a_request_refused_for_its_own_size_is_probed_once_the_cost_is_stale() {
     for size in [1, 8, 1, 8] {
         seat.finished(size, size, Duration::from_millis(10 + 100 * size as u64));
     }
-    let eight =
-        || (0..8).map(|_| job(b"i", Duration::from_millis(500))).unzip::<_, _, Vec<_>, Vec<_>>();
+    // Each with its route's 5 s allowance: a worker is declared hung only past that.
+    let jobs_of = |items: usize, timeout: Duration| {
+        let jobs = (0..items).map(|_| job(b"i", timeout));
+        let jobs = jobs.map(|(mut job, answer)| {
+            job.allowance = Duration::from_secs(5);
+            (job, answer)
+        });
+        jobs.unzip::<_, _, Vec<_>, Vec<_>>()
+    };
+    let eight = || jobs_of(8, Duration::from_millis(500));
     let (jobs, _answers) = eight();
     let refused = stage.submit_all(jobs);
     assert!(matches!(refused, Err(Shed::DeadlineUnreachable { alone: true, .. })), "{refused:?}");
@@ -868,8 +876,29 @@ async fn a_request_refused_for_its_own_size_is_probed_once_the_cost_is_stale() {
     let (jobs, _answers) = eight();
     assert!(stage.submit_all(jobs).is_err(), "a probe was just learned");
     tokio::time::advance(STALE_AFTER).await;
+    // Never one that could not make it in three times its time (810 ms of 200 ms), nor one
+    // its worker would be declared hung over (810 ms past a 600 ms allowance).
+    let (jobs, _answers) = jobs_of(8, Duration::from_millis(200));
+    assert!(stage.submit_all(jobs).is_err(), "hopeless: not probed");
+    let (mut jobs, _answers) = eight();
+    jobs.iter_mut().for_each(|job| job.allowance = Duration::from_millis(600));
+    assert!(stage.submit_all(jobs).is_err(), "its worker would be declared hung");
     let (jobs, _answers) = eight();
     assert!(stage.submit_all(jobs).is_ok(), "the next probe");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streaming_batch_cancelled_before_any_chunk_teaches_only_a_slower_first_chunk() {
+    let stage = stage(4, 100);
+    let seat = stage.worker_joined();
+    seat.first_chunk(1, Duration::from_millis(100), false);
+    let first = |stage: &Stage| stage.lock().first.estimate().unwrap().of(1);
+    // A client that left after 50 ms says nothing of the first chunk's time.
+    seat.no_first_chunk(1, Duration::from_millis(50), false);
+    assert_eq!(first(&stage), Duration::from_millis(100));
+    // One acknowledged at 900 ms (its deadline's cancel) says it takes at least that.
+    seat.no_first_chunk(1, Duration::from_millis(900), false);
+    assert!(first(&stage) > Duration::from_millis(100), "{:?}", first(&stage));
 }
 
 #[test]

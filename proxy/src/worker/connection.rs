@@ -115,6 +115,9 @@ pub async fn serve(
         true => None,
         false => context.external.clone().try_acquire_owned().ok(),
     };
+    // Read before the step below (schemas of up to 8 MiB parse here, not while it holds
+    // every other newcomer of the stage).
+    let declared = declarations(&hello);
     // The check, the declarations and the seat in one step ([`Stage::joining`]).
     let joined = {
         let _joining = stage.joining();
@@ -133,9 +136,13 @@ pub async fn serve(
         match refusal {
             Some(message) => Err(message),
             None => {
-                keep_declarations(stage, &hello);
+                keep(stage, declared);
                 let served = context.children.connected(own_pid);
-                Ok((served, stage.worker_joined_on(context.children.gpu(own_pid))))
+                let seat = stage.worker_joined_on(context.children.gpu(own_pid));
+                if let Some(most) = hello.max_batch {
+                    seat.take_at_most(most as usize);
+                }
+                Ok((served, seat))
             }
         }
     };
@@ -150,9 +157,6 @@ pub async fn serve(
         }
     };
     let shared = share_memory(&mut outbox, &hello, &context);
-    if let Some(most) = hello.max_batch {
-        seat.take_at_most(most as usize);
-    }
     info!(
         stage = stage.name(),
         pid = hello.pid,
@@ -220,10 +224,28 @@ fn share_memory<'a>(
 /// fields) is served, and tested.
 const MAX_SCHEMA_BYTES: usize = 8 * 1024 * 1024;
 
-/// Keeps the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
+/// What a worker's hello declares, read: `declared` (None when it declares nothing to keep),
+/// and whether it declared tensors.
+struct Declarations {
+    declared: Option<Declared>,
+    tensors: bool,
+}
+
+/// Keeps what a worker declared, as the stage's newest: its (lack of) tensors, alone on the
+/// stage, replace the last ones' as a newcomer's tensors do (`Stage::tensor_conflict`).
+fn keep(stage: &Stage, Declarations { declared, tensors }: Declarations) {
+    if !tensors && stage.workers() == 0 {
+        stage.forget_tensors();
+    }
+    if let Some(declared) = declared {
+        stage.declare(declared);
+    }
+}
+
+/// Reads the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
 /// clients, and its weight rule, for the stage's batches. Schemas that do not parse (or pass [`MAX_SCHEMA_BYTES`]) are logged and ignored: they are documentation, and must
 /// not cost the worker its connection.
-fn keep_declarations(stage: &Stage, hello: &Hello) {
+fn declarations(hello: &Hello) -> Declarations {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
         if text.len() > MAX_SCHEMA_BYTES {
@@ -239,21 +261,17 @@ fn keep_declarations(stage: &Stage, hello: &Hello) {
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
     let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
-    let declared_tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
-    if !declared_tensors && stage.workers() == 0 {
-        // Alone on the stage, its (lack of) tensors replace the last ones', as a newcomer's
-        // tensors do (`Stage::tensor_conflict`).
-        stage.forget_tensors();
-    }
-    if input.is_none() && output.is_none() && !declared_tensors && weight.is_none() {
-        return;
+    let tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
+    if input.is_none() && output.is_none() && !tensors && weight.is_none() {
+        return Declarations { declared: None, tensors };
     }
     let components = match parse(&hello.schema_components) {
         Some(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    stage.declare(Declared { input, output, components, inputs, outputs, weight });
+    let declared = Declared { input, output, components, inputs, outputs, weight };
+    Declarations { declared: Some(declared), tensors }
 }
 
 /// A worker's own words (its name, the stage it claims) as a log line or a refusal shows them:

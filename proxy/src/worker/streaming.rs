@@ -366,8 +366,11 @@ impl State {
                 None => {
                     held.gathered.push(&chunk.data);
                     // The stage's output as well: the rate of this counter is its throughput
-                    // (tokens a second), whoever asked for a stream.
-                    metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
+                    // (tokens a second), whoever asked for a stream (not for a client gone, as
+                    // a stream's chunks are not).
+                    if !job.left.is_cancelled() {
+                        metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
+                    }
                     if held.gathered.len() > MAX_FRAME_BYTES {
                         // Not kept until the worker ends the job: it is over 64 MiB.
                         held.gathered = Gathered::default();
@@ -411,11 +414,14 @@ impl State {
             if held.cancelled {
                 // The worker acknowledging a cancel (its client left, or its deadline passed
                 // before any chunk) is no first answer: counted, a client that got nothing
-                // showed as a time to first chunk, and admission learned the batch faster than
-                // it is. The batch is still waited on while another of its jobs is held.
+                // showed as a time to first chunk. The batch is still waited on while another
+                // of its jobs is held; once none is, its time is a lower bound of its first
+                // chunk's (`no_first_chunk`).
                 let frame = held.frame;
                 if !self.held.values().any(|other| other.frame == frame) {
-                    self.first.remove(&frame);
+                    if let Some(pending) = self.first.remove(&frame) {
+                        seat.no_first_chunk(pending.weight, pending.sent.elapsed(), self.joins);
+                    }
                 }
             } else {
                 self.heard_from(seat, held.frame);

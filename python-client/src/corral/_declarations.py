@@ -36,10 +36,15 @@ def check(cls: Any) -> None:
             )
     _examples(cls)
     _types(cls)
-    try:
-        _streaming.limit(cls)
-    except TypeError as error:  # else the worker died before its hello, at every restart
-        raise TypeError(f"{cls.__name__}.{error}") from None
+    # Else a streaming worker died before its hello, at every restart. Read as declared: a
+    # property (set once the model is loaded, say) is read at the hello, as before; a plain
+    # worker's is only warned of when it serves.
+    declared = inspect.getattr_static(cls, "max_running", None)
+    if _streaming.is_streaming(cls) and not hasattr(declared, "__get__"):
+        try:
+            _streaming.limit(cls)
+        except TypeError as error:
+            raise TypeError(f"{cls.__name__}.{error}") from None
     if cls.weight is not None and (
         not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
     ):

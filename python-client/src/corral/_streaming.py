@@ -215,6 +215,7 @@ class _Run:
         self.by_id: dict[bytes, int] = {}
         self.results: list[dict[str, Any]] = []  # to send at the next flush
         self.offer = 0  # the standing pull offer, 0 for none
+        self.last_cancelled = False  # whether the job that ended last ended without an END
         self.sent_at = time.monotonic()  # when a frame last went to the proxy
 
     @property
@@ -223,11 +224,13 @@ class _Run:
 
     def abandoned(self) -> bool:
         """Whether nothing the generator computes can reach anyone: a worker that does not join
-        holds no job of it any more, and the last ones ended without an ``END`` (a client left, a
-        stream timed out, a chunk failed). It is then closed at its yield (``GeneratorExit``, its
-        ``finally`` runs). Stepped on, a generator that runs until it is cancelled (a live feed)
-        ran for good: the next batch waited behind it until the proxy declared the worker hung."""
-        return not self.live and not self.limit and bool(self.cancelled)
+        holds no job of it any more, and the last to end ended without an ``END`` (a client
+        left, a stream timed out, a chunk failed). It is then closed at its yield
+        (``GeneratorExit``, its ``finally`` runs). Stepped on, a generator that runs until it is
+        cancelled (a live feed) ran for good: the next batch waited behind it until the proxy
+        declared the worker hung. One whose last item ended with ``END`` runs on to its return,
+        as it always has (its code after the last yield runs)."""
+        return not self.live and not self.limit and self.last_cancelled
 
     def live_ids(self) -> list[bytes]:
         """The ids of the jobs not yet ended, in order."""
@@ -367,11 +370,13 @@ class _Run:
         self.live.discard(position)
         self.waiting.discard(position)
         self.results.append(result)
+        self.last_cancelled = False
 
     def _fail(self, position: int, result: dict[str, Any]) -> None:
         """End a job with an error of its own; the worker sees it as cancelled."""
         self._end(position, result)
         self.cancelled.add(position)
+        self.last_cancelled = True
 
     _cancel = _fail
 
