@@ -636,18 +636,23 @@ mod tests {
         assert_eq!(ended.elapsed(), IDLE);
     }
 
+    /// After a request, an HTTP/2 connection its client only pings is cut at the idle timeout.
+    async fn pings_do_not_hold(clock: &Arc<Clock>) {
+        drop(clock.request());
+        let ended = Instant::now();
+        let pinger = pings(clock, IDLE / 4);
+        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Idle), "held by pings");
+        assert_eq!(ended.elapsed(), IDLE);
+        pinger.abort();
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_http2_preface_sent_in_pieces_is_told_apart_too() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         for piece in HTTP2.chunks(1) {
             clock.read(piece);
         }
-        drop(clock.request());
-        let ended = Instant::now();
-        let pinger = pings(&clock, IDLE / 4);
-        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Idle), "held by pings");
-        assert_eq!(ended.elapsed(), IDLE);
-        pinger.abort();
+        pings_do_not_hold(&clock).await;
         // A head that only begins like the preface is HTTP/1.1's.
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(b"PRI");
@@ -659,12 +664,7 @@ mod tests {
     async fn http2_writes_of_hypers_own_do_not_hold_an_idle_connection() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(HTTP2);
-        drop(clock.request());
-        let ended = Instant::now();
-        let pinger = pings(&clock, IDLE / 4);
-        assert_eq!(within(STREAM, clock.expired()).await, Ok(Expired::Idle), "held by pings");
-        assert_eq!(ended.elapsed(), IDLE);
-        pinger.abort();
+        pings_do_not_hold(&clock).await;
     }
 
     #[tokio::test(start_paused = true)]
