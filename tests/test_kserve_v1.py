@@ -224,6 +224,12 @@ def test_a_bytes_input_takes_tensorflow_servings_b64_form(corral_factory):
     bad = predict(proxy, {"instances": [{**instance, "TEXT": [{"b64": "not base64!"}]}]})
     assert bad.status_code == 400
     assert bad.json()["error"].startswith('instance 0: input "TEXT": a "b64" value that is not')
+    # Bytes that are not UTF-8 come back the same way, not as an array of numbers (which read as
+    # an integer tensor of another shape).
+    binary = {**instance, "TEXT": [{"b64": base64.b64encode(b"\xff").decode()}]}
+    answer = predict(proxy, {"instances": [binary]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["predictions"][0]["UPPER"] == [{"b64": "/w=="}]
 
 
 def test_predictions_are_held_to_the_declared_outputs(corral_factory):

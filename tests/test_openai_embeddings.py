@@ -189,3 +189,16 @@ def test_the_timeout_header_is_read(proxy):
     )
     assert answer.status_code == 400
     assert "x-corral-timeout-ms" in answer.json()["error"]["message"]
+
+
+def test_an_openai_path_no_route_serves_is_404_in_openai_shape(proxy, corral_factory):
+    # In Corral's own shape, the openai package showed only "Error code: 404 - not_found".
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.NotFoundError) as error:
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
+    assert error.value.body["message"] == "no route for /v1/chat/completions"
+    plain = corral_factory()  # no route declares the protocol
+    with openai.OpenAI(base_url=plain.url + "/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.NotFoundError) as error:
+            client.embeddings.create(model="m", input="x")
+    assert 'protocol = "openai-embeddings"' in error.value.body["message"]

@@ -361,6 +361,28 @@ def test_metadata_before_any_worker_connected_is_503_not_an_empty_model(corral_f
     }
 
 
+def test_an_infer_before_any_worker_connected_is_503_not_queued_unchecked(corral_factory):
+    # Queued while the model loaded, no input was checked: one of the wrong shape failed its
+    # batch-mates' rows, one of the wrong datatype was served. KServe v1 answered 503 already.
+    from test_worker_protocol import FakeWorker
+
+    proxy = corral_factory("--retries=0", worker=None)
+    body = {"inputs": [{"name": "X", "shape": [1, 3], "datatype": "FP32", "data": [1, 2, 3]}]}
+    answer = proxy.client.post(INFER, json=body)
+    assert answer.status_code == 503, answer.text
+    assert answer.headers["retry-after"] == "1"
+    assert "has no metadata yet" in answer.json()["error"]
+    # Once a worker has connected, declaring nothing, the stage takes plain rows, and still
+    # does while that worker restarts: its requests wait for it.
+    worker = FakeWorker(proxy.socket)
+    proxy.wait_for_log(r"worker connected")
+    worker.close()
+    proxy.wait_until(lambda: proxy.metric("corral_workers_connected", stage="default") == 0,
+                     what="the worker gone")  # fmt: skip
+    waiting = proxy.client.post(INFER, json=body, headers={"x-corral-timeout-ms": "300"})
+    assert waiting.status_code == 408, waiting.text
+
+
 def test_an_infer_that_is_not_a_post_is_405(proxy):
     answer = proxy.client.get(INFER)
     assert answer.status_code == 405

@@ -174,6 +174,9 @@ struct Queue {
     last_purge: Option<Instant>,
     /// When a job was last admitted against the prediction, as a probe ([`PROBE_EVERY`]).
     last_probe: Option<Instant>,
+    /// Whether a worker ever connected: from then on what the stage's workers declared (if
+    /// anything) is known, a worker restarting or not ([`Stage::declarations_known`]).
+    joined_once: bool,
     /// When a batch's cost was last learned: a prediction older than [`STALE_AFTER`] on an idle
     /// stage may be probed even for a request refused for its own size.
     learned: Option<Instant>,
@@ -718,6 +721,15 @@ impl Stage {
             named(&kept.outputs),
             self.workers()
         ))
+    }
+
+    /// Whether what the stage's workers take is known: something was declared, or a worker
+    /// connected declaring nothing (plain values). Not before the first worker connects (a
+    /// model loading at start): a v2 or KServe v1 request then cannot be read against its
+    /// tensors, and is answered 503 rather than queued unchecked. A plain worker restarting
+    /// later keeps the stage known: its requests queue for it.
+    pub fn declarations_known(&self) -> bool {
+        self.declared().is_some() || self.lock().joined_once
     }
 
     pub fn declared(&self) -> Option<Arc<Declared>> {

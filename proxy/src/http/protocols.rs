@@ -34,6 +34,10 @@ pub enum Endpoint<'a> {
     /// A path under a protocol's prefix that names none of its endpoints: 404 in that
     /// protocol's error shape, which its clients read (`/v2/`, `/v1/models/`).
     Unknown(String),
+    /// Any other path under `/v1/` (OpenAI's API: `/v1/embeddings` where no route serves it,
+    /// `/v1/chat/completions`): 404 in OpenAI's error shape, whose clients lost the message in
+    /// Corral's.
+    UnknownOpenAi(String),
 }
 
 impl<'a> Endpoint<'a> {
@@ -49,10 +53,15 @@ impl<'a> Endpoint<'a> {
         }
         if path == openai::EMBEDDINGS_PATH {
             let route = app.routes.iter().find(|r| r.protocol == Some(Protocol::OpenAiEmbeddings));
-            return route.map(Endpoint::OpenAi);
+            if let Some(route) = route {
+                return Some(Endpoint::OpenAi(route));
+            }
         }
         if path.starts_with("/v2/") || path.starts_with(kserve_v1::PREFIX) {
             return Some(Endpoint::Unknown(path.to_string()));
+        }
+        if path.starts_with("/v1/") {
+            return Some(Endpoint::UnknownOpenAi(path.to_string()));
         }
         None
     }
@@ -65,7 +74,7 @@ impl<'a> Endpoint<'a> {
             Endpoint::V2(endpoint) => endpoint.label(),
             Endpoint::OpenAi(_) => openai::EMBEDDINGS_PATH,
             Endpoint::KServeModels => kserve_v1::MODELS_PATH,
-            Endpoint::Unknown(_) => "other",
+            Endpoint::Unknown(_) | Endpoint::UnknownOpenAi(_) => "other",
         }
     }
 
@@ -73,7 +82,7 @@ impl<'a> Endpoint<'a> {
     /// own error shape: its clients read no other (openai's lost the message in Corral's).
     pub fn refuse(&self, error: &ApiError) -> Response<Body> {
         match self {
-            Endpoint::OpenAi(_) => openai::error_response(error),
+            Endpoint::OpenAi(_) | Endpoint::UnknownOpenAi(_) => openai::error_response(error),
             _ => plain_error_response(error),
         }
     }
@@ -100,6 +109,16 @@ impl<'a> Endpoint<'a> {
                 answer.unwrap_or_else(|error| plain_error_response(&error))
             }
             Endpoint::Unknown(path) => plain_error_response(&ApiError::not_found(&path)),
+            Endpoint::UnknownOpenAi(path) => {
+                let mut error = ApiError::not_found(&path);
+                if path == openai::EMBEDDINGS_PATH {
+                    error.message = format!(
+                        "no route serves {path} here: a route with `protocol = \"openai-embeddings\"` \
+                         in the config file would"
+                    );
+                }
+                openai::error_response(&error)
+            }
         }
     }
 }

@@ -30,6 +30,7 @@ impl Stage {
         };
         queue.seats[slot] = Some(Seat::free(Instant::now()));
         queue.devices[slot] = gpu;
+        queue.joined_once = true;
         WorkerSeat { stage: self, slot }
     }
 

@@ -98,13 +98,13 @@ async fn predict(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let input = body::request_format(request.headers()).map_err(body::before_body)?;
-    // What an instance is depends on the first stage's declarations: with none kept and no
-    // worker connected they are not known, and a plain list queued now would reach a worker
-    // that declares tensors as a list (every instance 500). Not ready yet, as v2's metadata
-    // says then too. A worker connected without declarations takes plain values.
+    // What an instance is depends on the first stage's declarations: before any worker has
+    // connected they are not known, and a plain list queued now would reach a worker that
+    // declares tensors as a list (every instance 500). Not ready yet, as v2 says then too. A
+    // worker that connected without declarations takes plain values (restarting, too).
     let first = route.pipeline.stages.first().expect("a pipeline has a stage");
     let declared = first.declared();
-    if declared.is_none() && first.workers() == 0 {
+    if !first.declarations_known() {
         let message = format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
             route.model
@@ -242,7 +242,22 @@ fn check_outputs(outputs: &[TensorSpec], outcomes: &[Outcome]) -> Result<(), Api
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
 pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
-    let predictions = items::assemble(outcomes, Format::Msgpack)?;
+    let mut predictions = items::assemble(outcomes, Format::Msgpack)?;
+    // Bytes as TensorFlow Serving writes them (`b64`), tensors' `BYTES` elements that are not
+    // UTF-8 included (expanded first: they are `bin`s then).
+    if msgpack::scan(&predictions).ext {
+        let plain = tensor::expand(&predictions).map_err(|e| {
+            let why =
+                format!("the worker's output has a tensor value that is not well formed: {e}");
+            ApiError::internal("bad_output", why)
+        })?;
+        predictions = Bytes::from(plain);
+    }
+    if let std::borrow::Cow::Owned(encoded) =
+        b64::encoded(&predictions).map_err(|e| ApiError::internal("bad_output", e))?
+    {
+        predictions = Bytes::from(encoded);
+    }
     // A one-entry map around the results' array, which is copied once, into the JSON.
     let mut data = Vec::with_capacity(16);
     rmp::encode::write_map_len(&mut data, 1).expect("writing to a Vec cannot fail");

@@ -160,13 +160,7 @@ fn server_metadata() -> Response<Body> {
 /// connected they are not known: 503, where empty lists would say the model has no tensors (and
 /// a client may cache that). A worker that declares none gives empty lists.
 fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
-    let stages = &route.pipeline.stages;
-    let unknown = |stage: &Arc<Stage>| stage.declared().is_none() && stage.workers() == 0;
-    if stages.first().into_iter().chain(stages.last()).any(unknown) {
-        let message = format!(
-            "model {:?} has no metadata yet: its workers declare its tensors when they connect",
-            route.model
-        );
+    if let Some(message) = not_declared_yet(route) {
         return Err(ApiError::not_ready(message));
     }
     let declared = Declared::of(route);
@@ -188,6 +182,20 @@ fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
         "outputs": tensors(declared.outputs()),
     });
     Ok(json(StatusCode::OK, body.to_string()))
+}
+
+/// Why the route's tensors are not known yet, if they are not: its first or last stage has
+/// neither declarations kept nor a worker connected (a worker that declares none takes plain
+/// values, and says so by connecting).
+fn not_declared_yet(route: &Route) -> Option<String> {
+    let stages = &route.pipeline.stages;
+    let unknown = |stage: &Arc<Stage>| !stage.declarations_known();
+    stages.first().into_iter().chain(stages.last()).any(unknown).then(|| {
+        format!(
+            "model {:?} has no metadata yet: its workers declare its tensors when they connect",
+            route.model
+        )
+    })
 }
 
 /// What the route's first stage's workers take and its last stage's give: the stages' shared
@@ -229,6 +237,14 @@ async fn infer(
             })?,
         ),
     };
+    // With nothing declared yet and no worker connected (a model still loading at start), the
+    // inputs cannot be checked: queued, a row of the wrong shape failed its batch-mates' rows
+    // (a worker stacking them), and one of the wrong datatype was served. Not ready yet, as
+    // the metadata says then, and KServe v1's predict.
+    if let Some(message) = not_declared_yet(route) {
+        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
+        return Err(body::before_body(error));
+    }
     // A binary request keeps room after its header for a one-row payload's head, where it is
     // read into shared memory (`body::Buffer::for_body` leaves none elsewhere).
     let room = request::HEAD_ROOM;

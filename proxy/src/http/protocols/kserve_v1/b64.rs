@@ -1,7 +1,9 @@
-//! TensorFlow Serving's form for binary values in v1 instances: `{"b64": "<base64>"}` stands for
-//! the bytes it encodes (JSON has no bytes). For an input declared `BYTES`, each such object in
-//! an instance's value is read as those bytes, a msgpack `bin`, before the value becomes a
-//! tensor; any other string stays the UTF-8 bytes of its text.
+//! TensorFlow Serving's form for binary values in v1 instances and predictions: `{"b64":
+//! "<base64>"}` stands for the bytes it encodes (JSON has no bytes). For an input declared
+//! `BYTES`, each such object in an instance's value is read as those bytes, a msgpack `bin`,
+//! before the value becomes a tensor; any other string stays the UTF-8 bytes of its text. In a
+//! prediction, bytes are written back so ([`encoded`]): as JSON's array of numbers, a `BYTES`
+//! element that is not UTF-8 read as an integer tensor of another shape.
 
 use std::borrow::Cow;
 
@@ -65,12 +67,79 @@ fn copy(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), String>
     }
 }
 
+/// `value` with each `bin` in it (at any depth of its arrays and maps) written as a `{"b64":
+/// "<base64>"}` object; borrowed as it is where it holds none.
+pub fn encoded(value: &[u8]) -> Result<Cow<'_, [u8]>, String> {
+    // A value without a bin marker byte anywhere holds no bin.
+    if !value.iter().any(|&b| matches!(b, 0xc4..=0xc6)) {
+        return Ok(Cow::Borrowed(value));
+    }
+    let mut out = Vec::with_capacity(value.len() * 2);
+    let mut rest = value;
+    encode(&mut rest, &mut out, 0)?;
+    Ok(Cow::Owned(out))
+}
+
+/// Copies the value at the start of `rest` to `out`, its bins as `b64` objects.
+fn encode(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), String> {
+    if depth > msgpack::MAX_DEPTH {
+        return Err(format!("nested deeper than {} levels", msgpack::MAX_DEPTH));
+    }
+    match rest.first() {
+        Some(0x90..=0x9f | 0xdc | 0xdd) => {
+            let len = rmp::decode::read_array_len(rest).map_err(|e| e.to_string())?;
+            rmp::encode::write_array_len(out, len).expect("writing to a Vec cannot fail");
+            (0..len).try_for_each(|_| encode(rest, out, depth + 1))
+        }
+        Some(0x80..=0x8f | 0xde | 0xdf) => {
+            let len = rmp::decode::read_map_len(rest).map_err(|e| e.to_string())?;
+            rmp::encode::write_map_len(out, len).expect("writing to a Vec cannot fail");
+            (0..2 * len).try_for_each(|_| encode(rest, out, depth + 1))
+        }
+        Some(0xc4..=0xc6) => {
+            let len = rmp::decode::read_bin_len(rest).map_err(|e| e.to_string())? as usize;
+            let bytes = rest.get(..len).ok_or("a bin that ends early")?;
+            *rest = &rest[len..];
+            let text = base64::engine::general_purpose::STANDARD.encode(bytes);
+            rmp::encode::write_map_len(out, 1).expect("writing to a Vec cannot fail");
+            rmp::encode::write_str(out, "b64").expect("writing to a Vec cannot fail");
+            rmp::encode::write_str(out, &text).expect("writing to a Vec cannot fail");
+            Ok(())
+        }
+        _ => {
+            let start = *rest;
+            msgpack::skip(rest)?;
+            out.extend_from_slice(&start[..start.len() - rest.len()]);
+            Ok(())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn pack(value: serde_json::Value) -> Vec<u8> {
         rmp_serde::to_vec(&value).unwrap()
+    }
+
+    #[test]
+    fn bins_become_b64_objects_at_any_depth_and_back() {
+        let mut value = Vec::new();
+        rmp::encode::write_map_len(&mut value, 2).unwrap();
+        rmp::encode::write_str(&mut value, "UPPER").unwrap();
+        rmp::encode::write_array_len(&mut value, 2).unwrap();
+        rmp::encode::write_bin(&mut value, b"\xff").unwrap();
+        rmp::encode::write_str(&mut value, "HI").unwrap();
+        rmp::encode::write_str(&mut value, "N").unwrap();
+        rmp::encode::write_uint(&mut value, 196).unwrap(); // 0xc4 as a number, not a bin
+        let written = encoded(&value).unwrap();
+        let read: serde_json::Value = rmp_serde::from_slice(&written).unwrap();
+        assert_eq!(read, serde_json::json!({"UPPER": [{"b64": "/w=="}, "HI"], "N": 196}));
+        let array = pack(serde_json::json!([{"b64": "/w=="}]));
+        assert_eq!(decoded(&array).unwrap().as_ref(), [0x91, 0xc4, 1, 0xff]);
+        let plain = pack(serde_json::json!({"a": [1, 2]}));
+        assert!(matches!(encoded(&plain).unwrap(), Cow::Borrowed(_)));
     }
 
     #[test]
