@@ -167,6 +167,18 @@ def test_tritons_timeout_parameter_is_the_requests_deadline(tmp_path):
         proxy.stop()
 
 
+def test_a_short_triton_timeout_on_an_idle_stage_is_served(proxy):
+    # The parameter shortened the deadline but not the request's whole time: admission kept 5%
+    # of the route's 5 s (250 ms) as its margin, and refused every 200 ms timeout (38 of 40),
+    # which the same deadline as a header got served.
+    x, scale, words = rows(1)
+    with client(proxy) as c:
+        c.infer("default", tensors(x, scale, words))  # the stage learns what a batch costs
+        for _ in range(5):
+            answer = c.infer("default", tensors(x, scale, words), timeout=200_000)
+            np.testing.assert_allclose(answer.as_numpy("SCALED"), x * scale)
+
+
 def test_a_request_of_64_rows_is_64_jobs_in_order(proxy):
     x, scale, words = rows(64)
     result = infer(proxy, x, scale, words, True)

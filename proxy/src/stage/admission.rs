@@ -176,22 +176,41 @@ impl Stage {
         self.gone_in(queue, now, leave)
     }
 
-    /// A Retry-After for when `leave` queued jobs (of the queue's mean weight) will have gone,
-    /// in batches by weight as the replay sends them (counted as jobs of weight 1, a queue of
-    /// jobs heavier than their batches' budget was told 1 s where it took 8): at least a
-    /// second, and a second before a cost is learned.
+    /// A Retry-After for when `leave` queued jobs will have gone (their share of the queue's
+    /// light and heavy jobs alike), in batches by weight as the replay sends them (counted as
+    /// jobs of weight 1, a queue of jobs heavier than their batches' budget was told 1 s where
+    /// it took 8), each heavy one alone and costed once, as [`Stage::predict`] costs it (as
+    /// weight in full batches, each paying the overhead, a queue of jobs 5,000 budgets heavy was
+    /// told 105 s where it had room in 1): at least a second, and a second before a cost is
+    /// learned.
     fn gone_in(&self, queue: &Queue, now: Instant, leave: usize) -> Duration {
         let second = Duration::from_secs(1);
         let Some(cost) = queue.cost.estimate() else { return second };
         let jobs = &queue.jobs;
-        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
-        let weight = (leave as f64 * mean.max(1.0)).ceil() as usize;
         let mut free_at = queue.free_at(now, cost);
-        let max = self.batch_weight(queue);
-        match predicted_finish(0, weight, max, cost, cost, &mut free_at) {
-            Some(finish) => retry_after(finish, now),
-            None => second,
+        if free_at.is_empty() {
+            return second;
         }
+        let share = if jobs.is_empty() { 1.0 } else { (leave as f64 / jobs.len() as f64).min(1.0) };
+        let (heavy_jobs, heavy_weight) = jobs.heavy_from(Class::Low);
+        let light_weight = jobs.weight().saturating_sub(heavy_weight);
+        let heavy = ((heavy_jobs as f64 * share).ceil() as u128, heavy_weight as f64 * share);
+        if heavy.0 > 0 {
+            // Shared by the workers, as in `predict`; past a day as good as never.
+            let nanos = cost.overhead.as_nanos() as f64 * heavy.0 as f64
+                + cost.per_item.as_nanos() as f64 * heavy.1;
+            let each = (nanos / free_at.len() as f64).min(DAY.as_nanos() as f64);
+            let each = Duration::from_nanos(each as u64);
+            free_at.iter_mut().for_each(|at| *at += each);
+        }
+        let light = (light_weight as f64 * share).ceil() as usize;
+        let light = if heavy.0 == 0 { light.max(leave) } else { light };
+        let max = self.batch_weight(queue);
+        let finish = match light {
+            0 => free_at.iter().min().copied(),
+            light => predicted_finish(0, light, max, cost, cost, &mut free_at),
+        };
+        finish.map_or(second, |finish| retry_after(finish, now))
     }
 
     /// When `jobs` (a request's), behind the work `ahead`, would be answered (None:

@@ -1024,6 +1024,32 @@ async fn a_full_queue_says_when_it_will_have_room() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_queue_of_jobs_heavier_than_their_budget_says_when_one_has_gone() {
+    // Jobs of weight 50,000 behind a budget of 10 each go alone: 20 ms + 500 ms. Counted as
+    // 5,000 full batches each, every one paying the overhead, the queue said 105 s where it
+    // had room in one job's time.
+    let settings = BatchSettings { max_batch_weight: Some(10), ..*stage(8, 3).settings() };
+    let stage = Stage::new("default", settings, 3);
+    let seat = stage.worker_joined();
+    for weight in [5, 10, 5, 10] {
+        seat.finished(1, weight, Duration::from_micros(20_000 + 10 * weight as u64));
+    }
+    let heavy = || {
+        let (mut job, answer) = job(b"heavy", Duration::from_secs(60));
+        job.weight = 50_000;
+        std::mem::forget(answer);
+        job
+    };
+    for _ in 0..3 {
+        stage.submit(heavy()).unwrap();
+    }
+    match stage.submit(heavy()) {
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(1)),
+        other => panic!("expected queue_full, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
     // Batches of one job, a second each, one worker; the flood holds its share of 3 and a
     // quiet tenant has work too: the flood's next job fits once one of its jobs has left, and
