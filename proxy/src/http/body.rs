@@ -142,7 +142,7 @@ pub fn before_body(error: ApiError) -> ApiError {
 /// other than `chunked`, which hyper does not undo) is refused (415, RFC 9110 15.5.16), not
 /// passed on as if it were its content: the worker would read gzip bytes as the input, and a v2
 /// client's compressed binary body would fail its lengths with a puzzling 400.
-fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
+pub(super) fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
     let refused = |coding: &str, header: &str, how: &str| {
         let message = format!("{header} {coding:?} is not supported: send the body {how}");
         Err(ApiError { message, ..ApiError::unsupported_media_type("") })

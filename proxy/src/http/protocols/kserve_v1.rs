@@ -98,6 +98,7 @@ async fn predict(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let input = body::request_format(request.headers()).map_err(body::before_body)?;
+    body::check_encoding(request.headers()).map_err(body::before_body)?;
     // What an instance is depends on the first stage's declarations: before any worker has
     // connected they are not known, and a plain list queued now would reach a worker that
     // declares tensors as a list (every instance 500). Not ready yet, as v2 says then too. A

@@ -242,7 +242,7 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
         ("422", format!("The worker rejected a row; the message names the {row}.")),
         ("431", "The request head is larger than --max-header-bytes.".to_string()),
         ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
-        ("503", "Shed or stopping; see Retry-After.".to_string()),
+        ("503", "Shed, stopping, or no worker has connected yet; see Retry-After.".to_string()),
     ];
     described.into_iter().map(|(status, text)| (status.into(), response(&text, schema))).collect()
 }

@@ -241,6 +241,8 @@ async fn infer(
     // inputs cannot be checked: queued, a row of the wrong shape failed its batch-mates' rows
     // (a worker stacking them), and one of the wrong datatype was served. Not ready yet, as
     // the metadata says then, and KServe v1's predict.
+    // (A body it could never take is told so first: retrying would not help it.)
+    body::check_encoding(request.headers()).map_err(body::before_body)?;
     if let Some(message) = not_declared_yet(route) {
         let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
         return Err(body::before_body(error));
