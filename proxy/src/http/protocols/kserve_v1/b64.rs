@@ -58,12 +58,7 @@ fn copy(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), String>
             *rest = after;
             Ok(())
         }
-        _ => {
-            let start = *rest;
-            msgpack::skip(rest)?;
-            out.extend_from_slice(&start[..start.len() - rest.len()]);
-            Ok(())
-        }
+        _ => as_it_is(rest, out),
     }
 }
 
@@ -106,13 +101,16 @@ fn encode(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), Strin
             rmp::encode::write_str(out, &text).expect("writing to a Vec cannot fail");
             Ok(())
         }
-        _ => {
-            let start = *rest;
-            msgpack::skip(rest)?;
-            out.extend_from_slice(&start[..start.len() - rest.len()]);
-            Ok(())
-        }
+        _ => as_it_is(rest, out),
     }
+}
+
+/// Copies the value at the start of `rest` to `out` unchanged.
+fn as_it_is(rest: &mut &[u8], out: &mut Vec<u8>) -> Result<(), String> {
+    let start = *rest;
+    msgpack::skip(rest)?;
+    out.extend_from_slice(&start[..start.len() - rest.len()]);
+    Ok(())
 }
 
 #[cfg(test)]
