@@ -393,6 +393,11 @@ def test_an_infer_before_any_worker_connected_is_503_not_queued_unchecked(corral
                      what="the worker gone")  # fmt: skip
     waiting = proxy.client.post(INFER, json=body, headers={"x-corral-timeout-ms": "300"})
     assert waiting.status_code == 408, waiting.text
+    # KServe v1 alike (it had answered 503 while a plain worker restarted).
+    instances = {"instances": [[1, 2, 3]]}
+    predict = "/v1/models/default:predict"
+    v1 = proxy.client.post(predict, json=instances, headers={"x-corral-timeout-ms": "300"})
+    assert v1.status_code == 408, v1.text
 
 
 def test_an_infer_that_is_not_a_post_is_405(proxy):

@@ -149,6 +149,10 @@ pub struct Stage {
     /// Held by a worker from its hello's check against the stage's tensors to its seat
     /// ([`Stage::joining`]).
     joining: Mutex<()>,
+    /// Whether a worker ever connected: from then on what the stage's workers declared (if
+    /// anything) is known, a worker restarting or not ([`Stage::declarations_known`]). Read by
+    /// every v2 and KServe v1 request: not under the queue's lock.
+    joined_once: AtomicBool,
 }
 
 #[derive(Default)]
@@ -174,9 +178,6 @@ struct Queue {
     last_purge: Option<Instant>,
     /// When a job was last admitted against the prediction, as a probe ([`PROBE_EVERY`]).
     last_probe: Option<Instant>,
-    /// Whether a worker ever connected: from then on what the stage's workers declared (if
-    /// anything) is known, a worker restarting or not ([`Stage::declarations_known`]).
-    joined_once: bool,
     /// When a batch's cost was last learned: a prediction older than [`STALE_AFTER`] on an idle
     /// stage may be probed even for a request refused for its own size.
     learned: Option<Instant>,
@@ -251,9 +252,9 @@ impl Queue {
     ///
     /// A job refused only for its own weight (the lightest job would fit) is probed too, if it
     /// is `worth` it (it might make it, and would not get its worker declared hung), once the
-    /// stage has learned nothing for [`STALE_AFTER`] nor probed so in that time: a model that became faster refused
-    /// every multi-item request for good once only those came (60 of 60 8-item requests on an
-    /// idle stage, 500 ms each where the model now took 40).
+    /// stage has learned nothing for [`STALE_AFTER`] nor probed so in that time: a model that
+    /// became faster refused every multi-item request for good once only those came (60 of 60
+    /// 8-item requests on an idle stage, 500 ms each where the model now took 40).
     fn may_probe(
         &self,
         now: Instant,
@@ -271,13 +272,14 @@ impl Queue {
         idle && due && (now + lightest > latest || stale)
     }
 
-    /// What a batch is predicted to take to its first answer, once anything was learned.
-    fn first_cost_estimate(&self) -> Option<cost::Cost> {
-        self.first.estimate().or(self.cost.estimate())
-    }
-
-    /// A batch's cost was learned (`queue.cost` or `queue.first` recorded a sample).
-    fn learned(&mut self, now: Instant) {
+    /// A batch took `took` to its first answer (a chunk, or a plain worker's results): what the
+    /// stage learns of it, and of the batch's whole cost where the worker takes new jobs
+    /// within a step (`joining`) or answers at once (`whole`).
+    fn learn_first(&mut self, weight: usize, took: Duration, whole: bool, now: Instant) {
+        self.first.record(weight, took);
+        if whole {
+            self.cost.record(weight, took);
+        }
         self.learned = Some(now);
     }
 
@@ -368,6 +370,7 @@ impl Stage {
             arrivals: Notify::new(),
             exits: Mutex::default(),
             joining: Mutex::default(),
+            joined_once: AtomicBool::new(false),
         }
     }
 
@@ -729,7 +732,7 @@ impl Stage {
     /// tensors, and is answered 503 rather than queued unchecked. A plain worker restarting
     /// later keeps the stage known: its requests queue for it.
     pub fn declarations_known(&self) -> bool {
-        self.declared().is_some() || self.lock().joined_once
+        self.joined_once.load(Ordering::Relaxed) || self.declared().is_some()
     }
 
     pub fn declared(&self) -> Option<Arc<Declared>> {

@@ -13,6 +13,8 @@ pub struct Found {
     pub ext: bool,
     /// A float that is NaN or infinite, which JSON cannot carry.
     pub non_finite: bool,
+    /// A `bin` (bytes, which a KServe v1 answer writes as TensorFlow Serving's `{"b64": …}`).
+    pub bin: bool,
     /// The most containers open at once: at the bound the value cannot go inside another.
     pub deepest: usize,
 }
@@ -50,9 +52,10 @@ pub fn walk_one(body: &[u8], strings: Strings, max_depth: usize) -> Result<(Foun
             }
             0xc1 => return Err(format!("byte {at}: 0xc1 is never used in msgpack")),
             // bin 8, 16, 32
-            0xc4 => reader.skip_sized(1, 0)?,
-            0xc5 => reader.skip_sized(2, 0)?,
-            0xc6 => reader.skip_sized(4, 0)?,
+            marker @ 0xc4..=0xc6 => {
+                found.bin = true;
+                reader.skip_sized(1usize << (marker - 0xc4), 0)?
+            }
             // ext 8, 16, 32: a length, a type byte, the data
             marker @ (0xc7..=0xc9 | 0xd4..=0xd8) => {
                 found.ext = true;

@@ -54,6 +54,21 @@ pub fn predicted_finish(
     )
 }
 
+/// Moves each worker's free time later by `heavy` jobs (their count, and their weight in all),
+/// each sent alone and costed once, their time shared by the workers: as many full batches
+/// each, every one paying the overhead, they had been counted 5,000 times over. In
+/// nanoseconds, wide: a weight summed over the queue may pass u32 (what a Duration multiplies
+/// by). Past a day it is as good as never, and kept there.
+fn after_heavy(free_at: &mut [Instant], cost: Cost, (jobs, weight): (u128, u128)) {
+    if jobs == 0 || free_at.is_empty() {
+        return;
+    }
+    let nanos = cost.overhead.as_nanos() * jobs + cost.per_item.as_nanos() * weight;
+    let share = nanos / free_at.len() as u128;
+    let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX)).min(DAY);
+    free_at.iter_mut().for_each(|at| *at += share);
+}
+
 /// What admission keeps back from a job's time budget: the prediction is an average, and the
 /// answer must still travel to a client whose own timeout runs on the same budget. A job is
 /// admitted only if it is predicted to finish with 5% of its timeout to spare.
@@ -194,16 +209,11 @@ impl Stage {
         let share = if jobs.is_empty() { 1.0 } else { (leave as f64 / jobs.len() as f64).min(1.0) };
         let (heavy_jobs, heavy_weight) = jobs.heavy_from(Class::Low);
         let light_weight = jobs.weight().saturating_sub(heavy_weight);
-        let heavy = ((heavy_jobs as f64 * share).ceil() as u128, heavy_weight as f64 * share);
-        if heavy.0 > 0 {
-            // Shared by the workers, as in `predict`; past a day as good as never.
-            let nanos = cost.overhead.as_nanos() as f64 * heavy.0 as f64
-                + cost.per_item.as_nanos() as f64 * heavy.1;
-            let each = (nanos / free_at.len() as f64).min(DAY.as_nanos() as f64);
-            let each = Duration::from_nanos(each as u64);
-            free_at.iter_mut().for_each(|at| *at += each);
-        }
+        let heavy =
+            ((heavy_jobs as f64 * share).ceil() as u128, (heavy_weight as f64 * share) as u128);
+        after_heavy(&mut free_at, cost, heavy);
         let light = (light_weight as f64 * share).ceil() as usize;
+        // Without heavy jobs, at least a unit a job, as a job's weight is.
         let light = if heavy.0 == 0 { light.max(leave) } else { light };
         let max = self.batch_weight(queue);
         let finish = match light {
@@ -232,15 +242,7 @@ impl Stage {
     ) -> Option<Instant> {
         let first = queue.first_cost(cost);
         let mut free_at = queue.free_at(now, cost);
-        if ahead.heavy.0 > 0 && !free_at.is_empty() {
-            // In nanoseconds, wide: a weight summed over the queue may pass u32 (what a
-            // Duration multiplies by). Past a day it is as good as never, and kept there.
-            let (jobs, weight) = (ahead.heavy.0 as u128, u128::from(ahead.heavy.1));
-            let nanos = cost.overhead.as_nanos() * jobs + cost.per_item.as_nanos() * weight;
-            let share = nanos / free_at.len() as u128;
-            let share = Duration::from_nanos(u64::try_from(share).unwrap_or(u64::MAX)).min(DAY);
-            free_at.iter_mut().for_each(|at| *at += share);
-        }
+        after_heavy(&mut free_at, cost, (ahead.heavy.0 as u128, u128::from(ahead.heavy.1)));
         let ahead = ahead.light;
         let max = self.batch_weight(queue);
         let weights = || jobs.iter().map(|job| job.weight as usize);

@@ -2,6 +2,7 @@
 //! the stage knows from the seats which workers are busy, since when, and with how many jobs —
 //! what admission predicts from and what the cost model learns from.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -30,7 +31,7 @@ impl Stage {
         };
         queue.seats[slot] = Some(Seat::free(Instant::now()));
         queue.devices[slot] = gpu;
-        queue.joined_once = true;
+        self.joined_once.store(true, Ordering::Relaxed);
         WorkerSeat { stage: self, slot }
     }
 
@@ -79,13 +80,8 @@ impl WorkerSeat<'_> {
     /// it was sent: what admission and the policy learn for a streaming stage is the time to first
     /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
     pub fn first_chunk(&self, weight: usize, took: Duration, joining: bool) {
-        let mut queue = self.stage.lock();
-        queue.first.record(weight, took);
-        queue.learned(Instant::now());
-        if joining {
-            // A joining worker takes new jobs within a step: it is as busy as its first chunk.
-            queue.cost.record(weight, took);
-        }
+        // A joining worker takes new jobs within a step: it is as busy as its first chunk.
+        self.stage.lock().learn_first(weight, took, joining, Instant::now());
         let stage = [self.stage.name.as_str()];
         metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
     }
@@ -98,14 +94,9 @@ impl WorkerSeat<'_> {
     /// out its deadline rather than refuse it at once.
     pub fn no_first_chunk(&self, weight: usize, took: Duration, joining: bool) {
         let mut queue = self.stage.lock();
-        let predicted = queue.first_cost_estimate().map(|cost| cost.of(weight));
-        if predicted.is_none_or(|predicted| took <= predicted) {
-            return;
-        }
-        queue.first.record(weight, took);
-        queue.learned(Instant::now());
-        if joining {
-            queue.cost.record(weight, took);
+        let predicted = queue.first.estimate().or(queue.cost.estimate()).map(|c| c.of(weight));
+        if predicted.is_some_and(|predicted| took > predicted) {
+            queue.learn_first(weight, took, joining, Instant::now());
         }
     }
 
@@ -119,7 +110,7 @@ impl WorkerSeat<'_> {
         *seat = seat.freed(now);
         if !joining && size > 0 {
             queue.cost.record(weight, took);
-            queue.learned(now);
+            queue.learned = Some(now);
         }
         queue.returns.answered(now, size);
     }
@@ -143,9 +134,7 @@ impl WorkerSeat<'_> {
             0 => *seat = seat.freed(now),
             ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
         }
-        queue.cost.record(weight, took);
-        queue.first.record(weight, took);
-        queue.learned(now);
+        queue.learn_first(weight, took, true, now);
         queue.returns.answered(now, size);
         let stage = [self.stage.name.as_str()];
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());

@@ -224,16 +224,11 @@ fn share_memory<'a>(
 /// fields) is served, and tested.
 const MAX_SCHEMA_BYTES: usize = 8 * 1024 * 1024;
 
-/// What a worker's hello declares, read: `declared` (None when it declares nothing to keep),
-/// and whether it declared tensors.
-struct Declarations {
-    declared: Option<Declared>,
-    tensors: bool,
-}
-
-/// Keeps what a worker declared, as the stage's newest: its (lack of) tensors, alone on the
-/// stage, replace the last ones' as a newcomer's tensors do (`Stage::tensor_conflict`).
-fn keep(stage: &Stage, Declarations { declared, tensors }: Declarations) {
+/// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
+/// tensors, alone on the stage, replace the last ones' as a newcomer's tensors do
+/// (`Stage::tensor_conflict`).
+fn keep(stage: &Stage, declared: Option<Declared>) {
+    let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
     if !tensors && stage.workers() == 0 {
         stage.forget_tensors();
     }
@@ -245,7 +240,7 @@ fn keep(stage: &Stage, Declarations { declared, tensors }: Declarations) {
 /// Reads the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
 /// clients, and its weight rule, for the stage's batches. Schemas that do not parse (or pass [`MAX_SCHEMA_BYTES`]) are logged and ignored: they are documentation, and must
 /// not cost the worker its connection.
-fn declarations(hello: &Hello) -> Declarations {
+fn declarations(hello: &Hello) -> Option<Declared> {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
         if text.len() > MAX_SCHEMA_BYTES {
@@ -263,15 +258,14 @@ fn declarations(hello: &Hello) -> Declarations {
     let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
     let tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
     if input.is_none() && output.is_none() && !tensors && weight.is_none() {
-        return Declarations { declared: None, tensors };
+        return None;
     }
     let components = match parse(&hello.schema_components) {
         Some(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    let declared = Declared { input, output, components, inputs, outputs, weight };
-    Declarations { declared: Some(declared), tensors }
+    Some(Declared { input, output, components, inputs, outputs, weight })
 }
 
 /// A worker's own words (its name, the stage it claims) as a log line or a refusal shows them:

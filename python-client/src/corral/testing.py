@@ -391,18 +391,15 @@ def _hashable(key: Any) -> Any:
 
 
 def _depth(value: Any) -> int:
-    """How many arrays and maps deep ``value`` nests (decoded tensors count as none)."""
-    deepest, todo = 0, [(value, 1)]
+    """How many arrays and maps deep ``value`` nests (decoded tensors count as none). Only
+    containers are kept to visit: a flat list of a million numbers costs no entry each."""
+    containers = (dict, list, tuple)
+    deepest, todo = 0, [(value, 1)] if isinstance(value, containers) else []
     while todo:
         node, level = todo.pop()
-        if isinstance(node, dict):
-            children = [*node.keys(), *node.values()]
-        elif isinstance(node, (list, tuple)):
-            children = node
-        else:
-            continue
         deepest = max(deepest, level)
-        todo.extend((child, level + 1) for child in children)
+        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
+        todo.extend((child, level + 1) for child in children if isinstance(child, containers))
     return deepest
 
 

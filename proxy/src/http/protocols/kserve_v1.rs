@@ -245,18 +245,21 @@ pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
     let mut predictions = items::assemble(outcomes, Format::Msgpack)?;
     // Bytes as TensorFlow Serving writes them (`b64`), tensors' `BYTES` elements that are not
-    // UTF-8 included (expanded first: they are `bin`s then).
-    if msgpack::scan(&predictions).ext {
+    // UTF-8 included (expanded first: they are `bin`s then). Rewritten only where a walk finds
+    // one: most answers hold none, and a copy of each (4 MB ones) would be for nothing.
+    let mut found = msgpack::scan(&predictions);
+    if found.ext {
         let plain = tensor::expand(&predictions).map_err(|e| {
             let why =
                 format!("the worker's output has a tensor value that is not well formed: {e}");
             ApiError::internal("bad_output", why)
         })?;
         predictions = Bytes::from(plain);
+        found = msgpack::scan(&predictions);
     }
-    if let std::borrow::Cow::Owned(encoded) =
-        b64::encoded(&predictions).map_err(|e| ApiError::internal("bad_output", e))?
-    {
+    if found.bin {
+        let encoded =
+            b64::encoded(&predictions).map_err(|e| ApiError::internal("bad_output", e))?;
         predictions = Bytes::from(encoded);
     }
     // A one-entry map around the results' array, which is copied once, into the JSON.
