@@ -87,6 +87,19 @@ def test_a_body_without_instances_is_400(proxy, body):
     assert "instances" in answer.json()["error"]
 
 
+def test_instances_given_twice_are_400_not_the_first_taken(proxy):
+    # A reader keeping the last key (Python's json, a gateway's log) would see ["ok"] while
+    # the first-taken ran ["reject"]: neither is run.
+    for body in [b'{"instances": [1], "instances": [2]}', b'{"instances": 3, "instances": [2]}']:
+        answer = proxy.client.post(
+            "/v1/models/default:predict",
+            content=body,
+            headers={"content-type": "application/json"},
+        )
+        assert answer.status_code == 400, answer.text
+        assert "appears twice" in answer.json()["error"]
+
+
 def test_malformed_json_is_400_in_v1_shape(proxy):
     answer = proxy.client.post(
         "/v1/models/default:predict",

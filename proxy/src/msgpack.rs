@@ -41,19 +41,37 @@ pub fn skip(rest: &mut &[u8]) -> Result<(), String> {
 /// whatever came after it — if the map has that key; `Err` if `map` is no map, or a key or value
 /// before it is malformed. Nothing is decoded but the keys.
 pub fn after_key<'a>(map: &'a [u8], name: &str) -> Result<Option<&'a [u8]>, String> {
+    find_key(map, name, false)
+}
+
+/// As [`after_key`], for a key a client gives: one given twice is an `Err`, as serde's
+/// `duplicate field` is. Taking the first would run what a reader keeping the last (Python's
+/// `json`, JavaScript, a gateway's log) never saw. The whole map is read.
+pub fn after_only_key<'a>(map: &'a [u8], name: &str) -> Result<Option<&'a [u8]>, String> {
+    find_key(map, name, true)
+}
+
+fn find_key<'a>(map: &'a [u8], name: &str, only: bool) -> Result<Option<&'a [u8]>, String> {
     let mut rest = map;
     let len = rmp::decode::read_map_len(&mut rest).map_err(|_| "not a map".to_string())?;
+    let mut found = None;
     for _ in 0..len {
         let mut key = rest;
         let is_name = rmp::decode::read_str_len(&mut key)
             .is_ok_and(|n| key.get(..n as usize) == Some(name.as_bytes()));
         skip(&mut rest)?;
         if is_name {
-            return Ok(Some(rest));
+            if found.is_some() {
+                return Err(format!("{name:?} appears twice"));
+            }
+            found = Some(rest);
+            if !only {
+                break;
+            }
         }
         skip(&mut rest)?;
     }
-    Ok(None)
+    Ok(found)
 }
 
 /// The bytes inside `value` if it is exactly one msgpack `bin` (a slice of the same buffer, no

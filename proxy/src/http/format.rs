@@ -204,7 +204,9 @@ pub fn ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
 }
 
 /// Every media range of an `Accept` value with its quality (`q`, either case, 1 if absent or
-/// unreadable), refused ones (`q=0`, `Q=0.000`, …) included.
+/// unreadable), refused ones (`q=0`, `Q=0.000`, …) included. A quality is a number from 0 to 1
+/// (RFC 9110); Rust's float parser also reads `nan` and `inf`, which are no quality: a NaN range
+/// was neither accepted nor refused (406 for a client that accepted JSON), and `inf` outranked 1.
 fn quality_ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
     accept.split(',').filter_map(|range| {
         let mut parts = range.split(';');
@@ -214,7 +216,7 @@ fn quality_ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
                 let (name, value) = p.split_once('=')?;
                 name.trim().eq_ignore_ascii_case("q").then_some(value)
             })
-            .find_map(|q| q.trim().parse::<f32>().ok())
+            .find_map(|q| q.trim().parse::<f32>().ok().filter(|q| (0.0..=1.0).contains(q)))
             .unwrap_or(1.0);
         (!media.is_empty()).then_some((media, quality))
     })
@@ -439,6 +441,13 @@ mod tests {
         assert_eq!(accept("application/json;Q=0.000, application/*"), msgpack);
         assert_eq!(accept("application/msgpack;q=0, */*"), json);
         assert_eq!(accept("application/json;q=0, application/msgpack;q=0, */*"), None);
+        // No number from 0 to 1 is no quality: read as 1, not as a NaN that is neither
+        // accepted nor refused (406), nor an infinity that outranks 1.
+        assert_eq!(accept("application/json;q=nan"), json);
+        assert_eq!(accept("application/json;q=NaN"), json);
+        assert_eq!(accept("application/msgpack;q=inf, application/json"), msgpack);
+        assert_eq!(accept("application/json;q=2, application/msgpack;q=0.5"), json);
+        assert_eq!(accept("application/msgpack;q=-1"), msgpack);
     }
 
     #[test]

@@ -37,12 +37,12 @@ pub fn split(array: &Bytes) -> Result<Vec<Bytes>, String> {
 
 /// The value under the string key `name` of a msgpack map (a slice of the same buffer, no copy):
 /// how an envelope finds its rows in a body. `Ok(None)` when the map has no such key; `Err` when
-/// the value is not a map, or a key or value up to the one found is malformed.
+/// the value is not a map, a key or value is malformed, or the key is given twice.
 pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
     if rmp::decode::read_map_len(&mut &map[..]).is_err() {
         return Err("the body must be an object".into());
     }
-    let Some(value) = msgpack::after_key(map, name)? else { return Ok(None) };
+    let Some(value) = msgpack::after_only_key(map, name)? else { return Ok(None) };
     let mut rest = value;
     msgpack::skip(&mut rest)?;
     Ok(Some(map.slice(map.len() - value.len()..map.len() - rest.len())))
@@ -154,6 +154,20 @@ mod tests {
         assert_eq!(found, mp(serde_json::json!([1, {"b": 2}])));
         assert_eq!(field(&body, "nope").unwrap(), None);
         assert!(field(&mp(serde_json::json!([1])), "instances").is_err());
+    }
+
+    #[test]
+    fn a_field_given_twice_is_refused_not_taken_first() {
+        // {"instances": ["reject"], "instances": ["ok"]}: a reader keeping the last key saw
+        // other rows than the first-taken ran.
+        let mut body = vec![0x82];
+        for value in ["reject", "ok"] {
+            rmp::encode::write_str(&mut body, "instances").unwrap();
+            rmp::encode::write_array_len(&mut body, 1).unwrap();
+            rmp::encode::write_str(&mut body, value).unwrap();
+        }
+        let why = field(&Bytes::from(body), "instances").unwrap_err();
+        assert_eq!(why, r#""instances" appears twice"#);
     }
 
     #[test]

@@ -116,10 +116,11 @@ async fn predict(
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();
     let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
-    let instances = items::field(&payload, "instances")
-        .ok()
-        .flatten()
-        .ok_or_else(|| ApiError::bad_request(NO_INSTANCES))?;
+    let instances = match items::field(&payload, "instances") {
+        Ok(Some(instances)) => instances,
+        Ok(None) => return Err(ApiError::bad_request(NO_INSTANCES)),
+        Err(why) => return Err(ApiError::bad_request(format!("{NO_INSTANCES} ({why})"))),
+    };
     if let Some(count) = items::declared_len(&instances) {
         infer::check_item_count(route, count)?;
     }
