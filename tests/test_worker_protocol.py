@@ -361,6 +361,18 @@ def test_a_hello_bounding_its_batches_to_none_is_refused(sidecar):
     assert closed
 
 
+@pytest.mark.parametrize(
+    ("weight", "reason"),
+    [("text", "must start with /"), ("/a~2", '"a~2" has a ~ not followed by 0 or 1')],
+)
+def test_a_weight_that_is_no_json_pointer_is_refused_saying_why(sidecar, weight, reason):
+    # "/a~2" had been refused as not starting with /.
+    hello = protocol.hello("default", os.getpid(), "weighs", weight=weight)
+    reject, closed = refused(sidecar, hello)
+    assert reject["type"] == "reject" and reason in reject["message"], reject
+    assert closed
+
+
 def test_a_worker_bounding_its_batches_is_sent_none_larger(sidecar, pool):
     worker = FakeWorker(sidecar.socket, max_batch=2)
     sidecar.wait_for_log(r"worker connected")

@@ -101,6 +101,18 @@ def test_json_lines_keep_a_record_s_level_and_traceback_together():
     assert entry["exception"].endswith("RuntimeError: why")
 
 
+@pytest.mark.parametrize(
+    ("number", "level"),
+    [(45, "ERROR"), (55, "CRITICAL"), (35, "WARNING"), (25, "INFO"), (5, "DEBUG"), (1, "DEBUG")],
+)
+def test_a_level_of_the_application_s_own_is_written_as_the_standard_one_below_it(number, level):
+    # Corral reads the five standard names only: a level-45 record had become a plain INFO
+    # line, its ERROR alert never firing.
+    logging.addLevelName(number, f"CUSTOM{number}")
+    record = logging.LogRecord("app", number, __file__, 1, "m", None, None)
+    assert json.loads(_logging.JsonLines().format(record))["level"] == level
+
+
 @pytest.mark.parametrize("form", ["json", "text", None])
 def test_configure_leaves_an_application_s_logging_alone_and_follows_corral_s_format(
     monkeypatch, form

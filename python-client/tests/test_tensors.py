@@ -115,9 +115,12 @@ def test_a_declaration_is_frozen_and_gives_the_hello_dict():
     [
         (("X", "FP8", [1]), "unknown datatype 'FP8'"),
         (("X", "fp32", [1]), "unknown datatype"),
-        (("X", "FP32", [-2]), "int >= -1"),
-        (("X", "FP32", [True]), "int >= -1"),
-        (("X", "FP32", [1.0]), "int >= -1"),
+        (("X", "FP32", [-2]), "int from -1 to 2"),
+        (("X", "FP32", [True]), "int from -1 to 2"),
+        (("X", "FP32", [1.0]), "int from -1 to 2"),
+        # No hello carries it: the proxy reads an i64 (the worker was refused at every restart).
+        (("X", "FP32", [2**63]), "int from -1 to 2"),
+        (("X", "FP32", [2**64]), "int from -1 to 2"),
         (("X", "FP32", "3"), "sequence of ints"),
         (("", "FP32", [1]), "non-empty str"),
     ],
@@ -421,6 +424,36 @@ def test_an_output_that_cannot_be_its_datatype_fails_alone(np, probs, words):
         bad, good = proxy.infer([{"PROBS": probs}, {"PROBS": [1.0, 0.0, 0.0]}])
     assert bad.status == "error" and words in bad.message
     assert good.status == "ok" and plain(good.value["PROBS"]) == [1.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("probs", [[1.0, 2.0], [[1.0, 2.0, 3.0]], 1.0])
+def test_an_output_of_another_shape_than_declared_fails_alone(np, probs):
+    # A v2 client is answered 500 for it: the worker's tests here had passed.
+    with FakeProxy(Classify()) as proxy:
+        bad, good = proxy.infer([{"PROBS": probs}, {"PROBS": [1.0, 0.0, 0.0]}])
+    assert bad.status == "error" and "where [3] is declared" in bad.message, bad
+    assert good.status == "ok"
+
+
+def test_any_length_is_declared_with_minus_one():
+    class Any(corral.Worker):
+        outputs = (corral.Tensor("V", "INT32", [-1, 2]),)
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Any()) as proxy:
+        results = proxy.infer([{"V": [[1, 2]] * n} for n in (1, 5)] + [{"V": [[1, 2, 3]]}])
+    assert [r.status for r in results] == ["ok", "ok", "error"]
+
+
+def test_an_object_array_of_numbers_is_the_numbers_it_holds(real_np):
+    objects = real_np.array([1, 2, 3], dtype=object)
+    assert _tensors.encode(objects, "INT32") == _tensors.encode([1, 2, 3], "INT32")
+    assert _tensors.encode(objects, "FP32") == _tensors.encode([1.0, 2.0, 3.0], "FP32")
+    for refused in (["a", 1], [None, 1], [[1], [2, 3]]):
+        with pytest.raises(ValueError, match="holds numbers, not values of numpy dtype object"):
+            _tensors.encode(real_np.array(refused, dtype=object), "INT32")
 
 
 def test_a_bytes_output_of_numbers_fails(np):

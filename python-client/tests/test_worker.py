@@ -708,10 +708,59 @@ def test_a_weight_rule_goes_in_the_hello_and_a_bad_one_fails_at_definition():
         assert proxy.hello["weight"] == "/text"
     with FakeProxy(Echo()) as proxy:
         assert "weight" not in proxy.hello
-    with pytest.raises(TypeError, match="JSON Pointer"):
+    for bad in ["text", "/a~2", "/a~", 5]:
+        # "/a~2" passed here and in FakeProxy, and the proxy refused it at every connection.
+        with pytest.raises(TypeError, match="JSON Pointer"):
+            type("Bad", (corral.Worker,), {"weight": bad})
+    for good in ["", "/", "/a~0b/~1c"]:
+        type("Good", (corral.Worker,), {"weight": good})
 
-        class Bad(corral.Worker):
-            weight = "text"
+
+@pytest.mark.parametrize(
+    "attribute", ["input_type", "output_type", "inputs", "outputs", "output_content_type", "weight"]
+)
+def test_a_declaration_set_on_the_instance_is_refused_before_the_hello(attribute):
+    # Read from the class wherever the worker runs: an instance's input_type was advertised in
+    # /openapi.json and enforced nowhere.
+    class Late(corral.Worker):
+        def __init__(self) -> None:
+            setattr(self, attribute, None)
+
+        def forward(self, batch):
+            return batch
+
+    with pytest.raises(AssertionError, match=f"Late.{attribute} is set on the instance"):
+        with FakeProxy(Late()):
+            pass
+
+
+@pytest.mark.parametrize("stage", [5, None, ""])
+def test_a_stage_that_is_no_name_fails_where_it_is_given(stage):
+    with pytest.raises(TypeError, match="stage must be a stage's name"):
+        type("Staged", (corral.Worker,), {"stage": stage})
+
+    class Later(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    worker = Later()
+    worker.stage = stage  # as __init__ might: checked before the hello
+    with pytest.raises(AssertionError, match="stage must be a stage's name"):
+        with FakeProxy(worker):
+            pass
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_fake_proxy_says_why_the_worker_stopped_mid_batch(streaming):
+    class Exits(corral.Worker):
+        def forward(self, batch):
+            if streaming:
+                yield from ()
+            raise SystemExit("model crashed: CUDA error")
+
+    with FakeProxy(Exits(), warm_up=False) as proxy:
+        with pytest.raises(AssertionError, match="the worker stopped: SystemExit: model crashed"):
+            proxy.infer([1])
 
 
 def test_a_socket_path_too_long_for_a_unix_socket_stops_the_worker_saying_so(tmp_path):

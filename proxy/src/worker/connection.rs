@@ -366,11 +366,12 @@ async fn handshake(
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
+        // The parser's own reason: "must start with /" had been said of "/a~2".
         Ok(WorkerMessage::Hello(hello))
             if hello.weight.as_deref().is_some_and(|w| WeightRule::parse(w).is_err()) =>
         {
             let pointer = hello.weight.as_deref().unwrap_or_default();
-            format!("weight {pointer:?} is not a JSON Pointer: it must be empty or start with /")
+            WeightRule::parse(pointer).err().unwrap_or_default()
         }
         Ok(WorkerMessage::Hello(hello)) if hello.max_batch == Some(0) => {
             "max_batch 0 would take no job: it is at least 1 (leave it out for no bound)".into()

@@ -45,13 +45,14 @@ def check(cls: Any) -> None:
             _streaming.limit(cls)
         except TypeError as error:
             raise TypeError(f"{cls.__name__}.{error}") from None
-    if cls.weight is not None and (
-        not isinstance(cls.weight, str) or (cls.weight and not cls.weight.startswith("/"))
-    ):
+    if cls.weight is not None and not _is_pointer(cls.weight):
         raise TypeError(
             f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
-            f"is empty or starts with /), not {cls.weight!r}"
+            f"is empty or starts with /, a ~ in it written ~0 and a / ~1), not {cls.weight!r}"
         )
+    stage = inspect.getattr_static(cls, "stage", "default")
+    if not hasattr(stage, "__get__"):
+        _stage(cls.__name__, stage)
     named = getattr(cls, "output_content_type", None)
     if named is not None and not protocol.is_media_type(named):
         # The proxy answers every bytes output under such a name 500 `bad_output`.
@@ -59,6 +60,43 @@ def check(cls: Any) -> None:
             f"{cls.__name__}.output_content_type must be a media type such as "
             f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
         )
+
+
+# Declarations read from the class wherever the worker runs (the codec, the hello, the tensors'
+# encoding, the weight): set on an instance, in __init__ say, they were advertised in
+# /openapi.json (input_type) and enforced nowhere.
+CLASS_ONLY = ("input_type", "output_type", "inputs", "outputs", "output_content_type", "weight")
+
+
+def check_instance(worker: Any) -> None:
+    """Raises ``TypeError`` for what a worker instance sets that is read from its class, and for
+    a ``stage`` (from ``run``, the command line or ``__init__``) that names no stage: checked
+    before the worker warms up or says hello."""
+    name = type(worker).__name__
+    for attribute in CLASS_ONLY:
+        if attribute in getattr(worker, "__dict__", {}):
+            raise TypeError(
+                f"{name}.{attribute} is set on the instance (in __init__?): Corral reads it "
+                f"from the class; set it as a class attribute, {name}.{attribute} = ..."
+            )
+    _stage(name, worker.stage)
+
+
+def _stage(name: str, stage: Any) -> None:
+    if not isinstance(stage, str) or not stage:
+        raise TypeError(f"{name}.stage must be a stage's name (a non-empty str), not {stage!r}")
+
+
+def _is_pointer(weight: Any) -> bool:
+    """RFC 6901, as the proxy reads it: empty, or ``/`` then tokens in which ``~`` is only
+    ``~0`` or ``~1`` (the proxy refused "/a~2" at every connection)."""
+    if not isinstance(weight, str):
+        return False
+    if not weight:
+        return True
+    return weight.startswith("/") and all(
+        after.startswith(("0", "1")) for after in weight.split("~")[1:]
+    )
 
 
 def _examples(cls: type) -> None:

@@ -35,6 +35,16 @@ def configure() -> None:
 LINE = 16_000
 
 
+def _standard_level(number: int) -> str:
+    """The standard level at or below ``number``: Corral reads only those five names, and a
+    record at a level of the application's own (``log.log(45, ...)``, a ``NOTICE`` made with
+    ``addLevelName``) had become a plain INFO line, its traceback no longer merged in."""
+    for at, name in ((50, "CRITICAL"), (40, "ERROR"), (30, "WARNING"), (20, "INFO")):
+        if number >= at:
+            return name
+    return "DEBUG"
+
+
 class JsonLines(logging.Formatter):
     """A record as one line of JSON: ``level``, ``logger``, ``message``, and ``exception`` (the
     traceback, newlines kept inside the string) when it has one. A line longer than
@@ -42,7 +52,8 @@ class JsonLines(logging.Formatter):
     and says how much."""
 
     def format(self, record: logging.LogRecord) -> str:
-        entry = {"level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        level = _standard_level(record.levelno)
+        entry = {"level": level, "logger": record.name, "message": record.getMessage()}
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:

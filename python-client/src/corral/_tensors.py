@@ -66,6 +66,9 @@ _INTEGERS = frozenset("bBhHiIqQ")
 # keeps the nested lists built without numpy within Python's recursion limit.
 _MAX_DIMS = 64
 
+# The largest dimension a hello carries: the proxy reads each as a signed 64-bit integer.
+MAX_DIMENSION = (1 << 63) - 1
+
 # An empty tensor still becomes nested empty lists without numpy, one per row of the dimensions
 # before its first 0: a shape such as [2**40, 0] would be a cheap request for a huge loop.
 _MAX_EMPTY_ROWS = 1 << 16
@@ -94,9 +97,12 @@ class Tensor:
         shape = self.shape
         if isinstance(shape, (str, bytes)) or not isinstance(shape, Sequence):
             raise ValueError(f"tensor {self.name!r}: the shape must be a sequence of ints")
-        if not all(type(d) is int and d >= -1 for d in shape):  # bool is no dimension
+        # bool is no dimension; past 2**63 - 1 no hello can carry it (the proxy reads an i64):
+        # the worker had been refused, or failed packing its hello, at every restart.
+        if not all(type(d) is int and -1 <= d <= MAX_DIMENSION for d in shape):
             raise ValueError(
-                f"tensor {self.name!r}: each dimension must be an int >= -1, got {list(shape)}"
+                f"tensor {self.name!r}: each dimension must be an int from -1 to 2**63 - 1, "
+                f"got {list(shape)}"
             )
         # A tuple, so that the declaration stays frozen (and hashable) whatever was passed.
         object.__setattr__(self, "shape", tuple(shape))
@@ -276,11 +282,12 @@ def _nest_rows(flat: list[Any], shape: list[int]) -> list[Any]:
 # -- encoding -------------------------------------------------------------------------------
 
 
-def encode(value: Any, datatype: str) -> bytes:
+def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> bytes:
     """A row as the data of a tensor value of ``datatype``: a numpy array (or anything
     ``numpy.asarray`` takes: lists, scalars, other arrays) converted to the datatype; without
     numpy, a scalar or nested lists. ``BYTES`` elements are ``bytes`` or ``str`` (as UTF-8).
-    Raises ``TypeError`` or ``ValueError`` for a value that cannot be that datatype."""
+    Raises ``TypeError`` or ``ValueError`` for a value that cannot be that datatype, or whose
+    shape is not the ``declared`` one (-1: any length)."""
     info = DATATYPES[datatype]
     np = numpy()
     if np is not None:
@@ -314,7 +321,29 @@ def encode(value: Any, datatype: str) -> bytes:
             # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
             except (struct.error, OverflowError) as e:
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
+    if declared is not None and not fits(shape, declared):
+        # As the proxy holds a v2 or KServe v1 answer to it: a worker whose tests passed here
+        # had failed every request of those clients (500).
+        raise ValueError(f"shape {shape} where {list(declared)} is declared")
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
+
+
+def fits(shape: Sequence[int], declared: Sequence[int]) -> bool:
+    """Whether a row's ``shape`` is one its declaration allows (-1: any length)."""
+    return len(shape) == len(declared) and all(d < 0 or n == d for n, d in zip(shape, declared))
+
+
+def _numbers_of(np: Any, objects: Any) -> Any:
+    """An object array whose elements are all numbers (``np.array([1, 2], dtype=object)``, a
+    list built up of mixed ints and floats) as the array of numbers it holds, for the checks
+    below to convert exactly; any other object array as it is, to be refused."""
+    try:
+        numbers = np.array(objects.tolist())
+    except (TypeError, ValueError):  # ragged elements
+        return objects
+    if numbers.dtype.kind in "biuf" and numbers.shape == objects.shape:
+        return numbers
+    return objects
 
 
 def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
@@ -328,6 +357,8 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     # None (to NaN, in an object array), Decimals and complex numbers (dropping the imaginary
     # part) without a word, and the client would get a value the worker never returned.
     source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    if source.size and source.dtype.kind == "O":
+        source = _numbers_of(np, source)
     if source.size and source.dtype.kind not in "biuf":
         raise ValueError(f"{datatype} holds numbers, not values of numpy dtype {source.dtype}")
     if target.kind == "f":

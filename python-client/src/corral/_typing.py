@@ -47,7 +47,7 @@ class Codec:
         output_type = getattr(worker, "output_type", None)
         self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
         self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
-        self.outputs = {t.name: t.datatype for t in _tensors.declared(worker, "outputs")}
+        self.outputs = {t.name: t for t in _tensors.declared(worker, "outputs")}
         self.plain = input_type is None and output_type is None
         self.typed_input = input_type is not None
         info = msgspec.inspect.type_info(input_type) if self.typed_input else None
@@ -123,7 +123,7 @@ class Codec:
             return output
         ext = msgpack.ExtType if self.plain else msgspec.msgpack.Ext
         return {
-            key: ext(_tensors.EXT_TENSOR, _tensor(key, value, self.outputs[key]))
+            key: ext(_tensors.EXT_TENSOR, _tensor(value, self.outputs[key]))
             if key in self.outputs
             else value
             for key, value in output.items()
@@ -169,11 +169,12 @@ def codec(worker: type) -> Codec:
     return found
 
 
-def _tensor(name: str, value: Any, datatype: str) -> bytes:
+def _tensor(value: Any, tensor: _tensors.Tensor) -> bytes:
+    name, datatype = tensor.name, tensor.datatype
     if value is None:  # numpy would make a float NaN of it, and an integer one an odd error
         raise TypeError(f"output {name!r} is None, not a {datatype} tensor")
     try:
-        return _tensors.encode(value, datatype)
+        return _tensors.encode(value, datatype, tensor.shape)
     except TypeError as e:  # the message names the output: a result may hold several
         raise TypeError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
     except (ValueError, OverflowError) as e:

@@ -230,6 +230,7 @@ class Worker:
         _serve.check_path(path)  # before a model is loaded and warmed for minutes
         worker = cls() if instance is None else instance
         worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
+        _declarations.check_instance(worker)  # before a warm-up of minutes
         try:
             worker.warm_up()
         except Exception as e:
@@ -284,6 +285,7 @@ class Worker:
         Raises :class:`ProtocolError` on a frame the protocol does not allow and ``SystemExit``
         when the proxy refuses this worker or shuts down. The proxy's frames are read all
         along, also while results are written."""
+        _declarations.check_instance(self)
         # Decided once a connection, from the instance (a forward set in __init__ counts), as
         # the hello declares it: not again per batch.
         # The codec first: an `input_type` msgspec cannot decode into (an untagged union of

@@ -197,7 +197,7 @@ class FakeProxy:
         self.send(protocol.batch(jobs))
         answer = self.receive()
         if answer is None or answer.get("type") != "results":
-            raise AssertionError(f"expected results, got {answer!r}")
+            raise self._unexpected("results", answer)
         by_id = {r["id"]: r for r in answer["results"]}
         if sorted(by_id) != sorted(ids) or len(answer["results"]) != len(ids):
             raise AssertionError("the worker did not answer each job exactly once")
@@ -295,11 +295,21 @@ class FakeProxy:
                     ends[i] = result
                     self.events.append(("end", i, result["status"]))
             else:
-                raise AssertionError(f"expected chunks, pull or results, got {message!r}")
+                raise self._unexpected("chunks, pull or results", message)
         streams = [_stream(c, e) for c, e in zip(chunks, ends) if e is not None]  # all ended
         for i, why in broken.items():
             streams[i] = Stream(chunks[i], "error", why)
         return streams
+
+    def _unexpected(self, expected: str, got: Any) -> AssertionError:
+        """The error for a frame the test did not expect; for none at all, why the worker
+        stopped (a ``sys.exit`` in ``forward``, say), which the test had not been told."""
+        error = self.worker_error if got is None else None
+        if error is not None:
+            return AssertionError(
+                f"expected {expected}, but the worker stopped: {type(error).__name__}: {error}"
+            )
+        return AssertionError(f"expected {expected}, got {got!r}")
 
     @staticmethod
     def _held(index: dict[bytes, int], held: set[bytes], job_id: Any, what: str) -> int:
