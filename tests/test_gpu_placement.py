@@ -334,6 +334,31 @@ def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
         proxy.stop()
 
 
+def test_options_for_spawned_workers_are_warned_of_with_a_file_of_external_stages(tmp_path):
+    # A config file had silenced these warnings whatever its stages: `--workers 5` started none.
+    (tmp_path / "c.toml").write_text("[stages.a]\n")
+    proxy = Corral(
+        tmp_path,
+        "--config",
+        str(tmp_path / "c.toml"),
+        "--workers",
+        "5",
+        "--worker-env",
+        "A=1",
+        "--workers-per-gpu",
+        "2",
+        worker=None,
+    )
+    try:
+        proxy.wait_for_log(r"--workers counts the workers Corral spawns")
+        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+        proxy.wait_for_log(r"--workers-per-gpu places workers .* it is not used")
+        stage = proxy.wait_for_log(r"stage.*stage=a")
+        assert "workers=0" in stage, stage
+    finally:
+        proxy.stop()
+
+
 def run(tmp_path, *args, config: str | None = None, path: str | None = None):
     command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock")]
     if config is not None:
@@ -398,13 +423,31 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         ([], "[stages.s]\ngpus = [0]\n", "stages.s.gpus: only shapes the workers"),
         ([], "gpus = [0]\n[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
         (["--gpus", "0"], "[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
+        # A stage's or the file's workers_per_gpu where nothing is placed on a device.
+        ([], STAGE + "workers_per_gpu = 2\n", "stages.s.workers_per_gpu: places workers on"),
+        ([], "workers_per_gpu = 2\n" + STAGE, "workers_per_gpu: places workers on the stages'"),
+        # A value from the command line is named as its flag, not put down to the file.
+        (["--workers", "3", "--gpus", "0,1"], STAGE, "error: --workers: 3 workers, but gpus"),
+        (["--gpus", "0,0"], STAGE, "error: --gpus: device 0 is listed twice"),
+        (["--worker-env", "A={gpu}"], STAGE, "error: --worker-env A: {gpu} is used but"),
+        (
+            ["--max-batch-bytes", "67103744"],
+            STAGE + "max_batch_size = 4096\n",
+            "error: --max-batch-bytes: 67103744 is not in",
+        ),
+        ([], 'worker_env = ["A={gpu}"]\n' + STAGE, "c.toml: worker_env.A: {gpu} is used but"),
+        ([], 'socket = ""\n' + STAGE, "c.toml: socket: an empty path"),
+        ([], "max_body_bytes = 0\n" + STAGE, "c.toml: max_body_bytes: must be at least 1"),
+        (["--max-body-bytes", "0"], None, "--max-body-bytes"),
+        ([], 'otlp_endpoint = "bad"\n' + STAGE, "c.toml: otlp_endpoint: the OTLP endpoint"),
+        (["--otlp-endpoint", "bad", *WORKER], None, "error: --otlp-endpoint: the OTLP endpoint"),
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):
     if "all" in args and any(Path("/proc/driver/nvidia/gpus").glob("*")):
         pytest.skip("this machine has GPUs: `all` finds them")
     result = run(tmp_path, *args, config=config, path="/usr/bin:/bin")
-    assert result.returncode != 0, result.stderr
+    assert result.returncode == 2, result.stderr
     assert expected in result.stderr, result.stderr
     assert "listening" not in result.stderr
 

@@ -255,6 +255,25 @@ max_batch_size = 1
         worker.wait()
 
 
+def test_a_spawned_worker_saying_hello_for_another_stage_is_refused(corral_factory, tmp_path):
+    # Taken, it served shift while scale never got a worker: /readyz 503 and every request 408,
+    # with nothing logged.
+    text = f"""
+[stages.scale]
+command = {command("scale", "--stage", "shift")}
+
+[stages.shift]
+command = {command("shift")}
+
+[pipelines.arith]
+stages = ["scale", "shift"]
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r'worker refused.*spawned for stage \\?"scale\\?" and said hello for')
+    ready = proxy.client.get("/readyz")
+    assert ready.status_code == 503 and "scale" in ready.json()["message"], ready.text
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
 def test_spawned_workers_are_pinned_to_their_cores(corral_factory, tmp_path):
     core = min(os.sched_getaffinity(0))

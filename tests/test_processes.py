@@ -125,6 +125,28 @@ def test_spawned_workers_get_the_open_file_limit_the_proxy_started_with(corral_f
     assert int(seen.read_text()) == start
 
 
+def test_workers_corral_does_not_spawn_keep_no_descriptors_from_the_connection_cap(
+    corral_factory,
+):
+    """`--workers 512` with no command spawns none: it had kept 4 descriptors each, the
+    connection cap 2,048 lower for nothing."""
+    hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+    limit = 4096
+    if hard != resource.RLIM_INFINITY and hard < limit:
+        pytest.skip(f"the hard limit ({hard}) is under {limit}")
+    proxy = corral_factory(
+        "--workers",
+        "512",
+        "--max-connections",
+        "100000",
+        worker=None,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (limit, limit)),
+    )
+    line = proxy.wait_for_log("open-file limit leaves room for")
+    effective = int(re.search(r"effective\W+(\d+)", line).group(1))
+    assert effective > limit - 4 * 512, line
+
+
 def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral_factory):
     proxy = corral_factory(worker=NOISY)
     assert proxy.post("warm").status_code == 200

@@ -106,8 +106,9 @@ pub struct Config {
           value_parser = clap::value_parser!(u64).range(1..))]
     pub queue_capacity_bytes: u64,
 
-    /// Request body limit in bytes (default 16 MiB).
-    #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024)]
+    /// Request body limit in bytes (default 16 MiB; at least 1).
+    #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub max_body_bytes: usize,
 
     /// Shared memory for large request bodies, in bytes (default 256 MiB; 0: none). A body of

@@ -112,7 +112,14 @@ pub async fn run(
             .map_err(|e| std::io::Error::new(std::io::ErrorKind::InvalidInput, e))?;
         info!(endpoint, service, ratio = config.trace_sample_ratio, "exporting spans over OTLP");
     }
-    let spawned: u32 = topology.stages.iter().map(|spec| spec.workers).sum();
+    // Workers of a stage with no command are not spawned: counted, `--workers 1024` for
+    // external workers had lowered the connection cap by 4,096 descriptors.
+    let spawned: u32 = topology
+        .stages
+        .iter()
+        .filter(|spec| !spec.command.is_empty())
+        .map(|spec| spec.workers)
+        .sum();
     let max_connections =
         open_files::connection_cap(config.max_connections as usize, spawned as usize);
     // Each error names what could not be set up: a bare "Address already in use" or "No such
@@ -300,11 +307,13 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
     };
+    // The workers it spawns; a stage whose workers start elsewhere spawns none.
+    let spawns = if spec.command.is_empty() { 0 } else { spec.workers };
     info!(
         stage = %spec.name,
         max_batch_size,
         max_wait_ms = spec.max_wait.as_millis() as u64,
-        workers = spec.workers,
+        workers = spawns,
         "stage"
     );
     let capacity_bytes = usize::try_from(spec.queue_capacity_bytes).unwrap_or(usize::MAX);

@@ -41,7 +41,9 @@ fn main() -> std::process::ExitCode {
     let checked =
         topology::load(&mut config, &explicit).map_err(|e| e.to_string()).and_then(|topology| {
             match config.traces_endpoint() {
-                Some(endpoint) => corral::trace::check(&endpoint).map(|()| topology),
+                Some(endpoint) => corral::trace::check(&endpoint)
+                    .map(|()| topology)
+                    .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit))),
                 None => Ok(topology),
             }
         });
@@ -67,7 +69,7 @@ fn main() -> std::process::ExitCode {
             output::as_json();
         }
     }
-    warn_of_unused_options(&config, &explicit);
+    warn_of_unused_options(&config, &topology, &explicit);
     keep_off_pinned_cores(&topology);
     let code = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(serve(config, topology)),
@@ -78,6 +80,19 @@ fn main() -> std::process::ExitCode {
     };
     flush_output();
     code
+}
+
+/// Where the traces endpoint came from, for its error (which had named neither the key nor the
+/// file): the option, the file's key, or OpenTelemetry's variables ([`Config::traces_endpoint`]).
+fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool) -> String {
+    let given = config.otlp_endpoint.as_deref().is_some_and(|url| !url.trim().is_empty());
+    match (&config.config, given) {
+        (Some(file), true) if !explicit("otlp_endpoint") => {
+            format!("config file {}: otlp_endpoint", file.display())
+        }
+        (_, true) => "--otlp-endpoint".into(),
+        (_, false) => "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+    }
 }
 
 /// clap's error, exit 2 (help and version: their text, exit 0). A bad value that came from a
@@ -114,27 +129,35 @@ fn from_variable(arg: &str) -> Option<String> {
 
 /// Options that were set but shape only what Corral spawns, where nothing is spawned (or, for
 /// `--workers-per-gpu`, nothing is placed): warnings, not errors, so that a deployment setting
-/// `CORRAL_*` for external workers keeps starting.
-fn warn_of_unused_options(config: &Config, explicit: &dyn Fn(&str) -> bool) {
-    let spawns = config.config.is_some() || !config.worker_cmd.is_empty();
+/// `CORRAL_*` for external workers keeps starting. Asked of what was resolved, a config file's
+/// stages too (a file had silenced them all).
+fn warn_of_unused_options(
+    config: &Config,
+    topology: &topology::Topology,
+    explicit: &dyn Fn(&str) -> bool,
+) {
+    let spawns = topology.stages.iter().any(|stage| !stage.command.is_empty());
     if !spawns && explicit("workers") {
         tracing::warn!(
             workers = config.workers,
-            "--workers counts the workers Corral spawns, and no worker command follows `--`: \
-             none is spawned, workers are expected to connect on their own"
+            "--workers counts the workers Corral spawns, and no worker command follows `--` \
+             (nor has any stage of a config file a `command`): none is spawned, workers are \
+             expected to connect on their own"
         );
     }
     if !spawns && explicit("worker_env") {
         tracing::warn!(
             "--worker-env sets the environment of the workers Corral spawns, and no worker \
-             command follows `--`: it is not used"
+             command follows `--` (nor has any stage of a config file a `command`): it is not \
+             used"
         );
     }
-    if config.config.is_none() && config.gpus.is_none() && explicit("workers_per_gpu") {
+    let placed = topology.stages.iter().any(|stage| !stage.gpus.is_empty());
+    if !placed && explicit("workers_per_gpu") {
         tracing::warn!(
             workers_per_gpu = config.workers_per_gpu,
-            "--workers-per-gpu places workers on the devices of --gpus, and none are given: \
-             it is not used"
+            "--workers-per-gpu places workers on the devices of --gpus (or a config file's \
+             `gpus`), and none are given: it is not used"
         );
     }
 }

@@ -92,6 +92,8 @@ struct SpawnedWorker {
     served: Served,
     /// The device it was given, if any.
     gpu: Option<u32>,
+    /// The stage it was spawned for.
+    stage: Arc<str>,
 }
 
 impl Children {
@@ -142,8 +144,13 @@ impl Children {
         self.find(pid)?.gpu
     }
 
-    fn register(&self, pid: u32, gpu: Option<u32>) -> SpawnedWorker {
-        let child = SpawnedWorker { gpu, ..SpawnedWorker::default() };
+    /// The stage the spawned worker `pid` is (or runs under) was spawned for.
+    pub fn stage(&self, pid: u32) -> Option<Arc<str>> {
+        Some(self.find(pid)?.stage)
+    }
+
+    fn register(&self, pid: u32, gpu: Option<u32>, stage: &str) -> SpawnedWorker {
+        let child = SpawnedWorker { gpu, stage: stage.into(), ..SpawnedWorker::default() };
         self.lock().insert(pid, child.clone());
         child
     }
@@ -227,7 +234,7 @@ async fn supervise(
         let pid = child.id().unwrap_or_default();
         group::register(pid);
         let gpu = placement::gpu_of(&command.gpus, command.workers_per_gpu, index);
-        let registered = children.register(pid, gpu);
+        let registered = children.register(pid, gpu, &command.stage);
         match gpu {
             Some(gpu) => {
                 info!(stage = %command.stage, worker = index, pid, gpu, restarts, "worker started")

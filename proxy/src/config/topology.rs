@@ -129,7 +129,11 @@ pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topo
         .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
     let shown = path.display();
     let file = file::parse(&text).map_err(|e| format!("config file {shown}: {e}"))?;
-    resolve(config, file, explicit).map_err(|e| format!("config file {shown}: {e}"))
+    resolve(config, file, explicit).map_err(|e| match e.key.starts_with("--") {
+        // A value from the command line or the environment, named as its flag: not the file's.
+        true => e.to_string(),
+        false => format!("config file {shown}: {e}"),
+    })
 }
 
 /// The topology of a proxy configured by flags alone, its workers placed.
@@ -160,6 +164,7 @@ fn single_placed(
         workers: "workers".into(),
         cpus: "cpus".into(),
         env: "worker_env".into(),
+        given_env: "worker_env.".into(),
     };
     place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
     Ok(topology)
@@ -223,6 +228,12 @@ pub fn resolve(
         }
     }
     let f = &mut file;
+    if f.socket.as_ref().is_some_and(|path| path.as_os_str().is_empty()) {
+        // As `--socket ''` is: it had bound HTTP first, then failed on the directory.
+        return Err(error("socket", "an empty path; name the socket file workers connect to"));
+    }
+    // The file's own, not a flag's: checked once the stages are placed.
+    let file_per_gpu = f.workers_per_gpu.is_some() && !explicit("workers_per_gpu");
     top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
     top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
@@ -290,6 +301,10 @@ pub fn resolve(
         stages.push(stage_spec(config, &name, stage, explicit)?);
     }
     check_cores_shared(&stages)?;
+    if file_per_gpu && stages.iter().all(|stage| stage.gpus.is_empty()) {
+        let problem = "places workers on the stages' `gpus`, and no stage has any";
+        return Err(error("workers_per_gpu", problem));
+    }
     if config.gpus.is_some() && stages.iter().all(|stage| stage.command.is_empty()) {
         let problem = "only spawned workers can be given GPUs, and no stage has a `command`";
         return Err(error("gpus", problem));
@@ -472,7 +487,11 @@ fn stage_spec(
     let max_batch_bytes = pick!(max_batch_bytes);
     // Checked per stage, against the stage's own max_batch_size; named where the value came from.
     let from_stage = stage.max_batch_bytes.is_some() && !explicit("max_batch_bytes");
-    let source = if from_stage { key("max_batch_bytes") } else { "max_batch_bytes".into() };
+    let source = match (from_stage, explicit("max_batch_bytes")) {
+        (true, _) => key("max_batch_bytes"),
+        (false, true) => "--max-batch-bytes".into(),
+        (false, false) => "max_batch_bytes".into(),
+    };
     batch_bytes(&source, max_batch_bytes, max_batch_size)?;
     let queue_capacity = pick!(queue_capacity);
     positive(&key("queue_capacity"), queue_capacity.into())?;
@@ -521,13 +540,13 @@ fn stage_spec(
     }
     // A set --cpus wins over the stage's own key, as every flag wins over the file.
     let (cpus, cpus_key) = if explicit("cpus") {
-        (config.cpus.clone(), "cpus".to_string())
+        (config.cpus.clone(), "--cpus".to_string())
     } else {
         (stage.cpus.unwrap_or_default(), key("cpus"))
     };
     let workers = match (stage.workers, cpus.len()) {
         (_, pinned) if pinned > 0 && explicit("workers") => {
-            pinned_workers(&cpus, Some(config.workers), &cpus_key, "workers")?
+            pinned_workers(&cpus, Some(config.workers), &cpus_key, "--workers")?
         }
         (Some(workers), pinned) if pinned > 0 => {
             pinned_workers(&cpus, Some(workers), &cpus_key, &key("workers"))?
@@ -544,12 +563,18 @@ fn stage_spec(
         // workers for; one whose workers start elsewhere takes none (`resolve` refuses them
         // where no stage spawns).
         (None, Some(_)) if command.is_empty() => Vec::new(),
-        (_, Some(text)) if explicit("gpus") => resolve_gpus("gpus", text)?,
+        (_, Some(text)) if explicit("gpus") => resolve_gpus("--gpus", text)?,
         (Some(gpus), _) => resolve_gpus(&key("gpus"), &gpus.text())?,
         (None, Some(text)) => resolve_gpus("gpus", text)?,
         (None, None) => Vec::new(),
     };
     let per_gpu = match stage.workers_per_gpu {
+        // The stage's own key where it gets no device: taken silently, it placed nothing.
+        Some(_) if gpus.is_empty() => {
+            let problem = "places workers on the stage's `gpus` (or the top level's), and it \
+                           has none";
+            return Err(error(key("workers_per_gpu"), problem));
+        }
         Some(per) if !explicit("workers_per_gpu") => per,
         _ => config.workers_per_gpu,
     };
@@ -580,7 +605,20 @@ fn stage_spec(
         workers_per_gpu: per_gpu,
         env: Vec::new(),
     };
-    let keys = Keys { gpus: key("gpus"), workers: key("workers"), cpus: cpus_key, env: key("env") };
+    // Each error names where its value came from: a flag (`--workers`), the stage's own key,
+    // or the file's top level. `stages.a.workers` had been named for a `--workers 3` the file
+    // never held.
+    let keys = Keys {
+        gpus: match (explicit("gpus"), stage.gpus.is_some()) {
+            (true, _) => "--gpus".into(),
+            (false, true) => key("gpus"),
+            (false, false) => "gpus".into(),
+        },
+        workers: if explicit("workers") { "--workers".into() } else { key("workers") },
+        cpus: cpus_key,
+        env: key("env"),
+        given_env: "--worker-env ".into(),
+    };
     place(&mut spec, gpus, per_gpu, asked, env, config, &keys)?;
     Ok(spec)
 }
@@ -593,6 +631,7 @@ fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("max_header_bytes", config.max_header_bytes as u64, *bytes.start(), *bytes.end())?;
     in_range("max_headers", config.max_headers as u64, *count.start(), *count.end())?;
     positive("timeout_ms", config.timeout_ms)?;
+    positive("max_body_bytes", config.max_body_bytes as u64)?;
     positive("queue_capacity", config.queue_capacity.into())?;
     positive("queue_capacity_bytes", config.queue_capacity_bytes)?;
     positive("max_connections", config.max_connections.into())?;

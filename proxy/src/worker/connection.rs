@@ -125,6 +125,14 @@ pub async fn serve(
             Some(format!(
                 "the proxy has {MAX_EXTERNAL} connected workers it did not spawn, the most it takes"
             ))
+        } else if let Some(own) = context.children.stage(own_pid).filter(|s| **s != *stage.name()) {
+            // Its `--stage`, `run(stage=...)` or a CORRAL_STAGE of its own: taken, the stage it
+            // was spawned for never got a worker, and every request there waited for its 408.
+            Some(format!(
+                "this worker was spawned for stage {own:?} and said hello for stage {:?} \
+                 (its --stage, run(stage=...) or CORRAL_STAGE)",
+                stage.name()
+            ))
         } else if hello.declares(FEATURE_STREAM) && stage.feeds_another() {
             Some(format!(
                 "stage {:?} feeds another stage; only the last stage of a pipeline may stream",

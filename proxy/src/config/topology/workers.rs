@@ -16,6 +16,9 @@ pub(super) struct Keys {
     pub workers: String,
     pub cpus: String,
     pub env: String,
+    /// What names a `--worker-env` value, its name following (`worker_env.` without a file,
+    /// `--worker-env ` with one: the file holds no such key).
+    pub given_env: String,
 }
 
 /// Spreads a stage's spawned workers over its devices and sets their environment: the workers
@@ -34,15 +37,20 @@ pub(super) fn place(
     // The file's top-level `worker_env` first, then the stage's own `env`, then `--worker-env`:
     // a later one wins for a name both set.
     let mut env: Vec<(String, String)> = Vec::new();
+    // Where each name's value came from, for its error: a --worker-env value had been blamed on
+    // the file's stage `env`.
+    let mut source: HashMap<String, String> = HashMap::new();
     for text in &config.file_worker_env {
         let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
         not_corrals(&name).map_err(|problem| error("worker_env", problem))?;
         env.retain(|(other, _)| *other != name);
+        source.insert(name.clone(), format!("worker_env.{name}"));
         env.push((name, value));
     }
     for (name, value) in stage_env {
         not_corrals(&name).map_err(|problem| error(format!("{}.{name}", keys.env), problem))?;
         env.retain(|(other, _)| *other != name);
+        source.insert(name.clone(), format!("{}.{name}", keys.env));
         env.push((name, value));
     }
     if !gpus.is_empty() {
@@ -76,15 +84,17 @@ pub(super) fn place(
             return Err(error(format!("{}.{name}", keys.env), problem));
         }
     }
+    let given = keys.given_env.trim_end_matches(['.', ' ']);
     for text in &config.worker_env {
-        let (name, value) = placement::pair(text).map_err(|e| error("worker_env", e))?;
-        not_corrals(&name).map_err(|problem| error("worker_env", problem))?;
+        let (name, value) = placement::pair(text).map_err(|e| error(given, e))?;
+        not_corrals(&name).map_err(|problem| error(given, problem))?;
         env.retain(|(other, _)| *other != name);
+        source.insert(name.clone(), format!("{}{name}", keys.given_env));
         env.push((name, value));
     }
     for (name, value) in &env {
         placement::check(value, !gpus.is_empty())
-            .map_err(|problem| error(format!("{}.{name}", keys.env), problem))?;
+            .map_err(|problem| error(&source[name], problem))?;
     }
     spec.gpus = gpus;
     spec.workers_per_gpu = per_gpu;
