@@ -329,7 +329,7 @@ def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
     proxy = Corral(tmp_path, "--worker-env", "A=1", "--workers-per-gpu", "2", worker=None)
     try:
         proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
-        proxy.wait_for_log(r"--workers-per-gpu places workers .* it is not used")
+        proxy.wait_for_log(r"--workers-per-gpu .* places workers .* it is not used")
     finally:
         proxy.stop()
 
@@ -352,9 +352,19 @@ def test_options_for_spawned_workers_are_warned_of_with_a_file_of_external_stage
     try:
         proxy.wait_for_log(r"--workers counts the workers Corral spawns")
         proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
-        proxy.wait_for_log(r"--workers-per-gpu places workers .* it is not used")
+        proxy.wait_for_log(r"--workers-per-gpu .* places workers .* it is not used")
         stage = proxy.wait_for_log(r"stage.*stage=a")
         assert "workers=0" in stage, stage
+    finally:
+        proxy.stop()
+
+
+def test_a_file_s_workers_per_gpu_where_no_device_is_placed_is_warned_of(tmp_path):
+    # One file for GPU nodes (CORRAL_GPUS set) and CPU nodes: it keeps starting on the latter.
+    (tmp_path / "c.toml").write_text("workers_per_gpu = 2\n" + STAGE)
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "c.toml"), worker=None)
+    try:
+        proxy.wait_for_log(r"--workers-per-gpu .* places workers .* it is not used")
     finally:
         proxy.stop()
 
@@ -380,22 +390,34 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (
             ["--gpus", "0,1", "--workers", "3", *WORKER],
             None,
-            "workers: 3 workers, but gpus [0, 1] with workers_per_gpu 1 place 2; leave workers out",
+            "--workers: 3 workers, but gpus [0, 1] with workers_per_gpu 1 place 2; leave workers",
         ),
-        (["--cpus", CORE, "--workers", "2", *WORKER], None, "workers: 2 workers but 1 cores"),
-        (["--cpus", CORE, "--gpus", "0,1", *WORKER], None, "cpus: 1 cores in cpus, but gpus [0, 1"),
-        (["--cpus", "4095", *WORKER], None, "cpus: core 4095 is not available"),
-        (["--cpus", CORE], None, "cpus: only spawned workers can be pinned"),
-        (["--cpus", CORE], STAGE + STAGE.replace(".s]", ".t]"), "cpus: --cpus pins the workers"),
-        (["--gpus", ",", *WORKER], None, "gpus: an empty list"),
-        (["--gpus", "0,0", *WORKER], None, "gpus: device 0 is listed twice"),
-        (["--gpus", "0,,1", *WORKER], None, 'gpus: "0,,1" has an empty entry'),
-        (["--gpus", "0,", *WORKER], None, 'gpus: "0," has an empty entry'),
-        (["--gpus", "zero", *WORKER], None, 'gpus: "zero" is not a device index'),
-        (["--gpus", "all", *WORKER], None, "gpus: `all` found no GPU"),
-        (["--gpus", "0"], None, "gpus: only spawned workers can be given GPUs"),
-        (["--worker-env", "X={rank}", *WORKER], None, 'worker_env.X: unknown placeholder "{rank}"'),
-        (["--worker-env", "X={gpu}", *WORKER], None, "worker_env.X: {gpu} is used but"),
+        (["--cpus", CORE, "--workers", "2", *WORKER], None, "--workers: 2 workers but 1 cores"),
+        (
+            ["--cpus", CORE, "--gpus", "0,1", *WORKER],
+            None,
+            "--cpus: 1 cores in --cpus, but gpus [0, 1",
+        ),
+        (["--cpus", "4095", *WORKER], None, "--cpus: core 4095 is not available"),
+        (["--cpus", CORE], None, "--cpus: only spawned workers can be pinned"),
+        (
+            ["--cpus", CORE],
+            STAGE + STAGE.replace(".s]", ".t]"),
+            "error: --cpus: it pins the workers",
+        ),
+        (["--gpus", ",", *WORKER], None, "--gpus: an empty list"),
+        (["--gpus", "0,0", *WORKER], None, "--gpus: device 0 is listed twice"),
+        (["--gpus", "0,,1", *WORKER], None, '--gpus: "0,,1" has an empty entry'),
+        (["--gpus", "0,", *WORKER], None, '--gpus: "0," has an empty entry'),
+        (["--gpus", "zero", *WORKER], None, '--gpus: "zero" is not a device index'),
+        (["--gpus", "all", *WORKER], None, "--gpus: `all` found no GPU"),
+        (["--gpus", "0"], None, "--gpus: only spawned workers can be given GPUs"),
+        (
+            ["--worker-env", "X={rank}", *WORKER],
+            None,
+            '--worker-env X: unknown placeholder "{rank}"',
+        ),
+        (["--worker-env", "X={gpu}", *WORKER], None, "--worker-env X: {gpu} is used but"),
         (
             [],
             STAGE + f"cpus = [{CORE}]\n" + STAGE.replace(".s]", ".t]") + f"cpus = [{CORE}]\n"
@@ -409,7 +431,11 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         ([], STAGE + 'env = { A = "a\\u0000b" }\n', "stages.s.env.A: holds a NUL byte"),
         ([], STAGE + "gpus = [-1]\n", "-1 is not a device index"),
         # Corral's own: a worker with CORRAL_STAGE set said hello for another stage.
-        (["--worker-env", "CORRAL_STAGE=a", *WORKER], None, "worker_env: CORRAL_STAGE is Corral's"),
+        (
+            ["--worker-env", "CORRAL_STAGE=a", *WORKER],
+            None,
+            "--worker-env: CORRAL_STAGE is Corral's",
+        ),
         (
             [],
             STAGE + 'env = { CORRAL_SOCKET = "/x" }\n',
@@ -422,10 +448,9 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         ([], '[stages.s]\nenv = { A = "1" }\n', "stages.s.env: only shapes the workers"),
         ([], "[stages.s]\ngpus = [0]\n", "stages.s.gpus: only shapes the workers"),
         ([], "gpus = [0]\n[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
-        (["--gpus", "0"], "[stages.s]\n", "gpus: only spawned workers can be given GPUs, and no"),
+        (["--gpus", "0"], "[stages.s]\n", "error: --gpus: only spawned workers can be given GPUs"),
         # A stage's or the file's workers_per_gpu where nothing is placed on a device.
         ([], STAGE + "workers_per_gpu = 2\n", "stages.s.workers_per_gpu: places workers on"),
-        ([], "workers_per_gpu = 2\n" + STAGE, "workers_per_gpu: places workers on the stages'"),
         # A value from the command line is named as its flag, not put down to the file.
         (["--workers", "3", "--gpus", "0,1"], STAGE, "error: --workers: 3 workers, but gpus"),
         (["--gpus", "0,0"], STAGE, "error: --gpus: device 0 is listed twice"),

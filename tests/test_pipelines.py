@@ -274,6 +274,27 @@ stages = ["scale", "shift"]
     assert ready.status_code == 503 and "scale" in ready.json()["message"], ready.text
 
 
+def test_a_spawned_launcher_may_start_the_worker_of_a_stage_without_a_command(
+    corral_factory, tmp_path
+):
+    # One command serving its own stage and one whose workers Corral does not spawn: let in.
+    launcher = (
+        f"{sys.executable} {ARITH} shift --stage shift & exec {sys.executable} {ARITH} scale"
+    )
+    text = f"""
+[stages.scale]
+command = ["sh", "-c", "{launcher}"]
+
+[stages.shift]
+
+[pipelines.arith]
+stages = ["scale", "shift"]
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r"worker connected", count=2)
+    assert proxy.post(2).json() == 7  # (2 * 2) + 3
+
+
 @pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="CPU pinning is Linux only")
 def test_spawned_workers_are_pinned_to_their_cores(corral_factory, tmp_path):
     core = min(os.sched_getaffinity(0))

@@ -430,3 +430,15 @@ def test_a_path_that_is_no_route_names_its_span_by_method_alone(traced, receiver
     (span,) = [s for s in spans if s.kind == 2 and s.name == "GET"]
     assert "http.route" not in span.attributes
     assert span.attributes["http.response.status_code"] == 404
+
+
+def test_a_method_that_is_none_of_http_s_own_makes_no_span_name_of_its_own(traced, receiver):
+    # Every method a client sent had been a span name, and an attribute value, of its own.
+    odd = "QUUX" + "M" * 200
+    assert traced.client.request(odd, "/infer").status_code == 405
+    assert traced.client.request(odd, "/no/such/path").status_code == 404
+    named = {"HTTP /infer", "HTTP"}
+    spans = receiver.wait_for(lambda spans: {s.name for s in spans if s.kind == 2} >= named)
+    for span in [s for s in spans if s.kind == 2 and s.name in named]:
+        assert span.attributes["http.request.method"] == "_OTHER"
+        assert span.attributes["http.request.method_original"] == odd[:64]

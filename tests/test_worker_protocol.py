@@ -456,6 +456,23 @@ def test_tensors_declared_so_that_they_cannot_be_served_are_refused_with_a_reaso
     assert reason in reject["message"], reject
 
 
+def test_a_refusal_naming_another_worker_s_tensors_forges_no_log_line(sidecar):
+    """The connected worker's tensor names are its own words: one with a line break wrote a
+    line of its choosing into Corral's log, one of megabytes a line as long (each refusal)."""
+    forged = "x\n2026-11-27T13:00:00.000000Z ERROR corral: FORGED" + "y" * 100_000
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+        first.connect(str(sidecar.socket))
+        inputs = [{"name": forged, "datatype": "FP32", "shape": [-1] * 1000}]
+        first.sendall(protocol.encode_frame(protocol.hello("default", 1, "a", inputs=inputs)))
+        sidecar.wait_for_log(r"worker connected")
+        other = [{"name": "z", "datatype": "INT64", "shape": [5]}]
+        reject, _ = refused(sidecar, protocol.hello("default", 2, "b", inputs=other))
+        assert reject["type"] == "reject" and len(reject["message"]) < 4_000, len(reject["message"])
+        line = sidecar.wait_for_log(r"worker refused.*served under other tensors")
+    assert not any(line.startswith("2026-11-27T13:00:00") for line in sidecar.lines)
+    assert len(line) < 4_000, len(line)
+
+
 def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sidecar):
     """The latest hello's tensors won silently and stayed: with A (FP32 [3]) and B (INT64 [5])
     on one stage, a request fitting A was refused 400 and one fitting B was sent to A."""
@@ -473,7 +490,7 @@ def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sid
             sidecar.wait_for_log(r"worker connected", count=2)
         reject, closed = refused(sidecar, protocol.hello("default", 3, "b", inputs=int64))
         assert reject is not None and reject["type"] == "reject" and closed
-        assert "is served under other tensors (inputs: x FP32 [3]" in reject["message"]
+        assert 'is served under other tensors (inputs: "x" FP32 [3]' in reject["message"]
         metadata = sidecar.client.get("/v2/models/default").json()
         assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
     # With none connected, a newcomer's tensors replace what the last ones left.

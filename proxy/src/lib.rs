@@ -114,12 +114,7 @@ pub async fn run(
     }
     // Workers of a stage with no command are not spawned: counted, `--workers 1024` for
     // external workers had lowered the connection cap by 4,096 descriptors.
-    let spawned: u32 = topology
-        .stages
-        .iter()
-        .filter(|spec| !spec.command.is_empty())
-        .map(|spec| spec.workers)
-        .sum();
+    let spawned: u32 = topology.stages.iter().map(StageSpec::spawned_workers).sum();
     let max_connections =
         open_files::connection_cap(config.max_connections as usize, spawned as usize);
     // Each error names what could not be set up: a bare "Address already in use" or "No such
@@ -198,6 +193,9 @@ pub async fn run(
         stages: by_stage.clone(),
         shutdown: stop_workers.clone(),
         children: children.clone(),
+        spawning: Arc::new(
+            topology.stages.iter().filter(|s| s.spawns()).map(|s| s.name.clone()).collect(),
+        ),
         shared_memory,
         external: Arc::new(tokio::sync::Semaphore::new(worker::connection::MAX_EXTERNAL)),
         awaiting_hello: Arc::new(tokio::sync::Semaphore::new(
@@ -210,7 +208,7 @@ pub async fn run(
         context,
         workers.clone(),
     ));
-    if std::process::id() == 1 && topology.stages.iter().any(|spec| !spec.command.is_empty()) {
+    if std::process::id() == 1 && topology.stages.iter().any(StageSpec::spawns) {
         // Corral reaps its own children only: what a worker's wrapper leaves behind (a killed
         // group's members, a `sh -c` grandchild) is handed to process 1, here Corral itself.
         warn!(
@@ -219,7 +217,7 @@ pub async fn run(
              all-in-one image does)"
         );
     }
-    for spec in topology.stages.iter().filter(|spec| !spec.command.is_empty()) {
+    for spec in topology.stages.iter().filter(|spec| spec.spawns()) {
         let command = supervisor::WorkerCommand {
             on_exit: {
                 let stage = by_stage[&spec.name].clone();
@@ -307,13 +305,11 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
     };
-    // The workers it spawns; a stage whose workers start elsewhere spawns none.
-    let spawns = if spec.command.is_empty() { 0 } else { spec.workers };
     info!(
         stage = %spec.name,
         max_batch_size,
         max_wait_ms = spec.max_wait.as_millis() as u64,
-        workers = spawns,
+        workers = spec.spawned_workers(),
         "stage"
     );
     let capacity_bytes = usize::try_from(spec.queue_capacity_bytes).unwrap_or(usize::MAX);

@@ -136,7 +136,7 @@ fn warn_of_unused_options(
     topology: &topology::Topology,
     explicit: &dyn Fn(&str) -> bool,
 ) {
-    let spawns = topology.stages.iter().any(|stage| !stage.command.is_empty());
+    let spawns = topology.stages.iter().any(topology::StageSpec::spawns);
     if !spawns && explicit("workers") {
         tracing::warn!(
             workers = config.workers,
@@ -152,12 +152,14 @@ fn warn_of_unused_options(
              used"
         );
     }
+    // A file's top-level key as the flag: one file shared by GPU and CPU nodes (CORRAL_GPUS
+    // set on the first) keeps starting on the second.
     let placed = topology.stages.iter().any(|stage| !stage.gpus.is_empty());
-    if !placed && explicit("workers_per_gpu") {
+    if !placed && (explicit("workers_per_gpu") || config.workers_per_gpu != 1) {
         tracing::warn!(
             workers_per_gpu = config.workers_per_gpu,
-            "--workers-per-gpu places workers on the devices of --gpus (or a config file's \
-             `gpus`), and none are given: it is not used"
+            "--workers-per-gpu (or a config file's `workers_per_gpu`) places workers on the \
+             devices of --gpus (or a config file's `gpus`), and none are given: it is not used"
         );
     }
 }

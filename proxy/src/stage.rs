@@ -711,9 +711,19 @@ impl Stage {
         if kept.inputs == inputs && kept.outputs == outputs {
             return None;
         }
+        // The first few, each name quoted: another worker's words, and a shape of millions of
+        // dimensions had been written out whole (4 bytes each).
         let named = |specs: &[corral_protocol::TensorSpec]| {
-            let each = specs.iter().map(|t| format!("{} {} {:?}", t.name, t.datatype, t.shape));
-            each.collect::<Vec<_>>().join(", ")
+            let each = specs.iter().take(8).map(|t| {
+                let dims = t.shape.iter().take(8).map(i64::to_string).collect::<Vec<_>>();
+                let more = if t.shape.len() > 8 { ", …" } else { "" };
+                format!("{:?} {} [{}{more}]", t.name, t.datatype, dims.join(", "))
+            });
+            let mut shown = each.collect::<Vec<_>>().join(", ");
+            if specs.len() > 8 {
+                shown.push_str(&format!(" and {} more", specs.len() - 8));
+            }
+            shown
         };
         Some(format!(
             "stage {:?} is served under other tensors (inputs: {}; outputs: {}) by the {} \

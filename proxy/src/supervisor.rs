@@ -85,7 +85,7 @@ pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 
 /// What the supervisor and the connections share about one spawned worker.
 #[derive(Clone, Default)]
-struct SpawnedWorker {
+pub struct SpawnedWorker {
     kill: CancellationToken,
     connected: Arc<AtomicBool>,
     /// Set once it answered work (a batch, a stream's job): it is not crash-looping.
@@ -94,6 +94,24 @@ struct SpawnedWorker {
     gpu: Option<u32>,
     /// The stage it was spawned for.
     stage: Arc<str>,
+}
+
+impl SpawnedWorker {
+    /// Notes that it connected; what its connection marks once it answered work.
+    pub fn connected(&self) -> Served {
+        self.connected.store(true, Ordering::Relaxed);
+        self.served.clone()
+    }
+
+    /// The device it was given, if any.
+    pub fn gpu(&self) -> Option<u32> {
+        self.gpu
+    }
+
+    /// The stage it was spawned for.
+    pub fn stage(&self) -> &str {
+        &self.stage
+    }
 }
 
 impl Children {
@@ -109,21 +127,10 @@ impl Children {
         }
     }
 
-    /// Notes that the worker with this pid (if ours) connected; what its connection marks once
-    /// the worker answered work (nothing for a worker Corral did not spawn).
-    pub fn connected(&self, pid: u32) -> Served {
-        match self.find(pid) {
-            Some(child) => {
-                child.connected.store(true, Ordering::Relaxed);
-                child.served
-            }
-            None => Served::default(),
-        }
-    }
-
     /// The spawned worker that `pid` is, or runs under: the spawned pid itself, else the group
-    /// `pid` belongs to (a process Corral spawned leads a group of its own).
-    fn find(&self, pid: u32) -> Option<SpawnedWorker> {
+    /// `pid` belongs to (a process Corral spawned leads a group of its own). Looked up once a
+    /// connection (each look may ask the kernel for the group).
+    pub fn find(&self, pid: u32) -> Option<SpawnedWorker> {
         if pid == 0 {
             return None; // no process; and getpgid(0) would name the proxy's own group
         }
@@ -137,16 +144,6 @@ impl Children {
     /// Whether `pid` is a worker Corral spawned (or runs under one).
     pub fn spawned(&self, pid: u32) -> bool {
         self.find(pid).is_some()
-    }
-
-    /// The device of the spawned worker `pid` is (or runs under), if it was given one.
-    pub fn gpu(&self, pid: u32) -> Option<u32> {
-        self.find(pid)?.gpu
-    }
-
-    /// The stage the spawned worker `pid` is (or runs under) was spawned for.
-    pub fn stage(&self, pid: u32) -> Option<Arc<str>> {
-        Some(self.find(pid)?.stage)
     }
 
     fn register(&self, pid: u32, gpu: Option<u32>, stage: &str) -> SpawnedWorker {

@@ -101,25 +101,53 @@ fn wall(at: Instant) -> SystemTime {
 pub fn request(headers: &HeaderMap, method: &http::Method) -> Option<Context> {
     let tracer = tracer()?;
     let parent = TraceContextPropagator::new().extract(&Headers(headers));
-    let method = method_name(method);
+    let mut attributes = Vec::with_capacity(2);
+    let known = method_name(method);
+    attributes.push(KeyValue::new("http.request.method", known.unwrap_or(OTHER_METHOD)));
+    if known.is_none() {
+        let original = method.as_str();
+        let mut end = original.len().min(MAX_METHOD_SHOWN);
+        while !original.is_char_boundary(end) {
+            end -= 1;
+        }
+        attributes.push(KeyValue::new("http.request.method_original", original[..end].to_string()));
+    }
     let span = tracer
-        .span_builder(method.clone())
+        .span_builder(span_method(method))
         .with_kind(SpanKind::Server)
-        .with_attributes([KeyValue::new("http.request.method", method)])
+        .with_attributes(attributes)
         .start_with_context(tracer, &parent);
     Some(parent.with_span(span))
 }
 
-/// A method's name without an allocation for the standard ones (every span name and attribute
-/// on the request path is built per request).
-fn method_name(method: &http::Method) -> std::borrow::Cow<'static, str> {
+/// What OpenTelemetry's HTTP conventions call a method that is none of HTTP's own: any method
+/// a client sends had become a span name of its own (20,000 characters of one, too).
+const OTHER_METHOD: &str = "_OTHER";
+/// The most of an unknown method kept, as `http.request.method_original`.
+const MAX_METHOD_SHOWN: usize = 64;
+
+/// An HTTP method's own name, if it is one of HTTP's (RFC 9110 and PATCH), without an
+/// allocation: every span name and attribute on the request path is built per request.
+fn method_name(method: &http::Method) -> Option<&'static str> {
     use http::Method;
-    let known = [Method::GET, Method::POST, Method::PUT, Method::DELETE, Method::HEAD];
-    let names = ["GET", "POST", "PUT", "DELETE", "HEAD"];
-    match known.iter().position(|m| m == method) {
-        Some(i) => names[i].into(),
-        None => method.to_string().into(),
-    }
+    let known = [
+        Method::GET,
+        Method::POST,
+        Method::PUT,
+        Method::DELETE,
+        Method::HEAD,
+        Method::OPTIONS,
+        Method::PATCH,
+        Method::CONNECT,
+        Method::TRACE,
+    ];
+    let names = ["GET", "POST", "PUT", "DELETE", "HEAD", "OPTIONS", "PATCH", "CONNECT", "TRACE"];
+    known.iter().position(|m| m == method).map(|i| names[i])
+}
+
+/// A span name's method part: `HTTP` for a method that is none of HTTP's own.
+fn span_method(method: &http::Method) -> &'static str {
+    method_name(method).unwrap_or("HTTP")
 }
 
 /// Names the request's span after its route, with its status and request id. A path that is no
@@ -128,7 +156,7 @@ fn method_name(method: &http::Method) -> std::borrow::Cow<'static, str> {
 pub fn answered(cx: &Context, method: &http::Method, route: &str, status: u16, id: &str) {
     let span = cx.span();
     if route != "other" {
-        span.update_name(format!("{method} {route}"));
+        span.update_name(format!("{} {route}", span_method(method)));
         span.set_attribute(KeyValue::new("http.route", route.to_string()));
     }
     span.set_attributes([

@@ -717,14 +717,22 @@ def test_a_weight_rule_goes_in_the_hello_and_a_bad_one_fails_at_definition():
 
 
 @pytest.mark.parametrize(
-    "attribute", ["input_type", "output_type", "inputs", "outputs", "output_content_type", "weight"]
+    ("attribute", "value"),
+    [
+        ("input_type", int),
+        ("output_type", list[float]),
+        ("inputs", (corral.Tensor("X", "FP32", [3]),)),
+        ("outputs", [corral.Tensor("Y", "FP32", [3])]),
+        ("output_content_type", "image/png"),
+        ("weight", "/text"),
+    ],
 )
-def test_a_declaration_set_on_the_instance_is_refused_before_the_hello(attribute):
+def test_a_declaration_set_on_the_instance_is_refused_before_the_hello(attribute, value):
     # Read from the class wherever the worker runs: an instance's input_type was advertised in
     # /openapi.json and enforced nowhere.
     class Late(corral.Worker):
         def __init__(self) -> None:
-            setattr(self, attribute, None)
+            setattr(self, attribute, value)
 
         def forward(self, batch):
             return batch
@@ -734,10 +742,38 @@ def test_a_declaration_set_on_the_instance_is_refused_before_the_hello(attribute
             pass
 
 
-@pytest.mark.parametrize("stage", [5, None, ""])
+def test_the_same_names_for_a_model_s_own_data_are_left_alone():
+    # Common names in model code: a parameter tensor, a buffer, none a declaration.
+    class Model(corral.Worker):
+        def __init__(self) -> None:
+            self.weight = 2.0
+            self.inputs = []
+            self.outputs = {"buffer": 1}
+            self.input_type = None
+
+        def forward(self, batch):
+            return [x * self.weight for x in batch]
+
+    with FakeProxy(Model()) as proxy:
+        assert proxy.infer([1]) == [Result("ok", 2.0)]
+
+
+def test_the_published_schema_is_the_class_s():
+    class Typed(corral.Worker):
+        input_type = int
+
+        def forward(self, batch):
+            return batch
+
+    assert "integer" in Typed().schemas()["input_schema"]
+
+
+@pytest.mark.parametrize("stage", [5, ""])
 def test_a_stage_that_is_no_name_fails_where_it_is_given(stage):
     with pytest.raises(TypeError, match="stage must be a stage's name"):
         type("Staged", (corral.Worker,), {"stage": stage})
+    # None on the class: given where it runs (run(stage=...), --stage, CORRAL_STAGE).
+    type("Later", (corral.Worker,), {"stage": None})
 
     class Later(corral.Worker):
         def forward(self, batch):

@@ -87,6 +87,22 @@ pub struct StageSpec {
     pub env: Vec<(String, String)>,
 }
 
+impl StageSpec {
+    /// Whether Corral spawns this stage's workers (it has a command).
+    pub fn spawns(&self) -> bool {
+        !self.command.is_empty()
+    }
+
+    /// The workers Corral spawns for this stage: none where its workers start elsewhere.
+    pub fn spawned_workers(&self) -> u32 {
+        if self.spawns() {
+            self.workers
+        } else {
+            0
+        }
+    }
+}
+
 /// One route as configured.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RouteSpec {
@@ -136,35 +152,36 @@ pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topo
     })
 }
 
-/// The topology of a proxy configured by flags alone, its workers placed.
+/// The topology of a proxy configured by flags alone, its workers placed. Its errors name the
+/// flags, as a file's do for a value from the command line (`--workers: …`).
 fn single_placed(
     config: &Config,
     explicit: &dyn Fn(&str) -> bool,
 ) -> Result<Topology, ConfigError> {
     // Clap checks each flag alone; this one is bounded by another (--max-batch-size).
-    batch_bytes("max_batch_bytes", config.max_batch_bytes, config.max_batch_size)?;
+    batch_bytes("--max-batch-bytes", config.max_batch_bytes, config.max_batch_size)?;
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
     let gpus = match &config.gpus {
-        Some(text) => resolve_gpus("gpus", text)?,
+        Some(text) => resolve_gpus("--gpus", text)?,
         None => Vec::new(),
     };
     let asked = explicit("workers").then_some(config.workers);
     if !config.cpus.is_empty() {
-        spec.workers = pinned_workers(&config.cpus, asked, "cpus", "workers")?;
+        spec.workers = pinned_workers(&config.cpus, asked, "--cpus", "--workers")?;
         if spec.command.is_empty() {
             let problem = "only spawned workers can be pinned; add a worker command after `--`";
-            return Err(error("cpus", problem));
+            return Err(error("--cpus", problem));
         }
-        check_cpus("cpus", &config.cpus)?;
+        check_cpus("--cpus", &config.cpus)?;
         spec.cpus = config.cpus.clone();
     }
     let keys = Keys {
-        gpus: "gpus".into(),
-        workers: "workers".into(),
-        cpus: "cpus".into(),
-        env: "worker_env".into(),
-        given_env: "worker_env.".into(),
+        gpus: "--gpus".into(),
+        workers: "--workers".into(),
+        cpus: "--cpus".into(),
+        env: "--worker-env".into(),
+        given_env: "--worker-env ".into(),
     };
     place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
     Ok(topology)
@@ -232,8 +249,6 @@ pub fn resolve(
         // As `--socket ''` is: it had bound HTTP first, then failed on the directory.
         return Err(error("socket", "an empty path; name the socket file workers connect to"));
     }
-    // The file's own, not a flag's: checked once the stages are placed.
-    let file_per_gpu = f.workers_per_gpu.is_some() && !explicit("workers_per_gpu");
     top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
     top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
     top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
@@ -291,9 +306,9 @@ pub fn resolve(
     if explicit("cpus") && file.stages.len() > 1 {
         // One list for several stages would put their workers on the same cores.
         return Err(error(
-            "cpus",
-            "--cpus pins the workers of a file's only stage; with several stages, give each \
-             stage its own `cpus`",
+            "--cpus",
+            "it pins the workers of a file's only stage; with several stages, give each stage \
+             its own `cpus`",
         ));
     }
     let mut stages = Vec::new();
@@ -301,13 +316,9 @@ pub fn resolve(
         stages.push(stage_spec(config, &name, stage, explicit)?);
     }
     check_cores_shared(&stages)?;
-    if file_per_gpu && stages.iter().all(|stage| stage.gpus.is_empty()) {
-        let problem = "places workers on the stages' `gpus`, and no stage has any";
-        return Err(error("workers_per_gpu", problem));
-    }
     if config.gpus.is_some() && stages.iter().all(|stage| stage.command.is_empty()) {
         let problem = "only spawned workers can be given GPUs, and no stage has a `command`";
-        return Err(error("gpus", problem));
+        return Err(error(if explicit("gpus") { "--gpus" } else { "gpus" }, problem));
     }
     let known: HashSet<&str> = stages.iter().map(|s| s.name.as_str()).collect();
 

@@ -445,8 +445,8 @@ mod tests {
         // accepted nor refused (406), nor an infinity that outranks 1.
         assert_eq!(accept("application/json;q=nan"), json);
         assert_eq!(accept("application/json;q=NaN"), json);
-        assert_eq!(accept("application/msgpack;q=inf, application/json"), msgpack);
-        assert_eq!(accept("application/json;q=2, application/msgpack;q=0.5"), json);
+        assert_eq!(accept("application/json, application/msgpack;q=inf"), json);
+        assert_eq!(accept("application/json, application/msgpack;q=2"), json);
         assert_eq!(accept("application/msgpack;q=-1"), msgpack);
     }
 

@@ -11,7 +11,7 @@
 //! for a deadline because of a dead worker. Only this connection is closed; the proxy and the
 //! other workers carry on.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::io;
 use std::sync::Arc;
 use std::time::Duration;
@@ -37,7 +37,7 @@ use crate::job::{Job, Outcome, Sent};
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
 use crate::stage::{Declared, Stage, WeightRule, WorkerSeat};
-use crate::supervisor::{Children, Served};
+use crate::supervisor::{Children, Served, SpawnedWorker};
 use crate::trace;
 
 /// How long a new connection has to say hello before it is dropped.
@@ -59,6 +59,8 @@ pub struct Context {
     pub shutdown: CancellationToken,
     /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
     pub children: Children,
+    /// The stages Corral spawns workers for (those with a command).
+    pub spawning: Arc<HashSet<String>>,
     /// Large bodies' memory, handed to workers that declare `shm`.
     pub shared_memory: Option<Arc<SharedMemory>>,
     /// Connections yet to say hello, at most [`super::listener::AWAITING_HELLO`] more than the
@@ -109,7 +111,8 @@ pub async fn serve(
     drop(awaiting_hello);
     inbox.decoder_mut().trust();
     let stage = &stage;
-    let spawned = own_pid != 0 && context.children.spawned(own_pid);
+    let child = context.children.find(own_pid);
+    let spawned = child.is_some();
     // Held while connected (dropped as this function returns).
     let external = match spawned {
         true => None,
@@ -125,9 +128,7 @@ pub async fn serve(
             Some(format!(
                 "the proxy has {MAX_EXTERNAL} connected workers it did not spawn, the most it takes"
             ))
-        } else if let Some(own) = context.children.stage(own_pid).filter(|s| **s != *stage.name()) {
-            // Its `--stage`, `run(stage=...)` or a CORRAL_STAGE of its own: taken, the stage it
-            // was spawned for never got a worker, and every request there waited for its 408.
+        } else if let Some(own) = misplaced(child.as_ref(), stage, &context.spawning) {
             Some(format!(
                 "this worker was spawned for stage {own:?} and said hello for stage {:?} \
                  (its --stage, run(stage=...) or CORRAL_STAGE)",
@@ -145,8 +146,8 @@ pub async fn serve(
             Some(message) => Err(message),
             None => {
                 keep(stage, declared);
-                let served = context.children.connected(own_pid);
-                let seat = stage.worker_joined_on(context.children.gpu(own_pid));
+                let served = child.as_ref().map(SpawnedWorker::connected).unwrap_or_default();
+                let seat = stage.worker_joined_on(child.as_ref().and_then(SpawnedWorker::gpu));
                 if let Some(most) = hello.max_batch {
                     seat.take_at_most(most as usize);
                 }
@@ -157,8 +158,14 @@ pub async fn serve(
     let (served, seat) = match joined {
         Ok(joined) => joined,
         Err(message) => {
+            // A worker's words (its tensors' names, in a conflict) escaped and cut: a name with a
+            // line break forged a log line, one of megabytes wrote a line as long.
+            let message = logged_within(&message, 2_000);
             warn!(reason = %message, "worker refused");
-            metrics().worker_failures.with_label_values(&[stage.name(), "refused"]).inc();
+            // Counted where it was spawned for, when that is another stage: the one left
+            // without its worker.
+            let counted = child.as_ref().map_or(stage.name(), SpawnedWorker::stage);
+            metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
             outbox.send(ProxyMessage::Reject(Reject { message }));
             outbox.close(CLOSE_WRITE_LIMIT).await;
             return;
@@ -235,6 +242,19 @@ const MAX_SCHEMA_BYTES: usize = 8 * 1024 * 1024;
 /// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
 /// tensors, alone on the stage, replace the last ones' as a newcomer's tensors do
 /// (`Stage::tensor_conflict`).
+/// The stage a spawned worker was spawned for, where it said hello for another that Corral
+/// spawns workers for too: its `--stage`, `run(stage=...)` or a CORRAL_STAGE of its own. Taken,
+/// the stage it was spawned for never got a worker, and every request there waited for its
+/// 408. A process a spawned launcher starts for a stage with no `command` is let in, as before.
+fn misplaced<'a>(
+    child: Option<&'a SpawnedWorker>,
+    stage: &Stage,
+    spawning: &HashSet<String>,
+) -> Option<&'a str> {
+    let own = child?.stage();
+    (own != stage.name() && spawning.contains(stage.name())).then_some(own)
+}
+
 fn keep(stage: &Stage, declared: Option<Declared>) {
     let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
     if !tensors && stage.workers() == 0 {
@@ -289,8 +309,14 @@ fn clipped(text: &str) -> &str {
 /// `type` with a line break wrote a line of the worker's choosing into Corral's text log, and
 /// one of megabytes a line as long.
 fn logged(reason: &impl std::fmt::Display) -> String {
+    logged_within(reason, 300)
+}
+
+/// [`logged`], at most `max` bytes: a refusal names the connected workers' tensors, of the
+/// other worker's choosing.
+fn logged_within(reason: &impl std::fmt::Display, max: usize) -> String {
     let text = reason.to_string();
-    let cut = clip(&text, 300);
+    let cut = clip(&text, max);
     let mut shown = String::with_capacity(cut.len());
     cut.chars().for_each(|c| crate::supervisor::output::push_shown(&mut shown, c));
     if cut.len() < text.len() {
@@ -368,19 +394,20 @@ async fn handshake(
         }
         Ok(Some(Ok(message))) => Ok(message),
     };
+    // The parser's own reason: "must start with /" had been said of "/a~2".
+    let bad_weight = match &first {
+        Ok(WorkerMessage::Hello(hello)) => {
+            hello.weight.as_deref().and_then(|w| WeightRule::parse(w).err())
+        }
+        _ => None,
+    };
     let refusal = match first {
         Err(malformed) => malformed,
         Ok(WorkerMessage::Hello(hello)) if hello.version != PROTOCOL_VERSION => format!(
             "protocol version {} is not supported; this proxy speaks version {PROTOCOL_VERSION}",
             hello.version
         ),
-        // The parser's own reason: "must start with /" had been said of "/a~2".
-        Ok(WorkerMessage::Hello(hello))
-            if hello.weight.as_deref().is_some_and(|w| WeightRule::parse(w).is_err()) =>
-        {
-            let pointer = hello.weight.as_deref().unwrap_or_default();
-            WeightRule::parse(pointer).err().unwrap_or_default()
-        }
+        Ok(WorkerMessage::Hello(_)) if bad_weight.is_some() => bad_weight.unwrap_or_default(),
         Ok(WorkerMessage::Hello(hello)) if hello.max_batch == Some(0) => {
             "max_batch 0 would take no job: it is at least 1 (leave it out for no bound)".into()
         }

@@ -6,6 +6,7 @@ batch, or dies at every connection with a message that names none of it."""
 from __future__ import annotations
 
 import inspect
+import typing
 from collections.abc import Collection, Mapping
 from typing import Any
 
@@ -50,8 +51,9 @@ def check(cls: Any) -> None:
             f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
             f"is empty or starts with /, a ~ in it written ~0 and a / ~1), not {cls.weight!r}"
         )
+    # None: given where it runs (`run(stage=...)`, --stage, CORRAL_STAGE), checked then.
     stage = inspect.getattr_static(cls, "stage", "default")
-    if not hasattr(stage, "__get__"):
+    if stage is not None and not hasattr(stage, "__get__"):
         _stage(cls.__name__, stage)
     named = getattr(cls, "output_content_type", None)
     if named is not None and not protocol.is_media_type(named):
@@ -63,18 +65,39 @@ def check(cls: Any) -> None:
 
 
 # Declarations read from the class wherever the worker runs (the codec, the hello, the tensors'
-# encoding, the weight): set on an instance, in __init__ say, they were advertised in
-# /openapi.json (input_type) and enforced nowhere.
-CLASS_ONLY = ("input_type", "output_type", "inputs", "outputs", "output_content_type", "weight")
+# encoding, the weight). Set on an instance, in __init__ say, `input_type` was advertised in
+# /openapi.json and enforced nowhere. Only a value that is such a declaration is refused: these
+# are common names for a model's own data (`self.weight = load_params()`, `self.outputs = []`).
+def _is_tensors(value: Any) -> bool:
+    return (
+        isinstance(value, (list, tuple))
+        and bool(value)
+        and all(isinstance(t, _tensors.Tensor) for t in value)
+    )
+
+
+def _is_type(value: Any) -> bool:
+    return isinstance(value, type) or typing.get_origin(value) is not None
+
+
+_DECLARATIONS = {
+    "input_type": _is_type,
+    "output_type": _is_type,
+    "inputs": _is_tensors,
+    "outputs": _is_tensors,
+    "output_content_type": lambda value: isinstance(value, str),
+    "weight": lambda value: isinstance(value, str),
+}
 
 
 def check_instance(worker: Any) -> None:
-    """Raises ``TypeError`` for what a worker instance sets that is read from its class, and for
-    a ``stage`` (from ``run``, the command line or ``__init__``) that names no stage: checked
-    before the worker warms up or says hello."""
+    """Raises ``TypeError`` for a declaration set on a worker instance (Corral reads those from
+    its class), and for a ``stage`` (from ``run``, the command line or ``__init__``) that names
+    no stage: checked before the worker warms up or says hello."""
     name = type(worker).__name__
-    for attribute in CLASS_ONLY:
-        if attribute in getattr(worker, "__dict__", {}):
+    own = getattr(worker, "__dict__", {})
+    for attribute, is_declaration in _DECLARATIONS.items():
+        if attribute in own and is_declaration(own[attribute]):
             raise TypeError(
                 f"{name}.{attribute} is set on the instance (in __init__?): Corral reads it "
                 f"from the class; set it as a class attribute, {name}.{attribute} = ..."

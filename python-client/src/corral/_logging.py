@@ -36,9 +36,10 @@ LINE = 16_000
 
 
 def _standard_level(number: int) -> str:
-    """The standard level at or below ``number``: Corral reads only those five names, and a
-    record at a level of the application's own (``log.log(45, ...)``, a ``NOTICE`` made with
-    ``addLevelName``) had become a plain INFO line, its traceback no longer merged in."""
+    """The standard level at or below ``number`` (DEBUG below it too): Corral reads only those
+    five names, and a record at a level of the application's own (``log.log(45, ...)``, a
+    ``NOTICE`` made with ``addLevelName``) had become a plain INFO line, its traceback no longer
+    merged in."""
     for at, name in ((50, "CRITICAL"), (40, "ERROR"), (30, "WARNING"), (20, "INFO")):
         if number >= at:
             return name

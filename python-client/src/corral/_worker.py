@@ -69,7 +69,8 @@ class Worker:
 
     ``stage`` names the proxy stage this worker serves (``"default"`` for a single-stage proxy);
     ``run(stage=...)``, ``--stage`` on the command line and ``CORRAL_STAGE`` (which Corral sets
-    for the workers it spawns) override it, in that order.
+    for the workers it spawns) override it, in that order; a worker Corral spawned for one stage
+    that names another it spawns workers for is refused.
 
     **Streaming.** A ``forward`` written as a generator streams each item's answer in pieces.
     Each ``yield`` is a list with one entry per item: a chunk for each item that has one this
@@ -325,7 +326,9 @@ class Worker:
         that msgspec decodes but cannot describe (``object``, an ``Ext``) gives none: schemas
         are documentation, and the worker serves without them (logged)."""
         try:
-            return _typing.schemas(self.input_type, self.output_type)
+            # The class's, as the codec reads them: what is published is what is enforced.
+            worker = type(self)
+            return _typing.schemas(worker.input_type, worker.output_type)
         except (TypeError, ValueError) as e:
             log.warning("no JSON Schema for this worker's types: %s", _describe(e))
             return {}

@@ -197,7 +197,7 @@ class FakeProxy:
         self.send(protocol.batch(jobs))
         answer = self.receive()
         if answer is None or answer.get("type") != "results":
-            raise self._unexpected("results", answer)
+            raise self._unexpected("results", answer) from self.worker_error
         by_id = {r["id"]: r for r in answer["results"]}
         if sorted(by_id) != sorted(ids) or len(answer["results"]) != len(ids):
             raise AssertionError("the worker did not answer each job exactly once")
@@ -295,7 +295,7 @@ class FakeProxy:
                     ends[i] = result
                     self.events.append(("end", i, result["status"]))
             else:
-                raise self._unexpected("chunks, pull or results", message)
+                raise self._unexpected("chunks, pull or results", message) from self.worker_error
         streams = [_stream(c, e) for c, e in zip(chunks, ends) if e is not None]  # all ended
         for i, why in broken.items():
             streams[i] = Stream(chunks[i], "error", why)

@@ -177,7 +177,7 @@ fn the_cpus_flag_pins_the_command_lines_workers_and_sets_their_count() {
     assert_eq!((topology.stages[0].workers, topology.stages[0].gpus.clone()), (1, vec![0]));
     let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0,1", "--", "w"]);
     let error = single_placed(&config, &|_| false).unwrap_err();
-    assert_eq!(error.key, "cpus");
+    assert_eq!(error.key, "--cpus");
     assert!(error.problem.contains("gpus [0, 1] with workers_per_gpu 1 place 2"), "{error}");
 }
 
@@ -187,14 +187,14 @@ fn the_cpus_flag_is_refused_against_workers_or_without_a_command() {
     let core = a_core();
     let config = Config::parse_from(["corral", "--cpus", &core, "--workers", "2", "--", "w"]);
     let error = single_placed(&config, &|id| id == "workers").unwrap_err();
-    assert_eq!(error.key, "workers");
-    assert!(error.problem.contains("cores in cpus"), "names both keys: {}", error.problem);
+    assert_eq!(error.key, "--workers");
+    assert!(error.problem.contains("cores in --cpus"), "names both keys: {}", error.problem);
     let config = Config::parse_from(["corral", "--cpus", &core]);
     let error = single_placed(&config, &|_| false).unwrap_err();
-    assert_eq!(error.key, "cpus");
+    assert_eq!(error.key, "--cpus");
     let config = Config::parse_from(["corral", "--cpus", "4095", "--", "w"]);
     let error = single_placed(&config, &|_| false).unwrap_err();
-    assert_eq!(error.key, "cpus");
+    assert_eq!(error.key, "--cpus");
     assert!(error.problem.contains("not available"), "{}", error.problem);
 }
 
@@ -211,7 +211,7 @@ fn a_set_cpus_flag_wins_over_a_stages_cpus() {
     let two =
         format!("{text}[stages.b]\ncommand = [\"w\"]\n[pipelines.p]\nstages = [\"a\", \"b\"]\n");
     let error = resolve_with(&two, &["--cpus", &core], &["cpus"]).unwrap_err();
-    assert_eq!(error.key, "cpus");
+    assert_eq!(error.key, "--cpus");
     assert!(error.problem.contains("its own `cpus`"), "{error}");
 }
 
@@ -259,7 +259,7 @@ fn a_batch_byte_budget_past_what_a_full_frame_carries_is_refused() {
     assert!(resolve_with(&text, &[], &[]).is_ok(), "a frame of 1 job carries more than of 32");
     let flag = (most + 1).to_string();
     let config = Config::parse_from(["corral", "--max-batch-bytes", &flag, "--", "w"]);
-    assert_eq!(single_placed(&config, &|_| false).unwrap_err().key, "max_batch_bytes");
+    assert_eq!(single_placed(&config, &|_| false).unwrap_err().key, "--max-batch-bytes");
 }
 
 #[test]
