@@ -413,7 +413,7 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         (["--tenant-queue-share", "1.5"], None, "is not a share above 0 and at most 1"),
         (["--max-batch-weight", "0"], None, "--max-batch-weight"),
         (["--max-batch-bytes", "0"], None, "--max-batch-bytes"),
-        (["--max-batch-bytes", "67108864"], None, "max_batch_bytes"),
+        (["--max-batch-bytes", "67108864"], None, "error: --max-batch-bytes: 67108864 is not in"),
         ([], "[stages.s]\nmax_batch_bytes = 67108864\n", "stages.s.max_batch_bytes"),
         # The top level's value, too large for this stage's batches: named as the top level's.
         (
