@@ -350,12 +350,31 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     /// (a new trace starts), as the W3C recommendation asks.
     fn get(&self, key: &str) -> Option<&str> {
         let value = self.0.get(key).and_then(|value| value.to_str().ok())?;
-        (key != "traceparent" || well_formed_traceparent(value)).then_some(value)
+        match key {
+            "traceparent" => well_formed_traceparent(value).then_some(value),
+            "tracestate" => Some(within_tracestate_limit(value)),
+            _ => Some(value),
+        }
     }
 
     fn keys(&self) -> Vec<&str> {
         self.0.keys().map(http::HeaderName::as_str).collect()
     }
+}
+
+/// The most of a client's `tracestate` kept: W3C asks vendors to pass on at least 512
+/// characters. Every span of the request carries it (into each export), and a legal 32 members
+/// of 14.5 KB each made exports of 30 MB that a stalled collector held on to.
+const MAX_TRACESTATE: usize = 512;
+
+/// `tracestate` as kept: whole, or its first members within [`MAX_TRACESTATE`] bytes (W3C:
+/// members are dropped from the right).
+fn within_tracestate_limit(value: &str) -> &str {
+    if value.len() <= MAX_TRACESTATE {
+        return value;
+    }
+    let cut = value[..=MAX_TRACESTATE].rfind(',').unwrap_or(0);
+    value[..cut].trim_end_matches([' ', '\t', ','])
 }
 
 /// A `traceparent` of the W3C shape: `version-trace_id-parent_id-flags`, lowercase hex of 2, 32,
@@ -407,6 +426,19 @@ mod tests {
         let none = Linked(Sampler::ParentBased(Box::new(Sampler::TraceIdRatioBased(0.0))));
         assert_eq!(decision(&none, &[link(true)]), SamplingDecision::RecordAndSample);
         assert_eq!(decision(&none, &[]), SamplingDecision::Drop);
+    }
+
+    #[test]
+    fn a_tracestate_keeps_its_first_members_within_512_bytes() {
+        let member = |i: usize| format!("k{i}={}", "v".repeat(100));
+        let members: Vec<String> = (0..32).map(member).collect();
+        let long = members.join(",");
+        let kept = within_tracestate_limit(&long);
+        assert!(kept.len() <= MAX_TRACESTATE, "{}", kept.len());
+        assert_eq!(kept, members[..4].join(","), "whole members, dropped from the right");
+        assert_eq!(within_tracestate_limit("a=1,b=2"), "a=1,b=2");
+        // One member longer than the limit: none is kept.
+        assert_eq!(within_tracestate_limit(&format!("k={}", "v".repeat(600))), "");
     }
 
     #[test]

@@ -221,13 +221,16 @@ struct Collector {
     /// `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS`, sent with every export.
     headers: Vec<(http::HeaderName, http::HeaderValue)>,
     resource: Resource,
-    idle: tokio::sync::Mutex<Option<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>,
+    idle: tokio::sync::Mutex<Option<Link>>,
 }
 
 impl Collector {
     /// Exports `spans` in one OTLP/protobuf request; an answer other than 2xx is an error.
     async fn export(&self, spans: &[SpanData]) -> Result<(), Error> {
-        let body = otlp::encode(spans, &self.resource);
+        self.export_body(otlp::encode(spans, &self.resource)).await
+    }
+
+    async fn export_body(&self, body: Vec<u8>) -> Result<(), Error> {
         tokio::time::timeout(EXPORT_TIMEOUT, self.post(body))
             .await
             .map_err(|_| "the OTLP export timed out")?
@@ -236,7 +239,7 @@ impl Collector {
     async fn post(&self, body: Vec<u8>) -> Result<(), Error> {
         let body = Bytes::from(body);
         let mut idle = self.idle.lock().await;
-        let sent = match idle.take().filter(|sender| !sender.is_closed()) {
+        let sent = match idle.take().filter(|link| !link.sender.is_closed()) {
             // A kept-alive connection the collector closed meanwhile (its idle timeout) fails
             // before the request goes out: once more on a fresh one. Dropped, such an export
             // lost the last spans of a burst (999 requests of 1,000 arrived).
@@ -246,8 +249,8 @@ impl Collector {
             },
             None => self.send(connect(&self.uri).await?, body).await,
         };
-        let (sender, status) = sent.map_err(Failed::into_error)?;
-        *idle = Some(sender);
+        let (link, status) = sent.map_err(Failed::into_error)?;
+        *idle = Some(link);
         if status.is_success() {
             Ok(())
         } else {
@@ -255,9 +258,10 @@ impl Collector {
         }
     }
 
-    /// One export request on `sender`; the connection back, to carry the next, with the
+    /// One export request on `link`; the connection back, to carry the next, with the
     /// answer's status.
-    async fn send(&self, mut sender: Sender, body: Bytes) -> Result<(Sender, StatusCode), Failed> {
+    async fn send(&self, mut link: Link, body: Bytes) -> Result<(Link, StatusCode), Failed> {
+        let sender = &mut link.sender;
         sender.ready().await.map_err(|e| Failed::Unsent(e.into()))?;
         // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
         let path = self.uri.path_and_query().map_or("/", |p| p.as_str());
@@ -277,11 +281,33 @@ impl Collector {
         let status = response.status();
         // Read to its end, so that the connection can carry the next export.
         response.into_body().collect().await.map_err(|e| Failed::Sent(e.into()))?;
-        Ok((sender, status))
+        Ok((link, status))
     }
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Full<Bytes>>;
+
+/// A connection to the collector: the side that sends requests, and the task that drives the
+/// socket, ended with it. Dropped (an export timed out, or failed), the task is aborted and the
+/// socket closed: detached, the task of a timed-out export went on writing to a collector that
+/// had stopped reading, keeping the socket and a whole export body (30 MB of 2,048 spans) for
+/// good, one more at every export.
+struct Link {
+    sender: Sender,
+    task: tokio::task::AbortHandle,
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl std::fmt::Debug for Link {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Link").finish_non_exhaustive()
+    }
+}
 
 /// How an export request failed: before it could have been read (the connection found closed:
 /// worth sending again), or after it was written (sent again, the collector could get its
@@ -299,12 +325,42 @@ impl Failed {
     }
 }
 
-async fn connect(uri: &Uri) -> Result<Sender, Error> {
+async fn connect(uri: &Uri) -> Result<Link, Error> {
     let host = uri.host().ok_or("the OTLP endpoint has no host")?;
     let host = host.trim_start_matches('[').trim_end_matches(']');
     let stream = tokio::net::TcpStream::connect((host, uri.port_u16().unwrap_or(80))).await?;
     stream.set_nodelay(true)?;
     let (sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
-    tokio::spawn(connection);
-    Ok(sender)
+    let task = tokio::spawn(connection).abort_handle();
+    Ok(Link { sender, task })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A collector that accepts and never reads: the export times out, and its connection is
+    /// closed with it (detached, it went on writing the body for good, socket and all).
+    #[tokio::test(start_paused = true)]
+    async fn a_timed_out_export_closes_its_connection() {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let collector = Collector {
+            uri: format!("http://{address}/v1/traces").parse().unwrap(),
+            headers: Vec::new(),
+            resource: Resource::builder().build(),
+            idle: tokio::sync::Mutex::default(),
+        };
+        let accepted = std::thread::spawn(move || listener.accept().unwrap().0);
+        // Far more than the sockets' buffers hold: the connection is still writing it.
+        let failed = collector.export_body(vec![0; 64 << 20]).await.unwrap_err();
+        assert!(failed.to_string().contains("timed out"), "{failed}");
+        let mut socket = accepted.join().unwrap();
+        let read = tokio::task::spawn_blocking(move || {
+            socket.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+            std::io::copy(&mut socket, &mut std::io::sink())
+        });
+        let read = read.await.unwrap().expect("the connection closes (no read times out)");
+        assert!(read < 64 << 20, "the body was not all sent: {read} bytes");
+    }
 }
