@@ -498,10 +498,11 @@ impl Stage {
             let long = queue.jobs.len() > self.settings.max_batch_size;
             // An empty queue takes any one request, so that a payload larger than the byte
             // capacity (it passed the body limit) is served rather than shed forever.
-            let full = |jobs: &Lanes| {
-                jobs.len() + count > self.capacity
-                    || (!jobs.is_empty() && jobs.bytes() + bytes > self.capacity_bytes)
+            let full_at = |jobs: usize, queued_bytes: usize| {
+                jobs + count > self.capacity
+                    || (jobs > 0 && queued_bytes + bytes > self.capacity_bytes)
             };
+            let full = |jobs: &Lanes| full_at(jobs.len(), jobs.bytes());
             // A tenant holding nothing may place one request larger than its share (as an
             // empty queue takes one larger than its byte bound): refused, it would be refused
             // on every retry, while Retry-After promised otherwise.
@@ -564,10 +565,7 @@ impl Stage {
                     }
                 }
             }
-            while full(&queue.jobs) {
-                let Some(request) = queue.jobs.evict_below(class) else { break };
-                evicted.extend(request);
-            }
+            evicted.extend(queue.jobs.evict_below_while(class, full_at).into_iter().flatten());
             if let (Some(cost), Some(victim)) = (queue.cost.estimate(), evicted.first()) {
                 // When a job of the evicted class would be served, were it sent again now.
                 let mut ahead = Ahead::from(&queue.jobs, victim.class);

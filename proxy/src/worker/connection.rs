@@ -481,6 +481,8 @@ pub(super) struct InFlight {
     pub frame: u64,
     /// Its span, when tracing is on: ends when the batch is dropped (answered or handed back).
     pub span: Option<opentelemetry_sdk::trace::Span>,
+    /// Cancelled once the batch is answered: its jobs' departures are then no cancel to send.
+    pub done: CancellationToken,
 }
 
 impl InFlight {
@@ -528,7 +530,7 @@ async fn work(
             match idle(inbox, outbox, seat, context, (false, false)).await {
                 Ok(jobs) => {
                     let batch = send(outbox, jobs, by);
-                    batch.jobs.iter().for_each(|job| departures.watch(job));
+                    batch.jobs.iter().for_each(|job| departures.watch(job, &batch.done));
                     in_flight.push_back(batch);
                     continue;
                 }
@@ -571,7 +573,7 @@ async fn work(
                 jobs = seat.next_batch_ahead(), if may_prefetch => {
                     metrics().batches_ahead.with_label_values(&[stage.name()]).inc();
                     let batch = send(outbox, jobs, by);
-                    batch.jobs.iter().for_each(|job| departures.watch(job));
+                    batch.jobs.iter().for_each(|job| departures.watch(job, &batch.done));
                     in_flight.push_back(batch);
                     continue;
                 }
@@ -580,6 +582,7 @@ async fn work(
         match message {
             Some(Ok(WorkerMessage::Results(results))) => {
                 let batch = in_flight.pop_front().expect("a batch is in flight");
+                batch.done.cancel();
                 let (size, weight) = (batch.jobs.len(), crate::stage::weight_of(&batch.jobs));
                 let sent_after = in_flight.front().map_or(&[][..], |ahead| &ahead.jobs[..]);
                 match settle::pair(batch.jobs, results, sent_after) {
@@ -739,7 +742,7 @@ pub(super) fn send(outbox: &mut Outbox, mut jobs: Vec<Job>, by: &Worker) -> InFl
             .collect(),
     };
     let frame = outbox.send(ProxyMessage::Batch(batch));
-    InFlight { jobs, sent, frame, span }
+    InFlight { jobs, sent, frame, span, done: CancellationToken::new() }
 }
 
 /// The worker a batch goes to, as its span names it, and the shared memory it maps.

@@ -226,8 +226,11 @@ impl State {
         self.busy = Some((since, size + sent.jobs.len(), held + weight));
         let pending = Pending { sent: sent.sent, weight, _span: sent.span.take() };
         self.first.insert(sent.frame, pending);
+        // The batch's `done` is never cancelled here: a stream ends job by job, and each
+        // departure is looked up by its job's id.
+        let done = sent.done.clone();
         for job in sent.jobs {
-            self.departures.watch(&job);
+            self.departures.watch(&job, &done);
             self.seq += 1;
             // As long as its route allows a worker (`Job::allowance`): a client's short deadline
             // bounds its first chunk, not how long the worker may pause mid-stream (a 300 ms

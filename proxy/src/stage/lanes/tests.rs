@@ -162,6 +162,33 @@ fn eviction_takes_the_lowest_class_latest_deadline_first() {
 }
 
 #[test]
+fn many_evicted_at_once_go_lowest_class_latest_deadline_first_and_the_rest_stay() {
+    let now = Instant::now();
+    // Deadlines out of queue order (all distinct), tenants interleaved, two classes below high.
+    let class = |i: usize| if i.is_multiple_of(5) { Class::Normal } else { Class::Low };
+    let deadline = |i: usize| (i * 7 % 40) as u32;
+    let mut lanes = Lanes::default();
+    for i in 0..40 {
+        let tenant = ["a", "b", "c"][i % 3];
+        one(&mut lanes, &format!("j{i}"), class(i), Some(tenant), now + SECOND * deadline(i));
+    }
+    let mut expected: Vec<usize> = (0..40).collect();
+    expected.sort_by_key(|&i| (class(i), std::cmp::Reverse(deadline(i))));
+    let expected: Vec<String> = expected[..25].iter().map(|i| format!("j{i}")).collect();
+    let evicted = lanes.evict_below_while(Class::High, |jobs, _| jobs > 15);
+    let evicted: Vec<String> = evicted.into_iter().flat_map(names).collect();
+    assert_eq!(evicted, expected);
+    assert_eq!(lanes.len(), 15);
+    let kept: Vec<String> =
+        (0..40).map(|i| format!("j{i}")).filter(|n| !expected.contains(n)).collect();
+    let mut left = drain(&mut lanes);
+    left.sort_by_key(|n| n[1..].parse::<usize>().unwrap());
+    assert_eq!(left, kept);
+    // Nothing to make room for: nothing goes.
+    assert!(lanes.evict_below_while(Class::High, |_, _| false).is_empty());
+}
+
+#[test]
 fn a_whole_request_is_evicted_and_counts_follow() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
