@@ -19,7 +19,8 @@
 //! Counts (jobs, bytes, weight, heavy jobs; per class and per tenant) are kept as jobs come and
 //! go, so the admission checks read them in O(1); only the room eviction would make, which
 //! leaves out requests a batch has started, is a scan of the lower classes' requests, asked of
-//! a full queue alone. Picking the next tenant is O(log tenants); the scans
+//! a full queue alone. Eviction itself looks at each lower-class request once and sorts them,
+//! however many go. Picking the next tenant is O(log tenants); the scans
 //! (oldest job, promotion, eviction) are O(tenants with queued work), promotion at most once per
 //! due instant.
 
