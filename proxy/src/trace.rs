@@ -100,7 +100,7 @@ fn wall(at: Instant) -> SystemTime {
 /// sent one, else the root of a new trace; None when tracing is off.
 pub fn request(headers: &HeaderMap, method: &http::Method) -> Option<Context> {
     let tracer = tracer()?;
-    let parent = TraceContextPropagator::new().extract(&Headers(headers));
+    let parent = TraceContextPropagator::new().extract(&Headers::new(headers));
     let mut attributes = Vec::with_capacity(2);
     let known = method_name(method);
     attributes.push(KeyValue::new("http.request.method", known.unwrap_or(OTHER_METHOD)));
@@ -341,7 +341,18 @@ impl ShouldSample for Linked {
 }
 
 /// A request's headers as trace-context propagation reads them.
-struct Headers<'a>(&'a HeaderMap);
+struct Headers<'a> {
+    map: &'a HeaderMap,
+    /// The client's `tracestate`, as kept ([`kept_tracestate`]).
+    tracestate: Option<std::borrow::Cow<'a, str>>,
+}
+
+impl<'a> Headers<'a> {
+    fn new(map: &'a HeaderMap) -> Self {
+        let tracestate = map.get("tracestate").and_then(|v| v.to_str().ok()).map(kept_tracestate);
+        Self { map, tracestate }
+    }
+}
 
 impl opentelemetry::propagation::Extractor for Headers<'_> {
     /// A header's value; a `traceparent` only if it has the W3C shape. The SDK's propagator
@@ -349,16 +360,15 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     /// `+` became a parent, and went on to the worker. A client's malformed header is ignored
     /// (a new trace starts), as the W3C recommendation asks.
     fn get(&self, key: &str) -> Option<&str> {
-        let value = self.0.get(key).and_then(|value| value.to_str().ok())?;
-        match key {
-            "traceparent" => well_formed_traceparent(value).then_some(value),
-            "tracestate" => Some(within_tracestate_limit(value)),
-            _ => Some(value),
+        if key == "tracestate" {
+            return self.tracestate.as_deref();
         }
+        let value = self.map.get(key).and_then(|value| value.to_str().ok())?;
+        (key != "traceparent" || well_formed_traceparent(value)).then_some(value)
     }
 
     fn keys(&self) -> Vec<&str> {
-        self.0.keys().map(http::HeaderName::as_str).collect()
+        self.map.keys().map(http::HeaderName::as_str).collect()
     }
 }
 
@@ -366,15 +376,28 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
 /// characters. Every span of the request carries it (into each export), and a legal 32 members
 /// of 14.5 KB each made exports of 30 MB that a stalled collector held on to.
 const MAX_TRACESTATE: usize = 512;
+/// Members longer than this go first when the whole is cut (W3C's advice).
+const LONG_MEMBER: usize = 128;
 
-/// `tracestate` as kept: whole, or its first members within [`MAX_TRACESTATE`] bytes (W3C:
-/// members are dropped from the right).
-fn within_tracestate_limit(value: &str) -> &str {
+/// `tracestate` as kept: whole when within [`MAX_TRACESTATE`] bytes; else, as W3C advises,
+/// without its members longer than [`LONG_MEMBER`], then its first members within the limit.
+fn kept_tracestate(value: &str) -> std::borrow::Cow<'_, str> {
     if value.len() <= MAX_TRACESTATE {
-        return value;
+        return value.into();
     }
-    let cut = value[..=MAX_TRACESTATE].rfind(',').unwrap_or(0);
-    value[..cut].trim_end_matches([' ', '\t', ','])
+    let mut kept = String::with_capacity(MAX_TRACESTATE);
+    let members = value.split(',').map(|m| m.trim_matches([' ', '\t'])).filter(|m| !m.is_empty());
+    for member in members.filter(|m| m.len() <= LONG_MEMBER) {
+        let more = usize::from(!kept.is_empty()) + member.len();
+        if kept.len() + more > MAX_TRACESTATE {
+            break;
+        }
+        if !kept.is_empty() {
+            kept.push(',');
+        }
+        kept.push_str(member);
+    }
+    kept.into()
 }
 
 /// A `traceparent` of the W3C shape: `version-trace_id-parent_id-flags`, lowercase hex of 2, 32,
@@ -429,16 +452,19 @@ mod tests {
     }
 
     #[test]
-    fn a_tracestate_keeps_its_first_members_within_512_bytes() {
+    fn a_tracestate_keeps_its_first_members_within_512_bytes_long_ones_first_out() {
         let member = |i: usize| format!("k{i}={}", "v".repeat(100));
         let members: Vec<String> = (0..32).map(member).collect();
         let long = members.join(",");
-        let kept = within_tracestate_limit(&long);
+        let kept = kept_tracestate(&long);
         assert!(kept.len() <= MAX_TRACESTATE, "{}", kept.len());
         assert_eq!(kept, members[..4].join(","), "whole members, dropped from the right");
-        assert_eq!(within_tracestate_limit("a=1,b=2"), "a=1,b=2");
-        // One member longer than the limit: none is kept.
-        assert_eq!(within_tracestate_limit(&format!("k={}", "v".repeat(600))), "");
+        assert_eq!(kept_tracestate("a=1,b=2"), "a=1,b=2");
+        let exactly = format!("k={}", "v".repeat(MAX_TRACESTATE - 2));
+        assert_eq!(kept_tracestate(&exactly), exactly, "512 bytes are kept whole");
+        // A member over 128 characters goes first: the short ones after it stay.
+        let first_long = format!("k={}, short=1 ,other=2", "v".repeat(600));
+        assert_eq!(kept_tracestate(&first_long), "short=1,other=2");
     }
 
     #[test]
@@ -464,7 +490,7 @@ mod tests {
         headers.insert("traceparent", "00-1-1-1".parse().unwrap());
         headers.insert("tracestate", "a=b".parse().unwrap());
         use opentelemetry::propagation::Extractor;
-        assert_eq!(Headers(&headers).get("traceparent"), None);
-        assert_eq!(Headers(&headers).get("tracestate"), Some("a=b"));
+        assert_eq!(Headers::new(&headers).get("traceparent"), None);
+        assert_eq!(Headers::new(&headers).get("tracestate"), Some("a=b"));
     }
 }

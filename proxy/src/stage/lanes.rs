@@ -19,12 +19,12 @@
 //! Counts (jobs, bytes, weight, heavy jobs; per class and per tenant) are kept as jobs come and
 //! go, so the admission checks read them in O(1); only the room eviction would make, which
 //! leaves out requests a batch has started, is a scan of the lower classes' requests, asked of
-//! a full queue alone. Eviction itself looks at each lower-class request once and sorts them,
+//! a full queue alone. Eviction itself looks at each lower-class request once (a heap of them),
 //! however many go. Picking the next tenant is O(log tenants); the scans
 //! (oldest job, promotion, eviction) are O(tenants with queued work), promotion at most once per
 //! due instant.
 
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeSet, BinaryHeap, HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Duration;
 
@@ -478,9 +478,9 @@ impl Lanes {
     ///
     /// Every request of those classes is looked at, not each lane's last: the last queued is not
     /// the least urgent when clients ask for different timeouts, or a job came back after its
-    /// worker died. One look each, sorted once, and each lane rebuilt once: taken one at a time
-    /// (a scan of every request per victim), a high request of 32,000 items evicting as many low
-    /// ones held the stage's lock for 12 s. A request a batch has started is not evicted (its
+    /// worker died. One look each, a heap of them, and each lane rebuilt once: taken one at a
+    /// time (a scan of every request per victim), a high request of 32,000 items evicting as
+    /// many low ones held the stage's lock for 12 s. A request a batch has started is not evicted (its
     /// other jobs are in a worker already). Among equal deadlines the one that entered its
     /// class last goes.
     pub fn evict_below_while(
@@ -497,7 +497,7 @@ impl Lanes {
                 break;
             }
             let lanes = &self.classes[lower.index()];
-            let mut waiting: Vec<_> = lanes
+            let waiting: Vec<_> = lanes
                 .tenants
                 .iter()
                 .flat_map(|(key, lane)| {
@@ -508,11 +508,14 @@ impl Lanes {
                     })
                 })
                 .collect();
-            waiting.sort_unstable_by_key(|&(urgency, ..)| std::cmp::Reverse(urgency));
-            for (_, key, at, request_jobs, request_bytes) in waiting {
-                if !full(jobs, bytes) {
-                    break;
-                }
+            // A heap (built in O(n), popped per victim): one victim costs a scan, as it did,
+            // and many no sort of more than go. Ties go to the one looked at last, as a scan's
+            // `max_by_key` took it: the later of two equal requests in a lane.
+            let mut heap: BinaryHeap<_> =
+                waiting.iter().enumerate().map(|(seq, &(urgency, ..))| (urgency, seq)).collect();
+            while full(jobs, bytes) {
+                let Some((_, seq)) = heap.pop() else { break };
+                let (_, key, at, request_jobs, request_bytes) = waiting[seq];
                 chosen.entry((lower, key)).or_default().push((at, count));
                 count += 1;
                 (jobs, bytes) = (jobs - request_jobs, bytes - request_bytes);

@@ -159,6 +159,9 @@ fn eviction_takes_the_lowest_class_latest_deadline_first() {
     assert!(lanes.evict_below(Class::High).is_none());
     one(&mut lanes, "low", Class::Low, None, now);
     assert!(lanes.evict_below(Class::Low).is_none(), "nothing is below low");
+    // Equal deadlines, entered at once: the later queued goes (as under paused time).
+    one(&mut lanes, "tie-later", Class::Low, None, now);
+    assert_eq!(names(lanes.evict_below(Class::High).unwrap()), ["tie-later"]);
 }
 
 #[test]
