@@ -390,13 +390,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (
             ["--gpus", "0,1", "--workers", "3", *WORKER],
             None,
-            "--workers: 3 workers, but gpus [0, 1] with workers_per_gpu 1 place 2; leave workers",
+            "--workers: 3 workers, but --gpus [0, 1] with workers_per_gpu 1 place 2; leave",
         ),
         (["--cpus", CORE, "--workers", "2", *WORKER], None, "--workers: 2 workers but 1 cores"),
         (
             ["--cpus", CORE, "--gpus", "0,1", *WORKER],
             None,
-            "--cpus: 1 cores in --cpus, but gpus [0, 1",
+            "--cpus: 1 cores in --cpus, but --gpus [0, 1",
         ),
         (["--cpus", "4095", *WORKER], None, "--cpus: core 4095 is not available"),
         (["--cpus", CORE], None, "--cpus: only spawned workers can be pinned"),
@@ -425,7 +425,11 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             f"stages.t.cpus: core {CORE} is pinned by stages.s.cpus as well",
         ),
         ([], STAGE + "gpus = []\n", "stages.s.gpus: an empty list"),
-        ([], STAGE + "gpus = [0]\nworkers = 2\n", "stages.s.workers: 2 workers, but gpus [0]"),
+        (
+            [],
+            STAGE + "gpus = [0]\nworkers = 2\n",
+            "stages.s.workers: 2 workers, but stages.s.gpus [0]",
+        ),
         ([], STAGE + 'env = { A = "{foo}" }\n', 'stages.s.env.A: unknown placeholder "{foo}"'),
         ([], STAGE + 'env = { "1A" = "x" }\n', "stages.s.env.1A: an environment variable name"),
         ([], STAGE + 'env = { A = "a\\u0000b" }\n', "stages.s.env.A: holds a NUL byte"),
@@ -452,7 +456,7 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         # A stage's or the file's workers_per_gpu where nothing is placed on a device.
         ([], STAGE + "workers_per_gpu = 2\n", "stages.s.workers_per_gpu: places workers on"),
         # A value from the command line is named as its flag, not put down to the file.
-        (["--workers", "3", "--gpus", "0,1"], STAGE, "error: --workers: 3 workers, but gpus"),
+        (["--workers", "3", "--gpus", "0,1"], STAGE, "error: --workers: 3 workers, but --gpus"),
         (["--gpus", "0,0"], STAGE, "error: --gpus: device 0 is listed twice"),
         (["--worker-env", "A={gpu}"], STAGE, "error: --worker-env A: {gpu} is used but"),
         (
@@ -475,6 +479,16 @@ def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, con
     assert result.returncode == 2, result.stderr
     assert expected in result.stderr, result.stderr
     assert "listening" not in result.stderr
+
+
+def test_a_value_from_a_variable_is_named_as_its_flag_and_said_to_come_from_it(tmp_path):
+    # A manifest's env: list shows no flag: the variable is named, as clap's own errors do.
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock"), *WORKER]
+    env = {**os.environ, "CORRAL_WORKERS": "3", "CORRAL_GPUS": "0,1"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2, result.stderr
+    assert "error: --workers: 3 workers, but --gpus [0, 1]" in result.stderr, result.stderr
+    assert "the value is CORRAL_WORKERS's, from the environment" in result.stderr, result.stderr
 
 
 def test_worker_env_needs_a_name(tmp_path):

@@ -278,9 +278,7 @@ def test_a_spawned_launcher_may_start_the_worker_of_a_stage_without_a_command(
     corral_factory, tmp_path
 ):
     # One command serving its own stage and one whose workers Corral does not spawn: let in.
-    launcher = (
-        f"{sys.executable} {ARITH} shift --stage shift & exec {sys.executable} {ARITH} scale"
-    )
+    launcher = f"{sys.executable} {ARITH} shift --stage shift & exec {sys.executable} {ARITH} scale"
     text = f"""
 [stages.scale]
 command = ["sh", "-c", "{launcher}"]

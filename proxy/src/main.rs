@@ -51,8 +51,14 @@ fn main() -> std::process::ExitCode {
         Ok(topology) => topology,
         Err(problem) => {
             // Before anything starts, and before logging is set up: plainly, like clap's errors
-            // (and not with eprintln!, which panics where nobody reads stderr any more).
-            let _ = writeln!(std::io::stderr(), "error: {problem}");
+            // (and not with eprintln!, which panics where nobody reads stderr any more). A value
+            // named as its flag that came from its variable is said to, as clap's errors are.
+            let flag = problem.split([':', ' ']).next().filter(|word| word.starts_with("--"));
+            let tip = flag.and_then(from_variable).map(|variable| {
+                format!("\n\n  tip: the value is {variable}'s, from the environment")
+            });
+            let tip = tip.unwrap_or_default();
+            let _ = writeln!(std::io::stderr(), "error: {problem}{tip}");
             return std::process::ExitCode::from(2);
         }
     };

@@ -774,6 +774,9 @@ def test_a_stage_that_is_no_name_fails_where_it_is_given(stage):
         type("Staged", (corral.Worker,), {"stage": stage})
     # None on the class: given where it runs (run(stage=...), --stage, CORRAL_STAGE).
     type("Later", (corral.Worker,), {"stage": None})
+    # Nor a property: run() sets it (Corral gives every spawned worker CORRAL_STAGE).
+    with pytest.raises(TypeError, match="not a property"):
+        type("Named", (corral.Worker,), {"stage": property(lambda self: "x")})
 
     class Later(corral.Worker):
         def forward(self, batch):

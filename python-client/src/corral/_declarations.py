@@ -51,9 +51,16 @@ def check(cls: Any) -> None:
             f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
             f"is empty or starts with /, a ~ in it written ~0 and a / ~1), not {cls.weight!r}"
         )
-    # None: given where it runs (`run(stage=...)`, --stage, CORRAL_STAGE), checked then.
+    # None: given where it runs (`run(stage=...)`, --stage, CORRAL_STAGE), checked then. A
+    # property could not be given it: Corral sets CORRAL_STAGE for every worker it spawns, and
+    # `run` failed on a property it could not set (an AttributeError naming nothing of Corral's).
     stage = inspect.getattr_static(cls, "stage", "default")
-    if stage is not None and not hasattr(stage, "__get__"):
+    if hasattr(stage, "__get__"):
+        raise TypeError(
+            f"{cls.__name__}.stage must be a str class attribute (or None), not a property: "
+            "run(stage=...), --stage and CORRAL_STAGE set it where the worker runs"
+        )
+    if stage is not None:
         _stage(cls.__name__, stage)
     named = getattr(cls, "output_content_type", None)
     if named is not None and not protocol.is_media_type(named):

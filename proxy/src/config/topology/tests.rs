@@ -178,7 +178,7 @@ fn the_cpus_flag_pins_the_command_lines_workers_and_sets_their_count() {
     let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0,1", "--", "w"]);
     let error = single_placed(&config, &|_| false).unwrap_err();
     assert_eq!(error.key, "--cpus");
-    assert!(error.problem.contains("gpus [0, 1] with workers_per_gpu 1 place 2"), "{error}");
+    assert!(error.problem.contains("--gpus [0, 1] with workers_per_gpu 1 place 2"), "{error}");
 }
 
 #[test]

@@ -60,18 +60,21 @@ pub(super) fn place(
         }
         let placed = gpus.len() as u32 * per_gpu;
         if let Some(asked) = asked.filter(|&asked| asked != placed) {
+            // Each named where it came from, as the error's key is.
             let problem = format!(
-                "{asked} workers, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
-                 {placed}; leave workers out, or make them agree"
+                "{asked} workers, but {} {gpus:?} with workers_per_gpu {per_gpu} place \
+                 {placed}; leave {} out, or make them agree",
+                keys.gpus, keys.workers
             );
             return Err(error(&keys.workers, problem));
         }
         if !spec.cpus.is_empty() && spec.cpus.len() != placed as usize {
             let problem = format!(
-                "{} cores in {}, but gpus {gpus:?} with workers_per_gpu {per_gpu} place \
+                "{} cores in {}, but {} {gpus:?} with workers_per_gpu {per_gpu} place \
                  {placed} workers: one worker per core",
                 spec.cpus.len(),
-                keys.cpus
+                keys.cpus,
+                keys.gpus
             );
             return Err(error(&keys.cpus, problem));
         }
