@@ -272,6 +272,8 @@ stages = ["scale", "shift"]
     proxy.wait_for_log(r'worker refused.*spawned for stage \\?"scale\\?" and said hello for')
     ready = proxy.client.get("/readyz")
     assert ready.status_code == 503 and "scale" in ready.json()["message"], ready.text
+    # Why, beside how its workers exited: refused at every restart.
+    assert "the last was refused: this worker was spawned for stage" in ready.json()["message"]
 
 
 def test_a_spawned_launcher_may_start_the_worker_of_a_stage_without_a_command(

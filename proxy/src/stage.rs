@@ -143,9 +143,10 @@ pub struct Stage {
     queue: Mutex<Queue>,
     /// Woken on every arrival so that waiting workers re-run the policy.
     arrivals: Notify,
-    /// How often its spawned workers exited, and how the last did: what `/readyz` says of a
-    /// stage without a worker (a crash loop, rather than a slow start).
-    exits: Mutex<(u64, String)>,
+    /// How often its spawned workers exited, how the last did, and why the last was refused
+    /// since one last joined: what `/readyz` says of a stage without a worker (a crash loop,
+    /// rather than a slow start; a worker refused at every restart, and why).
+    exits: Mutex<(u64, String, Option<String>)>,
     /// Held by a worker from its hello's check against the stage's tensors to its seat
     /// ([`Stage::joining`]).
     joining: Mutex<()>,
@@ -381,17 +382,27 @@ impl Stage {
         exits.1 = how.to_string();
     }
 
+    /// Notes that a worker spawned for it was refused, and why (cleared when one joins): its
+    /// exits alone said only "exit status 1" of a worker refused at every restart.
+    pub fn worker_refused(&self, why: &str) {
+        self.exits.lock().unwrap_or_else(|p| p.into_inner()).2 = Some(why.to_string());
+    }
+
     /// Why it has no worker, as far as its spawned ones tell: how often they exited and how
-    /// the last did; empty if none has exited.
+    /// the last did, and why the last was refused; empty if none has exited or been refused.
     pub fn exits_said(&self) -> String {
         let exits = self.exits.lock().unwrap_or_else(|p| p.into_inner());
-        match exits.0 {
+        let mut said = match exits.0 {
             0 => String::new(),
             count => format!(
                 "; its workers exited {count} time(s), the last with {} (see the log)",
                 exits.1
             ),
+        };
+        if let Some(why) = &exits.2 {
+            said.push_str(&format!("; the last was refused: {why}"));
         }
+        said
     }
 
     /// Bounds the payload bytes queued (unbounded by default).

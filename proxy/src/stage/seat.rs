@@ -32,6 +32,9 @@ impl Stage {
         queue.seats[slot] = Some(Seat::free(Instant::now()));
         queue.devices[slot] = gpu;
         self.joined_once.store(true, Ordering::Relaxed);
+        drop(queue);
+        // A worker joined: an earlier one's refusal no longer says why the stage has none.
+        self.exits.lock().unwrap_or_else(|p| p.into_inner()).2 = None;
         WorkerSeat { stage: self, slot }
     }
 

@@ -161,6 +161,10 @@ pub async fn serve(
             // A worker's words (its tensors' names, in a conflict) escaped and cut: a name with a
             // line break forged a log line, one of megabytes wrote a line as long.
             let message = logged_within(&message, 2_000);
+            // A spawned worker refused is refused again at every restart: `/readyz` says why.
+            if let Some(own) = child.as_ref().and_then(|c| context.stages.get(c.stage())) {
+                own.worker_refused(&message);
+            }
             warn!(reason = %message, "worker refused");
             // Counted where it was spawned for, when that is another stage: the one left
             // without its worker.
