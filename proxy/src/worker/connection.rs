@@ -243,9 +243,6 @@ fn share_memory<'a>(
 /// fields) is served, and tested.
 const MAX_SCHEMA_BYTES: usize = 8 * 1024 * 1024;
 
-/// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
-/// tensors, alone on the stage, replace the last ones' as a newcomer's tensors do
-/// (`Stage::tensor_conflict`).
 /// The stage a spawned worker was spawned for, where it said hello for another that Corral
 /// spawns workers for too: its `--stage`, `run(stage=...)` or a CORRAL_STAGE of its own. Taken,
 /// the stage it was spawned for never got a worker, and every request there waited for its
@@ -259,6 +256,9 @@ fn misplaced<'a>(
     (own != stage.name() && spawning.contains(stage.name())).then_some(own)
 }
 
+/// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
+/// tensors, alone on the stage, replace the last ones' as a newcomer's tensors do
+/// (`Stage::tensor_conflict`).
 fn keep(stage: &Stage, declared: Option<Declared>) {
     let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
     if !tensors && stage.workers() == 0 {
