@@ -6,6 +6,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import msgpack
 import pytest
 
 from conftest import SCRIPTED
@@ -98,6 +99,29 @@ def test_instances_given_twice_are_400_not_the_first_taken(proxy):
         )
         assert answer.status_code == 400, answer.text
         assert "appears twice" in answer.json()["error"]
+
+
+def test_v1_answers_json_whatever_accept_says_and_415_for_another_content_type(proxy):
+    # README: no 406 from a client protocol; KServe v1 takes JSON (or msgpack) bodies.
+    for accept in ("text/html", "application/json;q=0", "application/msgpack"):
+        answer = predict(proxy, {"instances": [1]}, headers={"accept": accept})
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["content-type"].startswith("application/json")
+        assert len(answer.json()["predictions"]) == 1
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=b"instances=1",
+        headers={"content-type": "application/x-www-form-urlencoded"},
+    )
+    assert answer.status_code == 415, answer.text
+    assert "error" in answer.json()
+    packed = msgpack.packb({"instances": [1]})
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=packed,
+        headers={"content-type": "application/msgpack"},
+    )
+    assert answer.status_code == 200, answer.text
 
 
 def test_malformed_json_is_400_in_v1_shape(proxy):

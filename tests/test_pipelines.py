@@ -276,6 +276,34 @@ stages = ["scale", "shift"]
     assert "the last was refused: this worker was spawned for stage" in ready.json()["message"]
 
 
+def test_an_output_larger_than_the_next_stage_takes_fails_its_job_naming_both(
+    corral_factory, tmp_path
+):
+    # README's worker_error row: within the first stage's results frame (64 MiB), past what a
+    # job of the next may carry (that less --max-header-bytes and framing).
+    text = f"""
+max_header_bytes = 1048576
+
+[stages.grow]
+command = {command("grow")}
+
+[stages.shift]
+command = {command("shift")}
+
+[pipelines.p]
+stages = ["grow", "shift"]
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    size = (64 << 20) - (512 << 10)
+    answer = proxy.post(size, timeout=120)
+    assert answer.status_code == 500, answer.text[:300]
+    body = answer.json()
+    assert body["error"] == "worker_error", body
+    assert 'stage "grow" produced' in body["message"], body
+    assert 'than stage "shift" takes' in body["message"], body
+    assert answer.headers["x-request-id"]
+
+
 def test_a_spawned_launcher_may_start_the_worker_of_a_stage_without_a_command(
     corral_factory, tmp_path
 ):

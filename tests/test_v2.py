@@ -313,6 +313,32 @@ def test_nan_and_infinity_come_back_in_binary_and_are_refused_as_json(proxy):
     assert "is not a number JSON can carry: ask for it with binary_data" in str(failed.value)
 
 
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {"accept": "text/html"},
+        {"accept": "application/json;q=0"},
+        {"content-type": "application/x-www-form-urlencoded"},
+        {"content-type": "text/plain", "accept": "application/msgpack"},
+    ],
+)
+def test_a_v2_request_is_read_and_answered_in_v2_form_whatever_its_media_types(proxy, headers):
+    # README: the client protocols answer in their own form whatever Accept says (no 406), and
+    # v2 reads its body whatever Content-Type names (Triton's clients differ in what they send).
+    answer = proxy.client.post(INFER, content=json.dumps(good()).encode(), headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["content-type"].startswith("application/json")
+    assert {o["name"] for o in answer.json()["outputs"]} >= {"SUM", "SCALED"}
+
+
+def test_a_v2_body_that_is_neither_json_nor_its_binary_form_is_400(proxy):
+    answer = proxy.client.post(
+        INFER, content=b"\x81\xa1a\x01", headers={"content-type": "application/msgpack"}
+    )
+    assert answer.status_code == 400, answer.text
+    assert set(answer.json()) == {"error"}
+
+
 def test_a_number_past_fp32_is_400_as_an_integer_too_large_is(proxy):
     header = good()
     header["inputs"][0]["data"] = [1, 2, 1e39]

@@ -38,27 +38,25 @@ fn main() -> std::process::ExitCode {
             Some(ValueSource::CommandLine | ValueSource::EnvVariable)
         )
     };
-    let checked =
-        topology::load(&mut config, &explicit).map_err(|e| e.to_string()).and_then(|topology| {
-            match config.traces_endpoint() {
-                Some(endpoint) => corral::trace::check(&endpoint)
-                    .map(|()| topology)
-                    .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit))),
-                None => Ok(topology),
-            }
-        });
+    let checked = topology::load(&mut config, &explicit).and_then(|topology| {
+        match config.traces_endpoint() {
+            Some(endpoint) => corral::trace::check(&endpoint)
+                .map(|()| topology)
+                .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit)).into()),
+            None => Ok(topology),
+        }
+    });
     let topology = match checked {
         Ok(topology) => topology,
         Err(problem) => {
             // Before anything starts, and before logging is set up: plainly, like clap's errors
             // (and not with eprintln!, which panics where nobody reads stderr any more). A value
             // named as its flag that came from its variable is said to, as clap's errors are.
-            let flag = problem.split([':', ' ']).next().filter(|word| word.starts_with("--"));
-            let tip = flag.and_then(from_variable).map(|variable| {
+            let tip = problem.flag.as_deref().and_then(from_variable).map(|variable| {
                 format!("\n\n  tip: the value is {variable}'s, from the environment")
             });
-            let tip = tip.unwrap_or_default();
-            let _ = writeln!(std::io::stderr(), "error: {problem}{tip}");
+            let (message, tip) = (problem.message, tip.unwrap_or_default());
+            let _ = writeln!(std::io::stderr(), "error: {message}{tip}");
             return std::process::ExitCode::from(2);
         }
     };

@@ -138,7 +138,7 @@ fn hand_over(
         Outcome::Done(output, named) if size(&output, &named) > limit => Outcome::Failed(format!(
             "stage {:?} produced {} bytes, more than stage {:?} takes in a batch",
             from.name(),
-            output.len(),
+            size(&output, &named),
             to.name()
         )),
         other => other,

@@ -146,7 +146,7 @@ pub struct Stage {
     /// How often its spawned workers exited, how the last did, and why the last was refused
     /// since one last joined: what `/readyz` says of a stage without a worker (a crash loop,
     /// rather than a slow start; a worker refused at every restart, and why).
-    exits: Mutex<(u64, String, Option<String>)>,
+    exits: Mutex<Exits>,
     /// Held by a worker from its hello's check against the stage's tensors to its seat
     /// ([`Stage::joining`]).
     joining: Mutex<()>,
@@ -351,6 +351,16 @@ fn bury(job: Job, now: Instant) {
     }
 }
 
+/// What a stage's spawned workers told by leaving ([`Stage::exits_said`]).
+#[derive(Default)]
+struct Exits {
+    /// How often they exited, and how the last did (the supervisor's words).
+    count: u64,
+    last: String,
+    /// Why the last was refused, since a worker last joined.
+    refused: Option<String>,
+}
+
 impl Stage {
     pub fn new(name: impl Into<String>, settings: BatchSettings, capacity: usize) -> Self {
         let mut queue = Queue::default();
@@ -377,32 +387,38 @@ impl Stage {
 
     /// Notes that one of its spawned workers exited, how (the supervisor's words).
     pub fn worker_exited(&self, how: &str) {
-        let mut exits = self.exits.lock().unwrap_or_else(|p| p.into_inner());
-        exits.0 += 1;
-        exits.1 = how.to_string();
+        let mut exits = self.exits();
+        exits.count += 1;
+        exits.last = how.to_string();
     }
 
     /// Notes that a worker spawned for it was refused, and why (cleared when one joins): its
     /// exits alone said only "exit status 1" of a worker refused at every restart.
     pub fn worker_refused(&self, why: &str) {
-        self.exits.lock().unwrap_or_else(|p| p.into_inner()).2 = Some(why.to_string());
+        self.exits().refused = Some(why.to_string());
     }
 
     /// Why it has no worker, as far as its spawned ones tell: how often they exited and how
     /// the last did, and why the last was refused; empty if none has exited or been refused.
     pub fn exits_said(&self) -> String {
-        let exits = self.exits.lock().unwrap_or_else(|p| p.into_inner());
-        let mut said = match exits.0 {
-            0 => String::new(),
-            count => format!(
-                "; its workers exited {count} time(s), the last with {} (see the log)",
-                exits.1
-            ),
-        };
-        if let Some(why) = &exits.2 {
-            said.push_str(&format!("; the last was refused: {why}"));
+        use std::fmt::Write;
+        let exits = self.exits();
+        let mut said = String::new();
+        if exits.count > 0 {
+            let (count, last) = (exits.count, &exits.last);
+            let _ = write!(
+                said,
+                "; its workers exited {count} time(s), the last with {last} (see the log)"
+            );
+        }
+        if let Some(why) = &exits.refused {
+            let _ = write!(said, "; the last was refused: {why}");
         }
         said
+    }
+
+    fn exits(&self) -> MutexGuard<'_, Exits> {
+        self.exits.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Bounds the payload bytes queued (unbounded by default).

@@ -141,11 +141,6 @@ impl Children {
         self.lock().get(&group).cloned()
     }
 
-    /// Whether `pid` is a worker Corral spawned (or runs under one).
-    pub fn spawned(&self, pid: u32) -> bool {
-        self.find(pid).is_some()
-    }
-
     fn register(&self, pid: u32, gpu: Option<u32>, stage: &str) -> SpawnedWorker {
         let child = SpawnedWorker { gpu, stage: stage.into(), ..SpawnedWorker::default() };
         self.lock().insert(pid, child.clone());

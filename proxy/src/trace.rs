@@ -105,12 +105,10 @@ pub fn request(headers: &HeaderMap, method: &http::Method) -> Option<Context> {
     let known = method_name(method);
     attributes.push(KeyValue::new("http.request.method", known.unwrap_or(OTHER_METHOD)));
     if known.is_none() {
+        // A method is token characters, ASCII: any byte is a boundary.
         let original = method.as_str();
-        let mut end = original.len().min(MAX_METHOD_SHOWN);
-        while !original.is_char_boundary(end) {
-            end -= 1;
-        }
-        attributes.push(KeyValue::new("http.request.method_original", original[..end].to_string()));
+        let shown = &original[..original.len().min(MAX_METHOD_SHOWN)];
+        attributes.push(KeyValue::new("http.request.method_original", shown.to_string()));
     }
     let span = tracer
         .span_builder(span_method(method))

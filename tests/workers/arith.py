@@ -49,5 +49,12 @@ class Where(corral.Worker):
         return [{"stage": self.stage, "cores": cores, "pid": os.getpid()} for _ in batch]
 
 
+class Grow(corral.Worker):
+    """Answers each n with n bytes: an output as large as a test asks."""
+
+    def forward(self, batch: list) -> list:
+        return [b"x" * n for n in batch]
+
+
 if __name__ == "__main__":
-    {"scale": Scale, "shift": Shift, "where": Where}[sys.argv[1]].run()
+    {"scale": Scale, "shift": Shift, "where": Where, "grow": Grow}[sys.argv[1]].run()

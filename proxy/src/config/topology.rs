@@ -137,9 +137,9 @@ fn error(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
 /// Reads `--config` if given and resolves the topology; `explicit(id)` tells whether option `id`
 /// (a `Config` field name) was set on the command line or in the environment. Top-level file
 /// options land in `config`, so that the rest of the proxy reads one place.
-pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topology, String> {
+pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topology, LoadError> {
     let Some(path) = config.config.clone() else {
-        return single_placed(config, explicit).map_err(|e| e.to_string());
+        return single_placed(config, explicit).map_err(LoadError::from);
     };
     let text = std::fs::read_to_string(&path)
         .map_err(|e| format!("cannot read the config file {}: {e}", path.display()))?;
@@ -147,9 +147,30 @@ pub fn load(config: &mut Config, explicit: &dyn Fn(&str) -> bool) -> Result<Topo
     let file = file::parse(&text).map_err(|e| format!("config file {shown}: {e}"))?;
     resolve(config, file, explicit).map_err(|e| match e.key.starts_with("--") {
         // A value from the command line or the environment, named as its flag: not the file's.
-        true => e.to_string(),
-        false => format!("config file {shown}: {e}"),
+        true => LoadError::from(e),
+        false => format!("config file {shown}: {e}").into(),
     })
+}
+
+/// Why the configuration cannot be served: what to say, and the flag whose value it was, if it
+/// came from the command line or the environment (the caller says which, as clap does).
+#[derive(Debug)]
+pub struct LoadError {
+    pub message: String,
+    pub flag: Option<String>,
+}
+
+impl From<String> for LoadError {
+    fn from(message: String) -> Self {
+        Self { message, flag: None }
+    }
+}
+
+impl From<ConfigError> for LoadError {
+    fn from(error: ConfigError) -> Self {
+        let flag = error.key.starts_with("--").then(|| error.key.clone());
+        Self { message: error.to_string(), flag }
+    }
 }
 
 /// The topology of a proxy configured by flags alone, its workers placed. Its errors name the
@@ -181,7 +202,6 @@ fn single_placed(
         workers: "--workers".into(),
         cpus: "--cpus".into(),
         env: "--worker-env".into(),
-        given_env: "--worker-env ".into(),
     };
     place(spec, gpus, config.workers_per_gpu, asked, Vec::new(), config, &keys)?;
     Ok(topology)
@@ -569,14 +589,22 @@ fn stage_spec(
     };
     in_range(&key("workers"), workers.into(), 1, MAX_WORKERS.into())?;
     let asked = if explicit("workers") { Some(config.workers) } else { stage.workers };
+    // Each error names where its value came from: a flag (`--gpus`), the stage's own key, or
+    // the file's top level. `stages.a.workers` had been named for a `--workers 3` the file
+    // never held.
+    let gpus_key = match (explicit("gpus"), stage.gpus.is_some()) {
+        (true, _) => "--gpus".to_string(),
+        (false, true) => key("gpus"),
+        (false, false) => "gpus".to_string(),
+    };
     let gpus = match (&stage.gpus, &config.gpus) {
         // The top level's devices (the file's, or --gpus) are for the stages Corral spawns
         // workers for; one whose workers start elsewhere takes none (`resolve` refuses them
         // where no stage spawns).
         (None, Some(_)) if command.is_empty() => Vec::new(),
-        (_, Some(text)) if explicit("gpus") => resolve_gpus("--gpus", text)?,
-        (Some(gpus), _) => resolve_gpus(&key("gpus"), &gpus.text())?,
-        (None, Some(text)) => resolve_gpus("gpus", text)?,
+        (_, Some(text)) if explicit("gpus") => resolve_gpus(&gpus_key, text)?,
+        (Some(gpus), _) => resolve_gpus(&gpus_key, &gpus.text())?,
+        (None, Some(text)) => resolve_gpus(&gpus_key, text)?,
         (None, None) => Vec::new(),
     };
     let per_gpu = match stage.workers_per_gpu {
@@ -616,19 +644,11 @@ fn stage_spec(
         workers_per_gpu: per_gpu,
         env: Vec::new(),
     };
-    // Each error names where its value came from: a flag (`--workers`), the stage's own key,
-    // or the file's top level. `stages.a.workers` had been named for a `--workers 3` the file
-    // never held.
     let keys = Keys {
-        gpus: match (explicit("gpus"), stage.gpus.is_some()) {
-            (true, _) => "--gpus".into(),
-            (false, true) => key("gpus"),
-            (false, false) => "gpus".into(),
-        },
+        gpus: gpus_key,
         workers: if explicit("workers") { "--workers".into() } else { key("workers") },
         cpus: cpus_key,
         env: key("env"),
-        given_env: "--worker-env ".into(),
     };
     place(&mut spec, gpus, per_gpu, asked, env, config, &keys)?;
     Ok(spec)

@@ -183,7 +183,7 @@ impl Lanes {
     }
 
     /// Jobs and bytes queued in classes below `class` that eviction could free for it: those of
-    /// requests no batch has started ([`Lanes::evict_below`] leaves those; counted, they let a
+    /// requests no batch has started ([`Lanes::evict_below_while`] leaves those; counted, they let a
     /// request in that eviction then could not make room for, past the queue's capacity). A
     /// scan of the lower classes' requests: asked only of a full queue.
     pub fn below(&self, class: Class) -> (usize, usize) {
@@ -465,7 +465,8 @@ impl Lanes {
 
     /// Removes the least urgent request of a class below `class` — from the lowest class with
     /// work, the one with the latest deadline — to make room for a job of `class`: one step of
-    /// [`Lanes::evict_below_while`].
+    /// [`Lanes::evict_below_while`] (the tests' view of it).
+    #[cfg(test)]
     pub fn evict_below(&mut self, class: Class) -> Option<Vec<Job>> {
         let queued = self.jobs;
         self.evict_below_while(class, |jobs, _| jobs == queued).pop()

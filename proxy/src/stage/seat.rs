@@ -34,7 +34,7 @@ impl Stage {
         self.joined_once.store(true, Ordering::Relaxed);
         drop(queue);
         // A worker joined: an earlier one's refusal no longer says why the stage has none.
-        self.exits.lock().unwrap_or_else(|p| p.into_inner()).2 = None;
+        self.exits().refused = None;
         WorkerSeat { stage: self, slot }
     }
 

@@ -87,16 +87,16 @@ pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
 pub const MAX_EXTERNAL: usize = 128;
 
 /// Serves one worker connection until it closes, breaks the protocol, or the proxy shuts down.
+/// `own_pid` is the worker's pid as the kernel tells it (0 where it cannot say, such as a peer
+/// in another pid namespace), and `child` the spawned worker it is or runs under: what only a
+/// spawned worker may claim (its device, its stage, being killed when hung) goes by those, not
+/// by the pid a hello names.
 pub async fn serve(
     stream: UnixStream,
+    (own_pid, child): (u32, Option<SpawnedWorker>),
     context: Context,
     awaiting_hello: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
-    // The worker's pid as the kernel tells it, for what only a spawned worker may claim (its
-    // device, and being killed when hung): a hello could name another worker's pid. 0 (no
-    // process is) where the kernel cannot say, such as a peer in another pid namespace.
-    let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
-    let own_pid = peer.and_then(|pid| u32::try_from(pid).ok()).unwrap_or(0);
     let (read, write) = stream.into_split();
     // Until its hello, a peer is anyone who can open the socket: its frames get room as their
     // bytes come, not as their length announces (`MessageCodec`).
@@ -111,7 +111,6 @@ pub async fn serve(
     drop(awaiting_hello);
     inbox.decoder_mut().trust();
     let stage = &stage;
-    let child = context.children.find(own_pid);
     let spawned = child.is_some();
     // Held while connected (dropped as this function returns).
     let external = match spawned {

@@ -315,13 +315,13 @@ pub async fn accept(
         // and HTTP (probes included) could not accept until the hello timeout closed them.
         // A worker Corral spawned is never refused so: 33 silent connections held the slots,
         // and a restarted worker was turned away until the hello timeout freed them.
+        // Looked up once, here: the connection reads it too (its device, its stage, a kill).
         let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
-        let spawned = peer
-            .and_then(|pid| u32::try_from(pid).ok())
-            .is_some_and(|pid| context.children.spawned(pid));
+        let own_pid = peer.and_then(|pid| u32::try_from(pid).ok()).unwrap_or(0);
+        let child = context.children.find(own_pid);
         let permit = match context.awaiting_hello.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
-            Err(_) if spawned => None,
+            Err(_) if child.is_some() => None,
             Err(_) => {
                 let why = "as many connections as allowed are yet to say hello; closed at once";
                 hello_refusals.failed("a worker connection", &io::Error::other(why));
@@ -329,7 +329,7 @@ pub async fn accept(
             }
         };
         hello_refusals.accepted("worker connections");
-        tasks.spawn(connection::serve(stream, context.clone(), permit));
+        tasks.spawn(connection::serve(stream, (own_pid, child), context.clone(), permit));
     }
 }
 

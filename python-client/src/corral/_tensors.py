@@ -297,7 +297,9 @@ def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> 
         else:
             # The '<' dtypes: the wire is little-endian whatever this machine's order is.
             array = _exact(np, value, datatype, np.dtype(info.numpy))
-            shape, data = list(array.shape), array.tobytes()
+            shape = list(array.shape)
+            _held_to(shape, declared)  # before a large array is copied out for nothing
+            data = array.tobytes()
     else:
         shape, flat = _flatten(value)
         if datatype == "BYTES":
@@ -321,16 +323,19 @@ def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> 
             # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
             except (struct.error, OverflowError) as e:
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
-    if declared is not None and not fits(shape, declared):
-        # As the proxy holds a v2 or KServe v1 answer to it: a worker whose tests passed here
-        # had failed every request of those clients (500).
-        raise ValueError(f"shape {shape} where {list(declared)} is declared")
+    _held_to(shape, declared)  # each element's own error first, as before
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 
 
-def fits(shape: Sequence[int], declared: Sequence[int]) -> bool:
-    """Whether a row's ``shape`` is one its declaration allows (-1: any length)."""
-    return len(shape) == len(declared) and all(d < 0 or n == d for n, d in zip(shape, declared))
+def _held_to(shape: list[int], declared: Sequence[int] | None) -> None:
+    """Raises ``ValueError`` for a row whose ``shape`` its declaration does not allow (-1: any
+    length), as the proxy holds a v2 or KServe v1 answer to it: a worker whose tests passed
+    here had failed every request of those clients (500)."""
+    fits = declared is None or (
+        len(shape) == len(declared) and all(d < 0 or n == d for n, d in zip(shape, declared))
+    )
+    if not fits:
+        raise ValueError(f"shape {shape} where {list(declared or ())} is declared")
 
 
 def _numbers_of(np: Any, objects: Any) -> Any:

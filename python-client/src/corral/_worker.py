@@ -286,6 +286,7 @@ class Worker:
         Raises :class:`ProtocolError` on a frame the protocol does not allow and ``SystemExit``
         when the proxy refuses this worker or shuts down. The proxy's frames are read all
         along, also while results are written."""
+        # Again here, for a worker served without `run` (FakeProxy, a test calling `serve`).
         _declarations.check_instance(self)
         # Decided once a connection, from the instance (a forward set in __init__ counts), as
         # the hello declares it: not again per batch.

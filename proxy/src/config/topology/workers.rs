@@ -16,10 +16,11 @@ pub(super) struct Keys {
     pub workers: String,
     pub cpus: String,
     pub env: String,
-    /// What names a `--worker-env` value, its name following (`worker_env.` without a file,
-    /// `--worker-env ` with one: the file holds no such key).
-    pub given_env: String,
 }
+
+/// What names a `--worker-env` (or `CORRAL_WORKER_ENV`) value in an error, its name following:
+/// the flag, with or without a file (the file holds no such key).
+const GIVEN_ENV: &str = "--worker-env";
 
 /// Spreads a stage's spawned workers over its devices and sets their environment: the workers
 /// default to devices × per device, a conflicting explicit count is an error naming both, and
@@ -87,12 +88,11 @@ pub(super) fn place(
             return Err(error(format!("{}.{name}", keys.env), problem));
         }
     }
-    let given = keys.given_env.trim_end_matches(['.', ' ']);
     for text in &config.worker_env {
-        let (name, value) = placement::pair(text).map_err(|e| error(given, e))?;
-        not_corrals(&name).map_err(|problem| error(given, problem))?;
+        let (name, value) = placement::pair(text).map_err(|e| error(GIVEN_ENV, e))?;
+        not_corrals(&name).map_err(|problem| error(GIVEN_ENV, problem))?;
         env.retain(|(other, _)| *other != name);
-        source.insert(name.clone(), format!("{}{name}", keys.given_env));
+        source.insert(name.clone(), format!("{GIVEN_ENV} {name}"));
         env.push((name, value));
     }
     for (name, value) in &env {

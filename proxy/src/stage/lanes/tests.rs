@@ -192,6 +192,25 @@ fn many_evicted_at_once_go_lowest_class_latest_deadline_first_and_the_rest_stay(
 }
 
 #[test]
+fn thirty_thousand_evicted_at_once_leave_the_counts_right() {
+    // The size a queue of tens of thousands holds (one scan per victim had taken 12 s here).
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..30_000u32 {
+        let tenant = ["a", "b", "c", "d"][i as usize % 4];
+        one(&mut lanes, &format!("j{i}"), Class::Low, Some(tenant), now + SECOND * (i % 97));
+    }
+    one(&mut lanes, "normal", Class::Normal, None, now);
+    let evicted = lanes.evict_below_while(Class::High, |jobs, _| jobs > 1);
+    assert_eq!(evicted.len(), 30_000);
+    assert_eq!((lanes.len(), lanes.jobs_in(Class::Low)), (1, 0));
+    for tenant in ["a", "b", "c", "d"] {
+        assert_eq!(lanes.of_tenant(Tenant::of(tenant.as_bytes())), 0);
+    }
+    assert_eq!(drain(&mut lanes), ["normal"]);
+}
+
+#[test]
 fn a_whole_request_is_evicted_and_counts_follow() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
