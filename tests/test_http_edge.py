@@ -50,6 +50,28 @@ def test_a_client_dribbling_headers_is_cut_off(corral_factory):
         answer = read_all(conn)  # returns once the proxy closes the connection
     assert answer == b"", "README: the connection is closed, with no answer"
     assert proxy.client.get("/healthz").status_code == 200
+    # No request to count it under: it has a counter of its own (counted as it closes).
+    proxy.wait_until(
+        lambda: proxy.metric("corral_connections_closed_total", reason="head_timeout") == 1,
+        what="the connection counted",
+    )
+
+
+def test_a_request_the_http_layer_cannot_read_is_counted(corral_factory):
+    """hyper answers a head it cannot parse (400) or hold (431) itself, before any request
+    exists for corral_requests_total: a flood of them shows in a counter of its own."""
+    proxy = corral_factory(worker=None)
+    with connect(proxy) as conn:
+        conn.sendall(b"GARBAGE\r\n\r\n")
+        assert read_all(conn).startswith(b"HTTP/1.1 400")
+    with connect(proxy) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\nx-pad: " + b"a" * 500_000)
+        assert read_all(conn).startswith(b"HTTP/1.1 431")
+    proxy.wait_until(
+        lambda: proxy.metric("corral_connections_closed_total", reason="malformed") == 2,
+        what="both connections counted",
+    )
+    assert proxy.metric("corral_requests_total", route="other", code="400") == 0
 
 
 def test_an_idle_keep_alive_connection_is_closed(corral_factory):
@@ -466,6 +488,10 @@ def test_an_http1_answer_its_client_does_not_read_is_cut_at_the_idle_timeout(cor
         head, answer, _ = read_answer(conn)  # what the socket buffers held, then the end
     assert head.startswith(b"HTTP/1.1 200")
     assert len(answer) < 8_000_000
+    proxy.wait_until(
+        lambda: proxy.metric("corral_connections_closed_total", reason="stalled") == 1,
+        what="the connection counted",
+    )
 
 
 class H2:

@@ -75,6 +75,9 @@ pub struct Metrics {
     pub streams_open: prometheus::IntGauge,
     /// Streams ended early, by reason (`client_left`, `deadline`, `slow_client`).
     pub streams_cancelled: IntCounterVec,
+    /// HTTP connections Corral closed on its own account, by reason (`malformed`,
+    /// `head_timeout`, `stalled`): what `requests` cannot show.
+    pub connections_closed: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
     /// Bytes of shared memory held by large bodies (`--shared-memory-bytes`), in whole pages.
@@ -273,6 +276,13 @@ impl Metrics {
                     "corral_streams_open",
                     "Streamed answers (SSE or NDJSON) in progress.",
                 ),
+            ),
+            connections_closed: counter(
+                &r,
+                "corral_connections_closed_total",
+                "HTTP connections Corral closed for a request it could not read (malformed), a \
+                 head too slow (head_timeout), or answers the client stopped reading (stalled).",
+                &["reason"],
             ),
             streams_cancelled: counter(
                 &r,

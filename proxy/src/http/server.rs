@@ -165,14 +165,24 @@ pub async fn serve(
             tokio::select! {
                 ended = connection => if let Err(e) = ended {
                     debug!(error = %e, "HTTP connection ended with an error");
+                    // hyper answered 400 or 431 itself, before any request existed to count.
+                    if e.downcast_ref::<hyper::Error>().is_some_and(|e| e.is_parse() || e.is_parse_too_large()) {
+                        closed("malformed");
+                    }
                 },
                 // Dropping the connection closes it: no request is in progress (idle), a head is
                 // still arriving after its deadline, or only answers are being written to a
                 // client that stopped reading them; no handler is cut short.
                 why = clock.expired() => match why {
-                    Expired::Header => debug!("closed a connection: request head too slow"),
+                    Expired::Header => {
+                        debug!("closed a connection: request head too slow");
+                        closed("head_timeout");
+                    }
                     Expired::Idle => debug!("closed an idle keep-alive connection"),
-                    Expired::Stalled => debug!("closed a connection whose client stopped reading its answers"),
+                    Expired::Stalled => {
+                        debug!("closed a connection whose client stopped reading its answers");
+                        closed("stalled");
+                    }
                 },
             }
             drop(permit);
@@ -187,6 +197,10 @@ pub async fn serve(
         expired.cancel();
         let _ = tokio::time::timeout(FLUSH, drained).await;
     }
+}
+
+fn closed(reason: &str) {
+    metrics().connections_closed.with_label_values(&[reason]).inc();
 }
 
 /// Answers a connection over the cap and its reserve 503 and closes it, without reading its

@@ -172,7 +172,8 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
 /// disconnected (a cancelled job): either is counted, now that the worker has given the job back;
 /// so is a stream the connection ended at its timeout, though its client may still be there.
 /// Returns true when nobody was listening because the deadline had passed (the client had its
-/// 408; the answer is dropped): [`answer_result`] counts such a result as late.
+/// 408; the answer is dropped) and the worker had answered with a result, not its own `expired`:
+/// [`answer_result`] counts such a result as late.
 pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     // A stream that had chunks ended for its client as a 200 (its timeout's error event, or the
     // client leaving): past its deadline, the job is cancelled, not a 408 nor a late result.
@@ -204,7 +205,8 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
     }
     let place = if expired { &metrics().expired } else { &metrics().cancelled };
     place.with_label_values(&["worker"]).inc();
-    expired
+    // A job the worker skipped as expired brought no result: nothing ran, nothing is late.
+    expired && !said_expired
 }
 
 /// Answers a job with the result its worker sent: one that came after the job's deadline is
@@ -280,6 +282,17 @@ mod tests {
         assert!(matches!(seen_answer.await.map(|r| r.outcome), Ok(Outcome::WorkerLost(_))));
         assert!(unseen_answer.try_recv().is_err(), "not answered: queued again");
         assert_eq!(payloads_of(seat.next_batch().await), [b"unseen"]);
+    }
+
+    #[test]
+    fn a_job_skipped_as_expired_after_its_408_is_no_late_result() {
+        let past = Instant::now() + Duration::from_secs(6);
+        // The client had its 408 and dropped its end: nobody listens.
+        let (skipped, _) = orphan(b"skipped", 0, true);
+        assert!(!answer(skipped.job, Outcome::Expired, past), "skipped: nothing ran");
+        let (ran, _) = orphan(b"ran", 0, true);
+        let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
+        assert!(answer(ran.job, done, past), "a result after the deadline is late");
     }
 
     fn payloads_of(batch: Vec<Job>) -> Vec<Vec<u8>> {
