@@ -188,8 +188,11 @@ def main():
             while (left := until - time.monotonic()) > 0:  # a model step's time
                 for frame in frames.poll(left):  # a cancel arriving meanwhile is taken in
                     receive(frame)
+        # A cancel taken in during the step's wait has ended its job already: answering it
+        # again would be a result repeated (a rule broken that no item asked for).
+        results = [result for result in results if result["id"] in held]
         if results:
-            pull = any(held[r["id"]].item.get("pull_after_end") for r in results if r["id"] in held)
+            pull = any(held[r["id"]].item.get("pull_after_end") for r in results)
             for result in results:
                 held.pop(result["id"], None)
             sock.sendall(protocol.encode_frame(protocol.results(results)))

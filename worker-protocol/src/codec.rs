@@ -246,7 +246,7 @@ impl<In, Out: Serialize> Encoder<&Out> for MessageCodec<In, Out> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{Chunk, Chunks, Hello, JobId, JobResult, Pull, Results};
+    use crate::{Chunk, Chunks, Hello, JobId, JobResult, Pull, ResultStatus, Results};
 
     fn hello(stage: &str) -> WorkerMessage {
         WorkerMessage::Hello(Hello {
@@ -404,6 +404,33 @@ mod tests {
         // A type no reading knows is an error either way.
         let unknown = rmp_serde::to_vec_named(&serde_json::json!({"type": "nope", "max": 1}));
         assert!(decode::<WorkerMessage>(&unknown.unwrap()).is_err());
+    }
+
+    #[test]
+    fn a_status_may_come_as_a_bin_of_utf8_as_any_str_may() {
+        use rmpv::Value;
+        let frame = |status: Value| {
+            let entry = Value::Map(vec![
+                (Value::from("id"), Value::Binary(vec![7; 16])),
+                (Value::from("status"), status),
+                (Value::from("data"), Value::Binary(vec![0xc0])),
+            ]);
+            let map = Value::Map(vec![
+                (Value::from("type"), Value::from("results")),
+                (Value::from("results"), Value::Array(vec![entry])),
+            ]);
+            let mut body = Vec::new();
+            rmpv::encode::write_value(&mut body, &map).unwrap();
+            body
+        };
+        let Ok(WorkerMessage::Results(results)) = decode(&frame(Value::Binary(b"ok".to_vec())))
+        else {
+            panic!("a bin of \"ok\" is the status ok")
+        };
+        assert_eq!(results.results[0].status, ResultStatus::Ok);
+        for refused in [b"okay".to_vec(), vec![0xff]] {
+            assert!(decode::<WorkerMessage>(&frame(Value::Binary(refused))).is_err());
+        }
     }
 
     #[test]

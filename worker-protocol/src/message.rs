@@ -215,6 +215,13 @@ impl<'de> Deserialize<'de> for ResultStatus {
                     _ => return Err(E::unknown_variant(name, STATUSES)),
                 })
             }
+            // PROTOCOL.md: any `str` may come as a `bin` of UTF-8 (older msgpack writers).
+            fn visit_bytes<E: serde::de::Error>(self, name: &[u8]) -> Result<ResultStatus, E> {
+                match std::str::from_utf8(name) {
+                    Ok(name) => self.visit_str(name),
+                    Err(_) => Err(E::invalid_value(serde::de::Unexpected::Bytes(name), &self)),
+                }
+            }
         }
         const STATUSES: &[&str] = &["ok", "invalid", "error", "expired", "end"];
         deserializer.deserialize_str(Name)
