@@ -5,6 +5,8 @@ its routes (its own and OpenAI's), with a stand-in for its model."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -142,3 +144,27 @@ def test_embeddings_example_rejects_bad_requests_alone(corral_factory, tmp_path)
         with pytest.raises(openai.UnprocessableEntityError) as raised:
             client.embeddings.create(model="m", input=["fine", "x" * 10_001])
     assert "input 1" in raised.value.message and "length <= 10000" in raised.value.message
+
+
+@pytest.mark.parametrize(
+    ("env", "device"),
+    [
+        ({}, "cpu"),
+        ({"CORRAL_GPU": "1"}, "cuda"),
+        ({"CORRAL_GPU": "1", "EMBEDDINGS_DEVICE": "cpu"}, "cpu"),
+    ],
+)
+def test_embeddings_example_runs_where_corral_placed_it(env, device):
+    """deploy/kubernetes/gpu-deployment.yaml spawns this worker with --gpus all: it had run its
+    model on the CPU whatever device it was given."""
+    code = "import worker; print(worker.device())"
+    clean = {k: v for k, v in os.environ.items() if k not in ("CORRAL_GPU", "EMBEDDINGS_DEVICE")}
+    ran = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT / "examples" / "embeddings",
+        env={**clean, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert ran.stdout.strip() == device

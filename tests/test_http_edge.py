@@ -150,6 +150,32 @@ def test_the_head_bound_holds_to_the_byte(corral_factory, limit):
     assert json.loads(body)["error"] == "request_head_too_large"
 
 
+@pytest.mark.parametrize("limit", [256, 65536])
+def test_the_head_bound_counts_an_http2_head_as_an_http1_one(corral_factory, limit):
+    """h2 counts 32 bytes more per field, pseudo-fields included, and had answered a bare 431
+    first: 90 headers of a 62 KB head passed over HTTP/1.1 and not over HTTP/2, and with a
+    bound of 256 even a bare GET /healthz was refused. The README's count holds to the byte."""
+    proxy = corral_factory(f"--max-header-bytes={limit}", worker=None)
+    count = 90 if limit > 256 else 3
+    line = len("GET /healthz HTTP/1.1\r\n") + len("\r\n")  # the h2 :path, counted as HTTP/1.1's
+    room = limit - line - count * len("x-00:\r\n")
+    values = [room // count] * (count - 1) + [room - room // count * (count - 1)]
+
+    async def get(extra: int):
+        headers = {f"x-{n:02d}": "a" * size for n, size in enumerate(values)}
+        headers["x-00"] += "a" * extra
+        async with httpx.AsyncClient(base_url=proxy.url, http1=False, http2=True) as client:
+            client.headers.clear()  # no accept or user-agent: the head is the fields above
+            return await client.get("/healthz", headers=headers)
+
+    served = asyncio.run(get(0))
+    assert (served.http_version, served.status_code) == ("HTTP/2", 200), served.text
+    refused = asyncio.run(get(1))
+    assert (refused.http_version, refused.status_code) == ("HTTP/2", 431)
+    assert refused.json()["error"] == "request_head_too_large"
+    assert proxy.metric("corral_requests_total", route="/healthz", code="431") == 1
+
+
 def test_the_header_count_bound_holds_over_http2_too(corral_factory):
     """hyper bounds an HTTP/1.1 head's header count itself, not an HTTP/2 one's: 14 headers
     past a bound of 10 had been served."""

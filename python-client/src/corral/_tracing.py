@@ -93,10 +93,12 @@ def _forward(contexts: list[Any], size: int) -> Iterator[Any]:
     # unsampled flag made the whole `forward` (and the user's spans in it) unrecorded for the
     # sampled jobs beside it. Links go to sampled spans only, which are the ones exported.
     sampled = [i for i, span in enumerate(spans) if span.trace_flags.sampled] or range(len(spans))
+    # One link per span: the items of one request share their request's, and had one each.
+    linked = {(spans[i].trace_id, spans[i].span_id): spans[i] for i in sampled}
     with tracer.start_as_current_span(
         "forward",
         context=contexts[sampled[0]],
-        links=[trace.Link(spans[i]) for i in sampled],
+        links=[trace.Link(span) for span in linked.values()],
         attributes={"corral.batch.size": size},
     ) as span:
         yield span
