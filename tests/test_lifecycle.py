@@ -12,12 +12,13 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import h2.events
 import httpx
 import pytest
 
 from conftest import ROOT
 from test_failures import received
-from test_http_edge import connect, read_all
+from test_http_edge import H2, connect, read_all
 
 WARM = str(ROOT / "tests" / "workers" / "warm.py")
 
@@ -69,6 +70,27 @@ def test_a_corral_started_ignoring_sighup_goes_on_ignoring_it(
     assert proxy.proc.wait(timeout=30) == 0
     proxy.stop()  # reads the log to its end
     assert not any("second signal" in line for line in proxy.lines)
+
+
+def test_an_idle_http2_connection_whose_client_reads_nothing_does_not_hold_the_drain(
+    corral_factory,
+):
+    """hyper drains an HTTP/2 connection by asking its client to acknowledge a GOAWAY; a client
+    that reads only while it has a request out (httpx's HTTP/2 pool) never does, and one such
+    idle connection held the drain, and the workers, for the whole grace period, which then
+    "answered what is left 503" with nothing left."""
+    proxy = corral_factory("--grace-period-ms=600000")
+    with H2(proxy) as client:
+        stream = client.request("GET", "/healthz")
+        while not any(
+            isinstance(e, h2.events.StreamEnded) and e.stream_id == stream
+            for e in client.events() or ()
+        ):
+            pass
+        # Answered; from here the client reads nothing, as an idle pooled connection.
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(timeout=60) == 0, "drained well before its 10 minutes"
+    assert not any("grace period ran out" in line for line in proxy.lines)
 
 
 def test_jobs_left_when_the_grace_period_ends_are_answered_503(corral_factory, tmp_path):

@@ -173,7 +173,14 @@ pub async fn serve(
         let builder = if reserved { &one_request } else { &builder };
         // Reserve connections drain on shutdown as every other does.
         let connection = graceful.watch(builder.serve_connection(io, service).into_owned());
+        let draining = stop.clone();
         tokio::spawn(async move {
+            // At the drain an idle connection gets a quiet second, not the idle timeout.
+            let drain = async {
+                draining.cancelled().await;
+                clock.drain();
+                std::future::pending::<()>().await
+            };
             tokio::select! {
                 ended = connection => if let Err(e) = ended {
                     debug!(error = %e, "HTTP connection ended with an error");
@@ -196,6 +203,7 @@ pub async fn serve(
                         closed("stalled");
                     }
                 },
+                () = drain => {}
             }
             drop(permit);
         });

@@ -45,6 +45,11 @@ use tokio::time::Instant;
 
 use super::Body;
 
+/// How long a connection with no request in progress stays open once the server drains, counted
+/// from the drain or its last progress, whichever is later: time for a client to acknowledge an
+/// HTTP/2 GOAWAY, and for an answer hyper has taken to leave the socket before it closes.
+pub const DRAIN_QUIET: Duration = Duration::from_secs(1);
+
 /// What an HTTP/2 connection's first bytes are.
 const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
 
@@ -95,6 +100,8 @@ struct State {
     /// When the connection last made progress: a request ended, an answer began or handed
     /// hyper a frame, or (HTTP/1.1) the socket took a write.
     idle_since: Instant,
+    /// When the server began to drain, if it has ([`Clock::drain`]).
+    drain_started: Option<Instant>,
     /// Whether the first bytes have told HTTP/2 apart yet.
     opened: bool,
     /// Bytes of [`H2_PREFACE`] read so far, until it is told: a client may send it in pieces.
@@ -116,6 +123,7 @@ impl Clock {
                 streams: 0,
                 head_started: None,
                 idle_since: Instant::now(),
+                drain_started: None,
                 opened: false,
                 preface: 0,
                 http2: false,
@@ -139,6 +147,16 @@ impl Clock {
         RequestGuard { clock: self.clone(), writing: false, stream: false }
     }
 
+    /// The server drains: from now on the connection is idle for [`DRAIN_QUIET`] at most.
+    /// hyper closes an idle HTTP/1.1 connection at once, but asks an HTTP/2 client to
+    /// acknowledge its GOAWAY with a PING first, and a client that reads only while it has a
+    /// request out (httpx's HTTP/2 pool) never does: one such idle connection held the drain,
+    /// and the workers, for the whole grace period, then had "what is left" answered 503.
+    pub fn drain(&self) {
+        self.lock().drain_started.get_or_insert_with(Instant::now);
+        self.changed.notify_one();
+    }
+
     /// Completes when the header deadline, the idle timeout or the stall bound runs out.
     pub async fn expired(&self) -> Expired {
         loop {
@@ -156,7 +174,11 @@ impl Clock {
                 } else if let Some(started) = state.head_started {
                     Some((started + self.header_timeout, Expired::Header))
                 } else {
-                    Some((state.idle_since + self.idle_timeout, Expired::Idle))
+                    let mut at = state.idle_since + self.idle_timeout;
+                    if let Some(drain) = state.drain_started {
+                        at = at.min(state.idle_since.max(drain) + DRAIN_QUIET);
+                    }
+                    Some((at, Expired::Idle))
                 }
             };
             match next {
@@ -485,6 +507,33 @@ mod tests {
         let start = Instant::now();
         assert_eq!(clock.expired().await, Expired::Idle);
         assert_eq!(start.elapsed(), IDLE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_leaves_an_idle_connection_a_quiet_second_from_its_last_progress() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        // A request in progress when the drain starts is never cut by it...
+        let request = clock.request();
+        clock.drain();
+        let watchdog = tokio::spawn({
+            let clock = clock.clone();
+            async move { (clock.expired().await, Instant::now()) }
+        });
+        tokio::time::sleep(IDLE * 3).await;
+        assert!(!watchdog.is_finished());
+        // ...and once it has ended, the connection has its quiet second, not the idle timeout.
+        let ended = Instant::now();
+        drop(request);
+        let (why, at) = watchdog.await.unwrap();
+        assert_eq!((why, at - ended), (Expired::Idle, DRAIN_QUIET));
+        // A connection idle for long when the drain starts has its second from the drain.
+        let long_idle = Clock::new(HEADER, IDLE, STREAM);
+        tokio::time::sleep(IDLE / 2).await;
+        let drained = Instant::now();
+        long_idle.drain();
+        assert_eq!(long_idle.expired().await, Expired::Idle);
+        assert_eq!(drained.elapsed(), DRAIN_QUIET);
     }
 
     #[tokio::test(start_paused = true)]
