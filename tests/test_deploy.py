@@ -85,9 +85,20 @@ def test_termination_leaves_room_for_the_drain():
     corral_pause = pod["corral"]["lifecycle"]["preStop"]["sleep"]["seconds"]
     drain = int(flags(pod["corral"])["grace-period-ms"]) / 1000
     worker_pause = pod["model-worker"]["lifecycle"]["preStop"]["sleep"]["seconds"]
-    # The worker serves until Corral has drained; Kubernetes waits for both.
+    # The worker serves until Corral has drained; Kubernetes waits for both, and for what Corral
+    # does after the grace period: the last answers flushed (2 s), workers told `shutdown` (1 s).
     assert worker_pause >= corral_pause + drain
-    assert spec["terminationGracePeriodSeconds"] > max(worker_pause, corral_pause + drain)
+    after = 2 + 1
+    assert spec["terminationGracePeriodSeconds"] > max(worker_pause, corral_pause + drain + after)
+
+
+def test_the_gpu_pod_leaves_room_for_the_drain_and_its_workers_exit():
+    """A Corral that spawns its workers also gives them 5 s to exit before it kills them."""
+    spec = load("gpu-deployment.yaml")["spec"]["template"]["spec"]
+    (corral,) = spec["containers"]
+    pause = corral["lifecycle"]["preStop"]["sleep"]["seconds"]
+    drain = int(flags_of(corral["args"])["grace-period-ms"]) / 1000
+    assert spec["terminationGracePeriodSeconds"] > pause + drain + 2 + 1 + 5
 
 
 def test_the_pod_runs_for_real(corral_factory, tmp_path):

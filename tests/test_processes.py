@@ -284,6 +284,27 @@ def test_a_killed_proxy_takes_its_spawned_worker_with_it(corral_factory, tmp_pat
     assert_gone(proxy, worker)
 
 
+def test_a_killed_proxy_takes_a_busy_worker_behind_a_wrapper_with_it(corral_factory, tmp_path):
+    """The parent-death signal reaches the wrapper alone (`sh -c`, `uv run`): its child, in a
+    batch, had run the batch to its end (holding its GPU as long), or for good if it never
+    ended. Corral is left unreaped here, a zombie that still answers signal 0, as a killed
+    process is until its parent waits for it."""
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--workers=1", "--timeout-ms=600000", "--",
+        *wrapped(sys.executable, SCRIPTED), worker=None, env={"SCRIPTED_LOG": str(log)},
+    )  # fmt: skip
+    proxy.wait_for_log(r"worker connected")
+    with ThreadPoolExecutor(1) as pool:
+        pending = pool.submit(proxy.post, {"hold": str(tmp_path / "never")})
+        proxy.wait_until(lambda: received(log), what="the job in the worker")
+        [(worker, _)] = received(log, with_pid=True)
+        proxy.proc.kill()
+        assert_gone(proxy, worker)
+        pending.exception()  # the connection went with the proxy
+    proxy.proc.wait(timeout=30)
+
+
 def test_workers_without_a_command_to_spawn_is_said_not_silently_taken(corral_factory):
     # --workers counts spawned workers: without a command none is, and the log says so.
     proxy = corral_factory("--workers", "2", worker=None)

@@ -10,7 +10,9 @@ order, and folds ``cancel`` frames into a locked set of job ids instead, which a
 
 :func:`run_forever` connects, serves, and then reconnects (an external worker) or returns (a
 worker spawned by the proxy); while it waits for the proxy to listen it gives up once the proxy
-process named by ``CORRAL_PROXY_PID`` is gone, so that a spawned worker never outlives it.
+process named by ``CORRAL_PROXY_PID`` is gone, so that a spawned worker never outlives it. The
+reader, when the connection ends, exits a spawned worker whose proxy is gone at once, even
+mid-batch (:func:`_exit_if_orphaned`).
 """
 
 from __future__ import annotations
@@ -102,6 +104,7 @@ class _Reader:
             self._queue.put(e)
         finally:
             self._stream.close()
+            _exit_if_orphaned()
 
     def _note_cancel(self, message: dict[str, Any]) -> None:
         ids = message.get("ids")
@@ -377,6 +380,30 @@ def _back_off(delay: float) -> float:
     return min(delay * 2, 1.0)
 
 
+# How long a spawned worker whose connection ended watches for its proxy to be gone: the proxy
+# that closes a connection on purpose is still there, and stops or restarts the worker itself.
+_ORPHAN_WATCH = 5.0
+
+
+def _exit_if_orphaned() -> None:
+    """The connection ended. A worker Corral spawned exits at once if its proxy is gone,
+    mid-batch or not: the batch's results have nowhere to go, and a worker behind a wrapper
+    that does not ``exec`` (``sh -c``, ``uv run``, ``conda run``) gets no parent-death signal
+    of its own. Such a worker had run its batch to the end after a SIGKILLed proxy (holding its
+    GPU as long), or for good when the batch never ended."""
+    proxy = _ProxyWatch.from_environment()
+    if proxy is None or "CORRAL_WORKER_INDEX" not in os.environ:
+        return
+    deadline = time.monotonic() + _ORPHAN_WATCH
+    while time.monotonic() < deadline:
+        if proxy.gone():
+            log.warning("the proxy (pid %d) is gone; exiting now", proxy.pid)
+            for handler in logging.getLogger("corral").handlers:
+                handler.flush()
+            os._exit(1)
+        time.sleep(0.05)
+
+
 class _ProxyWatch:
     """Whether the proxy process that spawned this worker still exists."""
 
@@ -409,4 +436,17 @@ class _ProxyWatch:
             return True
         except PermissionError:
             return False  # it exists, under another user
-        return False
+        return _zombie(self.pid)
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has exited and waits to be reaped (a killed proxy whose parent has not
+    yet waited for it still answers signal 0)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False  # no /proc (macOS): signal 0 alone decides
+    # The state follows the command name's closing parenthesis (a name may hold one too).
+    state = stat.rfind(b")") + 2
+    return stat[state : state + 1] == b"Z"
