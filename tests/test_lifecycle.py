@@ -49,6 +49,9 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path, stop):
     assert proxy.proc.wait(timeout=30) == 0
     assert not proxy.socket.exists()
     proxy.wait_for_log(r"corral is shutting down")  # the workers were told
+    proxy.stop()  # reads the log to its end
+    # ...and left by themselves (a reader thread waiting on a watch once had them killed).
+    assert not any("did not exit after shutdown" in line for line in proxy.lines)
 
 
 def test_a_corral_started_ignoring_sighup_goes_on_ignoring_it(

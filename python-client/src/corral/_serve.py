@@ -12,7 +12,7 @@ order, and folds ``cancel`` frames into a locked set of job ids instead, which a
 worker spawned by the proxy); while it waits for the proxy to listen it gives up once the proxy
 process named by ``CORRAL_PROXY_PID`` is gone, so that a spawned worker never outlives it. The
 reader, when the connection ends, exits a spawned worker whose proxy is gone at once, even
-mid-batch (:func:`_exit_if_orphaned`).
+mid-batch (:func:`_watch_for_orphaning`).
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class _Reader:
             self._queue.put(e)
         finally:
             self._stream.close()
-            _exit_if_orphaned()
+            _watch_for_orphaning()
 
     def _note_cancel(self, message: dict[str, Any]) -> None:
         ids = message.get("ids")
@@ -385,15 +385,23 @@ def _back_off(delay: float) -> float:
 _ORPHAN_WATCH = 5.0
 
 
-def _exit_if_orphaned() -> None:
+def _watch_for_orphaning() -> None:
     """The connection ended. A worker Corral spawned exits at once if its proxy is gone,
     mid-batch or not: the batch's results have nowhere to go, and a worker behind a wrapper
     that does not ``exec`` (``sh -c``, ``uv run``, ``conda run``) gets no parent-death signal
     of its own. Such a worker had run its batch to the end after a SIGKILLed proxy (holding its
-    GPU as long), or for good when the batch never ended."""
+    GPU as long), or for good when the batch never ended. The watch is a daemon thread of its
+    own: the reader's end is waited for (``_Reader.stop``), and a worker that stops as usual
+    must not wait for the watch."""
     proxy = _ProxyWatch.from_environment()
     if proxy is None or "CORRAL_WORKER_INDEX" not in os.environ:
         return
+    watch = threading.Thread(target=_exit_if_orphaned, args=(proxy,), daemon=True)
+    watch.name = "corral-orphan-watch"
+    watch.start()
+
+
+def _exit_if_orphaned(proxy: _ProxyWatch) -> None:
     deadline = time.monotonic() + _ORPHAN_WATCH
     while time.monotonic() < deadline:
         if proxy.gone():
