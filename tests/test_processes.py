@@ -305,6 +305,23 @@ def test_a_killed_proxy_takes_a_busy_worker_behind_a_wrapper_with_it(corral_fact
     proxy.proc.wait(timeout=30)
 
 
+def test_a_worker_that_stops_is_restarted_though_a_thread_would_keep_it_alive(corral_factory):
+    """Corral restarts a spawned worker when its process exits; a thread that is not a daemon
+    kept the interpreter alive after the worker stopped, and its stage a worker short for good
+    (every request a 408). The package ends such a process itself."""
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--retries=0", workers=1, env={"SCRIPTED_THREAD": "1"}
+    )
+    first = proxy.post("before").json()["pid"]
+    stopped = proxy.post({"stop": "a library gave up"})
+    assert stopped.json()["error"] == "worker_died", stopped.text
+    proxy.wait_for_log(r"threads that are not daemons keep this process alive \(watcher\)")
+    proxy.wait_for_log(r"worker exited; restarting")
+    after = proxy.post("after")
+    assert after.status_code == 200, after.text
+    assert after.json()["pid"] != first
+
+
 def test_workers_without_a_command_to_spawn_is_said_not_silently_taken(corral_factory):
     # --workers counts spawned workers: without a command none is, and the log says so.
     proxy = corral_factory("--workers", "2", worker=None)

@@ -4,6 +4,7 @@ is gone stops waiting for it."""
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import socket
@@ -150,6 +151,13 @@ class Unprintable(Exception):
         raise RuntimeError("no text for you")
 
 
+class UnprintableBase(Exception):
+    """Its message cannot be read, and reading it raises what is not an ``Exception``."""
+
+    def __str__(self):
+        raise GeneratorExit
+
+
 RAISABLE = {
     "surrogate": lambda: ValueError(os.fsdecode(b"bad name \xff.jpg")),
     "lone": lambda: ValueError("half a pair \ud800"),
@@ -157,6 +165,7 @@ RAISABLE = {
     "generator": GeneratorExit,
     "custom": lambda: Custom("custom base exception"),
     "unprintable": Unprintable,
+    "unprintable-base": UnprintableBase,
     "interrupt": KeyboardInterrupt,
     "exit": lambda: SystemExit(3),
 }
@@ -180,7 +189,7 @@ def test_a_validation_error_with_a_surrogate_is_still_a_422():
 
 
 @pytest.mark.parametrize("step", ["pre", "forward", "post"])
-@pytest.mark.parametrize("what", ["generator", "custom", "unprintable"])
+@pytest.mark.parametrize("what", ["generator", "custom", "unprintable", "unprintable-base"])
 def test_base_exceptions_and_unprintable_errors_fail_their_items_only(step, what):
     with FakeProxy(Hostile()) as proxy:
         bad, good = proxy.infer([[step, what], "fine"])
@@ -193,12 +202,18 @@ def test_base_exceptions_and_unprintable_errors_fail_their_items_only(step, what
         assert good == Result("ok", value="fine")
 
 
+@pytest.mark.parametrize("step", ["pre", "forward", "post"])
 @pytest.mark.parametrize("what", ["interrupt", "exit"])
-def test_keyboard_interrupt_and_system_exit_still_stop_the_worker(what):
+def test_keyboard_interrupt_and_system_exit_still_stop_the_worker(what, step, caplog):
+    caplog.set_level(logging.INFO, logger="corral")
     with FakeProxy(Hostile()) as proxy:
-        proxy.send(batch_of(["forward", what]))
+        proxy.send(batch_of([step, what]))
         assert proxy.receive() is None
     assert type(proxy.worker_error) is type(RAISABLE[what]())
+    # Said whichever hook raised it: preprocess and postprocess had stopped the worker silently.
+    hook = {"pre": "preprocess", "post": "postprocess"}.get(step, step)
+    said = f"{hook} raised {type(RAISABLE[what]()).__name__}"
+    assert any(said in record.getMessage() for record in caplog.records), caplog.text
 
 
 def test_an_unencodable_result_becomes_an_error_result_alone():

@@ -338,6 +338,7 @@ def test_a_longdouble_output_fails_its_item_with_a_reason():
         (result,) = proxy.infer([1.5])
     assert result.status == "error"
     assert "cannot encode longdouble" in result.message, result.message
+    assert "astype(numpy.float64)" in result.message, "what to do instead"
 
 
 class Row(msgspec.Struct):

@@ -4,6 +4,8 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"invalid": "why"}`: preprocess raises ValidationError (422 for this item alone);
 - `{"raise": "why"}`: forward raises (500 for the whole batch);
 - `{"exit": true}`: the process dies in forward (the proxy must answer the batch 500);
+- `{"stop": "why"}`: forward calls `sys.exit("why")`, as a library giving up may (the worker
+  stops, and Corral restarts it);
 - `{"sleep_ms": n}`: forward sleeps n ms before answering (a model that costs that much);
 - `{"hold": path}`: forward holds the batch until the file `path` exists (the test creates it
   once it has seen what it waits for: a 408, a full queue, a worker killed);
@@ -12,16 +14,24 @@ Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`,
 see batches form and the remaining time the worker was told.
 If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line
 (`{"pid": ..., "item": ...}`), so tests can check what reached which worker (and what never did).
+With SCRIPTED_THREAD set, the worker starts a thread that is not a daemon and never ends (a
+metrics pusher, a weights watcher), which keeps the interpreter from exiting by itself.
 """
 
 import json
 import os
+import sys
+import threading
 import time
 
 import corral
 
 
 class Scripted(corral.Worker):
+    def __init__(self):
+        if os.environ.get("SCRIPTED_THREAD"):
+            threading.Thread(target=threading.Event().wait, name="watcher").start()
+
     def preprocess(self, item):
         log = os.environ.get("SCRIPTED_LOG")
         if log:
@@ -39,6 +49,8 @@ class Scripted(corral.Worker):
                 raise RuntimeError(item["raise"])
             if item.get("exit"):
                 os._exit(3)
+            if "stop" in item:
+                sys.exit(item["stop"])
         for item in batch:
             if isinstance(item, dict) and "hold" in item:
                 while not os.path.exists(item["hold"]):

@@ -104,7 +104,8 @@ def prepare(
                 item = decode(job.get("payload"))
         except ValidationError as e:
             answers[position] = protocol.invalid(job_id, _text(e))
-        except _STOPS:
+        except _STOPS as e:
+            _failures.stopping("preprocess", e)
             raise
         except BaseException as e:
             _failures.failed("preprocess", e, [job_id])
@@ -158,7 +159,8 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
             if chunks:
                 return protocol.chunk(job_id, encode(value))
             return protocol.ok(job_id, encode(value), media_type(value))
-        except _STOPS:
+        except _STOPS as e:
+            _failures.stopping("postprocess", e)
             raise
         except BaseException as e:
             what = "postprocess or encoding of a chunk" if chunks else "postprocess or encoding"

@@ -19,7 +19,9 @@ def text(error: BaseException) -> str:
     """An exception's message, even when its ``__str__`` is broken."""
     try:
         return str(error)
-    except Exception:  # a broken __str__ must not cost more than its own message
+    # A broken __str__ must not cost more than its own message, whatever it raises: one raising
+    # a BaseException (GeneratorExit, say) had ended the worker from any hook.
+    except BaseException:
         return "(the exception's message could not be read)"
 
 

@@ -17,6 +17,8 @@ import time
 import uuid
 from collections.abc import Sequence
 
+from corral._errors import describe
+
 log = logging.getLogger("corral")
 
 # Least time between two logs of one kind of failure.
@@ -49,7 +51,26 @@ def failed(what: str, error: BaseException, job_ids: Sequence[bytes]) -> None:
     more = ""
     if seen is not None and seen[1]:
         more = f" ({int(seen[1])} more like it since it was last logged, {now - seen[0]:.0f} s ago)"
-    log.error("%s failed for %s%s", what, jobs(job_ids), more, exc_info=error)
+    _log_with_traceback(logging.ERROR, f"{what} failed for {jobs(job_ids)}{more}", error)
+
+
+def stopping(what: str, error: BaseException) -> None:
+    """Logs that ``what`` raised ``error`` (``SystemExit``, ``KeyboardInterrupt``), which stops
+    the worker: said whichever hook raised it, or the log showed only a worker gone."""
+    if isinstance(error, KeyboardInterrupt):
+        log.info("%s raised KeyboardInterrupt: this worker stops", what)  # Ctrl-C, as a rule
+        return
+    described = f"{what} raised {describe(error)}: this worker stops"
+    _log_with_traceback(logging.ERROR, described, error)
+
+
+def _log_with_traceback(level: int, message: str, error: BaseException) -> None:
+    """``message`` with ``error``'s traceback, or without it when writing it raises: logging
+    lets only an ``Exception`` from a handler pass, and a traceback quotes ``str(error)``."""
+    try:
+        log.log(level, "%s", message, exc_info=error)
+    except BaseException:
+        log.log(level, "%s (%s; its traceback could not be written)", message, type(error).__name__)
 
 
 def _raised_at(error: BaseException) -> tuple[str, str, int]:

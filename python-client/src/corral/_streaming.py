@@ -135,7 +135,8 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     state.set_deadline()
     try:
         generator = worker.forward(inputs)
-    except _STOPS:
+    except _STOPS as e:
+        _failures.stopping("forward", e)
         raise
     except BaseException as e:
         # A wrapper (functools.wraps) around a generator may raise before it returns one: the
@@ -165,7 +166,8 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
                 _check(out, len(state.ids))
             except StopIteration:
                 break
-            except _STOPS:
+            except _STOPS as e:
+                _failures.stopping("forward (while streaming)", e)
                 raise
             except BaseException as e:
                 failure = e

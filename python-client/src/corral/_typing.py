@@ -196,6 +196,12 @@ def plain(value: Any) -> Any:
         # holds it: msgspec would call this hook again, until a RecursionError.
         if type(converted) is not type(value):
             return converted
+        name = type(value).__name__
+        raise TypeError(
+            f"cannot encode {name} as msgpack: numpy's {name} has no Python type to hold it; "
+            "convert it first, e.g. value.astype(numpy.float64) (or complex128), or str(value) "
+            "to keep its precision"
+        )
     raise TypeError(f"cannot encode {type(value).__name__} as msgpack: {_instead(value)}")
 
 

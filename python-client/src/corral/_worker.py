@@ -34,6 +34,7 @@ from corral import (
     _declarations,
     _failures,
     _logging,
+    _process_end,
     _serve,
     _shared_memory,
     _streaming,
@@ -237,10 +238,17 @@ class Worker:
         except Exception as e:
             log.exception("warm-up failed; this worker will not serve")
             raise SystemExit(f"warm-up failed: {_describe(e)}") from e
+        status = 1  # what ends the process if threads hold it (see _process_end)
         try:
             worker._run_forever(path)
+            status = 0
         except KeyboardInterrupt:
-            pass
+            status = 0
+        except SystemExit as e:
+            status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+            raise
+        finally:
+            _process_end.watch(status)
 
     def warm_up(self) -> None:
         """Run :attr:`examples` through ``preprocess``, ``forward`` and ``postprocess`` as one
@@ -371,13 +379,10 @@ class Worker:
                 outputs = list(_outputs(self.forward(inputs)))
             if len(outputs) != count:
                 raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
-        except SystemExit as e:
+        except (SystemExit, KeyboardInterrupt) as e:
             # Raised by the model or a library (sys.exit), it stops the worker: say where, or
             # the log shows only a worker gone and its batch retried elsewhere.
-            log.error("forward raised %s: this worker stops", _describe(e), exc_info=e)
-            raise
-        except KeyboardInterrupt:
-            log.info("forward raised KeyboardInterrupt: this worker stops")  # Ctrl-C, as a rule
+            _failures.stopping("forward", e)
             raise
         except BaseException as e:
             _failures.failed("forward", e, [jobs[p]["id"] for p in positions])
