@@ -350,6 +350,28 @@ def test_a_bad_traffic_header_is_a_400_naming_it(corral_factory, header, value):
     assert v1.status_code == 400 and header in v1.json()["error"]
 
 
+@pytest.mark.parametrize(
+    "header, first, second",
+    [
+        ("x-corral-priority", "high", "low"),
+        ("x-corral-tenant", "client", "gateway"),
+        ("x-corral-weight", "1", "-7"),
+    ],
+)
+def test_a_traffic_header_given_twice_with_different_values_is_a_400(
+    corral_factory, header, first, second
+):
+    """Only the first field had been read: a gateway appending its own value after the
+    client's (Envoy's default) was ignored, and a tenant field a client put first escaped its
+    tenant's quota. The comma-joined form, which HTTP takes as the same, was a 400 already."""
+    proxy = corral_factory()
+    answer = proxy.post({"x": 1}, headers=[(header, first), (header, second)])
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["message"].startswith(header)
+    alike = proxy.post({"x": 1}, headers=[(header, first), (header, first)])
+    assert alike.status_code == 200, alike.text
+
+
 def test_a_routes_default_priority_applies_without_the_header(tmp_path):
     config = tmp_path / "corral.toml"
     config.write_text(

@@ -85,11 +85,22 @@ fn grpc(value: &str) -> Option<Duration> {
 }
 
 fn seconds(value: &str) -> Option<Duration> {
-    let seconds: f64 = value.parse().ok()?;
-    // Any finite positive number is a deadline, as any whole number of milliseconds is: one past
-    // a century is one (the route's timeout caps it anyway), and one below a nanosecond is the
-    // shortest there is, not a 400 saying it is not positive.
-    let seconds = (seconds.is_finite() && seconds > 0.0).then_some(seconds.min(3.2e9))?;
+    let parsed: f64 = value.parse().ok()?;
+    // `inf`, `infinity` and `nan` parse too, and are no number of seconds.
+    let named = value.trim_start_matches(['+', '-']).starts_with(|c: char| c.is_ascii_alphabetic());
+    if named || parsed.is_sign_negative() {
+        return None;
+    }
+    // Any positive number is a deadline, as any whole number of milliseconds is: one past a
+    // century is one (the route's timeout caps it anyway), one past f64 (`1e309`) as well, and
+    // one below a nanosecond is the shortest there is, down to one f64 reads as 0 (`1e-330`);
+    // none is a 400 saying it is not positive.
+    let seconds = if parsed == 0.0 {
+        let mantissa = value.split(['e', 'E']).next().unwrap_or_default();
+        mantissa.bytes().any(|b| (b'1'..=b'9').contains(&b)).then_some(0.0)?
+    } else {
+        parsed.min(3.2e9)
+    };
     Duration::try_from_secs_f64(seconds).ok().map(|d| d.max(Duration::from_nanos(1)))
 }
 
@@ -151,6 +162,13 @@ mod tests {
         assert_eq!(seconds("1e10"), Some(Duration::from_secs_f64(3.2e9)));
         assert_eq!(seconds("1e-10"), Some(Duration::from_nanos(1)), "positive, however small");
         assert_eq!(seconds("0.25"), Some(Duration::from_millis(250)));
+        // Past what f64 holds, either way: still positive numbers of seconds.
+        assert_eq!(seconds("1e309"), Some(Duration::from_secs_f64(3.2e9)));
+        assert_eq!(seconds("1e-330"), Some(Duration::from_nanos(1)));
+        assert_eq!(seconds("0.000e-400"), None, "zero however written");
+        for named in ["inf", "+infinity", "NaN", "-0", "-1e-330"] {
+            assert_eq!(seconds(named), None, "{named}");
+        }
     }
 
     #[test]

@@ -29,7 +29,7 @@ pub fn requested(
     default: Class,
     tenant_header: &HeaderName,
 ) -> Result<Traffic, ApiError> {
-    let class = match headers.get(&PRIORITY) {
+    let class = match once(headers, &PRIORITY, PRIORITY_HEADER)? {
         None => default,
         Some(value) => {
             value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
@@ -38,12 +38,11 @@ pub fn requested(
         }
     };
     // An empty value names nobody: the request is nobody's, as without the header.
-    let tenant = headers
-        .get(tenant_header)
+    let tenant = once(headers, tenant_header, tenant_header.as_str())?
         .map(|value| value.as_bytes().trim_ascii())
         .filter(|value| !value.is_empty())
         .map(Tenant::of);
-    let weight = match headers.get(&WEIGHT) {
+    let weight = match once(headers, &WEIGHT, WEIGHT_HEADER)? {
         None => None,
         Some(value) => Some(
             value
@@ -62,6 +61,26 @@ pub fn requested(
         ),
     };
     Ok(Traffic { class, tenant, weight, allowance: None, budget: None })
+}
+
+/// The header's value, given once (or in several fields all alike). Fields that differ are a
+/// 400: only the first had been read, so a gateway appending its own value after the client's
+/// (Envoy's default) was ignored, and a client's tenant field put first escaped its tenant's
+/// quota; their comma-joined form, which HTTP takes as the same, was a 400 already.
+fn once<'h>(
+    headers: &'h HeaderMap,
+    name: &HeaderName,
+    said: &str,
+) -> Result<Option<&'h http::HeaderValue>, ApiError> {
+    let mut fields = headers.get_all(name).iter();
+    let first = fields.next();
+    if let Some(first) = first {
+        if fields.any(|other| other.as_bytes().trim_ascii() != first.as_bytes().trim_ascii()) {
+            let message = format!("{said} is given more than once, with different values");
+            return Err(ApiError::bad_request(message));
+        }
+    }
+    Ok(first)
 }
 
 #[cfg(test)]
@@ -128,5 +147,29 @@ mod tests {
             assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
             assert!(error.message.starts_with(name), "{}", error.message);
         }
+    }
+
+    #[test]
+    fn a_header_given_twice_counts_only_when_both_say_the_same() {
+        for (name, first, second) in [
+            (PRIORITY_HEADER, "high", "low"),
+            (PRIORITY_HEADER, "low", "bogus"),
+            (TENANT_HEADER, "u", "t"),
+            (WEIGHT_HEADER, "1", "-7"),
+        ] {
+            let mut headers = headers(&[(name, first)]);
+            headers.append(name, second.parse().unwrap());
+            let tenant = HeaderName::from_static(TENANT_HEADER);
+            let error = requested(&headers, Class::Normal, &tenant).unwrap_err();
+            assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
+            assert!(error.message.starts_with(name), "{}", error.message);
+        }
+        let mut alike = headers(&[(PRIORITY_HEADER, "high")]);
+        alike.append(PRIORITY_HEADER, " high".parse().unwrap());
+        assert_eq!(read_map(&alike).unwrap().class, Class::High);
+    }
+
+    fn read_map(headers: &HeaderMap) -> Result<Traffic, ApiError> {
+        requested(headers, Class::Normal, &HeaderName::from_static(TENANT_HEADER))
     }
 }

@@ -145,10 +145,11 @@ impl Ahead {
 /// would be answered behind it, and when a full queue will have room.
 impl Stage {
     /// When `tenant` is predicted to hold few enough jobs to place `count` more within its share:
-    /// once enough of its jobs have left, the tenants with work in its class taking turns (so
-    /// each of its jobs leaves among as many of theirs). At least a second, and a second before a
-    /// cost is learned; a constant second sent a tenant whose share took seconds to drain back
-    /// in a storm.
+    /// once enough of its jobs have left, behind every job of a higher class than theirs, the
+    /// tenants with work in their class taking turns (so each of its jobs leaves among as many
+    /// of theirs). At least a second, and a second before a cost is learned; a constant second
+    /// sent a tenant whose share took seconds to drain back in a storm, and its class left out,
+    /// a tenant behind 60 high jobs was told a second where its first job left after six.
     pub(super) fn share_in(
         &self,
         queue: &Queue,
@@ -162,9 +163,12 @@ impl Stage {
         // request past its share)...
         let held = jobs.of_tenant(tenant);
         let leave = (held + count).saturating_sub(self.tenant_limit).clamp(1, held.max(1));
-        // ...each turn beside one of every other tenant still holding work in the class.
-        let beside = jobs.turns_beside(class, tenant, leave);
-        self.gone_in(queue, now, leave + beside)
+        // ...after every job of a higher class than the one they wait in (the request's own
+        // class says nothing of where its tenant's queued jobs are), each turn beside one of
+        // every other tenant still holding work in that class.
+        let waits_in = jobs.tenant_class(tenant).unwrap_or(class);
+        let beside = jobs.turns_beside(waits_in, tenant, leave);
+        self.gone_in(queue, now, jobs.jobs_above(waits_in) + leave + beside)
     }
 
     /// When the queue is predicted to have room for `count` more jobs: once enough of its jobs

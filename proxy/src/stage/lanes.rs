@@ -264,6 +264,19 @@ impl Lanes {
         others.map(|(_, lane)| held(lane).min(rounds)).sum()
     }
 
+    /// The highest class holding jobs of `tenant`: where the first of its jobs to leave waits.
+    pub fn tenant_class(&self, tenant: Tenant) -> Option<Class> {
+        Class::DISPATCH_ORDER.into_iter().find(|class| {
+            let lane = self.classes[class.index()].tenants.get(&Some(tenant));
+            lane.is_some_and(|lane| !lane.requests.is_empty())
+        })
+    }
+
+    /// Jobs queued in classes above `class`: every one goes before any job of `class`.
+    pub fn jobs_above(&self, class: Class) -> usize {
+        self.classes[class.index() + 1..].iter().map(|c| c.jobs).sum()
+    }
+
     /// Jobs the tenant has queued.
     pub fn of_tenant(&self, tenant: Tenant) -> usize {
         self.per_tenant.get(&tenant).copied().unwrap_or(0)

@@ -1073,6 +1073,34 @@ async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_share_behind_higher_classes_is_told_to_wait_for_them() {
+    // As above, with six high jobs of nobody's queued ahead of the flood's normal ones: none
+    // of the flood's leaves before all six have. Its Retry-After had counted only its own
+    // class's turns (2 s), and sent it back into refusals for four more seconds.
+    let stage = stage(1, 20).with_tenant_share(0.15);
+    let seat = stage.worker_joined();
+    for _ in 0..10 {
+        seat.finished(1, 1, Duration::from_secs(1));
+    }
+    let mut answers = Vec::new();
+    for (class, tenant) in [(Class::High, None); 6]
+        .into_iter()
+        .chain([(Class::Normal, Some("flood")); 3])
+        .chain([(Class::Normal, Some("quiet"))])
+    {
+        let (mut job, answer) = classed(b"a", class, tenant, 1);
+        job.deadline = Instant::now() + Duration::from_secs(60); // no deadline is in doubt
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    let (fourth, _f) = classed(b"a", Class::Normal, Some("flood"), 1);
+    match stage.submit(fourth) {
+        Err(Shed::TenantQuota { retry_after }) => assert_eq!(retry_after, Duration::from_secs(8)),
+        other => panic!("expected tenant_quota, got {other:?}"),
+    }
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_quiet_tenant_is_admitted_past_a_busy_tenants_backlog() {
     // Tenants take turns: a newcomer's job goes in the next batch or two, not behind a busy
     // tenant's 300 jobs (38 batches of 40 ms, 1.5 s). Counted whole, every short deadline of
