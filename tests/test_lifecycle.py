@@ -85,11 +85,13 @@ def test_an_idle_http2_connection_whose_client_reads_nothing_does_not_hold_the_d
     proxy = corral_factory("--grace-period-ms=600000")
     with H2(proxy) as client:
         stream = client.request("GET", "/healthz")
-        while not any(
-            isinstance(e, h2.events.StreamEnded) and e.stream_id == stream
-            for e in client.events() or ()
-        ):
-            pass
+        ended = False
+        while not ended:
+            events = client.events()
+            assert events is not None, "the proxy closed the connection before answering"
+            ended = any(
+                isinstance(e, h2.events.StreamEnded) and e.stream_id == stream for e in events
+            )
         # Answered; from here the client reads nothing, as an idle pooled connection.
         proxy.proc.send_signal(signal.SIGTERM)
         assert proxy.proc.wait(timeout=60) == 0, "drained well before its 10 minutes"

@@ -131,12 +131,17 @@ impl AcceptFailures {
     }
 
     /// A connection was accepted: after a warning, says so once, with the failures not logged,
-    /// so that a burst that ended is not left looking as if it went on. Failures after it wait
-    /// for the minute, and are counted in the next warning.
+    /// so that a burst that ended is not left looking as if it went on. Failures after that
+    /// line wait for the minute: the next warning counts them, or, if none comes, an accept
+    /// past the minute says how many there were (once a minute, too).
     pub fn accepted(&mut self, what: &str) {
-        if std::mem::take(&mut self.open) {
+        let due = self.logged.is_some_and(|at| at.elapsed() >= std::time::Duration::from_secs(60));
+        if std::mem::take(&mut self.open) || (self.unlogged > 0 && due) {
             info!(failed_since = self.unlogged, "accepting {what} again");
             self.unlogged = 0;
+            if due {
+                self.logged = Some(std::time::Instant::now());
+            }
         }
     }
 }
@@ -183,6 +188,11 @@ mod tests {
             failures.accepted("test connections");
         }
         assert_eq!(failures.unlogged, 300, "counted for the next line, not logged");
+        // If no failure comes after the minute, an accept then says how many there were.
+        let mut quiet = AcceptFailures { unlogged: 300, ..AcceptFailures::default() };
+        quiet.logged = Some(std::time::Instant::now() - std::time::Duration::from_secs(61));
+        quiet.accepted("test connections");
+        assert_eq!(quiet.unlogged, 0, "said, with its count");
         failures.logged = Some(std::time::Instant::now() - std::time::Duration::from_secs(61));
         failures.failed("a test connection", &error);
         assert!(failures.open && failures.unlogged == 0, "logged with the count a minute on");

@@ -184,8 +184,9 @@ pub async fn serve(
             tokio::select! {
                 ended = connection => if let Err(e) = ended {
                     debug!(error = %e, "HTTP connection ended with an error");
-                    // hyper answered 400 or 431 itself, before any request existed to count.
-                    if e.downcast_ref::<hyper::Error>().is_some_and(|e| e.is_parse() || e.is_parse_too_large()) {
+                    // hyper answered 400 or 431 itself, before any request existed to count
+                    // (`is_parse` covers a head too large as well).
+                    if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse) {
                         closed("malformed");
                     }
                 },

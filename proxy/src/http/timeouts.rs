@@ -47,7 +47,8 @@ use super::Body;
 
 /// How long a connection with no request in progress stays open once the server drains, counted
 /// from the drain or its last progress, whichever is later: time for a client to acknowledge an
-/// HTTP/2 GOAWAY, and for an answer hyper has taken to leave the socket before it closes.
+/// HTTP/2 GOAWAY. An answer hyper has taken that is still leaving the socket is progress at each
+/// write (HTTP/2's writes count once the server drains).
 pub const DRAIN_QUIET: Duration = Duration::from_secs(1);
 
 /// What an HTTP/2 connection's first bytes are.
@@ -229,8 +230,11 @@ impl Clock {
     fn wrote(&self) {
         let mut state = self.lock();
         // hyper writes on an HTTP/2 connection of its own accord (acks of the client's PINGs and
-        // SETTINGS): progress there is counted by the answers instead ([`Answer`]).
-        if !state.http2 {
+        // SETTINGS): progress there is counted by the answers instead ([`Answer`]). Once the
+        // server drains, writes count there too: the last pieces of an answer hyper has taken
+        // may still be in h2's send buffer, and the quiet second must not cut them; a client
+        // that reads nothing takes no bytes, and one that pings is held to the grace period.
+        if !state.http2 || state.drain_started.is_some() {
             state.idle_since = Instant::now();
         }
     }
@@ -534,6 +538,27 @@ mod tests {
         long_idle.drain();
         assert_eq!(long_idle.expired().await, Expired::Idle);
         assert_eq!(drained.elapsed(), DRAIN_QUIET);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_lets_an_http2_answer_still_being_sent_leave_the_socket() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        clock.read(H2_PREFACE);
+        let request = clock.request();
+        clock.drain();
+        drop(request); // hyper took the answer's last piece: h2 may still be sending it
+        let watchdog = tokio::spawn({
+            let clock = clock.clone();
+            async move { (clock.expired().await, Instant::now()) }
+        });
+        for _ in 0..6 {
+            tokio::time::sleep(DRAIN_QUIET / 2).await;
+            clock.wrote(); // the socket takes more of it
+        }
+        assert!(!watchdog.is_finished(), "cut while its bytes were leaving");
+        let last = Instant::now();
+        let (why, at) = watchdog.await.unwrap();
+        assert_eq!((why, at - last), (Expired::Idle, DRAIN_QUIET));
     }
 
     #[tokio::test(start_paused = true)]

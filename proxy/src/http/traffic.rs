@@ -29,58 +29,57 @@ pub fn requested(
     default: Class,
     tenant_header: &HeaderName,
 ) -> Result<Traffic, ApiError> {
-    let class = match once(headers, &PRIORITY, PRIORITY_HEADER)? {
-        None => default,
-        Some(value) => {
-            value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
-                ApiError::bad_request(format!("{PRIORITY_HEADER} must be high, normal or low"))
-            })?
-        }
-    };
+    let class = agreed(headers, &PRIORITY, PRIORITY_HEADER, |value| {
+        value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
+            ApiError::bad_request(format!("{PRIORITY_HEADER} must be high, normal or low"))
+        })
+    })?
+    .unwrap_or(default);
     // An empty value names nobody: the request is nobody's, as without the header.
-    let tenant = once(headers, tenant_header, tenant_header.as_str())?
-        .map(|value| value.as_bytes().trim_ascii())
-        .filter(|value| !value.is_empty())
-        .map(Tenant::of);
-    let weight = match once(headers, &WEIGHT, WEIGHT_HEADER)? {
-        None => None,
-        Some(value) => Some(
-            value
-                .to_str()
-                .ok()
-                // Past u64 is past the cap too: it counts as the cap, as any value above it.
-                .and_then(|v| match v.trim().parse::<u64>() {
-                    Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Some(u64::MAX),
-                    parsed => parsed.ok(),
-                })
-                .filter(|&w| w > 0)
-                .map(|w| w.min(u64::from(MAX_WEIGHT)) as u32)
-                .ok_or_else(|| {
-                    ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
-                })?,
-        ),
-    };
+    let tenant = agreed(headers, tenant_header, tenant_header.as_str(), |value| {
+        Ok(Some(value.as_bytes().trim_ascii()).filter(|value| !value.is_empty()).map(Tenant::of))
+    })?
+    .flatten();
+    let weight = agreed(headers, &WEIGHT, WEIGHT_HEADER, |value| {
+        value
+            .to_str()
+            .ok()
+            // Past u64 is past the cap too: it counts as the cap, as any value above it.
+            .and_then(|v| match v.trim().parse::<u64>() {
+                Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Some(u64::MAX),
+                parsed => parsed.ok(),
+            })
+            .filter(|&w| w > 0)
+            .map(|w| w.min(u64::from(MAX_WEIGHT)) as u32)
+            .ok_or_else(|| {
+                ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
+            })
+    })?;
     Ok(Traffic { class, tenant, weight, allowance: None, budget: None })
 }
 
-/// The header's value, given once (or in several fields all alike). Fields that differ are a
-/// 400: only the first had been read, so a gateway appending its own value after the client's
-/// (Envoy's default) was ignored, and a client's tenant field put first escaped its tenant's
-/// quota; their comma-joined form, which HTTP takes as the same, was a 400 already.
-fn once<'h>(
-    headers: &'h HeaderMap,
+/// What the header says, read from every field it is given in: fields that read differently
+/// are a 400 (`High` and `high` read alike). Only the first had been read, so a gateway
+/// appending its own value after the client's (Envoy's default) was ignored, and a client's
+/// tenant field put first escaped its tenant's quota. A priority or weight folded into one
+/// field (`high, low`) does not parse; a tenant so folded is a tenant of that name: a gateway
+/// must replace the client's field, not add its own beside it.
+fn agreed<T: PartialEq>(
+    headers: &HeaderMap,
     name: &HeaderName,
     said: &str,
-) -> Result<Option<&'h http::HeaderValue>, ApiError> {
+    read: impl Fn(&http::HeaderValue) -> Result<T, ApiError>,
+) -> Result<Option<T>, ApiError> {
     let mut fields = headers.get_all(name).iter();
-    let first = fields.next();
-    if let Some(first) = first {
-        if fields.any(|other| other.as_bytes().trim_ascii() != first.as_bytes().trim_ascii()) {
+    let Some(first) = fields.next() else { return Ok(None) };
+    let value = read(first)?;
+    for other in fields {
+        if read(other)? != value {
             let message = format!("{said} is given more than once, with different values");
             return Err(ApiError::bad_request(message));
         }
     }
-    Ok(first)
+    Ok(Some(value))
 }
 
 #[cfg(test)]
@@ -164,9 +163,11 @@ mod tests {
             assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
             assert!(error.message.starts_with(name), "{}", error.message);
         }
-        let mut alike = headers(&[(PRIORITY_HEADER, "high")]);
-        alike.append(PRIORITY_HEADER, " high".parse().unwrap());
-        assert_eq!(read_map(&alike).unwrap().class, Class::High);
+        let mut alike = headers(&[(PRIORITY_HEADER, "high"), (WEIGHT_HEADER, "2")]);
+        alike.append(PRIORITY_HEADER, " High".parse().unwrap());
+        alike.append(WEIGHT_HEADER, "02".parse().unwrap());
+        let traffic = read_map(&alike).unwrap();
+        assert_eq!((traffic.class, traffic.weight), (Class::High, Some(2)), "read alike");
     }
 
     fn read_map(headers: &HeaderMap) -> Result<Traffic, ApiError> {

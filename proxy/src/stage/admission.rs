@@ -149,7 +149,9 @@ impl Stage {
     /// tenants with work in their class taking turns (so each of its jobs leaves among as many
     /// of theirs). At least a second, and a second before a cost is learned; a constant second
     /// sent a tenant whose share took seconds to drain back in a storm, and its class left out,
-    /// a tenant behind 60 high jobs was told a second where its first job left after six.
+    /// a tenant behind 60 high jobs was told a second where its first job left after six. Its
+    /// jobs in lower classes than the first's are counted as if in that class: optimistic where
+    /// they must leave too, the whole next class ahead of them.
     pub(super) fn share_in(
         &self,
         queue: &Queue,

@@ -4,14 +4,18 @@ serving is over (a thread that is not a daemon: a metrics pusher, a weights watc
 pool) left its stage a worker short for good, every request there a 408.
 
 :func:`watch` starts a daemon thread when ``Worker.run`` is done. It waits while the main thread
-runs (the application's own code after ``run``, its ``atexit`` handlers), then gives the other
-threads :data:`LINGER` seconds to end, and ends the process itself if they have not.
+runs (the application's own code after ``run``), then gives the other threads :data:`LINGER`
+seconds to end, and ends the process itself if they have not (with ``run``'s status). The
+interpreter runs ``atexit`` handlers only once every such thread has ended, so those threads
+had kept them from running too; ended here, the process skips them. :func:`exit_now` is that
+end, for the orphan watch (``_serve``) as well.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 
@@ -44,9 +48,19 @@ def _end(status: int) -> None:
         "ending it so that corral can restart the worker",
         names,
     )
-    for handler in log.handlers:
-        handler.flush()
-    os._exit(status)
+    exit_now(status)
+
+
+def exit_now(status: int) -> None:
+    """Ends the process at once, from any thread, with what the logs and the standard streams
+    hold written out first (``os._exit`` flushes nothing: stdout is a pipe to Corral, buffered)."""
+    handlers = [*logging.getLogger().handlers, *log.handlers]
+    for stream in (*handlers, sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:  # a closed stream, a handler that fails: the exit comes first
+            pass
+    os._exit(status & 0xFF)
 
 
 def _holding() -> list[threading.Thread]:

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, Union
 
+from corral import _process_end
 from corral import _protocol as protocol
 from corral import _shared_memory as shared_memory
 from corral._errors import ProtocolError
@@ -406,9 +407,7 @@ def _exit_if_orphaned(proxy: _ProxyWatch) -> None:
     while time.monotonic() < deadline:
         if proxy.gone():
             log.warning("the proxy (pid %d) is gone; exiting now", proxy.pid)
-            for handler in logging.getLogger("corral").handlers:
-                handler.flush()
-            os._exit(1)
+            _process_end.exit_now(1)
         time.sleep(0.05)
 
 
