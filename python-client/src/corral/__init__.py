@@ -15,7 +15,8 @@ Modules: ``_worker`` (the Worker base class: hooks, a plain batch's ``forward``,
 ``_streaming`` (running a generator ``forward``: chunks, END, cancellation, joining), ``_batch``
 (the per-job steps around ``forward`` both share: each job decoded and preprocessed, each output
 or chunk postprocessed and encoded, a failure answered alone), ``_serve`` (one proxy
-connection with its reader thread, and the connect loop), ``_typing`` (payload decoding, output
+connection with its reader thread, and the connect loop), ``_process_end`` (a spawned worker's
+process ended for certain), ``_typing`` (payload decoding, output
 encoding, schemas), ``_tensors`` (the :class:`Tensor` declaration and tensor values, decoded to
 numpy arrays or lists and encoded from them), ``_protocol`` (frames and messages, as documented
 in the repository's worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for
