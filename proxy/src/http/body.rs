@@ -190,10 +190,11 @@ const DRAIN_TIME: Duration = Duration::from_secs(2);
 /// Each byte is copied once, from hyper's frames into the buffer, and the buffer has no slack (a
 /// queued job keeps its whole allocation alive): with a declared length the buffer is allocated
 /// at that size and filled as frames come — in `shared` memory when given, the length is at
-/// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept as they
-/// are and copied at the end into a buffer of the size they add up to ([`assemble`]), where
-/// growing a buffer by doubling would copy the body again at each step (frames under 4 KiB are
-/// copied together as they come, once more: [`Frames`]). Returns the body and
+/// least [`SHARED_FROM`] and a slot is free; without one (chunked) the frames are kept and
+/// copied at the end into a buffer of the size they add up to ([`assemble`]), where
+/// growing a buffer by doubling would copy the body again at each step (frames under 1 MiB,
+/// all of HTTP/1.1's and HTTP/2's, are copied together as they come, once more: [`Frames`]).
+/// Returns the body and
 /// the room its gap left (0 without one).
 async fn read_body(
     mut body: Incoming,
@@ -267,9 +268,15 @@ async fn read_body(
     Ok((buf.freeze(), room))
 }
 
-/// The frames of a body of unknown length, kept until it has all come. A small frame is copied
-/// onto the small ones before it (one `Bytes`, with its allocation, per frame: a 16 MiB body sent
-/// in one-byte chunks held 1 GB while it came); a large one is kept as it came, not copied.
+/// The frames of a body of unknown length, kept until it has all come, copied together as they
+/// come into blocks of at least [`Frames::GATHERED`] (one `Bytes`, with its allocation, per
+/// frame: a 16 MiB body sent in one-byte chunks held 1 GB while it came). Only a frame of at
+/// least [`Frames::LARGE`] is kept as it came, not copied: an HTTP/1.1 frame is a slice of
+/// hyper's read buffer and keeps all of it alive, and a 4 KiB frame between chunk-size lines
+/// padded with zeros (`000…01`, valid hex) held a whole buffer each: 15 times the body at the
+/// defaults, 200 times with `--max-header-bytes` at 1 MiB. The read buffer is at most
+/// `--max-header-bytes` (1 MiB at most) rounded up, so a frame that large pins at most about
+/// twice itself.
 #[derive(Default)]
 struct Frames {
     kept: Vec<Bytes>,
@@ -277,20 +284,22 @@ struct Frames {
 }
 
 impl Frames {
-    /// Frames shorter than this are copied together.
-    const SMALL: usize = 4096;
-    /// Small frames gathered up to this make one kept frame.
+    /// Frames at least this large are kept as they came.
+    const LARGE: usize = 1024 * 1024;
+    /// Frames gathered up to this make one kept block.
     const GATHERED: usize = 64 * 1024;
 
     fn keep(&mut self, data: Bytes) {
-        if data.len() >= Self::SMALL {
+        if data.len() >= Self::LARGE {
             self.flush();
             self.kept.push(data);
             return;
         }
-        if self.small.capacity() == 0 {
-            // Room for a whole gathering at once: grown by doubling, it could end at twice that.
-            self.small.reserve(Self::GATHERED + Self::SMALL);
+        if self.small.capacity() - self.small.len() < data.len() {
+            self.flush();
+            // Room for a whole gathering at once (grown by doubling, it could end at twice
+            // that), or for a frame larger than one.
+            self.small.reserve(Self::GATHERED.max(data.len()));
         }
         self.small.extend_from_slice(&data);
         if self.small.len() >= Self::GATHERED {
@@ -454,9 +463,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn small_frames_are_gathered_and_large_ones_kept_as_they_came() {
+    fn frames_are_gathered_and_only_large_ones_kept_as_they_came() {
         let mut frames = Frames::default();
-        let large = Bytes::from(vec![7u8; Frames::SMALL]);
+        let large = Bytes::from(vec![7u8; Frames::LARGE]);
         (0..100_000u32).for_each(|i| frames.keep(Bytes::from(vec![i as u8])));
         frames.keep(large.clone());
         frames.keep(Bytes::from_static(b"end"));
@@ -465,18 +474,35 @@ mod tests {
         assert_eq!(kept.len(), 4);
         assert_eq!(kept[2].as_ptr(), large.as_ptr());
         let body: Vec<u8> = kept.iter().flat_map(|frame| frame.iter().copied()).collect();
-        assert_eq!(body.len(), 100_000 + Frames::SMALL + 3);
+        assert_eq!(body.len(), 100_000 + Frames::LARGE + 3);
         assert!(body[..100_000].iter().enumerate().all(|(i, &b)| b == i as u8));
         assert!(body.ends_with(b"end"));
         // One small frame between large ones is kept at its size, not in a gathering's room.
         let mut frames = Frames::default();
-        for _ in 0..100 {
+        for _ in 0..20 {
             frames.keep(Bytes::from_static(b"x"));
             frames.keep(large.clone());
         }
         let kept = frames.done();
         let small: usize = kept.iter().filter(|f| f.len() == 1).count();
-        assert_eq!(small, 100);
+        assert_eq!(small, 20);
+    }
+
+    #[test]
+    fn a_frame_cut_from_a_larger_buffer_is_copied_not_kept_with_it() {
+        // As hyper hands out an HTTP/1.1 chunk: a slice of its read buffer.
+        let buffer = Bytes::from(vec![1u8; 256 * 1024]);
+        let mut frames = Frames::default();
+        for at in 0..8 {
+            frames.keep(buffer.slice(at * 4096..(at + 1) * 4096));
+        }
+        let kept = frames.done();
+        assert_eq!(kept.iter().map(Bytes::len).sum::<usize>(), 8 * 4096);
+        let inside = |frame: &Bytes| {
+            let start = buffer.as_ptr() as usize;
+            (start..start + buffer.len()).contains(&(frame.as_ptr() as usize))
+        };
+        assert!(!kept.iter().any(inside), "no kept frame is the read buffer's");
     }
 
     fn fill(first: &[u8]) -> Option<Vec<u8>> {
