@@ -256,3 +256,28 @@ def test_a_chunked_body_holds_no_read_buffer_behind_its_frames(corral_factory):
         answer = conn.recv(1 << 16)
     assert answer.startswith(b"HTTP/1.1 200 "), answer[:200]
     assert held < 40, f"the proxy grew {held} MiB for a 0.6 MiB body"
+
+
+def test_a_joining_worker_holding_jobs_nobody_waits_for_keeps_none_of_their_bodies(
+    corral_factory, tmp_path
+):
+    """A joining worker pulls again and again and ends no job: each job it held kept its
+    payload until the worker was found overdue, minutes on, long after its client had its 408
+    (960 bodies of 256 KiB held 248 MiB). A job nobody waits for keeps no body."""
+    streamer = str(Path(__file__).parent / "workers" / "streamer.py")
+    proxy = corral_factory("--timeout-ms=60000", worker=streamer, env={"STREAMER_JOIN": "512"})
+    proxy.wait_for_log(r"worker connected")
+    never = str(tmp_path / "never")  # no chunk ever; a cancelled job ended only after 10 min
+    item = {"gate_first": never, "linger_ms": 600_000, "pad": "x" * (256 * 1024)}
+    before = rss_bytes(proxy.proc.pid)
+
+    def send(_):
+        headers = {"accept": "text/event-stream", "x-corral-timeout-ms": "200"}
+        return proxy.post(item, headers=headers).status_code
+
+    with ThreadPoolExecutor(16) as pool:
+        codes = list(pool.map(send, range(320)))  # 80 MiB of bodies
+    assert codes == [408] * 320
+    assert proxy.client.get("/readyz").json()["queued"] == 0, "all held by the worker"
+    held = (rss_bytes(proxy.proc.pid) - before) >> 20
+    assert held < 40, f"the proxy holds {held} MiB for jobs whose clients had their 408"

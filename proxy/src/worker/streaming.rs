@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use corral_protocol::{
-    Cancel, Chunks, Hello, JobId, ProxyMessage, ResultStatus, Results, WorkerMessage,
+    Cancel, Chunks, Hello, JobId, Payload, ProxyMessage, ResultStatus, Results, WorkerMessage,
     FEATURE_CANCEL, FEATURE_JOIN, MAX_FRAME_BYTES,
 };
 use futures_util::StreamExt;
@@ -308,6 +308,14 @@ impl State {
         // a stage twice brings the request back under the same id, and the departure of its
         // first step's job may come only while the second step's is held.
         let waited = held.job.as_ref().is_some_and(|job| !job.left.is_cancelled());
+        // Nobody will have this job's answer, nor is it ever sent again (no retry for a job
+        // whose client left or whose deadline passed): its payload goes now, not when the
+        // worker ends the job. A joining worker that pulls and never ends a job held every
+        // payload until it was found overdue, minutes on (960 of 256 KiB, 248 MiB).
+        let gone = |job: &Job| job.is_abandoned() || job.is_expired(Instant::now());
+        if let Some(job) = held.job.as_mut().filter(|job| !waited && gone(job)) {
+            job.payload = Payload::default();
+        }
         if self.cancels && !held.cancelled && !waited {
             held.cancelled = true;
             outbox.send(ProxyMessage::Cancel(Cancel { ids: vec![id] }));
