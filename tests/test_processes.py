@@ -322,6 +322,24 @@ def test_a_worker_that_stops_is_restarted_though_a_thread_would_keep_it_alive(co
     assert after.json()["pid"] != first
 
 
+def test_a_killed_proxy_takes_a_worker_warming_up_behind_a_wrapper_with_it(
+    corral_factory, tmp_path
+):
+    """The parent-death signal reaches the wrapper alone: its child, loading or warming up a
+    model for minutes, ran it to the end, and only then found its proxy gone."""
+    pidfile = tmp_path / "warm.pid"
+    warm = str(ROOT / "tests" / "workers" / "warm.py")
+    env = {"WARM_GATE": str(tmp_path / "never"), "WARM_PIDFILE": str(pidfile)}
+    proxy = corral_factory(
+        "--workers=1", "--", *wrapped(sys.executable, warm), worker=None, env=env
+    )  # fmt: skip
+    proxy.wait_until(pidfile.exists, what="the warm-up to start")
+    worker = int(pidfile.read_text())
+    proxy.proc.kill()
+    assert_gone(proxy, worker)
+    proxy.proc.wait(timeout=30)
+
+
 def test_workers_without_a_command_to_spawn_is_said_not_silently_taken(corral_factory):
     # --workers counts spawned workers: without a command none is, and the log says so.
     proxy = corral_factory("--workers", "2", worker=None)

@@ -17,7 +17,7 @@ import msgpack
 import pytest
 
 import corral
-from corral import _batch, _serve
+from corral import _batch, _process_end, _serve
 from corral import _protocol as protocol
 from corral.testing import FakeProxy, Result
 
@@ -422,3 +422,20 @@ def test_a_job_read_long_ago_has_its_deadline_from_then():
     answers, inputs, _ = _batch.prepare(Echo(), [job])
     assert answers[0] is not None and answers[0]["status"] == "expired"
     assert inputs == []
+
+
+def test_a_process_forked_from_a_spawned_launcher_does_not_take_its_proxy_for_gone():
+    """A launcher Corral spawned imports the package, then forks its workers
+    (`multiprocessing`): each child inherited the launcher's first parent, the proxy's pid,
+    saw its own parent differ, took the proxy for gone, and never served."""
+    proxy = os.getpid()  # this process plays the proxy
+    launcher = os.fork()
+    if launcher == 0:
+        _process_end._first_parent = os.getppid()  # as when the launcher started under the proxy
+        child = os.fork()
+        if child == 0:
+            os._exit(1 if _process_end.ProxyWatch(proxy).gone() else 0)
+        _, status = os.waitpid(child, 0)
+        os._exit(os.waitstatus_to_exitcode(status))
+    _, status = os.waitpid(launcher, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, "the forked worker took its proxy for gone"

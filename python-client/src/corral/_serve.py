@@ -10,9 +10,8 @@ order, and folds ``cancel`` frames into a locked set of job ids instead, which a
 
 :func:`run_forever` connects, serves, and then reconnects (an external worker) or returns (a
 worker spawned by the proxy); while it waits for the proxy to listen it gives up once the proxy
-process named by ``CORRAL_PROXY_PID`` is gone, so that a spawned worker never outlives it. The
-reader, when the connection ends, exits a spawned worker whose proxy is gone at once, even
-mid-batch (:func:`_watch_for_orphaning`).
+process named by ``CORRAL_PROXY_PID`` is gone, so that a spawned worker never outlives it (while
+it serves, ``_process_end`` watches for that).
 """
 
 from __future__ import annotations
@@ -42,9 +41,6 @@ log = logging.getLogger("corral")
 # batch sent to the idle worker and a shutdown: three. A proxy sending more is held back by the
 # socket rather than buffered: each waiting frame may be up to 64 MiB.
 _READ_AHEAD = 3
-
-# The parent as this process started: a parent that changes later has exited (see _ProxyWatch).
-_FIRST_PARENT = os.getppid()
 
 # How long a worker whose write failed waits for the proxy's last word (a ``shutdown``).
 FAREWELL = 1.0
@@ -105,7 +101,6 @@ class _Reader:
             self._queue.put(e)
         finally:
             self._stream.close()
-            _watch_for_orphaning()
 
     def _note_cancel(self, message: dict[str, Any]) -> None:
         ids = message.get("ids")
@@ -313,7 +308,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
     gone (``CORRAL_PROXY_PID``)."""
     check_path(path)
     spawned = "CORRAL_WORKER_INDEX" in os.environ
-    proxy = _ProxyWatch.from_environment()
+    proxy = _process_end.ProxyWatch.from_environment()
     delay = 0.05
     waiting_logged = False
     while True:
@@ -379,81 +374,3 @@ def _back_off(delay: float) -> float:
     up to a second)."""
     time.sleep(delay)
     return min(delay * 2, 1.0)
-
-
-# How long a spawned worker whose connection ended watches for its proxy to be gone: the proxy
-# that closes a connection on purpose is still there, and stops or restarts the worker itself.
-_ORPHAN_WATCH = 5.0
-
-
-def _watch_for_orphaning() -> None:
-    """The connection ended. A worker Corral spawned exits at once if its proxy is gone,
-    mid-batch or not: the batch's results have nowhere to go, and a worker behind a wrapper
-    that does not ``exec`` (``sh -c``, ``uv run``, ``conda run``) gets no parent-death signal
-    of its own. Such a worker had run its batch to the end after a SIGKILLed proxy (holding its
-    GPU as long), or for good when the batch never ended. The watch is a daemon thread of its
-    own: the reader's end is waited for (``_Reader.stop``), and a worker that stops as usual
-    must not wait for the watch."""
-    proxy = _ProxyWatch.from_environment()
-    if proxy is None or "CORRAL_WORKER_INDEX" not in os.environ:
-        return
-    watch = threading.Thread(target=_exit_if_orphaned, args=(proxy,), daemon=True)
-    watch.name = "corral-orphan-watch"
-    watch.start()
-
-
-def _exit_if_orphaned(proxy: _ProxyWatch) -> None:
-    deadline = time.monotonic() + _ORPHAN_WATCH
-    while time.monotonic() < deadline:
-        if proxy.gone():
-            log.warning("the proxy (pid %d) is gone; exiting now", proxy.pid)
-            _process_end.exit_now(1)
-        time.sleep(0.05)
-
-
-class _ProxyWatch:
-    """Whether the proxy process that spawned this worker still exists."""
-
-    def __init__(self, pid: int) -> None:
-        self.pid = pid
-        # The proxy is usually our parent: once it exits we are handed to another process at
-        # once, while its pid may go on existing as a zombie until its own parent reaps it.
-        self._parent = pid if pid == _FIRST_PARENT else None
-
-    @classmethod
-    def from_environment(cls) -> _ProxyWatch | None:
-        value = os.environ.get("CORRAL_PROXY_PID")
-        if not value:
-            return None
-        try:
-            pid = int(value)
-        except ValueError:
-            pid = 0
-        if pid <= 0:  # os.kill(0 or less) would signal process groups, not check a process
-            log.warning("ignoring CORRAL_PROXY_PID=%r: not a process id", value)
-            return None
-        return cls(pid)
-
-    def gone(self) -> bool:
-        if self._parent is not None and os.getppid() != self._parent:
-            return True
-        try:
-            os.kill(self.pid, 0)  # signal 0: only checks that the process exists
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False  # it exists, under another user
-        return _zombie(self.pid)
-
-
-def _zombie(pid: int) -> bool:
-    """Whether ``pid`` has exited and waits to be reaped (a killed proxy whose parent has not
-    yet waited for it still answers signal 0)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read()
-    except OSError:
-        return False  # no /proc (macOS): signal 0 alone decides
-    # The state follows the command name's closing parenthesis (a name may hold one too).
-    state = stat.rfind(b")") + 2
-    return stat[state : state + 1] == b"Z"

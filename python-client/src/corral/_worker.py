@@ -226,6 +226,8 @@ class Worker:
         ``--stage``, else ``CORRAL_STAGE``, else the worker's :attr:`stage`), reconnecting if
         the connection drops, until the process is stopped."""
         _logging.configure()
+        # From here a spawned worker ends once its proxy is gone: loading, warming up or serving.
+        _process_end.watch_proxy()
         argv = _options_from_argv()
         # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
         path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
@@ -248,7 +250,7 @@ class Worker:
             status = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
             raise
         finally:
-            _process_end.watch(status)
+            _process_end.watch_threads(status)
 
     def warm_up(self) -> None:
         """Run :attr:`examples` through ``preprocess``, ``forward`` and ``postprocess`` as one
