@@ -9,6 +9,7 @@ pub mod format;
 pub mod fuzzing;
 pub mod infer;
 pub mod items;
+pub mod linger;
 pub mod openapi;
 pub mod protocols;
 pub mod reserve;
