@@ -1,7 +1,6 @@
 //! A client connection closed while the server drains is closed gracefully ("lingering close"):
 //! its write side is shut (the client gets every byte queued, then the end), and what the client
-//! still sends is read and thrown away until it closes its side too, falls quiet, or the drain's
-//! time is up.
+//! still sends is read and thrown away until it closes its side too, or the drain's time is up.
 //!
 //! Closed outright, a socket with bytes still to read is reset by the kernel, and a reset
 //! throws away what was queued for the client as well. hyper ends an HTTP/2 connection once it
@@ -14,7 +13,6 @@
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
-use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
@@ -49,18 +47,12 @@ impl Drop for Lingering {
     }
 }
 
-/// How long a closing connection's client may send nothing before it is closed outright. An
-/// HTTP/2 client reading sends `WINDOW_UPDATE`s as it goes; one that sends nothing reads nothing
-/// (or, over HTTP/1.1, needs nothing read: a socket with nothing unread closes without a reset).
-pub const QUIET: Duration = Duration::from_secs(2);
-
-/// Shuts the write side, then reads until the client closes its own, fails, or is quiet for
-/// [`QUIET`].
+/// Shuts the write side, then reads until the client closes its own (or fails).
 async fn close(mut stream: TcpStream) {
-    // (hyper may have shut it already: the reads below are what matters.)
+    // (hyper may have shut it already: the read below is what matters.)
     let _ = stream.shutdown().await;
     let mut discard = [0u8; 16 * 1024];
-    while let Ok(Ok(n)) = tokio::time::timeout(QUIET, stream.read(&mut discard)).await {
+    while let Ok(n) = stream.read(&mut discard).await {
         if n == 0 {
             return;
         }
