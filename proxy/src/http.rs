@@ -9,7 +9,6 @@ pub mod format;
 pub mod fuzzing;
 pub mod infer;
 pub mod items;
-pub mod linger;
 pub mod openapi;
 pub mod protocols;
 pub mod reserve;

@@ -9,7 +9,6 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"sleep_ms": n}`: forward sleeps n ms before answering (a model that costs that much);
 - `{"hold": path}`: forward holds the batch until the file `path` exists (the test creates it
   once it has seen what it waits for: a 408, a full queue, a worker killed);
-- `{"bytes": n}`: the answer is n bytes (raw bytes, for a client that accepts them);
 - anything else is echoed.
 Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`, so tests can
 see batches form and the remaining time the worker was told.
@@ -61,9 +60,7 @@ class Scripted(corral.Worker):
             time.sleep(sleep_ms / 1000)
         now = time.monotonic()
         return [
-            b"x" * item["bytes"]
-            if isinstance(item, dict) and "bytes" in item
-            else {
+            {
                 "echo": item,
                 "batch_size": len(batch),
                 "pid": os.getpid(),

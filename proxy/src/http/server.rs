@@ -21,11 +21,9 @@ use hyper_util::server::graceful::GracefulShutdown;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use tokio_util::task::TaskTracker;
 use tracing::{debug, info, warn};
 
 use super::error::ApiError;
-use super::linger::Lingering;
 use super::reserve::{self, Caps};
 use super::timeouts::{Answer, Clock, Expired, Watched};
 use super::{routes, App};
@@ -114,7 +112,6 @@ pub async fn serve(
     one_request.http1().keep_alive(false);
     let caps = Caps::new(limits.max_connections);
     let graceful = GracefulShutdown::new();
-    let closing = TaskTracker::new();
     let mut accept_failures = crate::open_files::AcceptFailures::default();
     loop {
         let stream = tokio::select! {
@@ -172,7 +169,6 @@ pub async fn serve(
                 }
             }
         });
-        let stream = Lingering::new(stream, stop.clone(), closing.clone());
         let io = TokioIo::new(Watched::new(stream, clock.clone()));
         let builder = if reserved { &one_request } else { &builder };
         // Reserve connections drain on shutdown as every other does.
@@ -215,7 +211,6 @@ pub async fn serve(
     }
     drop(listener);
     info!("no longer accepting HTTP connections; draining open requests");
-    let grace_ends = tokio::time::Instant::now() + grace;
     let drained = graceful.shutdown();
     tokio::pin!(drained);
     if tokio::time::timeout(grace, &mut drained).await.is_err() {
@@ -223,14 +218,6 @@ pub async fn serve(
         expired.cancel();
         let _ = tokio::time::timeout(FLUSH, drained).await;
     }
-    // The connections closed gracefully ([`Lingering`]): their clients are still reading
-    // what was queued for them, within the grace period (or the flush after it).
-    closing.close();
-    let _ = tokio::time::timeout_at(
-        grace_ends.max(tokio::time::Instant::now() + FLUSH),
-        closing.wait(),
-    )
-    .await;
 }
 
 fn closed(reason: &str) {
