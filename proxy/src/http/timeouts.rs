@@ -505,6 +505,12 @@ mod tests {
         answer.frame().await.unwrap().unwrap().into_data().unwrap().len()
     }
 
+    /// Which clock runs out, and when, watched from a task of its own.
+    fn watch(clock: &Arc<Clock>) -> tokio::task::JoinHandle<(Expired, Instant)> {
+        let clock = clock.clone();
+        tokio::spawn(async move { (clock.expired().await, Instant::now()) })
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_idle_connection_outlives_the_header_deadline_until_the_idle_timeout() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
@@ -520,10 +526,7 @@ mod tests {
         // A request in progress when the drain starts is never cut by it...
         let request = clock.request();
         clock.drain();
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         tokio::time::sleep(IDLE * 3).await;
         assert!(!watchdog.is_finished());
         // ...and once it has ended, the connection has its quiet second, not the idle timeout.
@@ -547,10 +550,7 @@ mod tests {
         let request = clock.request();
         clock.drain();
         drop(request); // hyper took the answer's last piece: h2 may still be sending it
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         for _ in 0..6 {
             tokio::time::sleep(DRAIN_QUIET / 2).await;
             clock.wrote(); // the socket takes more of it
@@ -564,10 +564,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_started_head_must_finish_within_the_header_deadline() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         tokio::time::sleep(Duration::from_secs(1)).await;
         let head = Instant::now();
         clock.read(b"POST /infer HTTP/1.1\r\n");
@@ -580,10 +577,7 @@ mod tests {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(b"GET / HTTP/1.1\r\n\r\n");
         let request = clock.request();
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         tokio::time::sleep(IDLE * 3).await;
         assert!(!watchdog.is_finished());
         let ended = Instant::now();
@@ -606,10 +600,7 @@ mod tests {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(b"POST /infer HTTP/1.1\r\n\r\n");
         let stream = stream(&clock);
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         // A worker silent for longer than the idle timeout, then a chunk.
         tokio::time::sleep(IDLE * 3).await;
         clock.wrote();
@@ -667,10 +658,7 @@ mod tests {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         clock.read(b"POST /infer HTTP/1.1\r\ncontent-length: 2\r\n\r\n{}");
         let mut answer = Answer::new(whole(8 << 20), clock.request());
-        let watchdog = tokio::spawn({
-            let clock = clock.clone();
-            async move { (clock.expired().await, Instant::now()) }
-        });
+        let watchdog = watch(&clock);
         assert_eq!(next_len(&mut answer).await, 8 << 20, "HTTP/1.1 writes a frame whole");
         // Not ended, though nothing is left: hyper then keeps the body, and its guard, until all
         // but its write buffer's bound has been written.

@@ -1049,27 +1049,37 @@ async fn a_queue_of_jobs_heavier_than_their_budget_says_when_one_has_gone() {
     }
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
-    // Batches of one job, a second each, one worker; the flood holds its share of 3 and a
-    // quiet tenant has work too: the flood's next job fits once one of its jobs has left, and
-    // the two take turns, so in two batches. Retry-After had been 1 s whatever the queue.
-    let stage = stage(1, 10).with_tenant_share(0.3);
+/// The Retry-After a tenant "flood" over its share is told, on a stage of one worker taking
+/// batches of one job, a second each, with `queued` waiting (deadlines a minute off: none is in
+/// doubt).
+fn flood_told(capacity: usize, share: f64, queued: &[(Class, Option<&str>)]) -> Duration {
+    let stage = stage(1, capacity).with_tenant_share(share);
     let seat = stage.worker_joined();
     for _ in 0..10 {
         seat.finished(1, 1, Duration::from_secs(1));
     }
     let mut answers = Vec::new();
-    for tenant in ["flood", "flood", "flood", "quiet"] {
-        let (job, answer) = classed(b"a", Class::Normal, Some(tenant), 1);
+    for &(class, tenant) in queued {
+        let (mut job, answer) = classed(b"a", class, tenant, 1);
+        job.deadline = Instant::now() + Duration::from_secs(60);
         stage.submit(job).unwrap();
         answers.push(answer);
     }
-    let (fourth, _f) = classed(b"a", Class::Normal, Some("flood"), 1);
-    match stage.submit(fourth) {
-        Err(Shed::TenantQuota { retry_after }) => assert_eq!(retry_after, Duration::from_secs(2)),
+    let (next, _next) = classed(b"a", Class::Normal, Some("flood"), 1);
+    match stage.submit(next) {
+        Err(Shed::TenantQuota { retry_after }) => retry_after,
         other => panic!("expected tenant_quota, got {other:?}"),
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
+    // The flood holds its share of 3 and a quiet tenant has work too: the flood's next job
+    // fits once one of its jobs has left, and the two take turns, so in two batches.
+    // Retry-After had been 1 s whatever the queue.
+    let flood = (Class::Normal, Some("flood"));
+    let queued = [flood, flood, flood, (Class::Normal, Some("quiet"))];
+    assert_eq!(flood_told(10, 0.3, &queued), Duration::from_secs(2));
 }
 
 #[tokio::test(start_paused = true)]
@@ -1077,27 +1087,10 @@ async fn a_tenant_over_its_share_behind_higher_classes_is_told_to_wait_for_them(
     // As above, with six high jobs of nobody's queued ahead of the flood's normal ones: none
     // of the flood's leaves before all six have. Its Retry-After had counted only its own
     // class's turns (2 s), and sent it back into refusals for four more seconds.
-    let stage = stage(1, 20).with_tenant_share(0.15);
-    let seat = stage.worker_joined();
-    for _ in 0..10 {
-        seat.finished(1, 1, Duration::from_secs(1));
-    }
-    let mut answers = Vec::new();
-    for (class, tenant) in [(Class::High, None); 6]
-        .into_iter()
-        .chain([(Class::Normal, Some("flood")); 3])
-        .chain([(Class::Normal, Some("quiet"))])
-    {
-        let (mut job, answer) = classed(b"a", class, tenant, 1);
-        job.deadline = Instant::now() + Duration::from_secs(60); // no deadline is in doubt
-        stage.submit(job).unwrap();
-        answers.push(answer);
-    }
-    let (fourth, _f) = classed(b"a", Class::Normal, Some("flood"), 1);
-    match stage.submit(fourth) {
-        Err(Shed::TenantQuota { retry_after }) => assert_eq!(retry_after, Duration::from_secs(8)),
-        other => panic!("expected tenant_quota, got {other:?}"),
-    }
+    let flood = (Class::Normal, Some("flood"));
+    let mut queued = vec![(Class::High, None); 6];
+    queued.extend([flood, flood, flood, (Class::Normal, Some("quiet"))]);
+    assert_eq!(flood_told(20, 0.15, &queued), Duration::from_secs(8));
 }
 
 #[tokio::test(start_paused = true)]
