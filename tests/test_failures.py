@@ -124,6 +124,32 @@ def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corra
     assert proxy.metric("corral_batch_size_count", stage="default") == 3
 
 
+def test_a_poison_input_takes_none_of_its_batch_mates_down(corral_factory, tmp_path):
+    # One batch of four (released only when full), one of which kills its worker. Nobody can
+    # tell which: each is retried in a batch of its own, so the three others are answered and
+    # the poison input alone is a 500, once it has killed a second worker.
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=4",
+        "--max-wait-ms=60000",
+        "--timeout-ms=60000",
+        workers=2,
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    items = [{"v": 1}, {"exit": True}, {"v": 2}, {"v": 3}]
+    with ThreadPoolExecutor(4) as pool:
+        responses = list(pool.map(proxy.post, items))
+    assert [r.status_code for r in responses] == [200, 500, 200, 200]
+    assert responses[1].json()["error"] == "worker_died"
+    assert [r.json()["batch_size"] for r in responses if r.status_code == 200] == [1, 1, 1]
+    # Every item reached a worker twice: in the first batch, then alone.
+    assert sorted(json.dumps(i, sort_keys=True) for i in received(log)) == sorted(
+        json.dumps(i, sort_keys=True) for i in items * 2
+    )
+    assert proxy.metric("corral_jobs_retried_total", stage="default") == 4
+
+
 def test_with_retries_off_a_dead_worker_s_job_is_not_run_again(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory(

@@ -120,6 +120,10 @@ pub struct Job {
     pub weight: u32,
     /// How many more times the job may be given to another worker if its worker dies with it.
     pub retries: u32,
+    /// Set once a worker died, hung or broke the protocol holding the job: from then on it goes
+    /// to a worker in a batch of its own ([`crate::stage`]'s taking), so that a poison input
+    /// retried takes none of its batch-mates down with it, and they none of it.
+    pub alone: bool,
     /// The request the job belongs to, shared by all its jobs ([`Job::new`] gives each job a
     /// request of its own): jobs handed back after their worker died are queued as their
     /// request again, to be taken and evicted whole.
@@ -174,6 +178,7 @@ impl Job {
             tenant: None,
             weight: 1,
             retries: 0,
+            alone: false,
             request: new_request(),
             left: CancellationToken::new(),
             stream: None,

@@ -38,12 +38,18 @@ impl Stage {
             // A worker that takes fewer jobs a batch than the stage's bound: its batch is full,
             // to the policy, at its own bound.
             let settings = stage.settings_for(queue, slot);
-            match policy::decide(
-                queue.view(free_since, settings.max_batch_size),
-                now,
-                &settings,
-                &forecast,
-            ) {
+            // A job that goes alone ([`Job::alone`]) has no batch to wait for.
+            let release = if queue.jobs.front().is_some_and(|job| job.alone) {
+                Release::Now
+            } else {
+                policy::decide(
+                    queue.view(free_since, settings.max_batch_size),
+                    now,
+                    &settings,
+                    &forecast,
+                )
+            };
+            match release {
                 Release::Now => {
                     let batch = stage.take_up_to(queue, now, settings.max_batch_size);
                     if let (Some(slot), false) = (slot, batch.is_empty()) {
@@ -169,7 +175,9 @@ impl Stage {
     /// Takes the next batch off the front of the queue, in the lanes' order: up to `max` jobs
     /// (`max_batch_size`, or the worker's own bound), `max_batch_bytes` and `max_batch_weight`
     /// (a job heavier than the budget goes alone). A batch ends early rather than split a
-    /// request of several jobs that would fit whole in the next batch.
+    /// request of several jobs that would fit whole in the next batch. A job whose worker died
+    /// holding it ([`Job::alone`]) is a batch of its own: retried beside others, a poison input
+    /// had killed a second worker with all of them, and every one had run out of retries.
     fn take_up_to(&self, queue: &mut Queue, now: Instant, max: usize) -> Vec<Job> {
         let budget = self.settings.max_batch_weight.unwrap_or(usize::MAX);
         let byte_budget = self.settings.max_batch_bytes;
@@ -179,6 +187,9 @@ impl Stage {
             let Some((next, request)) = queue.jobs.peek() else { break };
             let dead = next.is_abandoned() || next.is_expired(now);
             if !batch.is_empty() && !dead {
+                if next.alone {
+                    break;
+                }
                 let fits =
                     bytes + next.size() <= byte_budget && weight + next.weight as usize <= budget;
                 let (room, request_weight) = (max - batch.len(), request.weight as usize);
@@ -200,7 +211,11 @@ impl Stage {
             }
             bytes += job.size();
             weight += job.weight as usize;
+            let alone = job.alone;
             batch.push(job);
+            if alone {
+                break;
+            }
         }
         queue.jobs.end_batch();
         if !batch.is_empty() {

@@ -140,7 +140,8 @@ impl Orphan {
 /// Jobs whose worker is gone or untrustworthy, oldest first: those with time left before their
 /// deadline go back to the front of the queue, in the same order, for the next idle worker. A
 /// job whose batch reached the worker costs one of its retries (the worker may have run it, and
-/// a poison input must not kill worker after worker); one whose batch never did costs nothing.
+/// a poison input must not kill worker after worker) and goes on alone ([`Job::alone`]: which of
+/// the batch's jobs killed it nobody can tell); one whose batch never did costs nothing.
 /// The others are answered 500 (`worker_died`).
 pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: Instant) {
     let mut retry = Vec::new();
@@ -152,6 +153,7 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
             if reached {
                 debug!(request_id = %job.id, "job goes back to the queue for another worker");
                 job.retries -= 1;
+                job.alone = true;
                 retried += 1;
             }
             retry.push(job);
@@ -263,13 +265,17 @@ mod tests {
         let (a, _a) = orphan(b"a", 1, true);
         let (b, _b) = orphan(b"b", 1, true);
         let (c, _c) = orphan(b"c", 1, false);
-        give_back(&seat, vec![a, b, c], "died", Instant::now());
-        let batch = seat.next_batch().await;
-        let order: Vec<&[u8]> = batch.iter().map(|job| &job.payload.segments()[0][..]).collect();
-        assert_eq!(order, [b"a", b"b", b"c"]);
-        // Only the jobs the worker had in hand spent a retry.
-        let retries: Vec<u32> = batch.iter().map(|job| job.retries).collect();
-        assert_eq!(retries, [0, 0, 1]);
+        let (d, _d) = orphan(b"d", 1, false);
+        give_back(&seat, vec![a, b, c, d], "died", Instant::now());
+        // The jobs the worker had in hand go alone (one of them may have killed it), each having
+        // spent a retry; those it never read go together, as they came, and spent none.
+        for (payloads, retries) in
+            [(vec![b"a"], vec![0]), (vec![b"b"], vec![0]), (vec![b"c", b"d"], vec![1, 1])]
+        {
+            let batch = seat.next_batch().await;
+            assert_eq!(batch.iter().map(|job| job.retries).collect::<Vec<_>>(), retries);
+            assert_eq!(payloads_of(batch), payloads);
+        }
     }
 
     #[tokio::test(start_paused = true)]
