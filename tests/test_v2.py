@@ -89,6 +89,26 @@ def test_health_and_metadata(proxy):
         assert versioned["inputs"] == metadata["inputs"]
 
 
+def test_model_config_in_triton_s_form(proxy):
+    # What Triton's own examples read: the tensors without the batch
+    # dimension, Triton's type names, and the batch bound a request may fill.
+    with client(proxy) as c:
+        assert "model_configuration" in c.get_server_metadata()["extensions"]
+        config = c.get_model_config("default")
+    assert config["name"] == "default"
+    assert config["max_batch_size"] == 32  # the proxy's default --max-batch-size
+    assert config["input"] == [
+        {"name": "X", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [3]},
+        {"name": "N", "data_type": "TYPE_INT64", "format": "FORMAT_NONE", "dims": [1]},
+        {"name": "TEXT", "data_type": "TYPE_STRING", "format": "FORMAT_NONE", "dims": [1]},
+    ]
+    assert [o["name"] for o in config["output"]] == ["SUM", "SCALED", "UPPER", "BATCH"]
+    assert all(set(o) == {"name", "data_type", "dims"} for o in config["output"])
+    with client(proxy) as c, pytest.raises(InferenceServerException) as unknown:
+        c.get_model_config("nope")
+    assert unknown.value.status() == "404"
+
+
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
 def test_fp32_int64_and_bytes_tensors(proxy, binary):
     x, scale, words = rows(2)
@@ -392,11 +412,13 @@ def test_metadata_before_any_worker_connected_is_503_not_an_empty_model(corral_f
         '[stages.outside]\n[pipelines.p]\nstages = ["outside"]\n[routes.m]\npipeline = "p"\n'
     )
     proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
-    answer = proxy.client.get("/v2/models/m")
-    assert answer.status_code == 503
-    assert answer.json() == {
-        "error": 'model "m" has no metadata yet: its workers declare its tensors when they connect'
-    }
+    for path in ("/v2/models/m", "/v2/models/m/config"):
+        answer = proxy.client.get(path)
+        assert answer.status_code == 503
+        assert answer.json() == {
+            "error": 'model "m" has no metadata yet: its workers declare its tensors when they '
+            "connect"
+        }
 
 
 def test_an_infer_before_any_worker_connected_is_503_not_queued_unchecked(corral_factory):

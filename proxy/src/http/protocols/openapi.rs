@@ -120,6 +120,27 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
             "503": response("Not ready.", &readiness)}),
     );
     paths.insert("/v2/models/{name}/ready".into(), model_ready);
+    let config_tensor = json!({"type": "object", "required": ["name", "data_type", "dims"],
+        "properties": {"name": {"type": "string"}, "data_type": {"type": "string"},
+            "format": {"type": "string"},
+            "dims": {"type": "array", "items": {"type": "integer"}}}});
+    let config = json!({"type": "object",
+        "required": ["name", "platform", "max_batch_size", "input", "output"],
+        "properties": {"name": {"type": "string"}, "platform": {"type": "string"},
+            "backend": {"type": "string"}, "max_batch_size": {"type": "integer", "minimum": 1},
+            "input": {"type": "array", "items": config_tensor.clone()},
+            "output": {"type": "array", "items": config_tensor},
+            "dynamic_batching": {"type": "object"}, "version_policy": {"type": "object"}}});
+    let model_config = get(
+        "v2_model_config",
+        "Triton's model configuration extension: the declared tensors without the batch \
+         dimension, Triton's type names (TYPE_FP32; BYTES is TYPE_STRING), and the first \
+         stage's max batch size.",
+        json!([name]),
+        json!({"200": ok(config), "404": not_found,
+            "503": response("No worker has connected yet: its tensors are not known.", error)}),
+    );
+    paths.insert("/v2/models/{name}/config".into(), model_config);
 
     let parameters = json!({"type": "object", "properties": {
         "binary_data_size": {"type": "integer", "minimum": 0},

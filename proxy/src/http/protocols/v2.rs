@@ -5,7 +5,9 @@
 //! - `GET /v2/health/live`, `GET /v2/health/ready` (every stage has a worker), `GET /v2` (server
 //!   metadata);
 //! - `GET /v2/models/{name}` (model metadata: the tensors the workers declared, with the batch
-//!   dimension as `-1`), `GET /v2/models/{name}/ready`;
+//!   dimension as `-1`), `GET /v2/models/{name}/ready`, and Triton's model configuration
+//!   extension, `GET /v2/models/{name}/config` ([`config`]: what tritonclient's
+//!   `get_model_config` and the tools built on it read);
 //! - `POST /v2/models/{name}/infer`: JSON tensors or the binary tensor extension
 //!   ([`request`]); the first dimension is the batch, each row a job, and the rows' results are
 //!   stacked back into tensors ([`response`]).
@@ -52,6 +54,7 @@ enum Kind {
     Server,
     Model,
     ModelReady,
+    Config,
     Infer,
 }
 
@@ -80,6 +83,7 @@ impl<'a> Endpoint<'a> {
                 let kind = match rest {
                     "" => Kind::Model,
                     "ready" => Kind::ModelReady,
+                    "config" => Kind::Config,
                     "infer" => Kind::Infer,
                     _ => return None,
                 };
@@ -102,6 +106,7 @@ impl<'a> Endpoint<'a> {
             Kind::Server => "/v2",
             Kind::Model => "/v2/models/{name}",
             Kind::ModelReady => "/v2/models/{name}/ready",
+            Kind::Config => "/v2/models/{name}/config",
             Kind::Infer => "/v2/models/{name}/infer",
         }
     }
@@ -118,6 +123,7 @@ impl<'a> Endpoint<'a> {
             Kind::Server => get_only(method).map(|()| server_metadata()),
             Kind::Model => self.model(method).and_then(metadata),
             Kind::ModelReady => self.model(method).map(|route| model_readiness(app, route)),
+            Kind::Config => self.model(method).and_then(config),
             Kind::Infer => match (&self.route, app.admit(method)) {
                 (None, _) => Err(unknown_model(&self.name)),
                 (Some(_), Err(error)) => Err(error),
@@ -150,7 +156,7 @@ fn server_metadata() -> Response<Body> {
     let body = json!({
         "name": "corral",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data"],
+        "extensions": ["binary_tensor_data", "model_configuration"],
     });
     json(StatusCode::OK, body.to_string())
 }
@@ -180,6 +186,51 @@ fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
         "platform": "corral",
         "inputs": tensors(declared.inputs()),
         "outputs": tensors(declared.outputs()),
+    });
+    Ok(json(StatusCode::OK, body.to_string()))
+}
+
+/// The route's model configuration in Triton's form (its `ModelConfig` as JSON): the declared
+/// tensors as `input` and `output`, each `dims` one row's shape (the batch dimension left out, as
+/// Triton leaves it out wherever `max_batch_size` is above 0), `data_type` as Triton names it
+/// (`TYPE_FP32`; `BYTES` is `TYPE_STRING`), and the first stage's batch bounds: a client that
+/// sizes its requests by `max_batch_size` (as Triton's own examples do) fills one batch
+/// a request. Larger requests are still served, cut across batches. 503 before the tensors are
+/// known, as the metadata is.
+fn config(route: &Route) -> Result<Response<Body>, ApiError> {
+    if let Some(message) = not_declared_yet(route) {
+        return Err(ApiError::not_ready(message));
+    }
+    let declared = Declared::of(route);
+    let tensors = |specs: &[TensorSpec], input: bool| {
+        specs
+            .iter()
+            .map(|spec| {
+                let data_type = match spec.datatype.as_str() {
+                    "BYTES" => "TYPE_STRING".to_string(),
+                    other => format!("TYPE_{other}"),
+                };
+                let mut tensor =
+                    json!({"name": spec.name, "data_type": data_type, "dims": spec.shape});
+                if input {
+                    tensor["format"] = json!("FORMAT_NONE");
+                }
+                tensor
+            })
+            .collect::<Vec<_>>()
+    };
+    let settings = route.pipeline.stages.first().map(|stage| *stage.settings());
+    let max_batch_size = settings.map_or(1, |settings| settings.max_batch_size);
+    let delay_us = settings.map_or(0, |settings| settings.max_wait.as_micros());
+    let body = json!({
+        "name": route.model,
+        "platform": "corral",
+        "backend": "corral",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": max_batch_size,
+        "input": tensors(declared.inputs(), true),
+        "output": tensors(declared.outputs(), false),
+        "dynamic_batching": {"max_queue_delay_microseconds": delay_us},
     });
     Ok(json(StatusCode::OK, body.to_string()))
 }
