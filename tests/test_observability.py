@@ -212,6 +212,7 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
         "/v2/health/ready",
         "/v2/models/{name}",
         "/v2/models/{name}/ready",
+        "/v2/models/{name}/config",
         "/v2/models/{name}/infer",
     }
 
