@@ -4,6 +4,7 @@ text from its hash, the last one the size of its batch)."""
 
 import base64
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -202,3 +203,73 @@ def test_an_openai_path_no_route_serves_is_404_in_openai_shape(proxy, corral_fac
         with pytest.raises(openai.NotFoundError) as error:
             client.embeddings.create(model="m", input="x")
     assert 'protocol = "openai-embeddings"' in error.value.body["message"]
+
+
+def declaring_proxy(corral_factory, tmp_path, max_batch_size: int = 4, inputs: str = ""):
+    """A proxy whose route `embed` (the OpenAI one) is served by embed.py declaring tensors
+    (or, with `inputs`, the environment that makes it declare other inputs)."""
+    (tmp_path / "corral.toml").write_text(
+        "batch_policy = \"fixed\"\n"
+        "[stages.embed]\n"
+        f'command = ["{sys.executable}", "{EMBED}"]\n'
+        f"max_batch_size = {max_batch_size}\n"
+        "max_wait_ms = 60000\n"
+        f'env = {{ EMBED_TENSORS = "1", EMBED_INPUTS = "{inputs}" }}\n'
+        "[routes.embed]\n"
+        'pipeline = "embed"\n'
+        'protocol = "openai-embeddings"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log(r"worker connected")
+    return proxy
+
+
+def test_a_worker_declaring_tensors_serves_openai_and_v2_clients_in_one_batch(
+    corral_factory, tmp_path
+):
+    # Each string goes as the lone BYTES input's row, the embedding is read from the numeric
+    # output; a v2 client's rows ride in the same batch. (Sent as bare strings, every embeddings
+    # request had failed 500, and so had the v2 rows batched with them.)
+    import tritonclient.http as triton
+
+    proxy = declaring_proxy(corral_factory, tmp_path, max_batch_size=3)
+    texts = ["one", "two words"]
+    v2 = triton.InferenceServerClient(proxy.url.removeprefix("http://"))
+    text = triton.InferInput("TEXT", [1, 1], "BYTES")
+    text.set_data_from_numpy(np.array([[b"three"]], dtype=object))
+    with (
+        openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as client,
+        ThreadPoolExecutor(2) as pool,
+    ):
+        embedded = pool.submit(client.embeddings.create, model="m", input=texts)
+        inferred = pool.submit(v2.infer, "embed", [text])
+        answer, v2_answer = embedded.result(), inferred.result()
+        as_floats = client.embeddings.create(model="m", input="x", encoding_format="float")
+    v2.close()
+    assert [d.embedding for d in answer.data] == [vector(t, 3) for t in texts]
+    assert v2_answer.as_numpy("EMBEDDING").tolist() == [vector("three", 3)]
+    assert as_floats.data[0].embedding == vector("x", 1)
+
+
+def test_a_worker_declaring_inputs_no_string_can_be_is_a_500_saying_so(corral_factory, tmp_path):
+    proxy = declaring_proxy(corral_factory, tmp_path, inputs="FP32")
+    answer = proxy.client.post("/v1/embeddings", json={"model": "m", "input": "x"})
+    assert answer.status_code == 500
+    error = answer.json()["error"]
+    assert (error["code"], error["type"]) == ("unsupported_model", "server_error")
+    assert "one BYTES input of one element" in error["message"]
+
+
+def test_before_any_worker_connected_an_embeddings_request_is_503_with_retry_after(
+    corral_factory, tmp_path
+):
+    # What a string becomes is not known yet: queued as a bare string, it would reach a worker
+    # that declares tensors.
+    (tmp_path / "corral.toml").write_text(
+        "[stages.outside]\n[routes.embed]\npipeline = \"outside\"\n"
+        'protocol = "openai-embeddings"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    answer = proxy.client.post("/v1/embeddings", json={"model": "m", "input": "x"})
+    assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
+    assert answer.json()["error"]["code"] == "not_ready"

@@ -4,10 +4,18 @@ element is the size of the batch it was computed in (exact in float32), so tests
 share a batch. A text starting with "reject" is refused (422) in preprocess. The text
 "not finite" is answered with NaN and infinities, "tenths" with [0.1, 0.2, 1/3] (not exact in
 float32), and "raw bytes" with the float32 bytes of a vector (a worker's mistake: an embedding is
-a list of numbers)."""
+a list of numbers).
+
+With EMBED_TENSORS set it declares tensors, as a worker serving v2 clients too would: its input
+`TEXT` (`BYTES`, one element a row) and its output `EMBEDDING` (`FP32`, 8 a row), beside a
+`TOKENS` output (`INT64`) that the OpenAI answer must not take for the embedding. EMBED_INPUTS
+names another datatype for `TEXT` (a model no string can be sent to)."""
 
 import hashlib
+import os
 import struct
+
+import numpy as np
 
 import corral
 
@@ -21,13 +29,28 @@ def vector(text: str, batch_size: int) -> list[float]:
 
 
 class Embed(corral.Worker):
+    if os.environ.get("EMBED_TENSORS"):
+        inputs = (corral.Tensor("TEXT", os.environ.get("EMBED_INPUTS") or "BYTES", [1]),)
+        outputs = (
+            corral.Tensor("TOKENS", "INT64", [1]),
+            corral.Tensor("EMBEDDING", "FP32", [DIMENSIONS]),
+        )
+
     def preprocess(self, item):
+        if isinstance(item, dict):
+            item = bytes(item["TEXT"][0]).decode()
         if item.startswith("reject"):
             raise corral.ValidationError(f"cannot embed {item!r}")
         return item
 
     def forward(self, batch):
-        return [answer(text, len(batch)) for text in batch]
+        answers = [answer(text, len(batch)) for text in batch]
+        if not self.outputs:
+            return answers
+        return [
+            {"TOKENS": [len(text.split())], "EMBEDDING": np.array(vector, np.float32)}
+            for text, vector in zip(batch, answers)
+        ]
 
 
 def answer(text: str, batch_size: int):

@@ -156,7 +156,7 @@ pub fn worker_results(data: &[u8]) {
         let _ = bin_contents(result);
         for base64 in [false, true] {
             let outcome = Outcome::Done(result.clone(), None);
-            if let Ok(embedding) = openai::embedding(index, outcome, base64) {
+            if let Ok(embedding) = openai::embedding(index, outcome, None, base64) {
                 assert!(serde_json::to_vec(&embedding).is_ok());
             }
         }

@@ -2,7 +2,8 @@
 //! `protocol = "openai-embeddings"` (at most one may; it keeps serving its own path too).
 //!
 //! `input` is a string or a list of strings; each string is a job whose payload is that string,
-//! and the worker answers each with a list of numbers. The answer is OpenAI's:
+//! and the worker answers each with a list of numbers (to a worker that declares tensors, the
+//! string and the numbers go as tensors: [`declared`]). The answer is OpenAI's:
 //! `{"object": "list", "data": [{"object": "embedding", "index", "embedding"}], "model", "usage"}`,
 //! each embedding a list of floats or, with `encoding_format: "base64"`, the base64 of its
 //! little-endian float32 bytes (what the `openai` package asks for by default, and decodes with
@@ -14,10 +15,8 @@
 //! request would get; `code` is Corral's code word, `type` `invalid_request_error` for a 4xx and
 //! `server_error` otherwise.
 
-use std::borrow::Cow;
 use std::cell::Cell;
 
-use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use rmp::Marker;
@@ -35,6 +34,9 @@ use super::super::{App, Body, Route};
 use super::first_failure;
 use super::v2::tensor;
 use crate::job::Outcome;
+use crate::msgpack;
+
+mod declared;
 
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 
@@ -64,6 +66,22 @@ pub async fn embeddings(
         let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
         return Err(body::before_body(error));
     }
+    // What a string becomes depends on the first stage's declarations: before any worker has
+    // connected they are not known, and a bare string queued then would reach a worker that
+    // declares tensors (every input 500). Not ready yet, as KServe v1's predict says then.
+    let stages = &route.pipeline.stages;
+    let first = stages.first().expect("a pipeline has a stage");
+    if !first.declarations_known() {
+        let message = format!(
+            "model {:?} has no worker yet: what its inputs are is known once one connects",
+            route.model
+        );
+        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
+        return Err(body::before_body(error));
+    }
+    let input = declared::Input::of(first.declared().as_deref()).map_err(body::before_body)?;
+    let last = stages.last().expect("a pipeline has a stage");
+    let output = declared::output(last.declared().as_deref());
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
@@ -86,13 +104,13 @@ pub async fn embeddings(
     }
     let inputs = strings(request.input, route.pipeline.capacity())?;
     let tokens: usize = inputs.iter().map(|text| text.split_whitespace().count()).sum();
-    let payloads = inputs.iter().map(|text| msgpack_str(text)).collect();
+    let payloads = inputs.iter().map(|text| input.payload(text)).collect();
     let outcomes = infer::run_items(app, route, payloads, deadline, traffic).await?;
     first_failure(&outcomes, "input")?;
     let data = outcomes
         .into_iter()
         .enumerate()
-        .map(|(index, outcome)| embedding(index, outcome, base64))
+        .map(|(index, outcome)| embedding(index, outcome, output.as_deref(), base64))
         .collect::<Result<Vec<Embedding>, ApiError>>()?;
     let usage = Usage { prompt_tokens: tokens, total_tokens: tokens };
     let answer = Answer { object: "list", data, model: &request.model, usage };
@@ -250,19 +268,15 @@ fn strings(input: &RawValue, max: usize) -> Result<Vec<String>, ApiError> {
         .collect()
 }
 
-fn msgpack_str(text: &str) -> Bytes {
-    let mut out = Vec::with_capacity(text.len() + 5);
-    rmp::encode::write_str(&mut out, text).expect("writing to a Vec cannot fail");
-    Bytes::from(out)
-}
-
-/// One input's entry of `data`: its vector as JSON numbers or as base64.
+/// One input's entry of `data`: its vector (the result, or its `output` where the workers
+/// declare outputs) as JSON numbers or as base64.
 pub(crate) fn embedding(
     index: usize,
     outcome: Outcome,
+    output: Option<&str>,
     base64: bool,
 ) -> Result<Embedding, ApiError> {
-    let vector = vector(index, outcome)?;
+    let vector = vector(index, outcome, output)?;
     if !base64 && vector.iter().any(|x| !x.is_finite()) {
         // serde_json would write `null`s: a client would read no number, or NaN.
         let message = format!(
@@ -277,19 +291,29 @@ pub(crate) fn embedding(
 }
 
 /// A worker's answer for one input as float32s (OpenAI's embeddings are float32): an array of
-/// numbers, or a tensor value of them (a worker that declares its output).
-fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
+/// numbers, or a tensor value of them, its elements in order whatever its shape; with `output`
+/// named (a worker that declares its outputs), the value of that key of the result.
+fn vector(index: usize, outcome: Outcome, output: Option<&str>) -> Result<Vec<f32>, ApiError> {
     let Outcome::Done(data, _) = outcome else {
         unreachable!("first_failure let only results through")
     };
-    let not_numbers = || {
-        let message = format!("the worker's output for input {index} is not a list of numbers");
-        ApiError::internal("bad_output", message)
+    let bad = |message: String| ApiError::internal("bad_output", message);
+    let not_numbers =
+        || bad(format!("the worker's output for input {index} is not a list of numbers"));
+    let value = match output {
+        None => &data[..],
+        Some(name) => {
+            let missing = || bad(format!("the worker's output for input {index} has no {name:?}"));
+            let at = msgpack::after_key(&data, name).ok().flatten().ok_or_else(missing)?;
+            let mut rest = at;
+            msgpack::skip(&mut rest).map_err(|_| not_numbers())?;
+            &at[..at.len() - rest.len()]
+        }
     };
     // A tensor value is one ext at the top (its marker first): no walk of the whole output.
     let marker = |data: &[u8]| data.first().map(|&byte| Marker::from_u8(byte));
     let ext = matches!(
-        marker(&data),
+        marker(value),
         Some(
             Marker::FixExt1
                 | Marker::FixExt2
@@ -301,17 +325,19 @@ fn vector(index: usize, outcome: Outcome) -> Result<Vec<f32>, ApiError> {
                 | Marker::Ext32
         )
     );
-    let data: Cow<[u8]> = if ext {
-        Cow::Owned(tensor::expand(&data).map_err(|_| not_numbers())?)
-    } else {
-        Cow::Borrowed(&data)
-    };
+    if ext {
+        let mut rest = value;
+        let meta = rmp::decode::read_ext_meta(&mut rest).map_err(|_| not_numbers())?;
+        let body = rest.get(..meta.size as usize).filter(|_| meta.typeid == tensor::TENSOR_EXT);
+        let tensor = body.and_then(|body| tensor::read_tensor(body).ok());
+        return tensor.as_ref().and_then(tensor::floats).ok_or_else(not_numbers);
+    }
     // rmp_serde reads a `bin` as the list of its bytes: a worker's raw float32 bytes would
     // become an embedding of byte values. Only an array is a list of numbers.
-    if !matches!(marker(&data), Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32)) {
+    if !matches!(marker(value), Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32)) {
         return Err(not_numbers());
     }
-    rmp_serde::from_slice(&data).map_err(|_| not_numbers())
+    rmp_serde::from_slice(value).map_err(|_| not_numbers())
 }
 
 /// Standard base64 (with padding) of the vector's little-endian float32 bytes.
@@ -351,8 +377,10 @@ fn param(error: &ApiError) -> Option<&'static str> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use bytes::Bytes;
     use serde_json::Value;
+
+    use super::*;
 
     #[test]
     fn base64_is_standard_and_padded() {
@@ -397,19 +425,19 @@ mod tests {
 
     #[test]
     fn an_embedding_is_a_list_of_numbers_not_bytes() {
-        assert_eq!(vector(0, done(&[1.5, -2.0])).unwrap(), [1.5, -2.0]);
+        assert_eq!(vector(0, done(&[1.5, -2.0]), None).unwrap(), [1.5, -2.0]);
         let mut bin = Vec::new();
         rmp::encode::write_bin(&mut bin, &[0, 0, 128, 63]).unwrap();
         let raw = Outcome::Done(Bytes::from(bin), None);
-        let error = vector(3, raw).unwrap_err();
+        let error = vector(3, raw, None).unwrap_err();
         assert_eq!(
             (error.code, error.message.as_str()),
             ("bad_output", "the worker's output for input 3 is not a list of numbers")
         );
-        assert!(vector(0, done(&"text")).is_err());
+        assert!(vector(0, done(&"text"), None).is_err());
         let mut value = Vec::new();
         let data: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
         tensor::write_tensor(&mut value, tensor::DataType::F32, &[2], &data);
-        assert_eq!(vector(0, Outcome::Done(Bytes::from(value), None)).unwrap(), [0.5, 2.0]);
+        assert_eq!(vector(0, Outcome::Done(Bytes::from(value), None), None).unwrap(), [0.5, 2.0]);
     }
 }

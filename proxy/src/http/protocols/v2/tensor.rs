@@ -332,6 +332,25 @@ fn push_integer(out: &mut Vec<u8>, datatype: DataType, value: i128) -> Option<()
 
 /// Packed data's elements, row-major (its length already checked against the shape), read as
 /// they are asked for: no list of them is made.
+/// A numeric tensor's elements as float32s, in order whatever its shape (an embedding a
+/// worker returned as a tensor value); None for `BOOL` and `BYTES`. A float64 or integer past
+/// float32's range becomes an infinity, which its reader then refuses where JSON cannot say it.
+pub fn floats(tensor: &Tensor<'_>) -> Option<Vec<f32>> {
+    if matches!(tensor.datatype, DataType::Bool | DataType::Bytes) {
+        return None;
+    }
+    let elements = each(tensor.datatype, &tensor.shape, tensor.data).ok()?;
+    elements
+        .map(|element| match element {
+            Element::Uint(u) => Some(u as f32),
+            Element::Int(i) => Some(i as f32),
+            Element::Float32(f) => Some(f),
+            Element::Float(f) => Some(f as f32),
+            Element::Bool(_) | Element::Bytes(_) => None,
+        })
+        .collect()
+}
+
 fn each<'a>(
     datatype: DataType,
     shape: &[u64],
