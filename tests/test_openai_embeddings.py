@@ -209,7 +209,7 @@ def declaring_proxy(corral_factory, tmp_path, max_batch_size: int = 4, inputs: s
     """A proxy whose route `embed` (the OpenAI one) is served by embed.py declaring tensors
     (or, with `inputs`, the environment that makes it declare other inputs)."""
     (tmp_path / "corral.toml").write_text(
-        "batch_policy = \"fixed\"\n"
+        'batch_policy = "fixed"\n'
         "[stages.embed]\n"
         f'command = ["{sys.executable}", "{EMBED}"]\n'
         f"max_batch_size = {max_batch_size}\n"
@@ -266,8 +266,7 @@ def test_before_any_worker_connected_an_embeddings_request_is_503_with_retry_aft
     # What a string becomes is not known yet: queued as a bare string, it would reach a worker
     # that declares tensors.
     (tmp_path / "corral.toml").write_text(
-        "[stages.outside]\n[routes.embed]\npipeline = \"outside\"\n"
-        'protocol = "openai-embeddings"\n'
+        '[stages.outside]\n[routes.embed]\npipeline = "outside"\nprotocol = "openai-embeddings"\n'
     )
     proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
     answer = proxy.client.post("/v1/embeddings", json={"model": "m", "input": "x"})
