@@ -69,6 +69,30 @@ def test_two_gpus_two_workers_each_and_a_restart_keeps_its_device(tmp_path):
         proxy.stop()
 
 
+@pytest.mark.parametrize("source", ["flag", "variable"])
+def test_a_flag_s_value_is_taken_whole_and_the_variable_s_split_at_semicolons(tmp_path, source):
+    # A connection string holds `;`: the flag had been split there too, silently, into four
+    # variables (and `LIST=8.0;8.6` refused).
+    records = tmp_path / "records"
+    records.mkdir()
+    connection = "DefaultEndpointsProtocol=https;AccountName=acct;AccountKey=k=="
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "CONN,A,B,AccountName"}
+    if source == "flag":
+        flags = ["--worker-env", f"CONN={connection}", "--worker-env", "A=1"]
+    else:
+        flags, env["CORRAL_WORKER_ENV"] = [], "A=1;B=2;"
+    proxy = Corral(tmp_path, *flags, "--", sys.executable, PLACED, worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected")
+        [given] = placements(records).values()
+        if source == "flag":
+            assert (given["CONN"], given["A"], given.get("AccountName")) == (connection, "1", None)
+        else:
+            assert (given["A"], given["B"], given.get("CONN")) == ("1", "2", None)
+    finally:
+        proxy.stop()
+
+
 def test_a_worker_claiming_a_spawned_workers_pid_gets_no_device(tmp_path):
     # A device is the kernel's word on who connected (the socket's peer), not the hello's:
     # an external worker naming a spawned one's pid was counted on that worker's GPU.

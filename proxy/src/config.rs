@@ -270,8 +270,11 @@ pub struct Config {
 
     /// With WORKER_CMD: an environment variable for every spawned worker (repeatable; in
     /// CORRAL_WORKER_ENV separated by `;`). Values may use {index} and {gpu}.
+    // Split at `;` only when read from the variable ([`Config::split_worker_env`]): a flag's
+    // value is taken whole (clap's delimiter split both, and a connection string such as
+    // `A=Protocol=https;AccountName=x` became four variables, silently).
     #[arg(long = "worker-env", env = "CORRAL_WORKER_ENV", value_name = "NAME=VALUE",
-          value_delimiter = ';', value_parser = parse_pair)]
+          value_parser = parse_pair)]
     pub worker_env: Vec<String>,
 
     /// The config file's top-level `worker_env` (`NAME=VALUE` entries): defaults for every
@@ -313,6 +316,21 @@ pub(crate) fn check_ratio(ratio: f64) -> Result<f64, String> {
         Ok(ratio)
     } else {
         Err(format!("{ratio} is not a number from 0 to 1"))
+    }
+}
+
+impl Config {
+    /// `CORRAL_WORKER_ENV`'s pairs, separated by `;` in the one variable: called where the
+    /// value came from the environment (empty pieces, a trailing `;`, are skipped). Each pair is
+    /// checked where the stages are resolved.
+    pub fn split_worker_env(&mut self) {
+        self.worker_env = self
+            .worker_env
+            .iter()
+            .flat_map(|value| value.split(';'))
+            .filter(|pair| !pair.is_empty())
+            .map(String::from)
+            .collect();
     }
 }
 

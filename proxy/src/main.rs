@@ -31,6 +31,9 @@ fn flush_output() {
 fn main() -> std::process::ExitCode {
     let matches = Config::command().try_get_matches().unwrap_or_else(|e| exit_on(e));
     let mut config = Config::from_arg_matches(&matches).unwrap_or_else(|e| e.exit());
+    if matches.value_source("worker_env") == Some(ValueSource::EnvVariable) {
+        config.split_worker_env();
+    }
     // Flags and variables that were set win over the config file.
     let explicit = |id: &str| {
         matches!(
