@@ -276,6 +276,25 @@ stages = ["scale", "shift"]
     assert "the last was refused: this worker was spawned for stage" in ready.json()["message"]
 
 
+def test_a_spawned_worker_naming_an_unknown_stage_has_readyz_say_why(corral_factory, tmp_path):
+    # Refused at its hello (as a version or a malformed hello would be), only the log had said
+    # why; /readyz said how it exited.
+    text = f"""
+[stages.scale]
+command = {command("scale", "--stage", "zzz")}
+
+[pipelines.arith]
+stages = ["scale"]
+"""
+    proxy = corral_factory("--config", write(tmp_path, text), worker=None)
+    proxy.wait_for_log(r"worker refused.*unknown stage")
+    message = proxy.wait_until(
+        lambda: "refused" in (m := proxy.client.get("/readyz").json()["message"]) and m,
+        what="/readyz to say why the worker was refused",
+    )
+    assert 'the last was refused: unknown stage "zzz"; this proxy serves: scale' in message
+
+
 def test_an_output_larger_than_the_next_stage_takes_fails_its_job_naming_both(
     corral_factory, tmp_path
 ):

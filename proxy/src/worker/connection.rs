@@ -103,7 +103,8 @@ pub async fn serve(
     let mut inbox = FramedRead::new(read, ProxyCodec::untrusted());
     let mut outbox = Outbox::new(write);
     let Some((hello, stage)) =
-        handshake(&mut inbox, &mut outbox, &context.stages, &context.shutdown).await
+        handshake(&mut inbox, &mut outbox, &context.stages, &context.shutdown, child.as_ref())
+            .await
     else {
         outbox.close(CLOSE_WRITE_LIMIT).await;
         return;
@@ -363,12 +364,14 @@ fn undeclarable(hello: &Hello) -> Option<String> {
 }
 
 /// Reads the hello and checks it; refuses (with a `reject` frame) what this proxy cannot serve.
-/// A connection that has not said hello when the proxy stops is dropped at once.
+/// A connection that has not said hello when the proxy stops is dropped at once. A refused
+/// spawned worker (`child`) is refused again at every restart: its stage's `/readyz` says why.
 async fn handshake(
     inbox: &mut Inbox,
     outbox: &mut Outbox,
     stages: &HashMap<String, Arc<Stage>>,
     shutdown: &CancellationToken,
+    child: Option<&SpawnedWorker>,
 ) -> Option<(Hello, Arc<Stage>)> {
     let first = tokio::select! {
         first = tokio::time::timeout(HELLO_TIMEOUT, inbox.next()) => first,
@@ -427,6 +430,10 @@ async fn handshake(
         Ok(_) => "the first message must be a hello".to_string(),
     };
     warn!(reason = %logged(&refusal), "worker refused");
+    // An unknown stage, a version or a hello of its own making: only the log had said why.
+    if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
+        own.worker_refused(&logged_within(&refusal, 2_000));
+    }
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
     metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.
