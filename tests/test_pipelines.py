@@ -162,6 +162,21 @@ def test_a_route_path_that_is_not_ascii_is_found_percent_encoded(corral_factory,
     assert answer.json()["echo"] == {"x": 1}
 
 
+def test_a_route_path_written_percent_encoded_is_found_in_either_case(corral_factory, tmp_path):
+    # Written encoded, only the same bytes had reached it: `/%c3%bc` (hex digits' case means
+    # nothing, RFC 3986) was a 404, though `/ü` written plainly took both.
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.a]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\n'
+        '[routes.r]\npipeline = "a"\npath = "/%C3%BC"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log("worker connected")
+    for path in ("/%C3%BC", "/%c3%bc", "/\u00fc"):
+        answer = proxy.client.post(path, json={"x": 1})
+        assert answer.status_code == 200, (path, answer.text)
+    assert proxy.metric("corral_requests_total", route="/%C3%BC", code="200") == 3
+
+
 def test_two_routes_served_at_once(corral_factory, tmp_path):
     text = (
         ARITH_TOML
@@ -471,6 +486,11 @@ CONFIG_ERRORS = {
     "dot segment in a path": (
         STAGE + '[routes.r]\npath = "/x/../healthz"\npipeline = "a"\n',
         'routes.r.path: "/x/../healthz": a route path has no `.` or `..` segment',
+    ),
+    # WHATWG URLs (browsers, Node) resolve `%2e%2e` as `..`: such a route was never reached.
+    "percent-encoded dot segment in a path": (
+        STAGE + '[routes.r]\npath = "/x/%2e%2E/y"\npipeline = "a"\n',
+        'routes.r.path: "/x/%2e%2E/y": a route path has no `.` or `..` segment',
     ),
     # A route's name is its model's name in v2 and KServe v1 paths.
     "empty route name": (STAGE + '[routes.""]\npath = "/e"\npipeline = "a"\n', 'routes."": a'),

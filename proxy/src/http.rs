@@ -76,7 +76,11 @@ pub struct Route {
     pub name: String,
     /// Its name in the model-serving protocols (`default` for the default route).
     pub model: String,
+    /// As the config file wrote it (the `route` label, OpenAPI's path).
     pub path: String,
+    /// `path` percent-decoded, what requests are matched against: `/%C3%BC` and `/%c3%bc` are
+    /// one path (RFC 3986: hex digits' case means nothing), and `/ü` too.
+    pub plain: String,
     pub pipeline: Pipeline,
     /// Default and longest deadline of a job.
     pub timeout: Duration,
@@ -102,15 +106,16 @@ pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
 }
 
 impl App {
-    /// The route at `path`, as sent or percent-decoded: a client encodes a path that is not
-    /// ASCII (`/résumé` goes as `/r%C3%A9sum%C3%A9`).
+    /// The route at `path`, as sent or percent-decoded, against the route's path as written or
+    /// decoded: a client encodes a path that is not ASCII (`/résumé` goes as
+    /// `/r%C3%A9sum%C3%A9`), in either case of hex digits.
     pub fn route(&self, path: &str) -> Option<&Route> {
-        let found = self.routes.iter().find(|route| route.path == path);
+        let found = self.routes.iter().find(|route| route.path == path || route.plain == path);
         if found.is_some() || !path.contains('%') {
             return found;
         }
         let decoded = percent_decoded(path)?;
-        self.routes.iter().find(|route| route.path == decoded)
+        self.routes.iter().find(|route| route.plain == decoded)
     }
 
     /// The route a model-serving protocol names by its model name.

@@ -157,6 +157,8 @@ pub async fn run(
                 name: route.name.clone(),
                 model: route.model.clone(),
                 path: route.path.clone(),
+                plain: http::percent_decoded(&route.path)
+                    .map_or_else(|| route.path.clone(), |plain| plain.into_owned()),
                 pipeline,
                 timeout: route.timeout,
                 protocol: route.protocol,

@@ -692,17 +692,18 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
         let problem = format!("{path:?}: a route path has no query, fragment, space or brace");
         return Err(error(key, problem));
     }
-    if path.split('/').any(|segment| segment == "." || segment == "..") {
-        // Clients resolve dot segments before sending (curl, browsers): `/x/../healthz` would
-        // reach /healthz, never this route.
+    // Checked as written and as decoded: either is how a client may reach it.
+    let plain = decoded(path);
+    let dots = |path: &str| path.split('/').any(|segment| segment == "." || segment == "..");
+    if dots(path) || dots(&plain) {
+        // Clients resolve dot segments before sending (curl, browsers; WHATWG URLs `%2e%2e`
+        // too): `/x/../healthz` would reach /healthz, never this route.
         let problem = format!("{path:?}: a route path has no `.` or `..` segment");
         return Err(error(key, problem));
     }
-    if path.chars().any(char::is_control) {
+    if path.chars().chain(plain.chars()).any(char::is_control) {
         return Err(error(key, format!("{path:?}: a route path has no control characters")));
     }
-    // Checked as written and as decoded: either is how a client may reach it.
-    let plain = decoded(path);
     if RESERVED_PATHS.contains(&path) || RESERVED_PATHS.contains(&plain.as_str()) {
         return Err(error(key, format!("{path} is Corral's own route")));
     }
