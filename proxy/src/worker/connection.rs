@@ -776,7 +776,7 @@ mod tests {
         let mut inbox = FramedRead::new(read, ProxyCodec::default());
         let mut outbox = Outbox::new(write);
         let (stages, shutdown) = (HashMap::new(), CancellationToken::new());
-        assert!(handshake(&mut inbox, &mut outbox, &stages, &shutdown).await.is_none());
+        assert!(handshake(&mut inbox, &mut outbox, &stages, &shutdown, None).await.is_none());
         outbox.close(CLOSE_WRITE_LIMIT).await;
         let mut heard = FramedRead::new(worker_end, corral_protocol::WorkerCodec::default());
         match heard.next().await {

@@ -299,8 +299,13 @@ fn stack_as<'a>(
                     datatype.name(),
                     tensor::shown(shape)
                 ));
-                let joint = tensor::widened(*datatype, row.datatype);
-                return match joint.filter(|_| declared.is_none() && *shape == row.shape) {
+                // Over every row, not this one and row 0 alone: rows of INT64, UINT64 and FP64
+                // in that order are FP64, as in any other order.
+                let joint = match declared.is_none() && *shape == row.shape {
+                    true => joint_datatype(name, rows, shape),
+                    false => None,
+                };
+                return match joint {
                     // Read again as the joint datatype; if a row still does not fit (a tensor
                     // value of its own datatype, a negative among UINT64s), the rows disagree.
                     Some(joint) => stack_as(name, spec, Some(joint), rows).map_err(|_| disagree),
@@ -316,6 +321,24 @@ fn stack_as<'a>(
     shape.push(rows.len() as u64);
     shape.extend(row_shape);
     Ok((datatype, shape, data))
+}
+
+/// The datatype that holds every row's values of output `name` as their values suggest, where
+/// all rows have `shape`; None where no one datatype does (or a row cannot be read).
+fn joint_datatype(name: &str, rows: &[ResultRow], shape: &[u64]) -> Option<DataType> {
+    let mut joint: Option<DataType> = None;
+    for row in rows {
+        let Found::Once(value) = row.get(name) else { return None };
+        let row = tensor::row(value, None).ok()?;
+        if row.shape != shape {
+            return None;
+        }
+        joint = Some(match joint {
+            None => row.datatype,
+            Some(joint) => tensor::widened(joint, row.datatype)?,
+        });
+    }
+    joint
 }
 
 #[cfg(test)]
@@ -377,6 +400,13 @@ mod tests {
         let floats = answer(&[], &[], &[&small, &half]).unwrap();
         assert_eq!(floats["outputs"][0]["datatype"], "FP64");
         assert_eq!(floats["outputs"][0]["data"], json!([1.0, 0.5]));
+        // Whatever the rows' order: widened over all of them, not row 0 and the first to differ
+        // (INT64, UINT64, FP64 in this order had been a 500 naming row 1).
+        for rows in [[&small, &big, &half], [&small, &half, &big], [&big, &small, &half]] {
+            let rows: Vec<&[u8]> = rows.iter().map(|row| row.as_slice()).collect();
+            let answer = answer(&[], &[], &rows).unwrap();
+            assert_eq!(answer["outputs"][0]["datatype"], "FP64");
+        }
         // What no datatype holds, the rows still disagree on.
         let negative = pack(json!([-1]));
         let message = bad_output_message(answer(&[], &[], &[&negative, &big]).unwrap_err());
