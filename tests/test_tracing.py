@@ -293,6 +293,38 @@ def test_a_streaming_workers_forward_span_spans_its_stream(corral_factory, recei
     assert queue.attributes["corral.dispatched"] is True
 
 
+def test_a_stream_answered_408_before_its_first_chunk_has_its_queue_span(
+    corral_factory, receiver, tmp_path
+):
+    # The worker holds the job's first chunk past its deadline: the client's 408 is a slow
+    # stream's trace, and it had the admission span alone, no queue wait nor link to the batch.
+    worker = str(ROOT / "tests" / "workers" / "streamer.py")
+    env = {"OTEL_SERVICE_NAME": "proxy"}
+    proxy = corral_factory("--otlp-endpoint", receiver.url, worker=worker, env=env)
+    gate = tmp_path / "gate"
+    headers = {
+        "traceparent": f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01",
+        "accept": "text/event-stream",
+        "x-corral-timeout-ms": "300",
+    }
+    answer = proxy.post({"chunks": 1, "gate_first": str(gate)}, headers=headers)
+    gate.touch()
+    assert answer.status_code == 408, answer.text
+    spans = receiver.wait_for(
+        lambda spans: (
+            any(s.name == "queue default" for s in spans)
+            and any(s.name == "batch default" for s in spans)
+            and requests_of(spans)
+        )
+    )
+    (request,) = requests_of(spans)
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    (queue,) = [s for s in spans if s.name == "queue default"]
+    assert queue.parent_span_id == request.span_id
+    assert queue.links == [(batch.trace_id, batch.span_id)]
+    assert queue.attributes["corral.dispatched"] is True
+
+
 SCRIPTED = str(ROOT / "tests" / "workers" / "scripted.py")
 
 

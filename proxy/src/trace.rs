@@ -347,7 +347,18 @@ struct Headers<'a> {
 
 impl<'a> Headers<'a> {
     fn new(map: &'a HeaderMap) -> Self {
-        let tracestate = map.get("tracestate").and_then(|v| v.to_str().ok()).map(kept_tracestate);
+        let mut fields = map.get_all("tracestate").iter().filter_map(|v| v.to_str().ok());
+        let first = fields.next();
+        let tracestate = match (first, fields.next()) {
+            (None, _) => None,
+            (Some(only), None) => Some(kept_tracestate(only)),
+            // Several fields are one list, joined as HTTP joins a header's fields (W3C: they
+            // must be combined); only the first had been kept.
+            (Some(first), Some(second)) => {
+                let all: Vec<&str> = [first, second].into_iter().chain(fields).collect();
+                Some(kept_tracestate(&all.join(",")).into_owned().into())
+            }
+        };
         Self { map, tracestate }
     }
 }
@@ -356,12 +367,17 @@ impl opentelemetry::propagation::Extractor for Headers<'_> {
     /// A header's value; a `traceparent` only if it has the W3C shape. The SDK's propagator
     /// parses the ids with `from_str_radix` and checks no length: `00-1-1-1`, 31 hex digits or a
     /// `+` became a parent, and went on to the worker. A client's malformed header is ignored
-    /// (a new trace starts), as the W3C recommendation asks.
+    /// (a new trace starts), as the W3C recommendation asks; so is a `traceparent` given in
+    /// several fields (which parent is meant nobody can say; the first had been taken).
     fn get(&self, key: &str) -> Option<&str> {
         if key == "tracestate" {
             return self.tracestate.as_deref();
         }
-        let value = self.map.get(key).and_then(|value| value.to_str().ok())?;
+        let mut fields = self.map.get_all(key).iter();
+        let value = fields.next().and_then(|value| value.to_str().ok())?;
+        if key == "traceparent" && fields.next().is_some() {
+            return None;
+        }
         (key != "traceparent" || well_formed_traceparent(value)).then_some(value)
     }
 
@@ -490,5 +506,20 @@ mod tests {
         use opentelemetry::propagation::Extractor;
         assert_eq!(Headers::new(&headers).get("traceparent"), None);
         assert_eq!(Headers::new(&headers).get("tracestate"), Some("a=b"));
+    }
+
+    #[test]
+    fn repeated_trace_fields_start_a_trace_and_join_their_states() {
+        // W3C: two traceparents name no one parent; a tracestate's fields are one list.
+        use opentelemetry::propagation::Extractor;
+        let good = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+        let mut headers = HeaderMap::new();
+        headers.insert("traceparent", good.parse().unwrap());
+        assert_eq!(Headers::new(&headers).get("traceparent"), Some(good));
+        headers.append("traceparent", good.parse().unwrap());
+        assert_eq!(Headers::new(&headers).get("traceparent"), None);
+        headers.append("tracestate", "a=1".parse().unwrap());
+        headers.append("tracestate", "b=2,c=3".parse().unwrap());
+        assert_eq!(Headers::new(&headers).get("tracestate"), Some("a=1,b=2,c=3"));
     }
 }

@@ -103,6 +103,11 @@ pub async fn answer(
             // drops here; taken by a worker, the purge finds nothing.
             // A batch that ran past the deadline is where its time went.
             timing::record_stream(entered, source.sent(), Instant::now());
+            // Its queue span, as a one-shot 408's: where a slow stream's time went is what its
+            // trace is opened for (it had the admission span alone).
+            if let Some(cx) = &queued.traced {
+                trace::queue_wait(cx, last.name(), entered, source.sent().into_iter());
+            }
             return Err(ApiError::deadline_exceeded());
         }
     };
