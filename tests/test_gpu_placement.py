@@ -393,6 +393,17 @@ def test_a_file_s_workers_per_gpu_where_no_device_is_placed_is_warned_of(tmp_pat
         proxy.stop()
 
 
+def test_a_file_s_top_level_workers_and_worker_env_where_nothing_spawns_are_warned_of(tmp_path):
+    # As the flags are: a file's `workers = 4` had started none, silently.
+    (tmp_path / "c.toml").write_text('workers = 4\nworker_env = ["A=1"]\n[stages.a]\n')
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "c.toml"), worker=None)
+    try:
+        proxy.wait_for_log(r"--workers counts the workers Corral spawns")
+        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+    finally:
+        proxy.stop()
+
+
 def run(tmp_path, *args, config: str | None = None, path: str | None = None):
     command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "s.sock")]
     if config is not None:
@@ -449,6 +460,20 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             f"stages.t.cpus: core {CORE} is pinned by stages.s.cpus as well",
         ),
         ([], STAGE + "gpus = []\n", "stages.s.gpus: an empty list"),
+        # Under a top-level gpus no stage opts out: the advice says where the devices belong.
+        (
+            [],
+            "gpus = [0]\n" + STAGE + "gpus = []\n",
+            "stages.s.gpus: an empty list; leave the key out for no GPUs (a stage under a "
+            "top-level gpus or --gpus takes those: set gpus on the stages that use GPUs instead)",
+        ),
+        # Named where written: the file's top level, not a stage key it never had.
+        ([], "gpus = [0]\nworkers_per_gpu = 0\n" + STAGE, "c.toml: workers_per_gpu: 0 is not in"),
+        (
+            ["--gpus", ",".join(map(str, range(600))), *WORKER],
+            "workers_per_gpu = 2\n" + STAGE,
+            "--gpus: 600 devices with workers_per_gpu 2 place 1200 workers, more than 1024",
+        ),
         (
             [],
             STAGE + "gpus = [0]\nworkers = 2\n",

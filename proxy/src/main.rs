@@ -144,7 +144,9 @@ fn warn_of_unused_options(
     explicit: &dyn Fn(&str) -> bool,
 ) {
     let spawns = topology.stages.iter().any(topology::StageSpec::spawns);
-    if !spawns && explicit("workers") {
+    // A config file's top-level `workers` and `worker_env` as the flags (a file had been
+    // silent where the flags warn).
+    if !spawns && (explicit("workers") || config.workers != 1) {
         tracing::warn!(
             workers = config.workers,
             "--workers counts the workers Corral spawns, and no worker command follows `--` \
@@ -152,11 +154,22 @@ fn warn_of_unused_options(
              expected to connect on their own"
         );
     }
-    if !spawns && explicit("worker_env") {
+    if !spawns && (explicit("worker_env") || !config.file_worker_env.is_empty()) {
         tracing::warn!(
             "--worker-env sets the environment of the workers Corral spawns, and no worker \
              command follows `--` (nor has any stage of a config file a `command`): it is not \
              used"
+        );
+    }
+    // Spawned workers run as Corral's own user: a socket its owner may not write keeps every
+    // one of them out (they crash-loop on EACCES). Root gets in whatever the mode says.
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if spawns && config.socket_mode & 0o200 == 0 && !root {
+        tracing::warn!(
+            socket_mode = format!("{:o}", config.socket_mode),
+            "--socket-mode lets the socket's owner not write it, and the workers Corral spawns \
+             run as that owner: none can connect (use 600 or 660)"
         );
     }
     // A file's top-level key as the flag: one file shared by GPU and CPU nodes (CORRAL_GPUS

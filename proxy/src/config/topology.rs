@@ -607,17 +607,20 @@ fn stage_spec(
         (None, Some(text)) => resolve_gpus(&gpus_key, text)?,
         (None, None) => Vec::new(),
     };
-    let per_gpu = match stage.workers_per_gpu {
+    // Named in an error where it was written: the stage's key, else the file's top level
+    // (the flag's own range is clap's to check).
+    let (per_gpu, per_gpu_key) = match stage.workers_per_gpu {
         // The stage's own key where it gets no device: taken silently, it placed nothing.
         Some(_) if gpus.is_empty() => {
             let problem = "places workers on the stage's `gpus` (or the top level's), and it \
                            has none";
             return Err(error(key("workers_per_gpu"), problem));
         }
-        Some(per) if !explicit("workers_per_gpu") => per,
-        _ => config.workers_per_gpu,
+        Some(per) if !explicit("workers_per_gpu") => (per, key("workers_per_gpu")),
+        _ if explicit("workers_per_gpu") => (config.workers_per_gpu, "--workers-per-gpu".into()),
+        _ => (config.workers_per_gpu, "workers_per_gpu".into()),
     };
-    in_range(&key("workers_per_gpu"), per_gpu.into(), 1, MAX_WORKERS.into())?;
+    in_range(&per_gpu_key, per_gpu.into(), 1, MAX_WORKERS.into())?;
     let env: Vec<(String, String)> = stage.env.unwrap_or_default().into_iter().collect();
     if !cpus.is_empty() {
         if command.is_empty() {

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use super::{error, in_range, Config, ConfigError, StageSpec};
+use super::{error, Config, ConfigError, StageSpec};
 use crate::config::MAX_WORKERS;
 use crate::supervisor::placement;
 
@@ -79,7 +79,15 @@ pub(super) fn place(
             );
             return Err(error(&keys.cpus, problem));
         }
-        in_range(&keys.workers, placed.into(), 1, MAX_WORKERS.into())?;
+        if placed > MAX_WORKERS {
+            // Named by what placed them: the file may set no `workers` at all.
+            let problem = format!(
+                "{} devices with workers_per_gpu {per_gpu} place {placed} workers, more than \
+                 {MAX_WORKERS}",
+                gpus.len()
+            );
+            return Err(error(&keys.gpus, problem));
+        }
         spec.workers = placed;
     }
     for name in env.iter().map(|(name, _)| name) {
@@ -129,7 +137,11 @@ pub(super) fn resolve_gpus(key: &str, text: &str) -> Result<Vec<u32>, ConfigErro
         return placement::discover().map_err(|problem| error(key, problem));
     }
     if text.split(',').all(|part| part.trim().is_empty()) {
-        return Err(error(key, "an empty list; leave the key out for no GPUs"));
+        // A stage under a top-level `gpus` (or --gpus) cannot opt out with an empty list: the
+        // devices belong on the stages that use them.
+        let problem = "an empty list; leave the key out for no GPUs (a stage under a top-level \
+                       gpus or --gpus takes those: set gpus on the stages that use GPUs instead)";
+        return Err(error(key, problem));
     }
     let mut gpus = Vec::new();
     for part in text.split(',').map(str::trim) {
