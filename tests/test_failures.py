@@ -150,6 +150,28 @@ def test_a_poison_input_takes_none_of_its_batch_mates_down(corral_factory, tmp_p
     assert proxy.metric("corral_jobs_retried_total", stage="default") == 4
 
 
+def test_nothing_is_sent_ahead_behind_a_job_retried_alone(corral_factory, tmp_path):
+    # With prefetch (the default) a batch-mate had been written behind the poison input, on
+    # the worker it then killed: its retry spent, it was answered 500 without running again.
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=2",
+        "--max-wait-ms=60000",
+        "--timeout-ms=60000",
+        env={"SCRIPTED_LOG": str(log)},
+    )
+    with ThreadPoolExecutor(4) as pool:
+        # A batch's cost learned: from now on a full batch queued behind a busy worker goes ahead.
+        assert [r.status_code for r in pool.map(proxy.post, [{"v": 0}, {"v": 1}])] == [200] * 2
+        first = [pool.submit(proxy.post, item) for item in ({"exit": True}, {"v": "a"})]
+        proxy.wait_until(lambda: len(received(log)) == 4, what="the poisoned batch sent")
+        later = [pool.submit(proxy.post, {"v": v}) for v in "bc"]
+        answers = [job.result() for job in first + later]
+    assert [a.status_code for a in answers] == [500, 200, 200, 200]
+    assert answers[1].json()["batch_size"] == 1
+
+
 def test_with_retries_off_a_dead_worker_s_job_is_not_run_again(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
     proxy = corral_factory(

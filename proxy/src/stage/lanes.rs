@@ -104,7 +104,8 @@ struct ClassLane {
     jobs: usize,
     bytes: usize,
     weight: u64,
-    /// Jobs heavier than a batch's weight budget, and their weight: each goes alone.
+    /// Jobs heavier than a batch's weight budget, or retried alone, and their weight: each goes
+    /// in a batch of its own.
     heavy: (usize, u64),
 }
 
@@ -284,7 +285,8 @@ impl Lanes {
 
     fn count(&mut self, class: Class, job: &Job, sign: i8) {
         let (size, weight) = (job.size(), u64::from(job.weight));
-        let heavy = self.budget.is_some_and(|budget| weight > budget);
+        // A job that goes alone ([`Job::alone`]) is costed as a heavy one: a batch of its own.
+        let heavy = job.alone || self.budget.is_some_and(|budget| weight > budget);
         let lane = &mut self.classes[class.index()];
         if heavy {
             lane.heavy = match sign > 0 {

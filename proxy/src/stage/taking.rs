@@ -81,6 +81,12 @@ impl Stage {
             let (true, true, Some(cost)) = (full, all_busy, queue.cost.estimate()) else {
                 return Look::Until(None);
             };
+            // A job that goes alone waits for an idle worker: sent ahead, it would be written
+            // behind the worker's batch, and the batch behind it; a poison input killing that
+            // worker takes down whatever was written to it.
+            if queue.jobs.front().is_some_and(|job| job.alone) {
+                return Look::Until(None);
+            }
             let mut free_at = now;
             if let Some(Some(Seat { busy: Some((since, weight)), .. })) = queue.seats.get(slot) {
                 free_at = free_at.max(*since + cost.of(*weight));
@@ -113,7 +119,9 @@ impl Stage {
     pub(super) async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
         let max = max.min(self.settings.max_batch_size).min(self.lock().seat(slot).max_batch);
         self.take_when(|stage, queue, now| {
-            if queue.jobs.is_empty() {
+            // A job that goes alone never joins others running: it waits for an idle worker
+            // (joins wait behind it, so workers drain and one comes free).
+            if queue.jobs.front().is_none_or(|job| job.alone) {
                 return Look::Until(None);
             }
             let batch = stage.take_up_to(queue, now, max);

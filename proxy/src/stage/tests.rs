@@ -1139,3 +1139,57 @@ async fn a_higher_class_heavy_job_is_counted_whole_before_another_tenants_job() 
     quiet.tenant = Some(crate::traffic::Tenant::of(b"b"));
     assert!(matches!(stage.submit(quiet), Err(Shed::DeadlineUnreachable { .. })));
 }
+
+/// A job given back by a worker that died holding it, as `settle::give_back` queues it: alone.
+fn requeued_alone(stage: &Stage, payload: &'static [u8]) -> oneshot::Receiver<Reply> {
+    let (mut job, answer) = job(payload, Duration::from_secs(30));
+    job.alone = true;
+    stage.requeue(vec![job]);
+    answer
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_retried_alone_goes_at_once_in_a_batch_of_its_own() {
+    // A long batch window: a batch of one job still goes at once, with nothing more in it.
+    let settings = BatchSettings { max_wait: Duration::from_secs(10), ..*stage(8, 100).settings() };
+    let stage = Stage::new("default", settings, 100);
+    let _a = submit(&stage, b"a");
+    let _p = requeued_alone(&stage, b"p");
+    let _q = requeued_alone(&stage, b"q");
+    let start = Instant::now();
+    assert_eq!(payloads(&stage.next_batch().await), [b"q"]);
+    assert_eq!(payloads(&stage.next_batch().await), [b"p"]);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    // Costed as a batch each by admission, as a job over the weight budget is.
+    let _r = requeued_alone(&stage, b"r");
+    assert_eq!(stage.lock().jobs.heavy_from(Class::Low), (1, 1));
+    assert_eq!(payloads(&stage.next_batch().await), [b"r"]);
+    // What follows waits for its batch-mates as ever (here until halfway to its deadline).
+    assert_eq!(payloads(&stage.next_batch().await), [b"a"]);
+    assert_eq!(start.elapsed(), Duration::from_millis(2500));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_job_retried_alone_is_neither_sent_ahead_nor_joined_to_a_running_batch() {
+    // Written behind a busy worker's batch, or beside a streaming worker's running jobs, a
+    // poison input would kill them with it.
+    let stage = stage(2, 100);
+    let busy = stage.worker_joined();
+    busy.finished(2, 2, Duration::from_millis(100)); // a batch's cost is known
+    let _ab: Vec<_> = [b"a", b"b"].map(|p| submit(&stage, p)).into();
+    assert_eq!(busy.next_batch().await.len(), 2);
+    let _c = submit(&stage, b"c");
+    let _p = requeued_alone(&stage, b"p");
+    // A full batch's worth is queued and every worker busy: p, at the front, still waits.
+    {
+        let ahead = busy.next_batch_ahead();
+        tokio::pin!(ahead);
+        assert!(futures_util::poll!(&mut ahead).is_pending());
+        let join = busy.next_join(2);
+        tokio::pin!(join);
+        assert!(futures_util::poll!(&mut join).is_pending());
+    }
+    let idle = stage.worker_joined();
+    assert_eq!(payloads(&idle.next_batch().await), [b"p"]);
+    assert_eq!(payloads(&busy.next_join(2).await), [b"c"]);
+}

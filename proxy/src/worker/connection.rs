@@ -161,10 +161,7 @@ pub async fn serve(
             // A worker's words (its tensors' names, in a conflict) escaped and cut: a name with a
             // line break forged a log line, one of megabytes wrote a line as long.
             let message = logged_within(&message, 2_000);
-            // A spawned worker refused is refused again at every restart: `/readyz` says why.
-            if let Some(own) = child.as_ref().and_then(|c| context.stages.get(c.stage())) {
-                own.worker_refused(&message);
-            }
+            refused_spawned(child.as_ref(), &context.stages, &message);
             warn!(reason = %message, "worker refused");
             // Counted where it was spawned for, when that is another stage: the one left
             // without its worker.
@@ -431,14 +428,20 @@ async fn handshake(
     };
     warn!(reason = %logged(&refusal), "worker refused");
     // An unknown stage, a version or a hello of its own making: only the log had said why.
-    if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
-        own.worker_refused(&logged_within(&refusal, 2_000));
-    }
+    refused_spawned(child, stages, &logged_within(&refusal, 2_000));
     // Not labelled with the stage the worker claimed: a claim must not grow the label set.
     metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.
     outbox.send(ProxyMessage::Reject(Reject { message: refusal }));
     None
+}
+
+/// A spawned worker refused is refused again at every restart: its stage's `/readyz` says why
+/// (an external worker's refusal is the log's alone: its stage is whatever it claimed).
+fn refused_spawned(child: Option<&SpawnedWorker>, stages: &HashMap<String, Arc<Stage>>, why: &str) {
+    if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
+        own.worker_refused(why);
+    }
 }
 
 /// Why a worker connection ended.
@@ -547,8 +550,11 @@ async fn work(
                 Err(ended) => break ended,
             }
         } else {
-            let may_prefetch = prefetch && in_flight.len() < 2;
             let front = in_flight.front().expect("a batch is in flight");
+            // Nothing is written behind a job that goes alone (it is alone in its batch): if it
+            // kills the worker, whatever the worker was sent dies with it, a retry spent.
+            let alone = front.jobs.first().is_some_and(|job| job.alone);
+            let may_prefetch = prefetch && in_flight.len() < 2 && !alone;
             let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => front.sent.max(last_done) + limit,
                 // From when the worker could start on the batch (one sent ahead: once it was

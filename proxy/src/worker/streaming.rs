@@ -107,6 +107,7 @@ pub(super) async fn work(
         cancels: hello.declares(FEATURE_CANCEL),
         stream_timeout: stage.stream_timeout(),
         batch_timeout: stage.settings().batch_timeout,
+        alone: false,
     };
     let joins = hello.declares(FEATURE_JOIN);
     // Room the worker offered for more jobs (`pull`), while it holds some.
@@ -164,7 +165,8 @@ pub(super) async fn work(
                     state.cancel(outbox, id);
                     continue;
                 }
-                jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() => {
+                // Nothing joins a job that goes alone ([`Job::alone`]).
+                jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() && !state.alone => {
                     offer = None;
                     state.hold(outbox, jobs, &by);
                     continue;
@@ -190,6 +192,7 @@ pub(super) async fn work(
         if state.held.is_empty() {
             by.served.mark(); // every job it held has ended, answered by it
             offer = None;
+            state.alone = false;
             if let Some((since, size, weight)) = state.busy.take() {
                 seat.released(size, weight, since.elapsed(), joins);
             }
@@ -215,12 +218,16 @@ struct State {
     stream_timeout: Duration,
     /// The stage's `--batch-timeout-ms`, which lengthens what a job may take past it.
     batch_timeout: Option<Duration>,
+    /// Whether a job that goes alone ([`Job::alone`]) is among those held since the worker was
+    /// last idle: no job joins it.
+    alone: bool,
 }
 
 impl State {
     /// Sends a batch (to an idle worker, or joining the jobs it holds) and holds its jobs.
     fn hold(&mut self, outbox: &mut Outbox, jobs: Vec<Job>, by: &Worker) {
         let weight = crate::stage::weight_of(&jobs);
+        self.alone |= jobs.iter().any(|job| job.alone);
         let mut sent = send(outbox, jobs, by);
         let (since, size, held) = self.busy.unwrap_or((sent.sent, 0, 0));
         self.busy = Some((since, size + sent.jobs.len(), held + weight));

@@ -37,6 +37,7 @@ fn state(cancels: bool) -> State {
         cancels,
         stream_timeout: Duration::from_secs(300),
         batch_timeout: None,
+        alone: false,
     }
 }
 
