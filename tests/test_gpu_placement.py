@@ -80,7 +80,7 @@ def test_a_flag_s_value_is_taken_whole_and_the_variable_s_split_at_semicolons(tm
     if source == "flag":
         flags = ["--worker-env", f"CONN={connection}", "--worker-env", "A=1"]
     else:
-        flags, env["CORRAL_WORKER_ENV"] = [], "A=1;B=2;"
+        flags, env["CORRAL_WORKER_ENV"] = [], ";A=1;B=2;"
     proxy = Corral(tmp_path, *flags, "--", sys.executable, PLACED, worker=None, env=env)
     try:
         proxy.wait_for_log("worker connected")

@@ -244,11 +244,12 @@ def test_a_worker_declaring_tensors_serves_openai_and_v2_clients_in_one_batch(
         embedded = pool.submit(client.embeddings.create, model="m", input=texts)
         inferred = pool.submit(v2.infer, "embed", [text])
         answer, v2_answer = embedded.result(), inferred.result()
-        as_floats = client.embeddings.create(model="m", input="x", encoding_format="float")
+        # A full batch of 3: it goes at once.
+        as_floats = client.embeddings.create(model="m", input=list("xyz"), encoding_format="float")
     v2.close()
     assert [d.embedding for d in answer.data] == [vector(t, 3) for t in texts]
     assert v2_answer.as_numpy("EMBEDDING").tolist() == [vector("three", 3)]
-    assert as_floats.data[0].embedding == vector("x", 1)
+    assert [d.embedding for d in as_floats.data] == [vector(t, 3) for t in "xyz"]
 
 
 def test_a_worker_declaring_inputs_no_string_can_be_is_a_500_saying_so(corral_factory, tmp_path):

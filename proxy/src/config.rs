@@ -272,9 +272,9 @@ pub struct Config {
     /// CORRAL_WORKER_ENV separated by `;`). Values may use {index} and {gpu}.
     // Split at `;` only when read from the variable ([`Config::split_worker_env`]): a flag's
     // value is taken whole (clap's delimiter split both, and a connection string such as
-    // `A=Protocol=https;AccountName=x` became four variables, silently).
-    #[arg(long = "worker-env", env = "CORRAL_WORKER_ENV", value_name = "NAME=VALUE",
-          value_parser = parse_pair)]
+    // `A=Protocol=https;AccountName=x` became four variables, silently). Each pair is checked
+    // where the stages are resolved (`topology::workers`), after the split.
+    #[arg(long = "worker-env", env = "CORRAL_WORKER_ENV", value_name = "NAME=VALUE")]
     pub worker_env: Vec<String>,
 
     /// The config file's top-level `worker_env` (`NAME=VALUE` entries): defaults for every
@@ -332,10 +332,6 @@ impl Config {
             .map(String::from)
             .collect();
     }
-}
-
-fn parse_pair(text: &str) -> Result<String, String> {
-    crate::supervisor::placement::pair(text).map(|_| text.to_string())
 }
 
 /// An address to listen on as people write one: `127.0.0.1:8000`, `[::1]:8000`,

@@ -157,8 +157,7 @@ pub async fn run(
                 name: route.name.clone(),
                 model: route.model.clone(),
                 path: route.path.clone(),
-                plain: http::percent_decoded(&route.path)
-                    .map_or_else(|| route.path.clone(), |plain| plain.into_owned()),
+                plain: config::topology::plain_path(&route.path),
                 pipeline,
                 timeout: route.timeout,
                 protocol: route.protocol,

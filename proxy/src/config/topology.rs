@@ -372,7 +372,7 @@ pub fn resolve(
             let path = route.path.clone().unwrap_or_else(|| format!("/{name}"));
             check_path(&format!("{key}.path"), &path)?;
             // As requests are matched: sent as written, or percent-decoded (`/%C3%BC` is `/ü`).
-            if let Some(other) = paths.insert(decoded(&path), name) {
+            if let Some(other) = paths.insert(plain_path(&path), name) {
                 let problem = format!("{path} is served twice: routes.{other} serves it too");
                 return Err(error(format!("{key}.path"), problem));
             }
@@ -696,7 +696,7 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
         return Err(error(key, problem));
     }
     // Checked as written and as decoded: either is how a client may reach it.
-    let plain = decoded(path);
+    let plain = plain_path(path);
     let dots = |path: &str| path.split('/').any(|segment| segment == "." || segment == "..");
     if dots(path) || dots(&plain) {
         // Clients resolve dot segments before sending (curl, browsers; WHATWG URLs `%2e%2e`
@@ -722,9 +722,9 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// A route path percent-decoded, as `App::route` matches a request's (as written where it
-/// does not decode to UTF-8).
-fn decoded(path: &str) -> String {
+/// A route path percent-decoded (as written where it does not decode to UTF-8): what requests
+/// are matched against, and what two routes may not both serve.
+pub fn plain_path(path: &str) -> String {
     let decoded = percent_encoding::percent_decode_str(path).decode_utf8();
     decoded.map_or_else(|_| path.to_string(), |path| path.into_owned())
 }

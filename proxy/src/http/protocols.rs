@@ -160,6 +160,22 @@ fn model_readiness(app: &App, route: &super::Route) -> Response<Body> {
     super::routes::json(status, body)
 }
 
+/// Whether what a route's rows are, or its answers, is not known yet: its first or last stage
+/// has neither declarations kept nor a worker connected (a worker that declares none takes plain
+/// values, and says so by connecting). A protocol that writes its rows as the declared tensors,
+/// or reads its answers from them, cannot turn a request into jobs before then.
+fn declarations_unknown(route: &super::Route) -> bool {
+    let stages = &route.pipeline.stages;
+    stages.first().into_iter().chain(stages.last()).any(|stage| !stage.declarations_known())
+}
+
+/// 503 `not_ready` with `Retry-After: 1`, said before the body is read: the model's first
+/// worker is still to connect (loading its model at start), and then what a request becomes is
+/// known. Queued meanwhile, it would reach a worker that declares tensors unchecked.
+fn not_ready_yet(message: String) -> ApiError {
+    super::body::before_body(ApiError { retry_after: Some(1), ..ApiError::not_ready(message) })
+}
+
 /// 404 for a model name no route has, in every protocol's words.
 fn unknown_model(name: &str) -> ApiError {
     ApiError { message: format!("no model named {name:?}"), ..ApiError::not_found(name) }

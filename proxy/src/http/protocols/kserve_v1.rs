@@ -31,7 +31,10 @@ use super::super::infer;
 use super::super::routes::json;
 use super::super::{get_only, items, App, Body, Route};
 use super::v2::tensor::{self, DataType};
-use super::{first_failure, model_readiness, plain_error_response, unknown_model};
+use super::{
+    declarations_unknown, first_failure, model_readiness, not_ready_yet, plain_error_response,
+    unknown_model,
+};
 use crate::job::Outcome;
 use crate::msgpack;
 
@@ -105,13 +108,11 @@ async fn predict(
     // worker that connected without declarations takes plain values (restarting, too).
     let first = route.pipeline.stages.first().expect("a pipeline has a stage");
     let declared = first.declared();
-    if !first.declarations_known() {
-        let message = format!(
+    if declarations_unknown(route) {
+        return Err(not_ready_yet(format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
             route.model
-        );
-        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
-        return Err(body::before_body(error));
+        )));
     }
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();

@@ -19,7 +19,6 @@ use std::cell::Cell;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
-use rmp::Marker;
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -31,8 +30,8 @@ use super::super::format::Format;
 use super::super::infer;
 use super::super::routes::{error_response_with, json};
 use super::super::{App, Body, Route};
-use super::first_failure;
 use super::v2::tensor;
+use super::{declarations_unknown, first_failure, not_ready_yet};
 use crate::job::Outcome;
 use crate::msgpack;
 
@@ -66,19 +65,18 @@ pub async fn embeddings(
         let error = ApiError { message: message.into(), ..ApiError::unsupported_media_type("") };
         return Err(body::before_body(error));
     }
-    // What a string becomes depends on the first stage's declarations: before any worker has
-    // connected they are not known, and a bare string queued then would reach a worker that
-    // declares tensors (every input 500). Not ready yet, as KServe v1's predict says then.
-    let stages = &route.pipeline.stages;
-    let first = stages.first().expect("a pipeline has a stage");
-    if !first.declarations_known() {
-        let message = format!(
+    // What a string becomes depends on the first stage's declarations, and where its embedding
+    // is on the last's: before their workers have connected they are not known (a bare string
+    // queued then reached a worker that declares tensors, every input 500; an embedding was
+    // read as the whole result). Not ready yet, as KServe v1's predict says then.
+    if declarations_unknown(route) {
+        return Err(not_ready_yet(format!(
             "model {:?} has no worker yet: what its inputs are is known once one connects",
             route.model
-        );
-        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
-        return Err(body::before_body(error));
+        )));
     }
+    let stages = &route.pipeline.stages;
+    let first = stages.first().expect("a pipeline has a stage");
     let input = declared::Input::of(first.declared().as_deref()).map_err(body::before_body)?;
     let last = stages.last().expect("a pipeline has a stage");
     let output = declared::output(last.declared().as_deref());
@@ -290,9 +288,9 @@ pub(crate) fn embedding(
     Ok(Embedding { object: "embedding", index, embedding })
 }
 
-/// A worker's answer for one input as float32s (OpenAI's embeddings are float32): an array of
-/// numbers, or a tensor value of them, its elements in order whatever its shape; with `output`
-/// named (a worker that declares its outputs), the value of that key of the result.
+/// A worker's answer for one input as float32s (OpenAI's embeddings are float32): numbers in
+/// an array (or nested arrays), or a tensor value of them, their elements in order whatever the
+/// shape; with `output` named (a worker that declares its outputs), that key of the result.
 fn vector(index: usize, outcome: Outcome, output: Option<&str>) -> Result<Vec<f32>, ApiError> {
     let Outcome::Done(data, _) = outcome else {
         unreachable!("first_failure let only results through")
@@ -310,34 +308,14 @@ fn vector(index: usize, outcome: Outcome, output: Option<&str>) -> Result<Vec<f3
             &at[..at.len() - rest.len()]
         }
     };
-    // A tensor value is one ext at the top (its marker first): no walk of the whole output.
-    let marker = |data: &[u8]| data.first().map(|&byte| Marker::from_u8(byte));
-    let ext = matches!(
-        marker(value),
-        Some(
-            Marker::FixExt1
-                | Marker::FixExt2
-                | Marker::FixExt4
-                | Marker::FixExt8
-                | Marker::FixExt16
-                | Marker::Ext8
-                | Marker::Ext16
-                | Marker::Ext32
-        )
-    );
-    if ext {
-        let mut rest = value;
-        let meta = rmp::decode::read_ext_meta(&mut rest).map_err(|_| not_numbers())?;
-        let body = rest.get(..meta.size as usize).filter(|_| meta.typeid == tensor::TENSOR_EXT);
-        let tensor = body.and_then(|body| tensor::read_tensor(body).ok());
-        return tensor.as_ref().and_then(tensor::floats).ok_or_else(not_numbers);
-    }
-    // rmp_serde reads a `bin` as the list of its bytes: a worker's raw float32 bytes would
-    // become an embedding of byte values. Only an array is a list of numbers.
-    if !matches!(marker(value), Some(Marker::FixArray(_) | Marker::Array16 | Marker::Array32)) {
+    // Read as a v2 output row is (a tensor value, or numbers in nested arrays), its elements
+    // in order: a `bin` reads as BYTES and a lone number has no dimension, neither a list of
+    // numbers (rmp_serde had read a worker's raw float32 bytes as an embedding of byte values).
+    let row = tensor::row(value, None).map_err(|_| not_numbers())?;
+    if row.shape.is_empty() {
         return Err(not_numbers());
     }
-    rmp_serde::from_slice(value).map_err(|_| not_numbers())
+    tensor::floats(row.datatype, &row.shape, &row.data).ok_or_else(not_numbers)
 }
 
 /// Standard base64 (with padding) of the vector's little-endian float32 bytes.
@@ -439,5 +417,18 @@ mod tests {
         let data: Vec<u8> = [0.5f32, 2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
         tensor::write_tensor(&mut value, tensor::DataType::F32, &[2], &data);
         assert_eq!(vector(0, Outcome::Done(Bytes::from(value), None), None).unwrap(), [0.5, 2.0]);
+        // Whatever its shape, as a tensor value or nested arrays, its elements in order; a lone
+        // number is no list.
+        assert_eq!(vector(0, done(&[[1.0, 2.0]]), None).unwrap(), [1.0, 2.0]);
+        assert_eq!(vector(0, done(&[[1], [2]]), None).unwrap(), [1.0, 2.0]);
+        assert!(vector(0, done(&1.5), None).is_err());
+        assert!(vector(0, done(&[true]), None).is_err());
+        // A declared output is read from its key.
+        let mut map = std::collections::BTreeMap::new();
+        map.insert("TOKENS", vec![3.0]);
+        map.insert("EMBEDDING", vec![0.25, 0.5]);
+        assert_eq!(vector(0, done(&map), Some("EMBEDDING")).unwrap(), [0.25, 0.5]);
+        let error = vector(4, done(&map), Some("E")).unwrap_err();
+        assert_eq!(error.message, r#"the worker's output for input 4 has no "E""#);
     }
 }

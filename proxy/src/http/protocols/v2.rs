@@ -36,9 +36,11 @@ use super::super::error::ApiError;
 use super::super::infer;
 use super::super::routes::json;
 use super::super::{get_only, App, Body, Route};
-use super::{first_failure, model_readiness, plain_error_response, unknown_model};
+use super::{
+    declarations_unknown, first_failure, model_readiness, not_ready_yet, plain_error_response,
+    unknown_model,
+};
 use crate::job::Outcome;
-use crate::stage::Stage;
 
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
@@ -221,7 +223,9 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
     };
     let settings = route.pipeline.stages.first().map(|stage| *stage.settings());
     let max_batch_size = settings.map_or(1, |settings| settings.max_batch_size);
+    // (A `max_wait_ms` near u64's end is past u64's microseconds: JSON numbers stop there.)
     let delay_us = settings.map_or(0, |settings| settings.max_wait.as_micros());
+    let delay_us = u64::try_from(delay_us).unwrap_or(u64::MAX);
     let body = json!({
         "name": route.model,
         "platform": "corral",
@@ -235,13 +239,9 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
     Ok(json(StatusCode::OK, body.to_string()))
 }
 
-/// Why the route's tensors are not known yet, if they are not: its first or last stage has
-/// neither declarations kept nor a worker connected (a worker that declares none takes plain
-/// values, and says so by connecting).
+/// Why the route's tensors are not known yet, if they are not ([`declarations_unknown`]).
 fn not_declared_yet(route: &Route) -> Option<String> {
-    let stages = &route.pipeline.stages;
-    let unknown = |stage: &Arc<Stage>| !stage.declarations_known();
-    stages.first().into_iter().chain(stages.last()).any(unknown).then(|| {
+    declarations_unknown(route).then(|| {
         format!(
             "model {:?} has no metadata yet: its workers declare its tensors when they connect",
             route.model
@@ -295,8 +295,7 @@ async fn infer(
     // (A body it could never take is told so first: retrying would not help it.)
     body::check_encoding(request.headers()).map_err(body::before_body)?;
     if let Some(message) = not_declared_yet(route) {
-        let error = ApiError { retry_after: Some(1), ..ApiError::not_ready(message) };
-        return Err(body::before_body(error));
+        return Err(not_ready_yet(message));
     }
     // A binary request keeps room after its header for a one-row payload's head, where it is
     // read into shared memory (`body::Buffer::for_body` leaves none elsewhere).

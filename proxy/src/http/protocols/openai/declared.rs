@@ -1,8 +1,9 @@
 //! OpenAI embeddings for a worker that declares tensors, so that one worker serves v2, KServe v1
 //! and OpenAI clients alike: each string goes as the row a v2 request would make of it (the
 //! lone declared `BYTES` input, one element), and each embedding is read from a declared output
-//! (the first floating-point one, else the first numeric one, else the first). Sent as bare strings, every embeddings
-//! request to such a worker had been a 500, and so had the v2 rows batched with it.
+//! (the first floating-point one, else the first numeric one, else the first). Sent as bare
+//! strings, every embeddings request to such a worker had been a 500, and so had the v2 rows
+//! batched with it.
 
 use bytes::Bytes;
 use corral_protocol::TensorSpec;
@@ -52,10 +53,11 @@ impl Input {
                 let mut out = Vec::with_capacity(name.len() + text.len() + 32);
                 rmp::encode::write_map_len(&mut out, 1).expect(write);
                 rmp::encode::write_str(&mut out, name).expect(write);
-                // One BYTES element: its 4-byte little-endian length, then its bytes. A string
-                // of 4 GiB cannot reach here (the body limit is far below).
+                // One BYTES element: its 4-byte little-endian length, then its bytes (a string
+                // past 4 GiB could not be one job's frame, 64 MiB at most, anyway).
+                let length = u32::try_from(text.len()).unwrap_or(u32::MAX);
                 let mut data = Vec::with_capacity(4 + text.len());
-                data.extend_from_slice(&(text.len() as u32).to_le_bytes());
+                data.extend_from_slice(&length.to_le_bytes());
                 data.extend_from_slice(text.as_bytes());
                 tensor::write_tensor(&mut out, DataType::Bytes, shape, &data);
                 Bytes::from(out)

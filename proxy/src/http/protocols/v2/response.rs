@@ -301,10 +301,8 @@ fn stack_as<'a>(
                 ));
                 // Over every row, not this one and row 0 alone: rows of INT64, UINT64 and FP64
                 // in that order are FP64, as in any other order.
-                let joint = match declared.is_none() && *shape == row.shape {
-                    true => joint_datatype(name, rows, shape),
-                    false => None,
-                };
+                let undeclared_alike = declared.is_none() && *shape == row.shape;
+                let joint = undeclared_alike.then(|| joint_datatype(name, rows, shape)).flatten();
                 return match joint {
                     // Read again as the joint datatype; if a row still does not fit (a tensor
                     // value of its own datatype, a negative among UINT64s), the rows disagree.

@@ -330,16 +330,14 @@ fn push_integer(out: &mut Vec<u8>, datatype: DataType, value: i128) -> Option<()
     Some(())
 }
 
-/// Packed data's elements, row-major (its length already checked against the shape), read as
-/// they are asked for: no list of them is made.
 /// A numeric tensor's elements as float32s, in order whatever its shape (an embedding a
-/// worker returned as a tensor value); None for `BOOL` and `BYTES`. A float64 or integer past
-/// float32's range becomes an infinity, which its reader then refuses where JSON cannot say it.
-pub fn floats(tensor: &Tensor<'_>) -> Option<Vec<f32>> {
-    if matches!(tensor.datatype, DataType::Bool | DataType::Bytes) {
+/// worker returned); None for `BOOL` and `BYTES`. A float64 or integer past float32's range
+/// becomes an infinity, which its reader then refuses where JSON cannot say it.
+pub fn floats(datatype: DataType, shape: &[u64], data: &[u8]) -> Option<Vec<f32>> {
+    if matches!(datatype, DataType::Bool | DataType::Bytes) {
         return None;
     }
-    let elements = each(tensor.datatype, &tensor.shape, tensor.data).ok()?;
+    let elements = each(datatype, shape, data).ok()?;
     elements
         .map(|element| match element {
             Element::Uint(u) => Some(u as f32),
@@ -351,6 +349,8 @@ pub fn floats(tensor: &Tensor<'_>) -> Option<Vec<f32>> {
         .collect()
 }
 
+/// Packed data's elements, row-major (its length already checked against the shape), read as
+/// they are asked for: no list of them is made.
 fn each<'a>(
     datatype: DataType,
     shape: &[u64],
