@@ -318,7 +318,8 @@ def test_405_on_read_only_routes(proxy):
     for path in ("/healthz", "/readyz", "/metrics", "/openapi.json"):
         response = proxy.client.post(path)
         assert_error(response, 405, "method_not_allowed")
-        assert response.headers["allow"] == "GET"
+        # HEAD too: it is answered (RFC 9110 10.2.1 lists every method a resource takes).
+        assert response.headers["allow"] == "GET, HEAD"
 
 
 def test_415_for_a_form_says_how_to_send_json(proxy):

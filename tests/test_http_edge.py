@@ -294,6 +294,30 @@ def test_too_many_headers_are_431(corral_factory):
     assert proxy.client.get("/healthz").status_code == 200
 
 
+def test_a_field_given_once_given_twice_with_different_values_is_a_400(corral_factory):
+    # Only the first had been read: a gateway's `x-corral-items: one` added after the client's
+    # `many` (or a second Content-Type) changed how the body was read, silently.
+    proxy = corral_factory()
+    body = b'["a", "b"]'
+    for name, values in (
+        ("x-corral-items", ("many", "one")),
+        ("content-type", ("application/json", "application/msgpack")),
+    ):
+        headers = httpx.Headers([(name, value) for value in values])
+        answer = proxy.client.post("/infer", content=body, headers=headers)
+        assert answer.status_code == 400, (name, answer.text)
+        message = f"{name} is given more than once, with different values"
+        assert answer.json() == {"error": "bad_request", "message": message}
+        # The same value twice (letter case aside) is one value.
+        headers = httpx.Headers([(name, values[0]), (name, values[0].upper())])
+        assert proxy.client.post("/infer", content=body, headers=headers).status_code == 200
+    # In a protocol's own error shape.
+    headers = httpx.Headers([("content-type", "application/json"), ("content-type", "text/x")])
+    answer = proxy.client.post("/v2/models/default/infer", content=b"{}", headers=headers)
+    assert answer.status_code == 400
+    assert answer.json() == {"error": "content-type is given more than once, with different values"}
+
+
 def test_the_default_bound_of_100_headers_holds_to_the_header(corral_factory):
     """At the default (hyper's own bound, which Corral then leaves to hyper) 100 headers pass
     and 101 are a 431."""

@@ -158,7 +158,7 @@ pub fn percent_decoded(text: &str) -> Option<std::borrow::Cow<'_, str>> {
 pub fn get_only(method: &Method) -> Result<(), error::ApiError> {
     match *method {
         Method::GET | Method::HEAD => Ok(()),
-        _ => Err(error::ApiError::method_not_allowed(method, "GET")),
+        _ => Err(error::ApiError::method_not_allowed(method, "GET, HEAD")),
     }
 }
 

@@ -155,21 +155,21 @@ impl Negotiation {
                 None
             }
         };
-        // A form refused by name (`application/json;q=0`) is not taken back by a wildcard
-        // beside it (RFC 9110 12.5.1: the more specific range wins); the wildcard then means
-        // the other forms.
-        // Each form once (there are three): kept per range, an Accept of thousands of refused
+        // A form named by a range of its own has that range's quality, whatever a wildcard
+        // beside it says (RFC 9110 12.5.1: the more specific range wins): refused by name
+        // (`application/json;q=0`), or given less (`application/json;q=0.1, */*`), it is not
+        // what the wildcard means; the wildcard then means the other forms.
+        // Each form once (there are three): kept per range, an Accept of thousands of named
         // ranges and wildcards cost their product (4 ms a request at the 64 KiB head limit).
-        let mut refused: Vec<Answer> = Vec::with_capacity(3);
-        let refusals = quality_ranges(accept).filter(|&(_, quality)| quality <= 0.0);
-        for answer in refusals.filter_map(|(media, _)| specific(media)) {
-            if !refused.contains(&answer) {
-                refused.push(answer);
+        let mut named: Vec<Answer> = Vec::with_capacity(3);
+        for answer in quality_ranges(accept).filter_map(|(media, _)| specific(media)) {
+            if !named.contains(&answer) {
+                named.push(answer);
             }
         }
         let open = |first: Answer| {
             let others = [first, Answer::Format(Format::Json), Answer::Format(Format::Msgpack)];
-            others.into_iter().find(|answer| !refused.contains(answer))
+            others.into_iter().find(|answer| !named.contains(answer))
         };
         let mut best: Option<(f32, Answer)> = None;
         for (media, quality) in ranges(accept) {
@@ -446,6 +446,11 @@ mod tests {
         assert_eq!(accept("application/json;Q=0.000, application/*"), msgpack);
         assert_eq!(accept("application/msgpack;q=0, */*"), json);
         assert_eq!(accept("application/json;q=0, application/msgpack;q=0, */*"), None);
+        // So does a lower quality given by name: the wildcard does not lift it.
+        assert_eq!(accept("application/json;q=0.1, */*"), msgpack);
+        assert_eq!(accept("application/json;q=0.5, application/*;q=0.9"), msgpack);
+        assert_eq!(accept("application/json, */*"), json);
+        assert_eq!(accept("application/json;q=0.9, application/msgpack;q=0.1, */*"), json);
         // No number from 0 to 1 is no quality: read as 1, not as a NaN that is neither
         // accepted nor refused (406), nor an infinity that outranks 1.
         assert_eq!(accept("application/json;q=nan"), json);

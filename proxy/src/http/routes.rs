@@ -78,8 +78,10 @@ async fn route_in<'a>(
     let fields = request.headers().len() - crumbs.saturating_sub(1);
     let too_large = if head > app.max_header_bytes {
         Some(ApiError::head_too_large(head, app.max_header_bytes))
+    } else if fields > app.max_headers {
+        Some(ApiError::too_many_headers(fields, app.max_headers))
     } else {
-        (fields > app.max_headers).then(|| ApiError::too_many_headers(fields, app.max_headers))
+        conflicting(request.headers())
     };
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
@@ -190,6 +192,26 @@ impl Drop for Unanswered<'_> {
 fn carries_body(request: &Request<Incoming>) -> bool {
     let headers = request.headers();
     headers.contains_key(TRANSFER_ENCODING) || body::declared_length(headers).is_some_and(|n| n > 0)
+}
+
+/// Fields a request gives once, given more than once with values that differ (letter case
+/// aside): a 400, in the protocol's own shape. `Content-Type` is one value (RFC 9110), and so is
+/// how many items a native body holds or how long a v2 binary request's JSON header is. Only the
+/// first had been read: behind a gateway that adds its own field beside the client's, the body
+/// was read as the other form, or as one item where the client sent many.
+fn conflicting(headers: &http::HeaderMap) -> Option<ApiError> {
+    static ONCE: [HeaderName; 3] = [
+        CONTENT_TYPE,
+        HeaderName::from_static(native::ITEMS_HEADER),
+        HeaderName::from_static(super::protocols::v2::HEADER_LENGTH),
+    ];
+    ONCE.iter().find_map(|name| {
+        let mut fields = headers.get_all(name).iter();
+        let first = fields.next()?.as_bytes();
+        fields.any(|other| !other.as_bytes().eq_ignore_ascii_case(first)).then(|| {
+            ApiError::bad_request(format!("{name} is given more than once, with different values"))
+        })
+    })
 }
 
 /// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its
