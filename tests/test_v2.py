@@ -406,6 +406,32 @@ def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):
     assert (answer.status_code, answer.json()) == (200, {"name": name, "ready": True})
 
 
+def test_model_config_says_the_batch_the_workers_take_and_a_scalar_row_as_triton_does(
+    corral_factory,
+):
+    # A worker taking 4 a batch: a client sizing requests by 32 had made 8 batches a request.
+    # A scalar a row is dims [1] reshaped to [] (Triton refuses dims [] with batching on).
+    sidecar = corral_factory(worker=None)
+    scalar = {"name": "S", "datatype": "FP32", "shape": []}
+    worker = FakeWorker(sidecar.socket, max_batch=4, inputs=[scalar], outputs=[scalar])
+    try:
+        sidecar.wait_for_log(r"worker connected")
+        with client(sidecar) as c:
+            config = c.get_model_config("default")
+    finally:
+        worker.close()
+    assert config["max_batch_size"] == 4
+    assert config["input"] == [
+        {
+            "name": "S",
+            "data_type": "TYPE_FP32",
+            "format": "FORMAT_NONE",
+            "dims": [1],
+            "reshape": {"shape": []},
+        }
+    ]
+
+
 def test_metadata_before_any_worker_connected_is_503_not_an_empty_model(corral_factory, tmp_path):
     # Empty tensor lists would say the model has none, and a client may cache that.
     (tmp_path / "corral.toml").write_text(

@@ -231,17 +231,23 @@ impl Queue {
     /// Removes jobs that must not be dispatched: expired ones are answered, abandoned ones dropped.
     /// Only the front is cleaned on the hot path (`whole == false`): that is all the policy looks
     /// at; the whole queue is cleaned when it looks full and when a client leaves
-    /// ([`Stage::purge`]), at most every [`PURGE_EVERY`].
-    fn drop_dead(&mut self, now: Instant, whole: bool) {
+    /// ([`Stage::purge`]), at most every [`PURGE_EVERY`]. Returns whether a job that goes alone
+    /// was among them: the pulls that wait behind one (joins, batches sent ahead) may look again.
+    fn drop_dead(&mut self, now: Instant, whole: bool) -> bool {
         let dead = |job: &Job| job.is_abandoned() || job.is_expired(now);
+        let mut alone = false;
+        let mut take_out = |job: Job| {
+            alone |= job.alone;
+            bury(job, now);
+        };
         if whole {
-            self.jobs.remove_dead(dead).into_iter().for_each(|job| bury(job, now));
-            return;
+            self.jobs.remove_dead(dead).into_iter().for_each(&mut take_out);
+            return alone;
         }
         while self.jobs.front().is_some_and(dead) {
-            let job = self.jobs.pop(false).expect("front exists");
-            bury(job, now);
+            take_out(self.jobs.pop(false).expect("front exists"));
         }
+        alone
     }
 
     /// Whether a job predicted to miss `latest` is admitted all the same, as a probe of a
@@ -772,6 +778,13 @@ impl Stage {
 
     pub fn declared(&self) -> Option<Arc<Declared>> {
         self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The most jobs one of the stage's batches takes now: `max_batch_size`, or less where every
+    /// connected worker bounds its batches lower (hello `max_batch`).
+    pub fn batch_bound(&self) -> usize {
+        let queue = self.lock();
+        self.batch_jobs(&queue)
     }
 
     /// Most jobs the queue holds.

@@ -137,7 +137,13 @@ impl Negotiation {
         })
     }
 
-    /// [`Negotiation::choose`] for an output that is raw bytes (`raw`) or not.
+    /// [`Negotiation::choose`] for an output that is raw bytes (`raw`) or not. Each form the
+    /// answer may take has the quality of the most specific range that names it (RFC 9110
+    /// 12.5.1: its own type, then `type/*`, then `*/*`): `application/json;q=0.1, */*` gives
+    /// JSON 0.1 and msgpack 1, and `image/png;q=0, image/*` refuses PNG bytes. (A wildcard had
+    /// lifted whatever a more specific range said, but a refusal by name.) The highest quality
+    /// wins; among equals, the form whose range is listed first, then the one the request
+    /// suggests ([`Negotiation`]).
     fn choose_for(&self, raw: bool, content_type: Option<&HeaderValue>) -> Option<Answer> {
         let default =
             if raw && self.raw_request { Answer::Raw } else { Answer::Format(self.format) };
@@ -146,47 +152,56 @@ impl Negotiation {
         };
         let accept = accept.to_str().ok()?;
         let named = content_type.and_then(|value| value.to_str().ok()).map(essence);
-        let specific = |media: &str| {
-            if let Some(format) = Format::from_media_type(media) {
-                Some(Answer::Format(format))
-            } else if raw && accepts_raw(media, named) {
-                Some(Answer::Raw)
-            } else {
-                None
-            }
-        };
-        // A form named by a range of its own has that range's quality, whatever a wildcard
-        // beside it says (RFC 9110 12.5.1: the more specific range wins): refused by name
-        // (`application/json;q=0`), or given less (`application/json;q=0.1, */*`), it is not
-        // what the wildcard means; the wildcard then means the other forms.
-        // Each form once (there are three): kept per range, an Accept of thousands of named
-        // ranges and wildcards cost their product (4 ms a request at the 64 KiB head limit).
-        let mut named: Vec<Answer> = Vec::with_capacity(3);
-        for answer in quality_ranges(accept).filter_map(|(media, _)| specific(media)) {
-            if !named.contains(&answer) {
-                named.push(answer);
+        // The forms, in the order preferred among equals.
+        let mut forms: Vec<Answer> = Vec::with_capacity(4);
+        let structured = [Format::Json, Format::Msgpack].map(Answer::Format);
+        for form in [default, Answer::Format(self.format)].into_iter().chain(structured) {
+            if !forms.contains(&form) {
+                forms.push(form);
             }
         }
-        let open = |first: Answer| {
-            let others = [first, Answer::Format(Format::Json), Answer::Format(Format::Msgpack)];
-            others.into_iter().find(|answer| !named.contains(answer))
+        if raw && !forms.contains(&Answer::Raw) {
+            forms.push(Answer::Raw);
+        }
+        // How specifically a range names a form: 2 by its own type, 1 by `type/*`, 0 by `*/*`
+        // (which takes raw bytes only from a client that sent raw bytes itself).
+        let specificity = |form: Answer, media: &str| -> Option<u8> {
+            if media == "*/*" {
+                return (form != Answer::Raw || self.raw_request).then_some(0);
+            }
+            match form {
+                Answer::Format(format) if Format::from_media_type(media) == Some(format) => Some(2),
+                Answer::Format(_) => media.eq_ignore_ascii_case("application/*").then_some(1),
+                Answer::Raw if !accepts_raw(media, named) => None,
+                Answer::Raw => Some(if media.ends_with("/*") { 1 } else { 2 }),
+            }
         };
-        let mut best: Option<(f32, Answer)> = None;
-        for (media, quality) in ranges(accept) {
-            let answer = if media == "*/*" {
-                open(default)
-            } else if media.eq_ignore_ascii_case("application/*") {
-                open(Answer::Format(self.format))
-            } else {
-                specific(media)
-            };
-            if let Some(answer) = answer {
-                if best.is_none_or(|(q, _)| quality > q) {
-                    best = Some((quality, answer));
+        // Per form: (quality, where its deciding range is listed, its place among the forms).
+        let mut best: Option<(f32, usize, usize, Answer)> = None;
+        for (place, &form) in forms.iter().enumerate() {
+            let mut decided: Option<(u8, f32, usize)> = None;
+            for (listed, (media, quality)) in quality_ranges(accept).enumerate() {
+                let Some(specific) = specificity(form, media) else { continue };
+                let wins = decided.is_none_or(|(was, was_quality, _)| {
+                    specific > was || (specific == was && quality > was_quality)
+                });
+                if wins {
+                    decided = Some((specific, quality, listed));
                 }
             }
+            let Some((_, quality, listed)) = decided.filter(|&(_, quality, _)| quality > 0.0)
+            else {
+                continue;
+            };
+            let better = best.is_none_or(|(best_quality, best_listed, best_place, _)| {
+                quality > best_quality
+                    || (quality == best_quality && (listed, place) < (best_listed, best_place))
+            });
+            if better {
+                best = Some((quality, listed, place, form));
+            }
         }
-        best.map(|(_, answer)| answer)
+        best.map(|(.., form)| form)
     }
 }
 
@@ -450,6 +465,9 @@ mod tests {
         assert_eq!(accept("application/json;q=0.1, */*"), msgpack);
         assert_eq!(accept("application/json;q=0.5, application/*;q=0.9"), msgpack);
         assert_eq!(accept("application/json, */*"), json);
+        // `application/*` is more specific than `*/*`: refused, it refuses both forms.
+        assert_eq!(accept("application/*;q=0, */*"), None);
+        assert_eq!(accept("application/*;q=0.2, */*;q=0.5, application/msgpack;q=0.3"), msgpack);
         assert_eq!(accept("application/json;q=0.9, application/msgpack;q=0.1, */*"), json);
         // No number from 0 to 1 is no quality: read as 1, not as a NaN that is neither
         // accepted nor refused (406), nor an infinity that outranks 1.
@@ -532,6 +550,12 @@ mod tests {
         assert_eq!(raw_answer(Some("image/png;q=0.5, application/json"), true, png), json);
         assert_eq!(raw_answer(Some("application/json, image/png"), true, png), json);
         assert_eq!(raw_answer(Some("image/png, application/json"), true, png), raw);
+        // The most specific range decides a form's quality: a type refused or given less by
+        // name is not lifted by its `type/*`.
+        assert_eq!(raw_answer(Some("image/png;q=0, image/*"), true, png), None);
+        let weighed = "image/png;q=0.1, image/*;q=0.5, application/json;q=0.3";
+        assert_eq!(raw_answer(Some(weighed), true, png), json);
+        assert_eq!(raw_answer(Some("image/*"), false, png), raw);
     }
 
     #[test]

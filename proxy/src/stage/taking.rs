@@ -149,16 +149,25 @@ impl Stage {
             let arrival = self.arrivals.notified();
             tokio::pin!(arrival);
             arrival.as_mut().enable();
-            let wake_at = {
+            let (looked, freed) = {
                 let mut queue = self.lock();
                 let now = Instant::now();
                 queue.jobs.promote(now, self.aging);
-                queue.drop_dead(now, false);
-                match look(self, &mut queue, now) {
-                    Look::Took(batch) if batch.is_empty() => continue,
-                    Look::Took(batch) => return batch,
-                    Look::Until(at) => at,
-                }
+                let freed = queue.drop_dead(now, false);
+                (look(self, &mut queue, now), freed)
+            };
+            // A job that goes alone left the front (taken, or dead): the joins and batches sent
+            // ahead that wait behind it look again, not at the next arrival (a quiet joining
+            // worker had left the job behind it waiting past its deadline).
+            let took_alone =
+                matches!(&looked, Look::Took(batch) if batch.first().is_some_and(|job| job.alone));
+            if freed || took_alone {
+                self.arrivals.notify_waiters();
+            }
+            let wake_at = match looked {
+                Look::Took(batch) if batch.is_empty() => continue,
+                Look::Took(batch) => return batch,
+                Look::Until(at) => at,
             };
             match wake_at {
                 Some(at) => {

@@ -34,6 +34,7 @@ use super::v2::tensor;
 use super::{declarations_unknown, first_failure, not_ready_yet};
 use crate::job::Outcome;
 use crate::msgpack;
+use corral_protocol::TensorSpec;
 
 mod declared;
 
@@ -108,7 +109,7 @@ pub async fn embeddings(
     let data = outcomes
         .into_iter()
         .enumerate()
-        .map(|(index, outcome)| embedding(index, outcome, output.as_deref(), base64))
+        .map(|(index, outcome)| embedding(index, outcome, output.as_ref(), base64))
         .collect::<Result<Vec<Embedding>, ApiError>>()?;
     let usage = Usage { prompt_tokens: tokens, total_tokens: tokens };
     let answer = Answer { object: "list", data, model: &request.model, usage };
@@ -271,7 +272,7 @@ fn strings(input: &RawValue, max: usize) -> Result<Vec<String>, ApiError> {
 pub(crate) fn embedding(
     index: usize,
     outcome: Outcome,
-    output: Option<&str>,
+    output: Option<&TensorSpec>,
     base64: bool,
 ) -> Result<Embedding, ApiError> {
     let vector = vector(index, outcome, output)?;
@@ -290,28 +291,46 @@ pub(crate) fn embedding(
 
 /// A worker's answer for one input as float32s (OpenAI's embeddings are float32): numbers in
 /// an array (or nested arrays), or a tensor value of them, their elements in order whatever the
-/// shape; with `output` named (a worker that declares its outputs), that key of the result.
-fn vector(index: usize, outcome: Outcome, output: Option<&str>) -> Result<Vec<f32>, ApiError> {
+/// shape; with `output` declared, that key of the result, held to its declared datatype and
+/// shape as a v2 answer is (an INT8 output of 300 is the worker's fault, not an embedding).
+fn vector(
+    index: usize,
+    outcome: Outcome,
+    output: Option<&TensorSpec>,
+) -> Result<Vec<f32>, ApiError> {
     let Outcome::Done(data, _) = outcome else {
         unreachable!("first_failure let only results through")
     };
     let bad = |message: String| ApiError::internal("bad_output", message);
     let not_numbers =
         || bad(format!("the worker's output for input {index} is not a list of numbers"));
-    let value = match output {
-        None => &data[..],
-        Some(name) => {
+    let (value, declared) = match output {
+        None => (&data[..], None),
+        Some(spec) => {
+            let name = &spec.name;
             let missing = || bad(format!("the worker's output for input {index} has no {name:?}"));
             let at = msgpack::after_key(&data, name).ok().flatten().ok_or_else(missing)?;
             let mut rest = at;
             msgpack::skip(&mut rest).map_err(|_| not_numbers())?;
-            &at[..at.len() - rest.len()]
+            (&at[..at.len() - rest.len()], Some(spec))
         }
     };
     // Read as a v2 output row is (a tensor value, or numbers in nested arrays), its elements
     // in order: a `bin` reads as BYTES and a lone number has no dimension, neither a list of
     // numbers (rmp_serde had read a worker's raw float32 bytes as an embedding of byte values).
-    let row = tensor::row(value, None).map_err(|_| not_numbers())?;
+    let datatype = declared.and_then(|spec| tensor::DataType::parse(&spec.datatype).ok());
+    let row = tensor::row(value, datatype).map_err(|e| match declared {
+        Some(spec) => bad(format!("the worker's output {:?} for input {index}: {e}", spec.name)),
+        None => not_numbers(),
+    })?;
+    if let Some(spec) = declared.filter(|spec| !tensor::fits(&row.shape, &spec.shape)) {
+        return Err(bad(format!(
+            "the worker's output {:?} for input {index} has shape {}; {:?} is declared",
+            spec.name,
+            tensor::shown(&row.shape),
+            spec.shape
+        )));
+    }
     if row.shape.is_empty() {
         return Err(not_numbers());
     }
@@ -427,8 +446,23 @@ mod tests {
         let mut map = std::collections::BTreeMap::new();
         map.insert("TOKENS", vec![3.0]);
         map.insert("EMBEDDING", vec![0.25, 0.5]);
-        assert_eq!(vector(0, done(&map), Some("EMBEDDING")).unwrap(), [0.25, 0.5]);
-        let error = vector(4, done(&map), Some("E")).unwrap_err();
+        let spec = |name: &str, datatype: &str, shape: &[i64]| TensorSpec {
+            name: name.into(),
+            datatype: datatype.into(),
+            shape: shape.to_vec(),
+        };
+        let embedding = spec("EMBEDDING", "FP32", &[2]);
+        assert_eq!(vector(0, done(&map), Some(&embedding)).unwrap(), [0.25, 0.5]);
+        let error = vector(4, done(&map), Some(&spec("E", "FP32", &[2]))).unwrap_err();
         assert_eq!(error.message, r#"the worker's output for input 4 has no "E""#);
+        // Held to its declaration: a shape or a value it does not take is the worker's fault.
+        let error = vector(1, done(&map), Some(&spec("EMBEDDING", "FP32", &[3]))).unwrap_err();
+        assert_eq!(
+            error.message,
+            r#"the worker's output "EMBEDDING" for input 1 has shape [2]; [3] is declared"#
+        );
+        map.insert("EMBEDDING", vec![300.0, 1.0]);
+        let error = vector(0, done(&map), Some(&spec("EMBEDDING", "INT8", &[2]))).unwrap_err();
+        assert_eq!(error.code, "bad_output", "{}", error.message);
     }
 }

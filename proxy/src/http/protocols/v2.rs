@@ -169,7 +169,7 @@ fn server_metadata() -> Response<Body> {
 /// a client may cache that). A worker that declares none gives empty lists.
 fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
     if let Some(message) = not_declared_yet(route) {
-        return Err(ApiError::not_ready(message));
+        return Err(not_ready_yet(message));
     }
     let declared = Declared::of(route);
     let tensors = |specs: &[TensorSpec]| {
@@ -195,13 +195,13 @@ fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
 /// The route's model configuration in Triton's form (its `ModelConfig` as JSON): the declared
 /// tensors as `input` and `output`, each `dims` one row's shape (the batch dimension left out, as
 /// Triton leaves it out wherever `max_batch_size` is above 0), `data_type` as Triton names it
-/// (`TYPE_FP32`; `BYTES` is `TYPE_STRING`), and the first stage's batch bounds: a client that
-/// sizes its requests by `max_batch_size` (as Triton's own examples do) fills one batch
-/// a request. Larger requests are still served, cut across batches. 503 before the tensors are
-/// known, as the metadata is.
+/// (`TYPE_FP32`; `BYTES` is `TYPE_STRING`), and the first stage's batch bound (its workers' own
+/// `max_batch` where every one takes fewer): a client that sizes its requests by
+/// `max_batch_size` (as Triton's own examples do) fills one batch a request. Larger requests
+/// are still served, cut across batches. 503 before the tensors are known, as the metadata is.
 fn config(route: &Route) -> Result<Response<Body>, ApiError> {
     if let Some(message) = not_declared_yet(route) {
-        return Err(ApiError::not_ready(message));
+        return Err(not_ready_yet(message));
     }
     let declared = Declared::of(route);
     let tensors = |specs: &[TensorSpec], input: bool| {
@@ -214,6 +214,12 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
                 };
                 let mut tensor =
                     json!({"name": spec.name, "data_type": data_type, "dims": spec.shape});
+                if spec.shape.is_empty() {
+                    // A scalar a row, as Triton writes one where the batch dimension is left
+                    // out: `dims` of `[1]`, reshaped to no dimension (Triton refuses `[]`).
+                    tensor["dims"] = json!([1]);
+                    tensor["reshape"] = json!({"shape": []});
+                }
                 if input {
                     tensor["format"] = json!("FORMAT_NONE");
                 }
@@ -221,8 +227,11 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
             })
             .collect::<Vec<_>>()
     };
-    let settings = route.pipeline.stages.first().map(|stage| *stage.settings());
-    let max_batch_size = settings.map_or(1, |settings| settings.max_batch_size);
+    let first = route.pipeline.stages.first();
+    let settings = first.map(|stage| *stage.settings());
+    // What one batch takes now: a worker bounding its batches lower (`max_batch`) makes a
+    // request of the stage's bound several batches.
+    let max_batch_size = first.map_or(1, |stage| stage.batch_bound());
     // (A `max_wait_ms` near u64's end is past u64's microseconds: JSON numbers stop there.)
     let delay_us = settings.map_or(0, |settings| settings.max_wait.as_micros());
     let delay_us = u64::try_from(delay_us).unwrap_or(u64::MAX);

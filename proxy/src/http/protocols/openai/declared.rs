@@ -71,15 +71,16 @@ fn unsupported(inputs: &[TensorSpec]) -> ApiError {
         inputs.iter().map(|s| format!("{} {} {:?}", s.name, s.datatype, s.shape)).collect();
     let message = format!(
         "the model's workers declare the inputs {}: OpenAI embeddings need one BYTES input of \
-         one element (shape [1] or []) to send each string as",
+         one element (shape [1], [-1] or []) to send each string as",
         shown.join(", ")
     );
     ApiError::internal("unsupported_model", message)
 }
 
-/// The declared output each embedding is read from: None where the last stage's workers
-/// declare none (their result is the embedding itself).
-pub fn output(declared: Option<&Declared>) -> Option<String> {
+/// The declared output each embedding is read from, held to its datatype and shape as a v2
+/// answer is: None where the last stage's workers declare none (their result is the embedding
+/// itself).
+pub fn output(declared: Option<&Declared>) -> Option<TensorSpec> {
     let outputs = declared.map_or(&[][..], |declared| &declared.outputs[..]);
     let float = |spec: &&TensorSpec| {
         matches!(DataType::parse(&spec.datatype), Ok(DataType::F16 | DataType::F32 | DataType::F64))
@@ -89,7 +90,7 @@ pub fn output(declared: Option<&Declared>) -> Option<String> {
             .is_ok_and(|t| !matches!(t, DataType::Bool | DataType::Bytes))
     };
     let chosen = outputs.iter().find(float).or_else(|| outputs.iter().find(numeric));
-    chosen.or(outputs.first()).map(|spec| spec.name.clone())
+    chosen.or(outputs.first()).cloned()
 }
 
 #[cfg(test)]
@@ -140,13 +141,14 @@ mod tests {
     #[test]
     fn the_embedding_is_the_first_float_output_else_the_first_numeric_one() {
         assert_eq!(output(None), None);
-        assert_eq!(output(Some(&declared(&[], &[("E", "FP16")]))).as_deref(), Some("E"));
+        let name = |spec: Option<TensorSpec>| spec.map(|spec| spec.name);
+        assert_eq!(name(output(Some(&declared(&[], &[("E", "FP16")])))), Some("E".into()));
         let several =
             declared(&[], &[("TEXT", "BYTES"), ("N", "INT64"), ("E", "FP32"), ("F", "FP64")]);
-        assert_eq!(output(Some(&several)).as_deref(), Some("E"));
+        assert_eq!(name(output(Some(&several))), Some("E".into()));
         let counts = declared(&[], &[("TEXT", "BYTES"), ("N", "INT64")]);
-        assert_eq!(output(Some(&counts)).as_deref(), Some("N"));
+        assert_eq!(name(output(Some(&counts))), Some("N".into()));
         let none_numeric = declared(&[], &[("A", "BYTES"), ("B", "BOOL")]);
-        assert_eq!(output(Some(&none_numeric)).as_deref(), Some("A"));
+        assert_eq!(name(output(Some(&none_numeric))), Some("A".into()));
     }
 }
