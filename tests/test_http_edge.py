@@ -311,6 +311,13 @@ def test_a_field_given_once_given_twice_with_different_values_is_a_400(corral_fa
         # The same value twice (letter case aside) is one value.
         headers = httpx.Headers([(name, values[0]), (name, values[0].upper())])
         assert proxy.client.post("/infer", content=body, headers=headers).status_code == 200
+    # So is a media type with and without its parameters, as gateways add a charset.
+    same = [
+        ("content-type", "application/json"),
+        ("content-type", "application/json; charset=utf-8"),
+    ]
+    answer = proxy.client.post("/infer", content=body, headers=httpx.Headers(same))
+    assert answer.status_code == 200, answer.text
     # In a protocol's own error shape.
     headers = httpx.Headers([("content-type", "application/json"), ("content-type", "text/x")])
     answer = proxy.client.post("/v2/models/default/infer", content=b"{}", headers=headers)

@@ -406,11 +406,9 @@ def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):
     assert (answer.status_code, answer.json()) == (200, {"name": name, "ready": True})
 
 
-def test_model_config_says_the_batch_the_workers_take_and_a_scalar_row_as_triton_does(
-    corral_factory,
-):
+def test_model_config_says_the_batch_the_workers_take(corral_factory):
     # A worker taking 4 a batch: a client sizing requests by 32 had made 8 batches a request.
-    # A scalar a row is dims [1] reshaped to [] (Triton refuses dims [] with batching on).
+    # A scalar a row is dims [] (a client building [batch] + dims sends what infer takes).
     sidecar = corral_factory(worker=None)
     scalar = {"name": "S", "datatype": "FP32", "shape": []}
     worker = FakeWorker(sidecar.socket, max_batch=4, inputs=[scalar], outputs=[scalar])
@@ -422,13 +420,7 @@ def test_model_config_says_the_batch_the_workers_take_and_a_scalar_row_as_triton
         worker.close()
     assert config["max_batch_size"] == 4
     assert config["input"] == [
-        {
-            "name": "S",
-            "data_type": "TYPE_FP32",
-            "format": "FORMAT_NONE",
-            "dims": [1],
-            "reshape": {"shape": []},
-        }
+        {"name": "S", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": []}
     ]
 
 

@@ -546,7 +546,11 @@ impl Stage {
                 })
             };
             if due && (long || full(&queue.jobs) || over_share(&queue.jobs)) {
-                queue.drop_dead(now, true);
+                if queue.drop_dead(now, true) {
+                    // A job that went alone left: what waits behind it looks again (this
+                    // request may yet be shed, and no arrival would tell them).
+                    self.arrivals.notify_waiters();
+                }
                 queue.last_purge = Some(now);
             }
             if let Some(tenant) = tenant.filter(|_| over_share(&queue.jobs)) {

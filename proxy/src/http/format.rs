@@ -117,7 +117,15 @@ impl Negotiation {
     pub fn satisfiable(&self) -> bool {
         let Some(accept) = &self.accept else { return true };
         let Ok(accept) = accept.to_str() else { return false };
-        ranges(accept).any(|(media, _)| media.contains('/'))
+        // JSON or msgpack is acceptable; else some range may take raw bytes (not `*/*` from a
+        // client that sent none, which means the structured forms: `application/*;q=0, */*`
+        // refuses them all, and had been told so only after its job ran).
+        self.structured().is_some()
+            || ranges(accept).any(|(media, _)| {
+                media.contains('/')
+                    && Format::from_media_type(media).is_none()
+                    && (media != "*/*" || self.raw_request)
+            })
     }
 
     /// The answer's form for an output, and the worker's media type for it, if it named one;
@@ -587,6 +595,16 @@ mod tests {
         assert!(satisfiable("application/json"));
         assert!(!satisfiable("application/json;q=0"));
         assert!(!satisfiable("nonsense"));
+        // `application/*` refused is both forms refused, whatever `*/*` says: known before the
+        // job runs (raw bytes from `*/*` go only to a client that sent raw bytes).
+        assert!(!satisfiable("application/*;q=0, */*"));
+        assert!(satisfiable("application/*;q=0, */*, image/*"));
+        let raw = Negotiation::new(
+            Some(&HeaderValue::from_static("application/*;q=0, */*")),
+            Format::Json,
+            true,
+        );
+        assert!(raw.satisfiable());
     }
 
     #[test]

@@ -169,11 +169,12 @@ fn declarations_unknown(route: &super::Route) -> bool {
     stages.first().into_iter().chain(stages.last()).any(|stage| !stage.declarations_known())
 }
 
-/// 503 `not_ready` with `Retry-After: 1`, said before the body is read: the model's first
-/// worker is still to connect (loading its model at start), and then what a request becomes is
-/// known. Queued meanwhile, it would reach a worker that declares tensors unchecked.
+/// 503 `not_ready` with `Retry-After: 1`: the model's first worker is still to connect (loading
+/// its model at start), and then what a request becomes is known. Queued meanwhile, it would
+/// reach a worker that declares tensors unchecked. (A request with a body says it before the
+/// body is read: [`before_body`](super::body::before_body).)
 fn not_ready_yet(message: String) -> ApiError {
-    super::body::before_body(ApiError { retry_after: Some(1), ..ApiError::not_ready(message) })
+    ApiError { retry_after: Some(1), ..ApiError::not_ready(message) }
 }
 
 /// 404 for a model name no route has, in every protocol's words.

@@ -13,7 +13,7 @@ use tracing::{debug, debug_span, Instrument};
 use super::error::ApiError;
 use super::protocols::native;
 use super::protocols::Endpoint;
-use super::{body, get_only, openapi, App, Body};
+use super::{body, format, get_only, openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
@@ -81,7 +81,8 @@ async fn route_in<'a>(
     } else if fields > app.max_headers {
         Some(ApiError::too_many_headers(fields, app.max_headers))
     } else {
-        conflicting(request.headers())
+        // Said before the body is read: the connection closes after it.
+        conflicting(request.headers()).map(body::before_body)
     };
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
@@ -194,11 +195,13 @@ fn carries_body(request: &Request<Incoming>) -> bool {
     headers.contains_key(TRANSFER_ENCODING) || body::declared_length(headers).is_some_and(|n| n > 0)
 }
 
-/// Fields a request gives once, given more than once with values that differ (letter case
-/// aside): a 400, in the protocol's own shape. `Content-Type` is one value (RFC 9110), and so is
-/// how many items a native body holds or how long a v2 binary request's JSON header is. Only the
-/// first had been read: behind a gateway that adds its own field beside the client's, the body
-/// was read as the other form, or as one item where the client sent many.
+/// Fields a request gives once, given more than once with values that differ: a 400, in the
+/// protocol's own shape. `Content-Type` is one value (RFC 9110), and so is how many items a
+/// native body holds or how long a v2 binary request's JSON header is. Only the first had been
+/// read: behind a gateway that adds its own field beside the client's, the body was read as the
+/// other form, or as one item where the client sent many. Values that read alike are one value:
+/// letter case and spaces aside, and for `Content-Type` its media type without parameters
+/// (`application/json` beside `application/json; charset=utf-8`, as gateways add it).
 fn conflicting(headers: &http::HeaderMap) -> Option<ApiError> {
     static ONCE: [HeaderName; 3] = [
         CONTENT_TYPE,
@@ -206,9 +209,14 @@ fn conflicting(headers: &http::HeaderMap) -> Option<ApiError> {
         HeaderName::from_static(super::protocols::v2::HEADER_LENGTH),
     ];
     ONCE.iter().find_map(|name| {
+        let read = |value: &HeaderValue| {
+            let text = String::from_utf8_lossy(value.as_bytes());
+            let text = if *name == CONTENT_TYPE { format::essence(&text) } else { text.trim() };
+            text.to_ascii_lowercase()
+        };
         let mut fields = headers.get_all(name).iter();
-        let first = fields.next()?.as_bytes();
-        fields.any(|other| !other.as_bytes().eq_ignore_ascii_case(first)).then(|| {
+        let first = read(fields.next()?);
+        fields.any(|other| read(other) != first).then(|| {
             ApiError::bad_request(format!("{name} is given more than once, with different values"))
         })
     })

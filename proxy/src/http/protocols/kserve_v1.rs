@@ -109,10 +109,10 @@ async fn predict(
     let first = route.pipeline.stages.first().expect("a pipeline has a stage");
     let declared = first.declared();
     if declarations_unknown(route) {
-        return Err(not_ready_yet(format!(
+        return Err(body::before_body(not_ready_yet(format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
             route.model
-        )));
+        ))));
     }
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();

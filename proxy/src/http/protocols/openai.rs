@@ -71,10 +71,10 @@ pub async fn embeddings(
     // queued then reached a worker that declares tensors, every input 500; an embedding was
     // read as the whole result). Not ready yet, as KServe v1's predict says then.
     if declarations_unknown(route) {
-        return Err(not_ready_yet(format!(
+        return Err(body::before_body(not_ready_yet(format!(
             "model {:?} has no worker yet: what its inputs are is known once one connects",
             route.model
-        )));
+        ))));
     }
     let stages = &route.pipeline.stages;
     let first = stages.first().expect("a pipeline has a stage");
@@ -461,8 +461,12 @@ mod tests {
             error.message,
             r#"the worker's output "EMBEDDING" for input 1 has shape [2]; [3] is declared"#
         );
-        map.insert("EMBEDDING", vec![300.0, 1.0]);
-        let error = vector(0, done(&map), Some(&spec("EMBEDDING", "INT8", &[2]))).unwrap_err();
-        assert_eq!(error.code, "bad_output", "{}", error.message);
+        let mut integers = std::collections::BTreeMap::new();
+        integers.insert("EMBEDDING", vec![300, 1]);
+        let int8 = spec("EMBEDDING", "INT8", &[2]);
+        let error = vector(0, done(&integers), Some(&int8)).unwrap_err();
+        assert!(error.message.contains("does not fit in INT8"), "{}", error.message);
+        integers.insert("EMBEDDING", vec![3, 1]);
+        assert_eq!(vector(0, done(&integers), Some(&int8)).unwrap(), [3.0, 1.0]);
     }
 }

@@ -214,12 +214,6 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
                 };
                 let mut tensor =
                     json!({"name": spec.name, "data_type": data_type, "dims": spec.shape});
-                if spec.shape.is_empty() {
-                    // A scalar a row, as Triton writes one where the batch dimension is left
-                    // out: `dims` of `[1]`, reshaped to no dimension (Triton refuses `[]`).
-                    tensor["dims"] = json!([1]);
-                    tensor["reshape"] = json!({"shape": []});
-                }
                 if input {
                     tensor["format"] = json!("FORMAT_NONE");
                 }
@@ -304,7 +298,7 @@ async fn infer(
     // (A body it could never take is told so first: retrying would not help it.)
     body::check_encoding(request.headers()).map_err(body::before_body)?;
     if let Some(message) = not_declared_yet(route) {
-        return Err(not_ready_yet(message));
+        return Err(body::before_body(not_ready_yet(message)));
     }
     // A binary request keeps room after its header for a one-row payload's head, where it is
     // read into shared memory (`body::Buffer::for_body` leaves none elsewhere).
