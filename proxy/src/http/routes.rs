@@ -209,13 +209,16 @@ fn conflicting(headers: &http::HeaderMap) -> Option<ApiError> {
         HeaderName::from_static(super::protocols::v2::HEADER_LENGTH),
     ];
     ONCE.iter().find_map(|name| {
+        let mut fields = headers.get_all(name).iter().peekable();
+        let first = fields.next()?;
+        // One field, the usual case: nothing to compare, nothing read.
+        fields.peek()?;
         let read = |value: &HeaderValue| {
             let text = String::from_utf8_lossy(value.as_bytes());
             let text = if *name == CONTENT_TYPE { format::essence(&text) } else { text.trim() };
             text.to_ascii_lowercase()
         };
-        let mut fields = headers.get_all(name).iter();
-        let first = read(fields.next()?);
+        let first = read(first);
         fields.any(|other| read(other) != first).then(|| {
             ApiError::bad_request(format!("{name} is given more than once, with different values"))
         })
