@@ -325,6 +325,25 @@ def test_a_field_given_once_given_twice_with_different_values_is_a_400(corral_fa
     assert answer.json() == {"error": "content-type is given more than once, with different values"}
 
 
+def test_an_http11_request_without_exactly_one_host_is_a_400(corral_factory):
+    # RFC 9112 3.2: a server must answer 400; such requests had been served.
+    proxy = corral_factory(worker=None)
+    for head, hosts in (
+        (b"GET /healthz HTTP/1.1\r\n\r\n", 0),
+        (b"GET /healthz HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", 2),
+    ):
+        with connect(proxy) as conn:
+            conn.sendall(head)
+            status, body, _ = read_answer(conn)
+        assert status.startswith(b"HTTP/1.1 400"), status
+        message = f"an HTTP/1.1 request has one Host field; this one has {hosts}"
+        assert json.loads(body) == {"error": "bad_request", "message": message}
+    # HTTP/1.0 may leave it out.
+    with connect(proxy) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+        assert read_answer(conn)[0].startswith(b"HTTP/1.0 200")
+
+
 def test_the_default_bound_of_100_headers_holds_to_the_header(corral_factory):
     """At the default (hyper's own bound, which Corral then leaves to hyper) 100 headers pass
     and 101 are a 431."""

@@ -82,7 +82,8 @@ async fn route_in<'a>(
         Some(ApiError::too_many_headers(fields, app.max_headers))
     } else {
         // Said before the body is read: the connection closes after it.
-        conflicting(request.headers()).map(body::before_body)
+        let misaddressed = without_one_host(&request);
+        misaddressed.or_else(|| conflicting(request.headers())).map(body::before_body)
     };
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
@@ -193,6 +194,20 @@ impl Drop for Unanswered<'_> {
 fn carries_body(request: &Request<Incoming>) -> bool {
     let headers = request.headers();
     headers.contains_key(TRANSFER_ENCODING) || body::declared_length(headers).is_some_and(|n| n > 0)
+}
+
+/// An HTTP/1.1 request without exactly one `Host` field: a 400, as RFC 9112 3.2 says a server
+/// must answer (it had been served; a request smuggled past a gateway often lacks one, or has
+/// two). HTTP/1.0 may leave it out; HTTP/2 names the authority otherwise.
+fn without_one_host<B>(request: &Request<B>) -> Option<ApiError> {
+    if request.version() != http::Version::HTTP_11 {
+        return None;
+    }
+    let hosts = request.headers().get_all(http::header::HOST).iter().count();
+    (hosts != 1).then(|| {
+        let message = format!("an HTTP/1.1 request has one Host field; this one has {hosts}");
+        ApiError::bad_request(message)
+    })
 }
 
 /// Fields a request gives once, given more than once with values that differ: a 400, in the
