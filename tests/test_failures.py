@@ -124,19 +124,25 @@ def test_a_job_that_kills_every_worker_is_answered_500_once_out_of_retries(corra
     assert proxy.metric("corral_batch_size_count", stage="default") == 3
 
 
+def full_batches_only(corral_factory, size: int, log, workers: int = 1):
+    """A proxy whose batches of `size` leave only when full (a minute's wait, a minute's
+    deadline: nothing leaves or expires early), its scripted workers logging to `log`."""
+    return corral_factory(
+        "--batch-policy=fixed",
+        f"--max-batch-size={size}",
+        "--max-wait-ms=60000",
+        "--timeout-ms=60000",
+        workers=workers,
+        env={"SCRIPTED_LOG": str(log)},
+    )
+
+
 def test_a_poison_input_takes_none_of_its_batch_mates_down(corral_factory, tmp_path):
     # One batch of four (released only when full), one of which kills its worker. Nobody can
     # tell which: each is retried in a batch of its own, so the three others are answered and
     # the poison input alone is a 500, once it has killed a second worker.
     log = tmp_path / "received.jsonl"
-    proxy = corral_factory(
-        "--batch-policy=fixed",
-        "--max-batch-size=4",
-        "--max-wait-ms=60000",
-        "--timeout-ms=60000",
-        workers=2,
-        env={"SCRIPTED_LOG": str(log)},
-    )
+    proxy = full_batches_only(corral_factory, 4, log, workers=2)
     items = [{"v": 1}, {"exit": True}, {"v": 2}, {"v": 3}]
     with ThreadPoolExecutor(4) as pool:
         responses = list(pool.map(proxy.post, items))
@@ -154,13 +160,7 @@ def test_nothing_is_sent_ahead_behind_a_job_retried_alone(corral_factory, tmp_pa
     # With prefetch (the default) a batch-mate had been written behind the poison input, on
     # the worker it then killed: its retry spent, it was answered 500 without running again.
     log = tmp_path / "received.jsonl"
-    proxy = corral_factory(
-        "--batch-policy=fixed",
-        "--max-batch-size=2",
-        "--max-wait-ms=60000",
-        "--timeout-ms=60000",
-        env={"SCRIPTED_LOG": str(log)},
-    )
+    proxy = full_batches_only(corral_factory, 2, log)
     with ThreadPoolExecutor(4) as pool:
         # A batch's cost learned: from now on a full batch queued behind a busy worker goes ahead.
         assert [r.status_code for r in pool.map(proxy.post, [{"v": 0}, {"v": 1}])] == [200] * 2

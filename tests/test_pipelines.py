@@ -147,15 +147,21 @@ def test_each_item_of_a_request_goes_through_the_pipeline(arith):
     assert batches(arith, "shift")[1] == 3, "the rejected request's items went no further"
 
 
-def test_a_route_path_that_is_not_ascii_is_found_percent_encoded(corral_factory, tmp_path):
-    # Clients (httpx, curl) send /résumé as /r%C3%A9sum%C3%A9: matched against the raw path, it
-    # was a 404.
+def route_at(corral_factory, tmp_path, path: str):
+    """A proxy serving the scripted worker on one route at `path`, as a config file writes it."""
     (tmp_path / "corral.toml").write_text(
         f'[stages.a]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\n'
-        '[routes.r]\npipeline = "a"\npath = "/résumé"\n'
+        f'[routes.r]\npipeline = "a"\npath = "{path}"\n'
     )
     proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
     proxy.wait_for_log("worker connected")
+    return proxy
+
+
+def test_a_route_path_that_is_not_ascii_is_found_percent_encoded(corral_factory, tmp_path):
+    # Clients (httpx, curl) send /résumé as /r%C3%A9sum%C3%A9: matched against the raw path, it
+    # was a 404.
+    proxy = route_at(corral_factory, tmp_path, "/résumé")
     answer = proxy.client.post("/résumé", json={"x": 1})
     assert answer.request.url.raw_path == b"/r%C3%A9sum%C3%A9"
     assert answer.status_code == 200, answer.text
@@ -165,12 +171,7 @@ def test_a_route_path_that_is_not_ascii_is_found_percent_encoded(corral_factory,
 def test_a_route_path_written_percent_encoded_is_found_in_either_case(corral_factory, tmp_path):
     # Written encoded, only the same bytes had reached it: `/%c3%bc` (hex digits' case means
     # nothing, RFC 3986) was a 404, though `/ü` written plainly took both.
-    (tmp_path / "corral.toml").write_text(
-        f'[stages.a]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\n'
-        '[routes.r]\npipeline = "a"\npath = "/%C3%BC"\n'
-    )
-    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
-    proxy.wait_for_log("worker connected")
+    proxy = route_at(corral_factory, tmp_path, "/%C3%BC")
     for path in ("/%C3%BC", "/%c3%bc", "/\u00fc"):
         answer = proxy.client.post(path, json={"x": 1})
         assert answer.status_code == 200, (path, answer.text)
