@@ -7,6 +7,7 @@ pub mod events;
 pub mod format;
 #[doc(hidden)]
 pub mod fuzzing;
+pub mod head;
 pub mod infer;
 pub mod items;
 pub mod openapi;
@@ -43,7 +44,7 @@ pub struct App {
     /// Every stage, once, whichever routes share it.
     pub stages: Vec<Arc<Stage>>,
     pub max_body_bytes: usize,
-    /// Largest request head, counted in its shortest HTTP/1.1 form ([`routes::head_size`]).
+    /// Largest request head, counted in its shortest HTTP/1.1 form ([`head::head_size`]).
     pub max_header_bytes: usize,
     /// Most header fields in a request (`--max-headers`): hyper bounds an HTTP/1.1 head itself,
     /// not an HTTP/2 one ([`routes`] does).

@@ -78,8 +78,20 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// `error`, found before the request was looked at (a head too large), in the protocol's
-    /// own error shape: its clients read no other (openai's lost the message in Corral's).
+    /// The fields the endpoint reads once, checked with its head ([`super::head::refusal`]):
+    /// none where it reads no body.
+    pub fn single_fields(&self) -> &'static [http::HeaderName] {
+        static CONTENT_TYPE: [http::HeaderName; 1] = [http::header::CONTENT_TYPE];
+        match self {
+            Endpoint::V2(_) => &v2::SINGLE_FIELDS,
+            Endpoint::KServe(_) | Endpoint::OpenAi(_) => &CONTENT_TYPE,
+            _ => &[],
+        }
+    }
+
+    /// `error`, found before the request was looked at (its head refused: too large, without
+    /// one `Host`, a field given twice), in the protocol's own error shape: its clients read no
+    /// other (openai's lost the message in Corral's).
     pub fn refuse(&self, error: &ApiError) -> Response<Body> {
         match self {
             Endpoint::OpenAi(_) | Endpoint::UnknownOpenAi(_) => openai::error_response(error),

@@ -1,4 +1,5 @@
-//! Routing: which handler answers which method and path, and the headers every answer carries.
+//! Routing: which handler answers which method and path (its head checked first, [`head`]),
+//! and the headers every answer carries.
 
 use bytes::Bytes;
 use corral_protocol::JobId;
@@ -13,7 +14,7 @@ use tracing::{debug, debug_span, Instrument};
 use super::error::ApiError;
 use super::protocols::native;
 use super::protocols::Endpoint;
-use super::{body, format, get_only, openapi, App, Body};
+use super::{body, get_only, head, openapi, App, Body};
 use crate::metrics::metrics;
 use crate::timing::{self, BATCH_SIZE_HEADER, SERVER_TIMING_HEADER};
 use crate::trace;
@@ -68,26 +69,12 @@ async fn route_in<'a>(
     let unread = carries_body(&request);
     // The route label takes known paths only, so that a scan of random URLs cannot grow it.
     let path = request.uri().path();
-    let head = head_size(&request);
-    // Refused unread, yet under its route's label and in its protocol's error shape.
-    // The count too: hyper bounds an HTTP/1.1 head's, but not an HTTP/2 one's (14 headers
-    // past a bound of 10 had been served).
-    // An HTTP/2 client may split its `cookie` into crumbs, one field each (RFC 9113 8.2.3):
-    // they count as the one field HTTP/1.1 sends.
-    let crumbs = request.headers().get_all(http::header::COOKIE).iter().count();
-    let fields = request.headers().len() - crumbs.saturating_sub(1);
-    let too_large = if head > app.max_header_bytes {
-        Some(ApiError::head_too_large(head, app.max_header_bytes))
-    } else if fields > app.max_headers {
-        Some(ApiError::too_many_headers(fields, app.max_headers))
-    } else {
-        // Said before the body is read: the connection closes after it.
-        let misaddressed = without_one_host(&request);
-        misaddressed.or_else(|| conflicting(request.headers())).map(body::before_body)
-    };
+    // A head refused unread ([`head::refusal`]), yet under its route's label and in its
+    // protocol's error shape; each envelope names the fields it reads once.
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
-        let answer = match too_large.map_or_else(|| app.admit(&method), Err) {
+        let refused = head::refusal(app, &request, &native::SINGLE_FIELDS);
+        let answer = match refused.map_or_else(|| app.admit(&method), Err) {
             Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
         };
@@ -95,14 +82,14 @@ async fn route_in<'a>(
     } else if let Some(endpoint) = Endpoint::find(app, path) {
         let label = endpoint.label();
         let _ = unanswered.route.set(label);
-        let response = match too_large {
+        let response = match head::refusal(app, &request, endpoint.single_fields()) {
             Some(error) => endpoint.refuse(&error),
             // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
             // request's future, native ones too, would otherwise be sized for it.
             None => Box::pin(endpoint.answer(app, &method, request)).await,
         };
         (label, Ok(response))
-    } else if let Some(error) = too_large {
+    } else if let Some(error) = head::refusal(app, &request, &[]) {
         (own_page(path).unwrap_or("other"), Err(error))
     } else if let Some(page) = own_page(path) {
         let answer = get_only(&method).and_then(|()| match page {
@@ -196,77 +183,6 @@ fn carries_body(request: &Request<Incoming>) -> bool {
     headers.contains_key(TRANSFER_ENCODING) || body::declared_length(headers).is_some_and(|n| n > 0)
 }
 
-/// An HTTP/1.1 request without exactly one `Host` field: a 400, as RFC 9112 3.2 says a server
-/// must answer (it had been served; a request smuggled past a gateway often lacks one, or has
-/// two). HTTP/1.0 may leave it out; HTTP/2 names the authority otherwise.
-fn without_one_host<B>(request: &Request<B>) -> Option<ApiError> {
-    if request.version() != http::Version::HTTP_11 {
-        return None;
-    }
-    let hosts = request.headers().get_all(http::header::HOST).iter().count();
-    (hosts != 1).then(|| {
-        let message = format!("an HTTP/1.1 request has one Host field; this one has {hosts}");
-        ApiError::bad_request(message)
-    })
-}
-
-/// Fields a request gives once, given more than once with values that differ: a 400, in the
-/// protocol's own shape. `Content-Type` is one value (RFC 9110), and so is how many items a
-/// native body holds or how long a v2 binary request's JSON header is. Only the first had been
-/// read: behind a gateway that adds its own field beside the client's, the body was read as the
-/// other form, or as one item where the client sent many. Values that read alike are one value:
-/// letter case and spaces aside, and for `Content-Type` its media type without parameters
-/// (`application/json` beside `application/json; charset=utf-8`, as gateways add it).
-fn conflicting(headers: &http::HeaderMap) -> Option<ApiError> {
-    static ONCE: [HeaderName; 3] = [
-        CONTENT_TYPE,
-        HeaderName::from_static(native::ITEMS_HEADER),
-        HeaderName::from_static(super::protocols::v2::HEADER_LENGTH),
-    ];
-    ONCE.iter().find_map(|name| {
-        let mut fields = headers.get_all(name).iter().peekable();
-        let first = fields.next()?;
-        // One field, the usual case: nothing to compare, nothing read.
-        fields.peek()?;
-        let read = |value: &HeaderValue| {
-            let text = String::from_utf8_lossy(value.as_bytes());
-            let text = if *name == CONTENT_TYPE { format::essence(&text) } else { text.trim() };
-            text.to_ascii_lowercase()
-        };
-        let first = read(first);
-        fields.any(|other| read(other) != first).then(|| {
-            ApiError::bad_request(format!("{name} is given more than once, with different values"))
-        })
-    })
-}
-
-/// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its
-/// target as sent: a path, or an absolute URL), each header as `name:value` and its line end,
-/// and the empty line. hyper bounds the head only by its read buffer, which grows in powers of
-/// two from 8 KiB (`--max-header-bytes 20000` took 32 KB heads): this holds the bound to the
-/// byte for a client that writes no optional space, and never refuses a head the client kept
-/// within it. An HTTP/2 request counts its path and headers the same way (hyper's own h2 list
-/// limit, which adds 32 bytes a header, is the stricter there).
-pub fn head_size<B>(request: &Request<B>) -> usize {
-    let uri = request.uri();
-    let path = uri.path_and_query().map_or(1, |p| p.as_str().len());
-    let target = match (request.version(), uri.scheme_str(), uri.authority()) {
-        (http::Version::HTTP_2, ..) | (_, None, _) | (_, _, None) => path,
-        // `http://host` comes back with the path `/` it did not send: count none then.
-        (_, Some(scheme), Some(authority)) => {
-            let path = if uri.path() == "/" && uri.query().is_none() { 0 } else { path };
-            scheme.len() + 3 + authority.as_str().len() + path
-        }
-    };
-    let line = request.method().as_str().len() + 1 + target + " HTTP/1.1\r\n".len();
-    let headers: usize = request
-        .headers()
-        .iter()
-        .map(|(name, value)| name.as_str().len() + 1 + value.len() + 2)
-        .sum();
-    line + headers + 2
-}
-
 /// The proxy's own GET pages, as the label of their requests (a `'static` one: a client's path
 /// must not grow the label set).
 pub(super) fn own_page(path: &str) -> Option<&'static str> {
@@ -357,25 +273,4 @@ pub(super) fn error_response_with(error: &ApiError, body: Vec<u8>) -> Response<B
         headers.insert(CONNECTION, HeaderValue::from_static("close"));
     }
     response
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_head_is_counted_as_its_shortest_http1_form() {
-        let request = Request::get("/healthz").header("host", "x").header("x-pad", "aaa");
-        let request = request.body(()).unwrap();
-        let wire = "GET /healthz HTTP/1.1\r\nhost:x\r\nx-pad:aaa\r\n\r\n";
-        assert_eq!(head_size(&request), wire.len());
-        let absolute = Request::get("http://example.com:8000/infer?a=1").body(()).unwrap();
-        let wire = "GET http://example.com:8000/infer?a=1 HTTP/1.1\r\n\r\n";
-        assert_eq!(head_size(&absolute), wire.len());
-        let bare = Request::get("http://example.com").body(()).unwrap();
-        assert_eq!(head_size(&bare), "GET http://example.com HTTP/1.1\r\n\r\n".len());
-        let mut h2 = Request::get("http://example.com/infer").body(()).unwrap();
-        *h2.version_mut() = http::Version::HTTP_2;
-        assert_eq!(head_size(&h2), "GET /infer HTTP/1.1\r\n\r\n".len(), "h2: its :path");
-    }
 }

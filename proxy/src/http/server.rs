@@ -67,7 +67,7 @@ fn without_body(mut response: http::Response<super::Body>) -> http::Response<sup
 /// Corral's own check: 90 headers of a 62 KB head passed over HTTP/1.1 and were refused over
 /// HTTP/2. Room for every field `--max-headers` allows, and the four pseudo-fields, at 32 bytes
 /// each, rounded up to a power of two as HTTP/1.1's read buffer is, leaves the byte-exact bound
-/// to `routes::head_size` on both, with its JSON answer.
+/// to `head::head_size` on both, with its JSON answer.
 fn h2_header_list_size(limits: &Limits) -> u32 {
     let fields = limits.max_headers + 4;
     let size = limits.max_header_bytes.saturating_add(fields.saturating_mul(32));
@@ -96,7 +96,7 @@ pub async fn serve(
         .header_read_timeout(None)
         // hyper reads a request head into this buffer; a head that does not fit is hyper's 431.
         // The buffer grows in powers of two, so the bound to the byte is kept at the edge
-        // (`routes::head_size`), with the JSON answer every other error has.
+        // (`head::head_size`), with the JSON answer every other error has.
         .max_buf_size(limits.max_header_bytes.max(8192));
     builder
         .http2()

@@ -31,6 +31,10 @@ pub use super::super::deadline::TIMEOUT_HEADER;
 /// Header that marks a request carrying several items (`many`) or one (`one`, the default).
 pub const ITEMS_HEADER: &str = "x-corral-items";
 
+/// The fields a native route reads once ([`super::super::head::refusal`]): what its body is,
+/// and how many items it holds.
+pub static SINGLE_FIELDS: [HeaderName; 2] = [CONTENT_TYPE, HeaderName::from_static(ITEMS_HEADER)];
+
 pub async fn handle(
     app: &App,
     route: &Route,

@@ -45,6 +45,10 @@ use crate::job::Outcome;
 /// The binary tensor extension's header: how many bytes of the body are the JSON header.
 pub const HEADER_LENGTH: &str = "inference-header-content-length";
 
+/// The fields v2 reads once ([`super::super::head::refusal`]): where a binary request's JSON
+/// header ends. (Its body is read whatever `Content-Type` says.)
+pub static SINGLE_FIELDS: [http::HeaderName; 1] = [http::HeaderName::from_static(HEADER_LENGTH)];
+
 /// What a request's rows may take beyond 4x its body (each row repeats the input names and a
 /// tensor header, so many rows of little data weigh more than their body).
 pub(super) const MIN_ROWS_ALLOWANCE: u128 = 1024 * 1024;
