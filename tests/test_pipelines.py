@@ -309,6 +309,8 @@ stages = ["scale"]
         what="/readyz to say why the worker was refused",
     )
     assert 'the last was refused: unknown stage "zzz"; this proxy serves: scale' in message
+    # Counted under the stage it was spawned for, the one left without its worker.
+    assert proxy.metric("corral_worker_failures_total", stage="scale", reason="refused") >= 1
 
 
 def test_an_output_larger_than_the_next_stage_takes_fails_its_job_naming_both(

@@ -120,9 +120,11 @@ pub struct Job {
     pub weight: u32,
     /// How many more times the job may be given to another worker if its worker dies with it.
     pub retries: u32,
-    /// Set once a worker died, hung or broke the protocol holding the job: from then on it goes
-    /// to a worker in a batch of its own ([`crate::stage`]'s taking), so that a poison input
-    /// retried takes none of its batch-mates down with it, and they none of it.
+    /// Set once a worker died, hung or broke the protocol after the job's batch was written to
+    /// it, in part or whole (a batch it never got goes back as it was): from then on the job
+    /// goes to a worker in a batch of its own, with nothing sent ahead behind it and nothing
+    /// joining it ([`crate::stage`]'s taking), so that a poison input retried takes none of its
+    /// batch-mates down with it.
     pub alone: bool,
     /// The request the job belongs to, shared by all its jobs ([`Job::new`] gives each job a
     /// request of its own): jobs handed back after their worker died are queued as their

@@ -77,6 +77,7 @@ fn main() -> std::process::ExitCode {
         }
     }
     warn_of_unused_options(&config, &topology, &explicit);
+    warn_of_a_socket_its_workers_cannot_open(&config, &topology);
     keep_off_pinned_cores(&topology);
     let code = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(runtime) => runtime.block_on(serve(config, topology)),
@@ -134,6 +135,22 @@ fn from_variable(arg: &str) -> Option<String> {
     (!given).then_some(variable)
 }
 
+/// Spawned workers run as Corral's own user: a socket mode that lets its owner not write keeps
+/// every one of them out (they crash-loop on EACCES). Root gets in whatever the mode says, so a
+/// warning, not an error.
+fn warn_of_a_socket_its_workers_cannot_open(config: &Config, topology: &topology::Topology) {
+    let spawns = topology.stages.iter().any(topology::StageSpec::spawns);
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    if spawns && config.socket_mode & 0o200 == 0 && !root {
+        tracing::warn!(
+            socket_mode = format!("{:o}", config.socket_mode),
+            "--socket-mode lets the socket's owner not write it, and the workers Corral spawns \
+             run as that owner: none can connect (use 600 or 660)"
+        );
+    }
+}
+
 /// Options that were set but shape only what Corral spawns, where nothing is spawned (or, for
 /// `--workers-per-gpu`, nothing is placed): warnings, not errors, so that a deployment setting
 /// `CORRAL_*` for external workers keeps starting. Asked of what was resolved, a config file's
@@ -159,17 +176,6 @@ fn warn_of_unused_options(
             "--worker-env sets the environment of the workers Corral spawns, and no worker \
              command follows `--` (nor has any stage of a config file a `command`): it is not \
              used"
-        );
-    }
-    // Spawned workers run as Corral's own user: a socket its owner may not write keeps every
-    // one of them out (they crash-loop on EACCES). Root gets in whatever the mode says.
-    // SAFETY: geteuid has no preconditions and cannot fail.
-    let root = unsafe { libc::geteuid() } == 0;
-    if spawns && config.socket_mode & 0o200 == 0 && !root {
-        tracing::warn!(
-            socket_mode = format!("{:o}", config.socket_mode),
-            "--socket-mode lets the socket's owner not write it, and the workers Corral spawns \
-             run as that owner: none can connect (use 600 or 660)"
         );
     }
     // A file's top-level key as the flag: one file shared by GPU and CPU nodes (CORRAL_GPUS

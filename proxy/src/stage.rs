@@ -141,7 +141,9 @@ pub struct Stage {
     /// The devices its spawned workers are spread over (`--gpus`): the only `gpu` labels.
     gpus: Vec<u32>,
     queue: Mutex<Queue>,
-    /// Woken on every arrival so that waiting workers re-run the policy.
+    /// Woken whenever what the queue offers changed: an arrival, jobs given back, and a job that
+    /// went alone leaving the front (the pulls waiting behind it). Waiting workers then re-run
+    /// the policy.
     arrivals: Notify,
     /// How often its spawned workers exited, how the last did, and why the last was refused
     /// since one last joined: what `/readyz` says of a stage without a worker (a crash loop,
@@ -546,11 +548,8 @@ impl Stage {
                 })
             };
             if due && (long || full(&queue.jobs) || over_share(&queue.jobs)) {
-                if queue.drop_dead(now, true) {
-                    // A job that went alone left: what waits behind it looks again (this
-                    // request may yet be shed, and no arrival would tell them).
-                    self.arrivals.notify_waiters();
-                }
+                // (This request may yet be shed: no arrival would tell those waiting.)
+                self.clear_dead(&mut queue, now, true);
                 queue.last_purge = Some(now);
             }
             if let Some(tenant) = tenant.filter(|_| over_share(&queue.jobs)) {
@@ -784,11 +783,14 @@ impl Stage {
         self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// The most jobs one of the stage's batches takes now: `max_batch_size`, or less where every
-    /// connected worker bounds its batches lower (hello `max_batch`).
-    pub fn batch_bound(&self) -> usize {
-        let queue = self.lock();
-        self.batch_jobs(&queue)
+    /// Clears dead jobs out of `queue` ([`Queue::drop_dead`]): the whole queue, or its front.
+    /// If one that went alone ([`Job::alone`]) was among them, the pulls waiting behind it
+    /// (joins, batches sent ahead) look again: nothing else would tell them before the next
+    /// arrival. (Notified under the lock: they take it once it is let go.)
+    fn clear_dead(&self, queue: &mut Queue, now: Instant, whole: bool) {
+        if queue.drop_dead(now, whole) {
+            self.arrivals.notify_waiters();
+        }
     }
 
     /// Most jobs the queue holds.

@@ -96,7 +96,8 @@ pub fn accept(headers: &HeaderMap) -> Option<HeaderValue> {
 /// `Accept` names `application/octet-stream`, the media type the worker named for the output
 /// (or its `type/*`), or — for a client that sent raw bytes itself — `*/*` or nothing at all.
 /// Otherwise the answer is JSON or msgpack as always (JSON for a raw request whose client did
-/// not ask for msgpack). Ranges are weighed by quality; among equals the first listed wins.
+/// not ask for msgpack). Each form takes the quality of the most specific range naming it
+/// ([`Negotiation::choose_for`]); the highest wins, among equals the one listed first.
 #[derive(Debug, Clone)]
 pub struct Negotiation {
     accept: Option<HeaderValue>,
@@ -112,8 +113,10 @@ impl Negotiation {
     }
 
     /// Whether some output could be answered at all; false (a 406 before the job runs) when
-    /// every range is refused (`q=0`) or unreadable. A range such as `text/html` keeps it open:
-    /// the worker may name that type for raw bytes, and only its output tells.
+    /// neither JSON nor msgpack is acceptable and no range could take raw bytes (every range
+    /// refused or unreadable, or `application/*;q=0, */*` from a client that sent no raw bytes).
+    /// A range such as `text/html` keeps it open: the worker may name that type for raw bytes,
+    /// and only its output tells.
     pub fn satisfiable(&self) -> bool {
         let Some(accept) = &self.accept else { return true };
         let Ok(accept) = accept.to_str() else { return false };
@@ -171,8 +174,10 @@ impl Negotiation {
         if raw && !forms.contains(&Answer::Raw) {
             forms.push(Answer::Raw);
         }
-        // How specifically a range names a form: 2 by its own type, 1 by `type/*`, 0 by `*/*`
-        // (which takes raw bytes only from a client that sent raw bytes itself).
+        // How specifically a range names a form: 3 by the worker's own type for raw bytes, 2
+        // by a form's type (`application/octet-stream` for raw bytes), 1 by `type/*`, 0 by `*/*`
+        // (which takes raw bytes only from a client that sent raw bytes itself). The worker's
+        // type outranks octet-stream: `image/png;q=0, application/octet-stream` refuses a PNG.
         let specificity = |form: Answer, media: &str| -> Option<u8> {
             if media == "*/*" {
                 return (form != Answer::Raw || self.raw_request).then_some(0);
@@ -180,6 +185,9 @@ impl Negotiation {
             match form {
                 Answer::Format(format) if Format::from_media_type(media) == Some(format) => Some(2),
                 Answer::Format(_) => media.eq_ignore_ascii_case("application/*").then_some(1),
+                Answer::Raw if named.is_some_and(|named| media.eq_ignore_ascii_case(named)) => {
+                    Some(3)
+                }
                 Answer::Raw if !accepts_raw(media, named) => None,
                 Answer::Raw => Some(if media.ends_with("/*") { 1 } else { 2 }),
             }
@@ -564,6 +572,7 @@ mod tests {
         let weighed = "image/png;q=0.1, image/*;q=0.5, application/json;q=0.3";
         assert_eq!(raw_answer(Some(weighed), true, png), json);
         assert_eq!(raw_answer(Some("image/*"), false, png), raw);
+        assert_eq!(raw_answer(Some("image/png;q=0, application/octet-stream"), true, png), None);
     }
 
     #[test]

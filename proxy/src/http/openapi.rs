@@ -423,7 +423,7 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
     });
     let mut responses = json!({"200": ok});
     responses["405"] = error_response(
-        "The path takes GET only (`method_not_allowed`); see Allow.",
+        "The path takes GET and HEAD only (`method_not_allowed`); see Allow.",
         infer_error_headers("405"),
     );
     responses["431"] = error_response(

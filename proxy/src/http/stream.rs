@@ -77,6 +77,16 @@ pub async fn answer(
     let left = queued.left.pop().expect("one job in, one guard");
     let departure = &mut queued.departure;
 
+    // Where the time went until the first chunk (or the 408): the timing its headers carry, and
+    // its queue span, linked to the batch that carried it, as a one-shot job's. (A stream
+    // answered 408 before its first chunk had the admission span alone: yet where a slow
+    // stream's time went is what its trace is opened for.)
+    let record_wait = |sent| {
+        timing::record_stream(entered, sent, Instant::now());
+        if let Some(cx) = &queued.traced {
+            trace::queue_wait(cx, last.name(), entered, sent.into_iter());
+        }
+    };
     // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
     let mut first = Vec::new();
     let outcome = tokio::select! {
@@ -102,23 +112,14 @@ pub async fn answer(
             // the queue now, as a one-shot job answered 408 does: `Departure`'s purge, as it
             // drops here; taken by a worker, the purge finds nothing.
             // A batch that ran past the deadline is where its time went.
-            timing::record_stream(entered, source.sent(), Instant::now());
-            // Its queue span, as a one-shot 408's: where a slow stream's time went is what its
-            // trace is opened for (it had the admission span alone).
-            if let Some(cx) = &queued.traced {
-                trace::queue_wait(cx, last.name(), entered, source.sent().into_iter());
-            }
+            record_wait(source.sent());
             return Err(ApiError::deadline_exceeded());
         }
     };
     // The job left the queue: its first chunk or outcome came.
     departure.ended();
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
-    let sent = source.sent();
-    timing::record_stream(entered, sent, Instant::now());
-    if let Some(cx) = &queued.traced {
-        trace::queue_wait(cx, last.name(), entered, sent.into_iter());
-    }
+    record_wait(source.sent());
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     for chunk in first {

@@ -302,6 +302,12 @@ impl Stage {
         let most = queue.seats.iter().flatten().map(|seat| seat.max_batch).max();
         self.settings.max_batch_size.min(most.unwrap_or(usize::MAX)).max(1)
     }
+
+    /// [`Stage::batch_jobs`] now, for those outside the queue (Triton's model configuration).
+    pub fn batch_bound(&self) -> usize {
+        let queue = self.lock();
+        self.batch_jobs(&queue)
+    }
 }
 
 #[cfg(test)]

@@ -26,13 +26,8 @@ impl Stage {
         let mut queue = self.lock();
         let due = queue.last_purge.map_or(now, |last| last + PURGE_EVERY);
         if now >= due {
-            let freed = queue.drop_dead(now, true);
+            self.clear_dead(&mut queue, now, true);
             queue.last_purge = Some(now);
-            drop(queue);
-            if freed {
-                // A job that went alone left: whatever waited behind it looks again.
-                self.arrivals.notify_waiters();
-            }
             return;
         }
         if queue.purge_pending {

@@ -114,8 +114,9 @@ impl Stage {
     }
 
     /// For a streaming worker that holds jobs and offered room for `max` more (`pull`): waits
-    /// until live jobs are queued, then takes up to `max` of them at once — no batch window, the
-    /// worker's own steps are the window — and counts them on the worker's seat. Cancel-safe.
+    /// until live jobs are queued, and none that goes alone is at the front, then takes up to
+    /// `max` of them at once — no batch window, the worker's own steps are the window — and
+    /// counts them on the worker's seat. Cancel-safe.
     pub(super) async fn next_join(&self, slot: usize, max: usize) -> Vec<Job> {
         let max = max.min(self.settings.max_batch_size).min(self.lock().seat(slot).max_batch);
         self.take_when(|stage, queue, now| {
@@ -138,7 +139,7 @@ impl Stage {
     /// The wait every worker's pull goes through: under the queue lock, with dead jobs cleared
     /// off the front, `look` either takes a batch (and marks the worker's seat in the same step)
     /// or says until when nothing is worth taking; then the pull sleeps until that instant or
-    /// the next arrival. It registers for arrivals before looking, so none is missed in between,
+    /// the queue changes (an arrival, jobs given back, a job that went alone leaving the front). It registers for arrivals before looking, so none is missed in between,
     /// and jobs leave the queue only in the synchronous step that returns them: cancel-safe.
     /// A look that took nothing (every job it reached was dead) looks again at once.
     async fn take_when(
@@ -149,19 +150,17 @@ impl Stage {
             let arrival = self.arrivals.notified();
             tokio::pin!(arrival);
             arrival.as_mut().enable();
-            let (looked, freed) = {
+            let looked = {
                 let mut queue = self.lock();
                 let now = Instant::now();
                 queue.jobs.promote(now, self.aging);
-                let freed = queue.drop_dead(now, false);
-                (look(self, &mut queue, now), freed)
+                self.clear_dead(&mut queue, now, false);
+                look(self, &mut queue, now)
             };
-            // A job that goes alone left the front (taken, or dead): the joins and batches sent
-            // ahead that wait behind it look again, not at the next arrival (a quiet joining
-            // worker had left the job behind it waiting past its deadline).
-            let took_alone =
-                matches!(&looked, Look::Took(batch) if batch.first().is_some_and(|job| job.alone));
-            if freed || took_alone {
+            // A job that goes alone was taken off the front: the joins and batches sent ahead
+            // that wait behind it look again, not at the next arrival (a quiet joining worker
+            // had left the job behind it waiting past its deadline).
+            if matches!(&looked, Look::Took(batch) if batch.first().is_some_and(|job| job.alone)) {
                 self.arrivals.notify_waiters();
             }
             let wake_at = match looked {

@@ -429,8 +429,12 @@ async fn handshake(
     warn!(reason = %logged(&refusal), "worker refused");
     // An unknown stage, a version or a hello of its own making: only the log had said why.
     refused_spawned(child, stages, &logged_within(&refusal, 2_000));
-    // Not labelled with the stage the worker claimed: a claim must not grow the label set.
-    metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).inc();
+    // Not labelled with the stage the worker claimed, which must not grow the label set: a
+    // spawned worker's under the stage it was spawned for (the one left without it), as a
+    // refusal after the hello counts it.
+    let own = child.map(SpawnedWorker::stage).filter(|stage| stages.contains_key(*stage));
+    let counted = own.unwrap_or(UNKNOWN_STAGE);
+    metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
     // The worker may already be gone; the refusal is logged either way.
     outbox.send(ProxyMessage::Reject(Reject { message: refusal }));
     None

@@ -17,6 +17,7 @@
 
 use std::cell::Cell;
 
+use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use serde::de::{IgnoredAny, MapAccess, SeqAccess, Visitor};
@@ -30,10 +31,10 @@ use super::super::format::Format;
 use super::super::infer;
 use super::super::routes::{error_response_with, json};
 use super::super::{App, Body, Route};
+use super::v2::result_row::{self, Found, ResultRow};
 use super::v2::tensor;
 use super::{declarations_unknown, first_failure, not_ready_yet};
 use crate::job::Outcome;
-use crate::msgpack;
 use corral_protocol::TensorSpec;
 
 mod declared;
@@ -103,7 +104,9 @@ pub async fn embeddings(
     }
     let inputs = strings(request.input, route.pipeline.capacity())?;
     let tokens: usize = inputs.iter().map(|text| text.split_whitespace().count()).sum();
-    let payloads = inputs.iter().map(|text| input.payload(text)).collect();
+    let payloads = (inputs.iter().enumerate())
+        .map(|(index, text)| input.payload(index, text))
+        .collect::<Result<Vec<Bytes>, ApiError>>()?;
     let outcomes = infer::run_items(app, route, payloads, deadline, traffic).await?;
     first_failure(&outcomes, "input")?;
     let data = outcomes
@@ -304,26 +307,32 @@ fn vector(
     let bad = |message: String| ApiError::internal("bad_output", message);
     let not_numbers =
         || bad(format!("the worker's output for input {index} is not a list of numbers"));
-    let (value, declared) = match output {
-        None => (&data[..], None),
+    // Looked up as a v2 answer looks a row's output up: a result that names it twice (a
+    // msgpack map may) is the worker's fault too, not its first value.
+    let entries;
+    let value = match output {
+        None => &data[..],
         Some(spec) => {
             let name = &spec.name;
-            let missing = || bad(format!("the worker's output for input {index} has no {name:?}"));
-            let at = msgpack::after_key(&data, name).ok().flatten().ok_or_else(missing)?;
-            let mut rest = at;
-            msgpack::skip(&mut rest).map_err(|_| not_numbers())?;
-            (&at[..at.len() - rest.len()], Some(spec))
+            let whose = format!("the worker's output for input {index}");
+            entries = result_row::entries(&data)
+                .ok_or_else(|| bad(format!("{whose} is not a map of its outputs")))?;
+            match ResultRow::new(&entries).get(name) {
+                Found::Once(value) => value,
+                Found::Missing => return Err(bad(format!("{whose} has no {name:?}"))),
+                Found::Twice => return Err(bad(format!("{whose} names {name:?} twice"))),
+            }
         }
     };
     // Read as a v2 output row is (a tensor value, or numbers in nested arrays), its elements
     // in order: a `bin` reads as BYTES and a lone number has no dimension, neither a list of
     // numbers (rmp_serde had read a worker's raw float32 bytes as an embedding of byte values).
-    let datatype = declared.and_then(|spec| tensor::DataType::parse(&spec.datatype).ok());
-    let row = tensor::row(value, datatype).map_err(|e| match declared {
+    let datatype = output.and_then(|spec| tensor::DataType::parse(&spec.datatype).ok());
+    let row = tensor::row(value, datatype).map_err(|e| match output {
         Some(spec) => bad(format!("the worker's output {:?} for input {index}: {e}", spec.name)),
         None => not_numbers(),
     })?;
-    if let Some(spec) = declared.filter(|spec| !tensor::fits(&row.shape, &spec.shape)) {
+    if let Some(spec) = output.filter(|spec| !tensor::fits(&row.shape, &spec.shape)) {
         return Err(bad(format!(
             "the worker's output {:?} for input {index} has shape {}; {:?} is declared",
             spec.name,
@@ -468,5 +477,16 @@ mod tests {
         assert!(error.message.contains("does not fit in INT8"), "{}", error.message);
         integers.insert("EMBEDDING", vec![3, 1]);
         assert_eq!(vector(0, done(&integers), Some(&int8)).unwrap(), [3.0, 1.0]);
+        // Named twice (a msgpack map may), as a v2 answer reads it: the worker's fault.
+        let mut twice = Vec::new();
+        rmp::encode::write_map_len(&mut twice, 2).unwrap();
+        for value in [1.0, 2.0] {
+            rmp::encode::write_str(&mut twice, "EMBEDDING").unwrap();
+            rmp::encode::write_array_len(&mut twice, 1).unwrap();
+            rmp::encode::write_f64(&mut twice, value).unwrap();
+        }
+        let twice = Outcome::Done(Bytes::from(twice), None);
+        let error = vector(2, twice, Some(&spec("EMBEDDING", "FP32", &[1]))).unwrap_err();
+        assert_eq!(error.message, r#"the worker's output for input 2 names "EMBEDDING" twice"#);
     }
 }

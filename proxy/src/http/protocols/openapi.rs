@@ -135,7 +135,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "v2_model_config",
         "Triton's model configuration extension: the declared tensors without the batch \
          dimension, Triton's type names (TYPE_FP32; BYTES is TYPE_STRING), and the first \
-         stage's max batch size.",
+         stage's max batch size, or its workers' own max_batch where each takes fewer.",
         json!([name]),
         json!({"200": ok(config), "404": not_found,
             "503": response("No worker has connected yet: its tensors are not known.", error)}),
@@ -275,7 +275,7 @@ fn head_too_large(error: &Value) -> Value {
 
 /// A read-only endpoint's answer to another method.
 fn get_only(error: &Value) -> Value {
-    response("The endpoint takes GET only; see Allow.", error)
+    response("The endpoint takes GET and HEAD only; see Allow.", error)
 }
 
 fn response(description: &str, schema: &Value) -> Value {

@@ -18,7 +18,7 @@
 
 pub mod request;
 pub mod response;
-mod result_row;
+pub mod result_row;
 pub mod tensor;
 
 use std::sync::Arc;
@@ -225,13 +225,12 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
             })
             .collect::<Vec<_>>()
     };
-    let first = route.pipeline.stages.first();
-    let settings = first.map(|stage| *stage.settings());
+    let first = route.pipeline.stages.first().expect("a pipeline has a stage");
     // What one batch takes now: a worker bounding its batches lower (`max_batch`) makes a
     // request of the stage's bound several batches.
-    let max_batch_size = first.map_or(1, |stage| stage.batch_bound());
+    let max_batch_size = first.batch_bound();
     // (A `max_wait_ms` near u64's end is past u64's microseconds: JSON numbers stop there.)
-    let delay_us = settings.map_or(0, |settings| settings.max_wait.as_micros());
+    let delay_us = first.settings().max_wait.as_micros();
     let delay_us = u64::try_from(delay_us).unwrap_or(u64::MAX);
     let body = json!({
         "name": route.model,

@@ -40,27 +40,28 @@ impl Input {
         }
     }
 
-    /// One input string as its job's payload.
-    pub fn payload(&self, text: &str) -> Bytes {
+    /// Input `index`, `text`, as its job's payload; 413 for a string no `BYTES` element holds
+    /// (4 GiB, past any job's frame anyway).
+    pub fn payload(&self, index: usize, text: &str) -> Result<Bytes, ApiError> {
         let write = "writing to a Vec cannot fail";
         match self {
             Input::Plain => {
                 let mut out = Vec::with_capacity(text.len() + 5);
                 rmp::encode::write_str(&mut out, text).expect(write);
-                Bytes::from(out)
+                Ok(Bytes::from(out))
             }
             Input::Row { name, shape } => {
-                let mut out = Vec::with_capacity(name.len() + text.len() + 32);
+                let mut data = Vec::with_capacity(4 + text.len());
+                tensor::push_bytes(&mut data, text.as_bytes()).map_err(|_| {
+                    let message =
+                        format!("input {index} is 4 GiB or more: no BYTES element holds it");
+                    ApiError { message, ..ApiError::body_too_large(u32::MAX as usize) }
+                })?;
+                let mut out = Vec::with_capacity(name.len() + data.len() + 32);
                 rmp::encode::write_map_len(&mut out, 1).expect(write);
                 rmp::encode::write_str(&mut out, name).expect(write);
-                // One BYTES element: its 4-byte little-endian length, then its bytes (a string
-                // past 4 GiB could not be one job's frame, 64 MiB at most, anyway).
-                let length = u32::try_from(text.len()).unwrap_or(u32::MAX);
-                let mut data = Vec::with_capacity(4 + text.len());
-                data.extend_from_slice(&length.to_le_bytes());
-                data.extend_from_slice(text.as_bytes());
                 tensor::write_tensor(&mut out, DataType::Bytes, shape, &data);
-                Bytes::from(out)
+                Ok(Bytes::from(out))
             }
         }
     }
@@ -120,7 +121,7 @@ mod tests {
             };
             assert_eq!((name.as_str(), shape), ("TEXT", expected));
         }
-        let payload = Input::Row { name: "TEXT".into(), shape: vec![1] }.payload("hé");
+        let payload = Input::Row { name: "TEXT".into(), shape: vec![1] }.payload(0, "hé").unwrap();
         let mut value = &payload[..];
         assert_eq!(rmp::decode::read_map_len(&mut value).unwrap(), 1);
         let (name, rest) = rmp::decode::read_str_from_slice(value).unwrap();

@@ -241,15 +241,26 @@ pub fn shown(shape: &[u64]) -> String {
 
 /// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
 /// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
+/// Appends one `BYTES` element: its 4-byte little-endian length, then its bytes; Err for one of
+/// 4 GiB or more, which no length says.
+pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TooLong> {
+    let length = u32::try_from(bytes.len()).map_err(|_| TooLong)?;
+    out.extend_from_slice(&length.to_le_bytes());
+    out.extend_from_slice(bytes);
+    Ok(())
+}
+
+/// A `BYTES` element of 4 GiB or more, whose length no 4-byte prefix says.
+#[derive(Debug)]
+pub struct TooLong;
+
 fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), String> {
     use DataType as T;
     let fits = |what: &str| format!("{what} does not fit in {}", datatype.name());
     match (datatype, element) {
         (T::Bool, Element::Bool(b)) => out.push(u8::from(b)),
         (T::Bytes, Element::Bytes(b)) => {
-            let length = u32::try_from(b.len()).map_err(|_| fits("an element of 4 GiB"))?;
-            out.extend_from_slice(&length.to_le_bytes());
-            out.extend_from_slice(b);
+            push_bytes(out, b).map_err(|_| fits("an element of 4 GiB"))?
         }
         // A finite number past the type's range would become infinity: refused as an integer
         // too large is (an infinity given stays one).
