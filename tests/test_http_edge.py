@@ -211,6 +211,28 @@ def test_a_body_declared_too_large_is_refused_before_the_client_sends_it(corral_
     assert json.loads(body)["error"] == "body_too_large"
 
 
+def test_a_413_whose_body_was_not_read_to_its_end_says_the_connection_closes(corral_factory):
+    # Without Expect, the rest of a body past the limit is drained a while (so that the client
+    # reads the answer), then the connection closes: the answer says so. A body drained whole
+    # leaves the connection open.
+    proxy = corral_factory("--max-body-bytes=100", worker=None)
+    head = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+    with connect(proxy) as conn:
+        conn.sendall(head + b"content-length: 1000000\r\n\r\n" + b"1" * 1000)
+        conn.shutdown(socket.SHUT_WR)  # the rest never comes: the drain cannot end it
+        status, body, _ = read_answer(conn)
+    assert status.startswith(b"HTTP/1.1 413"), status
+    assert b"connection: close" in status.lower(), status
+    assert json.loads(body)["error"] == "body_too_large"
+    with connect(proxy) as conn:
+        conn.sendall(head + b"content-length: 200\r\n\r\n" + b"1" * 200)
+        status, _, _ = read_answer(conn)
+        assert status.startswith(b"HTTP/1.1 413"), status
+        assert b"connection: close" not in status.lower(), status
+        conn.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert read_answer(conn)[0].startswith(b"HTTP/1.1 200")
+
+
 def test_a_transfer_coding_other_than_chunked_is_415_not_taken_for_the_content(corral_factory):
     """hyper undoes `chunked` only: a `gzip, chunked` body once reached the worker as gzip bytes."""
     proxy = corral_factory(worker=None)

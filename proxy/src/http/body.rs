@@ -204,10 +204,8 @@ async fn read_body(
     shared: Option<&Arc<SharedMemory>>,
 ) -> Result<(Bytes, usize), Option<ApiError>> {
     let Limits { bytes: limit, declared, read_by, grace_over } = limits;
-    let too_large = Some(ApiError::body_too_large(limit));
     if declared.is_some_and(|length| length > limit as u64) {
-        drain(body).await;
-        return Err(too_large);
+        return Err(refuse_too_large(body, limit).await);
     }
     let (mut sized, sized_gap) = match declared {
         Some(length) => {
@@ -237,8 +235,7 @@ async fn read_body(
         if let Ok(data) = frame.into_data() {
             received += data.len();
             if received > limit {
-                drain(body).await;
-                return Err(too_large);
+                return Err(refuse_too_large(body, limit).await);
             }
             match &mut sized {
                 Some(buf) => buf.put(&data, received - data.len(), sized_gap),
@@ -445,17 +442,29 @@ impl Buffer {
     }
 }
 
-async fn drain(mut body: Incoming) {
+/// Returns whether the body was read to its end: if not, the connection closes after the
+/// answer, which then says so (`Connection: close`; a client that reused the connection had
+/// seen it drop without an answer).
+async fn drain(mut body: Incoming) -> bool {
     let discard = async {
         let mut seen = 0;
-        while let Some(Ok(frame)) = body.frame().await {
+        while let Some(frame) = body.frame().await {
+            let Ok(frame) = frame else { return false };
             seen += frame.data_ref().map_or(0, |d| d.len());
             if seen > DRAIN_BYTES {
-                break;
+                return false;
             }
         }
+        true
     };
-    let _ = tokio::time::timeout(DRAIN_TIME, discard).await;
+    tokio::time::timeout(DRAIN_TIME, discard).await.unwrap_or(false)
+}
+
+/// The 413 for a body past `limit`, once what could be drained of it was: said to close the
+/// connection where the body was not read to its end.
+async fn refuse_too_large(body: Incoming, limit: usize) -> Option<ApiError> {
+    let error = ApiError::body_too_large(limit);
+    Some(if drain(body).await { error } else { before_body(error) })
 }
 
 #[cfg(test)]

@@ -192,8 +192,11 @@ impl Negotiation {
                 Answer::Raw => Some(if media.ends_with("/*") { 1 } else { 2 }),
             }
         };
-        // Per form: (quality, where its deciding range is listed, its place among the forms).
-        let mut best: Option<(f32, usize, usize, Answer)> = None;
+        // The best form so far: (quality, where its deciding range is listed, how specific
+        // that range is, its place among the forms). On equal quality and range the more
+        // specific wins: `application/json` names the worker's own `application/json` bytes
+        // more closely than the JSON form (its bytes raw, not re-encoded as numbers).
+        let mut best: Option<(f32, usize, u8, usize, Answer)> = None;
         for (place, &form) in forms.iter().enumerate() {
             let mut decided: Option<(u8, f32, usize)> = None;
             for (listed, (media, quality)) in quality_ranges(accept).enumerate() {
@@ -205,16 +208,19 @@ impl Negotiation {
                     decided = Some((specific, quality, listed));
                 }
             }
-            let Some((_, quality, listed)) = decided.filter(|&(_, quality, _)| quality > 0.0)
+            let Some((specific, quality, listed)) =
+                decided.filter(|&(_, quality, _)| quality > 0.0)
             else {
                 continue;
             };
-            let better = best.is_none_or(|(best_quality, best_listed, best_place, _)| {
-                quality > best_quality
-                    || (quality == best_quality && (listed, place) < (best_listed, best_place))
-            });
+            let better =
+                best.is_none_or(|(best_quality, best_listed, best_specific, best_place, _)| {
+                    let rank = (listed, std::cmp::Reverse(specific), place);
+                    let best_rank = (best_listed, std::cmp::Reverse(best_specific), best_place);
+                    quality > best_quality || (quality == best_quality && rank < best_rank)
+                });
             if better {
-                best = Some((quality, listed, place, form));
+                best = Some((quality, listed, specific, place, form));
             }
         }
         best.map(|(.., form)| form)
@@ -222,12 +228,12 @@ impl Negotiation {
 }
 
 /// Whether an `Accept` range takes raw bytes of the media type `named` (None: unnamed bytes,
-/// `application/octet-stream`).
+/// `application/octet-stream`, which `application/*` takes too).
 fn accepts_raw(media: &str, named: Option<&str>) -> bool {
     if media.eq_ignore_ascii_case(OCTET_STREAM) {
         return true;
     }
-    let Some(named) = named else { return false };
+    let named = named.unwrap_or(OCTET_STREAM);
     match media.strip_suffix("/*") {
         Some(kind) => named.split('/').next().is_some_and(|k| k.eq_ignore_ascii_case(kind)),
         None => media.eq_ignore_ascii_case(named),
@@ -573,6 +579,13 @@ mod tests {
         assert_eq!(raw_answer(Some(weighed), true, png), json);
         assert_eq!(raw_answer(Some("image/*"), false, png), raw);
         assert_eq!(raw_answer(Some("image/png;q=0, application/octet-stream"), true, png), None);
+        // A worker's own JSON bytes, asked for by their type: raw, not re-encoded as numbers.
+        let json_bytes = Some("application/json");
+        assert_eq!(raw_answer(Some("application/json"), false, json_bytes), raw);
+        // Unnamed bytes are application/octet-stream, which `application/*` takes.
+        let only_raw = "application/*, application/json;q=0, application/msgpack;q=0";
+        assert_eq!(raw_answer(Some(only_raw), false, None), raw);
+        assert_eq!(raw_answer(Some("application/*"), true, None), raw);
     }
 
     #[test]
