@@ -156,6 +156,26 @@ def test_a_poison_input_takes_none_of_its_batch_mates_down(corral_factory, tmp_p
     assert proxy.metric("corral_jobs_retried_total", stage="default") == 4
 
 
+def test_a_poison_input_among_64_clients_of_64_kib_items_fails_alone(corral_factory):
+    # At the sizes users send: batches of 32 items of 64 KiB (2 MiB frames, answers as large,
+    # far past a socket's buffer) from 64 clients at once, over two workers, one item of which
+    # kills whichever worker runs it. Only that one is answered 500.
+    proxy = corral_factory(
+        "--max-batch-size=32", "--timeout-ms=60000", "--max-body-bytes=1048576", workers=2
+    )
+    pad = "x" * 65536
+    items = [{"v": n, "pad": pad} for n in range(64)]
+    items[37] = {"exit": True, "pad": pad}
+    with ThreadPoolExecutor(64) as pool:
+        answers = list(pool.map(proxy.post, items))
+    codes = [answer.status_code for answer in answers]
+    assert codes == [500 if n == 37 else 200 for n in range(64)], codes
+    assert answers[37].json()["error"] == "worker_died"
+    for n, answer in enumerate(answers):
+        if n != 37:
+            assert answer.json()["echo"] == items[n]
+
+
 def test_nothing_is_sent_ahead_behind_a_job_retried_alone(corral_factory, tmp_path):
     # With prefetch (the default) a batch-mate had been written behind the poison input, on
     # the worker it then killed: its retry spent, it was answered 500 without running again.

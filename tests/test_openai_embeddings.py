@@ -205,17 +205,20 @@ def test_an_openai_path_no_route_serves_is_404_in_openai_shape(proxy, corral_fac
     assert 'protocol = "openai-embeddings"' in error.value.body["message"]
 
 
-def declaring_proxy(corral_factory, tmp_path, max_batch_size: int = 4, inputs: str = ""):
+def declaring_proxy(
+    corral_factory, tmp_path, max_batch_size: int = 4, inputs: str = "", full_only: bool = True
+):
     """A proxy whose route `embed` (the OpenAI one) is served by embed.py declaring tensors
-    (or, with `inputs`, the environment that makes it declare other inputs)."""
+    (or, with `inputs`, the environment that makes it declare other inputs); its batches leave
+    only when full, unless `full_only` is off (the default policy then)."""
+    policy = 'batch_policy = "fixed"\n' if full_only else ""
     (tmp_path / "corral.toml").write_text(
-        'batch_policy = "fixed"\n'
-        "[stages.embed]\n"
+        policy + "[stages.embed]\n"
         f'command = ["{sys.executable}", "{EMBED}"]\n'
         f"max_batch_size = {max_batch_size}\n"
-        "max_wait_ms = 60000\n"
-        f'env = {{ EMBED_TENSORS = "1", EMBED_INPUTS = "{inputs}" }}\n'
-        "[routes.embed]\n"
+        + ("max_wait_ms = 60000\n" if full_only else "")
+        + f'env = {{ EMBED_TENSORS = "1", EMBED_INPUTS = "{inputs}" }}\n'
+        + "[routes.embed]\n"
         'pipeline = "embed"\n'
         'protocol = "openai-embeddings"\n'
     )
@@ -273,3 +276,34 @@ def test_before_any_worker_connected_an_embeddings_request_is_503_with_retry_aft
     answer = proxy.client.post("/v1/embeddings", json={"model": "m", "input": "x"})
     assert (answer.status_code, answer.headers["retry-after"]) == (503, "1")
     assert answer.json()["error"]["code"] == "not_ready"
+
+
+def test_64_openai_and_v2_clients_of_4_kib_strings_share_a_declaring_worker(
+    corral_factory, tmp_path
+):
+    # At the sizes users send: 48 OpenAI clients of 16 strings of 4 KiB each and 16 v2 clients
+    # of as many rows, at once, in batches of 32 (frames of 128 KiB, past a socket's buffer).
+    # Every embedding is the one of its own string (the last element is the batch's size).
+    import tritonclient.http as triton
+
+    proxy = declaring_proxy(corral_factory, tmp_path, max_batch_size=32, full_only=False)
+    texts = [[f"client {c} input {i} " + "w" * 4096 for i in range(16)] for c in range(64)]
+
+    def over_openai(strings):
+        with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused", max_retries=0) as c:
+            return [d.embedding for d in c.embeddings.create(model="m", input=strings).data]
+
+    def over_v2(strings):
+        c = triton.InferenceServerClient(proxy.url.removeprefix("http://"))
+        rows = triton.InferInput("TEXT", [len(strings), 1], "BYTES")
+        rows.set_data_from_numpy(np.array([[t.encode()] for t in strings], dtype=object))
+        try:
+            return c.infer("embed", [rows]).as_numpy("EMBEDDING").tolist()
+        finally:
+            c.close()
+
+    with ThreadPoolExecutor(64) as pool:
+        jobs = [pool.submit(over_openai if c < 48 else over_v2, texts[c]) for c in range(64)]
+        answers = [job.result() for job in jobs]
+    for strings, embeddings in zip(texts, answers):
+        assert [e[:-1] for e in embeddings] == [vector(t, 1)[:-1] for t in strings]

@@ -52,20 +52,38 @@ fn without_one_host<B>(request: &Request<B>) -> Option<ApiError> {
 /// `application/json; charset=utf-8`, as gateways add it).
 fn conflicting(headers: &HeaderMap, single: &[HeaderName]) -> Option<ApiError> {
     single.iter().find_map(|name| {
-        let mut fields = headers.get_all(name).iter().peekable();
-        let first = fields.next()?;
         // One field, the usual case: nothing to compare, nothing read.
-        fields.peek()?;
+        headers.get_all(name).iter().nth(1)?;
         let read = |value: &HeaderValue| {
             let text = String::from_utf8_lossy(value.as_bytes());
             let text = if *name == CONTENT_TYPE { format::essence(&text) } else { text.trim() };
-            text.to_ascii_lowercase()
+            Ok(text.to_ascii_lowercase())
         };
-        let first = read(first);
-        fields.any(|other| read(other) != first).then(|| {
-            ApiError::bad_request(format!("{name} is given more than once, with different values"))
-        })
+        agreed(headers, name, name.as_str(), read).err()
     })
+}
+
+/// What a field says, read from every field line it is given in: lines that read differently
+/// (by `read`) are a 400, "`said` is given more than once, with different values". Only the
+/// first had been read, so a gateway appending its own value after the client's (Envoy's
+/// default) was ignored. Shared by the fields an envelope reads once ([`refusal`]) and the
+/// traffic headers (`traffic::requested`).
+pub(super) fn agreed<T: PartialEq>(
+    headers: &HeaderMap,
+    name: &HeaderName,
+    said: &str,
+    read: impl Fn(&HeaderValue) -> Result<T, ApiError>,
+) -> Result<Option<T>, ApiError> {
+    let mut fields = headers.get_all(name).iter();
+    let Some(first) = fields.next() else { return Ok(None) };
+    let value = read(first)?;
+    for other in fields {
+        if read(other)? != value {
+            let message = format!("{said} is given more than once, with different values");
+            return Err(ApiError::bad_request(message));
+        }
+    }
+    Ok(Some(value))
 }
 
 /// A request's head in bytes, in the shortest form HTTP/1.1 writes it: the request line (its

@@ -10,6 +10,7 @@
 use http::{HeaderMap, HeaderName};
 
 use super::error::ApiError;
+use super::head::agreed;
 use crate::traffic::{Class, Tenant, Traffic, MAX_WEIGHT};
 
 /// Header that names a request's priority class.
@@ -35,7 +36,10 @@ pub fn requested(
         })
     })?
     .unwrap_or(default);
-    // An empty value names nobody: the request is nobody's, as without the header.
+    // An empty value names nobody: the request is nobody's, as without the header. Fields
+    // that differ are a 400 ([`agreed`]): a client's tenant field put first had escaped its
+    // tenant's quota. A tenant folded into one field (`a, b`) is a tenant of that name: a
+    // gateway must replace the client's field, not add its own beside it.
     let tenant = agreed(headers, tenant_header, tenant_header.as_str(), |value| {
         Ok(Some(value.as_bytes().trim_ascii()).filter(|value| !value.is_empty()).map(Tenant::of))
     })?
@@ -56,30 +60,6 @@ pub fn requested(
             })
     })?;
     Ok(Traffic { class, tenant, weight, allowance: None, budget: None })
-}
-
-/// What the header says, read from every field it is given in: fields that read differently
-/// are a 400 (`High` and `high` read alike). Only the first had been read, so a gateway
-/// appending its own value after the client's (Envoy's default) was ignored, and a client's
-/// tenant field put first escaped its tenant's quota. A priority or weight folded into one
-/// field (`high, low`) does not parse; a tenant so folded is a tenant of that name: a gateway
-/// must replace the client's field, not add its own beside it.
-fn agreed<T: PartialEq>(
-    headers: &HeaderMap,
-    name: &HeaderName,
-    said: &str,
-    read: impl Fn(&http::HeaderValue) -> Result<T, ApiError>,
-) -> Result<Option<T>, ApiError> {
-    let mut fields = headers.get_all(name).iter();
-    let Some(first) = fields.next() else { return Ok(None) };
-    let value = read(first)?;
-    for other in fields {
-        if read(other)? != value {
-            let message = format!("{said} is given more than once, with different values");
-            return Err(ApiError::bad_request(message));
-        }
-    }
-    Ok(Some(value))
 }
 
 #[cfg(test)]
