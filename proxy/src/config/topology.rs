@@ -725,8 +725,7 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
 /// A route path percent-decoded (as written where it does not decode to UTF-8): what requests
 /// are matched against, and what two routes may not both serve.
 pub fn plain_path(path: &str) -> String {
-    let decoded = percent_encoding::percent_decode_str(path).decode_utf8();
-    decoded.map_or_else(|_| path.to_string(), |path| path.into_owned())
+    crate::http::percent_decoded(path).map_or_else(|| path.to_string(), |path| path.into_owned())
 }
 
 fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {
