@@ -322,6 +322,20 @@ def test_a_worker_that_stops_is_restarted_though_a_thread_would_keep_it_alive(co
     assert after.json()["pid"] != first
 
 
+def test_a_worker_whose_warm_up_fails_is_restarted_though_a_thread_would_keep_it_alive(
+    corral_factory,
+):
+    """A thread `__init__` started outlived a failed warm-up too: the process never ended, and
+    Corral never restarted it."""
+    env = {"SCRIPTED_THREAD": "1", "SCRIPTED_COLD": "1"}
+    # Spawned by hand: it never connects, which the factory would wait for.
+    command = ["--workers=1", "--", sys.executable, SCRIPTED]
+    proxy = corral_factory(*command, worker=None, env=env)
+    proxy.wait_for_log(r"warm-up failed; this worker will not serve")
+    proxy.wait_for_log(r"threads that are not daemons keep this process alive \(watcher\)")
+    proxy.wait_for_log(r"worker exited; restarting")
+
+
 def test_a_killed_proxy_takes_a_worker_warming_up_behind_a_wrapper_with_it(
     corral_factory, tmp_path
 ):

@@ -107,11 +107,12 @@ pub fn shed_error(shed: Shed, class: Class) -> error::ApiError {
 }
 
 impl App {
-    /// The route at `path`, as sent or percent-decoded, against the route's path as written or
-    /// decoded: a client encodes a path that is not ASCII (`/résumé` goes as
-    /// `/r%C3%A9sum%C3%A9`), in either case of hex digits.
+    /// The route at `path`, as sent or percent-decoded, against the route's path decoded
+    /// ([`Route::plain`]): a client encodes a path that is not ASCII (`/résumé` goes as
+    /// `/r%C3%A9sum%C3%A9`), in either case of hex digits. (A path sent as the file wrote it
+    /// decodes to `plain` too: one compare a route.)
     pub fn route(&self, path: &str) -> Option<&Route> {
-        let found = self.routes.iter().find(|route| route.path == path || route.plain == path);
+        let found = self.routes.iter().find(|route| route.plain == path);
         if found.is_some() || !path.contains('%') {
             return found;
         }

@@ -103,6 +103,9 @@ fn raise_soft_limit() -> Option<u64> {
 /// in 13 s while the descriptors stayed used up. An accept between failures does not start the
 /// minute again: a client alternating a refused and an accepted connection had a warning logged
 /// for each refusal (300 in 2.6 s).
+/// How often a run of accept failures is written to the log, at most.
+const LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
 #[derive(Default)]
 pub struct AcceptFailures {
     /// When the last warning was written.
@@ -114,8 +117,7 @@ pub struct AcceptFailures {
 
 impl AcceptFailures {
     pub fn failed(&mut self, what: &str, error: &std::io::Error) {
-        let due = self.logged.is_none_or(|at| at.elapsed() >= std::time::Duration::from_secs(60));
-        if !due {
+        if self.logged.is_some_and(|at| at.elapsed() < LOG_EVERY) {
             self.unlogged += 1;
             return;
         }
@@ -135,8 +137,12 @@ impl AcceptFailures {
     /// line wait for the minute: the next warning counts them, or, if none comes, an accept
     /// past the minute says how many there were (once a minute, too).
     pub fn accepted(&mut self, what: &str) {
-        let due = self.logged.is_some_and(|at| at.elapsed() >= std::time::Duration::from_secs(60));
-        if std::mem::take(&mut self.open) || (self.unlogged > 0 && due) {
+        let open = std::mem::take(&mut self.open);
+        if !open && self.unlogged == 0 {
+            return; // the usual accept: nothing to say, no clock read
+        }
+        let due = self.logged.is_some_and(|at| at.elapsed() >= LOG_EVERY);
+        if open || (self.unlogged > 0 && due) {
             info!(failed_since = self.unlogged, "accepting {what} again");
             self.unlogged = 0;
             if due {

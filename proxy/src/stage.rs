@@ -49,6 +49,7 @@ pub use policy::{BatchSettings, Policy};
 use policy::{Forecast, QueueView};
 use returns::Returns;
 pub use seat::WorkerSeat;
+pub(crate) use taking::goes_alone;
 pub use weight::WeightRule;
 
 /// Why jobs were not admitted.

@@ -15,7 +15,8 @@ see batches form and the remaining time the worker was told.
 If SCRIPTED_LOG names a file, every item received is appended to it as one JSON line
 (`{"pid": ..., "item": ...}`), so tests can check what reached which worker (and what never did).
 With SCRIPTED_THREAD set, the worker starts a thread that is not a daemon and never ends (a
-metrics pusher, a weights watcher), which keeps the interpreter from exiting by itself.
+metrics pusher, a weights watcher), which keeps the interpreter from exiting by itself. With
+SCRIPTED_COLD set, its warm-up fails (its one example raises in forward).
 """
 
 import json
@@ -28,6 +29,9 @@ import corral
 
 
 class Scripted(corral.Worker):
+    if os.environ.get("SCRIPTED_COLD"):
+        examples = [{"raise": "cold"}]
+
     def __init__(self):
         if os.environ.get("SCRIPTED_THREAD"):
             threading.Thread(target=threading.Event().wait, name="watcher").start()

@@ -164,16 +164,20 @@ impl Negotiation {
         let accept = accept.to_str().ok()?;
         let named = content_type.and_then(|value| value.to_str().ok()).map(essence);
         // The forms, in the order preferred among equals.
-        let mut forms: Vec<Answer> = Vec::with_capacity(4);
+        // The forms, in the order preferred among equals (at most four; no allocation).
+        let mut forms = [default; 4];
+        let mut count = 0;
         let structured = [Format::Json, Format::Msgpack].map(Answer::Format);
-        for form in [default, Answer::Format(self.format)].into_iter().chain(structured) {
-            if !forms.contains(&form) {
-                forms.push(form);
+        let raw_form = raw.then_some(Answer::Raw);
+        for form in
+            [default, Answer::Format(self.format)].into_iter().chain(structured).chain(raw_form)
+        {
+            if !forms[..count].contains(&form) {
+                forms[count] = form;
+                count += 1;
             }
         }
-        if raw && !forms.contains(&Answer::Raw) {
-            forms.push(Answer::Raw);
-        }
+        let forms = &forms[..count];
         // How specifically a range names a form: 3 by the worker's own type for raw bytes, 2
         // by a form's type (`application/octet-stream` for raw bytes), 1 by `type/*`, 0 by `*/*`
         // (which takes raw bytes only from a client that sent raw bytes itself). The worker's
@@ -196,20 +200,25 @@ impl Negotiation {
         // that range is, its place among the forms). On equal quality and range the more
         // specific wins: `application/json` names the worker's own `application/json` bytes
         // more closely than the JSON form (its bytes raw, not re-encoded as numbers).
-        let mut best: Option<(f32, usize, u8, usize, Answer)> = None;
-        for (place, &form) in forms.iter().enumerate() {
-            let mut decided: Option<(u8, f32, usize)> = None;
-            for (listed, (media, quality)) in quality_ranges(accept).enumerate() {
+        // Each form's deciding range, (specificity, quality, where listed), found in one pass
+        // over the header: it may be as long as a head (64 KiB by default), and was parsed once
+        // per form.
+        let mut decided: [Option<(u8, f32, usize)>; 4] = [None; 4];
+        for (listed, (media, quality)) in quality_ranges(accept).enumerate() {
+            for (place, &form) in forms.iter().enumerate() {
                 let Some(specific) = specificity(form, media) else { continue };
-                let wins = decided.is_none_or(|(was, was_quality, _)| {
+                let wins = decided[place].is_none_or(|(was, was_quality, _)| {
                     specific > was || (specific == was && quality > was_quality)
                 });
                 if wins {
-                    decided = Some((specific, quality, listed));
+                    decided[place] = Some((specific, quality, listed));
                 }
             }
+        }
+        let mut best: Option<(f32, usize, u8, usize, Answer)> = None;
+        for (place, &form) in forms.iter().enumerate() {
             let Some((specific, quality, listed)) =
-                decided.filter(|&(_, quality, _)| quality > 0.0)
+                decided[place].filter(|&(_, quality, _)| quality > 0.0)
             else {
                 continue;
             };

@@ -379,6 +379,12 @@ impl Lanes {
         self.classes[class.index()].tenants.get(&key)?.requests.front()
     }
 
+    /// Whether the job that goes next goes alone ([`Job::alone`]): nothing is sent ahead, and
+    /// nothing joins, while it waits for an idle worker.
+    pub fn alone_first(&self) -> bool {
+        self.front().is_some_and(|job| job.alone)
+    }
+
     /// The job that goes next.
     pub fn front(&self) -> Option<&Job> {
         self.front_request()?.jobs.front()

@@ -39,7 +39,7 @@ impl Stage {
             // to the policy, at its own bound.
             let settings = stage.settings_for(queue, slot);
             // A job that goes alone ([`Job::alone`]) has no batch to wait for.
-            let release = if queue.jobs.front().is_some_and(|job| job.alone) {
+            let release = if queue.jobs.alone_first() {
                 Release::Now
             } else {
                 policy::decide(
@@ -84,7 +84,7 @@ impl Stage {
             // A job that goes alone waits for an idle worker: sent ahead, it would be written
             // behind the worker's batch, and the batch behind it; a poison input killing that
             // worker takes down whatever was written to it.
-            if queue.jobs.front().is_some_and(|job| job.alone) {
+            if queue.jobs.alone_first() {
                 return Look::Until(None);
             }
             let mut free_at = now;
@@ -122,7 +122,7 @@ impl Stage {
         self.take_when(|stage, queue, now| {
             // A job that goes alone never joins others running: it waits for an idle worker
             // (joins wait behind it, so workers drain and one comes free).
-            if queue.jobs.front().is_none_or(|job| job.alone) {
+            if queue.jobs.is_empty() || queue.jobs.alone_first() {
                 return Look::Until(None);
             }
             let batch = stage.take_up_to(queue, now, max);
@@ -160,7 +160,7 @@ impl Stage {
             // A job that goes alone was taken off the front: the joins and batches sent ahead
             // that wait behind it look again, not at the next arrival (a quiet joining worker
             // had left the job behind it waiting past its deadline).
-            if matches!(&looked, Look::Took(batch) if batch.first().is_some_and(|job| job.alone)) {
+            if matches!(&looked, Look::Took(batch) if goes_alone(batch)) {
                 self.arrivals.notify_waiters();
             }
             let wake_at = match looked {
@@ -242,4 +242,10 @@ impl Stage {
         }
         batch
     }
+}
+
+/// Whether `batch` is a job that goes alone ([`Job::alone`]): such a job is always a batch of
+/// its own, so its first job says.
+pub(crate) fn goes_alone(batch: &[Job]) -> bool {
+    batch.first().is_some_and(|job| job.alone)
 }

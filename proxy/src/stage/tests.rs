@@ -1196,3 +1196,24 @@ async fn a_job_retried_alone_is_neither_sent_ahead_nor_joined_to_a_running_batch
     let joined = tokio::time::timeout(Duration::from_secs(60), join).await;
     assert_eq!(payloads(&joined.expect("the join woke")), [b"c"]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_join_behind_a_job_retried_alone_looks_again_once_a_purge_takes_it_out() {
+    // Dead (its deadline passed) and purged, not taken: the join waiting behind it had slept
+    // until the next arrival.
+    let stage = std::sync::Arc::new(stage(2, 100));
+    let busy = stage.worker_joined();
+    let _ab: Vec<_> = [b"a", b"b"].map(|p| submit(&stage, p)).into();
+    assert_eq!(busy.next_batch().await.len(), 2);
+    let (mut doomed, _doomed) = job(b"p", Duration::from_millis(10));
+    doomed.alone = true;
+    stage.requeue(vec![doomed]);
+    let _c = submit(&stage, b"c");
+    let join = busy.next_join(2);
+    tokio::pin!(join);
+    assert!(futures_util::poll!(&mut join).is_pending());
+    tokio::time::advance(Duration::from_millis(20)).await;
+    stage.purge();
+    let joined = tokio::time::timeout(Duration::from_secs(60), join).await;
+    assert_eq!(payloads(&joined.expect("the join woke")), [b"c"]);
+}

@@ -557,7 +557,7 @@ async fn work(
             let front = in_flight.front().expect("a batch is in flight");
             // Nothing is written behind a job that goes alone (it is alone in its batch): if it
             // kills the worker, whatever the worker was sent dies with it, a retry spent.
-            let alone = front.jobs.first().is_some_and(|job| job.alone);
+            let alone = crate::stage::goes_alone(&front.jobs);
             let may_prefetch = prefetch && in_flight.len() < 2 && !alone;
             let hung_at = match stage.settings().batch_timeout {
                 Some(limit) => front.sent.max(last_done) + limit,

@@ -81,10 +81,10 @@ def watch_threads(status: int) -> None:
 def _end(status: int) -> None:
     threading.main_thread().join()  # returns once the interpreter is finishing
     deadline = time.monotonic() + LINGER
-    while time.monotonic() < deadline:
-        if not _holding():
-            return
-        time.sleep(0.05)
+    for thread in _holding():
+        thread.join(max(0.0, deadline - time.monotonic()))
+    if not _holding():
+        return
     names = ", ".join(sorted(thread.name for thread in _holding()))
     log.warning(
         "serving is over but threads that are not daemons keep this process alive (%s); "

@@ -307,7 +307,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
     (``CORRAL_WORKER_INDEX`` set) returns instead, as it does while waiting for a proxy that is
     gone (``CORRAL_PROXY_PID``)."""
     check_path(path)
-    spawned = "CORRAL_WORKER_INDEX" in os.environ
+    spawned = _process_end.spawned()
     proxy = _process_end.ProxyWatch.from_environment()
     delay = 0.05
     waiting_logged = False

@@ -423,7 +423,8 @@ def _check(out: Any, positions: int) -> None:
 def _close(generator: Generator[Any, Any, Any]) -> None:
     try:
         generator.close()
-    except _STOPS:
+    except _STOPS as e:
+        _failures.stopping("closing forward's generator", e)
         raise
     except BaseException:
         log.exception("closing the forward generator failed")

@@ -232,16 +232,18 @@ class Worker:
         # An empty CORRAL_SOCKET is as good as none (a template that left it blank).
         path = socket_path or argv.socket or os.environ.get("CORRAL_SOCKET") or "corral.sock"
         _serve.check_path(path)  # before a model is loaded and warmed for minutes
-        worker = cls() if instance is None else instance
-        worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
-        _declarations.check_instance(worker)  # before a warm-up of minutes
+        # What ends the process if threads hold it (see _process_end): from the model's load
+        # on, since `__init__` may start them and a failed warm-up leave them running.
+        status = 1
         try:
-            worker.warm_up()
-        except Exception as e:
-            log.exception("warm-up failed; this worker will not serve")
-            raise SystemExit(f"warm-up failed: {_describe(e)}") from e
-        status = 1  # what ends the process if threads hold it (see _process_end)
-        try:
+            worker = cls() if instance is None else instance
+            worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
+            _declarations.check_instance(worker)  # before a warm-up of minutes
+            try:
+                worker.warm_up()
+            except Exception as e:
+                log.exception("warm-up failed; this worker will not serve")
+                raise SystemExit(f"warm-up failed: {_describe(e)}") from e
             worker._run_forever(path)
             status = 0
         except KeyboardInterrupt:

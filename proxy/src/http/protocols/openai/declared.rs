@@ -51,16 +51,20 @@ impl Input {
                 Ok(Bytes::from(out))
             }
             Input::Row { name, shape } => {
-                let mut data = Vec::with_capacity(4 + text.len());
-                tensor::push_bytes(&mut data, text.as_bytes()).map_err(|_| {
+                // Written once, into the payload: the tensor's head from the element's length,
+                // then the element (no second buffer of the string to copy over).
+                let too_long = || {
                     let message =
                         format!("input {index} is 4 GiB or more: no BYTES element holds it");
                     ApiError { message, ..ApiError::body_too_large(u32::MAX as usize) }
-                })?;
-                let mut out = Vec::with_capacity(name.len() + data.len() + 32);
+                };
+                let length = 4 + text.len();
+                let mut out = Vec::with_capacity(name.len() + length + 32);
                 rmp::encode::write_map_len(&mut out, 1).expect(write);
                 rmp::encode::write_str(&mut out, name).expect(write);
-                tensor::write_tensor(&mut out, DataType::Bytes, shape, &data);
+                u32::try_from(length).map_err(|_| too_long())?;
+                tensor::write_tensor_head(&mut out, DataType::Bytes, shape, length);
+                tensor::push_bytes(&mut out, text.as_bytes()).map_err(|_| too_long())?;
                 Ok(Bytes::from(out))
             }
         }

@@ -239,8 +239,6 @@ pub fn shown(shape: &[u64]) -> String {
     }
 }
 
-/// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
-/// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
 /// Appends one `BYTES` element: its 4-byte little-endian length, then its bytes; Err for one of
 /// 4 GiB or more, which no length says.
 pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TooLong> {
@@ -254,6 +252,8 @@ pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TooLong> {
 #[derive(Debug)]
 pub struct TooLong;
 
+/// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
+/// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
 fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), String> {
     use DataType as T;
     let fits = |what: &str| format!("{what} does not fit in {}", datatype.name());
