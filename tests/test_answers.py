@@ -130,6 +130,8 @@ def test_a_compressed_body_is_415_not_taken_for_its_content(proxy):
     response = proxy.client.post("/infer", content=b"\x1f\x8b\x08\x00", headers=headers)
     body = assert_error(response, 415, "unsupported_media_type")
     assert body["message"] == 'Content-Encoding "gzip" is not supported: send the body uncompressed'
+    # RFC 9110 15.5.16: the answer names the coding Corral reads.
+    assert response.headers["accept-encoding"] == "identity"
     response = proxy.post([1], headers={"content-encoding": "identity"})
     assert response.status_code == 200 and response.json()["echo"] == [1]
 

@@ -377,6 +377,30 @@ def test_an_http11_request_without_exactly_one_host_is_a_400(corral_factory):
         assert read_answer(conn)[0].startswith(b"HTTP/1.0 200")
 
 
+def test_an_http10_keep_alive_client_told_the_connection_closes_reads_close_alone(
+    corral_factory,
+):
+    """hyper appended its own `keep-alive` to Corral's `Connection: close` for an HTTP/1.0
+    client that asked for keep-alive: it read `close, keep-alive`, and the connection closed."""
+    proxy = corral_factory()
+    with connect(proxy) as conn:
+        # A GET with a body is answered unread, so the connection closes after it.
+        conn.sendall(
+            b"GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\ncontent-length: 5\r\n\r\n"
+        )
+        answer = read_all(conn)
+    head = answer.partition(b"\r\n\r\n")[0].lower()
+    assert head.startswith(b"http/1.0 200"), head
+    assert re.findall(rb"\r\nconnection: ([^\r]*)", head) == [b"close"], head
+    # An answer that keeps the connection still says keep-alive, and the connection serves on.
+    with connect(proxy) as conn:
+        conn.sendall(b"GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+        head = read_answer(conn)[0].lower()
+        assert b"connection: keep-alive" in head, head
+        conn.sendall(b"GET /healthz HTTP/1.0\r\nconnection: keep-alive\r\n\r\n")
+        assert read_answer(conn)[0].startswith(b"HTTP/1.0 200")
+
+
 def test_a_request_target_of_64_kib_is_the_http_layer_s_bare_414(corral_factory):
     # The `http` crate's own bound on a URI, below what --max-header-bytes may allow: as the
     # README says, a bare 414 (no JSON body); one byte less is Corral's to answer.

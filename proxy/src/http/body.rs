@@ -155,7 +155,8 @@ pub(super) fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
         );
     }
     if let Some(coding) = coding_other_than(headers, CONTENT_ENCODING, "identity") {
-        return refused(&coding, "Content-Encoding", "uncompressed");
+        let error = refused(&coding, "Content-Encoding", "uncompressed");
+        return error.map_err(|error| ApiError { coding_refused: true, ..error });
     }
     Ok(())
 }

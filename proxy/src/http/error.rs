@@ -23,12 +23,25 @@ pub struct ApiError {
     pub items: Option<Vec<serde_json::Value>>,
     /// Whether the connection is closed after the answer (`Connection: close`).
     pub close: bool,
+    /// Whether the body's content coding was refused: the answer names the one Corral reads,
+    /// `Accept-Encoding: identity` (RFC 9110 15.5.16).
+    pub coding_refused: bool,
 }
 
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let message = message.into();
-        Self { status, code, message, retry_after: None, allow: None, items: None, close: false }
+        let (retry_after, allow, items) = (None, None, None);
+        Self {
+            status,
+            code,
+            message,
+            retry_after,
+            allow,
+            items,
+            close: false,
+            coding_refused: false,
+        }
     }
 
     pub fn bad_request(message: impl Into<String>) -> Self {

@@ -75,8 +75,8 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "415",
         "Content-Type is a form (application/x-www-form-urlencoded: send JSON with its type) \
-         or not a media type, or the body is compressed (Content-Encoding other than identity) \
-         (`unsupported_media_type`).",
+         or not a media type, or the body is compressed (Content-Encoding other than identity; \
+         see Accept-Encoding) (`unsupported_media_type`).",
     ),
     ("422", "The worker rejected this input (`invalid_input`)."),
     (
@@ -383,8 +383,8 @@ fn request_id_header() -> Value {
     }})
 }
 
-/// The headers an `/infer` error of `status` comes with: its id, and a 503's `Retry-After` or a
-/// 405's `Allow`.
+/// The headers an `/infer` error of `status` comes with: its id, and a 503's `Retry-After`, a
+/// 405's `Allow` or a 415's `Accept-Encoding`.
 fn infer_error_headers(status: &str) -> Value {
     let mut headers = request_id_header();
     match status {
@@ -397,6 +397,13 @@ fn infer_error_headers(status: &str) -> Value {
         "405" => {
             headers["Allow"] = json!({
                 "description": "The methods the route takes.",
+                "schema": {"type": "string"},
+            });
+        }
+        "415" => {
+            headers["Accept-Encoding"] = json!({
+                "description": "`identity`, on a body refused for its Content-Encoding: the \
+                    coding Corral reads.",
                 "schema": {"type": "string"},
             });
         }
@@ -447,6 +454,7 @@ mod tests {
     fn a_405_names_its_allow_header_and_a_503_its_retry_after() {
         assert!(headers("405").get("Allow").is_some());
         assert!(headers("503").get("Retry-After").is_some());
+        assert!(headers("415").get("Accept-Encoding").is_some());
         assert!(
             headers("431").get("Allow").is_none() && headers("431").get("Retry-After").is_none()
         );

@@ -3,7 +3,9 @@
 
 use bytes::Bytes;
 use corral_protocol::JobId;
-use http::header::{ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING};
+use http::header::{
+    ACCEPT_ENCODING, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
+};
 use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
@@ -266,6 +268,9 @@ pub(super) fn error_response_with(error: &ApiError, body: Vec<u8>) -> Response<B
     }
     if let Some(allow) = error.allow {
         headers.insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    if error.coding_refused {
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
     }
     if error.close {
         // hyper closes an HTTP/1.1 connection after an answer that says so (HTTP/2 has no such

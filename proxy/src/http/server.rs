@@ -62,6 +62,21 @@ fn without_body(mut response: http::Response<super::Body>) -> http::Response<sup
     response.map(|_| http_body_util::Empty::new().boxed_unsync())
 }
 
+/// An answer to an HTTP/1.0 client that says `Connection: close`, written as HTTP/1.0: hyper
+/// appends `keep-alive` to the `Connection` of an HTTP/1.1 answer to a keep-alive HTTP/1.0
+/// client without looking for `close` (`Conn::fix_keep_alive`), and such a client read
+/// `connection: close, keep-alive` on an answer after which the connection did close. As
+/// HTTP/1.0, hyper ends keep-alive itself and leaves the field as it is. (hyper writes every
+/// answer to an HTTP/1.0 client as HTTP/1.0 whatever its version: only its reading changes.)
+fn closing_http10(response: &mut http::Response<super::Body>) {
+    let closes = response.headers().get_all(http::header::CONNECTION).iter().any(|value| {
+        value.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
+    });
+    if closes {
+        *response.version_mut() = http::Version::HTTP_10;
+    }
+}
+
 /// hyper's HTTP/2 bound on a request head: h2 counts each field as its name and value plus 32
 /// bytes, pseudo-fields (`:authority`...) included, and answered past it with a bare 431 before
 /// Corral's own check: 90 headers of a 62 KB head passed over HTTP/1.1 and were refused over
@@ -154,6 +169,7 @@ pub async fn serve(
                 async move {
                     // A HEAD request runs its handler as a GET would (the length is the body's).
                     let head = request.method() == hyper::Method::HEAD;
+                    let http10 = request.version() == http::Version::HTTP_10;
                     let mut response = if reserved {
                         reserve::answer(&app, request).await
                     } else {
@@ -161,6 +177,9 @@ pub async fn serve(
                     };
                     if head {
                         response = without_body(response);
+                    }
+                    if http10 {
+                        closing_http10(&mut response);
                     }
                     // Its request is in progress until hyper has taken the last of the answer:
                     // a request pipelined behind a large answer started the header clock, and

@@ -166,7 +166,8 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "id": {"type": "string"}, "outputs": {"type": "array", "items": output}}});
     let mut responses = errors(error, "row");
     // Binary tensors come as application/octet-stream; what is refused is a compressed body.
-    let compressed = "The body is compressed (Content-Encoding): send it uncompressed.";
+    let compressed =
+        "The body is compressed (Content-Encoding): send it uncompressed; see Accept-Encoding.";
     responses.insert("415".into(), response(compressed, error));
     responses.insert(
         "200".into(),
@@ -259,7 +260,12 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
         ("405", "The endpoint takes POST only; see Allow.".to_string()),
         ("408", "The deadline passed, or the body did not arrive in time.".to_string()),
         ("413", "Body or a row too large, or too many rows.".to_string()),
-        ("415", "Content-Type is not JSON.".to_string()),
+        (
+            "415",
+            "Content-Type is not JSON, or the body is compressed (Content-Encoding; see \
+             Accept-Encoding)."
+                .to_string(),
+        ),
         ("422", format!("The worker rejected a row; the message names the {row}.")),
         ("431", "The request head is larger than --max-header-bytes.".to_string()),
         ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
