@@ -158,16 +158,10 @@ pub async fn serve(
     let (served, seat) = match joined {
         Ok(joined) => joined,
         Err(message) => {
-            // A worker's words (its tensors' names, in a conflict) escaped and cut: a name with a
-            // line break forged a log line, one of megabytes wrote a line as long.
-            let message = logged_within(&message, 2_000);
-            refused_spawned(child.as_ref(), &context.stages, &message);
-            warn!(reason = %message, "worker refused");
             // Counted where it was spawned for, when that is another stage: the one left
             // without its worker.
             let counted = child.as_ref().map_or(stage.name(), SpawnedWorker::stage);
-            metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
-            outbox.send(ProxyMessage::Reject(Reject { message }));
+            refuse(&mut outbox, child.as_ref(), &context.stages, counted, &message);
             outbox.close(CLOSE_WRITE_LIMIT).await;
             return;
         }
@@ -426,26 +420,34 @@ async fn handshake(
         },
         Ok(_) => "the first message must be a hello".to_string(),
     };
-    warn!(reason = %logged(&refusal), "worker refused");
-    // An unknown stage, a version or a hello of its own making: only the log had said why.
-    refused_spawned(child, stages, &logged_within(&refusal, 2_000));
     // Not labelled with the stage the worker claimed, which must not grow the label set: a
     // spawned worker's under the stage it was spawned for (the one left without it), as a
     // refusal after the hello counts it.
     let own = child.map(SpawnedWorker::stage).filter(|stage| stages.contains_key(*stage));
-    let counted = own.unwrap_or(UNKNOWN_STAGE);
-    metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
-    // The worker may already be gone; the refusal is logged either way.
-    outbox.send(ProxyMessage::Reject(Reject { message: refusal }));
+    refuse(outbox, child, stages, own.unwrap_or(UNKNOWN_STAGE), &refusal);
     None
 }
 
-/// A spawned worker refused is refused again at every restart: its stage's `/readyz` says why
-/// (an external worker's refusal is the log's alone: its stage is whatever it claimed).
-fn refused_spawned(child: Option<&SpawnedWorker>, stages: &HashMap<String, Arc<Stage>>, why: &str) {
+/// A worker refused at its hello, for `why`: logged, counted under `counted`, and told (it may
+/// already be gone; the log has it either way). A spawned worker is refused again at every
+/// restart, so its stage's `/readyz` says why as well (an external worker's refusal is the
+/// log's alone: its stage is whatever it claimed). `why` is escaped and cut first, shorter in
+/// the log: it may carry the worker's own words (its stage's or its tensors' names), and a name
+/// with a line break had forged a log line, one of megabytes written a line as long.
+fn refuse(
+    outbox: &mut Outbox,
+    child: Option<&SpawnedWorker>,
+    stages: &HashMap<String, Arc<Stage>>,
+    counted: &str,
+    why: &str,
+) {
+    warn!(reason = %logged(&why), "worker refused");
+    let message = logged_within(&why, 2_000);
     if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
-        own.worker_refused(why);
+        own.worker_refused(&message);
     }
+    metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
+    outbox.send(ProxyMessage::Reject(Reject { message }));
 }
 
 /// Why a worker connection ended.
