@@ -377,7 +377,7 @@ def test_a_compressed_body_is_415_in_v2_shape(proxy):
 
 
 def test_a_path_under_v2_that_names_no_endpoint_is_404_in_v2_shape(proxy):
-    for path in ("/v2/repository/index", "/v2/models/default/stats", "/v2/models/default/x"):
+    for path in ("/v2/repository/index", "/v2/models/default/statistics", "/v2/models/default/x"):
         answer = proxy.client.get(path)
         assert (answer.status_code, answer.json()) == (404, {"error": f"no route for {path}"})
 

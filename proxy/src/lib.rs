@@ -29,6 +29,8 @@
 //! - [`msgpack`]: msgpack as the proxy reads it from clients and workers alike: the one check
 //!   of a value, the nesting bound every decoder keeps, a `bin`'s bytes.
 //! - [`metrics`]: Prometheus counters and histograms, served at `/metrics`.
+//! - [`statistics`]: a route's requests and a stage's batches as Triton's statistics extension
+//!   counts them (`/v2/models/{name}/stats`).
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
 //!   cores, GPUs and environment.
@@ -48,6 +50,7 @@ pub mod open_files;
 pub mod pipeline;
 pub mod shared_memory;
 pub mod stage;
+pub mod statistics;
 pub mod stream;
 pub mod supervisor;
 pub mod timing;
@@ -162,6 +165,7 @@ pub async fn run(
                 timeout: route.timeout,
                 protocol: route.protocol,
                 priority: route.priority,
+                statistics: Default::default(),
             }
         })
         .collect();

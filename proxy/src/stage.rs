@@ -187,6 +187,8 @@ struct Queue {
     learned: Option<Instant>,
     /// Whether a purge is due once [`PURGE_EVERY`] allows ([`Stage::purge`]).
     purge_pending: bool,
+    /// The batches its workers finished, by size (Triton's statistics).
+    executions: crate::statistics::Executions,
 }
 
 /// How long a queued job waits in its class before it is promoted, unless set
@@ -803,6 +805,11 @@ impl Stage {
     #[cfg(test)]
     pub fn cost(&self) -> Option<cost::Cost> {
         self.lock().cost.estimate()
+    }
+
+    /// The batches its workers finished, by size, with their time in the worker.
+    pub fn executions(&self) -> crate::statistics::Executions {
+        self.lock().executions.clone()
     }
 
     /// Jobs waiting in the queue (live or not yet cleaned up).

@@ -1,4 +1,5 @@
-//! Where a request's time went, for its `server-timing` and `x-corral-batch-size` headers.
+//! Where a request's time went, for its `server-timing` and `x-corral-batch-size` headers, and
+//! which route's jobs it ran, for that route's statistics ([`crate::statistics`]).
 //!
 //! The HTTP edge runs each request inside [`scope`]; the pipeline [`record`]s each stage the
 //! request's jobs went through, from the [`Reply`]s its jobs got. Nothing here knows about
@@ -37,6 +38,11 @@ pub struct Timing {
     /// The size of the batch the request rode in at its last stage (for a request of several
     /// items, the largest of its batches there). Zero: no job of the request rode a batch.
     pub batch_size: u32,
+    /// The request's rows the worker answered with a result (a stream: 1 once it produced).
+    pub rows_done: u32,
+    /// The route whose jobs the request ran (its place in `App::routes`), if it ran any: its
+    /// statistics count the request when the edge answers it ([`ran`]).
+    pub route: Option<usize>,
 }
 
 /// What the edge keeps for a request while it runs: its timing, and its span when tracing is on.
@@ -87,6 +93,15 @@ pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>
     }
 }
 
+/// Records that the request ran jobs on the route at `route` (its place in `App::routes`), and
+/// how many of its rows the worker answered with a result.
+pub fn ran(route: usize, rows_done: usize) {
+    let _ = REQUEST.try_with(|request| {
+        let rows_done = u32::try_from(rows_done).unwrap_or(u32::MAX);
+        request.timing.set(Timing { route: Some(route), rows_done, ..request.timing.get() });
+    });
+}
+
 /// Records a streamed job at its first chunk (or its answer): its batch, sent at `sent`, had
 /// produced something by `first`.
 pub fn record_stream(entered: Instant, sent: Option<Sent>, first: Instant) {
@@ -103,6 +118,7 @@ impl Timing {
             queue: sent.at.saturating_duration_since(entered),
             batch: answered.saturating_duration_since(sent.at),
             batch_size: sent.batch_size,
+            ..Timing::default()
         }
     }
 

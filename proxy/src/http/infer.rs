@@ -9,6 +9,7 @@ use super::error::ApiError;
 use super::{shed_error, App, Route};
 use crate::job::Outcome;
 use crate::pipeline::Input;
+use crate::timing;
 use crate::traffic::Traffic;
 
 /// Runs several payloads through the route as one request of several items: one job each,
@@ -39,8 +40,14 @@ pub async fn run(
     deadline: Instant,
     traffic: Traffic,
 ) -> Result<Vec<Outcome>, ApiError> {
-    let run = route.pipeline.run(jobs, deadline, app.retries, traffic);
-    run.await.map_err(|shed| shed_error(shed, traffic.class))
+    let run = route.pipeline.run(jobs, deadline, app.retries, traffic).await;
+    let done = run.as_ref().map_or(0, |outcomes| {
+        outcomes.iter().filter(|outcome| matches!(outcome, Outcome::Done(..))).count()
+    });
+    // Counted in the route's statistics when the edge answers, whatever the envelope makes of
+    // the outcomes.
+    timing::ran(app.route_index(route), done);
+    run.map_err(|shed| shed_error(shed, traffic.class))
 }
 
 /// A request of `count` items must fit in the smallest queue on its route's way (413). An

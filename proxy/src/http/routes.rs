@@ -43,6 +43,9 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let handled = route_in(app, request, id, arrived, &unanswered);
     let (mut response, timing) = timing::scope(trace.clone(), handled).instrument(span).await;
     unanswered.answered = true;
+    if let Some(route) = timing.route {
+        app.routes[route].statistics.answered(response.status(), arrived.elapsed(), &timing);
+    }
     // Written here, once, for every route and protocol: a stream's total is its time to its
     // first chunk, when its headers go.
     let headers = response.headers_mut();

@@ -139,6 +139,7 @@ impl WorkerSeat<'_> {
         }
         queue.learn_first(weight, took, true, now);
         queue.returns.answered(now, size);
+        queue.executions.finished(size, took);
         let stage = [self.stage.name.as_str()];
         metrics().batch_seconds.with_label_values(&stage).observe(took.as_secs_f64());
     }

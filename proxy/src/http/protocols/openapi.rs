@@ -141,6 +141,52 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
             "503": response("No worker has connected yet: its tensors are not known.", error)}),
     );
     paths.insert("/v2/models/{name}/config".into(), model_config);
+    let count = json!({"type": "integer", "minimum": 0});
+    let duration = json!({"type": "object", "required": ["count", "ns"],
+        "properties": {"count": count, "ns": count}});
+    let durations = |names: &[&str]| {
+        let properties: Map<String, Value> =
+            names.iter().map(|name| (name.to_string(), duration.clone())).collect();
+        json!({"type": "object", "required": names, "properties": properties})
+    };
+    let computed = ["compute_input", "compute_infer", "compute_output"];
+    let mut batch = durations(&computed);
+    batch["required"].as_array_mut().expect("a list").push(json!("batch_size"));
+    batch["properties"]["batch_size"] = json!({"type": "integer", "minimum": 1});
+    let inference = durations(&[
+        "success",
+        "fail",
+        "queue",
+        "compute_input",
+        "compute_infer",
+        "compute_output",
+        "cache_hit",
+        "cache_miss",
+    ]);
+    let model_stat = json!({"type": "object", "required": ["name", "version", "last_inference",
+        "inference_count", "execution_count", "inference_stats", "batch_stats"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+            "last_inference": count, "inference_count": count, "execution_count": count,
+            "inference_stats": inference, "response_stats": {"type": "object"},
+            "batch_stats": {"type": "array", "items": batch},
+            "memory_usage": {"type": "array"}}});
+    let stats = json!({"type": "object", "required": ["model_stats"],
+        "properties": {"model_stats": {"type": "array", "items": model_stat}}});
+    let summary = "Triton's statistics extension: the model's requests (success, fail, and the \
+        successful ones' queue and compute_infer time), rows inferred, and its stages' batches \
+        by size; since the proxy started.";
+    let model_stats = get(
+        "v2_model_stats",
+        summary,
+        json!([name]),
+        json!({"200": ok(stats.clone()), "404": not_found}),
+    );
+    paths.insert("/v2/models/{name}/stats".into(), model_stats);
+    let every = "Triton's statistics extension, for every model.";
+    paths.insert(
+        "/v2/models/stats".into(),
+        get("v2_stats", every, json!([]), json!({"200": ok(stats)})),
+    );
 
     let parameters = json!({"type": "object", "properties": {
         "binary_data_size": {"type": "integer", "minimum": 0},

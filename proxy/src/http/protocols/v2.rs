@@ -8,6 +8,9 @@
 //!   dimension as `-1`), `GET /v2/models/{name}/ready`, and Triton's model configuration
 //!   extension, `GET /v2/models/{name}/config` ([`config`]: what tritonclient's
 //!   `get_model_config` and the tools built on it read);
+//! - Triton's statistics extension, `GET /v2/models/stats` and `GET /v2/models/{name}/stats`
+//!   ([`statistics`]: tritonclient's `get_inference_statistics`). As in Triton, `stats` after
+//!   `/v2/models/` is the extension's, not a model named so;
 //! - `POST /v2/models/{name}/infer`: JSON tensors or the binary tensor extension
 //!   ([`request`]); the first dimension is the batch, each row a job, and the rows' results are
 //!   stacked back into tensors ([`response`]).
@@ -19,6 +22,7 @@
 pub mod request;
 pub mod response;
 pub mod result_row;
+pub mod statistics;
 pub mod tensor;
 
 use std::sync::Arc;
@@ -61,6 +65,9 @@ enum Kind {
     Model,
     ModelReady,
     Config,
+    Statistics,
+    /// Every model's statistics, `GET /v2/models/stats`.
+    AllStatistics,
     Infer,
 }
 
@@ -78,6 +85,7 @@ impl<'a> Endpoint<'a> {
             "/v2" => Kind::Server,
             "/v2/health/live" => Kind::Live,
             "/v2/health/ready" => Kind::Ready,
+            "/v2/models/stats" => Kind::AllStatistics,
             _ => {
                 let rest = path.strip_prefix("/v2/models/")?;
                 let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
@@ -90,6 +98,7 @@ impl<'a> Endpoint<'a> {
                     "" => Kind::Model,
                     "ready" => Kind::ModelReady,
                     "config" => Kind::Config,
+                    "stats" => Kind::Statistics,
                     "infer" => Kind::Infer,
                     _ => return None,
                 };
@@ -113,6 +122,8 @@ impl<'a> Endpoint<'a> {
             Kind::Model => "/v2/models/{name}",
             Kind::ModelReady => "/v2/models/{name}/ready",
             Kind::Config => "/v2/models/{name}/config",
+            Kind::Statistics => "/v2/models/{name}/stats",
+            Kind::AllStatistics => "/v2/models/stats",
             Kind::Infer => "/v2/models/{name}/infer",
         }
     }
@@ -130,6 +141,12 @@ impl<'a> Endpoint<'a> {
             Kind::Model => self.model(method).and_then(metadata),
             Kind::ModelReady => self.model(method).map(|route| model_readiness(app, route)),
             Kind::Config => self.model(method).and_then(config),
+            Kind::Statistics => {
+                self.model(method).map(|route| stats(statistics::of(std::iter::once(route))))
+            }
+            Kind::AllStatistics => {
+                get_only(method).map(|()| stats(statistics::of(app.routes.iter())))
+            }
             Kind::Infer => match (&self.route, app.admit(method)) {
                 (None, _) => Err(unknown_model(&self.name)),
                 (Some(_), Err(error)) => Err(error),
@@ -162,8 +179,12 @@ fn server_metadata() -> Response<Body> {
     let body = json!({
         "name": "corral",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_configuration"],
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
     });
+    json(StatusCode::OK, body.to_string())
+}
+
+fn stats(body: serde_json::Value) -> Response<Body> {
     json(StatusCode::OK, body.to_string())
 }
 

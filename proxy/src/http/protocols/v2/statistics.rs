@@ -1,0 +1,78 @@
+//! Triton's statistics extension: `GET /v2/models/stats` (every model) and
+//! `GET /v2/models/{name}/stats` (one), what tritonclient's `get_inference_statistics` and the
+//! tools built on it (perf_analyzer's server-side figures) read. Each model is a route, its
+//! figures since the proxy started ([`crate::statistics`]):
+//!
+//! - `inference_stats`: its requests, whatever protocol they came in: `success` and `fail` with
+//!   their time from arrival to answer; `queue` (time queued) and `compute_infer` (time in the
+//!   batch: the worker, and the socket both ways) of the successful ones, summed over the
+//!   pipeline's stages. Corral does not time a worker's input and output apart from its
+//!   inference: `compute_input` and `compute_output` count what `compute_infer` counts, in 0 ns.
+//!   No cache: `cache_hit` and `cache_miss` are 0.
+//! - `inference_count`: rows answered with a result; `last_inference` when the last was, in
+//!   milliseconds since the Unix epoch.
+//! - `execution_count` and `batch_stats`: the batches its stages' workers finished, by size, with
+//!   their time in the worker. A stage two routes share counts both routes' batches in each.
+
+use serde_json::{json, Value};
+
+use super::super::super::Route;
+use crate::statistics::Tally;
+
+/// `{"model_stats": [...]}` for `routes`.
+pub fn of<'a>(routes: impl Iterator<Item = &'a Route>) -> Value {
+    json!({"model_stats": routes.map(model).collect::<Vec<_>>()})
+}
+
+/// One model's statistics: Triton's `ModelStatistics` as JSON.
+fn model(route: &Route) -> Value {
+    let statistics = &route.statistics;
+    let mut executions = crate::statistics::Executions::default();
+    for stage in &route.pipeline.stages {
+        executions.add(&stage.executions());
+    }
+    let (inferred, _) = statistics.compute_infer.read();
+    let unseparated = duration(inferred, 0);
+    let batches: Vec<Value> = executions
+        .by_size()
+        .map(|(size, count, nanos)| {
+            json!({
+                "batch_size": size,
+                "compute_input": duration(count, 0),
+                "compute_infer": duration(count, nanos),
+                "compute_output": duration(count, 0),
+            })
+        })
+        .collect();
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    json!({
+        "name": route.model,
+        "version": "1",
+        "last_inference": statistics.last_inference_ms.load(relaxed),
+        "inference_count": statistics.inferences.load(relaxed),
+        "execution_count": executions.count(),
+        "inference_stats": {
+            "success": tally(&statistics.success),
+            "fail": tally(&statistics.fail),
+            "queue": tally(&statistics.queue),
+            "compute_input": unseparated,
+            "compute_infer": tally(&statistics.compute_infer),
+            "compute_output": unseparated,
+            "cache_hit": duration(0, 0),
+            "cache_miss": duration(0, 0),
+        },
+        "response_stats": {},
+        "batch_stats": batches,
+        "memory_usage": [],
+    })
+}
+
+fn tally(tally: &Tally) -> Value {
+    let (count, nanos) = tally.read();
+    duration(count, nanos)
+}
+
+/// Triton's `StatisticDuration`.
+fn duration(count: u64, ns: u64) -> Value {
+    json!({"count": count, "ns": ns})
+}

@@ -1,0 +1,77 @@
+"""Triton's statistics extension, read by tritonclient's own `get_inference_statistics` against
+the real binary and the tensor-declaring worker (tests/workers/tensors.py): requests counted as
+they succeed or fail, the rows inferred, and the batches the model's workers ran, by size."""
+
+import time
+
+import numpy as np
+import pytest
+from tritonclient.utils import InferenceServerException
+
+from conftest import Corral
+from test_v2 import WORKER, client, infer, rows
+
+
+@pytest.fixture
+def proxy(tmp_path):
+    corral = Corral(tmp_path, worker=WORKER)
+    yield corral
+    corral.stop()
+
+
+def stats_of(proxy, model="default") -> dict:
+    with client(proxy) as c:
+        found = c.get_inference_statistics(model)["model_stats"]
+    assert [m["name"] for m in found] == [model]
+    return found[0]
+
+
+def test_a_model_s_statistics_count_its_requests_rows_and_batches(proxy):
+    with client(proxy) as c:
+        assert "statistics" in c.get_server_metadata()["extensions"]
+    before = stats_of(proxy)
+    assert before["inference_count"] == before["execution_count"] == 0
+    assert before["last_inference"] == 0 and before["batch_stats"] == []
+    assert before["inference_stats"]["success"] == {"count": 0, "ns": 0}
+
+    started_ms = time.time() * 1000
+    for n in (4, 4, 2):
+        infer(proxy, *rows(n), True)
+    # A request of three rows, one of which the worker rejects: a failure, two rows inferred.
+    x, scale, _ = rows(3)
+    words = np.array([[b"fine"], [b"reject"], [b"fine"]], dtype=object)
+    with pytest.raises(InferenceServerException):
+        infer(proxy, x, scale, words, True)
+    ended_ms = time.time() * 1000
+
+    stats = stats_of(proxy)
+    inference = stats["inference_stats"]
+    assert inference["success"]["count"] == 3 and inference["success"]["ns"] > 0
+    assert inference["fail"]["count"] == 1 and inference["fail"]["ns"] > 0
+    # Where the successful requests' time went: each counted once.
+    assert inference["queue"]["count"] == inference["compute_infer"]["count"] == 3
+    assert 0 < inference["compute_infer"]["ns"] <= inference["success"]["ns"]
+    assert inference["compute_input"]["count"] == 3
+    assert stats["inference_count"] == 4 + 4 + 2 + 2
+    assert started_ms - 1 <= stats["last_inference"] <= ended_ms + 1
+    # Every job rode a batch the worker finished: 13 jobs, in batches counted by size.
+    batches = stats["batch_stats"]
+    assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 4
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 13
+    assert all(b["compute_infer"]["ns"] > 0 for b in batches)
+    assert [b["batch_size"] for b in batches] == sorted({b["batch_size"] for b in batches})
+
+    # Every model at once (the default route is the only one here), and a version named.
+    with client(proxy) as c:
+        assert c.get_inference_statistics()["model_stats"] == [stats]
+        assert c.get_inference_statistics("default", "1")["model_stats"] == [stats]
+
+
+def test_statistics_of_an_unknown_model_are_404_in_v2_shape(proxy):
+    with client(proxy) as c, pytest.raises(InferenceServerException) as failed:
+        c.get_inference_statistics("nope")
+    assert failed.value.status() == "404"
+    assert 'no model named "nope"' in str(failed.value)
+    answer = proxy.client.post("/v2/models/default/stats", json={})
+    assert answer.status_code == 405 and "GET" in answer.headers["allow"]
+
