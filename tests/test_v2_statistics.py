@@ -74,4 +74,3 @@ def test_statistics_of_an_unknown_model_are_404_in_v2_shape(proxy):
     assert 'no model named "nope"' in str(failed.value)
     answer = proxy.client.post("/v2/models/default/stats", json={})
     assert answer.status_code == 405 and "GET" in answer.headers["allow"]
-
