@@ -3,6 +3,7 @@ the real binary and the tensor-declaring worker (tests/workers/tensors.py): requ
 they succeed or fail, the rows inferred, and the batches the model's workers ran, by size."""
 
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -74,3 +75,22 @@ def test_statistics_of_an_unknown_model_are_404_in_v2_shape(proxy):
     assert 'no model named "nope"' in str(failed.value)
     answer = proxy.client.post("/v2/models/default/stats", json={})
     assert answer.status_code == 405 and "GET" in answer.headers["allow"]
+
+
+def test_streams_count_as_requests_and_a_streaming_worker_s_busy_spells_as_executions(tmp_path):
+    streamer = str(Path(__file__).parent / "workers" / "streamer.py")
+    proxy = Corral(tmp_path, worker=streamer)
+    try:
+        sse = {"accept": "text/event-stream"}
+        for item in ({"chunks": 3}, {"chunks": 2}, {"chunks": 2, "fail_after": 0}):
+            proxy.post(item, headers=sse).read()
+        stats = proxy.client.get("/v2/models/default/stats").json()["model_stats"][0]
+    finally:
+        proxy.stop()
+    inference = stats["inference_stats"]
+    # A stream that failed before its first chunk is a plain 500: the model's failure.
+    assert (inference["success"]["count"], inference["fail"]["count"]) == (2, 1)
+    assert stats["inference_count"] == 2
+    batches = stats["batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 3
+    assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 1

@@ -115,6 +115,10 @@ impl WorkerSeat<'_> {
             queue.cost.record(weight, took);
             queue.learned = Some(now);
         }
+        if size > 0 {
+            // One execution of every job it took, those that joined included.
+            queue.executions.finished(size, took);
+        }
         queue.returns.answered(now, size);
     }
 

@@ -12,7 +12,9 @@
 //! - `inference_count`: rows answered with a result; `last_inference` when the last was, in
 //!   milliseconds since the Unix epoch.
 //! - `execution_count` and `batch_stats`: the batches its stages' workers finished, by size, with
-//!   their time in the worker. A stage two routes share counts both routes' batches in each.
+//!   their time in the worker. A stage two routes share counts both routes' batches in each. A
+//!   streaming worker's execution is a busy spell: from taking jobs until it holds none, of
+//!   every job it took meanwhile (those that joined its running batch too).
 
 use serde_json::{json, Value};
 
