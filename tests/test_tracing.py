@@ -347,6 +347,22 @@ def test_a_worker_dying_with_a_batch_and_its_retry_are_events_on_the_batch_span(
     assert sorted(events) == [["worker failed"], ["worker failed", "retry"]], events
 
 
+def test_a_streaming_worker_dying_before_its_first_chunk_is_an_event_on_the_batch_span(
+    corral_factory, receiver
+):
+    """A streaming batch's span ends at its first chunk: one whose worker died first had ended
+    with no event at all, neither the failure nor the retry."""
+    worker = str(ROOT / "tests" / "workers" / "streamer.py")
+    proxy = corral_factory(
+        "--max-wait-ms=0", "--otlp-endpoint", receiver.url, worker=worker, workers=2
+    )
+    proxy.wait_for_log(r"worker connected", count=2)
+    answer = proxy.post({"chunks": 2, "die_after": 0}, headers={"accept": "text/event-stream"})
+    assert answer.status_code == 500, answer.text
+    events = batch_events(receiver, 2)
+    assert sorted(events) == [["worker failed"], ["worker failed", "retry"]], events
+
+
 def test_a_hung_worker_killed_is_an_event_on_its_batch_span(corral_factory, receiver):
     proxy = corral_factory(
         "--max-wait-ms=0",

@@ -34,6 +34,7 @@ use crate::msgpack;
 use crate::stage::{Stage, WorkerSeat};
 use crate::stream::Refused;
 use crate::supervisor::Served;
+use crate::trace;
 
 /// Longer than any stream a clock here counts to: further is as good as never, and kept from
 /// the end of the clock's range.
@@ -78,8 +79,10 @@ struct Held {
 struct Pending {
     sent: Instant,
     weight: usize,
-    /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk.
-    _span: Option<opentelemetry_sdk::trace::Span>,
+    /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk (or, if
+    /// its worker fails first, with the failure and its jobs' retries noted on it, as a plain
+    /// batch's are).
+    span: Option<opentelemetry_sdk::trace::Span>,
 }
 
 /// Serves a streaming worker until its connection ends; every job it took has been answered or
@@ -231,7 +234,7 @@ impl State {
         let mut sent = send(outbox, jobs, by);
         let (since, size, held) = self.busy.unwrap_or((sent.sent, 0, 0));
         self.busy = Some((since, size + sent.jobs.len(), held + weight));
-        let pending = Pending { sent: sent.sent, weight, _span: sent.span.take() };
+        let pending = Pending { sent: sent.sent, weight, span: sent.span.take() };
         self.first.insert(sent.frame, pending);
         // The batch's `done` is never cancelled here: a stream ends job by job, and each
         // departure is looked up by its job's id.
@@ -477,8 +480,15 @@ impl State {
     /// streamed ends with `worker_died` — its client has seen part of an answer.
     fn settle(self, outbox: &Outbox, seat: &WorkerSeat<'_>, ended: &Ended) {
         let now = Instant::now();
-        let mut held: Vec<Held> = self.held.into_values().collect();
+        let State { held, mut first, .. } = self;
+        let mut held: Vec<Held> = held.into_values().collect();
         held.sort_by_key(|held| held.seq);
+        // The batches still waiting for their first chunk: their spans say how they ended.
+        if let Ended::Failed { reason, why } = ended {
+            for span in first.values_mut().filter_map(|pending| pending.span.as_mut()) {
+                trace::worker_failed(span, reason, why);
+            }
+        }
         let mut orphans = Vec::new();
         for Held { job, frame, streamed, .. } in held {
             let Some(job) = job else { continue };
@@ -488,7 +498,12 @@ impl State {
                 answer(job, Outcome::WorkerLost(format!("the worker failed: {ended}")), now);
             } else {
                 let reached = outbox.delivery(frame) != Delivery::None;
-                orphans.push(Orphan { job, reached });
+                let orphan = Orphan { job, reached };
+                let span = first.get_mut(&frame).and_then(|pending| pending.span.as_mut());
+                if let Some(span) = span.filter(|_| orphan.goes_back(now)) {
+                    trace::retried(span, &orphan.job.id.to_string());
+                }
+                orphans.push(orphan);
             }
         }
         if !orphans.is_empty() {
