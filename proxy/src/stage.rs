@@ -326,6 +326,23 @@ impl Queue {
         self.seats[slot].as_mut().expect("a seated worker has a seat")
     }
 
+    /// When each connected worker takes its next batch from the queue, by the learned cost: at
+    /// once if idle, or if busy with nothing sent ahead where batches may be sent ahead
+    /// (`prefetch`: a queue with no room is a saturated stage); else when its batch is done (one
+    /// sent ahead then starts, and the next is sent ahead of it). What room in the queue is
+    /// predicted from: a job leaves it as its batch is taken.
+    fn take_at(&self, now: Instant, cost: cost::Cost, prefetch: bool) -> Vec<Instant> {
+        self.seats
+            .iter()
+            .flatten()
+            .map(|seat| match seat.busy {
+                None => now,
+                Some(_) if prefetch && seat.ahead == 0 => now,
+                Some((since, size)) => (since + cost.of(size)).max(now),
+            })
+            .collect()
+    }
+
     /// When each connected worker can take its next batch, by the learned cost.
     fn free_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
         self.seats

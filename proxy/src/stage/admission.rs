@@ -36,22 +36,33 @@ pub fn predicted_finish(
     first: Cost,
     free_at: &mut [Instant],
 ) -> Option<Instant> {
-    if free_at.is_empty() || group == 0 {
+    let (taken, last_batch_size) = predicted_take(ahead, group, max_batch, cost, free_at)?;
+    Some(taken + first.of(last_batch_size))
+}
+
+/// When the batch carrying the last of `group` jobs queued behind `ahead` is taken from the
+/// queue, and its size: batch j goes to the j-th worker to take one, in round j / workers,
+/// each round a full batch's `cost` after the one before (with equal batch costs the workers
+/// take turns in the order they free up). `take_at` holds when each worker takes its next
+/// batch. None: no worker.
+fn predicted_take(
+    ahead: usize,
+    group: usize,
+    max_batch: usize,
+    cost: Cost,
+    take_at: &mut [Instant],
+) -> Option<(Instant, usize)> {
+    if take_at.is_empty() || group == 0 {
         return None;
     }
-    free_at.sort_unstable();
+    take_at.sort_unstable();
     let total = ahead + group;
     let batches = total.div_ceil(max_batch);
     let last_batch_size = total - (batches - 1) * max_batch;
-    // Batch j goes to the j-th worker to free up, in round j / workers: with equal batch costs
-    // the workers take turns in the order they free up.
     let j = batches - 1;
-    let rounds_before = u32::try_from(j / free_at.len()).unwrap_or(u32::MAX);
-    Some(
-        free_at[j % free_at.len()]
-            + cost.of(max_batch).saturating_mul(rounds_before)
-            + first.of(last_batch_size),
-    )
+    let rounds_before = u32::try_from(j / take_at.len()).unwrap_or(u32::MAX);
+    let taken = take_at[j % take_at.len()] + cost.of(max_batch).saturating_mul(rounds_before);
+    Some((taken, last_batch_size))
 }
 
 /// Moves each worker's free time later by `heavy` jobs (their count, and their weight in all),
@@ -208,8 +219,11 @@ impl Stage {
         let second = Duration::from_secs(1);
         let Some(cost) = queue.cost.estimate() else { return second };
         let jobs = &queue.jobs;
-        let mut free_at = queue.free_at(now, cost);
-        if free_at.is_empty() {
+        // A job leaves the queue when its batch is taken (sent, or sent ahead), not when that
+        // batch is done: counted to the end of the batch, and past one sent ahead, a full
+        // queue was told to come back three to five times later than it had room.
+        let mut take_at = queue.take_at(now, cost, self.settings.prefetch);
+        if take_at.is_empty() {
             return second;
         }
         let share = if jobs.is_empty() { 1.0 } else { (leave as f64 / jobs.len() as f64).min(1.0) };
@@ -217,16 +231,16 @@ impl Stage {
         let light_weight = jobs.weight().saturating_sub(heavy_weight);
         let heavy =
             ((heavy_jobs as f64 * share).ceil() as u128, (heavy_weight as f64 * share) as u128);
-        after_heavy(&mut free_at, cost, heavy);
+        after_heavy(&mut take_at, cost, heavy);
         let light = (light_weight as f64 * share).ceil() as usize;
         // Without heavy jobs, at least a unit a job, as a job's weight is.
         let light = if heavy.0 == 0 { light.max(leave) } else { light };
         let max = self.batch_weight(queue);
-        let finish = match light {
-            0 => free_at.iter().min().copied(),
-            light => predicted_finish(0, light, max, cost, cost, &mut free_at),
+        let gone = match light {
+            0 => take_at.iter().min().copied(),
+            light => predicted_take(0, light, max, cost, &mut take_at).map(|(taken, _)| taken),
         };
-        finish.map_or(second, |finish| retry_after(finish, now))
+        gone.map_or(second, |gone| retry_after(gone, now))
     }
 
     /// When `jobs` (a request's), behind the work `ahead`, would be answered (None:

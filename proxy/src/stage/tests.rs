@@ -974,8 +974,9 @@ async fn eviction_counts_no_request_a_batch_has_started() {
 #[tokio::test(start_paused = true)]
 async fn a_full_queue_says_when_it_will_have_room() {
     // One worker, batches of one job that cost a second, four jobs queued in a queue of four:
-    // a request of three has room once three have left, in three seconds. Retry-After had been
-    // 1 s, whatever the queue: its clients came back while it was still full.
+    // a request of three has room once three have left, the third taken after two seconds.
+    // Retry-After had been 1 s, whatever the queue: its clients came back while it was still
+    // full.
     let full = stage(1, 4);
     let seat = full.worker_joined();
     for _ in 0..10 {
@@ -984,12 +985,13 @@ async fn a_full_queue_says_when_it_will_have_room() {
     let _answers: Vec<_> = (0..4).map(|_| submit(&full, b"queued")).collect();
     let three: Vec<Job> = (0..3).map(|_| job(b"three", Duration::from_secs(60)).0).collect();
     match full.submit_all(three) {
-        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(3)),
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(2)),
         other => panic!("expected queue_full, got {other:?}"),
     }
     drop(seat);
     // Jobs of weight 10, batches of at most 10: each goes alone, a second each, and eight
-    // must leave (they had been counted as weight 1, in one batch of 8: 1 s).
+    // must leave, the eighth taken after seven seconds (they had been counted as weight 1, in
+    // one batch of 8: 1 s).
     let settings = BatchSettings { max_batch_weight: Some(10), ..*stage(8, 8).settings() };
     let weighed = Stage::new("default", settings, 8);
     let seat = weighed.worker_joined();
@@ -1011,7 +1013,7 @@ async fn a_full_queue_says_when_it_will_have_room() {
         })
         .collect();
     match weighed.submit_all(eight) {
-        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(8)),
+        Err(Shed::QueueFull { retry_after }) => assert_eq!(retry_after, Duration::from_secs(7)),
         other => panic!("expected queue_full, got {other:?}"),
     }
     drop(seat);
@@ -1021,6 +1023,39 @@ async fn a_full_queue_says_when_it_will_have_room() {
     let (extra, _answer) = job(b"one too many", Duration::from_secs(60));
     let expected = Err(Shed::QueueFull { retry_after: Duration::from_secs(1) });
     assert_eq!(fresh.submit(extra), expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_full_queue_behind_a_busy_worker_has_room_when_batches_are_taken_not_done() {
+    // One worker busy with a batch of one job (a second each), four more queued in a queue of
+    // four, a request of two. Batches sent ahead: the first leaves at once (sent ahead of the
+    // running batch), the second as the running batch is done: room in a second. Without, the
+    // first leaves in a second, the second in two. Counted to the end of the batch that takes
+    // the last, past the one sent ahead, it had been three to five seconds (a probe's clients
+    // were admitted after one).
+    for (prefetch, told) in [(true, 1), (false, 2)] {
+        let settings = BatchSettings { prefetch, ..*stage(1, 4).settings() };
+        let full = Stage::new("default", settings, 4);
+        let seat = full.worker_joined();
+        for _ in 0..10 {
+            seat.finished(1, 1, Duration::from_secs(1));
+        }
+        let queue = |payload| {
+            let (job, answer) = job(payload, Duration::from_secs(60));
+            full.submit(job).expect("queue has room");
+            answer
+        };
+        let _running = queue(b"running");
+        assert_eq!(seat.next_batch().await.len(), 1);
+        let _answers: Vec<_> = (0..4).map(|_| queue(b"queued")).collect();
+        let two: Vec<Job> = (0..2).map(|_| job(b"two", Duration::from_secs(60)).0).collect();
+        match full.submit_all(two) {
+            Err(Shed::QueueFull { retry_after }) => {
+                assert_eq!(retry_after, Duration::from_secs(told), "prefetch {prefetch}")
+            }
+            other => panic!("expected queue_full, got {other:?}"),
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -1075,22 +1110,24 @@ fn flood_told(capacity: usize, share: f64, queued: &[(Class, Option<&str>)]) -> 
 #[tokio::test(start_paused = true)]
 async fn a_tenant_over_its_share_is_told_when_it_will_have_room() {
     // The flood holds its share of 3 and a quiet tenant has work too: the flood's next job
-    // fits once one of its jobs has left, and the two take turns, so in two batches.
-    // Retry-After had been 1 s whatever the queue.
+    // fits once one of its jobs has left, and the two take turns, so when the second batch is
+    // taken, a second on. (Retry-After had been 1 s whatever the queue, and then the time the
+    // second batch was done, a batch late.)
     let flood = (Class::Normal, Some("flood"));
     let queued = [flood, flood, flood, (Class::Normal, Some("quiet"))];
-    assert_eq!(flood_told(10, 0.3, &queued), Duration::from_secs(2));
+    assert_eq!(flood_told(10, 0.3, &queued), Duration::from_secs(1));
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_tenant_over_its_share_behind_higher_classes_is_told_to_wait_for_them() {
     // As above, with six high jobs of nobody's queued ahead of the flood's normal ones: none
-    // of the flood's leaves before all six have. Its Retry-After had counted only its own
-    // class's turns (2 s), and sent it back into refusals for four more seconds.
+    // of the flood's leaves before all six have, its first taken in the eighth batch. Its
+    // Retry-After had counted only its own class's turns, and sent it back into refusals for
+    // four more seconds.
     let flood = (Class::Normal, Some("flood"));
     let mut queued = vec![(Class::High, None); 6];
     queued.extend([flood, flood, flood, (Class::Normal, Some("quiet"))]);
-    assert_eq!(flood_told(20, 0.15, &queued), Duration::from_secs(8));
+    assert_eq!(flood_told(20, 0.15, &queued), Duration::from_secs(7));
 }
 
 #[tokio::test(start_paused = true)]
