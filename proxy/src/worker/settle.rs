@@ -213,8 +213,19 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
 
 /// Answers a job with the result its worker sent: one that came after the job's deadline is
 /// also a late result (a job given back because its worker failed is not: no result came).
+/// A result at or past the deadline is late whether or not its client's timer has fired yet:
+/// the client gets the 408 its deadline says. (The timer has a millisecond's grain and its
+/// handler may not have run: a result a millisecond or two late had gone out as a 200, in no
+/// count, beside results as late answered 408 and counted.) A stream that has begun is past
+/// that: its client has a 200 already.
 pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
-    if answer(job, outcome, now) {
+    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
+    let late = job.is_expired(now) && !streamed && !matches!(outcome, Outcome::Expired);
+    let outcome = if late { Outcome::Expired } else { outcome };
+    // Still listened for, the 408 is counted as the worker's expiry (`answer`); if not, the
+    // job was counted so when its client's 408 went.
+    answer(job, outcome, now);
+    if late {
         metrics().late_results.inc();
     }
 }
@@ -299,6 +310,22 @@ mod tests {
         let (ran, _) = orphan(b"ran", 0, true);
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
         assert!(answer(ran.job, done, past), "a result after the deadline is late");
+    }
+
+    #[tokio::test]
+    async fn a_result_past_the_deadline_is_a_408_though_the_client_still_waits() {
+        // The client's timer has not fired yet (its handler has not run): it still listens.
+        let (ran, mut client) = orphan(b"ran", 0, true);
+        let late = metrics().late_results.get();
+        let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
+        answer_result(ran.job, done, Instant::now() + Duration::from_secs(6));
+        assert!(matches!(client.try_recv().map(|r| r.outcome), Ok(Outcome::Expired)));
+        assert!(metrics().late_results.get() > late, "counted late");
+        // Before its deadline, the result is the answer.
+        let (ran, mut client) = orphan(b"ran", 0, true);
+        let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
+        answer_result(ran.job, done, Instant::now());
+        assert!(matches!(client.try_recv().map(|r| r.outcome), Ok(Outcome::Done(..))));
     }
 
     fn payloads_of(batch: Vec<Job>) -> Vec<Vec<u8>> {
