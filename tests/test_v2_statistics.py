@@ -43,22 +43,28 @@ def test_a_model_s_statistics_count_its_requests_rows_and_batches(proxy):
     words = np.array([[b"fine"], [b"reject"], [b"fine"]], dtype=object)
     with pytest.raises(InferenceServerException):
         infer(proxy, x, scale, words, True)
+    # The model's requests in another protocol count too: KServe v1's, of two instances.
+    instance = {"X": [1.0, 2.0, 3.0], "N": [2], "TEXT": ["abc"]}
+    answer = proxy.client.post("/v1/models/default:predict", json={"instances": [instance] * 2})
+    assert answer.status_code == 200, answer.text
     ended_ms = time.time() * 1000
 
     stats = stats_of(proxy)
     inference = stats["inference_stats"]
-    assert inference["success"]["count"] == 3 and inference["success"]["ns"] > 0
+    assert inference["success"]["count"] == 4 and inference["success"]["ns"] > 0
     assert inference["fail"]["count"] == 1 and inference["fail"]["ns"] > 0
     # Where the successful requests' time went: each counted once.
-    assert inference["queue"]["count"] == inference["compute_infer"]["count"] == 3
+    assert inference["queue"]["count"] == inference["compute_infer"]["count"] == 4
     assert 0 < inference["compute_infer"]["ns"] <= inference["success"]["ns"]
-    assert inference["compute_input"]["count"] == 3
+    assert inference["compute_input"]["count"] == 4
+    # The rows of successful requests, as Triton counts (not the failed request's two rows the
+    # worker answered).
     assert stats["inference_count"] == 4 + 4 + 2 + 2
     assert started_ms - 1 <= stats["last_inference"] <= ended_ms + 1
-    # Every job rode a batch the worker finished: 13 jobs, in batches counted by size.
+    # Every job rode a batch the worker finished: 15 jobs, in batches counted by size.
     batches = stats["batch_stats"]
-    assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 4
-    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 13
+    assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 5
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 15
     assert all(b["compute_infer"]["ns"] > 0 for b in batches)
     assert [b["batch_size"] for b in batches] == sorted({b["batch_size"] for b in batches})
 
@@ -77,7 +83,7 @@ def test_statistics_of_an_unknown_model_are_404_in_v2_shape(proxy):
     assert answer.status_code == 405 and "GET" in answer.headers["allow"]
 
 
-def test_streams_count_as_requests_and_a_streaming_worker_s_busy_spells_as_executions(tmp_path):
+def test_streams_count_as_requests_and_a_streaming_batch_as_it_first_answers(tmp_path):
     streamer = str(Path(__file__).parent / "workers" / "streamer.py")
     proxy = Corral(tmp_path, worker=streamer)
     try:

@@ -504,6 +504,35 @@ def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sid
         assert metadata["inputs"] == [{"name": "x", "datatype": "INT64", "shape": [-1, 5]}]
 
 
+def test_a_worker_declaring_no_tensors_keeps_no_departed_worker_s_tensors_in_force(sidecar):
+    """A worker that declares none is not compared, and holds no tensors either: with it the
+    only one connected, a departed worker's tensors had refused every newcomer of others, in
+    the name of "the 1 worker(s) connected" (a probe's worker written from PROTOCOL.md)."""
+    fp32 = [{"name": "a", "datatype": "FP32", "shape": [3]}]
+    int64 = [{"name": "b", "datatype": "INT64", "shape": [5]}]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:
+        plain.connect(str(sidecar.socket))
+        plain.sendall(protocol.encode_frame(protocol.hello("default", 1, "plain")))
+        sidecar.wait_for_log(r"worker connected")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as first:
+            first.connect(str(sidecar.socket))
+            first.sendall(protocol.encode_frame(protocol.hello("default", 2, "a", inputs=fp32)))
+            sidecar.wait_for_log(r"worker connected", count=2)
+            # While it is connected, others are refused.
+            reject, _ = refused(sidecar, protocol.hello("default", 3, "b", inputs=int64))
+            assert reject is not None and "served under other tensors" in reject["message"]
+        sidecar.wait_until(
+            lambda: sidecar.metric("corral_workers_connected", stage="default") == 1,
+            what="the worker of tensors gone",
+        )
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
+            second.connect(str(sidecar.socket))
+            second.sendall(protocol.encode_frame(protocol.hello("default", 4, "b", inputs=int64)))
+            sidecar.wait_for_log(r"worker connected", count=3)
+            metadata = sidecar.client.get("/v2/models/default").json()
+            assert metadata["inputs"] == [{"name": "b", "datatype": "INT64", "shape": [-1, 5]}]
+
+
 def test_two_hellos_of_other_tensors_at_once_on_an_empty_stage_are_never_both_taken(sidecar):
     """Each hello was checked against the workers connected, then joined: two at once on an
     empty stage each saw none, and workers of other tensors served it together (18 rounds in

@@ -91,6 +91,9 @@ pub struct Route {
     pub protocol: Option<Protocol>,
     /// Its requests as Triton's statistics extension counts a model's.
     pub statistics: crate::statistics::RouteStatistics,
+    /// Its place in `App::routes`: what a request's timing names it by
+    /// ([`crate::timing::ran`]), a `Copy` where the route is borrowed.
+    pub index: usize,
 }
 
 /// The answer to a request refused at admission; counted, not logged: shedding must stay cheap
@@ -125,13 +128,6 @@ impl App {
     /// The route a model-serving protocol names by its model name.
     pub fn model(&self, name: &str) -> Option<&Route> {
         self.routes.iter().find(|route| route.model == name)
-    }
-
-    /// `route`'s place among the routes: what a request's timing names it by
-    /// ([`crate::timing::ran`]), a `Copy` where the route is borrowed.
-    pub fn route_index(&self, route: &Route) -> usize {
-        let index = self.routes.iter().position(|r| std::ptr::eq(r, route));
-        index.expect("a route of this app")
     }
 
     /// Why jobs for `stages` could not all run now, if they could not: shutdown has begun, or a

@@ -151,7 +151,8 @@ pub async fn run(
     let routes = topology
         .routes
         .iter()
-        .map(|route| {
+        .enumerate()
+        .map(|(index, route)| {
             let pipeline = Pipeline {
                 stages: route.stages.iter().map(|name| by_name[name].clone()).collect(),
             };
@@ -166,6 +167,7 @@ pub async fn run(
                 protocol: route.protocol,
                 priority: route.priority,
                 statistics: Default::default(),
+                index,
             }
         })
         .collect();

@@ -219,16 +219,19 @@ struct Seat {
     /// The most jobs the worker takes in one batch (its hello's `max_batch`; else unbounded
     /// here, the stage's `max_batch_size` bounding every batch).
     max_batch: usize,
+    /// Whether its hello declared tensors: a newcomer declaring others is refused only while
+    /// such a worker is connected ([`Stage::tensor_conflict`]).
+    tensors: bool,
 }
 
 impl Seat {
     fn free(now: Instant) -> Self {
-        Self { busy: None, ahead: 0, free_since: now, max_batch: usize::MAX }
+        Self { busy: None, ahead: 0, free_since: now, max_batch: usize::MAX, tensors: false }
     }
 
-    /// The same worker free again from `now`: nothing held, its own bound kept.
+    /// The same worker free again from `now`: nothing held, its own bound and tensors kept.
     fn freed(&self, now: Instant) -> Self {
-        Self { max_batch: self.max_batch, ..Self::free(now) }
+        Self { max_batch: self.max_batch, tensors: self.tensors, ..Self::free(now) }
     }
 }
 
@@ -327,17 +330,18 @@ impl Queue {
     }
 
     /// When each connected worker takes its next batch from the queue, by the learned cost: at
-    /// once if idle, or if busy with nothing sent ahead where batches may be sent ahead
-    /// (`prefetch`: a queue with no room is a saturated stage); else when its batch is done (one
-    /// sent ahead then starts, and the next is sent ahead of it). What room in the queue is
-    /// predicted from: a job leaves it as its batch is taken.
-    fn take_at(&self, now: Instant, cost: cost::Cost, prefetch: bool) -> Vec<Instant> {
+    /// once if idle, else when its batch is done (a batch sent ahead then starts, and the next
+    /// may be sent ahead of it). What room in the queue is predicted from: a job leaves it as
+    /// its batch is taken. A busy plain worker with nothing sent ahead may take one sooner, as
+    /// a saturated stage sends it ahead; counted so, a streaming stage (which sends nothing
+    /// ahead), a queue of less than a batch, or a job going alone at its front had told
+    /// clients to come back before there was room.
+    fn take_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
         self.seats
             .iter()
             .flatten()
             .map(|seat| match seat.busy {
                 None => now,
-                Some(_) if prefetch && seat.ahead == 0 => now,
                 Some((since, size)) => (since + cost.of(size)).max(now),
             })
             .collect()
@@ -749,13 +753,16 @@ impl Stage {
     /// Why a hello declaring these tensors may not join, if it may not: while a connected
     /// worker serves the stage under other tensor declarations, a v2 request is read against
     /// one set and could reach a worker of the other (a row its hello did not take). With no
-    /// worker connected, the newcomer's declarations replace what the last ones left.
+    /// worker connected that declared tensors, the newcomer's declarations replace what the
+    /// last ones left (a worker declaring none, connected, had kept a departed worker's for
+    /// good, and refused every other in their name).
     pub fn tensor_conflict(
         &self,
         inputs: &[corral_protocol::TensorSpec],
         outputs: &[corral_protocol::TensorSpec],
     ) -> Option<String> {
-        if (inputs.is_empty() && outputs.is_empty()) || self.workers() == 0 {
+        let declaring = self.lock().seats.iter().flatten().filter(|seat| seat.tensors).count();
+        if (inputs.is_empty() && outputs.is_empty()) || declaring == 0 {
             return None;
         }
         let kept = self.declared()?;
@@ -781,12 +788,12 @@ impl Stage {
         };
         Some(format!(
             "stage {:?} is served under other tensors (inputs: {}; outputs: {}) by the {} \
-             worker(s) connected: a stage's workers must declare the same ones (replace them \
-             all, or serve the new model as another stage)",
+             worker(s) connected that declare them: a stage's workers must declare the same ones \
+             (replace them all, or serve the new model as another stage)",
             self.name,
             named(&kept.inputs),
             named(&kept.outputs),
-            self.workers()
+            declaring
         ))
     }
 

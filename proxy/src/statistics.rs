@@ -25,6 +25,7 @@ pub struct Tally {
 }
 
 impl Tally {
+    /// Wrapping past u64 (atomics do): a client reads differences between two reads.
     fn add(&self, took: Duration) {
         self.count.fetch_add(1, Relaxed);
         self.nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
@@ -48,9 +49,9 @@ pub struct RouteStatistics {
     pub queue: Tally,
     /// Successful requests' time in their batches (in the worker and on its socket).
     pub compute_infer: Tally,
-    /// Rows the worker answered with a result: Triton's `inference_count`.
+    /// Rows of successful requests: Triton's `inference_count`.
     pub inferences: AtomicU64,
-    /// When a row was last answered with a result, in milliseconds since the Unix epoch (0:
+    /// When a successful request was last answered, in milliseconds since the Unix epoch (0:
     /// never): Triton's `last_inference`.
     pub last_inference_ms: AtomicU64,
 }
@@ -59,16 +60,14 @@ impl RouteStatistics {
     /// A request that ran jobs on this route was answered `status` after `took`; `timing` says
     /// where its time went and how many of its rows the worker answered with a result.
     pub fn answered(&self, status: http::StatusCode, took: Duration, timing: &Timing) {
-        if timing.rows_done > 0 {
-            self.inferences.fetch_add(u64::from(timing.rows_done), Relaxed);
-            let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-            let ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
-            self.last_inference_ms.fetch_max(ms, Relaxed);
-        }
         if !status.is_success() {
             self.fail.add(took);
             return;
         }
+        self.inferences.fetch_add(u64::from(timing.rows_done), Relaxed);
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
+        self.last_inference_ms.fetch_max(ms, Relaxed);
         self.success.add(took);
         self.queue.add(timing.queue);
         self.compute_infer.add(timing.batch);
@@ -83,17 +82,18 @@ impl Executions {
     /// A batch of `size` jobs kept its worker `took`.
     pub fn finished(&mut self, size: usize, took: Duration) {
         let size = u32::try_from(size).unwrap_or(u32::MAX);
+        // Wrapping, as the request tallies do: a client reads differences between two reads.
         let (count, nanos) = self.0.entry(size).or_default();
-        *count += 1;
-        *nanos = nanos.saturating_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+        *count = count.wrapping_add(1);
+        *nanos = nanos.wrapping_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
     }
 
     /// `other`'s batches added to these (a route's stages, summed).
     pub fn add(&mut self, other: &Executions) {
         for (&size, &(count, nanos)) in &other.0 {
             let (c, n) = self.0.entry(size).or_default();
-            *c += count;
-            *n = n.saturating_add(nanos);
+            *c = c.wrapping_add(count);
+            *n = n.wrapping_add(nanos);
         }
     }
 
@@ -104,7 +104,7 @@ impl Executions {
 
     /// Batches in all: Triton's `execution_count`.
     pub fn count(&self) -> u64 {
-        self.0.values().map(|(count, _)| count).sum()
+        self.0.values().fold(0, |all, (count, _)| all.wrapping_add(*count))
     }
 }
 
@@ -128,19 +128,20 @@ mod tests {
         let route = RouteStatistics::default();
         route.answered(StatusCode::OK, Duration::from_millis(10), &timing(3, 5, 2));
         route.answered(StatusCode::OK, Duration::from_millis(20), &timing(4, 6, 1));
-        // A 422 of a request of three rows, two of which the worker answered.
+        // A 422 of a request of three rows, two of which the worker answered: no inference, as
+        // Triton counts the rows of successful requests only.
         let failed = timing(1, 1, 2);
         route.answered(StatusCode::UNPROCESSABLE_ENTITY, Duration::from_millis(7), &failed);
         assert_eq!(route.success.read(), (2, 30_000_000));
         assert_eq!(route.fail.read(), (1, 7_000_000));
         assert_eq!(route.queue.read(), (2, 7_000_000));
         assert_eq!(route.compute_infer.read(), (2, 11_000_000));
-        assert_eq!(route.inferences.load(Relaxed), 5);
+        assert_eq!(route.inferences.load(Relaxed), 3);
         assert!(route.last_inference_ms.load(Relaxed) > 0);
     }
 
     #[test]
-    fn a_request_no_row_of_which_was_answered_leaves_the_last_inference() {
+    fn a_failed_request_leaves_the_last_inference() {
         let route = RouteStatistics::default();
         let shed = Timing::default();
         route.answered(StatusCode::SERVICE_UNAVAILABLE, Duration::from_millis(1), &shed);

@@ -33,6 +33,10 @@ pub enum DecodeError {
     Msgpack(#[from] rmp_serde::decode::Error),
     #[error("frame has {0} bytes after its message")]
     TrailingBytes(usize),
+    /// A `str` whose bytes are not UTF-8: serde's reader hands such a string to a visitor of
+    /// bytes as if it were a `bin`, which a job's id or a result's `data` would have taken.
+    #[error("frame is not a valid message: {0}")]
+    NotUtf8(String),
 }
 
 /// The length-delimited framing both sides use.
@@ -135,10 +139,17 @@ fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     // deep must be an error, not a stack overflow.
     de.set_max_depth(MAX_DEPTH);
     let message = T::deserialize(&mut de)?;
-    // That reader does not say where it stopped: the walk does (markers and lengths only). It
-    // cannot fail on a message serde just read, whose nesting is within its looser bound; were it
-    // to, the whole body would count as the message, and nothing as trailing.
-    let end = walk::walk_one(body, Strings::Skip, MAX_DEPTH).map_or(body.len(), |(_, end)| end);
+    // That reader does not say where it stopped: the walk does (markers and lengths), and that
+    // every `str` is UTF-8: serde's reader passes one that is not to a visitor of bytes, so a
+    // `str` was taken for the `bin` of an id or a result's `data` exactly when its bytes were not
+    // text. (A `bin` is not looked into: a result's `data` is checked as a value of its own.)
+    // Nothing else can fail on a message serde just read, whose nesting is within its looser
+    // bound; were it to, the whole body would count as the message, and nothing as trailing.
+    let end = match walk::walk_one(body, Strings::Check, MAX_DEPTH) {
+        Ok((_, end)) => end,
+        Err(why) if why.contains("UTF-8") => return Err(DecodeError::NotUtf8(why)),
+        Err(_) => body.len(),
+    };
     if end != body.len() {
         return Err(DecodeError::TrailingBytes(body.len() - end));
     }
@@ -478,6 +489,28 @@ mod tests {
             vec![(Value::from("status"), Value::from("error")), (Value::from("data"), Value::Nil)],
         );
         assert!(decode::<WorkerMessage>(&error).is_ok(), "nil counts as left out");
+    }
+
+    #[test]
+    fn a_str_that_is_not_utf8_is_no_bin() {
+        // serde's reader hands such a `str` to a visitor of bytes: a result's `data` of str
+        // `c3` was answered `true` (0xc3, read as msgpack) with a 200, and a str of an id's 16
+        // bytes was taken for the id.
+        let results = |id: &[u8], data: &[u8]| {
+            let mut body = vec![0x82, 0xa4];
+            body.extend(b"type\xa7results\xa7results\x91\x83\xa2id");
+            body.extend(id);
+            body.extend(b"\xa6status\xa2ok\xa4data");
+            body.extend(data);
+            body
+        };
+        let bin_id = [&[0xc4, 16][..], &[0xff; 16]].concat();
+        assert!(decode::<WorkerMessage>(&results(&bin_id, &[0xc4, 1, 0xc3])).is_ok());
+        let str_id = [&[0xb0][..], &[0xff; 16]].concat();
+        for body in [results(&bin_id, &[0xa1, 0xc3]), results(&str_id, &[0xc4, 1, 0xc3])] {
+            let refused = decode::<WorkerMessage>(&body).unwrap_err().to_string();
+            assert!(refused.contains("not valid UTF-8"), "{refused}");
+        }
     }
 
     #[test]

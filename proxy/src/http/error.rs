@@ -31,14 +31,13 @@ pub struct ApiError {
 impl ApiError {
     fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
         let message = message.into();
-        let (retry_after, allow, items) = (None, None, None);
         Self {
             status,
             code,
             message,
-            retry_after,
-            allow,
-            items,
+            retry_after: None,
+            allow: None,
+            items: None,
             close: false,
             coding_refused: false,
         }

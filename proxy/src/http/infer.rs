@@ -46,7 +46,7 @@ pub async fn run(
     });
     // Counted in the route's statistics when the edge answers, whatever the envelope makes of
     // the outcomes.
-    timing::ran(app.route_index(route), done);
+    timing::ran(route.index, done);
     run.map_err(|shed| shed_error(shed, traffic.class))
 }
 

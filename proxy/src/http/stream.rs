@@ -48,8 +48,7 @@ pub async fn answer(
     let shed = |shed| shed_error(shed, traffic.class);
     // In the route's statistics from here: a stream refused or expired before its first chunk
     // fails; one that produced, below, counts its row.
-    let index = app.route_index(route);
-    timing::ran(index, 0);
+    timing::ran(route.index, 0);
     // The stream timeout bounds the whole answer: a deadline past it (a route's timeout longer
     // than its stage's stream timeout) does not lift it, and it bounds the first chunk too.
     let last = route.pipeline.last();
@@ -125,7 +124,7 @@ pub async fn answer(
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     record_wait(source.sent());
     let produced = outcome.as_ref().is_none_or(|o| matches!(o, Outcome::Done(..) | Outcome::Ended));
-    timing::ran(index, usize::from(produced));
+    timing::ran(route.index, usize::from(produced));
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     for chunk in first {

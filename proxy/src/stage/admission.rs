@@ -222,7 +222,7 @@ impl Stage {
         // A job leaves the queue when its batch is taken (sent, or sent ahead), not when that
         // batch is done: counted to the end of the batch, and past one sent ahead, a full
         // queue was told to come back three to five times later than it had room.
-        let mut take_at = queue.take_at(now, cost, self.settings.prefetch);
+        let mut take_at = queue.take_at(now, cost);
         if take_at.is_empty() {
             return second;
         }

@@ -62,6 +62,11 @@ impl WorkerSeat<'_> {
         self.stage.lock().seat(self.slot).max_batch = most.max(1);
     }
 
+    /// The worker's hello declared tensors ([`Stage::tensor_conflict`]).
+    pub fn declares_tensors(&self) {
+        self.stage.lock().seat(self.slot).tensors = true;
+    }
+
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
     /// Cancel-safe.
     pub async fn next_batch(&self) -> Vec<Job> {
@@ -79,12 +84,17 @@ impl WorkerSeat<'_> {
         self.stage.next_join(self.slot, max).await
     }
 
-    /// A streaming batch of `weight` in all sent its first chunk (or first result) `took` after
-    /// it was sent: what admission and the policy learn for a streaming stage is the time to first
-    /// chunk. The worker stays busy until it holds no job ([`WorkerSeat::released`]).
-    pub fn first_chunk(&self, weight: usize, took: Duration, joining: bool) {
+    /// A streaming batch of `size` jobs, `weight` in all, sent its first chunk (or first result)
+    /// `took` after it was sent: what admission and the policy learn for a streaming stage is the
+    /// time to first chunk, and what the statistics count as its execution (a stream lasts as
+    /// long as its client reads; a joining worker's batches overlap). The worker stays busy
+    /// until it holds no job ([`WorkerSeat::released`]).
+    pub fn first_chunk(&self, weight: usize, size: usize, took: Duration, joining: bool) {
+        let mut queue = self.stage.lock();
         // A joining worker takes new jobs within a step: it is as busy as its first chunk.
-        self.stage.lock().learn_first(weight, took, joining, Instant::now());
+        queue.learn_first(weight, took, joining, Instant::now());
+        queue.executions.finished(size, took);
+        drop(queue);
         let stage = [self.stage.name.as_str()];
         metrics().time_to_first_chunk.with_label_values(&stage).observe(took.as_secs_f64());
     }
@@ -114,10 +124,6 @@ impl WorkerSeat<'_> {
         if !joining && size > 0 {
             queue.cost.record(weight, took);
             queue.learned = Some(now);
-        }
-        if size > 0 {
-            // One execution of every job it took, those that joined included.
-            queue.executions.finished(size, took);
         }
         queue.returns.answered(now, size);
     }

@@ -151,6 +151,9 @@ pub async fn serve(
                 if let Some(most) = hello.max_batch {
                     seat.take_at_most(most as usize);
                 }
+                if !hello.inputs.is_empty() || !hello.outputs.is_empty() {
+                    seat.declares_tensors();
+                }
                 Ok((served, seat))
             }
         }

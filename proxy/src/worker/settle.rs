@@ -217,13 +217,14 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
 /// the client gets the 408 its deadline says. (The timer has a millisecond's grain and its
 /// handler may not have run: a result a millisecond or two late had gone out as a 200, in no
 /// count, beside results as late answered 408 and counted.) A stream that has begun is past
-/// that: its client has a 200 already.
+/// that: its client has a 200 already. (A stream's first chunk is not a result: one that comes
+/// a millisecond past the deadline, before its client's timer fires, still opens the stream.)
 pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
     let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
     let late = job.is_expired(now) && !streamed && !matches!(outcome, Outcome::Expired);
     let outcome = if late { Outcome::Expired } else { outcome };
-    // Still listened for, the 408 is counted as the worker's expiry (`answer`); if not, the
-    // job was counted so when its client's 408 went.
+    // Either way `answer` counts the 408 as an expiry in the worker: the client is told now,
+    // or was told by its own timer.
     answer(job, outcome, now);
     if late {
         metrics().late_results.inc();
@@ -317,10 +318,12 @@ mod tests {
         // The client's timer has not fired yet (its handler has not run): it still listens.
         let (ran, mut client) = orphan(b"ran", 0, true);
         let late = metrics().late_results.get();
+        let expired = metrics().expired.with_label_values(&["worker"]).get();
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
         answer_result(ran.job, done, Instant::now() + Duration::from_secs(6));
         assert!(matches!(client.try_recv().map(|r| r.outcome), Ok(Outcome::Expired)));
         assert!(metrics().late_results.get() > late, "counted late");
+        assert!(metrics().expired.with_label_values(&["worker"]).get() > expired, "and expired");
         // Before its deadline, the result is the answer.
         let (ran, mut client) = orphan(b"ran", 0, true);
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);

@@ -79,6 +79,8 @@ struct Held {
 struct Pending {
     sent: Instant,
     weight: usize,
+    /// Its jobs: the batch's size in the statistics.
+    size: usize,
     /// The batch's span, when tracing is on: a streaming batch's ends at its first chunk (or, if
     /// its worker fails first, with the failure and its jobs' retries noted on it, as a plain
     /// batch's are).
@@ -234,7 +236,8 @@ impl State {
         let mut sent = send(outbox, jobs, by);
         let (since, size, held) = self.busy.unwrap_or((sent.sent, 0, 0));
         self.busy = Some((since, size + sent.jobs.len(), held + weight));
-        let pending = Pending { sent: sent.sent, weight, span: sent.span.take() };
+        let size = sent.jobs.len();
+        let pending = Pending { sent: sent.sent, weight, size, span: sent.span.take() };
         self.first.insert(sent.frame, pending);
         // The batch's `done` is never cancelled here: a stream ends job by job, and each
         // departure is looked up by its job's id.
@@ -335,7 +338,7 @@ impl State {
     /// The first chunk or result of a batch: the stage learns its time to first chunk.
     fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
         if let Some(pending) = self.first.remove(&frame) {
-            seat.first_chunk(pending.weight, pending.sent.elapsed(), self.joins);
+            seat.first_chunk(pending.weight, pending.size, pending.sent.elapsed(), self.joins);
         }
     }
 

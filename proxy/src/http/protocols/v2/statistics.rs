@@ -9,12 +9,13 @@
 //!   pipeline's stages. Corral does not time a worker's input and output apart from its
 //!   inference: `compute_input` and `compute_output` count what `compute_infer` counts, in 0 ns.
 //!   No cache: `cache_hit` and `cache_miss` are 0.
-//! - `inference_count`: rows answered with a result; `last_inference` when the last was, in
-//!   milliseconds since the Unix epoch.
+//! - `inference_count`: the rows of successful requests, each row one inference, as Triton
+//!   counts; `last_inference` when the last was answered, in milliseconds since the Unix epoch.
+//!   A request whose client left before its answer is in no count here (its batches are).
 //! - `execution_count` and `batch_stats`: the batches its stages' workers finished, by size, with
 //!   their time in the worker. A stage two routes share counts both routes' batches in each. A
-//!   streaming worker's execution is a busy spell: from taking jobs until it holds none, of
-//!   every job it took meanwhile (those that joined its running batch too).
+//!   streaming worker's batch (or the jobs that joined its running one) counts as it sends its
+//!   first chunk, its time that far: a stream lasts as long as its client reads.
 
 use serde_json::{json, Value};
 
@@ -30,8 +31,12 @@ pub fn of<'a>(routes: impl Iterator<Item = &'a Route>) -> Value {
 fn model(route: &Route) -> Value {
     let statistics = &route.statistics;
     let mut executions = crate::statistics::Executions::default();
-    for stage in &route.pipeline.stages {
-        executions.add(&stage.executions());
+    // Each stage once: a pipeline may list one twice, and its count holds both passes.
+    let stages = &route.pipeline.stages;
+    for (i, stage) in stages.iter().enumerate() {
+        if !stages[..i].iter().any(|earlier| std::sync::Arc::ptr_eq(earlier, stage)) {
+            executions.add(&stage.executions());
+        }
     }
     let (inferred, _) = statistics.compute_infer.read();
     let unseparated = duration(inferred, 0);
