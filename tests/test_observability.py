@@ -215,6 +215,7 @@ def test_openapi_describes_the_typed_worker_and_validates(corral_factory):
         "/v2/models/{name}/config",
         "/v2/models/{name}/stats",
         "/v2/models/stats",
+        "/v2/repository/index",
         "/v2/models/{name}/infer",
     }
 

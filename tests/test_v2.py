@@ -377,9 +377,32 @@ def test_a_compressed_body_is_415_in_v2_shape(proxy):
 
 
 def test_a_path_under_v2_that_names_no_endpoint_is_404_in_v2_shape(proxy):
-    for path in ("/v2/repository/index", "/v2/models/default/statistics", "/v2/models/default/x"):
+    for path in (
+        "/v2/repository/models/default/load",
+        "/v2/models/default/statistics",
+        "/v2/models/default/x",
+    ):
         answer = proxy.client.get(path)
         assert (answer.status_code, answer.json()) == (404, {"error": f"no route for {path}"})
+
+
+def test_the_repository_index_lists_each_model_and_its_state(proxy, corral_factory):
+    with client(proxy) as c:
+        assert "model_repository" in c.get_server_metadata()["extensions"]
+        ready = [{"name": "default", "version": "1", "state": "READY"}]
+        assert c.get_model_repository_index() == ready
+    assert proxy.client.post("/v2/repository/index", json={"ready": True}).json() == ready
+    # A model whose stage has no worker yet is unavailable, saying why; asked for the ready
+    # ones only, it is left out.
+    idle = corral_factory(worker=None)
+    (model,) = idle.client.post("/v2/repository/index").json()
+    assert (model["name"], model["state"]) == ("default", "UNAVAILABLE")
+    assert "no connected worker" in model["reason"], model
+    assert idle.client.post("/v2/repository/index", json={"ready": True}).json() == []
+    bad = idle.client.post("/v2/repository/index", content=b'{"ready": 1}')
+    assert (bad.status_code, bad.json()) == (400, {"error": '"ready" must be true or false'})
+    answer = idle.client.get("/v2/repository/index")
+    assert answer.status_code == 405 and answer.headers["allow"] == "POST"
 
 
 def test_a_model_name_that_needs_escaping_is_found(corral_factory, tmp_path):

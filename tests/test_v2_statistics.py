@@ -2,6 +2,7 @@
 the real binary and the tensor-declaring worker (tests/workers/tensors.py): requests counted as
 they succeed or fail, the rows inferred, and the batches the model's workers ran, by size."""
 
+import sys
 import time
 from pathlib import Path
 
@@ -10,7 +11,7 @@ import pytest
 from tritonclient.utils import InferenceServerException
 
 from conftest import Corral
-from test_v2 import WORKER, client, infer, rows
+from test_v2 import WORKER, client, infer, rows, tensors
 
 
 @pytest.fixture
@@ -100,3 +101,39 @@ def test_streams_count_as_requests_and_a_streaming_batch_as_it_first_answers(tmp
     batches = stats["batch_stats"]
     assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == 3
     assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"] >= 1
+
+
+def test_a_request_refused_before_its_jobs_ran_is_the_model_s_failure(proxy):
+    """A request the model refused (a v2 tensor of the wrong datatype, a compressed body, a
+    native body that is no JSON) was in no count: only requests whose jobs ran were counted. A
+    request that is no inference (a GET on infer) is in none."""
+    header = {
+        "inputs": [{"name": "X", "shape": [1, 3], "datatype": "INT8", "data": [1, 2, 3]}],
+    }
+    assert proxy.client.post("/v2/models/default/infer", json=header).status_code == 400
+    gzip = {"content-encoding": "gzip", "connection": "close"}
+    answer = proxy.client.post("/v2/models/default/infer", content=b"x", headers=gzip)
+    assert answer.status_code == 415
+    bad = {"content-type": "application/json"}
+    assert proxy.client.post("/infer", content=b"{", headers=bad).status_code == 400
+    assert proxy.client.get("/v2/models/default/infer").status_code == 405
+    inference = stats_of(proxy)["inference_stats"]
+    assert (inference["success"]["count"], inference["fail"]["count"]) == (0, 3)
+
+
+def test_a_route_named_stats_is_warned_of(corral_factory, tmp_path):
+    """v2's /v2/models/stats is every model's statistics: a model named so cannot be asked for
+    there. Warned of, not refused: a file that started before keeps starting."""
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.a]\ncommand = ["{sys.executable}", "{WORKER}"]\n'
+        '[routes.stats]\npipeline = "a"\npath = "/infer"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    proxy.wait_for_log(r"route .stats.: Open Inference v2.s /v2/models/stats is the statistics")
+    proxy.wait_for_log("worker connected")
+    # Its infer still serves; /v2/models/stats answers every model's statistics.
+    x, scale, words = rows(1)
+    with client(proxy) as c:
+        c.infer("stats", tensors(x, scale, words))
+        (model,) = c.get_inference_statistics()["model_stats"]
+    assert model["name"] == "stats" and model["inference_count"] == 1

@@ -77,6 +77,7 @@ fn main() -> std::process::ExitCode {
         }
     }
     warn_of_unused_options(&config, &topology, &explicit);
+    warn_of_a_model_named_stats(&topology);
     warn_of_a_socket_its_workers_cannot_open(&config, &topology);
     keep_off_pinned_cores(&topology);
     let code = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -186,6 +187,19 @@ fn warn_of_unused_options(
             workers_per_gpu = config.workers_per_gpu,
             "--workers-per-gpu (or a config file's `workers_per_gpu`) places workers on the \
              devices of --gpus (or a config file's `gpus`), and none are given: it is not used"
+        );
+    }
+}
+
+/// A route named `stats` serves a model v2 cannot wholly ask for: `/v2/models/stats` is the
+/// statistics of every model, as in Triton. A warning, not an error: the route and its other
+/// protocols serve as before (refused, a file that started yesterday would not today).
+fn warn_of_a_model_named_stats(topology: &topology::Topology) {
+    if topology.routes.iter().any(|route| route.model == "stats") {
+        tracing::warn!(
+            "route \"stats\": Open Inference v2's /v2/models/stats is the statistics of every \
+             model (Triton's), so v2 clients cannot ask for this model's metadata or statistics \
+             (its infer, ready and config, and KServe v1, serve); name the route otherwise"
         );
     }
 }

@@ -28,7 +28,7 @@ impl Tally {
     /// Wrapping past u64 (atomics do): a client reads differences between two reads.
     fn add(&self, took: Duration) {
         self.count.fetch_add(1, Relaxed);
-        self.nanos.fetch_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX), Relaxed);
+        self.nanos.fetch_add(nanos(took), Relaxed);
     }
 
     /// (count, nanoseconds).
@@ -43,12 +43,16 @@ pub struct RouteStatistics {
     /// Requests answered 2xx, each from its arrival to its answer (a stream's: to its first
     /// chunk, when its head goes).
     pub success: Tally,
-    /// Requests whose jobs ran (or were refused at admission) and whose answer was not 2xx.
+    /// Requests for the route (a `POST` past its head's checks) whose answer was not 2xx: a
+    /// worker's 422 or 500, a 408, a 503, and a body refused before its jobs ran.
     pub fail: Tally,
-    /// Successful requests' time queued, summed over their pipeline's stages.
-    pub queue: Tally,
-    /// Successful requests' time in their batches (in the worker and on its socket).
-    pub compute_infer: Tally,
+    /// Successful requests' time queued, summed over their pipeline's stages, in nanoseconds
+    /// (counted as `success` is: one count for the three, so that a read never finds them
+    /// apart, as three counters read one by one under load did).
+    pub queue_ns: AtomicU64,
+    /// Successful requests' time in their batches (in the worker and on its socket), in
+    /// nanoseconds, counted as `success` is.
+    pub compute_infer_ns: AtomicU64,
     /// Rows of successful requests: Triton's `inference_count`.
     pub inferences: AtomicU64,
     /// When a successful request was last answered, in milliseconds since the Unix epoch (0:
@@ -68,10 +72,14 @@ impl RouteStatistics {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
         self.last_inference_ms.fetch_max(ms, Relaxed);
+        self.queue_ns.fetch_add(nanos(timing.queue), Relaxed);
+        self.compute_infer_ns.fetch_add(nanos(timing.batch), Relaxed);
         self.success.add(took);
-        self.queue.add(timing.queue);
-        self.compute_infer.add(timing.batch);
     }
+}
+
+fn nanos(took: Duration) -> u64 {
+    u64::try_from(took.as_nanos()).unwrap_or(u64::MAX)
 }
 
 /// A stage's finished batches by size: (batches, nanoseconds in the worker) for each size seen.
@@ -85,7 +93,7 @@ impl Executions {
         // Wrapping, as the request tallies do: a client reads differences between two reads.
         let (count, nanos) = self.0.entry(size).or_default();
         *count = count.wrapping_add(1);
-        *nanos = nanos.wrapping_add(u64::try_from(took.as_nanos()).unwrap_or(u64::MAX));
+        *nanos = nanos.wrapping_add(self::nanos(took));
     }
 
     /// `other`'s batches added to these (a route's stages, summed).
@@ -134,8 +142,8 @@ mod tests {
         route.answered(StatusCode::UNPROCESSABLE_ENTITY, Duration::from_millis(7), &failed);
         assert_eq!(route.success.read(), (2, 30_000_000));
         assert_eq!(route.fail.read(), (1, 7_000_000));
-        assert_eq!(route.queue.read(), (2, 7_000_000));
-        assert_eq!(route.compute_infer.read(), (2, 11_000_000));
+        assert_eq!(route.queue_ns.load(Relaxed), 7_000_000);
+        assert_eq!(route.compute_infer_ns.load(Relaxed), 11_000_000);
         assert_eq!(route.inferences.load(Relaxed), 3);
         assert!(route.last_inference_ms.load(Relaxed) > 0);
     }

@@ -6,7 +6,7 @@ use corral_protocol::JobId;
 use http::header::{
     ACCEPT_ENCODING, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
 };
-use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -79,6 +79,10 @@ async fn route_in<'a>(
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
         let refused = head::refusal(app, &request, &native::SINGLE_FIELDS);
+        if refused.is_none() && method == Method::POST {
+            // The model's request from here, in its statistics whatever becomes of it.
+            timing::ran(route.index, 0);
+        }
         let answer = match refused.map_or_else(|| app.admit(&method), Err) {
             Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
@@ -87,7 +91,13 @@ async fn route_in<'a>(
     } else if let Some(endpoint) = Endpoint::find(app, path) {
         let label = endpoint.label();
         let _ = unanswered.route.set(label);
-        let response = match head::refusal(app, &request, endpoint.single_fields()) {
+        let refused = head::refusal(app, &request, endpoint.single_fields());
+        if let Some(route) = endpoint.job_route().filter(|_| refused.is_none()) {
+            if method == Method::POST {
+                timing::ran(route.index, 0);
+            }
+        }
+        let response = match refused {
             Some(error) => endpoint.refuse(&error),
             // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
             // request's future, native ones too, would otherwise be sized for it.

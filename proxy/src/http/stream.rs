@@ -46,9 +46,8 @@ pub async fn answer(
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
     let shed = |shed| shed_error(shed, traffic.class);
-    // In the route's statistics from here: a stream refused or expired before its first chunk
-    // fails; one that produced, below, counts its row.
-    timing::ran(route.index, 0);
+    // (In the route's statistics since the edge routed it: one that produced, below, counts
+    // its row.)
     // The stream timeout bounds the whole answer: a deadline past it (a route's timeout longer
     // than its stage's stream timeout) does not lift it, and it bounds the first chunk too.
     let last = route.pipeline.last();

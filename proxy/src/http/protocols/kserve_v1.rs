@@ -52,6 +52,11 @@ pub struct Endpoint<'a> {
 }
 
 impl<'a> Endpoint<'a> {
+    /// The route whose jobs a predict runs (none for a model's readiness).
+    pub fn job_route(&self) -> Option<&'a Route> {
+        self.route.filter(|_| self.predict)
+    }
+
     pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
         let rest = path.strip_prefix(PREFIX)?;
         let (name, predict) = match rest.strip_suffix(PREDICT) {

@@ -182,6 +182,21 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         json!({"200": ok(stats.clone()), "404": not_found}),
     );
     paths.insert("/v2/models/{name}/stats".into(), model_stats);
+    let entry = json!({"type": "object", "required": ["name", "version", "state"],
+        "properties": {"name": {"type": "string"}, "version": {"type": "string"},
+            "state": {"type": "string", "enum": ["READY", "UNAVAILABLE"]},
+            "reason": {"type": "string"}}});
+    let index = json!({"post": {"operationId": "v2_repository_index",
+        "summary": "Triton's model repository extension: every model, READY once each stage of \
+            its route has a worker, else UNAVAILABLE with the reason. {\"ready\": true} lists \
+            the ready ones only. (Workers load models: load and unload are not served.)",
+        "requestBody": {"required": false, "content": {"application/json": {"schema":
+            {"type": "object", "properties": {"ready": {"type": "boolean"}}}}}},
+        "responses": {"200": ok(json!({"type": "array", "items": entry})),
+            "400": response("The body is not JSON, or ready is not a boolean.", error),
+            "405": response("The endpoint takes POST only; see Allow.", error),
+            "431": head_too_large(error)}}});
+    paths.insert("/v2/repository/index".into(), index);
     let every = "Triton's statistics extension, for every model.";
     paths.insert(
         "/v2/models/stats".into(),

@@ -11,6 +11,10 @@
 //! - Triton's statistics extension, `GET /v2/models/stats` and `GET /v2/models/{name}/stats`
 //!   ([`statistics`]: tritonclient's `get_inference_statistics`). As in Triton, `stats` after
 //!   `/v2/models/` is the extension's, not a model named so;
+//! - the index of Triton's model repository extension, `POST /v2/repository/index` (tritonclient's
+//!   `get_model_repository_index`): every model, `READY` or `UNAVAILABLE` as its readiness says
+//!   (`{"ready": true}` asks for the ready ones). Models are loaded by their workers, not
+//!   through the proxy: the extension's load and unload answer 404;
 //! - `POST /v2/models/{name}/infer`: JSON tensors or the binary tensor extension
 //!   ([`request`]); the first dimension is the batch, each row a job, and the rows' results are
 //!   stacked back into tensors ([`response`]).
@@ -68,6 +72,8 @@ enum Kind {
     Statistics,
     /// Every model's statistics, `GET /v2/models/stats`.
     AllStatistics,
+    /// The models, `POST /v2/repository/index`.
+    RepositoryIndex,
     Infer,
 }
 
@@ -80,12 +86,18 @@ pub struct Endpoint<'a> {
 }
 
 impl<'a> Endpoint<'a> {
+    /// The route whose jobs an infer runs (none for the other endpoints).
+    pub fn job_route(&self) -> Option<&'a Route> {
+        self.route.filter(|_| matches!(self.kind, Kind::Infer))
+    }
+
     pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
         let kind = match path {
             "/v2" => Kind::Server,
             "/v2/health/live" => Kind::Live,
             "/v2/health/ready" => Kind::Ready,
             "/v2/models/stats" => Kind::AllStatistics,
+            "/v2/repository/index" => Kind::RepositoryIndex,
             _ => {
                 let rest = path.strip_prefix("/v2/models/")?;
                 let (name, rest) = rest.split_once('/').unwrap_or((rest, ""));
@@ -124,6 +136,7 @@ impl<'a> Endpoint<'a> {
             Kind::Config => "/v2/models/{name}/config",
             Kind::Statistics => "/v2/models/{name}/stats",
             Kind::AllStatistics => "/v2/models/stats",
+            Kind::RepositoryIndex => "/v2/repository/index",
             Kind::Infer => "/v2/models/{name}/infer",
         }
     }
@@ -147,6 +160,10 @@ impl<'a> Endpoint<'a> {
             Kind::AllStatistics => {
                 get_only(method).map(|()| stats(statistics::of(app.routes.iter())))
             }
+            Kind::RepositoryIndex => match *method {
+                Method::POST => repository_index(app, request).await,
+                _ => Err(ApiError::method_not_allowed(method, "POST")),
+            },
             Kind::Infer => match (&self.route, app.admit(method)) {
                 (None, _) => Err(unknown_model(&self.name)),
                 (Some(_), Err(error)) => Err(error),
@@ -179,13 +196,61 @@ fn server_metadata() -> Response<Body> {
     let body = json!({
         "name": "corral",
         "version": env!("CARGO_PKG_VERSION"),
-        "extensions": ["binary_tensor_data", "model_configuration", "statistics"],
+        "extensions": ["binary_tensor_data", "model_configuration", "statistics", "model_repository"],
     });
     json(StatusCode::OK, body.to_string())
 }
 
 fn stats(body: serde_json::Value) -> Response<Body> {
     json(StatusCode::OK, body.to_string())
+}
+
+/// The largest repository index request read: `{"ready": true}` and room to spare.
+const INDEX_REQUEST_BYTES: usize = 4096;
+
+/// Every model with its state, as Triton's repository index lists them: `READY` once every
+/// stage of its route has a worker (and no shutdown has begun), else `UNAVAILABLE` with the
+/// reason `/readyz` gives. A body of `{"ready": true}` asks for the ready ones only; an empty
+/// body (what tritonclient sends) for all.
+async fn repository_index(
+    app: &App,
+    request: Request<Incoming>,
+) -> Result<Response<Body>, ApiError> {
+    body::check_encoding(request.headers()).map_err(body::before_body)?;
+    // Bounded in size and in time, as every body is (`--body-read-timeout-ms`).
+    let limited = http_body_util::Limited::new(request.into_body(), INDEX_REQUEST_BYTES);
+    let allowed = app.body_read_timeout;
+    let read = tokio::time::timeout(allowed, limited.collect()).await;
+    let body = read.map_err(|_| ApiError::body_timeout(allowed))?.map_err(|_| {
+        let message = format!("a repository index request is {INDEX_REQUEST_BYTES} bytes at most");
+        ApiError { close: true, ..ApiError::bad_request(message) }
+    })?;
+    let bytes = body.to_bytes();
+    let ready_only = if bytes.iter().all(u8::is_ascii_whitespace) {
+        false
+    } else {
+        let asked: serde_json::Value = serde_json::from_slice(&bytes)
+            .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+        match asked.get("ready") {
+            None => false,
+            Some(serde_json::Value::Bool(ready)) => *ready,
+            Some(_) => return Err(ApiError::bad_request("\"ready\" must be true or false")),
+        }
+    };
+    let models: Vec<serde_json::Value> = app
+        .routes
+        .iter()
+        .filter_map(|route| {
+            let unready = app.unready(route.pipeline.stages.iter());
+            match unready {
+                None => Some(json!({"name": route.model, "version": "1", "state": "READY"})),
+                Some(_) if ready_only => None,
+                Some(reason) => Some(json!({"name": route.model, "version": "1",
+                    "state": "UNAVAILABLE", "reason": reason})),
+            }
+        })
+        .collect();
+    Ok(json(StatusCode::OK, serde_json::Value::from(models).to_string()))
 }
 
 /// The tensors the route's first stage takes and its last stage gives, as their workers declared

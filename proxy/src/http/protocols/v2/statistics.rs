@@ -38,8 +38,10 @@ fn model(route: &Route) -> Value {
             executions.add(&stage.executions());
         }
     }
-    let (inferred, _) = statistics.compute_infer.read();
-    let unseparated = duration(inferred, 0);
+    // One count for the successful requests' three: read once, they never disagree.
+    let (succeeded, success_ns) = statistics.success.read();
+    let relaxed = std::sync::atomic::Ordering::Relaxed;
+    let unseparated = duration(succeeded, 0);
     let batches: Vec<Value> = executions
         .by_size()
         .map(|(size, count, nanos)| {
@@ -51,7 +53,6 @@ fn model(route: &Route) -> Value {
             })
         })
         .collect();
-    let relaxed = std::sync::atomic::Ordering::Relaxed;
     json!({
         "name": route.model,
         "version": "1",
@@ -59,11 +60,11 @@ fn model(route: &Route) -> Value {
         "inference_count": statistics.inferences.load(relaxed),
         "execution_count": executions.count(),
         "inference_stats": {
-            "success": tally(&statistics.success),
+            "success": duration(succeeded, success_ns),
             "fail": tally(&statistics.fail),
-            "queue": tally(&statistics.queue),
+            "queue": duration(succeeded, statistics.queue_ns.load(relaxed)),
             "compute_input": unseparated,
-            "compute_infer": tally(&statistics.compute_infer),
+            "compute_infer": duration(succeeded, statistics.compute_infer_ns.load(relaxed)),
             "compute_output": unseparated,
             "cache_hit": duration(0, 0),
             "cache_miss": duration(0, 0),
