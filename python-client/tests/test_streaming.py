@@ -483,6 +483,25 @@ def test_stream_on_a_plain_worker_gives_its_answer_as_one_chunk():
         assert proxy.stream([1, "two"]) == [Stream([1], "end"), Stream(["two"], "end")]
 
 
+def test_a_generator_forward_that_returns_its_outputs_fails_saying_so():
+    """A stray `yield` makes forward a generator: its `return outputs` was dropped, and every
+    client answered 200 with no chunk (`[]`), nothing logged."""
+
+    class Stray(corral.Worker):
+        def forward(self, batch):
+            if False:
+                yield
+            return [x * 2 for x in batch]
+
+    with FakeProxy(Stray()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "error" and "returned a value, list [2]" in got.message
+    warmed = Stray()
+    warmed.examples = (1,)
+    with pytest.raises(TypeError, match="forward is a generator"):
+        warmed.warm_up()
+
+
 def test_warm_up_runs_a_streaming_forward_through_postprocess():
     class Warm(Spell):
         examples = ("hi",)

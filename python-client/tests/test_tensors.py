@@ -191,6 +191,35 @@ def test_every_datatype_goes_through_forward_and_back(np, datatype):
     assert got.status == "ok" and plain(got.value["OUT"]) == ROWS[datatype]
 
 
+def test_examples_reach_forward_as_a_v2_client_s_rows_do(real_np):
+    """Warm-up packed an example's values plain: a row declared FP32 came to forward as a list,
+    and a worker written for v2 (``row["IN"].sum()``) failed its warm-up and never served."""
+
+    class Summing(corral.Worker):
+        inputs = (corral.Tensor("IN", "FP32", [3]),)
+        outputs = (corral.Tensor("OUT", "FP32", [1]),)
+        examples = (
+            {"IN": real_np.array([1.0, 2.0, 3.0], real_np.float32)},
+            {"IN": [1, 2, 3]},
+            {"IN": tensor([1.0, 2.0, 3.0], "FP32")},  # made as the proxy would: kept as it is
+        )
+
+        def forward(self, rows):
+            assert all(isinstance(row["IN"], real_np.ndarray) for row in rows)
+            return [{"OUT": real_np.array([row["IN"].sum()])} for row in rows]
+
+    Summing().warm_up()
+    with FakeProxy(Summing()) as proxy:
+        (got,) = proxy.infer([{"IN": tensor([1.0, 2.0, 4.0], "FP32")}])
+    assert got.status == "ok" and plain(got.value["OUT"]) == [7.0]
+
+    class Misfit(Summing):
+        examples = ({"IN": [1, 2]},)
+
+    with pytest.raises(ValueError, match="input 'IN' cannot be a FP32 tensor"):
+        Misfit().warm_up()
+
+
 def test_numeric_rows_are_read_only_views_of_the_message(real_np):
     worker = echo("FP32", [3])
     with FakeProxy(worker) as proxy:

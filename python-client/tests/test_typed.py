@@ -104,6 +104,44 @@ def test_an_ext_value_comes_back_as_sent_from_a_worker_with_only_an_output_type(
     assert answer == Result("ok", {"v": ext})
 
 
+class Opaque:
+    """A class of the worker's own, which msgspec decodes only with a `dec_hook`."""
+
+
+class Image(msgspec.Struct):
+    name: str
+    pixels: list[Opaque]
+
+
+class Tree(msgspec.Struct):  # recursive, and nothing but what msgspec reads
+    value: float
+    children: list[Tree] = []
+
+
+def test_an_input_type_holding_a_type_msgspec_needs_a_hook_for_fails_where_it_is_defined():
+    """msgspec takes any class as one to decode with a `dec_hook`, and the package passes none:
+    a Struct holding a numpy array (or a pydantic model as the input_type) was defined, said
+    ready, and answered every request 422, blaming the client's input."""
+    for declared in (Image, dict[str, Opaque], Optional[Opaque]):
+        with pytest.raises(TypeError, match=r"input_type holds Opaque.*preprocess"):
+
+            class Hooked(corral.Worker):
+                input_type = declared
+
+                def forward(self, batch):
+                    return batch
+
+    class Fine(corral.Worker):
+        input_type = Tree
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Fine()) as proxy:
+        (got,) = proxy.infer([{"value": 1.0, "children": [{"value": 2.0}]}])
+    assert got.status == "ok"
+
+
 def test_an_input_type_msgspec_cannot_decode_fails_where_the_class_is_defined():
     """It once said hello (ready), then died at every batch and was restarted for ever; then it
     died at every connection with msgspec's message, which named no ``input_type``."""

@@ -163,3 +163,38 @@ def _types(cls: type) -> None:
             msgspec.msgpack.Decoder(cls.input_type)  # type: ignore[attr-defined]
         except TypeError as e:
             raise TypeError(f"{cls.__name__}.input_type cannot be decoded into: {e}") from None
+        custom = _custom_type(msgspec.inspect.type_info(cls.input_type))  # type: ignore[attr-defined]
+        if custom is not None:
+            # msgspec takes any class as a type of its own to decode with a `dec_hook`, and the
+            # package passes none: every request was then a 422 blaming the client's input.
+            raise TypeError(
+                f"{cls.__name__}.input_type holds {custom.__qualname__}, a type msgspec decodes "
+                "only with a hook of the worker's own: declare it of types msgspec reads "
+                "(msgspec.Struct, dataclasses, list[float], dict[str, int], ...), or leave "
+                "input_type out and convert the payload in preprocess"
+            )
+
+
+def _custom_type(info: msgspec.inspect.Type) -> type | None:
+    """The first type in ``info`` (an ``input_type``'s tree) that msgspec decodes only with a
+    ``dec_hook``, if any."""
+    seen: set[int] = set()
+    pending = [info]
+    while pending:
+        node = pending.pop()
+        if id(node) in seen:
+            continue  # a recursive Struct refers back to itself
+        seen.add(id(node))
+        # (`object` is a custom type to msgspec's inspection, and decodes as any value.)
+        if isinstance(node, msgspec.inspect.CustomType) and node.cls is not object:
+            return node.cls
+        for attribute in ("item_type", "key_type", "value_type"):
+            child = getattr(node, attribute, None)
+            if isinstance(child, msgspec.inspect.Type):
+                pending.append(child)
+        for child in getattr(node, "item_types", ()) or getattr(node, "types", ()):
+            if isinstance(child, msgspec.inspect.Type):
+                pending.append(child)
+        for field in getattr(node, "fields", ()):
+            pending.append(field.type)
+    return None

@@ -164,7 +164,10 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
             try:
                 out = next(generator) if joined is None else generator.send(joined)
                 _check(out, len(state.ids))
-            except StopIteration:
+            except StopIteration as stop:
+                # The streams still open fail, saying why: a stray `yield` in a plain-looking
+                # forward had answered every client 200 with no chunk, its outputs dropped.
+                failure = _returned(stop)
                 break
             except _STOPS as e:
                 _failures.stopping("forward (while streaming)", e)
@@ -407,10 +410,23 @@ def warm_up(worker: Streamer, inputs: list[Any]) -> None:
                     continue
                 codec.encode(worker.postprocess(value))
             out = generator.send([])
-    except StopIteration:
-        pass
+    except StopIteration as stop:
+        returned = _returned(stop)
+        if returned is not None:
+            raise returned from None
     finally:
         _close(generator)
+
+
+def _returned(stop: StopIteration) -> TypeError | None:
+    """A generator ``forward`` that returned a value (not None) at its end: nobody gets it."""
+    if stop.value is None:
+        return None
+    return TypeError(
+        f"forward is a generator (it has a `yield`), and it returned a value, "
+        f"{type(stop.value).__name__} {stop.value!r:.60}, which no client gets: a streaming "
+        "forward yields its outputs, one list a step; a plain one returns them and has no yield"
+    )
 
 
 def _check(out: Any, positions: int) -> None:

@@ -48,6 +48,7 @@ class Codec:
         self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
         self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
         self.outputs = {t.name: t for t in _tensors.declared(worker, "outputs")}
+        self.inputs = {t.name: t for t in _tensors.declared(worker, "inputs")}
         self.plain = input_type is None and output_type is None
         self.typed_input = input_type is not None
         info = msgspec.inspect.type_info(input_type) if self.typed_input else None
@@ -89,6 +90,21 @@ class Codec:
         # Well-formed, refused by the type: maybe a JSON client's (a base64 string for bytes), or
         # a v2 row (tensor values where the type has lists).
         return self.lenient.decode(payload, refused)
+
+    def example(self, example: Any) -> bytes:
+        """An example request (``Worker.examples``) packed as a client's reaches the worker: in
+        a dict, each value under a declared input's name as a tensor value of that input's
+        datatype, as the proxy sends a v2 client's row (unless it is one already,
+        ``corral.testing.tensor``), so that it reaches ``forward`` as a numpy array. Packed
+        plain, it had come as nested lists, and a worker written for v2 failed its warm-up."""
+        if self.inputs and isinstance(example, dict):
+            example = {
+                key: msgpack.ExtType(_tensors.EXT_TENSOR, _tensor(value, self.inputs[key], "input"))
+                if key in self.inputs and not isinstance(value, msgpack.ExtType)
+                else value
+                for key, value in example.items()
+            }
+        return pack(example)
 
     def encode(self, output: Any) -> bytes:
         """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
@@ -169,16 +185,16 @@ def codec(worker: type) -> Codec:
     return found
 
 
-def _tensor(value: Any, tensor: _tensors.Tensor) -> bytes:
+def _tensor(value: Any, tensor: _tensors.Tensor, kind: str = "output") -> bytes:
     name, datatype = tensor.name, tensor.datatype
     if value is None:  # numpy would make a float NaN of it, and an integer one an odd error
-        raise TypeError(f"output {name!r} is None, not a {datatype} tensor")
+        raise TypeError(f"{kind} {name!r} is None, not a {datatype} tensor")
     try:
         return _tensors.encode(value, datatype, tensor.shape)
-    except TypeError as e:  # the message names the output: a result may hold several
-        raise TypeError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
+    except TypeError as e:  # the message names the tensor: a result may hold several
+        raise TypeError(f"{kind} {name!r} cannot be a {datatype} tensor: {e}") from e
     except (ValueError, OverflowError) as e:
-        raise ValueError(f"output {name!r} cannot be a {datatype} tensor: {e}") from e
+        raise ValueError(f"{kind} {name!r} cannot be a {datatype} tensor: {e}") from e
 
 
 def pack(value: Any) -> bytes:

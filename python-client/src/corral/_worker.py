@@ -263,7 +263,8 @@ class Worker:
         started = time.monotonic()
         # The same path as a real request: encoded, decoded (and validated), then the hooks.
         codec = _typing.codec(type(self))
-        inputs = [self.preprocess(codec.decode(_typing.pack(example))) for example in self.examples]
+        examples = (codec.decode(codec.example(example)) for example in self.examples)
+        inputs = [self.preprocess(example) for example in examples]
         count = len(inputs)  # counted before forward, which may consume or pad its list
         if _streaming.is_streaming(self):
             # As serving runs them: at most `max_running` at once (a memory bound, say).
