@@ -92,7 +92,7 @@ pub struct Route {
     /// Its requests as Triton's statistics extension counts a model's.
     pub statistics: crate::statistics::RouteStatistics,
     /// Its place in `App::routes`: what a request's timing names it by
-    /// ([`crate::timing::ran`]), a `Copy` where the route is borrowed.
+    /// ([`crate::timing::admitted`]), a `Copy` where the route is borrowed.
     pub index: usize,
 }
 
@@ -142,8 +142,9 @@ impl App {
     }
 
     /// What every job-taking endpoint checks first, native or a protocol's: `POST` only, and no
-    /// new jobs once shutdown has begun (a shed, counted).
-    pub fn admit(&self, method: &Method) -> Result<(), error::ApiError> {
+    /// new jobs once shutdown has begun (a shed, counted). Admitted, the request is `route`'s:
+    /// its statistics count it when the edge answers, whatever becomes of it.
+    pub fn admit(&self, method: &Method, route: &Route) -> Result<(), error::ApiError> {
         if method != Method::POST {
             return Err(error::ApiError::method_not_allowed(method, "POST"));
         }
@@ -151,6 +152,8 @@ impl App {
             metrics().shed.with_label_values(&[Shed::ShuttingDown.code(), ""]).inc();
             return Err(error::ApiError::shutting_down());
         }
+        // The route's request from here, whatever becomes of it (its statistics).
+        crate::timing::admitted(route.index);
         Ok(())
     }
 }

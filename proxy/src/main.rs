@@ -198,8 +198,8 @@ fn warn_of_a_model_named_stats(topology: &topology::Topology) {
     if topology.routes.iter().any(|route| route.model == "stats") {
         tracing::warn!(
             "route \"stats\": Open Inference v2's /v2/models/stats is the statistics of every \
-             model (Triton's), so v2 clients cannot ask for this model's metadata or statistics \
-             (its infer, ready and config, and KServe v1, serve); name the route otherwise"
+             model (Triton's), so v2 clients cannot ask for this model's metadata there (its \
+             other v2 endpoints, and KServe v1, serve); name the route otherwise"
         );
     }
 }

@@ -221,17 +221,19 @@ struct Seat {
     max_batch: usize,
     /// Whether its hello declared tensors: a newcomer declaring others is refused only while
     /// such a worker is connected ([`Stage::tensor_conflict`]).
-    tensors: bool,
+    declares_tensors: bool,
 }
 
 impl Seat {
     fn free(now: Instant) -> Self {
-        Self { busy: None, ahead: 0, free_since: now, max_batch: usize::MAX, tensors: false }
+        let (max_batch, declares_tensors) = (usize::MAX, false);
+        Self { busy: None, ahead: 0, free_since: now, max_batch, declares_tensors }
     }
 
     /// The same worker free again from `now`: nothing held, its own bound and tensors kept.
     fn freed(&self, now: Instant) -> Self {
-        Self { max_batch: self.max_batch, tensors: self.tensors, ..Self::free(now) }
+        let (max_batch, declares_tensors) = (self.max_batch, self.declares_tensors);
+        Self { max_batch, declares_tensors, ..Self::free(now) }
     }
 }
 
@@ -347,19 +349,13 @@ impl Queue {
             .collect()
     }
 
-    /// When each connected worker can take its next batch, by the learned cost.
+    /// When each connected worker can take its next batch, by the learned cost: when it is
+    /// taken from the queue ([`Queue::take_at`]), and past a batch sent ahead, that one done.
     fn free_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
-        self.seats
-            .iter()
-            .flatten()
-            .map(|seat| match seat.busy {
-                None => now,
-                Some((since, size)) => {
-                    let ahead = if seat.ahead > 0 { cost.of(seat.ahead) } else { Duration::ZERO };
-                    (since + cost.of(size)).max(now) + ahead
-                }
-            })
-            .collect()
+        let taken = self.take_at(now, cost);
+        let seats = self.seats.iter().flatten();
+        let ahead = |seat: &Seat| if seat.ahead > 0 { cost.of(seat.ahead) } else { Duration::ZERO };
+        taken.into_iter().zip(seats).map(|(at, seat)| at + ahead(seat)).collect()
     }
 
     fn forecast(&self, now: Instant, window: Duration) -> Forecast {
@@ -761,7 +757,7 @@ impl Stage {
         inputs: &[corral_protocol::TensorSpec],
         outputs: &[corral_protocol::TensorSpec],
     ) -> Option<String> {
-        let declaring = self.lock().seats.iter().flatten().filter(|seat| seat.tensors).count();
+        let declaring = self.declaring_tensors();
         if (inputs.is_empty() && outputs.is_empty()) || declaring == 0 {
             return None;
         }
@@ -795,6 +791,12 @@ impl Stage {
             named(&kept.outputs),
             declaring
         ))
+    }
+
+    /// Connected workers whose hello declared tensors: while there are none, a newcomer's
+    /// tensors (or its lack of them) replace what the last ones left.
+    pub fn declaring_tensors(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|seat| seat.declares_tensors).count()
     }
 
     /// Whether what the stage's workers take is known: something was declared, or a worker

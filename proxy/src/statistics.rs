@@ -13,8 +13,10 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use crate::stage::Stage;
 use crate::timing::Timing;
 
 /// A count and the nanoseconds it took in all: Triton's `StatisticDuration`.
@@ -47,8 +49,9 @@ pub struct RouteStatistics {
     /// worker's 422 or 500, a 408, a 503, and a body refused before its jobs ran.
     pub fail: Tally,
     /// Successful requests' time queued, summed over their pipeline's stages, in nanoseconds
-    /// (counted as `success` is: one count for the three, so that a read never finds them
-    /// apart, as three counters read one by one under load did).
+    /// (counted as `success` is: one count for the three, so that their counts never disagree,
+    /// as three counters read one by one under load did; a read may still find a request's
+    /// nanoseconds before its count).
     pub queue_ns: AtomicU64,
     /// Successful requests' time in their batches (in the worker and on its socket), in
     /// nanoseconds, counted as `success` is.
@@ -71,7 +74,9 @@ impl RouteStatistics {
         self.inferences.fetch_add(u64::from(timing.rows_done), Relaxed);
         let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let ms = u64::try_from(now.as_millis()).unwrap_or(u64::MAX);
-        self.last_inference_ms.fetch_max(ms, Relaxed);
+        // A store: two requests answered within a millisecond of each other may land in either
+        // order, and either is the last inference as well as a client can tell.
+        self.last_inference_ms.store(ms, Relaxed);
         self.queue_ns.fetch_add(nanos(timing.queue), Relaxed);
         self.compute_infer_ns.fetch_add(nanos(timing.batch), Relaxed);
         self.success.add(took);
@@ -80,6 +85,18 @@ impl RouteStatistics {
 
 fn nanos(took: Duration) -> u64 {
     u64::try_from(took.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The batches of a pipeline's `stages`, summed, each stage once: a pipeline may list one twice,
+/// and its count holds both passes.
+pub fn executions_of(stages: &[Arc<Stage>]) -> Executions {
+    let mut executions = Executions::default();
+    for (i, stage) in stages.iter().enumerate() {
+        if !stages[..i].iter().any(|earlier| Arc::ptr_eq(earlier, stage)) {
+            executions.add(&stage.executions());
+        }
+    }
+    executions
 }
 
 /// A stage's finished batches by size: (batches, nanoseconds in the worker) for each size seen.

@@ -25,7 +25,8 @@ pub const BATCH_SIZE_HEADER: &str = "x-corral-batch-size";
 /// W3C Server-Timing.
 pub const SERVER_TIMING_HEADER: &str = "server-timing";
 
-/// A request's time in queues and in workers, summed over the stages of its pipeline.
+/// A request's time in queues and in workers, summed over the stages of its pipeline; and, for
+/// its route's statistics, the route it was admitted to and its rows answered.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Timing {
     /// From entering each stage's queue until its batch was sent, summed over stages; within a
@@ -40,8 +41,8 @@ pub struct Timing {
     pub batch_size: u32,
     /// The request's rows the worker answered with a result (a stream: 1 once it produced).
     pub rows_done: u32,
-    /// The route whose jobs the request ran (its place in `App::routes`), if it ran any: its
-    /// statistics count the request when the edge answers it ([`ran`]).
+    /// The route the request was admitted to (its place in `App::routes`), if any: its
+    /// statistics count the request when the edge answers it ([`admitted`]).
     pub route: Option<usize>,
 }
 
@@ -93,12 +94,19 @@ pub fn record<'a>(entered: Instant, replies: impl IntoIterator<Item = &'a Reply>
     }
 }
 
-/// Records that the request ran jobs on the route at `route` (its place in `App::routes`), and
-/// how many of its rows the worker answered with a result.
-pub fn ran(route: usize, rows_done: usize) {
+/// Records that the request was admitted to the route at `route` (its place in `App::routes`):
+/// whatever becomes of it, it is that route's ([`crate::http::App::admit`]).
+pub fn admitted(route: usize) {
     let _ = REQUEST.try_with(|request| {
-        let rows_done = u32::try_from(rows_done).unwrap_or(u32::MAX);
-        request.timing.set(Timing { route: Some(route), rows_done, ..request.timing.get() });
+        request.timing.set(Timing { route: Some(route), ..request.timing.get() });
+    });
+}
+
+/// Records how many of the request's rows the worker answered with a result.
+pub fn rows_done(rows: usize) {
+    let _ = REQUEST.try_with(|request| {
+        let rows_done = u32::try_from(rows).unwrap_or(u32::MAX);
+        request.timing.set(Timing { rows_done, ..request.timing.get() });
     });
 }
 

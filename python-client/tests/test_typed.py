@@ -122,7 +122,8 @@ def test_an_input_type_holding_a_type_msgspec_needs_a_hook_for_fails_where_it_is
     """msgspec takes any class as one to decode with a `dec_hook`, and the package passes none:
     a Struct holding a numpy array (or a pydantic model as the input_type) was defined, said
     ready, and answered every request 422, blaming the client's input."""
-    for declared in (Image, dict[str, Opaque], Optional[Opaque]):
+    annotated = Annotated[Opaque, msgspec.Meta(description="pixels")]
+    for declared in (Image, dict[str, Opaque], Optional[Opaque], list[annotated]):
         with pytest.raises(TypeError, match=r"input_type holds Opaque.*preprocess"):
 
             class Hooked(corral.Worker):

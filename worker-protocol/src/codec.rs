@@ -147,7 +147,7 @@ fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     // bound; were it to, the whole body would count as the message, and nothing as trailing.
     let end = match walk::walk_one(body, Strings::Check, MAX_DEPTH) {
         Ok((_, end)) => end,
-        Err(why) if why.contains("UTF-8") => return Err(DecodeError::NotUtf8(why)),
+        Err(why) if why.contains(walk::NOT_UTF8) => return Err(DecodeError::NotUtf8(why)),
         Err(_) => body.len(),
     };
     if end != body.len() {

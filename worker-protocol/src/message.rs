@@ -114,6 +114,11 @@ impl Hello {
     pub fn declares(&self, feature: &str) -> bool {
         self.features.iter().any(|f| f == feature)
     }
+
+    /// Whether it declares tensors (inputs or outputs).
+    pub fn declares_tensors(&self) -> bool {
+        !self.inputs.is_empty() || !self.outputs.is_empty()
+    }
 }
 
 /// The proxy refuses a worker (e.g. an unknown protocol version) and then closes the connection.

@@ -156,7 +156,7 @@ pub(super) fn check_encoding(headers: &HeaderMap) -> Result<(), ApiError> {
     }
     if let Some(coding) = coding_other_than(headers, CONTENT_ENCODING, "identity") {
         let error = refused(&coding, "Content-Encoding", "uncompressed");
-        return error.map_err(|error| ApiError { coding_refused: true, ..error });
+        return error.map_err(|error| ApiError { accept_encoding: Some("identity"), ..error });
     }
     Ok(())
 }
@@ -170,6 +170,30 @@ fn coding_other_than(headers: &HeaderMap, name: HeaderName, allowed: &str) -> Op
             .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case(allowed))
             .map(String::from)
     })
+}
+
+/// A small body read whole, for an endpoint that takes no job (v2's repository index): not
+/// compressed (415), at most `max` bytes (413), within `--body-read-timeout-ms` (408); a body
+/// that breaks off is 400. Each refusal closes the connection: the rest may still be coming.
+pub async fn read_small(
+    app: &App,
+    request: Request<Incoming>,
+    max: usize,
+) -> Result<Bytes, ApiError> {
+    check_encoding(request.headers()).map_err(before_body)?;
+    let limited = http_body_util::Limited::new(request.into_body(), max);
+    let allowed = app.body_read_timeout;
+    let read = tokio::time::timeout(allowed, limited.collect()).await;
+    let read = read.map_err(|_| ApiError::body_timeout(allowed))?;
+    let body = read.map_err(|e| {
+        let error = if e.is::<http_body_util::LengthLimitError>() {
+            ApiError::body_too_large(max)
+        } else {
+            ApiError::bad_request(format!("the body could not be read: {e}"))
+        };
+        ApiError { close: true, ..error }
+    })?;
+    Ok(body.to_bytes())
 }
 
 /// The body's length as its `Content-Length` declares it, if it does.

@@ -23,9 +23,9 @@ pub struct ApiError {
     pub items: Option<Vec<serde_json::Value>>,
     /// Whether the connection is closed after the answer (`Connection: close`).
     pub close: bool,
-    /// Whether the body's content coding was refused: the answer names the one Corral reads,
-    /// `Accept-Encoding: identity` (RFC 9110 15.5.16).
-    pub coding_refused: bool,
+    /// The content codings Corral reads, for an answer refusing the body's
+    /// (`Accept-Encoding`, RFC 9110 15.5.16).
+    pub accept_encoding: Option<&'static str>,
 }
 
 impl ApiError {
@@ -39,7 +39,7 @@ impl ApiError {
             allow: None,
             items: None,
             close: false,
-            coding_refused: false,
+            accept_encoding: None,
         }
     }
 

@@ -32,7 +32,8 @@ pub async fn run_items(
     run(app, route, jobs, deadline, traffic).await
 }
 
-/// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503.
+/// Runs the jobs through the route's pipeline; a refusal at admission becomes its 503. The rows
+/// answered with a result go in the request's timing, for the route's statistics.
 pub async fn run(
     app: &App,
     route: &Route,
@@ -46,7 +47,7 @@ pub async fn run(
     });
     // Counted in the route's statistics when the edge answers, whatever the envelope makes of
     // the outcomes.
-    timing::ran(route.index, done);
+    timing::rows_done(done);
     run.map_err(|shed| shed_error(shed, traffic.class))
 }
 

@@ -78,16 +78,6 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// The route whose jobs the endpoint runs (an infer, a predict, embeddings), if it runs any.
-    pub fn job_route(&self) -> Option<&'a super::Route> {
-        match self {
-            Endpoint::KServe(endpoint) => endpoint.job_route(),
-            Endpoint::V2(endpoint) => endpoint.job_route(),
-            Endpoint::OpenAi(route) => Some(route),
-            _ => None,
-        }
-    }
-
     /// The fields the endpoint reads once, checked with its head ([`super::head::refusal`]):
     /// none where it reads no body.
     pub fn single_fields(&self) -> &'static [http::HeaderName] {
@@ -120,7 +110,7 @@ impl<'a> Endpoint<'a> {
             Endpoint::KServe(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::V2(endpoint) => endpoint.answer(app, method, request).await,
             Endpoint::OpenAi(route) => {
-                let answer = match app.admit(method) {
+                let answer = match app.admit(method, route) {
                     Ok(()) => openai::embeddings(app, route, request).await,
                     Err(error) => Err(error),
                 };

@@ -6,7 +6,7 @@ use corral_protocol::JobId;
 use http::header::{
     ACCEPT_ENCODING, ALLOW, CONNECTION, CONTENT_TYPE, RETRY_AFTER, TRANSFER_ENCODING,
 };
-use http::{HeaderName, HeaderValue, Method, Request, Response, StatusCode};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 
@@ -43,13 +43,14 @@ pub async fn route(app: &App, request: Request<Incoming>) -> Response<Body> {
     let handled = route_in(app, request, id, arrived, &unanswered);
     let (mut response, timing) = timing::scope(trace.clone(), handled).instrument(span).await;
     unanswered.answered = true;
+    // A stream's total is its time to its first chunk, when its headers go.
+    let total = arrived.elapsed();
     if let Some(route) = timing.route {
-        app.routes[route].statistics.answered(response.status(), arrived.elapsed(), &timing);
+        app.routes[route].statistics.answered(response.status(), total, &timing);
     }
-    // Written here, once, for every route and protocol: a stream's total is its time to its
-    // first chunk, when its headers go.
+    // Written here, once, for every route and protocol.
     let headers = response.headers_mut();
-    let server_timing = timing.header(arrived.elapsed());
+    let server_timing = timing.header(total);
     headers.insert(
         SERVER_TIMING.clone(),
         HeaderValue::from_str(&server_timing).expect("digits and ASCII are a valid header value"),
@@ -79,11 +80,7 @@ async fn route_in<'a>(
     let (route, answer) = if let Some(route) = app.route(path) {
         let _ = unanswered.route.set(route.path.as_str());
         let refused = head::refusal(app, &request, &native::SINGLE_FIELDS);
-        if refused.is_none() && method == Method::POST {
-            // The model's request from here, in its statistics whatever becomes of it.
-            timing::ran(route.index, 0);
-        }
-        let answer = match refused.map_or_else(|| app.admit(&method), Err) {
+        let answer = match refused.map_or_else(|| app.admit(&method, route), Err) {
             Ok(()) => native::handle(app, route, id, request).await,
             Err(error) => Err(error),
         };
@@ -91,13 +88,7 @@ async fn route_in<'a>(
     } else if let Some(endpoint) = Endpoint::find(app, path) {
         let label = endpoint.label();
         let _ = unanswered.route.set(label);
-        let refused = head::refusal(app, &request, endpoint.single_fields());
-        if let Some(route) = endpoint.job_route().filter(|_| refused.is_none()) {
-            if method == Method::POST {
-                timing::ran(route.index, 0);
-            }
-        }
-        let response = match refused {
+        let response = match head::refusal(app, &request, endpoint.single_fields()) {
             Some(error) => endpoint.refuse(&error),
             // Boxed: a protocol's envelope is the largest future here (3.4 KiB), and every
             // request's future, native ones too, would otherwise be sized for it.
@@ -282,8 +273,8 @@ pub(super) fn error_response_with(error: &ApiError, body: Vec<u8>) -> Response<B
     if let Some(allow) = error.allow {
         headers.insert(ALLOW, HeaderValue::from_static(allow));
     }
-    if error.coding_refused {
-        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+    if let Some(codings) = error.accept_encoding {
+        headers.insert(ACCEPT_ENCODING, HeaderValue::from_static(codings));
     }
     if error.close {
         // hyper closes an HTTP/1.1 connection after an answer that says so (HTTP/2 has no such

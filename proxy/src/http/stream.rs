@@ -46,8 +46,6 @@ pub async fn answer(
     framing: Framing,
 ) -> Result<Response<Body>, ApiError> {
     let shed = |shed| shed_error(shed, traffic.class);
-    // (In the route's statistics since the edge routed it: one that produced, below, counts
-    // its row.)
     // The stream timeout bounds the whole answer: a deadline past it (a route's timeout longer
     // than its stage's stream timeout) does not lift it, and it bounds the first chunk too.
     let last = route.pipeline.last();
@@ -123,7 +121,7 @@ pub async fn answer(
     // The stream's headers go with its first chunk: its batch time is the time to that chunk.
     record_wait(source.sent());
     let produced = outcome.as_ref().is_none_or(|o| matches!(o, Outcome::Done(..) | Outcome::Ended));
-    timing::ran(route.index, usize::from(produced));
+    timing::rows_done(usize::from(produced));
     let mut pending: Vec<Bytes> = Vec::new();
     let mut finished = false;
     for chunk in first {

@@ -64,7 +64,7 @@ impl WorkerSeat<'_> {
 
     /// The worker's hello declared tensors ([`Stage::tensor_conflict`]).
     pub fn declares_tensors(&self) {
-        self.stage.lock().seat(self.slot).tensors = true;
+        self.stage.lock().seat(self.slot).declares_tensors = true;
     }
 
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.

@@ -151,7 +151,7 @@ pub async fn serve(
                 if let Some(most) = hello.max_batch {
                     seat.take_at_most(most as usize);
                 }
-                if !hello.inputs.is_empty() || !hello.outputs.is_empty() {
+                if hello.declares_tensors() {
                     seat.declares_tensors();
                 }
                 Ok((served, seat))
@@ -251,11 +251,11 @@ fn misplaced<'a>(
 }
 
 /// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
-/// tensors, alone on the stage, replace the last ones' as a newcomer's tensors do
-/// (`Stage::tensor_conflict`).
+/// tensors, with no worker declaring tensors connected, replace the last ones' as a newcomer's
+/// tensors do (`Stage::tensor_conflict`, by the same count).
 fn keep(stage: &Stage, declared: Option<Declared>) {
     let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
-    if !tensors && stage.workers() == 0 {
+    if !tensors && stage.declaring_tensors() == 0 {
         stage.forget_tensors();
     }
     if let Some(declared) = declared {
@@ -282,7 +282,7 @@ fn declarations(hello: &Hello) -> Option<Declared> {
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
     let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
-    let tensors = !hello.inputs.is_empty() || !hello.outputs.is_empty();
+    let tensors = hello.declares_tensors();
     if input.is_none() && output.is_none() && !tensors && weight.is_none() {
         return None;
     }

@@ -173,10 +173,7 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
 /// Answers a job that a worker held. Nobody listening means the client got its 408 already or
 /// disconnected (a cancelled job): either is counted, now that the worker has given the job back;
 /// so is a stream the connection ended at its timeout, though its client may still be there.
-/// Returns true when nobody was listening because the deadline had passed (the client had its
-/// 408; the answer is dropped) and the worker had answered with a result, not its own `expired`:
-/// [`answer_result`] counts such a result as late.
-pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
+pub fn answer(job: Job, outcome: Outcome, now: Instant) {
     // A stream that had chunks ended for its client as a 200 (its timeout's error event, or the
     // client leaving): past its deadline, the job is cancelled, not a 408 nor a late result.
     let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
@@ -200,15 +197,13 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
         } else if said_expired {
             metrics().expired.with_label_values(&["worker"]).inc();
         }
-        return false;
+        return;
     }
     if ended_here {
-        return false;
+        return;
     }
     let place = if expired { &metrics().expired } else { &metrics().cancelled };
     place.with_label_values(&["worker"]).inc();
-    // A job the worker skipped as expired brought no result: nothing ran, nothing is late.
-    expired && !said_expired
 }
 
 /// Answers a job with the result its worker sent: one that came after the job's deadline is
@@ -220,8 +215,7 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) -> bool {
 /// that: its client has a 200 already. (A stream's first chunk is not a result: one that comes
 /// a millisecond past the deadline, before its client's timer fires, still opens the stream.)
 pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
-    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
-    let late = job.is_expired(now) && !streamed && !matches!(outcome, Outcome::Expired);
+    let late = is_late(&job, &outcome, now);
     let outcome = if late { Outcome::Expired } else { outcome };
     // Either way `answer` counts the 408 as an expiry in the worker: the client is told now,
     // or was told by its own timer.
@@ -229,6 +223,14 @@ pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
     if late {
         metrics().late_results.inc();
     }
+}
+
+/// Whether `outcome` came for `job` at or past its deadline, a result its client must not get:
+/// not the worker's own `expired` (a job it skipped brought no result: nothing ran), nor a
+/// stream's end once its client has a 200.
+fn is_late(job: &Job, outcome: &Outcome, now: Instant) -> bool {
+    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
+    job.is_expired(now) && !streamed && !matches!(outcome, Outcome::Expired)
 }
 
 #[cfg(test)]
@@ -305,12 +307,11 @@ mod tests {
     #[test]
     fn a_job_skipped_as_expired_after_its_408_is_no_late_result() {
         let past = Instant::now() + Duration::from_secs(6);
-        // The client had its 408 and dropped its end: nobody listens.
         let (skipped, _) = orphan(b"skipped", 0, true);
-        assert!(!answer(skipped.job, Outcome::Expired, past), "skipped: nothing ran");
-        let (ran, _) = orphan(b"ran", 0, true);
+        assert!(!is_late(&skipped.job, &Outcome::Expired, past), "skipped: nothing ran");
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
-        assert!(answer(ran.job, done, past), "a result after the deadline is late");
+        assert!(is_late(&skipped.job, &done, past), "a result after the deadline is late");
+        assert!(!is_late(&skipped.job, &done, Instant::now()), "one before it is not");
     }
 
     #[tokio::test]

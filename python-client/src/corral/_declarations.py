@@ -188,7 +188,8 @@ def _custom_type(info: msgspec.inspect.Type) -> type | None:
         # (`object` is a custom type to msgspec's inspection, and decodes as any value.)
         if isinstance(node, msgspec.inspect.CustomType) and node.cls is not object:
             return node.cls
-        for attribute in ("item_type", "key_type", "value_type"):
+        # `type`: what an `Annotated[...]` (msgspec's Metadata) annotates.
+        for attribute in ("item_type", "key_type", "value_type", "type"):
             child = getattr(node, attribute, None)
             if isinstance(child, msgspec.inspect.Type):
                 pending.append(child)

@@ -78,8 +78,9 @@ class Worker:
     step, ``None`` for an item with nothing this step, or :data:`corral.END` to end that item's
     stream now (its client's stream closes at once; later entries at its position are ignored).
     The chunks of one yield go to the proxy in one frame, each through ``postprocess`` first.
-    When the generator returns, every item not yet ended ends; if it raises, those items get an
-    error (500 / an error event) and the ones already ended are unaffected. Between yields,
+    When the generator returns, every item not yet ended ends (if it returns a value, they fail
+    saying so: no client would get it); if it raises, those items get an error (500 / an error
+    event) and the ones already ended are unaffected. Between yields,
     :attr:`cancelled` holds the positions whose stream is over without an ``END`` from you —
     the client left, the proxy's stream timeout passed, the deadline passed before the item's
     first chunk, or its chunk failed ``postprocess`` — each already ended for you: stop
@@ -121,7 +122,9 @@ class Worker:
     examples: ClassVar[Sequence[Any]] = ()
     """Example requests (as a client would send them, decoded) run through the hooks and
     ``forward`` once at start, before the worker connects, so that the first real batch is not
-    the slow one. If any fails, the worker logs why and exits instead of serving."""
+    the slow one. For a worker that declares ``inputs``, each declared input's value reaches the
+    hooks as a v2 client's row does, a numpy array of its datatype. If any fails, the worker
+    logs why and exits instead of serving."""
 
     input_type: ClassVar[Any] = None
     """Optional: the type each request must have — typically a ``msgspec.Struct``, or any type

@@ -52,11 +52,6 @@ pub struct Endpoint<'a> {
 }
 
 impl<'a> Endpoint<'a> {
-    /// The route whose jobs a predict runs (none for a model's readiness).
-    pub fn job_route(&self) -> Option<&'a Route> {
-        self.route.filter(|_| self.predict)
-    }
-
     pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
         let rest = path.strip_prefix(PREFIX)?;
         let (name, predict) = match rest.strip_suffix(PREDICT) {
@@ -88,7 +83,7 @@ impl<'a> Endpoint<'a> {
     ) -> Response<Body> {
         let answer = match self.route {
             None => Err(unknown_model(&self.name)),
-            Some(route) if self.predict => match app.admit(method) {
+            Some(route) if self.predict => match app.admit(method, route) {
                 Ok(()) => predict(app, route, request).await,
                 Err(error) => Err(error),
             },

@@ -195,6 +195,10 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "responses": {"200": ok(json!({"type": "array", "items": entry})),
             "400": response("The body is not JSON, or ready is not a boolean.", error),
             "405": response("The endpoint takes POST only; see Allow.", error),
+            "408": response("The body did not arrive in time.", error),
+            "413": response("The body is over 4 KiB.", error),
+            "415": response("The body is compressed (Content-Encoding): send it uncompressed; \
+                see Accept-Encoding.", error),
             "431": head_too_large(error)}}});
     paths.insert("/v2/repository/index".into(), index);
     let every = "Triton's statistics extension, for every model.";

@@ -9,8 +9,8 @@
 //!   extension, `GET /v2/models/{name}/config` ([`config`]: what tritonclient's
 //!   `get_model_config` and the tools built on it read);
 //! - Triton's statistics extension, `GET /v2/models/stats` and `GET /v2/models/{name}/stats`
-//!   ([`statistics`]: tritonclient's `get_inference_statistics`). As in Triton, `stats` after
-//!   `/v2/models/` is the extension's, not a model named so;
+//!   ([`statistics`]: tritonclient's `get_inference_statistics`). As in Triton,
+//!   `/v2/models/stats` is the extension's, not the metadata of a model named so;
 //! - the index of Triton's model repository extension, `POST /v2/repository/index` (tritonclient's
 //!   `get_model_repository_index`): every model, `READY` or `UNAVAILABLE` as its readiness says
 //!   (`{"ready": true}` asks for the ready ones). Models are loaded by their workers, not
@@ -86,11 +86,6 @@ pub struct Endpoint<'a> {
 }
 
 impl<'a> Endpoint<'a> {
-    /// The route whose jobs an infer runs (none for the other endpoints).
-    pub fn job_route(&self) -> Option<&'a Route> {
-        self.route.filter(|_| matches!(self.kind, Kind::Infer))
-    }
-
     pub fn find(app: &'a App, path: &str) -> Option<Endpoint<'a>> {
         let kind = match path {
             "/v2" => Kind::Server,
@@ -164,10 +159,12 @@ impl<'a> Endpoint<'a> {
                 Method::POST => repository_index(app, request).await,
                 _ => Err(ApiError::method_not_allowed(method, "POST")),
             },
-            Kind::Infer => match (&self.route, app.admit(method)) {
-                (None, _) => Err(unknown_model(&self.name)),
-                (Some(_), Err(error)) => Err(error),
-                (Some(route), Ok(())) => infer(app, route, request).await,
+            Kind::Infer => match self.route {
+                None => Err(unknown_model(&self.name)),
+                Some(route) => match app.admit(method, route) {
+                    Ok(()) => infer(app, route, request).await,
+                    Err(error) => Err(error),
+                },
             },
         };
         answer.unwrap_or_else(|error| plain_error_response(&error))
@@ -216,16 +213,7 @@ async fn repository_index(
     app: &App,
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
-    body::check_encoding(request.headers()).map_err(body::before_body)?;
-    // Bounded in size and in time, as every body is (`--body-read-timeout-ms`).
-    let limited = http_body_util::Limited::new(request.into_body(), INDEX_REQUEST_BYTES);
-    let allowed = app.body_read_timeout;
-    let read = tokio::time::timeout(allowed, limited.collect()).await;
-    let body = read.map_err(|_| ApiError::body_timeout(allowed))?.map_err(|_| {
-        let message = format!("a repository index request is {INDEX_REQUEST_BYTES} bytes at most");
-        ApiError { close: true, ..ApiError::bad_request(message) }
-    })?;
-    let bytes = body.to_bytes();
+    let bytes = body::read_small(app, request, INDEX_REQUEST_BYTES).await?;
     let ready_only = if bytes.iter().all(u8::is_ascii_whitespace) {
         false
     } else {

@@ -19,8 +19,8 @@
 
 use serde_json::{json, Value};
 
-use super::super::super::Route;
-use crate::statistics::Tally;
+use crate::http::Route;
+use crate::statistics::{executions_of, Tally};
 
 /// `{"model_stats": [...]}` for `routes`.
 pub fn of<'a>(routes: impl Iterator<Item = &'a Route>) -> Value {
@@ -30,14 +30,7 @@ pub fn of<'a>(routes: impl Iterator<Item = &'a Route>) -> Value {
 /// One model's statistics: Triton's `ModelStatistics` as JSON.
 fn model(route: &Route) -> Value {
     let statistics = &route.statistics;
-    let mut executions = crate::statistics::Executions::default();
-    // Each stage once: a pipeline may list one twice, and its count holds both passes.
-    let stages = &route.pipeline.stages;
-    for (i, stage) in stages.iter().enumerate() {
-        if !stages[..i].iter().any(|earlier| std::sync::Arc::ptr_eq(earlier, stage)) {
-            executions.add(&stage.executions());
-        }
-    }
+    let executions = executions_of(&route.pipeline.stages);
     // One count for the successful requests' three: read once, they never disagree.
     let (succeeded, success_ns) = statistics.success.read();
     let relaxed = std::sync::atomic::Ordering::Relaxed;
