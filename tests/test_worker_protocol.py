@@ -3,6 +3,7 @@ connection and its batch (500), never the proxy, never a hang."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import socket
@@ -496,12 +497,19 @@ def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sid
     # With none connected, a newcomer's tensors replace what the last ones left.
     sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
                        what="no worker connected")  # fmt: skip
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as third:
-        third.connect(str(sidecar.socket))
-        third.sendall(protocol.encode_frame(protocol.hello("default", 4, "b", inputs=int64)))
-        sidecar.wait_for_log(r"worker connected", count=3)
+    with joined(sidecar, protocol.hello("default", 4, "b", inputs=int64), count=3):
         metadata = sidecar.client.get("/v2/models/default").json()
         assert metadata["inputs"] == [{"name": "x", "datatype": "INT64", "shape": [-1, 5]}]
+
+
+@contextlib.contextmanager
+def joined(sidecar, hello: dict, count: int):
+    """A worker that said `hello` and was taken, the `count`-th to connect, until the block ends."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.connect(str(sidecar.socket))
+        sock.sendall(protocol.encode_frame(hello))
+        sidecar.wait_for_log(r"worker connected", count=count)
+        yield sock
 
 
 def test_a_worker_declaring_no_tensors_keeps_no_departed_worker_s_tensors_in_force(sidecar):
@@ -525,10 +533,7 @@ def test_a_worker_declaring_no_tensors_keeps_no_departed_worker_s_tensors_in_for
             lambda: sidecar.metric("corral_workers_connected", stage="default") == 1,
             what="the worker of tensors gone",
         )
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as second:
-            second.connect(str(sidecar.socket))
-            second.sendall(protocol.encode_frame(protocol.hello("default", 4, "b", inputs=int64)))
-            sidecar.wait_for_log(r"worker connected", count=3)
+        with joined(sidecar, protocol.hello("default", 4, "b", inputs=int64), count=3):
             metadata = sidecar.client.get("/v2/models/default").json()
             assert metadata["inputs"] == [{"name": "b", "datatype": "INT64", "shape": [-1, 5]}]
 
