@@ -118,6 +118,20 @@ class Tree(msgspec.Struct):  # recursive, and nothing but what msgspec reads
     children: list[Tree] = []
 
 
+def test_a_typed_worker_s_examples_may_be_instances_of_its_types():
+    """Packed plain, a Struct as an example failed the warm-up ("cannot encode Tree as msgpack:
+    return str, int, ...", advice about outputs), though msgspec writes it."""
+
+    class Summing(corral.Worker):
+        input_type = Tree
+        examples = (Tree(1.0, [Tree(2.0)]), {"value": 3.0})
+
+        def forward(self, batch):
+            return [tree.value + sum(child.value for child in tree.children) for tree in batch]
+
+    Summing().warm_up()
+
+
 def test_an_input_type_holding_a_type_msgspec_needs_a_hook_for_fails_where_it_is_defined():
     """msgspec takes any class as one to decode with a `dec_hook`, and the package passes none:
     a Struct holding a numpy array (or a pydantic model as the input_type) was defined, said

@@ -96,7 +96,9 @@ class Codec:
         a dict, each value under a declared input's name as a tensor value of that input's
         datatype, as the proxy sends a v2 client's row (unless it is one already,
         ``corral.testing.tensor``), so that it reaches ``forward`` as a numpy array. Packed
-        plain, it had come as nested lists, and a worker written for v2 failed its warm-up."""
+        plain, it had come as nested lists, and a worker written for v2 failed its warm-up. A
+        typed worker's is packed by msgspec, which writes its types (a Struct instance as an
+        example had failed, with advice about outputs)."""
         if self.inputs and isinstance(example, dict):
             example = {
                 key: msgpack.ExtType(_tensors.EXT_TENSOR, _tensor(value, self.inputs[key], "input"))
@@ -104,7 +106,7 @@ class Codec:
                 else value
                 for key, value in example.items()
             }
-        return pack(example)
+        return pack(example) if self.plain else self.encoder.encode(example)
 
     def encode(self, output: Any) -> bytes:
         """One output as msgpack bytes: msgspec for a typed worker (Structs need no conversion),
