@@ -401,6 +401,24 @@ def test_an_http10_keep_alive_client_told_the_connection_closes_reads_close_alon
         assert read_answer(conn)[0].startswith(b"HTTP/1.0 200")
 
 
+def test_a_streamed_answer_to_an_http10_keep_alive_client_says_the_connection_closes(
+    corral_factory,
+):
+    """HTTP/1.0 has no chunks: a stream ends with its connection. It had said `keep-alive`."""
+    proxy = corral_factory(worker=STREAMER)
+    body = b'{"chunks": 2}'
+    with connect(proxy) as conn:
+        conn.sendall(
+            b"POST /infer HTTP/1.0\r\nconnection: keep-alive\r\naccept: text/event-stream\r\n"
+            b"content-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        answer = read_all(conn)
+    head, _, stream = answer.partition(b"\r\n\r\n")
+    assert head.lower().startswith(b"http/1.0 200"), head
+    assert re.findall(rb"(?i)\r\nconnection: ([^\r]*)", head) == [b"close"], head
+    assert b"event: done" in stream
+
+
 def test_a_request_target_of_64_kib_is_the_http_layer_s_bare_414(corral_factory):
     # The `http` crate's own bound on a URI, below what --max-header-bytes may allow: as the
     # README says, a bare 414 (no JSON body); one byte less is Corral's to answer.

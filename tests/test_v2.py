@@ -6,6 +6,7 @@ own error shape without harm to the proxy."""
 
 import contextlib
 import json
+import socket
 import sys
 import threading
 from collections.abc import Iterator
@@ -401,6 +402,15 @@ def test_the_repository_index_lists_each_model_and_its_state(proxy, corral_facto
     assert idle.client.post("/v2/repository/index", json={"ready": True}).json() == []
     bad = idle.client.post("/v2/repository/index", content=b'{"ready": 1}')
     assert (bad.status_code, bad.json()) == (400, {"error": '"ready" must be true or false'})
+    not_an_object = idle.client.post("/v2/repository/index", content=b"[1, 2]")
+    assert not_an_object.status_code == 400, not_an_object.text
+    # Declared over 4 KiB: refused before a byte of it is sent (none is, here).
+    host, port = idle.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=20) as conn:
+        conn.sendall(
+            b"POST /v2/repository/index HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
+        )
+        assert conn.recv(65536).startswith(b"HTTP/1.1 413")
     answer = idle.client.get("/v2/repository/index")
     assert answer.status_code == 405 and answer.headers["allow"] == "POST"
 

@@ -219,6 +219,26 @@ def test_examples_reach_forward_as_a_v2_client_s_rows_do(real_np):
     with pytest.raises(ValueError, match="input 'IN' cannot be a FP32 tensor"):
         Misfit().warm_up()
 
+    class Missing(Summing):
+        examples = ({"OTHER": [1, 2, 3]},)
+
+    with pytest.raises(ValueError, match="the example has no input 'IN'"):
+        Missing().warm_up()
+
+    # A typed worker's examples go through msgspec, which wrote a msgpack ExtType as an array:
+    # its tensor values reached forward as [1, b"..."], and a Struct's field failed to decode.
+    class Row(msgspec.Struct):
+        IN: Any
+
+    class Typed(Summing):
+        input_type = Row
+
+        def forward(self, rows):
+            assert all(isinstance(row.IN, real_np.ndarray) for row in rows)
+            return [{"OUT": real_np.array([row.IN.sum()])} for row in rows]
+
+    Typed().warm_up()
+
 
 def test_numeric_rows_are_read_only_views_of_the_message(real_np):
     worker = echo("FP32", [3])

@@ -181,6 +181,10 @@ pub async fn read_small(
     max: usize,
 ) -> Result<Bytes, ApiError> {
     check_encoding(request.headers()).map_err(before_body)?;
+    // Declared too large: refused before a byte is read (and before `100 Continue`).
+    if declared_length(request.headers()).is_some_and(|length| length > max as u64) {
+        return Err(before_body(ApiError::body_too_large(max)));
+    }
     let limited = http_body_util::Limited::new(request.into_body(), max);
     let allowed = app.body_read_timeout;
     let read = tokio::time::timeout(allowed, limited.collect()).await;

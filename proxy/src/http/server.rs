@@ -62,13 +62,20 @@ fn without_body(mut response: http::Response<super::Body>) -> http::Response<sup
     response.map(|_| http_body_util::Empty::new().boxed_unsync())
 }
 
-/// An answer to an HTTP/1.0 client that says `Connection: close`, written as HTTP/1.0: hyper
+/// An answer to an HTTP/1.0 client that closes the connection, written as HTTP/1.0: hyper
 /// appends `keep-alive` to the `Connection` of an HTTP/1.1 answer to a keep-alive HTTP/1.0
 /// client without looking for `close` (`Conn::fix_keep_alive`), and such a client read
 /// `connection: close, keep-alive` on an answer after which the connection did close. As
 /// HTTP/1.0, hyper ends keep-alive itself and leaves the field as it is. (hyper writes every
 /// answer to an HTTP/1.0 client as HTTP/1.0 whatever its version: only its reading changes.)
+/// An answer of no known length (a stream) closes too: HTTP/1.0 has no chunks, its end is the
+/// connection's; it had said `keep-alive`, then closed.
 fn closing_http10(response: &mut http::Response<super::Body>) {
+    let of_no_length = hyper::body::Body::size_hint(response.body()).exact().is_none();
+    if of_no_length {
+        let close = http::HeaderValue::from_static("close");
+        response.headers_mut().insert(http::header::CONNECTION, close);
+    }
     let closes = response.headers().get_all(http::header::CONNECTION).iter().any(|value| {
         value.to_str().is_ok_and(|v| v.split(',').any(|t| t.trim().eq_ignore_ascii_case("close")))
     });

@@ -149,7 +149,8 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     # current while the generator runs, so the user's spans inside it nest under it.
     with _tracing.batch(jobs):
         failure = _drive(generator, state)
-    if failure is not None:
+    if failure is not None and state.live_ids():
+        # (With every item ended already, a failure at the end fails nobody: not logged.)
         _failures.failed("forward (while streaming)", failure, state.live_ids())
     state.finish(failure)
 

@@ -219,6 +219,9 @@ async fn repository_index(
     } else {
         let asked: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
+        if !asked.is_object() {
+            return Err(ApiError::bad_request("the body is a JSON object: {\"ready\": true}"));
+        }
         match asked.get("ready") {
             None => false,
             Some(serde_json::Value::Bool(ready)) => *ready,
