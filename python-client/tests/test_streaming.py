@@ -502,6 +502,20 @@ def test_a_generator_forward_that_returns_its_outputs_fails_saying_so():
         warmed.warm_up()
 
 
+def test_a_generator_returning_a_value_after_every_item_ended_fails_nobody(caplog):
+    """With every item ended, the value fails no one: a failure with no jobs had been logged."""
+
+    class Ended(corral.Worker):
+        def forward(self, batch):
+            yield [corral.END for _ in batch]
+            return "unseen"
+
+    with caplog.at_level("ERROR", logger="corral"), FakeProxy(Ended()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "ok"
+    assert not [r for r in caplog.records if "failed for jobs" in r.getMessage()]
+
+
 def test_warm_up_runs_a_streaming_forward_through_postprocess():
     class Warm(Spell):
         examples = ("hi",)
