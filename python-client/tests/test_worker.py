@@ -904,6 +904,28 @@ def test_an_output_msgpack_cannot_encode_says_what_to_return_instead(output, sai
     assert "as msgpack: " in got.message and said in got.message, got.message
 
 
+@pytest.mark.parametrize(
+    ("kind", "value", "said"),
+    [
+        ("datetime64", "2026-01-01", "numpy's datetime64 as msgpack: return value.isoformat()"),
+        ("complex128", 1 + 2j, "numpy's complex128 as msgpack: return str"),
+    ],
+)
+def test_a_numpy_scalar_msgpack_cannot_encode_says_what_to_return_instead(kind, value, said):
+    """Converted to a Python date or complex, msgpack (its fallback spent) said only "can not
+    serialize 'datetime.date' object"."""
+    numpy = pytest.importorskip("numpy")
+    output = getattr(numpy, kind)(value)
+
+    class Returning(corral.Worker):
+        def forward(self, batch):
+            return [output for _ in batch]
+
+    with FakeProxy(Returning()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "error" and said in got.message, got.message
+
+
 def test_run_checks_the_socket_path_before_the_model_is_made(tmp_path):
     """The path was checked only once warm-up was done: minutes of loading, then the exit."""
     made = []

@@ -221,6 +221,11 @@ def plain(value: Any) -> Any:
         # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that
         # holds it: msgspec would call this hook again, until a RecursionError.
         if type(converted) is not type(value):
+            if isinstance(converted, (datetime.date, datetime.time, complex)):
+                # A numpy datetime64 or complex scalar becomes a Python value msgpack has no
+                # form for, and msgpack, its fallback spent, had said only "can not serialize".
+                name = type(value).__name__
+                raise TypeError(f"cannot encode numpy's {name} as msgpack: {_instead(converted)}")
             return converted
         name = type(value).__name__
         raise TypeError(
