@@ -441,7 +441,12 @@ def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, re
 @pytest.mark.parametrize(
     "endpoint, headers, expected",
     [
-        ("http://127.0.0.1:4318", "no-equals-sign", ["no-equals-sign", "key=value"]),
+        (
+            "http://127.0.0.1:4318",
+            "no-equals-sign",
+            # Named by the variable it came from, not only the endpoint's flag.
+            ["OTEL_EXPORTER_OTLP_HEADERS", "no-equals-sign", "key=value"],
+        ),
         ("ftp://127.0.0.1", "", ["must be an http:// URL"]),
     ],
 )

@@ -50,8 +50,11 @@ fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
 /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS`, as OpenTelemetry
 /// defines them: `key=value` pairs joined by commas, values percent-encoded.
 fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
-    let var = |name| std::env::var(name).ok().filter(|v: &String| !v.trim().is_empty());
-    let Some(list) =
+    let var = |name: &'static str| {
+        let value = std::env::var(name).ok().filter(|v: &String| !v.trim().is_empty());
+        value.map(|value| (name, value))
+    };
+    let Some((source, list)) =
         var("OTEL_EXPORTER_OTLP_TRACES_HEADERS").or_else(|| var("OTEL_EXPORTER_OTLP_HEADERS"))
     else {
         return Ok(Vec::new());
@@ -59,7 +62,8 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
     list.split(',')
         .filter(|pair| !pair.trim().is_empty())
         .map(|pair| {
-            let bad = |why: &str| format!("the OTLP export header {pair:?}: {why}");
+            // Named by the variable it came from: the error's prefix names the endpoint's.
+            let bad = |why: &str| format!("{source}'s OTLP export header {pair:?}: {why}");
             let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
             let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
             let value: Vec<u8> = percent_encoding::percent_decode_str(value.trim()).collect();
