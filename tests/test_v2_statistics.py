@@ -138,3 +138,33 @@ def test_a_route_named_stats_is_warned_of(corral_factory, tmp_path):
         c.infer("stats", tensors(x, scale, words))
         (model,) = c.get_inference_statistics()["model_stats"]
     assert model["name"] == "stats" and model["inference_count"] == 1
+
+
+def test_statistics_add_up_for_64_clients_of_large_rows(proxy):
+    """At user sizes: 64 clients at once, each sending requests of 4 rows of 64 KiB text (batch
+    frames of megabytes, far past a socket buffer). Every request and row is counted once, and
+    the batches by size hold every row."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    clients, requests, rows_each = 64, 3, 4
+    text = b"t" * (64 * 1024)
+
+    def send(n: int) -> int:
+        x, scale, words = rows(rows_each, text)
+        with client(proxy) as c:
+            for _ in range(requests):
+                answer = c.infer("default", tensors(x, scale, words))
+                assert answer.as_numpy("UPPER")[0][0].startswith(b"T" * 1000)
+        return n
+
+    with ThreadPoolExecutor(clients) as pool:
+        assert sorted(pool.map(send, range(clients))) == list(range(clients))
+    stats = stats_of(proxy)
+    inference = stats["inference_stats"]
+    total = clients * requests
+    assert (inference["success"]["count"], inference["fail"]["count"]) == (total, 0)
+    assert inference["queue"]["count"] == inference["compute_infer"]["count"] == total
+    assert stats["inference_count"] == total * rows_each
+    batches = stats["batch_stats"]
+    assert sum(b["batch_size"] * b["compute_infer"]["count"] for b in batches) == total * rows_each
+    assert sum(b["compute_infer"]["count"] for b in batches) == stats["execution_count"]
