@@ -411,6 +411,18 @@ def test_the_repository_index_lists_each_model_and_its_state(proxy, corral_facto
             b"POST /v2/repository/index HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n"
         )
         assert conn.recv(65536).startswith(b"HTTP/1.1 413")
+    # Sent chunked, with no length to refuse it by: refused as it passes 4 KiB.
+    chunks = (b"{" + b" " * 1024 for _ in range(8))
+    large = idle.client.post("/v2/repository/index", content=chunks)
+    assert large.status_code == 413, large.text
+    gzipped = {"content-encoding": "gzip", "connection": "close"}
+    compressed = idle.client.post("/v2/repository/index", content=b"x", headers=gzipped)
+    assert compressed.status_code == 415 and compressed.headers["accept-encoding"] == "identity"
+    # tritonclient's load_model and unload_model: workers load models, not the proxy.
+    for verb in ("load", "unload"):
+        path = f"/v2/repository/models/default/{verb}"
+        answer = idle.client.post(path, json={})
+        assert (answer.status_code, answer.json()) == (404, {"error": f"no route for {path}"})
     answer = idle.client.get("/v2/repository/index")
     assert answer.status_code == 405 and answer.headers["allow"] == "POST"
 

@@ -145,9 +145,13 @@ fn read<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     // text. (A `bin` is not looked into: a result's `data` is checked as a value of its own.)
     // Nothing else can fail on a message serde just read, whose nesting is within its looser
     // bound; were it to, the whole body would count as the message, and nothing as trailing.
+    // Which of the two failed, a walk that skips strings tells (only then, rarely, walked again):
+    // by the error's text, a reworded message would have let such a `str` through again.
     let end = match walk::walk_one(body, Strings::Check, MAX_DEPTH) {
         Ok((_, end)) => end,
-        Err(why) if why.contains(walk::NOT_UTF8) => return Err(DecodeError::NotUtf8(why)),
+        Err(why) if walk::walk_one(body, Strings::Skip, MAX_DEPTH).is_ok() => {
+            return Err(DecodeError::NotUtf8(why))
+        }
         Err(_) => body.len(),
     };
     if end != body.len() {

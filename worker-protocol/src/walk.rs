@@ -19,9 +19,6 @@ pub struct Found {
     pub deepest: usize,
 }
 
-/// What a walk's error says of a `str` that is not UTF-8 (and of nothing else).
-pub const NOT_UTF8: &str = "is not valid UTF-8";
-
 /// Whether a walk checks that strings are UTF-8, or only moves past them.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Strings {
@@ -156,7 +153,9 @@ impl<'a> Reader<'a> {
             return Ok(());
         }
         std::str::from_utf8(text).map(drop).map_err(|e| {
-            format!("the string at byte {at} {NOT_UTF8} ({e}); send raw bytes as bin, not str")
+            format!(
+                "the string at byte {at} is not valid UTF-8 ({e}); send raw bytes as bin, not str"
+            )
         })
     }
 

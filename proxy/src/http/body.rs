@@ -172,32 +172,23 @@ fn coding_other_than(headers: &HeaderMap, name: HeaderName, allowed: &str) -> Op
     })
 }
 
-/// A small body read whole, for an endpoint that takes no job (v2's repository index): not
-/// compressed (415), at most `max` bytes (413), within `--body-read-timeout-ms` (408); a body
-/// that breaks off is 400. Each refusal closes the connection: the rest may still be coming.
+/// A small body read whole, for an endpoint that takes no job (v2's repository index), by the
+/// same reading as a job's body: not compressed (415), at most `max` bytes (413, from its
+/// declared length before a byte is read), within `--body-read-timeout-ms` (408), 503 past the
+/// grace period; a body that breaks off is 400.
 pub async fn read_small(
     app: &App,
     request: Request<Incoming>,
     max: usize,
 ) -> Result<Bytes, ApiError> {
     check_encoding(request.headers()).map_err(before_body)?;
-    // Declared too large: refused before a byte is read (and before `100 Continue`).
-    if declared_length(request.headers()).is_some_and(|length| length > max as u64) {
-        return Err(before_body(ApiError::body_too_large(max)));
-    }
-    let limited = http_body_util::Limited::new(request.into_body(), max);
-    let allowed = app.body_read_timeout;
-    let read = tokio::time::timeout(allowed, limited.collect()).await;
-    let read = read.map_err(|_| ApiError::body_timeout(allowed))?;
-    let body = read.map_err(|e| {
-        let error = if e.is::<http_body_util::LengthLimitError>() {
-            ApiError::body_too_large(max)
-        } else {
-            ApiError::bad_request(format!("the body could not be read: {e}"))
-        };
-        ApiError { close: true, ..error }
-    })?;
-    Ok(body.to_bytes())
+    let declared = declared_length(request.headers());
+    let read_by = Instant::now() + app.body_read_timeout;
+    let limits = Limits { bytes: max, declared, read_by, grace_over: &app.grace_over };
+    let read = read_body(request.into_body(), limits, 0, None, None).await;
+    let timeout = || ApiError::body_timeout(app.body_read_timeout);
+    let (body, _) = read.map_err(|e| e.unwrap_or_else(timeout))?;
+    Ok(body)
 }
 
 /// The body's length as its `Content-Length` declares it, if it does.

@@ -176,7 +176,7 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
 pub fn answer(job: Job, outcome: Outcome, now: Instant) {
     // A stream that had chunks ended for its client as a 200 (its timeout's error event, or the
     // client leaving): past its deadline, the job is cancelled, not a 408 nor a late result.
-    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
+    let streamed = streamed(&job);
     let expired = job.is_expired(now) && !streamed;
     // A stream the connection ended at its timeout while its client was not reading
     // (`streaming::State::end_streams`): its answer still reaches the client, yet the job was
@@ -229,8 +229,12 @@ pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
 /// not the worker's own `expired` (a job it skipped brought no result: nothing ran), nor a
 /// stream's end once its client has a 200.
 fn is_late(job: &Job, outcome: &Outcome, now: Instant) -> bool {
-    let streamed = job.stream.as_ref().is_some_and(|stream| stream.started());
-    job.is_expired(now) && !streamed && !matches!(outcome, Outcome::Expired)
+    job.is_expired(now) && !streamed(job) && !matches!(outcome, Outcome::Expired)
+}
+
+/// Whether a chunk of the job went to its streaming client: it has a 200 already.
+fn streamed(job: &Job) -> bool {
+    job.stream.as_ref().is_some_and(|stream| stream.started())
 }
 
 #[cfg(test)]

@@ -12,8 +12,8 @@ from typing import Any
 
 import msgspec
 
+from corral import _json_form, _streaming, _tensors
 from corral import _protocol as protocol
-from corral import _streaming, _tensors
 
 
 def check(cls: Any) -> None:
@@ -177,25 +177,9 @@ def _types(cls: type) -> None:
 
 def _custom_type(info: msgspec.inspect.Type) -> type | None:
     """The first type in ``info`` (an ``input_type``'s tree) that msgspec decodes only with a
-    ``dec_hook``, if any."""
-    seen: set[int] = set()
-    pending = [info]
-    while pending:
-        node = pending.pop()
-        if id(node) in seen:
-            continue  # a recursive Struct refers back to itself
-        seen.add(id(node))
-        # (`object` is a custom type to msgspec's inspection, and decodes as any value.)
-        if isinstance(node, msgspec.inspect.CustomType) and node.cls is not object:
-            return node.cls
-        # `type`: what an `Annotated[...]` (msgspec's Metadata) annotates.
-        for attribute in ("item_type", "key_type", "value_type", "type"):
-            child = getattr(node, attribute, None)
-            if isinstance(child, msgspec.inspect.Type):
-                pending.append(child)
-        for child in getattr(node, "item_types", ()) or getattr(node, "types", ()):
-            if isinstance(child, msgspec.inspect.Type):
-                pending.append(child)
-        for field in getattr(node, "fields", ()):
-            pending.append(field.type)
-    return None
+    ``dec_hook``, if any. (`object` is a custom type to msgspec's inspection, and decodes as any
+    value.)"""
+    found = _json_form.first(
+        info, lambda node: isinstance(node, msgspec.inspect.CustomType) and node.cls is not object
+    )
+    return found.cls if isinstance(found, msgspec.inspect.CustomType) else None

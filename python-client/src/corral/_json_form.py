@@ -48,12 +48,20 @@ _STR_KEYS = (msgspec.inspect.StrType, msgspec.inspect.AnyType)
 def holds(root: msgspec.inspect.Type, found: Callable[[msgspec.inspect.Type], bool]) -> bool:
     """Whether a value of this type (msgspec's description of it) may hold, anywhere inside it,
     a type for which ``found`` is true (recursive types are walked once)."""
+    return first(root, found) is not None
+
+
+def first(
+    root: msgspec.inspect.Type, found: Callable[[msgspec.inspect.Type], bool]
+) -> msgspec.inspect.Type | None:
+    """The first type inside this one (msgspec's description of it), itself included, for which
+    ``found`` is true, if any (recursive types are walked once)."""
     seen: set[int] = set()
     pending = [root]
     while pending:
         node = pending.pop()
         if found(node):
-            return True
+            return node
         if id(node) in seen:
             continue
         seen.add(id(node))
@@ -65,7 +73,7 @@ def holds(root: msgspec.inspect.Type, found: Callable[[msgspec.inspect.Type], bo
                     part = part.type
                 if isinstance(part, msgspec.inspect.Type):
                     pending.append(part)
-    return False
+    return None
 
 
 def refused_in_json_form(node: msgspec.inspect.Type) -> bool:

@@ -149,9 +149,10 @@ def run(worker: Streamer, jobs: list[dict[str, Any]], link: Link, limit: int) ->
     # current while the generator runs, so the user's spans inside it nest under it.
     with _tracing.batch(jobs):
         failure = _drive(generator, state)
-    if failure is not None and state.live_ids():
+    live = state.live_ids()
+    if failure is not None and live:
         # (With every item ended already, a failure at the end fails nobody: not logged.)
-        _failures.failed("forward (while streaming)", failure, state.live_ids())
+        _failures.failed("forward (while streaming)", failure, live)
     state.finish(failure)
 
 
