@@ -197,6 +197,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
             "405": response("The endpoint takes POST only; see Allow.", error),
             "408": response("The body did not arrive in time.", error),
             "413": response("The body is over 4 KiB.", error),
+            "503": response("The proxy is stopping and the body was still arriving.", error),
             "415": response("The body is compressed (Content-Encoding): send it uncompressed; \
                 see Accept-Encoding.", error),
             "431": head_too_large(error)}}});
