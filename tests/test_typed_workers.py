@@ -98,6 +98,20 @@ def test_a_dict_output_holding_bytes_and_an_aware_datetime_reaches_a_json_client
     assert msgpack.unpackb(response.content) == RECEIPT
 
 
+def test_a_timestamp_from_a_worker_without_output_type_reaches_a_json_client_as_text(corral_factory):
+    # With no `output_type` the worker writes an aware datetime as msgpack's timestamp (and its
+    # bytes as a `bin`): a JSON client had 500 unrepresentable_output; the proxy writes the
+    # timestamp as RFC 3339 text in UTC, and a msgpack client still gets the timestamp.
+    proxy = corral_factory(worker=STAMPED, env={"STAMPED_OUTPUT": "none"})
+    response = proxy.post(UPLOAD)
+    assert response.status_code == 200, response.text
+    assert response.json()["at"] == RECEIPT["at"]
+    assert response.json()["reversed"] == list(DATA[::-1]), "a bin is an array of numbers"
+    response = proxy.client.post("/infer", content=msgpack.packb(UPLOAD), headers=MSGPACK)
+    stamp = msgpack.unpackb(response.content, timestamp=3)["at"]
+    assert stamp == datetime.datetime(2024, 5, 6, 5, 8, 9, tzinfo=datetime.timezone.utc)
+
+
 @pytest.mark.parametrize("client", ["json", "msgpack with bin", "msgpack with base64"])
 def test_megabytes_of_bytes_go_through_whole(proxy, client):
     """4 MiB of `bytes` in a typed request and its answer: a JSON client sends and gets base64, a

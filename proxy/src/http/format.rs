@@ -404,7 +404,11 @@ pub fn from_msgpack_between(
 ) -> Result<Bytes, Unwritable> {
     let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
-        let plain = tensor::expand(&data).map_err(|e| Unwritable {
+        let timestamps = match format {
+            Format::Json => tensor::Timestamps::AsText,
+            Format::Msgpack => tensor::Timestamps::Kept,
+        };
+        let plain = tensor::expand_with(&data, timestamps).map_err(|e| Unwritable {
             message: format!("the worker's output has a tensor value that is not well formed: {e}"),
             malformed: true,
         })?;
@@ -422,11 +426,11 @@ pub fn from_msgpack_between(
         Format::Json if found.non_finite => Err(Unwritable::no_json_form(
             "the worker's output holds NaN or infinity, which JSON cannot carry",
         )),
-        // Found again after the tensors were expanded: an ext of another type. serde would
-        // write it as `[type, [bytes]]`, another value than the worker's.
+        // Found again after the tensors and timestamps were written out: an ext of another
+        // type. serde would write it as `[type, [bytes]]`, another value than the worker's.
         Format::Json if found.ext => Err(Unwritable::no_json_form(
-            "the worker's output holds a msgpack ext value that is not a tensor, which JSON \
-             cannot carry",
+            "the worker's output holds a msgpack ext value that is neither a tensor nor a \
+             timestamp of the years 0 to 9999, which JSON cannot carry",
         )),
         Format::Json => {
             let mut out =
@@ -538,8 +542,25 @@ mod tests {
         // fixext 1 of type 5: serde would write it as `[5,[1]]`, another value.
         let foreign = Bytes::from_static(&[0x91, 0xd4, 0x05, 0x01]);
         let error = from_msgpack(Format::Json, foreign.clone()).unwrap_err();
-        assert!(error.message.contains("ext value that is not a tensor"), "{error}");
+        assert!(error.message.contains("neither a tensor nor a timestamp"), "{error}");
         assert_eq!(from_msgpack(Format::Msgpack, foreign.clone()).unwrap(), foreign);
+    }
+
+    #[test]
+    fn a_timestamp_is_rfc3339_text_for_json_and_kept_for_msgpack() {
+        // {"at": timestamp 96 of 2026-11-27T23:22:46.5Z}, as msgspec writes an aware datetime.
+        let seconds: u64 = 1795821766;
+        let both = (500_000_000u64 << 34) | seconds;
+        let packed = [&[0x81, 0xa2, b'a', b't', 0xd7, 0xff][..], &both.to_be_bytes()].concat();
+        let packed = Bytes::from(packed);
+        let json = from_msgpack(Format::Json, packed.clone()).unwrap();
+        assert_eq!(&json[..], br#"{"at":"2026-11-27T23:22:46.5Z"}"#);
+        assert_eq!(from_msgpack(Format::Msgpack, packed.clone()).unwrap(), packed);
+        // Past the year 9999 (timestamp 96: nanoseconds, then 64-bit seconds) RFC 3339 has no
+        // form: the answer is refused as for any other ext, not written as something else.
+        let far = [&[0xc7, 0x0c, 0xff, 0, 0, 0, 0][..], &300_000_000_000i64.to_be_bytes()].concat();
+        let error = from_msgpack(Format::Json, Bytes::from(far)).unwrap_err();
+        assert_eq!(error.code(), "unrepresentable_output", "{error}");
     }
 
     /// The answer for an output of raw bytes (`b"PNG"`, the worker naming `named`).

@@ -7,9 +7,9 @@ timezone-aware ``datetime`` is a string in the schema, msgpack's timestamp exten
 (naive ones are strings in both); a number-keyed dict (``dict[int, str]``) has string keys in a
 JSON object. The proxy transcodes a JSON body to msgpack value for value, and a msgpack output
 to JSON the same way, so left to msgpack a JSON client could send no bytes (its base64 string
-reaches the decoder as a ``str``: 422), would get bytes back as an array of numbers, and would
-have an answer holding an aware datetime refused (500 ``unrepresentable_output``: JSON has no
-timestamp).
+reaches the decoder as a ``str``: 422), would get bytes back as an array of numbers, and a
+msgpack client would get an aware datetime as a timestamp where the schema says a string (the
+proxy writes a timestamp for a JSON client as RFC 3339 text).
 
 So, in the worker:
 

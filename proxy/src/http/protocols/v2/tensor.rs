@@ -17,7 +17,7 @@ mod json;
 mod plain;
 
 pub use json::{pack_json, JsonData, Leaves};
-pub use plain::{expand, read_value, read_value_from, row, widened, Row};
+pub use plain::{expand, expand_with, read_value, read_value_from, row, widened, Row, Timestamps};
 
 /// The ext type of a tensor value.
 pub const TENSOR_EXT: i8 = 1;

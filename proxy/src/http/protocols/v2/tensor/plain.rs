@@ -198,14 +198,64 @@ const MAX_EMPTY_ARRAYS: u64 = 65_536;
 /// element at a time: built as a tree of values first (32 bytes and more an element, twice),
 /// a 30 MB answer of UINT8s took the proxy to 1.9 GB.
 pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
+    expand_with(data, Timestamps::Kept)
+}
+
+/// What [`expand`] does with msgpack's own timestamp values (ext type -1).
+#[derive(Clone, Copy, PartialEq)]
+pub enum Timestamps {
+    /// Left as they are: a msgpack client reads them as timestamps.
+    Kept,
+    /// Written as RFC 3339 strings in UTC (`2026-11-27T23:22:46.5Z`), for a JSON client: what
+    /// msgspec's own JSON writes for the aware `datetime` that msgspec's msgpack writes as a
+    /// timestamp. JSON has no timestamp; a Python worker returning a `datetime` had answered
+    /// its JSON clients 500 `unrepresentable_output`.
+    AsText,
+}
+
+/// [`expand`], with timestamps as `timestamps` says.
+pub fn expand_with(data: &[u8], timestamps: Timestamps) -> Result<Vec<u8>, String> {
     let mut out = Vec::with_capacity(data.len() * 2);
-    expand_into(&mut &data[..], &mut out, 0)?;
+    expand_into(&mut &data[..], &mut out, 0, timestamps)?;
     Ok(out)
+}
+
+/// msgpack's timestamp extension type.
+const TIMESTAMP_EXT: i8 = -1;
+
+/// A msgpack timestamp's body (4, 8 or 12 bytes, as the msgpack spec lays them out) as an
+/// RFC 3339 string in UTC; none for a body of another size, nanoseconds past a second, or a
+/// time outside the years 0 to 9999 (which RFC 3339 cannot write): such a value stays an ext,
+/// which JSON refuses when the answer is written.
+fn timestamp_text(body: &[u8]) -> Option<String> {
+    let (seconds, nanos) = match body.len() {
+        4 => (i64::from(u32::from_be_bytes(body.try_into().ok()?)), 0),
+        8 => {
+            let both = u64::from_be_bytes(body.try_into().ok()?);
+            ((both & 0x3_ffff_ffff) as i64, (both >> 34) as u32)
+        }
+        12 => {
+            let (nanos, seconds) = body.split_at(4);
+            (
+                i64::from_be_bytes(seconds.try_into().ok()?),
+                u32::from_be_bytes(nanos.try_into().ok()?),
+            )
+        }
+        _ => return None,
+    };
+    let when =
+        time::OffsetDateTime::from_unix_timestamp(seconds).ok()?.replace_nanosecond(nanos).ok()?;
+    when.format(&time::format_description::well_known::Rfc3339).ok()
 }
 
 /// Writes the value at the start of `rest` into `out`, its tensor values expanded, and moves
 /// `rest` past it.
-fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), String> {
+fn expand_into(
+    rest: &mut &[u8],
+    out: &mut Vec<u8>,
+    depth: usize,
+    timestamps: Timestamps,
+) -> Result<(), String> {
     if depth > MAX_DEPTH {
         return Err(format!("nested deeper than {MAX_DEPTH} levels"));
     }
@@ -214,12 +264,12 @@ fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), 
         0x90..=0x9f | 0xdc | 0xdd => {
             let len = rmp::decode::read_array_len(rest).map_err(|e| e.to_string())?;
             rmp::encode::write_array_len(out, len).expect(TO_VEC);
-            (0..len).try_for_each(|_| expand_into(rest, out, depth + 1))
+            (0..len).try_for_each(|_| expand_into(rest, out, depth + 1, timestamps))
         }
         0x80..=0x8f | 0xde | 0xdf => {
             let len = rmp::decode::read_map_len(rest).map_err(|e| e.to_string())?;
             rmp::encode::write_map_len(out, len).expect(TO_VEC);
-            (0..2 * u64::from(len)).try_for_each(|_| expand_into(rest, out, depth + 1))
+            (0..2 * u64::from(len)).try_for_each(|_| expand_into(rest, out, depth + 1, timestamps))
         }
         0xd4..=0xd8 | 0xc7..=0xc9 => {
             let meta = rmp::decode::read_ext_meta(rest).map_err(|e| e.to_string())?;
@@ -228,6 +278,13 @@ fn expand_into(rest: &mut &[u8], out: &mut Vec<u8>, depth: usize) -> Result<(), 
             *rest = &rest[size..];
             match meta.typeid {
                 TENSOR_EXT => write_plain(out, body, depth),
+                TIMESTAMP_EXT if timestamps == Timestamps::AsText => {
+                    match timestamp_text(body) {
+                        Some(text) => rmp::encode::write_str(out, &text).expect(TO_VEC),
+                        None => out.extend_from_slice(&start[..start.len() - rest.len()]),
+                    }
+                    Ok(())
+                }
                 // Other ext values are not Corral's: a msgpack client gets them as sent, and
                 // JSON refuses them when the answer is written (`format::from_msgpack`).
                 _ => {
@@ -359,6 +416,24 @@ mod tests {
         assert!(row(&ragged, None).unwrap_err().contains("unevenly"));
         let words = plain(serde_json::json!(["a", 1]));
         assert!(row(&words, None).is_err());
+    }
+
+    #[test]
+    fn timestamps_of_each_width_are_rfc3339_text() {
+        // The msgpack spec's three layouts: 32-bit seconds; 30-bit nanoseconds and 34-bit
+        // seconds; 32-bit nanoseconds and signed 64-bit seconds (before 1970 too).
+        assert_eq!(timestamp_text(&0u32.to_be_bytes()).unwrap(), "1970-01-01T00:00:00Z");
+        let both = (1u64 << 34) | 86_400;
+        assert_eq!(timestamp_text(&both.to_be_bytes()).unwrap(), "1970-01-02T00:00:00.000000001Z");
+        let before = [&250_000_000u32.to_be_bytes()[..], &(-1i64).to_be_bytes()].concat();
+        assert_eq!(timestamp_text(&before).unwrap(), "1969-12-31T23:59:59.25Z");
+        let too_many_nanos = [&1_000_000_000u32.to_be_bytes()[..], &0i64.to_be_bytes()].concat();
+        assert_eq!(timestamp_text(&too_many_nanos), None);
+        assert_eq!(timestamp_text(&[0; 5]), None);
+        let year_zero = [&[0; 4][..], &(-62_167_219_200i64).to_be_bytes()].concat();
+        assert_eq!(timestamp_text(&year_zero).unwrap(), "0000-01-01T00:00:00Z");
+        let before_year_zero = [&[0; 4][..], &(-62_167_219_201i64).to_be_bytes()].concat();
+        assert_eq!(timestamp_text(&before_year_zero), None);
     }
 
     #[test]
