@@ -98,7 +98,7 @@ def test_a_dict_output_holding_bytes_and_an_aware_datetime_reaches_a_json_client
     assert msgpack.unpackb(response.content) == RECEIPT
 
 
-def test_a_timestamp_from_a_worker_without_output_type_reaches_a_json_client_as_text(corral_factory):
+def test_a_timestamp_from_a_worker_without_output_type_is_text_for_json(corral_factory):
     # With no `output_type` the worker writes an aware datetime as msgpack's timestamp (and its
     # bytes as a `bin`): a JSON client had 500 unrepresentable_output; the proxy writes the
     # timestamp as RFC 3339 text in UTC, and a msgpack client still gets the timestamp.

@@ -3,7 +3,8 @@ whose JSON form (base64 and RFC 3339 strings, as its JSON Schema says) msgpack w
 it answers each upload with its bytes reversed, their count, and its time in UTC. With
 STAMPED_OUTPUT=dict its `output_type` is `dict` and it answers the receipt as one (a schema that
 promises no form: the values go out in their JSON form all the same); with STAMPED_OUTPUT=none it
-declares no `output_type`, and msgspec writes the receipt as msgpack has it (a `bin`, a timestamp)."""
+declares no `output_type`, and msgspec writes the receipt as msgpack has it (a `bin`, a
+timestamp)."""
 
 import datetime
 import os
