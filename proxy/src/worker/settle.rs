@@ -212,8 +212,8 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) {
 /// the client gets the 408 its deadline says. (The timer has a millisecond's grain and its
 /// handler may not have run: a result a millisecond or two late had gone out as a 200, in no
 /// count, beside results as late answered 408 and counted.) A stream that has begun is past
-/// that: its client has a 200 already. (A stream's first chunk is not a result: one that comes
-/// a millisecond past the deadline, before its client's timer fires, still opens the stream.)
+/// that: its client has a 200 already. (A stream's first chunk is held to the deadline alike,
+/// where it comes: `streaming::State::chunks`.)
 pub fn answer_result(job: Job, outcome: Outcome, now: Instant) {
     let late = is_late(&job, &outcome, now);
     let outcome = if late { Outcome::Expired } else { outcome };

@@ -355,6 +355,8 @@ impl State {
         }
         let mut slow = Vec::new();
         let mut broken = Vec::new();
+        let mut late = Vec::new();
+        let now = Instant::now();
         for chunk in chunks.chunks {
             let held = self.held.get_mut(&chunk.id).expect("checked above");
             let frame = held.frame;
@@ -370,6 +372,16 @@ impl State {
             }
             held.streamed |= job.stream.is_some();
             match &job.stream {
+                // A first chunk at or past the job's deadline opens no stream: its client gets
+                // the 408 its deadline says and the worker is told to stop, as for a result that
+                // late (`settle::answer_result`), whether or not the client's timer has fired
+                // yet (a chunk a millisecond late had opened a 200 stream before the timer's).
+                Some(sink) if !sink.started() && job.is_expired(now) => {
+                    let job = held.job.take().expect("checked above");
+                    answer(job, Outcome::Expired, now);
+                    metrics().late_results.inc();
+                    late.push(chunk.id);
+                }
                 // Ended for the worker at its stream timeout (`end_streams`): its client gets the
                 // timeout's error event next, nothing more (pushed, a stalled client's buffer
                 // could fill and count it `slow_client` as well as `deadline`).
@@ -407,7 +419,7 @@ impl State {
             }
             self.heard_from(seat, frame);
         }
-        for id in slow.into_iter().chain(broken) {
+        for id in slow.into_iter().chain(broken).chain(late) {
             self.cancel(outbox, id);
         }
         Ok(())

@@ -156,3 +156,36 @@ fn gathered_chunks_are_one_msgpack_array_whatever_its_head() {
         assert!(array[..count].iter().enumerate().all(|(i, &v)| v == (i % 100) as u64));
     }
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_first_chunk_past_the_deadline_opens_no_stream_before_the_clients_timer_fires() {
+    // The client's timer has not fired (its `left` token is not cancelled): the chunk came a
+    // moment past the deadline. It had opened a 200 stream; the client gets its 408, the chunk
+    // is not pushed, the worker is told to stop, and the chunk counts as a late result.
+    let stage = stage();
+    let seat = stage.worker_joined();
+    let (mut outbox, _worker) = outbox();
+    let (sink, mut source) = crate::stream::channel(1 << 20);
+    let (mut late_job, mut reply) = job(Instant::now(), Duration::from_secs(1));
+    late_job.stream = Some(sink);
+    let id = late_job.id;
+    let mut state = state(true);
+    state.hold(&mut outbox, vec![late_job], &by());
+    let late = || metrics().late_results.get();
+    let before = late();
+    tokio::time::advance(Duration::from_millis(1001)).await;
+    assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(0, 8)])).is_ok());
+    assert_eq!(reply.try_recv().expect("answered at once").outcome, Outcome::Expired);
+    assert!(source.try_next().is_none(), "no chunk reached the client");
+    assert!(state.held[&id].cancelled, "the worker is told to stop");
+    assert!(late() > before, "counted late");
+    // A chunk in time opens the stream as ever.
+    let (sink, mut source) = crate::stream::channel(1 << 20);
+    let (mut timely, _reply) = job(Instant::now(), Duration::from_secs(1));
+    timely.stream = Some(sink);
+    let id = timely.id;
+    state.hold(&mut outbox, vec![timely], &by());
+    tokio::time::advance(Duration::from_millis(999)).await;
+    assert!(state.chunks(&mut outbox, &seat, frame(id, &[bin(1, 8)])).is_ok());
+    assert_eq!(source.try_next().expect("pushed")[2], 1);
+}
