@@ -819,8 +819,16 @@ def test_large_answers_on_one_http2_connection_arrive_whole(corral_factory):
     """Answers go to hyper in 16 KiB pieces over HTTP/2, each one counted as the client's
     progress: at the sizes and concurrency clients use — 64 streams at once on one connection,
     answers far past the 64 KiB window, two of 4 MiB — every answer arrives whole. (httpx's
-    asyncio client: its threaded one shares an h2 connection across threads unsafely.)"""
-    proxy = corral_factory("--max-wait-ms=0")
+    asyncio client: its threaded one shares an h2 connection across threads unsafely.)
+
+    The requests are small: httpcore 1.0.9's HTTP/2 client can stall for good uploading
+    concurrent large bodies (a task waiting for window reads the socket after another task
+    already took the WINDOW_UPDATE it waits for: pydantic/httpx2#1133). The proxy then answered
+    the stalled body 408 at its deadline and reset the stream, and httpcore, still sending,
+    raised `LocalProtocolError` (a CI failure; 4 runs in 140 on a busy machine). Large uploads
+    are not what this test is about. The long deadline keeps admission's margin out of it on a
+    busy machine."""
+    proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=60000")
     sizes = [256 * 1024] * 64 + [4 * 1024 * 1024] * 2
 
     async def echoes():
@@ -831,7 +839,8 @@ def test_large_answers_on_one_http2_connection_arrive_whole(corral_factory):
 
             async def echo(n: int):
                 text = f"{n:04d}" * (sizes[n] // 4)
-                answer = await client.post("/infer", json=text)
+                ask = {"repeat": f"{n:04d}", "times": sizes[n] // 4}
+                answer = await client.post("/infer", json=ask)
                 return answer.http_version, answer.status_code, answer.json()["echo"] == text
 
             return await asyncio.gather(*(echo(n) for n in range(len(sizes))))

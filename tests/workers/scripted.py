@@ -9,6 +9,8 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"sleep_ms": n}`: forward sleeps n ms before answering (a model that costs that much);
 - `{"hold": path}`: forward holds the batch until the file `path` exists (the test creates it
   once it has seen what it waits for: a 408, a full queue, a worker killed);
+- `{"repeat": text, "times": n}`: echoed as `text` n times over (a large answer from a small
+  request);
 - anything else is echoed.
 Every answer is `{"echo": item, "batch_size": n, "pid": pid, "timeout_ms": ms}`, so tests can
 see batches form and the remaining time the worker was told.
@@ -65,13 +67,20 @@ class Scripted(corral.Worker):
         now = time.monotonic()
         return [
             {
-                "echo": item,
+                "echo": repeated(item),
                 "batch_size": len(batch),
                 "pid": os.getpid(),
                 "timeout_ms": round((deadline - now) * 1000),
             }
             for item, deadline in zip(batch, self.deadlines)
         ]
+
+
+def repeated(item):
+    """The item as echoed: a `repeat` request's text, `times` over."""
+    if isinstance(item, dict) and "repeat" in item:
+        return item["repeat"] * item["times"]
+    return item
 
 
 if __name__ == "__main__":
