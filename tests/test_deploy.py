@@ -65,6 +65,8 @@ def test_the_pod_shares_the_socket_and_probes_the_right_routes():
     assert corral["livenessProbe"]["httpGet"]["path"] == "/healthz"
     assert corral["readinessProbe"]["httpGet"]["path"] == "/readyz"
     assert flags(corral)["listen"].endswith(":" + str(corral["ports"][0]["containerPort"]))
+    # The worker logs as the proxy does: Corral tells only the workers it spawns.
+    assert env.get("CORRAL_LOG_FORMAT") == flags(corral)["log-format"]
 
 
 def test_the_proxy_limit_holds_its_own_memory_bounds():
@@ -156,6 +158,33 @@ def test_the_dockerfile_copies_what_exists():
     for image in ("corral-proxy", "corral-worker"):
         target = image.removeprefix("corral-")
         assert f"--target {target}" in text, f"the header says how to build {image}"
+
+
+def stage(text: str, name: str) -> str:
+    """The Dockerfile's stage `name`, up to the next one, each instruction on one line."""
+    text = re.sub(r"\\\n\s*", " ", text)
+    start = text.index(f" AS {name}\n")
+    after = text.find("\nFROM ", start)
+    return text[start : after if after >= 0 else len(text)]
+
+
+def test_the_build_stage_has_what_the_proxy_s_build_scripts_run():
+    """tikv-jemalloc-sys's build script runs make, which the slim Rust image lacks: the proxy
+    image had not built since jemalloc came in (hadolint reads no build scripts)."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    assert "tikv-jemallocator" in (ROOT / "proxy" / "Cargo.toml").read_text()
+    build = stage(text, "build")
+    assert re.search(r"^RUN .*apt-get install .*\bmake\b", build, re.M), build
+
+
+def test_the_image_that_spawns_workers_keeps_its_socket_where_it_may_write():
+    """The worker stage's CORRAL_SOCKET is in /run/corral, a volume of the sidecar pod; the
+    image that runs alone must not inherit it (the directory is not there)."""
+    text = (DEPLOY / "Dockerfile").read_text()
+    socket = re.findall(r"CORRAL_SOCKET=(\S+)", stage(text, "all-in-one"))
+    assert socket and os.path.dirname(socket[-1]) == "/tmp", socket
+    cmd = json.loads(re.search(r"^CMD (.+)$", stage(text, "all-in-one"), re.M).group(1))
+    assert cmd[cmd.index("--socket") + 1] == socket[-1]
 
 
 def test_the_image_that_spawns_workers_runs_corral_under_an_init():
