@@ -78,6 +78,19 @@ def test_json_logs_carry_request_ids(corral_factory):
     records = [json.loads(line) for line in proxy.lines]
     workers = [r for r in records if r.get("target") == "corral::worker"]
     assert workers and all(r["worker"] == "worker 0" for r in workers), records
+    # Fields are values, not Rust's debug forms (`"\"Scripted\""`, `"[\"default\"]"`).
+    (connected,) = [r for r in records if r.get("message") == "worker connected"]
+    assert connected["name"] == "Scripted", connected
+    (route,) = [r for r in records if r.get("message") == "serving route"]
+    assert route["stages"] == "default", route
+
+
+def test_a_log_filter_that_does_not_parse_is_said_so(corral_factory):
+    """A misspelt level in RUST_LOG had logged at info without a word."""
+    proxy = corral_factory(env={"RUST_LOG": "warn,corral::http=degub"}, workers=1)
+    line = proxy.wait_for_log(r"is not a log filter")
+    assert "WARN" in line and "degub" in line and "logging at info" in line
+    proxy.wait_for_log(r"INFO .*worker connected")
 
 
 def test_a_worker_s_failures_are_logged_with_their_jobs_once_a_minute(corral_factory):

@@ -156,7 +156,7 @@ pub async fn run(
             let pipeline = Pipeline {
                 stages: route.stages.iter().map(|name| by_name[name].clone()).collect(),
             };
-            info!(path = %route.path, pipeline = %route.pipeline, stages = ?route.stages, "serving route");
+            info!(path = %route.path, pipeline = %route.pipeline, stages = %route.stages.join(","), "serving route");
             http::Route {
                 name: route.name.clone(),
                 model: route.model.clone(),

@@ -67,7 +67,7 @@ fn main() -> std::process::ExitCode {
     // runtime's (a stdout or stderr nobody reads once froze the proxy, signals and all).
     let (stderr, guard) = output::log_writer();
     *LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()) = Some(guard);
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info"));
+    let (filter, unread_filter) = log_filter();
     let logs = tracing_subscriber::fmt().with_env_filter(filter).with_writer(stderr);
     match config.log_format {
         LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
@@ -75,6 +75,9 @@ fn main() -> std::process::ExitCode {
             logs.json().flatten_event(true).with_current_span(true).init();
             output::as_json();
         }
+    }
+    if let Some(why) = unread_filter {
+        tracing::warn!("{why}; logging at info");
     }
     warn_of_unused_options(&config, &topology, &explicit);
     warn_of_a_model_named_stats(&topology);
@@ -194,6 +197,23 @@ fn warn_of_unused_options(
 /// A route named `stats` serves a model v2 cannot wholly ask for: `/v2/models/stats` is the
 /// statistics of every model, as in Triton. A warning, not an error: the route and its other
 /// protocols serve as before (refused, a file that started yesterday would not today).
+/// The log filter: `RUST_LOG`'s, or `info`; with why `RUST_LOG` was not read, if it is set and
+/// is no filter (`corral=verbose`, a level misspelt), to be said once logging is up (it had been
+/// replaced by `info` without a word, and an operator read its silence as nothing to log).
+fn log_filter() -> (EnvFilter, Option<String>) {
+    let info = || EnvFilter::new("info");
+    match std::env::var(EnvFilter::DEFAULT_ENV) {
+        // Empty as unset: an empty filter logs nothing, not even errors.
+        Err(std::env::VarError::NotPresent) => (info(), None),
+        Ok(text) if text.trim().is_empty() => (info(), None),
+        Err(std::env::VarError::NotUnicode(_)) => (info(), Some("RUST_LOG is not UTF-8".into())),
+        Ok(text) => match EnvFilter::try_new(&text) {
+            Ok(filter) => (filter, None),
+            Err(e) => (info(), Some(format!("RUST_LOG={text:?} is not a log filter: {e}"))),
+        },
+    }
+}
+
 fn warn_of_a_model_named_stats(topology: &topology::Topology) {
     if topology.routes.iter().any(|route| route.model == "stats") {
         tracing::warn!(

@@ -173,7 +173,8 @@ pub async fn serve(
     info!(
         stage = stage.name(),
         pid = hello.pid,
-        name = ?clipped(&hello.name),
+        // Escaped, not quoted: a JSON log's `name` is the name, `"Scripted"` had had quotes.
+        name = %logged_within(&hello.name, 200),
         workers = stage.workers(),
         "worker connected"
     );
@@ -294,9 +295,9 @@ fn declarations(hello: &Hello) -> Option<Declared> {
     Some(Declared { input, output, components, inputs, outputs, weight })
 }
 
-/// A worker's own words (its name, the stage it claims) as a log line or a refusal shows them:
-/// at most 200 bytes, and logged escaped (`?`), so that a name with a line break cannot forge a
-/// log line, and one of megabytes does not write one on every reconnect.
+/// A worker's own words (its tensors' names, the stage it claims) as a refusal shows them: at
+/// most 200 bytes, quoted with `{:?}` there, so that a name with a line break cannot forge a log
+/// line, and one of megabytes does not write one on every reconnect.
 fn clipped(text: &str) -> &str {
     clip(text, 200)
 }
