@@ -41,6 +41,8 @@ class Corral:
             command += ["--workers", str(workers), "--", sys.executable, worker]
         self.lines: list[str] = []
         self._changed = threading.Condition()
+        self._reading = threading.Event()
+        self._reading.set()
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -66,11 +68,20 @@ class Corral:
 
     def _collect(self) -> None:
         for line in self.proc.stdout:
+            self._reading.wait()
             with self._changed:
                 self.lines.append(line.rstrip("\n"))
                 self._changed.notify_all()
         with self._changed:
             self._changed.notify_all()
+
+    def pause_reading(self) -> None:
+        """Stop reading the proxy's output, as a stuck log driver does: once the pipe is full,
+        its writes wait."""
+        self._reading.clear()
+
+    def resume_reading(self) -> None:
+        self._reading.set()
 
     def wait_for_log(self, pattern: str, count: int = 1, timeout: float = 30) -> str:
         """Block until `count` lines match `pattern`; return the last of them."""

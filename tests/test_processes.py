@@ -72,36 +72,55 @@ def test_lines_from_stdout_and_stderr_at_once_are_forwarded_whole(corral_factory
 
 
 def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_factory):
-    """The proxy's stdout is a pipe nobody reads (a log driver behind, a paused `| less`) while
+    """The proxy's stdout is a pipe nobody reads (a log driver stuck, a paused `| less`) while
     its workers print. Forwarding once blocked every runtime thread in `write`: no request was
-    answered, and SIGTERM and SIGINT did nothing."""
+    answered, and SIGTERM and SIGINT did nothing. Then it waited for room without end, and a
+    worker that printed as it worked blocked in its own `write` past --batch-timeout-ms: killed
+    as hung, its jobs run again, restarted to block again. Past a second without room the lines
+    are dropped and counted, and the workers serve on."""
     unread, stalled = os.pipe()
     try:
         proxy = corral_factory(
             "--max-batch-size=1",
+            "--batch-timeout-ms=3000",
             worker=NOISY,
             workers=2,
             preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
         )
         with ThreadPoolExecutor(2) as pool:
             # Far more than the pipe holds, and than the proxy's queue of lines to it (1,024
-            # pieces of 16 KiB), from both workers at once: the forwarding waits, not a thread.
-            printing = [pool.submit(proxy.post, {"print_run": 12 << 20}) for _ in range(2)]
-            # Both workers hold their job, printing, and the pipe nobody reads is full: the
-            # proxy's writes to it wait from now on.
-            proxy.wait_until(
-                lambda: proxy.metric("corral_workers_busy", stage="default") == 2 and full(stalled),
-                what="both workers printing into a full pipe",
-            )
-            assert proxy.client.get("/healthz").status_code == 200
-            assert proxy.metric("corral_workers_busy", stage="default") == 2
-            proxy.proc.send_signal(signal.SIGTERM)
-            assert proxy.proc.wait(timeout=30) == 0
-            for answer in printing:
-                answer.result(timeout=30)  # each answered, whatever its status
+            # pieces of 16 KiB), from both workers at once, twice each.
+            printing = [pool.submit(proxy.post, {"print_run": 12 << 20}) for _ in range(4)]
+            assert [answer.result(timeout=30).status_code for answer in printing] == [200] * 4
+        assert full(stalled), "nobody read the pipe: it is full"
+        assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+        assert proxy.metric("corral_worker_restarts_total", stage="default") == 0
+        assert proxy.metric("corral_log_lines_dropped_total", source="worker") > 0
+        assert proxy.client.get("/healthz").status_code == 200
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(timeout=30) == 0
     finally:
         os.close(unread)
         os.close(stalled)
+
+
+def test_lines_dropped_for_a_stalled_stdout_are_said_so_once_it_is_read_again(corral_factory):
+    """The collector of the proxy's output stops reading, then reads again: the lines dropped
+    meanwhile are counted, and a warning says so once lines flow; those after it arrive."""
+    proxy = corral_factory("--batch-timeout-ms=3000", worker=NOISY)
+    assert proxy.metric("corral_log_lines_dropped_total", source="worker") == 0
+    assert proxy.metric("corral_log_lines_dropped_total", source="proxy") == 0
+    proxy.pause_reading()
+    try:
+        assert proxy.post({"print_run": 48 << 20}).status_code == 200
+        dropped = proxy.metric("corral_log_lines_dropped_total", source="worker")
+        assert dropped > 0
+    finally:
+        proxy.resume_reading()
+    proxy.post({"print_hex": b"after\n".hex()})
+    proxy.wait_for_log(r"^\[worker 0\] after$")
+    line = proxy.wait_for_log(r"workers' output dropped")
+    assert "WARN" in line and "corral_log_lines_dropped_total" in line, line
 
 
 def test_spawned_workers_get_the_open_file_limit_the_proxy_started_with(corral_factory, tmp_path):

@@ -78,6 +78,8 @@ pub struct Metrics {
     /// HTTP connections Corral closed on its own account, by reason (`malformed`,
     /// `head_timeout`, `stalled`): what `requests` cannot show.
     pub connections_closed: IntCounterVec,
+    /// Log lines dropped because Corral's stdout or stderr was not read fast enough, by source.
+    pub log_lines_dropped: IntCounterVec,
     /// Spawned worker processes restarted after exiting.
     pub worker_restarts: IntCounter,
     /// Bytes of shared memory held by large bodies (`--shared-memory-bytes`), in whole pages.
@@ -88,7 +90,15 @@ pub struct Metrics {
 
 /// The process-wide metrics.
 pub fn metrics() -> &'static Metrics {
-    static METRICS: LazyLock<Metrics> = LazyLock::new(Metrics::new);
+    static METRICS: LazyLock<Metrics> = LazyLock::new(|| {
+        let m = Metrics::new();
+        // At 0 from the start: a series that appears only with its first drop is one an alert
+        // on its increase misses.
+        for source in ["proxy", "worker"] {
+            m.log_lines_dropped.with_label_values(&[source]);
+        }
+        m
+    });
     &METRICS
 }
 
@@ -283,6 +293,13 @@ impl Metrics {
                 "HTTP connections Corral closed for a request it could not read (malformed), a \
                  head too slow (head_timeout), or answers the client stopped reading (stalled).",
                 &["reason"],
+            ),
+            log_lines_dropped: counter(
+                &r,
+                "corral_log_lines_dropped_total",
+                "Log lines dropped because Corral's stdout or stderr was not read as fast as they \
+                 came: its own (proxy), or its spawned workers' output (worker).",
+                &["source"],
             ),
             streams_cancelled: counter(
                 &r,

@@ -198,6 +198,7 @@ pub(super) fn own_page(path: &str) -> Option<&'static str> {
 /// The metrics page; state gauges are read at scrape time.
 fn prometheus_text(app: &App) -> Response<Body> {
     let m = metrics();
+    crate::supervisor::output::count_dropped_log_lines();
     for stage in &app.stages {
         let label = [stage.name()];
         m.queue_depth.with_label_values(&label).set(stage.queued() as i64);

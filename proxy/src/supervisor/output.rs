@@ -17,22 +17,34 @@
 //! its own writes them ([`WRITER`]), fed by a queue of [`QUEUED_LINES`] and [`QUEUED_BYTES`]
 //! (counted as written: a piece of `\r`-separated output becomes many prefixed lines, and a
 //! control byte six escaped ones, so a bound on pieces alone let a 160-character stage name
-//! hold 735 MB); a forwarding task that finds it full waits for room without holding a thread, and stops reading its worker's pipe
-//! meanwhile, so a worker printing to a stalled stdout waits in its own `write`, as any process
-//! writing to a full pipe does, and no line is lost. The proxy's own log lines go through
-//! [`log_writer`] (tracing-appender's non-blocking writer: a thread of its own, and a line that
-//! finds its queue full is dropped: a log call cannot wait).
+//! hold 735 MB). A forwarding task that finds the queue full waits for room without holding a
+//! thread, and stops reading its worker's pipe meanwhile, so a worker printing faster than our
+//! stdout is read waits in its own `write`, as any process writing to a full pipe does, and no
+//! line is lost. But a queue with no room for [`STALL`] means nobody is reading at all (a log
+//! driver stuck, a paused `| less`): from then until a line finds room again, lines are dropped
+//! and counted (`corral_log_lines_dropped_total{source="worker"}`, and a warning once lines flow
+//! again), and the pipe is read on. Waiting on had lost no line, but a worker that logs as it
+//! works then blocked mid-batch past `--batch-timeout-ms`: killed as hung, its jobs run again,
+//! restarted to block again, while the proxy's own lines saying so were dropped. Serving comes
+//! before logs. The proxy's own log lines go through [`log_writer`] (tracing-appender's
+//! non-blocking writer: a thread of its own, and a line that finds its queue full is dropped,
+//! counted as `source="proxy"`: a log call cannot wait).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use tokio::sync::mpsc;
-use tracing_appender::non_blocking::{NonBlocking, NonBlockingBuilder, WorkerGuard};
+use tokio::sync::mpsc::error::TrySendError;
+use tracing::warn;
+use tracing_appender::non_blocking::{ErrorCounter, NonBlocking, NonBlockingBuilder, WorkerGuard};
 
 use tokio::io::{AsyncRead, AsyncReadExt};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::time::{FormatTime, SystemTime};
+
+use crate::metrics::metrics;
 
 /// Whether workers' lines are written as JSON objects.
 static JSON: AtomicBool = AtomicBool::new(false);
@@ -62,6 +74,33 @@ static ROOM: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(QUEUED_B
 /// for the second to reach the first.
 static SENT: AtomicU64 = AtomicU64::new(0);
 static WRITTEN: AtomicU64 = AtomicU64::new(0);
+
+/// Workers' lines dropped since a warning last said so.
+static UNTOLD: AtomicU64 = AtomicU64::new(0);
+
+/// How long a line may wait for room before our stdout counts as stalled: far longer than a
+/// slow reader takes to make room for one line, far shorter than a batch may take.
+const STALL: Duration = Duration::from_secs(1);
+/// Whether the last line waited [`STALL`] in vain: lines are then dropped at once, not each
+/// after a wait of its own (a line a second is no less stuck a worker), until one finds room.
+static STALLED: AtomicBool = AtomicBool::new(false);
+
+/// The proxy's own log lines its writer dropped (tracing-appender counts them).
+static PROXY_DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
+/// How many of those the metric has been given.
+static PROXY_COUNTED: AtomicU64 = AtomicU64::new(0);
+
+/// Brings `corral_log_lines_dropped_total{source="proxy"}` up to the writer's own count: at
+/// scrape time, as the gauges are read.
+pub fn count_dropped_log_lines() {
+    let Some(dropped) = PROXY_DROPPED.get() else { return };
+    let now = dropped.dropped_lines() as u64;
+    // Two scrapes at once: the one that moves the mark adds the difference, the other nothing.
+    let before = PROXY_COUNTED.fetch_max(now, Ordering::AcqRel);
+    if now > before {
+        metrics().log_lines_dropped.with_label_values(&["proxy"]).inc_by(now - before);
+    }
+}
 
 fn writer() -> Option<&'static mpsc::Sender<Queued>> {
     WRITER
@@ -94,13 +133,15 @@ pub fn flush(limit: std::time::Duration) {
 /// A writer onto our own stderr that never blocks its caller, for the proxy's log lines, and the
 /// guard that lets its last lines out when dropped (a second at most).
 pub fn log_writer() -> (NonBlocking, WorkerGuard) {
-    NonBlockingBuilder::default()
+    let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
         // The queue is allocated whole at start: tracing-appender's default of 128,000 lines
         // took 4 MB of the proxy's memory for lines that come a few a second at most.
         .buffered_lines_limit(LOG_LINES)
         .thread_name("corral-log")
-        .finish(Standard { stderr: true })
+        .finish(Standard { stderr: true });
+    let _ = PROXY_DROPPED.set(writer.error_counter());
+    (writer, guard)
 }
 
 /// Our own stdout or stderr, as the writer thread uses it: each line written whole (and stdout
@@ -244,27 +285,68 @@ fn shown(label: &str, text: &str) -> String {
     out
 }
 
-/// Hands the lines to the writer thread, waiting (without a thread) while its queue is full. A
-/// write error there (our own stdout closed, say) is ignored: the worker's pipe must still be
-/// drained, and `println!` would panic and end the copy instead.
+/// Counts a worker's line dropped: our stdout or stderr is stalled.
+fn stalled() {
+    STALLED.store(true, Ordering::Release);
+    metrics().log_lines_dropped.with_label_values(&["worker"]).inc();
+    UNTOLD.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Hands the lines to the writer thread, waiting (without a thread) while its queue is full, up
+/// to [`STALL`]: past it, and until a line finds room again, lines are dropped (the module's first
+/// paragraphs say why). A write error there (our own stdout closed, say) is ignored: the worker's
+/// pipe must still be drained, and `println!` would panic and end the copy instead.
 async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
     for line in ready.drain(..) {
-        match writer() {
-            Some(lines) => {
-                // A line larger than the whole room waits for all of it.
-                let room = line.len().min(QUEUED_BYTES) as u32;
-                if let Ok(taken) = ROOM.acquire_many(room).await {
-                    taken.forget(); // given back by the writer thread once written
-                }
+        let Some(lines) = writer() else {
+            let _ = Standard { stderr: to_stderr }.write_all(line.as_bytes());
+            continue;
+        };
+        // A line larger than the whole room needs all of it.
+        let room = line.len().min(QUEUED_BYTES) as u32;
+        // Room, then a place in the queue: each waited for up to STALL, or only taken if free
+        // while stalled (a timer of no time still waits for the timer's next tick, a
+        // millisecond: 3,000 lines dropped had held a worker 3 s). Both waits are cancel-safe:
+        // nothing is taken by one given up.
+        let stalled_now = STALLED.load(Ordering::Acquire);
+        let taken = if stalled_now {
+            ROOM.try_acquire_many(room).ok()
+        } else {
+            tokio::time::timeout(STALL, ROOM.acquire_many(room)).await.ok().and_then(Result::ok)
+        };
+        let Some(taken) = taken else {
+            stalled();
+            continue;
+        };
+        taken.forget(); // given back once written
+        let place = if stalled_now {
+            lines.try_reserve().map_err(|e| matches!(e, TrySendError::Closed(())))
+        } else {
+            match tokio::time::timeout(STALL, lines.reserve()).await {
+                Ok(reserved) => reserved.map_err(|_| true),
+                Err(_) => Err(false),
+            }
+        };
+        match place {
+            Ok(place) => {
+                place.send(Queued { stderr: to_stderr, line, room });
                 SENT.fetch_add(1, Ordering::Release);
-                let queued = Queued { stderr: to_stderr, line, room };
-                if let Err(unsent) = lines.send(queued).await {
-                    ROOM.add_permits(unsent.0.room as usize);
-                    WRITTEN.fetch_add(1, Ordering::Release); // the thread is gone: not waited for
+                STALLED.store(false, Ordering::Release);
+                let untold = UNTOLD.swap(0, Ordering::AcqRel);
+                if untold > 0 {
+                    warn!(
+                        lines = untold,
+                        "workers' output dropped: Corral's stdout or stderr was not read \
+                         (corral_log_lines_dropped_total)"
+                    );
                 }
             }
-            None => {
-                let _ = Standard { stderr: to_stderr }.write_all(line.as_bytes());
+            // The thread is gone (`true`): nothing will write it; or the queue stayed full.
+            Err(gone) => {
+                ROOM.add_permits(room as usize);
+                if !gone {
+                    stalled();
+                }
             }
         }
     }
