@@ -8,6 +8,7 @@ import logging
 import os
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import threading
@@ -186,6 +187,47 @@ def test_a_validation_error_with_a_surrogate_is_still_a_422():
     with FakeProxy(Hostile()) as proxy:
         (bad,) = proxy.infer([["pre", "invalid"]])
     assert bad == Result("invalid", message="file \\xfe is not an image")
+
+
+def test_validation_errors_quoting_megabytes_are_cut_and_stay_422s():
+    """A ValidationError's message went whole: 16 of 6 MB each passed the frame's size, and 5
+    of the clients whose input was refused got 500 "too large for one frame" instead."""
+
+    class Quoting(corral.Worker):
+        def preprocess(self, item):
+            raise corral.ValidationError("not a number: " + "x" * 6_000_000)
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Quoting()) as proxy:
+        got = proxy.infer(list(range(16)))
+    assert {r.status for r in got} == {"invalid"}
+    assert all(len(r.message) < 2100 for r in got)
+    assert got[0].message.startswith("not a number: xxx")
+    assert got[0].message.endswith("(cut: 6,000,014 characters in all)")
+
+
+def test_a_forked_child_does_not_hold_the_connection_to_the_proxy():
+    """A worker that forks (a multiprocessing pool of the fork kind, made in forward) had its
+    children hold the connection: the worker died, yet the proxy saw no end, and its batch waited
+    out --batch-timeout-ms instead of going to another worker."""
+    ours, proxys = socket.socketpair()
+    _serve._connection = ours
+    try:
+        child = os.fork()
+        if child == 0:  # the child: is the connection's descriptor still a socket?
+            held = stat.S_ISSOCK(os.fstat(ours.fileno()).st_mode)
+            os._exit(1 if held else 0)
+        _, status = os.waitpid(child, 0)
+        assert os.waitstatus_to_exitcode(status) == 0, "the child held the connection"
+        # The parent's own connection is untouched: the proxy's end still reads from it.
+        ours.sendall(b"ok")
+        assert proxys.recv(2) == b"ok"
+    finally:
+        _serve._connection = None
+        ours.close()
+        proxys.close()
 
 
 @pytest.mark.parametrize("step", ["pre", "forward", "post"])

@@ -174,6 +174,15 @@ class ModelOutput(dict):
     """What a transformers model returns: a dict of batched arrays."""
 
 
+class Frame:
+    """Enough of a pandas DataFrame: iterating it gives its column names."""
+
+    columns = ("score", "label")
+
+    def __iter__(self):
+        return iter(self.columns)
+
+
 @pytest.mark.parametrize(
     ("returned", "said"),
     [
@@ -182,14 +191,15 @@ class ModelOutput(dict):
         (b"ab", "forward returned a bytes"),
         ({"a", "b"}, "forward returned a set, which has no order"),
         (frozenset("ab"), "forward returned a frozenset, which has no order"),
+        (Frame(), "forward returned a Frame: iterating it gives its column names"),
         (None, "forward returned NoneType, not its outputs"),
         (7, "forward returned int, not its outputs"),
     ],
 )
 def test_forward_returning_what_is_not_its_outputs_fails_every_item_saying_so(returned, said):
     """A dict of as many keys as inputs was answered key by key (200 "logits" at a batch of
-    one), a string character by character; None said only "'NoneType' object is not
-    iterable"."""
+    one), a string character by character, a data frame of two columns its column names (200
+    "score" and "label"); None said only "'NoneType' object is not iterable"."""
 
     class Returning(corral.Worker):
         def forward(self, batch):

@@ -23,6 +23,7 @@ from corral import _failures, _tracing, _typing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
 from corral._errors import ProtocolError, ValidationError
+from corral._errors import cut as _cut
 from corral._errors import describe as _describe
 from corral._errors import text as _text
 from corral._protocol import RECEIVED, job_content_type, job_timeout_ms
@@ -103,7 +104,7 @@ def prepare(
             else:
                 item = decode(job.get("payload"))
         except ValidationError as e:
-            answers[position] = protocol.invalid(job_id, _text(e))
+            answers[position] = protocol.invalid(job_id, _cut(_text(e)))
         except _STOPS as e:
             _failures.stopping("preprocess", e)
             raise

@@ -34,7 +34,14 @@ MESSAGE_LIMIT = 2000
 def describe(error: BaseException) -> str:
     """``Type: message``, as an error result's message (cut past :data:`MESSAGE_LIMIT`
     characters, saying how long it was)."""
-    described = f"{type(error).__name__}: {text(error)}"
-    if len(described) <= MESSAGE_LIMIT:
-        return described
-    return f"{described[:MESSAGE_LIMIT]}… (cut: {len(described):,} characters in all)"
+    return cut(f"{type(error).__name__}: {text(error)}")
+
+
+def cut(message: str) -> str:
+    """``message``, cut past :data:`MESSAGE_LIMIT` characters, saying how long it was: for a
+    result's message. A ``ValidationError`` quoting megabytes had been sent whole, and a batch of
+    such 422s, over one frame's size, answered some of its clients 500 for an output too
+    large."""
+    if len(message) <= MESSAGE_LIMIT:
+        return message
+    return f"{message[:MESSAGE_LIMIT]}… (cut: {len(message):,} characters in all)"

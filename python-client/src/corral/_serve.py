@@ -50,6 +50,35 @@ FAREWELL = 1.0
 _Read = Union[dict[str, Any], None, BaseException]
 
 
+# The connection to the proxy while one is open: a child the worker forks (a multiprocessing
+# pool of the fork kind, made in `forward`) must not hold it. Inherited, it kept the connection
+# open after the worker died: the proxy saw no end, and the dead worker's batch waited for
+# --batch-timeout-ms (its clients got 408) instead of going to another worker at once.
+_connection: socket.socket | None = None
+
+
+def _let_go_in_child() -> None:
+    """In a forked child: the connection's descriptor becomes /dev/null. Not closed: the socket
+    object may close that number later, when another of the child's files could have it."""
+    sock = _connection
+    if sock is None:
+        return
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return
+        null = os.open(os.devnull, os.O_RDWR)
+        try:
+            os.dup2(null, fd, inheritable=False)
+        finally:
+            os.close(null)
+    except OSError:
+        pass  # nothing to let go of
+
+
+os.register_at_fork(after_in_child=_let_go_in_child)
+
+
 class _Closed(Exception):
     """The proxy closed the connection (cleanly, between frames)."""
 
@@ -306,6 +335,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
     reconnects whenever the connection drops, a worker spawned by ``corral -- CMD``
     (``CORRAL_WORKER_INDEX`` set) returns instead, as it does while waiting for a proxy that is
     gone (``CORRAL_PROXY_PID``)."""
+    global _connection
     check_path(path)
     spawned = _process_end.spawned()
     proxy = _process_end.ProxyWatch.from_environment()
@@ -328,6 +358,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
         waiting_logged = False
         log.info("connected to corral at %s", path)
         connected = time.monotonic()
+        _connection = sock
         try:
             serve_one(sock)
             log.info("proxy closed the connection")
@@ -336,6 +367,7 @@ def run_forever(path: str, serve_one: Callable[[socket.socket], None]) -> None:
         except OSError as e:
             log.warning("connection to the proxy lost: %s", e)
         finally:
+            _connection = None
             sock.close()
         if spawned:
             # The proxy that spawned us restarts us if it still wants a worker; reconnecting

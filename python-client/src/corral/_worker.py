@@ -416,6 +416,8 @@ def _outputs(returned: Any) -> Any:
       gives keys or characters;
     - a set: it has no order, so its outputs went to other clients' inputs (7 of 8 clients got
       another's answer);
+    - a data frame (pandas', polars': anything with ``columns``): iterating it gives its column
+      names, which had gone to the clients as their answers, with 200;
     - anything that is not iterable (``None``, a number)."""
     if inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
         if inspect.iscoroutine(returned):
@@ -441,6 +443,12 @@ def _outputs(returned: Any) -> Any:
             else ": return a list with one output per input"
         )
         raise TypeError(f"forward returned a {type(returned).__name__}{hint}")
+    if hasattr(returned, "columns") and not isinstance(returned, Sequence):
+        raise TypeError(
+            f"forward returned a {type(returned).__name__}: iterating it gives its column "
+            "names, not one output per input; return one per row, e.g. "
+            "frame.to_dict('records') (pandas) or frame.to_dicts() (polars)"
+        )
     if isinstance(returned, (set, frozenset)):
         raise TypeError(
             f"forward returned a {type(returned).__name__}, which has no order: return a list "
