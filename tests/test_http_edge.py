@@ -466,6 +466,34 @@ def test_connections_past_the_cap_and_its_reserve_get_503_and_are_closed(corral_
             conn.close()
 
 
+def test_a_client_past_the_cap_sending_its_body_after_its_head_reads_its_503(corral_factory):
+    """The refusal is written as the connection is accepted, and the socket was closed with the
+    client's request unread: reset, so a client sending its body after its head (urllib does)
+    got EPIPE or a reset instead of the 503. What it sends is read and dropped until it closes."""
+    proxy = corral_factory("--max-connections=1", worker=None)
+    proxy.client.close()  # its pooled connection would take a slot
+    held = [connect(proxy)]
+    try:
+        held[0].sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
+        held += [connect(proxy) for _ in range(RESERVE)]
+        piece, pieces = b"x" * 32 * 1024, 16
+        head = f"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(piece) * pieces}\r\n"
+        with connect(proxy) as past:
+            past.sendall(head.encode() + b"\r\n")
+            # The 503 is written as the connection is accepted: the body follows it in pieces,
+            # as a client writing a body as it reads it from a file does.
+            answer = past.recv(12)
+            assert answer == b"HTTP/1.1 503"
+            for _ in range(pieces):
+                past.sendall(piece)
+            answer += read_all(past)
+        assert b'"error":"too_many_connections"' in answer
+    finally:
+        for conn in held:
+            conn.close()
+
+
 def test_probes_are_answered_while_clients_hold_every_connection(corral_factory):
     """DEPLOY.md: probes do not fail because of load. With every connection under
     --max-connections held by idle clients, a new connection lands on the reserve: the probes and

@@ -18,7 +18,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -250,9 +250,15 @@ fn closed(reason: &str) {
     metrics().connections_closed.with_label_values(&[reason]).inc();
 }
 
+/// The most a refused connection's request is read (and dropped) before it is closed.
+const REFUSED_LINGER_BYTES: usize = 1 << 20;
+
 /// Answers a connection over the cap and its reserve 503 and closes it, without reading its
 /// request. The answer is written straight to the socket: hyper is not involved, so it costs no
-/// buffers and cannot hang.
+/// buffers and cannot hang. What the client sends meanwhile (its head, its body) is then read
+/// and dropped until it closes, for a second and a megabyte at most: a socket closed with bytes
+/// unread is reset, and a client that sends its body after its head (Python's urllib) got that
+/// reset, `EPIPE`, instead of the 503 waiting for it.
 async fn refuse(mut stream: TcpStream) {
     let _ = tokio::time::timeout(Duration::from_secs(1), async {
         // The body a reserve connection's refusal has too.
@@ -266,7 +272,16 @@ async fn refuse(mut stream: TcpStream) {
             body.len(),
         );
         stream.write_all(&[head.as_bytes(), &body].concat()).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        let mut unread = vec![0; 16 * 1024];
+        let mut read = 0;
+        while read < REFUSED_LINGER_BYTES {
+            match stream.read(&mut unread).await? {
+                0 => break,
+                n => read += n,
+            }
+        }
+        Ok::<(), std::io::Error>(())
     })
     .await;
 }
