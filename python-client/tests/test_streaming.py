@@ -975,3 +975,50 @@ def test_a_generator_whose_last_item_ended_with_end_runs_on_to_its_return():
         a, b = proxy.stream(["a", "b"], cancel_after={0: 1})
     assert a.chunks == ["a"] and b.chunks[-1] == "b"
     assert worker.after
+
+
+@pytest.mark.timeout(WAIT)
+def test_a_joining_worker_half_closed_mid_stream_ends_cleanly():
+    """The end of the connection seen between steps was taken for forward's failure (its job
+    ended with `_Closed: `) and the serve thread then waited for ever."""
+    with FakeProxy(Joining()) as proxy:
+        proxy.send(protocol.batch([protocol.job(b"j" * 16, 5000, msgpack.packb("long"))]))
+        first = proxy.receive()
+        assert first["type"] in ("chunks", "pull"), first
+        proxy.half_close()
+        seen = []
+        while (message := proxy.receive()) is not None:
+            seen.append(message)
+        assert not [
+            result
+            for message in seen
+            if message["type"] == "results"
+            for result in message["results"]
+            if result["status"] == "error"
+        ], seen
+        assert proxy.worker_error is None
+    assert not proxy._thread.is_alive()
+
+
+class Letters(corral.Worker):
+    """Streams each word a letter a step; items join between steps."""
+
+    max_running = 2
+
+    def forward(self, words):
+        words, sent = list(words), []
+        while True:
+            sent += [0] * (len(words) - len(sent))
+            step = [w[n] if n < len(w) else corral.END for w, n in zip(words, sent)]
+            sent = [n + 1 for n in sent]
+            words += (yield step) or []
+
+
+@pytest.mark.timeout(WAIT)
+def test_stream_with_only_join_items_sends_them_as_one_batch_and_no_empty_one():
+    with FakeProxy(Letters()) as proxy:
+        streams = proxy.stream([], join=["ab"])
+        assert [s.status for s in streams] == ["end"]
+        assert [event for event in proxy.events if event[0] == "batch"] == [("batch", [0])]
+        with pytest.raises(ValueError, match="no items"):
+            proxy.stream([])

@@ -1038,3 +1038,47 @@ def test_max_running_set_later_or_on_a_plain_worker_is_not_refused_at_definition
 
     with FakeProxy(Later()) as proxy:
         assert proxy.hello["max_batch"] == 4
+
+
+def test_a_fake_proxy_refuses_what_the_proxy_would_not_send():
+    """No items, a content type the proxy reads as values (JSON, msgpack) or answers 415 (a
+    form, no media type): sent as given, a test passed that real clients would fail."""
+    with FakeProxy(Echo()) as proxy:
+        with pytest.raises(ValueError, match="no items"):
+            proxy.infer([])
+        for named in ("application/json", "application/vnd.api+json", "application/msgpack"):
+            with pytest.raises(ValueError, match="reads such a body as a value"):
+                proxy.infer([b"{}"], content_type=named)
+        for named in ("application/x-www-form-urlencoded", "notamediatype"):
+            with pytest.raises(ValueError, match="answers such a request 415"):
+                proxy.infer([b"a=1"], content_type=named)
+        assert proxy.infer([b"x"], content_type="text/plain; charset=utf-8")[0].value == b"x"
+
+
+def test_a_fake_proxy_tells_a_failure_without_a_message_as_the_proxy_does():
+    class Silent(corral.Worker):
+        def preprocess(self, item):
+            if item == "bad":
+                raise corral.ValidationError()
+            return item
+
+        def forward(self, batch):
+            raise RuntimeError() if "boom" in batch else None
+
+    with FakeProxy(Silent(), warm_up=False) as proxy:
+        (invalid,) = proxy.infer(["bad"])
+    assert invalid == Result("invalid", message="the worker gave no reason")
+
+
+def test_an_output_content_type_set_after_the_class_is_checked_when_it_serves():
+    """Set from configuration after the class was defined, a bad name went to the proxy, which
+    answered every bytes output 500 bad_output (FakeProxy had said ok)."""
+
+    class Thumbnail(corral.Worker):
+        def forward(self, batch):
+            return [bytes(item) for item in batch]
+
+    Thumbnail.output_content_type = "not a media type"
+    with pytest.raises(Exception, match="output_content_type must be a media type"):
+        with FakeProxy(Thumbnail()) as proxy:
+            proxy.infer([b"x"], content_type="image/png")

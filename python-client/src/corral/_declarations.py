@@ -12,8 +12,7 @@ from typing import Any
 
 import msgspec
 
-from corral import _json_form, _streaming, _tensors
-from corral import _protocol as protocol
+from corral import _json_form, _streaming, _tensors, _typing
 
 
 def check(cls: Any) -> None:
@@ -62,13 +61,7 @@ def check(cls: Any) -> None:
         )
     if stage is not None:
         _stage(cls.__name__, stage)
-    named = getattr(cls, "output_content_type", None)
-    if named is not None and not protocol.is_media_type(named):
-        # The proxy answers every bytes output under such a name 500 `bad_output`.
-        raise TypeError(
-            f"{cls.__name__}.output_content_type must be a media type such as "
-            f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
-        )
+    _typing.output_content_type(cls)
 
 
 # Declarations read from the class wherever the worker runs (the codec, the hello, the tensors'

@@ -10,6 +10,12 @@ class ProtocolError(Exception):
     """The peer sent something the worker protocol does not allow; the connection is dropped."""
 
 
+class ConnectionEnded(Exception):
+    """The proxy closed the connection (cleanly, between frames): serving ends. Here, not in
+    ``_serve``, so that a streaming run seeing it between steps passes it on rather than take it
+    for its ``forward``'s failure (``_streaming``)."""
+
+
 STOPS = (KeyboardInterrupt, SystemExit)
 """What a hook may raise and still stop the worker; anything else fails the items it touched
 (a GeneratorExit or a library's own BaseException included) and the worker goes on."""

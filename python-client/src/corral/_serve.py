@@ -28,7 +28,7 @@ from typing import Any, Union
 from corral import _process_end
 from corral import _protocol as protocol
 from corral import _shared_memory as shared_memory
-from corral._errors import ProtocolError
+from corral._errors import ConnectionEnded, ProtocolError
 
 log = logging.getLogger("corral")
 
@@ -77,10 +77,6 @@ def _let_go_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_let_go_in_child)
-
-
-class _Closed(Exception):
-    """The proxy closed the connection (cleanly, between frames)."""
 
 
 class _Reader:
@@ -222,11 +218,11 @@ class _Reader:
 
 
 def _jobs(message: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The jobs of a ``batch``; any other message ends serving: ``_Closed`` for the end of the
-    connection, ``SystemExit`` for ``reject`` and ``shutdown``, :class:`ProtocolError` for a
-    message a worker is not sent."""
+    """The jobs of a ``batch``; any other message ends serving: ``ConnectionEnded`` for the end
+    of the connection, ``SystemExit`` for ``reject`` and ``shutdown``, :class:`ProtocolError` for
+    a message a worker is not sent."""
     if message is None:
-        raise _Closed
+        raise ConnectionEnded
     kind = message["type"]
     if kind == "batch":
         jobs = message.get("jobs")
@@ -316,7 +312,7 @@ def serve(sock: socket.socket, hello: dict[str, Any], answer: Answer) -> None:
             results = answer(_jobs(reader.next()), link)
             if results is not None:
                 send_body(sock, protocol.results_body(results))
-    except _Closed:
+    except ConnectionEnded:
         return
     except OSError:
         # A write failed: the proxy may have said why before closing (its grace period ran out

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from corral import _batch, _failures, _tracing, _typing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
-from corral._errors import ProtocolError
+from corral._errors import ConnectionEnded, ProtocolError
 from corral._errors import describe as _describe
 
 if TYPE_CHECKING:
@@ -182,7 +182,7 @@ def _drive(generator: Generator[Any, Any, Any], state: _Run) -> BaseException | 
                 joined = state.between_steps()
                 if state.abandoned():
                     break  # closed in `finally`
-            except (*_STOPS, OSError, ProtocolError):
+            except (*_STOPS, OSError, ProtocolError, ConnectionEnded):
                 raise  # the worker's stop, or the connection's end
             except Exception as e:
                 # A `forward` that changed what the run keeps (``self.deadlines.pop()``, say)

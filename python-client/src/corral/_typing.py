@@ -32,6 +32,7 @@ import msgpack
 import msgspec
 
 from corral import _json_form, _tensors
+from corral import _protocol as protocol
 from corral._errors import ProtocolError, ValidationError
 
 
@@ -58,7 +59,7 @@ class Codec:
         # A JSON client's base64 bytes, say: a second try, for the types that may need one.
         self.lenient = None if info is None else _json_form.lenient(input_type, info)
         self.json_form = output_type is not None and _may_differ(output_type)
-        self.output_content_type = getattr(worker, "output_content_type", None)
+        self.output_content_type = output_content_type(worker)
 
     def decode(self, payload: Any) -> Any:
         """One job's payload, as the worker declares its inputs."""
@@ -161,9 +162,21 @@ class Codec:
         named = self.output_content_type
         if named is None or not isinstance(output, (bytes, bytearray, memoryview)):
             return None
-        if not isinstance(named, str):
-            raise TypeError(f"output_content_type must be a str or None, not {named!r:.80}")
         return named
+
+
+def output_content_type(cls: type) -> str | None:
+    """The class's ``output_content_type``, if it is a media type the proxy takes; else
+    ``TypeError``: the proxy answers every bytes output under another name 500 ``bad_output``.
+    Checked where the class is defined and again when its codec is built, for a class whose
+    attribute was set after its definition (from configuration, say)."""
+    named = getattr(cls, "output_content_type", None)
+    if named is not None and not protocol.is_media_type(named):
+        raise TypeError(
+            f"{cls.__name__}.output_content_type must be a media type such as "
+            f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
+        )
+    return named
 
 
 def _has_views(root: msgspec.inspect.Type) -> bool:

@@ -10,7 +10,7 @@ protocol over a socket pair and runs the worker's serve loop in a thread, after 
 
     def test_generate():
         with FakeProxy(Generate()) as proxy:
-            a, b = proxy.stream(["ab", "c"], cancel_after={1: 2}, join=["d"])
+            a, b, d = proxy.stream(["ab", "c"], cancel_after={1: 2}, join=["d"])
             assert a.status == "end" and a.chunks == [...]
 
 ``infer`` gives what a client that does not stream gets (a streaming worker's chunks as one
@@ -179,11 +179,15 @@ class FakeProxy:
     ) -> list[Result]:
         """Send the items as one batch; return their results in the same order. A streaming
         worker's item is ``ok`` with the list of its chunks as the value, as a client that does
-        not stream gets it (a failure after chunks is that failure).
+        not stream gets it (a failure after chunks is that failure); unlike the proxy, which
+        answers such a client 408 once its whole stream outlasts ``timeout_ms``, this waits for
+        the end: FakeProxy keeps no time.
 
         ``content_type`` sends items as raw bytes, as the proxy does for a request of that media
         type (the item must be ``bytes``): one type for every item, or a list with one per item
         (``None`` for an item sent as msgpack)."""
+        if not items:
+            raise ValueError("no items: the proxy sends a batch of one job or more")
         if self.streaming:
             streams = self.stream(items, timeout_ms=timeout_ms, content_type=content_type)
             return [
@@ -226,6 +230,8 @@ class FakeProxy:
         the proxy, it sends no batch larger than the worker's ``max_running`` (its hello's
         ``max_batch``): the items past it wait, as ``join`` items do.
         ``content_type`` sends ``items`` as raw bytes, as :meth:`infer` does."""
+        if not items and not join:
+            raise ValueError("no items: the proxy sends a batch of one job or more")
         first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
         jobs = first + waiting
         index = {job["id"]: i for i, job in enumerate(jobs)}
@@ -256,7 +262,8 @@ class FakeProxy:
         # worker's `max_running`); the items past it wait, as queued jobs do.
         bound = (self.hello or {}).get("max_batch") or len(jobs) or 1
         waiting = first[bound:] + waiting
-        send_batch(first[:bound])
+        if first:  # with only `join` items, they go as a batch to an idle worker, below
+            send_batch(first[:bound])
         while held or waiting:
             if not held:
                 send_batch(waiting[:bound])
@@ -355,10 +362,37 @@ def _jobs(
         types = list(content_type)
         if len(types) != len(items):
             raise ValueError(f"{len(types)} content types for {len(items)} items")
+    for named in {named for named in types if named is not None}:
+        _raw_type(named)
     return [
         protocol.job(uuid.uuid4().bytes, timeout_ms, _payload(item, named), named)
         for item, named in zip(items, types)
     ]
+
+
+# What the proxy reads as values, not raw bytes: JSON (and `+json` types), msgpack.
+_VALUE_TYPES = (
+    "application/json",
+    "application/msgpack",
+    "application/x-msgpack",
+    "application/vnd.msgpack",
+)
+
+
+def _raw_type(named: str) -> None:
+    """Refuses a ``content_type`` under which the proxy would send no raw bytes: a body of JSON
+    or msgpack becomes its value, a form or a string that is no media type is its client's 415.
+    Sent as bytes, a test passed that real clients would fail."""
+    essence = named.split(";")[0].strip().lower()
+    if essence in _VALUE_TYPES or (
+        essence.startswith("application/") and essence.endswith("+json")
+    ):
+        raise ValueError(
+            f"content_type {named!r}: the proxy reads such a body as a value, not raw bytes; "
+            "pass the value itself, without content_type"
+        )
+    if essence == "application/x-www-form-urlencoded" or not protocol.is_media_type(named):
+        raise ValueError(f"content_type {named!r}: the proxy answers such a request 415")
 
 
 def _payload(item: Any, content_type: str | None) -> bytes:
@@ -422,7 +456,19 @@ def _result(raw: dict[str, Any]) -> Result:
         except Exception as error:  # msgpack's, or a tensor's that is malformed
             return Result("error", message=f"{NOT_READABLE}: {error}")
         return Result("ok", value=value, content_type=raw.get("content_type"))
-    return Result(raw["status"], message=raw.get("message"))
+    return Result(raw["status"], message=_message(raw))
+
+
+# What the proxy tells the client of an `invalid` or `error` result without a message.
+NO_REASON = "the worker gave no reason"
+
+
+def _message(raw: dict[str, Any]) -> str | None:
+    """A failed result's message as its client gets it."""
+    message = raw.get("message")
+    if raw["status"] in ("invalid", "error") and not message:
+        return NO_REASON
+    return message
 
 
 def _stream(chunks: list[Any], raw: dict[str, Any]) -> Stream:
@@ -431,4 +477,4 @@ def _stream(chunks: list[Any], raw: dict[str, Any]) -> Stream:
             return Stream([*chunks, _unpack(raw["data"])], "end")
         except Exception as error:  # as `_result`
             return Stream(chunks, "error", f"{NOT_READABLE}: {error}")
-    return Stream(chunks, raw["status"], raw.get("message"))
+    return Stream(chunks, raw["status"], _message(raw))
