@@ -95,6 +95,17 @@ def test_the_items_of_one_request_link_the_forward_span_to_it_once(traced, recei
         assert forward.links == [(CLIENT_TRACE, request.span_id)]
 
 
+def test_a_request_of_more_items_than_128_links_every_batch_it_rode(corral_factory, receiver):
+    """The SDK's default limit of 128 links a span cut the rest: 150 batches, 128 links."""
+    env = {"OTEL_SERVICE_NAME": "proxy"}
+    proxy = corral_factory("--otlp-endpoint", receiver.url, "--max-batch-size=1", env=env)
+    answer = proxy.post([{"x": n} for n in range(150)], headers={"x-corral-items": "many"})
+    assert answer.status_code == 200, answer.text
+    spans = receiver.wait_for(lambda spans: any(s.name == "queue default" for s in spans))
+    (queue,) = [s for s in spans if s.name == "queue default"]
+    assert len(set(queue.links)) == 150
+
+
 def test_every_request_of_a_burst_links_to_its_shared_batch(traced, receiver, tmp_path):
     # The first request holds the worker until the other 15 are queued: they share a batch.
     gate = tmp_path / "gate"
@@ -483,13 +494,65 @@ def test_a_request_whose_client_left_ends_its_span_with_its_route_and_499(
             lambda: proxy.metric("corral_batch_size_count", stage="default") == 1,
             what="the job in its worker",
         )
-    spans = receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
+    spans = receiver.wait_for(
+        lambda spans: requests_of(spans) and any(s.name == "queue default" for s in spans)
+    )
     gate.touch()
     (request,) = requests_of(spans)
     assert request.name == "POST /infer"
     assert request.attributes["http.route"] == "/infer"
     assert request.attributes["http.response.status_code"] == 499
     assert "corral.request_id" in request.attributes
+    # Its queue span too, linked to the batch its job rode (it had none: the wait's future was
+    # dropped before it was recorded).
+    (queue,) = [s for s in spans if s.name == "queue default"]
+    assert queue.parent_span_id == request.span_id
+    assert queue.attributes["corral.dispatched"] is True
+    spans = receiver.wait_for(lambda spans: any(s.name == "batch default" for s in spans))
+    (batch,) = [s for s in spans if s.name == "batch default"]
+    assert queue.links == [(batch.trace_id, batch.span_id)]
+
+
+@pytest.mark.parametrize("accept", ["application/json", "text/event-stream"])
+def test_a_request_whose_client_left_while_queued_has_a_queue_span_never_dispatched(
+    corral_factory, receiver, tmp_path, accept
+):
+    worker = str(ROOT / "tests" / "workers" / "streamer.py") if "stream" in accept else None
+    args = ("--otlp-endpoint", receiver.url, "--max-batch-size=1")
+    env = {"OTEL_SERVICE_NAME": "proxy"}
+    proxy = corral_factory(*args, env=env, **({"worker": worker} if worker else {}))
+    gate = tmp_path / "gate"
+    held = {"chunks": 1, "gate_first": str(gate)} if worker else {"hold": str(gate)}
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with ThreadPoolExecutor(1) as pool:
+        holding = pool.submit(proxy.post, held, headers={"accept": accept})
+        proxy.wait_until(
+            lambda: proxy.metric("corral_workers_busy", stage="default") == 1,
+            what="the worker held",
+        )
+        body = b'{"a": 1}' if not worker else b'{"chunks": 1}'
+        with socket.create_connection((host, int(port))) as client:
+            client.sendall(
+                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+                + f"accept: {accept}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+                + body
+            )
+            proxy.wait_until(
+                lambda: proxy.metric("corral_queue_depth", stage="default") == 1,
+                what="the second job queued",
+            )
+        spans = receiver.wait_for(
+            lambda spans: any(
+                s.name == "queue default" and s.attributes["corral.dispatched"] is False
+                for s in spans
+            )
+        )
+        gate.touch()
+        assert holding.result().status_code == 200
+    (left,) = [s for s in requests_of(spans) if s.attributes["http.response.status_code"] == 499]
+    (queue,) = [s for s in spans if s.name == "queue default" and s.parent_span_id == left.span_id]
+    assert queue.attributes["corral.dispatched"] is False
+    assert queue.links == []
 
 
 def test_a_path_that_is_no_route_names_its_span_by_method_alone(traced, receiver):

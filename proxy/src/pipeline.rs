@@ -14,7 +14,6 @@ use bytes::Bytes;
 use corral_protocol::{JobId, Payload};
 use futures_util::future::join_all;
 use http::HeaderValue;
-use opentelemetry::Context;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
@@ -159,8 +158,9 @@ pub struct Queued<'a> {
     /// Cancel each job when dropped: the wait ended, whichever way (answered, deadline, or the
     /// client left and hyper dropped it), and a worker still holding the job is told to stop.
     pub left: Vec<DropGuard>,
-    /// The request's trace context, when it is traced.
-    pub traced: Option<Context>,
+    /// The request's queue span on this stage, when it is traced: recorded when the wait ends,
+    /// or when dropped (the client left first).
+    pub queue_span: Option<trace::QueueWait>,
     /// One-shot jobs only (empty for a stream, whose sink tells): one per job, in the inputs'
     /// order, holding the batch that carried it once one did, so that a job whose deadline
     /// passed in its worker is answered with that batch's timing.
@@ -183,6 +183,8 @@ pub fn submit(
     let traced = timing::trace();
     let request = crate::job::new_request();
     let watch = stream.is_none();
+    // A stream's batch is recorded by its sink, which its job takes.
+    let stream_slot = stream.as_ref().map(ChunkSink::sent_slot);
     let mut sent = Vec::with_capacity(if watch { inputs.len() } else { 0 });
     let (jobs, answers): (Vec<Job>, Vec<_>) = inputs
         .into_iter()
@@ -210,7 +212,11 @@ pub fn submit(
         departure.ended(); // nothing of this request was queued
         return Err(shed);
     }
-    Ok(Queued { answers, departure, left, traced, sent })
+    let queue_span = traced.as_ref().and_then(|cx| {
+        let slots = stream_slot.map_or_else(|| sent.clone(), |slot| vec![slot]);
+        trace::QueueWait::new(Some(cx), stage.name(), arrived, slots)
+    });
+    Ok(Queued { answers, departure, left, queue_span, sent })
 }
 
 /// Queues the jobs on one stage (all or none) and waits, until the shared deadline at most, for
@@ -257,9 +263,8 @@ async fn run_stage(
     }
     queued.departure.ended();
     timing::record(arrived, &replies);
-    if let Some(cx) = &queued.traced {
-        let sent = replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent));
-        trace::queue_wait(cx, stage.name(), arrived, sent);
+    if let Some(span) = queued.queue_span.take() {
+        span.record(replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent)));
     }
     Ok(replies.into_iter().map(|reply| reply.outcome).collect())
 }

@@ -27,7 +27,7 @@ pub const CHUNK_HELD: usize = 64;
 #[derive(Debug, Default)]
 struct Shared {
     pending: AtomicUsize,
-    sent: SentSlot,
+    sent: Arc<SentSlot>,
     /// The answer ended the stream itself: a chunk it could not write (no JSON form).
     ended_here: AtomicBool,
 }
@@ -69,6 +69,12 @@ impl ChunkSink {
     /// Records the batch that carries the job to its worker (the latest, if it is retried).
     pub fn sent(&self, sent: Sent) {
         self.pending.sent.set(sent);
+    }
+
+    /// Where the batch that carries the job is recorded, for a reader apart from the source
+    /// (the request's queue span, `trace::QueueWait`).
+    pub fn sent_slot(&self) -> Arc<SentSlot> {
+        self.pending.sent.clone()
     }
 
     /// Queues a chunk for the client, never waiting.

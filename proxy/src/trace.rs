@@ -12,7 +12,7 @@
 //! thread of its own drains in batches; a span that finds the queue full is dropped, and so are
 //! the spans of an export that failed, both counted in `corral_spans_dropped_total`.
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 use std::time::SystemTime;
 
 use http::HeaderMap;
@@ -29,7 +29,7 @@ use opentelemetry_sdk::trace::{
 use opentelemetry_sdk::Resource;
 use tokio::time::Instant;
 
-use crate::job::{Job, Sent};
+use crate::job::{Job, Sent, SentSlot};
 use crate::stage::Shed;
 
 mod export;
@@ -59,6 +59,10 @@ pub fn tracer() -> Option<&'static SdkTracer> {
     TRACING.get().map(|tracing| &tracing.tracer)
 }
 
+/// The most links, and the most events, one span keeps (past it the SDK counts the rest as
+/// dropped, which the export carries).
+const SPAN_LINKS_AND_EVENTS: u32 = 4096;
+
 /// Starts exporting spans to `endpoint` (the full URL of the collector's traces endpoint) as
 /// `service`. Call once, from inside the runtime the exports should use.
 pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
@@ -69,6 +73,11 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
         .with_span_processor(processor)
         .with_sampler(sampler)
         .with_resource(resource)
+        // The SDK's default of 128 cut a request of 150 items' links to the batches it rode,
+        // and a dead batch's `retry` events past the 127th: a request's items are bounded by
+        // the queue's capacity (1,024 by default), a batch's jobs by --max-batch-size.
+        .with_max_links_per_span(SPAN_LINKS_AND_EVENTS)
+        .with_max_events_per_span(SPAN_LINKS_AND_EVENTS)
         .build();
     let tracer = opentelemetry::trace::TracerProvider::tracer(&provider, "corral");
     let base = (SystemTime::now(), std::time::Instant::now());
@@ -208,7 +217,7 @@ pub fn admission(cx: &Context, stage: &str, started: Instant, refused: Option<&S
 /// A stage's queue wait for a request: from entering the queue until its (last) job's batch was
 /// sent, linked to every batch its jobs rode in (`sent`: one entry per job that was dispatched;
 /// a streamed job's is its latest batch).
-pub fn queue_wait(
+fn queue_wait(
     cx: &Context,
     stage: &str,
     entered: Instant,
@@ -243,6 +252,49 @@ pub fn queue_wait(
         ])
         .start_with_context(tracer, cx);
     span.end_with_timestamp(wall(end.unwrap_or_else(Instant::now)));
+}
+
+/// A traced request's `queue {stage}` span while its jobs wait: recorded by
+/// [`QueueWait::record`] when the wait ends, or, if the wait is dropped first (its client left,
+/// and hyper dropped the request's future), when dropped, from the batches its jobs rode so far.
+/// Without it such a request had no queue span: nothing said whether its jobs were dispatched,
+/// and its one link to their batch was gone (the batch's link to it led one way).
+pub struct QueueWait {
+    cx: Context,
+    stage: String,
+    entered: Instant,
+    /// Each job's batch, as it is sent.
+    slots: Vec<Arc<SentSlot>>,
+    recorded: bool,
+}
+
+impl QueueWait {
+    /// The guard of a request traced in `cx` (none if it is not) whose jobs entered `stage`
+    /// at `entered`, each recording its batch in its slot.
+    pub fn new(
+        cx: Option<&Context>,
+        stage: &str,
+        entered: Instant,
+        slots: Vec<Arc<SentSlot>>,
+    ) -> Option<Self> {
+        let cx = cx?.clone();
+        Some(QueueWait { cx, stage: stage.to_string(), entered, slots, recorded: false })
+    }
+
+    /// Records the span now, with the batches the jobs were answered from.
+    pub fn record(mut self, sent: impl Iterator<Item = Sent> + Clone) {
+        self.recorded = true;
+        queue_wait(&self.cx, &self.stage, self.entered, sent);
+    }
+}
+
+impl Drop for QueueWait {
+    fn drop(&mut self) {
+        if !self.recorded {
+            let sent = self.slots.iter().filter_map(|slot| slot.get());
+            queue_wait(&self.cx, &self.stage, self.entered, sent);
+        }
+    }
 }
 
 /// The span of one batch, if a member of it is sampled: a root of its own (the batch is shared,

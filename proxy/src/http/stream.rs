@@ -31,8 +31,8 @@ use crate::job::{Outcome, Reply};
 use crate::metrics::metrics;
 use crate::pipeline::{self, Input};
 use crate::stream::{self as chunks, ChunkSource};
+use crate::timing;
 use crate::traffic::Traffic;
-use crate::{timing, trace};
 
 /// Streams one job's answer. The route's earlier stages (if any) answer one-shot first: only a
 /// pipeline's last stage streams.
@@ -81,10 +81,11 @@ pub async fn answer(
     // its queue span, linked to the batch that carried it, as a one-shot job's. (A stream
     // answered 408 before its first chunk had the admission span alone: yet where a slow
     // stream's time went is what its trace is opened for.)
-    let record_wait = |sent| {
+    let mut queue_span = queued.queue_span.take();
+    let mut record_wait = |sent: Option<crate::job::Sent>| {
         timing::record_stream(entered, sent, Instant::now());
-        if let Some(cx) = &queued.traced {
-            trace::queue_wait(cx, last.name(), entered, sent.into_iter());
+        if let Some(span) = queue_span.take() {
+            span.record(sent.into_iter());
         }
     };
     // The first chunk, or the outcome, by the job's deadline; before it, errors are plain.
