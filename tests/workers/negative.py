@@ -11,7 +11,7 @@ answers each with its negative, as a PNG.
   media types), so that a test can see a JSON client and a raw one share a batch.
 
 NEGATIVE_OUTPUT_TYPE overrides `output_content_type` (e.g. with one that is no media type: set
-past the class statement, where the package would refuse it).
+in the package's codec, past the checks where the package would refuse it).
 The PNG code is the standard library's zlib and struct only.
 """
 
@@ -21,6 +21,7 @@ import struct
 import zlib
 
 import corral
+from corral import _typing
 
 SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -90,9 +91,10 @@ class Negative(corral.Worker):
         return outputs
 
 
-# Set past the class statement, where the package checks it: a name that is no media type is
-# the proxy's to refuse (500 bad_output), which is what the tests using it are about.
-Negative.output_content_type = os.environ.get("NEGATIVE_OUTPUT_TYPE", "image/png")
+# Set past the package's own checks (at the class statement, and when the class's codec is
+# built): a name that is no media type is the proxy's to refuse (500 bad_output), which is what
+# the tests using it are about.
+_typing.codec(Negative).output_content_type = os.environ.get("NEGATIVE_OUTPUT_TYPE", "image/png")
 
 
 if __name__ == "__main__":
