@@ -43,6 +43,7 @@ class Corral:
         self._changed = threading.Condition()
         self._reading = threading.Event()
         self._reading.set()
+        self._pace = 0.0
         self.proc = subprocess.Popen(
             command,
             stdout=subprocess.PIPE,
@@ -69,6 +70,8 @@ class Corral:
     def _collect(self) -> None:
         for line in self.proc.stdout:
             self._reading.wait()
+            if self._pace:
+                time.sleep(self._pace)  # a slow log consumer: the pace is what is simulated
             with self._changed:
                 self.lines.append(line.rstrip("\n"))
                 self._changed.notify_all()
@@ -82,6 +85,11 @@ class Corral:
 
     def resume_reading(self) -> None:
         self._reading.set()
+
+    def read_slowly(self, seconds_per_line: float) -> None:
+        """Read the proxy's output a line every so often (0: as fast as it comes), as a log
+        consumer that keeps moving but falls behind does."""
+        self._pace = seconds_per_line
 
     def wait_for_log(self, pattern: str, count: int = 1, timeout: float = 30) -> str:
         """Block until `count` lines match `pattern`; return the last of them."""

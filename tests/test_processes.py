@@ -104,6 +104,20 @@ def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_fac
         os.close(stalled)
 
 
+def test_a_stdout_read_slowly_drops_lines_rather_than_hold_a_worker(corral_factory):
+    """A reader that keeps moving, a line every 0.2 s, never left a line waiting a whole second:
+    the worker wrote at its pace, held in `write`, and was killed as hung. The queue full for a
+    second on end is what drops lines now."""
+    proxy = corral_factory("--batch-timeout-ms=3000", worker=NOISY)
+    proxy.read_slowly(0.2)
+    try:
+        assert proxy.post({"print_run": 48 << 20}).status_code == 200
+        assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+        assert proxy.metric("corral_log_lines_dropped_total", source="worker") > 0
+    finally:
+        proxy.read_slowly(0)
+
+
 def test_lines_dropped_for_a_stalled_stdout_are_said_so_once_it_is_read_again(corral_factory):
     """The collector of the proxy's output stops reading, then reads again: the lines dropped
     meanwhile are counted, and a warning says so once lines flow; those after it arrive."""

@@ -194,9 +194,6 @@ fn warn_of_unused_options(
     }
 }
 
-/// A route named `stats` serves a model v2 cannot wholly ask for: `/v2/models/stats` is the
-/// statistics of every model, as in Triton. A warning, not an error: the route and its other
-/// protocols serve as before (refused, a file that started yesterday would not today).
 /// The log filter: `RUST_LOG`'s, or `info`; with why `RUST_LOG` was not read, if it is set and
 /// is no filter (`corral=verbose`, a level misspelt), to be said once logging is up (it had been
 /// replaced by `info` without a word, and an operator read its silence as nothing to log).
@@ -214,6 +211,9 @@ fn log_filter() -> (EnvFilter, Option<String>) {
     }
 }
 
+/// A route named `stats` serves a model v2 cannot wholly ask for: `/v2/models/stats` is the
+/// statistics of every model, as in Triton. A warning, not an error: the route and its other
+/// protocols serve as before (refused, a file that started yesterday would not today).
 fn warn_of_a_model_named_stats(topology: &topology::Topology) {
     if topology.routes.iter().any(|route| route.model == "stats") {
         tracing::warn!(

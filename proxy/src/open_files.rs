@@ -9,8 +9,9 @@
 //! runtime's own descriptors, each worker's socket and output pipes, the worker socket's
 //! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`]), the workers it
 //! did not spawn ([`crate::worker::connection::MAX_EXTERNAL`]), the connection
-//! reserve past the cap ([`crate::http::reserve`]), and connections being refused (each holds a descriptor
-//! while its 503 is written).
+//! reserve past the cap ([`crate::http::reserve`]), and connections being refused (each holds a
+//! descriptor while its 503 is written, and up to 32 of them a second more while what their
+//! clients send is read and dropped).
 
 use tracing::{info, warn};
 

@@ -225,8 +225,11 @@ fn queue_wait(
 ) {
     let Some(tracer) = tracer() else { return };
     let mut links: Vec<Link> = Vec::with_capacity(1);
+    // Seen by id: a request of a thousand items riding as many batches compared each with
+    // every link before it.
+    let mut seen = std::collections::HashSet::new();
     for (trace_id, span_id) in sent.clone().filter_map(|sent| sent.span) {
-        if !links.iter().any(|link| link.span_context.span_id() == span_id) {
+        if seen.insert(span_id) {
             let context = SpanContext::new(
                 trace_id,
                 span_id,

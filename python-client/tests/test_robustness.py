@@ -208,26 +208,34 @@ def test_validation_errors_quoting_megabytes_are_cut_and_stay_422s():
     assert got[0].message.endswith("(cut: 6,000,014 characters in all)")
 
 
-def test_a_forked_child_does_not_hold_the_connection_to_the_proxy():
+def test_a_forked_child_does_not_hold_the_connection_to_the_proxy(tmp_path, monkeypatch):
     """A worker that forks (a multiprocessing pool of the fork kind, made in forward) had its
     children hold the connection: the worker died, yet the proxy saw no end, and its batch waited
-    out --batch-timeout-ms instead of going to another worker."""
-    ours, proxys = socket.socketpair()
-    _serve._connection = ours
-    try:
+    out --batch-timeout-ms instead of going to another worker. Forked while the connect loop
+    serves, the child finds the connection's descriptor let go of; the parent's still works."""
+    monkeypatch.setenv("CORRAL_WORKER_INDEX", "0")  # spawned: one connection, then return
+    monkeypatch.delenv("CORRAL_PROXY_PID", raising=False)
+    path = tmp_path / "corral.sock"
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(str(path))
+    listener.listen()
+    held = []
+
+    def serve_one(sock):
         child = os.fork()
         if child == 0:  # the child: is the connection's descriptor still a socket?
-            held = stat.S_ISSOCK(os.fstat(ours.fileno()).st_mode)
-            os._exit(1 if held else 0)
-        _, status = os.waitpid(child, 0)
-        assert os.waitstatus_to_exitcode(status) == 0, "the child held the connection"
-        # The parent's own connection is untouched: the proxy's end still reads from it.
-        ours.sendall(b"ok")
-        assert proxys.recv(2) == b"ok"
-    finally:
-        _serve._connection = None
-        ours.close()
-        proxys.close()
+            os._exit(1 if stat.S_ISSOCK(os.fstat(sock.fileno()).st_mode) else 0)
+        held.append(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+        sock.sendall(b"ok")
+
+    serving = threading.Thread(target=_serve.run_forever, args=(str(path), serve_one))
+    serving.start()
+    proxy_end, _ = listener.accept()
+    with proxy_end, listener:
+        assert proxy_end.recv(2) == b"ok", "the parent's connection is untouched"
+        serving.join(timeout=10)
+    assert held == [0], "the child held the connection"
+    assert _serve._connection is None
 
 
 @pytest.mark.parametrize("step", ["pre", "forward", "post"])

@@ -20,6 +20,7 @@ import pytest
 
 import corral
 from corral import _protocol as protocol
+from corral import testing
 from corral.testing import FakeProxy, Result
 
 
@@ -1058,16 +1059,18 @@ def test_a_fake_proxy_refuses_what_the_proxy_would_not_send():
 def test_a_fake_proxy_tells_a_failure_without_a_message_as_the_proxy_does():
     class Silent(corral.Worker):
         def preprocess(self, item):
-            if item == "bad":
-                raise corral.ValidationError()
-            return item
+            raise corral.ValidationError()
 
         def forward(self, batch):
-            raise RuntimeError() if "boom" in batch else None
+            return batch
 
     with FakeProxy(Silent(), warm_up=False) as proxy:
         (invalid,) = proxy.infer(["bad"])
     assert invalid == Result("invalid", message="the worker gave no reason")
+    # An `error` without a message, which this package never sends (its messages name the
+    # exception's type), but a worker of another language may: read as the proxy tells it.
+    assert testing._message({"status": "error"}) == "the worker gave no reason"
+    assert testing._message({"status": "error", "message": ""}) == "the worker gave no reason"
 
 
 def test_an_output_content_type_set_after_the_class_is_checked_when_it_serves():

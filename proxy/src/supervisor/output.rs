@@ -20,20 +20,22 @@
 //! hold 735 MB). A forwarding task that finds the queue full waits for room without holding a
 //! thread, and stops reading its worker's pipe meanwhile, so a worker printing faster than our
 //! stdout is read waits in its own `write`, as any process writing to a full pipe does, and no
-//! line is lost. But a queue with no room for [`STALL`] means nobody is reading at all (a log
-//! driver stuck, a paused `| less`): from then until a line finds room again, lines are dropped
-//! and counted (`corral_log_lines_dropped_total{source="worker"}`, and a warning once lines flow
-//! again), and the pipe is read on. Waiting on had lost no line, but a worker that logs as it
-//! works then blocked mid-batch past `--batch-timeout-ms`: killed as hung, its jobs run again,
-//! restarted to block again, while the proxy's own lines saying so were dropped. Serving comes
-//! before logs. The proxy's own log lines go through [`log_writer`] (tracing-appender's
-//! non-blocking writer: a thread of its own, and a line that finds its queue full is dropped,
-//! counted as `source="proxy"`: a log call cannot wait).
+//! line is lost while the queue drains to half within [`STALL`]. A queue full that long means
+//! our stdout is not read, or read slower than workers write (a log driver stuck or behind, a
+//! paused `| less`): from then until it drains to half, a line that finds no room at once is
+//! dropped and counted (`corral_log_lines_dropped_total{source="worker"}`, and a warning, at
+//! most one a minute, once lines flow again), and the pipe is read on. Waiting without end had
+//! lost no line, but a worker that logs as it works then blocked mid-batch past
+//! `--batch-timeout-ms`: killed as hung, its jobs run again, restarted to block again, while
+//! the proxy's own lines saying so were dropped. Serving comes before logs. The proxy's own log
+//! lines go through [`log_writer`] (tracing-appender's non-blocking writer: a thread of its own,
+//! and a line that finds its queue full is dropped, counted as `source="proxy"`: a log call
+//! cannot wait).
 
 use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 use tokio::sync::mpsc::error::TrySendError;
@@ -75,15 +77,25 @@ static ROOM: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(QUEUED_B
 static SENT: AtomicU64 = AtomicU64::new(0);
 static WRITTEN: AtomicU64 = AtomicU64::new(0);
 
-/// Workers' lines dropped since a warning last said so.
+/// Workers' lines dropped since a warning last said so, and when it last did (milliseconds
+/// since [`since_start`]'s start; 0: never).
 static UNTOLD: AtomicU64 = AtomicU64::new(0);
+static WARNED_AT: AtomicU64 = AtomicU64::new(0);
+const WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// How long a line may wait for room before our stdout counts as stalled: far longer than a
-/// slow reader takes to make room for one line, far shorter than a batch may take.
+/// How long the queue may stay full before lines are dropped: far longer than a reader that
+/// keeps up takes to make room, far shorter than a batch may take.
 const STALL: Duration = Duration::from_secs(1);
-/// Whether the last line waited [`STALL`] in vain: lines are then dropped at once, not each
-/// after a wait of its own (a line a second is no less stuck a worker), until one finds room.
-static STALLED: AtomicBool = AtomicBool::new(false);
+/// When the queue was last found full with no drain to half since (milliseconds since
+/// [`since_start`]'s start, plus one; 0: it has room). Over all workers' lines: one writer
+/// thread writes them all.
+static FULL_SINCE: AtomicU64 = AtomicU64::new(0);
+
+/// Milliseconds since the first call (a clock the atomics above can hold).
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
 
 /// The proxy's own log lines its writer dropped (tracing-appender counts them).
 static PROXY_DROPPED: OnceLock<ErrorCounter> = OnceLock::new();
@@ -285,17 +297,11 @@ fn shown(label: &str, text: &str) -> String {
     out
 }
 
-/// Counts a worker's line dropped: our stdout or stderr is stalled.
-fn stalled() {
-    STALLED.store(true, Ordering::Release);
-    metrics().log_lines_dropped.with_label_values(&["worker"]).inc();
-    UNTOLD.fetch_add(1, Ordering::AcqRel);
-}
-
-/// Hands the lines to the writer thread, waiting (without a thread) while its queue is full, up
-/// to [`STALL`]: past it, and until a line finds room again, lines are dropped (the module's first
-/// paragraphs say why). A write error there (our own stdout closed, say) is ignored: the worker's
-/// pipe must still be drained, and `println!` would panic and end the copy instead.
+/// Hands the lines to the writer thread: each at once if the queue has room, else waiting
+/// (without a thread) until it has, as long as it has not been full for [`STALL`] on end; past
+/// that a line that finds no room is dropped (the module's first paragraphs say why). A write
+/// error there (our own stdout closed, say) is ignored: the worker's pipe must still be
+/// drained, and `println!` would panic and end the copy instead.
 async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
     for line in ready.drain(..) {
         let Some(lines) = writer() else {
@@ -304,52 +310,92 @@ async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
         };
         // A line larger than the whole room needs all of it.
         let room = line.len().min(QUEUED_BYTES) as u32;
-        // Room, then a place in the queue: each waited for up to STALL, or only taken if free
-        // while stalled (a timer of no time still waits for the timer's next tick, a
-        // millisecond: 3,000 lines dropped had held a worker 3 s). Both waits are cancel-safe:
-        // nothing is taken by one given up.
-        let stalled_now = STALLED.load(Ordering::Acquire);
-        let taken = if stalled_now {
-            ROOM.try_acquire_many(room).ok()
-        } else {
-            tokio::time::timeout(STALL, ROOM.acquire_many(room)).await.ok().and_then(Result::ok)
-        };
-        let Some(taken) = taken else {
-            stalled();
-            continue;
-        };
-        taken.forget(); // given back once written
-        let place = if stalled_now {
-            lines.try_reserve().map_err(|e| matches!(e, TrySendError::Closed(())))
-        } else {
-            match tokio::time::timeout(STALL, lines.reserve()).await {
-                Ok(reserved) => reserved.map_err(|_| true),
-                Err(_) => Err(false),
-            }
-        };
-        match place {
-            Ok(place) => {
-                place.send(Queued { stderr: to_stderr, line, room });
+        match queue(lines, Queued { stderr: to_stderr, line, room }).await {
+            Queueing::Queued => {
                 SENT.fetch_add(1, Ordering::Release);
-                STALLED.store(false, Ordering::Release);
-                let untold = UNTOLD.swap(0, Ordering::AcqRel);
-                if untold > 0 {
-                    warn!(
-                        lines = untold,
-                        "workers' output dropped: Corral's stdout or stderr was not read \
-                         (corral_log_lines_dropped_total)"
-                    );
-                }
+                tell_of_dropped_lines();
             }
-            // The thread is gone (`true`): nothing will write it; or the queue stayed full.
-            Err(gone) => {
-                ROOM.add_permits(room as usize);
-                if !gone {
-                    stalled();
-                }
+            Queueing::Dropped => {
+                metrics().log_lines_dropped.with_label_values(&["worker"]).inc();
+                UNTOLD.fetch_add(1, Ordering::AcqRel);
             }
+            Queueing::NoWriter => {}
         }
     }
+}
+
+/// What became of a line handed to the writer thread.
+enum Queueing {
+    Queued,
+    /// The queue had been full for [`STALL`].
+    Dropped,
+    /// The writer thread is gone: nothing will write the line.
+    NoWriter,
+}
+
+/// Queues `queued` for the writer thread: at once if there is room (the queue drained to half
+/// clears its stall), else once there is, up to [`STALL`] after the queue was first found full.
+async fn queue(lines: &mpsc::Sender<Queued>, queued: Queued) -> Queueing {
+    let room = queued.room;
+    if let Ok(taken) = ROOM.try_acquire_many(room) {
+        match lines.try_reserve() {
+            Ok(place) => {
+                taken.forget(); // given back by the writer thread once written
+                place.send(queued);
+                let half = ROOM.available_permits() >= QUEUED_BYTES / 2
+                    && lines.capacity() >= QUEUED_LINES / 2;
+                if half {
+                    FULL_SINCE.store(0, Ordering::Release);
+                }
+                return Queueing::Queued;
+            }
+            Err(TrySendError::Closed(())) => return Queueing::NoWriter,
+            Err(TrySendError::Full(())) => drop(taken), // its room given back
+        }
+    }
+    let now = since_start() + 1;
+    let full_since = match FULL_SINCE.compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+    {
+        Ok(_) => now,
+        Err(earlier) => earlier,
+    };
+    let waited = Duration::from_millis(now - full_since);
+    let Some(left) = STALL.checked_sub(waited).filter(|left| !left.is_zero()) else {
+        return Queueing::Dropped;
+    };
+    // One deadline for both waits; each gives up with nothing taken (a room held past the
+    // timeout is given back as its permit drops).
+    let wait = async {
+        let taken = ROOM.acquire_many(room).await.expect("the room is never closed");
+        let place = lines.reserve().await?;
+        taken.forget();
+        place.send(queued);
+        Ok::<(), mpsc::error::SendError<()>>(())
+    };
+    match tokio::time::timeout(left, wait).await {
+        Ok(Ok(())) => Queueing::Queued,
+        Ok(Err(_)) => Queueing::NoWriter,
+        Err(_) => Queueing::Dropped,
+    }
+}
+
+/// Says how many workers' lines were dropped, once lines flow again, at most once a minute.
+fn tell_of_dropped_lines() {
+    if UNTOLD.load(Ordering::Acquire) == 0 {
+        return;
+    }
+    let now = since_start() + 1;
+    let last = WARNED_AT.load(Ordering::Acquire);
+    let due = last == 0 || now - last >= WARN_EVERY.as_millis() as u64;
+    if !due || WARNED_AT.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire).is_err() {
+        return;
+    }
+    let untold = UNTOLD.swap(0, Ordering::AcqRel);
+    warn!(
+        lines = untold,
+        "workers' output dropped: Corral's stdout or stderr was not read as fast as they wrote \
+         (corral_log_lines_dropped_total)"
+    );
 }
 
 /// One line of a worker's as a JSON object, keyed as the proxy's own JSON log lines are. A line

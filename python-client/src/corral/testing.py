@@ -384,9 +384,13 @@ def _raw_type(named: str) -> None:
     or msgpack becomes its value, a form or a string that is no media type is its client's 415.
     Sent as bytes, a test passed that real clients would fail."""
     essence = named.split(";")[0].strip().lower()
-    if essence in _VALUE_TYPES or (
-        essence.startswith("application/") and essence.endswith("+json")
-    ):
+    # `+json` with a subtype before it (RFC 6839), as the proxy reads it: `application/+json`
+    # is raw bytes.
+    subtype = essence.removeprefix("application/")
+    structured_json = (
+        subtype != essence and len(subtype) > len("+json") and subtype.endswith("+json")
+    )
+    if essence in _VALUE_TYPES or structured_json:
         raise ValueError(
             f"content_type {named!r}: the proxy reads such a body as a value, not raw bytes; "
             "pass the value itself, without content_type"

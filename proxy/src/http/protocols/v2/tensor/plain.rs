@@ -206,10 +206,11 @@ pub fn expand(data: &[u8]) -> Result<Vec<u8>, String> {
 pub enum Timestamps {
     /// Left as they are: a msgpack client reads them as timestamps.
     Kept,
-    /// Written as RFC 3339 strings in UTC (`2026-11-27T23:22:46.5Z`), for a JSON client: what
-    /// msgspec's own JSON writes for the aware `datetime` that msgspec's msgpack writes as a
-    /// timestamp. JSON has no timestamp; a Python worker returning a `datetime` had answered
-    /// its JSON clients 500 `unrepresentable_output`.
+    /// Written as RFC 3339 strings in UTC (`2026-11-27T23:22:46.5Z`, the fraction as long as it
+    /// needs), for a JSON client. JSON has no timestamp; a Python worker returning an aware
+    /// `datetime` (which msgspec's msgpack writes as a timestamp) had answered its JSON clients
+    /// 500 `unrepresentable_output`. The same instant as msgspec's own JSON writes it, spelled
+    /// its own way: msgspec keeps the offset and six digits of fraction.
     AsText,
 }
 
