@@ -118,6 +118,48 @@ def test_a_stdout_read_slowly_drops_lines_rather_than_hold_a_worker(corral_facto
         proxy.read_slowly(0)
 
 
+def test_a_stdout_nobody_reads_costs_no_worker_a_batch_timeout_under_a_second(corral_factory):
+    """With --batch-timeout-ms=300, waiting the whole second for room had got the worker killed
+    as hung, its job run twice: the wait is half the shortest batch timeout at most."""
+    unread, stalled = os.pipe()
+    try:
+        proxy = corral_factory(
+            "--batch-timeout-ms=300",
+            "--max-batch-size=1",
+            worker=NOISY,
+            preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
+        )
+        # Short lines, flushed each, each request's well inside 300 ms while its output flows:
+        # requests until the pipe's 64 KiB and the queue's 1,024 lines are full and lines drop.
+        for _ in range(100):
+            assert proxy.post({"print_both": 2000}).status_code == 200
+            if proxy.metric("corral_log_lines_dropped_total", source="worker") > 0:
+                break
+        assert proxy.metric("corral_log_lines_dropped_total", source="worker") > 0
+        assert proxy.post({"print_both": 2000}).status_code == 200, "and after it"
+        assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 0
+    finally:
+        os.close(unread)
+        os.close(stalled)
+
+
+def test_a_proxy_whose_every_output_stalled_still_ends_at_sigterm(corral_factory):
+    """Its stdout and stderr both unread, its own log lines past their queue, a worker's output
+    waiting: at the exit, tracing-appender's guard `println!`s that its queue is full, and had
+    waited for a stdout nobody reads for ever."""
+    proxy = corral_factory(worker=NOISY, env={"RUST_LOG": "trace"})
+    proxy.pause_reading()
+    try:
+        # Hyper's trace lines, a few dozen a request, fill the proxy's queue of 4,096 lines.
+        while proxy.metric("corral_log_lines_dropped_total", source="proxy") == 0:
+            proxy.client.get("/healthz")
+        assert proxy.post({"print_run": 24 << 20}).status_code == 200
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert proxy.proc.wait(timeout=30) == 0
+    finally:
+        proxy.resume_reading()
+
+
 def test_lines_dropped_for_a_stalled_stdout_are_said_so_once_it_is_read_again(corral_factory):
     """The collector of the proxy's output stops reading, then reads again: the lines dropped
     meanwhile are counted, and a warning says so once lines flow; those after it arrive."""

@@ -312,6 +312,10 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
     };
+    // A spawned worker's output waits for a stalled stdout no longer than half its limit.
+    if let Some(limit) = spec.batch_timeout.filter(|_| spec.spawns()) {
+        supervisor::output::bound_stall(limit);
+    }
     info!(
         stage = %spec.name,
         max_batch_size,

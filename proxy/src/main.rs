@@ -24,8 +24,19 @@ static LOG_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 /// waiting a second or two at most for a stream nobody reads.
 fn flush_output() {
     output::flush(std::time::Duration::from_secs(1));
-    let guard = LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take();
-    drop(guard);
+    let Some(guard) = LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
+    // tracing-appender's guard, dropped, waits for its thread and, if its queue stays full,
+    // `println!`s that it could not stop it: on a stdout nobody reads, blocked for ever (a
+    // SIGTERM then never ended the process). Dropped on a thread of its own, waited for a
+    // second at most; the exit then ends that thread.
+    let (dropped, done) = std::sync::mpsc::channel();
+    let spawned = std::thread::Builder::new().name("corral-log-end".into()).spawn(move || {
+        drop(guard);
+        let _ = dropped.send(());
+    });
+    if spawned.is_ok() {
+        let _ = done.recv_timeout(std::time::Duration::from_secs(1));
+    }
 }
 
 fn main() -> std::process::ExitCode {
@@ -202,7 +213,8 @@ fn log_filter() -> (EnvFilter, Option<String>) {
     match std::env::var(EnvFilter::DEFAULT_ENV) {
         // Empty as unset: an empty filter logs nothing, not even errors.
         Err(std::env::VarError::NotPresent) => (info(), None),
-        Ok(text) if text.trim().is_empty() => (info(), None),
+        // No directive in it (`""`, `","`) as unset too.
+        Ok(text) if text.split(',').all(|directive| directive.trim().is_empty()) => (info(), None),
         Err(std::env::VarError::NotUnicode(_)) => (info(), Some("RUST_LOG is not UTF-8".into())),
         Ok(text) => match EnvFilter::try_new(&text) {
             Ok(filter) => (filter, None),

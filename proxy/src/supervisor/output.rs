@@ -20,9 +20,10 @@
 //! hold 735 MB). A forwarding task that finds the queue full waits for room without holding a
 //! thread, and stops reading its worker's pipe meanwhile, so a worker printing faster than our
 //! stdout is read waits in its own `write`, as any process writing to a full pipe does, and no
-//! line is lost while the queue drains to half within [`STALL`]. A queue full that long means
-//! our stdout is not read, or read slower than workers write (a log driver stuck or behind, a
-//! paused `| less`): from then until it drains to half, a line that finds no room at once is
+//! line is lost while the queue, once full, drains to half within [`stall`] (a second, or half
+//! the shortest `--batch-timeout-ms`). One that does not means our stdout is not read, or read
+//! slower than workers write (a log driver stuck or behind, a paused `| less`): from then until
+//! it drains to half, a line that finds no room at once is
 //! dropped and counted (`corral_log_lines_dropped_total{source="worker"}`, and a warning, at
 //! most one a minute, once lines flow again), and the pipe is read on. Waiting without end had
 //! lost no line, but a worker that logs as it works then blocked mid-batch past
@@ -84,8 +85,21 @@ static WARNED_AT: AtomicU64 = AtomicU64::new(0);
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// How long the queue may stay full before lines are dropped: far longer than a reader that
-/// keeps up takes to make room, far shorter than a batch may take.
-const STALL: Duration = Duration::from_secs(1);
+/// keeps up takes to make room, far shorter than a batch may take: a second, or half the
+/// shortest `--batch-timeout-ms` if that is less ([`bound_stall`]; in milliseconds).
+static STALL_MS: AtomicU64 = AtomicU64::new(1000);
+
+/// Keeps the stall below half of `batch_timeout`, the shortest a stage's workers have: a
+/// worker held in its `write` for the whole second would have been killed as hung under a
+/// --batch-timeout-ms of 300.
+pub fn bound_stall(batch_timeout: Duration) {
+    let half = (batch_timeout.as_millis() / 2).max(1) as u64;
+    STALL_MS.fetch_min(half, Ordering::AcqRel);
+}
+
+fn stall() -> Duration {
+    Duration::from_millis(STALL_MS.load(Ordering::Acquire))
+}
 /// When the queue was last found full with no drain to half since (milliseconds since
 /// [`since_start`]'s start, plus one; 0: it has room). Over all workers' lines: one writer
 /// thread writes them all.
@@ -298,7 +312,7 @@ fn shown(label: &str, text: &str) -> String {
 }
 
 /// Hands the lines to the writer thread: each at once if the queue has room, else waiting
-/// (without a thread) until it has, as long as it has not been full for [`STALL`] on end; past
+/// (without a thread) until it has, as long as it has not been full for [`stall`] on end; past
 /// that a line that finds no room is dropped (the module's first paragraphs say why). A write
 /// error there (our own stdout closed, say) is ignored: the worker's pipe must still be
 /// drained, and `println!` would panic and end the copy instead.
@@ -327,14 +341,14 @@ async fn emit(ready: &mut Vec<String>, to_stderr: bool) {
 /// What became of a line handed to the writer thread.
 enum Queueing {
     Queued,
-    /// The queue had been full for [`STALL`].
+    /// The queue had been full for [`stall`].
     Dropped,
     /// The writer thread is gone: nothing will write the line.
     NoWriter,
 }
 
 /// Queues `queued` for the writer thread: at once if there is room (the queue drained to half
-/// clears its stall), else once there is, up to [`STALL`] after the queue was first found full.
+/// clears its stall), else once there is, up to [`stall`] after the queue was first found full.
 async fn queue(lines: &mpsc::Sender<Queued>, queued: Queued) -> Queueing {
     let room = queued.room;
     if let Ok(taken) = ROOM.try_acquire_many(room) {
@@ -360,7 +374,7 @@ async fn queue(lines: &mpsc::Sender<Queued>, queued: Queued) -> Queueing {
         Err(earlier) => earlier,
     };
     let waited = Duration::from_millis(now - full_since);
-    let Some(left) = STALL.checked_sub(waited).filter(|left| !left.is_zero()) else {
+    let Some(left) = stall().checked_sub(waited).filter(|left| !left.is_zero()) else {
         return Queueing::Dropped;
     };
     // One deadline for both waits; each gives up with nothing taken (a room held past the
