@@ -56,6 +56,16 @@ class Corral:
         )
         self._collector = threading.Thread(target=self._collect, daemon=True)
         self._collector.start()
+        try:
+            self._started(worker, workers)
+        except BaseException:
+            # A proxy that failed to start as the test expected is not left running (no fixture
+            # holds it to stop): one whose worker crash-looped had outlived the test run.
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def _started(self, worker: str | None, workers: int) -> None:
         line = self.wait_for_log(r"listening for HTTP")
         self.url = "http://" + re.search(r"addr\W+([\d.]+:\d+)", line).group(1)  # text or JSON
         # Tests share this client across up to 64 threads. With httpx's default of 20 idle

@@ -8,6 +8,7 @@ import json
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from openapi_spec_validator import validate
 
 from conftest import ROOT
@@ -90,6 +91,13 @@ def test_a_log_filter_that_does_not_parse_is_said_so(corral_factory):
     proxy = corral_factory(env={"RUST_LOG": "warn,corral::http=degub"}, workers=1)
     line = proxy.wait_for_log(r"is not a log filter")
     assert "WARN" in line and "degub" in line and "logging at info" in line
+    proxy.wait_for_log(r"INFO .*worker connected")
+
+
+@pytest.mark.parametrize("empty", ["", ","])
+def test_a_log_filter_with_no_directive_logs_at_info(corral_factory, empty):
+    """An empty filter logged nothing, errors included."""
+    proxy = corral_factory(env={"RUST_LOG": empty}, workers=1)
     proxy.wait_for_log(r"INFO .*worker connected")
 
 

@@ -119,17 +119,17 @@ def test_a_stdout_read_slowly_drops_lines_rather_than_hold_a_worker(corral_facto
 
 
 def test_a_stdout_nobody_reads_costs_no_worker_a_batch_timeout_under_a_second(corral_factory):
-    """With --batch-timeout-ms=300, waiting the whole second for room had got the worker killed
+    """With --batch-timeout-ms=600, waiting the whole second for room had got the worker killed
     as hung, its job run twice: the wait is half the shortest batch timeout at most."""
     unread, stalled = os.pipe()
     try:
         proxy = corral_factory(
-            "--batch-timeout-ms=300",
+            "--batch-timeout-ms=600",
             "--max-batch-size=1",
             worker=NOISY,
             preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
         )
-        # Short lines, flushed each, each request's well inside 300 ms while its output flows:
+        # Short lines, flushed each, each request's well inside 600 ms while its output flows:
         # requests until the pipe's 64 KiB and the queue's 1,024 lines are full and lines drop.
         for _ in range(100):
             assert proxy.post({"print_both": 2000}).status_code == 200
@@ -150,9 +150,13 @@ def test_a_proxy_whose_every_output_stalled_still_ends_at_sigterm(corral_factory
     proxy = corral_factory(worker=NOISY, env={"RUST_LOG": "trace"})
     proxy.pause_reading()
     try:
-        # Hyper's trace lines, a few dozen a request, fill the proxy's queue of 4,096 lines.
-        while proxy.metric("corral_log_lines_dropped_total", source="proxy") == 0:
+        # Hyper's trace lines, a few dozen a request, fill the proxy's queue of 4,096 lines
+        # (a few thousand requests; bounded, so that a proxy that never drops fails the test).
+        for _ in range(50_000):
             proxy.client.get("/healthz")
+            if proxy.metric("corral_log_lines_dropped_total", source="proxy") > 0:
+                break
+        assert proxy.metric("corral_log_lines_dropped_total", source="proxy") > 0
         assert proxy.post({"print_run": 24 << 20}).status_code == 200
         proxy.proc.send_signal(signal.SIGTERM)
         assert proxy.proc.wait(timeout=30) == 0

@@ -312,9 +312,12 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
     };
-    // A spawned worker's output waits for a stalled stdout no longer than half its limit.
-    if let Some(limit) = spec.batch_timeout.filter(|_| spec.spawns()) {
-        supervisor::output::bound_stall(limit);
+    // A spawned worker's output waits for a stalled stdout no longer than half its limit past
+    // its jobs' time: its --batch-timeout-ms, or the automatic one's margin.
+    if spec.spawns() {
+        supervisor::output::bound_stall(
+            spec.batch_timeout.unwrap_or(worker::connection::HUNG_MARGIN),
+        );
     }
     info!(
         stage = %spec.name,

@@ -17,7 +17,8 @@ use corral::supervisor::output;
 mod allocator;
 
 /// The guard of the non-blocking writer of the log lines (`supervisor::output::log_writer`):
-/// dropped, it lets the last lines out (a second at most).
+/// dropped, it lets the last lines out (1.1 s at most where stderr is read; see
+/// [`flush_output`] for where it is not).
 static LOG_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 
 /// Lets the lines still queued (workers' output, log lines) out before the process exits,
@@ -25,17 +26,20 @@ static LOG_GUARD: Mutex<Option<WorkerGuard>> = Mutex::new(None);
 fn flush_output() {
     output::flush(std::time::Duration::from_secs(1));
     let Some(guard) = LOG_GUARD.lock().unwrap_or_else(|e| e.into_inner()).take() else { return };
-    // tracing-appender's guard, dropped, waits for its thread and, if its queue stays full,
-    // `println!`s that it could not stop it: on a stdout nobody reads, blocked for ever (a
-    // SIGTERM then never ended the process). Dropped on a thread of its own, waited for a
-    // second at most; the exit then ends that thread.
+    // tracing-appender's guard, dropped, waits for its thread (100 ms to ask it, a second for
+    // it) and, if its queue stays full, `println!`s that it could not stop it: on a stdout
+    // nobody reads, blocked for ever (a SIGTERM then never ended the process). Dropped on a
+    // thread of its own, waited for a little longer than it waits; the exit then ends that
+    // thread. Should the thread not start, the guard is not dropped at all (`ManuallyDrop`):
+    // its last lines are lost, not the exit.
+    let guard = std::mem::ManuallyDrop::new(guard);
     let (dropped, done) = std::sync::mpsc::channel();
     let spawned = std::thread::Builder::new().name("corral-log-end".into()).spawn(move || {
-        drop(guard);
+        drop(std::mem::ManuallyDrop::into_inner(guard));
         let _ = dropped.send(());
     });
     if spawned.is_ok() {
-        let _ = done.recv_timeout(std::time::Duration::from_secs(1));
+        let _ = done.recv_timeout(std::time::Duration::from_millis(1200));
     }
 }
 

@@ -20,8 +20,9 @@
 //! hold 735 MB). A forwarding task that finds the queue full waits for room without holding a
 //! thread, and stops reading its worker's pipe meanwhile, so a worker printing faster than our
 //! stdout is read waits in its own `write`, as any process writing to a full pipe does, and no
-//! line is lost while the queue, once full, drains to half within [`stall`] (a second, or half
-//! the shortest `--batch-timeout-ms`). One that does not means our stdout is not read, or read
+//! line is lost while the queue, once full, drains to half within [`stall`] (half a second with
+//! the automatic `--batch-timeout-ms`, half the shortest set one, a second at most). One that
+//! does not means our stdout is not read, or read
 //! slower than workers write (a log driver stuck or behind, a paused `| less`): from then until
 //! it drains to half, a line that finds no room at once is
 //! dropped and counted (`corral_log_lines_dropped_total{source="worker"}`, and a warning, at
@@ -84,14 +85,15 @@ static UNTOLD: AtomicU64 = AtomicU64::new(0);
 static WARNED_AT: AtomicU64 = AtomicU64::new(0);
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
-/// How long the queue may stay full before lines are dropped: far longer than a reader that
-/// keeps up takes to make room, far shorter than a batch may take: a second, or half the
-/// shortest `--batch-timeout-ms` if that is less ([`bound_stall`]; in milliseconds).
+/// How long the queue may stay full before lines are dropped: longer than a reader that keeps
+/// up takes to make room, shorter than a batch may take: a second, or half the shortest limit
+/// a worker has past its jobs' time ([`bound_stall`]; in milliseconds). A limit set very low
+/// (a few milliseconds) drops lines even behind a reader that keeps up.
 static STALL_MS: AtomicU64 = AtomicU64::new(1000);
 
-/// Keeps the stall below half of `batch_timeout`, the shortest a stage's workers have: a
-/// worker held in its `write` for the whole second would have been killed as hung under a
-/// --batch-timeout-ms of 300.
+/// Keeps the stall below half of `limit`: a stage's `--batch-timeout-ms`, or, where that is
+/// automatic, the margin a worker has past its jobs' route timeout. A worker held in its
+/// `write` for the whole second had been killed as hung under a --batch-timeout-ms of 300.
 pub fn bound_stall(batch_timeout: Duration) {
     let half = (batch_timeout.as_millis() / 2).max(1) as u64;
     STALL_MS.fetch_min(half, Ordering::AcqRel);
@@ -157,7 +159,8 @@ pub fn flush(limit: std::time::Duration) {
 }
 
 /// A writer onto our own stderr that never blocks its caller, for the proxy's log lines, and the
-/// guard that lets its last lines out when dropped (a second at most).
+/// guard that lets its last lines out when dropped (1.1 s at most on a stderr that is read; on
+/// one that is not, for ever: `main` drops it on a thread of its own).
 pub fn log_writer() -> (NonBlocking, WorkerGuard) {
     let (writer, guard) = NonBlockingBuilder::default()
         .lossy(true)
@@ -373,7 +376,8 @@ async fn queue(lines: &mpsc::Sender<Queued>, queued: Queued) -> Queueing {
         Ok(_) => now,
         Err(earlier) => earlier,
     };
-    let waited = Duration::from_millis(now - full_since);
+    // Another forwarder may have set the mark from a later clock read than ours.
+    let waited = Duration::from_millis(now.saturating_sub(full_since));
     let Some(left) = stall().checked_sub(waited).filter(|left| !left.is_zero()) else {
         return Queueing::Dropped;
     };
@@ -400,7 +404,7 @@ fn tell_of_dropped_lines() {
     }
     let now = since_start() + 1;
     let last = WARNED_AT.load(Ordering::Acquire);
-    let due = last == 0 || now - last >= WARN_EVERY.as_millis() as u64;
+    let due = last == 0 || now.saturating_sub(last) >= WARN_EVERY.as_millis() as u64;
     if !due || WARNED_AT.compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire).is_err() {
         return;
     }

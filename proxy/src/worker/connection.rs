@@ -76,7 +76,7 @@ pub struct Context {
 /// longest its jobs' routes allow a worker from when it got the batch ([`Job::allowance`]):
 /// every client has its 408 by then. Not from its jobs' deadlines: those a client shortens and
 /// the queue uses up, and no client can get a worker killed that way.
-pub(super) const HUNG_MARGIN: Duration = Duration::from_secs(1);
+pub const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
 /// The most workers connected at once that Corral did not spawn, across its stages: each holds
 /// a descriptor, buffers and a task, and a peer saying hello on connection after connection had
