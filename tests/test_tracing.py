@@ -476,24 +476,28 @@ def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected)
     assert "listening" not in done.stderr
 
 
+def post_and_leave(proxy, body: bytes, accept: str, until, what: str) -> None:
+    """POSTs `body` to /infer on a connection of its own and closes it (the client leaves) once
+    `until()` holds."""
+    host, port = proxy.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port))) as client:
+        client.sendall(
+            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            + f"accept: {accept}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        proxy.wait_until(until, what=what)
+
+
 def test_a_request_whose_client_left_ends_its_span_with_its_route_and_499(
     corral_factory, receiver, tmp_path
 ):
     # The span had been exported as a bare "POST": no route, no status, no request id.
     proxy = corral_factory("--otlp-endpoint", receiver.url, env={"OTEL_SERVICE_NAME": "proxy"})
     gate = tmp_path / "gate"
-    host, port = proxy.url.removeprefix("http://").split(":")
     body = f'{{"hold": "{gate}"}}'.encode()
-    with socket.create_connection((host, int(port))) as client:
-        client.sendall(
-            b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            + f"content-length: {len(body)}\r\n\r\n".encode()
-            + body
-        )
-        proxy.wait_until(
-            lambda: proxy.metric("corral_batch_size_count", stage="default") == 1,
-            what="the job in its worker",
-        )
+    in_worker = lambda: proxy.metric("corral_batch_size_count", stage="default") == 1  # noqa: E731
+    post_and_leave(proxy, body, "application/json", in_worker, "the job in its worker")
     spans = receiver.wait_for(
         lambda spans: requests_of(spans) and any(s.name == "queue default" for s in spans)
     )
@@ -523,7 +527,6 @@ def test_a_request_whose_client_left_while_queued_has_a_queue_span_never_dispatc
     proxy = corral_factory(*args, env=env, **({"worker": worker} if worker else {}))
     gate = tmp_path / "gate"
     held = {"chunks": 1, "gate_first": str(gate)} if worker else {"hold": str(gate)}
-    host, port = proxy.url.removeprefix("http://").split(":")
     with ThreadPoolExecutor(1) as pool:
         holding = pool.submit(proxy.post, held, headers={"accept": accept})
         proxy.wait_until(
@@ -531,16 +534,8 @@ def test_a_request_whose_client_left_while_queued_has_a_queue_span_never_dispatc
             what="the worker held",
         )
         body = b'{"a": 1}' if not worker else b'{"chunks": 1}'
-        with socket.create_connection((host, int(port))) as client:
-            client.sendall(
-                b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-                + f"accept: {accept}\r\ncontent-length: {len(body)}\r\n\r\n".encode()
-                + body
-            )
-            proxy.wait_until(
-                lambda: proxy.metric("corral_queue_depth", stage="default") == 1,
-                what="the second job queued",
-            )
+        queued = lambda: proxy.metric("corral_queue_depth", stage="default") == 1  # noqa: E731
+        post_and_leave(proxy, body, accept, queued, "the second job queued")
         spans = receiver.wait_for(
             lambda spans: any(
                 s.name == "queue default" and s.attributes["corral.dispatched"] is False
