@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import resource
 import socket
@@ -491,6 +492,38 @@ def test_a_client_past_the_cap_sending_its_body_after_its_head_reads_its_503(cor
         assert b'"error":"too_many_connections"' in answer
     finally:
         for conn in held:
+            conn.close()
+
+
+def test_a_flood_past_the_cap_lingers_on_32_connections_at_most(corral_factory):
+    """Each refused connection reads what its client sends for up to a second: unbounded, a
+    flood's lingering refusals held a descriptor each, out of those the worker socket, restarts
+    and shared memory need. 96 clients that send a head and keep their connections open all get
+    their 503; the proxy holds 32 of them meanwhile, and a few still closing (it held all 96)."""
+    proxy = corral_factory("--max-connections=1", worker=None)
+    proxy.client.close()  # its pooled connection would take a slot
+    held = [connect(proxy)]
+    flood = []
+    try:
+        held[0].sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
+        held += [connect(proxy) for _ in range(RESERVE)]
+        before = len(os.listdir(f"/proc/{proxy.proc.pid}/fd"))
+        head = b"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: 1048576\r\n\r\n"
+        for _ in range(96):
+            conn = connect(proxy)
+            conn.sendall(head)
+            flood.append(conn)
+        # Each answered and its writing side shut: the 503, then the end of its answer.
+        answers = [read_all(conn) for conn in flood]
+        assert all(b'"error":"too_many_connections"' in answer for answer in answers)
+        # The others close once their 503 is written, a few perhaps just after their client saw
+        # it: the fewest of a few hundred counts, taken well inside the lingering second.
+        counts = [len(os.listdir(f"/proc/{proxy.proc.pid}/fd")) for _ in range(300)]
+        lingering = min(counts) - before
+        assert lingering <= 32 + 16, f"{lingering} descriptors more while 96 clients hold theirs"
+    finally:
+        for conn in held + flood:
             conn.close()
 
 

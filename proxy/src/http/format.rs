@@ -563,6 +563,23 @@ mod tests {
         assert_eq!(error.code(), "unrepresentable_output", "{error}");
     }
 
+    #[test]
+    fn an_answer_of_100000_timestamps_is_written_whole() {
+        // 1.2 MB of timestamps (32-bit seconds), an answer far past a socket buffer: each one
+        // written, none lost or doubled, as many strings as timestamps.
+        let mut packed = vec![0xdd];
+        packed.extend_from_slice(&100_000u32.to_be_bytes());
+        for n in 0..100_000u32 {
+            packed.extend_from_slice(&[0xd6, 0xff]);
+            packed.extend_from_slice(&n.to_be_bytes());
+        }
+        let json = from_msgpack(Format::Json, Bytes::from(packed)).unwrap();
+        let value: Vec<String> = serde_json::from_slice(&json).unwrap();
+        assert_eq!(value.len(), 100_000);
+        assert_eq!(value[0], "1970-01-01T00:00:00Z");
+        assert_eq!(value[99_999], "1970-01-02T03:46:39Z");
+    }
+
     /// The answer for an output of raw bytes (`b"PNG"`, the worker naming `named`).
     fn raw_answer(
         accept: Option<&'static str>,
