@@ -445,12 +445,14 @@ fn refuse(
     counted: &str,
     why: &str,
 ) {
-    warn!(reason = %logged(&why), "worker refused");
     let message = logged_within(&why, 2_000);
     if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
         own.worker_refused(&message);
     }
     metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
+    // Logged once `/readyz` and the metric say so: a reader of the line (a test, an operator)
+    // had found `/readyz` not knowing it yet.
+    warn!(reason = %logged(&why), "worker refused");
     outbox.send(ProxyMessage::Reject(Reject { message }));
 }
 
