@@ -495,6 +495,33 @@ def test_a_client_past_the_cap_sending_its_body_after_its_head_reads_its_503(cor
             conn.close()
 
 
+def test_a_client_on_the_reserve_sending_its_body_after_its_head_reads_its_503(corral_factory):
+    """A request on a reserve connection for anything but a probe is answered 503 before its
+    body is read, and hyper closed the connection with the body unread: reset, so urllib, which
+    sends its body after the head, got EPIPE for bodies of a megabyte. The body is read and
+    dropped after the answer, as a refusal past the reserve does."""
+    proxy = corral_factory("--max-connections=1", worker=None)
+    proxy.client.close()  # its pooled connection would take a slot
+    held = connect(proxy)
+    try:
+        held.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
+        assert held.recv(65536).startswith(b"HTTP/1.1 200")
+        piece, pieces = b"x" * 64 * 1024, 14
+        head = f"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(piece) * pieces}\r\n"
+        for _ in range(3):
+            with connect(proxy) as reserve:  # the main cap is held: a reserve connection
+                reserve.sendall(head.encode() + b"\r\n")
+                answer = reserve.recv(12)
+                assert answer == b"HTTP/1.1 503"
+                for _ in range(pieces):
+                    reserve.sendall(piece)
+                answer += read_all(reserve)
+            assert b'"error":"too_many_connections"' in answer
+            assert b"connection: close" in answer
+    finally:
+        held.close()
+
+
 def test_a_flood_past_the_cap_lingers_on_32_connections_at_most(corral_factory):
     """Each refused connection reads what its client sends for up to a second: unbounded, a
     flood's lingering refusals held a descriptor each, out of those the worker socket, restarts

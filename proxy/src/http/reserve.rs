@@ -9,14 +9,17 @@
 //! check, and a client must not keep a reserve slot by reusing it); it must begin that request
 //! within the header deadline. A request for any other path is answered 503
 //! `too_many_connections`, as a connection past the cap is, before its body is read, and counted
-//! in the same shed metric. Past the reserve, a connection is refused unread
+//! in the same shed metric; its body is then read and dropped for a moment ([`LINGER`]), so that
+//! the client reads its 503 rather than a reset. Past the reserve, a connection is refused unread
 //! ([`super::server`]). The reserve's descriptors are counted under the open-file limit
 //! ([`crate::open_files`]).
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::header::CONNECTION;
 use http::{HeaderName, HeaderValue, Request, Response};
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -31,6 +34,15 @@ use corral_protocol::JobId;
 /// per server (twice in an HA pair): 16 leaves room for those to overlap, be retried while
 /// earlier reserve connections close, and for an operator's curl, at 16 descriptors.
 pub const CONNECTIONS: usize = 16;
+
+/// How long a refused request's body is read (and dropped) after its 503, here and past the
+/// reserve ([`super::server`]): a socket closed with bytes unread is reset, and a client still
+/// sending its body when its 503 came (urllib writes the body after the head) got that reset,
+/// `EPIPE`, instead of the answer waiting for it.
+pub const LINGER: Duration = Duration::from_secs(1);
+
+/// The most of a refused request that is read (and dropped) before its connection is closed.
+pub const LINGER_BYTES: usize = 1 << 20;
 
 /// The health probes of Open Inference Protocol v2, answered on the reserve as `/healthz` and
 /// `/readyz` are: a Triton- or KServe-style deployment points its liveness and readiness probes
@@ -81,8 +93,14 @@ impl Caps {
 /// connection, anything else 503 `too_many_connections` without reading its body. Every answer
 /// says the connection closes (hyper then closes it, its keep-alive being off as well).
 pub async fn answer(app: &App, request: Request<Incoming>) -> Response<Body> {
-    let mut response =
-        if answers(request.uri().path()) { routes::route(app, request).await } else { refuse() };
+    let mut response = if answers(request.uri().path()) {
+        routes::route(app, request).await
+    } else {
+        // hyper goes on reading the body while a task holds it, and closes the connection (its
+        // keep-alive off) once it has ended or been dropped. At most [`CONNECTIONS`] of these.
+        tokio::spawn(linger(request.into_body()));
+        refuse()
+    };
     response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     response
 }
@@ -97,6 +115,20 @@ fn refuse() -> Response<Body> {
     let id = HeaderValue::from_str(&JobId::new().to_string()).expect("a UUID is a valid value");
     response.headers_mut().insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
     response
+}
+
+/// Reads a refused request's body and drops it, for [`LINGER`] and [`LINGER_BYTES`] at most.
+async fn linger(mut body: Incoming) {
+    let _ = tokio::time::timeout(LINGER, async {
+        let mut read = 0;
+        while read < LINGER_BYTES {
+            match body.frame().await {
+                Some(Ok(frame)) => read += frame.data_ref().map_or(0, |data| data.len()),
+                _ => break,
+            }
+        }
+    })
+    .await;
 }
 
 #[cfg(test)]

@@ -250,9 +250,6 @@ fn closed(reason: &str) {
     metrics().connections_closed.with_label_values(&[reason]).inc();
 }
 
-/// The most a refused connection's request is read (and dropped) before it is closed.
-const REFUSED_LINGER_BYTES: usize = 1 << 20;
-
 /// Refused connections that may linger at once, each holding its descriptor up to a second:
 /// past them a refusal closes as soon as its 503 is written. A flood past the cap is when
 /// refusals come; unbounded, lingering ones held a hundred descriptors more, out of the ones
@@ -263,12 +260,12 @@ static LINGERING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(32)
 /// Answers a connection over the cap and its reserve 503 and closes it, without reading its
 /// request. The answer is written straight to the socket: hyper is not involved, so it costs no
 /// buffers and cannot hang. What the client sends meanwhile (its head, its body) is then read
-/// and dropped until it closes, for a second and a megabyte at most, by up to [`LINGERING`]
-/// refusals at once: a socket closed with bytes unread is reset, and a client that sends its
-/// body after its head (Python's urllib) got that reset, `EPIPE`, instead of the 503 waiting
-/// for it.
+/// and dropped until it closes, for [`reserve::LINGER`] and [`reserve::LINGER_BYTES`] at most,
+/// by up to [`LINGERING`] refusals at once: a socket closed with bytes unread is reset, and a
+/// client that sends its body after its head (Python's urllib) got that reset, `EPIPE`, instead
+/// of the 503 waiting for it.
 async fn refuse(mut stream: TcpStream) {
-    let _ = tokio::time::timeout(Duration::from_secs(1), async {
+    let _ = tokio::time::timeout(reserve::LINGER, async {
         // The body a reserve connection's refusal has too.
         let body = ApiError::too_many_connections().body();
         // An id as every answer has, though no request was read to give one to.
@@ -284,7 +281,7 @@ async fn refuse(mut stream: TcpStream) {
         let Ok(_lingering) = LINGERING.try_acquire() else { return Ok(()) };
         let mut unread = vec![0; 16 * 1024];
         let mut read = 0;
-        while read < REFUSED_LINGER_BYTES {
+        while read < reserve::LINGER_BYTES {
             match stream.read(&mut unread).await? {
                 0 => break,
                 n => read += n,
