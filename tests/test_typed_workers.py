@@ -110,6 +110,10 @@ def test_a_timestamp_from_a_worker_without_output_type_is_text_for_json(corral_f
     response = proxy.client.post("/infer", content=msgpack.packb(UPLOAD), headers=MSGPACK)
     stamp = msgpack.unpackb(response.content, timestamp=3)["at"]
     assert stamp == datetime.datetime(2024, 5, 6, 5, 8, 9, tzinfo=datetime.timezone.utc)
+    # KServe v1 answers in JSON, as a JSON client is answered (it had 500 bad_output).
+    response = proxy.client.post("/v1/models/default:predict", json={"instances": [UPLOAD]})
+    assert response.status_code == 200, response.text
+    assert response.json()["predictions"][0]["at"] == RECEIPT["at"]
 
 
 @pytest.mark.parametrize("client", ["json", "msgpack with bin", "msgpack with base64"])
