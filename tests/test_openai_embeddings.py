@@ -118,6 +118,16 @@ def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(cli
     assert 'encoding_format "base64"' in raised.value.message
 
 
+@pytest.mark.parametrize("encoding_format", ["base64", "float"])
+def test_a_finite_number_past_float32s_range_is_the_workers_fault(client, encoding_format):
+    # As float32 it would be an infinity: a base64 client (the openai package's default) got
+    # `inf` with a 200 for the worker's 1e39, a float client a 500 blaming NaN or infinity.
+    with pytest.raises(openai.InternalServerError) as raised:
+        client.embeddings.create(model="m", input="past float32", encoding_format=encoding_format)
+    assert raised.value.code == "bad_output"
+    assert "input 0 holds 1e39, past float32's range" in raised.value.message
+
+
 def test_floats_are_written_as_float32_in_openai_s_order(proxy):
     """OpenAI's embeddings are float32, written in the shortest form that reads back to the same
     float32 (as OpenAI and TEI write them), not widened to float64's 17 digits; keys come in the

@@ -581,6 +581,22 @@ def test_multi_mib_binary_tensors_from_many_clients(
     )
 
 
+def test_json_numbers_pack_as_the_nearest_float16(corral_factory):
+    # Rounded to float32 first and then to float16, each was one step off (2049.0000001 became
+    # 2048, not 2050). (65519.999, which is 65504, was refused as too large: a unit test has it,
+    # as an answer doubled here would be past FP16's range.)
+    worker = str(Path(__file__).parent / "workers" / "tensor_echo.py")
+    proxy = corral_factory(worker=worker, env={"TENSOR_ECHO_DATATYPE": "FP16"})
+    sent = [2049.0000001, 1.0004882821813226, 0.50024414062501, -2049.0000001]
+    body = {"inputs": [{"name": "X", "shape": [1, 4], "datatype": "FP16", "data": sent}]}
+    answer = proxy.client.post("/v2/models/default/infer", json=body)
+    assert answer.status_code == 200, answer.text
+    (output,) = answer.json()["outputs"]
+    nearest = np.array([2050, 1 + 2**-10, 0.5 + 2**-11, -2050], np.float16)
+    assert output["datatype"] == "FP16"
+    assert np.array_equal(np.array(output["data"], np.float16), nearest * 2)
+
+
 def answered_by(sidecar, worker, pool, body, data: bytes):
     """The answer to one v2 request of one row on `sidecar`, whose fake `worker` answers that
     row's job `data`."""

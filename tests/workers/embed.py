@@ -2,9 +2,9 @@
 derived from its SHA-256, so a test can compute the expected vector itself. Every vector's last
 element is the size of the batch it was computed in (exact in float32), so tests can see inputs
 share a batch. A text starting with "reject" is refused (422) in preprocess. The text
-"not finite" is answered with NaN and infinities, "tenths" with [0.1, 0.2, 1/3] (not exact in
-float32), and "raw bytes" with the float32 bytes of a vector (a worker's mistake: an embedding is
-a list of numbers).
+"not finite" is answered with NaN and infinities, "past float32" with [1e39, 0.5] (finite, but
+not as a float32), "tenths" with [0.1, 0.2, 1/3] (not exact in float32), and "raw bytes" with
+the float32 bytes of a vector (a worker's mistake: an embedding is a list of numbers).
 
 With EMBED_TENSORS set it declares tensors, as a worker serving v2 clients too would: its input
 `TEXT` (`BYTES`, one element a row) and its output `EMBEDDING` (`FP32`, 8 a row), beside a
@@ -56,6 +56,8 @@ class Embed(corral.Worker):
 def answer(text: str, batch_size: int):
     if text == "not finite":
         return [float("nan"), float("inf"), float("-inf"), 0.5]
+    if text == "past float32":
+        return [1e39, 0.5]
     if text == "tenths":
         return [0.1, 0.2, 1 / 3]
     if text == "raw bytes":

@@ -282,8 +282,8 @@ pub(crate) fn embedding(
     if !base64 && vector.iter().any(|x| !x.is_finite()) {
         // serde_json would write `null`s: a client would read no number, or NaN.
         let message = format!(
-            "the worker's output for input {index} holds NaN or infinity as float32 (a number \
-             past its range is one), which JSON cannot carry: ask for encoding_format \"base64\""
+            "the worker's output for input {index} holds NaN or infinity, which JSON cannot \
+             carry: ask for encoding_format \"base64\""
         );
         return Err(ApiError::internal("unrepresentable_output", message));
     }
@@ -343,7 +343,13 @@ fn vector(
     if row.shape.is_empty() {
         return Err(not_numbers());
     }
-    tensor::floats(row.datatype, &row.shape, &row.data).ok_or_else(not_numbers)
+    tensor::floats(row.datatype, &row.shape, &row.data).map_err(|why| match why {
+        tensor::NotFloats::NotNumbers => not_numbers(),
+        tensor::NotFloats::PastRange(wide) => bad(format!(
+            "the worker's output for input {index} holds {wide:?}, past float32's range \
+             (OpenAI's embeddings are float32)"
+        )),
+    })
 }
 
 /// Standard base64 (with padding) of the vector's little-endian float32 bytes.

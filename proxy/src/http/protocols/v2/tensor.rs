@@ -265,14 +265,14 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
         // A finite number past the type's range would become infinity: refused as an integer
         // too large is (an infinity given stays one).
         (T::F16, e) => {
-            let (wide, narrow) = float(e).map(|f| (f, half::f16::from_f64(f)))?;
+            let (wide, narrow) = (float(e)?, f16_nearest(e));
             if wide.is_finite() && narrow.is_infinite() {
                 return Err(fits(&format!("{wide:?}")));
             }
             out.extend_from_slice(&narrow.to_le_bytes())
         }
         (T::F32, e) => {
-            let (wide, narrow) = float(e).map(|f| (f, f as f32))?;
+            let (wide, narrow) = (float(e)?, f32_nearest(e));
             if wide.is_finite() && narrow.is_infinite() {
                 return Err(fits(&format!("{wide:?}")));
             }
@@ -315,6 +315,51 @@ fn float(element: Element) -> Result<f64, String> {
     }
 }
 
+/// A number as the float32 nearest it, rounded once: an integer is not taken through a float64
+/// first, which rounded 2^53 + 2^29 + 1 to 2^53 (its nearest is 2^53 + 2^30). NaN for what is
+/// no number (which [`float`] refuses first).
+fn f32_nearest(element: Element) -> f32 {
+    match element {
+        Element::Uint(u) => u as f32,
+        Element::Int(i) => i as f32,
+        Element::Float(f) => f as f32,
+        Element::Float32(f) => f,
+        Element::Bool(_) | Element::Bytes(_) => f32::NAN,
+    }
+}
+
+/// A number as the float16 nearest it (ties to even), rounded once. `half::f16::from_f64` goes
+/// through a float32 (with F16C; without, it drops the low 32 bits of the mantissa), and two
+/// roundings miss: 2049.0000001 became 2048 (its nearest is 2050), 65519.999 infinity (it is
+/// 65504). A float64 is narrowed to float32 rounding to odd (toward zero, the last bit set when
+/// inexact), which keeps enough of what was cut for the float16 rounding after it to be right
+/// (float32 has more than 11 + 2 bits). Integers are exact in a float64 up to 2^53, far past
+/// float16's range.
+fn f16_nearest(element: Element) -> half::f16 {
+    let wide = match element {
+        Element::Float32(f) => return half::f16::from_f32(f),
+        Element::Float(f) => f,
+        Element::Uint(u) => u as f64,
+        Element::Int(i) => i as f64,
+        Element::Bool(_) | Element::Bytes(_) => f64::NAN,
+    };
+    half::f16::from_f32(f32_rounded_to_odd(wide))
+}
+
+/// `wide` as a float32, rounded toward zero, with the last mantissa bit set when that was
+/// inexact. Infinities, NaNs and what float32 holds exactly are as they are.
+fn f32_rounded_to_odd(wide: f64) -> f32 {
+    let nearest = wide as f32;
+    if !nearest.is_finite() || f64::from(nearest) == wide {
+        return nearest;
+    }
+    // Sign and magnitude: one less in the bits is the next float32 toward zero (the nearest
+    // is not zero here when it is farther out than `wide`).
+    let bits = nearest.to_bits();
+    let toward_zero = if f64::from(nearest).abs() > wide.abs() { bits - 1 } else { bits };
+    f32::from_bits(toward_zero | 1)
+}
+
 fn describe(element: Element) -> &'static str {
     match element {
         Element::Bool(_) => "a boolean",
@@ -341,23 +386,36 @@ fn push_integer(out: &mut Vec<u8>, datatype: DataType, value: i128) -> Option<()
     Some(())
 }
 
-/// A numeric tensor's elements as float32s, in order whatever its shape (an embedding a
-/// worker returned); None for `BOOL` and `BYTES`. A float64 or integer past float32's range
-/// becomes an infinity, which its reader then refuses where JSON cannot say it.
-pub fn floats(datatype: DataType, shape: &[u64], data: &[u8]) -> Option<Vec<f32>> {
+/// A numeric tensor's elements as float32s, each the nearest, in order whatever its shape (an
+/// embedding a worker returned).
+pub fn floats(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<Vec<f32>, NotFloats> {
     if matches!(datatype, DataType::Bool | DataType::Bytes) {
-        return None;
+        return Err(NotFloats::NotNumbers);
     }
-    let elements = each(datatype, shape, data).ok()?;
+    let elements = each(datatype, shape, data).map_err(|_| NotFloats::NotNumbers)?;
     elements
-        .map(|element| match element {
-            Element::Uint(u) => Some(u as f32),
-            Element::Int(i) => Some(i as f32),
-            Element::Float32(f) => Some(f),
-            Element::Float(f) => Some(f as f32),
-            Element::Bool(_) | Element::Bytes(_) => None,
+        .map(|element| {
+            let narrow = f32_nearest(element);
+            // A finite number past float32's range would become an infinity, which base64
+            // carries: a client got `inf` for the worker's 1e39, with a 200.
+            match float(element) {
+                Ok(wide) if wide.is_finite() && narrow.is_infinite() => {
+                    Err(NotFloats::PastRange(wide))
+                }
+                Ok(_) => Ok(narrow),
+                Err(_) => Err(NotFloats::NotNumbers),
+            }
         })
         .collect()
+}
+
+/// Why [`floats`] found no float32s.
+#[derive(Debug, PartialEq)]
+pub enum NotFloats {
+    /// `BOOL` or `BYTES`, or data that does not match its shape.
+    NotNumbers,
+    /// A finite number that float32 cannot hold.
+    PastRange(f64),
 }
 
 /// Packed data's elements, row-major (its length already checked against the shape), read as
@@ -439,6 +497,85 @@ mod tests {
         );
         assert_eq!(refused(DataType::U8, Element::Bytes(b"x")), "a string is not a UINT8 element");
         assert_eq!(refused(DataType::U8, Element::Uint(256)), "256 does not fit in UINT8");
+    }
+
+    /// The float16 nearest `wide`, ties to even, found by comparing with the midpoint of the
+    /// two float16s around it (exact in a float64: a float16 has 11 bits).
+    fn f16_reference(wide: f64) -> half::f16 {
+        // Positive float16s are ordered as their bits are.
+        let bits: Vec<u16> = (0..0x7c00).collect();
+        let count = bits.partition_point(|&b| half::f16::from_bits(b).to_f64() <= wide.abs());
+        let below = half::f16::from_bits(bits[count - 1]);
+        let above = half::f16::from_bits(below.to_bits() + 1);
+        let middle = (below.to_f64() + above.to_f64()) / 2.0;
+        let nearest = match wide.abs().partial_cmp(&middle).unwrap() {
+            std::cmp::Ordering::Less => below,
+            std::cmp::Ordering::Greater => above,
+            std::cmp::Ordering::Equal if below.to_bits().is_multiple_of(2) => below,
+            std::cmp::Ordering::Equal => above,
+        };
+        if wide < 0.0 {
+            -nearest
+        } else {
+            nearest
+        }
+    }
+
+    #[test]
+    fn numbers_narrow_to_the_nearest_float16_rounded_once() {
+        let f16 = |wide: f64| f16_nearest(Element::Float(wide)).to_f64();
+        // Rounded through a float32 first (half's from_f64), each of these came out one step
+        // off, and 65519.999 as an infinity, refused as too large.
+        assert_eq!(f16(2049.0000001), 2050.0);
+        assert_eq!(f16(1.0004882821813226), 1.0 + 2f64.powi(-10));
+        assert_eq!(f16(0.50024414062501), 0.5 + 2f64.powi(-11));
+        assert_eq!(f16(-65519.999), -65504.0);
+        assert_eq!(f16(65520.0), f64::INFINITY, "the exact halfway past the largest");
+        assert_eq!(f16(2049.0), 2048.0, "a tie goes to the even one");
+        assert_eq!(f16(2.0f64.powi(-25) * 1.000001), 2.0f64.powi(-24), "past half the least");
+        assert_eq!(f16(2.0f64.powi(-25)), 0.0, "a tie with zero");
+        assert!(f16(f64::NAN).is_nan());
+        assert_eq!(f16_nearest(Element::Uint(2049)).to_f64(), 2048.0);
+        assert_eq!(f16_nearest(Element::Int(-2051)).to_f64(), -2052.0);
+        let mut packed = Vec::new();
+        push(&mut packed, DataType::F16, Element::Float(65519.999)).unwrap();
+        assert_eq!(packed, half::f16::MAX.to_le_bytes());
+
+        // Numbers of every float16 magnitude, with mantissa bits far below float32's.
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..20_000 {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let exponent = (state % 42) as i32 - 26; // 2^-26 to 2^15
+            let fraction = 1.0 + (state >> 12) as f64 / (1u64 << 52) as f64;
+            let wide = fraction * 2f64.powi(exponent) * if state & 1 == 0 { 1.0 } else { -1.0 };
+            if wide.abs() < 65504.0 {
+                assert_eq!(f16_nearest(Element::Float(wide)), f16_reference(wide), "{wide:e}");
+            }
+        }
+    }
+
+    #[test]
+    fn integers_narrow_to_the_nearest_float32_rounded_once() {
+        let big = (1u64 << 53) + (1 << 29) + 1;
+        let mut packed = Vec::new();
+        push(&mut packed, DataType::F32, Element::Uint(big)).unwrap();
+        assert_eq!(
+            f32::from_le_bytes(packed.try_into().unwrap()),
+            ((1u64 << 53) + (1 << 30)) as f32
+        );
+        let data = big.to_le_bytes();
+        assert_eq!(floats(DataType::U64, &[1], &data), Ok(vec![((1u64 << 53) + (1 << 30)) as f32]));
+    }
+
+    #[test]
+    fn a_finite_number_past_float32s_range_is_no_float32() {
+        let data: Vec<u8> = [1.0f64, 1e39].iter().flat_map(|f| f.to_le_bytes()).collect();
+        assert_eq!(floats(DataType::F64, &[2], &data), Err(NotFloats::PastRange(1e39)));
+        let data: Vec<u8> = [1.0f64, f64::INFINITY].iter().flat_map(|f| f.to_le_bytes()).collect();
+        assert_eq!(floats(DataType::F64, &[2], &data), Ok(vec![1.0, f32::INFINITY]), "as given");
+        assert_eq!(floats(DataType::Bool, &[1], &[1]), Err(NotFloats::NotNumbers));
     }
 
     #[test]
