@@ -327,6 +327,36 @@ mod tests {
     }
 
     #[test]
+    fn refuses_a_listed_key_given_twice() {
+        // PROTOCOL.md: each key comes once. A hello with `stage` twice, a results frame with
+        // `results` twice, and one with `type` twice (`results`, then `hello`).
+        let mut hello = vec![0x85];
+        for (key, value) in [("type", "hello"), ("stage", "a"), ("stage", "b")] {
+            hello.extend(rmp_serde::to_vec(key).unwrap());
+            hello.extend(rmp_serde::to_vec(value).unwrap());
+        }
+        hello.extend(rmp_serde::to_vec("version").unwrap());
+        hello.push(1);
+        hello.extend(rmp_serde::to_vec("pid").unwrap());
+        hello.push(7);
+        assert!(decode::<WorkerMessage>(&hello).unwrap_err().to_string().contains("duplicate"));
+        let mut results = vec![0x83];
+        results.extend(rmp_serde::to_vec("type").unwrap());
+        results.extend(rmp_serde::to_vec("results").unwrap());
+        for _ in 0..2 {
+            results.extend(rmp_serde::to_vec("results").unwrap());
+            results.push(0x90);
+        }
+        assert!(decode::<WorkerMessage>(&results).is_err());
+        let mut types = vec![0x82];
+        for value in ["results", "hello"] {
+            types.extend(rmp_serde::to_vec("type").unwrap());
+            types.extend(rmp_serde::to_vec(value).unwrap());
+        }
+        assert!(decode::<WorkerMessage>(&types).is_err());
+    }
+
+    #[test]
     fn ignores_unknown_keys() {
         let value = serde_json::json!({
             "type": "hello", "version": 1, "stage": "s", "pid": 7, "future": [1, 2],

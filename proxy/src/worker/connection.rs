@@ -164,7 +164,7 @@ pub async fn serve(
             // Counted where it was spawned for, when that is another stage: the one left
             // without its worker.
             let counted = child.as_ref().map_or(stage.name(), SpawnedWorker::stage);
-            refuse(&mut outbox, child.as_ref(), &context.stages, counted, &message);
+            refuse(&mut outbox, child.as_ref(), &context.stages, Some(counted), &message);
             outbox.close(CLOSE_WRITE_LIMIT).await;
             return;
         }
@@ -372,6 +372,9 @@ async fn handshake(
         first = tokio::time::timeout(HELLO_TIMEOUT, inbox.next()) => first,
         _ = shutdown.cancelled() => return None,
     };
+    // A connection that said nothing is no worker refused: a probe of the socket, or a
+    // half-open connection, would have counted as one in the failures alerts read.
+    let silent = first.is_err();
     let first = match first {
         // Refused, saying why: a worker that said nothing yet may still be reading.
         Err(_) => {
@@ -428,28 +431,32 @@ async fn handshake(
     // spawned worker's under the stage it was spawned for (the one left without it), as a
     // refusal after the hello counts it.
     let own = child.map(SpawnedWorker::stage).filter(|stage| stages.contains_key(*stage));
-    refuse(outbox, child, stages, own.unwrap_or(UNKNOWN_STAGE), &refusal);
+    let counted = (!silent).then(|| own.unwrap_or(UNKNOWN_STAGE));
+    refuse(outbox, child, stages, counted, &refusal);
     None
 }
 
-/// A worker refused at its hello, for `why`: logged, counted under `counted`, and told (it may
-/// already be gone; the log has it either way). A spawned worker is refused again at every
-/// restart, so its stage's `/readyz` says why as well (an external worker's refusal is the
-/// log's alone: its stage is whatever it claimed). `why` is escaped and cut first, shorter in
-/// the log: it may carry the worker's own words (its stage's or its tensors' names), and a name
-/// with a line break had forged a log line, one of megabytes written a line as long.
+/// A worker refused at its hello, for `why`: logged, counted under `counted` (None: not
+/// counted), and told (it may already be gone; the log has it either way). A spawned worker is
+/// refused again at every restart, so its stage's `/readyz` says why as well (an external
+/// worker's refusal is the log's alone: its stage is whatever it claimed). `why` is escaped and
+/// cut first, shorter in the log: it may carry the worker's own words (its stage's or its
+/// tensors' names), and a name with a line break had forged a log line, one of megabytes
+/// written a line as long.
 fn refuse(
     outbox: &mut Outbox,
     child: Option<&SpawnedWorker>,
     stages: &HashMap<String, Arc<Stage>>,
-    counted: &str,
+    counted: Option<&str>,
     why: &str,
 ) {
     let message = logged_within(&why, 2_000);
     if let Some(own) = child.and_then(|child| stages.get(child.stage())) {
         own.worker_refused(&message);
     }
-    metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
+    if let Some(counted) = counted {
+        metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
+    }
     // Logged once `/readyz` and the metric say so: a reader of the line (a test, an operator)
     // had found `/readyz` not knowing it yet.
     warn!(reason = %logged(&why), "worker refused");
@@ -794,7 +801,13 @@ mod tests {
         let mut inbox = FramedRead::new(read, ProxyCodec::default());
         let mut outbox = Outbox::new(write);
         let (stages, shutdown) = (HashMap::new(), CancellationToken::new());
+        let refused =
+            || metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).get();
+        let before = refused();
         assert!(handshake(&mut inbox, &mut outbox, &stages, &shutdown, None).await.is_none());
+        // Nor is it counted as a worker refused (OBSERVABILITY.md): a probe of the socket is
+        // no worker, and the failures' alerts read that count.
+        assert_eq!(refused(), before);
         outbox.close(CLOSE_WRITE_LIMIT).await;
         let mut heard = FramedRead::new(worker_end, corral_protocol::WorkerCodec::default());
         match heard.next().await {
