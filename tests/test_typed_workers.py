@@ -14,7 +14,9 @@ import random
 
 import jsonschema
 import msgpack
+import numpy as np
 import pytest
+import tritonclient.http as triton
 
 from conftest import ROOT, Corral
 
@@ -140,3 +142,20 @@ def test_megabytes_of_bytes_go_through_whole(proxy, client):
     assert answer["size"] == len(data) == 4 << 20
     assert isinstance(answer["reversed"], str)
     assert base64.b64decode(answer["reversed"], validate=True) == data[::-1]
+
+
+def test_a_v2_client_s_bytes_reach_a_field_of_str_as_text_and_one_of_bytes_as_bytes(
+    corral_factory,
+):
+    # v2 has no string type but BYTES: a typed worker's `list[str]` field refused every v2
+    # client's text (422 "Expected `str`, got `bytes`"), a native client's going in.
+    proxy = corral_factory(worker=str(ROOT / "tests" / "workers" / "shouting.py"))
+    text = triton.InferInput("text", [1, 2], "BYTES")
+    text.set_data_from_numpy(np.array([["hello", "wörld"]], dtype=object))
+    raw = triton.InferInput("raw", [1, 2], "BYTES")
+    # UTF-8 that is base64 too, and no UTF-8: a field of bytes keeps both as they came.
+    raw.set_data_from_numpy(np.array([[b"YQ==", b"\xff"]], dtype=object))
+    with triton.InferenceServerClient(proxy.url.removeprefix("http://")) as client:
+        answer = client.infer("default", [text, raw])
+    assert answer.as_numpy("upper").tolist() == [[b"HELLO", "WÖRLD".encode()]]
+    assert answer.as_numpy("sizes").tolist() == [[4, 1]]

@@ -424,6 +424,35 @@ def test_an_open_inference_protocol_v2_row_is_taken_as_lists_by_a_typed_worker()
     assert wrong.status == "invalid" and "$.values[0]" in wrong.message
 
 
+class Texts(msgspec.Struct):
+    text: list[str]
+    raw: list[bytes] = []
+
+
+class Shout(corral.Worker):
+    input_type = Texts
+
+    def forward(self, batch):
+        return [{"upper": [t.upper() for t in item.text], "raw": item.raw} for item in batch]
+
+
+def test_a_v2_bytes_tensor_reaches_a_field_of_str_as_text_and_one_of_bytes_as_bytes():
+    """A v2 client sends text as BYTES, its only string type: a typed worker's `list[str]`
+    field refused it (422 "Expected `str`, got `bytes`") though native clients' text went in.
+    A field of bytes keeps its elements as bytes, even where they are UTF-8."""
+    rows = [
+        {"text": tensor([b"hello", b"w\xc3\xb6rld"], "BYTES")},
+        {"text": tensor([b"a"], "BYTES"), "raw": tensor([b"YQ==", b"\xff"], "BYTES")},
+        {"text": tensor([b"\xff"], "BYTES")},  # no UTF-8: the first reading's message
+    ]
+    with FakeProxy(Shout()) as proxy:
+        hello, raw, wrong = proxy.infer(rows)
+    assert hello == Result("ok", value={"upper": ["HELLO", "WÖRLD"], "raw": []})
+    assert raw == Result("ok", value={"upper": ["A"], "raw": [b"YQ==", b"\xff"]})
+    assert wrong.status == "invalid"
+    assert wrong.message == "Expected `str`, got `bytes` - at `$.text[0]`"
+
+
 def test_a_refused_payload_without_tensors_keeps_the_first_message():
     with FakeProxy(RowNorm()) as proxy:
         (refused,) = proxy.infer([{"values": "three"}])

@@ -16,7 +16,8 @@ So, in the worker:
 - a payload its ``input_type`` refuses is decoded again from its JSON form (:class:`Lenient`):
   ``msgspec.convert`` base64-decodes a string where bytes go and reads a string key as the number
   the type wants. Only for types that hold such values, and only once the one-pass decoder has
-  refused: a msgpack client's ``bin`` costs what it always did;
+  refused: a msgpack client's ``bin`` costs what it always did. A v2 row's tensors become lists
+  there, its ``BYTES`` inputs text where the type's field takes text (:func:`text_inputs`);
 - a worker with an ``output_type`` writes its outputs in their JSON form (:func:`to_json_form`,
   ``msgspec.to_builtins``) for every client, so that its one schema holds for JSON and msgpack
   alike: datetimes as RFC 3339 strings, bytes as base64 strings. An output that is bytes as a
@@ -104,7 +105,26 @@ def lenient(input_type: Any, info: msgspec.inspect.Type) -> Lenient | None:
     lists the type asks for (typed workers once refused every v2 request)."""
     if holds(info, lambda node: isinstance(node, msgspec.inspect.RawType)):
         return None
-    return Lenient(input_type, json_form=holds(info, refused_in_json_form))
+    return Lenient(input_type, json_form=holds(info, refused_in_json_form), text=text_inputs(info))
+
+
+def text_inputs(info: msgspec.inspect.Type) -> Callable[[Any], bool]:
+    """Which of a v2 row's inputs (the keys of its map) ``input_type`` (``info``) takes as text:
+    the fields that hold strings and no bytes. A v2 client sends text as ``BYTES``, its only
+    string type; such a field refused it ("Expected `str`, got `bytes`") though a native
+    client's text went in, while a field of bytes must keep its elements as they came."""
+
+    def wants_text(node: msgspec.inspect.Type) -> bool:
+        return holds(node, lambda n: isinstance(n, msgspec.inspect.StrType)) and not holds(
+            node, lambda n: isinstance(n, _BYTES)
+        )
+
+    fields = getattr(info, "fields", None)  # Structs, dataclasses, TypedDicts
+    if isinstance(fields, tuple):
+        return frozenset(f.encode_name for f in fields if wants_text(f.type)).__contains__
+    if isinstance(info, msgspec.inspect.DictType) and wants_text(info.value_type):
+        return lambda _: True
+    return lambda _: False
 
 
 class Lenient:
@@ -113,35 +133,66 @@ class Lenient:
     its JSON form. Only a payload that may be worth it is tried: one with a tensor value, or any
     where the type holds values refused in their JSON form (``json_form``)."""
 
-    def __init__(self, input_type: Any, json_form: bool) -> None:
+    def __init__(self, input_type: Any, json_form: bool, text: Callable[[Any], bool]) -> None:
         self.type = input_type
         self.json_form = json_form
+        self.text = text
 
     def decode(self, payload: bytes | memoryview, refused: msgspec.ValidationError) -> Any:
         """The payload as ``input_type``, or :class:`ValidationError` with msgspec's message
         about its JSON form (an invalid base64 string, say, rather than "expected bytes"); the
         first decoder's (``refused``) where a second try could change nothing."""
-        tensors = []
+        strings: set[int] = set()  # the ids of the lists BYTES tensors became
+        found = []
 
         def ext_hook(code: int, data: Any) -> Any:
             value = _tensors.ext_hook(code, data)
             if code != _tensors.EXT_TENSOR:
                 return value
-            tensors.append(code)
-            return value.tolist() if hasattr(value, "tolist") else value
+            found.append(code)
+            listed = value.tolist() if hasattr(value, "tolist") else value
+            # numpy's BYTES are an object array; without numpy, nested lists of bytes.
+            if value.dtype.kind == "O" if hasattr(value, "dtype") else _holds_bytes(value):
+                strings.add(id(listed))
+            return listed
 
         try:
             # A decoder per try: its hook counts this payload's tensors (refused payloads only).
             value = msgspec.msgpack.Decoder(Any, ext_hook=ext_hook).decode(payload)
         except msgspec.DecodeError as e:  # malformed past where the typed decoder stopped
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
-        if not tensors and not self.json_form:
+        if not found and not self.json_form:
             raise ValidationError(str(refused)) from refused
+        if strings and isinstance(value, dict):
+            # A v2 row: its BYTES inputs as text where the type takes text (`text_inputs`).
+            value = {
+                key: _as_text(item) if id(item) in strings and self.text(key) else item
+                for key, item in value.items()
+            }
         try:
             # str_keys: a JSON object's keys are strings, whatever the type's are.
             return msgspec.convert(value, self.type, str_keys=True)
         except msgspec.ValidationError as e:
             raise ValidationError(str(e)) from e
+
+
+def _holds_bytes(listed: Any) -> bool:
+    """Whether nested lists' first element is bytes (a BYTES tensor decoded without numpy)."""
+    while isinstance(listed, list) and listed:
+        listed = listed[0]
+    return isinstance(listed, bytes)
+
+
+def _as_text(listed: Any) -> Any:
+    """A BYTES tensor's nested lists with each element that is UTF-8 as a ``str``."""
+    if isinstance(listed, list):
+        return [_as_text(item) for item in listed]
+    if isinstance(listed, bytes):
+        try:
+            return listed.decode()
+        except UnicodeDecodeError:
+            return listed
+    return listed
 
 
 def to_json_form(output: Any, enc_hook: Callable[[Any], Any]) -> Any:
