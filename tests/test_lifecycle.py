@@ -147,6 +147,24 @@ def test_a_hung_worker_is_killed_and_restarted(corral_factory):
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
 
 
+def test_a_spawned_worker_living_on_without_its_connection_is_killed_and_restarted(
+    corral_factory,
+):
+    # Its connection ended while it held a batch, and the process went on (a forward that
+    # never returns): it was left alone, its stage a worker short until the proxy stopped.
+    proxy = corral_factory("--max-wait-ms=0")
+    first = proxy.post("warm").json()["pid"]
+    gone = proxy.post({"disconnect": True}, headers={"x-corral-timeout-ms": "1000"})
+    assert gone.status_code == 408, gone.text  # its retry waited for a worker, past 1 s
+    proxy.wait_for_log(r"killed a worker that lived on without its connection")
+    proxy.wait_for_log(r"worker connected", count=2)
+    assert proxy.post("after").json()["pid"] != first
+    assert proxy.metric("corral_worker_restarts_total") == 1
+    assert proxy.metric("corral_worker_failures_total", stage="default", reason="died") == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(first, 0)
+
+
 def test_without_a_batch_timeout_a_worker_silent_past_its_route_s_timeout_is_killed(
     corral_factory,
 ):

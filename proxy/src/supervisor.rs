@@ -3,7 +3,8 @@
 //! and its index (`CORRAL_WORKER_INDEX`), optionally pinned to a core ([`affinity`]) and given a
 //! GPU and an environment ([`placement`]), restarts a copy that exits (with
 //! a capped exponential backoff, so a crash loop costs little and never takes the proxy down),
-//! kills and restarts a copy found hung, and stops them all when the proxy stops.
+//! kills and restarts a copy found hung or left without its connection, and stops them all
+//! when the proxy stops.
 //!
 //! Each worker runs in a process group of its own ([`group`]), which is what gets killed: a
 //! worker started through a wrapper (`sh -c`, `uv run`) dies with it. Spawned workers never
@@ -23,8 +24,8 @@ mod spawner;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::process::{Child, Command};
@@ -45,6 +46,13 @@ const HEALTHY_RUN: Duration = Duration::from_secs(30);
 /// At shutdown, how long a worker gets to exit on its own (it was sent `shutdown`) before it is
 /// killed.
 const STOP_WAIT: Duration = Duration::from_secs(5);
+/// How long a spawned worker whose connection ended (it died holding a batch, broke the
+/// protocol, hung up, was refused) gets to exit on its own before it is killed, and so
+/// restarted. One that lives on without a connection (a `forward` that never returns, a worker
+/// in another language that does not exit) had left its stage a worker short until the proxy
+/// stopped, with no restart and no alert. Its jobs went elsewhere at once; this is only the
+/// process.
+const LOST_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start the workers.
 #[derive(Debug, Clone)]
@@ -87,7 +95,11 @@ pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 #[derive(Clone, Default)]
 pub struct SpawnedWorker {
     kill: CancellationToken,
-    connected: Arc<AtomicBool>,
+    /// Why it was killed, once it is ("hung", "its connection ended").
+    killed_for: Arc<OnceLock<&'static str>>,
+    /// The connections it holds, joined to a stage, counted from its hello; one ended by the
+    /// proxy's `shutdown` stays counted (the worker was told to go).
+    connections: Arc<AtomicUsize>,
     /// Set once it answered work (a batch, a stream's job): it is not crash-looping.
     served: Served,
     /// The device it was given, if any.
@@ -99,8 +111,28 @@ pub struct SpawnedWorker {
 impl SpawnedWorker {
     /// Notes that it connected; what its connection marks once it answered work.
     pub fn connected(&self) -> Served {
-        self.connected.store(true, Ordering::Relaxed);
+        self.connections.fetch_add(1, Ordering::Relaxed);
         self.served.clone()
+    }
+
+    /// Notes that a connection of its ended otherwise than by the proxy's `shutdown` (`joined`:
+    /// one [`Self::connected`] counted): unless it holds another connection [`LOST_WAIT`] from
+    /// now, it is killed (and restarted). A worker that exits on its own is gone by then.
+    pub fn lost(&self, joined: bool) {
+        if joined {
+            self.connections.fetch_sub(1, Ordering::Relaxed);
+        }
+        let worker = self.clone();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = tokio::time::sleep(LOST_WAIT) => {}
+                () = worker.kill.cancelled() => return,
+            }
+            if worker.connections.load(Ordering::Relaxed) == 0 {
+                worker.killed_for.get_or_init(|| "its connection ended");
+                worker.kill.cancel();
+            }
+        });
     }
 
     /// The device it was given, if any.
@@ -115,11 +147,12 @@ impl SpawnedWorker {
 }
 
 impl Children {
-    /// Asks the supervisor to kill the worker with this pid (its whole process group); false if
-    /// it is not ours.
+    /// Asks the supervisor to kill the hung worker with this pid (its whole process group);
+    /// false if it is not ours.
     pub fn kill(&self, pid: u32) -> bool {
         match self.find(pid) {
             Some(child) => {
+                child.killed_for.get_or_init(|| "hung");
                 child.kill.cancel();
                 true
             }
@@ -237,7 +270,11 @@ async fn supervise(
             status = child.wait() => status.map(|s| s.to_string()),
             _ = registered.kill.cancelled() => {
                 group::signal(pid, libc::SIGKILL);
-                child.wait().await.map(|_| "killed: hung".to_string())
+                let why = registered.killed_for.get().copied().unwrap_or("hung");
+                if why != "hung" {
+                    warn!(stage = %command.stage, worker = index, pid, "killed a worker that lived on without its connection");
+                }
+                child.wait().await.map(|_| format!("killed: {why}"))
             }
             _ = stop.cancelled() => {
                 stop_child(&mut child, pid, &registered, index).await;
@@ -321,9 +358,11 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
 }
 
 /// Lets a worker exit on its own after the proxy's `shutdown` message, then kills its group. A
-/// worker that never connected gets no such message: it is sent SIGTERM instead.
+/// worker that holds no connection (never connected, or lost it) gets no such message: it is
+/// sent SIGTERM instead (one whose connection had ended waited the whole wait for a message it
+/// could not get).
 async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index: u32) {
-    if !worker.connected.load(Ordering::Relaxed) {
+    if worker.connections.load(Ordering::Relaxed) == 0 {
         group::signal(group, libc::SIGTERM);
     }
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {

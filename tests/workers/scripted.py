@@ -6,6 +6,8 @@ An item is a JSON object; what it holds decides what happens to it:
 - `{"exit": true}`: the process dies in forward (the proxy must answer the batch 500);
 - `{"stop": "why"}`: forward calls `sys.exit("why")`, as a library giving up may (the worker
   stops, and Corral restarts it);
+- `{"disconnect": true}`: forward closes the worker's connection and never returns (a process
+  that lives on without its connection: the proxy must kill and restart it);
 - `{"sleep_ms": n}`: forward sleeps n ms before answering (a model that costs that much);
 - `{"hold": path}`: forward holds the batch until the file `path` exists (the test creates it
   once it has seen what it waits for: a 408, a full queue, a worker killed);
@@ -23,11 +25,13 @@ SCRIPTED_COLD set, its warm-up fails (its one example raises in forward).
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
 
 import corral
+from corral import _serve
 
 
 class Scripted(corral.Worker):
@@ -57,6 +61,9 @@ class Scripted(corral.Worker):
                 os._exit(3)
             if "stop" in item:
                 sys.exit(item["stop"])
+            if item.get("disconnect"):
+                _serve._connection.shutdown(socket.SHUT_RDWR)
+                threading.Event().wait()
         for item in batch:
             if isinstance(item, dict) and "hold" in item:
                 while not os.path.exists(item["hold"]):

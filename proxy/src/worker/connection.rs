@@ -97,6 +97,13 @@ pub async fn serve(
     context: Context,
     awaiting_hello: Option<tokio::sync::OwnedSemaphorePermit>,
 ) {
+    // A spawned worker left without a connection, but for the proxy's shutdown, is killed if
+    // it lives on (`SpawnedWorker::lost`): on every way out of here.
+    let mut lost = child.clone().map(|child| Lost {
+        child,
+        joined: false,
+        shutdown: context.shutdown.clone(),
+    });
     let (read, write) = stream.into_split();
     // Until its hello, a peer is anyone who can open the socket: its frames get room as their
     // bytes come, not as their length announces (`MessageCodec`).
@@ -159,7 +166,12 @@ pub async fn serve(
         }
     };
     let (served, seat) = match joined {
-        Ok(joined) => joined,
+        Ok(joined) => {
+            if let Some(lost) = &mut lost {
+                lost.joined = true;
+            }
+            joined
+        }
         Err(message) => {
             // Counted where it was spawned for, when that is another stage: the one left
             // without its worker.
@@ -206,6 +218,23 @@ pub async fn serve(
         warn!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
     } else {
         info!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
+    }
+}
+
+/// A spawned worker's connection, told to its supervisor as it ends ([`SpawnedWorker::lost`])
+/// unless the proxy is shutting down.
+struct Lost {
+    child: SpawnedWorker,
+    /// Counted as one of its connections ([`SpawnedWorker::connected`]).
+    joined: bool,
+    shutdown: CancellationToken,
+}
+
+impl Drop for Lost {
+    fn drop(&mut self) {
+        if !self.shutdown.is_cancelled() {
+            self.child.lost(self.joined);
+        }
     }
 }
 
