@@ -316,6 +316,18 @@ def test_a_second_signal_kills_a_worker_that_has_not_connected(corral_factory, t
     assert_gone(proxy, worker)
 
 
+def test_a_second_signal_during_the_drain_removes_the_worker_socket(corral_factory, tmp_path):
+    # A drain with a job in flight keeps the socket for its workers; the hurried exit left the
+    # file behind (README: removed at exit if it is still Corral's own).
+    log = tmp_path / "received.jsonl"
+    proxy = corral_factory("--max-wait-ms=0", env={"SCRIPTED_LOG": str(log)})
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(proxy.post, {"hold": str(tmp_path / "never")})
+        proxy.wait_until(lambda: received(log), what="the job in the worker")
+        assert stop_twice(proxy) == 1
+    assert not proxy.socket.exists()
+
+
 def test_one_stop_delivered_twice_at_once_is_one_drain(corral_factory, tmp_path):
     """`timeout` signals its child, then the child's process group: Corral got SIGTERM twice
     within microseconds, and in one run of ten took the second as an operator's "now", skipping

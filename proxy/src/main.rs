@@ -355,6 +355,7 @@ fn second_signal(mut stops: Stops) {
         }
         tracing::warn!("second signal: exiting now");
         corral::supervisor::group::kill_all();
+        corral::worker::listener::remove_published();
         flush_output();
         std::process::exit(1);
     });

@@ -53,10 +53,17 @@ pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Socket)> 
     Ok((listener, socket))
 }
 
+/// The socket as last published, for an exit that does not wait for the accept loop that owns
+/// it ([`remove_published`]).
+static PUBLISHED: std::sync::Mutex<Option<(PathBuf, Option<(u64, u64)>)>> =
+    std::sync::Mutex::new(None);
+
 /// Publishes the socket at its path, and records which file that is.
 fn listen(socket: &mut Socket) -> io::Result<UnixListener> {
     let listener = publish(&socket.path, socket.mode)?;
     socket.file = socket.found().ok();
+    *PUBLISHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+        Some((socket.path.clone(), socket.file));
     listener.set_nonblocking(true)?;
     UnixListener::from_std(listener)
 }
@@ -353,6 +360,15 @@ fn look(socket: &Socket) -> Look {
         Err(e) if e.kind() == io::ErrorKind::NotFound => Look::Gone,
         // Cannot tell (a directory we may no longer read): leave it.
         Err(_) => Look::Ours,
+    }
+}
+
+/// Removes the socket as last published, if the file at its path is still it: for a hurried
+/// exit (a second stop signal), which had left the file behind; the README promises it gone.
+pub fn remove_published() {
+    let published = PUBLISHED.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).take();
+    if let Some((path, file)) = published {
+        remove(&Socket { path, mode: 0, file });
     }
 }
 
