@@ -26,12 +26,15 @@ const WATCH_EVERY: Duration = Duration::from_secs(5);
 pub struct Socket {
     path: PathBuf,
     mode: u32,
-    file: Option<(u64, u64)>,
+    file: Option<FileId>,
 }
+
+/// A file as its device and inode.
+type FileId = (u64, u64);
 
 impl Socket {
     /// The file now at the path, if any.
-    fn found(&self) -> io::Result<(u64, u64)> {
+    fn found(&self) -> io::Result<FileId> {
         let metadata = std::fs::symlink_metadata(&self.path)?;
         Ok((metadata.dev(), metadata.ino()))
     }
@@ -55,8 +58,7 @@ pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Socket)> 
 
 /// The socket as last published, for an exit that does not wait for the accept loop that owns
 /// it ([`remove_published`]).
-static PUBLISHED: std::sync::Mutex<Option<(PathBuf, Option<(u64, u64)>)>> =
-    std::sync::Mutex::new(None);
+static PUBLISHED: std::sync::Mutex<Option<(PathBuf, Option<FileId>)>> = std::sync::Mutex::new(None);
 
 /// Publishes the socket at its path, and records which file that is.
 fn listen(socket: &mut Socket) -> io::Result<UnixListener> {
