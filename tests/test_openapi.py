@@ -44,6 +44,72 @@ def test_a_component_name_openapi_does_not_allow_is_respelled(corral_factory):
     assert (request, response) == ({"$ref": SCHEMAS + "Page_Item_"}, {"$ref": SCHEMAS + "my_item"})
 
 
+def say_hello(proxy, schemas: dict | None, features: list[str] | None = None) -> socket.socket:
+    """A worker connected to `proxy` that said hello declaring `schemas` (None: none)."""
+    hello = protocol.hello("default", os.getpid(), "typed", schemas=schemas, features=features)
+    worker = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    worker.connect(str(proxy.socket))
+    worker.sendall(protocol.encode_frame(hello))
+    return worker
+
+
+def infer_schemas(document: dict) -> tuple[dict, dict]:
+    """The one-item request and answer schemas of `POST /infer`."""
+    operation = document["paths"]["/infer"]["post"]
+    request = operation["requestBody"]["content"]["application/json"]["schema"]["anyOf"][0]
+    response = operation["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][0]
+    return request, response
+
+
+def test_a_departed_worker_s_schemas_leave_with_it(corral_factory):
+    # A typed worker's schemas stayed in the document after it left, required of the clients
+    # of the untyped worker that took its place (which served anything).
+    proxy = corral_factory(worker=None)
+    schemas = {"input_schema": '{"type": "integer"}', "output_schema": '{"type": "string"}'}
+    with say_hello(proxy, schemas):
+        proxy.wait_for_log(r"worker connected")
+        document = proxy.client.get("/openapi.json").json()
+        assert infer_schemas(document) == ({"type": "integer"}, {"type": "string"})
+    proxy.wait_for_log(r"worker disconnected")
+    with say_hello(proxy, None):
+        proxy.wait_for_log(r"worker connected", count=2)
+        document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    assert infer_schemas(document) == ({}, {})
+
+
+def test_a_streaming_worker_s_one_shot_answer_is_documented_as_its_chunks(corral_factory):
+    # Its schema is a chunk's: a one-shot client gets the array of chunks (one per item, with
+    # x-corral-items: many), which the document had described as one chunk.
+    proxy = corral_factory(worker=None)
+    schemas = {"output_schema": '{"type": "string"}'}
+    with say_hello(proxy, schemas, features=["stream"]):
+        proxy.wait_for_log(r"worker connected")
+        document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    chunks = {"type": "array", "items": {"type": "string"}}
+    assert infer_schemas(document)[1] == chunks
+    operation = document["paths"]["/infer"]["post"]
+    many = operation["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][1]
+    assert many == {"type": "array", "items": chunks}
+
+
+def test_a_schema_that_is_no_json_object_is_ignored(corral_factory):
+    # `5` is JSON but no schema: copied in, it made the whole document invalid.
+    proxy = corral_factory(worker=None)
+    schemas = {
+        "input_schema": "5",
+        "output_schema": '{"$ref": "#/components/schemas/Out"}',
+        "schema_components": '{"Out": {"type": "string"}, "Bad": 5}',
+    }
+    with say_hello(proxy, schemas):
+        proxy.wait_for_log(r"worker connected")
+        document = proxy.client.get("/openapi.json").json()
+    validate(document)
+    assert infer_schemas(document) == ({}, {"$ref": SCHEMAS + "Out"})
+    assert "Bad" not in document["components"]["schemas"]
+
+
 def test_the_405_and_431_that_infer_answers_are_documented_with_their_error_body(corral_factory):
     """Every status `/infer` answers with Corral's error body is in the document, with its code
     word: a wrong method (405, with Allow) and a head over --max-header-bytes that the HTTP

@@ -89,6 +89,9 @@ pub struct Declared {
     pub input: Option<serde_json::Value>,
     pub output: Option<serde_json::Value>,
     pub components: serde_json::Map<String, serde_json::Value>,
+    /// The worker that declared the schemas streams: its output schema is each chunk's, and a
+    /// one-shot client gets an array of chunks.
+    pub chunks: bool,
     /// Each job's payload tensors, one row each; empty if the workers declared none.
     pub inputs: Vec<TensorSpec>,
     /// Each job's result tensors, one row each.
@@ -108,6 +111,7 @@ impl Declared {
             self.input.clone_from(&before.input);
             self.output.clone_from(&before.output);
             self.components.clone_from(&before.components);
+            self.chunks = before.chunks;
         }
         if self.inputs.is_empty() && self.outputs.is_empty() {
             self.inputs.clone_from(&before.inputs);
@@ -222,18 +226,23 @@ struct Seat {
     /// Whether its hello declared tensors: a newcomer declaring others is refused only while
     /// such a worker is connected ([`Stage::tensor_conflict`]).
     declares_tensors: bool,
+    /// Whether its hello declared JSON Schemas: while none such is connected, a newcomer
+    /// declaring none takes the departed ones' out of `/openapi.json`.
+    declares_schemas: bool,
 }
 
 impl Seat {
     fn free(now: Instant) -> Self {
-        let (max_batch, declares_tensors) = (usize::MAX, false);
-        Self { busy: None, ahead: 0, free_since: now, max_batch, declares_tensors }
+        let (max_batch, declares_tensors, declares_schemas) = (usize::MAX, false, false);
+        Self { busy: None, ahead: 0, free_since: now, max_batch, declares_tensors, declares_schemas }
     }
 
-    /// The same worker free again from `now`: nothing held, its own bound and tensors kept.
+    /// The same worker free again from `now`: nothing held, its own bound and declarations
+    /// kept.
     fn freed(&self, now: Instant) -> Self {
         let (max_batch, declares_tensors) = (self.max_batch, self.declares_tensors);
-        Self { max_batch, declares_tensors, ..Self::free(now) }
+        let declares_schemas = self.declares_schemas;
+        Self { max_batch, declares_tensors, declares_schemas, ..Self::free(now) }
     }
 }
 
@@ -731,6 +740,19 @@ impl Stage {
         }
     }
 
+    /// Takes the JSON Schemas the stage's departed workers declared out of its declarations
+    /// (`/openapi.json` had gone on requiring a departed typed worker's input of clients its
+    /// untyped successor served).
+    pub fn forget_schemas(&self) {
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(declared) = kept.as_ref().filter(|d| d.input.is_some() || d.output.is_some()) {
+            let mut without = Declared::clone(declared);
+            (without.input, without.output) = (None, None);
+            without.components.clear();
+            *kept = Some(Arc::new(without));
+        }
+    }
+
     /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
     /// its declarations kept and its seat taken: one step for every newcomer at a time. Two
     /// hellos on an empty stage had each seen no worker connected, and workers of different
@@ -797,6 +819,11 @@ impl Stage {
     /// tensors (or its lack of them) replace what the last ones left.
     pub fn declaring_tensors(&self) -> usize {
         self.lock().seats.iter().flatten().filter(|seat| seat.declares_tensors).count()
+    }
+
+    /// Connected workers whose hello declared JSON Schemas ([`Stage::forget_schemas`]).
+    pub fn declaring_schemas(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|seat| seat.declares_schemas).count()
     }
 
     /// Whether what the stage's workers take is known: something was declared, or a worker

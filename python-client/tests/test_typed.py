@@ -9,6 +9,7 @@ import json
 import re
 from typing import Annotated, Any, Optional, Union
 
+import jsonschema
 import msgspec
 import pytest
 
@@ -74,6 +75,28 @@ def test_the_hello_carries_json_schemas():
     components = json.loads(hello["schema_components"])
     assert components["Point"]["required"] == ["x", "y"]
     assert components["Norm"]["properties"]["norm"] == {"type": "number"}
+
+
+def test_an_output_of_bytes_as_a_whole_is_documented_as_clients_get_it():
+    """Bytes as a whole are the raw answer, which a JSON client gets as an array of byte values
+    (a msgpack `bin`): the hello had said msgspec's base64 string, which no client got."""
+
+    class Reverse(corral.Worker):
+        input_type = bytes
+        output_type = bytes
+
+        def forward(self, batch):
+            return [data[::-1] for data in batch]
+
+    with FakeProxy(Reverse()) as proxy:
+        hello = proxy.hello
+        (answer,) = proxy.infer([b"\x00\x01\xff"])
+    schema = json.loads(hello["output_schema"])
+    assert answer == Result("ok", value=b"\xff\x01\x00")
+    jsonschema.validate(list(answer.value), schema)  # what the proxy writes a JSON client
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate("/wEA", schema)
+    assert json.loads(hello["input_schema"])["contentEncoding"] == "base64"  # sent so, it is
 
 
 def test_an_untyped_worker_sends_no_schemas():

@@ -180,6 +180,10 @@ fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>)
     let input = declared(stages.first()).and_then(|s| s.input.clone());
     let output = declared(stages.last()).and_then(|s| s.output.clone());
     let (input, output) = (input.unwrap_or_else(|| any.clone()), output.unwrap_or(any));
+    // A streaming worker's schema is a chunk's: a one-shot client gets the array of them (one
+    // per item, with x-corral-items: many). Documented as one result, real answers failed it.
+    let chunks = declared(stages.last()).is_some_and(|s| s.chunks);
+    let output = if chunks { json!({"type": "array", "items": output}) } else { output };
 
     let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
     // Raw bytes: any media type but JSON and msgpack, one job each, in and out.
@@ -201,7 +205,8 @@ fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>)
     responses.insert(
         "200".into(),
         json!({
-            "description": "The worker's result (an array of results for a multi-item request). \
+            "description": "The worker's result (an array of results for a multi-item request; \
+                a streaming worker's result is the array of its chunks). \
                 An output of raw bytes goes to a client that accepts them (Accept naming \
                 application/octet-stream or the worker's media type, or a raw request's Accept \
                 absent or */*) as the body, with that media type. With Accept: \

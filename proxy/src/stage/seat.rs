@@ -67,6 +67,11 @@ impl WorkerSeat<'_> {
         self.stage.lock().seat(self.slot).declares_tensors = true;
     }
 
+    /// The worker's hello declared JSON Schemas ([`Stage::forget_schemas`]).
+    pub fn declares_schemas(&self) {
+        self.stage.lock().seat(self.slot).declares_schemas = true;
+    }
+
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
     /// Cancel-safe.
     pub async fn next_batch(&self) -> Vec<Job> {

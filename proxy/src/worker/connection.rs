@@ -161,6 +161,9 @@ pub async fn serve(
                 if hello.declares_tensors() {
                     seat.declares_tensors();
                 }
+                if hello.input_schema.is_some() || hello.output_schema.is_some() {
+                    seat.declares_schemas();
+                }
                 Ok((served, seat))
             }
         }
@@ -288,6 +291,10 @@ fn keep(stage: &Stage, declared: Option<Declared>) {
     if !tensors && stage.declaring_tensors() == 0 {
         stage.forget_tensors();
     }
+    let schemas = declared.as_ref().is_some_and(|d| d.input.is_some() || d.output.is_some());
+    if !schemas && stage.declaring_schemas() == 0 {
+        stage.forget_schemas();
+    }
     if let Some(declared) = declared {
         stage.declare(declared);
     }
@@ -304,11 +311,18 @@ fn declarations(hello: &Hello) -> Option<Declared> {
             warn!(pid = hello.pid, bytes, "ignoring a worker's schema larger than 8 MiB");
             return None;
         }
-        serde_json::from_str(text)
+        let schema: serde_json::Value = serde_json::from_str(text)
             .inspect_err(
                 |e| warn!(pid = hello.pid, error = %logged(e), "ignoring a worker's schema"),
             )
-            .ok()
+            .ok()?;
+        // A JSON Schema is an object (or `true`/`false`): another value (`5`) copied into the
+        // document made all of `/openapi.json` invalid, every route's operations with it.
+        if !(schema.is_object() || schema.is_boolean()) {
+            warn!(pid = hello.pid, "ignoring a worker's schema that is no JSON object");
+            return None;
+        }
+        Some(schema)
     };
     let (input, output) = (parse(&hello.input_schema), parse(&hello.output_schema));
     let weight = hello.weight.as_deref().and_then(|pointer| WeightRule::parse(pointer).ok());
@@ -316,12 +330,18 @@ fn declarations(hello: &Hello) -> Option<Declared> {
     if input.is_none() && output.is_none() && !tensors && weight.is_none() {
         return None;
     }
-    let components = match parse(&hello.schema_components) {
+    let mut components = match parse(&hello.schema_components) {
         Some(serde_json::Value::Object(map)) => map,
         _ => serde_json::Map::new(),
     };
+    let before = components.len();
+    components.retain(|_, schema| schema.is_object() || schema.is_boolean());
+    if components.len() < before {
+        warn!(pid = hello.pid, "ignoring a worker's schema components that are no JSON objects");
+    }
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    Some(Declared { input, output, components, inputs, outputs, weight })
+    let chunks = hello.declares(FEATURE_STREAM);
+    Some(Declared { input, output, components, chunks, inputs, outputs, weight })
 }
 
 /// A worker's own words (its tensors' names, the stage it claims) as a refusal shows them: at

@@ -269,6 +269,17 @@ def _instead(value: Any) -> str:
     )
 
 
+# An output that is bytes as a whole, as a JSON client gets it: the raw answer, which JSON has
+# only as a `bin`'s array of byte values (msgspec's schema says a base64 string, which no client
+# got: the proxy answered `[0, 1, 2]`, and the array sent back as input was refused).
+WHOLE_BYTES = {
+    "type": "array",
+    "items": {"type": "integer", "minimum": 0, "maximum": 255},
+    "description": "Bytes: raw (with their media type) to a client that accepts them, a bin in "
+    "msgpack, an array of byte values in JSON.",
+}
+
+
 def schemas(input_type: Any, output_type: Any) -> dict[str, str]:
     """The hello's schema keys: JSON Schemas of the declared types (as JSON text, references
     pointing into ``#/components/schemas/``), and those components; empty if none is declared."""
@@ -282,6 +293,9 @@ def schemas(input_type: Any, output_type: Any) -> dict[str, str]:
     if input_type is not None:
         result["input_schema"] = msgspec.json.encode(found.pop(0)).decode()
     if output_type is not None:
-        result["output_schema"] = msgspec.json.encode(found.pop(0)).decode()
+        output = found.pop(0)
+        if output_type in (bytes, bytearray, memoryview):
+            output = WHOLE_BYTES  # the raw answer (`encode`), not msgspec's base64 string
+        result["output_schema"] = msgspec.json.encode(output).decode()
     result["schema_components"] = msgspec.json.encode(components).decode()
     return result

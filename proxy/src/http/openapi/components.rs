@@ -34,6 +34,8 @@ const PREFIX: &str = "#/components/schemas/";
 pub struct Schemas {
     pub input: Option<Value>,
     pub output: Option<Value>,
+    /// `output` is each chunk of a stream ([`Declared::chunks`]).
+    pub chunks: bool,
 }
 
 /// Every stage's components under names unique in the document, and each stage's schemas.
@@ -108,6 +110,7 @@ pub fn name<'a>(stages: impl IntoIterator<Item = (&'a str, &'a Declared)>, own: 
         let schemas = Schemas {
             input: declared.input.as_ref().map(retarget),
             output: declared.output.as_ref().map(retarget),
+            chunks: declared.chunks,
         };
         named.stages.insert(stage.to_string(), schemas);
     }
