@@ -234,7 +234,14 @@ struct Seat {
 impl Seat {
     fn free(now: Instant) -> Self {
         let (max_batch, declares_tensors, declares_schemas) = (usize::MAX, false, false);
-        Self { busy: None, ahead: 0, free_since: now, max_batch, declares_tensors, declares_schemas }
+        Self {
+            busy: None,
+            ahead: 0,
+            free_since: now,
+            max_batch,
+            declares_tensors,
+            declares_schemas,
+        }
     }
 
     /// The same worker free again from `now`: nothing held, its own bound and declarations

@@ -328,6 +328,7 @@ impl State {
         let gone = |job: &Job| job.is_abandoned() || job.is_expired(Instant::now());
         if let Some(job) = held.job.as_mut().filter(|job| !waited && gone(job)) {
             job.payload = Payload::default();
+            held.gathered = Gathered::default();
         }
         if self.cancels && !held.cancelled && !waited {
             held.cancelled = true;
@@ -399,14 +400,17 @@ impl State {
                     // The client left: its `left` token tells the worker.
                     Err(Refused::Gone) => {}
                 },
+                // A one-shot client that left, or has its 408: nobody will have these chunks.
+                // Gathered all the same, a worker that does not listen for `cancel` had the
+                // proxy hold up to 64 MiB a job for nobody (1.3 GB for a batch of 16).
+                None if job.left.is_cancelled() || job.is_expired(now) => {
+                    held.gathered = Gathered::default();
+                }
                 None => {
                     held.gathered.push(&chunk.data);
                     // The stage's output as well: the rate of this counter is its throughput
-                    // (tokens a second), whoever asked for a stream (not for a client gone, as
-                    // a stream's chunks are not).
-                    if !job.left.is_cancelled() {
-                        metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
-                    }
+                    // (tokens a second), whoever asked for a stream.
+                    metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
                     if held.gathered.len() > MAX_FRAME_BYTES {
                         // Not kept until the worker ends the job: it is over 64 MiB.
                         held.gathered = Gathered::default();

@@ -145,6 +145,33 @@ async fn an_answer_gathered_past_one_frame_is_failed_and_its_chunks_let_go() {
     assert!(state.held[&id].gathered.count == 0, "the gathered chunks are kept");
 }
 
+#[tokio::test(start_paused = true)]
+async fn chunks_for_a_one_shot_client_that_left_or_had_its_408_are_not_gathered() {
+    // A worker that does not listen for `cancel` streams on: the proxy held up to 64 MiB a job
+    // of chunks nobody would have (1.3 GB for a batch of 16 past its deadline).
+    let stage = stage();
+    let seat = stage.worker_joined();
+    let (mut outbox, _worker) = outbox();
+    let (waiting, _waiting_reply) = job(Instant::now(), Duration::from_secs(60));
+    let (left, _left_reply) = job(Instant::now(), Duration::from_secs(60));
+    let (expiring, _expiring_reply) = job(Instant::now(), Duration::from_secs(1));
+    let ids = [waiting.id, left.id, expiring.id];
+    let mut state = state(false);
+    state.hold(&mut outbox, vec![waiting, left, expiring], &by());
+    let all = |state: &mut State, outbox: &mut Outbox| {
+        let chunks = ids.iter().map(|&id| Chunk { id, data: bin(0, 8) }).collect();
+        assert!(state.chunks(outbox, &seat, Chunks { chunks }).is_ok());
+    };
+    all(&mut state, &mut outbox);
+    assert!(ids.iter().all(|id| state.held[id].gathered.count == 1), "each waited for");
+    state.held[&ids[1]].job.as_ref().unwrap().left.cancel();
+    state.cancel(&mut outbox, ids[1]);
+    tokio::time::advance(Duration::from_secs(2)).await;
+    all(&mut state, &mut outbox);
+    let gathered: Vec<u32> = ids.iter().map(|id| state.held[id].gathered.count).collect();
+    assert_eq!(gathered, [2, 0, 0], "the chunks kept for the one still waited for, alone");
+}
+
 #[test]
 fn gathered_chunks_are_one_msgpack_array_whatever_its_head() {
     for count in [0usize, 1, 15, 16, 70_000] {
