@@ -727,6 +727,20 @@ def test_a_weight_rule_goes_in_the_hello_and_a_bad_one_fails_at_definition():
         type("Good", (corral.Worker,), {"weight": good})
 
 
+@pytest.mark.parametrize("bad", ["text", 5])
+def test_a_bad_weight_set_after_the_class_statement_fails_before_the_hello(bad):
+    # Read from configuration after the class was made: FakeProxy served it, and the proxy
+    # refused the worker at every start (for 5, naming no `weight`).
+    class Late(corral.Worker):
+        def forward(self, batch):
+            return batch
+
+    Late.weight = bad
+    with pytest.raises(AssertionError, match=r"before its hello: TypeError: Late\.weight must"):
+        with FakeProxy(Late()):
+            pass
+
+
 @pytest.mark.parametrize(
     ("attribute", "value"),
     [

@@ -69,7 +69,7 @@ impl WeightRule {
                 rest = msgpack::after_key(rest, token).ok()??;
             } else if let Ok(len) = rmp::decode::read_array_len(&mut probe) {
                 rest = probe;
-                let index: u32 = token.parse().ok().filter(|&i| i < len)?;
+                let index = array_index(token).filter(|&i| i < len)?;
                 for _ in 0..index {
                     msgpack::skip(&mut rest).ok()?;
                 }
@@ -79,6 +79,14 @@ impl WeightRule {
         }
         Some(rest)
     }
+}
+
+/// A token as an array index: RFC 6901's `0` or digits without a leading zero (`01` and `+1`,
+/// which `u32`'s parse takes, name no element).
+fn array_index(token: &str) -> Option<u32> {
+    let digits = token.bytes().all(|b| b.is_ascii_digit());
+    let canonical = token == "0" || (digits && !token.is_empty() && !token.starts_with('0'));
+    canonical.then(|| token.parse().ok()).flatten()
 }
 
 /// A JSON Pointer's reference token unescaped (RFC 6901: `~1` to `/` first, then `~0` to `~`, so
@@ -161,6 +169,12 @@ mod tests {
         assert_eq!(weigh("/text", json!({"text": ""})), 1);
         assert_eq!(weigh("/0", json!("not a container")), 1);
         assert_eq!(weigh("/9", json!([1, 2])), 1);
+        // RFC 6901's array indexes only: these name no element.
+        for token in ["01", "+1", "1x", "", " 1", "-1"] {
+            assert_eq!(weigh(&format!("/{token}"), json!(["a", "abcdefgh"])), 1, "{token:?}");
+        }
+        assert_eq!(weigh("/1", json!(["a", "abcdefgh"])), 8);
+        assert_eq!(weigh("/0", json!(["abc"])), 3);
         assert_eq!(WeightRule::parse("/x").unwrap().weigh(b"\x81\xa1x"), 1); // truncated
     }
 

@@ -45,11 +45,7 @@ def check(cls: Any) -> None:
             _streaming.limit(cls)
         except TypeError as error:
             raise TypeError(f"{cls.__name__}.{error}") from None
-    if cls.weight is not None and not _is_pointer(cls.weight):
-        raise TypeError(
-            f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
-            f"is empty or starts with /, a ~ in it written ~0 and a / ~1), not {cls.weight!r}"
-        )
+    _weight(cls)
     # None: given where it runs (`run(stage=...)`, --stage, CORRAL_STAGE), checked then. A
     # property could not be given it: Corral sets CORRAL_STAGE for every worker it spawns, and
     # `run` failed on a property it could not set (an AttributeError naming nothing of Corral's).
@@ -102,7 +98,18 @@ def check_instance(worker: Any) -> None:
                 f"{name}.{attribute} is set on the instance (in __init__?): Corral reads it "
                 f"from the class; set it as a class attribute, {name}.{attribute} = ..."
             )
+    # Again: set after the class statement (from configuration), a weight the proxy refuses
+    # had its worker refused at every start, which FakeProxy served.
+    _weight(type(worker))
     _stage(name, worker.stage)
+
+
+def _weight(cls: type) -> None:
+    if cls.weight is not None and not _is_pointer(cls.weight):
+        raise TypeError(
+            f'{cls.__name__}.weight must be a JSON Pointer such as "/text" (a string that '
+            f"is empty or starts with /, a ~ in it written ~0 and a / ~1), not {cls.weight!r}"
+        )
 
 
 def _stage(name: str, stage: Any) -> None:
