@@ -155,9 +155,21 @@ def test_the_statuses_the_protocol_endpoints_answer_are_documented(corral_factor
             "/v2/models/default/infer", content=b"x", headers={"content-encoding": "gzip"}
         ),
         ("/healthz", "get", 405): proxy.client.post("/healthz", json={}),
+        # Documented with their 200 alone before.
+        ("/metrics", "get", 405): proxy.client.post("/metrics", json={}),
+        ("/openapi.json", "get", 431): proxy.client.get("/openapi.json", headers=big),
+        ("/v1/models/{name}:predict", "post", 503): proxy.client.post(
+            "/v1/models/default:predict", json={"instances": [1]}
+        ),
     }
     for (path, method, expected), answer in asked.items():
         assert answer.status_code == expected, (path, answer.status_code, answer.text)
         path = path.replace("/v2/models/default", "/v2/models/{name}")
         responses = document["paths"][path][method]["responses"]
         assert str(expected) in responses, (path, method, expected, sorted(responses))
+        # The headers it came with that a client reads are documented too (the client
+        # protocols' errors had none: no Retry-After on a 503, no Allow on a 405).
+        documented = {name.lower() for name in responses[str(expected)].get("headers", {})}
+        for header in ("x-request-id", "allow", "retry-after"):
+            if header in answer.headers:
+                assert header in documented, (path, method, expected, header, documented)

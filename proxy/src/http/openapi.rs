@@ -133,29 +133,24 @@ pub fn document(app: &App) -> Value {
         "/readyz".into(),
         json!({"get": plain_get("readyz", "Every stage has a warmed-up worker.", true)}),
     );
+    // Their 405 and 431 as every page of Corral's own answers them (they had only a 200).
+    let metrics = json!({
+        "description": "Prometheus text exposition format.",
+        "headers": request_id_header(),
+        "content": {"text/plain": {"schema": {"type": "string"}}},
+    });
     paths.insert(
         "/metrics".into(),
-        json!({"get": {
-            "operationId": "metrics",
-            "summary": "Prometheus metrics.",
-            "responses": {"200": {
-                "description": "Prometheus text exposition format.",
-                "headers": request_id_header(),
-                "content": {"text/plain": {"schema": {"type": "string"}}},
-            }},
-        }}),
+        json!({"get": own_get("metrics", "Prometheus metrics.", metrics, false)}),
     );
+    let openapi = json!({
+        "description": "OpenAPI 3.1.",
+        "headers": request_id_header(),
+        "content": {"application/json": {"schema": {"type": "object"}}},
+    });
     paths.insert(
         "/openapi.json".into(),
-        json!({"get": {
-            "operationId": "openapi",
-            "summary": "This document.",
-            "responses": {"200": {
-                "description": "OpenAPI 3.1.",
-                "headers": request_id_header(),
-                "content": {"application/json": {"schema": {"type": "object"}}},
-            }},
-        }}),
+        json!({"get": own_get("openapi", "This document.", openapi, false)}),
     );
     json!({
         "openapi": "3.1.0",
@@ -289,12 +284,12 @@ pub fn job_headers(app: &App) -> Vec<Value> {
         header(
             GRPC_HEADER,
             "gRPC's deadline: 1 to 8 digits and a unit (H, M, S, m, u or n).",
-            json!({"type": "string"}),
+            json!({"type": "string", "pattern": "^[0-9]{1,8}[HMSmun]$"}),
         ),
         header(
             REQUEST_TIMEOUT_HEADER,
             "Deadline in seconds, a positive number.",
-            json!({"type": "string"}),
+            json!({"type": "string", "minLength": 1}),
         ),
         header(
             "traceparent",
@@ -381,7 +376,7 @@ fn error_schema() -> Value {
     })
 }
 
-fn request_id_header() -> Value {
+pub(super) fn request_id_header() -> Value {
     json!({REQUEST_ID_HEADER: {
         "description": "The request's (and its job's) UUID.",
         "schema": {"type": "string", "format": "uuid"},
@@ -390,7 +385,7 @@ fn request_id_header() -> Value {
 
 /// The headers an `/infer` error of `status` comes with: its id, and a 503's `Retry-After`, a
 /// 405's `Allow` or a 415's `Accept-Encoding`.
-fn infer_error_headers(status: &str) -> Value {
+pub(super) fn infer_error_headers(status: &str) -> Value {
     let mut headers = request_id_header();
     match status {
         "503" => {
@@ -433,6 +428,12 @@ fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value 
         "headers": request_id_header(),
         "content": {"application/json": {"schema": {"type": "object"}}},
     });
+    own_get(operation, summary, ok, may_be_unavailable)
+}
+
+/// A GET of one of Corral's own pages, answered `ok`, or as every such page answers a method
+/// or head it does not take.
+fn own_get(operation: &str, summary: &str, ok: Value, may_be_unavailable: bool) -> Value {
     let mut responses = json!({"200": ok});
     responses["405"] = error_response(
         "The path takes GET and HEAD only (`method_not_allowed`); see Allow.",

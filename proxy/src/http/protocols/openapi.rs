@@ -3,7 +3,9 @@
 
 use serde_json::{json, Map, Value};
 
-use super::super::openapi::{answer_headers, job_headers, timeout_header};
+use super::super::openapi::{
+    answer_headers, infer_error_headers, job_headers, request_id_header, timeout_header,
+};
 use super::super::{App, Protocol};
 use super::openai::EMBEDDINGS_PATH;
 
@@ -107,7 +109,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "v2: the tensors the model's workers declared (the batch dimension first, as -1).",
         json!([name]),
         json!({"200": ok(model), "404": not_found,
-            "503": response("No worker has connected yet: its tensors are not known.", error)}),
+            "503": failed("503", "No worker has connected yet: its tensors are not known.", error)}),
     );
     paths.insert("/v2/models/{name}".into(), metadata);
     let readiness = json!({"type": "object", "required": ["name", "ready"],
@@ -138,7 +140,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
          stage's max batch size, or its workers' own max_batch where each takes fewer.",
         json!([name]),
         json!({"200": ok(config), "404": not_found,
-            "503": response("No worker has connected yet: its tensors are not known.", error)}),
+            "503": failed("503", "No worker has connected yet: its tensors are not known.", error)}),
     );
     paths.insert("/v2/models/{name}/config".into(), model_config);
     let count = json!({"type": "integer", "minimum": 0});
@@ -193,13 +195,13 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         "requestBody": {"required": false, "content": {"application/json": {"schema":
             {"type": "object", "properties": {"ready": {"type": "boolean"}}}}}},
         "responses": {"200": ok(json!({"type": "array", "items": entry})),
-            "400": response("The body is not JSON, or ready is not a boolean.", error),
-            "405": response("The endpoint takes POST only; see Allow.", error),
-            "408": response("The body did not arrive in time.", error),
-            "413": response("The body is over 4 KiB.", error),
-            "503": response("The proxy is stopping and the body was still arriving.", error),
-            "415": response("The body is compressed (Content-Encoding): send it uncompressed; \
-                see Accept-Encoding.", error),
+            "400": failed("400", "The body is not JSON, or ready is not a boolean.", error),
+            "405": failed("405", "The endpoint takes POST only; see Allow.", error),
+            "408": failed("408", "The body did not arrive in time.", error),
+            "413": failed("413", "The body is over 4 KiB.", error),
+            "503": failed("503", "The proxy is stopping and the body was still arriving.", error),
+            "415": failed("415", "The body is compressed (Content-Encoding): send it \
+                uncompressed; see Accept-Encoding.", error),
             "431": head_too_large(error)}}});
     paths.insert("/v2/repository/index".into(), index);
     let every = "Triton's statistics extension, for every model.";
@@ -218,8 +220,13 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
             "datatype": {"type": "string", "enum": ["BOOL", "UINT8", "UINT16", "UINT32",
                 "UINT64", "INT8", "INT16", "INT32", "INT64", "FP16", "FP32", "FP64", "BYTES"]},
             "parameters": parameters, "data": {"type": "array"}}});
+    // The request's own parameters: Triton's `timeout` (README) besides the tensors' ones.
+    let mut request_parameters = parameters.clone();
+    request_parameters["properties"]["timeout"] = json!({"type": "integer", "minimum": 0,
+        "description": "Microseconds: the job's deadline, as tritonclient's infer(timeout=...) \
+            sends it (0: none)."});
     let request = json!({"type": "object", "required": ["inputs"], "properties": {
-        "id": {"type": "string"}, "parameters": parameters,
+        "id": {"type": "string"}, "parameters": request_parameters,
         "inputs": {"type": "array", "minItems": 1, "items": input},
         "outputs": {"type": "array", "items": {"type": "object", "required": ["name"],
             "properties": {"name": {"type": "string"}, "parameters": parameters}}}}});
@@ -283,7 +290,8 @@ fn embeddings(app: &App) -> Value {
         "properties": {
             "input": {"anyOf": [{"type": "string", "minLength": 1}, strings]},
             "model": {"type": "string", "description": "Echoed back."},
-            "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+            // null as leaving it out, as OpenAI's own server reads it.
+            "encoding_format": {"enum": ["float", "base64", null]},
         },
     });
     let answer = json!({
@@ -337,21 +345,35 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
         ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
         ("503", "Shed, stopping, or no worker has connected yet; see Retry-After.".to_string()),
     ];
-    described.into_iter().map(|(status, text)| (status.into(), response(&text, schema))).collect()
+    // With the headers they come with, as the native route's errors are documented (a client
+    // generator had no Retry-After to read on a 503).
+    described
+        .into_iter()
+        .map(|(status, text)| (status.into(), failed(status, &text, schema)))
+        .collect()
 }
 
 /// Any endpoint's answer to a head larger than `--max-header-bytes`.
 fn head_too_large(error: &Value) -> Value {
-    response("The request head is larger than --max-header-bytes.", error)
+    failed("431", "The request head is larger than --max-header-bytes.", error)
 }
 
 /// A read-only endpoint's answer to another method.
 fn get_only(error: &Value) -> Value {
-    response("The endpoint takes GET and HEAD only; see Allow.", error)
+    failed("405", "The endpoint takes GET and HEAD only; see Allow.", error)
 }
 
+/// An error answer of `schema` with the headers its `status` comes with (`Retry-After`,
+/// `Allow`, `Accept-Encoding`), as the native route's are.
+fn failed(status: &str, description: &str, schema: &Value) -> Value {
+    let mut answer = response(description, schema);
+    answer["headers"] = infer_error_headers(status);
+    answer
+}
+
+/// An answer of `schema`, with the id every answer carries.
 fn response(description: &str, schema: &Value) -> Value {
-    json!({"description": description,
+    json!({"description": description, "headers": request_id_header(),
         "content": {"application/json": {"schema": schema}}})
 }
 
