@@ -478,17 +478,8 @@ def test_a_client_past_the_cap_sending_its_body_after_its_head_reads_its_503(cor
         held[0].sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         assert held[0].recv(65536).startswith(b"HTTP/1.1 200")
         held += [connect(proxy) for _ in range(RESERVE)]
-        piece, pieces = b"x" * 32 * 1024, 16
-        head = f"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(piece) * pieces}\r\n"
-        with connect(proxy) as past:
-            past.sendall(head.encode() + b"\r\n")
-            # The 503 is written as the connection is accepted: the body follows it in pieces,
-            # as a client writing a body as it reads it from a file does.
-            answer = past.recv(12)
-            assert answer == b"HTTP/1.1 503"
-            for _ in range(pieces):
-                past.sendall(piece)
-            answer += read_all(past)
+        # The 503 is written as the connection is accepted.
+        answer = posted_after_its_503(proxy, b"x" * 32 * 1024, 16)
         assert b'"error":"too_many_connections"' in answer
     finally:
         for conn in held:
@@ -506,20 +497,26 @@ def test_a_client_on_the_reserve_sending_its_body_after_its_head_reads_its_503(c
     try:
         held.sendall(b"GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n")
         assert held.recv(65536).startswith(b"HTTP/1.1 200")
-        piece, pieces = b"x" * 64 * 1024, 14
-        head = f"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(piece) * pieces}\r\n"
-        for _ in range(3):
-            with connect(proxy) as reserve:  # the main cap is held: a reserve connection
-                reserve.sendall(head.encode() + b"\r\n")
-                answer = reserve.recv(12)
-                assert answer == b"HTTP/1.1 503"
-                for _ in range(pieces):
-                    reserve.sendall(piece)
-                answer += read_all(reserve)
+        for _ in range(3):  # the main cap is held: each on a reserve connection
+            answer = posted_after_its_503(proxy, b"x" * 64 * 1024, 14)
             assert b'"error":"too_many_connections"' in answer
             assert b"connection: close" in answer
     finally:
         held.close()
+
+
+def posted_after_its_503(proxy, piece: bytes, pieces: int) -> bytes:
+    """What a new connection reads when it sends a POST's head, reads the 503 that comes before
+    its body, then sends the body in pieces (as a client writing a body as it reads it from a
+    file does) and reads to the end."""
+    head = f"POST /infer HTTP/1.1\r\nhost: x\r\ncontent-length: {len(piece) * pieces}\r\n"
+    with connect(proxy) as conn:
+        conn.sendall(head.encode() + b"\r\n")
+        answer = conn.recv(12)
+        assert answer == b"HTTP/1.1 503"
+        for _ in range(pieces):
+            conn.sendall(piece)
+        return answer + read_all(conn)
 
 
 def test_a_flood_past_the_cap_lingers_on_32_connections_at_most(corral_factory):

@@ -78,7 +78,12 @@ def test_json_logs_carry_request_ids(corral_factory):
     proxy.wait_for_log(r'"target":"corral::worker"[,}]')
     records = [json.loads(line) for line in proxy.lines]
     workers = [r for r in records if r.get("target") == "corral::worker"]
-    assert workers and all(r["worker"] == "worker 0" for r in workers), records
+    assert workers and all(r["worker"] == 0 for r in workers), records
+    # Keyed as the proxy's own lines about a worker are: `worker` the index (the label had made
+    # it a string here and a number there) and its `stage`.
+    assert all(r["stage"] == "default" for r in workers), records
+    started = [r for r in records if r.get("message") == "worker started"]
+    assert started and all(isinstance(r["worker"], int) for r in started), started
     # Fields are values, not Rust's debug forms (`"\"Scripted\""`, `"[\"default\"]"`).
     (connected,) = [r for r in records if r.get("message") == "worker connected"]
     assert connected["name"] == "Scripted", connected
@@ -112,7 +117,7 @@ def test_a_worker_s_failures_are_logged_with_their_jobs_once_a_minute(corral_fac
     first = failed[0].headers["x-request-id"]
     line = proxy.wait_for_log(r'"message":"forward failed')
     record = json.loads(line)
-    assert record["level"] == "ERROR" and record["worker"] == "worker 0"
+    assert record["level"] == "ERROR" and record["worker"] == 0
     assert record["message"] == f"forward failed for job {first}"
     assert record["exception"].endswith("RuntimeError: the model is broken")
     assert "Traceback (most recent call last)" in record["exception"]

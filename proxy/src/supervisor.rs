@@ -339,7 +339,11 @@ async fn start(command: &WorkerCommand, index: u32) -> std::io::Result<Child> {
         spawn.env(name, value);
     }
     let mut child = spawner::spawn(spawn).await?;
-    let label = Arc::new(command.label(index));
+    let label = Arc::new(output::Whose {
+        label: command.label(index),
+        stage: command.stage.clone(),
+        index,
+    });
     if let Some(out) = child.stdout.take() {
         tokio::spawn(output::forward(out, label.clone(), false));
     }

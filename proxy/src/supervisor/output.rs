@@ -8,8 +8,8 @@
 //! whatever the worker prints.
 //!
 //! With `--log-format json` ([`as_json`]) each line is a JSON object as the proxy's own log lines
-//! are (`timestamp`, `level`, `message`, `target`, and the `worker` and its `stream`): a log
-//! collector that parses one object per line would otherwise meet plain text among them.
+//! are (`timestamp`, `level`, `message`, `target`, and the `worker`, its `stage` and `stream`): a
+//! log collector that parses one object per line would otherwise meet plain text among them.
 //!
 //! Lines are never written on the runtime's threads: a stdout nobody reads (a log driver that
 //! fell behind, a paused `| less`) blocked each forwarding task in `write`, holding the stdout
@@ -217,10 +217,18 @@ const MAX_LINE: usize = 16 * 1024;
 /// How much is read from the pipe at once.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// The worker whose output a line is: its stage and index, and the label a text line is
+/// prefixed with (`worker N`, or `STAGE worker N`).
+pub(super) struct Whose {
+    pub label: String,
+    pub stage: String,
+    pub index: u32,
+}
+
 /// Copies a worker's output to ours until the worker closes it (end of file, or a read error).
 pub(super) async fn forward(
     mut stream: impl AsyncRead + Unpin,
-    label: Arc<String>,
+    label: Arc<Whose>,
     to_stderr: bool,
 ) {
     let mut lines = Lines::new(MAX_LINE);
@@ -244,10 +252,11 @@ pub(super) async fn forward(
 /// stderr makes a system call per piece (`[`, the label, `] `, the text), and where our stdout and
 /// stderr share one pipe or file (a container's log, a test harness) another line landed between
 /// the pieces.
-fn prefixed(label: &str, line: &[u8], to_stderr: bool) -> String {
+fn prefixed(whose: &Whose, line: &[u8], to_stderr: bool) -> String {
     let text = String::from_utf8_lossy(line);
+    let label = &whose.label;
     if JSON.load(Ordering::Relaxed) {
-        json_line(label, &text, to_stderr)
+        json_line(whose, &text, to_stderr)
     } else if text.chars().any(hidden) {
         shown(label, &text)
     } else {
@@ -420,15 +429,19 @@ fn tell_of_dropped_lines() {
 /// that is itself a record as the worker package writes it (`CORRAL_LOG_FORMAT=json`: a JSON
 /// object with a `level` and a `message`) keeps its level and its other fields (`logger`, the
 /// traceback as `exception`); any other line is an INFO line of text. Every forwarded line was
-/// INFO before, a worker's errors among them, and a traceback a line per frame.
-fn json_line(label: &str, text: &str, to_stderr: bool) -> String {
+/// INFO before, a worker's errors among them, and a traceback a line per frame. Its `worker` is
+/// the index and `stage` the stage, as in the proxy's own lines about that worker: the label
+/// (`"scale worker 1"`) had given one key two types, a string here and a number there, which a
+/// log store that fixes a field's type on its first line refused half of.
+fn json_line(whose: &Whose, text: &str, to_stderr: bool) -> String {
     let mut timestamp = String::new();
     let _ = SystemTime.format_time(&mut Writer::new(&mut timestamp));
     let mut line = serde_json::json!({
         "timestamp": timestamp,
         "level": "INFO",
         "message": text,
-        "worker": label,
+        "worker": whose.index,
+        "stage": whose.stage,
         "stream": if to_stderr { "stderr" } else { "stdout" },
         "target": "corral::worker",
     });
@@ -539,25 +552,32 @@ fn incomplete_tail(bytes: &[u8]) -> usize {
 mod tests {
     use super::*;
 
+    /// Worker `index` of the default stage, as its lines name it.
+    fn worker(index: u32) -> Whose {
+        Whose { label: format!("worker {index}"), stage: "default".into(), index }
+    }
+
     #[test]
     fn a_json_line_is_one_object_keyed_as_the_proxy_s_own() {
-        let line = json_line("worker 0", "Traceback \"x\"\t{}", true);
+        let scale = Whose { label: "scale worker 1".into(), stage: "scale".into(), index: 1 };
+        let line = json_line(&scale, "Traceback \"x\"\t{}", true);
         assert!(line.ends_with('\n') && !line.trim_end().contains('\n'));
         let value: serde_json::Value = serde_json::from_str(&line).unwrap();
         assert_eq!(value["message"], "Traceback \"x\"\t{}");
-        assert_eq!((&value["worker"], &value["stream"]), (&"worker 0".into(), &"stderr".into()));
+        assert_eq!((&value["worker"], &value["stream"]), (&1.into(), &"stderr".into()));
+        assert_eq!(value["stage"], "scale");
         assert_eq!(value["target"], "corral::worker");
         assert!(value["timestamp"].as_str().is_some_and(|t| t.len() > 10));
     }
 
     #[test]
     fn control_characters_in_a_text_line_are_shown_not_obeyed() {
-        let line = prefixed("worker 0", b"ok\r[worker 9] forged\x1b[2K\tend\x07", true);
+        let line = prefixed(&worker(0), b"ok\r[worker 9] forged\x1b[2K\tend\x07", true);
         assert_eq!(line, "[worker 0] ok\n[worker 0] [worker 9] forged\\u{1b}[2K\tend\\u{7}\n");
         // A progress bar's redraws are lines of their own; colours are dropped, not escaped.
-        let bar = prefixed("worker 1", b"\r 10%|#\r 20%|##\x1b[32m ok\x1b[0m", true);
+        let bar = prefixed(&worker(1), b"\r 10%|#\r 20%|##\x1b[32m ok\x1b[0m", true);
         assert_eq!(bar, "[worker 1]  10%|#\n[worker 1]  20%|## ok\n");
-        assert_eq!(prefixed("worker 0", "plain é".as_bytes(), false), "[worker 0] plain é\n");
+        assert_eq!(prefixed(&worker(0), "plain é".as_bytes(), false), "[worker 0] plain é\n");
     }
 
     #[test]
@@ -567,19 +587,19 @@ mod tests {
             "request_id": "forged"}"#
             .replace('\n', " ");
         let value: serde_json::Value =
-            serde_json::from_str(&json_line("worker 1", &record, true)).unwrap();
+            serde_json::from_str(&json_line(&worker(1), &record, true)).unwrap();
         assert_eq!(value["level"], "WARN");
         assert_eq!(
             (&value["message"], &value["logger"]),
             (&"forward failed".into(), &"corral".into())
         );
         assert_eq!(value["exception"], "Traceback:\n  ...\nRuntimeError: why");
-        assert_eq!(value["worker"], "worker 1", "Corral says which worker");
+        assert_eq!(value["worker"], 1, "Corral says which worker");
         assert!(value.get("request_id").is_none(), "only a record's own fields are taken");
         for (level, as_logged) in [("CRITICAL", "ERROR"), ("ERROR", "ERROR"), ("DEBUG", "DEBUG")] {
             let line = format!(r#"{{"level": "{level}", "logger": "l", "message": "m"}}"#);
             let value: serde_json::Value =
-                serde_json::from_str(&json_line("worker 0", &line, true)).unwrap();
+                serde_json::from_str(&json_line(&worker(0), &line, true)).unwrap();
             assert_eq!(value["level"], as_logged);
         }
         // Not a record: without a level or a logger, a level that is not one of Python's, or
@@ -592,7 +612,7 @@ mod tests {
             "{not json",
         ] {
             let value: serde_json::Value =
-                serde_json::from_str(&json_line("worker 0", text, false)).unwrap();
+                serde_json::from_str(&json_line(&worker(0), text, false)).unwrap();
             assert_eq!((&value["level"], &value["message"]), (&"INFO".into(), &text.into()));
         }
     }
