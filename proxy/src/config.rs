@@ -85,8 +85,8 @@ pub struct Config {
           action = clap::ArgAction::Set, value_name = "BOOL")]
     pub worker_prefetch: bool,
 
-    /// How many times a job is given to another worker when its worker dies (or breaks the
-    /// protocol) while holding it; 0 for models that must not run an input twice.
+    /// How many times a job is given to another worker when its worker dies, hangs or breaks
+    /// the protocol while holding it; 0 for models that must not run an input twice.
     #[arg(long, env = "CORRAL_RETRIES", default_value_t = 1)]
     pub retries: u32,
 
