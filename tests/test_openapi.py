@@ -87,11 +87,18 @@ def test_a_streaming_worker_s_one_shot_answer_is_documented_as_its_chunks(corral
         proxy.wait_for_log(r"worker connected")
         document = proxy.client.get("/openapi.json").json()
     validate(document)
-    chunks = {"type": "array", "items": {"type": "string"}}
+    # (Or the `ok` result's data as it is, for a job that sent no chunk.)
+    chunks = {"anyOf": [{"type": "array", "items": {"type": "string"}}, {"type": "string"}]}
     assert infer_schemas(document)[1] == chunks
     operation = document["paths"]["/infer"]["post"]
     many = operation["responses"]["200"]["content"]["application/json"]["schema"]["anyOf"][1]
     assert many == {"type": "array", "items": chunks}
+    # Its successor, declaring nothing and not streaming, answers one value: not an array.
+    proxy.wait_for_log(r"worker disconnected")
+    with say_hello(proxy, None):
+        proxy.wait_for_log(r"worker connected", count=2)
+        document = proxy.client.get("/openapi.json").json()
+    assert infer_schemas(document) == ({}, {})
 
 
 def test_a_schema_that_is_no_json_object_is_ignored(corral_factory):

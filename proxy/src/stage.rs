@@ -754,7 +754,7 @@ impl Stage {
         let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
         if let Some(declared) = kept.as_ref().filter(|d| d.input.is_some() || d.output.is_some()) {
             let mut without = Declared::clone(declared);
-            (without.input, without.output) = (None, None);
+            (without.input, without.output, without.chunks) = (None, None, false);
             without.components.clear();
             *kept = Some(Arc::new(without));
         }

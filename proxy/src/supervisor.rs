@@ -24,7 +24,7 @@ mod spawner;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -95,11 +95,18 @@ pub struct Children(Arc<Mutex<HashMap<u32, SpawnedWorker>>>);
 #[derive(Clone, Default)]
 pub struct SpawnedWorker {
     kill: CancellationToken,
-    /// Why it was killed, once it is ("hung", "its connection ended").
-    killed_for: Arc<OnceLock<&'static str>>,
+    /// Why it was killed, once it is.
+    killed_for: Arc<OnceLock<Killed>>,
     /// The connections it holds, joined to a stage, counted from its hello; one ended by the
     /// proxy's `shutdown` stays counted (the worker was told to go).
     connections: Arc<AtomicUsize>,
+    /// Set once a connection of its joined: only then is losing one a worker left without
+    /// its connection (a wrapper probing the socket before the worker starts is not).
+    joined_once: Arc<AtomicBool>,
+    /// Bumped by each connection it opens, joins and loses: a wait begun at a loss kills only
+    /// if nothing happened since (a reconnect, even one not yet through its hello, or a later
+    /// loss, whose own wait then counts).
+    changes: Arc<AtomicU64>,
     /// Set once it answered work (a batch, a stream's job): it is not crash-looping.
     served: Served,
     /// The device it was given, if any.
@@ -108,28 +115,61 @@ pub struct SpawnedWorker {
     stage: Arc<str>,
 }
 
+/// Why the supervisor killed a spawned worker.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Killed {
+    /// It held a batch past its limit.
+    Hung,
+    /// It lived on [`LOST_WAIT`] without a connection, having lost the one it had.
+    Lost,
+}
+
+impl Killed {
+    /// As `/readyz` and the log say how it exited: "killed: hung".
+    fn why(self) -> &'static str {
+        match self {
+            Killed::Hung => "hung",
+            Killed::Lost => "its connection ended",
+        }
+    }
+}
+
 impl SpawnedWorker {
+    /// Notes that it opened a connection to the socket, hello or not yet.
+    pub fn connecting(&self) {
+        self.changes.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Notes that it connected; what its connection marks once it answered work.
     pub fn connected(&self) -> Served {
-        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.connections.fetch_add(1, Ordering::AcqRel);
+        self.joined_once.store(true, Ordering::Release);
+        self.changes.fetch_add(1, Ordering::AcqRel);
         self.served.clone()
     }
 
     /// Notes that a connection of its ended otherwise than by the proxy's `shutdown` (`joined`:
-    /// one [`Self::connected`] counted): unless it holds another connection [`LOST_WAIT`] from
-    /// now, it is killed (and restarted). A worker that exits on its own is gone by then.
+    /// one [`Self::connected`] counted). Once it has joined with one, a worker left with none
+    /// that neither connects again nor exits within [`LOST_WAIT`] is killed (and restarted).
     pub fn lost(&self, joined: bool) {
         if joined {
-            self.connections.fetch_sub(1, Ordering::Relaxed);
+            self.connections.fetch_sub(1, Ordering::AcqRel);
         }
+        let at = self.changes.fetch_add(1, Ordering::AcqRel) + 1;
+        if !self.joined_once.load(Ordering::Acquire) {
+            return;
+        }
+        // Dropped outside a runtime (none is today) nothing is armed, rather than a panic.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else { return };
         let worker = self.clone();
-        tokio::spawn(async move {
+        runtime.spawn(async move {
             tokio::select! {
                 () = tokio::time::sleep(LOST_WAIT) => {}
                 () = worker.kill.cancelled() => return,
             }
-            if worker.connections.load(Ordering::Relaxed) == 0 {
-                worker.killed_for.get_or_init(|| "its connection ended");
+            let still = worker.changes.load(Ordering::Acquire) == at;
+            if still && worker.connections.load(Ordering::Acquire) == 0 {
+                worker.killed_for.get_or_init(|| Killed::Lost);
                 worker.kill.cancel();
             }
         });
@@ -152,7 +192,7 @@ impl Children {
     pub fn kill(&self, pid: u32) -> bool {
         match self.find(pid) {
             Some(child) => {
-                child.killed_for.get_or_init(|| "hung");
+                child.killed_for.get_or_init(|| Killed::Hung);
                 child.kill.cancel();
                 true
             }
@@ -270,11 +310,11 @@ async fn supervise(
             status = child.wait() => status.map(|s| s.to_string()),
             _ = registered.kill.cancelled() => {
                 group::signal(pid, libc::SIGKILL);
-                let why = registered.killed_for.get().copied().unwrap_or("hung");
-                if why != "hung" {
+                let why = registered.killed_for.get().copied().unwrap_or(Killed::Hung);
+                if why == Killed::Lost {
                     warn!(stage = %command.stage, worker = index, pid, "killed a worker that lived on without its connection");
                 }
-                child.wait().await.map(|_| format!("killed: {why}"))
+                child.wait().await.map(|_| format!("killed: {}", why.why()))
             }
             _ = stop.cancelled() => {
                 stop_child(&mut child, pid, &registered, index).await;
@@ -366,7 +406,7 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
 /// sent SIGTERM instead (one whose connection had ended waited the whole wait for a message it
 /// could not get).
 async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index: u32) {
-    if worker.connections.load(Ordering::Relaxed) == 0 {
+    if worker.connections.load(Ordering::Acquire) == 0 {
         group::signal(group, libc::SIGTERM);
     }
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
@@ -376,5 +416,68 @@ async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index
     group::signal(group, libc::SIGKILL);
     if let Err(e) = child.wait().await {
         warn!(worker = index, error = %e, "could not stop worker");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Lets the waits begun so far run to `past` their [`LOST_WAIT`].
+    async fn after(past: Duration) {
+        tokio::time::sleep(past).await;
+        tokio::task::yield_now().await;
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_left_without_its_connection_is_killed_once_the_wait_is_out() {
+        let worker = SpawnedWorker::default();
+        worker.connecting();
+        let _served = worker.connected();
+        worker.lost(true);
+        after(LOST_WAIT - Duration::from_millis(1)).await;
+        assert!(!worker.kill.is_cancelled(), "killed before its wait was out");
+        after(Duration::from_millis(2)).await;
+        assert!(worker.kill.is_cancelled());
+        assert_eq!(worker.killed_for.get(), Some(&Killed::Lost));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_that_never_joined_arms_nothing() {
+        // A wrapper probing the socket before the worker it starts has loaded its model (which
+        // would join minutes later) must not get it killed, at every restart.
+        let worker = SpawnedWorker::default();
+        worker.connecting();
+        worker.lost(false);
+        after(LOST_WAIT * 2).await;
+        assert!(!worker.kill.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reconnect_within_the_wait_keeps_the_worker_even_before_its_hello() {
+        let worker = SpawnedWorker::default();
+        worker.connecting();
+        let _served = worker.connected();
+        worker.lost(true);
+        after(LOST_WAIT - Duration::from_millis(100)).await;
+        worker.connecting(); // its hello is still on its way when the wait is out
+        after(Duration::from_millis(200)).await;
+        assert!(!worker.kill.is_cancelled(), "killed while connecting again");
+        // That connection ends without a hello: the worker is without one again, and killed
+        // a wait after that.
+        worker.lost(false);
+        after(LOST_WAIT - Duration::from_millis(1)).await;
+        assert!(!worker.kill.is_cancelled(), "the first loss's wait counted");
+        after(Duration::from_millis(2)).await;
+        assert!(worker.kill.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_holding_another_connection_is_kept() {
+        let worker = SpawnedWorker::default();
+        let (_one, _two) = (worker.connected(), worker.connected());
+        worker.lost(true);
+        after(LOST_WAIT * 2).await;
+        assert!(!worker.kill.is_cancelled());
     }
 }

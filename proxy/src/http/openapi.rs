@@ -174,11 +174,15 @@ fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>)
     let any = json!({});
     let input = declared(stages.first()).and_then(|s| s.input.clone());
     let output = declared(stages.last()).and_then(|s| s.output.clone());
-    let (input, output) = (input.unwrap_or_else(|| any.clone()), output.unwrap_or(any));
     // A streaming worker's schema is a chunk's: a one-shot client gets the array of them (one
-    // per item, with x-corral-items: many). Documented as one result, real answers failed it.
+    // per item, with x-corral-items: many), or the `ok` result's data as it is where the job
+    // sent no chunk. Documented as one result, real answers failed it.
     let chunks = declared(stages.last()).is_some_and(|s| s.chunks);
-    let output = if chunks { json!({"type": "array", "items": output}) } else { output };
+    let output = match output {
+        Some(chunk) if chunks => Some(json!({"anyOf": [{"type": "array", "items": chunk}, chunk]})),
+        output => output,
+    };
+    let (input, output) = (input.unwrap_or_else(|| any.clone()), output.unwrap_or(any));
 
     let body = |one: &Value| json!({"anyOf": [one, {"type": "array", "items": one}]});
     // Raw bytes: any media type but JSON and msgpack, one job each, in and out.
@@ -284,7 +288,8 @@ pub fn job_headers(app: &App) -> Vec<Value> {
         header(
             GRPC_HEADER,
             "gRPC's deadline: 1 to 8 digits and a unit (H, M, S, m, u or n).",
-            json!({"type": "string", "pattern": "^[0-9]{1,8}[HMSmun]$"}),
+            // Above zero (0m is a 400), 8 digits at most.
+            json!({"type": "string", "pattern": "^0*[1-9][0-9]*[HMSmun]$", "maxLength": 9}),
         ),
         header(
             REQUEST_TIMEOUT_HEADER,

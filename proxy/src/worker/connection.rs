@@ -57,7 +57,8 @@ pub struct Context {
     pub stages: Arc<HashMap<String, Arc<Stage>>>,
     /// Cancelled when the proxy stops: the worker is told to exit.
     pub shutdown: CancellationToken,
-    /// Worker processes this proxy spawned, so that a hung one can be killed and restarted.
+    /// Worker processes this proxy spawned, so that a hung one, or one left without its
+    /// connection, can be killed and restarted.
     pub children: Children,
     /// The stages Corral spawns workers for (those with a command).
     pub spawning: Arc<HashSet<String>>,
@@ -99,10 +100,9 @@ pub async fn serve(
 ) {
     // A spawned worker left without a connection, but for the proxy's shutdown, is killed if
     // it lives on (`SpawnedWorker::lost`): on every way out of here.
-    let mut lost = child.clone().map(|child| Lost {
-        child,
-        joined: false,
-        shutdown: context.shutdown.clone(),
+    let mut lost = child.clone().map(|child| {
+        child.connecting();
+        Lost { child, joined: false, shutdown: context.shutdown.clone() }
     });
     let (read, write) = stream.into_split();
     // Until its hello, a peer is anyone who can open the socket: its frames get room as their
@@ -128,6 +128,8 @@ pub async fn serve(
     // Read before the step below (schemas of up to 8 MiB parse here, not while it holds
     // every other newcomer of the stage).
     let declared = declarations(&hello);
+    // As read: a schema ignored (unparsable, too large, no object) declares none.
+    let schemas = declared.as_ref().is_some_and(|d| d.input.is_some() || d.output.is_some());
     // The check, the declarations and the seat in one step ([`Stage::joining`]).
     let joined = {
         let _joining = stage.joining();
@@ -161,7 +163,7 @@ pub async fn serve(
                 if hello.declares_tensors() {
                     seat.declares_tensors();
                 }
-                if hello.input_schema.is_some() || hello.output_schema.is_some() {
+                if schemas {
                     seat.declares_schemas();
                 }
                 Ok((served, seat))
@@ -340,7 +342,8 @@ fn declarations(hello: &Hello) -> Option<Declared> {
         warn!(pid = hello.pid, "ignoring a worker's schema components that are no JSON objects");
     }
     let (inputs, outputs) = (hello.inputs.clone(), hello.outputs.clone());
-    let chunks = hello.declares(FEATURE_STREAM);
+    // Its output schema is a chunk's: only where it declared one.
+    let chunks = hello.declares(FEATURE_STREAM) && output.is_some();
     Some(Declared { input, output, components, chunks, inputs, outputs, weight })
 }
 
