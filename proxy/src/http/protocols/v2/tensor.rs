@@ -265,18 +265,12 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
         // A finite number past the type's range would become infinity: refused as an integer
         // too large is (an infinity given stays one).
         (T::F16, e) => {
-            let (wide, narrow) = (float(e)?, f16_nearest(e));
-            if wide.is_finite() && narrow.is_infinite() {
-                return Err(fits(&format!("{wide:?}")));
-            }
-            out.extend_from_slice(&narrow.to_le_bytes())
+            let narrow = in_range(float(e)?, f16_nearest(e), |f| f.is_infinite());
+            out.extend_from_slice(&narrow.map_err(|wide| fits(&format!("{wide:?}")))?.to_le_bytes())
         }
         (T::F32, e) => {
-            let (wide, narrow) = (float(e)?, f32_nearest(e));
-            if wide.is_finite() && narrow.is_infinite() {
-                return Err(fits(&format!("{wide:?}")));
-            }
-            out.extend_from_slice(&narrow.to_le_bytes())
+            let narrow = in_range(float(e)?, f32_nearest(e), |f| f.is_infinite());
+            out.extend_from_slice(&narrow.map_err(|wide| fits(&format!("{wide:?}")))?.to_le_bytes())
         }
         (T::F64, e) => out.extend_from_slice(&float(e)?.to_le_bytes()),
         // An integer for a BOOL or BYTES tensor is of the wrong kind, not too large: "1 does
@@ -312,6 +306,17 @@ fn float(element: Element) -> Result<f64, String> {
         Element::Float(f) => Ok(f),
         Element::Float32(f) => Ok(f64::from(f)),
         other => Err(format!("{} is not a number", describe(other))),
+    }
+}
+
+/// `narrow`, a number narrowed to a smaller float type, unless it became an infinity though the
+/// number (`wide`) is finite: past that type's range, Err with the number (an infinity given
+/// stays one). A finite number is never silently made infinite.
+fn in_range<T>(wide: f64, narrow: T, infinite: impl Fn(&T) -> bool) -> Result<T, f64> {
+    if wide.is_finite() && infinite(&narrow) {
+        Err(wide)
+    } else {
+        Ok(narrow)
     }
 }
 
@@ -395,16 +400,10 @@ pub fn floats(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<Vec<f32>
     let elements = each(datatype, shape, data).map_err(|_| NotFloats::NotNumbers)?;
     elements
         .map(|element| {
-            let narrow = f32_nearest(element);
-            // A finite number past float32's range would become an infinity, which base64
-            // carries: a client got `inf` for the worker's 1e39, with a 200.
-            match float(element) {
-                Ok(wide) if wide.is_finite() && narrow.is_infinite() => {
-                    Err(NotFloats::PastRange(wide))
-                }
-                Ok(_) => Ok(narrow),
-                Err(_) => Err(NotFloats::NotNumbers),
-            }
+            // Past float32's range, an infinity that base64 carries: a client got `inf` for
+            // the worker's 1e39, with a 200.
+            let wide = float(element).map_err(|_| NotFloats::NotNumbers)?;
+            in_range(wide, f32_nearest(element), |f| f.is_infinite()).map_err(NotFloats::PastRange)
         })
         .collect()
 }
