@@ -375,20 +375,27 @@ def test_a_stream_answered_408_while_queued_leaves_the_queue_at_once(corral_fact
     assert response.status_code == 200 and received[-1] == ("done", {})
 
 
-def test_a_stream_that_never_sent_a_chunk_is_no_time_to_first_chunk(corral_factory, tmp_path):
+@pytest.mark.parametrize("accept", [SSE, {}], ids=["stream", "one-shot"])
+def test_a_stream_that_never_sent_a_chunk_is_no_time_to_first_chunk(
+    corral_factory, tmp_path, accept
+):
     # Its deadline passed before any chunk: the worker's end, acknowledging the cancel, had been
     # taken for the batch's first answer (a time to first chunk for a client that got a 408,
     # and a batch admission learned as faster than it was).
     cancels = tmp_path / "cancels"
     proxy = corral_factory(worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)})
     never = {"chunks": 1, "gate_first": str(tmp_path / "never")}
-    late = proxy.post(never, headers={**SSE, "x-corral-timeout-ms": "300"})
+    late = proxy.post(never, headers={**accept, "x-corral-timeout-ms": "300"})
     assert late.status_code == 408
     proxy.wait_until(lambda: ids(cancels), what="the cancel in the worker")
     # The worker ended that job before it streams this one: its end has been read by then.
     _, received = stream_all(proxy, {"chunks": 2})
     assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
     assert proxy.metric("corral_time_to_first_chunk_seconds_count", stage="default") == 1
+    # Nor is that end a late result (it carries none, and acknowledges the cancel): each
+    # first chunk's deadline missed had read as work done for nobody. An expiry in the worker.
+    assert proxy.metric("corral_late_results_total") == 0
+    assert proxy.metric("corral_jobs_expired_total", where="worker") == 1
 
 
 @pytest.mark.parametrize("nan_after", [0, 1])

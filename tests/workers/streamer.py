@@ -135,6 +135,10 @@ def main():
             sys.exit(0)
 
     while True:
+        if not held:
+            # Idle: an offer of room ended with the last job (the next batch may come in the
+            # same poll as the frames that follow it, and was never offered room to join).
+            offered = 0
         # Idle: block for a batch. Busy: take what arrived without blocking.
         try:
             arrived = frames.poll(None if not held else 0)

@@ -467,6 +467,16 @@ impl State {
                 self.heard_from(seat, held.frame);
             }
             let Some(job) = held.job else { continue };
+            let acknowledged = result.status == ResultStatus::End && result.data.is_none();
+            if held.cancelled && !held.streamed && acknowledged {
+                // The worker acknowledging the cancel of a job whose client has no stream open:
+                // no result (nobody waits for one, and it carries none), so never a late one.
+                // Counted as the job's expiry or its client's departure is; each deadline
+                // missed before a first chunk had also read as a late result. (A stream's end
+                // goes on as below: its client still reads the events before it.)
+                answer(job, Outcome::Expired, now);
+                continue;
+            }
             let outcome = match (result.status, result.data) {
                 // Its data would be dropped unseen: the worker meant a last chunk, or an `ok`.
                 (ResultStatus::End, Some(_)) => Outcome::BadOutput(
