@@ -407,12 +407,12 @@ impl State {
                     held.gathered = Gathered::default();
                 }
                 None => {
-                    held.gathered.push(&chunk.data);
-                    // The stage's output as well: the rate of this counter is its throughput
-                    // (tokens a second), whoever asked for a stream.
-                    metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
-                    if held.gathered.len() > MAX_FRAME_BYTES {
-                        // Not kept until the worker ends the job: it is over 64 MiB.
+                    if held.gathered.push(&chunk.data) {
+                        // The stage's output as well: the rate of this counter is its
+                        // throughput (tokens a second), whoever asked for a stream.
+                        metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
+                    } else {
+                        // Not kept until the worker ends the job: it would pass 64 MiB.
                         held.gathered = Gathered::default();
                         let job = held.job.take().expect("checked above");
                         let why = "the stream is larger than one answer can carry; ask for a \
@@ -562,20 +562,33 @@ impl Gathered {
     /// The longest msgpack array head (array32).
     const HEAD: usize = 5;
 
-    fn push(&mut self, chunk: &[u8]) {
+    /// Most bytes of chunks one answer holds: a frame's.
+    const MOST: usize = MAX_FRAME_BYTES;
+
+    /// Appends `chunk`; false, appending nothing, where the chunks would pass [`Self::MOST`].
+    /// The buffer grows by doubling, as a `Vec` does, but never past what one answer may hold:
+    /// checked after the copy, and doubled past it, a job's buffer had reached 128 MiB, its
+    /// freed smaller ones held a while more by the allocator (200 MiB for one job, not 64).
+    fn push(&mut self, chunk: &[u8]) -> bool {
+        let needed = self.bytes.len() + chunk.len();
+        if needed - Self::HEAD > Self::MOST {
+            return false;
+        }
+        if needed > self.bytes.capacity() {
+            let room = (self.bytes.capacity() * 2).clamp(needed, Self::MOST + Self::HEAD);
+            self.bytes.reserve_exact(room - self.bytes.len());
+        }
         self.bytes.extend_from_slice(chunk);
         self.count = self.count.saturating_add(1);
+        true
     }
 
-    /// The chunks' bytes.
-    fn len(&self) -> usize {
-        self.bytes.len() - Self::HEAD
-    }
-
-    /// The array of the chunks, and `last` after them if given.
+    /// The array of the chunks, and `last` after them if given (an `ok` result's data, itself
+    /// one frame's at most).
     fn array(mut self, last: Option<&[u8]>) -> Bytes {
         if let Some(last) = last {
-            self.push(last);
+            self.bytes.extend_from_slice(last);
+            self.count = self.count.saturating_add(1);
         }
         let mut head = Vec::with_capacity(Self::HEAD);
         rmp::encode::write_array_len(&mut head, self.count).expect("a Vec takes any write");

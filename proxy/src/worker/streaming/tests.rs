@@ -173,10 +173,24 @@ async fn chunks_for_a_one_shot_client_that_left_or_had_its_408_are_not_gathered(
 }
 
 #[test]
+fn a_gathered_answer_never_holds_more_than_one_frame_s_room() {
+    // Checked after the copy and doubled past the bound, one job's buffer had reached 128 MiB
+    // (and the allocator held the smaller ones it left a while more).
+    let mut gathered = Gathered::default();
+    let chunk = vec![0xc0; (1 << 20) - 1]; // a MiB less one byte of nils, 2^20 - 1 values
+    while gathered.push(&chunk) {
+        assert!(gathered.bytes.capacity() <= Gathered::MOST + Gathered::HEAD);
+    }
+    assert_eq!(gathered.count, 64, "as many as fit");
+    assert!(gathered.bytes.len() - Gathered::HEAD + chunk.len() > Gathered::MOST);
+    assert!(gathered.push(&[0xc0; 64]), "a smaller one still fits");
+}
+
+#[test]
 fn gathered_chunks_are_one_msgpack_array_whatever_its_head() {
     for count in [0usize, 1, 15, 16, 70_000] {
         let mut gathered = Gathered::default();
-        (0..count).for_each(|i| gathered.push(&rmp_serde::to_vec(&(i % 100)).unwrap()));
+        (0..count).for_each(|i| assert!(gathered.push(&rmp_serde::to_vec(&(i % 100)).unwrap())));
         let array: Vec<u64> = rmp_serde::from_slice(&gathered.array(Some(&[0x07]))).unwrap();
         assert_eq!(array.len(), count + 1);
         assert_eq!(array[count], 7);
