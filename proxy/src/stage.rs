@@ -90,7 +90,7 @@ pub struct Declared {
     pub output: Option<serde_json::Value>,
     pub components: serde_json::Map<String, serde_json::Value>,
     /// The worker that declared the schemas streams: its output schema is each chunk's, and a
-    /// one-shot client gets an array of chunks.
+    /// one-shot client gets an array of chunks (or the `ok` data, where the job sent none).
     pub chunks: bool,
     /// Each job's payload tensors, one row each; empty if the workers declared none.
     pub inputs: Vec<TensorSpec>,

@@ -47,8 +47,8 @@ const HEALTHY_RUN: Duration = Duration::from_secs(30);
 /// killed.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 /// How long a spawned worker whose connection ended (it died holding a batch, broke the
-/// protocol, hung up, was refused) gets to exit on its own before it is killed, and so
-/// restarted. One that lives on without a connection (a `forward` that never returns, a worker
+/// protocol, hung up, was refused) gets to exit on its own, or connect again, before it is
+/// killed, and so restarted. One that lives on without a connection (a `forward` that never returns, a worker
 /// in another language that does not exit) had left its stage a worker short until the proxy
 /// stopped, with no restart and no alert. Its jobs went elsewhere at once; this is only the
 /// process.
@@ -100,12 +100,14 @@ pub struct SpawnedWorker {
     /// The connections it holds, joined to a stage, counted from its hello; one ended by the
     /// proxy's `shutdown` stays counted (the worker was told to go).
     connections: Arc<AtomicUsize>,
-    /// Set once a connection of its joined: only then is losing one a worker left without
-    /// its connection (a wrapper probing the socket before the worker starts is not).
-    joined_once: Arc<AtomicBool>,
-    /// Bumped by each connection it opens, joins and loses: a wait begun at a loss kills only
-    /// if nothing happened since (a reconnect, even one not yet through its hello, or a later
-    /// loss, whose own wait then counts).
+    /// The connections it has open, joined or not yet (in their handshake).
+    open: Arc<AtomicUsize>,
+    /// Set once a connection of its said something (a hello, valid or not): only then is
+    /// losing its connections a worker left without one (a wrapper probing the socket before
+    /// the worker it starts has loaded is not).
+    spoke: Arc<AtomicBool>,
+    /// Bumped by each connection it opens and loses: a wait begun at a loss kills only if
+    /// nothing happened since (a reconnect, or a later loss, whose own wait then counts).
     changes: Arc<AtomicU64>,
     /// Set once it answered work (a batch, a stream's job): it is not crash-looping.
     served: Served,
@@ -120,7 +122,7 @@ pub struct SpawnedWorker {
 enum Killed {
     /// It held a batch past its limit.
     Hung,
-    /// It lived on [`LOST_WAIT`] without a connection, having lost the one it had.
+    /// It lived on [`LOST_WAIT`] without a connection, having spoken on one.
     Lost,
 }
 
@@ -135,28 +137,38 @@ impl Killed {
 }
 
 impl SpawnedWorker {
+    // Each count is its own atomic, read without a lock: the one race, a connection opened
+    // just as a wait ends, kills a worker that had been without one for the whole wait.
+
     /// Notes that it opened a connection to the socket, hello or not yet.
     pub fn connecting(&self) {
-        self.changes.fetch_add(1, Ordering::AcqRel);
+        self.open.fetch_add(1, Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Notes that a connection of its said something, a hello or a frame refused as one.
+    pub fn spoke(&self) {
+        self.spoke.store(true, Ordering::Relaxed);
     }
 
     /// Notes that it connected; what its connection marks once it answered work.
     pub fn connected(&self) -> Served {
-        self.connections.fetch_add(1, Ordering::AcqRel);
-        self.joined_once.store(true, Ordering::Release);
-        self.changes.fetch_add(1, Ordering::AcqRel);
+        self.connections.fetch_add(1, Ordering::Relaxed);
+        self.spoke();
         self.served.clone()
     }
 
     /// Notes that a connection of its ended otherwise than by the proxy's `shutdown` (`joined`:
-    /// one [`Self::connected`] counted). Once it has joined with one, a worker left with none
-    /// that neither connects again nor exits within [`LOST_WAIT`] is killed (and restarted).
+    /// one [`Self::connected`] counted). Once it has spoken on one, a worker left with none
+    /// open that neither connects again nor exits within [`LOST_WAIT`] is killed (and
+    /// restarted): one refused at its hello that does not exit, too.
     pub fn lost(&self, joined: bool) {
         if joined {
-            self.connections.fetch_sub(1, Ordering::AcqRel);
+            self.connections.fetch_sub(1, Ordering::Relaxed);
         }
-        let at = self.changes.fetch_add(1, Ordering::AcqRel) + 1;
-        if !self.joined_once.load(Ordering::Acquire) {
+        self.open.fetch_sub(1, Ordering::Relaxed);
+        let at = self.changes.fetch_add(1, Ordering::Relaxed) + 1;
+        if !self.spoke.load(Ordering::Relaxed) {
             return;
         }
         // Dropped outside a runtime (none is today) nothing is armed, rather than a panic.
@@ -167,8 +179,8 @@ impl SpawnedWorker {
                 () = tokio::time::sleep(LOST_WAIT) => {}
                 () = worker.kill.cancelled() => return,
             }
-            let still = worker.changes.load(Ordering::Acquire) == at;
-            if still && worker.connections.load(Ordering::Acquire) == 0 {
+            let still = worker.changes.load(Ordering::Relaxed) == at;
+            if still && worker.open.load(Ordering::Relaxed) == 0 {
                 worker.killed_for.get_or_init(|| Killed::Lost);
                 worker.kill.cancel();
             }
@@ -406,7 +418,7 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
 /// sent SIGTERM instead (one whose connection had ended waited the whole wait for a message it
 /// could not get).
 async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index: u32) {
-    if worker.connections.load(Ordering::Acquire) == 0 {
+    if worker.connections.load(Ordering::Relaxed) == 0 {
         group::signal(group, libc::SIGTERM);
     }
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
@@ -443,12 +455,36 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_connection_that_never_joined_arms_nothing() {
+    async fn a_connection_that_said_nothing_arms_nothing() {
         // A wrapper probing the socket before the worker it starts has loaded its model (which
         // would join minutes later) must not get it killed, at every restart.
         let worker = SpawnedWorker::default();
         worker.connecting();
         worker.lost(false);
+        after(LOST_WAIT * 2).await;
+        assert!(!worker.kill.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_refused_at_its_hello_that_lives_on_is_killed() {
+        // Refused (another stage's, tensors in conflict) and not exiting: its stage had stayed
+        // a worker short.
+        let worker = SpawnedWorker::default();
+        worker.connecting();
+        worker.spoke();
+        worker.lost(false);
+        after(LOST_WAIT + Duration::from_millis(1)).await;
+        assert!(worker.kill.is_cancelled());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_connection_opened_before_the_loss_keeps_the_worker() {
+        // Its second connection, still in its handshake as the first ends, is a connection.
+        let worker = SpawnedWorker::default();
+        worker.connecting();
+        let _served = worker.connected();
+        worker.connecting();
+        worker.lost(true);
         after(LOST_WAIT * 2).await;
         assert!(!worker.kill.is_cancelled());
     }
@@ -475,6 +511,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_worker_holding_another_connection_is_kept() {
         let worker = SpawnedWorker::default();
+        worker.connecting();
+        worker.connecting();
         let (_one, _two) = (worker.connected(), worker.connected());
         worker.lost(true);
         after(LOST_WAIT * 2).await;

@@ -147,7 +147,6 @@ def main():
         for frame in arrived:
             receive(frame)
         if not held:
-            offered = 0
             continue
         if JOIN and len(held) < JOIN and offered != JOIN - len(held):
             offered = JOIN - len(held)

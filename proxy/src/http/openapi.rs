@@ -205,7 +205,8 @@ fn route_operation(app: &App, route: &Route, schemas: &HashMap<String, Schemas>)
         "200".into(),
         json!({
             "description": "The worker's result (an array of results for a multi-item request; \
-                a streaming worker's result is the array of its chunks). \
+                a streaming worker's result is the array of its chunks, or its ok data where it \
+                sent none). \
                 An output of raw bytes goes to a client that accepts them (Accept naming \
                 application/octet-stream or the worker's media type, or a raw request's Accept \
                 absent or */*) as the body, with that media type. With Accept: \

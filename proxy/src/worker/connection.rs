@@ -154,7 +154,7 @@ pub async fn serve(
         match refusal {
             Some(message) => Err(message),
             None => {
-                keep(stage, declared);
+                keep(stage, declared, schemas);
                 let served = child.as_ref().map(SpawnedWorker::connected).unwrap_or_default();
                 let seat = stage.worker_joined_on(child.as_ref().and_then(SpawnedWorker::gpu));
                 if let Some(most) = hello.max_batch {
@@ -288,12 +288,11 @@ fn misplaced<'a>(
 /// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
 /// tensors, with no worker declaring tensors connected, replace the last ones' as a newcomer's
 /// tensors do (`Stage::tensor_conflict`, by the same count).
-fn keep(stage: &Stage, declared: Option<Declared>) {
+fn keep(stage: &Stage, declared: Option<Declared>, schemas: bool) {
     let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
     if !tensors && stage.declaring_tensors() == 0 {
         stage.forget_tensors();
     }
-    let schemas = declared.as_ref().is_some_and(|d| d.input.is_some() || d.output.is_some());
     if !schemas && stage.declaring_schemas() == 0 {
         stage.forget_schemas();
     }
@@ -438,6 +437,7 @@ async fn handshake(
         Ok(Some(Err(e)))
             if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput) =>
         {
+            child.inspect(|child| child.spoke());
             Err(format!(
                 "malformed hello: {e}; a hello needs `type` \"hello\", `version` (an integer), \
                  `stage` (a string) and `pid` (an integer)"
@@ -448,7 +448,12 @@ async fn handshake(
             warn!(error = %logged(&e), "worker connection closed before its hello");
             return None;
         }
-        Ok(Some(Ok(message))) => Ok(message),
+        Ok(Some(Ok(message))) => {
+            // A worker, refused or not: its supervisor may kill it if it then lives on without
+            // a connection (a wrapper's probe of the socket says nothing).
+            child.inspect(|child| child.spoke());
+            Ok(message)
+        }
     };
     // The parser's own reason: "must start with /" had been said of "/a~2".
     let bad_weight = match &first {

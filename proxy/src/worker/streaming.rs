@@ -371,7 +371,6 @@ impl State {
                 broken.push(chunk.id);
                 continue;
             }
-            held.streamed |= job.stream.is_some();
             match &job.stream {
                 // A first chunk at or past the job's deadline opens no stream: its client gets
                 // the 408 its deadline says and the worker is told to stop, as for a result that
@@ -388,7 +387,12 @@ impl State {
                 // could fill and count it `slow_client` as well as `deadline`).
                 Some(_) if job.left.is_cancelled() => {}
                 Some(sink) => match sink.push(chunk.data) {
-                    Ok(()) => metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc(),
+                    // Streamed once a chunk reached its client, not when one came for a client
+                    // that had left: its cancel's acknowledgement then counted as a late result.
+                    Ok(()) => {
+                        held.streamed = true;
+                        metrics().chunks_sent.with_label_values(&[seat.stage_name()]).inc();
+                    }
                     // Answered at once, not after the frame: a later, smaller chunk of the same
                     // job in this frame would fit the buffer and reach the client past the gap.
                     Err(Refused::SlowClient) => {
@@ -415,9 +419,7 @@ impl State {
                         // Not kept until the worker ends the job: it would pass 64 MiB.
                         held.gathered = Gathered::default();
                         let job = held.job.take().expect("checked above");
-                        let why = "the stream is larger than one answer can carry; ask for a \
-                                   stream (Accept: text/event-stream)";
-                        answer(job, Outcome::Failed(why.into()), Instant::now());
+                        answer(job, Outcome::Failed(TOO_LARGE.into()), Instant::now());
                     }
                 }
             }
@@ -485,12 +487,18 @@ impl State {
                         .into(),
                 ),
                 (ResultStatus::End, None) if job.stream.is_some() => Outcome::Ended,
-                (ResultStatus::End, None) => Outcome::Done(held.gathered.array(None), None),
+                (ResultStatus::End, None) => {
+                    Outcome::Done(held.gathered.array(None).expect("nothing added"), None)
+                }
                 (ResultStatus::Ok, Some(data)) => match output(data, result.content_type) {
                     // Gathered with chunks, the output is one of an array's values: no longer
-                    // raw bytes of their own.
+                    // raw bytes of their own; refused as the chunks are where it passes what
+                    // one answer holds (it had doubled the buffer, to 128 MiB and more).
                     Outcome::Done(data, _) if job.stream.is_none() && held.gathered.count > 0 => {
-                        Outcome::Done(held.gathered.array(Some(&data)), None)
+                        match held.gathered.array(Some(&data)) {
+                            Some(answer) => Outcome::Done(answer, None),
+                            None => Outcome::Failed(TOO_LARGE.into()),
+                        }
                     }
                     other => other,
                 },
@@ -541,6 +549,10 @@ impl State {
     }
 }
 
+/// Why a one-shot client's answer gathered from chunks was refused.
+const TOO_LARGE: &str =
+    "the stream is larger than one answer can carry; ask for a stream (Accept: text/event-stream)";
+
 /// A one-shot client's chunks, gathered into one answer: a msgpack array of them, its values
 /// written one after another as they come (held apart, each chunk's own allocation and handle
 /// cost more than a one-byte chunk: five million of them took 496 MiB for a 10 MB answer), with
@@ -583,18 +595,19 @@ impl Gathered {
         true
     }
 
-    /// The array of the chunks, and `last` after them if given (an `ok` result's data, itself
-    /// one frame's at most).
-    fn array(mut self, last: Option<&[u8]>) -> Bytes {
+    /// The array of the chunks, and `last` after them if given (an `ok` result's data); None
+    /// where `last` would pass [`Self::MOST`].
+    fn array(mut self, last: Option<&[u8]>) -> Option<Bytes> {
         if let Some(last) = last {
-            self.bytes.extend_from_slice(last);
-            self.count = self.count.saturating_add(1);
+            if !self.push(last) {
+                return None;
+            }
         }
         let mut head = Vec::with_capacity(Self::HEAD);
         rmp::encode::write_array_len(&mut head, self.count).expect("a Vec takes any write");
         let start = Self::HEAD - head.len();
         self.bytes[start..Self::HEAD].copy_from_slice(&head);
-        Bytes::from(self.bytes).slice(start..)
+        Some(Bytes::from(self.bytes).slice(start..))
     }
 }
 

@@ -184,6 +184,13 @@ fn a_gathered_answer_never_holds_more_than_one_frame_s_room() {
     assert_eq!(gathered.count, 64, "as many as fit");
     assert!(gathered.bytes.len() - Gathered::HEAD + chunk.len() > Gathered::MOST);
     assert!(gathered.push(&[0xc0; 64]), "a smaller one still fits");
+    // An `ok` result's data after the chunks is held to the same bound (appended unchecked,
+    // it had doubled the buffer past it).
+    let full = Gathered { bytes: gathered.bytes.clone(), count: gathered.count };
+    assert!(full.array(Some(&[0xc0])).is_none(), "one more value than an answer holds");
+    let mut some = Gathered::default();
+    assert!(some.push(&[0xc0; 1000]));
+    assert!(some.array(Some(&vec![0xc0; Gathered::MOST - 1000])).is_some(), "up to the bound");
 }
 
 #[test]
@@ -191,7 +198,8 @@ fn gathered_chunks_are_one_msgpack_array_whatever_its_head() {
     for count in [0usize, 1, 15, 16, 70_000] {
         let mut gathered = Gathered::default();
         (0..count).for_each(|i| assert!(gathered.push(&rmp_serde::to_vec(&(i % 100)).unwrap())));
-        let array: Vec<u64> = rmp_serde::from_slice(&gathered.array(Some(&[0x07]))).unwrap();
+        let array: Vec<u64> =
+            rmp_serde::from_slice(&gathered.array(Some(&[0x07])).unwrap()).unwrap();
         assert_eq!(array.len(), count + 1);
         assert_eq!(array[count], 7);
         assert!(array[..count].iter().enumerate().all(|(i, &v)| v == (i % 100) as u64));

@@ -265,11 +265,13 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
         // A finite number past the type's range would become infinity: refused as an integer
         // too large is (an infinity given stays one).
         (T::F16, e) => {
-            let narrow = in_range(float(e)?, f16_nearest(e), |f| f.is_infinite());
+            let (wide, narrow) = (float(e)?, f16_nearest(e));
+            let narrow = in_range(wide, narrow, narrow.is_infinite());
             out.extend_from_slice(&narrow.map_err(|wide| fits(&format!("{wide:?}")))?.to_le_bytes())
         }
         (T::F32, e) => {
-            let narrow = in_range(float(e)?, f32_nearest(e), |f| f.is_infinite());
+            let (wide, narrow) = (float(e)?, f32_nearest(e));
+            let narrow = in_range(wide, narrow, narrow.is_infinite());
             out.extend_from_slice(&narrow.map_err(|wide| fits(&format!("{wide:?}")))?.to_le_bytes())
         }
         (T::F64, e) => out.extend_from_slice(&float(e)?.to_le_bytes()),
@@ -309,11 +311,11 @@ fn float(element: Element) -> Result<f64, String> {
     }
 }
 
-/// `narrow`, a number narrowed to a smaller float type, unless it became an infinity though the
-/// number (`wide`) is finite: past that type's range, Err with the number (an infinity given
+/// `narrow`, a number narrowed to a smaller float type, unless it became an infinity
+/// (`infinite`) though the number (`wide`) is finite: past that type's range, Err with the number (an infinity given
 /// stays one). A finite number is never silently made infinite.
-fn in_range<T>(wide: f64, narrow: T, infinite: impl Fn(&T) -> bool) -> Result<T, f64> {
-    if wide.is_finite() && infinite(&narrow) {
+fn in_range<T>(wide: f64, narrow: T, infinite: bool) -> Result<T, f64> {
+    if wide.is_finite() && infinite {
         Err(wide)
     } else {
         Ok(narrow)
@@ -403,7 +405,8 @@ pub fn floats(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<Vec<f32>
             // Past float32's range, an infinity that base64 carries: a client got `inf` for
             // the worker's 1e39, with a 200.
             let wide = float(element).map_err(|_| NotFloats::NotNumbers)?;
-            in_range(wide, f32_nearest(element), |f| f.is_infinite()).map_err(NotFloats::PastRange)
+            let narrow = f32_nearest(element);
+            in_range(wide, narrow, narrow.is_infinite()).map_err(NotFloats::PastRange)
         })
         .collect()
 }
