@@ -101,6 +101,32 @@ def test_a_streaming_worker_s_one_shot_answer_is_documented_as_its_chunks(corral
     assert infer_schemas(document) == ({}, {})
 
 
+def test_a_departed_worker_s_declarations_leave_though_its_successor_came_first(corral_factory):
+    # A rolling update: the new (untyped) worker joins while the old (typed, tensor-declaring)
+    # one is still there, then the old one stops. Its tensors stayed in force (v2 and KServe v1
+    # requests refused for its inputs) and its schemas in the document.
+    proxy = corral_factory(worker=None)
+    schemas = {"input_schema": '{"type": "integer"}', "output_schema": '{"type": "string"}'}
+    tensors = {
+        "inputs": [{"name": "X", "datatype": "FP32", "shape": [3]}],
+        "outputs": [{"name": "Y", "datatype": "FP32", "shape": [1]}],
+    }
+    hello = protocol.hello("default", os.getpid(), "typed", schemas=schemas, **tensors)
+    old = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old.connect(str(proxy.socket))
+    old.sendall(protocol.encode_frame(hello))
+    proxy.wait_for_log(r"worker connected")
+    assert [i["name"] for i in proxy.client.get("/v2/models/default").json()["inputs"]] == ["X"]
+    with say_hello(proxy, None):
+        proxy.wait_for_log(r"worker connected", count=2)
+        old.close()
+        proxy.wait_for_log(r"worker disconnected")
+        document = proxy.client.get("/openapi.json").json()
+        metadata = proxy.client.get("/v2/models/default").json()
+    assert infer_schemas(document) == ({}, {})
+    assert metadata["inputs"] == [] and metadata["outputs"] == []
+
+
 def test_a_schema_that_is_no_json_object_is_ignored(corral_factory):
     # `5` is JSON but no schema: copied in, it made the whole document invalid.
     proxy = corral_factory(worker=None)

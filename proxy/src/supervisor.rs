@@ -102,7 +102,7 @@ pub struct SpawnedWorker {
     connections: Arc<AtomicUsize>,
     /// The connections it has open, joined or not yet (in their handshake).
     open: Arc<AtomicUsize>,
-    /// Set once a connection of its said something (a hello, valid or not): only then is
+    /// Set once a connection of its sent a message (a hello, refused or not): only then is
     /// losing its connections a worker left without one (a wrapper probing the socket before
     /// the worker it starts has loaded is not).
     spoke: Arc<AtomicBool>,
@@ -146,7 +146,7 @@ impl SpawnedWorker {
         self.changes.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Notes that a connection of its said something, a hello or a frame refused as one.
+    /// Notes that a connection of its sent a message (a hello, refused or not).
     pub fn spoke(&self) {
         self.spoke.store(true, Ordering::Relaxed);
     }
@@ -424,10 +424,10 @@ async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
         return;
     }
-    warn!(worker = index, "worker did not exit after shutdown; killing it");
+    warn!(stage = worker.stage(), worker = index, "worker did not exit after shutdown; killing it");
     group::signal(group, libc::SIGKILL);
     if let Err(e) = child.wait().await {
-        warn!(worker = index, error = %e, "could not stop worker");
+        warn!(stage = worker.stage(), worker = index, error = %e, "could not stop worker");
     }
 }
 

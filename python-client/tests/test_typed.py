@@ -7,7 +7,8 @@ from __future__ import annotations
 import datetime
 import json
 import re
-from typing import Annotated, Any, Optional, Union
+import uuid
+from typing import Annotated, Any, Literal, Optional, Union
 
 import jsonschema
 import msgspec
@@ -474,6 +475,32 @@ def test_a_v2_bytes_tensor_reaches_a_field_of_str_as_text_and_one_of_bytes_as_by
     assert raw == Result("ok", value={"upper": ["A"], "raw": [b"YQ==", b"\xff"]})
     assert wrong.status == "invalid"
     assert wrong.message == "Expected `str`, got `bytes` - at `$.text[0]`"
+
+
+class Kinds(msgspec.Struct):
+    kind: list[Literal["a", "b"]] = []
+    at: list[datetime.datetime] = []
+    id: list[uuid.UUID] = []
+
+
+class Kinded(corral.Worker):
+    input_type = Optional[Kinds]
+
+    def forward(self, batch):
+        return [[row.kind, [a.isoformat() for a in row.at], [str(i) for i in row.id]]
+                for row in batch]  # fmt: skip
+
+
+def test_a_v2_bytes_tensor_reaches_any_field_whose_json_form_is_text():
+    """A Literal of strings, a datetime, a UUID: each is text in JSON, and a v2 client's text
+    (BYTES) was refused there ("Expected `datetime`, got `bytes`"; 16 bytes of text would have
+    been read as a UUID's raw bytes), in a type under a union (`Optional`) too."""
+    at, id_ = b"2024-05-06T07:08:09+02:00", b"12345678-1234-5678-1234-567812345678"
+    row = {"kind": tensor([b"a"], "BYTES"), "at": tensor([at], "BYTES"),
+           "id": tensor([id_], "BYTES")}  # fmt: skip
+    with FakeProxy(Kinded()) as proxy:
+        (answer,) = proxy.infer([row])
+    assert answer == Result("ok", value=[["a"], [at.decode()], [id_.decode()]]), answer
 
 
 def test_a_refused_payload_without_tensors_keeps_the_first_message():

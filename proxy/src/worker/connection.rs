@@ -202,6 +202,10 @@ pub async fn serve(
         let cancels = hello.declares(FEATURE_CANCEL);
         work(&mut inbox, &mut outbox, stage, &seat, &context, cancels, &by).await
     };
+    drop(seat);
+    if !matches!(ended, Ended::Stopped) {
+        forget_departed(stage);
+    }
     match &ended {
         Ended::Stopped => {
             let message = "proxy shutting down".to_string();
@@ -298,6 +302,25 @@ fn keep(stage: &Stage, declared: Option<Declared>, schemas: bool) {
     }
     if let Some(declared) = declared {
         stage.declare(declared);
+    }
+}
+
+/// After a worker left: where workers are still connected but none declares tensors (or
+/// schemas), what the departed declared goes, as a newcomer declaring none takes it out
+/// ([`keep`]). A rolling update starts the new worker before the old one stops: its successor
+/// had joined while it was there, and its tensors stayed in force (v2 and KServe v1 requests
+/// refused for inputs the workers left no longer take) and its schemas in `/openapi.json`. With
+/// no worker left, the next hello decides, as at a restart.
+fn forget_departed(stage: &Stage) {
+    let _joining = stage.joining();
+    if stage.workers() == 0 {
+        return;
+    }
+    if stage.declaring_tensors() == 0 {
+        stage.forget_tensors();
+    }
+    if stage.declaring_schemas() == 0 {
+        stage.forget_schemas();
     }
 }
 
@@ -437,7 +460,6 @@ async fn handshake(
         Ok(Some(Err(e)))
             if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput) =>
         {
-            child.inspect(|child| child.spoke());
             Err(format!(
                 "malformed hello: {e}; a hello needs `type` \"hello\", `version` (an integer), \
                  `stage` (a string) and `pid` (an integer)"
@@ -450,7 +472,8 @@ async fn handshake(
         }
         Ok(Some(Ok(message))) => {
             // A worker, refused or not: its supervisor may kill it if it then lives on without
-            // a connection (a wrapper's probe of the socket says nothing).
+            // a connection. Not for a frame that is no message (a wrapper's probe writing a
+            // line to the socket, `echo ok | nc -U`, would have its loading worker killed).
             child.inspect(|child| child.spoke());
             Ok(message)
         }

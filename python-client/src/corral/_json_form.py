@@ -108,23 +108,47 @@ def lenient(input_type: Any, info: msgspec.inspect.Type) -> Lenient | None:
     return Lenient(input_type, json_form=holds(info, refused_in_json_form), text=text_inputs(info))
 
 
+# Types whose JSON form is a string: a v2 client's text reaches them as BYTES.
+_TEXT = (
+    msgspec.inspect.StrType,
+    msgspec.inspect.DateTimeType,
+    msgspec.inspect.DateType,
+    msgspec.inspect.TimeType,
+    msgspec.inspect.TimeDeltaType,
+    msgspec.inspect.UUIDType,
+    msgspec.inspect.DecimalType,
+)
+
+
+def _is_text(node: msgspec.inspect.Type) -> bool:
+    """A type a string is (or may be) in its JSON form: ``str``, a datetime, a UUID, a Decimal,
+    a ``Literal`` or an ``Enum`` of strings."""
+    if isinstance(node, msgspec.inspect.LiteralType):
+        return any(isinstance(value, str) for value in node.values)
+    if isinstance(node, msgspec.inspect.EnumType):
+        return any(isinstance(member.value, str) for member in node.cls)
+    return isinstance(node, _TEXT)
+
+
 def text_inputs(info: msgspec.inspect.Type) -> Callable[[Any], bool]:
     """Which of a v2 row's inputs (the keys of its map) ``input_type`` (``info``) takes as text:
-    the fields that hold strings and no bytes. A v2 client sends text as ``BYTES``, its only
-    string type; such a field refused it ("Expected `str`, got `bytes`") though a native
-    client's text went in, while a field of bytes must keep its elements as they came."""
+    the fields that hold text (:func:`_is_text`) and no bytes, of the type or of any member of
+    a union (``Optional[Row]``). A v2 client sends text as ``BYTES``, its only string type; such
+    a field refused it ("Expected `str`, got `bytes`") though a native client's text went in,
+    while a field of bytes must keep its elements as they came."""
 
     def wants_text(node: msgspec.inspect.Type) -> bool:
-        return holds(node, lambda n: isinstance(n, msgspec.inspect.StrType)) and not holds(
-            node, lambda n: isinstance(n, _BYTES)
-        )
+        return holds(node, _is_text) and not holds(node, lambda n: isinstance(n, _BYTES))
 
-    fields = getattr(info, "fields", None)  # Structs, dataclasses, TypedDicts
-    if isinstance(fields, tuple):
-        return frozenset(f.encode_name for f in fields if wants_text(f.type)).__contains__
-    if isinstance(info, msgspec.inspect.DictType) and wants_text(info.value_type):
-        return lambda _: True
-    return lambda _: False
+    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    names: set[str] = set()
+    for member in members:
+        fields = getattr(member, "fields", None)  # Structs, dataclasses, TypedDicts
+        if isinstance(fields, tuple):
+            names.update(f.encode_name for f in fields if wants_text(f.type))
+        elif isinstance(member, msgspec.inspect.DictType) and wants_text(member.value_type):
+            return lambda _: True
+    return frozenset(names).__contains__
 
 
 class Lenient:
