@@ -229,6 +229,8 @@ struct Seat {
     /// Whether its hello declared JSON Schemas: while none such is connected, a newcomer
     /// declaring none takes the departed ones' out of `/openapi.json`.
     declares_schemas: bool,
+    /// Whether its hello declared a weight rule, likewise.
+    declares_weight: bool,
 }
 
 impl Seat {
@@ -241,6 +243,7 @@ impl Seat {
             max_batch,
             declares_tensors,
             declares_schemas,
+            declares_weight: false,
         }
     }
 
@@ -248,8 +251,8 @@ impl Seat {
     /// kept.
     fn freed(&self, now: Instant) -> Self {
         let (max_batch, declares_tensors) = (self.max_batch, self.declares_tensors);
-        let declares_schemas = self.declares_schemas;
-        Self { max_batch, declares_tensors, declares_schemas, ..Self::free(now) }
+        let (declares_schemas, declares_weight) = (self.declares_schemas, self.declares_weight);
+        Self { max_batch, declares_tensors, declares_schemas, declares_weight, ..Self::free(now) }
     }
 }
 
@@ -760,6 +763,19 @@ impl Stage {
         }
     }
 
+    /// Takes the weight rule the stage's departed workers declared out of its declarations: the
+    /// workers left, which declared none, had every job weighed by it (items of a worker's
+    /// `/n` batched one by one, for a worker that never asked).
+    pub fn forget_weight(&self) {
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(declared) = kept.as_ref().filter(|d| d.weight.is_some()) {
+            let mut without = Declared::clone(declared);
+            without.weight = None;
+            *kept = Some(Arc::new(without));
+            self.weighs.store(false, Ordering::Relaxed);
+        }
+    }
+
     /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
     /// its declarations kept and its seat taken: one step for every newcomer at a time. Two
     /// hellos on an empty stage had each seen no worker connected, and workers of different
@@ -831,6 +847,11 @@ impl Stage {
     /// Connected workers whose hello declared JSON Schemas ([`Stage::forget_schemas`]).
     pub fn declaring_schemas(&self) -> usize {
         self.lock().seats.iter().flatten().filter(|seat| seat.declares_schemas).count()
+    }
+
+    /// Connected workers whose hello declared a weight rule ([`Stage::forget_weight`]).
+    pub fn declaring_weight(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|seat| seat.declares_weight).count()
     }
 
     /// Whether what the stage's workers take is known: something was declared, or a worker

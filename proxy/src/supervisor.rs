@@ -151,6 +151,12 @@ impl SpawnedWorker {
         self.spoke.store(true, Ordering::Relaxed);
     }
 
+    /// Whether [`Self::spoke`] was noted.
+    #[cfg(test)]
+    pub fn has_spoken(&self) -> bool {
+        self.spoke.load(Ordering::Relaxed)
+    }
+
     /// Notes that it connected; what its connection marks once it answered work.
     pub fn connected(&self) -> Served {
         self.connections.fetch_add(1, Ordering::Relaxed);

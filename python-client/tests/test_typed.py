@@ -503,6 +503,33 @@ def test_a_v2_bytes_tensor_reaches_any_field_whose_json_form_is_text():
     assert answer == Result("ok", value=[["a"], [at.decode()], [id_.decode()]]), answer
 
 
+class Said(msgspec.Struct, tag="said"):
+    text: list[str]
+
+
+class Sent(msgspec.Struct, tag="sent"):
+    text: list[bytes]
+    n: list[int]
+
+
+class Tagged(corral.Worker):
+    input_type = Union[Said, Sent]
+
+    def forward(self, batch):
+        return [[type(row).__name__, row.text] for row in batch]
+
+
+def test_a_v2_union_s_tag_is_text_and_a_field_its_members_disagree_on_comes_as_sent():
+    # A tagged union's tag (a scalar BYTES) was refused ("Expected `str`, got `bytes` - at
+    # `$.type`"): no v2 request reached such a worker. `text` is str in one member and bytes
+    # in the other: as it came, or "aGk=" would have been base64-decoded for `Sent`.
+    rows = [{"type": tensor(b"sent", "BYTES"), "text": tensor([b"aGk="], "BYTES"),
+             "n": tensor([1], "INT64")}]  # fmt: skip
+    with FakeProxy(Tagged()) as proxy:
+        (sent,) = proxy.infer(rows)
+    assert sent == Result("ok", value=["Sent", [b"aGk="]]), sent
+
+
 def test_a_refused_payload_without_tensors_keeps_the_first_message():
     with FakeProxy(RowNorm()) as proxy:
         (refused,) = proxy.infer([{"values": "three"}])

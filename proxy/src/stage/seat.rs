@@ -72,6 +72,11 @@ impl WorkerSeat<'_> {
         self.stage.lock().seat(self.slot).declares_schemas = true;
     }
 
+    /// The worker's hello declared a weight rule ([`Stage::forget_weight`]).
+    pub fn declares_weight(&self) {
+        self.stage.lock().seat(self.slot).declares_weight = true;
+    }
+
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
     /// Cancel-safe.
     pub async fn next_batch(&self) -> Vec<Job> {

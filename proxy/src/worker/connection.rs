@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::{
-    Batch, BatchJob, Cancel, Hello, Payload, ProxyCodec, ProxyMessage, Reject, Shm, Shutdown,
-    WorkerMessage, FEATURE_CANCEL, FEATURE_SHM, FEATURE_STREAM, PROTOCOL_VERSION,
+    Batch, BatchJob, Cancel, DecodeError, Hello, Payload, ProxyCodec, ProxyMessage, Reject, Shm,
+    Shutdown, WorkerMessage, FEATURE_CANCEL, FEATURE_SHM, FEATURE_STREAM, PROTOCOL_VERSION,
 };
 use futures_util::StreamExt;
 use tokio::net::unix::OwnedReadHalf;
@@ -130,6 +130,7 @@ pub async fn serve(
     let declared = declarations(&hello);
     // As read: a schema ignored (unparsable, too large, no object) declares none.
     let schemas = declared.as_ref().is_some_and(|d| d.input.is_some() || d.output.is_some());
+    let weighs = declared.as_ref().is_some_and(|d| d.weight.is_some());
     // The check, the declarations and the seat in one step ([`Stage::joining`]).
     let joined = {
         let _joining = stage.joining();
@@ -154,7 +155,7 @@ pub async fn serve(
         match refusal {
             Some(message) => Err(message),
             None => {
-                keep(stage, declared, schemas);
+                keep(stage, declared, schemas, weighs);
                 let served = child.as_ref().map(SpawnedWorker::connected).unwrap_or_default();
                 let seat = stage.worker_joined_on(child.as_ref().and_then(SpawnedWorker::gpu));
                 if let Some(most) = hello.max_batch {
@@ -165,6 +166,9 @@ pub async fn serve(
                 }
                 if schemas {
                     seat.declares_schemas();
+                }
+                if weighs {
+                    seat.declares_weight();
                 }
                 Ok((served, seat))
             }
@@ -292,13 +296,16 @@ fn misplaced<'a>(
 /// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
 /// tensors, with no worker declaring tensors connected, replace the last ones' as a newcomer's
 /// tensors do (`Stage::tensor_conflict`, by the same count).
-fn keep(stage: &Stage, declared: Option<Declared>, schemas: bool) {
+fn keep(stage: &Stage, declared: Option<Declared>, schemas: bool, weighs: bool) {
     let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
     if !tensors && stage.declaring_tensors() == 0 {
         stage.forget_tensors();
     }
     if !schemas && stage.declaring_schemas() == 0 {
         stage.forget_schemas();
+    }
+    if !weighs && stage.declaring_weight() == 0 {
+        stage.forget_weight();
     }
     if let Some(declared) = declared {
         stage.declare(declared);
@@ -321,6 +328,9 @@ fn forget_departed(stage: &Stage) {
     }
     if stage.declaring_schemas() == 0 {
         stage.forget_schemas();
+    }
+    if stage.declaring_weight() == 0 {
+        stage.forget_weight();
     }
 }
 
@@ -460,6 +470,13 @@ async fn handshake(
         Ok(Some(Err(e)))
             if matches!(e.kind(), io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput) =>
         {
+            // A msgpack map that is no valid hello (a `version` as a string, no `pid`) comes
+            // from a worker: its supervisor may kill it if it lives on. Not bytes that are no
+            // map, or no frame at all (a wrapper's `echo ping` read as a length of 1.9 GB).
+            let decoded = e.get_ref().and_then(|inner| inner.downcast_ref::<DecodeError>());
+            if decoded.is_some_and(|d| !matches!(d, DecodeError::NotAMap(_) | DecodeError::Empty)) {
+                child.inspect(|child| child.spoke());
+            }
             Err(format!(
                 "malformed hello: {e}; a hello needs `type` \"hello\", `version` (an integer), \
                  `stage` (a string) and `pid` (an integer)"
@@ -896,5 +913,66 @@ mod tests {
             }
             other => panic!("expected a reject, got {other:?}"),
         }
+    }
+
+    #[tokio::test]
+    async fn a_malformed_hello_is_a_worker_speaking_and_junk_is_not() {
+        // A spawned worker refused for a `version` that is a string lives on: its supervisor
+        // must count it as one that spoke (and kill it); a wrapper's `ping` must not be.
+        for (frame, spoke) in [
+            (
+                rmp_serde::to_vec_named(&serde_json::json!({
+                    "type": "hello", "version": "1", "stage": "default", "pid": 7,
+                }))
+                .unwrap(),
+                true,
+            ),
+            (b"ping".to_vec(), false),
+        ] {
+            let (proxy_end, worker_end) = UnixStream::pair().unwrap();
+            let (read, write) = proxy_end.into_split();
+            let mut inbox = FramedRead::new(read, ProxyCodec::untrusted());
+            let mut outbox = Outbox::new(write);
+            let (stages, shutdown) = (HashMap::new(), CancellationToken::new());
+            let child = SpawnedWorker::default();
+            let mut sent = worker_end;
+            let framed = if spoke {
+                [&(frame.len() as u32).to_be_bytes()[..], &frame].concat()
+            } else {
+                frame // read as the length of a frame of 1.9 GB
+            };
+            tokio::io::AsyncWriteExt::write_all(&mut sent, &framed).await.unwrap();
+            let heard = handshake(&mut inbox, &mut outbox, &stages, &shutdown, Some(&child)).await;
+            assert!(heard.is_none(), "refused");
+            assert_eq!(child.has_spoken(), spoke, "{framed:?}");
+        }
+    }
+
+    #[test]
+    fn a_departed_worker_s_weight_rule_leaves_with_it() {
+        // Its successor joined first (a rolling update) and declares none: every job had gone
+        // on being weighed by the departed worker's rule (its `/n`: items batched one by one).
+        use crate::stage::{BatchSettings, Policy};
+        let settings = BatchSettings {
+            max_batch_size: 8,
+            max_wait: Duration::ZERO,
+            max_batch_bytes: 1 << 20,
+            max_job_bytes: 1 << 20,
+            max_batch_weight: Some(10),
+            policy: Policy::Fixed,
+            prefetch: false,
+            batch_timeout: None,
+        };
+        let stage = Stage::new("default", settings, 100);
+        let rule = WeightRule::parse("/n").unwrap();
+        keep(&stage, Some(Declared { weight: Some(rule), ..Declared::default() }), false, true);
+        let weighted = stage.worker_joined();
+        weighted.declares_weight();
+        keep(&stage, None, false, false);
+        let _plain = stage.worker_joined();
+        assert!(stage.declared().unwrap().weight.is_some(), "kept while its worker is there");
+        drop(weighted);
+        forget_departed(&stage);
+        assert!(stage.declared().unwrap().weight.is_none());
     }
 }

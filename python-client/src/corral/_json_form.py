@@ -141,14 +141,21 @@ def text_inputs(info: msgspec.inspect.Type) -> Callable[[Any], bool]:
         return holds(node, _is_text) and not holds(node, lambda n: isinstance(n, _BYTES))
 
     members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
-    names: set[str] = set()
+    text: set[str] = set()
+    other: set[str] = set()  # a field that is no text in some member: bytes there, say
     for member in members:
         fields = getattr(member, "fields", None)  # Structs, dataclasses, TypedDicts
         if isinstance(fields, tuple):
-            names.update(f.encode_name for f in fields if wants_text(f.type))
+            for field in fields:
+                (text if wants_text(field.type) else other).add(field.encode_name)
+            # A tagged Struct's tag (a union's must have one) is text too, and no field.
+            if isinstance(getattr(member, "tag", None), str):
+                text.add(member.tag_field)
         elif isinstance(member, msgspec.inspect.DictType) and wants_text(member.value_type):
             return lambda _: True
-    return frozenset(names).__contains__
+    # Where members disagree, as the rows came: a `bytes` field's base64-looking text would
+    # otherwise be decoded, silently.
+    return frozenset(text - other).__contains__
 
 
 class Lenient:
