@@ -223,36 +223,54 @@ struct Seat {
     /// The most jobs the worker takes in one batch (its hello's `max_batch`; else unbounded
     /// here, the stage's `max_batch_size` bounding every batch).
     max_batch: usize,
-    /// Whether its hello declared tensors: a newcomer declaring others is refused only while
-    /// such a worker is connected ([`Stage::tensor_conflict`]).
-    declares_tensors: bool,
-    /// Whether its hello declared JSON Schemas: while none such is connected, a newcomer
-    /// declaring none takes the departed ones' out of `/openapi.json`.
-    declares_schemas: bool,
-    /// Whether its hello declared a weight rule, likewise.
-    declares_weight: bool,
+    /// What its hello declared: a newcomer declaring other tensors is refused only while a
+    /// worker declaring tensors is connected ([`Stage::tensor_conflict`]), and a part no
+    /// connected worker declares may be forgotten ([`Stage::forget_all_but`]).
+    declares: Parts,
+}
+
+/// Which parts of the declarations a hello declared, or connected workers do: each is
+/// forgotten ([`Stage::forget_all_but`]) once no connected worker declares it and a newcomer
+/// declares none, or its last declaring worker leaves while others stay.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Parts {
+    pub tensors: bool,
+    pub schemas: bool,
+    pub weight: bool,
+}
+
+impl Parts {
+    /// The parts `declared` holds (none for None).
+    pub fn of(declared: Option<&Declared>) -> Parts {
+        let Some(d) = declared else { return Parts::default() };
+        Parts {
+            tensors: !d.inputs.is_empty() || !d.outputs.is_empty(),
+            schemas: d.input.is_some() || d.output.is_some(),
+            weight: d.weight.is_some(),
+        }
+    }
+
+    /// The parts either holds.
+    pub fn or(self, other: Parts) -> Parts {
+        Parts {
+            tensors: self.tensors || other.tensors,
+            schemas: self.schemas || other.schemas,
+            weight: self.weight || other.weight,
+        }
+    }
 }
 
 impl Seat {
     fn free(now: Instant) -> Self {
-        let (max_batch, declares_tensors, declares_schemas) = (usize::MAX, false, false);
-        Self {
-            busy: None,
-            ahead: 0,
-            free_since: now,
-            max_batch,
-            declares_tensors,
-            declares_schemas,
-            declares_weight: false,
-        }
+        let (max_batch, declares) = (usize::MAX, Parts::default());
+        Self { busy: None, ahead: 0, free_since: now, max_batch, declares }
     }
 
     /// The same worker free again from `now`: nothing held, its own bound and declarations
     /// kept.
     fn freed(&self, now: Instant) -> Self {
-        let (max_batch, declares_tensors) = (self.max_batch, self.declares_tensors);
-        let (declares_schemas, declares_weight) = (self.declares_schemas, self.declares_weight);
-        Self { max_batch, declares_tensors, declares_schemas, declares_weight, ..Self::free(now) }
+        let (max_batch, declares) = (self.max_batch, self.declares);
+        Self { max_batch, declares, ..Self::free(now) }
     }
 }
 
@@ -735,45 +753,39 @@ impl Stage {
 
     /// Records what a worker declared, over what earlier ones did ([`Declared::over`]: the
     /// latest declaration of each part wins: workers of one stage are copies of one program).
-    /// Forgets the tensors the stage's earlier workers declared: a worker that joins the stage
-    /// alone declaring none takes plain values (a v1 instance had still been sent to it as the
-    /// tensors of the worker it replaced, and v2's metadata listed them).
-    pub fn forget_tensors(&self) {
-        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(declared) =
-            kept.as_ref().filter(|d| !d.inputs.is_empty() || !d.outputs.is_empty())
-        {
-            let mut without = Declared::clone(declared);
+    /// Takes out of the stage's declarations each part `kept` does not hold, the parts departed
+    /// workers declared: with a worker joining alone declaring no tensors, a v1 instance had
+    /// still been sent to it as the tensors of the worker it replaced (and v2's metadata listed
+    /// them); a departed typed worker's schemas stayed required in `/openapi.json` of clients
+    /// its untyped successor served; its weight rule weighed every job (items of its `/n`
+    /// batched one by one, for a successor that never asked).
+    pub fn forget_all_but(&self, kept: Parts) {
+        let mut declarations = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(declared) = declarations.as_ref() else { return };
+        let held = Parts::of(Some(declared));
+        let gone = |part: bool, keep: bool| part && !keep;
+        let (tensors, schemas, weight) = (
+            gone(held.tensors, kept.tensors),
+            gone(held.schemas, kept.schemas),
+            gone(held.weight, kept.weight),
+        );
+        if !(tensors || schemas || weight) {
+            return; // the same declarations: `/openapi.json` is not built again
+        }
+        let mut without = Declared::clone(declared);
+        if tensors {
             without.inputs.clear();
             without.outputs.clear();
-            *kept = Some(Arc::new(without));
         }
-    }
-
-    /// Takes the JSON Schemas the stage's departed workers declared out of its declarations
-    /// (`/openapi.json` had gone on requiring a departed typed worker's input of clients its
-    /// untyped successor served).
-    pub fn forget_schemas(&self) {
-        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(declared) = kept.as_ref().filter(|d| d.input.is_some() || d.output.is_some()) {
-            let mut without = Declared::clone(declared);
+        if schemas {
             (without.input, without.output, without.chunks) = (None, None, false);
             without.components.clear();
-            *kept = Some(Arc::new(without));
         }
-    }
-
-    /// Takes the weight rule the stage's departed workers declared out of its declarations: the
-    /// workers left, which declared none, had every job weighed by it (items of a worker's
-    /// `/n` batched one by one, for a worker that never asked).
-    pub fn forget_weight(&self) {
-        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(declared) = kept.as_ref().filter(|d| d.weight.is_some()) {
-            let mut without = Declared::clone(declared);
+        if weight {
             without.weight = None;
-            *kept = Some(Arc::new(without));
             self.weighs.store(false, Ordering::Relaxed);
         }
+        *declarations = Some(Arc::new(without));
     }
 
     /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
@@ -841,17 +853,13 @@ impl Stage {
     /// Connected workers whose hello declared tensors: while there are none, a newcomer's
     /// tensors (or its lack of them) replace what the last ones left.
     pub fn declaring_tensors(&self) -> usize {
-        self.lock().seats.iter().flatten().filter(|seat| seat.declares_tensors).count()
+        self.lock().seats.iter().flatten().filter(|seat| seat.declares.tensors).count()
     }
 
-    /// Connected workers whose hello declared JSON Schemas ([`Stage::forget_schemas`]).
-    pub fn declaring_schemas(&self) -> usize {
-        self.lock().seats.iter().flatten().filter(|seat| seat.declares_schemas).count()
-    }
-
-    /// Connected workers whose hello declared a weight rule ([`Stage::forget_weight`]).
-    pub fn declaring_weight(&self) -> usize {
-        self.lock().seats.iter().flatten().filter(|seat| seat.declares_weight).count()
+    /// The parts some connected worker declared ([`Stage::forget_all_but`]).
+    pub fn declaring(&self) -> Parts {
+        let queue = self.lock();
+        queue.seats.iter().flatten().fold(Parts::default(), |all, seat| all.or(seat.declares))
     }
 
     /// Whether what the stage's workers take is known: something was declared, or a worker

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Seat, Stage};
+use super::{Parts, Seat, Stage};
 use crate::job::Job;
 use crate::metrics::metrics;
 
@@ -62,19 +62,9 @@ impl WorkerSeat<'_> {
         self.stage.lock().seat(self.slot).max_batch = most.max(1);
     }
 
-    /// The worker's hello declared tensors ([`Stage::tensor_conflict`]).
-    pub fn declares_tensors(&self) {
-        self.stage.lock().seat(self.slot).declares_tensors = true;
-    }
-
-    /// The worker's hello declared JSON Schemas ([`Stage::forget_schemas`]).
-    pub fn declares_schemas(&self) {
-        self.stage.lock().seat(self.slot).declares_schemas = true;
-    }
-
-    /// The worker's hello declared a weight rule ([`Stage::forget_weight`]).
-    pub fn declares_weight(&self) {
-        self.stage.lock().seat(self.slot).declares_weight = true;
+    /// What the worker's hello declared ([`Stage::tensor_conflict`], [`Stage::forget_all_but`]).
+    pub fn declares(&self, parts: Parts) {
+        self.stage.lock().seat(self.slot).declares = parts;
     }
 
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.

@@ -36,7 +36,7 @@ use crate::http::protocols::v2::tensor::DataType;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::shared_memory::SharedMemory;
-use crate::stage::{Declared, Stage, WeightRule, WorkerSeat};
+use crate::stage::{Declared, Parts, Stage, WeightRule, WorkerSeat};
 use crate::supervisor::{Children, Served, SpawnedWorker};
 use crate::trace;
 
@@ -129,8 +129,7 @@ pub async fn serve(
     // every other newcomer of the stage).
     let declared = declarations(&hello);
     // As read: a schema ignored (unparsable, too large, no object) declares none.
-    let schemas = declared.as_ref().is_some_and(|d| d.input.is_some() || d.output.is_some());
-    let weighs = declared.as_ref().is_some_and(|d| d.weight.is_some());
+    let parts = Parts::of(declared.as_ref());
     // The check, the declarations and the seat in one step ([`Stage::joining`]).
     let joined = {
         let _joining = stage.joining();
@@ -155,21 +154,13 @@ pub async fn serve(
         match refusal {
             Some(message) => Err(message),
             None => {
-                keep(stage, declared, schemas, weighs);
+                keep(stage, declared, parts);
                 let served = child.as_ref().map(SpawnedWorker::connected).unwrap_or_default();
                 let seat = stage.worker_joined_on(child.as_ref().and_then(SpawnedWorker::gpu));
                 if let Some(most) = hello.max_batch {
                     seat.take_at_most(most as usize);
                 }
-                if hello.declares_tensors() {
-                    seat.declares_tensors();
-                }
-                if schemas {
-                    seat.declares_schemas();
-                }
-                if weighs {
-                    seat.declares_weight();
-                }
+                seat.declares(parts);
                 Ok((served, seat))
             }
         }
@@ -293,44 +284,26 @@ fn misplaced<'a>(
     (own != stage.name() && spawning.contains(stage.name())).then_some(own)
 }
 
-/// Keeps what a worker declared (None: nothing to keep), as the stage's newest: its (lack of)
-/// tensors, with no worker declaring tensors connected, replace the last ones' as a newcomer's
-/// tensors do (`Stage::tensor_conflict`, by the same count).
-fn keep(stage: &Stage, declared: Option<Declared>, schemas: bool, weighs: bool) {
-    let tensors = declared.as_ref().is_some_and(|d| !d.inputs.is_empty() || !d.outputs.is_empty());
-    if !tensors && stage.declaring_tensors() == 0 {
-        stage.forget_tensors();
-    }
-    if !schemas && stage.declaring_schemas() == 0 {
-        stage.forget_schemas();
-    }
-    if !weighs && stage.declaring_weight() == 0 {
-        stage.forget_weight();
-    }
+/// Keeps what a worker declared (None: nothing to keep; `parts`, what it holds), as the
+/// stage's newest: a part it lacks, that no connected worker declares, goes (its lack of tensors
+/// replaces the last ones' as a newcomer's tensors do, `Stage::tensor_conflict`).
+fn keep(stage: &Stage, declared: Option<Declared>, parts: Parts) {
+    stage.forget_all_but(parts.or(stage.declaring()));
     if let Some(declared) = declared {
         stage.declare(declared);
     }
 }
 
 /// After a worker left: where workers are still connected but none declares tensors (or
-/// schemas), what the departed declared goes, as a newcomer declaring none takes it out
+/// schemas, or a weight rule), what the departed declared goes, as a newcomer declaring none takes it out
 /// ([`keep`]). A rolling update starts the new worker before the old one stops: its successor
 /// had joined while it was there, and its tensors stayed in force (v2 and KServe v1 requests
 /// refused for inputs the workers left no longer take) and its schemas in `/openapi.json`. With
 /// no worker left, the next hello decides, as at a restart.
 fn forget_departed(stage: &Stage) {
     let _joining = stage.joining();
-    if stage.workers() == 0 {
-        return;
-    }
-    if stage.declaring_tensors() == 0 {
-        stage.forget_tensors();
-    }
-    if stage.declaring_schemas() == 0 {
-        stage.forget_schemas();
-    }
-    if stage.declaring_weight() == 0 {
-        stage.forget_weight();
+    if stage.workers() > 0 {
+        stage.forget_all_but(stage.declaring());
     }
 }
 
@@ -965,10 +938,12 @@ mod tests {
         };
         let stage = Stage::new("default", settings, 100);
         let rule = WeightRule::parse("/n").unwrap();
-        keep(&stage, Some(Declared { weight: Some(rule), ..Declared::default() }), false, true);
+        let declared = Declared { weight: Some(rule), ..Declared::default() };
+        let parts = Parts::of(Some(&declared));
+        keep(&stage, Some(declared), parts);
         let weighted = stage.worker_joined();
-        weighted.declares_weight();
-        keep(&stage, None, false, false);
+        weighted.declares(parts);
+        keep(&stage, None, Parts::default());
         let _plain = stage.worker_joined();
         assert!(stage.declared().unwrap().weight.is_some(), "kept while its worker is there");
         drop(weighted);
