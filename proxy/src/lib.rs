@@ -8,7 +8,7 @@
 //! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
 //!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
 //! - [`http`]: the HTTP edge — server loop and its connection clocks, the connection reserve
-//!   past the cap for probes, routes, formats and body checks, the `/infer` handler and its
+//!   past the cap for probes, request heads' checks, routes, formats and body checks, the `/infer` handler and its
 //!   streamed answer path (SSE, NDJSON), the client protocols as envelopes around rows (Open
 //!   Inference v2, KServe v1, OpenAI embeddings), the deadline and traffic headers,
 //!   `/openapi.json`, and the one mapping from failures to status codes.
@@ -33,7 +33,8 @@
 //!   counts them (`/v2/models/{name}/stats`).
 //! - [`open_files`]: the open-file limit, raised at start, and the connection cap it allows.
 //! - [`supervisor`]: spawned worker processes (`corral -- CMD`), restarted when they exit; their
-//!   cores, GPUs and environment.
+//!   cores, GPUs and environment; their output forwarded into the log, and the proxy's own log
+//!   writer (`supervisor::output`).
 //! - [`run`]: wires these together and shuts them down in order.
 //!
 //! The binary (main.rs) adds what belongs to a process rather than a library: the command line

@@ -179,8 +179,9 @@ impl Metrics {
             shed: counter(
                 &r,
                 "corral_jobs_shed_total",
-                "Jobs refused at admission (503), by reason and priority class (empty for \
-                 refusals before a request's class was read).",
+                "Jobs refused with 503 at admission, or connections refused before a request \
+                 was read, by reason and priority class (empty for refusals before a request's \
+                 class was read).",
                 &["reason", "class"],
             ),
             expired: counter(
@@ -192,7 +193,8 @@ impl Metrics {
             cancelled: counter(
                 &r,
                 "corral_jobs_cancelled_total",
-                "Jobs whose client disconnected before the answer, by where they were.",
+                "Jobs whose client disconnected before the answer (and streams ended in the \
+                 worker at their timeout), by where they were.",
                 &["where"],
             ),
             late_results: late,
@@ -270,7 +272,7 @@ impl Metrics {
             time_to_first_chunk: histogram(
                 &r,
                 "corral_time_to_first_chunk_seconds",
-                "Streaming stages: time from sending a batch to its first chunk.",
+                "Streaming stages: time from sending a batch to its first chunk (or first result).",
                 &["stage"],
                 SECONDS_BUCKETS,
             ),

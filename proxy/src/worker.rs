@@ -4,7 +4,9 @@
 
 pub mod connection;
 pub mod departures;
+mod hello;
 pub mod listener;
 pub mod outbox;
 pub mod settle;
 pub mod streaming;
+mod words;

@@ -7,7 +7,9 @@
 //!
 //! The conversation is pull-based: a worker says `hello`, which also means "I am idle"; the proxy
 //! answers with one `batch` when it has work; the worker answers with one `results`, which again
-//! means "I am idle". A worker never holds more than one batch.
+//! means "I am idle". A worker works on one batch at a time, and may hold one more sent ahead
+//! when its stage is saturated (PROTOCOL.md, "The conversation"); a streaming worker holds the
+//! jobs it pulled (`pull`) until each has its end.
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};

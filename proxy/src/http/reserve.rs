@@ -10,8 +10,8 @@
 //! within the header deadline. A request for any other path is answered 503
 //! `too_many_connections`, as a connection past the cap is, before its body is read, and counted
 //! in the same shed metric; its body is then read and dropped for a moment ([`LINGER`]), so that
-//! the client reads its 503 rather than a reset. Past the reserve, a connection is refused unread
-//! ([`super::server`]). The reserve's descriptors are counted under the open-file limit
+//! the client reads its 503 rather than a reset. Past the reserve, a connection is answered the same
+//! 503 without its request being read, and what it sends is then dropped as here ([`super::server`]). The reserve's descriptors are counted under the open-file limit
 //! ([`crate::open_files`]).
 
 use std::sync::Arc;

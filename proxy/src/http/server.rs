@@ -4,7 +4,7 @@
 //! [`super::reserve`]), a deadline for a request's headers (a client dribbling them,
 //! slowloris-style, is cut off), an idle timeout for keep-alive connections (both in
 //! [`super::timeouts`]), a cap on header size and count (431; the size to the byte in
-//! [`super::routes`]), and a cap on the requests one HTTP/2 connection runs at once. A request's
+//! [`super::head`]), and a cap on the requests one HTTP/2 connection runs at once. A request's
 //! body has its own clock, read in its handler ([`super::body`]); the cap on connections, and
 //! its reserve, are kept under the open-file limit ([`crate::open_files`]).
 

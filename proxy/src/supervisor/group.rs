@@ -3,8 +3,9 @@
 //! The command Corral spawns is often not the worker itself: `sh -c`, `uv run`, `poetry run` or
 //! `conda run` start it as a child, and the pid a worker announces in `hello` is then not the pid
 //! Corral spawned. The group (whose id is the spawned pid) holds the wrapper, the worker and
-//! anything they start, so killing the group kills all of them, and a connection's announced pid
-//! is matched to its spawned command by the group it belongs to. A process that leaves the group
+//! anything they start, so killing the group kills all of them, and a connection is matched to
+//! its spawned command by the group of its peer's pid as the kernel tells it (not the pid its
+//! hello announces). A process that leaves the group
 //! on purpose (`setsid`, a daemon) is out of reach, as it means to be.
 //!
 //! Every live group is also listed process-wide, so that a proxy exiting in a hurry (a second

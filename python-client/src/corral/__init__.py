@@ -19,7 +19,11 @@ connection with its reader thread, and the connect loop), ``_process_end`` (a sp
 process ended for certain), ``_typing`` (payload decoding, output
 encoding, schemas), ``_tensors`` (the :class:`Tensor` declaration and tensor values, decoded to
 numpy arrays or lists and encoded from them), ``_protocol`` (frames and messages, as documented
-in the repository's worker-protocol/PROTOCOL.md), ``_errors``, ``testing`` (a fake proxy for
+in the repository's worker-protocol/PROTOCOL.md), ``_json_form`` (a typed worker's values in
+the JSON form its schemas describe), ``_shared_memory`` (payloads read from the proxy's shared
+memory), ``_allocator`` (glibc's malloc set for large items), ``_tracing`` (optional OpenTelemetry
+spans), ``_failures`` (the worker's own failures, logged without flooding), ``_logging`` (the
+worker's log where the application set none), ``_errors``, ``testing`` (a fake proxy for
 unit-testing a worker without the Corral binary, and tensor values for its payloads).
 """
 

@@ -6,6 +6,7 @@ and encodes each output after it (or each chunk of a stream) into its job's answ
 same hooks (one the worker does not override is skipped), set ``deadline`` and ``content_type``
 alike while a hook runs (the item's own; between items ``math.inf`` and ``None``: :func:`clear`),
 and answer a failing item on its own (``invalid`` or ``error``) while its batch-mates go on.
+:func:`warm_up_batch` sets the same for a warm-up ``forward`` on the worker's examples.
 
 What this module uses of a worker is :class:`Hooks`, a Protocol that ``_worker.Worker``
 satisfies, and ``Worker`` marks its pass-through hooks with :func:`passes_through`: this module

@@ -1,3 +1,7 @@
+//! The config file and the flags resolved into stages and routes: precedence (a flag set beats the
+//! file, a stage key beats the top level), every config error naming its key, and the file that
+//! `--help` shows loading as written.
+
 use clap::Parser;
 
 use super::*;

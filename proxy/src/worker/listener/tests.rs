@@ -1,3 +1,7 @@
+//! The worker socket as it is bound and published: its final mode from the start, stale files
+//! replaced and live ones refused, nothing another user planted followed or removed, paths too
+//! long for a worker to connect to refused.
+
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 

@@ -1,0 +1,274 @@
+//! What a stage's workers declared in their hellos ([`Declared`]: schemas, tensors, a weight
+//! rule), and how the stage keeps it as workers come and go: the latest declaration of each part
+//! wins ([`Declared::over`]); a newcomer whose tensors differ from those of connected workers is
+//! refused ([`Stage::tensor_conflict`]); a part no connected worker declares any more is
+//! forgotten as a newcomer joins or a worker leaves ([`Parts`], [`Stage::forget_all_but`]). A
+//! worker's check, its declarations and its seat are one step ([`Stage::joining`]).
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, MutexGuard};
+
+use corral_protocol::TensorSpec;
+
+use super::{Stage, WeightRule};
+
+/// What the stage's workers declared in their hello: their inputs' and outputs' JSON Schemas
+/// (parsed, for `/openapi.json`), their tensors (for Open Inference Protocol v2 clients), and
+/// their weight rule (for the stage's batches).
+#[derive(Debug, Clone, Default)]
+pub struct Declared {
+    pub input: Option<serde_json::Value>,
+    pub output: Option<serde_json::Value>,
+    pub components: serde_json::Map<String, serde_json::Value>,
+    /// The worker that declared the schemas streams: its output schema is each chunk's, and a
+    /// one-shot client gets an array of chunks (or the `ok` data, where the job sent none).
+    pub chunks: bool,
+    /// Each job's payload tensors, one row each; empty if the workers declared none.
+    pub inputs: Vec<TensorSpec>,
+    /// Each job's result tensors, one row each.
+    pub outputs: Vec<TensorSpec>,
+    /// How each job is weighed, when the workers declared a rule and the client gave no weight.
+    pub weight: Option<WeightRule>,
+}
+
+impl Declared {
+    /// A hello's declarations laid over the stage's earlier ones, part by part: its schemas,
+    /// tensors and weight rule each replace the earlier ones only if it declares them. A later
+    /// worker that declared only schemas once wiped the weight rule an earlier one declared
+    /// (PROTOCOL.md: "the latest hello that declares one wins").
+    pub fn over(mut self, before: Option<&Declared>) -> Declared {
+        let Some(before) = before else { return self };
+        if self.input.is_none() && self.output.is_none() {
+            self.input.clone_from(&before.input);
+            self.output.clone_from(&before.output);
+            self.components.clone_from(&before.components);
+            self.chunks = before.chunks;
+        }
+        if self.inputs.is_empty() && self.outputs.is_empty() {
+            self.inputs.clone_from(&before.inputs);
+            self.outputs.clone_from(&before.outputs);
+        }
+        if self.weight.is_none() {
+            self.weight.clone_from(&before.weight);
+        }
+        self
+    }
+}
+
+/// Which parts of the declarations a hello declared, or connected workers do: each is
+/// forgotten ([`Stage::forget_all_but`]) once no connected worker declares it and a newcomer
+/// declares none, or its last declaring worker leaves while others stay.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Parts {
+    pub tensors: bool,
+    pub schemas: bool,
+    pub weight: bool,
+}
+
+impl Parts {
+    /// The parts `declared` holds (none for None).
+    pub fn of(declared: Option<&Declared>) -> Parts {
+        let Some(d) = declared else { return Parts::default() };
+        Parts {
+            tensors: !d.inputs.is_empty() || !d.outputs.is_empty(),
+            schemas: d.input.is_some() || d.output.is_some(),
+            weight: d.weight.is_some(),
+        }
+    }
+
+    /// The parts either holds.
+    pub fn or(self, other: Parts) -> Parts {
+        Parts {
+            tensors: self.tensors || other.tensors,
+            schemas: self.schemas || other.schemas,
+            weight: self.weight || other.weight,
+        }
+    }
+}
+
+impl Stage {
+    /// Keeps what a joining worker declared (None: nothing to keep; `parts`, what it holds) as
+    /// the stage's newest: a part it lacks, that no connected worker declares, goes (its lack of
+    /// tensors replaces the last ones' as a newcomer's tensors do, [`Stage::tensor_conflict`]).
+    /// Called under [`Stage::joining`], before its seat is taken.
+    pub fn keep(&self, declared: Option<Declared>, parts: Parts) {
+        self.forget_all_but(parts.or(self.declaring()));
+        if let Some(declared) = declared {
+            self.declare(declared);
+        }
+    }
+
+    /// After a worker left: where workers are still connected but none declares tensors (or
+    /// schemas, or a weight rule), what the departed declared goes, as a newcomer declaring none
+    /// takes it out ([`Stage::keep`]). A rolling update starts the new worker before the old one
+    /// stops: its successor had joined while it was there, and its tensors stayed in force (v2
+    /// and KServe v1 requests refused for inputs the workers left no longer take) and its
+    /// schemas in `/openapi.json`. With no worker left, the next hello decides, as at a restart.
+    pub fn forget_departed(&self) {
+        let _joining = self.joining();
+        if self.workers() > 0 {
+            self.forget_all_but(self.declaring());
+        }
+    }
+
+    /// Takes out of the stage's declarations each part `kept` does not hold, the parts departed
+    /// workers declared: with a worker joining alone declaring no tensors, a v1 instance had
+    /// still been sent to it as the tensors of the worker it replaced (and v2's metadata listed
+    /// them); a departed typed worker's schemas stayed required in `/openapi.json` of clients
+    /// its untyped successor served; its weight rule weighed every job (items of its `/n`
+    /// batched one by one, for a successor that never asked).
+    pub fn forget_all_but(&self, kept: Parts) {
+        let mut declarations = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(declared) = declarations.as_ref() else { return };
+        let held = Parts::of(Some(declared));
+        let gone = |part: bool, keep: bool| part && !keep;
+        let (tensors, schemas, weight) = (
+            gone(held.tensors, kept.tensors),
+            gone(held.schemas, kept.schemas),
+            gone(held.weight, kept.weight),
+        );
+        if !(tensors || schemas || weight) {
+            return; // the same declarations: `/openapi.json` is not built again
+        }
+        let mut without = Declared::clone(declared);
+        if tensors {
+            without.inputs.clear();
+            without.outputs.clear();
+        }
+        if schemas {
+            (without.input, without.output, without.chunks) = (None, None, false);
+            without.components.clear();
+        }
+        if weight {
+            without.weight = None;
+            self.weighs.store(false, Ordering::Relaxed);
+        }
+        *declarations = Some(Arc::new(without));
+    }
+
+    /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
+    /// its declarations kept and its seat taken: one step for every newcomer at a time. Two
+    /// hellos on an empty stage had each seen no worker connected, and workers of different
+    /// tensors served it together (v2 rows read for one reached the other: 18 races in 300).
+    pub fn joining(&self) -> MutexGuard<'_, ()> {
+        self.joining.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records what a worker declared, over what earlier ones did ([`Declared::over`]: the
+    /// latest declaration of each part wins: workers of one stage are copies of one program).
+    pub fn declare(&self, declared: Declared) {
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        let declared = declared.over(kept.as_deref());
+        self.weighs.store(declared.weight.is_some(), Ordering::Relaxed);
+        *kept = Some(Arc::new(declared));
+    }
+
+    /// Why a hello declaring these tensors may not join, if it may not: while a connected
+    /// worker serves the stage under other tensor declarations, a v2 request is read against
+    /// one set and could reach a worker of the other (a row its hello did not take). With no
+    /// worker connected that declared tensors, the newcomer's declarations replace what the
+    /// last ones left (a worker declaring none, connected, had kept a departed worker's for
+    /// good, and refused every other in their name).
+    pub fn tensor_conflict(
+        &self,
+        inputs: &[corral_protocol::TensorSpec],
+        outputs: &[corral_protocol::TensorSpec],
+    ) -> Option<String> {
+        let declaring = self.declaring_tensors();
+        if (inputs.is_empty() && outputs.is_empty()) || declaring == 0 {
+            return None;
+        }
+        let kept = self.declared()?;
+        if kept.inputs.is_empty() && kept.outputs.is_empty() {
+            return None;
+        }
+        if kept.inputs == inputs && kept.outputs == outputs {
+            return None;
+        }
+        // The first few, each name quoted: another worker's words, and a shape of millions of
+        // dimensions had been written out whole (4 bytes each).
+        let named = |specs: &[corral_protocol::TensorSpec]| {
+            let each = specs.iter().take(8).map(|t| {
+                let dims = t.shape.iter().take(8).map(i64::to_string).collect::<Vec<_>>();
+                let more = if t.shape.len() > 8 { ", …" } else { "" };
+                format!("{:?} {} [{}{more}]", t.name, t.datatype, dims.join(", "))
+            });
+            let mut shown = each.collect::<Vec<_>>().join(", ");
+            if specs.len() > 8 {
+                shown.push_str(&format!(" and {} more", specs.len() - 8));
+            }
+            shown
+        };
+        Some(format!(
+            "stage {:?} is served under other tensors (inputs: {}; outputs: {}) by the {} \
+             worker(s) connected that declare them: a stage's workers must declare the same ones \
+             (replace them all, or serve the new model as another stage)",
+            self.name,
+            named(&kept.inputs),
+            named(&kept.outputs),
+            declaring
+        ))
+    }
+
+    /// Connected workers whose hello declared tensors: while there are none, a newcomer's
+    /// tensors (or its lack of them) replace what the last ones left.
+    pub fn declaring_tensors(&self) -> usize {
+        self.lock().seats.iter().flatten().filter(|seat| seat.declares.tensors).count()
+    }
+
+    /// The parts some connected worker declared ([`Stage::forget_all_but`]).
+    pub fn declaring(&self) -> Parts {
+        let queue = self.lock();
+        queue.seats.iter().flatten().fold(Parts::default(), |all, seat| all.or(seat.declares))
+    }
+
+    /// Whether what the stage's workers take is known: something was declared, or a worker
+    /// connected declaring nothing (plain values). Not before the first worker connects (a
+    /// model loading at start): a v2 or KServe v1 request then cannot be read against its
+    /// tensors, and is answered 503 rather than queued unchecked. A plain worker restarting
+    /// later keeps the stage known: its requests queue for it.
+    pub fn declarations_known(&self) -> bool {
+        self.joined_once.load(Ordering::Relaxed) || self.declared().is_some()
+    }
+
+    pub fn declared(&self) -> Option<Arc<Declared>> {
+        self.declared.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::stage::{BatchSettings, Policy};
+
+    #[test]
+    fn a_departed_worker_s_weight_rule_leaves_with_it() {
+        // Its successor joined first (a rolling update) and declares none: every job had gone
+        // on being weighed by the departed worker's rule (its `/n`: items batched one by one).
+        let settings = BatchSettings {
+            max_batch_size: 8,
+            max_wait: Duration::ZERO,
+            max_batch_bytes: 1 << 20,
+            max_job_bytes: 1 << 20,
+            max_batch_weight: Some(10),
+            policy: Policy::Fixed,
+            prefetch: false,
+            batch_timeout: None,
+        };
+        let stage = Stage::new("default", settings, 100);
+        let rule = WeightRule::parse("/n").unwrap();
+        let declared = Declared { weight: Some(rule), ..Declared::default() };
+        let parts = Parts::of(Some(&declared));
+        stage.keep(Some(declared), parts);
+        let weighted = stage.worker_joined();
+        weighted.declares(parts);
+        stage.keep(None, Parts::default());
+        let _plain = stage.worker_joined();
+        assert!(stage.declared().unwrap().weight.is_some(), "kept while its worker is there");
+        drop(weighted);
+        stage.forget_departed();
+        assert!(stage.declared().unwrap().weight.is_none());
+    }
+}
