@@ -208,7 +208,9 @@ def test_a_worker_with_declared_tensors_takes_instances_as_its_tensors(corral_fa
     proxy = corral_factory(worker=str(WORKERS / "tensor_echo.py"))  # X: FP32 [-1] -> Y = 2X
     answer = predict(proxy, {"instances": [[1, 2, 3], [4.5], {"X": [0.25]}]})
     assert answer.status_code == 200, answer.text
-    assert answer.json() == {"predictions": [{"Y": [2, 4, 6]}, {"Y": [9]}, {"Y": [0.5]}]}
+    # One output declared: each prediction is its value, TensorFlow Serving's row format (it
+    # had been {"Y": [...]}, which a TFS client reading predictions[i] as the vector does not).
+    assert answer.json() == {"predictions": [[2, 4, 6], [9], [0.5]]}
     for instances, expected in [
         ([[1], "words"], 'instance 1: input "X": '),
         ([[1], [[1, 2], [3, 4]]], 'instance 1: input "X": has shape [2, 2]; the model takes [-1]'),
@@ -292,7 +294,7 @@ def test_predictions_are_held_to_the_declared_outputs(corral_factory):
 
     try:
         good = answered({"Y": [1, 2]})
-        assert good.status_code == 200 and good.json() == {"predictions": [{"Y": [1, 2]}]}
+        assert good.status_code == 200 and good.json() == {"predictions": [[1, 2]]}
         for result, problem in [
             ({"Z": [1, 2]}, 'instance 0: output "Y": missing from the worker\'s result'),
             ({"Y": [1, 2, 3]}, 'instance 0: output "Y": shape [3] where [2] is declared'),
@@ -366,8 +368,8 @@ def test_16_clients_of_multi_mib_instances_to_a_tensor_worker(corral_factory):
             return answer.status_code, False
         predictions = answer.json()["predictions"]
         want = 2 * client + 1
-        return 200, [len(p["Y"]) for p in predictions] == [size, size] and all(
-            p["Y"][0] == want and p["Y"][-1] == want for p in predictions
+        return 200, [len(p) for p in predictions] == [size, size] and all(
+            p[0] == want and p[-1] == want for p in predictions
         )
 
     with ThreadPoolExecutor(16) as pool:

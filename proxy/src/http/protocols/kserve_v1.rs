@@ -15,7 +15,8 @@
 //! reads its inputs alike whichever of the two a client spoke: with one input declared, the
 //! instance is its value (or a map naming it); with several, a map naming each — v1's row
 //! format, as TensorFlow Serving reads it, `{"b64": …}` objects in a `BYTES` input's value
-//! included ([`b64`]).
+//! included ([`b64`]). Predictions are written in the same format: where the last stage's
+//! workers declared one output, each is that output's value; with several, a map naming each.
 
 mod b64;
 
@@ -133,12 +134,16 @@ async fn predict(
         [] => rows,
         inputs => as_tensors(app, rows, inputs, body_len)?,
     };
-    let outcomes = infer::run_items(app, route, rows, deadline, traffic).await?;
+    let mut outcomes = infer::run_items(app, route, rows, deadline, traffic).await?;
     // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
     // not them is the worker's fault, not a prediction.
     let last = route.pipeline.stages.last().expect("a pipeline has a stage");
     if let Some(outputs) = last.declared().map(|d| d.outputs.clone()).filter(|o| !o.is_empty()) {
         check_outputs(&outputs, &outcomes)?;
+        if let [lone] = &outputs[..] {
+            outcomes =
+                outcomes.into_iter().map(|outcome| lone_value(outcome, &lone.name)).collect();
+        }
     }
     Ok(json(StatusCode::OK, predictions(outcomes)?))
 }
@@ -240,6 +245,25 @@ fn check_outputs(outputs: &[TensorSpec], outcomes: &[Outcome]) -> Result<(), Api
             .map_err(|e| ApiError::internal("bad_output", format!("instance {index}: {e}")))?;
     }
     Ok(())
+}
+
+/// A result of a model with one declared output as TensorFlow Serving's row format writes it:
+/// the output's value, its name left out (with several, each prediction names them), as a lone
+/// input's instance may be its value ([`as_row`]). A TFS client reading `predictions[i]` as the
+/// vector had got `{"Y": [...]}`. The value is a slice of the result, not a copy; a result
+/// [`check_outputs`] passed holds it.
+fn lone_value(outcome: Outcome, name: &str) -> Outcome {
+    let Outcome::Done(data, media_type) = outcome else { return outcome };
+    let value = msgpack::after_key(&data, name).ok().flatten().and_then(|at| {
+        let mut rest = at;
+        msgpack::skip(&mut rest).ok()?;
+        let start = at.as_ptr() as usize - data.as_ptr() as usize;
+        Some(start..start + (at.len() - rest.len()))
+    });
+    match value {
+        Some(range) => Outcome::Done(data.slice(range), media_type),
+        None => Outcome::Done(data, media_type),
+    }
 }
 
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
