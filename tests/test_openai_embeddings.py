@@ -166,6 +166,27 @@ def test_a_body_not_json_is_415_saying_json_only(proxy, media_type):
     )
 
 
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"model": "m"}, "input"),
+        ({"input": "a"}, "model"),
+        ({"input": "a", "model": 5}, "model"),
+        ({"input": "a", "model": "m", "encoding_format": 5}, "encoding_format"),
+        ({"input": "a", "model": "m", "user": 5}, "user"),
+    ],
+)
+def test_a_field_serde_cannot_read_is_named_in_param(proxy, body, field):
+    # A missing field, or one of the wrong type, had come back with `param: null` (README:
+    # `param` names the field a client error is about); a `user` that is no string was served.
+    answer = proxy.client.post("/v1/embeddings", json=body)
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["param"] == field, error
+    assert error["message"].startswith(f"{field} is not valid: "), error
+    assert error["type"] == "invalid_request_error"
+
+
 @pytest.mark.parametrize("body", [["hello world", "m", "float", None], [1], "hello", 3])
 def test_a_body_that_is_not_an_object_is_400(proxy, body):
     # serde reads a struct from an array of its fields too: ["text", "model", ...] was served.

@@ -41,7 +41,8 @@ mod declared;
 
 pub const EMBEDDINGS_PATH: &str = "/v1/embeddings";
 
-/// The request as OpenAI documents it; fields Corral has no use for (`user`) are ignored.
+/// The request as OpenAI documents it; fields Corral has no use for (`user`) are checked as
+/// OpenAI checks them, and ignored.
 #[derive(Deserialize)]
 struct EmbeddingsRequest<'a> {
     /// Read on its own, with a bound on its length ([`bounded`]).
@@ -53,6 +54,62 @@ struct EmbeddingsRequest<'a> {
     /// Refused when given; read past, not built.
     #[serde(default)]
     dimensions: Option<IgnoredAny>,
+    /// A string (or null), as OpenAI's API refuses another value; not kept.
+    #[serde(default, rename = "user")]
+    _user: Option<User>,
+}
+
+/// `user`'s value, read as a string and not kept.
+struct User;
+
+impl<'de> Deserialize<'de> for User {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<User, D::Error> {
+        struct Text;
+        impl Visitor<'_> for Text {
+            type Value = User;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a string")
+            }
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<User, E> {
+                Ok(User)
+            }
+        }
+        deserializer.deserialize_str(Text)
+    }
+}
+
+/// Whether a field's value is of its type.
+type Fits = fn(&RawValue) -> bool;
+
+/// The request's fields as OpenAI names them, each with whether `value` is of its type: what
+/// [`not_a_request`] names when serde could not read the body.
+const FIELDS: [(&str, Fits); 5] = [
+    ("input", |_| true),
+    ("model", |v| serde_json::from_str::<String>(v.get()).is_ok()),
+    ("encoding_format", |v| serde_json::from_str::<Option<String>>(v.get()).is_ok()),
+    ("dimensions", |_| true),
+    ("user", |v| serde_json::from_str::<Option<User>>(v.get()).is_ok()),
+];
+
+/// The 400 for a body (a JSON object) serde could not read as an [`EmbeddingsRequest`], its
+/// message starting with the field it is about, where it is about one, for `param` ([`param`]):
+/// serde names a missing or repeated field in its message, but not one of the wrong type, and
+/// both had come with `param: null`. Only on this error path is the body read a second time.
+fn not_a_request(body: &[u8], e: serde_json::Error) -> ApiError {
+    let said = e.to_string();
+    let named = FIELDS.iter().find(|(name, _)| said.contains(&format!("field `{name}`")));
+    let field = named.map(|(name, _)| *name).or_else(|| {
+        let fields: std::collections::HashMap<String, &RawValue> =
+            serde_json::from_slice(body).ok()?;
+        let wrong =
+            |(name, fits): &(&str, Fits)| fields.get(*name).is_some_and(|value| !fits(value));
+        FIELDS.iter().find(|field| wrong(field)).map(|(name, _)| *name)
+    });
+    let message = match field {
+        Some(field) => format!("{field} is not valid: the body is not an embeddings request: {e}"),
+        None => format!("the body is not an embeddings request: {e}"),
+    };
+    ApiError::bad_request(message)
 }
 
 pub async fn embeddings(
@@ -88,9 +145,8 @@ pub async fn embeddings(
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
         return Err(ApiError::bad_request("the body must be a JSON object: an embeddings request"));
     }
-    let request: EmbeddingsRequest<'_> = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::bad_request(format!("the body is not an embeddings request: {e}"))
-    })?;
+    let request: EmbeddingsRequest<'_> =
+        serde_json::from_slice(&body).map_err(|e| not_a_request(&body, e))?;
     let base64 = match request.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
@@ -382,8 +438,9 @@ fn param(error: &ApiError) -> Option<&'static str> {
     if error.message.starts_with("token arrays") {
         return Some("input");
     }
-    ["input", "encoding_format", "dimensions"]
-        .into_iter()
+    FIELDS
+        .iter()
+        .map(|(name, _)| *name)
         .find(|field| error.message.starts_with(&format!("{field} ")))
 }
 
