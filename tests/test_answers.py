@@ -122,6 +122,14 @@ def test_415_for_a_content_type_that_is_not_a_media_type(proxy):
         response = proxy.client.post("/infer", content=b"1", headers=headers)
         body = assert_error(response, 415, "unsupported_media_type")
         assert "is not a media type" in body["message"]
+    # One that is a media type but longer than Corral passes on says so: "not a media type"
+    # had been said of a long `filename` parameter.
+    long = 'application/octet-stream; filename="' + "f" * 1000 + '.bin"'
+    response = proxy.client.post(
+        "/infer", content=b"1", headers={"content-type": long, "connection": "close"}
+    )
+    body = assert_error(response, 415, "unsupported_media_type")
+    assert f"is {len(long)} bytes, longer than the 1024" in body["message"], body
 
 
 def test_a_compressed_body_is_415_not_taken_for_its_content(proxy):

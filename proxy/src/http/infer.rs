@@ -61,12 +61,20 @@ pub fn check_item_count(route: &Route, count: usize) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A single payload (`size` bytes) must fit in one batch frame.
+/// A single payload (`size` bytes, with its media type where it is raw: [`Input::size`]) must fit
+/// in one batch frame.
+///
+/// [`Input::size`]: crate::pipeline::Input::size
 pub fn check_payload_size(app: &App, route: &Route, size: usize) -> Result<(), ApiError> {
     let limit = route.pipeline.first().settings().max_job_bytes;
     if size <= limit {
         return Ok(());
     }
-    let message = format!("an item is larger than {limit} bytes once encoded as msgpack");
+    // A raw body's media type travels with it: counted, and said (the message had spoken of
+    // the payload alone, refused 24 bytes under the limit it named).
+    let message = format!(
+        "an item is larger than {limit} bytes once encoded as msgpack (with its media type, \
+         for raw bytes)"
+    );
     Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) })
 }
