@@ -252,6 +252,9 @@ pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TooLong> {
 #[derive(Debug)]
 pub struct TooLong;
 
+/// 2^63: an integral float at least this large is no `i64`, and from 2^64 no `u64` either.
+const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
+
 /// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
 /// in an integer tensor is refused rather than truncated), booleans to `BOOL` only.
 fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), String> {
@@ -285,6 +288,15 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
         }
         (integer, Element::Int(i)) => {
             push_integer(out, integer, i128::from(i)).ok_or_else(|| fits(&format!("{i}")))?
+        }
+        // A JSON integer past 64 bits arrives as a float (serde_json's): too large, not of the
+        // wrong kind ("a float is not a UINT64 element" had been said of 2^64).
+        (integer, Element::Float(f))
+            if !matches!(integer, T::Bool | T::Bytes)
+                && f.fract() == 0.0
+                && f.abs() >= TWO_TO_63 =>
+        {
+            return Err(fits(&format!("{f}")))
         }
         (_, element) => {
             return Err(format!("{} is not {} element", describe(element), a(datatype)))
@@ -492,6 +504,11 @@ mod tests {
         let refused = |datatype, element| push(&mut Vec::new(), datatype, element).unwrap_err();
         // "5 does not fit in BYTES", "1 does not fit in BOOL" said otherwise.
         assert_eq!(refused(DataType::Bytes, Element::Uint(5)), "an integer is not a BYTES element");
+        // 2^64 as JSON writes it, which serde_json reads as a float.
+        let past = Element::Float(18_446_744_073_709_551_616.0);
+        assert_eq!(refused(DataType::U64, past), "18446744073709552000 does not fit in UINT64");
+        assert_eq!(refused(DataType::I8, past), "18446744073709552000 does not fit in INT8");
+        assert_eq!(refused(DataType::I64, Element::Float(3.0)), "a float is not an INT64 element");
         assert_eq!(refused(DataType::Bool, Element::Int(-1)), "an integer is not a BOOL element");
         assert_eq!(
             refused(DataType::I64, Element::Bool(true)),
