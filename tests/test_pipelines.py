@@ -586,6 +586,17 @@ def test_a_bad_value_from_a_variable_names_the_variable(tmp_path):
     assert "CORRAL_MAX_BATCH_SIZE" not in flag.stderr
 
 
+def test_a_value_that_is_not_utf8_names_its_variable(tmp_path):
+    """clap said only "invalid UTF-8 was detected in one or more arguments": no variable."""
+    command = [BINARY, "--socket", str(tmp_path / "s.sock")]
+    env = {**os.environb, b"CORRAL_MAX_BATCH_SIZE": b"\xff"}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, env=env)
+    assert result.returncode == 2
+    assert "CORRAL_MAX_BATCH_SIZE (--max-batch-size) holds bytes that are not UTF-8" in (
+        result.stderr
+    ), result.stderr
+
+
 def test_help_documents_the_config_file():
     result = subprocess.run([BINARY, "--help"], capture_output=True, text=True, timeout=30)
     assert "--config <FILE>" in result.stdout

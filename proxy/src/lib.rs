@@ -83,6 +83,16 @@ fn shared_memory(size: usize) -> Option<Arc<shared_memory::SharedMemory>> {
     if size == 0 {
         return None;
     }
+    if size < shared_memory::SHARED_FROM {
+        // No body could ever use it: each large one was counted as finding it full, and the
+        // log had said that large bodies go through it.
+        tracing::warn!(
+            bytes = size,
+            "--shared-memory-bytes is less than the 64 KiB the smallest shared body takes: none \
+             is shared (0 says so; raise it to share)"
+        );
+        return None;
+    }
     if let Some(memory) = shared_memory::memory_limit().filter(|&memory| size as u64 > memory) {
         // Pages are taken as bodies first use them, and kept: past the memory there is, a busy
         // proxy is killed for what it was allowed to take.

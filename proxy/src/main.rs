@@ -127,6 +127,24 @@ fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool) -> String {
 /// in a manifest's `env:` list the flag is nowhere to be seen.
 fn exit_on(mut error: clap::Error) -> ! {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if error.kind() == ErrorKind::InvalidUtf8 {
+        // clap says only "invalid UTF-8 was detected in one or more arguments": name the
+        // variable (and its flag) whose value it was, where one was.
+        let command = Config::command();
+        let not_text = command.get_arguments().find_map(|flag| {
+            let variable = flag.get_env()?;
+            let value = std::env::var_os(variable)?;
+            let long = flag.get_long()?;
+            value.to_str().is_none().then(|| (variable.to_string_lossy().into_owned(), long))
+        });
+        if let Some((variable, long)) = not_text {
+            let _ = writeln!(
+                std::io::stderr(),
+                "error: {variable} (--{long}) holds bytes that are not UTF-8; a value is text"
+            );
+            std::process::exit(2);
+        }
+    }
     let bad_value = matches!(error.kind(), ErrorKind::InvalidValue | ErrorKind::ValueValidation);
     let variable = match error.get(ContextKind::InvalidArg) {
         Some(ContextValue::String(arg)) if bad_value => from_variable(arg),

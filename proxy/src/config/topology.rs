@@ -181,6 +181,10 @@ fn single_placed(
 ) -> Result<Topology, ConfigError> {
     // Clap checks each flag alone; this one is bounded by another (--max-batch-size).
     batch_bytes("--max-batch-bytes", config.max_batch_bytes, config.max_batch_size)?;
+    if config.worker_cmd.first().is_some_and(String::is_empty) {
+        // `corral -- ""`: no program has that name; it failed to start, again and again.
+        return Err(error("--", "the worker command's program is an empty string"));
+    }
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
     let gpus = match &config.gpus {
@@ -242,10 +246,12 @@ pub fn single(config: &Config) -> Topology {
     }
 }
 
-/// Sets `config.$field` from the file's top level unless the option was set explicitly.
+/// Sets `config.$field` from the file's top level unless the option was set explicitly, and
+/// `written.$field` in any case: the file as written is checked whatever overrides it.
 macro_rules! top_level {
-    ($config:ident, $file:ident, $explicit:ident, $($field:ident),+) => {
+    ($config:ident, $written:ident, $file:ident, $explicit:ident, $($field:ident),+) => {
         $(if let Some(value) = $file.$field.take() {
+            $written.$field = value.clone();
             if !$explicit(stringify!($field)) {
                 $config.$field = value;
             }
@@ -264,18 +270,47 @@ pub fn resolve(
             config.socket_mode = mode;
         }
     }
+    // The file's values as written, over the options: checked as the options are (below), so
+    // that a value a flag or variable overrides is still refused. Passed over, a broken file
+    // started until the deploy that dropped the variable, and failed there.
+    let mut written = config.clone();
     let f = &mut file;
     if f.socket.as_ref().is_some_and(|path| path.as_os_str().is_empty()) {
         // As `--socket ''` is: it had bound HTTP first, then failed on the directory.
         return Err(error("socket", "an empty path; name the socket file workers connect to"));
     }
-    top_level!(config, f, explicit, listen, socket, log_format, retries, timeout_ms);
-    top_level!(config, f, explicit, max_body_bytes, max_connections, header_read_timeout_ms);
-    top_level!(config, f, explicit, body_read_timeout_ms, idle_timeout_ms, max_header_bytes);
-    top_level!(config, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
-    top_level!(config, f, explicit, stream_buffer_bytes, priority_aging_ms, tenant_queue_share);
-    top_level!(config, f, explicit, http2_max_streams, stream_keepalive_ms);
+    top_level!(config, written, f, explicit, listen, socket, log_format, retries, timeout_ms);
+    top_level!(
+        config,
+        written,
+        f,
+        explicit,
+        max_body_bytes,
+        max_connections,
+        header_read_timeout_ms
+    );
+    top_level!(
+        config,
+        written,
+        f,
+        explicit,
+        body_read_timeout_ms,
+        idle_timeout_ms,
+        max_header_bytes
+    );
+    top_level!(config, written, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
+    top_level!(
+        config,
+        written,
+        f,
+        explicit,
+        stream_buffer_bytes,
+        priority_aging_ms,
+        tenant_queue_share
+    );
+    top_level!(config, written, f, explicit, http2_max_streams, stream_keepalive_ms);
     if let Some(name) = f.max_batch_weight.take() {
+        written.max_batch_weight = Some(name);
         if !explicit("max_batch_weight") {
             config.max_batch_weight = Some(name);
         }
@@ -286,10 +321,28 @@ pub fn resolve(
             config.tenant_header = name;
         }
     }
-    top_level!(config, f, explicit, grace_period_ms, max_batch_size, max_wait_ms, batch_policy);
-    top_level!(config, f, explicit, max_batch_bytes, shared_memory_bytes);
-    top_level!(config, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity, workers);
-    top_level!(config, f, explicit, workers_per_gpu);
+    top_level!(
+        config,
+        written,
+        f,
+        explicit,
+        grace_period_ms,
+        max_batch_size,
+        max_wait_ms,
+        batch_policy
+    );
+    top_level!(config, written, f, explicit, max_batch_bytes, shared_memory_bytes);
+    top_level!(
+        config,
+        written,
+        f,
+        explicit,
+        worker_prefetch,
+        batch_timeout_ms,
+        queue_capacity,
+        workers
+    );
+    top_level!(config, written, f, explicit, workers_per_gpu);
     if let Some(url) = f.otlp_endpoint.take() {
         if !explicit("otlp_endpoint") {
             config.otlp_endpoint = Some(url);
@@ -310,6 +363,7 @@ pub fn resolve(
             config.gpus = Some(gpus.text());
         }
     }
+    check_options(&written)?;
     check_options(config)?;
 
     if file.stages.is_empty() {
@@ -504,6 +558,27 @@ fn stage_spec(
         let problem = "`unknown` is the stage label of refused workers' metrics; pick another";
         return Err(error(format!("stages.{name}"), problem));
     }
+    // The stage's own values are checked whatever overrides them, as the top level's are.
+    if let Some(size) = stage.max_batch_size {
+        in_range(&key("max_batch_size"), size.into(), 1, MAX_BATCH_SIZE.into())?;
+    }
+    if let Some(bytes) = stage.max_batch_bytes {
+        let size = stage.max_batch_size.unwrap_or(config.max_batch_size);
+        batch_bytes(&key("max_batch_bytes"), bytes, size)?;
+    }
+    let own = [
+        ("queue_capacity", stage.queue_capacity.map(u64::from)),
+        ("queue_capacity_bytes", stage.queue_capacity_bytes),
+        ("stream_timeout_ms", stage.stream_timeout_ms),
+        ("max_batch_weight", stage.max_batch_weight),
+    ];
+    for (field, value) in own {
+        value.map_or(Ok(()), |value| positive(&key(field), value))?;
+    }
+    for (field, value) in [("workers", stage.workers), ("workers_per_gpu", stage.workers_per_gpu)] {
+        let most = MAX_WORKERS.into();
+        value.map_or(Ok(()), |value| in_range(&key(field), value.into(), 1, most))?;
+    }
     // A flag or variable that was set wins over the stage's own key.
     macro_rules! pick {
         ($field:ident) => {
@@ -546,6 +621,10 @@ fn stage_spec(
                 key("command"),
                 "an empty command; leave the key out for workers started elsewhere",
             ));
+        }
+        Some(command) if command[0].is_empty() => {
+            // No program has that name: as with a NUL, it would fail to start for ever.
+            return Err(error(key("command"), "the program (its first word) is an empty string"));
         }
         Some(command) if command.iter().any(|word| word.contains('\0')) => {
             // No program can be given it: the worker would fail to start, again and again.

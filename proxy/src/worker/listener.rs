@@ -50,6 +50,11 @@ pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Socket)> 
     if length > MAX_PATH_BYTES {
         return Err(too_long("the path", length));
     }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        // A directory's form: binding there failed with a bare "No such file or directory".
+        let problem = "the path ends in `/`: it names the socket file itself, not a directory";
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, problem));
+    }
     clear_stale(path).await?;
     let mut socket = Socket { path: path.to_owned(), mode, file: None };
     let listener = listen(&mut socket)?;
@@ -229,7 +234,22 @@ fn make_private_dir(path: &Path) -> io::Result<(PathBuf, PathBuf)> {
         match std::fs::DirBuilder::new().mode(0o700).create(&private) {
             Ok(()) => return Ok((private, staged)),
             Err(e) if e.kind() == io::ErrorKind::AlreadyExists => last = Some(private),
-            Err(e) => return Err(io::Error::new(e.kind(), format!("{}: {e}", private.display()))),
+            // Named as the operator knows it, the socket's directory: the private one is ours.
+            Err(e) => {
+                let parent = private.parent().unwrap_or(Path::new("."));
+                let problem = match e.kind() {
+                    io::ErrorKind::NotFound => {
+                        format!("the directory {} does not exist", parent.display())
+                    }
+                    io::ErrorKind::PermissionDenied => format!(
+                        "Corral may not create files in the directory {} (it binds the socket \
+                         beside where it goes): {e}",
+                        parent.display()
+                    ),
+                    _ => format!("cannot create a file in the directory {}: {e}", parent.display()),
+                };
+                return Err(io::Error::new(e.kind(), problem));
+            }
         }
     }
     let taken = last.map_or_else(String::new, |p| p.display().to_string());

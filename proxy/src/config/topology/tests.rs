@@ -95,6 +95,47 @@ fn a_flag_that_was_set_beats_the_file() {
 }
 
 #[test]
+fn a_value_a_flag_overrides_is_still_checked_as_written() {
+    // The file must start the day the flag or variable is dropped: a broken value it hid had
+    // passed until then (socket_mode and trace_sample_ratio were already checked so).
+    let bad = [
+        ("max_batch_size = 0\n[stages.a]\n", "max_batch_size"),
+        ("queue_capacity = 0\n[stages.a]\n", "queue_capacity"),
+        ("[stages.a]\nmax_batch_size = 99999\n", "stages.a.max_batch_size"),
+        ("[stages.a]\nqueue_capacity = 0\n", "stages.a.queue_capacity"),
+        ("[stages.a]\nstream_timeout_ms = 0\n", "stages.a.stream_timeout_ms"),
+        ("[stages.a]\ncommand = [\"w\"]\nworkers = 0\n", "stages.a.workers"),
+    ];
+    let flags = [
+        "--max-batch-size",
+        "8",
+        "--queue-capacity",
+        "10",
+        "--stream-timeout-ms",
+        "1000",
+        "--workers",
+        "2",
+    ];
+    let set = ["max_batch_size", "queue_capacity", "stream_timeout_ms", "workers"];
+    for (text, key) in bad {
+        let error = resolve_with(text, &flags, &set).unwrap_err().to_string();
+        assert!(error.starts_with(&format!("{key}: ")), "{text:?}: {error}");
+    }
+    // Within range, the flag still wins.
+    let topology = resolve_with("[stages.a]\nmax_batch_size = 4\n", &flags, &set).unwrap();
+    assert_eq!(topology.stages[0].max_batch_size, 8);
+}
+
+#[test]
+fn a_command_whose_program_is_empty_is_refused() {
+    let error = resolve_with("[stages.a]\ncommand = [\"\", \"x\"]\n", &[], &[]).unwrap_err();
+    assert!(error.to_string().starts_with("stages.a.command: "), "{error}");
+    let config = Config::parse_from(["corral", "--", ""]);
+    let error = single_placed(&config, &|_| false).unwrap_err();
+    assert!(error.to_string().starts_with("--: "), "{error}");
+}
+
+#[test]
 fn every_option_the_file_sets_is_a_command_line_option() {
     // main.rs asks clap whether each of these was set; an id clap does not know would panic.
     let matches = <Config as clap::CommandFactory>::command().get_matches_from(["corral"]);

@@ -140,6 +140,22 @@ async fn a_file_that_appears_while_binding_is_never_replaced() {
 }
 
 #[tokio::test]
+async fn a_path_that_cannot_be_a_socket_is_refused_naming_the_operator_s_own_path() {
+    // The error had named the private directory Corral binds in (`.corral-PID-TAG`), which the
+    // operator never wrote, or (for a trailing slash) no path at all.
+    let scratch = Scratch::new("where");
+    let missing = scratch.0.join("nowhere").join("w.sock");
+    let refused = bind(&missing, 0o600).await.expect_err("no such directory");
+    let said = refused.to_string();
+    let parent = scratch.0.join("nowhere");
+    assert!(said.contains(&format!("the directory {} does not exist", parent.display())), "{said}");
+    assert!(!said.contains(".corral-"), "{said}");
+    let slashed = PathBuf::from(format!("{}/w.sock/", scratch.0.display()));
+    let refused = bind(&slashed, 0o600).await.expect_err("a directory's form");
+    assert!(refused.to_string().contains("ends in `/`"), "{refused}");
+}
+
+#[tokio::test]
 async fn a_path_too_long_for_a_worker_to_connect_to_is_refused() {
     let scratch = Scratch::new("long");
     let path = scratch.0.join("x".repeat(108));
