@@ -4,12 +4,30 @@
 //!
 //! The fit is made again over the window whenever a batch is recorded (O(window), once a batch)
 //! and read as it is (O(1), by every admission and every batch decision) under the stage lock.
+//!
+//! A model whose cost changes (another process on its GPU, inputs of another kind, a slower
+//! fallback path) is followed within a few batches, not a window: when [`SHIFTED_AFTER`] batches
+//! in a row each took more than [`SHIFT`] times what the fit predicted (or less than its
+//! inverse), and by more than [`SHIFT_FLOOR`], the window forgets the batches before them. A
+//! window of one-second batches had taken a minute to follow a model that became five times
+//! slower, and admission meanwhile let in jobs that almost all ended 408.
 
 use std::collections::VecDeque;
 use std::time::Duration;
 
-/// Batches remembered: enough to smooth noise, few enough to follow a model that changes.
+/// Batches remembered: enough to smooth noise, few enough to follow a model that changes slowly.
 const WINDOW: usize = 64;
+
+/// How far off the fit a batch must be, as a factor either way, to count toward a shift.
+const SHIFT: f64 = 2.0;
+
+/// And by how much at least: a fast model's batches vary by more than [`SHIFT`] from one to
+/// the next (50 µs, then 120 µs), and a shift of a millisecond misleads no deadline.
+const SHIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// Batches in a row, off the fit the same way, that make a shift: one is noise (a pause, a
+/// cold cache); three already cost a slowed model three batches of late predictions.
+const SHIFTED_AFTER: usize = 3;
 
 /// A learned batch cost.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,12 +52,26 @@ pub struct CostModel {
     samples: VecDeque<(f64, f64)>,
     /// The fit of the samples, made when one is recorded (read far more often than recorded).
     fit: Option<Cost>,
+    /// The latest batches in a row off the fit the same way: how many, and which way
+    /// (`true`: slower than predicted).
+    off: (usize, bool),
 }
 
 impl CostModel {
     /// Remembers that a batch of `size` jobs took `took` (send to results, as the proxy saw it).
     pub fn record(&mut self, size: usize, took: Duration) {
         self.samples.push_back((size as f64, took.as_secs_f64()));
+        match self.fit.and_then(|fit| off(fit.of(size), took)) {
+            Some(slower) if self.off.0 > 0 && self.off.1 == slower => self.off.0 += 1,
+            Some(slower) => self.off = (1, slower),
+            None => self.off = (0, false),
+        }
+        if self.off.0 >= SHIFTED_AFTER {
+            // The model changed: what it cost before says nothing of what it costs now.
+            let before = self.samples.len() - SHIFTED_AFTER;
+            self.samples.drain(..before);
+            self.off = (0, false);
+        }
         if self.samples.len() > WINDOW {
             self.samples.pop_front();
         }
@@ -80,6 +112,22 @@ impl CostModel {
     }
 }
 
+/// Whether a batch that took `took` is off a prediction of `predicted` enough to count toward a
+/// shift ([`SHIFT`], [`SHIFT_FLOOR`]), and which way: `Some(true)` slower.
+fn off(predicted: Duration, took: Duration) -> Option<bool> {
+    let (p, t) = (predicted.as_secs_f64(), took.as_secs_f64());
+    if took.abs_diff(predicted) <= SHIFT_FLOOR {
+        return None;
+    }
+    if t > SHIFT * p {
+        Some(true)
+    } else if t * SHIFT < p {
+        Some(false)
+    } else {
+        None
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -116,6 +164,50 @@ mod tests {
         }
         let cost = model.estimate().unwrap();
         assert!((cost.overhead.as_secs_f64() * 1e3 - 1.0).abs() < 1e-6, "{cost:?}");
+    }
+
+    #[test]
+    fn follows_a_model_that_becomes_slower_or_faster_within_a_few_batches() {
+        // Batches of 4 at 200 ms, then the model five times slower (a batch of 1 to 4 about a
+        // second): the window had averaged them in for a minute.
+        let mut model = CostModel::default();
+        for i in 0..WINDOW {
+            model.record(1 + i % 4, ms(180.0 + 5.0 * (1 + i % 4) as f64));
+        }
+        for i in 0..SHIFTED_AFTER {
+            let before = model.estimate().unwrap().of(2);
+            assert!(before < ms(300.0), "not yet: {before:?}");
+            model.record(1 + i % 4, ms(900.0 + 25.0 * (1 + i % 4) as f64));
+        }
+        let slow = model.estimate().unwrap().of(2);
+        assert!(slow > ms(900.0) && slow < ms(1000.0), "{slow:?}");
+        // And fast again.
+        for i in 0..SHIFTED_AFTER {
+            model.record(1 + i % 4, ms(180.0 + 5.0 * (1 + i % 4) as f64));
+        }
+        let fast = model.estimate().unwrap().of(2);
+        assert!(fast > ms(150.0) && fast < ms(250.0), "{fast:?}");
+    }
+
+    #[test]
+    fn noise_is_no_shift() {
+        // A fast model's batches, 2.5x apart from one to the next, and a slow one's single
+        // outliers: the window keeps them all.
+        let mut fast = CostModel::default();
+        for i in 0..WINDOW {
+            fast.record(4, ms(if i % 2 == 0 { 0.05 } else { 0.125 }));
+        }
+        assert_eq!(fast.samples.len(), WINDOW);
+        let mut slow = CostModel::default();
+        for i in 0..3 * WINDOW {
+            slow.record(4, ms(if i % 10 == 9 { 900.0 } else { 200.0 }));
+        }
+        assert_eq!(slow.samples.len(), WINDOW);
+        // Two slow batches in a row, between fast ones, are no shift either.
+        for took in [900.0, 900.0, 200.0, 900.0, 900.0, 200.0] {
+            slow.record(4, ms(took));
+        }
+        assert_eq!(slow.samples.len(), WINDOW);
     }
 
     #[test]
