@@ -8,9 +8,13 @@
 //! A model whose cost changes (another process on its GPU, inputs of another kind, a slower
 //! fallback path) is followed within a few batches, not a window: when [`SHIFTED_AFTER`] batches
 //! in a row each took more than [`SHIFT`] times what the fit predicted (or less than its
-//! inverse), and by more than [`SHIFT_FLOOR`], the window forgets the batches before them. A
-//! window of one-second batches had taken a minute to follow a model that became five times
-//! slower, and admission meanwhile let in jobs that almost all ended 408.
+//! inverse), by more than [`SHIFT_FLOOR`], and well beyond how far off the fit the batches the
+//! window holds are ([`BEYOND`]), the window forgets the batches before them. A window of one-second batches had taken
+//! a minute to follow a model that became five times slower, and admission meanwhile let in
+//! jobs that almost all ended 408. The last condition keeps the rule to changes: a stage whose
+//! batches vary widely (generations of any length, workers of different speeds) has shown the
+//! spread already, and its window is kept whole (without it, three short generations in a row
+//! came every 17 batches, and the estimate fell to a tenth of the cost).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -21,9 +25,14 @@ const WINDOW: usize = 64;
 /// How far off the fit a batch must be, as a factor either way, to count toward a shift.
 const SHIFT: f64 = 2.0;
 
-/// And by how much at least: a fast model's batches vary by more than [`SHIFT`] from one to
-/// the next (50 µs, then 120 µs), and a shift of a millisecond misleads no deadline.
+/// And by how much at least: a fast model's batches can take ten times their usual 50 µs
+/// (a scheduler's pause), and a shift of a millisecond misleads no deadline.
 const SHIFT_FLOOR: Duration = Duration::from_millis(2);
+
+/// How far past the window's own spread (its batches' least and greatest ratio to the fit) a
+/// batch must be: just past it, three in a row came once in 10,000 generations of random length
+/// (each a minimum of 64 lengths); half as far again, about once in a million.
+const BEYOND: f64 = 1.5;
 
 /// Batches in a row, off the fit the same way, that make a shift: one is noise (a pause, a
 /// cold cache); three already cost a slowed model three batches of late predictions.
@@ -60,8 +69,9 @@ pub struct CostModel {
 impl CostModel {
     /// Remembers that a batch of `size` jobs took `took` (send to results, as the proxy saw it).
     pub fn record(&mut self, size: usize, took: Duration) {
+        let verdict = self.fit.and_then(|fit| off(fit.of(size), took, self.seen(fit)));
         self.samples.push_back((size as f64, took.as_secs_f64()));
-        match self.fit.and_then(|fit| off(fit.of(size), took)) {
+        match verdict {
             Some(slower) if self.off.0 > 0 && self.off.1 == slower => self.off.0 += 1,
             Some(slower) => self.off = (1, slower),
             None => self.off = (0, false),
@@ -76,6 +86,18 @@ impl CostModel {
             self.samples.pop_front();
         }
         self.fit = Some(self.fit());
+    }
+
+    /// How far off `fit` the window's batches were, as the least and the most of their ratios
+    /// of duration to prediction: of the batches before the latest run off the fit, which are
+    /// what a shift would leave behind.
+    fn seen(&self, fit: Cost) -> (f64, f64) {
+        let settled = self.samples.len() - self.off.0;
+        let ratios = self.samples.iter().take(settled).filter_map(|&(n, d)| {
+            let predicted = fit.of(n as usize).as_secs_f64();
+            (predicted > 0.0).then(|| d / predicted)
+        });
+        ratios.fold((f64::INFINITY, 0.0), |(low, high), ratio| (low.min(ratio), high.max(ratio)))
     }
 
     /// The current fit, once any batch has been seen. While every batch seen had the same size
@@ -113,15 +135,19 @@ impl CostModel {
 }
 
 /// Whether a batch that took `took` is off a prediction of `predicted` enough to count toward a
-/// shift ([`SHIFT`], [`SHIFT_FLOOR`]), and which way: `Some(true)` slower.
-fn off(predicted: Duration, took: Duration) -> Option<bool> {
+/// shift, and which way (`Some(true)`: slower): by more than [`SHIFT`] times and [`SHIFT_FLOOR`],
+/// and [`BEYOND`] the ratios the window has `seen` ([`CostModel::seen`]).
+fn off(predicted: Duration, took: Duration, seen: (f64, f64)) -> Option<bool> {
     let (p, t) = (predicted.as_secs_f64(), took.as_secs_f64());
-    if took.abs_diff(predicted) <= SHIFT_FLOOR {
+    if took.abs_diff(predicted) <= SHIFT_FLOOR || p <= 0.0 {
         return None;
     }
-    if t > SHIFT * p {
+    // As a ratio, computed as [`CostModel::seen`] computes the window's: a batch just like one
+    // there is never beyond it by a rounding.
+    let (ratio, (low, high)) = (t / p, seen);
+    if ratio > SHIFT.max(high * BEYOND) {
         Some(true)
-    } else if t * SHIFT < p {
+    } else if ratio < SHIFT.recip().min(low / BEYOND) {
         Some(false)
     } else {
         None
@@ -191,11 +217,14 @@ mod tests {
 
     #[test]
     fn noise_is_no_shift() {
-        // A fast model's batches, 2.5x apart from one to the next, and a slow one's single
-        // outliers: the window keeps them all.
+        // A fast model's batches, then three ten times slower, but by less than the floor; a
+        // slow one's single outliers: the window keeps them all.
         let mut fast = CostModel::default();
-        for i in 0..WINDOW {
-            fast.record(4, ms(if i % 2 == 0 { 0.05 } else { 0.125 }));
+        for _ in 0..WINDOW {
+            fast.record(4, ms(0.05));
+        }
+        for _ in 0..SHIFTED_AFTER {
+            fast.record(4, ms(0.5));
         }
         assert_eq!(fast.samples.len(), WINDOW);
         let mut slow = CostModel::default();
@@ -208,6 +237,53 @@ mod tests {
             slow.record(4, ms(took));
         }
         assert_eq!(slow.samples.len(), WINDOW);
+    }
+
+    /// A xorshift stream of numbers in [0, 1): the same every run.
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        move || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
+
+    #[test]
+    fn batches_that_vary_widely_keep_their_window() {
+        // Generations of any length (exponential, mean 1 s) and, in a stage of one fast worker
+        // and two five times slower, answers in the order they finish: three short ones in a
+        // row are the spread the window has seen, no change. Each had cut the window, often
+        // enough for the estimate to fall under half the cost in one batch in nine.
+        let mut random = uniform(7);
+        let mut lengths = CostModel::default();
+        for i in 0..20_000 {
+            lengths.record(8, Duration::from_secs_f64(-(1.0 - random()).ln()));
+            // While the window fills, it has seen little spread (and is small, following
+            // changes by itself); from then on it is never cut.
+            if i >= 2 * WINDOW {
+                assert_eq!(lengths.samples.len(), WINDOW, "batch {i}");
+            }
+        }
+        let mut workers = CostModel::default();
+        let mut finished: Vec<(f64, f64)> = Vec::new();
+        for (speed, count) in [(0.1, 1), (0.5, 2)] {
+            for _ in 0..count {
+                let mut at = random() * speed;
+                while at < 3_000.0 {
+                    finished.push((at, speed));
+                    at += speed;
+                }
+            }
+        }
+        finished.sort_by(|a, b| a.0.total_cmp(&b.0));
+        for (i, &(_, took)) in finished.iter().enumerate() {
+            workers.record(8, Duration::from_secs_f64(took));
+            if i >= 2 * WINDOW {
+                assert_eq!(workers.samples.len(), WINDOW, "batch {i}");
+            }
+        }
     }
 
     #[test]
