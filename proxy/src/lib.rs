@@ -8,9 +8,9 @@
 //! - [`config`]: flags, `CORRAL_*` environment variables and the config file, resolved into a
 //!   [`config::topology::Topology`]: stages, and the routes whose pipelines use them.
 //! - [`http`]: the HTTP edge — server loop and its connection clocks, the connection reserve
-//!   past the cap for probes, request heads' checks, routes, formats and body checks, the `/infer` handler and its
-//!   streamed answer path (SSE, NDJSON), the client protocols as envelopes around rows (Open
-//!   Inference v2, KServe v1, OpenAI embeddings), the deadline and traffic headers,
+//!   past the cap for probes, request heads' checks, routes, formats and body checks, the `/infer`
+//!   handler and its streamed answer path (SSE, NDJSON), the client protocols as envelopes around
+//!   rows (Open Inference v2, KServe v1, OpenAI embeddings), the deadline and traffic headers,
 //!   `/openapi.json`, and the one mapping from failures to status codes.
 //! - [`job`]: a job and its one-shot answer.
 //! - [`stream`]: a streamed job's bounded chunk buffer between its worker and its client.

@@ -127,7 +127,9 @@ fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool) -> String {
 /// in a manifest's `env:` list the flag is nowhere to be seen.
 fn exit_on(mut error: clap::Error) -> ! {
     use clap::error::{ContextKind, ContextValue, ErrorKind};
-    if error.kind() == ErrorKind::InvalidUtf8 {
+    // Not where the command line holds the bytes: clap's words are right there.
+    let arguments_are_text = std::env::args_os().all(|word| word.to_str().is_some());
+    if error.kind() == ErrorKind::InvalidUtf8 && arguments_are_text {
         // clap says only "invalid UTF-8 was detected in one or more arguments": name the
         // variable (and its flag) whose value it was, where one was.
         let command = Config::command();

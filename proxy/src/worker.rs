@@ -10,3 +10,10 @@ pub mod outbox;
 pub mod settle;
 pub mod streaming;
 mod words;
+
+use corral_protocol::ProxyCodec;
+use tokio::net::unix::OwnedReadHalf;
+use tokio_util::codec::FramedRead;
+
+/// The reading half of a worker connection.
+type Inbox = FramedRead<OwnedReadHalf, ProxyCodec>;

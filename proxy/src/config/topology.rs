@@ -275,44 +275,23 @@ pub fn resolve(
     // started until the deploy that dropped the variable, and failed there.
     let mut written = config.clone();
     let f = &mut file;
+    let file_batch_bytes = f.max_batch_bytes.is_some();
     if f.socket.as_ref().is_some_and(|path| path.as_os_str().is_empty()) {
         // As `--socket ''` is: it had bound HTTP first, then failed on the directory.
         return Err(error("socket", "an empty path; name the socket file workers connect to"));
     }
     top_level!(config, written, f, explicit, listen, socket, log_format, retries, timeout_ms);
-    top_level!(
-        config,
-        written,
-        f,
-        explicit,
-        max_body_bytes,
-        max_connections,
-        header_read_timeout_ms
-    );
-    top_level!(
-        config,
-        written,
-        f,
-        explicit,
-        body_read_timeout_ms,
-        idle_timeout_ms,
-        max_header_bytes
-    );
-    top_level!(config, written, f, explicit, max_headers, queue_capacity_bytes, stream_timeout_ms);
-    top_level!(
-        config,
-        written,
-        f,
-        explicit,
-        stream_buffer_bytes,
-        priority_aging_ms,
-        tenant_queue_share
-    );
-    top_level!(config, written, f, explicit, http2_max_streams, stream_keepalive_ms);
-    if let Some(name) = f.max_batch_weight.take() {
-        written.max_batch_weight = Some(name);
+    top_level!(config, written, f, explicit, max_body_bytes, max_connections);
+    top_level!(config, written, f, explicit, header_read_timeout_ms, body_read_timeout_ms);
+    top_level!(config, written, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);
+    top_level!(config, written, f, explicit, queue_capacity_bytes, stream_timeout_ms);
+    top_level!(config, written, f, explicit, stream_buffer_bytes, priority_aging_ms);
+    top_level!(config, written, f, explicit, tenant_queue_share, http2_max_streams);
+    top_level!(config, written, f, explicit, stream_keepalive_ms);
+    if let Some(weight) = f.max_batch_weight.take() {
+        written.max_batch_weight = Some(weight);
         if !explicit("max_batch_weight") {
-            config.max_batch_weight = Some(name);
+            config.max_batch_weight = Some(weight);
         }
     }
     if let Some(name) = f.tenant_header.take() {
@@ -321,28 +300,10 @@ pub fn resolve(
             config.tenant_header = name;
         }
     }
-    top_level!(
-        config,
-        written,
-        f,
-        explicit,
-        grace_period_ms,
-        max_batch_size,
-        max_wait_ms,
-        batch_policy
-    );
-    top_level!(config, written, f, explicit, max_batch_bytes, shared_memory_bytes);
-    top_level!(
-        config,
-        written,
-        f,
-        explicit,
-        worker_prefetch,
-        batch_timeout_ms,
-        queue_capacity,
-        workers
-    );
-    top_level!(config, written, f, explicit, workers_per_gpu);
+    top_level!(config, written, f, explicit, grace_period_ms, max_batch_size, max_wait_ms);
+    top_level!(config, written, f, explicit, batch_policy, max_batch_bytes, shared_memory_bytes);
+    top_level!(config, written, f, explicit, worker_prefetch, batch_timeout_ms, queue_capacity);
+    top_level!(config, written, f, explicit, workers, workers_per_gpu);
     if let Some(url) = f.otlp_endpoint.take() {
         if !explicit("otlp_endpoint") {
             config.otlp_endpoint = Some(url);
@@ -364,6 +325,9 @@ pub fn resolve(
         }
     }
     check_options(&written)?;
+    if file_batch_bytes {
+        batch_bytes("max_batch_bytes", written.max_batch_bytes, written.max_batch_size)?;
+    }
     check_options(config)?;
 
     if file.stages.is_empty() {
@@ -387,7 +351,7 @@ pub fn resolve(
     }
     let mut stages = Vec::new();
     for (name, stage) in std::mem::take(&mut file.stages) {
-        stages.push(stage_spec(config, &name, stage, explicit)?);
+        stages.push(stage_spec(config, &written, &name, stage, explicit)?);
     }
     check_cores_shared(&stages)?;
     if config.gpus.is_some() && stages.iter().all(|stage| stage.command.is_empty()) {
@@ -540,8 +504,11 @@ fn check_model_name(name: &str) -> Result<(), ConfigError> {
     Err(error(format!("routes.{name:?}"), problem))
 }
 
+/// A stage of the file, resolved: `written` is the file's top level as written, over the
+/// options (what the stage's own values are checked against).
 fn stage_spec(
     config: &Config,
+    written: &Config,
     name: &str,
     stage: StageFile,
     explicit: &dyn Fn(&str) -> bool,
@@ -563,7 +530,7 @@ fn stage_spec(
         in_range(&key("max_batch_size"), size.into(), 1, MAX_BATCH_SIZE.into())?;
     }
     if let Some(bytes) = stage.max_batch_bytes {
-        let size = stage.max_batch_size.unwrap_or(config.max_batch_size);
+        let size = stage.max_batch_size.unwrap_or(written.max_batch_size);
         batch_bytes(&key("max_batch_bytes"), bytes, size)?;
     }
     let own = [
@@ -615,6 +582,9 @@ fn stage_spec(
     }
 
     let command = match stage.command {
+        _ if config.worker_cmd.first().is_some_and(String::is_empty) => {
+            return Err(error("--", "the worker command's program is an empty string"));
+        }
         _ if !config.worker_cmd.is_empty() => config.worker_cmd.clone(),
         Some(command) if command.is_empty() => {
             return Err(error(
@@ -740,6 +710,7 @@ fn stage_spec(
 fn check_options(config: &Config) -> Result<(), ConfigError> {
     in_range("max_batch_size", config.max_batch_size.into(), 1, MAX_BATCH_SIZE.into())?;
     in_range("workers", config.workers.into(), 1, MAX_WORKERS.into())?;
+    in_range("workers_per_gpu", config.workers_per_gpu.into(), 1, MAX_WORKERS.into())?;
     let (bytes, count) = (crate::config::HEADER_BYTES, crate::config::HEADERS);
     in_range("max_header_bytes", config.max_header_bytes as u64, *bytes.start(), *bytes.end())?;
     in_range("max_headers", config.max_headers as u64, *count.start(), *count.end())?;

@@ -7,12 +7,12 @@
 //! A connection takes a reserve permit only when the main cap has none left. It carries one
 //! HTTP/1.1 request and is closed after the answer (no keep-alive: a probe opens a connection per
 //! check, and a client must not keep a reserve slot by reusing it); it must begin that request
-//! within the header deadline. A request for any other path is answered 503
-//! `too_many_connections`, as a connection past the cap is, before its body is read, and counted
-//! in the same shed metric; its body is then read and dropped for a moment ([`LINGER`]), so that
-//! the client reads its 503 rather than a reset. Past the reserve, a connection is answered the same
-//! 503 without its request being read, and what it sends is then dropped as here ([`super::server`]). The reserve's descriptors are counted under the open-file limit
-//! ([`crate::open_files`]).
+//! within the header deadline. A request for any other path is answered 503 `too_many_connections`,
+//! as a connection past the cap is, before its body is read, and counted in the same shed metric;
+//! its body is then read and dropped for a moment ([`LINGER`]), so that the client reads its 503
+//! rather than a reset. Past the reserve, a connection is answered the same 503 without its request
+//! being read, and what it sends is then dropped as here ([`super::server`]). The reserve's
+//! descriptors are counted under the open-file limit ([`crate::open_files`]).
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,15 +6,15 @@
 //! and read as it is (O(1), by every admission and every batch decision) under the stage lock.
 //!
 //! A model whose cost changes (another process on its GPU, inputs of another kind, a slower
-//! fallback path) is followed within a few batches, not a window: when [`SHIFTED_AFTER`] batches
-//! in a row each took more than [`SHIFT`] times what the fit predicted (or less than its
-//! inverse), by more than [`SHIFT_FLOOR`], and well beyond how far off the fit the batches the
-//! window holds are ([`BEYOND`]), the window forgets the batches before them. A window of one-second batches had taken
-//! a minute to follow a model that became five times slower, and admission meanwhile let in
+//! fallback path) is followed within a few batches, not a window: when [`SHIFTED_AFTER`] batches in
+//! a row each took more than [`SHIFT`] times what the fit predicted (or less than its inverse), by
+//! more than [`SHIFT_FLOOR`], and well beyond how far off the fit the batches the window holds are
+//! ([`BEYOND`]), the window forgets the batches before them. A window of one-second batches had
+//! taken a minute to follow a model that became five times slower, and admission meanwhile let in
 //! jobs that almost all ended 408. The last condition keeps the rule to changes: a stage whose
 //! batches vary widely (generations of any length, workers of different speeds) has shown the
-//! spread already, and its window is kept whole (without it, three short generations in a row
-//! came every 17 batches, and the estimate fell to a tenth of the cost).
+//! spread already, and its window is kept whole (without it, three short generations in a row came
+//! every 17 batches, and the estimate was under half the cost one batch in nine).
 
 use std::collections::VecDeque;
 use std::time::Duration;

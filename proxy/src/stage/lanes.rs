@@ -9,10 +9,11 @@
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least
 //!   weight goes next (start-time fair queueing; deficit round robin with an infinitely small
 //!   quantum). Chosen over plain round robin because batches are bounded by weight: a tenant of
-//!   heavy items would otherwise take more of the worker than a tenant of light ones. A tenant
-//!   that returns after being idle starts level with the least-served tenant that has work (with
-//!   none, with the last tenant served), so idleness earns no credit. Requests that name no tenant share one lane, a tenant like any other: a single
-//!   tenant alone (or none) still gets every slot of every batch.
+//!   heavy items would otherwise take more of the worker than a tenant of light ones. A tenant that
+//!   returns after being idle starts level with the least-served tenant that has work (with none,
+//!   with the last tenant served), so idleness earns no credit. Requests that name no tenant share
+//!   one lane, a tenant like any other: a single tenant alone (or none) still gets every slot of
+//!   every batch.
 //! - **Eviction**: when a higher class needs room, the request of the lowest class with the
 //!   latest deadline leaves first — it had the most time to come back.
 //!

@@ -21,7 +21,6 @@ use corral_protocol::{
     WorkerMessage, FEATURE_CANCEL, FEATURE_SHM, FEATURE_STREAM,
 };
 use futures_util::StreamExt;
-use tokio::net::unix::OwnedReadHalf;
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
@@ -34,6 +33,7 @@ use super::outbox::{Delivery, Outbox};
 use super::settle::{self, answer, answer_result, give_back, Orphan};
 use super::streaming;
 use super::words::{logged, logged_within};
+use super::Inbox;
 use crate::job::{Job, Outcome, Sent};
 use crate::metrics::metrics;
 use crate::shared_memory::SharedMemory;
@@ -43,10 +43,7 @@ use crate::trace;
 
 /// How long the closing frame (`shutdown`, `reject`) and anything queued before it get to reach
 /// a worker: one that does not read must not hold up the proxy's exit.
-pub(super) const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
-
-/// The reading half of a worker connection.
-pub(super) type Inbox = FramedRead<OwnedReadHalf, ProxyCodec>;
+const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
 /// What a worker connection needs besides its socket.
 #[derive(Clone)]

@@ -16,9 +16,9 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use super::connection::Inbox;
 use super::outbox::Outbox;
 use super::words::{clipped, logged, logged_within};
+use super::Inbox;
 use crate::http::protocols::v2::tensor::DataType;
 use crate::metrics::{metrics, UNKNOWN_STAGE};
 use crate::stage::{Declared, Stage, WeightRule};
@@ -46,9 +46,10 @@ pub(super) fn misplaced<'a>(
     (own != stage.name() && spawning.contains(stage.name())).then_some(own)
 }
 
-/// Reads the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2
-/// clients, and its weight rule, for the stage's batches. Schemas that do not parse (or pass [`MAX_SCHEMA_BYTES`]) are logged and ignored: they are documentation, and must
-/// not cost the worker its connection.
+/// Reads the JSON Schemas a worker declared, for `/openapi.json`, its tensors, for v2 clients, and
+/// its weight rule, for the stage's batches. Schemas that do not parse (or pass
+/// [`MAX_SCHEMA_BYTES`]) are logged and ignored: they are documentation, and must not cost the
+/// worker its connection.
 pub(super) fn declarations(hello: &Hello) -> Option<Declared> {
     let parse = |text: &Option<String>| -> Option<serde_json::Value> {
         let text = text.as_deref()?;
@@ -240,8 +241,10 @@ mod tests {
     use tokio::net::UnixStream;
     use tokio_util::codec::FramedRead;
 
-    use super::super::connection::CLOSE_WRITE_LIMIT;
     use super::*;
+
+    /// As long as the connection gives its closing frame.
+    const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
     #[tokio::test(start_paused = true)]
     async fn a_connection_silent_past_the_hello_timeout_is_told_why() {

@@ -23,11 +23,12 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::connection::{
-    died, idle, protocol_error, read_error, send, Context, Ended, Inbox, Worker, HUNG_MARGIN,
+    died, idle, protocol_error, read_error, send, Context, Ended, Worker, HUNG_MARGIN,
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
 use super::settle::{answer, answer_result, give_back, output, reason, Orphan};
+use super::Inbox;
 use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::msgpack;

@@ -105,6 +105,8 @@ fn a_value_a_flag_overrides_is_still_checked_as_written() {
         ("[stages.a]\nqueue_capacity = 0\n", "stages.a.queue_capacity"),
         ("[stages.a]\nstream_timeout_ms = 0\n", "stages.a.stream_timeout_ms"),
         ("[stages.a]\ncommand = [\"w\"]\nworkers = 0\n", "stages.a.workers"),
+        ("max_batch_bytes = 0\n[stages.a]\n", "max_batch_bytes"),
+        ("workers_per_gpu = 0\n[stages.a]\n", "workers_per_gpu"),
     ];
     let flags = [
         "--max-batch-size",
@@ -115,8 +117,19 @@ fn a_value_a_flag_overrides_is_still_checked_as_written() {
         "1000",
         "--workers",
         "2",
+        "--max-batch-bytes",
+        "1048576",
+        "--workers-per-gpu",
+        "1",
     ];
-    let set = ["max_batch_size", "queue_capacity", "stream_timeout_ms", "workers"];
+    let set = [
+        "max_batch_size",
+        "queue_capacity",
+        "stream_timeout_ms",
+        "workers",
+        "max_batch_bytes",
+        "workers_per_gpu",
+    ];
     for (text, key) in bad {
         let error = resolve_with(text, &flags, &set).unwrap_err().to_string();
         assert!(error.starts_with(&format!("{key}: ")), "{text:?}: {error}");
@@ -132,6 +145,9 @@ fn a_command_whose_program_is_empty_is_refused() {
     assert!(error.to_string().starts_with("stages.a.command: "), "{error}");
     let config = Config::parse_from(["corral", "--", ""]);
     let error = single_placed(&config, &|_| false).unwrap_err();
+    assert!(error.to_string().starts_with("--: "), "{error}");
+    // With a file too: the command line's command is the stage's.
+    let error = resolve_with("[stages.a]\n", &["--", ""], &[]).unwrap_err();
     assert!(error.to_string().starts_with("--: "), "{error}");
 }
 

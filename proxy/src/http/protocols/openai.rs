@@ -105,7 +105,9 @@ fn not_a_request(body: &[u8], e: serde_json::Error) -> ApiError {
             |(name, fits): &(&str, Fits)| fields.get(*name).is_some_and(|value| !fits(value));
         FIELDS.iter().find(|field| wrong(field)).map(|(name, _)| *name)
     });
+    let missing = said.starts_with("missing field");
     let message = match field {
+        Some(field) if missing => format!("{field} is required: {e}"),
         Some(field) => format!("{field} is not valid: the body is not an embeddings request: {e}"),
         None => format!("the body is not an embeddings request: {e}"),
     };

@@ -252,7 +252,8 @@ pub fn push_bytes(out: &mut Vec<u8>, bytes: &[u8]) -> Result<(), TooLong> {
 #[derive(Debug)]
 pub struct TooLong;
 
-/// 2^63: an integral float at least this large is no `i64`, and from 2^64 no `u64` either.
+/// 2^63: the integers JSON may write that serde_json reads as floats are 2^64 and up and
+/// below -2^63.
 const TWO_TO_63: f64 = 9_223_372_036_854_775_808.0;
 
 /// Packs one element as `datatype`: integers must fit, floats go to float types only (a float
@@ -289,12 +290,13 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
         (integer, Element::Int(i)) => {
             push_integer(out, integer, i128::from(i)).ok_or_else(|| fits(&format!("{i}")))?
         }
-        // A JSON integer past 64 bits arrives as a float (serde_json's): too large, not of the
-        // wrong kind ("a float is not a UINT64 element" had been said of 2^64).
+        // A JSON integer past 64 bits (2^64 and up, below -2^63) arrives as a float
+        // (serde_json's): too large, not of the wrong kind ("a float is not a UINT64 element"
+        // had been said of 2^64). A float written as one (`1e19`) is still of the wrong kind.
         (integer, Element::Float(f))
             if !matches!(integer, T::Bool | T::Bytes)
                 && f.fract() == 0.0
-                && f.abs() >= TWO_TO_63 =>
+                && !(-TWO_TO_63..2.0 * TWO_TO_63).contains(&f) =>
         {
             return Err(fits(&format!("{f}")))
         }
@@ -509,6 +511,8 @@ mod tests {
         assert_eq!(refused(DataType::U64, past), "18446744073709552000 does not fit in UINT64");
         assert_eq!(refused(DataType::I8, past), "18446744073709552000 does not fit in INT8");
         assert_eq!(refused(DataType::I64, Element::Float(3.0)), "a float is not an INT64 element");
+        let written_as_a_float = Element::Float(1e19);
+        assert_eq!(refused(DataType::U64, written_as_a_float), "a float is not a UINT64 element");
         assert_eq!(refused(DataType::Bool, Element::Int(-1)), "an integer is not a BOOL element");
         assert_eq!(
             refused(DataType::I64, Element::Bool(true)),
