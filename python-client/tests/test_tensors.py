@@ -470,7 +470,9 @@ def test_a_large_output_is_encoded_whole(real_np):
 )
 def test_an_output_that_cannot_be_its_datatype_fails_alone(np, probs, words):
     with FakeProxy(Classify()) as proxy:
-        bad, good = proxy.infer([{"PROBS": probs}, {"PROBS": [1.0, 0.0, 0.0]}])
+        bad, good = proxy.infer(
+            [{"PROBS": probs, "LABEL": "a"}, {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}]
+        )
     assert bad.status == "error" and words in bad.message
     assert good.status == "ok" and plain(good.value["PROBS"]) == [1.0, 0.0, 0.0]
 
@@ -479,7 +481,9 @@ def test_an_output_that_cannot_be_its_datatype_fails_alone(np, probs, words):
 def test_an_output_of_another_shape_than_declared_fails_alone(np, probs):
     # A v2 client is answered 500 for it: the worker's tests here had passed.
     with FakeProxy(Classify()) as proxy:
-        bad, good = proxy.infer([{"PROBS": probs}, {"PROBS": [1.0, 0.0, 0.0]}])
+        bad, good = proxy.infer(
+            [{"PROBS": probs, "LABEL": "a"}, {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}]
+        )
     assert bad.status == "error" and "where [3] is declared" in bad.message, bad
     assert good.status == "ok"
 
@@ -521,9 +525,22 @@ def test_without_declared_outputs_arrays_are_plain_lists_as_before(real_np):
     assert msgpack.unpackb(result["data"]) == {"OUT": [0, 1, 2]}
 
 
-def test_an_output_that_is_not_a_dict_is_left_as_it_is():
+def test_a_result_that_is_no_dict_or_lacks_an_output_fails_alone():
+    # As a v2 (or KServe v1) client is answered 500 for it: it had passed here, and warm-up.
     with FakeProxy(Classify()) as proxy:
-        assert proxy.infer([[1, 2]]) == [Result("ok", [1, 2])]
+        no_dict, lacking, whole = proxy.infer(
+            [[1, 2], {"PROBS": [1.0, 0.0, 0.0]}, {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}]
+        )
+    assert no_dict.status == "error" and "returns a dict from output name" in no_dict.message
+    assert lacking.status == "error"
+    assert "output 'LABEL' is missing from the result" in lacking.message
+    assert whole.status == "ok"
+
+    class Lacking(Classify):
+        examples = ({"PROBS": [1.0, 0.0, 0.0]},)
+
+    with pytest.raises(TypeError, match="output 'LABEL' is missing"):
+        Lacking().warm_up()
 
 
 def test_the_testing_helper_refuses_an_unknown_datatype():

@@ -137,6 +137,7 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
     codec = _typing.codec(type(worker))
     encode = codec.batch_encoder()
     media_type = codec.content_type
+    check_result = codec.check_result
     hooked = _own(worker.postprocess, "postprocess")  # as in prepare
 
     def answer(
@@ -160,7 +161,9 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
                 value = output
             if chunks:
                 return protocol.chunk(job_id, encode(value))
-            return protocol.ok(job_id, encode(value), media_type(value))
+            encoded = encode(value)
+            check_result(value)  # after: a value that cannot be its tensor is said first
+            return protocol.ok(job_id, encoded, media_type(value))
         except _STOPS as e:
             _failures.stopping("postprocess", e)
             raise

@@ -144,6 +144,22 @@ class Codec:
 
         return encode
 
+    def check_result(self, output: Any) -> None:
+        """A whole result (not a chunk) of a worker that declares ``outputs``: a dict holding
+        each of them, as the proxy reads a v2 or KServe v1 answer. Unchecked, a result that was
+        no dict, or lacked one, passed warm-up and FakeProxy and was a 500 for every v2 client."""
+        if not self.outputs:
+            return
+        if not isinstance(output, dict):
+            raise TypeError(
+                "a worker that declares outputs returns a dict from output name to its row, "
+                f"not {type(output).__name__}"
+            )
+        for name in self.outputs:
+            if name not in output:
+                declared = ", ".join(repr(name) for name in self.outputs)
+                raise TypeError(f"output {name!r} is missing from the result ({declared} declared)")
+
     def _with_tensors(self, output: Any) -> Any:
         """In a dict, each value under a declared output's name as a tensor value."""
         if not (self.outputs and isinstance(output, dict)):

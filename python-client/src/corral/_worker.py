@@ -283,6 +283,7 @@ class Worker:
         for output in outputs:
             value = self.postprocess(output)
             codec.encode(value)
+            codec.check_result(value)
             codec.content_type(value)
         log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
 
