@@ -328,6 +328,9 @@ def test_run_on_an_instance_serves_that_instance():
             super().__init__()
             self.threshold = threshold
 
+        def forward(self, batch):
+            return batch
+
         def _run_forever(self, path):
             served.append((self, path, self.stage))
 
@@ -337,6 +340,26 @@ def test_run_on_an_instance_serves_that_instance():
     assert worker.threshold == 0.9
     with pytest.raises(TypeError, match="threshold"):
         Configured.run("some.sock")  # from the class it is built, as before
+
+
+def test_a_worker_without_forward_is_refused_before_it_serves():
+    # It had answered every batch 500 for as long as it ran. A base class of one's own may
+    # leave forward to its subclasses: refused when run (or served), not where it is defined.
+    class Base(corral.Worker):
+        def _run_forever(self, path):
+            raise AssertionError("never served")
+
+    class Set(Base):
+        def __init__(self):
+            super().__init__()
+            self.forward = lambda batch: batch
+
+    with pytest.raises(TypeError, match="Base has no forward"):
+        Base.run("some.sock")
+    served = []
+    Set._run_forever = lambda self, path: served.append(path)
+    Set.run("some.sock")  # a forward set on the instance is one
+    assert served == ["some.sock"]
 
 
 def test_a_type_without_a_json_schema_serves_without_one():

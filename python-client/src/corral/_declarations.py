@@ -98,6 +98,10 @@ def check_instance(worker: Any) -> None:
                 f"{name}.{attribute} is set on the instance (in __init__?): Corral reads it "
                 f"from the class; set it as a class attribute, {name}.{attribute} = ..."
             )
+    # Not where the class is defined: a base class of the user's own may leave it to its
+    # subclasses. A worker run without one had answered every batch 500 for as long as it ran.
+    if getattr(type(worker).forward, "unwritten", False) and "forward" not in own:
+        raise TypeError(f"{name} has no forward(batch): a Worker must implement it")
     # Again: set after the class statement (from configuration), a weight the proxy refuses
     # had its worker refused at every start, which FakeProxy served.
     _weight(type(worker))

@@ -211,6 +211,8 @@ class Worker:
         it as a generator to stream (see the class docstring)."""
         raise NotImplementedError("a Worker must implement forward(batch)")
 
+    forward.unwritten = True  # type: ignore[attr-defined]  # `_declarations.check_instance`
+
     @_batch.passes_through
     def postprocess(self, output: Any) -> Any:
         """Turn one model output into the response value (anything msgpack can encode; objects
