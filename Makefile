@@ -11,7 +11,7 @@ EMB_VENV   := examples/embeddings/.venv
 FUZZ_SECONDS ?= 60
 OHA        := bench/.tools/bin/oha
 
-.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning bench-chunked bench-json-memory bench-protocols gpu-carry fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
+.PHONY: run run-pipeline test lint test-prometheus-rules prometheus build release venv bench bench-overload bench-chaos bench-cost-shift bench-soak bench-pipeline bench-stream bench-payload bench-mixed bench-gpu bench-gpu-probe bench-worker-batch bench-pinning bench-chunked bench-json-memory bench-protocols gpu-carry fuzz embeddings-venv run-embeddings test-embeddings bench-embeddings clean
 
 run: release venv
 	$(CORRAL) --workers 2 -- $(PY) examples/digits/worker.py
@@ -80,6 +80,10 @@ bench-overload: release $(BENCH_VENV)/.installed $(OHA)
 # Workers killed at random under steady load (see BENCHMARKS.md, "Chaos").
 bench-chaos: release $(BENCH_VENV)/.installed
 	$(BENCH_VENV)/bin/python bench/chaos.py $(BENCH_ARGS)
+
+# A model that becomes five times slower while it serves, and fast again ("Cost shift").
+bench-cost-shift: release $(BENCH_VENV)/.installed
+	$(BENCH_VENV)/bin/python bench/cost_shift.py $(BENCH_ARGS)
 
 # A long run of mixed traffic, checked for lost or wrong answers and leaks ("Soak").
 bench-soak: release $(BENCH_VENV)/.installed
