@@ -239,7 +239,7 @@ fn make_private_dir(path: &Path) -> io::Result<(PathBuf, PathBuf)> {
                 let parent = private.parent().unwrap_or(Path::new("."));
                 let problem = match e.kind() {
                     io::ErrorKind::NotFound => {
-                        format!("the directory {} does not exist", parent.display())
+                        format!("the directory {} does not exist ({e})", parent.display())
                     }
                     io::ErrorKind::PermissionDenied => format!(
                         "Corral may not create files in the directory {} (it binds the socket \
