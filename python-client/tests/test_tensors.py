@@ -663,3 +663,39 @@ def test_arrays_that_fit_their_declared_datatype_go_as_they_are():
         ([float("inf"), float("nan")], "float64", "FP32"),  # given, not made by the cast
     ]:
         assert _tensors.encode(np.asarray(value, dtype=dtype), datatype)
+
+
+def test_an_output_type_whose_fields_are_the_outputs_is_a_whole_result(np):
+    # A typed worker's Struct (or dataclass) is encoded as the map of its fields: it served v2
+    # and KServe v1 clients, and the check of a result's outputs must not refuse it.
+    import dataclasses
+
+    import msgspec
+
+    class Out(msgspec.Struct):
+        PROBS: list
+        LABEL: str
+
+    @dataclasses.dataclass
+    class Pair:
+        PROBS: list
+        LABEL: str
+
+    class Typed(Classify):
+        output_type = Out
+
+        def forward(self, batch):
+            return [Out(**item) for item in batch]
+
+    class Dataclass(Classify):
+        output_type = Pair
+
+        def forward(self, batch):
+            return [Pair(**item) for item in batch]
+
+    item = {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}
+    for worker in (Typed(), Dataclass()):
+        with FakeProxy(worker) as proxy:
+            (result,) = proxy.infer([item])
+        assert result.status == "ok", result
+        assert plain(result.value["PROBS"]) == [1.0, 0.0, 0.0] and result.value["LABEL"] == "b"

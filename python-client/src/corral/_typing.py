@@ -21,11 +21,12 @@ codecs for a worker class are built once and kept.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import decimal
 import enum
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 import msgpack
@@ -150,13 +151,14 @@ class Codec:
         no dict, or lacked one, passed warm-up and FakeProxy and was a 500 for every v2 client."""
         if not self.outputs:
             return
-        if not isinstance(output, dict):
+        names = _names(output)
+        if names is None:
             raise TypeError(
-                "a worker that declares outputs returns a dict from output name to its row, "
-                f"not {type(output).__name__}"
+                "a worker that declares outputs returns a dict from output name to its row "
+                f"(or an output_type whose fields they are), not {type(output).__name__}"
             )
         for name in self.outputs:
-            if name not in output:
+            if name not in names:
                 declared = ", ".join(repr(name) for name in self.outputs)
                 raise TypeError(f"output {name!r} is missing from the result ({declared} declared)")
 
@@ -222,6 +224,19 @@ def codec(worker: type) -> Codec:
     if found is None:
         found = _CODECS[worker] = Codec(worker)
     return found
+
+
+def _names(output: Any) -> Collection[str] | None:
+    """The names a result holds as the map it is encoded as: a dict's keys, or the fields of a
+    msgspec Struct or a dataclass (an ``output_type``'s, by the names it encodes them under);
+    None for anything that is encoded as no map."""
+    if isinstance(output, Mapping):
+        return output.keys()
+    if isinstance(output, msgspec.Struct):
+        return {field.encode_name for field in msgspec.structs.fields(output)}
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return {field.name for field in dataclasses.fields(output)}
+    return None
 
 
 def _tensor(value: Any, tensor: _tensors.Tensor, kind: str = "output") -> bytes:

@@ -291,12 +291,13 @@ fn push(out: &mut Vec<u8>, datatype: DataType, element: Element) -> Result<(), S
             push_integer(out, integer, i128::from(i)).ok_or_else(|| fits(&format!("{i}")))?
         }
         // A JSON integer past 64 bits (2^64 and up, below -2^63) arrives as a float
-        // (serde_json's): too large, not of the wrong kind ("a float is not a UINT64 element"
-        // had been said of 2^64). A float written as one (`1e19`) is still of the wrong kind.
+        // (serde_json's), rounded (-2^63 - 1 to -2^63 itself, which as an integer arrives as
+        // one): too large, not of the wrong kind ("a float is not a UINT64 element" had been
+        // said of 2^64). A float within 64 bits (`1e19`) is still of the wrong kind.
         (integer, Element::Float(f))
             if !matches!(integer, T::Bool | T::Bytes)
                 && f.fract() == 0.0
-                && !(-TWO_TO_63..2.0 * TWO_TO_63).contains(&f) =>
+                && (f <= -TWO_TO_63 || f >= 2.0 * TWO_TO_63) =>
         {
             return Err(fits(&format!("{f}")))
         }
@@ -511,6 +512,9 @@ mod tests {
         assert_eq!(refused(DataType::U64, past), "18446744073709552000 does not fit in UINT64");
         assert_eq!(refused(DataType::I8, past), "18446744073709552000 does not fit in INT8");
         assert_eq!(refused(DataType::I64, Element::Float(3.0)), "a float is not an INT64 element");
+        // -2^63 - 1, which serde_json rounds to -2^63.
+        let below = Element::Float(-9_223_372_036_854_775_808.0);
+        assert_eq!(refused(DataType::I64, below), "-9223372036854776000 does not fit in INT64");
         let written_as_a_float = Element::Float(1e19);
         assert_eq!(refused(DataType::U64, written_as_a_float), "a float is not a UINT64 element");
         assert_eq!(refused(DataType::Bool, Element::Int(-1)), "an integer is not a BOOL element");
