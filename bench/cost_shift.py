@@ -33,7 +33,9 @@ DEADLINE_MS = 1000
 PORT = 18190
 
 
-async def load(url: str, phases: list[tuple[str, float]], shift) -> list[tuple[str, int]]:
+async def load(
+    url: str, phases: list[tuple[str, float]], shift, rate: float
+) -> list[tuple[str, int]]:
     """Requests at RATE through the phases (name, seconds); `shift(name)` as each begins.
     Returns (phase, status) per request, -1 for a transport error."""
     answers: list[tuple[str, int]] = []
@@ -58,7 +60,7 @@ async def load(url: str, phases: list[tuple[str, float]], shift) -> list[tuple[s
                 task = asyncio.create_task(one(name))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
-                due += 1 / RATE
+                due += 1 / rate
         await asyncio.gather(*tasks)
     return answers
 
@@ -82,18 +84,18 @@ def serve(binary: str, workdir: Path, factor_file: Path, env: dict[str, str]) ->
     raise SystemExit(f"{binary} never became ready")
 
 
-def run(binary: str, phases: list[tuple[str, float]], factors: dict[str, float], env=None):
+def run(binary, phases, factors: dict[str, float], env: dict[str, str], rate: float):
     with tempfile.TemporaryDirectory() as tmp:
         workdir = Path(tmp)
         factor_file = workdir / "factor"
         factor_file.write_text("1")
-        proxy = serve(binary, workdir, factor_file, env or {})
+        proxy = serve(binary, workdir, factor_file, env)
         try:
 
             def shift(name: str) -> None:
                 factor_file.write_text(str(factors[name]))
 
-            return asyncio.run(load(f"http://127.0.0.1:{PORT}/infer", phases, shift))
+            return asyncio.run(load(f"http://127.0.0.1:{PORT}/infer", phases, shift, rate))
         finally:
             proxy.terminate()
             proxy.wait(timeout=30)
@@ -119,7 +121,11 @@ def main() -> None:
     parser.add_argument("--corral-before", help="an older corral binary, run the same way")
     parser.add_argument("--factor", type=float, default=5.0)
     parser.add_argument("--seconds", type=float, default=30.0, help="the slow phase's length")
+    parser.add_argument("--rate", type=float, default=RATE, help="requests a second")
+    parser.add_argument("--base-ms", type=float, default=180.0, help="a batch's own cost")
+    parser.add_argument("--per-item-ms", type=float, default=5.0, help="each item's cost")
     args = parser.parse_args()
+    cost = {"SHIFT_BASE_MS": str(args.base_ms), "SHIFT_PER_ITEM_MS": str(args.per_item_ms)}
     phases = [("fast", 10.0), ("slow", args.seconds), ("fast again", 15.0)]
     factors = {"fast": 1.0, "slow": args.factor, "fast again": 1.0}
     rows = []
@@ -127,17 +133,21 @@ def main() -> None:
     if args.corral_before:
         systems.append(("corral-before", args.corral_before))
     for system, binary in systems:
-        rows += table(system, run(binary, phases, factors), phases)
+        rows += table(system, run(binary, phases, factors, cost, args.rate), phases)
         print("\n".join(rows[-3:]), flush=True)
     # The baseline: the slow model from a fresh start, its cost known from the first batch.
-    slow = {"SHIFT_BASE_MS": str(180 * args.factor), "SHIFT_PER_ITEM_MS": str(5 * args.factor)}
+    slow = {key: str(float(value) * args.factor) for key, value in cost.items()}
     baseline = [("slow, from the start", args.seconds)]
-    rows += table("corral", run(args.corral, baseline, {baseline[0][0]: 1.0}, slow), baseline)
+    only = {baseline[0][0]: 1.0}
+    rows += table("corral", run(args.corral, baseline, only, slow, args.rate), baseline)
     print(rows[-1], flush=True)
     print()
     date, cores = time.strftime("%Y-%m-%d"), os.cpu_count()
     print(f"Command: `make bench-cost-shift` — {date}, {cores} cores;")
-    print(f"{RATE:.0f} requests/s, {DEADLINE_MS} ms deadline, model {args.factor:g}x slower.\n")
+    print(
+        f"{args.rate:g} requests/s, {DEADLINE_MS} ms deadline, batches of up to 4 costing "
+        f"{args.base_ms:g} ms + {args.per_item_ms:g} ms an item, {args.factor:g}x slower.\n"
+    )
     print("| system | phase | sent | 200 | 200/s | 408 | 503 | other | admitted ending 408 |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     print("\n".join(rows))
