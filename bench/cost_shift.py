@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,6 +24,8 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+
+import bench  # bench/ is on sys.path: this file runs as a script
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -65,23 +66,14 @@ async def load(
     return answers
 
 
-def serve(binary: str, workdir: Path, factor_file: Path, env: dict[str, str]) -> subprocess.Popen:
+def system(binary: str, workdir: Path, factor_file: Path, env: dict[str, str]) -> bench.System:
     command = [
         binary, "--listen", f"127.0.0.1:{PORT}", "--socket", str(workdir / "w.sock"),
         "--workers", "1", "--max-batch-size", "4", "--timeout-ms", "5000",
         "--", sys.executable, str(HERE / "shift_worker.py"),
     ]  # fmt: skip
-    env = {**os.environ, **env, "SHIFT_FACTOR_FILE": str(factor_file)}
-    proxy = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    for _ in range(300):
-        try:
-            if httpx.get(f"http://127.0.0.1:{PORT}/readyz", timeout=1).status_code == 200:
-                return proxy
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    proxy.kill()
-    raise SystemExit(f"{binary} never became ready")
+    env = {**env, "SHIFT_FACTOR_FILE": str(factor_file)}
+    return bench.System("corral", command, f"http://127.0.0.1:{PORT}/infer", ("corral",), env)
 
 
 def run(binary, phases, factors: dict[str, float], env: dict[str, str], rate: float):
@@ -89,7 +81,8 @@ def run(binary, phases, factors: dict[str, float], env: dict[str, str], rate: fl
         workdir = Path(tmp)
         factor_file = workdir / "factor"
         factor_file.write_text("1")
-        proxy = serve(binary, workdir, factor_file, env)
+        proxy = system(binary, workdir, factor_file, env)
+        bench.start(proxy, "cost-shift", workdir, body='{"x":1}')
         try:
 
             def shift(name: str) -> None:
@@ -97,8 +90,7 @@ def run(binary, phases, factors: dict[str, float], env: dict[str, str], rate: fl
 
             return asyncio.run(load(f"http://127.0.0.1:{PORT}/infer", phases, shift, rate))
         finally:
-            proxy.terminate()
-            proxy.wait(timeout=30)
+            bench.stop(proxy)
 
 
 def table(system: str, answers: list[tuple[str, int]], phases) -> list[str]:
