@@ -46,12 +46,11 @@ const HEALTHY_RUN: Duration = Duration::from_secs(30);
 /// At shutdown, how long a worker gets to exit on its own (it was sent `shutdown`) before it is
 /// killed.
 const STOP_WAIT: Duration = Duration::from_secs(5);
-/// How long a spawned worker whose connection ended (it died holding a batch, broke the
-/// protocol, hung up, was refused) gets to exit on its own, or connect again, before it is
-/// killed, and so restarted. One that lives on without a connection (a `forward` that never returns, a worker
-/// in another language that does not exit) had left its stage a worker short until the proxy
-/// stopped, with no restart and no alert. Its jobs went elsewhere at once; this is only the
-/// process.
+/// How long a spawned worker whose connection ended (it died holding a batch, broke the protocol,
+/// hung up, was refused) gets to exit on its own, or connect again, before it is killed, and so
+/// restarted. One that lives on without a connection (a `forward` that never returns, a worker in
+/// another language that does not exit) had left its stage a worker short until the proxy stopped,
+/// with no restart and no alert. Its jobs went elsewhere at once; this is only the process.
 const LOST_WAIT: Duration = Duration::from_secs(5);
 
 /// How to start the workers.

@@ -181,10 +181,7 @@ fn single_placed(
 ) -> Result<Topology, ConfigError> {
     // Clap checks each flag alone; this one is bounded by another (--max-batch-size).
     batch_bytes("--max-batch-bytes", config.max_batch_bytes, config.max_batch_size)?;
-    if config.worker_cmd.first().is_some_and(String::is_empty) {
-        // `corral -- ""`: no program has that name; it failed to start, again and again.
-        return Err(error("--", "the worker command's program is an empty string"));
-    }
+    command_line_program(config)?;
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
     let gpus = match &config.gpus {
@@ -582,10 +579,10 @@ fn stage_spec(
     }
 
     let command = match stage.command {
-        _ if config.worker_cmd.first().is_some_and(String::is_empty) => {
-            return Err(error("--", "the worker command's program is an empty string"));
+        _ if !config.worker_cmd.is_empty() => {
+            command_line_program(config)?;
+            config.worker_cmd.clone()
         }
-        _ if !config.worker_cmd.is_empty() => config.worker_cmd.clone(),
         Some(command) if command.is_empty() => {
             return Err(error(
                 key("command"),
@@ -776,6 +773,16 @@ fn check_path(key: &str, path: &str) -> Result<(), ConfigError> {
 /// are matched against, and what two routes may not both serve.
 pub fn plain_path(path: &str) -> String {
     crate::http::percent_decoded(path).map_or_else(|| path.to_string(), |path| path.into_owned())
+}
+
+/// `corral -- ""`: no program has that name; it failed to start, again and again.
+fn command_line_program(config: &Config) -> Result<(), ConfigError> {
+    match config.worker_cmd.first() {
+        Some(program) if program.is_empty() => {
+            Err(error("--", "the worker command's program is an empty string"))
+        }
+        _ => Ok(()),
+    }
 }
 
 fn in_range(key: &str, value: u64, low: u64, high: u64) -> Result<(), ConfigError> {

@@ -84,24 +84,20 @@ impl ApiError {
     pub fn not_a_media_type(media_type: &str) -> Self {
         let shown: String = media_type.chars().take(100).collect();
         let most = super::format::MAX_MEDIA_TYPE;
-        if media_type.len() > most {
+        let message = if media_type.len() > most {
             // It may well be one (a long `filename` parameter): "not a media type" misled.
-            let message = format!(
+            format!(
                 "Content-Type {shown:?}… is {} bytes, longer than the {most} a raw body's media \
                  type may have: send a shorter one (its parameters are what make it long)",
                 media_type.len()
-            );
-            return Self::new(
-                StatusCode::UNSUPPORTED_MEDIA_TYPE,
-                "unsupported_media_type",
-                message,
-            );
-        }
-        let message = format!(
-            "Content-Type {shown:?} is not a media type: send application/json, \
-             application/msgpack, or raw bytes with their type (type/subtype, e.g. image/png or \
-             application/octet-stream)"
-        );
+            )
+        } else {
+            format!(
+                "Content-Type {shown:?} is not a media type: send application/json, \
+                 application/msgpack, or raw bytes with their type (type/subtype, e.g. image/png \
+                 or application/octet-stream)"
+            )
+        };
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 

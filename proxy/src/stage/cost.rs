@@ -69,7 +69,7 @@ pub struct CostModel {
 impl CostModel {
     /// Remembers that a batch of `size` jobs took `took` (send to results, as the proxy saw it).
     pub fn record(&mut self, size: usize, took: Duration) {
-        let verdict = self.fit.and_then(|fit| off(fit.of(size), took, self.seen(fit)));
+        let verdict = self.fit.and_then(|fit| off(fit.of(size), took, || self.seen(fit)));
         self.samples.push_back((size as f64, took.as_secs_f64()));
         match verdict {
             Some(slower) if self.off.0 > 0 && self.off.1 == slower => self.off.0 += 1,
@@ -137,14 +137,19 @@ impl CostModel {
 /// Whether a batch that took `took` is off a prediction of `predicted` enough to count toward a
 /// shift, and which way (`Some(true)`: slower): by more than [`SHIFT`] times and [`SHIFT_FLOOR`],
 /// and [`BEYOND`] the ratios the window has `seen` ([`CostModel::seen`]).
-fn off(predicted: Duration, took: Duration, seen: (f64, f64)) -> Option<bool> {
+/// The window's spread is read (O(window)) only for a batch already off by the rest: most are not.
+fn off(predicted: Duration, took: Duration, seen: impl FnOnce() -> (f64, f64)) -> Option<bool> {
     let (p, t) = (predicted.as_secs_f64(), took.as_secs_f64());
     if took.abs_diff(predicted) <= SHIFT_FLOOR || p <= 0.0 {
         return None;
     }
     // As a ratio, computed as [`CostModel::seen`] computes the window's: a batch just like one
     // there is never beyond it by a rounding.
-    let (ratio, (low, high)) = (t / p, seen);
+    let ratio = t / p;
+    if (SHIFT.recip()..=SHIFT).contains(&ratio) {
+        return None;
+    }
+    let (low, high) = seen();
     if ratio > SHIFT.max(high * BEYOND) {
         Some(true)
     } else if ratio < SHIFT.recip().min(low / BEYOND) {

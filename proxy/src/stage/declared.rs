@@ -32,6 +32,11 @@ pub struct Declared {
 }
 
 impl Declared {
+    /// Whether it holds tensors, inputs or outputs.
+    pub fn declares_tensors(&self) -> bool {
+        !self.inputs.is_empty() || !self.outputs.is_empty()
+    }
+
     /// A hello's declarations laid over the stage's earlier ones, part by part: its schemas,
     /// tensors and weight rule each replace the earlier ones only if it declares them. A later
     /// worker that declared only schemas once wiped the weight rule an earlier one declared
@@ -44,7 +49,7 @@ impl Declared {
             self.components.clone_from(&before.components);
             self.chunks = before.chunks;
         }
-        if self.inputs.is_empty() && self.outputs.is_empty() {
+        if !self.declares_tensors() {
             self.inputs.clone_from(&before.inputs);
             self.outputs.clone_from(&before.outputs);
         }
@@ -70,7 +75,7 @@ impl Parts {
     pub fn of(declared: Option<&Declared>) -> Parts {
         let Some(d) = declared else { return Parts::default() };
         Parts {
-            tensors: !d.inputs.is_empty() || !d.outputs.is_empty(),
+            tensors: d.declares_tensors(),
             schemas: d.input.is_some() || d.output.is_some(),
             weight: d.weight.is_some(),
         }
@@ -179,7 +184,7 @@ impl Stage {
             return None;
         }
         let kept = self.declared()?;
-        if kept.inputs.is_empty() && kept.outputs.is_empty() {
+        if !kept.declares_tensors() {
             return None;
         }
         if kept.inputs == inputs && kept.outputs == outputs {

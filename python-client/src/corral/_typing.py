@@ -25,6 +25,7 @@ import dataclasses
 import datetime
 import decimal
 import enum
+import functools
 import uuid
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
@@ -232,11 +233,19 @@ def _names(output: Any) -> Collection[str] | None:
     None for anything that is encoded as no map."""
     if isinstance(output, Mapping):
         return output.keys()
-    if isinstance(output, msgspec.Struct):
-        return {field.encode_name for field in msgspec.structs.fields(output)}
-    if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        return {field.name for field in dataclasses.fields(output)}
+    if isinstance(output, msgspec.Struct) or (
+        dataclasses.is_dataclass(output) and not isinstance(output, type)
+    ):
+        return _field_names(type(output))
     return None
+
+
+@functools.cache
+def _field_names(cls: type) -> frozenset[str]:
+    """The names a Struct or dataclass type is encoded under: once a type, not once a result."""
+    if issubclass(cls, msgspec.Struct):
+        return frozenset(field.encode_name for field in msgspec.structs.fields(cls))
+    return frozenset(field.name for field in dataclasses.fields(cls))
 
 
 def _tensor(value: Any, tensor: _tensors.Tensor, kind: str = "output") -> bytes:

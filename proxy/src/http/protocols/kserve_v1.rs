@@ -138,9 +138,9 @@ async fn predict(
     // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
     // not them is the worker's fault, not a prediction.
     let last = route.pipeline.stages.last().expect("a pipeline has a stage");
-    if let Some(outputs) = last.declared().map(|d| d.outputs.clone()).filter(|o| !o.is_empty()) {
-        check_outputs(&outputs, &outcomes)?;
-        if let [lone] = &outputs[..] {
+    if let Some(declared) = last.declared().filter(|d| !d.outputs.is_empty()) {
+        check_outputs(&declared.outputs, &outcomes)?;
+        if let [lone] = &declared.outputs[..] {
             outcomes =
                 outcomes.into_iter().map(|outcome| lone_value(outcome, &lone.name)).collect();
         }
@@ -257,13 +257,9 @@ fn lone_value(outcome: Outcome, name: &str) -> Outcome {
     let value = msgpack::after_key(&data, name).ok().flatten().and_then(|at| {
         let mut rest = at;
         msgpack::skip(&mut rest).ok()?;
-        let start = at.as_ptr() as usize - data.as_ptr() as usize;
-        Some(start..start + (at.len() - rest.len()))
+        Some(data.slice_ref(&at[..at.len() - rest.len()]))
     });
-    match value {
-        Some(range) => Outcome::Done(data.slice(range), media_type),
-        None => Outcome::Done(data, media_type),
-    }
+    Outcome::Done(value.unwrap_or(data), media_type)
 }
 
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.

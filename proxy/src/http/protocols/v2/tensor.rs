@@ -326,9 +326,9 @@ fn float(element: Element) -> Result<f64, String> {
     }
 }
 
-/// `narrow`, a number narrowed to a smaller float type, unless it became an infinity
-/// (`infinite`) though the number (`wide`) is finite: past that type's range, Err with the number (an infinity given
-/// stays one). A finite number is never silently made infinite.
+/// `narrow`, a number narrowed to a smaller float type, unless it became an infinity (`infinite`)
+/// though the number (`wide`) is finite: past that type's range, Err with the number (an infinity
+/// given stays one). A finite number is never silently made infinite.
 fn in_range<T>(wide: f64, narrow: T, infinite: bool) -> Result<T, f64> {
     if wide.is_finite() && infinite {
         Err(wide)
