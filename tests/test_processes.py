@@ -108,7 +108,9 @@ def test_a_stdout_read_slowly_drops_lines_rather_than_hold_a_worker(corral_facto
     """A reader that keeps moving, a line every 0.2 s, never left a line waiting a whole second:
     the worker wrote at its pace, held in `write`, and was killed as hung. The queue full for a
     second on end is what drops lines now."""
-    proxy = corral_factory("--batch-timeout-ms=3000", worker=NOISY)
+    # A long deadline: 48 MiB of lines at a slow reader's pace outlasted the default 5 s on a
+    # loaded machine (a 408, not what the test is about).
+    proxy = corral_factory("--batch-timeout-ms=3000", "--timeout-ms=60000", worker=NOISY)
     proxy.read_slowly(0.2)
     try:
         assert proxy.post({"print_run": 48 << 20}).status_code == 200
@@ -167,7 +169,9 @@ def test_a_proxy_whose_every_output_stalled_still_ends_at_sigterm(corral_factory
 def test_lines_dropped_for_a_stalled_stdout_are_said_so_once_it_is_read_again(corral_factory):
     """The collector of the proxy's output stops reading, then reads again: the lines dropped
     meanwhile are counted, and a warning says so once lines flow; those after it arrive."""
-    proxy = corral_factory("--batch-timeout-ms=3000", worker=NOISY)
+    # A long deadline: 48 MiB of lines at a slow reader's pace outlasted the default 5 s on a
+    # loaded machine (a 408, not what the test is about).
+    proxy = corral_factory("--batch-timeout-ms=3000", "--timeout-ms=60000", worker=NOISY)
     assert proxy.metric("corral_log_lines_dropped_total", source="worker") == 0
     assert proxy.metric("corral_log_lines_dropped_total", source="proxy") == 0
     proxy.pause_reading()
