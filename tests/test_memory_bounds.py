@@ -238,7 +238,11 @@ def test_a_chunked_body_holds_no_read_buffer_behind_its_frames(corral_factory):
     import socket
     from urllib.parse import urlparse
 
-    proxy = corral_factory("--timeout-ms=120000", "--max-header-bytes=1048576")
+    # Its body clock as long as its deadline: 128 MiB on the wire into a debug build on a
+    # loaded machine outlasted the default 30 s (the proxy's 408 closed the socket under it).
+    proxy = corral_factory(
+        "--timeout-ms=120000", "--body-read-timeout-ms=120000", "--max-header-bytes=1048576"
+    )
     group = b"1000\r\n" + b"A" * 4096 + b"\r\n" + (b"0" * 1000 + b"1\r\nB\r\n") * 1000
     groups = 128  # 0.6 MiB of body in 128 MiB on the wire
     before = rss_bytes(proxy.proc.pid)
