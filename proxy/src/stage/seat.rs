@@ -121,7 +121,8 @@ impl WorkerSeat<'_> {
         let now = Instant::now();
         let seat = queue.seat(self.slot);
         *seat = seat.freed(now);
-        if !joining && size > 0 {
+        // Weight 0: the worker skipped every job it held, expired ([`crate::worker::settle::ran`]).
+        if !joining && weight > 0 {
             queue.cost.record(weight, took);
             queue.learned = Some(now);
         }
@@ -137,8 +138,9 @@ impl WorkerSeat<'_> {
         &self.stage.name
     }
 
-    /// The worker answered its oldest batch, of `size` jobs (`weight` in all), after `took`: it moves on to the
-    /// batch sent ahead or is idle again, and the cost model learns from it.
+    /// The worker answered its oldest batch, of `size` jobs, after `took`: it moves on to the
+    /// batch sent ahead or is idle again, and the cost model learns that `weight` (the jobs it
+    /// ran, [`crate::worker::settle::ran`]) took that long.
     pub fn finished(&self, size: usize, weight: usize, took: Duration) {
         let mut queue = self.stage.lock();
         let now = Instant::now();
@@ -147,7 +149,10 @@ impl WorkerSeat<'_> {
             0 => *seat = seat.freed(now),
             ahead => *seat = Seat { busy: Some((now, ahead)), ahead: 0, ..*seat },
         }
-        queue.learn_first(weight, took, true, now);
+        // A batch whose every job the worker skipped, expired, says nothing of what one costs.
+        if weight > 0 {
+            queue.learn_first(weight, took, true, now);
+        }
         queue.returns.answered(now, size);
         queue.executions.finished(size, took);
         let stage = [self.stage.name.as_str()];

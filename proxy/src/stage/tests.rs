@@ -243,6 +243,21 @@ async fn the_learned_cost_converges_on_a_scripted_worker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_batch_whose_jobs_the_worker_skipped_teaches_no_cost() {
+    // A worker answers `expired` at once the jobs whose deadline passed before it got to them
+    // (a batch sent ahead, behind a model that became slower): learned as a batch of 4 that
+    // cost a millisecond, it had told admission the slowed model was fast again.
+    let stage = adaptive_stage(4);
+    let seat = stage.worker_joined();
+    for _ in 0..3 {
+        seat.finished(4, 4, Duration::from_millis(750));
+    }
+    let learned = stage.cost().expect("batches were recorded");
+    seat.finished(4, 0, Duration::from_millis(1));
+    assert_eq!(stage.cost(), Some(learned));
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_lone_closed_loop_client_never_waits_for_batch_mates() {
     let stage = adaptive_stage(32);
     let worker = scripted_worker(stage.clone(), None);

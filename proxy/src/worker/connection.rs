@@ -415,7 +415,7 @@ async fn work(
             Some(Ok(WorkerMessage::Results(results))) => {
                 let batch = in_flight.pop_front().expect("a batch is in flight");
                 batch.done.cancel();
-                let (size, weight) = (batch.jobs.len(), crate::stage::weight_of(&batch.jobs));
+                let size = batch.jobs.len();
                 let sent_after = in_flight.front().map_or(&[][..], |ahead| &ahead.jobs[..]);
                 match settle::pair(batch.jobs, results, sent_after) {
                     Ok(answers) => {
@@ -423,7 +423,7 @@ async fn work(
                         let now = Instant::now();
                         // Before the answers go out: the clients they release may be back at
                         // once, and the stage counts arrivals after this moment as returns.
-                        seat.finished(size, weight, now - batch.sent.max(last_done));
+                        seat.finished(size, settle::ran(&answers), now - batch.sent.max(last_done));
                         last_done = now;
                         if let Some(ahead) = in_flight.front_mut() {
                             ahead.started(now);

@@ -84,6 +84,16 @@ pub fn pair(
     }
 }
 
+/// The weight of the jobs a worker ran of a batch it answered: not those it answered
+/// `expired`, which it skipped (their deadline passed before it got to them). What the batch's
+/// duration is learned for: a batch sent ahead whose jobs all expired while it waited is
+/// answered at once, and learned as a full batch it had taught a model that had become five
+/// times slower that batches cost almost nothing (its own expiries, in a loop).
+pub fn ran(answers: &[(Job, Outcome)]) -> usize {
+    let ran = answers.iter().filter(|(_, outcome)| !matches!(outcome, Outcome::Expired));
+    ran.map(|(job, _)| job.weight as usize).sum()
+}
+
 /// An `ok` result's data and content type: the job's answer if the data is exactly one
 /// well-formed msgpack value; a model's broken output fails that job alone (`bad_output`).
 ///
@@ -363,6 +373,26 @@ mod tests {
         let mut by_id: HashMap<JobId, Outcome> =
             answers.into_iter().map(|(job, outcome)| (job.id, outcome)).collect();
         order.iter().map(|id| by_id.remove(id).unwrap()).collect()
+    }
+
+    #[test]
+    fn the_jobs_a_worker_skipped_expired_are_not_what_it_ran() {
+        let mut jobs: Vec<Job> = (0..4).map(|_| job()).collect();
+        jobs[3].weight = 5;
+        let results = vec![
+            result(&jobs[0], ResultStatus::Expired, None),
+            result(&jobs[1], ResultStatus::Ok, Some(b"\xc0")),
+            result(&jobs[2], ResultStatus::Invalid, None),
+            result(&jobs[3], ResultStatus::Ok, Some(b"\xc0")),
+        ];
+        let answers =
+            pair(jobs, Results { results }, &[]).unwrap_or_else(|(why, _)| panic!("{why}"));
+        assert_eq!(ran(&answers), 1 + 1 + 5);
+        let jobs: Vec<Job> = (0..2).map(|_| job()).collect();
+        let results = jobs.iter().map(|job| result(job, ResultStatus::Expired, None)).collect();
+        let answers =
+            pair(jobs, Results { results }, &[]).unwrap_or_else(|(why, _)| panic!("{why}"));
+        assert_eq!(ran(&answers), 0);
     }
 
     #[test]

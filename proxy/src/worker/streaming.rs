@@ -454,11 +454,23 @@ impl State {
         let now = Instant::now();
         for result in results.results {
             let held = self.held.remove(&result.id).expect("checked above");
-            if held.cancelled {
-                // The worker acknowledging a cancel (its client left, or its deadline passed
-                // before any chunk) is no first answer: counted, a client that got nothing
-                // showed as a time to first chunk. The batch is still waited on while another
-                // of its jobs is held; once none is, its time is a lower bound of its first
+            // A job the worker answered `expired` before any chunk of it came: skipped, its
+            // deadline passed before the worker got to it. No first answer, and no work: learned
+            // so, a slowed model's own expiries had taught it that batches cost nothing.
+            let skipped = result.status == ResultStatus::Expired
+                && !held.streamed
+                && held.gathered.count == 0;
+            if skipped {
+                let weight = held.job.as_ref().map_or(0, |job| job.weight as usize);
+                if let Some((_, _, busy)) = &mut self.busy {
+                    *busy = busy.saturating_sub(weight);
+                }
+            }
+            if held.cancelled || skipped {
+                // The worker acknowledging a cancel (its client left, or its deadline passed before
+                // any chunk), or skipping the job, is no first answer: counted, a client that got
+                // nothing showed as a time to first chunk. The batch is still waited on while
+                // another of its jobs is held; once none is, its time is a lower bound of its first
                 // chunk's (`no_first_chunk`).
                 let frame = held.frame;
                 if !self.held.values().any(|other| other.frame == frame) {

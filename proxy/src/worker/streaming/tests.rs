@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use bytes::Bytes;
-use corral_protocol::{Chunk, Chunks, JobId};
+use corral_protocol::{Chunk, Chunks, JobId, JobResult, ResultStatus, Results};
 use tokio::net::UnixStream;
 use tokio::sync::oneshot;
 
@@ -105,6 +105,34 @@ async fn a_worker_may_stay_silent_as_long_as_its_jobs_routes_allow_however_long_
     let mut state = state(false);
     state.hold(&mut outbox, vec![job], &by());
     assert_eq!(state.clocks().silence, Duration::from_secs(5));
+}
+
+#[tokio::test]
+async fn jobs_the_worker_skipped_expired_are_no_first_chunk_nor_work() {
+    // A streaming worker answers `expired` at once the jobs whose deadline passed before it
+    // got to them: learned, a slowed model's own expiries had taught it that batches cost
+    // nothing, a first chunk coming at once.
+    let stage = stage();
+    let seat = stage.worker_joined();
+    let (mut outbox, _worker) = outbox();
+    let (a, _a_reply) = job(Instant::now(), Duration::from_secs(5));
+    let (b, _b_reply) = job(Instant::now(), Duration::from_secs(5));
+    let skipped = |job: &Job| JobResult {
+        id: job.id,
+        status: ResultStatus::Expired,
+        data: None,
+        message: None,
+        content_type: None,
+    };
+    let results = Results { results: vec![skipped(&a), skipped(&b)] };
+    let mut state = state(false);
+    state.hold(&mut outbox, vec![a, b], &by());
+    assert!(state.results(&seat, results).is_ok());
+    assert!(state.first.is_empty(), "the batch still waits for a first chunk");
+    let (since, size, weight) = state.busy.expect("the worker was busy");
+    assert_eq!((size, weight), (2, 0), "the jobs it skipped count as work");
+    seat.released(size, weight, since.elapsed(), false);
+    assert_eq!(stage.cost(), None, "a cost was learned of no work");
 }
 
 #[tokio::test]
