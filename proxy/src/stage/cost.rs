@@ -61,6 +61,13 @@ pub struct CostModel {
     samples: VecDeque<(f64, f64)>,
     /// The fit of the samples, made when one is recorded (read far more often than recorded).
     fit: Option<Cost>,
+    /// The fit as it stood before the latest run of batches off it: what each batch of a run is
+    /// judged against. Judged against a fit that had taken the run in, the run tilted it: a
+    /// model whose batches cost 150 ms whatever their size became 750 ms while admission, now
+    /// refusing, sent fuller batches (3–4 jobs where they had been 1–3); the fit read the slow
+    /// batches as a per-item cost, the fast small ones then looked as far off the other way, the
+    /// run never grew three long, and for half a minute most admitted jobs ended 408.
+    settled: Option<Cost>,
     /// The latest batches in a row off the fit the same way: how many, and which way
     /// (`true`: slower than predicted).
     off: (usize, bool),
@@ -69,7 +76,7 @@ pub struct CostModel {
 impl CostModel {
     /// Remembers that a batch of `size` jobs took `took` (send to results, as the proxy saw it).
     pub fn record(&mut self, size: usize, took: Duration) {
-        let verdict = self.fit.and_then(|fit| off(fit.of(size), took, || self.seen(fit)));
+        let verdict = self.settled.and_then(|fit| off(fit.of(size), took, || self.seen(fit)));
         self.samples.push_back((size as f64, took.as_secs_f64()));
         match verdict {
             Some(slower) if self.off.0 > 0 && self.off.1 == slower => self.off.0 += 1,
@@ -86,11 +93,14 @@ impl CostModel {
             self.samples.pop_front();
         }
         self.fit = Some(self.fit());
+        if self.off.0 == 0 {
+            self.settled = self.fit;
+        }
     }
 
-    /// How far off `fit` the window's batches were, as the least and the most of their ratios
-    /// of duration to prediction: of the batches before the latest run off the fit, which are
-    /// what a shift would leave behind.
+    /// How far off `fit` (the settled one) the window's batches were, as the least and the most
+    /// of their ratios of duration to prediction: of the batches before the latest run off the
+    /// fit, which are what a shift would leave behind.
     fn seen(&self, fit: Cost) -> (f64, f64) {
         let settled = self.samples.len() - self.off.0;
         let ratios = self.samples.iter().take(settled).filter_map(|&(n, d)| {
@@ -218,6 +228,35 @@ mod tests {
         }
         let fast = model.estimate().unwrap().of(2);
         assert!(fast > ms(150.0) && fast < ms(250.0), "{fast:?}");
+    }
+
+    #[test]
+    fn a_shift_is_judged_against_the_fit_before_it() {
+        // A model five times slower while admission, now refusing most, sends fuller batches
+        // (3 and 4 jobs where they had been 2 and 3): judged against a fit that had taken the
+        // first slow batch in, the third looked on the line, and the window was never cut.
+        // Batches that cost 180 ms + 5 ms a job, and ones that cost 150 ms whatever their size.
+        // A window not yet full, as after a start: two batches of 1, then 2, 2, 3 over again,
+        // each up to 4 ms past its cost.
+        type Model = fn(usize) -> f64;
+        let cases: [(Model, [usize; 3]); 2] =
+            [(|n| 180.0 + 5.0 * n as f64, [2, 2, 3]), (|_| 150.0, [1, 2, 3])];
+        for (fast, sizes) in cases {
+            let mut model = CostModel::default();
+            for i in 0..52 {
+                let size = if i < 2 { 1 } else { sizes[i % 3] };
+                model.record(size, ms(fast(size) + (i % 5) as f64));
+            }
+            for size in [3, 4, 4] {
+                model.record(size, ms(5.0 * fast(size)));
+            }
+            let cost = model.estimate().unwrap();
+            for size in [1, 4] {
+                let (slow, truly) = (cost.of(size), ms(5.0 * fast(size)));
+                let off = slow.abs_diff(truly);
+                assert!(off < ms(50.0), "{size}: {slow:?}, not {truly:?} ({cost:?})");
+            }
+        }
     }
 
     #[test]
