@@ -783,3 +783,66 @@ def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slot
     finally:
         for sock in silent:
             sock.close()
+
+
+def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool):
+    # PROTOCOL.md: a worker that declared `cancel` is told of the held jobs whose client left
+    # or whose deadline passed, streaming or not, and answers each with any status, `end` the
+    # usual one. From a worker that did not declare `stream`, that `end` had been taken for a
+    # broken frame: its connection closed, and its batch-mate's client got a 500.
+    short = pool.submit(sidecar.post, {"x": "short"}, headers={"x-corral-timeout-ms": "3000"})
+    live = pool.submit(sidecar.post, {"x": "live"}, headers={"x-corral-timeout-ms": "60000"})
+    depth = lambda: sidecar.metric("corral_queue_depth", stage="default")  # noqa: E731
+    sidecar.wait_until(lambda: depth() == 2, what="both queued")
+    worker = FakeWorker(sidecar.socket, features=["cancel"])
+    batch = worker.receive()
+    ids = {msgpack.unpackb(job["payload"])["x"]: job["id"] for job in batch["jobs"]}
+    assert set(ids) == {"short", "live"}, "one batch holds both"
+    assert short.result(timeout=30).status_code == 408
+    assert worker.receive() == protocol.cancel([ids["short"]])
+    worker.send(
+        protocol.results(
+            [protocol.end(ids["short"]), protocol.ok(ids["live"], msgpack.packb("done"))]
+        )
+    )
+    answer = live.result(timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == "done"
+    # The connection lives on: the next request reaches the same worker.
+    after = pool.submit(sidecar.post, {"x": "after"})
+    echo_back(worker, worker.receive())
+    assert after.result(timeout=30).json() == {"x": "after"}
+    worker.close()
+
+
+def test_a_joining_worker_that_pulls_and_never_reads_is_sent_no_more(sidecar, pool):
+    # A streaming worker may offer room (`pull`) while it holds jobs; one that kept offering
+    # and never read its socket was answered every time: the queue went into frames waiting to
+    # be written to it, job after job, each client ending 408 beside an idle worker and each
+    # payload held until the stream timeout. An offer is answered only once the worker has
+    # read what it was sent before.
+    reader = FakeWorker(sidecar.socket, features=["stream", "join", "cancel"])
+    sidecar.wait_for_log(r"worker connected")
+    first = pool.submit(sidecar.post, {"x": 0}, headers={"x-corral-timeout-ms": "60000"})
+    assert len(reader.receive()["jobs"]) == 1
+    # From here it only offers room, and reads nothing: frames larger than the socket
+    # buffers stay unwritten.
+    heavy = "y" * (1 << 20)
+    answers = []
+    for i in range(3):  # (the pool's fourth thread waits for `first`)
+        reader.send(protocol.pull(1))
+        body = {"x": i, "heavy": heavy}
+        answers.append(pool.submit(sidecar.post, body, headers={"x-corral-timeout-ms": "60000"}))
+    depth = lambda: sidecar.metric("corral_queue_depth", stage="default")  # noqa: E731
+    sidecar.wait_until(lambda: depth() == 2, what="two jobs left for another worker")
+    healthy = FakeWorker(sidecar.socket)
+    served = 0
+    while served < 2:
+        batch = healthy.receive()
+        echo_back(healthy, batch)
+        served += len(batch["jobs"])
+    statuses = sorted(answer.result(timeout=30).status_code for answer in answers[1:])
+    assert statuses == [200, 200]
+    reader.close()
+    healthy.close()
+    assert first.result(timeout=30).status_code == 500, "held by a worker that hung up"

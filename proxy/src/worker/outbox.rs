@@ -34,7 +34,7 @@ use corral_protocol::{BatchFrame, ProxyCodec, ProxyMessage};
 use tokio::io::{AsyncWrite, Interest};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::net::UnixStream;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, Notify};
 use tokio::task::JoinHandle;
 use tokio_util::codec::Encoder;
 
@@ -86,6 +86,19 @@ impl Outbox {
         } else {
             Delivery::None
         }
+    }
+
+    /// Whether every frame queued so far has been written whole: the worker has read them, all
+    /// but what the socket buffers.
+    pub fn all_written(&self) -> bool {
+        self.progress.written.load(Ordering::Acquire) >= self.queued
+    }
+
+    /// Completes once a frame has been written whole since it last completed (at once if one was
+    /// meanwhile): when [`Outbox::all_written`] is worth asking again. Cancel-safe. Not tied to the outbox: awaited beside [`Outbox::broken`].
+    pub fn wrote(&self) -> impl std::future::Future<Output = ()> + use<> {
+        let progress = self.progress.clone();
+        async move { progress.wrote.notified().await }
     }
 
     /// Completes when a write fails (the worker is gone, or closed its end), with the error.
@@ -146,6 +159,8 @@ pub enum Delivery {
 struct Progress {
     begun: AtomicU64,
     written: AtomicU64,
+    /// Told each time a frame has been written whole ([`Outbox::wrote`]).
+    wrote: Notify,
 }
 
 /// A queued frame, and the descriptor to pass with it.
@@ -189,6 +204,7 @@ async fn write(
             }
         }
         progress.written.fetch_add(1, Ordering::Release);
+        progress.wrote.notify_one();
     }
     Ok(())
 }

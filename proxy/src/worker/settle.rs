@@ -61,6 +61,10 @@ pub fn pair(
             (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
             (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
             (ResultStatus::Expired, _) => Outcome::Expired,
+            // The usual answer to a `cancel`, which a worker that declared it is sent streaming
+            // or not (PROTOCOL.md): nobody waits for it. Taken for a broken frame, it had cost
+            // the worker its connection and its batch-mates their answers.
+            (ResultStatus::End, None) if job.left.is_cancelled() => Outcome::Expired,
             (ResultStatus::End, _) => {
                 problem = Some(format!("end of a stream that was never started, job {}", job.id));
                 answers.push((at, job, Outcome::WorkerLost(String::new())));

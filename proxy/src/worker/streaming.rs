@@ -155,6 +155,7 @@ pub(super) async fn work(
             if stream_end.is_some_and(|end| now >= end) {
                 state.end_streams(now);
             }
+            let (all_written, wrote) = (outbox.all_written(), outbox.wrote());
             tokio::select! {
                 biased;
                 message = inbox.next() => message,
@@ -171,12 +172,19 @@ pub(super) async fn work(
                     state.cancel(outbox, id);
                     continue;
                 }
-                // Nothing joins a job that goes alone ([`Job::alone`]).
-                jobs = seat.next_join(offer.unwrap_or(0)), if offer.is_some() && !state.alone => {
+                // Nothing joins a job that goes alone ([`Job::alone`]). A `pull` is answered only
+                // once the worker has read what it was sent before: a worker that kept pulling
+                // and never read its socket took the queue, job after job, into frames waiting
+                // to be written (its clients ended 408 beside an idle worker, and their payloads
+                // stayed held until its stream timeout, 200 MB of them in a probe).
+                jobs = seat.next_join(offer.unwrap_or(0)),
+                    if offer.is_some() && !state.alone && all_written =>
+                {
                     offer = None;
                     state.hold(outbox, jobs, &by);
                     continue;
                 }
+                () = wrote, if offer.is_some() && !all_written => continue,
             }
         };
         heard = Instant::now();
