@@ -84,6 +84,28 @@ fn turns_are_fair_in_weight_not_in_jobs() {
 }
 
 #[test]
+fn tenants_served_alike_go_in_the_order_they_came() {
+    // A tenant per user, one request each, a newcomer after every job taken: each newcomer
+    // starts level with those waiting, behind them. Ties had gone by the tenants' hashes, and
+    // those with a larger one were passed by newcomer after newcomer until they expired.
+    let now = Instant::now();
+    let mut lanes = Lanes::default();
+    for i in 0..10 {
+        one(&mut lanes, &format!("waiting{i}"), Class::Normal, Some(&format!("w{i}")), now);
+    }
+    let mut order = Vec::new();
+    for i in 0..20 {
+        order.extend(names(lanes.pop(true)));
+        lanes.end_batch();
+        one(&mut lanes, &format!("new{i}"), Class::Normal, Some(&format!("n{i}")), now);
+    }
+    let waiting: Vec<String> = (0..10).map(|i| format!("waiting{i}")).collect();
+    let newcomers: Vec<String> = (0..10).map(|i| format!("new{i}")).collect();
+    assert_eq!(order[..10], waiting[..], "{order:?}");
+    assert_eq!(order[10..], newcomers[..], "{order:?}");
+}
+
+#[test]
 fn a_returning_tenant_gets_no_credit_for_its_idle_time() {
     let now = Instant::now();
     let mut lanes = Lanes::default();
