@@ -29,6 +29,9 @@ def test_503_deadline_unreachable_when_the_predicted_finish_is_too_late(corral_f
     assert shed.status_code == 503
     assert shed.json()["error"] == "deadline_unreachable"
     assert int(shed.headers["retry-after"]) >= 1
+    # One batch outlasts its whole deadline, whatever the load: no retry meets it, and the
+    # message says so (it had said to retry later).
+    assert "longer deadline" in shed.json()["message"], shed.text
     # A job whose deadline allows the predicted finish is admitted.
     assert proxy.post({"tag": "fine"}, headers={"x-corral-timeout-ms": "5000"}).status_code == 200
     assert [i["tag"] for i in received(log)] == ["learn", "probe", "fine"]

@@ -200,7 +200,7 @@ def test_a_flood_of_unsolicited_frames_closes_that_connection_only(sidecar, pool
     assert flooder.closed_by_proxy()
     flooder.close()
     # A warning, as a protocol breach is an operator's to see (a worker leaving is info).
-    sidecar.wait_for_log(r"WARN.*worker disconnected.*protocol error: message while idle")
+    sidecar.wait_for_log(r"WARN.*worker disconnected.*protocol error: message while idle: results")
     assert sidecar.metric("corral_worker_failures_total", stage="default", reason="protocol") == 1
 
     response, good = serve_one_batch(sidecar, pool, echo_back)

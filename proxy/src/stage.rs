@@ -573,14 +573,14 @@ impl Stage {
                         queue.last_probe = Some(now);
                     } else {
                         // Where even their largest batch alone outlasts the request's whole
-                        // time, though one light job would not, the client is told it is the
-                        // request's own size. Retry-After stays: the cost may be stale (the
-                        // model became faster), and only traffic relearns it. Without it, a
-                        // request served once 8 others had retrained the cost had been told
-                        // never to retry.
+                        // time, the client is told it is the request's own size or deadline
+                        // (a single job with a deadline shorter than one batch had been told
+                        // to retry later, which no retry could meet). Retry-After stays: the
+                        // cost may be stale (the model became faster), and only traffic
+                        // relearns it. Without it, a request served once 8 others had
+                        // retrained the cost had been told never to retry.
                         let whole = last.budget - admission::margin(last.budget);
-                        let light_fits = queue.first_cost(cost).of(1) <= whole;
-                        let alone = light_fits && least > whole;
+                        let alone = least > whole;
                         let retry_after = admission::retry_after(finish, last.deadline);
                         return Err(Shed::DeadlineUnreachable { retry_after, alone });
                     }

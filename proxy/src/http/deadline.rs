@@ -62,8 +62,15 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     Ok(earliest)
 }
 
+/// Any whole number, however long: one past what 64 bits hold is a deadline as long as the
+/// longest (the route's timeout caps it), as one of 2^64 - 1 was and as `request-timeout`'s
+/// seconds are; it had been a 400 saying it was no whole number.
 fn milliseconds(value: &str) -> Option<Duration> {
-    value.parse::<u64>().ok().map(Duration::from_millis)
+    let digits = value.strip_prefix('+').unwrap_or(value);
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some(Duration::from_millis(digits.parse::<u64>().unwrap_or(u64::MAX)))
 }
 
 /// gRPC's `TimeoutValue TimeoutUnit`: at most 8 ASCII digits, then one unit letter.
@@ -168,6 +175,18 @@ mod tests {
         assert_eq!(seconds("0.000e-400"), None, "zero however written");
         for named in ["inf", "+infinity", "NaN", "-0", "-1e-330"] {
             assert_eq!(seconds(named), None, "{named}");
+        }
+    }
+
+    #[test]
+    fn any_whole_number_of_milliseconds_is_a_deadline() {
+        assert_eq!(milliseconds("1500"), Some(Duration::from_millis(1500)));
+        assert_eq!(milliseconds("+1500"), Some(Duration::from_millis(1500)));
+        let longest = Some(Duration::from_millis(u64::MAX));
+        assert_eq!(milliseconds("18446744073709551615"), longest);
+        assert_eq!(milliseconds("99999999999999999999999"), longest, "past 64 bits");
+        for bad in ["", "+", "1.5", "-1", "1e3", "++1", " 1"] {
+            assert_eq!(milliseconds(bad), None, "{bad:?}");
         }
     }
 

@@ -520,7 +520,12 @@ pub(super) async fn idle(
                 Some(Ok(WorkerMessage::Chunks(chunks))) if streams && chunks.chunks.is_empty() => {
                     continue
                 }
-                Some(Ok(_)) => protocol_error("message while idle"),
+                // Named, as out of turn while busy is: results twice, a second hello, a chunk
+                // for no job had all read alike.
+                Some(Ok(WorkerMessage::Chunks(_))) if streams => {
+                    protocol_error("message while idle: chunks, holding no job")
+                }
+                Some(Ok(other)) => protocol_error(format!("message while idle: {}", kind_of(&other))),
                 Some(Err(e)) => read_error(e),
             }),
             e = outbox.broken() => Err(died(format!("could not write to the worker: {e}"))),

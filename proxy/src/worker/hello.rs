@@ -231,8 +231,54 @@ pub(super) fn refuse(
     }
     // Logged once `/readyz` and the metric say so: a reader of the line (a test, an operator)
     // had found `/readyz` not knowing it yet.
-    warn!(reason = %logged(&why), "worker refused");
+    if let Some(alike_not_logged) = REFUSALS.lock().unwrap_or_else(|p| p.into_inner()).log(why) {
+        warn!(reason = %logged(&why), alike_not_logged, "worker refused");
+    }
     outbox.send(ProxyMessage::Reject(Reject { message }));
+}
+
+/// How often one reason for refusing a worker is written to the log, at most: a worker that
+/// connects again as soon as it is refused (a wrapper's loop) is refused for the same reason
+/// again and again, and logged each time had written 11,000 lines (1.5 MB) in 3 s. The
+/// metric counts every refusal.
+const REFUSAL_LOGGED_EVERY: Duration = Duration::from_secs(60);
+
+/// Reasons remembered, at most: past it they are forgotten all at once (a worker's own words
+/// are in them, so they are not kept without bound).
+const REFUSALS_KEPT: usize = 64;
+
+static REFUSALS: std::sync::Mutex<Refusals> = std::sync::Mutex::new(Refusals::new());
+
+/// When each reason was last logged, and how many refusals for it were not logged since.
+struct Refusals {
+    reasons: Option<HashMap<String, (std::time::Instant, u64)>>,
+}
+
+impl Refusals {
+    const fn new() -> Self {
+        Self { reasons: None }
+    }
+
+    /// Whether to log a refusal for `why` now: Some(how many alike were not logged since the
+    /// last line), or None within a minute of that line.
+    fn log(&mut self, why: &str) -> Option<u64> {
+        let now = std::time::Instant::now();
+        let reasons = self.reasons.get_or_insert_with(HashMap::new);
+        if let Some((at, unlogged)) = reasons.get_mut(why) {
+            if now.duration_since(*at) < REFUSAL_LOGGED_EVERY {
+                *unlogged += 1;
+                return None;
+            }
+            let alike = std::mem::take(unlogged);
+            *at = now;
+            return Some(alike);
+        }
+        if reasons.len() >= REFUSALS_KEPT {
+            reasons.clear();
+        }
+        reasons.insert(why.to_owned(), (now, 0));
+        Some(0)
+    }
 }
 
 #[cfg(test)]
@@ -242,6 +288,21 @@ mod tests {
     use tokio_util::codec::FramedRead;
 
     use super::*;
+
+    #[test]
+    fn a_refusal_for_the_same_reason_is_logged_once_a_minute_others_at_once() {
+        let mut refusals = Refusals::new();
+        assert_eq!(refusals.log("version 2"), Some(0));
+        for _ in 0..1000 {
+            assert_eq!(refusals.log("version 2"), None);
+        }
+        assert_eq!(refusals.log("unknown stage"), Some(0), "another reason waits for nothing");
+        // Past what is kept, every reason is forgotten, and logged again.
+        for i in 0..REFUSALS_KEPT {
+            refusals.log(&format!("reason {i}"));
+        }
+        assert_eq!(refusals.log("version 2"), Some(0));
+    }
 
     /// As long as the connection gives its closing frame.
     const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
