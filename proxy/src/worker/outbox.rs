@@ -60,7 +60,8 @@ impl Outbox {
 
     /// Queues a frame; returns its index (see [`Outbox::delivery`]). Never waits. The queue is
     /// unbounded in type only: the connection task queues at most two batches and one closing
-    /// frame before it hears back.
+    /// frame before it hears back (a joining worker's next batch only once the one before is
+    /// written, [`Outbox::all_written`]), and cancels for jobs it holds.
     pub fn send(&mut self, message: ProxyMessage) -> u64 {
         self.send_with(message, None)
     }
@@ -95,7 +96,8 @@ impl Outbox {
     }
 
     /// Completes once a frame has been written whole since it last completed (at once if one was
-    /// meanwhile): when [`Outbox::all_written`] is worth asking again. Cancel-safe. Not tied to the outbox: awaited beside [`Outbox::broken`].
+    /// meanwhile): when [`Outbox::all_written`] is worth asking again. Cancel-safe. Not tied to the
+    /// outbox: awaited beside [`Outbox::broken`].
     pub fn wrote(&self) -> impl std::future::Future<Output = ()> + use<> {
         let progress = self.progress.clone();
         async move { progress.wrote.notified().await }
