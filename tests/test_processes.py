@@ -109,8 +109,10 @@ def test_a_stdout_read_slowly_drops_lines_rather_than_hold_a_worker(corral_facto
     the worker wrote at its pace, held in `write`, and was killed as hung. The queue full for a
     second on end is what drops lines now."""
     # A long deadline: 48 MiB of lines at a slow reader's pace outlasted the default 5 s on a
-    # loaded machine (a 408, not what the test is about).
-    proxy = corral_factory("--batch-timeout-ms=3000", "--timeout-ms=60000", worker=NOISY)
+    # loaded machine (a 408, not what the test is about). And a batch timeout well past the
+    # second's stall plus the debug build's reading of 48 MiB (at 3 s it was hung one run in
+    # two on a slower machine): held at the reader's pace, the 3,072 pieces took 10 minutes.
+    proxy = corral_factory("--batch-timeout-ms=15000", "--timeout-ms=60000", worker=NOISY)
     proxy.read_slowly(0.2)
     try:
         assert proxy.post({"print_run": 48 << 20}).status_code == 200
