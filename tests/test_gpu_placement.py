@@ -519,6 +519,9 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (["--max-body-bytes", "0"], None, "--max-body-bytes"),
         ([], 'otlp_endpoint = "bad"\n' + STAGE, "c.toml: otlp_endpoint: the OTLP endpoint"),
         (["--otlp-endpoint", "bad", *WORKER], None, "error: --otlp-endpoint: the OTLP endpoint"),
+        # Named as written (the traces path added to it had read "http:/v1/traces").
+        (["--otlp-endpoint", "http://", *WORKER], None, 'the OTLP endpoint "http://" must be'),
+        (["--otlp-endpoint", "bad", *WORKER], None, 'the OTLP endpoint "bad" must be'),
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):

@@ -434,11 +434,18 @@ impl Config {
     pub fn traces_endpoint(&self) -> Option<String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let base = |url: String| {
-            let url = url.trim_end_matches('/');
-            if url.ends_with("/v1/traces") {
-                url.to_string()
+            let trimmed = url.trim_end_matches('/');
+            if trimmed.ends_with("/v1/traces") {
+                trimmed.to_string()
+            } else if !url
+                .parse::<http::Uri>()
+                .is_ok_and(|uri| uri.scheme().is_some() && uri.host().is_some())
+            {
+                // Left as written, for the check to name it: the path added to `http://` had
+                // been refused as "http:/v1/traces", which the operator never wrote.
+                url
             } else {
-                format!("{url}/v1/traces")
+                format!("{trimmed}/v1/traces")
             }
         };
         self.otlp_endpoint

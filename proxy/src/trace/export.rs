@@ -36,14 +36,15 @@ pub fn check(endpoint: &str) -> Result<(), String> {
 }
 
 fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
-    let uri: Uri = endpoint.parse().map_err(|e| format!("the OTLP endpoint {endpoint:?}: {e}"))?;
-    if uri.scheme_str() != Some("http") || uri.host().is_none() {
-        return Err(format!(
-            "the OTLP endpoint {endpoint:?} must be an http:// URL (a collector or agent beside \
-             the proxy; TLS is not supported)"
-        ));
+    let uri = endpoint.parse::<Uri>();
+    match uri {
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(uri),
+        // The parser's own words ("empty string", "invalid format") say less than this.
+        _ => Err(format!(
+            "the OTLP endpoint {endpoint:?} must be an http:// URL with a host (a collector or \
+             agent beside the proxy; TLS is not supported)"
+        )),
     }
-    Ok(uri)
 }
 
 /// Headers every export carries (a collector's API key, say), from
