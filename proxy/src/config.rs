@@ -260,7 +260,8 @@ pub struct Config {
     /// the CPU launching its kernels, a core of its own keeps its one thread from being moved
     /// about (see docs/DEPLOY.md); the proxy's own threads, and unpinned workers, keep off the
     /// pinned cores. With --config, for a file of one stage, whose `cpus` it replaces.
-    #[arg(long, env = "CORRAL_CPUS", value_name = "LIST", value_delimiter = ',')]
+    #[arg(long, env = "CORRAL_CPUS", value_name = "LIST", value_delimiter = ',',
+          value_parser = parse_core)]
     pub cpus: Vec<usize>,
 
     /// With --gpus: workers per device; --workers then defaults to the devices times this.
@@ -429,6 +430,12 @@ pub(crate) fn parse_mode(text: &str) -> Result<u32, String> {
     Ok(mode)
 }
 
+/// One core of `--cpus`, spaces around it allowed (`0, 1`, as the config file's list may be
+/// written): clap had said "invalid digit found in string" of ` 1`.
+fn parse_core(text: &str) -> Result<usize, String> {
+    text.trim().parse().map_err(|_| format!("{text:?} is not a core number (0, 1, 2, …)"))
+}
+
 impl Config {
     /// Where spans go (the full URL of the traces endpoint), if anywhere.
     pub fn traces_endpoint(&self) -> Option<String> {
@@ -483,7 +490,15 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_header_name;
+    use super::{parse_core, parse_header_name};
+
+    #[test]
+    fn a_core_may_be_written_with_spaces_around_it() {
+        assert_eq!(parse_core(" 1"), Ok(1));
+        assert_eq!(parse_core("14 "), Ok(14));
+        assert!(parse_core("x").unwrap_err().contains("\"x\" is not a core number"));
+        assert!(parse_core("").is_err());
+    }
 
     #[test]
     fn every_header_corral_reads_is_refused_as_the_tenant_header_in_any_case() {
