@@ -522,6 +522,8 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         # Named as written (the traces path added to it had read "http:/v1/traces").
         (["--otlp-endpoint", "http://", *WORKER], None, 'the OTLP endpoint "http://" must be'),
         (["--otlp-endpoint", "bad", *WORKER], None, 'the OTLP endpoint "bad" must be'),
+        # Credentials went out as the Host header, and into the log.
+        (["--otlp-endpoint", "http://u:p@h:4318"], None, "must not carry a user or password"),
     ],
 )
 def test_placement_mistakes_are_config_errors_naming_the_key(tmp_path, args, config, expected):

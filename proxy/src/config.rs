@@ -441,19 +441,22 @@ impl Config {
     pub fn traces_endpoint(&self) -> Option<String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let base = |url: String| {
-            let trimmed = url.trim_end_matches('/');
-            if trimmed.ends_with("/v1/traces") {
-                trimmed.to_string()
-            } else if !url
+            if !url
                 .parse::<http::Uri>()
                 .is_ok_and(|uri| uri.scheme().is_some() && uri.host().is_some())
             {
                 // Left as written, for the check to name it: the path added to `http://` had
                 // been refused as "http:/v1/traces", which the operator never wrote.
-                url
-            } else {
-                format!("{trimmed}/v1/traces")
+                return url;
             }
+            // The path goes before a query (it had been added after one: `/?a=1/v1/traces`).
+            let (path, query) = url.split_once('?').map_or((&url[..], None), |(p, q)| (p, Some(q)));
+            let path = path.trim_end_matches('/');
+            let path = match path.ends_with("/v1/traces") {
+                true => path.to_string(),
+                false => format!("{path}/v1/traces"),
+            };
+            query.map_or(path.clone(), |query| format!("{path}?{query}"))
         };
         self.otlp_endpoint
             .clone()
@@ -490,7 +493,24 @@ impl Config {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_core, parse_header_name};
+    use clap::Parser;
+
+    use super::{parse_core, parse_header_name, Config};
+
+    #[test]
+    fn the_traces_path_joins_the_endpoint_s_path_before_its_query() {
+        let traces = |endpoint: &str| {
+            Config::parse_from(["corral", "--otlp-endpoint", endpoint]).traces_endpoint().unwrap()
+        };
+        assert_eq!(traces("http://h:4318"), "http://h:4318/v1/traces");
+        assert_eq!(traces("http://h:4318/base/"), "http://h:4318/base/v1/traces");
+        assert_eq!(traces("http://h:4318/v1/traces/"), "http://h:4318/v1/traces");
+        assert_eq!(traces("http://h:4318/?a=1"), "http://h:4318/v1/traces?a=1");
+        assert_eq!(traces("http://h:4318/v1/traces?a=1"), "http://h:4318/v1/traces?a=1");
+        // No URL with a host: as written, for the check to name it.
+        assert_eq!(traces("http://"), "http://");
+        assert_eq!(traces("bad"), "bad");
+    }
 
     #[test]
     fn a_core_may_be_written_with_spaces_around_it() {

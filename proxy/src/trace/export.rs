@@ -27,6 +27,8 @@ const BATCH_SPANS: usize = 2048;
 const BATCH_DELAY: Duration = Duration::from_millis(500);
 /// Longest one export may take (connect, send, answer).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Most bytes of a collector's answer read, dropped as they come ([`Collector::send`]).
+const ANSWER_READ: usize = 64 * 1024;
 
 /// What [`Queue::start`] would refuse, checked before anything starts: the endpoint must be an
 /// http:// URL and `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` must parse.
@@ -38,6 +40,13 @@ pub fn check(endpoint: &str) -> Result<(), String> {
 fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
     let uri = endpoint.parse::<Uri>();
     match uri {
+        // Sent as the Host header (not a valid one) and logged as it was: no place for them.
+        Ok(uri) if uri.authority().is_some_and(|a| a.as_str().contains('@')) => {
+            Err("the OTLP endpoint must not carry a user or password (they were sent as the Host \
+             header, and logged): give the collector's credentials as a header in \
+             OTEL_EXPORTER_OTLP_HEADERS"
+                .into())
+        }
         Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(uri),
         // The parser's own words ("empty string", "invalid format") say less than this.
         _ => Err(format!(
@@ -255,7 +264,7 @@ impl Collector {
             None => self.send(connect(&self.uri).await?, body).await,
         };
         let (link, status) = sent.map_err(Failed::into_error)?;
-        *idle = Some(link);
+        *idle = link;
         if status.is_success() {
             Ok(())
         } else {
@@ -263,9 +272,13 @@ impl Collector {
         }
     }
 
-    /// One export request on `link`; the connection back, to carry the next, with the
-    /// answer's status.
-    async fn send(&self, mut link: Link, body: Bytes) -> Result<(Link, StatusCode), Failed> {
+    /// One export request on `link`; the connection back, to carry the next (None: the answer
+    /// was too long to read to its end), with the answer's status.
+    async fn send(
+        &self,
+        mut link: Link,
+        body: Bytes,
+    ) -> Result<(Option<Link>, StatusCode), Failed> {
         let sender = &mut link.sender;
         sender.ready().await.map_err(|e| Failed::Unsent(e.into()))?;
         // Origin form, with a Host header: what an HTTP/1.1 server expects from a client.
@@ -284,9 +297,21 @@ impl Collector {
             Err(e) => return Err(Failed::Sent(e.into())),
         };
         let status = response.status();
-        // Read to its end, so that the connection can carry the next export.
-        response.into_body().collect().await.map_err(|e| Failed::Sent(e.into()))?;
-        Ok((link, status))
+        // Read to its end, so that the connection can carry the next export, but never kept,
+        // and no further than ANSWER_READ: a collector's answer is a few bytes of status. Read
+        // whole, an endpoint that answered with an endless body (a wrong service, a stream)
+        // grew the proxy by gigabytes within the export's timeout. Past it, the connection is
+        // closed and the next export makes a new one.
+        let mut body = response.into_body();
+        let mut read = 0;
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|e| Failed::Sent(e.into()))?;
+            read += frame.data_ref().map_or(0, Bytes::len);
+            if read > ANSWER_READ {
+                return Ok((None, status));
+            }
+        }
+        Ok((Some(link), status))
     }
 }
 
@@ -343,6 +368,51 @@ async fn connect(uri: &Uri) -> Result<Link, Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A collector whose answer never ends (a wrong endpoint, a stream): read whole, it grew
+    /// the proxy by gigabytes within the export's timeout. The status counts, a little of the
+    /// body is read, and the connection is closed (the collector's writes then fail).
+    #[tokio::test]
+    async fn an_endless_answer_is_read_no_further_than_a_little() {
+        use std::io::{BufRead, Read, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let address = listener.local_addr().unwrap();
+        let collector = Collector {
+            uri: format!("http://{address}/v1/traces").parse().unwrap(),
+            headers: Vec::new(),
+            resource: Resource::builder().build(),
+            idle: tokio::sync::Mutex::default(),
+        };
+        let answered = std::thread::spawn(move || {
+            let (socket, _) = listener.accept().unwrap();
+            let mut reader = std::io::BufReader::new(socket.try_clone().unwrap());
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                reader.read_line(&mut line).unwrap();
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap();
+                }
+                if line == "\r\n" {
+                    break;
+                }
+            }
+            reader.read_exact(&mut vec![0; length]).unwrap();
+            let mut socket = socket;
+            let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+            socket.write_all(head.as_bytes()).unwrap();
+            let chunk = [format!("{:x}\r\n", 1 << 20).into_bytes(), vec![b'x'; 1 << 20]].concat();
+            let mut written = 0u64;
+            while socket.write_all(&chunk).and_then(|()| socket.write_all(b"\r\n")).is_ok() {
+                written += chunk.len() as u64;
+            }
+            written
+        });
+        collector.export_body(vec![1; 100]).await.expect("answered 200");
+        assert!(collector.idle.lock().await.is_none(), "the connection was kept");
+        let written = tokio::task::spawn_blocking(move || answered.join().unwrap()).await.unwrap();
+        assert!(written < 64 << 20, "{written} bytes of the answer went out before it was closed");
+    }
 
     /// A collector that accepts and never reads: the export times out, and its connection is
     /// closed with it (detached, it went on writing the body for good, socket and all).
