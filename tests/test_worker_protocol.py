@@ -110,6 +110,7 @@ def test_batch_carries_id_payload_and_remaining_time(sidecar, pool):
         "frame over the limit",
         "hello again",
         "disconnect",
+        "closed mid-frame",
     ],
 )
 def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, breakage):
@@ -129,10 +130,11 @@ def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, brea
             "frame over the limit": struct.pack(">I", 0xFFFFFFFF),
             "hello again": protocol.encode_frame(protocol.hello("default", 1, "again")),
             "disconnect": b"",
+            "closed mid-frame": protocol.encode_frame(protocol.results([ok]))[:9],
         }
         if frames[breakage]:
             worker.sock.sendall(frames[breakage])
-        else:
+        if not frames[breakage] or breakage == "closed mid-frame":
             worker.sock.shutdown(socket.SHUT_WR)
 
     response, worker = serve_one_batch(sidecar, pool, answer)
@@ -140,7 +142,9 @@ def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, brea
     assert response.json()["error"] == "worker_died"
     assert worker.closed_by_proxy()
     worker.close()
-    sidecar.wait_for_log(r"worker disconnected")
+    line = sidecar.wait_for_log(r"worker disconnected")
+    if breakage == "closed mid-frame":  # said so, not as tokio-util's "bytes remaining on stream"
+        assert "connection closed in the middle of a frame" in line, line
 
     # The proxy is unharmed: a well-behaved worker is served next.
     response, good = serve_one_batch(sidecar, pool, echo_back)
@@ -491,7 +495,8 @@ def test_a_worker_declaring_other_tensors_than_the_connected_ones_is_refused(sid
             sidecar.wait_for_log(r"worker connected", count=2)
         reject, closed = refused(sidecar, protocol.hello("default", 3, "b", inputs=int64))
         assert reject is not None and reject["type"] == "reject" and closed
-        assert 'is served under other tensors (inputs: "x" FP32 [3]' in reject["message"]
+        served = 'is served under other tensors (inputs: "x" FP32 [3]; outputs: none)'
+        assert served in reject["message"]
         metadata = sidecar.client.get("/v2/models/default").json()
         assert metadata["inputs"] == [{"name": "x", "datatype": "FP32", "shape": [-1, 3]}]
     # With none connected, a newcomer's tensors replace what the last ones left.

@@ -199,6 +199,9 @@ impl Stage {
                 format!("{:?} {} [{}{more}]", t.name, t.datatype, dims.join(", "))
             });
             let mut shown = each.collect::<Vec<_>>().join(", ");
+            if specs.is_empty() {
+                shown.push_str("none"); // not "outputs: )"
+            }
             if specs.len() > 8 {
                 shown.push_str(&format!(" and {} more", specs.len() - 8));
             }

@@ -286,6 +286,10 @@ impl std::fmt::Display for Ended {
 pub(super) fn read_error(e: io::Error) -> Ended {
     match e.kind() {
         io::ErrorKind::InvalidData | io::ErrorKind::InvalidInput => protocol_error(e),
+        // tokio-util's words for a stream that ended inside a frame.
+        _ if e.to_string() == "bytes remaining on stream" => {
+            died("connection closed in the middle of a frame".into())
+        }
         _ => died(format!("connection broken: {e}")),
     }
 }
