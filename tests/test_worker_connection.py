@@ -61,9 +61,13 @@ def test_embedding_sized_results_with_batches_sent_ahead_never_jam(corral_factor
     # answer is 1024 floats. Before the fix about 100 requests succeeded, then every request was
     # a 408 for good. Only the deadline is not the default, far beyond the work: the held batch
     # teaches the proxy a cost by which admission sheds some requests (503) at the default 5 s,
-    # and this test is about frames, not shedding.
+    # and this test is about frames, not shedding. An hour: a held batch of 2 after a first of 1
+    # reads as seconds an item, and a full batch of 32 as a minute (at 60 s, 47 of 640 were shed
+    # on a loaded machine once admission counted a batch's later arrivals in it).
     gate = tmp_path / "gate"
-    proxy = corral_factory("--timeout-ms=60000", worker=EMBEDDER, env={"EMBEDDER_GATE": str(gate)})
+    proxy = corral_factory(
+        "--timeout-ms=3600000", worker=EMBEDDER, env={"EMBEDDER_GATE": str(gate)}
+    )
     text = "lorem ipsum " * 700
 
     # 640 requests: far past the ~100 that got through before the fix, counted rather than
