@@ -185,7 +185,8 @@ impl ApiError {
     pub fn deadline_unreachable(retry_after_secs: u64, alone: bool) -> Self {
         let message = if alone {
             "the request alone is predicted to take longer than its deadline allows, even with \
-             nothing queued: give it a longer deadline or fewer items"
+             nothing queued: give it a longer deadline or fewer items (a deadline past the \
+             route's timeout is cut to it)"
         } else {
             "the job cannot finish before its deadline at the current load; retry later"
         };
