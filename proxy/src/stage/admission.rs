@@ -3,12 +3,14 @@
 //! (the load shedding of "The Throughput Paradox – Why a Machine Learning API Needs Load
 //! Shedding").
 //!
-//! A job is admitted only if predicted to finish with a [`margin`] to spare. The prediction
-//! replays the queue onto the workers: the jobs ahead, plus this request's, go out
-//! in full batches, each to the worker that frees up first; a batch costs what the learned model
-//! says. A job heavier than a full batch is never split: `Stage::predict` places it alone, after
-//! the work ahead. A busy worker frees up when its batch is expected to end. With no learned cost
-//! yet, or no connected worker, there is nothing to predict from and the job is admitted.
+//! A job is admitted only if predicted to finish with a [`margin`] to spare. The prediction replays
+//! the queue onto the workers: the jobs ahead, plus this request's, go out in full batches, each to
+//! the worker that frees up first; a batch costs what the learned model says. The request's own
+//! batch also carries the jobs expected to arrive behind it before it is taken
+//! ([`predicted_finish_joined`]). A job heavier than a full batch is never split: `Stage::predict`
+//! places it alone, after the work ahead. A busy worker frees up when its batch is expected to end.
+//! With no learned cost yet, or no connected worker, there is nothing to predict from and the job
+//! is admitted.
 //!
 //! The same replay says when a refused request may come back: a full queue, when enough jobs
 //! have left to make room (`queue_full`); a tenant over its share, when enough of its own have

@@ -369,6 +369,16 @@ async fn connect(uri: &Uri) -> Result<Link, Error> {
 mod tests {
     use super::*;
 
+    /// A collector at `address`, no connection made yet.
+    fn collector_at(address: std::net::SocketAddr) -> Collector {
+        Collector {
+            uri: format!("http://{address}/v1/traces").parse().unwrap(),
+            headers: Vec::new(),
+            resource: Resource::builder().build(),
+            idle: tokio::sync::Mutex::default(),
+        }
+    }
+
     /// A collector whose answer never ends (a wrong endpoint, a stream): read whole, it grew
     /// the proxy by gigabytes within the export's timeout. The status counts, a little of the
     /// body is read, and the connection is closed (the collector's writes then fail).
@@ -377,12 +387,7 @@ mod tests {
         use std::io::{BufRead, Read, Write};
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
-        let collector = Collector {
-            uri: format!("http://{address}/v1/traces").parse().unwrap(),
-            headers: Vec::new(),
-            resource: Resource::builder().build(),
-            idle: tokio::sync::Mutex::default(),
-        };
+        let collector = collector_at(address);
         let answered = std::thread::spawn(move || {
             let (socket, _) = listener.accept().unwrap();
             let mut reader = std::io::BufReader::new(socket.try_clone().unwrap());
@@ -420,12 +425,7 @@ mod tests {
     async fn a_timed_out_export_closes_its_connection() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let address = listener.local_addr().unwrap();
-        let collector = Collector {
-            uri: format!("http://{address}/v1/traces").parse().unwrap(),
-            headers: Vec::new(),
-            resource: Resource::builder().build(),
-            idle: tokio::sync::Mutex::default(),
-        };
+        let collector = collector_at(address);
         let accepted = std::thread::spawn(move || listener.accept().unwrap().0);
         // Connected first: under paused time the clock moves on while a connect is pending,
         // and the export could time out before writing anything.
