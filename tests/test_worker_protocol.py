@@ -825,30 +825,29 @@ def test_a_joining_worker_that_pulls_and_never_reads_is_sent_no_more(corral_fact
     # and never read its socket was answered every time: the queue went into frames waiting to
     # be written to it, job after job, each client ending 408 beside an idle worker and each
     # payload held until the stream timeout. An offer is answered only once the worker has
-    # read what it was sent before. (A long deadline: which of the three requests the first
-    # offer takes is the race's, and the others must outlast a loaded machine's queueing.)
+    # read what it was sent before.
     proxy = corral_factory("--max-wait-ms=0", "--retries=0", "--timeout-ms=60000", worker=None)
     reader = FakeWorker(proxy.socket, features=["stream", "join", "cancel"])
     proxy.wait_for_log(r"worker connected")
     first = pool.submit(proxy.post, {"x": 0})
     assert len(reader.receive()["jobs"]) == 1
-    # From here it only offers room, and reads nothing: frames larger than the socket
-    # buffers stay unwritten.
+    # From here it only offers room, and reads nothing: a frame larger than the socket
+    # buffers stays unwritten.
     heavy = "y" * (1 << 20)
-    answers = []
-    for i in range(3):  # (the pool's fourth thread waits for `first`)
-        reader.send(protocol.pull(1))
-        answers.append(pool.submit(proxy.post, {"x": i, "heavy": heavy}))
+    sent = lambda: proxy.metric("corral_batch_size_count", stage="default")  # noqa: E731
     depth = lambda: proxy.metric("corral_queue_depth", stage="default")  # noqa: E731
-    proxy.wait_until(lambda: depth() == 2, what="two jobs left for another worker")
+    reader.send(protocol.pull(1))
+    joined = pool.submit(proxy.post, {"x": 1, "heavy": heavy})
+    proxy.wait_until(lambda: sent() == 2 and depth() == 0, what="the offer answered")
+    # Offered again, with that frame unwritten: the next job waits for another worker.
+    reader.send(protocol.pull(1))
+    waiting = pool.submit(proxy.post, {"x": 2, "heavy": heavy})
+    proxy.wait_until(lambda: depth() == 1, what="a job left for another worker")
     healthy = FakeWorker(proxy.socket)
-    served = 0
-    while served < 2:
-        batch = healthy.receive()
-        echo_back(healthy, batch)
-        served += len(batch["jobs"])
-    reader.close()  # the one job it was sent dies with it (no retries)
-    statuses = [answer.result(timeout=30).status_code for answer in answers]
-    assert sorted(statuses) == [200, 200, 500], statuses
+    echo_back(healthy, healthy.receive())
+    assert waiting.result(timeout=30).status_code == 200
+    assert sent() == 3
+    reader.close()  # what it was sent dies with it (no retries)
+    assert joined.result(timeout=30).status_code == 500
+    assert first.result(timeout=30).status_code == 500
     healthy.close()
-    assert first.result(timeout=30).status_code == 500, "held by a worker that hung up"
