@@ -212,7 +212,9 @@ def test_a_body_in_one_byte_chunks_is_gathered_not_held_chunk_by_chunk(corral_fa
     import socket
     from urllib.parse import urlparse
 
-    proxy = corral_factory("--timeout-ms=120000")
+    # A body clock as long as the deadline: 6 MB of one-byte chunks outlasted the default 30 s
+    # on a loaded machine (a 408, not what the test is about; CI failed on it once).
+    proxy = corral_factory("--timeout-ms=120000", "--body-read-timeout-ms=120000")
     text = b'"' + b"a" * (1024 * 1024) + b'"'
     chunks = b"".join(b"1\r\n" + text[i : i + 1] + b"\r\n" for i in range(len(text)))
     before = peak_rss_bytes(proxy.proc.pid)
