@@ -121,6 +121,15 @@ pub fn margin(timeout: Duration) -> Duration {
     timeout / 20
 }
 
+/// The queued jobs' mean weight (1 with none queued).
+fn mean_weight(jobs: &Lanes) -> f64 {
+    if jobs.is_empty() {
+        1.0
+    } else {
+        jobs.weight() as f64 / jobs.len() as f64
+    }
+}
+
 /// `Retry-After` for a refused job: how far past its deadline it was predicted to finish,
 /// rounded up to whole seconds (at least one).
 pub fn retry_after(finish: Instant, deadline: Instant) -> Duration {
@@ -302,8 +311,7 @@ impl Stage {
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         if weights().all(|weight| weight <= max) {
-            let jobs = &queue.jobs;
-            let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
+            let mean = mean_weight(&queue.jobs);
             let gap = queue.arrivals.mean_gap();
             let joining = |taken| expected_weight(gap, now, taken, mean);
             return predicted_finish_joined(
@@ -341,9 +349,7 @@ impl Stage {
     /// The weight of a full batch: the budget, or a full batch's jobs ([`Stage::batch_jobs`])
     /// of the queue's mean weight, whichever is less.
     pub(super) fn batch_weight(&self, queue: &Queue) -> usize {
-        let jobs = &queue.jobs;
-        let mean = if jobs.is_empty() { 1.0 } else { jobs.weight() as f64 / jobs.len() as f64 };
-        self.full_batch(queue, mean)
+        self.full_batch(queue, mean_weight(&queue.jobs))
     }
 
     /// The weight of a full batch of jobs weighing `mean` each: the budget, or a full batch's
