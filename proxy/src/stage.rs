@@ -41,7 +41,7 @@ use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 use crate::traffic::Class;
 use admission::Ahead;
-use arrivals::Arrivals;
+use arrivals::{Arrivals, Recent};
 use cost::CostModel;
 pub use declared::{Declared, Parts};
 pub use departure::Departure;
@@ -127,6 +127,9 @@ struct Queue {
     /// The queued jobs, in lanes by class and tenant ([`lanes`]).
     jobs: Lanes,
     arrivals: Arrivals,
+    /// The recent arrivals of each class (by [`Class::index`]): how fast higher classes' jobs
+    /// come, which go before a lower one while it waits ([`admission::overtaking`]).
+    classes: [Recent; 3],
     /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
     /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
@@ -607,6 +610,7 @@ impl Stage {
             }
             for job in &jobs {
                 queue.arrivals.record(job.arrived);
+                queue.classes[job.class.index()].record(job.arrived, job.weight);
                 queue.returns.arrived(job.arrived, self.settings.max_wait);
             }
             queue.jobs.push(jobs, now);

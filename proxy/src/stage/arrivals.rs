@@ -1,4 +1,5 @@
-//! How fast jobs arrive: an exponentially weighted mean of the gaps between arrivals.
+//! How fast jobs arrive: an exponentially weighted mean of the gaps between arrivals
+//! ([`Arrivals`]), and the weight that arrived over about the last second ([`Recent`]).
 //!
 //! Closed-loop clients arrive in bursts (a burst of replies triggers a burst of new requests),
 //! so the mean gap is smoothed over a few dozen arrivals rather than the last one.
@@ -38,6 +39,59 @@ impl Arrivals {
     }
 }
 
+/// The time over which [`Recent`] counts arrivals.
+const WINDOW: Duration = Duration::from_secs(1);
+
+/// Fewer arrivals than this in about a [`WINDOW`] make no rate: one job, or a few, say nothing
+/// of what follows (a single high job of weight 100,000, read as 100,000 a second, had every
+/// normal job behind it refused as if a flood of them were on its way).
+const FEWEST: f64 = 10.0;
+
+/// The jobs and weight that arrived over about the last [`WINDOW`], each arrival counted with a
+/// weight that decays by e every window: what a rate of arrivals is read from where the mean
+/// gap will not do. Read between closed-loop bursts (four jobs at once, then 50 ms of none), a
+/// mean gap, or the time since the last arrival, swung with where in the burst it was read;
+/// and traffic that stopped fades out of it by itself.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Recent {
+    last: Option<Instant>,
+    /// When the arrivals counted began (after a time with none).
+    since: Option<Instant>,
+    jobs: f64,
+    weight: f64,
+}
+
+impl Recent {
+    pub fn record(&mut self, now: Instant, weight: u32) {
+        let fade = self.fade(now);
+        if self.jobs * fade < 0.01 {
+            self.since = Some(now);
+        }
+        self.jobs = self.jobs * fade + 1.0;
+        self.weight = self.weight * fade + f64::from(weight);
+        self.last = Some(now);
+    }
+
+    /// The weight arriving a second, as of `now`; None while fewer than [`FEWEST`] jobs came
+    /// in about the last second. Arrivals that began less than a window ago are counted over
+    /// the time since (at least a quarter window): counted over a whole window, a flood
+    /// seemed to grow for seconds after it began.
+    pub fn weight_rate(&self, now: Instant) -> Option<f64> {
+        let fade = self.fade(now);
+        let since = self.since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
+        let counted = since.max(WINDOW / 4).as_secs_f64() / WINDOW.as_secs_f64();
+        let window = WINDOW.as_secs_f64() * (1.0 - (-counted).exp());
+        (self.jobs * fade >= FEWEST).then(|| self.weight * fade / window)
+    }
+
+    /// What the counts as of the last arrival are worth at `now`.
+    fn fade(&self, now: Instant) -> f64 {
+        let Some(last) = self.last else { return 0.0 };
+        let age = now.saturating_duration_since(last).as_secs_f64();
+        (-age / WINDOW.as_secs_f64()).exp()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -53,5 +107,50 @@ mod tests {
         let gap = arrivals.mean_gap().unwrap().as_secs_f64();
         assert!((gap - 0.002).abs() < 1e-9, "{gap}");
         assert_eq!(arrivals.last(), Some(start + Duration::from_millis(398)));
+    }
+
+    #[test]
+    fn the_recent_rate_counts_the_last_second_whatever_the_bursts() {
+        let mut recent = Recent::default();
+        let start = Instant::now();
+        assert_eq!(recent.weight_rate(start), None);
+        // 80 jobs of weight 2 a second, in bursts of four every 50 ms, for ten seconds.
+        for burst in 0..200 {
+            for _ in 0..4 {
+                recent.record(start + Duration::from_millis(50 * burst), 2);
+            }
+        }
+        // Read anywhere between two bursts, about 160 a second (within a burst's size).
+        for after in [0, 25, 49] {
+            let now = start + Duration::from_millis(50 * 199 + after);
+            let rate = recent.weight_rate(now).unwrap();
+            assert!((150.0..=170.0).contains(&rate), "{after} ms after a burst: {rate}");
+        }
+        // Traffic that stopped fades: three seconds later, too few to make a rate.
+        assert_eq!(recent.weight_rate(start + Duration::from_secs(13)), None);
+    }
+
+    #[test]
+    fn a_flood_is_counted_at_its_rate_from_its_first_half_second() {
+        let mut recent = Recent::default();
+        let start = Instant::now();
+        // 80 a second begins; half a second in, about 80 a second already.
+        for i in 0..40 {
+            recent.record(start + Duration::from_micros(12_500 * i), 1);
+        }
+        let rate = recent.weight_rate(start + Duration::from_millis(500)).unwrap();
+        assert!((76.0..=84.0).contains(&rate), "{rate}");
+    }
+
+    #[test]
+    fn a_few_heavy_jobs_make_no_rate() {
+        let mut recent = Recent::default();
+        let start = Instant::now();
+        for _ in 0..9 {
+            recent.record(start, 100_000);
+        }
+        assert_eq!(recent.weight_rate(start), None);
+        recent.record(start, 100_000);
+        assert!(recent.weight_rate(start).is_some());
     }
 }

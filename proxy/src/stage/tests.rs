@@ -1267,3 +1267,75 @@ async fn a_join_behind_a_job_retried_alone_looks_again_once_a_purge_takes_it_out
     let joined = tokio::time::timeout(Duration::from_secs(60), join).await;
     assert_eq!(payloads(&joined.expect("the join woke")), [b"c"]);
 }
+
+/// A stage of batches of 4 costing 50 ms (80 jobs a second), its one worker kept busy by
+/// closed-loop `high` clients, 4 arriving as each batch ends, for `seconds`: the worker is
+/// never free for a lower class before its promotion.
+async fn flooded_by_high(seconds: u64) -> (Stage, Vec<oneshot::Receiver<Reply>>) {
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    for _ in 0..5 {
+        seat.finished(4, 4, Duration::from_millis(50));
+    }
+    let mut answers = Vec::new();
+    for _ in 0..seconds * 20 {
+        for _ in 0..4 {
+            let (mut job, answer) = classed(b"h", Class::High, None, 1);
+            job.deadline += Duration::from_secs(25);
+            stage.submit(job).unwrap();
+            answers.push(answer);
+        }
+        assert_eq!(seat.next_batch().await.len(), 4);
+        tokio::time::advance(Duration::from_millis(50)).await;
+        seat.finished(4, 4, Duration::from_millis(50));
+    }
+    // The next round of high jobs is queued; the worker takes it.
+    for _ in 0..4 {
+        let (mut job, answer) = classed(b"h", Class::High, None, 1);
+        job.deadline += Duration::from_secs(25);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+    }
+    assert_eq!(seat.next_batch().await.len(), 4);
+    std::mem::forget(seat);
+    (stage, answers)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refused_at_once() {
+    // The queue ahead of a low job is empty (the high ones are taken as they come), but the
+    // high ones arriving as fast as the worker serves them go first until the low job's
+    // promotion to high, 10 s away: with 3 s to live it is refused now, not answered 408 at 3 s.
+    let (stage, _high) = flooded_by_high(2).await;
+    let (mut low, _low) = classed(b"low", Class::Low, None, 1);
+    low.deadline -= Duration::from_secs(2); // 3 s
+    match stage.submit(low) {
+        Err(Shed::DeadlineUnreachable { retry_after, alone: false }) => {
+            assert!(retry_after >= Duration::from_secs(5), "{retry_after:?}");
+        }
+        other => panic!("expected deadline_unreachable, got {other:?}"),
+    }
+    // A normal one is passed only until its one promotion (5 s): refused too at 3 s...
+    let (mut normal, _normal) = classed(b"normal", Class::Normal, None, 1);
+    normal.deadline -= Duration::from_secs(2);
+    assert!(matches!(stage.submit(normal), Err(Shed::DeadlineUnreachable { .. })));
+    // ...and admitted with 30 s, as is a low one: promoted, they go before later high jobs.
+    for class in [Class::Normal, Class::Low] {
+        let (mut patient, answer) = classed(b"patient", class, None, 1);
+        patient.deadline += Duration::from_secs(25);
+        stage.submit(patient).unwrap();
+        std::mem::forget(answer);
+    }
+    // A high job is passed by nothing.
+    let (high, _answer) = classed(b"high", Class::High, None, 1);
+    stage.submit(high).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_arrivals_that_stopped_hold_nothing_back() {
+    let (stage, _high) = flooded_by_high(2).await;
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let (mut low, _low) = classed(b"low", Class::Low, None, 1);
+    low.deadline -= Duration::from_secs(2);
+    stage.submit(low).unwrap();
+}
