@@ -761,6 +761,70 @@ def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch
     assert sum(link.offers) == bound - len(jobs)  # none past the bound
 
 
+def test_a_joining_feed_that_never_returns_is_closed_past_its_positions(monkeypatch):
+    """A joining generator written as a loop that never returns (a feed taking whatever
+    joins) is never "done": once it held no job, the proxy sent it a batch as to any idle
+    worker, the run took it in, and past the bound its positions grew without end. Past the
+    bound, holding no job, it is given one step to return, then closed; the batch the proxy
+    sent is left for the serve loop (the next run)."""
+    monkeypatch.setattr(_streaming, "MAX_POSITIONS", 0)
+    bound = 16 * 4
+
+    class Link:  # the proxy: a job for each offer, and a batch to a worker holding none
+        def __init__(self):
+            self.owed = 0
+            self.taken = 4
+            self.ended = 0
+            self.left_queued = 0
+
+        def send(self, frame):
+            message = msgpack.unpackb(frame[4:])
+            if message["type"] == "pull":
+                self.owed = message["max"]
+
+        def send_results(self, results):
+            self.ended += len(results)
+
+        def take_cancelled(self):
+            return set()
+
+        def keep_cancelled(self, ids):
+            list(ids)
+
+        def take_batches(self):
+            owed, self.owed = self.owed, 0
+            if not owed and self.taken == self.ended:
+                owed = 1  # idle in the proxy's eyes: it sends a batch anyway
+            self.taken += owed
+            assert self.taken < 10 * bound, "the run never ended"
+            return [[protocol.job(os.urandom(16), 60_000, msgpack.packb("x"))] for _ in range(owed)]
+
+    class Feed(corral.Worker):
+        max_running = 4
+
+        def forward(self, items):
+            items, done = list(items), set()
+            self.closed = False
+            try:
+                while True:
+                    out = [None] * len(items)
+                    for p in range(len(items)):
+                        if p not in done:
+                            out[p] = corral.END
+                            done.add(p)
+                    items += yield out
+            finally:
+                self.closed = True
+                self.positions = len(items)
+
+    link, worker = Link(), Feed()
+    jobs = [protocol.job(os.urandom(16), 60_000, msgpack.packb("x")) for _ in range(4)]
+    _streaming.run(worker, jobs, link, _streaming.limit(worker))
+    assert worker.closed
+    assert bound <= worker.positions < bound + 4  # the last batch may take it past by its size
+    assert link.ended == worker.positions  # every job it took was answered
+
+
 def test_a_forward_that_changes_its_run_s_lists_fails_its_batch_not_the_worker():
     class Meddles(corral.Worker):
         def forward(self, words):

@@ -413,6 +413,33 @@ def test_a_typed_worker_s_rows_are_views_too(real_np):
     assert seen.dtype == real_np.float32 and not seen.flags.writeable
 
 
+def test_an_any_field_gets_its_array_whatever_its_sibling_fields(real_np):
+    """A row whose tensors a typed field takes as lists (``list[float]``) is decoded on a
+    second try that turns tensors into lists: its ``Any`` field got a list there, an array
+    beside fields that take tensors as they come. The README promises ``Any`` fields arrays."""
+
+    class Row(msgspec.Struct):
+        RAW: Any
+        V: list[float]
+
+    class Mixed(corral.Worker):
+        inputs = (corral.Tensor("RAW", "FP32", [2]), corral.Tensor("V", "FP32", [2]))
+        input_type = Row
+
+        def forward(self, rows):
+            self.seen = rows
+            return [row.RAW.sum() + sum(row.V) for row in rows]
+
+    worker = Mixed()
+    with FakeProxy(worker) as proxy:
+        row = {"RAW": tensor([1.0, 2.0], "FP32"), "V": tensor([3.0, 4.0], "FP32")}
+        (result,) = proxy.infer([row])
+    assert result.value == 10.0
+    (seen,) = worker.seen
+    assert isinstance(seen.RAW, real_np.ndarray) and seen.RAW.dtype == real_np.float32
+    assert seen.V == [3.0, 4.0]
+
+
 # -- encoding outputs ---------------------------------------------------------------------------
 
 

@@ -20,7 +20,7 @@ import pytest
 
 import corral
 from corral import _protocol as protocol
-from corral import testing
+from corral import _worker, testing
 from corral.testing import FakeProxy, Result
 
 
@@ -1122,3 +1122,14 @@ def test_an_output_content_type_set_after_the_class_is_checked_when_it_serves():
     with pytest.raises(Exception, match="output_content_type must be a media type"):
         with FakeProxy(Thumbnail()) as proxy:
             proxy.infer([b"x"], content_type="image/png")
+
+
+def test_the_worker_s_own_arguments_are_not_taken_for_abbreviations(monkeypatch):
+    # argparse's abbreviations read a worker's own `--sock x` as `--socket x`, and refused its
+    # `--s 5` as ambiguous (exit 2) before the worker's code ran.
+    monkeypatch.setattr(sys, "argv", ["worker.py", "--sock", "/elsewhere", "--s", "5"])
+    options = _worker._options_from_argv()
+    assert (options.socket, options.stage) == (None, None)
+    monkeypatch.setattr(sys, "argv", ["worker.py", "--socket", "/s.sock", "--stage", "embed"])
+    options = _worker._options_from_argv()
+    assert (options.socket, options.stage) == ("/s.sock", "embed")

@@ -105,7 +105,12 @@ def lenient(input_type: Any, info: msgspec.inspect.Type) -> Lenient | None:
     lists the type asks for (typed workers once refused every v2 request)."""
     if holds(info, lambda node: isinstance(node, msgspec.inspect.RawType)):
         return None
-    return Lenient(input_type, json_form=holds(info, refused_in_json_form), text=text_inputs(info))
+    return Lenient(
+        input_type,
+        json_form=holds(info, refused_in_json_form),
+        text=text_inputs(info),
+        arrays=any_inputs(info),
+    )
 
 
 # Types whose JSON form is a string: a v2 client's text reaches them as BYTES.
@@ -158,22 +163,48 @@ def text_inputs(info: msgspec.inspect.Type) -> Callable[[Any], bool]:
     return frozenset(text - other).__contains__
 
 
+def any_inputs(info: msgspec.inspect.Type) -> Callable[[Any], bool]:
+    """Which of a v2 row's inputs (the keys of its map) ``input_type`` (``info``) types
+    ``typing.Any``, in every member of a union that has it: those keep their tensor as it
+    arrives (a numpy array), as the one-pass decoder gives them. Turned into lists with the
+    rest on the second try, an ``Any`` field's value was an array or a list depending on its
+    sibling fields (a list beside a ``list[float]`` field)."""
+    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    anything: set[str] = set()
+    other: set[str] = set()
+    for member in members:
+        fields = getattr(member, "fields", None)  # Structs, dataclasses, TypedDicts
+        if isinstance(fields, tuple):
+            for field in fields:
+                is_any = isinstance(field.type, msgspec.inspect.AnyType)
+                (anything if is_any else other).add(field.encode_name)
+    return frozenset(anything - other).__contains__
+
+
 class Lenient:
     """The second try at a payload the one-pass decoder of ``input_type`` refused: decoded as
     any msgpack value, its tensor values as nested lists, then converted to ``input_type`` from
     its JSON form. Only a payload that may be worth it is tried: one with a tensor value, or any
     where the type holds values refused in their JSON form (``json_form``)."""
 
-    def __init__(self, input_type: Any, json_form: bool, text: Callable[[Any], bool]) -> None:
+    def __init__(
+        self,
+        input_type: Any,
+        json_form: bool,
+        text: Callable[[Any], bool],
+        arrays: Callable[[Any], bool],
+    ) -> None:
         self.type = input_type
         self.json_form = json_form
         self.text = text
+        self.arrays = arrays
 
     def decode(self, payload: bytes | memoryview, refused: msgspec.ValidationError) -> Any:
         """The payload as ``input_type``, or :class:`ValidationError` with msgspec's message
         about its JSON form (an invalid base64 string, say, rather than "expected bytes"); the
         first decoder's (``refused``) where a second try could change nothing."""
         strings: set[int] = set()  # the ids of the lists BYTES tensors became
+        tensors: dict[int, Any] = {}  # each tensor as it came, by the id of its lists
         found = []
 
         def ext_hook(code: int, data: Any) -> Any:
@@ -185,6 +216,7 @@ class Lenient:
             # numpy's BYTES are an object array; without numpy, nested lists of bytes.
             if value.dtype.kind == "O" if hasattr(value, "dtype") else _holds_bytes(value):
                 strings.add(id(listed))
+            tensors[id(listed)] = value
             return listed
 
         try:
@@ -194,17 +226,23 @@ class Lenient:
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
         if not found and not self.json_form:
             raise ValidationError(str(refused)) from refused
-        if strings and isinstance(value, dict):
-            # A v2 row: its BYTES inputs as text where the type takes text (`text_inputs`).
-            value = {
-                key: _as_text(item) if id(item) in strings and self.text(key) else item
-                for key, item in value.items()
-            }
+        if tensors and isinstance(value, dict):
+            # A v2 row: its BYTES inputs as text where the type takes text (`text_inputs`), its
+            # inputs typed `Any` as they came (`any_inputs`).
+            value = {key: self._input(key, item, strings, tensors) for key, item in value.items()}
         try:
             # str_keys: a JSON object's keys are strings, whatever the type's are.
             return msgspec.convert(value, self.type, str_keys=True)
         except msgspec.ValidationError as e:
             raise ValidationError(str(e)) from e
+
+    def _input(self, key: Any, item: Any, strings: set[int], tensors: dict[int, Any]) -> Any:
+        """A v2 row's input as its field wants it (``item``: its tensor's lists, if it is one)."""
+        if id(item) in tensors and self.arrays(key):
+            return tensors[id(item)]
+        if id(item) in strings and self.text(key):
+            return _as_text(item)
+        return item
 
 
 def _holds_bytes(listed: Any) -> bool:

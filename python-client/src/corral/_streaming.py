@@ -224,10 +224,17 @@ class _Run:
         self.offer = 0  # the standing pull offer, 0 for none
         self.last_cancelled = False  # whether the job that ended last ended without an END
         self.sent_at = time.monotonic()  # when a frame last went to the proxy
+        self.idle_when_full = 0  # steps taken holding no job, past the positions
 
     @property
     def running(self) -> int:
         return len(self.live)
+
+    def full(self) -> bool:
+        """Whether a joining run has taken all the positions it may (:data:`MAX_POSITIONS`):
+        it is offered no more room, and takes in no batch the proxy sends: that starts the
+        next run."""
+        return bool(self.limit) and len(self.ids) >= max(MAX_POSITIONS, 16 * self.limit)
 
     def abandoned(self) -> bool:
         """Whether nothing the generator computes can reach anyone: a worker that does not join
@@ -236,8 +243,20 @@ class _Run:
         (``GeneratorExit``, its ``finally`` runs). Stepped on, a generator that runs until it is
         cancelled (a live feed) ran for good: the next batch waited behind it until the proxy
         declared the worker hung. One whose last item ended with ``END`` runs on to its return,
-        as it always has (its code after the last yield runs)."""
-        return not self.live and not self.limit and self.last_cancelled
+        as it always has (its code after the last yield runs).
+
+        A joining run past its positions (:meth:`full`) that holds no job is given one more step
+        to return, then closed alike: a generator written as a loop that never returns (a feed
+        that takes whatever joins) had taken in every batch the proxy sent it once idle, and its
+        positions grew without end (8,000 after 8,000 requests)."""
+        if self.live:
+            return False
+        if not self.limit:
+            return self.last_cancelled
+        if self.full():
+            self.idle_when_full += 1
+            return self.idle_when_full > 1
+        return False
 
     def live_ids(self) -> list[bytes]:
         """The ids of the jobs not yet ended, in order."""
@@ -303,7 +322,9 @@ class _Run:
         # is queued by now and is taken in below.
         cancelled = self.link.take_cancelled()
         joined: list[Any] = []
-        if self.limit:
+        # Past its positions, a run takes no batch in: one sent to it once it held no job is the
+        # next run's (read by the serve loop once this generator is closed).
+        if self.limit and not self.full():
             for jobs in self.link.take_batches():
                 self.offer = 0  # the batch answering an offer uses it up
                 joined.extend(self.admit(jobs))
@@ -324,12 +345,7 @@ class _Run:
         self.flush()
         if not self.live:
             self.offer = 0  # holding no job, the worker is idle: an offer lapses with that
-        elif (
-            self.limit
-            and not self.offer
-            and self.running < self.limit
-            and len(self.ids) < max(MAX_POSITIONS, 16 * self.limit)
-        ):
+        elif self.limit and not self.offer and self.running < self.limit and not self.full():
             # One offer at a time: a new one only once the last was answered, so that the
             # proxy can never send more than the room there was. None while holding no job:
             # the proxy then sends a batch anyway, as to any idle worker.

@@ -470,7 +470,9 @@ def _outputs(returned: Any) -> Any:
 def _options_from_argv() -> argparse.Namespace:
     """``--socket`` and ``--stage`` if the command line has them; other arguments are the
     worker's own."""
-    parser = argparse.ArgumentParser(add_help=False)
+    # No abbreviations: the worker's own `--s 5` was refused as ambiguous, its `--sock` taken
+    # for the socket.
+    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
     parser.add_argument("--socket")
     parser.add_argument("--stage")
     known, _ = parser.parse_known_args(sys.argv[1:])
