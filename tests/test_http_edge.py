@@ -378,6 +378,17 @@ def test_an_http11_request_without_exactly_one_host_is_a_400(corral_factory):
         assert read_answer(conn)[0].startswith(b"HTTP/1.0 200")
 
 
+def test_a_request_without_a_path_is_told_so(corral_factory):
+    # CONNECT's authority-form target has no path: its 404 had said "no route for ".
+    proxy = corral_factory(worker=None)
+    with connect(proxy) as conn:
+        conn.sendall(b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n")
+        status, body, _ = read_answer(conn)
+    assert status.startswith(b"HTTP/1.1 404"), status
+    message = "no route for a request without a path (Corral is no forward proxy)"
+    assert json.loads(body) == {"error": "not_found", "message": message}
+
+
 def test_an_http10_keep_alive_client_told_the_connection_closes_reads_close_alone(
     corral_factory,
 ):

@@ -457,6 +457,9 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         (["--tenant-header", "x-request-id"], None, "x-request-id is a header Corral reads"),
         (["--tenant-header", "Content-Encoding"], None, "content-encoding is a header Corral"),
         (["--tenant-header", "transfer-encoding"], None, "transfer-encoding is a header Corral"),
+        # HTTP/2 carries it as :authority: its clients had no tenant, and no quota.
+        (["--tenant-header", "Host"], None, "host is a header Corral reads for something else"),
+        ([], 'tenant_header = "cookie"\n', "tenant_header: cookie cannot name a tenant"),
         ([], "[stages.s]\nmax_batch_weight = 0\n", "stages.s.max_batch_weight"),
         ([], '[stages.s]\n[routes.r]\npipeline = "s"\npriority = "urgent"\n', "priority"),
     ],

@@ -384,7 +384,7 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
     // request (a tenant's value never is), and names one request, not a tenant.
     use crate::http::{deadline, protocols::native, protocols::v2, routes, traffic};
     use http::header::{
-        ACCEPT, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, EXPECT,
+        ACCEPT, CONNECTION, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, COOKIE, EXPECT, HOST,
         TRANSFER_ENCODING,
     };
     let own = [
@@ -408,9 +408,20 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
         TRANSFER_ENCODING.as_str(),
         EXPECT.as_str(),
         CONNECTION.as_str(),
+        // HTTP/1.1 must carry one (checked here); HTTP/2 carries it as `:authority`, and as a
+        // tenant its clients had none: they escaped every tenant's quota and turns.
+        HOST.as_str(),
     ];
     if own.contains(&name.as_str()) {
         return Err(format!("{name} is a header Corral reads for something else"));
+    }
+    if name == COOKIE {
+        // Several cookies in one field, and over HTTP/2 one field per cookie (fields that
+        // differ: every such request a 400).
+        return Err("cookie cannot name a tenant: it holds every cookie of the client, one \
+                    field per cookie over HTTP/2; have the gateway copy the tenant into a \
+                    header of its own"
+            .to_string());
     }
     Ok(name)
 }
@@ -543,6 +554,7 @@ mod tests {
             "transfer-encoding",
             "expect",
             "connection",
+            "host",
         ];
         for name in read {
             for spelled in [name.to_string(), name.to_uppercase(), format!(" {name} ")] {
@@ -550,6 +562,9 @@ mod tests {
                 assert_eq!(refused, format!("{name} is a header Corral reads for something else"));
             }
         }
+        assert!(parse_header_name("Cookie")
+            .unwrap_err()
+            .starts_with("cookie cannot name a tenant"));
         for name in ["x-corral-tenant", "x-api-key", "authorization-tenant"] {
             assert_eq!(parse_header_name(name).unwrap().as_str(), name);
         }

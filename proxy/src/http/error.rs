@@ -48,7 +48,13 @@ impl ApiError {
     }
 
     pub fn not_found(path: &str) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", format!("no route for {path}"))
+        let message = match path {
+            // An authority-form target (`CONNECT host:443`) has no path: "no route for " said
+            // nothing.
+            "" => "no route for a request without a path (Corral is no forward proxy)".into(),
+            path => format!("no route for {path}"),
+        };
+        Self::new(StatusCode::NOT_FOUND, "not_found", message)
     }
 
     pub fn method_not_allowed(method: &http::Method, allow: &'static str) -> Self {
