@@ -352,7 +352,9 @@ def test_gpus_all_gives_up_on_an_nvidia_smi_that_never_answers(tmp_path):
 def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
     proxy = Corral(tmp_path, "--worker-env", "A=1", "--workers-per-gpu", "2", worker=None)
     try:
-        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+        proxy.wait_for_log(
+            r"--worker-env \(or a config file's `worker_env`\) sets .* it is not used"
+        )
         proxy.wait_for_log(r"--workers-per-gpu .* places workers .* it is not used")
     finally:
         proxy.stop()
@@ -374,8 +376,10 @@ def test_options_for_spawned_workers_are_warned_of_with_a_file_of_external_stage
         worker=None,
     )
     try:
-        proxy.wait_for_log(r"--workers counts the workers Corral spawns")
-        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+        proxy.wait_for_log(r"--workers \(or a config file's `workers`\) counts the workers")
+        proxy.wait_for_log(
+            r"--worker-env \(or a config file's `worker_env`\) sets .* it is not used"
+        )
         proxy.wait_for_log(r"--workers-per-gpu .* places workers .* it is not used")
         stage = proxy.wait_for_log(r"stage.*stage=a")
         assert "workers=0" in stage, stage
@@ -398,8 +402,10 @@ def test_a_file_s_top_level_workers_and_worker_env_where_nothing_spawns_are_warn
     (tmp_path / "c.toml").write_text('workers = 4\nworker_env = ["A=1"]\n[stages.a]\n')
     proxy = Corral(tmp_path, "--config", str(tmp_path / "c.toml"), worker=None)
     try:
-        proxy.wait_for_log(r"--workers counts the workers Corral spawns")
-        proxy.wait_for_log(r"--worker-env sets the environment .* it is not used")
+        proxy.wait_for_log(r"--workers \(or a config file's `workers`\) counts the workers")
+        proxy.wait_for_log(
+            r"--worker-env \(or a config file's `worker_env`\) sets .* it is not used"
+        )
     finally:
         proxy.stop()
 

@@ -248,6 +248,9 @@ def test_a_worker_command_that_cannot_start_is_said_and_counted(corral_factory, 
     missing = str(tmp_path / "no-such-model-server")
     proxy = corral_factory("--workers=1", "--", missing, worker=None)
     proxy.wait_for_log(r"could not start worker", count=2)
+    # The log counts the failed starts as the metric does (it had said restarts=0 throughout).
+    tries = [line for line in proxy.lines if "could not start worker" in line]
+    assert "restarts=0" in tries[0] and "restarts=1" in tries[1], tries
     message = proxy.client.get("/readyz").json()["message"]
     assert "the last with a failed start (No such file or directory" in message, message
     proxy.wait_until(

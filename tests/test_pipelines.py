@@ -545,6 +545,25 @@ CONFIG_ERRORS = {
         TWO + '[pipelines.p]\nstages = ["a"]\n',
         "stages.b: no route's pipeline uses this stage",
     ),
+    # Found at bind, these had been named `--socket`, and the exit was 1.
+    "a socket path too long": (
+        f'socket = "/tmp/{"s" * 120}.sock"\n' + STAGE,
+        f"socket: /tmp/{'s' * 120}.sock: the path is 130 bytes long",
+    ),
+    "a socket in no directory": (
+        'socket = "/nowhere/at/all/w.sock"\n' + STAGE,
+        "socket: /nowhere/at/all/w.sock: the directory /nowhere/at/all does not exist",
+    ),
+    # As `--cpus ''` and `gpus = []` are: the workers had started unpinned.
+    "an empty cpus list": (
+        '[stages.a]\ncommand = ["true"]\ncpus = []\n',
+        "stages.a.cpus: an empty list; leave the key out for no pinning",
+    ),
+    # serde listed the 40 top-level keys, and not where this one goes.
+    "a stage's key at the top level": (
+        "cpus = [0]\n" + STAGE,
+        "cpus: a stage's own key, not a top-level one: put it under [stages.NAME]",
+    ),
 }
 
 
@@ -556,6 +575,15 @@ def test_config_errors_name_the_key_and_nothing_starts(tmp_path, case):
     assert expected in result.stderr
     assert "listening" not in result.stderr
     assert not (tmp_path / "s.sock").exists()
+
+
+def test_a_socket_flag_that_cannot_be_bound_is_a_config_error_naming_it(tmp_path):
+    # Found at bind, it had exited 1 after binding HTTP.
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "no" / "s.sock")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert f"--socket: {tmp_path / 'no' / 's.sock'}: the directory" in result.stderr
+    assert "listening" not in result.stderr
 
 
 def test_a_missing_config_file_is_an_error(tmp_path):

@@ -205,14 +205,16 @@ fn warn_of_unused_options(
     if !spawns && (explicit("workers") || config.workers != 1) {
         tracing::warn!(
             workers = config.workers,
-            "--workers counts the workers Corral spawns, and no worker command follows `--` \
+            "--workers (or a config file's `workers`) counts the workers Corral spawns, and no \
+             worker command follows `--` \
              (nor has any stage of a config file a `command`): none is spawned, workers are \
              expected to connect on their own"
         );
     }
     if !spawns && (explicit("worker_env") || !config.file_worker_env.is_empty()) {
         tracing::warn!(
-            "--worker-env sets the environment of the workers Corral spawns, and no worker \
+            "--worker-env (or a config file's `worker_env`) sets the environment of the workers \
+             Corral spawns, and no worker \
              command follows `--` (nor has any stage of a config file a `command`): it is not \
              used"
         );

@@ -300,7 +300,7 @@ async fn supervise(
         let mut child = match start(&command, index).await {
             Ok(child) => child,
             Err(e) => {
-                error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, "could not start worker");
+                error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, restarts, "could not start worker");
                 // Said where an exit is (`/readyz`) and counted as a restart when tried again:
                 // a command that never starts had looked like a slow start, with no alert.
                 (command.on_exit.0)(&format!("a failed start ({e})"));
@@ -309,6 +309,9 @@ async fn supervise(
                     return;
                 }
                 metrics().worker_restarts.inc();
+                // Counted in the log's `restarts` too, as in the metric (the log had said
+                // `restarts=0` after five failed starts).
+                restarts += 1;
                 backoff = (backoff * 2).min(MAX_BACKOFF);
                 continue;
             }

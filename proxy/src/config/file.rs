@@ -170,8 +170,23 @@ pub struct RouteFile {
 
 /// Parses the file's text; the error says where (line, column, key) and what is wrong.
 pub fn parse(text: &str) -> Result<File, String> {
-    toml::from_str(text).map_err(|e| e.to_string())
+    toml::from_str(text).map_err(|e| {
+        // A stage's own key at the top level: serde's "unknown field" listed the 40 top-level
+        // keys, and not where this one goes.
+        let top = toml::from_str::<toml::Table>(text).ok();
+        let misplaced = top.and_then(|top| STAGE_ONLY.into_iter().find(|k| top.contains_key(*k)));
+        match misplaced {
+            Some(key) => format!(
+                "{key}: a stage's own key, not a top-level one: put it under [stages.NAME] (the \
+                 flags apply to the one stage of a file without stages)"
+            ),
+            None => e.to_string(),
+        }
+    })
 }
+
+/// The keys only a stage has (`[stages.NAME]`), no top-level default.
+const STAGE_ONLY: [&str; 3] = ["command", "cpus", "env"];
 
 /// `listen` read with `--listen`'s own parser.
 fn listen<'de, D: serde::Deserializer<'de>>(de: D) -> Result<Option<SocketAddr>, D::Error> {

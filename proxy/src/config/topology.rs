@@ -173,6 +173,15 @@ impl From<ConfigError> for LoadError {
     }
 }
 
+/// The worker socket's path, as far as it can be checked before binding
+/// ([`crate::worker::listener::path_problem`]); `key` names where it came from.
+fn check_socket(key: &str, path: &std::path::Path) -> Result<(), ConfigError> {
+    match crate::worker::listener::path_problem(path) {
+        Some(problem) => Err(error(key, format!("{}: {problem}", path.display()))),
+        None => Ok(()),
+    }
+}
+
 /// The topology of a proxy configured by flags alone, its workers placed. Its errors name the
 /// flags, as a file's do for a value from the command line (`--workers: …`).
 fn single_placed(
@@ -181,6 +190,7 @@ fn single_placed(
 ) -> Result<Topology, ConfigError> {
     // Clap checks each flag alone; this one is bounded by another (--max-batch-size).
     batch_bytes("--max-batch-bytes", config.max_batch_bytes, config.max_batch_size)?;
+    check_socket("--socket", &config.socket)?;
     command_line_program(config)?;
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
@@ -273,11 +283,16 @@ pub fn resolve(
     let mut written = config.clone();
     let f = &mut file;
     let file_batch_bytes = f.max_batch_bytes.is_some();
+    let file_socket = f.socket.is_some();
     if f.socket.as_ref().is_some_and(|path| path.as_os_str().is_empty()) {
         // As `--socket ''` is: it had bound HTTP first, then failed on the directory.
         return Err(error("socket", "an empty path; name the socket file workers connect to"));
     }
     top_level!(config, written, f, explicit, listen, socket, log_format, retries, timeout_ms);
+    if file_socket {
+        check_socket("socket", &written.socket)?;
+    }
+    check_socket("--socket", &config.socket)?;
     top_level!(config, written, f, explicit, max_body_bytes, max_connections);
     top_level!(config, written, f, explicit, header_read_timeout_ms, body_read_timeout_ms);
     top_level!(config, written, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);
@@ -614,6 +629,10 @@ fn stage_spec(
                            `command`: add one, or leave the key out for workers started elsewhere";
             return Err(error(key(field), problem));
         }
+    }
+    if stage.cpus.as_ref().is_some_and(Vec::is_empty) {
+        // As `--cpus ''` is refused, and `gpus = []`: it had started the workers unpinned.
+        return Err(error(key("cpus"), "an empty list; leave the key out for no pinning"));
     }
     // A set --cpus wins over the stage's own key, as every flag wins over the file.
     let (cpus, cpus_key) = if explicit("cpus") {

@@ -46,13 +46,7 @@ impl Socket {
 /// (owner-only by default): whoever can connect sees every payload. A path too long for a
 /// worker to connect to is an error here.
 pub async fn bind(path: &Path, mode: u32) -> io::Result<(UnixListener, Socket)> {
-    let length = path.as_os_str().len();
-    if length > MAX_PATH_BYTES {
-        return Err(too_long("the path", length));
-    }
-    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
-        // A directory's form: binding there failed with a bare "No such file or directory".
-        let problem = "the path ends in `/`: it names the socket file itself, not a directory";
+    if let Some(problem) = path_problem(path) {
         return Err(io::Error::new(io::ErrorKind::InvalidInput, problem));
     }
     clear_stale(path).await?;
@@ -199,6 +193,29 @@ fn publish_in(
     // SAFETY: as above.
     unsafe { libc::unlinkat(fd, name.as_ptr(), 0) };
     linked.map(|()| listener)
+}
+
+/// What makes `path` no place for the worker socket, as far as can be told before binding:
+/// checked with the rest of the configuration too, so that the error names the flag or the
+/// config file's key it came from and the process exits 2 before binding anything (found at
+/// bind, a file's `socket` was named `--socket`, and the exit was 1).
+pub fn path_problem(path: &Path) -> Option<String> {
+    let length = path.as_os_str().len();
+    if length > MAX_PATH_BYTES {
+        return Some(too_long("the path", length).to_string());
+    }
+    if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+        // A directory's form: binding there failed with a bare "No such file or directory".
+        return Some(
+            "the path ends in `/`: it names the socket file itself, not a directory".to_string(),
+        );
+    }
+    match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+        Some(parent) if !parent.is_dir() => {
+            Some(format!("the directory {} does not exist", parent.display()))
+        }
+        _ => None,
+    }
 }
 
 fn too_long(what: &str, length: usize) -> io::Error {
