@@ -231,6 +231,23 @@ def test_a_worker_with_declared_tensors_takes_instances_as_its_tensors(corral_fa
         assert answer.json()["error"].startswith(expected), answer.text
 
 
+def test_an_integer_past_64_bits_is_a_float_for_a_float_tensor_as_in_v2(corral_factory):
+    # Refused as any JSON body's is ("send it as a string", which a numeric tensor refuses too),
+    # though v2's JSON data takes it: an FP64 input reads it as the float it is.
+    worker = str(WORKERS / "tensor_echo.py")
+    proxy = corral_factory(worker=worker, env={"TENSOR_ECHO_DATATYPE": "FP64"})
+    body = '{"instances": [[100000000000000000000, 1]]}'
+    headers = {"content-type": "application/json"}
+    answer = proxy.client.post("/v1/models/default:predict", content=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"predictions": [[2e20, 2]]}
+    # An integer datatype still refuses it, as out of its range.
+    proxy = corral_factory(worker=worker, env={"TENSOR_ECHO_DATATYPE": "INT64"})
+    answer = proxy.client.post("/v1/models/default:predict", content=body, headers=headers)
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["error"].startswith('instance 0: input "X": '), answer.text
+
+
 def test_a_worker_with_several_inputs_takes_each_instance_as_a_map_of_them(corral_factory):
     proxy = corral_factory(worker=str(WORKERS / "tensors.py"))  # X FP32 [3], N INT64 [1], TEXT
     instances = [

@@ -320,6 +320,14 @@ pub fn media_type(text: &str) -> Option<HeaderValue> {
 /// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
 /// back as itself (no copy); a JSON body is consumed, so that only its transcoding lives on.
 pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
+    to_msgpack_with(format, body, true)
+}
+
+/// [`to_msgpack`]; with `exact_integers` false, a JSON integer past 64 bits is the float JSON
+/// reads it as rather than a 400: for values converted to a tensor's datatype after (KServe v1
+/// instances for a worker that declares tensors), as v2's JSON `data` is. Refused there, the
+/// 400 told the client to send it as a string, which a numeric tensor refuses too.
+pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Result<Bytes, String> {
     match format {
         Format::Json => {
             let mut out = Vec::with_capacity(body.len());
@@ -327,7 +335,9 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
                 .map_err(|e| format!("body is not valid JSON: {e}"))?;
             de.end().map_err(|e| format!("body is not valid JSON: {e}"))?;
-            validate::json_integers(&body)?;
+            if exact_integers {
+                validate::json_integers(&body)?;
+            }
             // Numbers pack smaller than they are written, mostly, floats larger: the buffer
             // sized by the JSON is rarely the right size, and a queued job would keep its slack.
             out.shrink_to_fit();

@@ -117,7 +117,11 @@ async fn predict(
     }
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();
-    let payload = format::to_msgpack(input, body).map_err(ApiError::bad_request)?;
+    // Every number of an instance for a worker that declares tensors becomes an element of
+    // its input's datatype: an integer past 64 bits is a float there (an FP64 input takes
+    // 1e20), as in v2's JSON.
+    let tensors = declared.as_deref().is_some_and(|d| !d.inputs.is_empty());
+    let payload = format::to_msgpack_with(input, body, !tensors).map_err(ApiError::bad_request)?;
     let instances = match items::field(&payload, "instances") {
         Ok(Some(instances)) => instances,
         Ok(None) => return Err(ApiError::bad_request(NO_INSTANCES)),

@@ -243,8 +243,13 @@ impl<'de> Deserialize<'de> for Item {
                 Ok(Item::Token)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Item, A::Error> {
-                while items.next_element::<IgnoredAny>()?.is_some() {}
-                Ok(Item::Token)
+                // A token array holds numbers; a list of strings (or of lists) in a list is
+                // no input at all (it had been told token arrays are not supported).
+                let mut numbers = true;
+                while let Some(number) = items.next_element::<Number>()? {
+                    numbers &= number.0;
+                }
+                Ok(if numbers { Item::Token } else { Item::Other })
             }
             fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<Item, A::Error> {
                 while entries.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
@@ -255,6 +260,48 @@ impl<'de> Deserialize<'de> for Item {
             }
             fn visit_unit<E>(self) -> Result<Item, E> {
                 Ok(Item::Other)
+            }
+        }
+        reader.deserialize_any(Read)
+    }
+}
+
+/// Whether a value is a number (a token); anything else is read past.
+struct Number(bool);
+
+impl<'de> Deserialize<'de> for Number {
+    fn deserialize<D: serde::Deserializer<'de>>(reader: D) -> Result<Self, D::Error> {
+        struct Read;
+        impl<'de> Visitor<'de> for Read {
+            type Value = Number;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a token")
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<Number, E> {
+                Ok(Number(true))
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<Number, E> {
+                Ok(Number(true))
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<Number, E> {
+                Ok(Number(true))
+            }
+            fn visit_str<E>(self, _: &str) -> Result<Number, E> {
+                Ok(Number(false))
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<Number, E> {
+                Ok(Number(false))
+            }
+            fn visit_unit<E>(self) -> Result<Number, E> {
+                Ok(Number(false))
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Number, A::Error> {
+                while items.next_element::<IgnoredAny>()?.is_some() {}
+                Ok(Number(false))
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut entries: A) -> Result<Number, A::Error> {
+                while entries.next_entry::<IgnoredAny, IgnoredAny>()?.is_some() {}
+                Ok(Number(false))
             }
         }
         reader.deserialize_any(Read)
@@ -478,6 +525,10 @@ mod tests {
         assert_eq!(strings(json!(["a", ""])).unwrap_err().message, "input 1 is an empty string");
         let number = strings(json!(7)).unwrap_err();
         assert_eq!(number.message, "input must be a string or a list of strings");
+        // Lists of strings in a list are no token arrays: said to be no strings.
+        let nested = strings(json!([["a", "b"]])).unwrap_err();
+        assert_eq!(nested.message, "input 0 is not a string");
+        assert_eq!(strings(json!([[[1]]])).unwrap_err().message, "input 0 is not a string");
         // Past the queue's room (here 4), refused as soon as the fifth is read.
         let over = strings(json!(["a", "b", "c", "d", "e"])).unwrap_err();
         assert_eq!((over.status.as_u16(), over.code), (413, "too_many_items"));

@@ -313,6 +313,11 @@ fn parse_reading(
         ));
     }
     let json = &body[..json_end];
+    // serde takes a struct from an array of its fields too: `[null, {}, [...], []]` had been
+    // served, and `[]` told "expected struct Header with 4 elements".
+    if json.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        return Err("the inference request header must be a JSON object".to_string());
+    }
     let first = eager.then(|| {
         HEADER_LENGTH.with(|length| length.set(json.len()));
         serde_json::from_slice(json).ok()
@@ -322,8 +327,20 @@ fn parse_reading(
         Some(header) => header,
         // The reading whose errors clients get, and what the one-pass reading could not settle.
         None => {
-            let header: Header<InputHeader<'_>> = serde_json::from_slice(json)
-                .map_err(|e| format!("the inference request header is not valid: {e}"))?;
+            let header: Header<InputHeader<'_>> = serde_json::from_slice(json).map_err(|e| {
+                // Binary tensor data after the JSON, its length not said: "trailing
+                // characters" said nothing of the header that was missing.
+                let hint = match (header_length, e.classify()) {
+                    (None, serde_json::error::Category::Syntax)
+                        if e.to_string().starts_with("trailing characters") =>
+                    {
+                        " (a body with binary tensor data after its JSON gives the JSON's \
+                         length in Inference-Header-Content-Length)"
+                    }
+                    _ => "",
+                };
+                format!("the inference request header is not valid: {e}{hint}")
+            })?;
             let Header { id, parameters, inputs, outputs } = header;
             Header { id, parameters, inputs: inputs.into_iter().map(Into::into).collect(), outputs }
         }
@@ -798,6 +815,27 @@ mod tests {
         let names: Vec<String> =
             parse(&body, None, 0, &[]).unwrap().outputs.into_iter().map(|o| o.name).collect();
         assert_eq!(names, ["Y", "Z"]);
+    }
+
+    #[test]
+    fn a_header_that_is_no_object_is_refused_as_such() {
+        // serde reads a struct from an array of its fields: this one had been served.
+        let x = serde_json::json!(["X", [1], "FP32", {}, [1.0]]);
+        for header in [serde_json::json!([null, {}, [x], []]), serde_json::json!([])] {
+            let body = Bytes::from(serde_json::to_vec(&header).unwrap());
+            let refused = parse(&body, None, 0, &[]).unwrap_err();
+            assert_eq!(refused, "the inference request header must be a JSON object");
+        }
+    }
+
+    #[test]
+    fn binary_data_without_its_header_length_is_said_to_need_it() {
+        let header = serde_json::json!({"inputs": [{"name": "X", "shape": [1, 2],
+            "datatype": "FP32", "parameters": {"binary_data_size": 8}}]});
+        let (body, _) = binary(header, &[0; 8]);
+        let refused = parse(&body, None, 0, &[]).unwrap_err();
+        assert!(refused.contains("trailing characters"), "{refused}");
+        assert!(refused.contains("in Inference-Header-Content-Length"), "{refused}");
     }
 
     #[test]
