@@ -545,15 +545,6 @@ CONFIG_ERRORS = {
         TWO + '[pipelines.p]\nstages = ["a"]\n',
         "stages.b: no route's pipeline uses this stage",
     ),
-    # Found at bind, these had been named `--socket`, and the exit was 1.
-    "a socket path too long": (
-        f'socket = "/tmp/{"s" * 120}.sock"\n' + STAGE,
-        f"socket: /tmp/{'s' * 120}.sock: the path is 130 bytes long",
-    ),
-    "a socket in no directory": (
-        'socket = "/nowhere/at/all/w.sock"\n' + STAGE,
-        "socket: /nowhere/at/all/w.sock: the directory /nowhere/at/all does not exist",
-    ),
     # As `--cpus ''` and `gpus = []` are: the workers had started unpinned.
     "an empty cpus list": (
         '[stages.a]\ncommand = ["true"]\ncpus = []\n',
@@ -584,6 +575,54 @@ def test_a_socket_flag_that_cannot_be_bound_is_a_config_error_naming_it(tmp_path
     assert result.returncode == 2, result.stderr
     assert f"--socket: {tmp_path / 'no' / 's.sock'}: the directory" in result.stderr
     assert "listening" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    "socket, problem",
+    [
+        (f"/tmp/{'s' * 120}.sock", "the path is 130 bytes long"),
+        ("/nowhere/at/all/w.sock", "the directory /nowhere/at/all does not exist"),
+    ],
+)
+def test_a_file_s_socket_that_cannot_be_bound_is_a_config_error_naming_its_key(
+    tmp_path, socket, problem
+):
+    # Found at bind, it had been named `--socket`, and the exit was 1.
+    path = write(tmp_path, f'socket = "{socket}"\n[stages.a]\n')
+    command = [BINARY, "--listen", "127.0.0.1:0", "--config", path]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert f"config file {path}: socket: {socket}: {problem}" in result.stderr, result.stderr
+    assert "listening" not in result.stderr
+
+
+def test_a_file_s_socket_overridden_by_the_flag_or_its_variable_is_not_checked(tmp_path):
+    # A directory only production has (a container's volume): the override is what is bound.
+    text = 'socket = "/nowhere/at/all/w.sock"\n[stages.a]\n'
+    path = write(tmp_path, text)
+    ours = str(tmp_path / "here.sock")
+    for args, env in [(["--socket", ours], {}), ([], {"CORRAL_SOCKET": ours})]:
+        command = [BINARY, "--listen", "127.0.0.1:0", "--config", path, *args]
+        proxy = subprocess.Popen(
+            command, stderr=subprocess.PIPE, text=True, env={**os.environ, **env}
+        )
+        try:
+            for line in proxy.stderr:
+                if "listening for workers" in line:
+                    break
+            else:
+                raise AssertionError(f"exited {proxy.wait()}")
+            assert ours in line, line
+        finally:
+            proxy.terminate()
+            proxy.wait(timeout=30)
+            proxy.stderr.close()
+    # A file where the directory should be is said to be one.
+    (tmp_path / "afile").write_text("")
+    command = [BINARY, "--listen", "127.0.0.1:0", "--socket", str(tmp_path / "afile" / "s.sock")]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert f"{tmp_path / 'afile'} is not a directory" in result.stderr
 
 
 def test_a_missing_config_file_is_an_error(tmp_path):

@@ -440,6 +440,30 @@ def test_an_any_field_gets_its_array_whatever_its_sibling_fields(real_np):
     assert seen.V == [3.0, 4.0]
 
 
+def test_an_any_field_is_never_taken_for_another_input_equal_to_it(real_np):
+    """A scalar tensor's value is a cached small int: found by the id of its value, another
+    input equal to it (a plain 5 beside a tensor 5) was taken for the tensor."""
+
+    class Row(msgspec.Struct):
+        A: Any
+        N: int
+        V: list[float]
+
+    class Seen(corral.Worker):
+        input_type = Row
+
+        def forward(self, rows):
+            self.seen = rows
+            return [0 for _ in rows]
+
+    worker = Seen()
+    with FakeProxy(worker) as proxy:
+        row = {"A": 5, "N": tensor(5, "INT64"), "V": tensor([1.0, 2.0], "FP32")}
+        assert proxy.infer([row])[0].status == "ok"
+    (seen,) = worker.seen
+    assert (type(seen.A), seen.A, seen.N, seen.V) == (int, 5, 5, [1.0, 2.0])
+
+
 # -- encoding outputs ---------------------------------------------------------------------------
 
 

@@ -289,10 +289,10 @@ pub fn resolve(
         return Err(error("socket", "an empty path; name the socket file workers connect to"));
     }
     top_level!(config, written, f, explicit, listen, socket, log_format, retries, timeout_ms);
-    if file_socket {
-        check_socket("socket", &written.socket)?;
-    }
-    check_socket("--socket", &config.socket)?;
+    // Only the path that is bound: a file's `socket` in a directory only production has (a
+    // container's volume) is no error where --socket or CORRAL_SOCKET overrides it.
+    let socket_key = if file_socket && !explicit("socket") { "socket" } else { "--socket" };
+    check_socket(socket_key, &config.socket)?;
     top_level!(config, written, f, explicit, max_body_bytes, max_connections);
     top_level!(config, written, f, explicit, header_read_timeout_ms, body_read_timeout_ms);
     top_level!(config, written, f, explicit, idle_timeout_ms, max_header_bytes, max_headers);

@@ -74,33 +74,31 @@ pub fn expected_weight(
     (jobs.floor() * mean_weight.max(1.0)).min(usize::MAX as f64) as usize
 }
 
-/// How much weight of higher classes is expected to arrive while a job waits, and go before it.
-/// `wait` is the job's wait (seconds) for the work queued ahead of it; `service` the weight the
-/// workers serve a second; `higher` each higher class's arrivals (weight a second) and how long
-/// they go before the job (until it is promoted into their class: those arriving after queue
-/// behind it). Its wait `W` is the work ahead plus the time spent on what overtook it,
-/// `W = wait + Σ rate · min(W, until) / service`, solved piece by piece between the promotions:
-/// a higher class arriving as fast as the workers serve it holds the job back until its
+/// How much longer a job waits for the higher classes' jobs that arrive while it waits, and
+/// go before it (seconds of the workers' time). `wait` is its wait (seconds) for the work
+/// queued ahead of it; `higher` holds each higher class's load (the share of the workers its
+/// arrivals take: 1 keeps them busy) and how long its jobs go before the job (until it is
+/// promoted into their class: those arriving after queue behind it). The job's wait `W` is
+/// the work ahead plus the time spent on what overtook it,
+/// `W = wait + Σ load · min(W, until)`, solved piece by piece between the promotions: a
+/// higher class arriving as fast as the workers serve it holds the job back until its
 /// promotion, however short the queue ahead. Counted as the queue alone, a low job beside a
 /// closed loop of high ones that kept the worker busy was predicted to be taken within 150 ms,
 /// admitted, and answered 408 at its 3 s deadline (with promotion after 10 s), every time.
-pub fn overtaking(wait: f64, service: f64, higher: &[(f64, f64)]) -> f64 {
-    if higher.is_empty() || service <= 0.0 {
+pub fn overtaking(wait: f64, higher: &[(f64, f64)]) -> f64 {
+    if higher.is_empty() {
         return 0.0;
     }
     let mut ends: Vec<f64> = higher.iter().map(|&(_, until)| until).collect();
     ends.sort_by(f64::total_cmp);
     let mut from = 0.0;
     let mut settled = wait;
-    let mut waited = f64::INFINITY;
+    let mut waited = wait;
     for end in ends.into_iter().chain([f64::INFINITY]) {
         // Between `from` and `end`, the classes whose window is still open overtake at their
-        // rate; those closed before `from` added their whole window's weight.
-        let slope: f64 = higher
-            .iter()
-            .filter(|&&(_, until)| until > from)
-            .map(|&(rate, _)| rate / service)
-            .sum();
+        // load; those closed before `from` added their whole window's work.
+        let slope: f64 =
+            higher.iter().filter(|&&(_, until)| until > from).map(|&(load, _)| load).sum();
         if slope < 1.0 {
             let w = settled / (1.0 - slope);
             if w <= end {
@@ -111,11 +109,11 @@ pub fn overtaking(wait: f64, service: f64, higher: &[(f64, f64)]) -> f64 {
         settled += higher
             .iter()
             .filter(|&&(_, until)| until > from && until <= end)
-            .map(|&(rate, until)| rate * until / service)
+            .map(|&(load, until)| load * until)
             .sum::<f64>();
         from = end;
     }
-    higher.iter().map(|&(rate, until)| rate * waited.min(until)).sum()
+    (waited - wait).max(0.0)
 }
 
 /// When the batch carrying the last of `group` jobs queued behind `ahead` is taken from the
@@ -355,7 +353,8 @@ impl Stage {
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let class = jobs.first().map_or(Class::High, |job| job.class);
         let overtaken = self.overtaken(queue, now, cost, class, (ahead.light, light), &free_at);
-        let ahead = ahead.light.saturating_add(overtaken);
+        free_at.iter_mut().for_each(|at| *at += overtaken);
+        let ahead = ahead.light;
         if weights().all(|weight| weight <= max) {
             let mean = mean_weight(&queue.jobs);
             let gap = queue.arrivals.mean_gap();
@@ -377,9 +376,12 @@ impl Stage {
         Some(alone.fold(start, |at, weight| at + first.of(weight)))
     }
 
-    /// The weight of higher classes' jobs expected to go before a job of `class` queued behind
-    /// `ahead` ([`overtaking`], each class at the rate its jobs were admitted over about the
-    /// last second, until the job would be promoted into it).
+    /// How much later the workers are free for a job of `class` queued behind `ahead`, for
+    /// the higher classes' jobs expected to arrive and go before it ([`overtaking`]; each
+    /// class at the rate its jobs were admitted over about the last second, until the job
+    /// would be promoted into it, each of its jobs costing its share of a full batch of jobs of
+    /// its mean weight: counted as weight in batches of the queue's mean weight, heavy high
+    /// jobs at a quarter of the workers' capacity had every normal job refused).
     fn overtaken(
         &self,
         queue: &Queue,
@@ -388,30 +390,33 @@ impl Stage {
         class: Class,
         (ahead, group): (usize, usize),
         free_at: &[Instant],
-    ) -> usize {
+    ) -> Duration {
         let aging = self.aging.as_secs_f64();
+        let workers = free_at.len() as f64;
         let higher: Vec<(f64, f64)> = Class::DISPATCH_ORDER
             .into_iter()
             .filter(|&higher| higher > class)
             .filter_map(|higher| {
-                let rate = queue.classes[higher.index()].weight_rate(now)?;
+                let (jobs, weight) = queue.classes[higher.index()].rates(now)?;
+                let mean = weight / jobs;
+                let batch = self.full_batch(queue, mean);
+                // A full batch of its jobs, and what each costs of it.
+                let per_batch = (batch as f64 / mean.max(1.0)).max(1.0);
+                let each = cost.of(batch).as_secs_f64() / per_batch;
                 let promotions = (higher.index() - class.index()) as f64;
-                Some((rate, aging * promotions))
+                Some((jobs * each / workers, aging * promotions))
             })
             .collect();
-        if higher.is_empty() {
-            return 0;
+        if higher.is_empty() || free_at.is_empty() {
+            return Duration::ZERO;
         }
         let max = self.batch_weight(queue);
         let mut take_at = free_at.to_vec();
         let Some((taken, _)) = predicted_take(ahead, group.max(1), max, cost, &mut take_at) else {
-            return 0;
+            return Duration::ZERO;
         };
         let wait = taken.saturating_duration_since(now).as_secs_f64();
-        let batch = cost.of(max).as_secs_f64();
-        let service =
-            if batch > 0.0 { (free_at.len() * max) as f64 / batch } else { f64::INFINITY };
-        overtaking(wait, service, &higher).min(usize::MAX as f64) as usize
+        Duration::from_secs_f64(overtaking(wait, &higher).min(DAY.as_secs_f64()))
     }
 
     /// The least time `jobs` take on this stage whatever its load and however many workers it

@@ -55,8 +55,6 @@ const FEWEST: f64 = 10.0;
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Recent {
     last: Option<Instant>,
-    /// When the arrivals counted began (after a time with none).
-    since: Option<Instant>,
     jobs: f64,
     weight: f64,
 }
@@ -64,24 +62,21 @@ pub struct Recent {
 impl Recent {
     pub fn record(&mut self, now: Instant, weight: u32) {
         let fade = self.fade(now);
-        if self.jobs * fade < 0.01 {
-            self.since = Some(now);
-        }
         self.jobs = self.jobs * fade + 1.0;
         self.weight = self.weight * fade + f64::from(weight);
         self.last = Some(now);
     }
 
-    /// The weight arriving a second, as of `now`; None while fewer than [`FEWEST`] jobs came
-    /// in about the last second. Arrivals that began less than a window ago are counted over
-    /// the time since (at least a quarter window): counted over a whole window, a flood
-    /// seemed to grow for seconds after it began.
-    pub fn weight_rate(&self, now: Instant) -> Option<f64> {
+    /// The jobs and the weight arriving a second, as of `now`; None while fewer than
+    /// [`FEWEST`] jobs came in about the last second. Counted over the whole window, a flood
+    /// that begins is read low for a second or two; counted over the time since it began, one
+    /// burst of 40 jobs read as 180 a second, and every lower job behind it was refused as
+    /// if they were to go on coming.
+    pub fn rates(&self, now: Instant) -> Option<(f64, f64)> {
         let fade = self.fade(now);
-        let since = self.since.map_or(Duration::ZERO, |since| now.saturating_duration_since(since));
-        let counted = since.max(WINDOW / 4).as_secs_f64() / WINDOW.as_secs_f64();
-        let window = WINDOW.as_secs_f64() * (1.0 - (-counted).exp());
-        (self.jobs * fade >= FEWEST).then(|| self.weight * fade / window)
+        let window = WINDOW.as_secs_f64();
+        (self.jobs * fade >= FEWEST)
+            .then(|| (self.jobs * fade / window, self.weight * fade / window))
     }
 
     /// What the counts as of the last arrival are worth at `now`.
@@ -113,44 +108,37 @@ mod tests {
     fn the_recent_rate_counts_the_last_second_whatever_the_bursts() {
         let mut recent = Recent::default();
         let start = Instant::now();
-        assert_eq!(recent.weight_rate(start), None);
+        assert_eq!(recent.rates(start), None);
         // 80 jobs of weight 2 a second, in bursts of four every 50 ms, for ten seconds.
         for burst in 0..200 {
             for _ in 0..4 {
                 recent.record(start + Duration::from_millis(50 * burst), 2);
             }
         }
-        // Read anywhere between two bursts, about 160 a second (within a burst's size).
+        // Read anywhere between two bursts, about 80 a second (within a burst's size).
         for after in [0, 25, 49] {
             let now = start + Duration::from_millis(50 * 199 + after);
-            let rate = recent.weight_rate(now).unwrap();
-            assert!((150.0..=170.0).contains(&rate), "{after} ms after a burst: {rate}");
+            let (jobs, weight) = recent.rates(now).unwrap();
+            assert!((76.0..=84.0).contains(&jobs), "{after} ms after a burst: {jobs}");
+            assert!((weight - 2.0 * jobs).abs() < 1e-6);
         }
         // Traffic that stopped fades: three seconds later, too few to make a rate.
-        assert_eq!(recent.weight_rate(start + Duration::from_secs(13)), None);
+        assert_eq!(recent.rates(start + Duration::from_secs(13)), None);
     }
 
     #[test]
-    fn a_flood_is_counted_at_its_rate_from_its_first_half_second() {
-        let mut recent = Recent::default();
-        let start = Instant::now();
-        // 80 a second begins; half a second in, about 80 a second already.
-        for i in 0..40 {
-            recent.record(start + Duration::from_micros(12_500 * i), 1);
-        }
-        let rate = recent.weight_rate(start + Duration::from_millis(500)).unwrap();
-        assert!((76.0..=84.0).contains(&rate), "{rate}");
-    }
-
-    #[test]
-    fn a_few_heavy_jobs_make_no_rate() {
+    fn a_few_jobs_make_no_rate_and_one_burst_no_flood() {
         let mut recent = Recent::default();
         let start = Instant::now();
         for _ in 0..9 {
             recent.record(start, 100_000);
         }
-        assert_eq!(recent.weight_rate(start), None);
-        recent.record(start, 100_000);
-        assert!(recent.weight_rate(start).is_some());
+        assert_eq!(recent.rates(start), None);
+        // 40 at once: 40 over the last second, not 40 in the instant it took.
+        for _ in 0..31 {
+            recent.record(start, 1);
+        }
+        let (jobs, _) = recent.rates(start).unwrap();
+        assert!((jobs - 40.0).abs() < 1e-6, "{jobs}");
     }
 }

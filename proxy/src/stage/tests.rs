@@ -1306,7 +1306,7 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
     // The queue ahead of a low job is empty (the high ones are taken as they come), but the
     // high ones arriving as fast as the worker serves them go first until the low job's
     // promotion to high, 10 s away: with 3 s to live it is refused now, not answered 408 at 3 s.
-    let (stage, _high) = flooded_by_high(2).await;
+    let (stage, _high) = flooded_by_high(5).await;
     let (mut low, _low) = classed(b"low", Class::Low, None, 1);
     low.deadline -= Duration::from_secs(2); // 3 s
     match stage.submit(low) {
@@ -1333,9 +1333,58 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
 
 #[tokio::test(start_paused = true)]
 async fn higher_arrivals_that_stopped_hold_nothing_back() {
-    let (stage, _high) = flooded_by_high(2).await;
+    let (stage, _high) = flooded_by_high(5).await;
     tokio::time::advance(Duration::from_secs(5)).await;
     let (mut low, _low) = classed(b"low", Class::Low, None, 1);
     low.deadline -= Duration::from_secs(2);
     stage.submit(low).unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn heavy_higher_jobs_are_counted_at_their_own_cost_not_their_weight() {
+    // High jobs of weight 10, 20 a second, on a model whose batch costs 50 ms whatever it
+    // holds: a quarter of the worker. Read as 200 weight a second against batches of the
+    // queue's mean weight (1: 80 a second), every normal job behind them was refused.
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    for weight in [10, 40, 10, 40, 20] {
+        seat.finished(4, weight, Duration::from_millis(50));
+    }
+    let mut answers = Vec::new();
+    for _ in 0..100 {
+        let (mut job, answer) = classed(b"h", Class::High, None, 10);
+        job.deadline += Duration::from_secs(25);
+        stage.submit(job).unwrap();
+        answers.push(answer);
+        assert_eq!(seat.next_batch().await.len(), 1);
+        tokio::time::advance(Duration::from_millis(40)).await;
+        seat.finished(1, 10, Duration::from_millis(50));
+    }
+    let (normal, _normal) = classed(b"normal", Class::Normal, None, 1);
+    stage.submit(normal).unwrap();
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_burst_of_higher_jobs_is_no_flood() {
+    // 40 high jobs at once after a quiet spell: half a second of work, queued ahead. Read as
+    // 40 over the instant they came (180 a second), they refused the normal jobs behind them.
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    for _ in 0..5 {
+        seat.finished(4, 4, Duration::from_millis(50));
+    }
+    let burst: Vec<_> = (0..40)
+        .map(|_| {
+            let (mut job, answer) = classed(b"h", Class::High, None, 1);
+            job.deadline += Duration::from_secs(25);
+            stage.submit(job).unwrap();
+            answer
+        })
+        .collect();
+    let (mut normal, _normal) = classed(b"normal", Class::Normal, None, 1);
+    normal.deadline -= Duration::from_secs(2); // 3 s
+    stage.submit(normal).unwrap();
+    drop(burst);
+    std::mem::forget(seat);
 }

@@ -210,11 +210,15 @@ pub fn path_problem(path: &Path) -> Option<String> {
             "the path ends in `/`: it names the socket file itself, not a directory".to_string(),
         );
     }
-    match path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-        Some(parent) if !parent.is_dir() => {
+    let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty())?;
+    match std::fs::metadata(parent) {
+        Ok(found) if found.is_dir() => None,
+        Ok(_) => Some(format!("{} is not a directory", parent.display())),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {
             Some(format!("the directory {} does not exist", parent.display()))
         }
-        _ => None,
+        // Permission denied, say: binding says so, naming the path.
+        Err(_) => None,
     }
 }
 

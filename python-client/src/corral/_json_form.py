@@ -203,21 +203,15 @@ class Lenient:
         """The payload as ``input_type``, or :class:`ValidationError` with msgspec's message
         about its JSON form (an invalid base64 string, say, rather than "expected bytes"); the
         first decoder's (``refused``) where a second try could change nothing."""
-        strings: set[int] = set()  # the ids of the lists BYTES tensors became
-        tensors: dict[int, Any] = {}  # each tensor as it came, by the id of its lists
-        found = []
+        found: list[_Found] = []
 
         def ext_hook(code: int, data: Any) -> Any:
             value = _tensors.ext_hook(code, data)
             if code != _tensors.EXT_TENSOR:
                 return value
-            found.append(code)
-            listed = value.tolist() if hasattr(value, "tolist") else value
-            # numpy's BYTES are an object array; without numpy, nested lists of bytes.
-            if value.dtype.kind == "O" if hasattr(value, "dtype") else _holds_bytes(value):
-                strings.add(id(listed))
-            tensors[id(listed)] = value
-            return listed
+            tensor = _Found(value)
+            found.append(tensor)
+            return tensor
 
         try:
             # A decoder per try: its hook counts this payload's tensors (refused payloads only).
@@ -226,23 +220,65 @@ class Lenient:
             raise ValidationError(f"the payload is not valid msgpack: {e}") from e
         if not found and not self.json_form:
             raise ValidationError(str(refused)) from refused
-        if tensors and isinstance(value, dict):
-            # A v2 row: its BYTES inputs as text where the type takes text (`text_inputs`), its
-            # inputs typed `Any` as they came (`any_inputs`).
-            value = {key: self._input(key, item, strings, tensors) for key, item in value.items()}
+        taken = 0
+        if found and isinstance(value, dict):
+            # A v2 row: each input as its field wants it (`_input`). Marked by a
+            # wrapper, not found by the id of its lists: a scalar tensor's value is a cached
+            # small int, which another input equal to it shares.
+            row = {}
+            for key, item in value.items():
+                if type(item) is _Found:
+                    taken += 1
+                    item = self._input(key, item)
+                row[key] = item
+            value = row
+        if taken < len(found):
+            value = _as_lists(value)  # tensors deeper in: their lists
         try:
             # str_keys: a JSON object's keys are strings, whatever the type's are.
             return msgspec.convert(value, self.type, str_keys=True)
         except msgspec.ValidationError as e:
             raise ValidationError(str(e)) from e
 
-    def _input(self, key: Any, item: Any, strings: set[int], tensors: dict[int, Any]) -> Any:
-        """A v2 row's input as its field wants it (``item``: its tensor's lists, if it is one)."""
-        if id(item) in tensors and self.arrays(key):
-            return tensors[id(item)]
-        if id(item) in strings and self.text(key):
-            return _as_text(item)
-        return item
+    def _input(self, key: Any, tensor: _Found) -> Any:
+        """A v2 row's input as its field wants it: as it came where the field is ``Any``
+        (:func:`any_inputs`), a BYTES tensor's elements as text where it takes text
+        (:func:`text_inputs`), else its nested lists."""
+        if self.arrays(key):
+            return tensor.value
+        listed = tensor.listed()
+        if tensor.holds_bytes() and self.text(key):
+            return _as_text(listed)
+        return listed
+
+
+class _Found:
+    """A tensor value the second try decoded, until it is known what its place wants."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value  # a numpy array, or nested lists without numpy
+
+    def listed(self) -> Any:
+        return self.value.tolist() if hasattr(self.value, "tolist") else self.value
+
+    def holds_bytes(self) -> bool:
+        """A BYTES tensor: numpy's are an object array; without numpy, nested lists of bytes."""
+        if hasattr(self.value, "dtype"):
+            return self.value.dtype.kind == "O"
+        return _holds_bytes(self.value)
+
+
+def _as_lists(value: Any) -> Any:
+    """``value`` with each tensor inside it as its nested lists."""
+    if type(value) is _Found:
+        return value.listed()
+    if isinstance(value, list):
+        return [_as_lists(item) for item in value]
+    if isinstance(value, dict):
+        return {key: _as_lists(item) for key, item in value.items()}
+    return value
 
 
 def _holds_bytes(listed: Any) -> bool:
