@@ -10,6 +10,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from openapi_spec_validator import validate
+from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import ROOT
 from test_failures import shed_behind_a_held_job
@@ -60,6 +61,22 @@ def test_metrics_count_every_kind_of_answer(corral_factory, tmp_path):
     assert count("corral_queue_wait_seconds_count", stage="default") == 6
     assert count("corral_workers_connected", stage="default") == 1
     assert count("corral_queue_depth", stage="default") == 0
+
+
+def test_worker_failure_series_are_there_at_zero_before_any_failure(corral_factory, tmp_path):
+    # Created with the first failure, that failure had no sample before it, and increase()
+    # missed it: the crash-loop alert took a sidecar worker's fourth death, not its third.
+    proxy = corral_factory(worker=None)
+    text = proxy.client.get("/metrics").text
+    series = {
+        (sample.labels["stage"], sample.labels["reason"]): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == "corral_worker_failures_total"
+    }
+    reasons = ["died", "hung", "protocol", "refused"]
+    expected = {("default", reason): 0.0 for reason in reasons} | {("unknown", "refused"): 0.0}
+    assert series == expected
 
 
 def test_json_logs_carry_request_ids(corral_factory):

@@ -323,6 +323,7 @@ fn stage(spec: &StageSpec, feeds: bool, config: &Config) -> Stage {
         prefetch: spec.worker_prefetch,
         batch_timeout: spec.batch_timeout,
     };
+    metrics::stage_series(&spec.name);
     // A spawned worker's output waits for a stalled stdout no longer than half its limit past
     // its jobs' time: its --batch-timeout-ms, or the automatic one's margin.
     if spec.spawns() {

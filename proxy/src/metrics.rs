@@ -88,6 +88,21 @@ pub struct Metrics {
     pub shared_memory_full: IntCounter,
 }
 
+/// Why a worker connection ended in a failure: `corral_worker_failures_total`'s `reason`.
+pub const FAILURE_REASONS: [&str; 4] = ["died", "hung", "protocol", "refused"];
+
+/// Makes a stage's worker failure series, at 0 (and the refusals of workers naming no stage):
+/// a series that appears only with its first failure is one whose first failure an alert on
+/// its increase misses (`CorralWorkersRestarting` took four failures of a sidecar worker, not
+/// three).
+pub fn stage_series(stage: &str) {
+    let m = metrics();
+    for reason in FAILURE_REASONS {
+        m.worker_failures.with_label_values(&[stage, reason]);
+    }
+    m.worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]);
+}
+
 /// The process-wide metrics.
 pub fn metrics() -> &'static Metrics {
     static METRICS: LazyLock<Metrics> = LazyLock::new(|| {

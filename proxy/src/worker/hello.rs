@@ -231,7 +231,8 @@ pub(super) fn refuse(
     }
     // Logged once `/readyz` and the metric say so: a reader of the line (a test, an operator)
     // had found `/readyz` not knowing it yet.
-    if let Some(alike_not_logged) = REFUSALS.lock().unwrap_or_else(|p| p.into_inner()).log(why) {
+    let kind = alike(why);
+    if let Some(alike_not_logged) = REFUSALS.lock().unwrap_or_else(|p| p.into_inner()).log(&kind) {
         warn!(reason = %logged(&why), alike_not_logged, "worker refused");
     }
     outbox.send(ProxyMessage::Reject(Reject { message }));
@@ -250,6 +251,34 @@ const REFUSALS_KEPT: usize = 64;
 static REFUSALS: std::sync::Mutex<Refusals> = std::sync::Mutex::new(Refusals::new());
 
 /// When each reason was last logged, and how many refusals for it were not logged since.
+/// A refusal's reason without the worker's own words (quoted, as `{:?}` writes them): the
+/// key under which refusals are logged once a minute. Keyed by the whole text, a worker that
+/// named another stage at each try was logged every time.
+fn alike(why: &str) -> String {
+    let mut kind = String::with_capacity(why.len());
+    let mut chars = why.chars();
+    while let Some(c) = chars.next() {
+        kind.push(c);
+        if c != '"' {
+            continue;
+        }
+        // Inside quotes until the unescaped closing one.
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => {
+                    chars.next();
+                }
+                '"' => {
+                    kind.push('"');
+                    break;
+                }
+                _ => {}
+            }
+        }
+    }
+    kind
+}
+
 struct Refusals {
     reasons: Option<HashMap<String, (std::time::Instant, u64)>>,
 }
@@ -290,6 +319,14 @@ mod tests {
     use super::*;
 
     #[test]
+    fn refusals_alike_but_for_the_worker_s_words_are_one_reason() {
+        let one = alike(r#"unknown stage "evil-1"; this proxy serves: default"#);
+        assert_eq!(one, r#"unknown stage ""; this proxy serves: default"#);
+        assert_eq!(alike(r#"unknown stage "a\"b"; x"#), r#"unknown stage ""; x"#);
+        assert_eq!(alike("version 2"), "version 2");
+    }
+
+    #[test]
     fn a_refusal_for_the_same_reason_is_logged_once_a_minute_others_at_once() {
         let mut refusals = Refusals::new();
         assert_eq!(refusals.log("version 2"), Some(0));
@@ -307,6 +344,11 @@ mod tests {
     /// As long as the connection gives its closing frame.
     const CLOSE_WRITE_LIMIT: Duration = Duration::from_secs(1);
 
+    /// Held by the tests here that refuse a worker under `stage="unknown"`, and by the one
+    /// that reads that count: the metric is the process's, and a refusal counted in between
+    /// had failed the reader, now and then.
+    static UNKNOWN_REFUSALS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     #[tokio::test(start_paused = true)]
     async fn a_connection_silent_past_the_hello_timeout_is_told_why() {
         // It was closed without a word: the worker saw a bare end of file.
@@ -317,6 +359,7 @@ mod tests {
         let (stages, shutdown) = (HashMap::new(), CancellationToken::new());
         let refused =
             || metrics().worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]).get();
+        let _counting = UNKNOWN_REFUSALS.lock().await;
         let before = refused();
         assert!(handshake(&mut inbox, &mut outbox, &stages, &shutdown, None).await.is_none());
         // Nor is it counted as a worker refused (OBSERVABILITY.md): a probe of the socket is
@@ -336,6 +379,7 @@ mod tests {
     async fn a_malformed_hello_is_a_worker_speaking_and_junk_is_not() {
         // A spawned worker refused for a `version` that is a string lives on: its supervisor
         // must count it as one that spoke (and kill it); a wrapper's `ping` must not be.
+        let _counting = UNKNOWN_REFUSALS.lock().await;
         for (frame, spoke) in [
             (
                 rmp_serde::to_vec_named(&serde_json::json!({
