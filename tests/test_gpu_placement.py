@@ -453,6 +453,8 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (["--gpus", "zero", *WORKER], None, '--gpus: "zero" is not a device index'),
         (["--gpus", "all", *WORKER], None, "--gpus: `all` found no GPU"),
         (["--gpus", "0"], None, "--gpus: only spawned workers can be given GPUs"),
+        # Said before `all` asks the machine (it had said no GPU was found).
+        (["--gpus", "all"], None, "--gpus: only spawned workers can be given GPUs"),
         (
             ["--worker-env", "X={rank}", *WORKER],
             None,

@@ -194,6 +194,12 @@ fn single_placed(
     command_line_program(config)?;
     let mut topology = single(config);
     let spec = &mut topology.stages[0];
+    if config.gpus.is_some() && spec.command.is_empty() {
+        // Before `all` asks the machine: with no GPU found (up to 10 s of nvidia-smi), that was
+        // the error given, not the missing command.
+        let problem = "only spawned workers can be given GPUs; add a worker command";
+        return Err(error("--gpus", problem));
+    }
     let gpus = match &config.gpus {
         Some(text) => resolve_gpus("--gpus", text)?,
         None => Vec::new(),
