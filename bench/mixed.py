@@ -16,6 +16,12 @@
    the same rates — 0.7× and 1.5× the count-batched closed-loop throughput at the mix's mean
    length — for latency below saturation and throughput above it.
 
+3. Overtaking. A closed loop of `high` clients (256) keeps the one worker busy; beside it, an
+   open loop of `normal` requests (20 a second) with a 2 s deadline, shorter than their
+   promotion (`--priority-aging-ms`, 5 s): none can be served before its deadline. Counted per
+   normal request: refused at once (503) or left to expire (408), against `--corral-before`
+   (an earlier build) if given. The normal loop starts 3 s after the flood.
+
 Run with `make bench-mixed` (BENCH_ARGS passes options). The results replace the "Priorities,
 tenants and weights" section of BENCHMARKS.md.
 """
@@ -50,9 +56,11 @@ def body(length: int) -> str:
     return json.dumps({"text": "x" * length})
 
 
-def corral_system(args, name: str, port: int, worker: str, *extra: str) -> bench.System:
+def corral_system(
+    args, name: str, port: int, worker: str, *extra: str, binary: str | None = None
+) -> bench.System:
     command = [
-        args.corral, "--listen", f"127.0.0.1:{port}", "--socket", f"{name}.sock",
+        binary or args.corral, "--listen", f"127.0.0.1:{port}", "--socket", f"{name}.sock",
         "--workers", "1", "--max-batch-size", "32", "--max-wait-ms", "10",
         "--timeout-ms", "5000", *extra, "--", sys.executable, str(HERE / worker),
     ]  # fmt: skip
@@ -234,13 +242,79 @@ def weights(args, workdir: Path) -> list[str]:
     return rows
 
 
+def oha_closed(args, url: str, seconds: float, connections: int, db: Path,
+               headers: list[str]) -> dict:  # fmt: skip
+    """One closed-loop oha of `connections` clients for `seconds`."""
+    command = [
+        args.oha, "--no-tui", "--output-format", "json", "-z", f"{seconds}s",
+        "-c", str(connections), "-m", "POST", "-T", "application/json", "-d", bench.BODY,
+        "-t", "10s", "--db-url", str(db), url,
+    ]  # fmt: skip
+    for header in headers:
+        command += ["-H", header]
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    return json.loads(result.stdout)
+
+
+FLOOD_DELAY_S = 3.0
+
+
+def flood(args, workdir: Path) -> list[str]:
+    env = {"BENCH_WORKLOAD": args.workload, "BENCH_MAX_BATCH": "32"}
+    builds = [("corral", args.corral)]
+    if args.corral_before:
+        builds.append(("corral-before", args.corral_before))
+    seconds = args.seconds
+    rows = [
+        f"256 closed-loop `high` clients; `normal` requests at 20 a second, 2 s deadline, for "
+        f"{seconds:g} s from {FLOOD_DELAY_S:g} s into the flood; promotion after 5 s.",
+        "",
+        "| build | high 200 req/s | normal sent | normal 200 | normal 503 | 503 p50 ms"
+        " | normal 408 | client gave up | proxy counters |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    for port, (label, binary) in enumerate(builds, start=18320):
+        system = corral_system(args, label, port, "corral_worker.py", binary=binary)
+        system.env = env
+        bench.start(system, args.workload, workdir)
+        try:
+            high_db, normal_db = workdir / f"{label}-high.db", workdir / f"{label}-normal.db"
+            high = partial(oha_closed, args, system.url, seconds + FLOOD_DELAY_S, 256, high_db,
+                           ["x-corral-priority: high"])  # fmt: skip
+
+            def normal(db=normal_db, url=system.url):
+                time.sleep(FLOOD_DELAY_S)
+                headers = ["x-corral-priority: normal", "x-corral-timeout-ms: 2000"]
+                return oha_run(args, url, 20, 3.0, db, headers)
+
+            _, normal_report = together([high, normal])
+            counters = corral_counters(system.url)
+        finally:
+            bench.stop(system)
+        got = overload.answers(normal_db)
+        highs = overload.answers(high_db).get(200, [])
+        sent = sum(len(v) for v in got.values()) + overload.timeouts(normal_report)
+        rows.append(
+            f"| {label} | {len(highs) / (seconds + FLOOD_DELAY_S):,.0f} | {sent}"
+            f" | {len(got.get(200, []))} | {len(got.get(503, []))}"
+            f" | {overload.pct(got.get(503, []), 50):.1f} | {len(got.get(408, []))}"
+            f" | {overload.timeouts(normal_report)} | {counters} |"
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--oha", default=str(HERE / ".tools" / "bin" / "oha"))
     parser.add_argument("--corral", default=str(ROOT / "target" / "release" / "corral"))
     parser.add_argument("--seconds", type=float, default=30)
     parser.add_argument("--workload", default="cost_sleep", choices=["cost", "cost_sleep"])
-    parser.add_argument("--parts", default="classes,weights")
+    parser.add_argument("--parts", default="classes,weights,flood")
+    parser.add_argument(
+        "--corral-before",
+        help="another corral binary (an earlier build), beside this one in the flood part",
+    )
     parser.add_argument("--out", default=str(ROOT / "BENCHMARKS.md"))
     args = parser.parse_args()
 
@@ -248,6 +322,7 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="corral-mixed-"))
     first = classes(args, workdir) if "classes" in args.parts else ["(not run)"]
     second = weights(args, workdir) if "weights" in args.parts else ["(not run)"]
+    third = flood(args, workdir) if "flood" in args.parts else ["(not run)"]
     command = bench.recorded_command("bench-mixed")
     section = "\n\n".join(
         [
@@ -260,6 +335,9 @@ def main() -> None:
             f"### Weight budgets: lengths 1–512, a model whose cost grows with the batch's "
             f"total length ({args.seconds:g} s each)",
             "\n".join(second),
+            "### Overtaking: `normal` requests beside a flood of `high` ones that keeps them "
+            f"past their deadline ({args.workload}, batch 32, one worker)",
+            "\n".join(third),
         ]
     )
     bench.replace_section(Path(args.out), section)
