@@ -438,14 +438,16 @@ def test_errors_setting_up_name_what_could_not_be_set_up(tmp_path):
     # Linux's Unix socket addresses hold 107 bytes: Corral once started on a longer path (it
     # binds a short one and links it), and every worker then waited for it forever.
     long = tmp_path / ("s" * (108 - len(str(tmp_path)) - 1 + 10))
-    for path, why in [(nowhere, "No such file or directory"), (long, "holds at most 107")]:
+    # Both known before binding: config errors naming the flag, exit 2, nothing bound.
+    for path, why in [(nowhere, "does not exist"), (long, "holds at most 107")]:
         refused = subprocess.run(
             [BINARY, "--listen", "127.0.0.1:0", "--socket", str(path)],
             capture_output=True, text=True, timeout=30, cwd=tmp_path,
         )  # fmt: skip
-        assert refused.returncode != 0
-        assert f"cannot listen for workers at {path} (--socket)" in refused.stderr
+        assert refused.returncode == 2, refused.stderr
+        assert f"--socket: {path}: " in refused.stderr
         assert why in refused.stderr
+        assert "listening" not in refused.stderr
         assert not path.exists()
 
 
