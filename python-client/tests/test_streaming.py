@@ -706,6 +706,38 @@ def test_the_readmes_spelling_worker_drops_what_follows_a_cancel():
     assert proxy.events.count(("cancel", 1)) == 1  # not again for each chunk dropped
 
 
+class OfferingLink:
+    """The proxy's side of a joining run, for `_streaming.run`: a new job of one item answers
+    each standing offer, at once."""
+
+    def __init__(self):
+        self.offers = []
+        self.owed = 0
+        self.ended = 0  # results sent
+
+    def send(self, frame):
+        message = msgpack.unpackb(frame[4:])
+        if message["type"] == "pull":
+            self.offers.append(message["max"])
+            self.owed = message["max"]
+
+    def send_results(self, results):
+        self.ended += len(results)
+
+    def take_cancelled(self):
+        return set()
+
+    def keep_cancelled(self, ids):
+        list(ids)
+
+    def batches(self, count):
+        return [[protocol.job(os.urandom(16), 60_000, msgpack.packb("x"))] for _ in range(count)]
+
+    def take_batches(self):
+        owed, self.owed = self.owed, 0
+        return self.batches(owed)
+
+
 @pytest.mark.parametrize("positions", [0, _streaming.MAX_POSITIONS])
 def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch, positions):
     """Under steady traffic a joining generator never returned on its own: each job it ever
@@ -714,30 +746,6 @@ def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch
     streams finish and it returns; the proxy's next batch starts a new run from position 0."""
     monkeypatch.setattr(_streaming, "MAX_POSITIONS", positions)
     bound = max(positions, 16 * 4)
-
-    class Link:  # the proxy's side: a new job answers each standing offer, at once
-        def __init__(self):
-            self.offers = []
-            self.owed = 0
-
-        def send(self, frame):
-            message = msgpack.unpackb(frame[4:])
-            if message["type"] == "pull":
-                self.offers.append(message["max"])
-                self.owed = message["max"]
-
-        def send_results(self, results):
-            pass
-
-        def take_cancelled(self):
-            return set()
-
-        def keep_cancelled(self, ids):
-            list(ids)
-
-        def take_batches(self):
-            owed, self.owed = self.owed, 0
-            return [[protocol.job(os.urandom(16), 60_000, msgpack.packb("x"))] for _ in range(owed)]
 
     class Steady(corral.Worker):
         max_running = 4
@@ -754,7 +762,7 @@ def test_a_joining_run_takes_a_bounded_number_of_positions_then_ends(monkeypatch
                 positions += len(new)
             self.positions = positions
 
-    link, worker = Link(), Steady()
+    link, worker = OfferingLink(), Steady()
     jobs = [protocol.job(os.urandom(16), 60_000, msgpack.packb("x")) for _ in range(4)]
     _streaming.run(worker, jobs, link, _streaming.limit(worker))
     assert worker.positions == bound
@@ -770,26 +778,8 @@ def test_a_joining_feed_that_never_returns_is_closed_past_its_positions(monkeypa
     monkeypatch.setattr(_streaming, "MAX_POSITIONS", 0)
     bound = 16 * 4
 
-    class Link:  # the proxy: a job for each offer, and a batch to a worker holding none
-        def __init__(self):
-            self.owed = 0
-            self.taken = 4
-            self.ended = 0
-            self.left_queued = 0
-
-        def send(self, frame):
-            message = msgpack.unpackb(frame[4:])
-            if message["type"] == "pull":
-                self.owed = message["max"]
-
-        def send_results(self, results):
-            self.ended += len(results)
-
-        def take_cancelled(self):
-            return set()
-
-        def keep_cancelled(self, ids):
-            list(ids)
+    class Link(OfferingLink):  # ...and a batch to a worker holding no job
+        taken = 4
 
         def take_batches(self):
             owed, self.owed = self.owed, 0
@@ -797,7 +787,7 @@ def test_a_joining_feed_that_never_returns_is_closed_past_its_positions(monkeypa
                 owed = 1  # idle in the proxy's eyes: it sends a batch anyway
             self.taken += owed
             assert self.taken < 10 * bound, "the run never ended"
-            return [[protocol.job(os.urandom(16), 60_000, msgpack.packb("x"))] for _ in range(owed)]
+            return self.batches(owed)
 
     class Feed(corral.Worker):
         max_running = 4

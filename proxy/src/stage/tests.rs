@@ -1268,34 +1268,37 @@ async fn a_join_behind_a_job_retried_alone_looks_again_once_a_purge_takes_it_out
     assert_eq!(payloads(&joined.expect("the join woke")), [b"c"]);
 }
 
+/// A `high` job of `weight` with 30 s to live, queued.
+fn submit_high(stage: &Stage, weight: u32) -> oneshot::Receiver<Reply> {
+    let (mut job, answer) = classed(b"h", Class::High, None, weight);
+    job.deadline += Duration::from_secs(25);
+    stage.submit(job).unwrap();
+    answer
+}
+
+/// Batches of 4 of these weights, each learned to cost 50 ms (80 jobs a second).
+fn fifty_ms_batches(seat: &WorkerSeat<'_>, weights: &[usize]) {
+    for &weight in weights {
+        seat.finished(4, weight, Duration::from_millis(50));
+    }
+}
+
 /// A stage of batches of 4 costing 50 ms (80 jobs a second), its one worker kept busy by
 /// closed-loop `high` clients, 4 arriving as each batch ends, for `seconds`: the worker is
 /// never free for a lower class before its promotion.
 async fn flooded_by_high(seconds: u64) -> (Stage, Vec<oneshot::Receiver<Reply>>) {
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();
-    for _ in 0..5 {
-        seat.finished(4, 4, Duration::from_millis(50));
-    }
+    fifty_ms_batches(&seat, &[4; 5]);
     let mut answers = Vec::new();
     for _ in 0..seconds * 20 {
-        for _ in 0..4 {
-            let (mut job, answer) = classed(b"h", Class::High, None, 1);
-            job.deadline += Duration::from_secs(25);
-            stage.submit(job).unwrap();
-            answers.push(answer);
-        }
+        answers.extend((0..4).map(|_| submit_high(&stage, 1)));
         assert_eq!(seat.next_batch().await.len(), 4);
         tokio::time::advance(Duration::from_millis(50)).await;
         seat.finished(4, 4, Duration::from_millis(50));
     }
     // The next round of high jobs is queued; the worker takes it.
-    for _ in 0..4 {
-        let (mut job, answer) = classed(b"h", Class::High, None, 1);
-        job.deadline += Duration::from_secs(25);
-        stage.submit(job).unwrap();
-        answers.push(answer);
-    }
+    answers.extend((0..4).map(|_| submit_high(&stage, 1)));
     assert_eq!(seat.next_batch().await.len(), 4);
     std::mem::forget(seat);
     (stage, answers)
@@ -1347,15 +1350,10 @@ async fn heavy_higher_jobs_are_counted_at_their_own_cost_not_their_weight() {
     // queue's mean weight (1: 80 a second), every normal job behind them was refused.
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();
-    for weight in [10, 40, 10, 40, 20] {
-        seat.finished(4, weight, Duration::from_millis(50));
-    }
+    fifty_ms_batches(&seat, &[10, 40, 10, 40, 20]);
     let mut answers = Vec::new();
     for _ in 0..100 {
-        let (mut job, answer) = classed(b"h", Class::High, None, 10);
-        job.deadline += Duration::from_secs(25);
-        stage.submit(job).unwrap();
-        answers.push(answer);
+        answers.push(submit_high(&stage, 10));
         assert_eq!(seat.next_batch().await.len(), 1);
         tokio::time::advance(Duration::from_millis(40)).await;
         seat.finished(1, 10, Duration::from_millis(50));
@@ -1371,17 +1369,8 @@ async fn one_burst_of_higher_jobs_is_no_flood() {
     // 40 over the instant they came (180 a second), they refused the normal jobs behind them.
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();
-    for _ in 0..5 {
-        seat.finished(4, 4, Duration::from_millis(50));
-    }
-    let burst: Vec<_> = (0..40)
-        .map(|_| {
-            let (mut job, answer) = classed(b"h", Class::High, None, 1);
-            job.deadline += Duration::from_secs(25);
-            stage.submit(job).unwrap();
-            answer
-        })
-        .collect();
+    fifty_ms_batches(&seat, &[4; 5]);
+    let burst: Vec<_> = (0..40).map(|_| submit_high(&stage, 1)).collect();
     let (mut normal, _normal) = classed(b"normal", Class::Normal, None, 1);
     normal.deadline -= Duration::from_secs(2); // 3 s
     stage.submit(normal).unwrap();
