@@ -130,6 +130,10 @@ struct Queue {
     /// The recent arrivals of each class (by [`Class::index`]): how fast higher classes' jobs
     /// come, which go before a lower one while it waits ([`admission::overtaking`]).
     classes: [Recent; 3],
+    /// By class (by [`Class::index`]): when a batch last took in a job of this class or lower,
+    /// or went out with room, no higher job left queued. The higher classes did not hold such
+    /// a job back then, however fast they came.
+    dry: [Option<Instant>; 3],
     /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
     /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
@@ -306,6 +310,18 @@ impl Queue {
     /// a saturated stage sends it ahead; counted so, a streaming stage (which sends nothing
     /// ahead), a queue of less than a batch, or a job going alone at its front had told
     /// clients to come back before there was room.
+    /// Notes, once `batch` (of at most `max` jobs) is taken, which classes the higher ones did
+    /// not hold back ([`Queue::dry`]).
+    fn mark_dry(&mut self, now: Instant, batch: &[Job], max: usize) {
+        for class in [Class::Low, Class::Normal] {
+            let seated = batch.iter().any(|job| job.class <= class);
+            let room = batch.len() < max && self.jobs.jobs_above(class) == 0;
+            if seated || room {
+                self.dry[class.index()] = Some(now);
+            }
+        }
+    }
+
     fn take_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
         self.seats
             .iter()

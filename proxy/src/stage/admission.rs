@@ -179,6 +179,10 @@ pub fn retry_after(finish: Instant, deadline: Instant) -> Duration {
     Duration::from_secs(late.ceil().max(1.0) as u64)
 }
 
+/// How recently the higher classes must have run out of queued work at a batch taken for a
+/// lower job not to be counted as overtaken ([`Stage::overtaken`]).
+const DRY: Duration = Duration::from_secs(1);
+
 /// A prediction's ceiling: later than any deadline a client can ask for here, and far from
 /// where an `Instant` overflows.
 const DAY: Duration = Duration::from_secs(86_400);
@@ -391,6 +395,13 @@ impl Stage {
         (ahead, group): (usize, usize),
         free_at: &[Instant],
     ) -> Duration {
+        // Higher classes that ran out of queued work at a batch taken within the last second
+        // do not hold a lower job back: it is a batch's filler. Counted as a flood all the
+        // same (their load measured near 1), closed loops just short of keeping the workers
+        // busy had normal jobs refused that the build before served in 120 ms.
+        if queue.dry[class.index()].is_some_and(|at| now.saturating_duration_since(at) < DRY) {
+            return Duration::ZERO;
+        }
         let aging = self.aging.as_secs_f64();
         let workers = free_at.len() as f64;
         let higher: Vec<(f64, f64)> = Class::DISPATCH_ORDER

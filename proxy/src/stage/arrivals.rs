@@ -52,15 +52,23 @@ const FEWEST: f64 = 10.0;
 /// gap will not do. Read between closed-loop bursts (four jobs at once, then 50 ms of none), a
 /// mean gap, or the time since the last arrival, swung with where in the burst it was read;
 /// and traffic that stopped fades out of it by itself.
+/// Arrivals further apart than this end a run of them ([`Recent::rates`]).
+const RUN_GAP: Duration = Duration::from_millis(250);
+
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Recent {
     last: Option<Instant>,
+    /// When the current run of arrivals, none further apart than [`RUN_GAP`], began.
+    since: Option<Instant>,
     jobs: f64,
     weight: f64,
 }
 
 impl Recent {
     pub fn record(&mut self, now: Instant, weight: u32) {
+        if self.last.is_none_or(|last| now.saturating_duration_since(last) > RUN_GAP) {
+            self.since = Some(now);
+        }
         let fade = self.fade(now);
         self.jobs = self.jobs * fade + 1.0;
         self.weight = self.weight * fade + f64::from(weight);
@@ -68,14 +76,19 @@ impl Recent {
     }
 
     /// The jobs and the weight arriving a second, as of `now`; None while fewer than
-    /// [`FEWEST`] jobs came in about the last second. Counted over the whole window, a flood
-    /// that begins is read low for a second or two; counted over the time since it began, one
-    /// burst of 40 jobs read as 180 a second, and every lower job behind it was refused as
-    /// if they were to go on coming.
+    /// [`FEWEST`] jobs came in about the last second, and unless they have kept coming for a
+    /// [`WINDOW`] and still do (no gap past [`RUN_GAP`]): a burst says nothing of what
+    /// follows. Counted over the whole window, a flood that begins is read low for a second or
+    /// two; counted over the time since it began, one burst of 40 jobs read as 180 a second;
+    /// read as a rate at all, 40 at once on a stage serving 20 a second had the lower jobs
+    /// behind them refused, though all were served within their deadline.
     pub fn rates(&self, now: Instant) -> Option<(f64, f64)> {
+        let (last, since) = (self.last?, self.since?);
+        let running = now.saturating_duration_since(last) <= RUN_GAP
+            && last.saturating_duration_since(since) >= WINDOW;
         let fade = self.fade(now);
         let window = WINDOW.as_secs_f64();
-        (self.jobs * fade >= FEWEST)
+        (running && self.jobs * fade >= FEWEST)
             .then(|| (self.jobs * fade / window, self.weight * fade / window))
     }
 
@@ -130,15 +143,17 @@ mod tests {
     fn a_few_jobs_make_no_rate_and_one_burst_no_flood() {
         let mut recent = Recent::default();
         let start = Instant::now();
-        for _ in 0..9 {
-            recent.record(start, 100_000);
+        // A second of 9 jobs: too few.
+        for i in 0..9 {
+            recent.record(start + Duration::from_millis(125 * i), 100_000);
         }
-        assert_eq!(recent.rates(start), None);
-        // 40 at once: 40 over the last second, not 40 in the instant it took.
-        for _ in 0..31 {
-            recent.record(start, 1);
+        assert_eq!(recent.rates(start + Duration::from_millis(1000)), None);
+        // 40 at once: a burst, no rate, then or a moment later.
+        let later = start + Duration::from_secs(5);
+        for _ in 0..40 {
+            recent.record(later, 1);
         }
-        let (jobs, _) = recent.rates(start).unwrap();
-        assert!((jobs - 40.0).abs() < 1e-6, "{jobs}");
+        assert_eq!(recent.rates(later), None);
+        assert_eq!(recent.rates(later + Duration::from_millis(300)), None);
     }
 }

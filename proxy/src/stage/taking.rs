@@ -234,6 +234,7 @@ impl Stage {
             }
         }
         queue.jobs.end_batch();
+        queue.mark_dry(now, &batch, max);
         if !batch.is_empty() {
             let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
             for job in &batch {
