@@ -1283,25 +1283,26 @@ fn fifty_ms_batches(seat: &WorkerSeat<'_>, weights: &[usize]) {
     }
 }
 
-/// A stage of batches of 4 costing 50 ms (80 jobs a second), its one worker kept busy by
-/// closed-loop `high` clients, 4 arriving as each batch ends, for `seconds`: the worker is
-/// never free for a lower class before its promotion.
-async fn flooded_by_high(seconds: u64) -> (Stage, Vec<oneshot::Receiver<Reply>>) {
-    let stage = stage(4, 1000);
-    let seat = stage.worker_joined();
-    fifty_ms_batches(&seat, &[4; 5]);
+/// A stage's one worker, its batches of 4 learned to cost 50 ms (80 jobs a second), kept busy
+/// by closed-loop `high` clients, 4 arriving as each batch ends, for `seconds`: the worker is
+/// never free for a lower class before its promotion. Ends with the worker holding a batch.
+async fn flood_high(
+    stage: &Stage,
+    seat: &WorkerSeat<'_>,
+    seconds: u64,
+) -> Vec<oneshot::Receiver<Reply>> {
+    fifty_ms_batches(seat, &[4; 5]);
     let mut answers = Vec::new();
     for _ in 0..seconds * 20 {
-        answers.extend((0..4).map(|_| submit_high(&stage, 1)));
+        answers.extend((0..4).map(|_| submit_high(stage, 1)));
         assert_eq!(seat.next_batch().await.len(), 4);
         tokio::time::advance(Duration::from_millis(50)).await;
         seat.finished(4, 4, Duration::from_millis(50));
     }
     // The next round of high jobs is queued; the worker takes it.
-    answers.extend((0..4).map(|_| submit_high(&stage, 1)));
+    answers.extend((0..4).map(|_| submit_high(stage, 1)));
     assert_eq!(seat.next_batch().await.len(), 4);
-    std::mem::forget(seat);
-    (stage, answers)
+    answers
 }
 
 #[tokio::test(start_paused = true)]
@@ -1309,7 +1310,9 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
     // The queue ahead of a low job is empty (the high ones are taken as they come), but the
     // high ones arriving as fast as the worker serves them go first until the low job's
     // promotion to high, 10 s away: with 3 s to live it is refused now, not answered 408 at 3 s.
-    let (stage, _high) = flooded_by_high(5).await;
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    let _high = flood_high(&stage, &seat, 5).await;
     let (mut low, _low) = classed(b"low", Class::Low, None, 1);
     low.deadline -= Duration::from_secs(2); // 3 s
     match stage.submit(low) {
@@ -1336,7 +1339,9 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
 
 #[tokio::test(start_paused = true)]
 async fn higher_arrivals_that_stopped_hold_nothing_back() {
-    let (stage, _high) = flooded_by_high(5).await;
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    let _high = flood_high(&stage, &seat, 5).await;
     tokio::time::advance(Duration::from_secs(5)).await;
     let (mut low, _low) = classed(b"low", Class::Low, None, 1);
     low.deadline -= Duration::from_secs(2);
@@ -1375,5 +1380,32 @@ async fn one_burst_of_higher_jobs_is_no_flood() {
     normal.deadline -= Duration::from_secs(2); // 3 s
     stage.submit(normal).unwrap();
     drop(burst);
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lower_job_seated_in_a_batch_a_moment_ago_says_the_higher_classes_leave_room() {
+    // High jobs came as fast as the worker served them, but a batch just took a normal job in:
+    // the higher classes are not holding normal jobs back, and one with 3 s to live is
+    // admitted. (Closed loops just short of saturation, read as a flood, had such jobs
+    // refused that were served in 120 ms.)
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    let _high = flood_high(&stage, &seat, 5).await;
+    // Three high jobs and a normal one fill a batch; then the flood goes on.
+    let mut high: Vec<_> = (0..3).map(|_| submit_high(&stage, 1)).collect();
+    let (mut patient, _patient) = classed(b"patient", Class::Normal, None, 1);
+    patient.deadline += Duration::from_secs(25);
+    stage.submit(patient).unwrap();
+    for round in 0..3 {
+        tokio::time::advance(Duration::from_millis(50)).await;
+        seat.finished(4, 4, Duration::from_millis(50));
+        let batch = seat.next_batch().await;
+        assert_eq!(batch.iter().any(|job| job.class == Class::Normal), round == 0);
+        high.extend((0..4).map(|_| submit_high(&stage, 1)));
+    }
+    let (mut normal, _normal) = classed(b"normal", Class::Normal, None, 1);
+    normal.deadline -= Duration::from_secs(2); // 3 s
+    stage.submit(normal).unwrap();
     std::mem::forget(seat);
 }
