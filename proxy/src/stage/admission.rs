@@ -356,7 +356,8 @@ impl Stage {
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let class = jobs.first().map_or(Class::High, |job| job.class);
-        let overtaken = self.overtaken(queue, now, cost, class, (ahead.light, light), &free_at);
+        let overtaken =
+            self.overtaken(queue, now, cost, class, (ahead.light, light, max), &free_at);
         free_at.iter_mut().for_each(|at| *at += overtaken);
         let ahead = ahead.light;
         if weights().all(|weight| weight <= max) {
@@ -380,7 +381,8 @@ impl Stage {
         Some(alone.fold(start, |at, weight| at + first.of(weight)))
     }
 
-    /// How much later the workers are free for a job of `class` queued behind `ahead`, for
+    /// How much later the workers are free for a job of `class` queued behind `ahead` (in
+    /// batches of `max`, the caller's [`Stage::batch_weight`], not walked again), for
     /// the higher classes' jobs expected to arrive and go before it ([`overtaking`]; each
     /// class at the rate its jobs were admitted over about the last second, until the job
     /// would be promoted into it, each of its jobs costing its share of a full batch of jobs of
@@ -392,7 +394,7 @@ impl Stage {
         now: Instant,
         cost: Cost,
         class: Class,
-        (ahead, group): (usize, usize),
+        (ahead, group, max): (usize, usize, usize),
         free_at: &[Instant],
     ) -> Duration {
         // Higher classes that ran out of queued work at a batch taken within the last second
@@ -421,7 +423,6 @@ impl Stage {
         if higher.is_empty() || free_at.is_empty() {
             return Duration::ZERO;
         }
-        let max = self.batch_weight(queue);
         let mut take_at = free_at.to_vec();
         let Some((taken, _)) = predicted_take(ahead, group.max(1), max, cost, &mut take_at) else {
             return Duration::ZERO;
