@@ -172,8 +172,10 @@ def test_lines_dropped_for_a_stalled_stdout_are_said_so_once_it_is_read_again(co
     """The collector of the proxy's output stops reading, then reads again: the lines dropped
     meanwhile are counted, and a warning says so once lines flow; those after it arrive."""
     # A long deadline: 48 MiB of lines at a slow reader's pace outlasted the default 5 s on a
-    # loaded machine (a 408, not what the test is about).
-    proxy = corral_factory("--batch-timeout-ms=3000", "--timeout-ms=60000", worker=NOISY)
+    # loaded machine (a 408, not what the test is about). A hung limit well past the stall, as
+    # its sibling above has: at 3 s the debug build's 48 MiB came near it, and the worker was
+    # once killed as hung (a 500) in a fresh-clone CI.
+    proxy = corral_factory("--batch-timeout-ms=15000", "--timeout-ms=60000", worker=NOISY)
     assert proxy.metric("corral_log_lines_dropped_total", source="worker") == 0
     assert proxy.metric("corral_log_lines_dropped_total", source="proxy") == 0
     proxy.pause_reading()

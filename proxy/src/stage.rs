@@ -303,13 +303,6 @@ impl Queue {
         self.seats[slot].as_mut().expect("a seated worker has a seat")
     }
 
-    /// When each connected worker takes its next batch from the queue, by the learned cost: at
-    /// once if idle, else when its batch is done (a batch sent ahead then starts, and the next
-    /// may be sent ahead of it). What room in the queue is predicted from: a job leaves it as
-    /// its batch is taken. A busy plain worker with nothing sent ahead may take one sooner, as
-    /// a saturated stage sends it ahead; counted so, a streaming stage (which sends nothing
-    /// ahead), a queue of less than a batch, or a job going alone at its front had told
-    /// clients to come back before there was room.
     /// Notes, once `batch` (of at most `max` jobs) is taken, which classes the higher ones did
     /// not hold back ([`Queue::dry`]).
     fn mark_dry(&mut self, now: Instant, batch: &[Job], max: usize) {
@@ -322,6 +315,13 @@ impl Queue {
         }
     }
 
+    /// When each connected worker takes its next batch from the queue, by the learned cost: at
+    /// once if idle, else when its batch is done (a batch sent ahead then starts, and the next
+    /// may be sent ahead of it). What room in the queue is predicted from: a job leaves it as
+    /// its batch is taken. A busy plain worker with nothing sent ahead may take one sooner, as
+    /// a saturated stage sends it ahead; counted so, a streaming stage (which sends nothing
+    /// ahead), a queue of less than a batch, or a job going alone at its front had told
+    /// clients to come back before there was room.
     fn take_at(&self, now: Instant, cost: cost::Cost) -> Vec<Instant> {
         self.seats
             .iter()

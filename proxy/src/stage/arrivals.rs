@@ -47,14 +47,14 @@ const WINDOW: Duration = Duration::from_secs(1);
 /// normal job behind it refused as if a flood of them were on its way).
 const FEWEST: f64 = 10.0;
 
+/// Arrivals further apart than this end a run of them ([`Recent::rates`]).
+const RUN_GAP: Duration = Duration::from_millis(250);
+
 /// The jobs and weight that arrived over about the last [`WINDOW`], each arrival counted with a
 /// weight that decays by e every window: what a rate of arrivals is read from where the mean
 /// gap will not do. Read between closed-loop bursts (four jobs at once, then 50 ms of none), a
 /// mean gap, or the time since the last arrival, swung with where in the burst it was read;
 /// and traffic that stopped fades out of it by itself.
-/// Arrivals further apart than this end a run of them ([`Recent::rates`]).
-const RUN_GAP: Duration = Duration::from_millis(250);
-
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Recent {
     last: Option<Instant>,

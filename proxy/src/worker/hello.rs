@@ -250,7 +250,6 @@ const REFUSALS_KEPT: usize = 64;
 
 static REFUSALS: std::sync::Mutex<Refusals> = std::sync::Mutex::new(Refusals::new());
 
-/// When each reason was last logged, and how many refusals for it were not logged since.
 /// A refusal's reason without the worker's own words (quoted, as `{:?}` writes them): the
 /// key under which refusals are logged once a minute. Keyed by the whole text, a worker that
 /// named another stage at each try was logged every time.
@@ -279,6 +278,7 @@ fn alike(why: &str) -> String {
     kind
 }
 
+/// When each reason was last logged, and how many refusals for it were not logged since.
 struct Refusals {
     reasons: Option<HashMap<String, (std::time::Instant, u64)>>,
 }
