@@ -145,7 +145,7 @@ pub(super) async fn work(
             };
             // One timer: the earlier of the hung limit and the next stream's timeout.
             let stream_end = clocks.stream_end.filter(|&end| end < hung_at);
-            // The select below reads the inbox first: a worker whose frames never stop coming
+            // The select below reads the inbox before its timers: a worker whose frames never stop coming
             // would keep its timers from firing there. They are looked at here too, once a frame.
             let now = Instant::now();
             if clocks.overdue.is_some_and(|overdue| now >= overdue) {
@@ -155,9 +155,22 @@ pub(super) async fn work(
             if stream_end.is_some_and(|end| now >= end) {
                 state.end_streams(now);
             }
+            // So is the proxy's stop, for the same reason.
+            if context.shutdown.is_cancelled() {
+                break Ended::Stopped;
+            }
             let (all_written, wrote) = (outbox.all_written(), outbox.wrote());
             tokio::select! {
                 biased;
+                // Departures before the inbox: each completes once, so it cannot keep the inbox
+                // waiting, while a worker whose frames never stop coming kept it from ever being
+                // polled. The streams it ended at their timeout were never cancelled, and the
+                // worker streamed on until it was killed as overdue (one run in five of
+                // `test_a_stream_timeout_ends_a_stream_whose_client_is_always_behind`).
+                id = state.departures.next() => {
+                    state.cancel(outbox, id);
+                    continue;
+                }
                 message = inbox.next() => message,
                 e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
@@ -166,10 +179,6 @@ pub(super) async fn work(
                         break Ended::Failed { reason: "hung", why: why.into() };
                     }
                     state.end_streams(Instant::now());
-                    continue;
-                }
-                id = state.departures.next() => {
-                    state.cancel(outbox, id);
                     continue;
                 }
                 // Nothing joins a job that goes alone ([`Job::alone`]). A `pull` is answered only
