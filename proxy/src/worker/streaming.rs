@@ -162,23 +162,14 @@ pub(super) async fn work(
             let (all_written, wrote) = (outbox.all_written(), outbox.wrote());
             tokio::select! {
                 biased;
-                // Departures before the inbox: each completes once, so it cannot keep the inbox
-                // waiting, while a worker whose frames never stop coming kept it from ever being
-                // polled. The streams it ended at their timeout were never cancelled, and the
-                // worker streamed on until it was killed as overdue (one run in five of
+                // Departures and joins before the inbox: each completes once per event (a job
+                // leaving, an offer of room), so neither can keep the inbox waiting, while a
+                // worker whose frames never stop coming kept them from ever being polled. The
+                // streams it ended at their timeout were never cancelled, and the worker streamed
+                // on until it was killed as overdue (one run in five of
                 // `test_a_stream_timeout_ends_a_stream_whose_client_is_always_behind`).
                 id = state.departures.next() => {
                     state.cancel(outbox, id);
-                    continue;
-                }
-                message = inbox.next() => message,
-                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
-                _ = context.shutdown.cancelled() => break Ended::Stopped,
-                _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
-                    if stream_end.is_none() {
-                        break Ended::Failed { reason: "hung", why: why.into() };
-                    }
-                    state.end_streams(Instant::now());
                     continue;
                 }
                 // Nothing joins a job that goes alone ([`Job::alone`]). A `pull` is answered only
@@ -194,6 +185,16 @@ pub(super) async fn work(
                     continue;
                 }
                 () = wrote, if offer.is_some() && !all_written => continue,
+                message = inbox.next() => message,
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                _ = context.shutdown.cancelled() => break Ended::Stopped,
+                _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
+                    if stream_end.is_none() {
+                        break Ended::Failed { reason: "hung", why: why.into() };
+                    }
+                    state.end_streams(Instant::now());
+                    continue;
+                }
             }
         };
         heard = Instant::now();
