@@ -88,8 +88,33 @@ pub struct Metrics {
     pub shared_memory_full: IntCounter,
 }
 
-/// Why a worker connection ended in a failure: `corral_worker_failures_total`'s `reason`.
-pub const FAILURE_REASONS: [&str; 4] = ["died", "hung", "protocol", "refused"];
+/// Why a worker connection ended in a failure: `corral_worker_failures_total`'s `reason`, and
+/// a batch span's `corral.reason`. One list, so that each reason's series is made at 0
+/// ([`stage_series`]) however many places end a connection with it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WorkerFailure {
+    /// Its connection broke while it held work.
+    Died,
+    /// It held work past its limit (and is killed, if spawned).
+    Hung,
+    /// It broke the worker protocol.
+    Protocol,
+    /// Its hello was refused.
+    Refused,
+}
+
+impl WorkerFailure {
+    pub const ALL: [Self; 4] = [Self::Died, Self::Hung, Self::Protocol, Self::Refused];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Self::Died => "died",
+            Self::Hung => "hung",
+            Self::Protocol => "protocol",
+            Self::Refused => "refused",
+        }
+    }
+}
 
 /// Makes a stage's worker failure series, at 0 (and the refusals of workers naming no stage):
 /// a series that appears only with its first failure is one whose first failure an alert on
@@ -97,10 +122,10 @@ pub const FAILURE_REASONS: [&str; 4] = ["died", "hung", "protocol", "refused"];
 /// three).
 pub fn stage_series(stage: &str) {
     let m = metrics();
-    for reason in FAILURE_REASONS {
-        m.worker_failures.with_label_values(&[stage, reason]);
+    for reason in WorkerFailure::ALL {
+        m.worker_failures.with_label_values(&[stage, reason.label()]);
     }
-    m.worker_failures.with_label_values(&[UNKNOWN_STAGE, "refused"]);
+    m.worker_failures.with_label_values(&[UNKNOWN_STAGE, WorkerFailure::Refused.label()]);
 }
 
 /// The process-wide metrics.

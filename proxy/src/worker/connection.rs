@@ -35,7 +35,7 @@ use super::streaming;
 use super::words::{logged, logged_within};
 use super::Inbox;
 use crate::job::{Job, Outcome, Sent};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, WorkerFailure};
 use crate::shared_memory::SharedMemory;
 use crate::stage::{Parts, Stage, WorkerSeat};
 use crate::supervisor::{Children, Served, SpawnedWorker};
@@ -204,8 +204,8 @@ pub async fn serve(
             outbox.close(CLOSE_WRITE_LIMIT).await;
         }
         Ended::Failed { reason, .. } => {
-            metrics().worker_failures.with_label_values(&[stage.name(), reason]).inc();
-            if *reason == "hung" && context.children.kill(own_pid) {
+            metrics().worker_failures.with_label_values(&[stage.name(), reason.label()]).inc();
+            if *reason == WorkerFailure::Hung && context.children.kill(own_pid) {
                 warn!(pid = own_pid, "killed a hung worker; it will be restarted");
             }
         }
@@ -266,9 +266,9 @@ pub(super) enum Ended {
     Closed,
     /// The proxy is shutting down.
     Stopped,
-    /// The worker broke the protocol (`reason` = "protocol"), its connection broke while it
-    /// held a batch ("died"), or it held a batch past the limit ("hung").
-    Failed { reason: &'static str, why: String },
+    /// The worker broke the protocol, its connection broke while it held a batch (died), or it
+    /// held a batch past the limit (hung).
+    Failed { reason: WorkerFailure, why: String },
 }
 
 impl std::fmt::Display for Ended {
@@ -298,11 +298,14 @@ pub(super) fn read_error(e: io::Error) -> Ended {
 /// `type` or `status`, up to a frame's 64 MiB): kept to a few hundred bytes, since it goes into
 /// every orphaned job's 500 and the logs.
 pub(super) fn protocol_error(why: impl std::fmt::Display) -> Ended {
-    Ended::Failed { reason: "protocol", why: format!("protocol error: {}", logged(&why)) }
+    Ended::Failed {
+        reason: WorkerFailure::Protocol,
+        why: format!("protocol error: {}", logged(&why)),
+    }
 }
 
 pub(super) fn died(why: String) -> Ended {
-    Ended::Failed { reason: "died", why }
+    Ended::Failed { reason: WorkerFailure::Died, why }
 }
 
 /// A batch queued for the worker and not yet answered.
@@ -392,7 +395,7 @@ async fn work(
                 e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
-                    reason: "hung",
+                    reason: WorkerFailure::Hung,
                     why: "the worker held a batch past its limit".into(),
                 },
                 id = departures.next() => {
@@ -462,7 +465,7 @@ async fn work(
         outbox.halt().await;
         // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
         let (reason, why) = match &ended {
-            Ended::Failed { reason, why } => (*reason, why.as_str()),
+            Ended::Failed { reason, why } => (reason.label(), why.as_str()),
             _ => ("closed", "connection closed while holding a batch"),
         };
         let now = Instant::now();

@@ -20,7 +20,7 @@ use super::outbox::Outbox;
 use super::words::{clipped, logged, logged_within};
 use super::Inbox;
 use crate::http::protocols::v2::tensor::DataType;
-use crate::metrics::{metrics, UNKNOWN_STAGE};
+use crate::metrics::{metrics, WorkerFailure, UNKNOWN_STAGE};
 use crate::stage::{Declared, Stage, WeightRule};
 use crate::supervisor::SpawnedWorker;
 
@@ -227,7 +227,10 @@ pub(super) fn refuse(
         own.worker_refused(&message);
     }
     if let Some(counted) = counted {
-        metrics().worker_failures.with_label_values(&[counted, "refused"]).inc();
+        metrics()
+            .worker_failures
+            .with_label_values(&[counted, WorkerFailure::Refused.label()])
+            .inc();
     }
     // Logged once `/readyz` and the metric say so: a reader of the line (a test, an operator)
     // had found `/readyz` not knowing it yet.

@@ -30,7 +30,7 @@ use super::outbox::{Delivery, Outbox};
 use super::settle::{answer, answer_result, give_back, output, reason, Orphan};
 use super::Inbox;
 use crate::job::{Job, Outcome};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, WorkerFailure};
 use crate::msgpack;
 use crate::stage::{Stage, WorkerSeat};
 use crate::stream::Refused;
@@ -150,7 +150,7 @@ pub(super) async fn work(
             let now = Instant::now();
             if clocks.overdue.is_some_and(|overdue| now >= overdue) {
                 let why = "the streaming worker held a job past its stream timeout";
-                break Ended::Failed { reason: "hung", why: why.into() };
+                break Ended::Failed { reason: WorkerFailure::Hung, why: why.into() };
             }
             if stream_end.is_some_and(|end| now >= end) {
                 state.end_streams(now);
@@ -190,7 +190,7 @@ pub(super) async fn work(
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
                     if stream_end.is_none() {
-                        break Ended::Failed { reason: "hung", why: why.into() };
+                        break Ended::Failed { reason: WorkerFailure::Hung, why: why.into() };
                     }
                     state.end_streams(Instant::now());
                     continue;
@@ -554,7 +554,7 @@ impl State {
         // The batches still waiting for their first chunk: their spans say how they ended.
         if let Ended::Failed { reason, why } = ended {
             for span in first.values_mut().filter_map(|pending| pending.span.as_mut()) {
-                trace::worker_failed(span, reason, why);
+                trace::worker_failed(span, reason.label(), why);
             }
         }
         let mut orphans = Vec::new();
