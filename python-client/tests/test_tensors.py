@@ -216,7 +216,7 @@ def test_examples_reach_forward_as_a_v2_client_s_rows_do(real_np):
     class Misfit(Summing):
         examples = ({"IN": [1, 2]},)
 
-    with pytest.raises(ValueError, match="input 'IN' cannot be a FP32 tensor"):
+    with pytest.raises(ValueError, match="input 'IN' cannot be a tensor of FP32"):
         Misfit().warm_up()
 
     class Missing(Summing):
@@ -514,9 +514,9 @@ def test_a_large_output_is_encoded_whole(real_np):
 @pytest.mark.parametrize(
     ("probs", "words"),
     [
-        ("high", "output 'PROBS' cannot be a FP32 tensor"),
+        ("high", "output 'PROBS' cannot be a tensor of FP32"),
         (None, "output 'PROBS' is None"),
-        ([[1.0], [2.0, 3.0]], "output 'PROBS' cannot be a FP32 tensor"),
+        ([[1.0], [2.0, 3.0]], "output 'PROBS' cannot be a tensor of FP32"),
     ],
 )
 def test_an_output_that_cannot_be_its_datatype_fails_alone(np, probs, words):

@@ -251,13 +251,13 @@ def _field_names(cls: type) -> frozenset[str]:
 def _tensor(value: Any, tensor: _tensors.Tensor, kind: str = "output") -> bytes:
     name, datatype = tensor.name, tensor.datatype
     if value is None:  # numpy would make a float NaN of it, and an integer one an odd error
-        raise TypeError(f"{kind} {name!r} is None, not a {datatype} tensor")
+        raise TypeError(f"{kind} {name!r} is None, not a tensor of {datatype}")
     try:
         return _tensors.encode(value, datatype, tensor.shape)
     except TypeError as e:  # the message names the tensor: a result may hold several
-        raise TypeError(f"{kind} {name!r} cannot be a {datatype} tensor: {e}") from e
+        raise TypeError(f"{kind} {name!r} cannot be a tensor of {datatype}: {e}") from e
     except (ValueError, OverflowError) as e:
-        raise ValueError(f"{kind} {name!r} cannot be a {datatype} tensor: {e}") from e
+        raise ValueError(f"{kind} {name!r} cannot be a tensor of {datatype}: {e}") from e
 
 
 def pack(value: Any) -> bytes:
