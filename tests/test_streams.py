@@ -650,6 +650,21 @@ def test_shutdown_ends_open_streams_with_an_error_after_the_grace_period(corral_
     assert proxy.proc.wait(timeout=30) == 0
 
 
+def test_a_worker_sending_signs_of_life_without_pause_while_idle_gets_work_and_is_stopped(
+    corral_factory,
+):
+    # The idle worker's wait read its inbox first, and frames that lapse (signs of life) coming
+    # without end kept it from ever looking at the next batch or the proxy's stop: the request
+    # ended 408 beside a connected worker, and the worker was never told `shutdown` (a spawned
+    # one was killed as one that ignored it; an external one kept the proxy from exiting).
+    proxy = corral_factory("--timeout-ms=15000", worker=STREAMER, env={"STREAMER_IDLE_FLOOD": "1"})
+    response, received = stream_all(proxy, {"chunks": 2})
+    assert response.status_code == 200
+    assert received == [("message", "c-0"), ("message", "c-1"), ("done", {})]
+    assert proxy.stop() == 0
+    assert not [line for line in proxy.lines if "did not exit" in line], proxy.lines[-20:]
+
+
 def test_a_worker_that_streams_steadily_is_never_hung(corral_factory):
     # The hung clock counts from the worker's last frame: a stream of 15 steps of 100 ms outlasts
     # --batch-timeout-ms 1000 without ever leaving the worker silent that long.

@@ -426,13 +426,23 @@ async fn wait_or_stop(delay: Duration, stop: &CancellationToken) -> bool {
 /// sent SIGTERM instead (one whose connection had ended waited the whole wait for a message it
 /// could not get).
 async fn stop_child(child: &mut Child, group: u32, worker: &SpawnedWorker, index: u32) {
-    if worker.connections.load(Ordering::Relaxed) == 0 {
+    // The log names what the worker was told: one that never connected had been said to ignore
+    // a `shutdown` it was never sent.
+    let told = if worker.connections.load(Ordering::Relaxed) == 0 {
         group::signal(group, libc::SIGTERM);
-    }
+        "SIGTERM"
+    } else {
+        "shutdown"
+    };
     if tokio::time::timeout(STOP_WAIT, child.wait()).await.is_ok() {
         return;
     }
-    warn!(stage = worker.stage(), worker = index, "worker did not exit after shutdown; killing it");
+    warn!(
+        stage = worker.stage(),
+        worker = index,
+        told,
+        "worker did not exit when told to stop; killing it"
+    );
     group::signal(group, libc::SIGKILL);
     if let Err(e) = child.wait().await {
         warn!(stage = worker.stage(), worker = index, error = %e, "could not stop worker");

@@ -23,6 +23,8 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
 - `"pull_after_end": true` (with STREAMER_JOIN): right after the job's end, with nothing held,
   the worker offers room again (`pull`), as a join loop may;
 - `"say_timeout": true`: the first chunk is the job's `timeout_ms` as the batch gave it.
+With STREAMER_IDLE_FLOOD set, the worker sends signs of life (`chunks` with no chunk) without
+pause while it holds no job, as a heartbeat thread with no sleep would.
 Behind tests/workers/scripted.py in a pipeline, its `echo` is taken as the item. Cancelled job
 ids are appended (hex) to STREAMER_CANCELS; joined job ids to STREAMER_JOINED.
 """
@@ -39,6 +41,7 @@ import msgpack
 from corral import _protocol as protocol
 
 JOIN = int(os.environ.get("STREAMER_JOIN", "0"))
+IDLE_FLOOD = bool(os.environ.get("STREAMER_IDLE_FLOOD"))
 
 
 def log(variable, job_id):
@@ -52,7 +55,7 @@ class Frames:
     """Frames from the proxy, read without blocking while jobs are held."""
 
     def __init__(self, sock):
-        self.sock, self.buf = sock, bytearray()
+        self.sock, self.buf, self.closed = sock, bytearray(), False
 
     def poll(self, timeout):
         """Every complete frame that arrived, waiting up to `timeout` (None: until one does)."""
@@ -61,7 +64,9 @@ class Frames:
             while ready:
                 data = self.sock.recv(1 << 20)
                 if not data:
-                    raise EOFError
+                    # The frames before the end first (a `shutdown` read with the close).
+                    self.closed = True
+                    break
                 self.buf += data
                 ready = select.select([self.sock], [], [], 0)[0]
             frames = []
@@ -71,7 +76,11 @@ class Frames:
                     break
                 frames.append(protocol.decode_body(bytes(self.buf[4 : 4 + length])))
                 del self.buf[: 4 + length]
-            if frames or timeout == 0:
+            if frames:
+                return frames
+            if self.closed:
+                raise EOFError
+            if timeout == 0:
                 return frames
             if not select.select([self.sock], [], [], timeout)[0] and timeout is not None:
                 return []
@@ -141,8 +150,12 @@ def main():
             offered = 0
         # Idle: block for a batch. Busy: take what arrived without blocking.
         try:
-            arrived = frames.poll(None if not held else 0)
-        except EOFError:
+            if not held and IDLE_FLOOD:
+                sock.sendall(protocol.encode_frame({"type": "chunks", "chunks": []}) * 64)
+                arrived = frames.poll(0)
+            else:
+                arrived = frames.poll(None if not held else 0)
+        except (EOFError, BrokenPipeError, ConnectionResetError):
             return
         for frame in arrived:
             receive(frame)

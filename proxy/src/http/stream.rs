@@ -306,6 +306,19 @@ impl Events {
         if !self.finished {
             self.finished = true;
             match outcome {
+                // Past the stream's timeout, an end is the one the connection asked for: it ends
+                // a stream for the worker at its timeout (`end_streams`), and on a runtime kept
+                // busy (a worker flooding chunks) the worker's `end` was read here before the
+                // timer above had fired. A quarter of the streams cut so told their clients
+                // `done`, their answers cut short.
+                Outcome::Ended | Outcome::Done(..)
+                    if Instant::now() >= self.deadline.deadline() =>
+                {
+                    metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+                    self.pending.push_back(
+                        self.framing.error(&ApiError::stream_timeout(self.stream_timeout)),
+                    );
+                }
                 Outcome::Ended => self.pending.push_back(self.framing.done()),
                 Outcome::Done(data, _) => self.pending.extend(last_chunk(self.framing, data)),
                 other => self.pending.push_back(self.framing.error(&ApiError::from_outcome(other))),
@@ -398,6 +411,32 @@ impl Drop for Open {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_end_read_past_the_stream_s_timeout_is_the_timeout_not_done() {
+        // The race a busy runtime runs: the worker's `end` for a stream the connection cut at its
+        // timeout is read before the timer has fired (`end` is what the answered branch calls).
+        let (_sink, source) = chunks::channel(1 << 20);
+        let (_answer, reply) = oneshot::channel();
+        let token = tokio_util::sync::CancellationToken::new();
+        let mut events = Events {
+            framing: Framing::Sse,
+            source,
+            reply,
+            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
+            stream_timeout: Duration::from_secs(1),
+            keepalive: KeepAlive::new(Framing::Sse, None),
+            pending: Default::default(),
+            finished: false,
+            _left: token.drop_guard(),
+            _open: Open::new(),
+        };
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let event = events.end(Outcome::Ended);
+        let text = std::str::from_utf8(&event).unwrap();
+        assert!(text.starts_with("event: error") && text.contains("deadline_exceeded"), "{text}");
+        assert!(events.pending.is_empty(), "no done after it");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_stream_cut_off_as_slow_ends_so_when_read_past_its_timeout() {

@@ -42,6 +42,7 @@ use hyper::body::{Frame, SizeHint};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::sync::Notify;
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use super::Body;
 
@@ -79,6 +80,8 @@ pub struct Clock {
     /// Woken when a request starts or ends, an answer begins, or a head starts: the deadline may
     /// have moved.
     changed: Notify,
+    /// Cancelled once the first bytes have told the protocol ([`Clock::told`]).
+    told: CancellationToken,
     header_timeout: Duration,
     idle_timeout: Duration,
     /// How long a connection whose only requests in progress are answers being written, a stream
@@ -130,6 +133,7 @@ impl Clock {
                 http2: false,
             }),
             changed: Notify::new(),
+            told: CancellationToken::new(),
             header_timeout,
             idle_timeout,
             stall_timeout: stream_timeout.saturating_add(idle_timeout),
@@ -156,6 +160,13 @@ impl Clock {
     pub fn drain(&self) {
         self.lock().drain_started.get_or_insert_with(Instant::now);
         self.changed.notify_one();
+    }
+
+    /// Completes once the connection's first bytes have told HTTP/1.1 from HTTP/2 (at once if
+    /// they have). Until then hyper has read nothing of a request, and asked to shut down
+    /// gracefully it drops the connection, however many bytes of one wait in the socket.
+    pub async fn told(&self) {
+        self.told.cancelled().await;
     }
 
     /// Completes when the header deadline, the idle timeout or the stall bound runs out.
@@ -210,6 +221,9 @@ impl Clock {
                     (state.opened, state.http2, state.head_started) = (true, true, None);
                 } else {
                     state.preface += seen;
+                }
+                if state.opened {
+                    self.told.cancel();
                 }
             }
             // Bytes read while a handler runs are its request's body (or, unknowably, the next

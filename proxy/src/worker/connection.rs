@@ -20,7 +20,7 @@ use corral_protocol::{
     Batch, BatchJob, Cancel, Hello, Payload, ProxyCodec, ProxyMessage, Shm, Shutdown,
     WorkerMessage, FEATURE_CANCEL, FEATURE_SHM, FEATURE_STREAM,
 };
-use futures_util::StreamExt;
+use futures_util::{FutureExt, StreamExt};
 use tokio::net::UnixStream;
 use tokio::time::Instant;
 use tokio_util::codec::FramedRead;
@@ -519,26 +519,39 @@ pub(super) async fn idle(
 ) -> Result<Vec<Job>, Ended> {
     let mut next = std::pin::pin!(seat.next_batch());
     loop {
-        return tokio::select! {
+        let message = tokio::select! {
             biased;
-            message = inbox.next() => Err(match message {
-                None => Ended::Closed,
-                Some(Ok(WorkerMessage::Pull(_))) if joins => continue,
-                Some(Ok(WorkerMessage::Chunks(chunks))) if streams && chunks.chunks.is_empty() => {
-                    continue
-                }
-                // Named, as out of turn while busy is: results twice, a second hello, a chunk
-                // for no job had all read alike.
-                Some(Ok(WorkerMessage::Chunks(_))) if streams => {
-                    protocol_error("message while idle: chunks, holding no job")
-                }
-                Some(Ok(other)) => protocol_error(format!("message while idle: {}", kind_of(&other))),
-                Some(Err(e)) => read_error(e),
-            }),
-            e = outbox.broken() => Err(died(format!("could not write to the worker: {e}"))),
-            _ = context.shutdown.cancelled() => Err(Ended::Stopped),
-            jobs = &mut next => Ok(jobs),
+            message = inbox.next() => message,
+            e = outbox.broken() => return Err(died(format!("could not write to the worker: {e}"))),
+            _ = context.shutdown.cancelled() => return Err(Ended::Stopped),
+            jobs = &mut next => return Ok(jobs),
         };
+        match message {
+            None => return Err(Ended::Closed),
+            Some(Ok(WorkerMessage::Pull(_))) if joins => {}
+            Some(Ok(WorkerMessage::Chunks(chunks))) if streams && chunks.chunks.is_empty() => {}
+            // Named, as out of turn while busy is: results twice, a second hello, a chunk for
+            // no job had all read alike.
+            Some(Ok(WorkerMessage::Chunks(_))) if streams => {
+                return Err(protocol_error("message while idle: chunks, holding no job"));
+            }
+            Some(Ok(other)) => {
+                return Err(protocol_error(format!("message while idle: {}", kind_of(&other))))
+            }
+            Some(Err(e)) => return Err(read_error(e)),
+        }
+        // A frame that lapses. The select above reads the inbox first, and a worker whose
+        // lapsing frames never stop coming (signs of life or offers sent in a loop) kept the
+        // other branches from ever being polled (once the task's budget is spent, `select!`
+        // polls none, and the inbox first again after): it got no batch while its stage's
+        // clients ended 408, and was never told `shutdown`, the proxy's stop waiting on it for
+        // good. So they are looked at here too, once a frame.
+        if context.shutdown.is_cancelled() {
+            return Err(Ended::Stopped);
+        }
+        if let Some(jobs) = (&mut next).now_or_never() {
+            return Ok(jobs);
+        }
     }
 }
 
