@@ -80,9 +80,12 @@ def test_a_stdout_nobody_reads_leaves_the_proxy_serving_and_stoppable(corral_fac
     are dropped and counted, and the workers serve on."""
     unread, stalled = os.pipe()
     try:
+        # Long clocks: a 408 or a kill as hung on a loaded machine (four 12 MiB prints took
+        # 3 s each on one busy core, against 5 s and 3 s) is not what this test is about.
         proxy = corral_factory(
             "--max-batch-size=1",
-            "--batch-timeout-ms=3000",
+            "--timeout-ms=60000",
+            "--batch-timeout-ms=15000",
             worker=NOISY,
             workers=2,
             preexec_fn=lambda: os.dup2(stalled, 1),  # stderr still goes to the test's log
@@ -235,7 +238,9 @@ def test_workers_corral_does_not_spawn_keep_no_descriptors_from_the_connection_c
 
 
 def test_output_without_newlines_is_forwarded_in_pieces_in_bounded_memory(corral_factory):
-    proxy = corral_factory(worker=NOISY)
+    # A long deadline, as its siblings': 50 MiB cut into pieces took 5.4 s on a loaded machine,
+    # past the default 5 s, and a 408 is not what this test is about.
+    proxy = corral_factory("--timeout-ms=60000", "--batch-timeout-ms=30000", worker=NOISY)
     assert proxy.post("warm").status_code == 200
     before = peak_rss_kib(proxy.proc.pid)
     size = 50 * 1024 * 1024
