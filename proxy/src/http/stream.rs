@@ -412,14 +412,9 @@ impl Drop for Open {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn an_end_read_past_the_stream_s_timeout_is_the_timeout_not_done() {
-        // The race a busy runtime runs: the worker's `end` for a stream the connection cut at its
-        // timeout is read before the timer has fired (`end` is what the answered branch calls).
-        let (_sink, source) = chunks::channel(1 << 20);
-        let (_answer, reply) = oneshot::channel();
-        let token = tokio_util::sync::CancellationToken::new();
-        let mut events = Events {
+    /// An SSE stream's events, whose stream timeout is a second from now.
+    fn sse(source: ChunkSource, reply: oneshot::Receiver<Reply>) -> Events {
+        Events {
             framing: Framing::Sse,
             source,
             reply,
@@ -428,9 +423,18 @@ mod tests {
             keepalive: KeepAlive::new(Framing::Sse, None),
             pending: Default::default(),
             finished: false,
-            _left: token.drop_guard(),
+            _left: tokio_util::sync::CancellationToken::new().drop_guard(),
             _open: Open::new(),
-        };
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_end_read_past_the_stream_s_timeout_is_the_timeout_not_done() {
+        // The race a busy runtime runs: the worker's `end` for a stream the connection cut at its
+        // timeout is read before the timer has fired (`end` is what the answered branch calls).
+        let (_sink, source) = chunks::channel(1 << 20);
+        let (_answer, reply) = oneshot::channel();
+        let mut events = sse(source, reply);
         tokio::time::advance(Duration::from_secs(1)).await;
         let event = events.end(Outcome::Ended);
         let text = std::str::from_utf8(&event).unwrap();
@@ -444,19 +448,7 @@ mod tests {
         sink.push(Bytes::from_static(b"\xa1a")).unwrap();
         let (answer, reply) = oneshot::channel();
         answer.send(Reply { outcome: Outcome::SlowClient, batch: None }).unwrap();
-        let token = tokio_util::sync::CancellationToken::new();
-        let events = Events {
-            framing: Framing::Sse,
-            source,
-            reply,
-            deadline: Box::pin(tokio::time::sleep(Duration::from_secs(1))),
-            stream_timeout: Duration::from_secs(1),
-            keepalive: KeepAlive::new(Framing::Sse, None),
-            pending: Default::default(),
-            finished: false,
-            _left: token.drop_guard(),
-            _open: Open::new(),
-        };
+        let events = sse(source, reply);
         let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
         let before = deadline();
         // The client reads again only past the stream's timeout.
