@@ -412,6 +412,10 @@ impl Drop for Open {
 mod tests {
     use super::*;
 
+    /// Held by the tests that count `corral_streams_cancelled_total{reason="deadline"}`, a
+    /// process-wide counter: one read before and after the other's count moved it.
+    static DEADLINE_COUNT: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
     /// An SSE stream's events, whose stream timeout is a second from now.
     fn sse(source: ChunkSource, reply: oneshot::Receiver<Reply>) -> Events {
         Events {
@@ -432,6 +436,7 @@ mod tests {
     async fn an_end_read_past_the_stream_s_timeout_is_the_timeout_not_done() {
         // The race a busy runtime runs: the worker's `end` for a stream the connection cut at its
         // timeout is read before the timer has fired (`end` is what the answered branch calls).
+        let _counting = DEADLINE_COUNT.lock().await;
         let (_sink, source) = chunks::channel(1 << 20);
         let (_answer, reply) = oneshot::channel();
         let mut events = sse(source, reply);
@@ -449,6 +454,7 @@ mod tests {
         let (answer, reply) = oneshot::channel();
         answer.send(Reply { outcome: Outcome::SlowClient, batch: None }).unwrap();
         let events = sse(source, reply);
+        let _counting = DEADLINE_COUNT.lock().await;
         let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
         let before = deadline();
         // The client reads again only past the stream's timeout.
