@@ -165,6 +165,7 @@ pub async fn serve(
                     // A HEAD request runs its handler as a GET would (the length is the body's).
                     let head = request.method() == hyper::Method::HEAD;
                     let http10 = request.version() == http::Version::HTTP_10;
+                    let http2 = request.version() == http::Version::HTTP_2;
                     let mut response = if reserved {
                         reserve::answer(&app, request).await
                     } else {
@@ -172,6 +173,14 @@ pub async fn serve(
                     };
                     if head {
                         response = without_body(response);
+                    }
+                    // Said by Corral, not left to hyper's graceful shutdown: a connection's
+                    // first request, read and answered in the poll that told its protocol, is
+                    // answered before the connection can be asked to shut down, and its answer
+                    // said keep-alive on a connection that then closed. (HTTP/2 has GOAWAY.)
+                    if !http2 && app.draining.load(std::sync::atomic::Ordering::Relaxed) {
+                        let close = http::HeaderValue::from_static("close");
+                        response.headers_mut().insert(http::header::CONNECTION, close);
                     }
                     if http10 {
                         closing_http10(&mut response);

@@ -52,8 +52,10 @@ use super::Body;
 /// write (HTTP/2's writes count once the server drains).
 pub const DRAIN_QUIET: Duration = Duration::from_secs(1);
 
-/// What an HTTP/2 connection's first bytes are.
-const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0";
+/// What an HTTP/2 connection's first bytes are: the whole preface, as hyper reads it before it
+/// tells the protocol (told at its first 14 bytes, a connection whose preface came in pieces was
+/// asked to shut down while hyper was still reading it, and dropped unread).
+const H2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
 /// The most bytes of an HTTP/2 answer handed to hyper at once. hyper asks a body for its next
 /// frame only once h2 had window room for the one before it, so each piece it takes is the
@@ -184,7 +186,14 @@ impl Clock {
                     // did not count as a request in progress.
                     Some((state.idle_since + self.idle_timeout, Expired::Stalled))
                 } else if let Some(started) = state.head_started {
-                    Some((started + self.header_timeout, Expired::Header))
+                    // Draining, a head still arriving has a quiet second from the drain (or
+                    // from its start) too: it will be answered 503 whenever it ends, and a client
+                    // that sent a byte and stalled held the drain for the header timeout.
+                    let mut at = started + self.header_timeout;
+                    if let Some(drain) = state.drain_started {
+                        at = at.min(started.max(drain) + DRAIN_QUIET);
+                    }
+                    Some((at, Expired::Header))
                 } else {
                     let mut at = state.idle_since + self.idle_timeout;
                     if let Some(drain) = state.drain_started {
@@ -584,6 +593,33 @@ mod tests {
         clock.read(b"POST /infer HTTP/1.1\r\n");
         let (why, at) = watchdog.await.unwrap();
         assert_eq!((why, at - head), (Expired::Header, HEADER));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_leaves_a_head_still_arriving_a_quiet_second_not_the_header_deadline() {
+        let long_header = Duration::from_secs(60);
+        let clock = Clock::new(long_header, IDLE, STREAM);
+        clock.read(b"P"); // a byte, then nothing (HTTP/2's preface or a request, who knows)
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let drained = Instant::now();
+        clock.drain();
+        assert_eq!(clock.expired().await, Expired::Header);
+        assert_eq!(drained.elapsed(), DRAIN_QUIET);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_protocol_is_told_by_the_whole_http2_preface_however_it_is_cut() {
+        let clock = Clock::new(HEADER, IDLE, STREAM);
+        // hyper tells HTTP/2 only from all 24 bytes: the first 18 tell nothing yet.
+        clock.read(&HTTP2[..18]);
+        assert!(within(Duration::from_secs(1), clock.told()).await.is_err(), "told too soon");
+        clock.read(&HTTP2[18..]);
+        assert!(within(Duration::from_secs(1), clock.told()).await.is_ok());
+        let http1 = Clock::new(HEADER, IDLE, STREAM);
+        http1.read(b"P");
+        assert!(within(Duration::from_secs(1), http1.told()).await.is_err(), "told too soon");
+        http1.read(b"OST /infer");
+        assert!(within(Duration::from_secs(1), http1.told()).await.is_ok());
     }
 
     #[tokio::test(start_paused = true)]
