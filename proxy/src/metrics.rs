@@ -88,9 +88,10 @@ pub struct Metrics {
     pub shared_memory_full: IntCounter,
 }
 
-/// Why a worker connection ended in a failure: `corral_worker_failures_total`'s `reason`, and
-/// a batch span's `corral.reason`. One list, so that each reason's series is made at 0
-/// ([`stage_series`]) however many places end a connection with it.
+/// Why a worker connection ended in a failure: `corral_worker_failures_total`'s `reason` (and a
+/// failed batch's span event's `corral.reason`, which also says `closed`). One list, so that
+/// each reason's series is made at 0 ([`stage_series`]) however many places end a connection
+/// with it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WorkerFailure {
     /// Its connection broke while it held work.

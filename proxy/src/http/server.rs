@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_protocol::JobId;
-use futures_util::FutureExt;
 use http_body_util::BodyExt;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -214,12 +213,17 @@ pub async fn serve(
             let mut asked = false;
             loop {
                 tokio::select! {
+                    // The connection first: a request waiting in the socket as the drain begins
+                    // is read before hyper is asked to shut down, which closes an idle
+                    // HTTP/1.1 connection at once, unread.
+                    biased;
                     ended = connection.as_mut() => {
                         if let Err(e) = ended {
                             debug!(error = %e, "HTTP connection ended with an error");
                             // hyper answered 400 or 431 itself, before any request existed to
                             // count (`is_parse` covers a head too large as well).
-                            if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse) {
+                            let parse = e.downcast_ref::<hyper::Error>();
+                            if parse.is_some_and(hyper::Error::is_parse) {
                                 closed("malformed");
                             }
                         }
@@ -236,7 +240,8 @@ pub async fn serve(
                             }
                             Expired::Idle => debug!("closed an idle keep-alive connection"),
                             Expired::Stalled => {
-                                debug!("closed a connection whose client stopped reading its answers");
+                                let why = "client stopped reading its answers";
+                                debug!("closed a connection whose {why}");
                                 closed("stalled");
                             }
                         }
@@ -274,10 +279,9 @@ pub async fn serve(
     // 503 `shutting_down` as any new request in the drain: closing the listener on them reset
     // each after its request was sent, with no answer (11 of 59 connections opened around the
     // signal in a probe).
-    while let Some(Ok((stream, _))) = listener.accept().now_or_never() {
+    for stream in waiting(listener) {
         admit(stream);
     }
-    drop(listener);
     info!("no longer accepting HTTP connections; draining open requests");
     connections.close();
     let drained = connections.wait();
@@ -287,6 +291,30 @@ pub async fn serve(
         expired.cancel();
         let _ = tokio::time::timeout(FLUSH, drained).await;
     }
+}
+
+/// The connections waiting in the listener's accept queue, taken without waiting, and the
+/// listener closed. Accepted through std, not tokio: tokio's accept stops at the task's budget
+/// (128), and a queue longer than that was reset past it; nor does it see connections that came
+/// after the reactor last looked. A failed accept (a connection aborted while queued) is passed
+/// over; the bound keeps a run of failures (out of descriptors) from holding the drain.
+fn waiting(listener: TcpListener) -> Vec<TcpStream> {
+    let Ok(listener) = listener.into_std() else { return Vec::new() };
+    let mut streams = Vec::new();
+    let mut failures = 0;
+    while failures < 64 {
+        let accepted = listener.accept().and_then(|(stream, _)| {
+            // An accepted socket does not inherit the listener's non-blocking mode.
+            stream.set_nonblocking(true)?;
+            TcpStream::from_std(stream)
+        });
+        match accepted {
+            Ok(stream) => streams.push(stream),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+            Err(_) => failures += 1,
+        }
+    }
+    streams
 }
 
 fn closed(reason: &str) {

@@ -436,15 +436,18 @@ mod tests {
     async fn an_end_read_past_the_stream_s_timeout_is_the_timeout_not_done() {
         // The race a busy runtime runs: the worker's `end` for a stream the connection cut at its
         // timeout is read before the timer has fired (`end` is what the answered branch calls).
-        let _counting = DEADLINE_COUNT.lock().await;
         let (_sink, source) = chunks::channel(1 << 20);
         let (_answer, reply) = oneshot::channel();
         let mut events = sse(source, reply);
+        let _counting = DEADLINE_COUNT.lock().await;
+        let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
+        let before = deadline();
         tokio::time::advance(Duration::from_secs(1)).await;
         let event = events.end(Outcome::Ended);
         let text = std::str::from_utf8(&event).unwrap();
         assert!(text.starts_with("event: error") && text.contains("deadline_exceeded"), "{text}");
         assert!(events.pending.is_empty(), "no done after it");
+        assert_eq!(deadline(), before + 1, "counted as cut at its timeout");
     }
 
     #[tokio::test(start_paused = true)]

@@ -145,8 +145,9 @@ pub(super) async fn work(
             };
             // One timer: the earlier of the hung limit and the next stream's timeout.
             let stream_end = clocks.stream_end.filter(|&end| end < hung_at);
-            // The select below reads the inbox before its timers: a worker whose frames never stop coming
-            // would keep its timers from firing there. They are looked at here too, once a frame.
+            // The select below reads the inbox before its timers: a worker whose frames never
+            // stop coming would keep them from firing there. They are looked at here too, once
+            // a frame.
             let now = Instant::now();
             if clocks.overdue.is_some_and(|overdue| now >= overdue) {
                 let why = "the streaming worker held a job past its stream timeout";
