@@ -217,36 +217,11 @@ pub async fn serve(
                     // is read before hyper is asked to shut down, which closes an idle
                     // HTTP/1.1 connection at once, unread.
                     biased;
-                    ended = connection.as_mut() => {
-                        if let Err(e) = ended {
-                            debug!(error = %e, "HTTP connection ended with an error");
-                            // hyper answered 400 or 431 itself, before any request existed to
-                            // count (`is_parse` covers a head too large as well).
-                            let parse = e.downcast_ref::<hyper::Error>();
-                            if parse.is_some_and(hyper::Error::is_parse) {
-                                closed("malformed");
-                            }
-                        }
-                        break;
-                    }
+                    ended = connection.as_mut() => break ended_with(ended),
                     // Dropping the connection closes it: no request is in progress (idle), a
                     // head is still arriving after its deadline, or only answers are being
                     // written to a client that stopped reading them; no handler is cut short.
-                    why = clock.expired() => {
-                        match why {
-                            Expired::Header => {
-                                debug!("closed a connection: request head too slow");
-                                closed("head_timeout");
-                            }
-                            Expired::Idle => debug!("closed an idle keep-alive connection"),
-                            Expired::Stalled => {
-                                let why = "client stopped reading its answers";
-                                debug!("closed a connection whose {why}");
-                                closed("stalled");
-                            }
-                        }
-                        break;
-                    }
+                    why = clock.expired() => break closed_by(why),
                     () = drain.as_mut(), if !asked => {
                         asked = true;
                         connection.as_mut().graceful_shutdown();
@@ -290,6 +265,33 @@ pub async fn serve(
         warn!("the grace period ran out; answering what is left 503");
         expired.cancel();
         let _ = tokio::time::timeout(FLUSH, drained).await;
+    }
+}
+
+/// A connection that hyper ended: one it ended with an error is logged, and counted if hyper
+/// answered 400 or 431 itself, before any request existed to count (`is_parse` covers a head too
+/// large as well).
+fn ended_with(ended: Result<(), Box<dyn std::error::Error + Send + Sync>>) {
+    if let Err(e) = ended {
+        debug!(error = %e, "HTTP connection ended with an error");
+        if e.downcast_ref::<hyper::Error>().is_some_and(hyper::Error::is_parse) {
+            closed("malformed");
+        }
+    }
+}
+
+/// A connection one of its clocks closes: logged, and counted under its reason.
+fn closed_by(why: Expired) {
+    match why {
+        Expired::Header => {
+            debug!("closed a connection: request head too slow");
+            closed("head_timeout");
+        }
+        Expired::Idle => debug!("closed an idle keep-alive connection"),
+        Expired::Stalled => {
+            debug!("closed a connection whose client stopped reading its answers");
+            closed("stalled");
+        }
     }
 }
 

@@ -263,10 +263,7 @@ impl Events {
                     {
                         self.framing.error(&ApiError::from_outcome(outcome))
                     }
-                    _ => {
-                        metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
-                        self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
-                    }
+                    _ => self.timed_out(),
                 }
             }
             chunk = self.source.next() => match chunk {
@@ -298,6 +295,12 @@ impl Events {
         Some((Ok(Frame::data(event)), self))
     }
 
+    /// The stream timeout's error event, counted as a stream cut at its deadline.
+    fn timed_out(&self) -> Bytes {
+        metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+        self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
+    }
+
     /// Queues the last events for the job's outcome and returns the first event due.
     fn end(&mut self, outcome: Outcome) -> Bytes {
         // The stream reached its end: a client that stops reading now did not leave it early
@@ -314,10 +317,8 @@ impl Events {
                 Outcome::Ended | Outcome::Done(..)
                     if Instant::now() >= self.deadline.deadline() =>
                 {
-                    metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
-                    self.pending.push_back(
-                        self.framing.error(&ApiError::stream_timeout(self.stream_timeout)),
-                    );
+                    let event = self.timed_out();
+                    self.pending.push_back(event);
                 }
                 Outcome::Ended => self.pending.push_back(self.framing.done()),
                 Outcome::Done(data, _) => self.pending.extend(last_chunk(self.framing, data)),

@@ -82,7 +82,8 @@ pub struct Clock {
     /// Woken when a request starts or ends, an answer begins, or a head starts: the deadline may
     /// have moved.
     changed: Notify,
-    /// Cancelled once the first bytes have told the protocol ([`Clock::told`]).
+    /// Cancelled once the first bytes have told HTTP/1.1 from HTTP/2 ([`Clock::told`]); set
+    /// under the state's lock.
     told: CancellationToken,
     header_timeout: Duration,
     idle_timeout: Duration,
@@ -108,8 +109,6 @@ struct State {
     idle_since: Instant,
     /// When the server began to drain, if it has ([`Clock::drain`]).
     drain_started: Option<Instant>,
-    /// Whether the first bytes have told HTTP/2 apart yet.
-    opened: bool,
     /// Bytes of [`H2_PREFACE`] read so far, until it is told: a client may send it in pieces.
     preface: usize,
     http2: bool,
@@ -130,7 +129,6 @@ impl Clock {
                 head_started: None,
                 idle_since: Instant::now(),
                 drain_started: None,
-                opened: false,
                 preface: 0,
                 http2: false,
             }),
@@ -218,21 +216,19 @@ impl Clock {
     fn read(&self, bytes: &[u8]) {
         let started = {
             let mut state = self.lock();
-            if !state.opened {
+            if !self.told.is_cancelled() {
                 // Told from the preface however it is cut: a client that wrote its first byte
                 // on its own was taken for HTTP/1.1, its PINGs (acked by hyper) counted as
                 // progress, and answers it never read were held for good.
                 let rest = &H2_PREFACE[state.preface..];
                 let seen = rest.len().min(bytes.len());
                 if bytes[..seen] != rest[..seen] {
-                    state.opened = true;
+                    self.told.cancel();
                 } else if state.preface + seen == H2_PREFACE.len() {
-                    (state.opened, state.http2, state.head_started) = (true, true, None);
+                    (state.http2, state.head_started) = (true, None);
+                    self.told.cancel();
                 } else {
                     state.preface += seen;
-                }
-                if state.opened {
-                    self.told.cancel();
                 }
             }
             // Bytes read while a handler runs are its request's body (or, unknowably, the next
@@ -480,7 +476,6 @@ mod tests {
     const HEADER: Duration = Duration::from_millis(100);
     const IDLE: Duration = Duration::from_secs(5);
     const STREAM: Duration = Duration::from_secs(60);
-    const HTTP2: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
     /// A request whose handler has returned a stream.
     fn stream(clock: &Arc<Clock>) -> RequestGuard {
@@ -611,9 +606,9 @@ mod tests {
     async fn the_protocol_is_told_by_the_whole_http2_preface_however_it_is_cut() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
         // hyper tells HTTP/2 only from all 24 bytes: the first 18 tell nothing yet.
-        clock.read(&HTTP2[..18]);
+        clock.read(&H2_PREFACE[..18]);
         assert!(within(Duration::from_secs(1), clock.told()).await.is_err(), "told too soon");
-        clock.read(&HTTP2[18..]);
+        clock.read(&H2_PREFACE[18..]);
         assert!(within(Duration::from_secs(1), clock.told()).await.is_ok());
         let http1 = Clock::new(HEADER, IDLE, STREAM);
         http1.read(b"P");
@@ -639,7 +634,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn http2_frames_between_requests_are_not_heads() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        clock.read(HTTP2);
+        clock.read(H2_PREFACE);
         let start = Instant::now();
         assert_eq!(clock.expired().await, Expired::Idle);
         assert_eq!(start.elapsed(), IDLE);
@@ -761,7 +756,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_http2_preface_sent_in_pieces_is_told_apart_too() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        for piece in HTTP2.chunks(1) {
+        for piece in H2_PREFACE.chunks(1) {
             clock.read(piece);
         }
         pings_do_not_hold(&clock).await;
@@ -775,14 +770,14 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn http2_writes_of_hypers_own_do_not_hold_an_idle_connection() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        clock.read(HTTP2);
+        clock.read(H2_PREFACE);
         pings_do_not_hold(&clock).await;
     }
 
     #[tokio::test(start_paused = true)]
     async fn an_http2_answer_goes_in_pieces_each_one_progress() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        clock.read(HTTP2);
+        clock.read(H2_PREFACE);
         let mut answer = Answer::new(whole(2 * PIECE + 1), clock.request());
         assert_eq!(answer.size_hint().exact(), Some(2 * PIECE as u64 + 1));
         assert_eq!(next_len(&mut answer).await, PIECE);
@@ -803,7 +798,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_http2_stream_whose_client_stopped_reading_is_cut_however_it_pings() {
         let clock = Clock::new(HEADER, IDLE, STREAM);
-        clock.read(HTTP2);
+        clock.read(H2_PREFACE);
         let (events, rx) = mpsc::unbounded_channel();
         let mut answer = Answer::new(Events(rx).boxed_unsync(), clock.request());
         events.send(Bytes::from_static(b"data: 1\n\n")).unwrap();
