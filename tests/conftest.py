@@ -137,15 +137,16 @@ class Corral:
         raise AssertionError(f"timed out waiting for {what}")
 
     def metric(self, name: str, **labels: str) -> float:
-        """One sample from /metrics, read with Prometheus' own text parser (0 if absent)."""
+        """The sum of the samples from /metrics that have these labels (0 if none), read with
+        Prometheus' own text parser: the labels not given are summed over, as many series of a
+        counter are there at 0 from the start (`reason` given, every `class` of it)."""
         text = self.client.get("/metrics").text
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == name and all(
-                    sample.labels.get(k) == v for k, v in labels.items()
-                ):
-                    return sample.value
-        return 0.0
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())
+        )
 
     def post(self, body=None, **kwargs) -> httpx.Response:
         if body is not None:

@@ -12,6 +12,9 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::stage::Shed;
+use crate::traffic::Class;
+
 /// Latency buckets for model serving: sub-millisecond proxy work to tens of seconds of model.
 const SECONDS_BUCKETS: &[f64] = &[
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
@@ -117,7 +120,8 @@ impl WorkerFailure {
     }
 }
 
-/// Makes a stage's worker failure series, at 0 (and the refusals of workers naming no stage):
+/// Makes a stage's worker failure series, at 0 (and the refusals of workers naming no stage),
+/// and its evicted and retried jobs':
 /// a series that appears only with its first failure is one whose first failure an alert on
 /// its increase misses (`CorralWorkersRestarting` took four failures of a sidecar worker, not
 /// three).
@@ -126,7 +130,33 @@ pub fn stage_series(stage: &str) {
     for reason in WorkerFailure::ALL {
         m.worker_failures.with_label_values(&[stage, reason.label()]);
     }
+    for class in Class::DISPATCH_ORDER {
+        m.evicted.with_label_values(&[stage, class.label()]);
+    }
+    m.retried.with_label_values(&[stage]);
     m.worker_failures.with_label_values(&[UNKNOWN_STAGE, WorkerFailure::Refused.label()]);
+}
+
+/// Makes the series of jobs that did not end answered, at 0, for the same reason as
+/// [`stage_series`]: each shed reason for each class (and, with no class, the refusals made
+/// before a request's class was read), the expired and cancelled jobs by where they were, and
+/// the streams ended early by why. Their label values are fixed words, so the set is small.
+fn outcome_series(m: &Metrics) {
+    for code in Shed::CODES {
+        for class in Class::DISPATCH_ORDER {
+            m.shed.with_label_values(&[code, class.label()]);
+        }
+    }
+    for code in ["too_many_connections", Shed::ShuttingDown.code()] {
+        m.shed.with_label_values(&[code, ""]);
+    }
+    for place in ["queue", "worker"] {
+        m.expired.with_label_values(&[place]);
+        m.cancelled.with_label_values(&[place]);
+    }
+    for reason in ["deadline", "client_left", "slow_client"] {
+        m.streams_cancelled.with_label_values(&[reason]);
+    }
 }
 
 /// The process-wide metrics.
@@ -138,6 +168,7 @@ pub fn metrics() -> &'static Metrics {
         for source in ["proxy", "worker"] {
             m.log_lines_dropped.with_label_values(&[source]);
         }
+        outcome_series(&m);
         m
     });
     &METRICS
@@ -377,5 +408,40 @@ impl Metrics {
             .encode(&self.registry.gather(), &mut out)
             .expect("encoding metrics into a Vec cannot fail");
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn every_shed_s_code_is_one_whose_series_is_made_at_0() {
+        let wait = Duration::from_secs(1);
+        let sheds = [
+            Shed::QueueFull { retry_after: wait },
+            Shed::DeadlineUnreachable { retry_after: wait, alone: false },
+            Shed::TenantQuota { retry_after: wait },
+            Shed::ShuttingDown,
+        ];
+        for shed in sheds {
+            assert!(Shed::CODES.contains(&shed.code()), "{} has no series at 0", shed.code());
+        }
+    }
+
+    #[test]
+    fn the_series_of_jobs_not_answered_are_there_at_0_before_any_is_counted() {
+        let text = String::from_utf8(metrics().render()).unwrap();
+        for series in [
+            r#"corral_jobs_shed_total{class="low",reason="deadline_unreachable"}"#,
+            r#"corral_jobs_shed_total{class="",reason="too_many_connections"}"#,
+            r#"corral_jobs_expired_total{where="queue"}"#,
+            r#"corral_jobs_cancelled_total{where="worker"}"#,
+            r#"corral_streams_cancelled_total{reason="slow_client"}"#,
+        ] {
+            assert!(text.contains(series), "{series} missing from:\n{text}");
+        }
     }
 }

@@ -71,6 +71,10 @@ pub enum Shed {
 }
 
 impl Shed {
+    /// Every shed's code word: the metric's series are made at 0 for each ([`crate::metrics`]).
+    pub const CODES: [&'static str; 4] =
+        ["queue_full", "deadline_unreachable", "tenant_quota", "shutting_down"];
+
     /// This shed's code word, as the admission span gives it; the client's error body and the
     /// shed metric carry the same one (`http::shed_error`, and a test there holds them to it).
     pub fn code(&self) -> &'static str {

@@ -30,6 +30,7 @@ use opentelemetry_sdk::Resource;
 use tokio::time::Instant;
 
 use crate::job::{Job, Sent, SentSlot};
+use crate::metrics::WorkerFailure;
 use crate::stage::Shed;
 
 mod export;
@@ -337,10 +338,15 @@ pub fn ids(span: &Span) -> (TraceId, SpanId) {
     (context.trace_id(), context.span_id())
 }
 
-/// Notes on a batch's span that its worker failed with it (and why: `hung`, `died`, …); its jobs
-/// are retried or answered 500.
-pub fn worker_failed(span: &mut Span, reason: &'static str, why: &str) {
-    let name = if reason == "hung" { "worker hung: killed" } else { "worker failed" };
+/// Notes on a batch's span that its worker failed with it (and why: `hung`, `died`, …, or
+/// `closed` for a connection that ended with no failure while it held the batch); its jobs are
+/// retried or answered 500.
+pub fn worker_failed(span: &mut Span, failure: Option<WorkerFailure>, why: &str) {
+    let name = match failure {
+        Some(WorkerFailure::Hung) => "worker hung: killed",
+        _ => "worker failed",
+    };
+    let reason = failure.map_or("closed", WorkerFailure::label);
     span.add_event(
         name,
         vec![KeyValue::new("corral.reason", reason), KeyValue::new("corral.why", why.to_string())],

@@ -464,9 +464,9 @@ async fn work(
     } else if !in_flight.is_empty() {
         outbox.halt().await;
         // Oldest first, in one go, so that the retried jobs keep their order at the queue's front.
-        let (reason, why) = match &ended {
-            Ended::Failed { reason, why } => (reason.label(), why.as_str()),
-            _ => ("closed", "connection closed while holding a batch"),
+        let (failure, why) = match &ended {
+            Ended::Failed { reason, why } => (Some(*reason), why.as_str()),
+            _ => (None, "connection closed while holding a batch"),
         };
         let now = Instant::now();
         let orphans = in_flight
@@ -478,7 +478,7 @@ async fn work(
                 let orphans: Vec<Orphan> =
                     batch.jobs.into_iter().map(|job| Orphan { job, reached }).collect();
                 if let Some(span) = &mut batch.span {
-                    trace::worker_failed(span, reason, why);
+                    trace::worker_failed(span, failure, why);
                     // Those that go back to the queue, as `give_back` decides at the same now
                     // (not a job answered 408 meanwhile, nor one out of retries).
                     for orphan in orphans.iter().filter(|orphan| orphan.goes_back(now)) {

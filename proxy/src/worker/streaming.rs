@@ -186,8 +186,10 @@ pub(super) async fn work(
                     continue;
                 }
                 () = wrote, if offer.is_some() && !all_written => continue,
-                message = inbox.next() => message,
+                // Before the inbox too: it completes once, and under a flood of frames a failed
+                // write was noticed only when the worker was found overdue.
                 e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                message = inbox.next() => message,
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
                     if stream_end.is_none() {
@@ -555,7 +557,7 @@ impl State {
         // The batches still waiting for their first chunk: their spans say how they ended.
         if let Ended::Failed { reason, why } = ended {
             for span in first.values_mut().filter_map(|pending| pending.span.as_mut()) {
-                trace::worker_failed(span, reason.label(), why);
+                trace::worker_failed(span, Some(*reason), why);
             }
         }
         let mut orphans = Vec::new();
