@@ -328,7 +328,7 @@ def test_no_result_of_a_frame_that_breaks_a_rule_is_used_and_its_job_is_retried(
     answer = proxy.post({"chunks": 2, "break_once": str(once)})
     assert answer.status_code == 200, answer.text
     assert answer.json() == ["c-0", "c-1"]
-    assert [line for line in proxy.lines if "result for a job not held" in line]
+    assert [line for line in proxy.lines if "answers a job answered before in the frame" in line]
     assert proxy.metric("corral_jobs_retried_total", stage="default") == 1
 
 

@@ -624,6 +624,34 @@ def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
     worker.close()
 
 
+def test_a_frame_that_breaks_a_rule_tells_no_client_another_s_request_id(corral_factory, pool):
+    """Every client of the batch is told why its worker failed; the message named the repeated
+    result by its job's id, which is one client's `x-request-id`, to all three."""
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=3",
+        "--max-wait-ms=60000",
+        "--retries=0",
+        "--timeout-ms=60000",
+        worker=None,
+    )
+    worker = FakeWorker(proxy.socket)
+    answers = [pool.submit(proxy.post, {"i": i}) for i in range(3)]
+    jobs = worker.receive()["jobs"]
+    assert len(jobs) == 3  # the batch is sent once full
+    first = protocol.ok(jobs[0]["id"], b"\x01")
+    worker.send(protocol.results([first, first]))
+    responses = [answer.result(timeout=30) for answer in answers]
+    ids = [uuid.UUID(bytes=job["id"]) for job in jobs]
+    for response in responses:
+        assert response.status_code == 500
+        message = response.json()["message"]
+        assert "the result at index 1 of the frame answers a job answered before" in message
+        for id in ids:
+            assert str(id) not in message and id.hex not in message, message
+    worker.close()
+
+
 def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, pool):
     """It said "result for unknown or repeated job id X" of a job the worker held."""
     proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--retries=0", worker=None)

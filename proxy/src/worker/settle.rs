@@ -36,25 +36,28 @@ pub fn pair(
     // Each job with its place in the batch: jobs handed back go back in the batch's order.
     let mut pending: HashMap<JobId, (usize, Job)> =
         jobs.into_iter().enumerate().map(|(at, job)| (job.id, (at, job))).collect();
-    let mut answers = Vec::with_capacity(pending.len());
+    let mut answers: Vec<(usize, Job, Outcome)> = Vec::with_capacity(pending.len());
     let mut problem = None;
-    for result in results.results {
+    // A result is named by its place in the frame, not by its job's id: the message reaches
+    // every client of the batch, and a job's id is its own client's (`x-request-id`).
+    for (index, result) in results.results.into_iter().enumerate() {
         let Some((at, job)) = pending.remove(&result.id) else {
-            problem = Some(if sent_after.iter().any(|job| job.id == result.id) {
-                format!(
-                    "result for job {}, of the batch sent after the one being answered: answer \
-                     batches in the order they came, each in its own frame",
-                    result.id
-                )
+            let what = if sent_after.iter().any(|job| job.id == result.id) {
+                "is for a job of the batch sent after the one being answered: answer batches in \
+                 the order they came, each in its own frame"
+            } else if answers.iter().any(|(_, job, _)| job.id == result.id) {
+                "answers a job answered before in the frame"
             } else {
-                format!("result for unknown or repeated job id {}", result.id)
-            });
+                "is for a job id not in the batch"
+            };
+            problem = Some(format!("the result at index {index} of the frame {what}"));
             break;
         };
         let outcome = match (result.status, result.data) {
             (ResultStatus::Ok, Some(data)) => output(data, result.content_type),
             (ResultStatus::Ok, None) => {
-                problem = Some(format!("ok result without data for job {}", job.id));
+                problem =
+                    Some(format!("the result at index {index} of the frame is ok without data"));
                 answers.push((at, job, Outcome::WorkerLost(String::new())));
                 break;
             }
@@ -66,7 +69,9 @@ pub fn pair(
             // the worker its connection and its batch-mates their answers.
             (ResultStatus::End, None) if job.left.is_cancelled() => Outcome::Expired,
             (ResultStatus::End, _) => {
-                problem = Some(format!("end of a stream that was never started, job {}", job.id));
+                problem = Some(format!(
+                    "the result at index {index} of the frame ends a stream that was never started"
+                ));
                 answers.push((at, job, Outcome::WorkerLost(String::new())));
                 break;
             }

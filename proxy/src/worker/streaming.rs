@@ -373,8 +373,14 @@ impl State {
     ) -> Result<(), Ended> {
         // The whole frame is checked before any chunk is used: none of a frame that breaks a
         // rule is.
-        if let Some(stray) = chunks.chunks.iter().find(|chunk| !self.held.contains_key(&chunk.id)) {
-            return Err(protocol_error(format!("chunk for a job not held: {}", stray.id)));
+        // Named by its place in the frame, not its job's id, which is its own client's: the
+        // message reaches every client the worker held.
+        if let Some(index) =
+            chunks.chunks.iter().position(|chunk| !self.held.contains_key(&chunk.id))
+        {
+            return Err(protocol_error(format!(
+                "the chunk at index {index} of the frame is for a job not held"
+            )));
         }
         let mut slow = Vec::new();
         let mut broken = Vec::new();
@@ -458,19 +464,17 @@ impl State {
         // that breaks a rule closes the connection, and its jobs are retried or answered 500
         // with the others the worker held.
         let mut seen = HashSet::with_capacity(results.results.len());
-        for result in &results.results {
-            if !self.held.contains_key(&result.id) || !seen.insert(result.id) {
-                return Err(protocol_error(format!(
-                    "result for a job not held (unknown or repeated): {}",
-                    result.id
-                )));
-            }
-            if result.status == ResultStatus::Ok && result.data.is_none() {
-                return Err(protocol_error(format!(
-                    "ok result without data for job {}",
-                    result.id
-                )));
-            }
+        for (index, result) in results.results.iter().enumerate() {
+            let what = if !self.held.contains_key(&result.id) {
+                "is for a job not held"
+            } else if !seen.insert(result.id) {
+                "answers a job answered before in the frame"
+            } else if result.status == ResultStatus::Ok && result.data.is_none() {
+                "is ok without data"
+            } else {
+                continue;
+            };
+            return Err(protocol_error(format!("the result at index {index} of the frame {what}")));
         }
         let now = Instant::now();
         for result in results.results {
