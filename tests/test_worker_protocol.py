@@ -652,6 +652,40 @@ def test_a_frame_that_breaks_a_rule_tells_no_client_another_s_request_id(corral_
     worker.close()
 
 
+def test_a_value_of_the_wrong_type_in_a_frame_is_not_quoted_to_the_batch_s_clients(
+    corral_factory, pool
+):
+    """One client's output written as `str` (as old msgpack writers write bytes) broke the frame,
+    and the decoder's quote of it reached the other client of the batch in its 500."""
+    proxy = corral_factory(
+        "--batch-policy=fixed",
+        "--max-batch-size=2",
+        "--max-wait-ms=60000",
+        "--retries=0",
+        "--timeout-ms=60000",
+        worker=None,
+    )
+    worker = FakeWorker(proxy.socket)
+    answers = [pool.submit(proxy.post, {"i": i}) for i in range(2)]
+    jobs = worker.receive()["jobs"]
+    assert len(jobs) == 2
+    secret = "alice's answer: token=s3cr3t"
+    results = [
+        {"id": jobs[0]["id"], "status": "ok", "data": secret},  # a `str` where a `bin` is due
+        {"id": jobs[1]["id"], "status": "ok", "data": b"\x01"},
+    ]
+    worker.send({"type": "results", "results": results})
+    for answer in answers:
+        response = answer.result(timeout=30)
+        assert response.status_code == 500
+        message = response.json()["message"]
+        assert 'invalid type: string "…"' in message, message
+        assert "s3cr3t" not in message
+    # The operator's log keeps the whole reason.
+    assert "s3cr3t" in proxy.wait_for_log(r"worker disconnected")
+    worker.close()
+
+
 def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, pool):
     """It said "result for unknown or repeated job id X" of a job the worker held."""
     proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--retries=0", worker=None)
@@ -818,11 +852,13 @@ def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slot
             sock.close()
 
 
-def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool):
+@pytest.mark.parametrize("data", [None, b"\x01"], ids=["end", "end with data"])
+def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool, data):
     # PROTOCOL.md: a worker that declared `cancel` is told of the held jobs whose client left
     # or whose deadline passed, streaming or not, and answers each with any status, `end` the
     # usual one. From a worker that did not declare `stream`, that `end` had been taken for a
-    # broken frame: its connection closed, and its batch-mate's client got a 500.
+    # broken frame: its connection closed, and its batch-mate's client got a 500 (with data,
+    # until a probe of session 31).
     short = pool.submit(sidecar.post, {"x": "short"}, headers={"x-corral-timeout-ms": "3000"})
     live = pool.submit(sidecar.post, {"x": "live"}, headers={"x-corral-timeout-ms": "60000"})
     depth = lambda: sidecar.metric("corral_queue_depth", stage="default")  # noqa: E731
@@ -835,7 +871,10 @@ def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool):
     assert worker.receive() == protocol.cancel([ids["short"]])
     worker.send(
         protocol.results(
-            [protocol.end(ids["short"]), protocol.ok(ids["live"], msgpack.packb("done"))]
+            [
+                {**protocol.end(ids["short"]), **({"data": data} if data else {})},
+                protocol.ok(ids["live"], msgpack.packb("done")),
+            ]
         )
     )
     answer = live.result(timeout=30)

@@ -66,8 +66,9 @@ pub fn pair(
             (ResultStatus::Expired, _) => Outcome::Expired,
             // The usual answer to a `cancel`, which a worker that declared it is sent streaming
             // or not (PROTOCOL.md): nobody waits for it. Taken for a broken frame, it had cost
-            // the worker its connection and its batch-mates their answers.
-            (ResultStatus::End, None) if job.left.is_cancelled() => Outcome::Expired,
+            // the worker its connection and its batch-mates their answers. With data too: any
+            // status answers a cancel.
+            (ResultStatus::End, _) if job.left.is_cancelled() => Outcome::Expired,
             (ResultStatus::End, _) => {
                 problem = Some(format!(
                     "the result at index {index} of the frame ends a stream that was never started"
@@ -165,6 +166,7 @@ impl Orphan {
 pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: Instant) {
     let mut retry = Vec::new();
     let mut retried = 0;
+    let told = format!("the worker failed: {}", super::words::told_clients(why));
     for orphan in orphans {
         let goes_back = orphan.goes_back(now);
         let Orphan { mut job, reached } = orphan;
@@ -178,7 +180,7 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
             retry.push(job);
         } else {
             debug!(request_id = %job.id, reason = why, "job failed with its worker");
-            answer(job, Outcome::WorkerLost(format!("the worker failed: {why}")), now);
+            answer(job, Outcome::WorkerLost(told.clone()), now);
         }
     }
     if retried > 0 {

@@ -565,12 +565,13 @@ impl State {
             }
         }
         let mut orphans = Vec::new();
+        let told = format!("the worker failed: {}", super::words::told_clients(&ended.to_string()));
         for Held { job, frame, streamed, .. } in held {
             let Some(job) = job else { continue };
             if matches!(ended, Ended::Stopped) {
                 answer(job, Outcome::ShuttingDown, now);
             } else if streamed {
-                answer(job, Outcome::WorkerLost(format!("the worker failed: {ended}")), now);
+                answer(job, Outcome::WorkerLost(told.clone()), now);
             } else {
                 let reached = outbox.delivery(frame) != Delivery::None;
                 let orphan = Orphan { job, reached };

@@ -40,3 +40,46 @@ fn clip(text: &str, max: usize) -> &str {
     }
     &text[..end]
 }
+
+/// Why a worker failed, as each client of its batch is told it: the strings a decoder quoted
+/// (`string "…"`) cut to their quotes. A value of the wrong type in a frame may be one client's
+/// output (a result's `data` written as `str`), and its quote reached every other client of the
+/// batch. The log keeps it whole (within [`logged`]'s bound), for the operator.
+pub(super) fn told_clients(why: &str) -> String {
+    let mut out = String::with_capacity(why.len());
+    let mut chars = why.chars();
+    while let Some(c) = chars.next() {
+        out.push(c);
+        if c == '"' {
+            // Up to the closing quote (Rust's escapes inside); a reason cut inside ends with it.
+            while let Some(c) = chars.next() {
+                match c {
+                    '\\' => {
+                        chars.next();
+                    }
+                    '"' => break,
+                    _ => {}
+                }
+            }
+            out.push_str("…\"");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_client_is_told_a_quoted_value_s_type_not_the_value() {
+        let why = r#"frame is not a valid message: invalid type: string "alice: \"x\" s3cr3t", expected a byte array"#;
+        let told = told_clients(why);
+        assert_eq!(
+            told,
+            r#"frame is not a valid message: invalid type: string "…", expected a byte array"#
+        );
+        assert_eq!(told_clients(r#"cut "inside"#), r#"cut "…""#);
+        assert_eq!(told_clients("unknown status `oops`"), "unknown status `oops`");
+    }
+}
