@@ -33,6 +33,8 @@ pub enum DecodeError {
     Msgpack(#[from] rmp_serde::decode::Error),
     #[error("frame has {0} bytes after its message")]
     TrailingBytes(usize),
+    #[error("frame's `type` is a number, not the name of a message (\"results\", \"hello\", …)")]
+    TypeIsANumber,
     /// A `str` whose bytes are not UTF-8: serde's reader hands such a string to a visitor of
     /// bytes as if it were a `bin`, which a job's id or a result's `data` would have taken.
     #[error("frame is not a valid message: {0}")]
@@ -116,7 +118,49 @@ fn check_map(body: &[u8]) -> Result<(), DecodeError> {
     if !is_map {
         return Err(DecodeError::NotAMap(first));
     }
+    if type_is_a_number(body) {
+        return Err(DecodeError::TypeIsANumber);
+    }
     Ok(())
+}
+
+/// Whether the map's `type` is an integer, which serde's reading of a tagged enum takes for the
+/// index of a variant (`0` a hello, `1` results; `3`, read as a pull, was refused for a missing
+/// `max`): PROTOCOL.md names the message. Its key is looked for as serde reads keys, `str` or
+/// `bin` of any length's encoding; a map too malformed to walk is left to the reading after.
+/// The usual frame has `type` first: one key looked at.
+fn type_is_a_number(body: &[u8]) -> bool {
+    let mut rest = body;
+    let Ok(len) = rmp::decode::read_map_len(&mut rest) else { return false };
+    let mut at = body.len() - rest.len();
+    for _ in 0..len {
+        let Ok((_, key_len)) = walk::walk_one(&body[at..], Strings::Skip, MAX_DEPTH) else {
+            return false;
+        };
+        let key = &body[at..at + key_len];
+        at += key_len;
+        if name_of(key) == Some(b"type".as_slice()) {
+            let integer = |marker: u8| matches!(marker, 0x00..=0x7f | 0xcc..=0xd3 | 0xe0..=0xff);
+            return body.get(at).copied().is_some_and(integer);
+        }
+        let Ok((_, value_len)) = walk::walk_one(&body[at..], Strings::Skip, MAX_DEPTH) else {
+            return false;
+        };
+        at += value_len;
+    }
+    false
+}
+
+/// The bytes of a walked `str` or `bin` key (None for a key of another type).
+fn name_of(key: &[u8]) -> Option<&[u8]> {
+    let header = match *key.first()? {
+        0xa0..=0xbf => 1,
+        0xc4 | 0xd9 => 2,
+        0xc5 | 0xda => 3,
+        0xc6 | 0xdb => 5,
+        _ => return None,
+    };
+    key.get(header..)
 }
 
 /// The value of a map's first key if that key is `type` and the value a string.
@@ -289,6 +333,33 @@ mod tests {
         let err = decode::<WorkerMessage>(&[0x93, 1, 2, 3]).unwrap_err();
         assert!(matches!(err, DecodeError::NotAMap(0x93)), "{err}");
         assert!(matches!(decode::<WorkerMessage>(&[]), Err(DecodeError::Empty)));
+    }
+
+    #[test]
+    fn a_type_that_is_a_number_is_refused_not_read_as_a_variant_s_index() {
+        use rmpv::Value;
+        let frame = |type_key: Value, type_value: Value, first: bool| {
+            let results = ("results".into(), Value::Array(vec![]));
+            let tag = (type_key, type_value);
+            let entries = if first { vec![tag, results] } else { vec![results, tag] };
+            let mut frame = Vec::new();
+            rmpv::encode::write_value(&mut frame, &Value::Map(entries)).unwrap();
+            frame
+        };
+        for first in [true, false] {
+            for key in [Value::from("type"), Value::Binary(b"type".to_vec())] {
+                let err = decode::<WorkerMessage>(&frame(key.clone(), 1.into(), first));
+                assert!(matches!(err, Err(DecodeError::TypeIsANumber)), "{err:?}");
+                let named = decode::<WorkerMessage>(&frame(key, "results".into(), first));
+                assert!(matches!(named, Ok(WorkerMessage::Results(_))), "{named:?}");
+            }
+        }
+        // A hello, whose reading is always serde's.
+        let mut hello = hello_map();
+        let at = hello.windows(6).position(|w| w == b"\xa5hello").unwrap();
+        hello.splice(at..at + 6, [0x00]);
+        let err = decode::<WorkerMessage>(&hello);
+        assert!(matches!(err, Err(DecodeError::TypeIsANumber)), "{err:?}");
     }
 
     #[test]
