@@ -193,6 +193,8 @@ def test_a_hung_worker_is_killed_and_restarted(corral_factory):
     assert response.status_code == 500
     assert response.json()["error"] == "worker_died"
     proxy.wait_for_log(r"killed a hung worker", count=2)
+    # The limit that passed is said: it differs from batch to batch without the flag.
+    assert "past its limit of 300 ms (--batch-timeout-ms)" in response.json()["message"]
     proxy.wait_for_log(r"worker connected", count=3)
     assert proxy.post("after").json()["echo"] == "after"
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 2
@@ -226,6 +228,8 @@ def test_without_a_batch_timeout_a_worker_silent_past_its_route_s_timeout_is_kil
     first = proxy.post("warm").json()["pid"]
     assert proxy.post({"sleep_ms": 60_000}).status_code == 408
     proxy.wait_for_log(r"killed a hung worker")
+    line = proxy.wait_for_log(r"worker disconnected")
+    assert "past its limit of 2000 ms (its jobs' time and 1 s)" in line, line
     proxy.wait_for_log(r"worker connected", count=2)
     assert proxy.post("after").json()["pid"] != first
     assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1

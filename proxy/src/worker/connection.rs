@@ -206,7 +206,11 @@ pub async fn serve(
         Ended::Failed { reason, .. } => {
             metrics().worker_failures.with_label_values(&[stage.name(), reason.label()]).inc();
             if *reason == WorkerFailure::Hung && context.children.kill(own_pid) {
-                warn!(pid = own_pid, "killed a hung worker; it will be restarted");
+                warn!(
+                    stage = stage.name(),
+                    pid = own_pid,
+                    "killed a hung worker; it will be restarted"
+                );
             }
         }
         Ended::Closed => {}
@@ -378,15 +382,17 @@ async fn work(
             // kills the worker, whatever the worker was sent dies with it, a retry spent.
             let alone = crate::stage::goes_alone(&front.jobs);
             let may_prefetch = prefetch && in_flight.len() < 2 && !alone;
-            let hung_at = match stage.settings().batch_timeout {
-                Some(limit) => front.sent.max(last_done) + limit,
-                // From when the worker could start on the batch (one sent ahead: once it was
-                // done with the one before), for as long as the jobs' routes allow.
+            // From when the worker could start on the batch (one sent ahead: once it was done
+            // with the one before), for `--batch-timeout-ms` or as long as the jobs' routes
+            // allow. The limit is said when it passes: it differs from batch to batch.
+            let (limit, whose) = match stage.settings().batch_timeout {
+                Some(limit) => (limit, "--batch-timeout-ms"),
                 None => {
                     let allowance = front.jobs.iter().map(|job| job.allowance).max();
-                    front.sent.max(last_done) + allowance.unwrap_or_default() + HUNG_MARGIN
+                    (allowance.unwrap_or_default() + HUNG_MARGIN, "its jobs' time and 1 s")
                 }
             };
+            let hung_at = front.sent.max(last_done) + limit;
             // Biased, results first: after a long write the results and an expired hung timer
             // can be ready together, and a worker that answered is not hung.
             tokio::select! {
@@ -396,7 +402,10 @@ async fn work(
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(hung_at) => break Ended::Failed {
                     reason: WorkerFailure::Hung,
-                    why: "the worker held a batch past its limit".into(),
+                    why: format!(
+                        "the worker held a batch past its limit of {} ms ({whose})",
+                        limit.as_millis()
+                    ),
                 },
                 id = departures.next() => {
                     // The id alone is not enough: a pipeline that lists a stage twice brings

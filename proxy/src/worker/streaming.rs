@@ -133,15 +133,20 @@ pub(super) async fn work(
         } else {
             // One pass over the held jobs per frame, for all three clocks.
             let clocks = state.clocks();
-            let silent_at = match stage.settings().batch_timeout {
-                Some(limit) => heard + limit,
-                None => heard + clocks.silence + HUNG_MARGIN,
+            let silence = match stage.settings().batch_timeout {
+                Some(limit) => limit,
+                None => clocks.silence + HUNG_MARGIN,
             };
-            let (hung_at, why) = match clocks.overdue {
-                Some(overdue) if overdue < silent_at => {
-                    (overdue, "the streaming worker held a job past its stream timeout")
-                }
-                _ => (silent_at, "the streaming worker sent nothing past its limit"),
+            let silent_at = heard + silence;
+            // Why, if the timer fires: said then (the limit in it differs from frame to frame).
+            let overdue_first = clocks.overdue.filter(|&overdue| overdue < silent_at);
+            let hung_at = overdue_first.unwrap_or(silent_at);
+            let why = || match overdue_first {
+                Some(_) => "the streaming worker held a job past its stream timeout".to_string(),
+                None => format!(
+                    "the streaming worker sent nothing past its limit of {} ms",
+                    silence.as_millis()
+                ),
             };
             // One timer: the earlier of the hung limit and the next stream's timeout.
             let stream_end = clocks.stream_end.filter(|&end| end < hung_at);
@@ -193,7 +198,7 @@ pub(super) async fn work(
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
                     if stream_end.is_none() {
-                        break Ended::Failed { reason: WorkerFailure::Hung, why: why.into() };
+                        break Ended::Failed { reason: WorkerFailure::Hung, why: why() };
                     }
                     state.end_streams(Instant::now());
                     continue;
