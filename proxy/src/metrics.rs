@@ -427,12 +427,21 @@ mod tests {
             Shed::ShuttingDown,
         ];
         for shed in sheds {
+            // A variant added to Shed fails to compile here: add it to `sheds` and to CODES.
+            match shed {
+                Shed::QueueFull { .. }
+                | Shed::DeadlineUnreachable { .. }
+                | Shed::TenantQuota { .. }
+                | Shed::ShuttingDown => {}
+            }
             assert!(Shed::CODES.contains(&shed.code()), "{} has no series at 0", shed.code());
         }
     }
 
     #[test]
     fn the_series_of_jobs_not_answered_are_there_at_0_before_any_is_counted() {
+        // A stage no other test names: its series can only have been made here.
+        stage_series("made-at-0");
         let text = String::from_utf8(metrics().render()).unwrap();
         for series in [
             r#"corral_jobs_shed_total{class="low",reason="deadline_unreachable"}"#,
@@ -440,6 +449,9 @@ mod tests {
             r#"corral_jobs_expired_total{where="queue"}"#,
             r#"corral_jobs_cancelled_total{where="worker"}"#,
             r#"corral_streams_cancelled_total{reason="slow_client"}"#,
+            r#"corral_jobs_evicted_total{class="high",stage="made-at-0"} 0"#,
+            r#"corral_jobs_retried_total{stage="made-at-0"} 0"#,
+            r#"corral_worker_failures_total{reason="hung",stage="made-at-0"} 0"#,
         ] {
             assert!(text.contains(series), "{series} missing from:\n{text}");
         }

@@ -22,6 +22,11 @@ use crate::{ProxyMessage, WorkerMessage, MAX_FRAME_BYTES};
 /// Deepest nesting accepted in a frame (payloads are opaque `bin`, so messages are shallow).
 const MAX_DEPTH: usize = 32;
 
+/// The words [`DecodeError`]'s messages begin with where the rest is the decoder's own, which
+/// quotes the value it could not read: a proxy that tells clients why a worker failed tells
+/// them these words and not the rest (a value in a frame may be another client's output).
+pub const NOT_A_MESSAGE: &str = "frame is not a valid message";
+
 /// Why a frame could not be turned into a message.
 #[derive(Debug, thiserror::Error)]
 pub enum DecodeError {
@@ -29,15 +34,15 @@ pub enum DecodeError {
     NotAMap(u8),
     #[error("frame is empty")]
     Empty,
-    #[error("frame is not a valid message: {0}")]
+    #[error("{NOT_A_MESSAGE}: {0}")]
     Msgpack(#[from] rmp_serde::decode::Error),
     #[error("frame has {0} bytes after its message")]
     TrailingBytes(usize),
-    #[error("frame's `type` is a number, not the name of a message (\"results\", \"hello\", …)")]
+    #[error("frame's `type` is a number, not the name of a message (`results`, `hello`, …)")]
     TypeIsANumber,
     /// A `str` whose bytes are not UTF-8: serde's reader hands such a string to a visitor of
     /// bytes as if it were a `bin`, which a job's id or a result's `data` would have taken.
-    #[error("frame is not a valid message: {0}")]
+    #[error("{NOT_A_MESSAGE}: {0}")]
     NotUtf8(String),
 }
 
@@ -100,8 +105,14 @@ impl Tagged for ProxyMessage {
 /// Decodes one frame body into a message; the body must be exactly one msgpack map.
 pub fn decode<T: Tagged>(body: &[u8]) -> Result<T, DecodeError> {
     check_map(body)?;
-    if let Some(message) = first_key_type(body).and_then(|tag| T::by_tag(tag, body)) {
-        return message;
+    match first_key_type(body) {
+        Some(tag) => {
+            if let Some(message) = T::by_tag(tag, body) {
+                return message;
+            }
+        }
+        // Else `type` is not first, or not a string: only then may it be a number.
+        None => check_type(body)?,
     }
     read(body)
 }
@@ -109,7 +120,15 @@ pub fn decode<T: Tagged>(body: &[u8]) -> Result<T, DecodeError> {
 /// [`decode`] by serde's reading of the tagged enum alone (what the fuzz property compares).
 pub(crate) fn decode_by_serde<T: DeserializeOwned>(body: &[u8]) -> Result<T, DecodeError> {
     check_map(body)?;
+    check_type(body)?;
     read(body)
+}
+
+fn check_type(body: &[u8]) -> Result<(), DecodeError> {
+    if type_is_a_number(body) {
+        return Err(DecodeError::TypeIsANumber);
+    }
+    Ok(())
 }
 
 fn check_map(body: &[u8]) -> Result<(), DecodeError> {
@@ -118,9 +137,6 @@ fn check_map(body: &[u8]) -> Result<(), DecodeError> {
     if !is_map {
         return Err(DecodeError::NotAMap(first));
     }
-    if type_is_a_number(body) {
-        return Err(DecodeError::TypeIsANumber);
-    }
     Ok(())
 }
 
@@ -128,7 +144,7 @@ fn check_map(body: &[u8]) -> Result<(), DecodeError> {
 /// index of a variant (`0` a hello, `1` results; `3`, read as a pull, was refused for a missing
 /// `max`): PROTOCOL.md names the message. Its key is looked for as serde reads keys, `str` or
 /// `bin` of any length's encoding; a map too malformed to walk is left to the reading after.
-/// The usual frame has `type` first: one key looked at.
+/// Looked at only where `type` is not a first key with a string (the usual frame's).
 fn type_is_a_number(body: &[u8]) -> bool {
     let mut rest = body;
     let Ok(len) = rmp::decode::read_map_len(&mut rest) else { return false };
@@ -346,14 +362,28 @@ mod tests {
             rmpv::encode::write_value(&mut frame, &Value::Map(entries)).unwrap();
             frame
         };
+        // Every width of an integer's encoding (1 as fixint, uint8, uint64; -1 as negative
+        // fixint and int8), and the key as str or bin.
+        let numbers: [Value; 5] =
+            [1u8.into(), 200u8.into(), u64::MAX.into(), (-1).into(), (-100).into()];
         for first in [true, false] {
             for key in [Value::from("type"), Value::Binary(b"type".to_vec())] {
-                let err = decode::<WorkerMessage>(&frame(key.clone(), 1.into(), first));
-                assert!(matches!(err, Err(DecodeError::TypeIsANumber)), "{err:?}");
+                for number in &numbers {
+                    let err = decode::<WorkerMessage>(&frame(key.clone(), number.clone(), first));
+                    assert!(matches!(err, Err(DecodeError::TypeIsANumber)), "{number}: {err:?}");
+                }
                 let named = decode::<WorkerMessage>(&frame(key, "results".into(), first));
                 assert!(matches!(named, Ok(WorkerMessage::Results(_))), "{named:?}");
             }
         }
+        // A key written as str 8 (not the shortest encoding), the number as uint 8.
+        let mut long_key = vec![0x82, 0xd9, 4];
+        long_key.extend_from_slice(b"type");
+        long_key.extend_from_slice(&[0xcc, 1, 0xa7]);
+        long_key.extend_from_slice(b"results");
+        long_key.push(0x90);
+        let err = decode::<WorkerMessage>(&long_key);
+        assert!(matches!(err, Err(DecodeError::TypeIsANumber)), "{err:?}");
         // A hello, whose reading is always serde's.
         let mut hello = hello_map();
         let at = hello.windows(6).position(|w| w == b"\xa5hello").unwrap();

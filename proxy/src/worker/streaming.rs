@@ -133,9 +133,9 @@ pub(super) async fn work(
         } else {
             // One pass over the held jobs per frame, for all three clocks.
             let clocks = state.clocks();
-            let silence = match stage.settings().batch_timeout {
-                Some(limit) => limit,
-                None => clocks.silence + HUNG_MARGIN,
+            let (silence, whose) = match stage.settings().batch_timeout {
+                Some(limit) => (limit, "--batch-timeout-ms"),
+                None => (clocks.silence + HUNG_MARGIN, "its jobs' time and 1 s"),
             };
             let silent_at = heard + silence;
             // Why, if the timer fires: said then (the limit in it differs from frame to frame).
@@ -144,7 +144,7 @@ pub(super) async fn work(
             let why = || match overdue_first {
                 Some(_) => "the streaming worker held a job past its stream timeout".to_string(),
                 None => format!(
-                    "the streaming worker sent nothing past its limit of {} ms",
+                    "the streaming worker sent nothing past its limit of {} ms ({whose})",
                     silence.as_millis()
                 ),
             };
@@ -191,10 +191,11 @@ pub(super) async fn work(
                     continue;
                 }
                 () = wrote, if offer.is_some() && !all_written => continue,
-                // Before the inbox too: it completes once, and under a flood of frames a failed
-                // write was noticed only when the worker was found overdue.
-                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
+                // The inbox before a failed write: a worker that sent its last results and
+                // exited while a cancel was being written to it has those results read and
+                // used. (Under a flood of frames a failed write is noticed by the hung clock.)
                 message = inbox.next() => message,
+                e = outbox.broken() => break died(format!("could not write to the worker: {e}")),
                 _ = context.shutdown.cancelled() => break Ended::Stopped,
                 _ = tokio::time::sleep_until(stream_end.unwrap_or(hung_at)) => {
                     if stream_end.is_none() {

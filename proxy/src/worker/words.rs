@@ -3,6 +3,8 @@
 //! when cut, control characters escaped. As they came, a name with a line break forged a log
 //! line, and one of megabytes wrote a line as long on every reconnect.
 
+use corral_protocol::codec::NOT_A_MESSAGE;
+
 /// A worker's own words (its tensors' names, the stage it claims) as a refusal shows them: at
 /// most 200 bytes, quoted with `{:?}` there, so that a name with a line break cannot forge a log
 /// line, and one of megabytes does not write one on every reconnect.
@@ -41,30 +43,16 @@ fn clip(text: &str, max: usize) -> &str {
     &text[..end]
 }
 
-/// Why a worker failed, as each client of its batch is told it: the strings a decoder quoted
-/// (`string "…"`) cut to their quotes. A value of the wrong type in a frame may be one client's
-/// output (a result's `data` written as `str`), and its quote reached every other client of the
-/// batch. The log keeps it whole (within [`logged`]'s bound), for the operator.
+/// Why a worker failed, as each client of its batch is told it: a decoder's words past
+/// [`NOT_A_MESSAGE`] are left to the log. They quote the value it could not read (`string
+/// "…"`, ``integer `7` ``), and a value of the wrong type in a frame may be one client's output
+/// (a result's `data` written as `str`, or as a number), which reached every other client of
+/// the batch. The log keeps it (within [`logged`]'s bound), for the operator.
 pub(super) fn told_clients(why: &str) -> String {
-    let mut out = String::with_capacity(why.len());
-    let mut chars = why.chars();
-    while let Some(c) = chars.next() {
-        out.push(c);
-        if c == '"' {
-            // Up to the closing quote (Rust's escapes inside); a reason cut inside ends with it.
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => {
-                        chars.next();
-                    }
-                    '"' => break,
-                    _ => {}
-                }
-            }
-            out.push_str("…\"");
-        }
+    match why.find(NOT_A_MESSAGE) {
+        Some(at) => format!("{} (the proxy's log says why)", &why[..at + NOT_A_MESSAGE.len()]),
+        None => why.to_string(),
     }
-    out
 }
 
 #[cfg(test)]
@@ -72,14 +60,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_client_is_told_a_quoted_value_s_type_not_the_value() {
-        let why = r#"frame is not a valid message: invalid type: string "alice: \"x\" s3cr3t", expected a byte array"#;
-        let told = told_clients(why);
-        assert_eq!(
-            told,
-            r#"frame is not a valid message: invalid type: string "…", expected a byte array"#
-        );
-        assert_eq!(told_clients(r#"cut "inside"#), r#"cut "…""#);
-        assert_eq!(told_clients("unknown status `oops`"), "unknown status `oops`");
+    fn a_client_is_told_that_a_frame_was_not_a_message_not_what_was_in_it() {
+        for quoted in [r#"string "alice: s3cr3t""#, "integer `7`", "floating point `0.93`"] {
+            let why = format!("protocol error: {NOT_A_MESSAGE}: invalid type: {quoted}, expected");
+            assert_eq!(
+                told_clients(&why),
+                format!("protocol error: {NOT_A_MESSAGE} (the proxy's log says why)")
+            );
+        }
+        let index = "protocol error: the result at index 1 of the frame is ok without data";
+        assert_eq!(told_clients(index), index);
     }
 }
