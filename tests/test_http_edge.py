@@ -620,15 +620,22 @@ def test_probes_are_answered_while_clients_hold_every_connection(corral_factory)
 
 
 @pytest.mark.parametrize(
-    ("args", "headers"),
+    ("args", "headers", "said"),
     [
-        (["--body-read-timeout-ms=300"], b""),
-        # The job's deadline ends the wait for the body sooner than the flag.
-        ([], b"x-corral-timeout-ms: 300\r\n"),
+        (["--body-read-timeout-ms=300"], b"", b"the body did not arrive within 300 ms"),
+        # The job's deadline ends the wait for the body sooner than the flag; said so, since a
+        # busy proxy may read a body sent at once past a short deadline.
+        (
+            [],
+            b"x-corral-timeout-ms: 300\r\n",
+            b"the request's deadline of 300 ms passed before its body was read",
+        ),
     ],
     ids=["body-read-timeout", "deadline"],
 )
-def test_clients_dribbling_bodies_get_408_and_free_their_connections(corral_factory, args, headers):
+def test_clients_dribbling_bodies_get_408_and_free_their_connections(
+    corral_factory, args, headers, said
+):
     proxy = corral_factory("--max-connections=2", *args)
     proxy.client.close()  # its pooled connection would take a slot
     slow = [connect(proxy), connect(proxy)]
@@ -642,6 +649,7 @@ def test_clients_dribbling_bodies_get_408_and_free_their_connections(corral_fact
             answer = read_all(conn)  # returns once the proxy closes the connection
             assert answer.startswith(b"HTTP/1.1 408"), answer
             assert b'"error":"body_timeout"' in answer
+            assert said in answer, answer
             assert b"connection: close" in answer.lower()
     finally:
         for conn in slow:

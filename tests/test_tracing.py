@@ -450,18 +450,19 @@ def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, re
 
 
 @pytest.mark.parametrize(
-    "endpoint, headers, expected",
+    "endpoint, headers, expected, endpoint_blamed",
     [
         (
             "http://127.0.0.1:4318",
             "no-equals-sign",
-            # Named by the variable it came from, not only the endpoint's flag.
+            # Named by the variable it came from, and not said to be the endpoint's fault.
             ["OTEL_EXPORTER_OTLP_HEADERS", "no-equals-sign", "key=value"],
+            False,
         ),
-        ("ftp://127.0.0.1", "", ["must be an http:// URL"]),
+        ("ftp://127.0.0.1", "", ["must be an http:// URL"], True),
     ],
 )
-def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected):
+def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected, endpoint_blamed):
     # Exit 2 as every other configuration error, before anything starts.
     env = {**os.environ, "OTEL_EXPORTER_OTLP_HEADERS": headers}
     done = subprocess.run(
@@ -473,6 +474,7 @@ def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected)
     )
     assert done.returncode == 2, done.stderr
     assert all(word in done.stderr for word in expected), done.stderr
+    assert ("--otlp-endpoint:" in done.stderr) == endpoint_blamed, done.stderr
     assert "listening" not in done.stderr
 
 

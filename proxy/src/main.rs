@@ -59,8 +59,10 @@ fn main() -> std::process::ExitCode {
     let checked = topology::load(&mut config, &explicit).and_then(|topology| {
         match config.traces_endpoint() {
             Some(endpoint) => corral::trace::check(&endpoint)
+                .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit)))
+                .and_then(|()| corral::trace::check_headers())
                 .map(|()| topology)
-                .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit)).into()),
+                .map_err(Into::into),
             None => Ok(topology),
         }
     });

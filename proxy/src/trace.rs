@@ -48,10 +48,16 @@ struct Tracing {
 
 static TRACING: OnceLock<Tracing> = OnceLock::new();
 
-/// What [`init`] would refuse, checked before anything starts, as the configuration is: the
-/// endpoint must be an http:// URL and `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` must parse.
+/// What [`init`] would refuse of the endpoint, checked before anything starts, as the
+/// configuration is: it must be an http:// URL.
 pub fn check(endpoint: &str) -> Result<(), String> {
     export::check(endpoint)
+}
+
+/// What [`init`] would refuse of `OTEL_EXPORTER_OTLP_(TRACES_)HEADERS` (they must parse),
+/// checked apart from the endpoint, whose source its error is said with.
+pub fn check_headers() -> Result<(), String> {
+    export::check_headers()
 }
 
 /// The tracer, if spans are exported: the one check on the request path when they are not.

@@ -157,9 +157,17 @@ impl ApiError {
         Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
     }
 
-    /// The body did not arrive in time (`--body-read-timeout-ms`, or the job's deadline).
-    pub fn body_timeout(allowed: Duration) -> Self {
-        let message = format!("the body did not arrive within {} ms", allowed.as_millis());
+    /// The body was not read in time: `--body-read-timeout-ms` passed (`by_deadline` false:
+    /// the client was slow), or the job's deadline, which came first. Said so apart: on a busy
+    /// proxy a body sent at once may be read past a short deadline, and "did not arrive" blamed
+    /// the client for the proxy's lateness.
+    pub fn body_timeout(allowed: Duration, by_deadline: bool) -> Self {
+        let ms = allowed.as_millis();
+        let message = if by_deadline {
+            format!("the request's deadline of {ms} ms passed before its body was read")
+        } else {
+            format!("the body did not arrive within {ms} ms")
+        };
         let mut error = Self::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", message);
         // What is left of the body may still be on its way: the connection cannot be reused.
         error.close = true;
