@@ -478,6 +478,21 @@ def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected,
     assert "listening" not in done.stderr
 
 
+def test_a_malformed_otlp_endpoint_from_its_variable_is_named_by_the_variable():
+    # A manifest's `env:` list shows no flag: the error named only `--otlp-endpoint`.
+    env = {**os.environ, "CORRAL_OTLP_ENDPOINT": "ftp://127.0.0.1"}
+    done = subprocess.run(
+        [BINARY, "--", sys.executable, "-c", "0"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "CORRAL_OTLP_ENDPOINT (--otlp-endpoint): " in done.stderr, done.stderr
+    assert "must be an http:// URL" in done.stderr
+
+
 def post_and_leave(proxy, body: bytes, accept: str, until, what: str) -> None:
     """POSTs `body` to /infer on a connection of its own and closes it (the client leaves) once
     `until()` holds."""

@@ -319,12 +319,12 @@ def test_bad_requests_get_a_v2_error_and_harm_nothing(proxy, case, status, expec
 
 
 def test_nan_and_infinity_come_back_in_binary_and_are_refused_as_json(proxy):
-    x, scale, words = rows(1)
-    x[0] = [np.inf, -np.inf, np.nan]
+    x, scale, words = rows(2)
+    x[1] = [np.inf, -np.inf, np.nan]
     inputs = tensors(x, scale, words)  # binary: JSON could not carry them in either
     with client(proxy) as c:
         answer = c.infer("default", inputs, outputs=[triton.InferRequestedOutput("SCALED")])
-        scaled = answer.as_numpy("SCALED")[0]
+        scaled = answer.as_numpy("SCALED")[1]
         assert list(scaled[:2]) == [np.inf, -np.inf] and np.isnan(scaled[2])
         # JSON has no such numbers: written as null, tritonclient would read NaN for +inf.
         with pytest.raises(InferenceServerException) as failed:
@@ -332,6 +332,8 @@ def test_nan_and_infinity_come_back_in_binary_and_are_refused_as_json(proxy):
             c.infer("default", inputs, outputs=[as_json])
     assert failed.value.status() == "500"
     assert "is not a number JSON can carry: ask for it with binary_data" in str(failed.value)
+    # Named by its row, as every failed row is (it was not).
+    assert 'row 1, output "SCALED": inf is not a number' in str(failed.value)
 
 
 @pytest.mark.parametrize(

@@ -856,13 +856,17 @@ def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slot
             sock.close()
 
 
-@pytest.mark.parametrize("data", [None, b"\x01"], ids=["end", "end with data"])
-def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool, data):
+@pytest.mark.parametrize(
+    "acknowledgement",
+    [{"status": "end"}, {"status": "end", "data": b"\x01"}, {"status": "ok"}],
+    ids=["end", "end with data", "ok without data"],
+)
+def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool, acknowledgement):
     # PROTOCOL.md: a worker that declared `cancel` is told of the held jobs whose client left
     # or whose deadline passed, streaming or not, and answers each with any status, `end` the
     # usual one. From a worker that did not declare `stream`, that `end` had been taken for a
-    # broken frame: its connection closed, and its batch-mate's client got a 500 (with data,
-    # until a probe of session 31).
+    # broken frame: its connection closed, and its batch-mate's client got a 500 (with data, or
+    # an `ok` without data, until the probes of session 31).
     short = pool.submit(sidecar.post, {"x": "short"}, headers={"x-corral-timeout-ms": "3000"})
     live = pool.submit(sidecar.post, {"x": "live"}, headers={"x-corral-timeout-ms": "60000"})
     depth = lambda: sidecar.metric("corral_queue_depth", stage="default")  # noqa: E731
@@ -876,7 +880,7 @@ def test_a_plain_worker_may_end_a_job_it_was_told_to_cancel(sidecar, pool, data)
     worker.send(
         protocol.results(
             [
-                {**protocol.end(ids["short"]), **({"data": data} if data else {})},
+                {"id": ids["short"], **acknowledgement},
                 protocol.ok(ids["live"], msgpack.packb("done")),
             ]
         )

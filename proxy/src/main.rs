@@ -59,7 +59,11 @@ fn main() -> std::process::ExitCode {
     let checked = topology::load(&mut config, &explicit).and_then(|topology| {
         match config.traces_endpoint() {
             Some(endpoint) => corral::trace::check(&endpoint)
-                .map_err(|e| format!("{}: {e}", endpoint_source(&config, &explicit)))
+                .map_err(|e| {
+                    let from_env =
+                        matches.value_source("otlp_endpoint") == Some(ValueSource::EnvVariable);
+                    format!("{}: {e}", endpoint_source(&config, &explicit, from_env))
+                })
                 .and_then(|()| corral::trace::check_headers())
                 .map(|()| topology)
                 .map_err(Into::into),
@@ -112,13 +116,15 @@ fn main() -> std::process::ExitCode {
 }
 
 /// Where the traces endpoint came from, for its error (which had named neither the key nor the
-/// file): the option, the file's key, or OpenTelemetry's variables ([`Config::traces_endpoint`]).
-fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool) -> String {
+/// file): the option, its variable (`from_env`: a manifest's `env:` list shows no flag), the
+/// file's key, or OpenTelemetry's variables ([`Config::traces_endpoint`]).
+fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool, from_env: bool) -> String {
     let given = config.otlp_endpoint.as_deref().is_some_and(|url| !url.trim().is_empty());
     match (&config.config, given) {
         (Some(file), true) if !explicit("otlp_endpoint") => {
             format!("config file {}: otlp_endpoint", file.display())
         }
+        (_, true) if from_env => "CORRAL_OTLP_ENDPOINT (--otlp-endpoint)".into(),
         (_, true) => "--otlp-endpoint".into(),
         (_, false) => "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT".into(),
     }

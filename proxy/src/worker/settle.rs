@@ -55,6 +55,9 @@ pub fn pair(
         };
         let outcome = match (result.status, result.data) {
             (ResultStatus::Ok, Some(data)) => output(data, result.content_type),
+            // Any status answers a cancel (PROTOCOL.md), an `ok` without data too: nobody waits
+            // for its data.
+            (ResultStatus::Ok, None) if job.left.is_cancelled() => Outcome::Expired,
             (ResultStatus::Ok, None) => {
                 problem =
                     Some(format!("the result at index {index} of the frame is ok without data"));

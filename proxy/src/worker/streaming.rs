@@ -475,7 +475,11 @@ impl State {
                 "is for a job not held"
             } else if !seen.insert(result.id) {
                 "answers a job answered before in the frame"
-            } else if result.status == ResultStatus::Ok && result.data.is_none() {
+            } else if result.status == ResultStatus::Ok
+                && result.data.is_none()
+                && !self.held[&result.id].cancelled
+            {
+                // (Any status answers a cancel, an `ok` without data too.)
                 "is ok without data"
             } else {
                 continue;
@@ -546,7 +550,8 @@ impl State {
                     }
                     other => other,
                 },
-                (ResultStatus::Ok, None) => unreachable!("refused with the frame above"),
+                // A cancelled job's (any other was refused with the frame above).
+                (ResultStatus::Ok, None) => Outcome::Expired,
                 (ResultStatus::Invalid, _) => Outcome::Invalid(reason(result.message)),
                 (ResultStatus::Error, _) => Outcome::Failed(reason(result.message)),
                 (ResultStatus::Expired, _) => Outcome::Expired,

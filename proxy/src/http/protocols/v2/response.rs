@@ -75,11 +75,26 @@ pub fn build(
     };
 
     // With no outputs declared, a name the client asked for that the results lack is its
-    // mistake (400), not the worker's (the 500 below).
+    // mistake (400), not the worker's (the 500 below). Unless the results are the mistake: a
+    // row 0 that names no output (the 400 listed none), or a later row that gives the name
+    // (rows that disagree, a 500 or a 400 as their order fell).
     if let (true, Some(first)) = (declared.is_empty(), rows.first()) {
+        if !request.outputs.is_empty() && first.keys().flatten().next().is_none() {
+            return Err(bad_output(
+                "row 0: the worker's result names no output: a v2 answer needs one".into(),
+            ));
+        }
         // Looked up in row 0, not in the list of its names: both may be long.
         let missing = |o: &&Requested| matches!(first.get(&o.name), Found::Missing);
         if let Some(unknown) = request.outputs.iter().find(missing) {
+            let given = |row: &ResultRow| !matches!(row.get(&unknown.name), Found::Missing);
+            if let Some(index) = rows.iter().position(given) {
+                return Err(bad_output(format!(
+                    "row {index}, output {:?}: not in row 0's result: rows must give the same \
+                     outputs to stack",
+                    unknown.name
+                )));
+            }
             return Err(unknown_output(&unknown.name, first.keys().flatten()));
         }
     }
@@ -437,9 +452,22 @@ mod tests {
     fn a_later_row_with_an_output_row_0_lacks_is_the_workers_fault_unless_left_out() {
         let message = bad_output_message(answer(&[], &[], &[Y_3, Y_1_Z_TRUE]).unwrap_err());
         assert!(message.contains(r#"row 1, output "z": not in row 0's result"#), "{message}");
-        // Asked for `y` of a result naming nothing, the client asked for what is not there.
-        let error = answer(&["y"], &[], &[ONE_2]).unwrap_err();
+        // Asked for `z`, which one row gives and the other lacks: the rows disagree, a 500
+        // whichever comes first (a 400 listing row 0's names, when row 0 lacked it).
+        let message = bad_output_message(answer(&["z"], &[], &[Y_3, Y_1_Z_TRUE]).unwrap_err());
+        assert!(message.contains(r#"row 1, output "z": not in row 0's result"#), "{message}");
+        let message = bad_output_message(answer(&["z"], &[], &[Y_1_Z_TRUE, Y_3]).unwrap_err());
+        assert!(message.contains(r#"row 1, output "z": missing"#), "{message}");
+        // Asked for `y` of a row 0 naming nothing: the worker's fault, not the client's (a 400
+        // whose list of the model's outputs was empty).
+        for nothing in [ONE_2, b"\x80".as_slice()] {
+            let message = bad_output_message(answer(&["y"], &[], &[nothing, Y_3]).unwrap_err());
+            assert!(message.contains("row 0: the worker's result names no output"), "{message}");
+        }
+        // Asked for `w`, which no row gives: the client's mistake, the model's outputs listed.
+        let error = answer(&["w"], &[], &[Y_1_Z_TRUE]).unwrap_err();
         assert_eq!(error.status.as_u16(), 400, "{}", error.message);
+        assert!(error.message.ends_with("the model gives y, z"), "{}", error.message);
         // Asked only for `y`, the client gets it: `z` was not asked for, nor a key that is no
         // name (it could not be).
         let y_1_one_2: &[u8] = b"\x82\xa1y\x01\x01\x02"; // {"y": 1, 1: 2}

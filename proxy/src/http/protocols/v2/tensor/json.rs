@@ -164,8 +164,9 @@ impl<'de> serde::de::Visitor<'de> for Level<'_> {
 /// answer as they are read, never held as `serde_json::Value`s (with its elements collected
 /// first, 80 bytes and more each: a 16 MiB answer of UINT8s took the proxy past 1 GiB). JSON has
 /// no NaN nor infinity: written as `null` (serde_json's way) they would reach the client as
-/// another value, or none; they fail the answer instead, naming `output` (the client can ask for
-/// binary data), as do BYTES elements that are not UTF-8.
+/// another value, or none; they fail the answer instead, naming the row and `output` (the
+/// client can ask for binary data), as do BYTES elements that are not UTF-8. The first of
+/// `shape` is the answer's rows (its outputs are stacked).
 pub struct JsonData<'a> {
     pub output: &'a str,
     pub datatype: DataType,
@@ -181,26 +182,35 @@ impl serde::Serialize for JsonData<'_> {
         use serde::ser::{Error, SerializeSeq};
         let fail = |why: &str| S::Error::custom(format!("output {:?}: {why}", self.output));
         let elements = each(self.datatype, self.shape, self.data).map_err(|e| fail(&e))?;
-        let number = |f: f64| {
+        // Elements per row: the row of a failing element is named, as every other failure of
+        // a row is (a shape with a 0 in it has no element to fail).
+        let per_row = self.shape.iter().skip(1).product::<u64>().max(1);
+        let in_row = |at: u64, why: &str| {
+            S::Error::custom(format!("row {}, output {:?}: {why}", at / per_row, self.output))
+        };
+        let number = |at: u64, f: f64| {
             f.is_finite().then_some(f).ok_or_else(|| {
-                fail(&format!("{f} is not a number JSON can carry: ask for it with binary_data"))
+                in_row(
+                    at,
+                    &format!("{f} is not a number JSON can carry: ask for it with binary_data"),
+                )
             })
         };
         let mut seq = writer.serialize_seq(None)?;
-        for element in elements {
+        for (at, element) in (0u64..).zip(elements) {
             match element {
                 Element::Bool(b) => seq.serialize_element(&b)?,
                 Element::Uint(u) => seq.serialize_element(&u)?,
                 Element::Int(i) => seq.serialize_element(&i)?,
-                Element::Float(f) => seq.serialize_element(&number(f)?)?,
+                Element::Float(f) => seq.serialize_element(&number(at, f)?)?,
                 // As a float32: the shortest form reading back to the same float32, not its
                 // float64 widening (2.7 times the text, and a tenth of the proxy's time).
                 Element::Float32(f) => {
-                    number(f64::from(f))?;
+                    number(at, f64::from(f))?;
                     seq.serialize_element(&f)?
                 }
                 Element::Bytes(b) => {
-                    let text = std::str::from_utf8(b).map_err(|_| fail(NOT_UTF8))?;
+                    let text = std::str::from_utf8(b).map_err(|_| in_row(at, NOT_UTF8))?;
                     seq.serialize_element(text)?
                 }
             }
