@@ -624,21 +624,28 @@ def test_a_map_with_a_key_twice_is_passed_through_as_is(sidecar, pool):
     worker.close()
 
 
-def test_a_frame_that_breaks_a_rule_tells_no_client_another_s_request_id(corral_factory, pool):
-    """Every client of the batch is told why its worker failed; the message named the repeated
-    result by its job's id, which is one client's `x-request-id`, to all three."""
+def one_full_batch(corral_factory, pool, size: int):
+    """A proxy with no retries, `size` requests sent, and the fake worker holding them in one
+    batch (sent once full): the proxy, the worker, the answers to come and the batch's jobs."""
     proxy = corral_factory(
         "--batch-policy=fixed",
-        "--max-batch-size=3",
+        f"--max-batch-size={size}",
         "--max-wait-ms=60000",
         "--retries=0",
         "--timeout-ms=60000",
         worker=None,
     )
     worker = FakeWorker(proxy.socket)
-    answers = [pool.submit(proxy.post, {"i": i}) for i in range(3)]
+    answers = [pool.submit(proxy.post, {"i": i}) for i in range(size)]
     jobs = worker.receive()["jobs"]
-    assert len(jobs) == 3  # the batch is sent once full
+    assert len(jobs) == size
+    return proxy, worker, answers, jobs
+
+
+def test_a_frame_that_breaks_a_rule_tells_no_client_another_s_request_id(corral_factory, pool):
+    """Every client of the batch is told why its worker failed; the message named the repeated
+    result by its job's id, which is one client's `x-request-id`, to all three."""
+    _, worker, answers, jobs = one_full_batch(corral_factory, pool, 3)
     first = protocol.ok(jobs[0]["id"], b"\x01")
     worker.send(protocol.results([first, first]))
     responses = [answer.result(timeout=30) for answer in answers]
@@ -661,18 +668,7 @@ def test_a_value_of_the_wrong_type_in_a_frame_is_not_quoted_to_the_batch_s_clien
     """One client's output written as `str` (as old msgpack writers write bytes) or as a number
     broke the frame, and the decoder's quote of it reached the other client of the batch in its
     500."""
-    proxy = corral_factory(
-        "--batch-policy=fixed",
-        "--max-batch-size=2",
-        "--max-wait-ms=60000",
-        "--retries=0",
-        "--timeout-ms=60000",
-        worker=None,
-    )
-    worker = FakeWorker(proxy.socket)
-    answers = [pool.submit(proxy.post, {"i": i}) for i in range(2)]
-    jobs = worker.receive()["jobs"]
-    assert len(jobs) == 2
+    proxy, worker, answers, jobs = one_full_batch(corral_factory, pool, 2)
     secret = str(data).removeprefix("alice's answer: token=")
     results = [
         {"id": jobs[0]["id"], "status": "ok", "data": data},  # not the `bin` that is due
