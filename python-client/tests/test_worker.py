@@ -317,6 +317,25 @@ def test_remaining_in_forward_is_the_time_to_the_batch_last_deadline():
     assert 0 < remaining <= 30
 
 
+def test_the_batch_lists_read_in_preprocess_before_any_batch_are_empty_not_missing():
+    """`deadlines` and `content_types` were only annotated: a `preprocess` reading them before
+    the first batch raised AttributeError, a 500 for every request."""
+    seen = []
+
+    class Reading(corral.Worker):
+        def preprocess(self, item):
+            seen.append((list(self.deadlines), list(self.content_types)))
+            return item
+
+        def forward(self, batch):
+            return batch
+
+    with FakeProxy(Reading(), warm_up=False) as proxy:
+        assert [r.status for r in proxy.infer([1])] == ["ok"]
+    assert seen == [([], [])]
+    assert corral.Worker.deadlines == [] and corral.Worker.content_types == []  # never added to
+
+
 def test_run_on_an_instance_serves_that_instance():
     """``Worker.run`` built a second worker from the class: a configured instance's settings
     were dropped (its threshold served as the class default), or its constructor's arguments

@@ -171,9 +171,12 @@ class Worker:
     ``yield``), and ``inf`` once one streams (the proxy's stream timeout ends it, with a
     cancel)."""
 
-    deadlines: list[float]
-    """During ``forward``: each input's deadline, aligned with the batch (``time.monotonic()``).
-    A streaming item's deadline bounds the time to its first chunk."""
+    # Empty until the first batch (read in a hook before it, it had been an AttributeError, a
+    # 500); each batch then sets a list of its own, so this one is never added to.
+    deadlines: list[float] = []  # noqa: RUF012
+    """During ``forward`` (and the ``postprocess`` after it): each input's deadline, aligned with
+    the batch (``time.monotonic()``). A streaming item's deadline bounds the time to its first
+    chunk. In ``preprocess`` the batch is not formed yet: use :attr:`deadline`."""
 
     content_type: str | None = None
     """During ``preprocess`` and ``postprocess``: the media type of the current item if its
@@ -181,8 +184,10 @@ class Worker:
     as the client sent it, parameters included); the item is then ``bytes``. ``None`` for a JSON
     or msgpack request (and for :attr:`examples`)."""
 
-    content_types: list[str | None]
-    """During ``forward``: each input's :attr:`content_type`, aligned with the batch."""
+    content_types: list[str | None] = []  # noqa: RUF012  (as deadlines)
+    """During ``forward`` (and the ``postprocess`` after it): each input's
+    :attr:`content_type`, aligned with the batch. In ``preprocess`` the batch is not formed
+    yet: use :attr:`content_type`."""
 
     output_content_type: ClassVar[str | None] = None
     """Optional: the media type of the outputs that are ``bytes`` (after ``postprocess``), e.g.
