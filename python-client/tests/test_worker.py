@@ -336,6 +336,16 @@ def test_the_batch_lists_read_in_preprocess_before_any_batch_are_empty_not_missi
     assert corral.Worker.deadlines == [] and corral.Worker.content_types == []  # never added to
 
 
+def test_run_has_its_own_help_on_the_class_and_on_an_instance():
+    """`help(corral.Worker.run)` showed functools.partial's help: the package's entry point
+    had no documentation where a user looks first."""
+    import inspect
+
+    for run in (corral.Worker.run, Echo().run):
+        assert run.__doc__.startswith("Create the worker"), run.__doc__
+        assert list(inspect.signature(run).parameters) == ["socket_path", "stage"]
+
+
 def test_run_on_an_instance_serves_that_instance():
     """``Worker.run`` built a second worker from the class: a configured instance's settings
     were dropped (its threshold served as the class default), or its constructor's arguments

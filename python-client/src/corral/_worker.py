@@ -61,7 +61,15 @@ class _class_or_instance:
         functools.update_wrapper(self, method)  # type: ignore[arg-type]
 
     def __get__(self, instance: Any, owner: type) -> Callable[..., Any]:
-        return functools.partial(self._method, owner, instance)
+        bound = functools.partial(self._method, owner, instance)
+
+        # A function, not the partial itself: help() and __doc__ showed functools.partial's.
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return bound(*args, **kwargs)
+
+        functools.update_wrapper(method, self._method)
+        method.__signature__ = inspect.signature(bound)  # type: ignore[attr-defined]
+        return method
 
 
 class Worker:
@@ -233,8 +241,10 @@ class Worker:
         """Create the worker (``Worker.run()``; or serve this one, ``Worker(...).run()``, as
         configured) and serve the proxy at ``socket_path`` (default: ``--socket`` on the
         command line, else ``CORRAL_SOCKET``, else ``corral.sock``) for ``stage`` (default:
-        ``--stage``, else ``CORRAL_STAGE``, else the worker's :attr:`stage`), reconnecting if
-        the connection drops, until the process is stopped."""
+        ``--stage``, else ``CORRAL_STAGE``, else the worker's :attr:`stage`). A worker started
+        by hand waits for the proxy, reconnects if the connection drops, and exits (status 0)
+        when the proxy says ``shutdown``; one the proxy spawned exits when its connection ends
+        (its proxy is gone or restarting it)."""
         _logging.configure()
         # From here a spawned worker ends once its proxy is gone: loading, warming up or serving.
         _process_end.watch_proxy()
