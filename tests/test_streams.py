@@ -143,7 +143,12 @@ def test_64_concurrent_streams_each_get_their_own_chunks_in_order(corral_factory
     assert proxy.metric("corral_batch_size_count", stage="default") < 64
 
 
-def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(corral_factory, tmp_path):
+# Any status answers a cancel: an `ok` without data from a streaming worker had been a broken
+# frame, its connection closed and the batch-mate's stream ended `worker_died`.
+@pytest.mark.parametrize("ack", ["end", "ok"])
+def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(
+    corral_factory, tmp_path, ack
+):
     cancels, gate = tmp_path / "cancels", tmp_path / "gate"
     proxy = corral_factory(
         "--batch-policy=fixed",
@@ -152,7 +157,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(corral_fa
         worker=STREAMER,
         env={"STREAMER_CANCELS": str(cancels)},
     )
-    leaving = {"chunks": 3, "gate": str(gate), "tag": "a"}
+    leaving = {"chunks": 3, "gate": str(gate), "tag": "a", "ack": ack}
     staying = {"chunks": 3, "gate": str(gate), "tag": "b"}
     # The two jobs share one batch (it leaves only when full).
     with ExitStack() as leaves, ExitStack() as stays:
@@ -170,6 +175,7 @@ def test_a_client_that_leaves_mid_stream_cancels_its_job_in_the_worker(corral_fa
             ("done", {}),
         ]
     assert proxy.metric("corral_streams_cancelled_total", reason="client_left") == 1
+    assert proxy.metric("corral_worker_failures_total", stage="default") == 0
 
 
 def test_a_slow_client_is_cancelled_and_its_batch_mates_are_not(corral_factory, tmp_path):

@@ -686,6 +686,26 @@ def test_a_value_of_the_wrong_type_in_a_frame_is_not_quoted_to_the_batch_s_clien
     worker.close()
 
 
+def test_a_multi_mib_output_of_the_wrong_type_reaches_none_of_64_batch_mates(corral_factory):
+    """At the sizes users send: one client's 4 MiB output written as `str` (a frame larger than
+    the socket's buffer) in a batch of 64; each of the 64 is told only that the frame was not a
+    message, and the log's line is cut to a few hundred bytes."""
+    secret = "s3cr3t" * (4 * 1024 * 1024 // 6)
+    with ThreadPoolExecutor(64) as pool:
+        proxy, worker, answers, jobs = one_full_batch(corral_factory, pool, 64)
+        results = [{"id": job["id"], "status": "ok", "data": b"\x01"} for job in jobs]
+        results[17]["data"] = secret
+        worker.send({"type": "results", "results": results})
+        messages = [answer.result(timeout=60).json()["message"] for answer in answers]
+    assert {len(messages)} == {64}
+    assert set(messages) == {
+        "the worker failed: protocol error: frame is not a valid message (the proxy's log says why)"
+    }
+    line = proxy.wait_for_log(r"worker disconnected")
+    assert "s3cr3t" in line and len(line) < 1_000, len(line)
+    worker.close()
+
+
 def test_answering_the_batch_sent_ahead_first_is_named_as_such(corral_factory, pool):
     """It said "result for unknown or repeated job id X" of a job the worker held."""
     proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", "--retries=0", worker=None)

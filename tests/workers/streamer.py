@@ -13,6 +13,7 @@ STREAMER_JOIN jobs in all). Each job's item scripts its stream:
 - `"die_after": k`: after k chunks the process exits at once;
 - `"linger_ms": k`: a cancelled job is ended only k ms after its cancel (the worker sends nothing
   for it meanwhile), and its id then appended to STREAMER_ENDED;
+- `"ack": status`: a cancelled job is answered with this status (no data) rather than `end`;
 - `"bad_chunk_after": k`: after k chunks, a chunk whose data is not one msgpack value (a value
   and a byte after it), then the rest as usual;
 - `"nan_after": k`: after k chunks, a chunk that is a NaN (well-formed msgpack that JSON cannot
@@ -136,8 +137,8 @@ def main():
                 job = held.get(job_id)
                 if job is not None and "linger_ms" in job.item:
                     job.cancelled_at = time.monotonic()
-                elif held.pop(job_id, None) is not None:
-                    ended.append({"id": job_id, "status": "end"})
+                elif (cancelled := held.pop(job_id, None)) is not None:
+                    ended.append({"id": job_id, "status": cancelled.item.get("ack", "end")})
             if ended:
                 sock.sendall(protocol.encode_frame(protocol.results(ended)))
         elif kind in ("shutdown", "reject"):

@@ -117,7 +117,13 @@ pub async fn receive_with(
         Limits { bytes: app.max_body_bytes, declared, read_by, grace_over: &app.grace_over };
     let (body, room) =
         read_body(request.into_body(), limits, front, gap, shared).await.map_err(|e| {
-            e.unwrap_or_else(|| ApiError::body_timeout(read_by - arrived, read_by == deadline))
+            e.unwrap_or_else(|| {
+                if read_by == deadline {
+                    ApiError::body_past_deadline(read_by - arrived)
+                } else {
+                    ApiError::body_timeout(read_by - arrived)
+                }
+            })
         })?;
     Ok((Received { body, arrived, deadline, traffic }, room))
 }
@@ -187,7 +193,7 @@ pub async fn read_small(
     let read_by = Instant::now() + app.body_read_timeout;
     let limits = Limits { bytes: max, declared, read_by, grace_over: &app.grace_over };
     let read = read_body(request.into_body(), limits, 0, None, None).await;
-    let timeout = || ApiError::body_timeout(app.body_read_timeout, false);
+    let timeout = || ApiError::body_timeout(app.body_read_timeout);
     let (body, _) = read.map_err(|e| e.unwrap_or_else(timeout))?;
     Ok(body)
 }

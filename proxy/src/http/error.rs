@@ -157,17 +157,22 @@ impl ApiError {
         Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
     }
 
-    /// The body was not read in time: `--body-read-timeout-ms` passed (`by_deadline` false:
-    /// the client was slow), or the job's deadline, which came first. Said so apart: on a busy
-    /// proxy a body sent at once may be read past a short deadline, and "did not arrive" blamed
-    /// the client for the proxy's lateness.
-    pub fn body_timeout(allowed: Duration, by_deadline: bool) -> Self {
-        let ms = allowed.as_millis();
-        let message = if by_deadline {
-            format!("the request's deadline of {ms} ms passed before its body was read")
-        } else {
-            format!("the body did not arrive within {ms} ms")
-        };
+    /// The body did not arrive within `--body-read-timeout-ms` (the client was slow).
+    pub fn body_timeout(allowed: Duration) -> Self {
+        Self::body_unread(format!("the body did not arrive within {} ms", allowed.as_millis()))
+    }
+
+    /// The job's deadline, sooner than `--body-read-timeout-ms`, passed before the body was
+    /// read: said apart, since on a busy proxy a body sent at once may be read past a short
+    /// deadline, and "did not arrive" blamed the client for the proxy's lateness.
+    pub fn body_past_deadline(timeout: Duration) -> Self {
+        let ms = timeout.as_millis();
+        Self::body_unread(format!(
+            "the request's deadline of {ms} ms passed before its body was read"
+        ))
+    }
+
+    fn body_unread(message: String) -> Self {
         let mut error = Self::new(StatusCode::REQUEST_TIMEOUT, "body_timeout", message);
         // What is left of the body may still be on its way: the connection cannot be reused.
         error.close = true;

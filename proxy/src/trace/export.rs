@@ -78,7 +78,7 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
     list.split(',')
         .filter(|pair| !pair.trim().is_empty())
         .map(|pair| {
-            // Named by the variable it came from: the error's prefix names the endpoint's.
+            // Named by the variable it came from: nothing else names it ([`check_headers`]).
             let bad = |why: &str| format!("{source}'s OTLP export header {pair:?}: {why}");
             let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
             let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;

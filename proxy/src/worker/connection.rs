@@ -74,6 +74,19 @@ pub struct Context {
 /// the queue uses up, and no client can get a worker killed that way.
 pub const HUNG_MARGIN: Duration = Duration::from_secs(1);
 
+/// How long a worker may hold its work before it is hung, and where that limit came from (said
+/// in the reason when it passes: without the flag it differs from batch to batch):
+/// `--batch-timeout-ms`, else `allowance` (the longest its jobs' routes allow) and the margin.
+pub(super) fn hung_limit(
+    batch_timeout: Option<Duration>,
+    allowance: Duration,
+) -> (Duration, &'static str) {
+    match batch_timeout {
+        Some(limit) => (limit, "--batch-timeout-ms"),
+        None => (allowance + HUNG_MARGIN, "its jobs' time and 1 s"),
+    }
+}
+
 /// The most workers connected at once that Corral did not spawn, across its stages: each holds
 /// a descriptor, buffers and a task, and a peer saying hello on connection after connection had
 /// taken the descriptors HTTP needs. Kept room for under the open-file limit
@@ -383,15 +396,9 @@ async fn work(
             let alone = crate::stage::goes_alone(&front.jobs);
             let may_prefetch = prefetch && in_flight.len() < 2 && !alone;
             // From when the worker could start on the batch (one sent ahead: once it was done
-            // with the one before), for `--batch-timeout-ms` or as long as the jobs' routes
-            // allow. The limit is said when it passes: it differs from batch to batch.
-            let (limit, whose) = match stage.settings().batch_timeout {
-                Some(limit) => (limit, "--batch-timeout-ms"),
-                None => {
-                    let allowance = front.jobs.iter().map(|job| job.allowance).max();
-                    (allowance.unwrap_or_default() + HUNG_MARGIN, "its jobs' time and 1 s")
-                }
-            };
+            // with the one before).
+            let allowance = front.jobs.iter().map(|job| job.allowance).max().unwrap_or_default();
+            let (limit, whose) = hung_limit(stage.settings().batch_timeout, allowance);
             let hung_at = front.sent.max(last_done) + limit;
             // Biased, results first: after a long write the results and an expired hung timer
             // can be ready together, and a worker that answered is not hung.

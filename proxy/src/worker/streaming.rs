@@ -23,7 +23,7 @@ use futures_util::StreamExt;
 use tokio::time::Instant;
 
 use super::connection::{
-    died, idle, protocol_error, read_error, send, Context, Ended, Worker, HUNG_MARGIN,
+    died, hung_limit, idle, protocol_error, read_error, send, Context, Ended, Worker, HUNG_MARGIN,
 };
 use super::departures::Departures;
 use super::outbox::{Delivery, Outbox};
@@ -40,6 +40,9 @@ use crate::trace;
 /// Longer than any stream a clock here counts to: further is as good as never, and kept from
 /// the end of the clock's range.
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
+
+/// Why a worker holding a job past its stream timeout (and the limit past it) is hung.
+const OVERDUE: &str = "the streaming worker held a job past its stream timeout";
 
 /// The clocks of [`State::clocks`].
 struct Clocks {
@@ -133,16 +136,13 @@ pub(super) async fn work(
         } else {
             // One pass over the held jobs per frame, for all three clocks.
             let clocks = state.clocks();
-            let (silence, whose) = match stage.settings().batch_timeout {
-                Some(limit) => (limit, "--batch-timeout-ms"),
-                None => (clocks.silence + HUNG_MARGIN, "its jobs' time and 1 s"),
-            };
+            let (silence, whose) = hung_limit(stage.settings().batch_timeout, clocks.silence);
             let silent_at = heard + silence;
             // Why, if the timer fires: said then (the limit in it differs from frame to frame).
             let overdue_first = clocks.overdue.filter(|&overdue| overdue < silent_at);
             let hung_at = overdue_first.unwrap_or(silent_at);
             let why = || match overdue_first {
-                Some(_) => "the streaming worker held a job past its stream timeout".to_string(),
+                Some(_) => OVERDUE.to_string(),
                 None => format!(
                     "the streaming worker sent nothing past its limit of {} ms ({whose})",
                     silence.as_millis()
@@ -155,8 +155,7 @@ pub(super) async fn work(
             // a frame.
             let now = Instant::now();
             if clocks.overdue.is_some_and(|overdue| now >= overdue) {
-                let why = "the streaming worker held a job past its stream timeout";
-                break Ended::Failed { reason: WorkerFailure::Hung, why: why.into() };
+                break Ended::Failed { reason: WorkerFailure::Hung, why: OVERDUE.into() };
             }
             if stream_end.is_some_and(|end| now >= end) {
                 state.end_streams(now);
@@ -471,18 +470,18 @@ impl State {
         // with the others the worker held.
         let mut seen = HashSet::with_capacity(results.results.len());
         for (index, result) in results.results.iter().enumerate() {
-            let what = if !self.held.contains_key(&result.id) {
-                "is for a job not held"
-            } else if !seen.insert(result.id) {
-                "answers a job answered before in the frame"
-            } else if result.status == ResultStatus::Ok
-                && result.data.is_none()
-                && !self.held[&result.id].cancelled
-            {
+            let what = match self.held.get(&result.id) {
+                None => "is for a job not held",
+                Some(_) if !seen.insert(result.id) => "answers a job answered before in the frame",
                 // (Any status answers a cancel, an `ok` without data too.)
-                "is ok without data"
-            } else {
-                continue;
+                Some(held)
+                    if result.status == ResultStatus::Ok
+                        && result.data.is_none()
+                        && !held.cancelled =>
+                {
+                    "is ok without data"
+                }
+                Some(_) => continue,
             };
             return Err(protocol_error(format!("the result at index {index} of the frame {what}")));
         }
