@@ -18,7 +18,7 @@ import pytest
 
 from conftest import ROOT
 from test_failures import received
-from test_http_edge import H2, connect, read_all
+from test_http_edge import H2, connect, read_all, read_answer
 
 WARM = str(ROOT / "tests" / "workers" / "warm.py")
 
@@ -54,18 +54,6 @@ def test_sigterm_lets_jobs_in_flight_finish(corral_factory, tmp_path, stop):
     assert not any("did not exit" in line for line in proxy.lines)
 
 
-def one_answer(conn) -> bytes:
-    """One HTTP/1.1 answer of known length, read whole, leaving the connection open."""
-    answer = b""
-    while b"\r\n\r\n" not in answer:
-        answer += conn.recv(65536)
-    head, body = answer.split(b"\r\n\r\n", 1)
-    length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))
-    while len(body) < length:
-        body += conn.recv(65536)
-    return head
-
-
 @pytest.mark.parametrize("connections", ["new", "kept_alive"])
 def test_requests_waiting_unread_at_the_signal_are_answered_not_reset(corral_factory, connections):
     """Requests sent but not yet read when the drain begins: on connections still in the
@@ -83,7 +71,8 @@ def test_requests_waiting_unread_at_the_signal_are_answered_not_reset(corral_fac
         kept = [connect(proxy) for _ in range(20)]
         for conn in kept:
             conn.sendall(request)
-            assert one_answer(conn).startswith(b"HTTP/1.1 200")
+            head, _, rest = read_answer(conn)
+            assert head.startswith(b"HTTP/1.1 200") and not rest
     proxy.proc.send_signal(signal.SIGSTOP)
     try:
         waiting = kept or [connect(proxy) for _ in range(100)]
