@@ -1,7 +1,7 @@
 """The per-job steps around ``forward`` that the plain and the streaming serve paths share, here
 so that each of their rules is written once: :func:`prepare` decodes and preprocesses a batch's
 jobs one at a time before ``forward``, and the function that :func:`answerer` makes postprocesses
-and encodes each output after it (or each chunk of a stream) into its job's answer. ``_worker``
+and encodes each output after it (or each chunk of a stream) into its job's answer. ``_plain``
 (a plain ``forward``) and ``_streaming`` (a generator) both go through them, so both call the
 same hooks (one the worker does not override is skipped), set ``deadline`` and ``content_type``
 alike while a hook runs (the item's own; between items ``math.inf`` and ``None``: :func:`clear`),
@@ -10,7 +10,7 @@ and answer a failing item on its own (``invalid`` or ``error``) while its batch-
 
 What this module uses of a worker is :class:`Hooks`, a Protocol that ``_worker.Worker``
 satisfies, and ``Worker`` marks its pass-through hooks with :func:`passes_through`: this module
-imports neither ``_worker`` nor ``_streaming``, both of which import it.
+imports none of ``_worker``, ``_plain`` and ``_streaming``, which import it.
 """
 
 from __future__ import annotations

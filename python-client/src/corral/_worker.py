@@ -1,7 +1,8 @@
-"""The :class:`Worker` base class: per-item hooks around a batched ``forward``, turning one
-batch's jobs into their results, and starting a worker (options, warm-up). The connection itself
-is ``_serve``'s; payload decoding and output encoding are ``_typing``'s; the per-job steps around
-``forward`` (each job prepared before it, each output answered after it) are ``_batch``'s.
+"""The :class:`Worker` base class: per-item hooks around a batched ``forward``, and starting a
+worker (options, warm-up, the hello). The connection itself is ``_serve``'s; a plain batch's path
+from jobs to results is ``_plain``'s, a streaming one's ``_streaming``'s; payload decoding and
+output encoding are ``_typing``'s; the per-job steps around ``forward`` (each job prepared before
+it, each output answered after it) are ``_batch``'s.
 
 Each job's payload is decoded on its own, so one undecodable or invalid item is answered alone
 (422) and never costs its batch-mates their results. Only an exception in ``forward`` itself,
@@ -25,21 +26,20 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence, Set
+from collections.abc import Callable, Sequence, Set
 from typing import Any, ClassVar
 
 from corral import (
     _allocator,
     _batch,
     _declarations,
-    _failures,
     _logging,
+    _plain,
     _process_end,
     _serve,
     _shared_memory,
     _streaming,
     _tensors,
-    _tracing,
     _typing,
 )
 from corral import _protocol as protocol
@@ -294,7 +294,7 @@ class Worker:
             log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
         _batch.warm_up_batch(self, count)
-        outputs = list(_outputs(self.forward(inputs)))
+        outputs = list(_plain.outputs(self.forward(inputs)))
         if len(outputs) != count:
             raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
         for output in outputs:
@@ -374,112 +374,10 @@ class Worker:
         return self.deadline - time.monotonic()
 
     def _corral_process(self, jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One result per job of a batch (the protocol's ``results`` list; a plain worker).
-        Named ``_corral_*``, as the package's other batch methods: a subclass's own helper
-        named ``process`` once replaced it, and every batch failed."""
-        answers, inputs, deadlines = _batch.prepare(self, jobs)
-        positions = [position for position, answer in enumerate(answers) if answer is None]
-        if inputs:
-            self._corral_forward(jobs, inputs, positions, answers, deadlines)
-        _batch.clear(self)
-        return [a for a in answers if a is not None]
-
-    def _corral_forward(
-        self,
-        jobs: list[dict[str, Any]],
-        inputs: list[Any],
-        positions: list[int],
-        answers: list[dict[str, Any] | None],
-        deadlines: list[float],
-    ) -> None:
-        """``forward`` on the prepared inputs (the jobs at ``positions``), and each output's
-        answer into ``answers``; every one of them an error if ``forward`` fails."""
-        self.deadlines = [deadlines[p] for p in positions]
-        # The batch's last deadline: once `remaining()` is not positive, none of it can make it.
-        self.deadline = max(self.deadlines)
-        content_types = [jobs[p].get("content_type") for p in positions]  # checked in prepare
-        self.content_types = content_types
-        count = len(positions)  # not len(inputs): forward may consume or pad its list
-        try:
-            with _tracing.batch([jobs[p] for p in positions]):
-                outputs = list(_outputs(self.forward(inputs)))
-            if len(outputs) != count:
-                raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
-        except (SystemExit, KeyboardInterrupt) as e:
-            # Raised by the model or a library (sys.exit), it stops the worker: say where, or
-            # the log shows only a worker gone and its batch retried elsewhere.
-            _failures.stopping("forward", e)
-            raise
-        except BaseException as e:
-            _failures.failed("forward", e, [jobs[p]["id"] for p in positions])
-            message = _describe(e)
-            for position in positions:
-                answers[position] = protocol.error(jobs[position]["id"], message)
-            return
-        answer = _batch.answerer(self)
-        for position, content_type, output in zip(positions, content_types, outputs):
-            job = jobs[position]
-            answers[position] = answer(job["id"], deadlines[position], content_type, output, job)
-
-
-def _outputs(returned: Any) -> Any:
-    """What ``forward`` returned, if it can be its outputs (one per input, in order); refused
-    with the fix where it cannot, rather than read item by item into wrong answers:
-
-    - a coroutine (a wrapper that returns an ``async def``'s call), closed first;
-    - a generator: a ``forward`` that yields, under a decorator that hides it (no
-      ``functools.wraps``), so the worker was not made a streaming one; each step would have
-      been taken as one item's whole answer, the batch's tokens mixed across its clients;
-    - a mapping (a model's output of named batched arrays), a string or bytes: iterating them
-      gives keys or characters;
-    - a set: it has no order, so its outputs went to other clients' inputs (7 of 8 clients got
-      another's answer);
-    - a data frame (pandas', polars': anything with ``columns``): iterating it gives its column
-      names, which had gone to the clients as their answers, with 200;
-    - anything that is not iterable (``None``, a number)."""
-    if inspect.iscoroutine(returned) or inspect.isasyncgen(returned):
-        if inspect.iscoroutine(returned):
-            returned.close()
-        raise TypeError(
-            "forward returned a coroutine: it must return the outputs (run an async model "
-            "with asyncio.run)"
-        )
-    # The hidden forward's own generator (its code is named so); a generator expression or a
-    # helper generator returned from a plain forward is read into its outputs, as ever.
-    if inspect.isgenerator(returned) and returned.gi_code.co_name == "forward":
-        returned.close()
-        raise TypeError(
-            "forward returned a generator, but the worker does not stream: a decorator around "
-            "a generator forward must keep it visible (functools.wraps); to return outputs, "
-            "return a list"
-        )
-    if isinstance(returned, (Mapping, str, bytes, bytearray)):
-        hint = (
-            f" (keys {', '.join(map(repr, list(returned)[:3]))}): return one output per input, "
-            "e.g. a list of dicts, or the batched array itself"
-            if isinstance(returned, Mapping)
-            else ": return a list with one output per input"
-        )
-        raise TypeError(f"forward returned a {type(returned).__name__}{hint}")
-    if hasattr(returned, "columns") and not isinstance(returned, Sequence):
-        raise TypeError(
-            f"forward returned a {type(returned).__name__}: iterating it gives its column "
-            "names, not one output per input; return one per row, e.g. "
-            "frame.to_dict('records') (pandas) or frame.to_dicts() (polars)"
-        )
-    if isinstance(returned, (set, frozenset)):
-        raise TypeError(
-            f"forward returned a {type(returned).__name__}, which has no order: return a list "
-            "with one output per input, in the inputs' order"
-        )
-    try:
-        iter(returned)  # what list() takes: `__iter__`, or a sequence's `__getitem__`
-    except TypeError:
-        raise TypeError(
-            f"forward returned {type(returned).__name__}, not its outputs: return a list with "
-            "one output per input"
-        ) from None
-    return returned
+        """One result per job of a batch (the protocol's ``results`` list; a plain worker:
+        ``_plain``'s path). Named ``_corral_*``, as the package's other batch methods: a
+        subclass's own helper named ``process`` once replaced it, and every batch failed."""
+        return _plain.process(self, jobs)
 
 
 def _options_from_argv() -> argparse.Namespace:
