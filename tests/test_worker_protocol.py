@@ -834,7 +834,7 @@ def test_a_streaming_worker_holding_a_job_past_its_stream_timeout_is_hung(corral
         except (BrokenPipeError, ConnectionResetError):
             pass  # the proxy closed the connection: the worker is hung
         assert response.result().status_code == 200  # its stream had begun
-        proxy.wait_for_log(r"held a job past its stream timeout")
+        proxy.wait_for_log(r"held a job past its stream timeout of 500 ms by more than 1500 ms")
         assert proxy.metric("corral_worker_failures_total", stage="default", reason="hung") == 1
     finally:
         worker.close()

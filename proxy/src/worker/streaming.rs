@@ -41,13 +41,28 @@ use crate::trace;
 /// the end of the clock's range.
 const YEAR: Duration = Duration::from_secs(365 * 86_400);
 
-/// Why a worker holding a job past its stream timeout (and the limit past it) is hung.
-const OVERDUE: &str = "the streaming worker held a job past its stream timeout";
+/// Why a worker holding a job past its stream timeout (and the allowance past it, [`Overdue`])
+/// is hung.
+fn overdue_why(stream_timeout: Duration, overdue: &Overdue) -> String {
+    format!(
+        "the streaming worker held a job past its stream timeout of {} ms by more than {} ms",
+        stream_timeout.min(YEAR).as_millis(),
+        overdue.past.as_millis()
+    )
+}
+
+/// When the earliest held job is overdue ([`Held::overdue`]), and how long past its stream
+/// timeout that is (said in the reason: it differs from job to job with their routes).
+#[derive(Clone, Copy)]
+struct Overdue {
+    at: Instant,
+    past: Duration,
+}
 
 /// The clocks of [`State::clocks`].
 struct Clocks {
     silence: Duration,
-    overdue: Option<Instant>,
+    overdue: Option<Overdue>,
     stream_end: Option<Instant>,
 }
 
@@ -71,8 +86,8 @@ struct Held {
     silence: Duration,
     /// When the worker is hung if it still holds the job, however lively: its stream timeout
     /// from its arrival, plus its silence allowance (or `--batch-timeout-ms`, if longer) and the
-    /// margin to end it ([`State::clocks`]).
-    overdue: Instant,
+    /// margin to end it ([`State::clocks`]); `past` is what comes after the stream timeout.
+    overdue: Overdue,
     /// The worker was told to stop it (`cancel`): once is enough. A bad chunk's cancel was
     /// followed by a second one when its client's answer ended before the worker's `end` came.
     cancelled: bool,
@@ -139,10 +154,11 @@ pub(super) async fn work(
             let (silence, whose) = hung_limit(stage.settings().batch_timeout, clocks.silence);
             let silent_at = heard + silence;
             // Why, if the timer fires: said then (the limit in it differs from frame to frame).
-            let overdue_first = clocks.overdue.filter(|&overdue| overdue < silent_at);
-            let hung_at = overdue_first.unwrap_or(silent_at);
+            let stream_timeout = state.stream_timeout;
+            let overdue_first = clocks.overdue.filter(|overdue| overdue.at < silent_at);
+            let hung_at = overdue_first.map_or(silent_at, |overdue| overdue.at);
             let why = || match overdue_first {
-                Some(_) => OVERDUE.to_string(),
+                Some(overdue) => overdue_why(stream_timeout, &overdue),
                 None => format!(
                     "the streaming worker sent nothing past its limit of {} ms ({whose})",
                     silence.as_millis()
@@ -154,8 +170,9 @@ pub(super) async fn work(
             // stop coming would keep them from firing there. They are looked at here too, once
             // a frame.
             let now = Instant::now();
-            if clocks.overdue.is_some_and(|overdue| now >= overdue) {
-                break Ended::Failed { reason: WorkerFailure::Hung, why: OVERDUE.into() };
+            if let Some(overdue) = clocks.overdue.filter(|overdue| now >= overdue.at) {
+                let why = overdue_why(stream_timeout, &overdue);
+                break Ended::Failed { reason: WorkerFailure::Hung, why };
             }
             if stream_end.is_some_and(|end| now >= end) {
                 state.end_streams(now);
@@ -278,9 +295,10 @@ impl State {
             // the time the job spent queued.
             let silence = job.allowance;
             let allowance = self.batch_timeout.map_or(silence, |limit| limit.max(silence));
-            let lasts = self.stream_timeout.saturating_add(allowance).saturating_add(HUNG_MARGIN);
+            let past = allowance.saturating_add(HUNG_MARGIN);
             // (A stream timeout of years is as good as none, and kept from the clock's end.)
-            let overdue = job.arrived + lasts.min(YEAR);
+            let at = job.arrived + self.stream_timeout.saturating_add(past).min(YEAR);
+            let overdue = Overdue { at, past };
             let held = Held {
                 job: Some(job),
                 frame: sent.frame,
@@ -313,7 +331,8 @@ impl State {
         let mut clocks = Clocks { silence: Duration::ZERO, overdue: None, stream_end: None };
         for held in self.held.values() {
             clocks.silence = clocks.silence.max(held.silence);
-            clocks.overdue = Some(clocks.overdue.map_or(held.overdue, |at| at.min(held.overdue)));
+            let earlier = clocks.overdue.filter(|overdue| overdue.at <= held.overdue.at);
+            clocks.overdue = Some(earlier.unwrap_or(held.overdue));
             let going = held.job.as_ref().filter(|job| job.stream.is_some());
             if let Some(job) = going.filter(|job| !job.left.is_cancelled()) {
                 let end = self.ends(job);
