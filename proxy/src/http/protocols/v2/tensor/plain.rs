@@ -120,7 +120,11 @@ fn walk<'a>(
                 None => return Err("a string that is not UTF-8".into()),
             },
             ValueRef::Binary(b) => Element::Bytes(b),
-            other => return Err(format!("{other} is not a tensor element")),
+            // Named by kind in JSON's words, as the JSON form's own check says it, and never
+            // quoted: a map's contents are another client's output.
+            ValueRef::Nil => return Err("null is not a tensor element".into()),
+            ValueRef::Map(_) => return Err("an object is not a tensor element".into()),
+            _ => return Err("an extension value is not a tensor element".into()),
         };
         return leaf(element);
     };
@@ -417,6 +421,17 @@ mod tests {
         assert!(row(&ragged, None).unwrap_err().contains("unevenly"));
         let words = plain(serde_json::json!(["a", 1]));
         assert!(row(&words, None).is_err());
+    }
+
+    #[test]
+    fn an_element_that_is_no_tensor_element_is_named_by_kind_never_quoted() {
+        let null = plain(serde_json::json!([1, null]));
+        assert_eq!(row(&null, None).unwrap_err(), "null is not a tensor element");
+        let object = plain(serde_json::json!([{"secret": "alice"}]));
+        assert_eq!(row(&object, None).unwrap_err(), "an object is not a tensor element");
+        let mut ext = vec![0x91]; // [ext 8 of type 5, one byte]
+        ext.extend([0xd4, 5, 0]);
+        assert_eq!(row(&ext, None).unwrap_err(), "an extension value is not a tensor element");
     }
 
     #[test]
