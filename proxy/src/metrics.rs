@@ -23,6 +23,55 @@ const SECONDS_BUCKETS: &[f64] = &[
 const BATCH_SIZE_BUCKETS: &[f64] =
     &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0, 4096.0];
 
+/// Where a job that ended unanswered was (the `where` label of `corral_jobs_expired_total` and
+/// `corral_jobs_cancelled_total`): a type rather than words at each count, so that every value is
+/// made at 0 from the start ([`outcome_series`]) and none is spelled two ways.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Place {
+    Queue,
+    Worker,
+}
+
+impl Place {
+    pub const ALL: [Place; 2] = [Place::Queue, Place::Worker];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Place::Queue => "queue",
+            Place::Worker => "worker",
+        }
+    }
+}
+
+/// Why a stream ended before its worker ended it (the `reason` label of
+/// `corral_streams_cancelled_total`), a type for the same reason as [`Place`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamCut {
+    /// Its stream timeout ran out.
+    Deadline,
+    /// Its client went away.
+    ClientLeft,
+    /// Its client read too slowly to keep up.
+    SlowClient,
+}
+
+impl StreamCut {
+    pub const ALL: [StreamCut; 3] =
+        [StreamCut::Deadline, StreamCut::ClientLeft, StreamCut::SlowClient];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            StreamCut::Deadline => "deadline",
+            StreamCut::ClientLeft => "client_left",
+            StreamCut::SlowClient => "slow_client",
+        }
+    }
+}
+
+/// The shed reason (and the error code) of a connection refused because the server holds as
+/// many as it may; counted without a class, as no request was read.
+pub const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
+
 /// The `stage` label of workers refused for naming no stage this proxy serves: a worker's claim
 /// must not grow the label set, so no stage may be called this.
 pub const UNKNOWN_STAGE: &str = "unknown";
@@ -36,10 +85,11 @@ pub struct Metrics {
     /// Jobs (and connections) refused with 503, by reason (`queue_full`,
     /// `deadline_unreachable`, `tenant_quota`, `shutting_down`, `too_many_connections`) and class.
     pub shed: IntCounterVec,
-    /// Jobs answered 408, by where they were (`queue`, `worker`).
-    pub expired: IntCounterVec,
-    /// Jobs whose client left before the answer, by where they were (`queue`, `worker`).
-    pub cancelled: IntCounterVec,
+    /// Jobs answered 408, by where they were ([`Place`]; [`Metrics::expired`]).
+    expired: IntCounterVec,
+    /// Jobs whose client left before the answer, by where they were ([`Place`];
+    /// [`Metrics::cancelled`]).
+    cancelled: IntCounterVec,
     /// Results that came back after their job's deadline and were dropped.
     pub late_results: IntCounter,
     /// Spans that were not exported: the export queue was full (a slow or dead collector) or
@@ -76,8 +126,8 @@ pub struct Metrics {
     pub chunks_sent: IntCounterVec,
     /// Streams open towards clients (SSE or NDJSON answers in progress).
     pub streams_open: prometheus::IntGauge,
-    /// Streams ended early, by reason (`client_left`, `deadline`, `slow_client`).
-    pub streams_cancelled: IntCounterVec,
+    /// Streams ended early, by reason ([`StreamCut`]; [`Metrics::stream_cut`]).
+    streams_cancelled: IntCounterVec,
     /// HTTP connections Corral closed on its own account, by reason (`malformed`,
     /// `head_timeout`, `stalled`): what `requests` cannot show.
     pub connections_closed: IntCounterVec,
@@ -147,15 +197,15 @@ fn outcome_series(m: &Metrics) {
             m.shed.with_label_values(&[code, class.label()]);
         }
     }
-    for code in ["too_many_connections", Shed::ShuttingDown.code()] {
+    for code in [TOO_MANY_CONNECTIONS, Shed::ShuttingDown.code()] {
         m.shed.with_label_values(&[code, ""]);
     }
-    for place in ["queue", "worker"] {
-        m.expired.with_label_values(&[place]);
-        m.cancelled.with_label_values(&[place]);
+    for place in Place::ALL {
+        m.expired(place);
+        m.cancelled(place);
     }
-    for reason in ["deadline", "client_left", "slow_client"] {
-        m.streams_cancelled.with_label_values(&[reason]);
+    for why in StreamCut::ALL {
+        m.stream_cut(why);
     }
 }
 
@@ -210,6 +260,21 @@ fn histogram(
 }
 
 impl Metrics {
+    /// The count of jobs answered 408 where they were.
+    pub fn expired(&self, place: Place) -> IntCounter {
+        self.expired.with_label_values(&[place.label()])
+    }
+
+    /// The count of jobs whose client left where they were.
+    pub fn cancelled(&self, place: Place) -> IntCounter {
+        self.cancelled.with_label_values(&[place.label()])
+    }
+
+    /// The count of streams ended early for this reason.
+    pub fn stream_cut(&self, why: StreamCut) -> IntCounter {
+        self.streams_cancelled.with_label_values(&[why.label()])
+    }
+
     fn new() -> Self {
         let r = Registry::new();
         let late = registered(

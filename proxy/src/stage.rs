@@ -38,7 +38,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::job::{Job, Outcome};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, Place};
 use crate::traffic::Class;
 use admission::Ahead;
 use arrivals::{Arrivals, Recent};
@@ -360,10 +360,10 @@ impl Queue {
 /// told) or cancelled (its client left).
 fn bury(job: Job, now: Instant) {
     if job.is_expired(now) {
-        metrics().expired.with_label_values(&["queue"]).inc();
+        metrics().expired(Place::Queue).inc();
         job.answer(Outcome::Expired);
     } else {
-        metrics().cancelled.with_label_values(&["queue"]).inc();
+        metrics().cancelled(Place::Queue).inc();
     }
 }
 

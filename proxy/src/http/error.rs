@@ -191,7 +191,8 @@ impl ApiError {
     /// ([`super::reserve`]). The connection closes after the answer.
     pub fn too_many_connections() -> Self {
         let message = "the proxy holds its maximum of connections";
-        let error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "too_many_connections", message);
+        let code = crate::metrics::TOO_MANY_CONNECTIONS;
+        let error = Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message);
         Self { retry_after: Some(1), close: true, ..error }
     }
 

@@ -28,7 +28,7 @@ use super::error::ApiError;
 use super::events::Framing;
 use super::{shed_error, App, Body, Route};
 use crate::job::{Outcome, Reply};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, StreamCut};
 use crate::pipeline::{self, Input};
 use crate::stream::{self as chunks, ChunkSource};
 use crate::timing;
@@ -297,7 +297,7 @@ impl Events {
 
     /// The stream timeout's error event, counted as a stream cut at its deadline.
     fn timed_out(&self) -> Bytes {
-        metrics().streams_cancelled.with_label_values(&["deadline"]).inc();
+        metrics().stream_cut(StreamCut::Deadline).inc();
         self.framing.error(&ApiError::stream_timeout(self.stream_timeout))
     }
 
@@ -404,7 +404,7 @@ impl Drop for Open {
     fn drop(&mut self) {
         metrics().streams_open.dec();
         if !self.finished {
-            metrics().streams_cancelled.with_label_values(&["client_left"]).inc();
+            metrics().stream_cut(StreamCut::ClientLeft).inc();
         }
     }
 }
@@ -441,7 +441,7 @@ mod tests {
         let (_answer, reply) = oneshot::channel();
         let mut events = sse(source, reply);
         let _counting = DEADLINE_COUNT.lock().await;
-        let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
+        let deadline = || metrics().stream_cut(StreamCut::Deadline).get();
         let before = deadline();
         tokio::time::advance(Duration::from_secs(1)).await;
         let event = events.end(Outcome::Ended);
@@ -459,7 +459,7 @@ mod tests {
         answer.send(Reply { outcome: Outcome::SlowClient, batch: None }).unwrap();
         let events = sse(source, reply);
         let _counting = DEADLINE_COUNT.lock().await;
-        let deadline = || metrics().streams_cancelled.with_label_values(&["deadline"]).get();
+        let deadline = || metrics().stream_cut(StreamCut::Deadline).get();
         let before = deadline();
         // The client reads again only past the stream's timeout.
         tokio::time::advance(Duration::from_secs(2)).await;

@@ -9,7 +9,7 @@ use tracing::debug;
 
 use crate::http::format;
 use crate::job::{Job, Outcome};
-use crate::metrics::metrics;
+use crate::metrics::{metrics, Place};
 use crate::msgpack;
 use crate::stage::WorkerSeat;
 
@@ -217,17 +217,18 @@ pub fn answer(job: Job, outcome: Outcome, now: Instant) {
         if ended_for_the_worker || (said_expired && streamed) {
             // A stream the worker gave up on after chunks: its client had a 200 stream, ended
             // by an error event; cancelled, as a streamed job past its deadline is.
-            metrics().cancelled.with_label_values(&["worker"]).inc();
+            metrics().cancelled(Place::Worker).inc();
         } else if said_expired {
-            metrics().expired.with_label_values(&["worker"]).inc();
+            metrics().expired(Place::Worker).inc();
         }
         return;
     }
     if ended_here {
         return;
     }
-    let place = if expired { &metrics().expired } else { &metrics().cancelled };
-    place.with_label_values(&["worker"]).inc();
+    let count =
+        if expired { metrics().expired(Place::Worker) } else { metrics().cancelled(Place::Worker) };
+    count.inc();
 }
 
 /// Answers a job with the result its worker sent: one that came after the job's deadline is
@@ -347,12 +348,12 @@ mod tests {
         // The client's timer has not fired yet (its handler has not run): it still listens.
         let (ran, mut client) = orphan(b"ran", 0, true);
         let late = metrics().late_results.get();
-        let expired = metrics().expired.with_label_values(&["worker"]).get();
+        let expired = metrics().expired(Place::Worker).get();
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);
         answer_result(ran.job, done, Instant::now() + Duration::from_secs(6));
         assert!(matches!(client.try_recv().map(|r| r.outcome), Ok(Outcome::Expired)));
         assert!(metrics().late_results.get() > late, "counted late");
-        assert!(metrics().expired.with_label_values(&["worker"]).get() > expired, "and expired");
+        assert!(metrics().expired(Place::Worker).get() > expired, "and expired");
         // Before its deadline, the result is the answer.
         let (ran, mut client) = orphan(b"ran", 0, true);
         let done = Outcome::Done(Bytes::from_static(b"\xc0"), None);

@@ -450,7 +450,7 @@ impl State {
                     Err(Refused::SlowClient) => {
                         let job = held.job.take().expect("checked above");
                         answer(job, Outcome::SlowClient, Instant::now());
-                        metrics().streams_cancelled.with_label_values(&["slow_client"]).inc();
+                        metrics().stream_cut(crate::metrics::StreamCut::SlowClient).inc();
                         slow.push(chunk.id);
                     }
                     // The client left: its `left` token tells the worker.
