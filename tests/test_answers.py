@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import msgpack
@@ -287,6 +288,50 @@ def test_many_items_in_msgpack(proxy):
     )
     assert response.status_code == 200
     assert [r["echo"] for r in msgpack.unpackb(response.content)] == [b"\x01", "two"]
+
+
+def test_many_items_in_msgpack_get_a_workers_tensors_as_plain_arrays(corral_factory):
+    # PROTOCOL.md: a tensor value that reaches a native client is written out as nested arrays
+    # of numbers. Items asked for as msgpack had gone out as the worker's ext values (and a
+    # malformed one with 200), while one item, or the same items as JSON, were written out.
+    import struct
+
+    from corral import _protocol as protocol
+    from test_worker_protocol import FakeWorker
+
+    proxy = corral_factory("--max-wait-ms=0", "--retries=0", worker=None)
+    worker = FakeWorker(proxy.socket)
+    proxy.wait_for_log(r"worker connected")
+
+    def tensor(values: list[float]) -> bytes:
+        data = struct.pack(f"<{len(values)}f", *values)
+        return msgpack.packb(
+            {"Y": msgpack.ExtType(1, msgpack.packb(["FP32", [len(values)], data]))}
+        )
+
+    def answered(outputs: list[bytes], accept: str) -> httpx.Response:
+        headers = {**MANY, "accept": accept}
+        with ThreadPoolExecutor(1) as pool:
+            response = pool.submit(proxy.post, list(range(len(outputs))), headers=headers)
+            jobs = []
+            while len(jobs) < len(outputs):
+                jobs += worker.receive()["jobs"]
+            worker.send(protocol.results([protocol.ok(j["id"], o) for j, o in zip(jobs, outputs)]))
+            return response.result()
+
+    try:
+        good = [tensor([1.0, 2.5]), tensor([-0.5])]
+        response = answered(good, "application/msgpack")
+        assert response.status_code == 200, response.text
+        assert msgpack.unpackb(response.content) == [{"Y": [1.0, 2.5]}, {"Y": [-0.5]}]
+        assert answered(good, "application/json").json() == [{"Y": [1.0, 2.5]}, {"Y": [-0.5]}]
+        malformed = msgpack.packb({"Y": msgpack.ExtType(1, b"ab")})
+        for accept in ("application/msgpack", "application/json"):
+            body = assert_error(answered([good[0], malformed], accept), 500, "bad_output")
+            assert [(i["index"], i["error"]) for i in body["items"]] == [(1, "bad_output")]
+            assert "tensor value that is not well formed" in body["items"][0]["message"]
+    finally:
+        worker.close()
 
 
 def test_many_items_with_a_failure_list_each_failed_index(proxy):

@@ -55,22 +55,27 @@ pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
 pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiError> {
     let written: Vec<Result<Bytes, ApiError>> = outcomes
         .into_iter()
-        .map(|outcome| match (outcome, format) {
-            // The array is one level more: a result nested as deep as Corral reads anything
-            // would make an answer it would not read itself (the fuzzer found it).
-            (Outcome::Done(data, _), Format::Msgpack) if msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH => {
-                let message = format!(
-                    "the worker's output is nested {} levels deep: it cannot be an item of the answer's array",
-                    msgpack::MAX_DEPTH
-                );
-                Err(ApiError::internal("unrepresentable_output", message))
+        .map(|outcome| match outcome {
+            // Asked by a native client, which may ask for msgpack instead: in either format its
+            // tensor values written out as plain arrays, as a single item's are (in msgpack
+            // they had gone out as the worker's ext values, a malformed one with 200).
+            Outcome::Done(data, _) => {
+                let data = format::from_msgpack(format, data)
+                    .map_err(format::unrepresentable_for_native)?;
+                if format == Format::Msgpack && msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH {
+                    // The array is one level more: a result nested as deep as Corral reads
+                    // anything would make an answer it would not read itself (the fuzzer
+                    // found it).
+                    let message = format!(
+                        "the worker's output is nested {} levels deep: it cannot be an item of \
+                         the answer's array",
+                        msgpack::MAX_DEPTH
+                    );
+                    return Err(ApiError::internal("unrepresentable_output", message));
+                }
+                Ok(data)
             }
-            (Outcome::Done(data, _), Format::Msgpack) => Ok(data),
-            // Asked by a native client, which may ask for msgpack instead.
-            (Outcome::Done(data, _), Format::Json) => {
-                format::from_msgpack(Format::Json, data).map_err(format::unrepresentable_for_native)
-            }
-            (other, _) => Err(ApiError::from_outcome(other)),
+            other => Err(ApiError::from_outcome(other)),
         })
         .collect();
     let failed: Vec<(usize, &ApiError)> = written
