@@ -48,33 +48,56 @@ pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
     Ok(Some(map.slice(map.len() - value.len()..map.len() - rest.len())))
 }
 
-/// The array of results in `format`, or the error answer described above. For JSON each result
-/// is written out here, so that one with no JSON form (NaN, a map key that is not a string) is a
+/// The array of results in `format` for a native client, or the error answer described above.
+/// Each result is written out here, as a single item's is: its tensor values as plain arrays (in
+/// msgpack they had gone out as the worker's ext values, a malformed one with 200), and for JSON
+/// its whole form, so that one with no JSON form (NaN, a map key that is not a string) is a
 /// failed element of its own (500 `unrepresentable_output`, listed with the others), not the
 /// whole request's 500 with its other results dropped.
 pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiError> {
+    gather(outcomes, format, |data| {
+        let data =
+            format::from_msgpack(format, data).map_err(format::unrepresentable_for_native)?;
+        match format {
+            Format::Msgpack => within_depth(data),
+            Format::Json => Ok(data),
+        }
+    })
+}
+
+/// The results as their workers sent them, in one msgpack array, or the error answer described
+/// above: for an envelope that writes its answer out itself, once for the whole array (KServe
+/// v1's predictions).
+pub fn as_sent(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
+    gather(outcomes, Format::Msgpack, within_depth)
+}
+
+/// A result that may be an element of a msgpack array: the array is one level more, and a
+/// result nested as deep as Corral reads anything would make an answer it would not read itself
+/// (the fuzzer found it).
+fn within_depth(data: Bytes) -> Result<Bytes, ApiError> {
+    if msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH {
+        let message = format!(
+            "the worker's output is nested {} levels deep: it cannot be an item of the answer's \
+             array",
+            msgpack::MAX_DEPTH
+        );
+        return Err(ApiError::internal("unrepresentable_output", message));
+    }
+    Ok(data)
+}
+
+/// The array of the results, each written by `write`, in `format`; or the first failure's
+/// answer, listing every one.
+fn gather(
+    outcomes: Vec<Outcome>,
+    format: Format,
+    write: impl Fn(Bytes) -> Result<Bytes, ApiError>,
+) -> Result<Bytes, ApiError> {
     let written: Vec<Result<Bytes, ApiError>> = outcomes
         .into_iter()
         .map(|outcome| match outcome {
-            // Asked by a native client, which may ask for msgpack instead: in either format its
-            // tensor values written out as plain arrays, as a single item's are (in msgpack
-            // they had gone out as the worker's ext values, a malformed one with 200).
-            Outcome::Done(data, _) => {
-                let data = format::from_msgpack(format, data)
-                    .map_err(format::unrepresentable_for_native)?;
-                if format == Format::Msgpack && msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH {
-                    // The array is one level more: a result nested as deep as Corral reads
-                    // anything would make an answer it would not read itself (the fuzzer
-                    // found it).
-                    let message = format!(
-                        "the worker's output is nested {} levels deep: it cannot be an item of \
-                         the answer's array",
-                        msgpack::MAX_DEPTH
-                    );
-                    return Err(ApiError::internal("unrepresentable_output", message));
-                }
-                Ok(data)
-            }
+            Outcome::Done(data, _) => write(data),
             other => Err(ApiError::from_outcome(other)),
         })
         .collect();

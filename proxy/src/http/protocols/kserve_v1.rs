@@ -269,7 +269,7 @@ fn lone_value(outcome: Outcome, name: &str) -> Outcome {
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
 pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
-    let mut predictions = items::assemble(outcomes, Format::Msgpack)?;
+    let mut predictions = items::as_sent(outcomes)?;
     // Bytes as TensorFlow Serving writes them (`b64`), tensors' `BYTES` elements that are not
     // UTF-8 included (expanded first: they are `bin`s then). Rewritten only where a walk finds
     // one: most answers hold none, and a copy of each (4 MB ones) would be for nothing.
