@@ -144,8 +144,11 @@ impl ApiError {
         Self::new(StatusCode::PAYLOAD_TOO_LARGE, "too_many_items", message)
     }
 
+    /// A job not answered in time. Said so that it is true however the job ended: at its
+    /// deadline, or skipped by a worker that found the deadline would pass before it could be
+    /// done (`expired`; "the deadline passed" was then false, with seconds still left).
     pub fn deadline_exceeded() -> Self {
-        let message = "the job's deadline passed before it was answered";
+        let message = "the job could not be answered within its deadline";
         Self::new(StatusCode::REQUEST_TIMEOUT, "deadline_exceeded", message)
     }
 
