@@ -147,6 +147,28 @@ def test_classification_is_refused_not_answered_with_the_raw_tensor(proxy):
     assert 'output "SUM" asks for classification' in str(refused.value)
 
 
+def test_a_sequence_is_refused_not_spread_over_workers_unseen(proxy):
+    # Triton's sequence batching keeps a stateful model's requests on one instance, in order;
+    # Corral batches each request on its own, and had answered a sequence's requests 200.
+    x, scale, words = rows(1)
+    with client(proxy) as c:
+        with pytest.raises(InferenceServerException) as refused:
+            c.infer("default", tensors(x, scale, words), sequence_id=5, sequence_start=True)
+        assert refused.value.status() == "400"
+        assert "names a sequence (sequence_id)" in str(refused.value)
+        # 0 is Triton's "no sequence" (tritonclient then sends none): served.
+        result = c.infer("default", tensors(x, scale, words), sequence_id=0)
+        np.testing.assert_allclose(result.as_numpy("SUM"), x.sum(axis=1, keepdims=True))
+    for no_sequence in (0, ""):
+        header = good()
+        header["parameters"] = {"sequence_id": no_sequence}
+        assert post(proxy, INFER, header).status_code == 200
+    header = good()
+    header["parameters"] = {"sequence_id": "session-7", "sequence_end": True}
+    answer = post(proxy, INFER, header)
+    assert answer.status_code == 400 and "names a sequence" in answer.json()["error"]
+
+
 def test_tritons_shared_memory_is_refused_naming_the_extension(proxy):
     # An input in a region came with no data ("has neither data nor binary_data_size"), and an
     # output asked for in one was written in the body, where its client does not look.

@@ -194,6 +194,25 @@ struct Parameters {
     /// output's client would read its region, which nothing wrote.
     #[serde(default)]
     shared_memory_region: Option<serde::de::IgnoredAny>,
+    /// Triton's sequence batching (`sequence_id`, what tritonclient's `sequence_id=` sends with
+    /// `sequence_start`/`sequence_end`): a stateful model's requests kept together, in order, on
+    /// one model instance. Corral batches each request on its own with any worker: refused, as
+    /// the client's sequence would be spread over workers unseen. 0 or `""` is Triton's "no
+    /// sequence", and passes.
+    #[serde(default)]
+    sequence_id: Option<serde_json::Value>,
+}
+
+impl Parameters {
+    /// Whether the request names a sequence (see `sequence_id`).
+    fn names_a_sequence(&self) -> bool {
+        match &self.sequence_id {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Number(id)) => id.as_u64() != Some(0),
+            Some(serde_json::Value::String(id)) => !id.is_empty(),
+            Some(_) => true,
+        }
+    }
 }
 
 /// An output the client asked for, and whether it wants it as binary data.
@@ -386,6 +405,12 @@ fn parse_reading(
         return Err(format!("{} bytes of binary data that no input claims", binary.len()));
     }
     let rows = check(&inputs, declared)?;
+    if header.parameters.names_a_sequence() {
+        return Err("the request names a sequence (sequence_id), Triton's sequence batching, \
+                    which Corral does not serve: each request is batched on its own, with no \
+                    state kept between requests"
+            .into());
+    }
     let binary_by_default = header.parameters.binary_data_output.unwrap_or(false);
     let outputs = header
         .outputs
