@@ -11,7 +11,9 @@
 //!
 //! A value that does not parse, or is not positive, is a 400 naming the header: a deadline the
 //! caller meant but Corral misread would be worse than none. A header sent more than once
-//! counts each time (the earliest wins, and each must parse).
+//! counts each time (the earliest wins, and each must parse), and so does each value of one
+//! field holding several separated by commas: the same header folded into one line, as HTTP
+//! lets a proxy on the way do (RFC 9110 §5.3).
 
 use std::time::Duration;
 
@@ -50,13 +52,17 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
         // Every field of a repeated header: a gateway that adds its own shorter deadline
         // after the client's was ignored (only the first field was read).
         for value in headers.get_all(name) {
-            let timeout = value
-                .to_str()
-                .ok()
-                .and_then(|v| parse(v.trim()))
-                .filter(|t| !t.is_zero())
-                .ok_or_else(|| ApiError::bad_request(format!("{name} must be {expected}")))?;
-            earliest = Some(earliest.map_or(timeout, |e| e.min(timeout)));
+            let bad = || ApiError::bad_request(format!("{name} must be {expected}"));
+            let value = value.to_str().map_err(|_| bad())?;
+            // Empty list elements are no value (RFC 9110 §5.6.1); a field of none is a 400.
+            let mut values = value.split(',').map(str::trim).filter(|v| !v.is_empty()).peekable();
+            if values.peek().is_none() {
+                return Err(bad());
+            }
+            for value in values {
+                let timeout = parse(value).filter(|t| !t.is_zero()).ok_or_else(bad)?;
+                earliest = Some(earliest.map_or(timeout, |e| e.min(timeout)));
+            }
         }
     }
     Ok(earliest)
@@ -143,6 +149,21 @@ mod tests {
         assert_eq!(requested(&grpc).unwrap(), Some(Duration::from_millis(100)));
         let bad = headers(&[(TIMEOUT_HEADER, "100"), (TIMEOUT_HEADER, "abc")]);
         assert!(requested(&bad).unwrap_err().message.contains(TIMEOUT_HEADER));
+    }
+
+    #[test]
+    fn a_header_folded_into_one_field_counts_each_value() {
+        // The two fields above as a proxy may fold them: it had been a 400.
+        let folded = headers(&[(TIMEOUT_HEADER, "5000, 100")]);
+        assert_eq!(requested(&folded).unwrap(), Some(Duration::from_millis(100)));
+        let envoy = headers(&[(ENVOY_HEADER, "100,50 ,")]);
+        assert_eq!(requested(&envoy).unwrap(), Some(Duration::from_millis(50)), "empty: none");
+        let grpc = headers(&[(GRPC_HEADER, "5S,100m")]);
+        assert_eq!(requested(&grpc).unwrap(), Some(Duration::from_millis(100)));
+        for bad in ["100, abc", ",", " , ", "100, 0"] {
+            let error = requested(&headers(&[(TIMEOUT_HEADER, bad)])).unwrap_err();
+            assert!(error.message.starts_with(TIMEOUT_HEADER), "{bad:?}: {}", error.message);
+        }
     }
 
     #[test]
