@@ -596,6 +596,23 @@ def test_a_file_s_socket_that_cannot_be_bound_is_a_config_error_naming_its_key(
     assert "listening" not in result.stderr
 
 
+def test_a_relative_socket_too_long_once_made_absolute_is_a_config_error(tmp_path):
+    # Short as written, long from the working directory: it passed the check, failed at bind
+    # (named `--socket` for a file's key), and the exit was 1 after HTTP was bound.
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    path = write(tmp_path, 'socket = "w.sock"\n[stages.a]\n')
+    length = len(str(deep / "w.sock"))
+    for args in (["--config", path], ["--socket", "w.sock"]):
+        command = [BINARY, "--listen", "127.0.0.1:0", *args]
+        result = subprocess.run(command, capture_output=True, text=True, timeout=30, cwd=deep)
+        assert result.returncode == 2, result.stderr
+        key = "socket" if args[0] == "--config" else "--socket"
+        said = f"{key}: w.sock: the path, made absolute, is {length} bytes long"
+        assert said in result.stderr, result.stderr
+        assert "listening" not in result.stderr
+
+
 def test_a_file_s_socket_overridden_by_the_flag_or_its_variable_is_not_checked(tmp_path):
     # A directory only production has (a container's volume): the override is what is bound.
     text = 'socket = "/nowhere/at/all/w.sock"\n[stages.a]\n'

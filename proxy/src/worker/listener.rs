@@ -204,6 +204,15 @@ pub fn path_problem(path: &Path) -> Option<String> {
     if length > MAX_PATH_BYTES {
         return Some(too_long("the path", length).to_string());
     }
+    // Bound as made absolute (`lib::absolute`, what spawned workers are told): a relative path
+    // short as written but long from the working directory passed here, and failed at bind,
+    // named `--socket` whatever it came from, with exit 1.
+    if path.is_relative() {
+        let length = std::env::current_dir().map_or(0, |dir| dir.join(path).as_os_str().len());
+        if length > MAX_PATH_BYTES {
+            return Some(too_long("the path, made absolute,", length).to_string());
+        }
+    }
     if path.as_os_str().as_encoded_bytes().ends_with(b"/") {
         // A directory's form: binding there failed with a bare "No such file or directory".
         return Some(
