@@ -460,7 +460,7 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             None,
             '--worker-env X: unknown placeholder "{rank}"',
         ),
-        (["--worker-env", "X={gpu}", *WORKER], None, "--worker-env X: {gpu} is used but"),
+        (["--worker-env", "X={gpu}", *WORKER], None, '--worker-env X: {gpu} is used but stage "'),
         (
             [],
             STAGE + f"cpus = [{CORE}]\n" + STAGE.replace(".s]", ".t]") + f"cpus = [{CORE}]\n"
@@ -515,13 +515,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         # A value from the command line is named as its flag, not put down to the file.
         (["--workers", "3", "--gpus", "0,1"], STAGE, "error: --workers: 3 workers, but --gpus"),
         (["--gpus", "0,0"], STAGE, "error: --gpus: device 0 is listed twice"),
-        (["--worker-env", "A={gpu}"], STAGE, "error: --worker-env A: {gpu} is used but"),
+        (["--worker-env", "A={gpu}"], STAGE, 'error: --worker-env A: {gpu} is used but stage "s"'),
         (
             ["--max-batch-bytes", "67103744"],
             STAGE + "max_batch_size = 4096\n",
             "error: --max-batch-bytes: 67103744 is not in",
         ),
-        ([], 'worker_env = ["A={gpu}"]\n' + STAGE, "c.toml: worker_env.A: {gpu} is used but"),
+        ([], 'worker_env = ["A={gpu}"]\n' + STAGE, 'worker_env.A: {gpu} is used but stage "s" has'),
         ([], 'socket = ""\n' + STAGE, "c.toml: socket: an empty path"),
         ([], "max_body_bytes = 0\n" + STAGE, "c.toml: max_body_bytes: must be at least 1"),
         (["--max-body-bytes", "0"], None, "--max-body-bytes"),

@@ -21,15 +21,26 @@ pub fn gpu_of(gpus: &[u32], per_gpu: u32, index: u32) -> Option<u32> {
     gpus.get((index / per_gpu.max(1)) as usize).copied()
 }
 
-/// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`); the problem if
-/// any. `{gpu}` needs devices.
-pub fn check(value: &str, has_gpus: bool) -> Result<(), String> {
+/// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`) for `stage`'s
+/// workers; the problem if any. `{gpu}` needs devices, and its error names the stage: a value
+/// every stage gets (`--worker-env`, the file's `worker_env`) left a two-stage file's user to
+/// guess which had none.
+pub fn check(value: &str, stage: &str, has_gpus: bool) -> Result<(), String> {
     if value.contains('\0') {
         // The worker could never be started: its spawn would fail on every restart.
         return Err("holds a NUL byte, which no environment variable can".into());
     }
-    expand(value, 0, has_gpus.then_some(0)).map(|_| ())
+    match expand(value, 0, has_gpus.then_some(0)) {
+        Err(problem) if problem == NO_GPUS => Err(format!(
+            "{{gpu}} is used but stage {stage:?} has no gpus (a value for only the stages with \
+             gpus goes in their own env)"
+        )),
+        other => other.map(|_| ()),
+    }
 }
+
+/// [`expand`]'s problem for `{gpu}` without a device.
+const NO_GPUS: &str = "{gpu} is used but the stage has no gpus";
 
 /// The value with its placeholders filled in for worker `index` on device `gpu`.
 pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, String> {
@@ -48,7 +59,7 @@ pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, Strin
             out.push_str(&index.to_string());
             rest = after;
         } else if let Some(after) = tail.strip_prefix("{gpu}") {
-            let gpu = gpu.ok_or("{gpu} is used but the stage has no gpus")?;
+            let gpu = gpu.ok_or(NO_GPUS)?;
             out.push_str(&gpu.to_string());
             rest = after;
         } else {
@@ -172,11 +183,12 @@ mod tests {
 
     #[test]
     fn an_unknown_placeholder_or_a_gpu_without_devices_is_refused() {
-        assert!(check("{rank}", true).unwrap_err().contains("\"{rank}\""));
-        assert!(check("{gpu}", false).unwrap_err().contains("no gpus"));
-        assert!(check("{unclosed", true).is_err());
-        assert!(check("a}b", true).is_err());
-        assert!(check("{gpu}-{index}", true).is_ok());
+        assert!(check("{rank}", "b", true).unwrap_err().contains("\"{rank}\""));
+        let said = check("{gpu}", "b", false).unwrap_err();
+        assert!(said.starts_with("{gpu} is used but stage \"b\" has no gpus"), "{said}");
+        assert!(check("{unclosed", "b", true).is_err());
+        assert!(check("a}b", "b", true).is_err());
+        assert!(check("{gpu}-{index}", "b", true).is_ok());
     }
 
     #[test]

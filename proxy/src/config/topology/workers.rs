@@ -104,7 +104,7 @@ pub(super) fn place(
         env.push((name, value));
     }
     for (name, value) in &env {
-        placement::check(value, !gpus.is_empty())
+        placement::check(value, &spec.name, !gpus.is_empty())
             .map_err(|problem| error(&source[name], problem))?;
     }
     spec.gpus = gpus;
