@@ -349,6 +349,17 @@ def test_gpus_all_gives_up_on_an_nvidia_smi_that_never_answers(tmp_path):
     assert "nvidia-smi: no answer to -L within 10 s (killed)" in result.stderr
 
 
+def test_gpus_all_says_why_nvidia_smi_failed_as_it_said_it(tmp_path):
+    """nvidia-smi writes its own failures to stdout ("No devices were found", exit 6): read
+    from stderr alone, the reason was dropped."""
+    if any(Path("/proc/driver/nvidia/gpus").glob("*")):
+        pytest.skip("this machine has GPUs: `all` finds them")
+    path = fake_nvidia_smi(tmp_path / "bin", "echo 'No devices were found'\nexit 6\n")
+    result = run(tmp_path, "--gpus", "all", *WORKER, path=path)
+    assert result.returncode == 2, result.stderr
+    assert "nvidia-smi -L failed (exit status: 6): No devices were found" in result.stderr
+
+
 def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
     proxy = Corral(tmp_path, "--worker-env", "A=1", "--workers-per-gpu", "2", worker=None)
     try:

@@ -122,8 +122,14 @@ fn ask_the_machine() -> Result<Vec<u32>, String> {
             "nvidia-smi -L listed no GPU".to_string()
         }
         Ok(out) => {
-            let said = String::from_utf8_lossy(&out.stderr);
-            let said = said.lines().find(|line| !line.trim().is_empty()).unwrap_or("").trim();
+            // Its reason from stderr, else stdout, where nvidia-smi writes its own ("No devices
+            // were found", "NVIDIA-SMI has failed because it couldn't communicate with the
+            // NVIDIA driver"): read from stderr alone, it was dropped.
+            let first = |bytes: &[u8]| {
+                let text = String::from_utf8_lossy(bytes);
+                text.lines().map(str::trim).find(|line| !line.is_empty()).map(str::to_string)
+            };
+            let said = first(&out.stderr).or_else(|| first(&out.stdout)).unwrap_or_default();
             format!(
                 "nvidia-smi -L failed ({}){}",
                 out.status,
