@@ -79,6 +79,29 @@ def test_400_malformed_json_and_msgpack(proxy):
     assert "msgpack" in assert_error(bad_msgpack, 400, "bad_request")["message"]
 
 
+def test_a_json_body_that_cannot_be_read_says_why_in_the_clients_terms(proxy):
+    # Each had been serde's bare "expected value at line 1 column 1" (or "invalid unicode code
+    # point"), leaving the client to guess what was wrong with the request.
+    png = b"\x89PNG\r\n\x1a\n"
+    unnamed = proxy.client.post("/infer", content=png)  # no Content-Type at all
+    message = assert_error(unnamed, 400, "bad_request")["message"]
+    assert "the request has no Content-Type, so its body was read as JSON" in message
+    bom = proxy.client.post(
+        "/infer", content=b'\xef\xbb\xbf{"a": 1}', headers={"content-type": "application/json"}
+    )
+    message = assert_error(bom, 400, "bad_request")["message"]
+    assert "begins with a byte order mark, and JSON is UTF-8 without one" in message
+    assert "no Content-Type" not in message
+    for charset in ("utf-16", '"latin1"'):
+        headers = {"content-type": f"application/json; charset={charset}"}
+        other = proxy.client.post("/infer", content="{}".encode("utf-16"), headers=headers)
+        message = assert_error(other, 415, "unsupported_media_type")["message"]
+        assert f"charset={charset.strip(chr(34))}, but JSON is UTF-8" in message
+    for utf8 in ("utf-8", "UTF-8", '"utf-8"', "us-ascii"):
+        headers = {"content-type": f"application/json; charset={utf8}"}
+        assert proxy.client.post("/infer", content=b'{"a": 1}', headers=headers).status_code == 200
+
+
 def test_400_bad_timeout_header(proxy):
     response = proxy.post(1, headers={"x-corral-timeout-ms": "soon"})
     assert_error(response, 400, "bad_request")

@@ -85,6 +85,17 @@ impl ApiError {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
+    /// A JSON body whose `charset` is not UTF-8: JSON is UTF-8 (RFC 8259), and the body's bytes
+    /// would have been read as UTF-8 whatever it said.
+    pub fn json_not_utf8(charset: &str) -> Self {
+        let shown: String = charset.chars().take(40).collect();
+        let message = format!(
+            "Content-Type says charset={shown}, but JSON is UTF-8 (RFC 8259): send the body \
+             in UTF-8, with charset=utf-8 or none"
+        );
+        Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
+    }
+
     /// A native route's `Content-Type` that is no media type at all (raw bytes need one), or
     /// one longer than Corral passes on to a worker ([`super::format::MAX_MEDIA_TYPE`]).
     pub fn not_a_media_type(media_type: &str) -> Self {

@@ -278,6 +278,23 @@ pub fn essence(media_type: &str) -> &str {
     media_type.split(';').next().unwrap_or("").trim()
 }
 
+/// A media type's `charset` parameter, unquoted, if it has one.
+pub fn charset(media_type: &str) -> Option<&str> {
+    media_type.split(';').skip(1).find_map(|parameter| {
+        let (name, value) = parameter.split_once('=')?;
+        name.trim().eq_ignore_ascii_case("charset").then(|| value.trim().trim_matches('"'))
+    })
+}
+
+/// Whether a JSON body's `charset` says it is other than UTF-8 (JSON is UTF-8, RFC 8259 8.1;
+/// ASCII is UTF-8 too): its bytes were read as UTF-8 all the same, and serde's "invalid
+/// unicode code point" or "expected value" left the client to guess why.
+pub fn charset_is_not_utf8(media_type: &str) -> Option<&str> {
+    let charset = charset(media_type)?;
+    let utf8 = ["utf-8", "utf8", "us-ascii", "ascii"];
+    (!utf8.iter().any(|name| charset.eq_ignore_ascii_case(name))).then_some(charset)
+}
+
 /// The media type of raw bytes whose sender named none.
 pub const OCTET_STREAM: &str = "application/octet-stream";
 
@@ -332,9 +349,19 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
         Format::Json => {
             let mut out = Vec::with_capacity(body.len());
             let mut de = serde_json::Deserializer::from_slice(&body);
+            let invalid = |e: &dyn std::fmt::Display| {
+                if body.starts_with(b"\xEF\xBB\xBF") {
+                    // serde's "expected value at line 1 column 1" did not say what was there.
+                    "body is not valid JSON: it begins with a byte order mark, and JSON is UTF-8 \
+                     without one (RFC 8259)"
+                        .to_string()
+                } else {
+                    format!("body is not valid JSON: {e}")
+                }
+            };
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
-                .map_err(|e| format!("body is not valid JSON: {e}"))?;
-            de.end().map_err(|e| format!("body is not valid JSON: {e}"))?;
+                .map_err(|e| invalid(&e))?;
+            de.end().map_err(|e| invalid(&e))?;
             if exact_integers {
                 validate::json_integers(&body)?;
             }

@@ -64,7 +64,8 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "406",
         "Accept allows neither JSON nor msgpack, nor (for an output of raw bytes) \
-         application/octet-stream or the output's media type (`not_acceptable`).",
+         application/octet-stream or the output's media type (`not_acceptable`); before the job \
+         runs unless Accept names another type, which a raw output may have.",
     ),
     (
         "408",
@@ -75,7 +76,7 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "415",
         "Content-Type is a form (application/x-www-form-urlencoded: send JSON with its type) \
-         or not a media type, or the body is compressed (Content-Encoding other than identity; \
+         or not a media type, a JSON body's charset is not UTF-8, or the body is compressed (Content-Encoding other than identity; \
          see Accept-Encoding) (`unsupported_media_type`).",
     ),
     ("422", "The worker rejected this input (`invalid_input`)."),
@@ -95,7 +96,8 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "503",
         "Shed: `queue_full`, `deadline_unreachable`, `tenant_quota`, `preempted` (evicted for a \
-         higher priority class) or `shutting_down`; see Retry-After.",
+         higher priority class) or `shutting_down`; or the connection is over \
+         --max-connections (`too_many_connections`, and it is closed); see Retry-After.",
     ),
 ];
 

@@ -43,6 +43,7 @@ pub async fn handle(
 ) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
     let kind = body_kind(headers).map_err(before_body)?;
+    let unnamed = !headers.contains_key(CONTENT_TYPE);
     let accept = format::accept(headers);
     let streamed = Framing::requested(accept.as_ref());
     // A raw request's non-raw answers are JSON unless the client asks for msgpack.
@@ -69,7 +70,19 @@ pub async fn handle(
     // one copy of its payload. Raw bytes are one msgpack value already, header and all.
     let input = match kind {
         BodyKind::Format(format) => {
-            Input::new(id, format::to_msgpack(format, body).map_err(ApiError::bad_request)?)
+            let payload = format::to_msgpack(format, body).map_err(|problem| {
+                // A body sent without saying what it is (`requests.post(url, data=png)`) was
+                // told only that it is no JSON.
+                ApiError::bad_request(if unnamed {
+                    format!(
+                        "{problem} (the request has no Content-Type, so its body was read as \
+                         JSON; send raw bytes with their media type, e.g. image/png)"
+                    )
+                } else {
+                    problem
+                })
+            })?;
+            Input::new(id, payload)
         }
         BodyKind::Raw(content_type) => {
             Input { id, payload: body.into(), content_type: Some(content_type) }
@@ -123,6 +136,11 @@ fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
     };
     let media_type = value.to_str().unwrap_or("");
     if let Some(format) = Format::of_body(media_type) {
+        if let Some(charset) = format::charset_is_not_utf8(media_type) {
+            if format == Format::Json {
+                return Err(ApiError::json_not_utf8(charset));
+            }
+        }
         return Ok(BodyKind::Format(format));
     }
     if format::essence(media_type).eq_ignore_ascii_case("application/x-www-form-urlencoded") {
