@@ -212,6 +212,17 @@ def test_forward_returning_what_is_not_its_outputs_fails_every_item_saying_so(re
     assert said in got[0].message
 
 
+def test_an_exception_with_no_message_is_told_by_its_type_alone():
+    # "MemoryError: ", with nothing after its colon, had gone to every client of the batch.
+    class OutOfMemory(corral.Worker):
+        def forward(self, batch):
+            raise MemoryError()
+
+    with FakeProxy(OutOfMemory()) as proxy:
+        got = proxy.infer(["x", "y"])
+    assert [(r.status, r.message) for r in got] == [("error", "MemoryError")] * 2
+
+
 def test_a_generator_forward_hidden_by_a_decorator_is_refused_not_mixed_across_items():
     """Without functools.wraps the worker was not a streaming one, and each yielded step became
     one item's whole answer: one client got the other's tokens, 200."""

@@ -78,8 +78,9 @@ _LENGTH = struct.Struct("<I")
 
 @dataclass(frozen=True)
 class Tensor:
-    """One declared tensor of a worker: ``name`` (e.g. ``"INPUT0"``), ``datatype`` (a key of
-    :data:`DATATYPES`: ``"FP32"``, ``"BYTES"``, …) and ``shape``, one row's shape without the
+    """One declared tensor of a worker: ``name`` (e.g. ``"INPUT0"``), ``datatype`` (one of v2's:
+    ``BOOL``, ``UINT8`` … ``UINT64``, ``INT8`` … ``INT64``, ``FP16``, ``FP32``, ``FP64``,
+    ``BYTES``) and ``shape``, one row's shape without the
     batch dimension (``-1``: a dimension of any length; ``()``: a scalar per row)."""
 
     name: str
