@@ -90,6 +90,11 @@ def test_the_route_keeps_its_own_path(proxy):
         ({"input": [[1, 2, 3]]}, "token arrays are not supported"),
         ({"input": [1, 2, 3]}, "token arrays are not supported"),
         ({"input": ["a", 1]}, "input 1 is not a string"),
+        # Tokens are whole numbers: a float is no token array, only not a string.
+        ({"input": [1.5]}, "input 0 is not a string"),
+        ({"input": [[1.5, 2]]}, "input 0 is not a string"),
+        # The field, then serde's words: no second prefix between them.
+        ({"input": "x", "user": 7}, "user is not valid: invalid type: integer `7`"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format must be"),
         ({"input": "x", "dimensions": 8}, "dimensions is not supported"),
     ],
@@ -102,7 +107,7 @@ def test_bad_requests_are_400_in_openai_shape(client, kwargs, message):
     assert raised.value.type == "invalid_request_error"
     assert raised.value.code == "bad_request"
     # Each of these is about one field, which `param` names.
-    fields = [field for field in ("encoding_format", "dimensions") if field in kwargs]
+    fields = [field for field in ("encoding_format", "dimensions", "user") if field in kwargs]
     assert raised.value.param == (fields[0] if fields else "input")
 
 

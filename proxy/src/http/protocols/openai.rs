@@ -108,7 +108,7 @@ fn not_a_request(body: &[u8], e: serde_json::Error) -> ApiError {
     let missing = said.starts_with("missing field");
     let message = match field {
         Some(field) if missing => format!("{field} is required: {e}"),
-        Some(field) => format!("{field} is not valid: the body is not an embeddings request: {e}"),
+        Some(field) => format!("{field} is not valid: {e}"),
         None => format!("the body is not an embeddings request: {e}"),
     };
     ApiError::bad_request(message)
@@ -239,8 +239,10 @@ impl<'de> Deserialize<'de> for Item {
             fn visit_i64<E>(self, _: i64) -> Result<Item, E> {
                 Ok(Item::Token)
             }
+            // A token is a whole number: a float is no token ("token arrays are not
+            // supported" had been said of `[1.5]`), only not a string.
             fn visit_f64<E>(self, _: f64) -> Result<Item, E> {
-                Ok(Item::Token)
+                Ok(Item::Other)
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut items: A) -> Result<Item, A::Error> {
                 // A token array holds numbers; a list of strings (or of lists) in a list is
@@ -284,7 +286,7 @@ impl<'de> Deserialize<'de> for Number {
                 Ok(Number(true))
             }
             fn visit_f64<E>(self, _: f64) -> Result<Number, E> {
-                Ok(Number(true))
+                Ok(Number(false))
             }
             fn visit_str<E>(self, _: &str) -> Result<Number, E> {
                 Ok(Number(false))
