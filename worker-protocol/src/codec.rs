@@ -34,7 +34,7 @@ pub enum DecodeError {
     NotAMap(u8),
     #[error("frame is empty")]
     Empty,
-    #[error("{NOT_A_MESSAGE}: {0}")]
+    #[error("{NOT_A_MESSAGE}: {}", in_plain_words(.0))]
     Msgpack(#[from] rmp_serde::decode::Error),
     #[error("frame has {0} bytes after its message")]
     TrailingBytes(usize),
@@ -44,6 +44,28 @@ pub enum DecodeError {
     /// bytes as if it were a `bin`, which a job's id or a result's `data` would have taken.
     #[error("{NOT_A_MESSAGE}: {0}")]
     NotUtf8(String),
+}
+
+/// The decoder's error, in a worker author's words where its own are its internals: a map cut
+/// short had read "IO error while reading marker: failed to fill whole buffer", and a frame
+/// nested too deep "depth limit exceeded", with no limit. Others are serde's, which name what
+/// was expected.
+fn in_plain_words(error: &rmp_serde::decode::Error) -> String {
+    use rmp_serde::decode::Error;
+    match error {
+        Error::InvalidMarkerRead(e) | Error::InvalidDataRead(e)
+            if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+        {
+            "the frame ends inside its message (a map or array holds fewer entries than its \
+             header says, or a value is cut short)"
+                .to_string()
+        }
+        Error::DepthLimitExceeded => format!(
+            "maps and arrays nested deeper than {} levels, the most a frame may have",
+            MAX_DEPTH - 1
+        ),
+        other => other.to_string(),
+    }
 }
 
 /// The length-delimited framing both sides use.
@@ -505,7 +527,28 @@ mod tests {
         // MAX_DEPTH (32) admits one level fewer counted this way, the frame's own map included:
         // PROTOCOL.md gives this count.
         assert!(decode::<WorkerMessage>(&hello(31)).is_ok());
-        assert!(decode::<WorkerMessage>(&hello(32)).is_err());
+        let deep = decode::<WorkerMessage>(&hello(32)).unwrap_err().to_string();
+        // With its limit, in PROTOCOL.md's count: it had said "depth limit exceeded".
+        assert!(
+            deep.ends_with("nested deeper than 31 levels, the most a frame may have"),
+            "{deep}"
+        );
+    }
+
+    #[test]
+    fn a_map_cut_short_is_said_so_not_in_the_readers_words() {
+        // Three entries said, two sent: "IO error while reading marker: failed to fill whole
+        // buffer".
+        let short = vec![0x83, 0xa4, b't', b'y', b'p', b'e', 0xa4, b'p', b'u', b'l', b'l'];
+        // And a value cut short: `max` a u32 of which two bytes of four came.
+        let mut cut = short.clone();
+        cut[0] = 0x82;
+        cut.extend([0xa3, b'm', b'a', b'x', 0xce, 0, 0]);
+        for frame in [short, cut] {
+            let said = decode::<WorkerMessage>(&frame).unwrap_err().to_string();
+            assert!(said.starts_with(NOT_A_MESSAGE), "{said}");
+            assert!(said.contains("the frame ends inside its message"), "{said}");
+        }
     }
 
     #[test]
