@@ -85,7 +85,10 @@ class Stream:
     """One item's stream: its ``chunks`` (postprocessed values, decoded) in the order they came,
     and ``status``, how it ended: ``"end"`` (closed normally: the client's ``done``; also a one-
     piece answer, which is then the one chunk), ``"invalid"``, ``"error"`` or ``"expired"``
-    (``message`` says why; chunks before it were sent)."""
+    (``message`` says why; chunks before it were sent). An item :meth:`FakeProxy.stream`
+    cancelled (``cancel_after``) has the status its worker ended it with, usually ``"end"``,
+    its acknowledgement of the cancel: its client had left, and got no ``done``; ``events``
+    says it was cancelled."""
 
     chunks: list[Any]
     status: str
