@@ -988,6 +988,34 @@ def test_a_generator_whose_streams_were_all_cancelled_is_closed_and_the_next_bat
 
 
 @pytest.mark.timeout(10)
+def test_a_generator_that_yields_on_after_ending_every_item_is_closed_at_that_yield():
+    # Its code after the last END runs, up to a yield that can reach nobody. Stepped on, a
+    # generator yielding for ever after its ENDs kept the next batch waiting for its 408, and
+    # the worker, silent for a stream it no longer had, was killed as hung.
+    class Lingering(corral.Worker):
+        def __init__(self):
+            self.after_end = []
+
+        def forward(self, items):
+            yield list(items)
+            yield [corral.END] * len(items)
+            self.after_end.append("ran")  # code after the last END still runs
+            try:
+                while True:
+                    yield [None] * len(items)
+            finally:
+                self.after_end.append("closed")
+
+    worker = Lingering()
+    with FakeProxy(worker) as proxy:
+        (a,) = proxy.stream(["a"])
+        assert (a.chunks, a.status) == (["a"], "end")
+        (b,) = proxy.stream(["b"])  # the next batch is served: the generator was closed
+        assert b.chunks == ["b"]
+    assert worker.after_end == ["ran", "closed"] * 2
+
+
+@pytest.mark.timeout(10)
 def test_a_joining_generator_holding_no_job_is_left_running_for_the_next_to_join():
     # A joining worker's generator may be its engine's loop: a batch sent to it while it holds
     # nothing joins it.

@@ -223,6 +223,8 @@ class _Run:
         self.results: list[dict[str, Any]] = []  # to send at the next flush
         self.offer = 0  # the standing pull offer, 0 for none
         self.last_cancelled = False  # whether the job that ended last ended without an END
+        # Whether the generator yielded with no job live (see `abandoned`).
+        self.yielded_after_all_ended = False
         self.sent_at = time.monotonic()  # when a frame last went to the proxy
         self.idle_when_full = 0  # steps taken holding no job, past the positions
 
@@ -243,7 +245,10 @@ class _Run:
         (``GeneratorExit``, its ``finally`` runs). Stepped on, a generator that runs until it is
         cancelled (a live feed) ran for good: the next batch waited behind it until the proxy
         declared the worker hung. One whose last item ended with ``END`` runs on to its return,
-        as it always has (its code after the last yield runs).
+        as it always has (its code after the last yield runs), unless it yields again: that
+        yield has nobody to reach, and the generator is closed there alike (one that went on
+        yielding had the next batch's client wait for its 408, and the worker, which sent no
+        sign of life for a stream it no longer had, killed as hung).
 
         A joining run past its positions (:meth:`full`) that holds no job is given one more step
         to return, then closed alike: a generator written as a loop that never returns (a feed
@@ -252,7 +257,7 @@ class _Run:
         if self.live:
             return False
         if not self.limit:
-            return self.last_cancelled
+            return self.last_cancelled or self.yielded_after_all_ended
         if self.full():
             self.idle_when_full += 1
             return self.idle_when_full > 1
@@ -281,6 +286,8 @@ class _Run:
 
     def step(self, out: list[Any]) -> None:
         """Send one yield: its chunks in one frame, its ENDs and failures in a results frame."""
+        if not self.live:
+            self.yielded_after_all_ended = True
         entries: list[dict[str, Any]] = []
         owners: list[int] = []
         answer = _batch.answerer(self.worker, chunks=True)  # one Packer for the step's chunks
