@@ -636,6 +636,15 @@ def test_declared_outputs_never_change_a_value(value, datatype):
     assert _tensors.encode([1.0, 2.0], "INT32") == _tensors.encode([1, 2], "INT32")
 
 
+def test_a_nan_for_an_integer_datatype_is_refused_in_the_package_s_words_scalar_or_not():
+    # A scalar NaN was numpy's own "cannot convert float NaN to integer"; a list of them the
+    # package's words.
+    pytest.importorskip("numpy")
+    for value in (float("nan"), [float("nan")]):
+        with pytest.raises(ValueError, match=r"would change as INT8 \(fractions, range or NaN\)"):
+            tensor(value, "INT8")
+
+
 def test_whole_floats_become_integers_with_numpy_or_without(np):
     """Without numpy, struct refused every float as an integer: 2.0 was an error there and
     the integer 2 with numpy. Now both take whole floats and refuse the rest alike."""

@@ -381,6 +381,12 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
             array = np.asarray(value, dtype=target)
         except OverflowError as e:
             raise ValueError(f"a value does not fit in {datatype}: {e}") from e
+        except ValueError as e:
+            # A scalar NaN is refused by numpy itself ("cannot convert float NaN to integer"),
+            # where an array of them is cast and found below: said alike.
+            raise ValueError(
+                f"these values would change as {datatype} (fractions, range or NaN)"
+            ) from e
         if target.kind not in "iub":
             return array
         plain = source  # the value as numpy reads it, converted once (above)
