@@ -6,6 +6,7 @@ the two modules knowing each other, which the layout keeps to one direction."""
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 
 import corral
@@ -22,7 +23,13 @@ def imports() -> dict[str, set[str]]:
         tree = ast.parse((PACKAGE / f"{name}.py").read_text())
         found: set[str] = set()
         for node in ast.walk(tree):
-            if isinstance(node, ast.ImportFrom) and node.module:
+            if isinstance(node, ast.ImportFrom) and node.level == 1:
+                # Relative: `from . import _worker`, `from ._worker import Worker`.
+                if node.module:
+                    found.add(node.module.split(".")[0])
+                else:
+                    found |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module:
                 if node.module == "corral":
                     found |= {alias.name for alias in node.names}
                 elif node.module.startswith("corral."):
@@ -53,6 +60,15 @@ def test_the_package_has_no_import_circles():
     graph = imports()
     assert {"_worker", "_plain", "_streaming", "_batch", "_serve"} <= set(graph)
     assert circles(graph) == set()
+
+
+def test_relative_imports_are_read_too(tmp_path, monkeypatch):
+    # A circle made with `from . import x` would otherwise pass unseen.
+    (tmp_path / "__init__.py").write_text("")
+    (tmp_path / "_a.py").write_text("from . import _b\n")
+    (tmp_path / "_b.py").write_text("from ._a import thing\n")
+    monkeypatch.setattr(sys.modules[__name__], "PACKAGE", tmp_path)
+    assert imports() == {"_a": {"_b"}, "_b": {"_a"}}
 
 
 def test_a_circle_is_found():

@@ -38,11 +38,16 @@ MESSAGE_LIMIT = 2000
 
 
 def describe(error: BaseException) -> str:
-    """``Type: message``, as an error result's message (cut past :data:`MESSAGE_LIMIT`
-    characters, saying how long it was); ``Type`` alone for an exception with no message
+    """:func:`named`, as an error result's message: cut past :data:`MESSAGE_LIMIT` characters,
+    saying how long it was."""
+    return cut(named(error))
+
+
+def named(error: BaseException) -> str:
+    """``Type: message``, whole; ``Type`` alone for an exception with no message
     (``MemoryError()``: its clients were told ``"MemoryError: "``)."""
     said = text(error)
-    return cut(f"{type(error).__name__}: {said}" if said else type(error).__name__)
+    return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
 def cut(message: str) -> str:

@@ -13,14 +13,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from corral import _batch, _failures, _tracing
 from corral import _protocol as protocol
 from corral._errors import describe as _describe
 
 
-class Forwarder(_batch.Hooks):
+class Forwarder(_batch.Hooks, Protocol):
     """What the plain path uses of a worker: the per-job hooks, and ``forward``."""
 
     def forward(self, batch: list[Any]) -> Any: ...
@@ -55,9 +55,7 @@ def _forward(
     count = len(positions)  # not len(inputs): forward may consume or pad its list
     try:
         with _tracing.batch([jobs[p] for p in positions]):
-            returned = list(outputs(worker.forward(inputs)))
-        if len(returned) != count:
-            raise RuntimeError(f"forward returned {len(returned)} outputs for {count} inputs")
+            returned = counted(worker.forward(inputs), count)
     except (SystemExit, KeyboardInterrupt) as e:
         # Raised by the model or a library (sys.exit), it stops the worker: say where, or
         # the log shows only a worker gone and its batch retried elsewhere.
@@ -73,6 +71,15 @@ def _forward(
     for position, content_type, output in zip(positions, content_types, returned):
         job = jobs[position]
         answers[position] = answer(job["id"], deadlines[position], content_type, output, job)
+
+
+def counted(returned: Any, count: int) -> list[Any]:
+    """What ``forward`` returned for ``count`` inputs as its list of outputs, one per input;
+    refused (:func:`outputs`) where it cannot be, or holds another number of them."""
+    listed = list(outputs(returned))
+    if len(listed) != count:
+        raise RuntimeError(f"forward returned {len(listed)} outputs for {count} inputs")
+    return listed
 
 
 def outputs(returned: Any) -> Any:

@@ -294,9 +294,7 @@ class Worker:
             log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
         _batch.warm_up_batch(self, count)
-        outputs = list(_plain.outputs(self.forward(inputs)))
-        if len(outputs) != count:
-            raise RuntimeError(f"forward returned {len(outputs)} outputs for {count} inputs")
+        outputs = _plain.counted(self.forward(inputs), count)
         for output in outputs:
             value = self.postprocess(output)
             codec.encode(value)

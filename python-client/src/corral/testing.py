@@ -46,7 +46,7 @@ import msgpack
 
 from corral import _failures, _tensors
 from corral import _protocol as protocol
-from corral._errors import describe
+from corral._errors import named as _named
 from corral._worker import Worker
 
 __all__ = ["FakeProxy", "Result", "Stream", "tensor"]
@@ -134,7 +134,7 @@ class FakeProxy:
                 self._worker.warm_up()
             except Exception as error:
                 raise AssertionError(
-                    f"the worker's warm-up failed: {describe(error)} (under Corral "
+                    f"the worker's warm-up failed: {_named(error)} (under Corral "
                     "it would exit and never serve)"
                 ) from error
         # The connection exists from here to close(): nothing is left open by a FakeProxy that
@@ -153,7 +153,7 @@ class FakeProxy:
             error = self.worker_error  # set before the worker's end of the socket closed
             if self.hello is None and error is not None:
                 raise AssertionError(
-                    f"the worker failed before its hello: {describe(error)}"
+                    f"the worker failed before its hello: {_named(error)}"
                 ) from error
             raise AssertionError(f"the worker's first frame is not a hello: {self.hello!r}")
         return self
@@ -317,7 +317,7 @@ class FakeProxy:
         stopped (a ``sys.exit`` in ``forward``, say), which the test had not been told."""
         error = self.worker_error if got is None else None
         if error is not None:
-            return AssertionError(f"expected {expected}, but the worker stopped: {describe(error)}")
+            return AssertionError(f"expected {expected}, but the worker stopped: {_named(error)}")
         return AssertionError(f"expected {expected}, got {got!r}")
 
     @staticmethod
