@@ -228,12 +228,15 @@ pub async fn serve(
         }
         Ended::Closed => {}
     }
+    // Named as its connect line names it: among several workers of a stage, the pid alone
+    // left the operator to find that line first.
+    let name = logged_within(&hello.name, 200);
     if let Ended::Failed { .. } = ended {
         // A worker that broke the protocol, died holding a batch or hung is an operator's
         // problem to see; one that left or was told to is routine.
-        warn!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
+        warn!(stage = stage.name(), pid = hello.pid, name = %name, reason = %logged(&ended), "worker disconnected");
     } else {
-        info!(stage = stage.name(), pid = hello.pid, reason = %logged(&ended), "worker disconnected");
+        info!(stage = stage.name(), pid = hello.pid, name = %name, reason = %logged(&ended), "worker disconnected");
     }
 }
 
