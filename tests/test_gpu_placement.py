@@ -471,7 +471,7 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             None,
             '--worker-env X: unknown placeholder "{rank}"',
         ),
-        (["--worker-env", "X={gpu}", *WORKER], None, '--worker-env X: {gpu} is used but stage "'),
+        (["--worker-env", "X={gpu}", *WORKER], None, "--worker-env X: {gpu} is used but no --gpus"),
         (
             [],
             STAGE + f"cpus = [{CORE}]\n" + STAGE.replace(".s]", ".t]") + f"cpus = [{CORE}]\n"
@@ -533,6 +533,11 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             "error: --max-batch-bytes: 67103744 is not in",
         ),
         ([], 'worker_env = ["A={gpu}"]\n' + STAGE, 'worker_env.A: {gpu} is used but stage "s" has'),
+        (
+            [],
+            STAGE + 'env = { A = "{gpu}" }\n',
+            'stages.s.env.A: {gpu} is used but stage "s" has no',
+        ),
         ([], 'socket = ""\n' + STAGE, "c.toml: socket: an empty path"),
         ([], "max_body_bytes = 0\n" + STAGE, "c.toml: max_body_bytes: must be at least 1"),
         (["--max-body-bytes", "0"], None, "--max-body-bytes"),

@@ -156,7 +156,8 @@ def test_a_sequence_is_refused_not_spread_over_workers_unseen(proxy):
             c.infer("default", tensors(x, scale, words), sequence_id=5, sequence_start=True)
         assert refused.value.status() == "400"
         assert "names a sequence (sequence_id)" in str(refused.value)
-        # 0 is Triton's "no sequence" (tritonclient then sends none): served.
+        # tritonclient's default, sequence_id=0, sends no sequence at all (a smoke test; the
+        # proxy's own reading of 0 and "" is posted below).
         result = c.infer("default", tensors(x, scale, words), sequence_id=0)
         np.testing.assert_allclose(result.as_numpy("SUM"), x.sum(axis=1, keepdims=True))
     for no_sequence in (0, ""):

@@ -362,8 +362,9 @@ fn max_job_bytes(max_header_bytes: usize) -> usize {
     frame_payload_bytes(1).saturating_sub(max_header_bytes + 128)
 }
 
-/// The socket path as spawned workers must see it, whatever their working directory.
-fn absolute(path: &std::path::Path) -> std::io::Result<PathBuf> {
+/// The socket path as spawned workers must see it, whatever their working directory (and as
+/// it is bound, so measured: `worker::listener::path_problem`).
+pub(crate) fn absolute(path: &std::path::Path) -> std::io::Result<PathBuf> {
     if path.is_absolute() {
         Ok(path.to_path_buf())
     } else {

@@ -12,6 +12,7 @@ use prometheus::{
     TextEncoder,
 };
 
+use crate::http::error::TOO_MANY_CONNECTIONS;
 use crate::stage::Shed;
 use crate::traffic::Class;
 
@@ -68,10 +69,6 @@ impl StreamCut {
     }
 }
 
-/// The shed reason (and the error code) of a connection refused because the server holds as
-/// many as it may; counted without a class, as no request was read.
-pub const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
-
 /// The `stage` label of workers refused for naming no stage this proxy serves: a worker's claim
 /// must not grow the label set, so no stage may be called this.
 pub const UNKNOWN_STAGE: &str = "unknown";
@@ -86,10 +83,10 @@ pub struct Metrics {
     /// `deadline_unreachable`, `tenant_quota`, `shutting_down`, `too_many_connections`) and class.
     pub shed: IntCounterVec,
     /// Jobs answered 408, by where they were ([`Place`]; [`Metrics::expired`]).
-    expired: IntCounterVec,
+    expired_by_place: IntCounterVec,
     /// Jobs whose client left before the answer, by where they were ([`Place`];
     /// [`Metrics::cancelled`]).
-    cancelled: IntCounterVec,
+    cancelled_by_place: IntCounterVec,
     /// Results that came back after their job's deadline and were dropped.
     pub late_results: IntCounter,
     /// Spans that were not exported: the export queue was full (a slow or dead collector) or
@@ -127,7 +124,7 @@ pub struct Metrics {
     /// Streams open towards clients (SSE or NDJSON answers in progress).
     pub streams_open: prometheus::IntGauge,
     /// Streams ended early, by reason ([`StreamCut`]; [`Metrics::stream_cut`]).
-    streams_cancelled: IntCounterVec,
+    streams_cut: IntCounterVec,
     /// HTTP connections Corral closed on its own account, by reason (`malformed`,
     /// `head_timeout`, `stalled`): what `requests` cannot show.
     pub connections_closed: IntCounterVec,
@@ -262,17 +259,17 @@ fn histogram(
 impl Metrics {
     /// The count of jobs answered 408 where they were.
     pub fn expired(&self, place: Place) -> IntCounter {
-        self.expired.with_label_values(&[place.label()])
+        self.expired_by_place.with_label_values(&[place.label()])
     }
 
     /// The count of jobs whose client left where they were.
     pub fn cancelled(&self, place: Place) -> IntCounter {
-        self.cancelled.with_label_values(&[place.label()])
+        self.cancelled_by_place.with_label_values(&[place.label()])
     }
 
     /// The count of streams ended early for this reason.
     pub fn stream_cut(&self, why: StreamCut) -> IntCounter {
-        self.streams_cancelled.with_label_values(&[why.label()])
+        self.streams_cut.with_label_values(&[why.label()])
     }
 
     fn new() -> Self {
@@ -321,13 +318,13 @@ impl Metrics {
                  class was read).",
                 &["reason", "class"],
             ),
-            expired: counter(
+            expired_by_place: counter(
                 &r,
                 "corral_jobs_expired_total",
                 "Jobs whose deadline passed before their answer (408), by where they were.",
                 &["where"],
             ),
-            cancelled: counter(
+            cancelled_by_place: counter(
                 &r,
                 "corral_jobs_cancelled_total",
                 "Jobs whose client disconnected before the answer (and streams ended in the \
@@ -440,7 +437,7 @@ impl Metrics {
                  came: its own (proxy), or its spawned workers' output (worker).",
                 &["source"],
             ),
-            streams_cancelled: counter(
+            streams_cut: counter(
                 &r,
                 "corral_streams_cancelled_total",
                 "Streams ended early, by reason (client_left, deadline, slow_client).",

@@ -13,7 +13,9 @@
 //! caller meant but Corral misread would be worse than none. A header sent more than once
 //! counts each time (the earliest wins, and each must parse), and so does each value of one
 //! field holding several separated by commas: the same header folded into one line, as HTTP
-//! lets a proxy on the way do (RFC 9110 §5.3).
+//! lets a proxy on the way do (RFC 9110 §5.3). Not `request-timeout`'s: its seconds are
+//! decimals, and `2,5` read as two values would be a deadline of 2 s where 2.5 was meant (a 400
+//! says it is no number).
 
 use std::time::Duration;
 
@@ -36,26 +38,29 @@ static ENVOY: HeaderName = HeaderName::from_static(ENVOY_HEADER);
 static GRPC: HeaderName = HeaderName::from_static(GRPC_HEADER);
 static REQUEST_TIMEOUT: HeaderName = HeaderName::from_static(REQUEST_TIMEOUT_HEADER);
 
-/// A header's name, its parser, and what its value must be (for the 400).
-type Reader = (&'static HeaderName, fn(&str) -> Option<Duration>, &'static str);
+/// A header's name, its parser, what its value must be (for the 400), and whether one field
+/// may hold several values separated by commas.
+type Reader = (&'static HeaderName, fn(&str) -> Option<Duration>, &'static str, bool);
 
 /// The shortest time any of the headers allows, if one is present.
 pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
     let parsers: [Reader; 4] = [
-        (&TIMEOUT, milliseconds, "a positive whole number of milliseconds"),
-        (&ENVOY, milliseconds, "a positive whole number of milliseconds"),
-        (&GRPC, grpc, "1 to 8 digits and a unit (H, M, S, m, u or n), above zero"),
-        (&REQUEST_TIMEOUT, seconds, "a positive number of seconds"),
+        (&TIMEOUT, milliseconds, "a positive whole number of milliseconds", true),
+        (&ENVOY, milliseconds, "a positive whole number of milliseconds", true),
+        (&GRPC, grpc, "1 to 8 digits and a unit (H, M, S, m, u or n), above zero", true),
+        (&REQUEST_TIMEOUT, seconds, "a positive number of seconds", false),
     ];
     let mut earliest: Option<Duration> = None;
-    for (name, parse, expected) in parsers {
+    for (name, parse, expected, folds) in parsers {
         // Every field of a repeated header: a gateway that adds its own shorter deadline
         // after the client's was ignored (only the first field was read).
         for value in headers.get_all(name) {
             let bad = || ApiError::bad_request(format!("{name} must be {expected}"));
             let value = value.to_str().map_err(|_| bad())?;
             // Empty list elements are no value (RFC 9110 §5.6.1); a field of none is a 400.
-            let mut values = value.split(',').map(str::trim).filter(|v| !v.is_empty()).peekable();
+            let separator = if folds { ',' } else { '\0' }; // NUL: no header value holds one
+            let values = value.split(separator).map(str::trim).filter(|v| !v.is_empty());
+            let mut values = values.peekable();
             if values.peek().is_none() {
                 return Err(bad());
             }
@@ -164,6 +169,9 @@ mod tests {
             let error = requested(&headers(&[(TIMEOUT_HEADER, bad)])).unwrap_err();
             assert!(error.message.starts_with(TIMEOUT_HEADER), "{bad:?}: {}", error.message);
         }
+        // Seconds are decimals: `2,5` is no number, not 2 s and 5 s.
+        let comma = requested(&headers(&[(REQUEST_TIMEOUT_HEADER, "2,5")])).unwrap_err();
+        assert!(comma.message.starts_with(REQUEST_TIMEOUT_HEADER), "{}", comma.message);
     }
 
     #[test]

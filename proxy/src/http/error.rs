@@ -9,6 +9,10 @@ use http::StatusCode;
 
 use crate::job::Outcome;
 
+/// The error code (and shed reason, `corral_jobs_shed_total`) of a connection refused because
+/// the server holds as many as it may; counted without a class, as no request was read.
+pub const TOO_MANY_CONNECTIONS: &str = "too_many_connections";
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
     pub status: StatusCode,
@@ -205,8 +209,7 @@ impl ApiError {
     /// ([`super::reserve`]). The connection closes after the answer.
     pub fn too_many_connections() -> Self {
         let message = "the proxy holds its maximum of connections";
-        let code = crate::metrics::TOO_MANY_CONNECTIONS;
-        let error = Self::new(StatusCode::SERVICE_UNAVAILABLE, code, message);
+        let error = Self::new(StatusCode::SERVICE_UNAVAILABLE, TOO_MANY_CONNECTIONS, message);
         Self { retry_after: Some(1), close: true, ..error }
     }
 

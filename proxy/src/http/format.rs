@@ -279,16 +279,18 @@ pub fn essence(media_type: &str) -> &str {
 }
 
 /// A media type's `charset` parameter, unquoted, if it has one.
-pub fn charset(media_type: &str) -> Option<&str> {
+fn charset(media_type: &str) -> Option<&str> {
     media_type.split(';').skip(1).find_map(|parameter| {
         let (name, value) = parameter.split_once('=')?;
         name.trim().eq_ignore_ascii_case("charset").then(|| value.trim().trim_matches('"'))
     })
 }
 
-/// Whether a JSON body's `charset` says it is other than UTF-8 (JSON is UTF-8, RFC 8259 8.1;
-/// ASCII is UTF-8 too): its bytes were read as UTF-8 all the same, and serde's "invalid
-/// unicode code point" or "expected value" left the client to guess why.
+/// The `charset` of a JSON body's media type where it names another than UTF-8 (JSON is UTF-8,
+/// RFC 8259 8.1; ASCII is UTF-8 too): said when the body does not read as UTF-8 JSON, where
+/// serde's "invalid unicode code point" or "expected value" left the client to guess why. (A
+/// body that reads is served whatever it says: .NET's `Encoding.Default` names windows-1252
+/// for ASCII JSON.)
 pub fn charset_is_not_utf8(media_type: &str) -> Option<&str> {
     let charset = charset(media_type)?;
     let utf8 = ["utf-8", "utf8", "us-ascii", "ascii"];
@@ -334,6 +336,10 @@ pub fn media_type(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(text).ok().filter(|value| value.to_str().is_ok())
 }
 
+/// How [`to_msgpack`]'s message for a body that is no JSON begins (its other refusals, such as
+/// an integer past 64 bits, are of JSON that was read).
+pub const NOT_JSON: &str = "body is not valid JSON";
+
 /// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
 /// back as itself (no copy); a JSON body is consumed, so that only its transcoding lives on.
 pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
@@ -352,11 +358,12 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
             let invalid = |e: &dyn std::fmt::Display| {
                 if body.starts_with(b"\xEF\xBB\xBF") {
                     // serde's "expected value at line 1 column 1" did not say what was there.
-                    "body is not valid JSON: it begins with a byte order mark, and JSON is UTF-8 \
-                     without one (RFC 8259)"
-                        .to_string()
+                    format!(
+                        "{NOT_JSON}: it begins with a byte order mark, and JSON is UTF-8 without \
+                         one (RFC 8259)"
+                    )
                 } else {
-                    format!("body is not valid JSON: {e}")
+                    format!("{NOT_JSON}: {e}")
                 }
             };
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
@@ -439,6 +446,25 @@ pub fn from_msgpack_between(
     prefix: &[u8],
     suffix: &[u8],
 ) -> Result<Bytes, Unwritable> {
+    written(format, data, prefix, suffix).map(|(written, _)| written)
+}
+
+/// [`from_msgpack`], and what a scan finds in the msgpack it was written from (the output's,
+/// or once its tensors were written out, theirs): for a caller that needs it too (how deep it
+/// nests), without a second walk of each item.
+pub fn from_msgpack_found(
+    format: Format,
+    data: Bytes,
+) -> Result<(Bytes, crate::msgpack::Found), Unwritable> {
+    written(format, data, b"", b"")
+}
+
+fn written(
+    format: Format,
+    data: Bytes,
+    prefix: &[u8],
+    suffix: &[u8],
+) -> Result<(Bytes, crate::msgpack::Found), Unwritable> {
     let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
         let timestamps = match format {
@@ -449,16 +475,14 @@ pub fn from_msgpack_between(
             message: format!("the worker's output has a tensor value that is not well formed: {e}"),
             malformed: true,
         })?;
-        if format == Format::Json {
-            // A tensor's floats are plain values only now.
-            found = crate::msgpack::scan(&plain);
-        }
+        // A tensor's floats are plain values only now, nested one level a dimension.
+        found = crate::msgpack::scan(&plain);
         Bytes::from(plain)
     } else {
         data
     };
     match format {
-        Format::Msgpack => Ok(data),
+        Format::Msgpack => Ok((data, found)),
         // serde_json would write `null`: the client would read another value, or none.
         Format::Json if found.non_finite => Err(Unwritable::no_json_form(
             "the worker's output holds NaN or infinity, which JSON cannot carry",
@@ -481,7 +505,7 @@ pub fn from_msgpack_between(
                     ))
                 })?;
             out.extend_from_slice(suffix);
-            Ok(Bytes::from(out))
+            Ok((Bytes::from(out), found))
         }
     }
 }
@@ -492,6 +516,22 @@ mod tests {
 
     fn pack(format: Format, body: &[u8]) -> Result<Bytes, String> {
         to_msgpack(format, Bytes::copy_from_slice(body))
+    }
+
+    #[test]
+    fn a_json_charset_other_than_utf8_is_named_quoted_or_not_in_any_case() {
+        for (media_type, named) in [
+            ("application/json; charset=utf-16", Some("utf-16")),
+            ("application/json;charset=\"Windows-1252\"", Some("Windows-1252")),
+            ("application/json; CHARSET=latin1; q=1", Some("latin1")),
+            ("application/json; charset=UTF-8", None),
+            ("application/json; charset=\"utf8\"", None),
+            ("application/json; charset=us-ascii", None),
+            ("application/json", None),
+            ("application/json; charset=", Some("")),
+        ] {
+            assert_eq!(charset_is_not_utf8(media_type), named, "{media_type}");
+        }
     }
 
     #[test]

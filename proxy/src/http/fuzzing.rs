@@ -171,6 +171,9 @@ pub fn worker_results(data: &[u8]) {
     }
     if let Ok(array) = items::assemble(outcomes(), Format::Msgpack) {
         assert!(crate::msgpack::check(&array).is_ok(), "the results' array is msgpack");
+        // A native client's items are written out as a single item's are.
+        let value = tensor::read_value(&array).expect("msgpack");
+        assert!(!holds_tensor(&value), "tensor values are written out in the array too");
     }
     v2_answer(choice, &results);
 }

@@ -56,10 +56,10 @@ pub fn field(map: &Bytes, name: &str) -> Result<Option<Bytes>, String> {
 /// whole request's 500 with its other results dropped.
 pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiError> {
     gather(outcomes, format, |data| {
-        let data =
-            format::from_msgpack(format, data).map_err(format::unrepresentable_for_native)?;
+        let (data, found) =
+            format::from_msgpack_found(format, data).map_err(format::unrepresentable_for_native)?;
         match format {
-            Format::Msgpack => within_depth(data),
+            Format::Msgpack => within_depth(data, found.deepest),
             Format::Json => Ok(data),
         }
     })
@@ -69,14 +69,18 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
 /// above: for an envelope that writes its answer out itself, once for the whole array (KServe
 /// v1's predictions).
 pub fn as_sent(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
-    gather(outcomes, Format::Msgpack, within_depth)
+    gather(outcomes, Format::Msgpack, |data| {
+        let deepest = msgpack::scan(&data).deepest;
+        within_depth(data, deepest)
+    })
 }
 
-/// A result that may be an element of a msgpack array: the array is one level more, and a
+/// A result (nested `deepest` levels) that may be an element of a msgpack array: the array is
+/// one level more, and a
 /// result nested as deep as Corral reads anything would make an answer it would not read itself
 /// (the fuzzer found it).
-fn within_depth(data: Bytes) -> Result<Bytes, ApiError> {
-    if msgpack::scan(&data).deepest >= msgpack::MAX_DEPTH {
+fn within_depth(data: Bytes, deepest: usize) -> Result<Bytes, ApiError> {
+    if deepest >= msgpack::MAX_DEPTH {
         let message = format!(
             "the worker's output is nested {} levels deep: it cannot be an item of the answer's \
              array",
@@ -229,6 +233,31 @@ mod tests {
         assert_eq!(body["items"][0]["index"], 1);
         assert_eq!(body["items"][0]["message"], "bad pixel");
         assert_eq!(body["items"][1]["status"], 408);
+    }
+
+    #[test]
+    fn a_native_client_s_items_have_their_tensors_written_out_and_kserve_s_are_as_sent() {
+        use crate::http::protocols::v2::tensor::{write_tensor, DataType};
+        let data: Vec<u8> = [1.5f32, -2.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+        let mut tensor = Vec::new();
+        write_tensor(&mut tensor, DataType::F32, &[2], &data);
+        let mut result = vec![0x81, 0xa1, b'Y'];
+        result.extend(&tensor);
+        let outcomes = || vec![Outcome::Done(Bytes::from(result.clone()), None)];
+        let plain = mp(serde_json::json!([{"Y": [1.5, -2.0]}]));
+        let written = assemble(outcomes(), Format::Msgpack).unwrap();
+        let written: serde_json::Value = rmp_serde::from_slice(&written).unwrap();
+        assert_eq!(written, rmp_serde::from_slice::<serde_json::Value>(&plain).unwrap());
+        assert_eq!(assemble(outcomes(), Format::Json).unwrap(), r#"[{"Y":[1.5,-2.0]}]"#);
+        // KServe v1 writes its predictions out itself: the ext value is kept.
+        let sent = as_sent(outcomes()).unwrap();
+        assert_eq!(&sent[1..], &result[..]);
+        // A malformed tensor is a failed item of its own, in either format.
+        let broken = || vec![Outcome::Done(Bytes::from_static(b"\x81\xa1Y\xd5\x01ab"), None)];
+        for format in [Format::Msgpack, Format::Json] {
+            let error = assemble(broken(), format).unwrap_err();
+            assert_eq!((error.status.as_u16(), error.code), (500, "bad_output"));
+        }
     }
 
     #[test]

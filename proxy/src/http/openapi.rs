@@ -76,8 +76,9 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     (
         "415",
         "Content-Type is a form (application/x-www-form-urlencoded: send JSON with its type) \
-         or not a media type, a JSON body's charset is not UTF-8, or the body is compressed (Content-Encoding other than identity; \
-         see Accept-Encoding) (`unsupported_media_type`).",
+         or not a media type, a JSON body that does not read as UTF-8 names another charset, \
+         or the body is compressed (Content-Encoding other than identity; see Accept-Encoding) \
+         (`unsupported_media_type`).",
     ),
     ("422", "The worker rejected this input (`invalid_input`)."),
     (

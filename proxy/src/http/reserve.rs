@@ -109,7 +109,7 @@ pub async fn answer(app: &App, request: Request<Incoming>) -> Response<Body> {
 /// in no `corral_requests_total` (it is no route's request). Its request, body unread, is
 /// dropped here.
 fn refuse() -> Response<Body> {
-    metrics().shed.with_label_values(&[crate::metrics::TOO_MANY_CONNECTIONS, ""]).inc();
+    metrics().shed.with_label_values(&[super::error::TOO_MANY_CONNECTIONS, ""]).inc();
     let error = ApiError::too_many_connections();
     let mut response = routes::error_response_with(&error, error.body());
     let id = HeaderValue::from_str(&JobId::new().to_string()).expect("a UUID is a valid value");

@@ -141,7 +141,7 @@ pub async fn serve(
         // Small answers go out at once rather than waiting for Nagle's timer.
         let _ = stream.set_nodelay(true);
         let Some(permit) = caps.admit() else {
-            metrics().shed.with_label_values(&[crate::metrics::TOO_MANY_CONNECTIONS, ""]).inc();
+            metrics().shed.with_label_values(&[super::error::TOO_MANY_CONNECTIONS, ""]).inc();
             tokio::spawn(refuse(stream));
             return;
         };

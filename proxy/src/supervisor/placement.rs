@@ -21,29 +21,43 @@ pub fn gpu_of(gpus: &[u32], per_gpu: u32, index: u32) -> Option<u32> {
     gpus.get((index / per_gpu.max(1)) as usize).copied()
 }
 
-/// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`) for `stage`'s
-/// workers; the problem if any. `{gpu}` needs devices, and its error names the stage: a value
-/// every stage gets (`--worker-env`, the file's `worker_env`) left a two-stage file's user to
-/// guess which had none.
-pub fn check(value: &str, stage: &str, has_gpus: bool) -> Result<(), String> {
-    if value.contains('\0') {
-        // The worker could never be started: its spawn would fail on every restart.
-        return Err("holds a NUL byte, which no environment variable can".into());
-    }
-    match expand(value, 0, has_gpus.then_some(0)) {
-        Err(problem) if problem == NO_GPUS => Err(format!(
-            "{{gpu}} is used but stage {stage:?} has no gpus (a value for only the stages with \
-             gpus goes in their own env)"
-        )),
-        other => other.map(|_| ()),
+/// What is wrong with an environment value ([`check`]).
+#[derive(Debug, PartialEq)]
+pub enum BadValue {
+    /// A NUL byte: the worker could never be started (its spawn would fail on every restart).
+    Nul,
+    /// `{gpu}` in a value for a stage whose workers get no device: the caller says which stage
+    /// and what to do, which depends on where the value came from.
+    NoGpu,
+    /// A placeholder Corral does not fill in (its text).
+    Unknown(String),
+}
+
+impl std::fmt::Display for BadValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BadValue::Nul => f.write_str("holds a NUL byte, which no environment variable can"),
+            BadValue::NoGpu => f.write_str("{gpu} is used but the stage has no gpus"),
+            BadValue::Unknown(placeholder) => write!(
+                f,
+                "unknown placeholder {placeholder:?}: values may use {{index}} and {{gpu}} \
+                 ({{{{ and }}}} for literal braces)"
+            ),
+        }
     }
 }
 
-/// [`expand`]'s problem for `{gpu}` without a device.
-const NO_GPUS: &str = "{gpu} is used but the stage has no gpus";
+/// Checks an environment value's placeholders (`{index}`, `{gpu}`, `{{`, `}}`); the problem if
+/// any. `{gpu}` needs devices.
+pub fn check(value: &str, has_gpus: bool) -> Result<(), BadValue> {
+    if value.contains('\0') {
+        return Err(BadValue::Nul);
+    }
+    expand(value, 0, has_gpus.then_some(0)).map(|_| ())
+}
 
 /// The value with its placeholders filled in for worker `index` on device `gpu`.
-pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, String> {
+pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, BadValue> {
     let mut out = String::with_capacity(value.len());
     let mut rest = value;
     while let Some(at) = rest.find(['{', '}']) {
@@ -59,16 +73,12 @@ pub fn expand(value: &str, index: u32, gpu: Option<u32>) -> Result<String, Strin
             out.push_str(&index.to_string());
             rest = after;
         } else if let Some(after) = tail.strip_prefix("{gpu}") {
-            let gpu = gpu.ok_or(NO_GPUS)?;
+            let gpu = gpu.ok_or(BadValue::NoGpu)?;
             out.push_str(&gpu.to_string());
             rest = after;
         } else {
             let end = tail.find('}').map_or(tail.len(), |i| i + 1);
-            return Err(format!(
-                "unknown placeholder {:?}: values may use {{index}} and {{gpu}} ({{{{ and }}}} \
-                 for literal braces)",
-                &tail[..end]
-            ));
+            return Err(BadValue::Unknown(tail[..end].to_string()));
         }
     }
     out.push_str(rest);
@@ -189,12 +199,12 @@ mod tests {
 
     #[test]
     fn an_unknown_placeholder_or_a_gpu_without_devices_is_refused() {
-        assert!(check("{rank}", "b", true).unwrap_err().contains("\"{rank}\""));
-        let said = check("{gpu}", "b", false).unwrap_err();
-        assert!(said.starts_with("{gpu} is used but stage \"b\" has no gpus"), "{said}");
-        assert!(check("{unclosed", "b", true).is_err());
-        assert!(check("a}b", "b", true).is_err());
-        assert!(check("{gpu}-{index}", "b", true).is_ok());
+        assert!(check("{rank}", true).unwrap_err().to_string().contains("\"{rank}\""));
+        assert_eq!(check("{gpu}", false), Err(BadValue::NoGpu));
+        assert_eq!(check("a\0b", true), Err(BadValue::Nul));
+        assert!(check("{unclosed", true).is_err());
+        assert!(check("a}b", true).is_err());
+        assert!(check("{gpu}-{index}", true).is_ok());
     }
 
     #[test]

@@ -234,9 +234,11 @@ pub async fn serve(
     if let Ended::Failed { .. } = ended {
         // A worker that broke the protocol, died holding a batch or hung is an operator's
         // problem to see; one that left or was told to is routine.
-        warn!(stage = stage.name(), pid = hello.pid, name = %name, reason = %logged(&ended), "worker disconnected");
+        let reason = logged(&ended);
+        warn!(stage = stage.name(), pid = hello.pid, name = %name, %reason, "worker disconnected");
     } else {
-        info!(stage = stage.name(), pid = hello.pid, name = %name, reason = %logged(&ended), "worker disconnected");
+        let reason = logged(&ended);
+        info!(stage = stage.name(), pid = hello.pid, name = %name, %reason, "worker disconnected");
     }
 }
 

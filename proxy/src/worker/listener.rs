@@ -204,11 +204,11 @@ pub fn path_problem(path: &Path) -> Option<String> {
     if length > MAX_PATH_BYTES {
         return Some(too_long("the path", length).to_string());
     }
-    // Bound as made absolute (`lib::absolute`, what spawned workers are told): a relative path
-    // short as written but long from the working directory passed here, and failed at bind,
-    // named `--socket` whatever it came from, with exit 1.
+    // Bound as made absolute (`crate::absolute`, what spawned workers are told): a relative
+    // path short as written but long from the working directory passed here, and failed at
+    // bind, named `--socket` whatever it came from, with exit 1.
     if path.is_relative() {
-        let length = std::env::current_dir().map_or(0, |dir| dir.join(path).as_os_str().len());
+        let length = crate::absolute(path).map_or(0, |absolute| absolute.as_os_str().len());
         if length > MAX_PATH_BYTES {
             return Some(too_long("the path, made absolute,", length).to_string());
         }

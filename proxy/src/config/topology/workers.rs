@@ -104,13 +104,35 @@ pub(super) fn place(
         env.push((name, value));
     }
     for (name, value) in &env {
-        placement::check(value, &spec.name, !gpus.is_empty())
-            .map_err(|problem| error(&source[name], problem))?;
+        placement::check(value, !gpus.is_empty()).map_err(|problem| {
+            let said = match problem {
+                placement::BadValue::NoGpu => no_gpu(&spec.name, &source[name], keys),
+                other => other.to_string(),
+            };
+            error(&source[name], said)
+        })?;
     }
     spec.gpus = gpus;
     spec.workers_per_gpu = per_gpu;
     spec.env = env;
     Ok(())
+}
+
+/// Why `{gpu}` cannot be filled in for `stage`, and what to do, by where the value came from
+/// (`source`): a value every stage gets had left a two-stage file's user to guess which stage
+/// had no device.
+fn no_gpu(stage: &str, source: &str, keys: &Keys) -> String {
+    if keys.gpus == "--gpus" {
+        // Flags alone: one stage, and the flag is what gives it devices.
+        "{gpu} is used but no --gpus is set".to_string()
+    } else if source.starts_with(&keys.env) {
+        format!("{{gpu}} is used but stage {stage:?} has no gpus: give the stage `gpus`")
+    } else {
+        format!(
+            "{{gpu}} is used but stage {stage:?} has no gpus; every stage gets this value: give \
+             it in the own `env` of the stages that have gpus"
+        )
+    }
 }
 
 /// What Corral tells each worker it spawns, which the worker's environment may not set: its

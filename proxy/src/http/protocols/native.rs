@@ -42,8 +42,10 @@ pub async fn handle(
     request: Request<Incoming>,
 ) -> Result<Response<Body>, ApiError> {
     let headers = request.headers();
-    let kind = body_kind(headers).map_err(before_body)?;
-    let unnamed = !headers.contains_key(CONTENT_TYPE);
+    let kind = body_kind(headers.get(CONTENT_TYPE)).map_err(before_body)?;
+    // Kept past the body's read for an unreadable body's message (a reference count, not a copy
+    // of the bytes: the head's buffer is shared).
+    let content_type = headers.get(CONTENT_TYPE).cloned();
     let accept = format::accept(headers);
     let streamed = Framing::requested(accept.as_ref());
     // A raw request's non-raw answers are JSON unless the client asks for msgpack.
@@ -70,18 +72,8 @@ pub async fn handle(
     // one copy of its payload. Raw bytes are one msgpack value already, header and all.
     let input = match kind {
         BodyKind::Format(format) => {
-            let payload = format::to_msgpack(format, body).map_err(|problem| {
-                // A body sent without saying what it is (`requests.post(url, data=png)`) was
-                // told only that it is no JSON.
-                ApiError::bad_request(if unnamed {
-                    format!(
-                        "{problem} (the request has no Content-Type, so its body was read as \
-                         JSON; send raw bytes with their media type, e.g. image/png)"
-                    )
-                } else {
-                    problem
-                })
-            })?;
+            let payload = format::to_msgpack(format, body)
+                .map_err(|problem| unreadable(format, content_type.as_ref(), problem))?;
             Input::new(id, payload)
         }
         BodyKind::Raw(content_type) => {
@@ -130,17 +122,12 @@ enum BodyKind {
 /// What a native route's `Content-Type` makes of its body: JSON (also when it names none: such a
 /// client almost always means JSON), msgpack, or raw bytes of any other media type. A form is
 /// refused (415, saying how to send JSON), and so is a value that is not a media type.
-fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
-    let Some(value) = headers.get(CONTENT_TYPE) else {
+fn body_kind(content_type: Option<&HeaderValue>) -> Result<BodyKind, ApiError> {
+    let Some(value) = content_type else {
         return Ok(BodyKind::Format(Format::Json));
     };
     let media_type = value.to_str().unwrap_or("");
     if let Some(format) = Format::of_body(media_type) {
-        if let Some(charset) = format::charset_is_not_utf8(media_type) {
-            if format == Format::Json {
-                return Err(ApiError::json_not_utf8(charset));
-            }
-        }
         return Ok(BodyKind::Format(format));
     }
     if format::essence(media_type).eq_ignore_ascii_case("application/x-www-form-urlencoded") {
@@ -149,6 +136,26 @@ fn body_kind(headers: &HeaderMap) -> Result<BodyKind, ApiError> {
     format::media_type(media_type)
         .map(BodyKind::Raw)
         .ok_or_else(|| ApiError::not_a_media_type(&String::from_utf8_lossy(value.as_bytes())))
+}
+
+/// The answer to a body that is not what it was read as, in the client's terms where the
+/// reader's alone would leave it guessing (serde's "expected value at line 1 column 1"): JSON
+/// read from a body sent with no `Content-Type` (`requests.post(url, data=png)`), and JSON whose
+/// `charset` says it is not UTF-8 (415; one that is ASCII reads as UTF-8, and is served).
+fn unreadable(format: Format, content_type: Option<&HeaderValue>, problem: String) -> ApiError {
+    if format != Format::Json || !problem.starts_with(format::NOT_JSON) {
+        return ApiError::bad_request(problem);
+    }
+    let Some(value) = content_type else {
+        return ApiError::bad_request(format!(
+            "{problem} (the request has no Content-Type, so its body was read as JSON; send raw \
+             bytes with their media type, e.g. image/png)"
+        ));
+    };
+    match value.to_str().ok().and_then(format::charset_is_not_utf8) {
+        Some(charset) => ApiError::json_not_utf8(charset),
+        None => ApiError::bad_request(problem),
+    }
 }
 
 /// The 200 for an output, in the form the client's `Accept` and the output allow (406 if none):

@@ -217,7 +217,7 @@ enum Vector {
 /// (a list of 7.5M numbers as a `serde_json::Value` took 500 MiB for its 400).
 enum Item {
     Text(String),
-    /// A number or a list: a token array's element (or a token array).
+    /// A whole number or a list of them: a token array's element (or a token array).
     Token,
     Other,
 }
@@ -268,7 +268,7 @@ impl<'de> Deserialize<'de> for Item {
     }
 }
 
-/// Whether a value is a number (a token); anything else is read past.
+/// Whether a value is a whole number (a token); anything else is read past.
 struct Number(bool);
 
 impl<'de> Deserialize<'de> for Number {

@@ -25,6 +25,11 @@ pub const TENSOR_EXT: i8 = 1;
 /// Deepest nesting read in a worker's output (as for every msgpack value Corral reads).
 const MAX_DEPTH: usize = crate::msgpack::MAX_DEPTH;
 
+/// What no tensor element can be, in JSON's words whether the value came as JSON or as msgpack
+/// (named by kind, never quoted: a map's contents are another client's output).
+const NULL_ELEMENT: &str = "null is not a tensor element";
+const OBJECT_ELEMENT: &str = "an object is not a tensor element";
+
 /// A v2 datatype. `BF16` is not among them: neither JSON nor numpy has it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataType {

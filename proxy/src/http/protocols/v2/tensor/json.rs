@@ -136,14 +136,14 @@ impl<'de> serde::de::Visitor<'de> for Level<'_> {
     }
 
     fn visit_unit<E: serde::de::Error>(self) -> Result<(), E> {
-        self.leaves.leaf(Err("null is not a tensor element".into()));
+        self.leaves.leaf(Err(super::NULL_ELEMENT.into()));
         Ok(())
     }
 
     fn visit_map<A: serde::de::MapAccess<'de>>(self, mut entries: A) -> Result<(), A::Error> {
         // Read past without building it.
         while entries.next_entry::<serde::de::IgnoredAny, serde::de::IgnoredAny>()?.is_some() {}
-        self.leaves.leaf(Err("an object is not a tensor element".into()));
+        self.leaves.leaf(Err(super::OBJECT_ELEMENT.into()));
         Ok(())
     }
 

@@ -120,11 +120,12 @@ fn walk<'a>(
                 None => return Err("a string that is not UTF-8".into()),
             },
             ValueRef::Binary(b) => Element::Bytes(b),
-            // Named by kind in JSON's words, as the JSON form's own check says it, and never
-            // quoted: a map's contents are another client's output.
-            ValueRef::Nil => return Err("null is not a tensor element".into()),
-            ValueRef::Map(_) => return Err("an object is not a tensor element".into()),
-            _ => return Err("an extension value is not a tensor element".into()),
+            // Named by kind, as the JSON form's own check says it (`super::NULL_ELEMENT`).
+            ValueRef::Nil => return Err(super::NULL_ELEMENT.into()),
+            ValueRef::Map(_) => return Err(super::OBJECT_ELEMENT.into()),
+            ValueRef::Ext(..) => return Err("an extension value is not a tensor element".into()),
+            // Found by `array_len` above; here for the match to say every kind.
+            ValueRef::Array(_) => return Err(uneven()),
         };
         return leaf(element);
     };
