@@ -339,25 +339,27 @@ def test_gpus_all_asks_once_and_takes_each_device_once(tmp_path):
         proxy.stop()
 
 
-def test_gpus_all_gives_up_on_an_nvidia_smi_that_never_answers(tmp_path):
-    """A wedged driver hangs nvidia-smi; the proxy says so and exits rather than sit silent."""
+@pytest.mark.parametrize(
+    ("script", "said"),
+    [
+        # A wedged driver hangs nvidia-smi: the proxy says so and exits rather than sit silent.
+        ("exec sleep 120\n", "nvidia-smi: no answer to -L within 10 s (killed)"),
+        # nvidia-smi writes its own failures to stdout ("No devices were found", exit 6): read
+        # from stderr alone, the reason was dropped.
+        (
+            "echo 'No devices were found'\nexit 6\n",
+            "nvidia-smi -L failed (exit status: 6): No devices were found",
+        ),
+    ],
+    ids=["never_answers", "fails_saying_why"],
+)
+def test_gpus_all_says_why_nvidia_smi_gave_no_gpu(tmp_path, script, said):
     if any(Path("/proc/driver/nvidia/gpus").glob("*")):
         pytest.skip("this machine has GPUs: `all` finds them")
-    path = fake_nvidia_smi(tmp_path / "bin", "exec sleep 120\n")
+    path = fake_nvidia_smi(tmp_path / "bin", script)
     result = run(tmp_path, "--gpus", "all", *WORKER, path=path)
     assert result.returncode == 2, result.stderr
-    assert "nvidia-smi: no answer to -L within 10 s (killed)" in result.stderr
-
-
-def test_gpus_all_says_why_nvidia_smi_failed_as_it_said_it(tmp_path):
-    """nvidia-smi writes its own failures to stdout ("No devices were found", exit 6): read
-    from stderr alone, the reason was dropped."""
-    if any(Path("/proc/driver/nvidia/gpus").glob("*")):
-        pytest.skip("this machine has GPUs: `all` finds them")
-    path = fake_nvidia_smi(tmp_path / "bin", "echo 'No devices were found'\nexit 6\n")
-    result = run(tmp_path, "--gpus", "all", *WORKER, path=path)
-    assert result.returncode == 2, result.stderr
-    assert "nvidia-smi -L failed (exit status: 6): No devices were found" in result.stderr
+    assert said in result.stderr
 
 
 def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
