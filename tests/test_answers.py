@@ -97,6 +97,14 @@ def test_a_json_body_that_cannot_be_read_says_why_in_the_clients_terms(proxy):
         other = proxy.client.post("/infer", content="{}".encode("utf-16"), headers=headers)
         message = assert_error(other, 415, "unsupported_media_type")["message"]
         assert f"charset={charset.strip(chr(34))}, but JSON is UTF-8" in message
+    # UTF-8 that is no JSON is that, whatever its charset; a byte order mark with no
+    # Content-Type is still JSON meant as JSON (no hint to send raw bytes).
+    headers = {"content-type": "application/json; charset=windows-1252"}
+    cut = proxy.client.post("/infer", content=b'{"t":', headers=headers)
+    assert assert_error(cut, 400, "bad_request")["message"].startswith("body is not valid JSON")
+    bom = proxy.client.post("/infer", content=b'\xef\xbb\xbf{"a": 1}')
+    message = assert_error(bom, 400, "bad_request")["message"]
+    assert "byte order mark" in message and "no Content-Type" not in message
     # One that reads as UTF-8 is served whatever its charset says (.NET's Encoding.Default
     # names windows-1252 for ASCII JSON).
     for utf8 in ("utf-8", "UTF-8", '"utf-8"', "us-ascii", "windows-1252"):

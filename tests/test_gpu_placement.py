@@ -350,8 +350,13 @@ def test_gpus_all_asks_once_and_takes_each_device_once(tmp_path):
             "echo 'No devices were found'\nexit 6\n",
             "nvidia-smi -L failed (exit status: 6): No devices were found",
         ),
+        # A warning on stderr is not the reason.
+        (
+            "echo 'WARNING: infoROM is corrupted' >&2\necho 'No devices were found'\nexit 6\n",
+            "nvidia-smi -L failed (exit status: 6): No devices were found",
+        ),
     ],
-    ids=["never_answers", "fails_saying_why"],
+    ids=["never_answers", "fails_saying_why", "warns_and_fails"],
 )
 def test_gpus_all_says_why_nvidia_smi_gave_no_gpu(tmp_path, script, said):
     if any(Path("/proc/driver/nvidia/gpus").glob("*")):

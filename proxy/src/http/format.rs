@@ -340,6 +340,14 @@ pub fn media_type(text: &str) -> Option<HeaderValue> {
 /// an integer past 64 bits, are of JSON that was read).
 pub const NOT_JSON: &str = "body is not valid JSON";
 
+/// [`to_msgpack`]'s message for a JSON body that begins with a byte order mark.
+pub const BOM: &str =
+    "body is not valid JSON: it begins with a byte order mark, and JSON is UTF-8 without one \
+     (RFC 8259)";
+
+/// How [`to_msgpack`]'s message for a JSON body whose bytes are not UTF-8 begins.
+pub const NOT_UTF8: &str = "body is not valid JSON: it is not UTF-8, which JSON is (RFC 8259)";
+
 /// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
 /// back as itself (no copy); a JSON body is consumed, so that only its transcoding lives on.
 pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
@@ -355,13 +363,13 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
         Format::Json => {
             let mut out = Vec::with_capacity(body.len());
             let mut de = serde_json::Deserializer::from_slice(&body);
+            // On the error path only: what serde says ("expected value at line 1 column 1",
+            // "invalid unicode code point") did not say what was there.
             let invalid = |e: &dyn std::fmt::Display| {
                 if body.starts_with(b"\xEF\xBB\xBF") {
-                    // serde's "expected value at line 1 column 1" did not say what was there.
-                    format!(
-                        "{NOT_JSON}: it begins with a byte order mark, and JSON is UTF-8 without \
-                         one (RFC 8259)"
-                    )
+                    BOM.to_string()
+                } else if std::str::from_utf8(&body).is_err() {
+                    format!("{NOT_UTF8} ({e})")
                 } else {
                     format!("{NOT_JSON}: {e}")
                 }

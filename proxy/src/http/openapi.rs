@@ -69,7 +69,8 @@ const INFER_ERRORS: &[(&str, &str)] = &[
     ),
     (
         "408",
-        "The deadline passed, queued or in the worker (`deadline_exceeded`), or the body did not \
+        "The deadline passed, queued or in the worker, or the worker skipped the job as one \
+         its deadline would pass before it was done (`deadline_exceeded`); or the body did not \
          arrive in time (`body_timeout`).",
     ),
     ("413", "Body or item too large, or too many items (`body_too_large`, `too_many_items`)."),

@@ -132,14 +132,19 @@ fn ask_the_machine() -> Result<Vec<u32>, String> {
             "nvidia-smi -L listed no GPU".to_string()
         }
         Ok(out) => {
-            // Its reason from stderr, else stdout, where nvidia-smi writes its own ("No devices
-            // were found", "NVIDIA-SMI has failed because it couldn't communicate with the
-            // NVIDIA driver"): read from stderr alone, it was dropped.
+            // Its reason from stdout, where nvidia-smi writes its own ("No devices were found",
+            // "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
+            // else stderr: read from stderr alone it was dropped, or a warning said instead.
+            // Control characters (a terminal's colours) are left out of the config error.
             let first = |bytes: &[u8]| {
                 let text = String::from_utf8_lossy(bytes);
-                text.lines().map(str::trim).find(|line| !line.is_empty()).map(str::to_string)
+                let plain = |line: &str| line.chars().filter(|c| !c.is_control()).collect();
+                text.lines()
+                    .map(plain)
+                    .map(|line: String| line.trim().to_string())
+                    .find(|line| !line.is_empty())
             };
-            let said = first(&out.stderr).or_else(|| first(&out.stdout)).unwrap_or_default();
+            let said = first(&out.stdout).or_else(|| first(&out.stderr)).unwrap_or_default();
             format!(
                 "nvidia-smi -L failed ({}){}",
                 out.status,

@@ -129,8 +129,9 @@ fn no_gpu(stage: &str, source: &str, keys: &Keys) -> String {
         format!("{{gpu}} is used but stage {stage:?} has no gpus: give the stage `gpus`")
     } else {
         format!(
-            "{{gpu}} is used but stage {stage:?} has no gpus; every stage gets this value: give \
-             it in the own `env` of the stages that have gpus"
+            "{{gpu}} is used but stage {stage:?} has no gpus, and every stage gets this value: \
+             give the stage `gpus`, or, where only some stages have them, give the value in \
+             their own `env`"
         )
     }
 }

@@ -140,10 +140,12 @@ fn body_kind(content_type: Option<&HeaderValue>) -> Result<BodyKind, ApiError> {
 
 /// The answer to a body that is not what it was read as, in the client's terms where the
 /// reader's alone would leave it guessing (serde's "expected value at line 1 column 1"): JSON
-/// read from a body sent with no `Content-Type` (`requests.post(url, data=png)`), and JSON whose
-/// `charset` says it is not UTF-8 (415; one that is ASCII reads as UTF-8, and is served).
+/// read from a body sent with no `Content-Type` (`requests.post(url, data=png)`), and a body
+/// that is not UTF-8 whose `charset` names another encoding (415; one that reads as UTF-8 is
+/// served whatever its `charset`, and one that is UTF-8 but no JSON is a 400 saying so).
 fn unreadable(format: Format, content_type: Option<&HeaderValue>, problem: String) -> ApiError {
-    if format != Format::Json || !problem.starts_with(format::NOT_JSON) {
+    // A byte order mark is JSON meant as JSON, whatever its Content-Type: its message says all.
+    if format != Format::Json || !problem.starts_with(format::NOT_JSON) || problem == format::BOM {
         return ApiError::bad_request(problem);
     }
     let Some(value) = content_type else {
@@ -152,7 +154,8 @@ fn unreadable(format: Format, content_type: Option<&HeaderValue>, problem: Strin
              bytes with their media type, e.g. image/png)"
         ));
     };
-    match value.to_str().ok().and_then(format::charset_is_not_utf8) {
+    let charset = value.to_str().ok().and_then(format::charset_is_not_utf8);
+    match charset.filter(|_| problem.starts_with(format::NOT_UTF8)) {
         Some(charset) => ApiError::json_not_utf8(charset),
         None => ApiError::bad_request(problem),
     }
