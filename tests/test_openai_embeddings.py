@@ -158,6 +158,17 @@ def test_raw_bytes_from_the_worker_are_a_bad_output_not_an_embedding(client):
     assert "input 1 is not a list of numbers" in raised.value.message
 
 
+def test_a_byte_order_mark_is_named_not_taken_for_a_body_that_is_no_object(proxy):
+    # It had been told "the body must be a JSON object" of a body that is one.
+    answer = proxy.client.post(
+        "/v1/embeddings",
+        content=b'\xef\xbb\xbf{"model": "m", "input": "x"}',
+        headers={"content-type": "application/json"},
+    )
+    assert answer.status_code == 400
+    assert "begins with a byte order mark" in answer.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("media_type", ["application/msgpack", "text/plain"])
 def test_a_body_not_json_is_415_saying_json_only(proxy, media_type):
     # Any other type was told "application/json or application/msgpack", and msgpack is then

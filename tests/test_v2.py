@@ -377,6 +377,13 @@ def test_a_v2_request_is_read_and_answered_in_v2_form_whatever_its_media_types(p
     assert {o["name"] for o in answer.json()["outputs"]} >= {"SUM", "SCALED"}
 
 
+def test_a_byte_order_mark_is_named_not_taken_for_a_header_that_is_no_object(proxy):
+    body = b"\xef\xbb\xbf" + json.dumps(good()).encode()
+    answer = proxy.client.post(INFER, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400
+    assert "header begins with a byte order mark" in answer.json()["error"]
+
+
 def test_a_v2_body_that_is_neither_json_nor_its_binary_form_is_400(proxy):
     answer = proxy.client.post(
         INFER, content=b"\x81\xa1a\x01", headers={"content-type": "application/msgpack"}

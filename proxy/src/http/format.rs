@@ -345,6 +345,12 @@ pub const BOM: &str =
     "body is not valid JSON: it begins with a byte order mark, and JSON is UTF-8 without one \
      (RFC 8259)";
 
+/// Whether a body begins with a UTF-8 byte order mark, which JSON must not have (RFC 8259 8.1):
+/// each protocol's reader says so rather than "must be a JSON object" of a body that is one.
+pub fn begins_with_bom(body: &[u8]) -> bool {
+    body.starts_with(b"\xEF\xBB\xBF")
+}
+
 /// How [`to_msgpack`]'s message for a JSON body whose bytes are not UTF-8 begins.
 pub const NOT_UTF8: &str = "body is not valid JSON: it is not UTF-8, which JSON is (RFC 8259)";
 
@@ -366,7 +372,7 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
             // On the error path only: what serde says ("expected value at line 1 column 1",
             // "invalid unicode code point") did not say what was there.
             let invalid = |e: &dyn std::fmt::Display| {
-                if body.starts_with(b"\xEF\xBB\xBF") {
+                if begins_with_bom(&body) {
                     BOM.to_string()
                 } else if std::str::from_utf8(&body).is_err() {
                     format!("{NOT_UTF8} ({e})")

@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 
 use super::super::body::{self, Received};
 use super::super::error::ApiError;
-use super::super::format::Format;
+use super::super::format::{self, Format};
 use super::super::infer;
 use super::super::routes::{error_response_with, json};
 use super::super::{App, Body, Route};
@@ -145,6 +145,9 @@ pub async fn embeddings(
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        if format::begins_with_bom(&body) {
+            return Err(ApiError::bad_request(format::BOM));
+        }
         return Err(ApiError::bad_request("the body must be a JSON object: an embeddings request"));
     }
     let request: EmbeddingsRequest<'_> =

@@ -335,6 +335,11 @@ fn parse_reading(
     // serde takes a struct from an array of its fields too: `[null, {}, [...], []]` had been
     // served, and `[]` told "expected struct Header with 4 elements".
     if json.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
+        if crate::http::format::begins_with_bom(json) {
+            return Err("the inference request header begins with a byte order mark, and JSON is \
+                        UTF-8 without one (RFC 8259)"
+                .to_string());
+        }
         return Err("the inference request header must be a JSON object".to_string());
     }
     let first = eager.then(|| {
