@@ -82,7 +82,9 @@ pub(super) fn hung_limit(
     allowance: Duration,
 ) -> (Duration, &'static str) {
     match batch_timeout {
-        Some(limit) => (limit, "--batch-timeout-ms"),
+        // Named as the stage's setting, wherever it was set: a config file's stage key had been
+        // blamed on the flag.
+        Some(limit) => (limit, "the stage's batch timeout, --batch-timeout-ms or batch_timeout_ms"),
         None => (allowance + HUNG_MARGIN, "its jobs' time and 1 s"),
     }
 }

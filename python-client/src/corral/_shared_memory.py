@@ -24,6 +24,7 @@ import array
 import mmap
 import os
 import socket
+import sys
 from typing import Any
 
 from corral import _protocol as protocol
@@ -40,8 +41,13 @@ class Memory:
     """The proxy's shared memory, mapped read-only."""
 
     def __init__(self, fd: int, size: int) -> None:
+        # Python's mmap keeps a duplicate of the descriptor for its own `size()` and `resize()`,
+        # which are not used here: from 3.13 it need not (`trackfd`), and the worker holds no
+        # descriptor of the memory once `first_frame` closes the one it got. Before 3.13 that
+        # duplicate lives as long as the mapping: one per connection, closed with it.
+        untracked: dict[str, Any] = {"trackfd": False} if sys.version_info >= (3, 13) else {}
         try:
-            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
+            self._map = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ, **untracked)
         # ValueError: a size past the end of the file; OverflowError: past what mmap takes.
         except (OSError, ValueError, OverflowError) as e:
             raise ProtocolError(f"cannot map the {size}-byte shared memory: {e}") from e
@@ -114,7 +120,7 @@ def first_frame(sock: socket.socket) -> tuple[Memory | None, dict[str, Any] | No
             raise ProtocolError("a shm frame of a size came without a descriptor")
         return Memory(fds[0], size), None
     finally:
-        for fd in fds:  # the mapping keeps the memory; descriptors are not needed after it
+        for fd in fds:  # the mapping keeps the memory (see `Memory` for mmap's own duplicate)
             os.close(fd)
 
 
