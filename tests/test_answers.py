@@ -92,11 +92,17 @@ def test_a_json_body_that_cannot_be_read_says_why_in_the_clients_terms(proxy):
     message = assert_error(bom, 400, "bad_request")["message"]
     assert "begins with a byte order mark, and JSON is UTF-8 without one" in message
     assert "no Content-Type" not in message
-    for charset in ("utf-16", '"latin1"'):
+    for charset, body in (("utf-16", "{}".encode("utf-16")), ('"latin1"', b"{\xe9}")):
         headers = {"content-type": f"application/json; charset={charset}"}
-        other = proxy.client.post("/infer", content="{}".encode("utf-16"), headers=headers)
+        other = proxy.client.post("/infer", content=body, headers=headers)
         message = assert_error(other, 415, "unsupported_media_type")["message"]
         assert f"charset={charset.strip(chr(34))}, but JSON is UTF-8" in message
+    # UTF-16 without a byte order mark (.NET's Encoding.Unicode) is UTF-8 bytes all, with NULs
+    # between, which JSON's text never holds.
+    headers = {"content-type": "application/json; charset=utf-16le"}
+    unmarked = proxy.client.post("/infer", content='{"a": 1}'.encode("utf-16-le"), headers=headers)
+    message = assert_error(unmarked, 415, "unsupported_media_type")["message"]
+    assert "charset=utf-16le, but JSON is UTF-8" in message
     # UTF-8 that is no JSON is that, whatever its charset; a byte order mark with no
     # Content-Type is still JSON meant as JSON (no hint to send raw bytes).
     headers = {"content-type": "application/json; charset=windows-1252"}

@@ -367,6 +367,27 @@ def test_gpus_all_says_why_nvidia_smi_gave_no_gpu(tmp_path, script, said):
     assert said in result.stderr
 
 
+def test_a_gpu_value_every_stage_gets_is_not_checked_where_no_worker_is_spawned(tmp_path):
+    # A stage whose workers start elsewhere uses no environment, and may not be given `gpus`:
+    # `{gpu}` in a value every stage gets had been refused there, advising just that.
+    records = tmp_path / "records"
+    records.mkdir()
+    config = (
+        'worker_env = ["MODEL_DIR=/models/{gpu}"]\n'
+        f'[stages.a]\ncommand = ["{sys.executable}", "{PLACED}"]\ngpus = [3]\n'
+        "[stages.b]\n[pipelines.p]\nstages = ['a', 'b']\n"
+    )
+    (tmp_path / "c.toml").write_text(config)
+    env = {"PLACED_DIR": str(records), "PLACED_VARS": "MODEL_DIR"}
+    proxy = Corral(tmp_path, "--config", str(tmp_path / "c.toml"), worker=None, env=env)
+    try:
+        proxy.wait_for_log("worker connected")
+        (placed,) = placements(records).values()
+        assert placed["MODEL_DIR"] == "/models/3"
+    finally:
+        proxy.stop()
+
+
 def test_options_for_spawned_workers_without_a_command_are_warned_of(tmp_path):
     proxy = Corral(tmp_path, "--worker-env", "A=1", "--workers-per-gpu", "2", worker=None)
     try:
@@ -539,12 +560,8 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
             STAGE + "max_batch_size = 4096\n",
             "error: --max-batch-bytes: 67103744 is not in",
         ),
-        ([], 'worker_env = ["A={gpu}"]\n' + STAGE, 'worker_env.A: {gpu} is used but stage "s" has'),
-        (
-            [],
-            STAGE + 'env = { A = "{gpu}" }\n',
-            'stages.s.env.A: {gpu} is used but stage "s" has no',
-        ),
+        ([], 'worker_env = ["A={gpu}"]\n' + STAGE, "no gpus, and every stage gets this value"),
+        ([], STAGE + 'env = { A = "{gpu}" }\n', 'stage "s" has no gpus: give the stage `gpus`'),
         ([], 'socket = ""\n' + STAGE, "c.toml: socket: an empty path"),
         ([], "max_body_bytes = 0\n" + STAGE, "c.toml: max_body_bytes: must be at least 1"),
         (["--max-body-bytes", "0"], None, "--max-body-bytes"),

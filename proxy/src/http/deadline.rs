@@ -13,9 +13,9 @@
 //! caller meant but Corral misread would be worse than none. A header sent more than once
 //! counts each time (the earliest wins, and each must parse), and so does each value of one
 //! field holding several separated by commas: the same header folded into one line, as HTTP
-//! lets a proxy on the way do (RFC 9110 §5.3). Not `request-timeout`'s: its seconds are
-//! decimals, and `2,5` read as two values would be a deadline of 2 s where 2.5 was meant (a 400
-//! says it is no number).
+//! lets a proxy on the way do (RFC 9110 §5.3). `request-timeout`'s only at a comma followed by a
+//! space or tab, as folding writes it: its seconds are decimals, and `2,5` read as two values
+//! would be a deadline of 2 s where 2.5 was meant (a 400 says it is no number).
 
 use std::time::Duration;
 
@@ -38,8 +38,8 @@ static ENVOY: HeaderName = HeaderName::from_static(ENVOY_HEADER);
 static GRPC: HeaderName = HeaderName::from_static(GRPC_HEADER);
 static REQUEST_TIMEOUT: HeaderName = HeaderName::from_static(REQUEST_TIMEOUT_HEADER);
 
-/// A header's name, its parser, what its value must be (for the 400), and whether one field
-/// may hold several values separated by commas.
+/// A header's name, its parser, what its value must be (for the 400), and whether its values
+/// are split at any comma (else only at one followed by a space or tab).
 type Reader = (&'static HeaderName, fn(&str) -> Option<Duration>, &'static str, bool);
 
 /// The shortest time any of the headers allows, if one is present.
@@ -58,8 +58,7 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
             let bad = || ApiError::bad_request(format!("{name} must be {expected}"));
             let value = value.to_str().map_err(|_| bad())?;
             // Empty list elements are no value (RFC 9110 §5.6.1); a field of none is a 400.
-            let separator = if folds { ',' } else { '\0' }; // NUL: no header value holds one
-            let values = value.split(separator).map(str::trim).filter(|v| !v.is_empty());
+            let values = folded(value, folds).map(str::trim).filter(|v| !v.is_empty());
             let mut values = values.peekable();
             if values.peek().is_none() {
                 return Err(bad());
@@ -71,6 +70,24 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
         }
     }
     Ok(earliest)
+}
+
+/// A field's values: split at every comma (`any_comma`), or only at one a space or tab follows.
+fn folded(value: &str, any_comma: bool) -> impl Iterator<Item = &str> {
+    let bytes = value.as_bytes();
+    let mut start = 0;
+    let mut cuts = value.match_indices(',').filter_map(move |(at, _)| {
+        (any_comma || matches!(bytes.get(at + 1), Some(b' ' | b'\t'))).then_some(at)
+    });
+    std::iter::from_fn(move || {
+        if start > value.len() {
+            return None;
+        }
+        let end = cuts.next().unwrap_or(value.len());
+        let piece = &value[start..end];
+        start = end + 1;
+        Some(piece)
+    })
 }
 
 /// Any whole number, however long: one past what 64 bits hold is a deadline as long as the
@@ -169,9 +186,13 @@ mod tests {
             let error = requested(&headers(&[(TIMEOUT_HEADER, bad)])).unwrap_err();
             assert!(error.message.starts_with(TIMEOUT_HEADER), "{bad:?}: {}", error.message);
         }
-        // Seconds are decimals: `2,5` is no number, not 2 s and 5 s.
+        // Seconds are decimals: `2,5` is no number, not 2 s and 5 s; `2.5, 3` is folded.
         let comma = requested(&headers(&[(REQUEST_TIMEOUT_HEADER, "2,5")])).unwrap_err();
         assert!(comma.message.starts_with(REQUEST_TIMEOUT_HEADER), "{}", comma.message);
+        let folded = headers(&[(REQUEST_TIMEOUT_HEADER, "2.5, 3")]);
+        assert_eq!(requested(&folded).unwrap(), Some(Duration::from_millis(2500)));
+        let tabbed = headers(&[(REQUEST_TIMEOUT_HEADER, "3,\t0.5")]);
+        assert_eq!(requested(&tabbed).unwrap(), Some(Duration::from_millis(500)));
     }
 
     #[test]

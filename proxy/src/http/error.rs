@@ -89,8 +89,8 @@ impl ApiError {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
-    /// A JSON body whose `charset` is not UTF-8: JSON is UTF-8 (RFC 8259), and the body's bytes
-    /// would have been read as UTF-8 whatever it said.
+    /// A JSON body that is not UTF-8 (or holds a NUL, as UTF-16 does) while its `charset` names
+    /// another encoding: JSON is UTF-8 (RFC 8259), and that is what the body is read as.
     pub fn json_not_utf8(charset: &str) -> Self {
         let shown: String = charset.chars().take(40).collect();
         let message = format!(

@@ -374,7 +374,9 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
             let invalid = |e: &dyn std::fmt::Display| {
                 if begins_with_bom(&body) {
                     BOM.to_string()
-                } else if std::str::from_utf8(&body).is_err() {
+                } else if std::str::from_utf8(&body).is_err() || body.contains(&0) {
+                    // A NUL is UTF-8 but never in JSON's text: UTF-16 without a byte order
+                    // mark (.NET's `Encoding.Unicode`) is ASCII with NULs between.
                     format!("{NOT_UTF8} ({e})")
                 } else {
                     format!("{NOT_JSON}: {e}")
@@ -460,7 +462,7 @@ pub fn from_msgpack_between(
     prefix: &[u8],
     suffix: &[u8],
 ) -> Result<Bytes, Unwritable> {
-    written(format, data, prefix, suffix).map(|(written, _)| written)
+    written(format, data, prefix, suffix, false).map(|(written, _)| written)
 }
 
 /// [`from_msgpack`], and what a scan finds in the msgpack it was written from (the output's,
@@ -470,14 +472,17 @@ pub fn from_msgpack_found(
     format: Format,
     data: Bytes,
 ) -> Result<(Bytes, crate::msgpack::Found), Unwritable> {
-    written(format, data, b"", b"")
+    written(format, data, b"", b"", true)
 }
 
+/// The output written in `format`, and what a scan found in it (where `want_found`, or for
+/// JSON, of what was written out; else of the output as it came).
 fn written(
     format: Format,
     data: Bytes,
     prefix: &[u8],
     suffix: &[u8],
+    want_found: bool,
 ) -> Result<(Bytes, crate::msgpack::Found), Unwritable> {
     let mut found = crate::msgpack::scan(&data);
     let data = if found.ext {
@@ -489,8 +494,11 @@ fn written(
             message: format!("the worker's output has a tensor value that is not well formed: {e}"),
             malformed: true,
         })?;
-        // A tensor's floats are plain values only now, nested one level a dimension.
-        found = crate::msgpack::scan(&plain);
+        // A tensor's floats are plain values only now, nested one level a dimension: found
+        // again for JSON, or for a caller that asked (not to write msgpack, which needs none).
+        if format == Format::Json || want_found {
+            found = crate::msgpack::scan(&plain);
+        }
         Bytes::from(plain)
     } else {
         data

@@ -135,13 +135,12 @@ fn ask_the_machine() -> Result<Vec<u32>, String> {
             // Its reason from stdout, where nvidia-smi writes its own ("No devices were found",
             // "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver"),
             // else stderr: read from stderr alone it was dropped, or a warning said instead.
-            // Control characters (a terminal's colours) are left out of the config error.
+            // A terminal's colours and other control characters are left out of the error.
             let first = |bytes: &[u8]| {
                 let text = String::from_utf8_lossy(bytes);
-                let plain = |line: &str| line.chars().filter(|c| !c.is_control()).collect();
                 text.lines()
                     .map(plain)
-                    .map(|line: String| line.trim().to_string())
+                    .map(|line| line.trim().to_string())
                     .find(|line| !line.is_empty())
             };
             let said = first(&out.stdout).or_else(|| first(&out.stderr)).unwrap_or_default();
@@ -159,6 +158,27 @@ fn ask_the_machine() -> Result<Vec<u32>, String> {
         return Ok((0..entries as u32).collect());
     }
     Err(format!("`all` found no GPU: {smi}, and {} has no entries", proc_dir.display()))
+}
+
+/// `line` without its ANSI escape sequences (ESC `[`, parameters, a final byte from `@` to `~`)
+/// and other control characters.
+fn plain(line: &str) -> String {
+    let mut out = String::with_capacity(line.len());
+    let mut chars = line.chars().peekable();
+    while let Some(c) = chars.next() {
+        if c == '\x1b' && chars.peek() == Some(&'[') {
+            chars.next();
+            // Parameters and intermediates, up to and with the final byte.
+            for c in chars.by_ref() {
+                if ('@'..='~').contains(&c) {
+                    break;
+                }
+            }
+        } else if !c.is_control() {
+            out.push(c);
+        }
+    }
+    out
 }
 
 /// `nvidia-smi -L`'s output, waited for up to [`ASK_LIMIT`]; past it the command is killed.
@@ -210,6 +230,12 @@ mod tests {
         assert!(check("{unclosed", true).is_err());
         assert!(check("a}b", true).is_err());
         assert!(check("{gpu}-{index}", true).is_ok());
+    }
+
+    #[test]
+    fn a_line_is_told_without_its_colours() {
+        assert_eq!(plain("\x1b[31mNo devices were found\x1b[0m\x07"), "No devices were found");
+        assert_eq!(plain("GPU 0: A [1]"), "GPU 0: A [1]", "brackets alone are text");
     }
 
     #[test]

@@ -103,10 +103,16 @@ pub(super) fn place(
         source.insert(name.clone(), format!("{GIVEN_ENV} {name}"));
         env.push((name, value));
     }
-    for (name, value) in &env {
+    // Only where workers are spawned: a stage whose workers start elsewhere uses none of it
+    // (and a value every stage gets, `{gpu}` in it, had been refused there with advice that
+    // could not be followed: such a stage may not be given `gpus`).
+    let spawns = !spec.command.is_empty();
+    for (name, value) in env.iter().filter(|_| spawns) {
         placement::check(value, !gpus.is_empty()).map_err(|problem| {
             let said = match problem {
-                placement::BadValue::NoGpu => no_gpu(&spec.name, &source[name], keys),
+                placement::BadValue::NoGpu => {
+                    no_gpu(&spec.name, &source[name], keys, config.config.is_none())
+                }
                 other => other.to_string(),
             };
             error(&source[name], said)
@@ -121,9 +127,9 @@ pub(super) fn place(
 /// Why `{gpu}` cannot be filled in for `stage`, and what to do, by where the value came from
 /// (`source`): a value every stage gets had left a two-stage file's user to guess which stage
 /// had no device.
-fn no_gpu(stage: &str, source: &str, keys: &Keys) -> String {
-    if keys.gpus == "--gpus" {
-        // Flags alone: one stage, and the flag is what gives it devices.
+fn no_gpu(stage: &str, source: &str, keys: &Keys, flags_alone: bool) -> String {
+    if flags_alone {
+        // One stage, and the flag is what gives it devices.
         "{gpu} is used but no --gpus is set".to_string()
     } else if source.starts_with(&keys.env) {
         format!("{{gpu}} is used but stage {stage:?} has no gpus: give the stage `gpus`")
