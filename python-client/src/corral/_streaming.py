@@ -245,7 +245,9 @@ class _Run:
         (``GeneratorExit``, its ``finally`` runs). Stepped on, a generator that runs until it is
         cancelled (a live feed) ran for good: the next batch waited behind it until the proxy
         declared the worker hung. One whose last item ended with ``END`` runs on to its return,
-        as it always has (its code after the last yield runs), unless it yields again: that
+        as it always has (its code after the last yield runs; the proxy may send the next batch
+        meanwhile, and a tail past that batch's route timeout and a second is taken as hung, as
+        README says), unless it yields again: that
         yield has nobody to reach, and the generator is closed there alike (one that went on
         yielding had the next batch's client wait for its 408, and the worker, which sent no
         sign of life for a stream it no longer had, killed as hung).
