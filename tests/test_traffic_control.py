@@ -460,6 +460,8 @@ def test_a_worker_declaring_a_bad_weight_rule_is_refused(corral_factory):
         # HTTP/2 carries it as :authority: its clients had no tenant, and no quota.
         (["--tenant-header", "Host"], None, "host is a header Corral reads for something else"),
         ([], 'tenant_header = "cookie"\n', "tenant_header: cookie cannot name a tenant"),
+        (["--tenant-header", "Upgrade"], None, "upgrade cannot name a tenant: it is a connection"),
+        ([], 'tenant_header = "te"\n', "tenant_header: te cannot name a tenant"),
         ([], "[stages.s]\nmax_batch_weight = 0\n", "stages.s.max_batch_weight"),
         ([], '[stages.s]\n[routes.r]\npipeline = "s"\npriority = "urgent"\n', "priority"),
     ],

@@ -415,6 +415,15 @@ pub(crate) fn parse_header_name(text: &str) -> Result<http::HeaderName, String> 
     if own.contains(&name.as_str()) {
         return Err(format!("{name} is a header Corral reads for something else"));
     }
+    // A connection's own headers (hop-by-hop): a proxy in front drops them, HTTP/2 forbids them
+    // (`te` but for `trailers`), so a tenant named by one would reach Corral from some clients
+    // and not from others.
+    if ["te", "upgrade", "keep-alive", "proxy-connection"].contains(&name.as_str()) {
+        return Err(format!(
+            "{name} cannot name a tenant: it is a connection's own header, which proxies drop \
+             and HTTP/2 forbids"
+        ));
+    }
     if name == COOKIE {
         // Several cookies in one field, and over HTTP/2 one field per cookie (fields that
         // differ: every such request a 400).
