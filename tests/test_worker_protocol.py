@@ -143,6 +143,7 @@ def test_a_broken_worker_costs_its_batch_and_connection_only(sidecar, pool, brea
     assert worker.closed_by_proxy()
     worker.close()
     line = sidecar.wait_for_log(r"worker disconnected")
+    assert "name=fake" in line, line  # named as its connect line names it
     if breakage == "closed mid-frame":  # said so, not as tokio-util's "bytes remaining on stream"
         assert "connection closed in the middle of a frame" in line, line
 

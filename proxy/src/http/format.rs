@@ -336,11 +336,7 @@ pub fn media_type(text: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(text).ok().filter(|value| value.to_str().is_ok())
 }
 
-/// How [`to_msgpack`]'s message for a body that is no JSON begins (its other refusals, such as
-/// an integer past 64 bits, are of JSON that was read).
-pub const NOT_JSON: &str = "body is not valid JSON";
-
-/// [`to_msgpack`]'s message for a JSON body that begins with a byte order mark.
+/// [`Unreadable::Bom`]'s message, which the other protocols' readers give too.
 pub const BOM: &str =
     "body is not valid JSON: it begins with a byte order mark, and JSON is UTF-8 without one \
      (RFC 8259)";
@@ -351,12 +347,43 @@ pub fn begins_with_bom(body: &[u8]) -> bool {
     body.starts_with(b"\xEF\xBB\xBF")
 }
 
-/// How [`to_msgpack`]'s message for a JSON body whose bytes are not UTF-8 begins.
-pub const NOT_UTF8: &str = "body is not valid JSON: it is not UTF-8, which JSON is (RFC 8259)";
+/// Why a request body could not be read as its format ([`to_msgpack`]), by kind: a caller that
+/// answers some kinds apart (a native client's `charset`, a body sent with no `Content-Type`)
+/// matches on them rather than on the message's words. Its text is the 400's message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Unreadable {
+    /// JSON with a byte order mark in front.
+    Bom,
+    /// Read as JSON, bytes that are not UTF-8, or hold a NUL (UTF-16's do); serde's words.
+    NotUtf8(String),
+    /// Read as JSON, UTF-8 that is no JSON; serde's words.
+    NotJson(String),
+    /// Anything else: msgpack that is not, JSON holding an integer past 64 bits.
+    Other(String),
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Unreadable::Bom => f.write_str(BOM),
+            Unreadable::NotUtf8(e) => {
+                write!(f, "body is not valid JSON: it is not UTF-8, which JSON is (RFC 8259) ({e})")
+            }
+            Unreadable::NotJson(e) => write!(f, "body is not valid JSON: {e}"),
+            Unreadable::Other(message) => f.write_str(message),
+        }
+    }
+}
+
+impl From<Unreadable> for String {
+    fn from(problem: Unreadable) -> String {
+        problem.to_string()
+    }
+}
 
 /// Turns a request body into one msgpack value, or says why it is malformed. A msgpack body comes
 /// back as itself (no copy); a JSON body is consumed, so that only its transcoding lives on.
-pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
+pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, Unreadable> {
     to_msgpack_with(format, body, true)
 }
 
@@ -364,7 +391,11 @@ pub fn to_msgpack(format: Format, body: Bytes) -> Result<Bytes, String> {
 /// reads it as rather than a 400: for values converted to a tensor's datatype after (KServe v1
 /// instances for a worker that declares tensors), as v2's JSON `data` is. Refused there, the
 /// 400 told the client to send it as a string, which a numeric tensor refuses too.
-pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Result<Bytes, String> {
+pub fn to_msgpack_with(
+    format: Format,
+    body: Bytes,
+    exact_integers: bool,
+) -> Result<Bytes, Unreadable> {
     match format {
         Format::Json => {
             let mut out = Vec::with_capacity(body.len());
@@ -373,20 +404,20 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
             // "invalid unicode code point") did not say what was there.
             let invalid = |e: &dyn std::fmt::Display| {
                 if begins_with_bom(&body) {
-                    BOM.to_string()
+                    Unreadable::Bom
                 } else if std::str::from_utf8(&body).is_err() || body.contains(&0) {
                     // A NUL is UTF-8 but never in JSON's text: UTF-16 without a byte order
                     // mark (.NET's `Encoding.Unicode`) is ASCII with NULs between.
-                    format!("{NOT_UTF8} ({e})")
+                    Unreadable::NotUtf8(e.to_string())
                 } else {
-                    format!("{NOT_JSON}: {e}")
+                    Unreadable::NotJson(e.to_string())
                 }
             };
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
                 .map_err(|e| invalid(&e))?;
             de.end().map_err(|e| invalid(&e))?;
             if exact_integers {
-                validate::json_integers(&body)?;
+                validate::json_integers(&body).map_err(Unreadable::Other)?;
             }
             // Numbers pack smaller than they are written, mostly, floats larger: the buffer
             // sized by the JSON is rarely the right size, and a queued job would keep its slack.
@@ -394,7 +425,8 @@ pub fn to_msgpack_with(format: Format, body: Bytes, exact_integers: bool) -> Res
             Ok(Bytes::from(out))
         }
         Format::Msgpack => {
-            crate::msgpack::check(&body).map_err(|e| format!("body is not valid msgpack: {e}"))?;
+            crate::msgpack::check(&body)
+                .map_err(|e| Unreadable::Other(format!("body is not valid msgpack: {e}")))?;
             Ok(body)
         }
     }
@@ -537,7 +569,7 @@ mod tests {
     use super::*;
 
     fn pack(format: Format, body: &[u8]) -> Result<Bytes, String> {
-        to_msgpack(format, Bytes::copy_from_slice(body))
+        to_msgpack(format, Bytes::copy_from_slice(body)).map_err(String::from)
     }
 
     #[test]

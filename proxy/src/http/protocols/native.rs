@@ -20,7 +20,7 @@ use hyper::body::Incoming;
 use super::super::body::{self, before_body, Received};
 use super::super::error::ApiError;
 use super::super::events::Framing;
-use super::super::format::{self, Answer, Format, Negotiation};
+use super::super::format::{self, Answer, Format, Negotiation, Unreadable};
 use super::super::infer::{check_item_count, check_payload_size, run, run_items};
 use super::super::{items, stream, App, Body, Route};
 use crate::job::Outcome;
@@ -73,7 +73,7 @@ pub async fn handle(
     let input = match kind {
         BodyKind::Format(format) => {
             let payload = format::to_msgpack(format, body)
-                .map_err(|problem| unreadable(format, content_type.as_ref(), problem))?;
+                .map_err(|problem| unreadable(content_type.as_ref(), problem))?;
             Input::new(id, payload)
         }
         BodyKind::Raw(content_type) => {
@@ -142,22 +142,20 @@ fn body_kind(content_type: Option<&HeaderValue>) -> Result<BodyKind, ApiError> {
 /// reader's alone would leave it guessing (serde's "expected value at line 1 column 1"): JSON
 /// read from a body sent with no `Content-Type` (`requests.post(url, data=png)`), and a body
 /// that is not UTF-8 whose `charset` names another encoding (415; one that reads as UTF-8 is
-/// served whatever its `charset`, and one that is UTF-8 but no JSON is a 400 saying so).
-fn unreadable(format: Format, content_type: Option<&HeaderValue>, problem: String) -> ApiError {
-    // A byte order mark is JSON meant as JSON, whatever its Content-Type: its message says all.
-    if format != Format::Json || !problem.starts_with(format::NOT_JSON) || problem == format::BOM {
-        return ApiError::bad_request(problem);
-    }
-    let Some(value) = content_type else {
-        return ApiError::bad_request(format!(
+/// served whatever its `charset`, and one that is UTF-8 but no JSON is a 400 saying so). A byte
+/// order mark is JSON meant as JSON, whatever its `Content-Type`: its message says all.
+fn unreadable(content_type: Option<&HeaderValue>, problem: Unreadable) -> ApiError {
+    let charset =
+        content_type.and_then(|value| value.to_str().ok()).and_then(format::charset_is_not_utf8);
+    match (&problem, content_type, charset) {
+        (Unreadable::NotUtf8(_) | Unreadable::NotJson(_), None, _) => {
+            ApiError::bad_request(format!(
             "{problem} (the request has no Content-Type, so its body was read as JSON; send raw \
              bytes with their media type, e.g. image/png)"
-        ));
-    };
-    let charset = value.to_str().ok().and_then(format::charset_is_not_utf8);
-    match charset.filter(|_| problem.starts_with(format::NOT_UTF8)) {
-        Some(charset) => ApiError::json_not_utf8(charset),
-        None => ApiError::bad_request(problem),
+        ))
+        }
+        (Unreadable::NotUtf8(_), Some(_), Some(charset)) => ApiError::json_not_utf8(charset),
+        _ => ApiError::bad_request(problem),
     }
 }
 
