@@ -85,21 +85,23 @@ pub fn bin_contents(value: &Bytes) -> Option<Bytes> {
 
 /// Checks that `body` is exactly one well-formed msgpack value whose strings are all UTF-8.
 pub fn check(body: &[u8]) -> Result<(), String> {
-    walk(body).map(drop)
+    walk(body, MAX_DEPTH).map(drop)
 }
 
 /// [`Found`] of `body` (all false for a malformed one), in one walk: at [`MAX_DEPTH`] deep the
-/// value cannot go inside another.
+/// value cannot go inside another. Walked one level past the bound, so that an answer that
+/// gathers values (each within it) into an array is found to pass it, rather than found
+/// malformed with nothing in it, which had let one out.
 pub fn scan(body: &[u8]) -> Found {
-    walk(body).unwrap_or_default()
+    walk(body, MAX_DEPTH + 1).unwrap_or_default()
 }
 
 /// [`check`]'s walk, and what it found.
-fn walk(body: &[u8]) -> Result<Found, String> {
+fn walk(body: &[u8], bound: usize) -> Result<Found, String> {
     if body.is_empty() {
         return Err("empty body".into());
     }
-    let (found, end) = walk_one(body, Strings::Check, MAX_DEPTH)?;
+    let (found, end) = walk_one(body, Strings::Check, bound)?;
     match body.len() - end {
         0 => Ok(found),
         rest => Err(format!("{rest} bytes after the value")),

@@ -436,22 +436,33 @@ pub fn to_msgpack_with(
 #[derive(Debug)]
 pub struct Unwritable {
     pub message: String,
+    pub kind: UnwritableKind,
+}
+
+/// What keeps an output from its client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UnwritableKind {
     /// The output breaks the protocol (a tensor value that does not fit its own header): the
-    /// worker's fault whatever the client accepts, `bad_output`. Otherwise the output is sound
-    /// and has no JSON form, `unrepresentable_output`.
-    pub malformed: bool,
+    /// worker's fault whatever the client accepts, `bad_output`.
+    Malformed,
+    /// Sound, with no JSON form (NaN, an ext value): `unrepresentable_output`, which msgpack
+    /// mends.
+    NoJsonForm,
+    /// Sound, but the answer made of it would nest past [`crate::msgpack::MAX_DEPTH`] (a
+    /// stream's chunks gathered into an array are one level deeper than each): an answer
+    /// Corral would not read itself, in either format, `unrepresentable_output`.
+    TooDeep,
 }
 
 impl Unwritable {
     fn no_json_form(message: impl Into<String>) -> Self {
-        Unwritable { message: message.into(), malformed: false }
+        Unwritable { message: message.into(), kind: UnwritableKind::NoJsonForm }
     }
 
     pub fn code(&self) -> &'static str {
-        if self.malformed {
-            "bad_output"
-        } else {
-            "unrepresentable_output"
+        match self.kind {
+            UnwritableKind::Malformed => "bad_output",
+            UnwritableKind::NoJsonForm | UnwritableKind::TooDeep => "unrepresentable_output",
         }
     }
 
@@ -471,8 +482,8 @@ impl std::fmt::Display for Unwritable {
 /// cannot carry, unlike a protocol's client, it may ask for msgpack instead, and is told so; a
 /// malformed output is the worker's fault, which no format mends.
 pub fn unrepresentable_for_native(why: Unwritable) -> ApiError {
-    if why.malformed {
-        return ApiError::internal("bad_output", why.message);
+    if why.kind != UnwritableKind::NoJsonForm {
+        return ApiError::internal(why.code(), why.message);
     }
     let message = format!("{why}; msgpack can (Accept: application/msgpack)");
     ApiError::internal("unrepresentable_output", message)
@@ -524,7 +535,7 @@ fn written(
         };
         let plain = tensor::expand_with(&data, timestamps).map_err(|e| Unwritable {
             message: format!("the worker's output has a tensor value that is not well formed: {e}"),
-            malformed: true,
+            kind: UnwritableKind::Malformed,
         })?;
         // A tensor's floats are plain values only now, nested one level a dimension: found
         // again for JSON, or for a caller that asked (not to write msgpack, which needs none).
@@ -535,6 +546,21 @@ fn written(
     } else {
         data
     };
+    // Each value a worker sends is held to the bound; an answer that gathers a stream's chunks
+    // into an array is one level more (it had gone out in msgpack, and JSON's writer refused it
+    // saying msgpack could). `scan` walks one level past the bound to see it.
+    if found.deepest > crate::msgpack::MAX_DEPTH {
+        return Err(Unwritable {
+            message: format!(
+                "the answer would be nested {} levels deep, past the {} Corral reads (values \
+                 gathered into one array, a stream's chunks for a client that asked for one \
+                 answer, are one level deeper than each)",
+                found.deepest,
+                crate::msgpack::MAX_DEPTH
+            ),
+            kind: UnwritableKind::TooDeep,
+        });
+    }
     match format {
         Format::Msgpack => Ok((data, found)),
         // serde_json would write `null`: the client would read another value, or none.
@@ -645,6 +671,22 @@ mod tests {
     }
 
     #[test]
+    fn an_answer_past_the_depth_bound_is_refused_alike_in_every_format() {
+        // A stream's chunks of 128 levels, gathered into an array, make 129: msgpack had sent
+        // it (an answer Corral would not read), JSON refused it saying msgpack could.
+        let array = |levels: usize| Bytes::from([&vec![0x91; levels][..], &[0xc0]].concat());
+        for format in [Format::Json, Format::Msgpack] {
+            assert!(from_msgpack(format, array(crate::msgpack::MAX_DEPTH)).is_ok());
+            let why = from_msgpack(format, array(crate::msgpack::MAX_DEPTH + 1)).unwrap_err();
+            assert_eq!(why.kind, UnwritableKind::TooDeep, "{why}");
+            let error = unrepresentable_for_native(why);
+            assert_eq!(error.code, "unrepresentable_output");
+            assert!(error.message.contains("129 levels deep, past the 128"), "{}", error.message);
+            assert!(!error.message.contains("msgpack can"), "{}", error.message);
+        }
+    }
+
+    #[test]
     fn a_malformed_tensor_is_the_workers_fault_in_every_format() {
         // 7 bytes of FP32 data for shape [2]: it was `unrepresentable_output`, telling a client
         // that already asked for msgpack to ask for msgpack.
@@ -657,7 +699,10 @@ mod tests {
         );
         for format in [Format::Json, Format::Msgpack] {
             let why = from_msgpack(format, Bytes::from(bad.clone())).unwrap_err();
-            assert!(why.malformed && why.message.contains("not well formed"), "{why}");
+            assert!(
+                why.kind == UnwritableKind::Malformed && why.message.contains("not well formed"),
+                "{why}"
+            );
             let error = unrepresentable_for_native(why);
             assert_eq!(error.code, "bad_output");
             assert!(!error.message.contains("msgpack can"), "{}", error.message);

@@ -58,10 +58,9 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
     gather(outcomes, format, |data| {
         let (data, found) =
             format::from_msgpack_found(format, data).map_err(format::unrepresentable_for_native)?;
-        match format {
-            Format::Msgpack => within_depth(data, found.deepest),
-            Format::Json => Ok(data),
-        }
+        // JSON too: one format took what the other refused, and JSON readers keep the same
+        // bound (serde_json's 128).
+        within_depth(data, found.deepest)
     })
 }
 
@@ -257,6 +256,19 @@ mod tests {
         for format in [Format::Msgpack, Format::Json] {
             let error = assemble(broken(), format).unwrap_err();
             assert_eq!((error.status.as_u16(), error.code), (500, "bad_output"));
+        }
+    }
+
+    #[test]
+    fn an_item_as_deep_as_the_bound_fails_in_either_format() {
+        // One level more inside the answer's array: msgpack refused it, JSON sent 129 levels.
+        let deep = Bytes::from([&vec![0x91; msgpack::MAX_DEPTH][..], &[0xc0]].concat());
+        let shallower = Bytes::from([&vec![0x91; msgpack::MAX_DEPTH - 1][..], &[0xc0]].concat());
+        for format in [Format::Json, Format::Msgpack] {
+            let outcomes = vec![Outcome::Done(deep.clone(), None)];
+            let error = assemble(outcomes, format).unwrap_err();
+            assert_eq!((error.status.as_u16(), error.code), (500, "unrepresentable_output"));
+            assert!(assemble(vec![Outcome::Done(shallower.clone(), None)], format).is_ok());
         }
     }
 
