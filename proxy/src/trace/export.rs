@@ -62,6 +62,23 @@ fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
     }
 }
 
+/// Headers that say how the export request itself is framed and carried: one given in the
+/// header list had replaced Corral's own (`content-length=5` sent 5 bytes of each batch's
+/// protobuf as the whole, the collector answered 200, and the spans were lost without a word).
+const OWN_HEADERS: [http::HeaderName; 11] = [
+    http::header::HOST,
+    http::header::CONTENT_LENGTH,
+    http::header::CONTENT_TYPE,
+    http::header::CONTENT_ENCODING,
+    http::header::TRANSFER_ENCODING,
+    http::header::CONNECTION,
+    http::header::TE,
+    http::header::TRAILER,
+    http::header::UPGRADE,
+    http::HeaderName::from_static("keep-alive"),
+    http::HeaderName::from_static("proxy-connection"),
+];
+
 /// Headers every export carries (a collector's API key, say), from
 /// `OTEL_EXPORTER_OTLP_TRACES_HEADERS`, else `OTEL_EXPORTER_OTLP_HEADERS`, as OpenTelemetry
 /// defines them: `key=value` pairs joined by commas, values percent-encoded.
@@ -82,6 +99,12 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
             let bad = |why: &str| format!("{source}'s OTLP export header {pair:?}: {why}");
             let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
             let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
+            if OWN_HEADERS.contains(&name) {
+                return Err(bad(&format!(
+                    "{name} is the export request's own (its target, its body's length, type \
+                     and encoding, its connection's terms), which Corral writes"
+                )));
+            }
             let value: Vec<u8> = percent_encoding::percent_decode_str(value.trim()).collect();
             let value = http::HeaderValue::try_from(value).map_err(|e| bad(&e.to_string()))?;
             Ok((name, value))
