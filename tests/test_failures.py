@@ -225,9 +225,21 @@ def test_a_path_that_is_not_a_socket_is_never_replaced(tmp_path):
         text=True,
         timeout=30,
     )
-    assert result.returncode != 0
-    assert "not a socket" in result.stderr
+    assert result.returncode == 2, result.stderr  # a configuration error, found before binding
+    assert f"--socket: {precious}: something that is not a socket is there" in result.stderr
     assert precious.read_text() == "not a socket"
+    # Set by a config file, the file's key is named (found at bind, it was `--socket`, exit 1).
+    config = tmp_path / "corral.toml"
+    config.write_text(f'socket = "{precious}"\n[stages.a]\n')
+    result = subprocess.run(
+        [BINARY, "--listen", "127.0.0.1:0", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2, result.stderr
+    assert f"socket: {precious}: something that is not a socket is there" in result.stderr
+    assert "--socket" not in result.stderr and precious.read_text() == "not a socket"
 
 
 def test_a_socket_in_use_by_a_live_proxy_is_an_error(corral_factory):

@@ -654,6 +654,17 @@ def test_a_command_line_worker_needs_a_single_stage_file(tmp_path):
     assert "exactly one stage" in result.stderr
 
 
+@pytest.mark.parametrize("flag", ["--timeout-ms", "--max-body-bytes", "--stream-timeout-ms"])
+def test_a_flag_that_must_be_at_least_one_says_so_as_the_file_does(tmp_path, flag):
+    # clap's range said "0 is not in 1..18446744073709551615", a half-open range that left out
+    # the largest value it takes.
+    command = [BINARY, "--socket", str(tmp_path / "s.sock"), flag, "0"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=30)
+    assert result.returncode == 2
+    assert f"invalid value '0' for '{flag}" in result.stderr
+    assert "must be at least 1" in result.stderr and "1.." not in result.stderr
+
+
 def test_a_bad_value_from_a_variable_names_the_variable(tmp_path):
     """clap names the flag only; in a manifest's `env:` list the flag is nowhere to be seen."""
     command = [BINARY, "--socket", str(tmp_path / "s.sock")]

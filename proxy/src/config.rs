@@ -66,7 +66,7 @@ pub struct Config {
     /// goes alone (up to what one frame carries: 64 MiB less its framing and --max-header-bytes).
     /// It keeps frames of large jobs small enough for a worker's allocator to reuse their memory.
     #[arg(long, env = "CORRAL_MAX_BATCH_BYTES", default_value_t = DEFAULT_MAX_BATCH_BYTES,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub max_batch_bytes: u64,
 
     /// Longest a job waits for batch-mates, counted from the oldest queued job's arrival (or,
@@ -92,23 +92,23 @@ pub struct Config {
 
     /// Default job deadline; a client's x-corral-timeout-ms may shorten it, never lengthen it.
     #[arg(long, env = "CORRAL_TIMEOUT_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub timeout_ms: u64,
 
     /// Queued jobs before new ones are shed with 503.
     #[arg(long, env = "CORRAL_QUEUE_CAPACITY", default_value_t = 1024,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = at_least_one::<u32>)]
     pub queue_capacity: u32,
 
     /// Payload bytes a stage's queue holds (default 1 GiB); a request that would pass it is shed
     /// with 503 (`queue_full`). An empty queue takes any one request that passes the body limit.
     #[arg(long, env = "CORRAL_QUEUE_CAPACITY_BYTES", default_value_t = 1 << 30,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub queue_capacity_bytes: u64,
 
     /// Request body limit in bytes (default 16 MiB; at least 1).
     #[arg(long, env = "CORRAL_MAX_BODY_BYTES", default_value_t = 16 * 1024 * 1024,
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+          value_parser = at_least_one::<usize>)]
     pub max_body_bytes: usize,
 
     /// Shared memory for large request bodies, in bytes (default 256 MiB; 0: none). A body of
@@ -125,13 +125,13 @@ pub struct Config {
     /// That deadline (--timeout-ms, x-corral-timeout-ms) bounds the time to the first chunk,
     /// and no later than this.
     #[arg(long, env = "CORRAL_STREAM_TIMEOUT_MS", default_value_t = 300_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub stream_timeout_ms: u64,
 
     /// Streaming answers: most bytes of chunks a client may fall behind by; past it its job is
     /// cancelled and its stream ends with an error event (slow_client). One chunk always fits.
     #[arg(long, env = "CORRAL_STREAM_BUFFER_BYTES", default_value_t = 1024 * 1024,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub stream_buffer_bytes: u64,
 
     /// Server-Sent Events: a comment line (`: keep-alive`) sent after this long without an
@@ -153,7 +153,7 @@ pub struct Config {
     /// one request each (any other is answered 503 `too_many_connections`); one more past those
     /// is answered 503 (`too_many_connections`) and closed.
     #[arg(long, env = "CORRAL_MAX_CONNECTIONS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u32).range(1..))]
+          value_parser = at_least_one::<u32>)]
     pub max_connections: u32,
 
     /// Most requests one HTTP/2 connection may have in progress at once (its
@@ -161,20 +161,20 @@ pub struct Config {
     /// hold a body arriving and an answer going out, so the memory one connection holds over
     /// HTTP/2 is this many times what it holds over HTTP/1.1.
     #[arg(long, env = "CORRAL_HTTP2_MAX_STREAMS", default_value_t = 100,
-          value_parser = clap::value_parser!(u32).range(1..), value_name = "N")]
+          value_parser = at_least_one::<u32>, value_name = "N")]
     pub http2_max_streams: u32,
 
     /// Time a client has to send an HTTP/1.1 request's headers, counted from the request's first
     /// byte (behind an answer still being written, from that answer's end). HTTP/2 heads, and a
     /// head that starts while the previous request's handler runs, have --idle-timeout-ms.
     #[arg(long, env = "CORRAL_HEADER_READ_TIMEOUT_MS", default_value_t = 10_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub header_read_timeout_ms: u64,
 
     /// Time a client has to send a request's body, counted from the end of its headers; the
     /// job's deadline ends it sooner. Past it: 408 (`body_timeout`) and the connection closed.
     #[arg(long, env = "CORRAL_BODY_READ_TIMEOUT_MS", default_value_t = 30_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub body_read_timeout_ms: u64,
 
     /// How long a keep-alive connection may sit idle (no request in progress) before it is
@@ -182,7 +182,7 @@ pub struct Config {
     /// an answer its client does not read: no progress for this long (HTTP/1.1: nothing
     /// written; HTTP/2: no 16 KiB piece taken; a client's PINGs count for nothing).
     #[arg(long, env = "CORRAL_IDLE_TIMEOUT_MS", default_value_t = 60_000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub idle_timeout_ms: u64,
 
     /// Largest request head (request line and headers) in bytes, 256 B to 1 MiB; larger is
@@ -227,13 +227,13 @@ pub struct Config {
     /// workers' declared weight rule, else 1); a batch ends when the next item would pass it, and
     /// an item heavier than it goes alone. Unset: batches are bounded by count and bytes only.
     #[arg(long, env = "CORRAL_MAX_BATCH_WEIGHT", value_name = "N",
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub max_batch_weight: Option<u64>,
 
     /// How long a queued job waits in its priority class (x-corral-priority) before it is
     /// promoted to the next: a low job competes as high after twice this.
     #[arg(long, env = "CORRAL_PRIORITY_AGING_MS", default_value_t = 5000,
-          value_parser = clap::value_parser!(u64).range(1..))]
+          value_parser = at_least_one::<u64>)]
     pub priority_aging_ms: u64,
 
     /// The request header that names a request's tenant, for fair shares of batches and of the
@@ -304,6 +304,22 @@ const AFTER_HELP: &str = include_str!("config/after_help.txt");
 pub enum LogFormat {
     Text,
     Json,
+}
+
+/// A count or length that must be at least 1, read as clap's own integer parser reads it
+/// (`invalid digit found in string`, `number too large to fit in target type`). clap's range
+/// check said `0 is not in 1..18446744073709551615`, a half-open range that leaves out the
+/// largest value it takes; the config file says it as this does.
+fn at_least_one<T>(text: &str) -> Result<T, String>
+where
+    T: std::str::FromStr + From<u8> + PartialOrd,
+    T::Err: std::fmt::Display,
+{
+    let value = text.parse::<T>().map_err(|e| e.to_string())?;
+    if value < T::from(1) {
+        return Err("must be at least 1".to_string());
+    }
+    Ok(value)
 }
 
 fn parse_ratio(text: &str) -> Result<f64, String> {

@@ -219,6 +219,11 @@ pub fn path_problem(path: &Path) -> Option<String> {
             "the path ends in `/`: it names the socket file itself, not a directory".to_string(),
         );
     }
+    // A file that is no socket is never replaced ([`clear_stale`] says so too, for one made
+    // since): found at bind only, it was exit 1, named `--socket` whatever set the path.
+    if std::fs::symlink_metadata(path).is_ok_and(|found| !found.file_type().is_socket()) {
+        return Some("something that is not a socket is there; Corral will not replace it".into());
+    }
     let parent = path.parent().filter(|parent| !parent.as_os_str().is_empty())?;
     match std::fs::metadata(parent) {
         Ok(found) if found.is_dir() => None,
