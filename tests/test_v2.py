@@ -272,6 +272,24 @@ def test_a_rejected_row_fails_the_request_naming_it(proxy):
     assert failed.value.status() == "422"
 
 
+def test_a_native_client_of_a_tensor_worker_is_read_as_a_v2_row(proxy):
+    """The native route sends a payload as it was sent: the package reads one naming the
+    declared inputs as a v2 row (each value its input's datatype and shape), where the worker's
+    `forward` had got lists (500) and a wrong shape had been the model's 500 too."""
+    row = {"X": [1, 2, 3], "N": [2], "TEXT": ["abc"]}
+    ok = proxy.client.post("/infer", json=row)
+    assert ok.status_code == 200, ok.text
+    answer = ok.json()
+    assert (answer["SUM"], answer["SCALED"], answer["UPPER"]) == ([6.0], [2.0, 4.0, 6.0], ["ABC"])
+    many = proxy.client.post(
+        "/infer", json=[row, {**row, "X": [1, 2]}], headers={"x-corral-items": "many"}
+    )
+    assert many.status_code == 422, many.text
+    (failed,) = many.json()["items"]
+    assert failed["index"] == 1 and "input 'X' cannot be a tensor of FP32" in failed["message"]
+    assert "shape [2] where [3] is declared" in failed["message"]
+
+
 def post(proxy, path, header, binary=b"", **kwargs):
     body = json.dumps(header).encode()
     headers = {"Inference-Header-Content-Length": str(len(body))} if binary else {}

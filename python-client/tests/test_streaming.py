@@ -318,7 +318,7 @@ def test_a_wrong_length_yield_fails_the_items_not_ended():
     with FakeProxy(Short()) as proxy:
         got = proxy.stream([1, 2])
         assert [s.status for s in got] == ["error", "error"]
-        assert "1 entries for 2 items" in got[0].message
+        assert "1 entry for 2 items" in got[0].message
         assert got[0].chunks == ["a"]
 
 

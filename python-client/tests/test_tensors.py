@@ -413,6 +413,53 @@ def test_a_typed_worker_s_rows_are_views_too(real_np):
     assert seen.dtype == real_np.float32 and not seen.flags.writeable
 
 
+def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
+    """A native request (plain lists, as sent) to a worker that declares inputs reached its
+    ``forward`` as lists: the README's own v2 example answered ``{"INPUT0": [1, 2, 3]}`` with
+    a 500 (``'list' object has no attribute 'sum'``), and a wrong shape with the same 500."""
+
+    class Summing(corral.Worker):
+        inputs = (corral.Tensor("IN", "FP32", [3]), corral.Tensor("TEXT", "BYTES", [-1]))
+
+        def forward(self, rows):
+            return [{"SUM": float(row["IN"].sum()), "TEXT": list(row["TEXT"])} for row in rows]
+
+    with FakeProxy(Summing()) as proxy:
+        good, tensors, shape, number, missing, listed, raw = proxy.infer(
+            [
+                {"IN": [1, 2, 3], "TEXT": ["a", "b"]},
+                {"IN": tensor([1.0, 2.0, 4.0], "FP32"), "TEXT": tensor([b"c"], "BYTES")},
+                {"IN": [1, 2], "TEXT": []},
+                {"IN": [1, 2, 3], "TEXT": [1]},
+                {"IN": [1, 2, 3]},
+                [1, 2, 3],
+                b"\x89PNG",
+            ]
+        )
+    assert good.status == "ok" and good.value == {"SUM": 6.0, "TEXT": [b"a", b"b"]}
+    assert tensors.status == "ok" and tensors.value == {"SUM": 7.0, "TEXT": [b"c"]}
+    assert shape.status == "invalid" and "input 'IN'" in shape.message
+    assert "shape [2] where [3] is declared" in shape.message
+    assert number.status == "invalid" and "must be bytes or str, not int" in number.message
+    assert missing.status == "invalid"
+    assert missing.message == "no input 'TEXT': the model takes 'IN', 'TEXT'"
+    assert listed.status == "invalid" and listed.message.endswith("'IN', 'TEXT'; not list")
+    assert raw.status == "invalid" and raw.message.endswith("not bytes")
+
+    class Decoding(Summing):
+        """Its own preprocess reads what is no row (an image's bytes, say) as it was sent."""
+
+        def preprocess(self, item):
+            if isinstance(item, bytes):
+                return {"IN": real_np.array([len(item)] * 3, real_np.float32), "TEXT": []}
+            return item
+
+    with FakeProxy(Decoding()) as proxy:
+        raw, row = proxy.infer([b"1234", {"IN": [1, 2, 3], "TEXT": []}])
+    assert raw.status == "ok" and raw.value == {"SUM": 12.0, "TEXT": []}
+    assert row.status == "ok" and row.value == {"SUM": 6.0, "TEXT": []}
+
+
 def test_an_any_field_gets_its_array_whatever_its_sibling_fields(real_np):
     """A row whose tensors a typed field takes as lists (``list[float]``) is decoded on a
     second try that turns tensors into lists: its ``Any`` field got a list there, an array
@@ -558,6 +605,19 @@ def test_an_object_array_of_numbers_is_the_numbers_it_holds(real_np):
     for refused in (["a", 1], [None, 1], [[1], [2, 3]]):
         with pytest.raises(ValueError, match="holds numbers, not values of numpy dtype object"):
             _tensors.encode(real_np.array(refused, dtype=object), "INT32")
+
+
+def test_integers_past_64_bits_are_past_an_integer_datatype_and_numbers_for_a_float_one(real_np):
+    # numpy keeps them as objects: they had been told "not values of numpy dtype object".
+    for value, datatype in (([2**64], "UINT64"), ([-(2**63) - 1], "INT64"), ([2**70], "INT32")):
+        with pytest.raises(ValueError, match=f"a value does not fit in {datatype}"):
+            _tensors.encode(value, datatype)
+    assert _tensors.encode([2**70, 1.5], "FP64") == _tensors.encode([2.0**70, 1.5], "FP64")
+    assert _tensors.encode([2**70], "FP32") == _tensors.encode([2.0**70], "FP32")
+    with pytest.raises(ValueError, match="a finite value is past FP64's range"):
+        _tensors.encode([10**400], "FP64")
+    with pytest.raises(ValueError, match="a finite value is past FP16's range"):
+        _tensors.encode([2**70], "FP16")
 
 
 def test_a_bytes_output_of_numbers_fails(np):

@@ -86,7 +86,7 @@ def test_wrong_output_count_is_an_error_for_the_batch():
     with FakeProxy(Short()) as proxy:
         got = proxy.infer([1, 2])
     assert [r.status for r in got] == ["error", "error"]
-    assert "1 outputs for 2 inputs" in got[0].message
+    assert "1 output for 2 inputs" in got[0].message
 
 
 def test_a_forward_that_consumes_or_pads_its_list_is_counted_by_what_it_was_given():

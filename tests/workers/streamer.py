@@ -124,8 +124,12 @@ def main():
     offered = 0
 
     def receive(frame):
+        nonlocal offered
         kind = frame["type"]
         if kind == "batch":
+            # A batch uses up the offer it answers (PROTOCOL.md): room freed later is offered
+            # anew, though it may be the same number.
+            offered = 0
             for raw in frame["jobs"]:
                 if held:
                     log("STREAMER_JOINED", raw["id"])

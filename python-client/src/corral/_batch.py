@@ -78,12 +78,12 @@ def prepare(
     # From when the batch was read (a batch sent ahead waits out the one before it), or now.
     deadlines = [job.get(RECEIVED, now) + job_timeout_ms(job) / 1000 for job in jobs]
     inputs: list[Any] = []
-    decode = _typing.codec(type(worker)).decode  # once a batch, not once an item
     # Without a preprocess of its own, nothing reads `deadline` or `content_type` while the
     # batch is prepared, and there is no hook to call. The clock is still read per job: a
     # large payload, or a typed one's `__post_init__`, can take long enough to decode that
     # a later job expires meanwhile.
     hooked = _own(worker.preprocess, "preprocess")
+    decode = _typing.codec(type(worker)).reader(hooked)  # once a batch, not once an item
     for position, job in enumerate(jobs):
         job_id = job.get("id")
         if not isinstance(job_id, bytes):

@@ -50,6 +50,11 @@ def named(error: BaseException) -> str:
     return f"{type(error).__name__}: {said}" if said else type(error).__name__
 
 
+def amount(count: int, one: str, many: str) -> str:
+    """``count`` of a thing in words: "1 input", "2 inputs" (a message read "for 1 inputs")."""
+    return f"{count} {one if count == 1 else many}"
+
+
 def cut(message: str) -> str:
     """``message``, cut past :data:`MESSAGE_LIMIT` characters, saying how long it was: for a
     result's message. A ``ValidationError`` quoting megabytes had been sent whole, and a batch of

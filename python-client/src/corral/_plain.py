@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from corral import _batch, _failures, _tracing
 from corral import _protocol as protocol
+from corral._errors import amount
 from corral._errors import describe as _describe
 
 
@@ -78,7 +79,10 @@ def counted(returned: Any, count: int) -> list[Any]:
     refused (:func:`outputs`) where it cannot be, or holds another number of them."""
     listed = list(outputs(returned))
     if len(listed) != count:
-        raise RuntimeError(f"forward returned {len(listed)} outputs for {count} inputs")
+        returned_words = amount(len(listed), "output", "outputs")
+        raise RuntimeError(
+            f"forward returned {returned_words} for {amount(count, 'input', 'inputs')}"
+        )
     return listed
 
 

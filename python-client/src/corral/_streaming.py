@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from corral import _batch, _failures, _tracing, _typing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
-from corral._errors import ConnectionEnded, ProtocolError
+from corral._errors import ConnectionEnded, ProtocolError, amount
 from corral._errors import describe as _describe
 
 if TYPE_CHECKING:
@@ -460,7 +460,8 @@ def _check(out: Any, positions: int) -> None:
     if not isinstance(out, (list, tuple)):
         raise TypeError(f"forward must yield a list with one entry per item, not {out!r:.80}")
     if len(out) != positions:
-        raise RuntimeError(f"forward yielded {len(out)} entries for {positions} items")
+        yielded = amount(len(out), "entry", "entries")
+        raise RuntimeError(f"forward yielded {yielded} for {amount(positions, 'item', 'items')}")
 
 
 def _close(generator: Generator[Any, Any, Any]) -> None:

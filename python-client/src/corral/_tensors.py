@@ -352,19 +352,35 @@ def _numbers_of(np: Any, objects: Any) -> Any:
     return objects
 
 
+def _plain_numbers(objects: Any) -> bool:
+    """Whether an object array holds Python integers and floats only (no ``bool``, which
+    ``_numbers_of`` took already, nor a subclass that may convert as it likes)."""
+    return all(type(x) in (int, float) for x in objects.flat)
+
+
 def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     """``value`` as an array of ``target``. For integer and boolean datatypes, a conversion that
     would change a value is refused: floats with a fraction (numpy truncates), integers out of
     range (numpy wraps, also between signed and unsigned of one width), NaN. For FP16 and FP32,
     a finite number past the type's range (numpy makes it infinite) is refused. The proxy
     refuses the same in JSON inputs: a tensor never holds a number its sender did not. (Floats
-    narrowing to FP16 or FP32 round, as they must.)"""
+    narrowing to FP16 or FP32 round, as they must, and so do integers made floats: 2**24 + 1 as
+    FP32, or an integer past 64 bits as FP64.)"""
     # Only booleans and numbers are numbers: numpy would cast strings ("1.5", "False" to True),
     # None (to NaN, in an object array), Decimals and complex numbers (dropping the imaginary
     # part) without a word, and the client would get a value the worker never returned.
     source = value if isinstance(value, np.ndarray) else np.asarray(value)
     if source.size and source.dtype.kind == "O":
         source = _numbers_of(np, source)
+    if source.size and source.dtype.kind == "O" and _plain_numbers(source):
+        # Integers past 64 bits (with floats or not), which numpy keeps as objects: past every
+        # integer datatype (they had been told "not numbers"), numbers still for a float one.
+        if target.kind != "f":
+            raise ValueError(f"a value does not fit in {datatype}")
+        try:
+            source = np.array(source.tolist(), dtype=np.float64)
+        except OverflowError as e:
+            raise ValueError(f"a finite value is past {datatype}'s range") from e
     if source.size and source.dtype.kind not in "biuf":
         raise ValueError(f"{datatype} holds numbers, not values of numpy dtype {source.dtype}")
     if target.kind == "f":

@@ -13,7 +13,9 @@ aware datetimes go out as the strings its JSON Schema promises.
 
 Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
 (``_tensors``); in an output that is a dict, the values under the names of the worker's declared
-``outputs`` are encoded as tensor values of the declared datatypes.
+``outputs`` are encoded as tensor values of the declared datatypes. A native client's payload
+for a worker that declares ``inputs`` comes as it was sent (plain lists): it is read as a v2
+row would be (:meth:`Codec.as_inputs`), so that ``forward`` sees one kind of row.
 
 A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
 codecs for a worker class are built once and kept.
@@ -93,6 +95,43 @@ class Codec:
         # Well-formed, refused by the type: maybe a JSON client's (a base64 string for bytes), or
         # a v2 row (tensor values where the type has lists).
         return self.lenient.decode(payload, refused)
+
+    def reader(self, preprocessed: bool) -> Callable[[Any], Any]:
+        """The function reading one job's payload for a batch: :meth:`decode`, and for an
+        untyped worker that declares ``inputs``, :meth:`as_inputs` after it."""
+        if not self.inputs or self.typed_input:
+            return self.decode
+        return lambda payload: self.as_inputs(self.decode(payload), preprocessed)
+
+    def as_inputs(self, row: Any, preprocessed: bool) -> Any:
+        """A decoded payload as the declared inputs. A v2 (or KServe v1) client's row comes as
+        tensor values, which the proxy held to the declarations: numpy arrays already. A native
+        client's comes as sent: an object naming every input has each plain value (nested lists,
+        a number, strings for ``BYTES``) converted to its input's datatype and held to its shape,
+        as the proxy holds a v2 request's, or refused (422) naming why; such a worker's
+        ``forward`` had got lists where it reads arrays, and a client's wrong shape had been
+        the model's 500. A payload that is no such object (raw bytes, a list, an object of other
+        names) goes on as sent to a worker with a ``preprocess`` of its own, which may read it
+        (``preprocessed``), and is refused (422) for one without."""
+        if isinstance(row, dict) and all(name in row for name in self.inputs):
+            np = _tensors.numpy()
+            for name, tensor in self.inputs.items():
+                value = row[name]
+                if np is not None and isinstance(value, np.ndarray):
+                    continue
+                try:
+                    row[name] = _tensors.decode(_tensor(value, tensor, "input"))
+                except (TypeError, ValueError) as e:
+                    raise ValidationError(str(e)) from e
+            return row
+        if preprocessed:
+            return row
+        names = ", ".join(repr(name) for name in self.inputs)
+        if isinstance(row, dict):
+            missing = next(name for name in self.inputs if name not in row)
+            raise ValidationError(f"no input {missing!r}: the model takes {names}")
+        kind = "bytes" if isinstance(row, (bytes, bytearray)) else type(row).__name__
+        raise ValidationError(f"the model takes an object naming its inputs, {names}; not {kind}")
 
     def example(self, example: Any) -> bytes:
         """An example request (``Worker.examples``) packed as a client's reaches the worker: in
