@@ -455,6 +455,10 @@ def test_words_a_decoder_quotes_are_logged_escaped_and_clipped(sidecar, where):
             [{"name": "y", "datatype": "FP32", "shape": [-5]}],
             'tensor "y": a dimension is a length or -1 (any), not -5',  # taken as "any"
         ),
+        (
+            [{"name": "", "datatype": "FP32", "shape": [1]}],
+            "a tensor's name is empty",  # served as "", which no v2 client names
+        ),
     ],
 )
 def test_tensors_declared_so_that_they_cannot_be_served_are_refused_with_a_reason(

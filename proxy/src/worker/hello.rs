@@ -95,8 +95,12 @@ pub(super) fn declarations(hello: &Hello) -> Option<Declared> {
 /// Why a hello's tensor declarations cannot be served, if they cannot: a datatype v2 does not
 /// have would turn every v2 request into a 400 naming it; a name declared twice among the
 /// inputs (or the outputs) would be listed twice in every answer and in the metadata; a
-/// dimension below −1 (−1 is "any length") is no shape.
+/// dimension below −1 (−1 is "any length") is no shape; an empty name no v2 client can name
+/// (it had been served, as `""`).
 fn undeclarable(hello: &Hello) -> Option<String> {
+    if hello.inputs.iter().chain(&hello.outputs).any(|spec| spec.name.is_empty()) {
+        return Some("a tensor's name is empty".to_string());
+    }
     for side in [&hello.inputs, &hello.outputs] {
         let mut names = std::collections::HashSet::new();
         if let Some(twice) = side.iter().find(|spec| !names.insert(spec.name.as_str())) {
