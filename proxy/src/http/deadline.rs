@@ -7,7 +7,7 @@
 //! | `x-corral-timeout-ms` | whole milliseconds | Corral's own clients |
 //! | `x-envoy-expected-rq-timeout-ms` | whole milliseconds | Envoy and Istio, from the route's timeout |
 //! | `grpc-timeout` | 1–8 digits and a unit: `H`, `M`, `S`, `m`, `u`, `n` | gRPC clients and gateways |
-//! | `request-timeout` | seconds, a positive decimal (`2`, `0.25`) | other gateways |
+//! | `request-timeout` | seconds, a positive number (`2`, `0.25`, `1e3`) | other gateways |
 //!
 //! A value that does not parse, or is not positive, is a 400 naming the header: a deadline the
 //! caller meant but Corral misread would be worse than none. A header sent more than once
