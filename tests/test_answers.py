@@ -374,22 +374,22 @@ def test_many_items_in_msgpack_get_a_workers_tensors_as_plain_arrays(corral_fact
 
 
 def test_many_items_of_a_real_tensor_worker_at_users_sizes_come_back_plain(corral_factory):
-    # At the sizes of an embedding batch: 64 items of 16,384 FP32 values each, answered with
-    # 32,768 (the worker's `X * 2` of a native client's list repeats it): a 10 MiB answer, the
-    # batch's result frame far larger than a socket buffer, from the package's own tensor
-    # encoding, against an item answered alone.
+    # At the sizes of an embedding batch: 64 items of 32,768 values each, answered with them
+    # doubled as FP32 (the package reads a native client's row as the declared tensor): an
+    # 8 MiB result frame (far larger than a socket buffer) and an 18 MiB answer, from the
+    # package's own tensor encoding, against an item answered alone.
     from pathlib import Path
 
     worker = str(Path(__file__).parent / "workers" / "tensor_echo.py")  # Y = X * 2, FP32
     proxy = corral_factory("--max-batch-size=64", worker=worker)
-    items = [{"X": [float(i), 0.5] * 8192} for i in range(64)]
+    items = [{"X": [i, 1] * 16384} for i in range(64)]  # small integers: a 2 MiB body
     headers = {**MANY, "content-type": "application/msgpack", "accept": "application/msgpack"}
     response = proxy.client.post("/infer", content=msgpack.packb(items), headers=headers)
     assert response.status_code == 200, response.text[:300]
     answers = msgpack.unpackb(response.content)
     assert len(answers) == 64
     for i, answer in enumerate(answers):
-        assert answer == {"Y": [float(i), 0.5] * 16384}, i
+        assert answer == {"Y": [2.0 * i, 2.0] * 16384}, i
     one = {"content-type": "application/msgpack", "accept": "application/msgpack"}
     single = proxy.client.post("/infer", content=msgpack.packb(items[5]), headers=one)
     assert msgpack.unpackb(single.content) == answers[5]

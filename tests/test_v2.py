@@ -281,13 +281,20 @@ def test_a_native_client_of_a_tensor_worker_is_read_as_a_v2_row(proxy):
     assert ok.status_code == 200, ok.text
     answer = ok.json()
     assert (answer["SUM"], answer["SCALED"], answer["UPPER"]) == ([6.0], [2.0, 4.0, 6.0], ["ABC"])
-    many = proxy.client.post(
-        "/infer", json=[row, {**row, "X": [1, 2]}], headers={"x-corral-items": "many"}
-    )
+
+
+def test_a_native_row_that_cannot_be_its_tensors_is_the_item_s_422(corral_factory):
+    # tests/workers/tensor_echo.py has no preprocess of its own: the row is refused, naming why
+    # (it had been the model's 500), and its batch-mate is served.
+    from pathlib import Path
+
+    proxy = corral_factory(worker=str(Path(__file__).parent / "workers" / "tensor_echo.py"))
+    items = [{"X": [1, 2]}, {"X": ["a"]}]
+    many = proxy.client.post("/infer", json=items, headers={"x-corral-items": "many"})
     assert many.status_code == 422, many.text
     (failed,) = many.json()["items"]
     assert failed["index"] == 1 and "input 'X' cannot be a tensor of FP32" in failed["message"]
-    assert "shape [2] where [3] is declared" in failed["message"]
+    assert proxy.client.post("/infer", json=items[0]).json() == {"Y": [2.0, 4.0]}
 
 
 def post(proxy, path, header, binary=b"", **kwargs):

@@ -89,11 +89,18 @@ pub fn check(body: &[u8]) -> Result<(), String> {
 }
 
 /// [`Found`] of `body` (all false for a malformed one), in one walk: at [`MAX_DEPTH`] deep the
-/// value cannot go inside another. Walked one level past the bound, so that an answer that
-/// gathers values (each within it) into an array is found to pass it, rather than found
-/// malformed with nothing in it, which had let one out.
+/// value cannot go inside another.
 pub fn scan(body: &[u8]) -> Found {
-    walk(body, MAX_DEPTH + 1).unwrap_or_default()
+    scan_answer(body).unwrap_or_default()
+}
+
+/// [`scan`] of an answer made of checked values (a worker's output, or an array gathering
+/// them), walked one level past the bound, so that one array around values at the bound is
+/// found to pass it (`deepest`); None where the walk fails, which for such an answer means it
+/// nests deeper still. Scanned within the bound, such an answer was found malformed with
+/// nothing in it, and went out.
+pub fn scan_answer(body: &[u8]) -> Option<Found> {
+    walk(body, MAX_DEPTH + 1).ok()
 }
 
 /// [`check`]'s walk, and what it found.

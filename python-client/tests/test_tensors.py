@@ -4,6 +4,7 @@ decoded to numpy arrays (or nested lists without numpy) for ``forward``, malform
 
 from __future__ import annotations
 
+import base64
 import struct
 import subprocess
 import sys
@@ -422,41 +423,55 @@ def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
         inputs = (corral.Tensor("IN", "FP32", [3]), corral.Tensor("TEXT", "BYTES", [-1]))
 
         def forward(self, rows):
-            return [{"SUM": float(row["IN"].sum()), "TEXT": list(row["TEXT"])} for row in rows]
+            return [self.answer(row) for row in rows]
+
+        @staticmethod
+        def answer(row):
+            if isinstance(row, dict) and isinstance(row.get("IN"), real_np.ndarray):
+                assert row["IN"].dtype == real_np.float32
+                return {"SUM": float(row["IN"].sum()), "TEXT": list(row["TEXT"])}
+            return {"as_sent": repr(row)}
 
     with FakeProxy(Summing()) as proxy:
-        good, tensors, shape, number, missing, listed, raw = proxy.infer(
+        results = proxy.infer(
             [
                 {"IN": [1, 2, 3], "TEXT": ["a", "b"]},
                 {"IN": tensor([1.0, 2.0, 4.0], "FP32"), "TEXT": tensor([b"c"], "BYTES")},
+                # A native client's own tensor of another datatype: made FP32, exactly.
+                {"IN": tensor([1, 2, 4], "INT8"), "TEXT": []},
                 {"IN": [1, 2], "TEXT": []},
+                {"IN": tensor([1.0, 2.0, 3.0, 4.0], "FP32"), "TEXT": []},
                 {"IN": [1, 2, 3], "TEXT": [1]},
+                # Not a row of its inputs: as sent, for whatever reads it.
                 {"IN": [1, 2, 3]},
                 [1, 2, 3],
                 b"\x89PNG",
             ]
         )
+    good, tensors, other, shape, tensor_shape, number, missing, listed, raw = results
     assert good.status == "ok" and good.value == {"SUM": 6.0, "TEXT": [b"a", b"b"]}
     assert tensors.status == "ok" and tensors.value == {"SUM": 7.0, "TEXT": [b"c"]}
-    assert shape.status == "invalid" and "input 'IN'" in shape.message
-    assert "shape [2] where [3] is declared" in shape.message
+    assert other.status == "ok" and other.value == {"SUM": 7.0, "TEXT": []}
+    for refused in (shape, tensor_shape):
+        assert refused.status == "invalid" and "input 'IN'" in refused.message, refused
+        assert "where [3] is declared" in refused.message
     assert number.status == "invalid" and "must be bytes or str, not int" in number.message
-    assert missing.status == "invalid"
-    assert missing.message == "no input 'TEXT': the model takes 'IN', 'TEXT'"
-    assert listed.status == "invalid" and listed.message.endswith("'IN', 'TEXT'; not list")
-    assert raw.status == "invalid" and raw.message.endswith("not bytes")
+    assert missing.value == {"as_sent": "{'IN': [1, 2, 3]}"}
+    assert listed.value == {"as_sent": "[1, 2, 3]"}
+    assert raw.value == {"as_sent": "b'\\x89PNG'"}
 
     class Decoding(Summing):
-        """Its own preprocess reads what is no row (an image's bytes, say) as it was sent."""
+        """Its own preprocess reads what is no tensor (an image as base64 text, say)."""
 
-        def preprocess(self, item):
-            if isinstance(item, bytes):
-                return {"IN": real_np.array([len(item)] * 3, real_np.float32), "TEXT": []}
-            return item
+        def preprocess(self, row):
+            if isinstance(row["IN"], str):
+                size = float(len(base64.b64decode(row["IN"])))
+                return {"IN": real_np.array([size] * 3, real_np.float32), "TEXT": []}
+            return row
 
     with FakeProxy(Decoding()) as proxy:
-        raw, row = proxy.infer([b"1234", {"IN": [1, 2, 3], "TEXT": []}])
-    assert raw.status == "ok" and raw.value == {"SUM": 12.0, "TEXT": []}
+        text, row = proxy.infer([{"IN": "aGVsbG8=", "TEXT": []}, {"IN": [1, 2, 3], "TEXT": []}])
+    assert text.status == "ok" and text.value == {"SUM": 15.0, "TEXT": []}
     assert row.status == "ok" and row.value == {"SUM": 6.0, "TEXT": []}
 
 
@@ -613,6 +628,9 @@ def test_integers_past_64_bits_are_past_an_integer_datatype_and_numbers_for_a_fl
         with pytest.raises(ValueError, match=f"a value does not fit in {datatype}"):
             _tensors.encode(value, datatype)
     assert _tensors.encode([2**70, 1.5], "FP64") == _tensors.encode([2.0**70, 1.5], "FP64")
+    assert _tensors.encode([True, 2**70], "FP64") == _tensors.encode([1.0, 2.0**70], "FP64")
+    with pytest.raises(ValueError, match="a value does not fit in INT64"):
+        _tensors.encode([True, 2**70], "INT64")
     assert _tensors.encode([2**70], "FP32") == _tensors.encode([2.0**70], "FP32")
     with pytest.raises(ValueError, match="a finite value is past FP64's range"):
         _tensors.encode([10**400], "FP64")

@@ -518,6 +518,17 @@ pub fn from_msgpack_found(
     written(format, data, b"", b"", true)
 }
 
+/// An answer nested past the bound: sound values gathered into an array one level deeper.
+fn too_deep() -> Unwritable {
+    let message = format!(
+        "the answer would be nested deeper than the {} levels Corral reads (an answer that \
+         gathers values into one array, a request's items or a stream's chunks for a client that \
+         asked for one answer, is one level deeper than each)",
+        crate::msgpack::MAX_DEPTH
+    );
+    Unwritable { message, kind: UnwritableKind::TooDeep }
+}
+
 /// The output written in `format`, and what a scan found in it (where `want_found`, or for
 /// JSON, of what was written out; else of the output as it came).
 fn written(
@@ -527,7 +538,13 @@ fn written(
     suffix: &[u8],
     want_found: bool,
 ) -> Result<(Bytes, crate::msgpack::Found), Unwritable> {
-    let mut found = crate::msgpack::scan(&data);
+    // Each value a worker sends is held to the bound; an answer that gathers a stream's chunks
+    // into an array is one level more (it had gone out in msgpack, and JSON's writer refused it
+    // saying msgpack could). Found before its tensors are written out, whose expansion would
+    // blame the worker's tensor for the array's depth.
+    let mut found = crate::msgpack::scan_answer(&data)
+        .filter(|found| found.deepest <= crate::msgpack::MAX_DEPTH)
+        .ok_or_else(too_deep)?;
     let data = if found.ext {
         let timestamps = match format {
             Format::Json => tensor::Timestamps::AsText,
@@ -546,21 +563,6 @@ fn written(
     } else {
         data
     };
-    // Each value a worker sends is held to the bound; an answer that gathers a stream's chunks
-    // into an array is one level more (it had gone out in msgpack, and JSON's writer refused it
-    // saying msgpack could). `scan` walks one level past the bound to see it.
-    if found.deepest > crate::msgpack::MAX_DEPTH {
-        return Err(Unwritable {
-            message: format!(
-                "the answer would be nested {} levels deep, past the {} Corral reads (values \
-                 gathered into one array, a stream's chunks for a client that asked for one \
-                 answer, are one level deeper than each)",
-                found.deepest,
-                crate::msgpack::MAX_DEPTH
-            ),
-            kind: UnwritableKind::TooDeep,
-        });
-    }
     match format {
         Format::Msgpack => Ok((data, found)),
         // serde_json would write `null`: the client would read another value, or none.
@@ -677,11 +679,25 @@ mod tests {
         let array = |levels: usize| Bytes::from([&vec![0x91; levels][..], &[0xc0]].concat());
         for format in [Format::Json, Format::Msgpack] {
             assert!(from_msgpack(format, array(crate::msgpack::MAX_DEPTH)).is_ok());
+            // Two levels past, as a wrapping around a gathered array would be: the scan within
+            // one level past fails, and that is no value let through either.
+            let deeper = from_msgpack(format, array(crate::msgpack::MAX_DEPTH + 2)).unwrap_err();
+            assert_eq!(deeper.kind, UnwritableKind::TooDeep, "{deeper}");
+            // A tensor value inside is not blamed for the array's depth.
+            let mut tensor = vec![0x91; crate::msgpack::MAX_DEPTH + 1];
+            crate::http::protocols::v2::tensor::write_tensor(
+                &mut tensor,
+                crate::http::protocols::v2::tensor::DataType::F32,
+                &[],
+                &[0; 4],
+            );
+            let why = from_msgpack(format, Bytes::from(tensor)).unwrap_err();
+            assert_eq!(why.kind, UnwritableKind::TooDeep, "{why}");
             let why = from_msgpack(format, array(crate::msgpack::MAX_DEPTH + 1)).unwrap_err();
             assert_eq!(why.kind, UnwritableKind::TooDeep, "{why}");
             let error = unrepresentable_for_native(why);
             assert_eq!(error.code, "unrepresentable_output");
-            assert!(error.message.contains("129 levels deep, past the 128"), "{}", error.message);
+            assert!(error.message.contains("deeper than the 128 levels"), "{}", error.message);
             assert!(!error.message.contains("msgpack can"), "{}", error.message);
         }
     }

@@ -116,23 +116,6 @@ pub fn overtaking(wait: f64, higher: &[(f64, f64)]) -> f64 {
     (waited - wait).max(0.0)
 }
 
-/// What the batch carrying `jobs` (one request's) costs until they are answered: to its first
-/// chunk for a streamed request (its deadline bounds the first chunk), the whole batch for a
-/// one-shot one, whose chunks a streaming worker sends are gathered into one answer at the
-/// stream's end (its deadline bounds all of it). Counted to the first chunk, one-shot clients
-/// of a 1.8 s stream with 1 s deadlines were admitted on an idle stage, every one, and ended
-/// 408 after the worker had done the work (148 of 165 under load, where streamed clients of
-/// the same load got none). For a plain worker the two are the same. (A joining worker's whole
-/// batch is not learned: its batches cost their time to the first chunk, and a one-shot client
-/// of it is costed so.)
-fn answer_cost(queue: &Queue, cost: Cost, jobs: &[Job]) -> Cost {
-    if jobs.iter().all(|job| job.stream.is_none()) {
-        cost
-    } else {
-        queue.first_cost(cost)
-    }
-}
-
 /// When the batch carrying the last of `group` jobs queued behind `ahead` is taken from the
 /// queue, and its size: batch j goes to the j-th worker to take one, in round j / workers,
 /// each round a full batch's `cost` after the one before (with equal batch costs the workers
@@ -366,7 +349,7 @@ impl Stage {
         ahead: Ahead,
         jobs: &[Job],
     ) -> Option<Instant> {
-        let first = answer_cost(queue, cost, jobs);
+        let first = queue.first_cost(cost);
         let mut free_at = queue.free_at(now, cost);
         after_heavy(&mut free_at, cost, (ahead.heavy.0 as u128, u128::from(ahead.heavy.1)));
         let max = self.batch_weight(queue);
@@ -454,7 +437,7 @@ impl Stage {
     /// from an idle worker. Their own batch, not the queue's (whose mean weight may be far
     /// from theirs).
     pub(super) fn least_time(&self, queue: &Queue, cost: Cost, jobs: &[Job]) -> Duration {
-        let first = answer_cost(queue, cost, jobs);
+        let first = queue.first_cost(cost);
         let total: u64 = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let max = self.full_batch(queue, total as f64 / jobs.len().max(1) as f64);
         let weights = || jobs.iter().map(|job| job.weight as usize);

@@ -903,33 +903,6 @@ async fn a_request_refused_for_its_own_size_is_probed_once_the_cost_is_stale() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_one_shot_client_of_a_streaming_stage_is_held_to_the_whole_stream() {
-    // A worker that does not join: its first chunk after 100 ms, its stream's end after 1.8 s.
-    let stage = stage(4, 100);
-    let seat = stage.worker_joined();
-    let _taught = submit(&stage, b"x");
-    assert_eq!(seat.next_batch().await.len(), 1);
-    seat.first_chunk(1, 1, Duration::from_millis(100), false);
-    seat.released(1, 1, Duration::from_millis(1800), false);
-    // Streamed, a 1 s deadline bounds the first chunk: admitted on the idle stage.
-    let (mut streamed, _answer) = job(b"s", Duration::from_secs(1));
-    let (sink, _source) = crate::stream::channel(1 << 20);
-    streamed.stream = Some(sink);
-    assert!(stage.submit(streamed).is_ok());
-    assert_eq!(seat.next_batch().await.len(), 1);
-    seat.released(1, 1, Duration::from_millis(1800), false);
-    // One-shot, it bounds the whole answer, gathered at the stream's end: refused at once,
-    // told it is the request's own deadline (it had been admitted, and ended 408 after the
-    // worker's work).
-    let (one_shot, _answer) = job(b"o", Duration::from_secs(1));
-    let refused = stage.submit(one_shot);
-    assert!(matches!(refused, Err(Shed::DeadlineUnreachable { alone: true, .. })), "{refused:?}");
-    // With time for the whole stream, it is admitted.
-    let (one_shot, _answer) = job(b"o", Duration::from_secs(3));
-    assert!(stage.submit(one_shot).is_ok());
-}
-
-#[tokio::test(start_paused = true)]
 async fn a_streaming_batch_cancelled_before_any_chunk_teaches_only_a_slower_first_chunk() {
     let stage = stage(4, 100);
     let seat = stage.worker_joined();

@@ -328,6 +328,17 @@ def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> 
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 
 
+def holds(array: Any, tensor: Tensor) -> bool:
+    """Whether a numpy array is already a row of ``tensor``: its datatype and a shape its
+    declaration allows (a look, no copy)."""
+    info = DATATYPES[tensor.datatype]
+    target = object if tensor.datatype == "BYTES" else info.numpy
+    declared = tensor.shape
+    return array.dtype == numpy().dtype(target) and (
+        array.ndim == len(declared) and all(d < 0 or n == d for n, d in zip(array.shape, declared))
+    )
+
+
 def _held_to(shape: list[int], declared: Sequence[int] | None) -> None:
     """Raises ``ValueError`` for a row whose ``shape`` its declaration does not allow (-1: any
     length), as the proxy holds a v2 or KServe v1 answer to it: a worker whose tests passed
@@ -353,9 +364,9 @@ def _numbers_of(np: Any, objects: Any) -> Any:
 
 
 def _plain_numbers(objects: Any) -> bool:
-    """Whether an object array holds Python integers and floats only (no ``bool``, which
-    ``_numbers_of`` took already, nor a subclass that may convert as it likes)."""
-    return all(type(x) in (int, float) for x in objects.flat)
+    """Whether an object array holds Python integers, floats and booleans only (no subclass,
+    which may convert as it likes)."""
+    return all(type(x) in (int, float, bool) for x in objects.flat)
 
 
 def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:

@@ -14,8 +14,9 @@ aware datetimes go out as the strings its JSON Schema promises.
 Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
 (``_tensors``); in an output that is a dict, the values under the names of the worker's declared
 ``outputs`` are encoded as tensor values of the declared datatypes. A native client's payload
-for a worker that declares ``inputs`` comes as it was sent (plain lists): it is read as a v2
-row would be (:meth:`Codec.as_inputs`), so that ``forward`` sees one kind of row.
+for a worker that declares ``inputs`` comes as it was sent (plain lists): one naming every
+input is read as a v2 row would be (:meth:`Codec.as_inputs`), so that ``forward`` sees one kind
+of row.
 
 A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
 codecs for a worker class are built once and kept.
@@ -98,40 +99,40 @@ class Codec:
 
     def reader(self, preprocessed: bool) -> Callable[[Any], Any]:
         """The function reading one job's payload for a batch: :meth:`decode`, and for an
-        untyped worker that declares ``inputs``, :meth:`as_inputs` after it."""
-        if not self.inputs or self.typed_input:
+        untyped worker that declares ``inputs``, with numpy, :meth:`as_inputs` after it
+        (without numpy a v2 row's tensors are nested lists too: a native one is alike)."""
+        if not self.inputs or self.typed_input or _tensors.numpy() is None:
             return self.decode
         return lambda payload: self.as_inputs(self.decode(payload), preprocessed)
 
     def as_inputs(self, row: Any, preprocessed: bool) -> Any:
-        """A decoded payload as the declared inputs. A v2 (or KServe v1) client's row comes as
-        tensor values, which the proxy held to the declarations: numpy arrays already. A native
-        client's comes as sent: an object naming every input has each plain value (nested lists,
-        a number, strings for ``BYTES``) converted to its input's datatype and held to its shape,
-        as the proxy holds a v2 request's, or refused (422) naming why; such a worker's
-        ``forward`` had got lists where it reads arrays, and a client's wrong shape had been
-        the model's 500. A payload that is no such object (raw bytes, a list, an object of other
-        names) goes on as sent to a worker with a ``preprocess`` of its own, which may read it
-        (``preprocessed``), and is refused (422) for one without."""
-        if isinstance(row, dict) and all(name in row for name in self.inputs):
-            np = _tensors.numpy()
-            for name, tensor in self.inputs.items():
-                value = row[name]
-                if np is not None and isinstance(value, np.ndarray):
-                    continue
-                try:
-                    row[name] = _tensors.decode(_tensor(value, tensor, "input"))
-                except (TypeError, ValueError) as e:
-                    raise ValidationError(str(e)) from e
+        """A decoded payload as the declared inputs, where it names every one. A v2 (or KServe
+        v1) client's row comes as tensor values the proxy held to the declarations: numpy
+        arrays of their datatypes and shapes already, taken as they are (a look at each one's
+        dtype and shape). A native client's comes as sent: each value that is not such an
+        array (nested lists, a number, strings for ``BYTES``, another tensor value) is made
+        its input's datatype and held to its shape, as the proxy holds a v2 request's, or
+        refused (422) saying why; such a worker's ``forward`` had got lists where it reads
+        arrays, and a client's wrong shape had been the model's 500. A worker with its own
+        ``preprocess`` (``preprocessed``) gets a row that cannot be made so as sent, for the
+        hook to read (an image as base64 text, say). A payload that names not every input
+        (raw bytes, a list, other keys) goes on as sent, for whatever reads it."""
+        if not isinstance(row, dict) or not all(name in row for name in self.inputs):
             return row
-        if preprocessed:
-            return row
-        names = ", ".join(repr(name) for name in self.inputs)
-        if isinstance(row, dict):
-            missing = next(name for name in self.inputs if name not in row)
-            raise ValidationError(f"no input {missing!r}: the model takes {names}")
-        kind = "bytes" if isinstance(row, (bytes, bytearray)) else type(row).__name__
-        raise ValidationError(f"the model takes an object naming its inputs, {names}; not {kind}")
+        np = _tensors.numpy()
+        made = {}
+        for name, tensor in self.inputs.items():
+            value = row[name]
+            if isinstance(value, np.ndarray) and _tensors.holds(value, tensor):
+                continue
+            try:
+                made[name] = _tensors.decode(_tensor(value, tensor, "input"))
+            except (TypeError, ValueError) as e:
+                if preprocessed:
+                    return row
+                raise ValidationError(str(e)) from e
+        row.update(made)
+        return row
 
     def example(self, example: Any) -> bytes:
         """An example request (``Worker.examples``) packed as a client's reaches the worker: in

@@ -251,6 +251,18 @@ fn check_outputs(outputs: &[TensorSpec], outcomes: &[Outcome]) -> Result<(), Api
     Ok(())
 }
 
+/// The error of a request's items as v1's shape can carry it: its first failed item, named by
+/// its index (v1's body is a message alone; "1 of 1 items failed" had said nothing of why).
+fn first_item(error: ApiError) -> ApiError {
+    let first = error.items.as_ref().and_then(|items| items.first());
+    let Some((index, message)) =
+        first.and_then(|item| Some((item["index"].as_u64()?, item["message"].as_str()?)))
+    else {
+        return error;
+    };
+    ApiError { message: format!("instance {index}: {message}"), items: None, ..error }
+}
+
 /// A result of a model with one declared output as TensorFlow Serving's row format writes it:
 /// the output's value, its name left out (with several, each prediction names them), as a lone
 /// input's instance may be its value ([`as_row`]). A TFS client reading `predictions[i]` as the
@@ -269,7 +281,7 @@ fn lone_value(outcome: Outcome, name: &str) -> Outcome {
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
 pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
-    let mut predictions = items::as_sent(outcomes)?;
+    let mut predictions = items::as_sent(outcomes).map_err(first_item)?;
     // Bytes as TensorFlow Serving writes them (`b64`), tensors' `BYTES` elements that are not
     // UTF-8 included (expanded first: they are `bin`s then). Rewritten only where a walk finds
     // one: most answers hold none, and a copy of each (4 MB ones) would be for nothing.
@@ -311,4 +323,25 @@ pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
 pub fn models(app: &App) -> Response<Body> {
     let names: Vec<&str> = app.routes.iter().map(|route| route.model.as_str()).collect();
     json(StatusCode::OK, serde_json::json!({ "models": names }).to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_instance_whose_result_cannot_be_a_prediction_is_named_with_why() {
+        // 128 levels, one more inside the predictions' array: it said "1 of 2 items failed".
+        let deep = Bytes::from([&vec![0x91; msgpack::MAX_DEPTH][..], &[0xc0]].concat());
+        let fine = Bytes::from_static(&[0x01]);
+        let outcomes = vec![Outcome::Done(fine, None), Outcome::Done(deep, None)];
+        let error = predictions(outcomes).unwrap_err();
+        assert_eq!((error.status.as_u16(), error.code), (500, "unrepresentable_output"));
+        assert!(
+            error.message.starts_with("instance 1: the worker's output is nested"),
+            "{}",
+            error.message
+        );
+        assert!(error.items.is_none());
+    }
 }
