@@ -43,6 +43,23 @@ pub fn check_headers() -> Result<(), String> {
     export_headers().map(drop)
 }
 
+/// The export headers to send: those of the request's own ([`OWN_HEADERS`]) are left out, each
+/// with a warning (a pod-wide list may well hold `content-type=application/x-protobuf`).
+fn sent_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> {
+    let mut headers = export_headers()?;
+    headers.retain(|(name, _)| {
+        let own = OWN_HEADERS.contains(name);
+        if own {
+            warn!(
+                header = %name,
+                "ignoring an OTLP export header that the export request writes itself"
+            );
+        }
+        !own
+    });
+    Ok(headers)
+}
+
 fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
     let uri = endpoint.parse::<Uri>();
     match uri {
@@ -62,9 +79,10 @@ fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
     }
 }
 
-/// Headers that say how the export request itself is framed and carried: one given in the
-/// header list had replaced Corral's own (`content-length=5` sent 5 bytes of each batch's
-/// protobuf as the whole, the collector answered 200, and the spans were lost without a word).
+/// Headers that say how the export request itself is framed and carried, left out of the
+/// header list's ([`sent_headers`]): one given there had replaced Corral's own
+/// (`content-length=5` sent 5 bytes of each batch's protobuf as the whole, the collector
+/// answered 200, and the spans were lost without a word).
 const OWN_HEADERS: [http::HeaderName; 11] = [
     http::header::HOST,
     http::header::CONTENT_LENGTH,
@@ -99,12 +117,6 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
             let bad = |why: &str| format!("{source}'s OTLP export header {pair:?}: {why}");
             let (name, value) = pair.split_once('=').ok_or_else(|| bad("not key=value"))?;
             let name = http::HeaderName::try_from(name.trim()).map_err(|e| bad(&e.to_string()))?;
-            if OWN_HEADERS.contains(&name) {
-                return Err(bad(&format!(
-                    "{name} is the export request's own (its target, its body's length, type \
-                     and encoding, its connection's terms), which Corral writes"
-                )));
-            }
             let value: Vec<u8> = percent_encoding::percent_decode_str(value.trim()).collect();
             let value = http::HeaderValue::try_from(value).map_err(|e| bad(&e.to_string()))?;
             Ok((name, value))
@@ -137,7 +149,7 @@ impl Queue {
     pub fn start(endpoint: &str, resource: Resource) -> Result<Self, String> {
         let collector = Collector {
             uri: endpoint_uri(endpoint)?,
-            headers: export_headers()?,
+            headers: sent_headers()?,
             resource,
             idle: tokio::sync::Mutex::default(),
         };
