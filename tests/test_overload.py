@@ -93,7 +93,8 @@ def test_a_late_result_is_dropped_and_counted(corral_factory, tmp_path):
 
 def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tmp_path):
     log = tmp_path / "received.jsonl"
-    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", env={"SCRIPTED_LOG": str(log)})
+    env = {"SCRIPTED_LOG": str(log), "RUST_LOG": "info,corral::http=debug"}
+    proxy = corral_factory("--max-batch-size=1", "--max-wait-ms=0", env=env)
     gate = tmp_path / "gate"
     with ThreadPoolExecutor(1) as pool:
         busy = pool.submit(proxy.post, {"tag": "busy", "hold": str(gate)})
@@ -123,6 +124,8 @@ def test_a_disconnected_client_s_job_never_reaches_the_worker(corral_factory, tm
     # The request is counted too, as nginx's 499 (it had been in no request metric at all).
     assert proxy.metric("corral_requests_total", route="/infer", code="499") == 1
     assert proxy.metric("corral_requests_total", route="/infer", code="200") == 2
+    # Its log line carries its request id, as every line of a request does (it had none).
+    proxy.wait_for_log(r"the client left before its answer.*request_id=[0-9a-f-]{36}")
 
 
 def test_shed_requests_are_not_logged_one_by_one(corral_factory, tmp_path):

@@ -172,7 +172,9 @@ impl Drop for Unanswered<'_> {
             return;
         }
         let route = self.route.get().copied().unwrap_or("other");
-        debug!(route, "the client left before its answer");
+        // Outside the request's span (its future is gone): its id given here, as every line
+        // of a request carries it.
+        debug!(route, request_id = %self.id, "the client left before its answer");
         metrics().requests.with_label_values(&[route, CLIENT_CLOSED]).inc();
         let seconds = self.arrived.elapsed().as_secs_f64();
         metrics().request_seconds.with_label_values(&[route]).observe(seconds);
