@@ -470,13 +470,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         (
             ["--gpus", "0,1", "--workers", "3", *WORKER],
             None,
-            "--workers: 3 workers, but --gpus [0, 1] with workers_per_gpu 1 place 2; leave",
+            "--workers: 3 workers, but --gpus [0, 1] with --workers-per-gpu 1 place 2; leave",
         ),
-        (["--cpus", CORE, "--workers", "2", *WORKER], None, "--workers: 2 workers but 1 cores"),
+        (["--cpus", CORE, "--workers", "2", *WORKER], None, "--workers: 2 workers but 1 core in"),
         (
             ["--cpus", CORE, "--gpus", "0,1", *WORKER],
             None,
-            "--cpus: 1 cores in --cpus, but --gpus [0, 1",
+            "--cpus: 1 core in --cpus, but --gpus [0, 1] with --workers-per-gpu 1 place 2 workers",
         ),
         (["--cpus", "4095", *WORKER], None, "--cpus: core 4095 is not available"),
         (["--cpus", CORE], None, "--cpus: only spawned workers can be pinned"),

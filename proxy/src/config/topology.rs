@@ -216,6 +216,7 @@ fn single_placed(
     }
     let keys = Keys {
         gpus: "--gpus".into(),
+        per_gpu: "--workers-per-gpu".into(),
         workers: "--workers".into(),
         cpus: "--cpus".into(),
         env: "--worker-env".into(),
@@ -720,6 +721,7 @@ fn stage_spec(
     };
     let keys = Keys {
         gpus: gpus_key,
+        per_gpu: per_gpu_key,
         workers: if explicit("workers") { "--workers".into() } else { key("workers") },
         cpus: cpus_key,
         env: key("env"),

@@ -239,7 +239,7 @@ fn the_cpus_flag_pins_the_command_lines_workers_and_sets_their_count() {
     let config = Config::parse_from(["corral", "--cpus", &core, "--gpus", "0,1", "--", "w"]);
     let error = single_placed(&config, &|_| false).unwrap_err();
     assert_eq!(error.key, "--cpus");
-    assert!(error.problem.contains("--gpus [0, 1] with workers_per_gpu 1 place 2"), "{error}");
+    assert!(error.problem.contains("--gpus [0, 1] with --workers-per-gpu 1 place 2"), "{error}");
 }
 
 #[test]
@@ -249,7 +249,7 @@ fn the_cpus_flag_is_refused_against_workers_or_without_a_command() {
     let config = Config::parse_from(["corral", "--cpus", &core, "--workers", "2", "--", "w"]);
     let error = single_placed(&config, &|id| id == "workers").unwrap_err();
     assert_eq!(error.key, "--workers");
-    assert!(error.problem.contains("cores in --cpus"), "names both keys: {}", error.problem);
+    assert!(error.problem.contains("core in --cpus"), "names both keys: {}", error.problem);
     let config = Config::parse_from(["corral", "--cpus", &core]);
     let error = single_placed(&config, &|_| false).unwrap_err();
     assert_eq!(error.key, "--cpus");

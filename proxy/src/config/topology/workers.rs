@@ -13,6 +13,8 @@ use crate::supervisor::placement;
 /// The keys a placement error names.
 pub(super) struct Keys {
     pub gpus: String,
+    /// Where the stage's workers per device came from: its own key, the file's, or the flag.
+    pub per_gpu: String,
     pub workers: String,
     pub cpus: String,
     pub env: String,
@@ -21,6 +23,11 @@ pub(super) struct Keys {
 /// What names a `--worker-env` (or `CORRAL_WORKER_ENV`) value in an error, its name following:
 /// the flag, with or without a file (the file holds no such key).
 const GIVEN_ENV: &str = "--worker-env";
+
+/// `count` of a thing in words, "1 core", "2 cores": errors had said "1 cores".
+fn amount(count: usize, thing: &str) -> String {
+    format!("{count} {thing}{}", if count == 1 { "" } else { "s" })
+}
 
 /// Spreads a stage's spawned workers over its devices and sets their environment: the workers
 /// default to devices × per device, a conflicting explicit count is an error naming both, and
@@ -63,28 +70,32 @@ pub(super) fn place(
         if let Some(asked) = asked.filter(|&asked| asked != placed) {
             // Each named where it came from, as the error's key is.
             let problem = format!(
-                "{asked} workers, but {} {gpus:?} with workers_per_gpu {per_gpu} place \
-                 {placed}; leave {} out, or make them agree",
-                keys.gpus, keys.workers
+                "{}, but {} {gpus:?} with {} {per_gpu} place {placed}; leave {} out, or make \
+                 them agree",
+                amount(asked as usize, "worker"),
+                keys.gpus,
+                keys.per_gpu,
+                keys.workers
             );
             return Err(error(&keys.workers, problem));
         }
         if !spec.cpus.is_empty() && spec.cpus.len() != placed as usize {
             let problem = format!(
-                "{} cores in {}, but {} {gpus:?} with workers_per_gpu {per_gpu} place \
-                 {placed} workers: one worker per core",
-                spec.cpus.len(),
+                "{} in {}, but {} {gpus:?} with {} {per_gpu} place {}: one worker per core",
+                amount(spec.cpus.len(), "core"),
                 keys.cpus,
-                keys.gpus
+                keys.gpus,
+                keys.per_gpu,
+                amount(placed as usize, "worker")
             );
             return Err(error(&keys.cpus, problem));
         }
         if placed > MAX_WORKERS {
             // Named by what placed them: the file may set no `workers` at all.
             let problem = format!(
-                "{} devices with workers_per_gpu {per_gpu} place {placed} workers, more than \
-                 {MAX_WORKERS}",
-                gpus.len()
+                "{} with {} {per_gpu} place {placed} workers, more than {MAX_WORKERS}",
+                amount(gpus.len(), "device"),
+                keys.per_gpu
             );
             return Err(error(&keys.gpus, problem));
         }
@@ -201,8 +212,10 @@ pub(super) fn pinned_workers(
     match asked {
         Some(workers) if workers as usize != pinned => {
             let problem = format!(
-                "{workers} workers but {pinned} cores in {cpus_key}: one worker per core; \
-                 leave {workers_key} out, or make them agree"
+                "{} but {} in {cpus_key}: one worker per core; leave {workers_key} out, or \
+                 make them agree",
+                amount(workers as usize, "worker"),
+                amount(pinned, "core")
             );
             Err(error(workers_key, problem))
         }
