@@ -88,8 +88,8 @@ pub fn check(body: &[u8]) -> Result<(), String> {
     walk(body, MAX_DEPTH).map(drop)
 }
 
-/// [`Found`] of `body` (all false for a malformed one), in one walk: at [`MAX_DEPTH`] deep the
-/// value cannot go inside another.
+/// [`Found`] of `body` (all false for a malformed one, or one nested more than one level past
+/// [`MAX_DEPTH`]), in one walk ([`scan_answer`]'s).
 pub fn scan(body: &[u8]) -> Found {
     scan_answer(body).unwrap_or_default()
 }

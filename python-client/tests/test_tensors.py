@@ -442,13 +442,15 @@ def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
                 {"IN": [1, 2], "TEXT": []},
                 {"IN": tensor([1.0, 2.0, 3.0, 4.0], "FP32"), "TEXT": []},
                 {"IN": [1, 2, 3], "TEXT": [1]},
-                # Not a row of its inputs: as sent, for whatever reads it.
+                # Some inputs named, one not (a key mistyped): this item's 422.
                 {"IN": [1, 2, 3]},
+                # No input named: as sent, for whatever reads it.
+                {"text": "hello"},
                 [1, 2, 3],
                 b"\x89PNG",
             ]
         )
-    good, tensors, other, shape, tensor_shape, number, missing, listed, raw = results
+    good, tensors, other, shape, tensor_shape, number, missing, named_none, listed, raw = results
     assert good.status == "ok" and good.value == {"SUM": 6.0, "TEXT": [b"a", b"b"]}
     assert tensors.status == "ok" and tensors.value == {"SUM": 7.0, "TEXT": [b"c"]}
     assert other.status == "ok" and other.value == {"SUM": 7.0, "TEXT": []}
@@ -456,7 +458,9 @@ def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
         assert refused.status == "invalid" and "input 'IN'" in refused.message, refused
         assert "where [3] is declared" in refused.message
     assert number.status == "invalid" and "must be bytes or str, not int" in number.message
-    assert missing.value == {"as_sent": "{'IN': [1, 2, 3]}"}
+    assert missing.status == "invalid"
+    assert missing.message == "no input 'TEXT': the model takes 'IN', 'TEXT'"
+    assert named_none.value == {"as_sent": "{'text': 'hello'}"}
     assert listed.value == {"as_sent": "[1, 2, 3]"}
     assert raw.value == {"as_sent": "b'\\x89PNG'"}
 
@@ -473,6 +477,41 @@ def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
         text, row = proxy.infer([{"IN": "aGVsbG8=", "TEXT": []}, {"IN": [1, 2, 3], "TEXT": []}])
     assert text.status == "ok" and text.value == {"SUM": 15.0, "TEXT": []}
     assert row.status == "ok" and row.value == {"SUM": 6.0, "TEXT": []}
+
+    # Warm-up reads its examples as serving reads the same requests: the base64 row warms up,
+    # an example's own tensor of another datatype reaches forward made FP32 (as int8, it had
+    # passed warm-up and been float32 when served), and one of another shape fails (it had
+    # passed, and was a 422 when served).
+    class Warmed(Decoding):
+        examples = (
+            {"IN": "aGVsbG8=", "TEXT": []},
+            {"IN": tensor([1, 2, 4], "INT8"), "TEXT": []},
+        )
+
+    Warmed().warm_up()
+
+    class Misshapen(Summing):
+        examples = ({"IN": tensor([1.0, 2.0, 3.0, 4.0], "FP32"), "TEXT": []},)
+
+    with pytest.raises(corral.ValidationError, match="where \\[3\\] is declared"):
+        Misshapen().warm_up()
+
+
+def test_a_native_row_nested_past_numpy_s_dimensions_is_the_item_s_422(real_np):
+    # numpy's RuntimeError (32 dimensions at most) had been a 500 for the item.
+    class Texts(corral.Worker):
+        inputs = (corral.Tensor("T", "BYTES", [-1]),)
+
+        def forward(self, rows):
+            return [len(row["T"]) for row in rows]
+
+    deep: Any = ["a"]
+    for _ in range(33):
+        deep = [deep]
+    with FakeProxy(Texts()) as proxy:
+        bad, good = proxy.infer([{"T": deep}, {"T": ["a", "b"]}])
+    assert bad.status == "invalid" and "input 'T'" in bad.message, bad
+    assert good.status == "ok" and good.value == 2
 
 
 def test_an_any_field_gets_its_array_whatever_its_sibling_fields(real_np):

@@ -60,29 +60,30 @@ pub fn assemble(outcomes: Vec<Outcome>, format: Format) -> Result<Bytes, ApiErro
             format::from_msgpack_found(format, data).map_err(format::unrepresentable_for_native)?;
         // JSON too: one format took what the other refused, and JSON readers keep the same
         // bound (serde_json's 128).
-        within_depth(data, found.deepest)
+        within_depth(data, found.deepest, 1)
     })
 }
 
 /// The results as their workers sent them, in one msgpack array, or the error answer described
 /// above: for an envelope that writes its answer out itself, once for the whole array (KServe
-/// v1's predictions).
-pub fn as_sent(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
+/// v1's predictions), with `around` levels of its answer around each result (the array's
+/// included).
+pub fn as_sent(outcomes: Vec<Outcome>, around: usize) -> Result<Bytes, ApiError> {
     gather(outcomes, Format::Msgpack, |data| {
         let deepest = msgpack::scan(&data).deepest;
-        within_depth(data, deepest)
+        within_depth(data, deepest, around)
     })
 }
 
-/// A result (nested `deepest` levels) that may be an element of a msgpack array: the array is
-/// one level more, and a
-/// result nested as deep as Corral reads anything would make an answer it would not read itself
-/// (the fuzzer found it).
-fn within_depth(data: Bytes, deepest: usize) -> Result<Bytes, ApiError> {
-    if deepest >= msgpack::MAX_DEPTH {
+/// A result (nested `deepest` levels) that may be an item of an answer with `around` levels
+/// around it (the array's one, and an envelope's): a result that would pass the depth Corral
+/// reads anything at would make an answer it would not read itself (the fuzzer found it), and
+/// refused only once the whole answer was, it was not named.
+fn within_depth(data: Bytes, deepest: usize, around: usize) -> Result<Bytes, ApiError> {
+    if deepest + around > msgpack::MAX_DEPTH {
         let message = format!(
-            "the worker's output is nested {} levels deep: it cannot be an item of the answer's \
-             array",
+            "the worker's output is nested {deepest} levels deep: it cannot be an item of the \
+             answer, {around} more around it, within the {} Corral reads",
             msgpack::MAX_DEPTH
         );
         return Err(ApiError::internal("unrepresentable_output", message));
@@ -249,7 +250,7 @@ mod tests {
         assert_eq!(written, rmp_serde::from_slice::<serde_json::Value>(&plain).unwrap());
         assert_eq!(assemble(outcomes(), Format::Json).unwrap(), r#"[{"Y":[1.5,-2.0]}]"#);
         // KServe v1 writes its predictions out itself: the ext value is kept.
-        let sent = as_sent(outcomes()).unwrap();
+        let sent = as_sent(outcomes(), 1).unwrap();
         assert_eq!(&sent[1..], &result[..]);
         // A malformed tensor is a failed item of its own, in either format.
         let broken = || vec![Outcome::Done(Bytes::from_static(b"\x81\xa1Y\xd5\x01ab"), None)];

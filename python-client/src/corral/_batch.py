@@ -59,7 +59,7 @@ def passes_through(hook: _Hook) -> _Hook:
     return hook
 
 
-def _own(method: Any, name: str) -> bool:
+def own(method: Any, name: str) -> bool:
     """Whether a bound hook is the worker's own rather than the base class's pass-through: a
     subclass's method, a function set on the instance, or the base class's replaced (patched,
     wrapped) since."""
@@ -82,7 +82,7 @@ def prepare(
     # batch is prepared, and there is no hook to call. The clock is still read per job: a
     # large payload, or a typed one's `__post_init__`, can take long enough to decode that
     # a later job expires meanwhile.
-    hooked = _own(worker.preprocess, "preprocess")
+    hooked = own(worker.preprocess, "preprocess")
     decode = _typing.codec(type(worker)).reader(hooked)  # once a batch, not once an item
     for position, job in enumerate(jobs):
         job_id = job.get("id")
@@ -138,7 +138,7 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
     encode = codec.batch_encoder()
     media_type = codec.content_type
     check_result = codec.check_result
-    hooked = _own(worker.postprocess, "postprocess")  # as in prepare
+    hooked = own(worker.postprocess, "postprocess")  # as in prepare
 
     def answer(
         job_id: bytes,

@@ -14,9 +14,9 @@ aware datetimes go out as the strings its JSON Schema promises.
 Tensor values (msgpack ext type 1) in a payload decode to numpy arrays or nested lists
 (``_tensors``); in an output that is a dict, the values under the names of the worker's declared
 ``outputs`` are encoded as tensor values of the declared datatypes. A native client's payload
-for a worker that declares ``inputs`` comes as it was sent (plain lists): one naming every
-input is read as a v2 row would be (:meth:`Codec.as_inputs`), so that ``forward`` sees one kind
-of row.
+for a worker that declares ``inputs`` comes as it was sent (plain lists): with numpy, one naming
+every input is read as a v2 row would be (:meth:`Codec.as_inputs`), so that ``forward`` sees
+one kind of row.
 
 A payload that does not decode or validate raises :class:`ValidationError` (the job's 422); the
 codecs for a worker class are built once and kept.
@@ -115,10 +115,19 @@ class Codec:
         refused (422) saying why; such a worker's ``forward`` had got lists where it reads
         arrays, and a client's wrong shape had been the model's 500. A worker with its own
         ``preprocess`` (``preprocessed``) gets a row that cannot be made so as sent, for the
-        hook to read (an image as base64 text, say). A payload that names not every input
-        (raw bytes, a list, other keys) goes on as sent, for whatever reads it."""
-        if not isinstance(row, dict) or not all(name in row for name in self.inputs):
+        hook to read (an image as base64 text, say). A payload that names no input (raw bytes,
+        a list, other keys) goes on as sent, for whatever reads it; one that names some but not
+        all is refused (422) for a worker without its own ``preprocess``."""
+        if not isinstance(row, dict):
             return row
+        missing = [name for name in self.inputs if name not in row]
+        if missing:
+            if preprocessed or len(missing) == len(self.inputs):
+                return row
+            # Some inputs named, one not (a key mistyped): this item's 422, not a `forward`
+            # that fails the whole batch over it.
+            names = ", ".join(repr(name) for name in self.inputs)
+            raise ValidationError(f"no input {missing[0]!r}: the model takes {names}")
         np = _tensors.numpy()
         made = {}
         for name, tensor in self.inputs.items():
@@ -127,12 +136,29 @@ class Codec:
                 continue
             try:
                 made[name] = _tensors.decode(_tensor(value, tensor, "input"))
-            except (TypeError, ValueError) as e:
+            # numpy's RuntimeError: nested past its 32 dimensions (`_tensor` names the input
+            # in its own errors only).
+            except (TypeError, ValueError, RuntimeError) as e:
                 if preprocessed:
                     return row
+                if isinstance(e, RuntimeError):
+                    raise ValidationError(
+                        f"input {name!r} cannot be a tensor of {tensor.datatype}: {e}"
+                    ) from e
                 raise ValidationError(str(e)) from e
         row.update(made)
         return row
+
+    def example_payload(self, example: Any, preprocessed: bool) -> bytes:
+        """An example packed as :meth:`example` packs it; one that cannot be (a declared input's
+        value no tensor, base64 text, say) packed as a native client would send it, for a
+        worker whose own ``preprocess`` reads it, as it does when served."""
+        try:
+            return self.example(example)
+        except ValueError:
+            if not (preprocessed and isinstance(example, dict)):
+                raise
+            return pack(example) if self.plain else self.encoder.encode(example)
 
     def example(self, example: Any) -> bytes:
         """An example request (``Worker.examples``) packed as a client's reaches the worker: in

@@ -281,9 +281,12 @@ class Worker:
         if not self.examples:
             return
         started = time.monotonic()
-        # The same path as a real request: encoded, decoded (and validated), then the hooks.
+        # The same path as a real request: encoded, decoded (and validated, a native row held
+        # to the declared inputs as served), then the hooks.
         codec = _typing.codec(type(self))
-        examples = (codec.decode(codec.example(example)) for example in self.examples)
+        preprocessed = _batch.own(self.preprocess, "preprocess")
+        read = codec.reader(preprocessed)
+        examples = (read(codec.example_payload(example, preprocessed)) for example in self.examples)
         inputs = [self.preprocess(example) for example in examples]
         count = len(inputs)  # counted before forward, which may consume or pad its list
         if _streaming.is_streaming(self):

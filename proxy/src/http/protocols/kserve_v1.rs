@@ -281,7 +281,9 @@ fn lone_value(outcome: Outcome, name: &str) -> Outcome {
 /// The instances' outcomes as v1's JSON answer, `{"predictions": [...]}`, or the first failure.
 pub(crate) fn predictions(outcomes: Vec<Outcome>) -> Result<Bytes, ApiError> {
     first_failure(&outcomes, "instance")?;
-    let mut predictions = items::as_sent(outcomes).map_err(first_item)?;
+    // Around each result: the predictions' array, the answer's map, and a `{"b64": …}` map
+    // where a `bin` is.
+    let mut predictions = items::as_sent(outcomes, 3).map_err(first_item)?;
     // Bytes as TensorFlow Serving writes them (`b64`), tensors' `BYTES` elements that are not
     // UTF-8 included (expanded first: they are `bin`s then). Rewritten only where a walk finds
     // one: most answers hold none, and a copy of each (4 MB ones) would be for nothing.
@@ -343,5 +345,13 @@ mod tests {
             error.message
         );
         assert!(error.items.is_none());
+        // Two levels less is still past, inside the answer's map and a `b64` map: it had
+        // passed, and the whole answer was refused naming no instance.
+        let deep = Bytes::from([&vec![0x91; msgpack::MAX_DEPTH - 2][..], &[0xc0]].concat());
+        let error = predictions(vec![Outcome::Done(deep, None)]).unwrap_err();
+        let named = "instance 0: the worker's output is nested 126 levels deep";
+        assert!(error.message.starts_with(named), "{}", error.message);
+        let shallow = Bytes::from([&vec![0x91; msgpack::MAX_DEPTH - 3][..], &[0xc0]].concat());
+        assert!(predictions(vec![Outcome::Done(shallow, None)]).is_ok());
     }
 }
