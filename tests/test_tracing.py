@@ -436,15 +436,18 @@ def test_a_pipeline_has_a_queue_wait_and_a_batch_per_stage(corral_factory, recei
     assert children["queue shift"].start >= children["queue scale"].end
 
 
-def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, receiver):
-    env = {
-        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=s3cr%3Dt,x-tenant=blue",
-        "OTEL_SERVICE_NAME": "proxy",
-    }
+def first_export(corral_factory, receiver, headers: str):
+    """The proxy run with `headers` as OTEL_EXPORTER_OTLP_HEADERS, once it has exported one
+    request's spans, and the headers that export carried."""
+    env = {"OTEL_EXPORTER_OTLP_HEADERS": headers, "OTEL_SERVICE_NAME": "proxy"}
     proxy = corral_factory("--otlp-endpoint", receiver.url, env=env)
     assert proxy.post({"x": 1}).status_code == 200
     receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
-    export = receiver.headers[0]
+    return proxy, receiver.headers[0]
+
+
+def test_exports_carry_the_otlp_headers_the_environment_names(corral_factory, receiver):
+    _, export = first_export(corral_factory, receiver, "api-key=s3cr%3Dt,x-tenant=blue")
     assert export["api-key"] == "s3cr=t" and export["x-tenant"] == "blue"
     assert export["content-type"] == "application/x-protobuf"
 
@@ -454,14 +457,8 @@ def test_an_otlp_header_of_the_export_request_s_own_is_left_out_with_a_warning(
 ):
     # `content-length=5` had replaced the request's own: 5 bytes of each batch's protobuf were
     # sent as the whole, the collector answered 200, and the spans were lost without a word.
-    env = {
-        "OTEL_EXPORTER_OTLP_HEADERS": "api-key=1,Content-Length=5,content-type=text/plain",
-        "OTEL_SERVICE_NAME": "proxy",
-    }
-    proxy = corral_factory("--otlp-endpoint", receiver.url, env=env)
-    assert proxy.post({"x": 1}).status_code == 200
-    receiver.wait_for(lambda spans: len(requests_of(spans)) == 1)
-    export = receiver.headers[0]
+    headers = "api-key=1,Content-Length=5,content-type=text/plain"
+    proxy, export = first_export(corral_factory, receiver, headers)
     assert export["api-key"] == "1" and export["content-type"] == "application/x-protobuf"
     assert int(export["content-length"]) > 5
     proxy.wait_for_log(r"ignoring an OTLP export header .*content-length")
