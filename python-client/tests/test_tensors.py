@@ -485,6 +485,7 @@ def test_a_native_client_s_row_reaches_forward_as_a_v2_client_s_does(real_np):
     class Warmed(Decoding):
         examples = (
             {"IN": "aGVsbG8=", "TEXT": []},
+            {"IN": None, "TEXT": []},  # a TypeError converting it: as sent too
             {"IN": tensor([1, 2, 4], "INT8"), "TEXT": []},
         )
 

@@ -111,8 +111,9 @@ class Codec:
         arrays of their datatypes and shapes already, taken as they are (a look at each one's
         dtype and shape). A native client's comes as sent: each value that is not such an
         array (nested lists, a number, strings for ``BYTES``, another tensor value) is made
-        its input's datatype and held to its shape, as the proxy holds a v2 request's, or
-        refused (422) saying why; such a worker's ``forward`` had got lists where it reads
+        its input's datatype and held to its shape, converted as an output is (booleans and
+        whole floats are numbers here, where v2's JSON refuses them), or refused (422) saying
+        why; such a worker's ``forward`` had got lists where it reads
         arrays, and a client's wrong shape had been the model's 500. A worker with its own
         ``preprocess`` (``preprocessed``) gets a row that cannot be made so as sent, for the
         hook to read (an image as base64 text, say). A payload that names no input (raw bytes,
@@ -155,7 +156,8 @@ class Codec:
         worker whose own ``preprocess`` reads it, as it does when served."""
         try:
             return self.example(example)
-        except ValueError:
+        # What `as_inputs` passes on as sent when served (a None, numpy's 32 dimensions too).
+        except (TypeError, ValueError, RuntimeError):
             if not (preprocessed and isinstance(example, dict)):
                 raise
             return pack(example) if self.plain else self.encoder.encode(example)
