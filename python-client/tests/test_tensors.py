@@ -658,8 +658,13 @@ def test_an_object_array_of_numbers_is_the_numbers_it_holds(real_np):
     assert _tensors.encode(objects, "INT32") == _tensors.encode([1, 2, 3], "INT32")
     assert _tensors.encode(objects, "FP32") == _tensors.encode([1.0, 2.0, 3.0], "FP32")
     for refused in (["a", 1], [None, 1], [[1], [2, 3]]):
-        with pytest.raises(ValueError, match="holds numbers, not values of numpy dtype object"):
+        with pytest.raises(ValueError, match=r"holds numbers, not objects \(None, strings"):
             _tensors.encode(real_np.array(refused, dtype=object), "INT32")
+    # Named by kind, as a client says it: a native row's `{"X": "abc"}` had read `<U3`.
+    with pytest.raises(ValueError, match=r"FP32 holds numbers, not strings \(numpy dtype <U3\)"):
+        _tensors.encode("abc", "FP32")
+    with pytest.raises(ValueError, match=r"^a value does not fit in INT64$"):
+        _tensors.encode([2**63, 1], "INT64")
 
 
 def test_integers_past_64_bits_are_past_an_integer_datatype_and_numbers_for_a_float_one(real_np):

@@ -368,6 +368,19 @@ def _numbers_of(np: Any, objects: Any) -> Any:
     return objects
 
 
+# What a value of each numpy kind that is no number is, in a client's words (a native client's
+# row read `FP32 holds numbers, not values of numpy dtype <U3` for `{"X": "abc"}`).
+_NOT_NUMBERS = {
+    "U": "strings",
+    "S": "bytes",
+    "O": "objects (None, strings, maps, or lists of unequal lengths)",
+    "M": "dates",
+    "m": "durations",
+    "c": "complex numbers",
+    "V": "structured values",
+}
+
+
 def _plain_numbers(objects: Any) -> bool:
     """Whether an object array holds Python integers, floats and booleans only (no subclass,
     which may convert as it likes)."""
@@ -398,7 +411,8 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
         except OverflowError as e:
             raise ValueError(f"a finite value is past {datatype}'s range") from e
     if source.size and source.dtype.kind not in "biuf":
-        raise ValueError(f"{datatype} holds numbers, not values of numpy dtype {source.dtype}")
+        what = _NOT_NUMBERS.get(source.dtype.kind, "values")
+        raise ValueError(f"{datatype} holds numbers, not {what} (numpy dtype {source.dtype})")
     if target.kind == "f":
         # numpy flags a cast that makes a finite number infinite as an overflow (from 1.24 on),
         # element by element and at no cost when none is (an infinity given is no overflow).
@@ -412,7 +426,8 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
         try:
             array = np.asarray(value, dtype=target)
         except OverflowError as e:
-            raise ValueError(f"a value does not fit in {datatype}: {e}") from e
+            # numpy's own words are CPython's ("Python int too large to convert to C long").
+            raise ValueError(f"a value does not fit in {datatype}") from e
         except ValueError as e:
             # A scalar NaN is refused by numpy itself ("cannot convert float NaN to integer"),
             # where an array of them is cast and found below: said alike.
