@@ -137,15 +137,9 @@ class Codec:
                 continue
             try:
                 made[name] = _tensors.decode(_tensor(value, tensor, "input"))
-            # numpy's RuntimeError: nested past its 32 dimensions (`_tensor` names the input
-            # in its own errors only).
-            except (TypeError, ValueError, RuntimeError) as e:
+            except (TypeError, ValueError) as e:  # `_tensor`'s, naming the input
                 if preprocessed:
                     return row
-                if isinstance(e, RuntimeError):
-                    raise ValidationError(
-                        f"input {name!r} cannot be a tensor of {tensor.datatype}: {e}"
-                    ) from e
                 raise ValidationError(str(e)) from e
         row.update(made)
         return row
@@ -156,8 +150,8 @@ class Codec:
         worker whose own ``preprocess`` reads it, as it does when served."""
         try:
             return self.example(example)
-        # What `as_inputs` passes on as sent when served (a None, numpy's 32 dimensions too).
-        except (TypeError, ValueError, RuntimeError):
+        # What `as_inputs` passes on as sent when served (a None too).
+        except (TypeError, ValueError):
             if not (preprocessed and isinstance(example, dict)):
                 raise
             return pack(example) if self.plain else self.encoder.encode(example)
@@ -324,7 +318,8 @@ def _tensor(value: Any, tensor: _tensors.Tensor, kind: str = "output") -> bytes:
         return _tensors.encode(value, datatype, tensor.shape)
     except TypeError as e:  # the message names the tensor: a result may hold several
         raise TypeError(f"{kind} {name!r} cannot be a tensor of {datatype}: {e}") from e
-    except (ValueError, OverflowError) as e:
+    # numpy's RuntimeError: a value nested past its 32 dimensions.
+    except (ValueError, OverflowError, RuntimeError) as e:
         raise ValueError(f"{kind} {name!r} cannot be a tensor of {datatype}: {e}") from e
 
 
