@@ -675,6 +675,38 @@ mod tests {
     }
 
     #[test]
+    fn a_frame_s_list_is_an_array_and_no_bin() {
+        // rmp_serde reads a bin asked for as a sequence as its bytes: `results: b""` was an
+        // empty answer with `type` first and refused with it last; `b"\x90"` was "integer 144".
+        let frame = |kind: &str, list: Vec<u8>, type_first: bool| {
+            let mut body = vec![0x82];
+            let tag = [&[0xa4][..], b"type", &[0xa0 + kind.len() as u8], kind.as_bytes()].concat();
+            let key = [&[0xa0 + kind.len() as u8][..], kind.as_bytes()].concat();
+            let entry = [key, list].concat();
+            if type_first {
+                body.extend([tag, entry].concat());
+            } else {
+                body.extend([entry, tag].concat());
+            }
+            body
+        };
+        for kind in ["results", "chunks"] {
+            for bin in [vec![0xc4, 0], vec![0xc4, 1, 0x90]] {
+                for type_first in [true, false] {
+                    let body = frame(kind, bin.clone(), type_first);
+                    let refused = decode::<WorkerMessage>(&body).unwrap_err().to_string();
+                    assert!(refused.contains("byte array"), "{kind} {type_first}: {refused}");
+                    assert!(decode_by_serde::<WorkerMessage>(&body).is_err());
+                }
+            }
+            for type_first in [true, false] {
+                let empty = decode::<WorkerMessage>(&frame(kind, vec![0x90], type_first));
+                assert!(empty.is_ok(), "{kind}: an empty array is still a frame: {empty:?}");
+            }
+        }
+    }
+
+    #[test]
     fn a_str_that_is_not_utf8_is_no_bin() {
         // serde's reader hands such a `str` to a visitor of bytes: a result's `data` of str
         // `c3` was answered `true` (0xc3, read as msgpack) with a 200, and a str of an id's 16

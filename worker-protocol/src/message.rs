@@ -182,6 +182,7 @@ pub struct Shm {
 /// A worker's answer to one batch: exactly one result per job of that batch, in any order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Results {
+    #[serde(deserialize_with = "list::required")]
     pub results: Vec<JobResult>,
 }
 
@@ -253,6 +254,7 @@ pub struct JobResult {
 /// Several jobs' chunks share a frame; one job's chunks are in order.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Chunks {
+    #[serde(deserialize_with = "list::required")]
     pub chunks: Vec<Chunk>,
 }
 
@@ -319,6 +321,44 @@ mod bin {
 
     pub fn optional<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Bytes>, D::Error> {
         d.deserialize_option(MaybeBin)
+    }
+}
+
+/// A frame's list (`results`, `chunks`) as the protocol has it, a msgpack array and nothing else:
+/// rmp_serde reads a `bin` where a sequence is asked for as the sequence of its bytes, so
+/// `results: b""` was an empty answer (a streaming worker's sign of life) where the frame came
+/// with `type` first, and refused where it did not (`codec::Tagged`'s two readings).
+mod list {
+    use std::{fmt, marker::PhantomData};
+
+    use serde::de::{Deserialize, Deserializer, SeqAccess, Visitor};
+
+    struct List<T>(PhantomData<T>);
+
+    impl<'de, T: Deserialize<'de>> Visitor<'de> for List<T> {
+        type Value = Vec<T>;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an array")
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+            // As serde's own reading of a Vec: no more room ahead than a page's worth of
+            // entries, whatever length a hostile frame claims.
+            let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+            while let Some(item) = seq.next_element()? {
+                items.push(item);
+            }
+            Ok(items)
+        }
+    }
+
+    /// Read as any value is, so that a `bin` comes to the visitor as bytes (refused), not as a
+    /// sequence of integers.
+    pub fn required<'de, D: Deserializer<'de>, T: Deserialize<'de>>(
+        d: D,
+    ) -> Result<Vec<T>, D::Error> {
+        d.deserialize_any(List(PhantomData))
     }
 }
 
