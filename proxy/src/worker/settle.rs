@@ -132,10 +132,20 @@ pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
         Some(media_type) => Outcome::Done(data, Some(media_type)),
         None => {
             let shown: String = named.chars().take(100).collect();
-            Outcome::BadOutput(format!(
-                "the worker's content_type for this job is not a media type (type/subtype): \
-                 {shown:?}"
-            ))
+            let most = format::MAX_MEDIA_TYPE;
+            // A long one may well be a media type (a long parameter): "not a media type" misled.
+            Outcome::BadOutput(if named.len() > most {
+                format!(
+                    "the worker's content_type for this job is {} bytes, longer than the {most} \
+                     a media type may have: {shown:?}…",
+                    named.len()
+                )
+            } else {
+                format!(
+                    "the worker's content_type for this job is not a media type (type/subtype): \
+                     {shown:?}"
+                )
+            })
         }
     }
 }
@@ -453,6 +463,17 @@ mod tests {
         assert!(why.contains("not a media type") && why.contains("image png"), "{why}");
         assert_eq!(outcomes[3], Outcome::Done(png, None));
         assert_eq!(outcomes[4], Outcome::Done(Bytes::from_static(b"\x92\x01\x02"), None));
+    }
+
+    #[test]
+    fn a_content_type_too_long_says_its_length_not_that_it_is_no_media_type() {
+        let raw = Bytes::from_static(b"\xc4\x03PNG");
+        let long = format!("a/{}", "b".repeat(format::MAX_MEDIA_TYPE - 1));
+        let Outcome::BadOutput(why) = output(raw.clone(), Some(long)) else { panic!() };
+        assert!(why.contains("1025 bytes, longer than the 1024"), "{why}");
+        assert!(!why.contains("not a media type"), "{why}");
+        let most = format!("a/{}", "b".repeat(format::MAX_MEDIA_TYPE - 2));
+        assert!(matches!(output(raw, Some(most)), Outcome::Done(_, Some(_))));
     }
 
     #[test]
