@@ -374,8 +374,8 @@ pub async fn accept(
             }
         };
         // Each connection yet to say hello holds a descriptor and a task: past the bound one is
-        // closed at once (a spawned worker that meets that is restarted; an external one
-        // reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
+        // closed after [`ROOM_WAIT`] (a spawned worker that meets that is restarted; an external
+        // one reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
         // and HTTP (probes included) could not accept until the hello timeout closed them.
         // A worker Corral spawned is never refused so: 33 silent connections held the slots,
         // and a restarted worker was turned away until the hello timeout freed them.
@@ -386,11 +386,23 @@ pub async fn accept(
         let permit = match context.awaiting_hello.clone().try_acquire_owned() {
             Ok(permit) => Some(permit),
             Err(_) if child.is_some() => None,
-            Err(_) => {
-                let why = "as many connections as allowed are yet to say hello; closed at once";
-                hello_refusals.failed("a worker connection", &io::Error::other(why));
-                continue;
-            }
+            // Workers that say hello as they connect, reconnecting together after a restart,
+            // outran their own hellos: this loop accepted the 33rd before the tasks of the first
+            // had read theirs, already sent, and 68 of 100 were closed. A moment's wait lets
+            // those tasks run; connections that say nothing still cost this loop no more.
+            Err(_) => match tokio::time::timeout(
+                ROOM_WAIT,
+                context.awaiting_hello.clone().acquire_owned(),
+            )
+            .await
+            {
+                Ok(Ok(permit)) => Some(permit),
+                _ => {
+                    let why = "as many connections as allowed are yet to say hello; closed";
+                    hello_refusals.failed("a worker connection", &io::Error::other(why));
+                    continue;
+                }
+            },
         };
         hello_refusals.accepted("worker connections");
         tasks.spawn(connection::serve(stream, (own_pid, child), context.clone(), permit));
@@ -401,6 +413,12 @@ pub async fn accept(
 /// workers started by hand reconnecting together need, with room to spare, at a descriptor
 /// each (`open_files` keeps room for them).
 pub const AWAITING_HELLO: usize = 32;
+
+/// How long a connection past [`AWAITING_HELLO`] waits for one of them to say hello before it
+/// is closed: ample for hellos already sent (each read in well under a millisecond), short
+/// enough that a flood of connections saying nothing delays the accepts after it little (a
+/// spawned worker's, restarted, among them).
+const ROOM_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What is at the socket's path now.
 #[derive(Debug, PartialEq)]
