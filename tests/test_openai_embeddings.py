@@ -123,6 +123,21 @@ def test_nan_and_infinity_come_back_in_base64_and_are_refused_as_json_floats(cli
     assert 'encoding_format "base64"' in raised.value.message
 
 
+def test_the_package_is_told_not_to_retry_an_answer_the_same_input_gets_again(proxy):
+    # With its default of two retries the package sent a worker's output that JSON cannot carry
+    # three times, running the work three times: it retries every 5xx unless `x-should-retry:
+    # false` says otherwise.
+    failures = lambda: proxy.metric("corral_requests_total", code="500")  # noqa: E731
+    before = failures()
+    with openai.OpenAI(base_url=proxy.url + "/v1", api_key="unused") as retrying:
+        assert retrying.max_retries == 2
+        with pytest.raises(openai.InternalServerError) as raised:
+            retrying.embeddings.create(model="m", input="not finite", encoding_format="float")
+    assert raised.value.code == "unrepresentable_output"
+    assert raised.value.response.headers["x-should-retry"] == "false"
+    assert failures() == before + 1
+
+
 @pytest.mark.parametrize("encoding_format", ["base64", "float"])
 def test_a_finite_number_past_float32s_range_is_the_workers_fault(client, encoding_format):
     # As float32 it would be an infinity: a base64 client (the openai package's default) got

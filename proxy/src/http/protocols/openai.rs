@@ -479,7 +479,26 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
         "code": error.code,
         "param": param(error),
     }});
-    error_response_with(error, body.to_string().into_bytes())
+    let mut response = error_response_with(error, body.to_string().into_bytes());
+    if !worth_retrying(error) {
+        response.headers_mut().insert("x-should-retry", http::HeaderValue::from_static("false"));
+    }
+    response
+}
+
+/// Whether the same request sent again could fare otherwise. The `openai` package retries a
+/// 408, a 429 and every 5xx twice unless told `x-should-retry: false` (its own header, which it
+/// obeys before the status): a worker's `bad_output` ran the work three times. Said of the
+/// answers the same input gets again whatever the load: a worker's failure on it, an output
+/// that cannot be written, a model that cannot serve the route, and a 408, the job's deadline
+/// having passed where admission, which refuses with 503 and `Retry-After` what it predicts
+/// cannot be met, let it in. A worker that died and the 503s are left to the package.
+fn worth_retrying(error: &ApiError) -> bool {
+    let settled = matches!(
+        error.code,
+        "bad_output" | "unrepresentable_output" | "worker_error" | "unsupported_model" | "internal"
+    );
+    !(settled || error.status == http::StatusCode::REQUEST_TIMEOUT)
 }
 
 /// The request field a client error is about, for `param`: each message of this module about a
@@ -504,6 +523,24 @@ mod tests {
     use serde_json::Value;
 
     use super::*;
+
+    #[test]
+    fn answers_the_same_input_gets_again_say_not_to_retry() {
+        let told = |error: ApiError| {
+            let response = error_response(&error);
+            response.headers().get("x-should-retry").map(|v| v.to_str().unwrap().to_string())
+        };
+        assert_eq!(told(ApiError::internal("bad_output", "no")), Some("false".into()));
+        assert_eq!(told(ApiError::internal("worker_error", "no")), Some("false".into()));
+        assert_eq!(
+            told(ApiError::from_outcome(crate::job::Outcome::Expired)),
+            Some("false".into())
+        );
+        // A worker that died, and a shed (its Retry-After read by the package), may fare
+        // otherwise: left to the package's own rule.
+        assert_eq!(told(ApiError::internal("worker_died", "gone")), None);
+        assert_eq!(told(ApiError::shutting_down()), None);
+    }
 
     #[test]
     fn base64_is_standard_and_padded() {
