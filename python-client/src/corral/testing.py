@@ -229,7 +229,10 @@ class FakeProxy:
         :class:`Stream`, as the proxy drops them (``events`` still lists them). ``join`` items
         wait, as queued jobs do in the proxy: each ``pull`` the worker sends is answered with a
         batch of up to ``max`` of them, and those left when the worker holds no job go to it as
-        a batch, as to an idle worker.
+        a batch, as to an idle worker. Which of the two a ``join`` item meets is timing, as
+        with the proxy: a generator whose steps take no time mostly ends before the batch
+        answering its ``pull`` is taken in (``events`` says which; to test the join path, have
+        the generator step with ``None`` until an item has joined).
         ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is). As
         the proxy, it sends no batch larger than the worker's ``max_running`` (its hello's
         ``max_batch``): the items past it wait, as ``join`` items do.
