@@ -131,3 +131,19 @@ def test_the_generation_example_streams_characters(corral_factory):
 
     with ThreadPoolExecutor(16) as pool:
         assert list(pool.map(one, range(16))) == [21] * 16
+
+
+def test_the_generation_example_s_client_prints_the_text_or_corral_s_reason(corral_factory):
+    # A request Corral refused ended in urllib's HTTPError traceback, its JSON message unread.
+    proxy = corral_factory(worker=GENERATE)
+    client = [sys.executable, str(ROOT / "examples" / "generate" / "client.py")]
+    url = proxy.url + "/infer"
+    done = subprocess.run([*client, "The ", "12", url], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("The ") and len(done.stdout) == len("The ") + 12 + 1
+    refused = subprocess.run(
+        [*client, "The ", "0", url], capture_output=True, text=True, timeout=60
+    )
+    assert refused.returncode == 1
+    assert "422 invalid_input" in refused.stderr and "max_tokens" in refused.stderr
+    assert "Traceback" not in refused.stderr

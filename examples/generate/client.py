@@ -8,6 +8,7 @@ character as JSON); `event: done` ends the stream and `event: error` carries wha
 
 import json
 import sys
+import urllib.error
 import urllib.request
 
 
@@ -18,7 +19,12 @@ def stream(url: str, prompt: str, max_tokens: int):
         data=json.dumps({"prompt": prompt, "max_tokens": max_tokens}).encode(),
         headers={"content-type": "application/json", "accept": "text/event-stream"},
     )
-    with urllib.request.urlopen(request) as response:
+    try:
+        response = urllib.request.urlopen(request)
+    except urllib.error.HTTPError as refused:  # refused before streaming: Corral's JSON error
+        body = json.loads(refused.read() or b"{}")
+        raise RuntimeError(f"{refused.code} {body.get('error')}: {body.get('message')}") from None
+    with response:
         event = "message"
         for raw in response:  # one line at a time, as the server sends them
             line = raw.decode().rstrip("\n")
@@ -33,6 +39,8 @@ def stream(url: str, prompt: str, max_tokens: int):
                 yield data
             elif not line:
                 event = "message"  # a blank line ends an event
+    # Every stream ends with `done` or `error`: one that stops without is cut off.
+    raise RuntimeError("the stream was cut off before it ended")
 
 
 if __name__ == "__main__":
@@ -40,6 +48,9 @@ if __name__ == "__main__":
     tokens = int(sys.argv[2]) if len(sys.argv) > 2 else 200
     url = sys.argv[3] if len(sys.argv) > 3 else "http://localhost:8000/infer"
     print(prompt, end="", flush=True)
-    for chunk in stream(url, prompt, tokens):
-        print(chunk, end="", flush=True)
+    try:
+        for chunk in stream(url, prompt, tokens):
+            print(chunk, end="", flush=True)
+    except RuntimeError as failed:
+        sys.exit(f"\n{failed}")
     print()
