@@ -190,6 +190,8 @@ class Frame:
         (ModelOutput(logits=[[0.1], [0.2]]), "forward returned a ModelOutput (keys 'logits')"),
         ("ab", "forward returned a str: return a list with one output per input"),
         (b"ab", "forward returned a bytes"),
+        # Read byte by byte, it was answered 97 and 98, with 200.
+        (memoryview(b"ab"), "forward returned a memoryview: return a list"),
         ({"a", "b"}, "forward returned a set, which has no order"),
         (frozenset("ab"), "forward returned a frozenset, which has no order"),
         (Frame(), "forward returned a Frame: iterating it gives its column names"),
@@ -210,6 +212,32 @@ def test_forward_returning_what_is_not_its_outputs_fails_every_item_saying_so(re
         got = proxy.infer(["x"] if isinstance(returned, ModelOutput) else ["x", "y"])
     assert {r.status for r in got} == {"error"}
     assert said in got[0].message
+
+
+def test_an_endless_iterator_from_forward_is_read_one_past_the_count_and_refused():
+    # `list()` read `itertools.count()` whole: 600 MB a second, the GIL held, until the
+    # worker ran out of memory (the host's, unbounded).
+    import itertools
+
+    closed = []
+
+    def outputs():
+        try:
+            yield from itertools.count()
+        finally:
+            closed.append(True)
+
+    class Endless(corral.Worker):
+        def forward(self, batch):
+            return itertools.count() if batch[0] == "count" else outputs()
+
+    with FakeProxy(Endless()) as proxy:
+        counted = proxy.infer(["count", "y"])
+        generated = proxy.infer(["gen"])
+    said = "RuntimeError: forward returned more than 2 outputs for 2 inputs"
+    assert [r.message for r in counted] == [said] * 2
+    assert generated[0].message == "RuntimeError: forward returned more than 1 output for 1 input"
+    assert closed == [True], "the generator is closed once read"
 
 
 def test_an_exception_with_no_message_is_told_by_its_type_alone():

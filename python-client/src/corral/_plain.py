@@ -12,7 +12,8 @@ imports ``_worker``, which imports it.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Mapping, Sequence
+import itertools
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, Protocol
 
 from corral import _batch, _failures, _tracing
@@ -77,9 +78,20 @@ def _forward(
 def counted(returned: Any, count: int) -> list[Any]:
     """What ``forward`` returned for ``count`` inputs as its list of outputs, one per input;
     refused (:func:`outputs`) where it cannot be, or holds another number of them."""
-    listed = list(outputs(returned))
-    if len(listed) != count:
+    source = outputs(returned)
+    if isinstance(source, Sized):
+        listed = list(source)
         returned_words = amount(len(listed), "output", "outputs")
+    else:
+        # An iterator is read one past the count, no further: `itertools.count()` was read
+        # whole, at 600 MB a second with the GIL held, until the worker ran out of memory.
+        listed = list(itertools.islice(source, count + 1))
+        if inspect.isgenerator(source):
+            source.close()  # its `finally` runs now, not whenever it is collected
+        returned_words = amount(min(len(listed), count), "output", "outputs")
+        if len(listed) > count:
+            returned_words = f"more than {returned_words}"
+    if len(listed) != count:
         raise RuntimeError(
             f"forward returned {returned_words} for {amount(count, 'input', 'inputs')}"
         )
@@ -94,8 +106,8 @@ def outputs(returned: Any) -> Any:
     - a generator: a ``forward`` that yields, under a decorator that hides it (no
       ``functools.wraps``), so the worker was not made a streaming one; each step would have
       been taken as one item's whole answer, the batch's tokens mixed across its clients;
-    - a mapping (a model's output of named batched arrays), a string or bytes: iterating them
-      gives keys or characters;
+    - a mapping (a model's output of named batched arrays), a string or bytes (a
+      ``memoryview`` too): iterating them gives keys, characters or byte values;
     - a set: it has no order, so its outputs went to other clients' inputs (7 of 8 clients got
       another's answer);
     - a data frame (pandas', polars': anything with ``columns``): iterating it gives its column
@@ -117,7 +129,7 @@ def outputs(returned: Any) -> Any:
             "a generator forward must keep it visible (functools.wraps); to return outputs, "
             "return a list"
         )
-    if isinstance(returned, (Mapping, str, bytes, bytearray)):
+    if isinstance(returned, (Mapping, str, bytes, bytearray, memoryview)):
         hint = (
             f" (keys {', '.join(map(repr, list(returned)[:3]))}): return one output per input, "
             "e.g. a list of dicts, or the batched array itself"
