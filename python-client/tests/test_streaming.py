@@ -1104,3 +1104,16 @@ def test_stream_with_only_join_items_sends_them_as_one_batch_and_no_empty_one():
         assert [event for event in proxy.events if event[0] == "batch"] == [("batch", [0])]
         with pytest.raises(ValueError, match="no items"):
             proxy.stream([])
+
+
+def test_fake_proxy_refuses_a_cancel_for_no_item_and_a_negative_timeout():
+    # A cancel_after index past the items was never sent, silently; timeout_ms=-5 stopped the
+    # worker with a ProtocolError.
+    with FakeProxy(Spell()) as proxy:
+        with pytest.raises(ValueError, match=r"cancel_after names items \[5\]; there are 3"):
+            proxy.stream(["ab", "c"], join=["d"], cancel_after={5: 1})
+        with pytest.raises(ValueError, match=r"timeout_ms must be .* 0 or more: -5"):
+            proxy.stream(["ab"], timeout_ms=-5)
+        with pytest.raises(ValueError, match="timeout_ms must be"):
+            proxy.infer(["ab"], timeout_ms=1.5)
+        assert proxy.stream(["ab"], cancel_after={0: 1}) == [Stream(["a"], "end")]

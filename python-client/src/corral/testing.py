@@ -241,6 +241,11 @@ class FakeProxy:
             raise ValueError("no items: the proxy sends a batch of one job or more")
         first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
         jobs = first + waiting
+        past = sorted(i for i in cancel_after or {} if not 0 <= i < len(jobs))
+        if past:  # silently never sent, a test of a cancel would pass without one
+            raise ValueError(
+                f"cancel_after names items {past}; there are {len(jobs)} (0 to {len(jobs) - 1})"
+            )
         index = {job["id"]: i for i, job in enumerate(jobs)}
         chunks: list[list[Any]] = [[] for _ in jobs]
         ends: list[dict[str, Any] | None] = [None] * len(jobs)
@@ -361,6 +366,12 @@ class FakeProxy:
 def _jobs(
     items: list[Any], timeout_ms: int, content_type: ContentTypes = None
 ) -> list[dict[str, Any]]:
+    # The proxy sends the time left, never below 0: a negative one had stopped the worker with
+    # a ProtocolError, as a proxy that sent it would.
+    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+        raise ValueError(
+            f"timeout_ms must be a whole number of milliseconds, 0 or more: {timeout_ms!r}"
+        )
     if content_type is None or isinstance(content_type, str):
         types: list[str | None] = [content_type] * len(items)
     else:
