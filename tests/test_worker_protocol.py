@@ -747,6 +747,7 @@ def silent_connections(proxy, count: int) -> list[socket.socket]:
     silent = []
     for _ in range(count):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(10)  # a full backlog blocks a connect: a failure, not a hang
         sock.connect(str(proxy.socket))
         silent.append(sock)
     return silent
@@ -755,11 +756,12 @@ def silent_connections(proxy, count: int) -> list[socket.socket]:
 def test_connections_that_never_say_hello_are_bounded(corral_factory):
     # Each one held a descriptor (and a task) until the 10 s hello timeout: 1,100 of them took
     # every descriptor, and HTTP, probes included, could not accept. Past the bound (32 more
-    # than the workers spawned, here 1), a connection is closed as it is accepted.
+    # than the workers spawned, here 1), a connection waits a moment for a slot (100 ms), then
+    # is closed.
     proxy = corral_factory()
     silent = silent_connections(proxy, 33)
     try:
-        # Accepted in order: the one after them finds the bound reached and is closed at once.
+        # Accepted in order: the one after them finds the bound reached, waits, and is closed.
         extra = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         silent.append(extra)
         extra.connect(str(proxy.socket))
@@ -867,12 +869,14 @@ def test_a_spawned_worker_is_let_in_while_silent_connections_hold_the_hello_slot
     corral_factory,
 ):
     # The slots for connections yet to say hello are not a spawned worker's to wait for: a
-    # restarted one was turned away until the hello timeout (10 s) freed them.
+    # restarted one was turned away until the hello timeout (10 s) freed them. Nor is the
+    # waiting room past them: waited out in the accept loop, 100 ms a connection, 300 silent
+    # ones kept a restarted worker out for 20 s.
     import signal
 
     proxy = corral_factory()
     pid = proxy.post({"n": 1}).json()["pid"]  # it has served: restarted without delay
-    silent = silent_connections(proxy, 33)
+    silent = silent_connections(proxy, 300)
     try:
         os.kill(pid, signal.SIGKILL)
         proxy.wait_for_log(r"worker connected", count=2, timeout=8)

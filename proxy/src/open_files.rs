@@ -7,7 +7,8 @@
 //! soft limit is raised to the hard one (allowed without privileges), and the effective cap is
 //! kept below the limit, with room left for what else the process opens: its listeners, the
 //! runtime's own descriptors, each worker's socket and output pipes, the worker socket's
-//! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`]), the workers it
+//! connections yet to say hello ([`crate::worker::listener::AWAITING_HELLO`], and
+//! [`crate::worker::listener::WAITING_ROOM`] more waiting a moment for a slot), the workers it
 //! did not spawn ([`crate::worker::connection::MAX_EXTERNAL`]), the connection
 //! reserve past the cap ([`crate::http::reserve`]), and connections being refused (each holds a
 //! descriptor while its 503 is written, and up to 32 of them a second more while what their
@@ -47,7 +48,8 @@ pub fn connection_cap(requested: usize, workers: usize) -> usize {
 /// and its workers; the reserve's connections are always kept room for, since they are opened
 /// whenever the cap is reached.
 fn cap_under(limit: u64, workers: u64) -> u64 {
-    let awaiting_hello = crate::worker::listener::AWAITING_HELLO as u64;
+    let awaiting_hello =
+        (crate::worker::listener::AWAITING_HELLO + crate::worker::listener::WAITING_ROOM) as u64;
     // A worker Corral did not spawn holds its socket alone.
     let external = crate::worker::connection::MAX_EXTERNAL as u64;
     let kept = (RESERVED + awaiting_hello + external + PER_WORKER * workers).min(limit / 2);
@@ -159,7 +161,7 @@ mod tests {
 
     #[test]
     fn the_cap_leaves_room_for_the_process_and_its_workers() {
-        let hello = 32; // the worker socket's connections yet to say hello
+        let hello = 32 + 96; // the worker socket's connections yet to say hello, and waiting
         let external = 128; // workers it did not spawn
         let kept = 64 + hello + external;
         assert_eq!(cap_under(1024, 1), 1024 - kept - 4 - 16, "16: the connection reserve");

@@ -326,7 +326,8 @@ pub async fn accept(
     // What was last said about the path: each change is said once.
     let mut said = Look::Ours;
     let mut accept_failures = crate::open_files::AcceptFailures::default();
-    let mut hello_refusals = crate::open_files::AcceptFailures::default();
+    let hello_refusals = Refusals::default();
+    let waiting_room = std::sync::Arc::new(tokio::sync::Semaphore::new(WAITING_ROOM));
     loop {
         let stream = tokio::select! {
             _ = watch.tick() => {
@@ -373,9 +374,9 @@ pub async fn accept(
                 return;
             }
         };
-        // Each connection yet to say hello holds a descriptor and a task: past the bound one is
-        // closed after [`ROOM_WAIT`] (a spawned worker that meets that is restarted; an external
-        // one reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
+        // Each connection yet to say hello holds a descriptor and a task: past the bound one
+        // waits for a slot in the waiting room, and is closed if the room is full or none comes
+        // (a spawned worker that meets that is restarted; an external one reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
         // and HTTP (probes included) could not accept until the hello timeout closed them.
         // A worker Corral spawned is never refused so: 33 silent connections held the slots,
         // and a restarted worker was turned away until the hello timeout freed them.
@@ -388,25 +389,47 @@ pub async fn accept(
             Err(_) if child.is_some() => None,
             // Workers that say hello as they connect, reconnecting together after a restart,
             // outran their own hellos: this loop accepted the 33rd before the tasks of the first
-            // had read theirs, already sent, and 68 of 100 were closed. A moment's wait lets
-            // those tasks run; connections that say nothing still cost this loop no more.
-            Err(_) => match tokio::time::timeout(
-                ROOM_WAIT,
-                context.awaiting_hello.clone().acquire_owned(),
-            )
-            .await
-            {
-                Ok(Ok(permit)) => Some(permit),
-                _ => {
-                    let why = "as many connections as allowed are yet to say hello; closed";
-                    hello_refusals.failed("a worker connection", &io::Error::other(why));
+            // had read theirs, already sent, and 68 of 100 were closed at once. Past the bound a
+            // connection waits a moment for a slot, on a task of its own: waited for here, a
+            // restarted spawned worker queued behind 300 silent connections took 20 s to get in.
+            Err(_) => match waiting_room.clone().try_acquire_owned() {
+                Ok(seat) => {
+                    let (context, refusals) = (context.clone(), hello_refusals.clone());
+                    tasks.spawn(async move {
+                        let slot = context.awaiting_hello.clone().acquire_owned();
+                        let Ok(Ok(permit)) = tokio::time::timeout(ROOM_WAIT, slot).await else {
+                            refused(&refusals);
+                            return;
+                        };
+                        drop(seat);
+                        accepted(&refusals);
+                        connection::serve(stream, (own_pid, child), context, Some(permit)).await;
+                    });
+                    continue;
+                }
+                Err(_) => {
+                    refused(&hello_refusals);
                     continue;
                 }
             },
         };
-        hello_refusals.accepted("worker connections");
+        accepted(&hello_refusals);
         tasks.spawn(connection::serve(stream, (own_pid, child), context.clone(), permit));
     }
+}
+
+/// Connections refused for want of a slot before their hello: logged once a minute.
+type Refusals = std::sync::Arc<std::sync::Mutex<crate::open_files::AcceptFailures>>;
+
+fn refused(refusals: &Refusals) {
+    let why = "as many connections as allowed are yet to say hello; closed";
+    let mut refusals = refusals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    refusals.failed("a worker connection", &io::Error::other(why));
+}
+
+fn accepted(refusals: &Refusals) {
+    let mut refusals = refusals.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    refusals.accepted("worker connections");
 }
 
 /// Connections that may wait for their hello at once, beyond one per spawned worker: what
@@ -414,10 +437,14 @@ pub async fn accept(
 /// each (`open_files` keeps room for them).
 pub const AWAITING_HELLO: usize = 32;
 
-/// How long a connection past [`AWAITING_HELLO`] waits for one of them to say hello before it
-/// is closed: ample for hellos already sent (each read in well under a millisecond), short
-/// enough that a flood of connections saying nothing delays the accepts after it little (a
-/// spawned worker's, restarted, among them).
+/// Connections past [`AWAITING_HELLO`] that may wait [`ROOM_WAIT`] for one of its slots, each
+/// on a task of its own: with the slots, as many as may connect without being spawned
+/// (`connection::MAX_EXTERNAL`), so that all of them reconnecting together get in; past them a
+/// connection is closed at once. `open_files` keeps a descriptor for each.
+pub const WAITING_ROOM: usize = 96;
+
+/// How long a connection past [`AWAITING_HELLO`] waits for a slot before it is closed: ample
+/// for workers whose hellos are already sent (each read in well under a millisecond).
 const ROOM_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// What is at the socket's path now.
