@@ -488,17 +488,17 @@ pub fn error_response(error: &ApiError) -> Response<Body> {
 
 /// Whether the same request sent again could fare otherwise. The `openai` package retries a
 /// 408, a 429 and every 5xx twice unless told `x-should-retry: false` (its own header, which it
-/// obeys before the status): a worker's `bad_output` ran the work three times. Said of the
-/// answers the same input gets again whatever the load: a worker's failure on it, an output
-/// that cannot be written, a model that cannot serve the route, and a 408, the job's deadline
-/// having passed where admission, which refuses with 503 and `Retry-After` what it predicts
-/// cannot be met, let it in. A worker that died and the 503s are left to the package.
+/// obeys before the status): an output JSON cannot carry ran the work three times. Said only of
+/// the answers the same input gets again whatever the load and the batch: an output of the
+/// worker's that is no embedding or cannot be written, a model that cannot serve the route, and
+/// Corral's own fault. Not of a 408 (a request admitted while no worker was connected, during a
+/// restart, ends so, and its retry succeeds), nor of a `worker_error` (a batch-mate's input, or
+/// the batch's size, may be what failed it), nor of a worker that died or a 503.
 fn worth_retrying(error: &ApiError) -> bool {
-    let settled = matches!(
+    !matches!(
         error.code,
-        "bad_output" | "unrepresentable_output" | "worker_error" | "unsupported_model" | "internal"
-    );
-    !(settled || error.status == http::StatusCode::REQUEST_TIMEOUT)
+        "bad_output" | "unrepresentable_output" | "unsupported_model" | "internal"
+    )
 }
 
 /// The request field a client error is about, for `param`: each message of this module about a
@@ -531,13 +531,11 @@ mod tests {
             response.headers().get("x-should-retry").map(|v| v.to_str().unwrap().to_string())
         };
         assert_eq!(told(ApiError::internal("bad_output", "no")), Some("false".into()));
-        assert_eq!(told(ApiError::internal("worker_error", "no")), Some("false".into()));
-        assert_eq!(
-            told(ApiError::from_outcome(crate::job::Outcome::Expired)),
-            Some("false".into())
-        );
-        // A worker that died, and a shed (its Retry-After read by the package), may fare
-        // otherwise: left to the package's own rule.
+        assert_eq!(told(ApiError::internal("unrepresentable_output", "no")), Some("false".into()));
+        // A 408, a worker's failure of a batch, a worker that died, and a shed (its
+        // Retry-After read by the package), may fare otherwise: left to the package's own rule.
+        assert_eq!(told(ApiError::from_outcome(crate::job::Outcome::Expired)), None);
+        assert_eq!(told(ApiError::internal("worker_error", "no")), None);
         assert_eq!(told(ApiError::internal("worker_died", "gone")), None);
         assert_eq!(told(ApiError::shutting_down()), None);
     }
