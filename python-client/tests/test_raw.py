@@ -106,11 +106,20 @@ def test_a_typed_worker_gets_bytes_where_its_type_takes_them():
     assert point == Result("ok", 1)
 
 
-@pytest.mark.parametrize("named", [42, "image png", "png", "image/pngé", "image/" + "p" * 1100])
-def test_an_output_content_type_the_proxy_would_refuse_fails_where_the_class_is_defined(named):
+@pytest.mark.parametrize(
+    ("named", "said"),
+    [
+        *[(named, "must be a media type") for named in [42, "image png", "png", "image/pngé"]],
+        # Well formed, and too long: told by its length, not as no media type.
+        ("image/" + "p" * 1100, "is 1106 bytes, longer than the 1024 a media type may have"),
+    ],
+)
+def test_an_output_content_type_the_proxy_would_refuse_fails_where_the_class_is_defined(
+    named, said
+):
     """The proxy answers every bytes output under such a name 500 `bad_output`; FakeProxy once
     passed it, so a worker's own tests did not see it."""
-    with pytest.raises(TypeError, match="output_content_type must be a media type"):
+    with pytest.raises(TypeError, match=f"output_content_type {said}"):
 
         class Misnamed(corral.Worker):
             output_content_type = named

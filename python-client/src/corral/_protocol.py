@@ -46,11 +46,15 @@ _MEDIA_TYPE = re.compile(
 )
 
 
+# The longest media type the proxy passes on (a request's or a worker's), in bytes.
+MAX_MEDIA_TYPE = 1024
+
+
 def is_media_type(text: Any) -> bool:
     """Whether the proxy takes ``text`` as an output's ``content_type``."""
     return (
         isinstance(text, str)
-        and len(text.encode("utf-8")) <= 1024
+        and len(text.encode("utf-8")) <= MAX_MEDIA_TYPE
         and _MEDIA_TYPE.fullmatch(text) is not None
         and text == text.strip(" \t")
     )
