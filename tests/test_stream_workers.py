@@ -147,3 +147,12 @@ def test_the_generation_example_s_client_prints_the_text_or_corral_s_reason(corr
     assert refused.returncode == 1
     assert "422 invalid_input" in refused.stderr and "max_tokens" in refused.stderr
     assert "Traceback" not in refused.stderr
+    # Nothing listening: said so, not urllib's traceback either.
+    gone = subprocess.run(
+        [*client, "The ", "3", "http://127.0.0.1:1/infer"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert gone.returncode == 1 and "cannot reach" in gone.stderr
+    assert "Traceback" not in gone.stderr

@@ -22,8 +22,15 @@ def stream(url: str, prompt: str, max_tokens: int):
     try:
         response = urllib.request.urlopen(request)
     except urllib.error.HTTPError as refused:  # refused before streaming: Corral's JSON error
-        body = json.loads(refused.read() or b"{}")
-        raise RuntimeError(f"{refused.code} {body.get('error')}: {body.get('message')}") from None
+        text = refused.read().decode(errors="replace")
+        try:
+            body = json.loads(text)
+            reason = f"{body['error']}: {body['message']}"
+        except (ValueError, TypeError, KeyError):  # not Corral's (a proxy in front of it, say)
+            reason = text.strip()[:200] or refused.reason
+        raise RuntimeError(f"{refused.code} {reason}") from None
+    except urllib.error.URLError as unreached:
+        raise RuntimeError(f"cannot reach {url}: {unreached.reason}") from None
     with response:
         event = "message"
         for raw in response:  # one line at a time, as the server sends them
