@@ -343,8 +343,8 @@ mod list {
         }
 
         fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
-            // As serde's own reading of a Vec: no more room ahead than a page's worth of
-            // entries, whatever length a hostile frame claims.
+            // No more room ahead than 4,096 entries, whatever length a hostile frame claims
+            // (serde's own reading of a Vec keeps to a MiB's worth).
             let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
             while let Some(item) = seq.next_element()? {
                 items.push(item);
