@@ -116,6 +116,19 @@ def test_a_log_filter_that_does_not_parse_is_said_so(corral_factory):
     proxy.wait_for_log(r"INFO .*worker connected")
 
 
+@pytest.mark.parametrize(
+    ("text", "said"),
+    [("warning", '["warning"]: a word alone names a target'), ("hyper=debug", "own lines;")],
+)
+def test_a_log_filter_that_sets_no_level_for_corral_logs_it_at_info(corral_factory, text, said):
+    """`RUST_LOG=warning` parsed, as a filter for a target named `warning`: every line of the
+    proxy's went unlogged, the error it exits with included."""
+    proxy = corral_factory(env={"RUST_LOG": text}, workers=1)
+    line = proxy.wait_for_log(r"sets no level for Corral's own lines")
+    assert "WARN" in line and said in line and "logging at info" in line
+    proxy.wait_for_log(r"INFO .*worker connected")
+
+
 @pytest.mark.parametrize("empty", ["", ","])
 def test_a_log_filter_with_no_directive_logs_at_info(corral_factory, empty):
     """An empty filter logged nothing, errors included."""

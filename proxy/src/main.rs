@@ -9,6 +9,7 @@ use clap::parser::ValueSource;
 use clap::{CommandFactory, FromArgMatches};
 use tokio::signal::unix::{signal, Signal, SignalKind};
 use tracing_appender::non_blocking::WorkerGuard;
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::EnvFilter;
 
 use corral::config::{topology, Config, LogFormat};
@@ -251,10 +252,45 @@ fn log_filter() -> (EnvFilter, Option<String>) {
         Ok(text) if text.split(',').all(|directive| directive.trim().is_empty()) => (info(), None),
         Err(std::env::VarError::NotUnicode(_)) => (info(), Some("RUST_LOG is not UTF-8".into())),
         Ok(text) => match EnvFilter::try_new(&text) {
-            Ok(filter) => (filter, None),
+            Ok(filter) if sets_corral_s_level(&text) => (filter, None),
+            // `RUST_LOG=warning` parsed, a filter for a target named `warning`, and every line
+            // of Corral's went unlogged, a fatal error's included: they are logged at info.
+            Ok(_) => {
+                let words: Vec<&str> = directives(&text)
+                    .filter(|d| !d.contains(['=', '[']) && d.parse::<LevelFilter>().is_err())
+                    .collect();
+                let hint = match words[..] {
+                    [] => String::new(),
+                    _ => format!(
+                        " ({words:?}: a word alone names a target, not a level; the levels are \
+                         trace, debug, info, warn, error and off)"
+                    ),
+                };
+                let why = format!("RUST_LOG={text:?} sets no level for Corral's own lines{hint}");
+                let filter =
+                    EnvFilter::try_new(format!("corral=info,{text}")).unwrap_or_else(|_| info());
+                (filter, Some(why))
+            }
             Err(e) => (info(), Some(format!("RUST_LOG={text:?} is not a log filter: {e}"))),
         },
     }
+}
+
+fn directives(text: &str) -> impl Iterator<Item = &str> {
+    text.split(',').map(str::trim).filter(|directive| !directive.is_empty())
+}
+
+/// Whether a filter sets a level for Corral's own lines: a directive of a level alone, or one
+/// whose target is Corral's or a start of it (`corral`, `corral::http`, `c`). A filter naming
+/// other targets only (`hyper=debug`, `warning`) logs none of them, its errors included.
+fn sets_corral_s_level(text: &str) -> bool {
+    directives(text).any(|directive| {
+        if !directive.contains(['=', '[']) && directive.parse::<LevelFilter>().is_ok() {
+            return true;
+        }
+        let target = directive.split(['[', '=']).next().unwrap_or_default();
+        !target.is_empty() && ("corral".starts_with(target) || target.starts_with("corral"))
+    })
 }
 
 /// A route named `stats` serves a model v2 cannot wholly ask for: `/v2/models/stats` is the
@@ -389,4 +425,20 @@ fn second_signal(mut stops: Stops) {
         flush_output();
         std::process::exit(1);
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_filter_sets_corral_s_level_by_a_level_alone_or_a_target_of_its_own() {
+        for text in ["warn", "INFO", "hyper=debug,error", "corral", "corral::http=debug", "c=warn"]
+        {
+            assert!(sets_corral_s_level(text), "{text}");
+        }
+        for text in ["warning", "infoo", "hyper=debug", "[span]=debug", "h2,tokio=trace"] {
+            assert!(!sets_corral_s_level(text), "{text}");
+        }
+    }
 }
