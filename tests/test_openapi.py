@@ -162,7 +162,11 @@ def test_the_405_and_431_that_infer_answers_are_documented_with_their_error_body
         schema = documented["content"]["application/json"]["schema"]
         assert schema == {"$ref": SCHEMAS + "Error"}, schema
         assert "x-request-id" in documented["headers"] and "x-request-id" in answer.headers
+        # Its timing too: listed under 200 alone before.
+        assert "server-timing" in answer.headers and "server-timing" in documented["headers"]
     assert (wrong_method.status_code, head_too_large.status_code) == (405, 431)
+    for status in ("408", "422", "500"):
+        assert "x-corral-batch-size" in responses[status]["headers"], status
     assert wrong_method.headers["allow"] == "POST"
     assert "Allow" in responses["405"]["headers"]
 
@@ -195,6 +199,13 @@ def test_the_statuses_the_protocol_endpoints_answer_are_documented(corral_factor
             "/v1/models/default:predict", json={"instances": [1]}
         ),
     }
+    # An HTTP/1.1 head without its Host field: 400, from every page (listed for none).
+    address = proxy.url.removeprefix("http://").rsplit(":", 1)
+    with socket.create_connection((address[0], int(address[1])), timeout=10) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
+        head = raw.makefile("rb").readline()
+    assert head.startswith(b"HTTP/1.1 400"), head
+    assert "400" in document["paths"]["/healthz"]["get"]["responses"]
     for (path, method, expected), answer in asked.items():
         assert answer.status_code == expected, (path, answer.status_code, answer.text)
         path = path.replace("/v2/models/default", "/v2/models/{name}")

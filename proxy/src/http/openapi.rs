@@ -313,16 +313,20 @@ pub fn job_headers(app: &App) -> Vec<Value> {
 /// A job's answer's headers: its id, and where its time went.
 pub fn answer_headers() -> Value {
     let mut headers = request_id_header();
-    headers[SERVER_TIMING_HEADER] = json!({
-        "description": "Where the request's time went: `queue`, `batch` and `total`, in \
-            milliseconds (docs/TRACING.md).",
-        "schema": {"type": "string"},
-    });
+    headers[SERVER_TIMING_HEADER] = server_timing_header();
     headers[BATCH_SIZE_HEADER] = json!({
         "description": "The size of the batch the job went in (the largest, for several items).",
         "schema": {"type": "integer"},
     });
     headers
+}
+
+fn server_timing_header() -> Value {
+    json!({
+        "description": "Where the request's time went: `queue`, `batch` and `total`, in \
+            milliseconds (docs/TRACING.md); `total` alone where no job was queued.",
+        "schema": {"type": "string"},
+    })
 }
 
 /// `x-corral-priority`, as every job-taking path reads it.
@@ -393,10 +397,19 @@ pub(super) fn request_id_header() -> Value {
     }})
 }
 
-/// The headers an `/infer` error of `status` comes with: its id, and a 503's `Retry-After`, a
+/// The headers an `/infer` error of `status` comes with: its id and `server-timing` (its
+/// `total` at least), the batch's size where one ran for the job, and a 503's `Retry-After`, a
 /// 405's `Allow` or a 415's `Accept-Encoding`.
 pub(super) fn infer_error_headers(status: &str) -> Value {
     let mut headers = request_id_header();
+    headers[SERVER_TIMING_HEADER] = server_timing_header();
+    if ["406", "408", "422", "500"].contains(&status) {
+        headers[BATCH_SIZE_HEADER] = json!({
+            "description": "Where a batch ran for the job: its size (the largest, for several \
+                items).",
+            "schema": {"type": "integer"},
+        });
+    }
     match status {
         "503" => {
             headers["Retry-After"] = json!({
@@ -451,6 +464,11 @@ fn own_get(operation: &str, summary: &str, ok: Value, may_be_unavailable: bool) 
     );
     responses["431"] = error_response(
         "The request head is larger than --max-header-bytes (`request_head_too_large`).",
+        request_id_header(),
+    );
+    responses["400"] = error_response(
+        "The request head is malformed: an HTTP/1.1 request without exactly one Host field \
+         (`bad_request`).",
         request_id_header(),
     );
     if may_be_unavailable {
