@@ -570,6 +570,13 @@ STAGE = f'[stages.s]\ncommand = ["{sys.executable}", "{PLACED}"]\n'
         # Named as written (the traces path added to it had read "http:/v1/traces").
         (["--otlp-endpoint", "http://", *WORKER], None, 'the OTLP endpoint "http://" must be'),
         (["--otlp-endpoint", "bad", *WORKER], None, 'the OTLP endpoint "bad" must be'),
+        (["--otlp-endpoint", "https://h:4318", *WORKER], None, 'endpoint "https://h:4318" must'),
+        # "1 jobs" had been said.
+        (
+            ["--max-batch-size", "1", "--max-batch-bytes", "999999999", *WORKER],
+            None,
+            "what a frame of 1 job carries",
+        ),
         # Credentials went out as the Host header, and into the log.
         (["--otlp-endpoint", "http://u:p@h:4318"], None, "must not carry a user or password"),
     ],

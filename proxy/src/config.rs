@@ -479,10 +479,11 @@ impl Config {
         let base = |url: String| {
             if !url
                 .parse::<http::Uri>()
-                .is_ok_and(|uri| uri.scheme().is_some() && uri.host().is_some())
+                .is_ok_and(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
             {
                 // Left as written, for the check to name it: the path added to `http://` had
-                // been refused as "http:/v1/traces", which the operator never wrote.
+                // been refused as "http:/v1/traces", and `https://collector:4318` as
+                // "https://collector:4318/v1/traces", which the operator never wrote.
                 return url;
             }
             // The path goes before a query (it had been added after one: `/?a=1/v1/traces`).
@@ -546,6 +547,8 @@ mod tests {
         // No URL with a host: as written, for the check to name it.
         assert_eq!(traces("http://"), "http://");
         assert_eq!(traces("bad"), "bad");
+        // Nor one of another scheme, which the check refuses.
+        assert_eq!(traces("https://h:4318"), "https://h:4318");
     }
 
     #[test]

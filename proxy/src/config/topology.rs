@@ -826,9 +826,10 @@ fn batch_bytes(key: &str, value: u64, max_batch_size: u32) -> Result<(), ConfigE
     if (1..=most).contains(&value) {
         return Ok(());
     }
+    let jobs = workers::amount(max_batch_size as usize, "job");
     let problem = format!(
-        "{value} is not in 1..={most} (what a frame of {max_batch_size} jobs carries under the \
-         worker protocol's 64 MiB frame limit)"
+        "{value} is not in 1..={most} (what a frame of {jobs} carries under the worker \
+         protocol's 64 MiB frame limit)"
     );
     Err(error(key, problem))
 }

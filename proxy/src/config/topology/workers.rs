@@ -25,7 +25,7 @@ pub(super) struct Keys {
 const GIVEN_ENV: &str = "--worker-env";
 
 /// `count` of a thing in words, "1 core", "2 cores": errors had said "1 cores".
-fn amount(count: usize, thing: &str) -> String {
+pub(super) fn amount(count: usize, thing: &str) -> String {
     format!("{count} {thing}{}", if count == 1 { "" } else { "s" })
 }
 
