@@ -118,7 +118,12 @@ def test_a_log_filter_that_does_not_parse_is_said_so(corral_factory):
 
 @pytest.mark.parametrize(
     ("text", "said"),
-    [("warning", '["warning"]: a word alone names a target'), ("hyper=debug", "own lines;")],
+    [
+        ("warning", '["warning"]: a word alone names a target'),
+        ("hyper=debug", "own lines;"),
+        # A part of Corral's alone: its other lines, the error it exits with too, went unlogged.
+        ("corral::http=debug", "own lines;"),
+    ],
 )
 def test_a_log_filter_that_sets_no_level_for_corral_logs_it_at_info(corral_factory, text, said):
     """`RUST_LOG=warning` parsed, as a filter for a target named `warning`: every line of the

@@ -280,16 +280,20 @@ fn directives(text: &str) -> impl Iterator<Item = &str> {
     text.split(',').map(str::trim).filter(|directive| !directive.is_empty())
 }
 
-/// Whether a filter sets a level for Corral's own lines: a directive of a level alone, or one
-/// whose target is Corral's or a start of it (`corral`, `corral::http`, `c`). A filter naming
-/// other targets only (`hyper=debug`, `warning`) logs none of them, its errors included.
+/// Whether a filter sets a level for all of Corral's own lines: a directive of a level alone,
+/// or one for the target `corral` or a start of it (`corral`, `c`), outside any span. A filter
+/// naming other targets only (`hyper=debug`, `warning`), or a part of Corral (`corral::http`,
+/// `corral[request]`), logs none of the rest, the error Corral exits with included.
 fn sets_corral_s_level(text: &str) -> bool {
     directives(text).any(|directive| {
-        if !directive.contains(['=', '[']) && directive.parse::<LevelFilter>().is_ok() {
+        if directive.contains('[') {
+            return false;
+        }
+        let target = directive.split('=').next().unwrap_or_default();
+        if !directive.contains('=') && target.parse::<LevelFilter>().is_ok() {
             return true;
         }
-        let target = directive.split(['[', '=']).next().unwrap_or_default();
-        !target.is_empty() && ("corral".starts_with(target) || target.starts_with("corral"))
+        !target.is_empty() && "corral".starts_with(target)
     })
 }
 
@@ -433,11 +437,12 @@ mod tests {
 
     #[test]
     fn a_filter_sets_corral_s_level_by_a_level_alone_or_a_target_of_its_own() {
-        for text in ["warn", "INFO", "hyper=debug,error", "corral", "corral::http=debug", "c=warn"]
-        {
+        for text in ["warn", "INFO", "off", "hyper=debug,error", "corral", "corral=off", "c=warn"] {
             assert!(sets_corral_s_level(text), "{text}");
         }
-        for text in ["warning", "infoo", "hyper=debug", "[span]=debug", "h2,tokio=trace"] {
+        let parts = ["corral::http=debug", "corral::http", "corral[req]=debug", "corralx=info"];
+        let others = ["warning", "infoo", "hyper=debug", "[span]=debug", "h2,tokio=trace"];
+        for text in others.into_iter().chain(parts) {
             assert!(!sets_corral_s_level(text), "{text}");
         }
     }
