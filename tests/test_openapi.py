@@ -201,11 +201,13 @@ def test_the_statuses_the_protocol_endpoints_answer_are_documented(corral_factor
     }
     # An HTTP/1.1 head without its Host field: 400, from every page (listed for none).
     address = proxy.url.removeprefix("http://").rsplit(":", 1)
-    with socket.create_connection((address[0], int(address[1])), timeout=10) as raw:
-        raw.sendall(b"GET /healthz HTTP/1.1\r\n\r\n")
-        head = raw.makefile("rb").readline()
-    assert head.startswith(b"HTTP/1.1 400"), head
-    assert "400" in document["paths"]["/healthz"]["get"]["responses"]
+    for path in ("/healthz", "/v2/health/ready", "/v1/models", "/v2/models/{name}/ready"):
+        with socket.create_connection((address[0], int(address[1])), timeout=10) as raw:
+            target = path.replace("{name}", "default")
+            raw.sendall(f"GET {target} HTTP/1.1\r\n\r\n".encode())
+            head = raw.makefile("rb").readline()
+        assert head.startswith(b"HTTP/1.1 400"), (path, head)
+        assert "400" in document["paths"][path]["get"]["responses"], path
     for (path, method, expected), answer in asked.items():
         assert answer.status_code == expected, (path, answer.status_code, answer.text)
         path = path.replace("/v2/models/default", "/v2/models/{name}")

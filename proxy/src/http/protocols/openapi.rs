@@ -49,7 +49,8 @@ pub fn paths(app: &App) -> Map<String, Value> {
             "summary": "KServe v1: the models served, one per route.",
             "responses": {"200": ok(json!({"type": "object", "required": ["models"],
                 "properties": {"models": {"type": "array", "items": {"type": "string"}}}})),
-                "405": get_only(&v1_error), "431": head_too_large(&v1_error)},
+                "405": get_only(&v1_error), "431": head_too_large(&v1_error),
+                "400": no_host(&v1_error)},
         }}),
     );
     paths.insert(
@@ -64,6 +65,7 @@ pub fn paths(app: &App) -> Map<String, Value> {
                 "503": response("Not ready.", &readiness),
                 "405": get_only(&v1_error),
                 "431": head_too_large(&v1_error),
+                "400": no_host(&v1_error),
             },
         }}),
     );
@@ -79,6 +81,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
     let get = |id: &str, summary: &str, parameters: Value, mut responses: Value| {
         responses["405"] = get_only(error);
         responses["431"] = head_too_large(error);
+        responses["400"] = no_host(error);
         json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
             "responses": responses}})
     };
@@ -356,6 +359,16 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
 /// Any endpoint's answer to a head larger than `--max-header-bytes`.
 fn head_too_large(error: &Value) -> Value {
     failed("431", "The request head is larger than --max-header-bytes.", error)
+}
+
+/// Any endpoint's answer to an HTTP/1.1 head without exactly one Host field.
+fn no_host(error: &Value) -> Value {
+    failed(
+        "400",
+        "The request head is malformed: an HTTP/1.1 request without exactly one \
+        Host field.",
+        error,
+    )
 }
 
 /// A read-only endpoint's answer to another method.
