@@ -1116,4 +1116,8 @@ def test_fake_proxy_refuses_a_cancel_for_no_item_and_a_negative_timeout():
             proxy.stream(["ab"], timeout_ms=-5)
         with pytest.raises(ValueError, match="timeout_ms must be"):
             proxy.infer(["ab"], timeout_ms=1.5)
+        with pytest.raises(ValueError, match="timeout_ms must be"):
+            proxy.infer(["ab"], timeout_ms=2**70)
         assert proxy.stream(["ab"], cancel_after={0: 1}) == [Stream(["a"], "end")]
+        numpy = pytest.importorskip("numpy")
+        assert proxy.stream(["ab"], timeout_ms=numpy.int64(5000)) == [Stream(["a", "b"], "end")]

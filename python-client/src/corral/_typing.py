@@ -226,9 +226,17 @@ class Codec:
                 raise TypeError(f"output {name!r} is missing from the result ({declared} declared)")
 
     def _with_tensors(self, output: Any) -> Any:
-        """In a dict, each value under a declared output's name as a tensor value."""
-        if not (self.outputs and isinstance(output, dict)):
+        """In a dict, or an ``output_type``'s Struct or dataclass (made the map it is encoded
+        as), each value under a declared output's name as a tensor value. A Struct had gone out
+        as it was, its values neither converted nor held to their datatypes and shapes: ok in
+        FakeProxy and natively, a 500 for every v2 client."""
+        if not self.outputs:
             return output
+        if not isinstance(output, dict):
+            as_map = _as_map(output)
+            if as_map is None:
+                return output
+            output = as_map
         ext = msgpack.ExtType if self.plain else msgspec.msgpack.Ext
         return {
             key: ext(_tensors.EXT_TENSOR, _tensor(value, self.outputs[key]))
@@ -305,6 +313,17 @@ def _names(output: Any) -> Collection[str] | None:
         dataclasses.is_dataclass(output) and not isinstance(output, type)
     ):
         return _field_names(type(output))
+    return None
+
+
+def _as_map(output: Any) -> dict[str, Any] | None:
+    """A msgspec Struct or a dataclass as the map it is encoded as (its fields under the names
+    it encodes them by, in order); None for anything else."""
+    if isinstance(output, msgspec.Struct):
+        fields = msgspec.structs.fields(type(output))
+        return {field.encode_name: getattr(output, field.name) for field in fields}
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
+        return {field.name: getattr(output, field.name) for field in dataclasses.fields(output)}
     return None
 
 

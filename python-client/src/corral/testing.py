@@ -34,6 +34,7 @@ without numpy), as ``forward`` would get them::
 
 from __future__ import annotations
 
+import numbers
 import socket
 import struct
 import threading
@@ -369,10 +370,12 @@ def _jobs(
 ) -> list[dict[str, Any]]:
     # The proxy sends the time left, never below 0: a negative one had stopped the worker with
     # a ProtocolError, as a proxy that sent it would.
-    if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+    whole = isinstance(timeout_ms, numbers.Integral) and not isinstance(timeout_ms, bool)
+    if not whole or not 0 <= timeout_ms < 2**64:
         raise ValueError(
             f"timeout_ms must be a whole number of milliseconds, 0 or more: {timeout_ms!r}"
         )
+    timeout_ms = int(timeout_ms)  # a numpy integer, say, as msgpack writes it
     if content_type is None or isinstance(content_type, str):
         types: list[str | None] = [content_type] * len(items)
     else:
