@@ -134,6 +134,16 @@ def test_a_log_filter_that_sets_no_level_for_corral_logs_it_at_info(corral_facto
     proxy.wait_for_log(r"INFO .*worker connected")
 
 
+def test_a_log_filter_s_directives_are_read_with_spaces_around_them(corral_factory):
+    """The README's filter with a space after its comma was refused ("not a log filter"), and
+    `hyper=debug, info` was a filter for a target named " info": nothing of Corral's logged."""
+    proxy = corral_factory(env={"RUST_LOG": "hyper=debug, info , corral::http=debug"}, workers=1)
+    proxy.wait_for_log(r"INFO .*worker connected")
+    assert proxy.client.post("/infer", json={"n": 1}).status_code == 200
+    proxy.wait_for_log(r"DEBUG .*corral::http")
+    assert not [line for line in proxy.lines if "log filter" in line or "own lines" in line]
+
+
 @pytest.mark.parametrize("empty", ["", ","])
 def test_a_log_filter_with_no_directive_logs_at_info(corral_factory, empty):
     """An empty filter logged nothing, errors included."""

@@ -251,12 +251,16 @@ fn log_filter() -> (EnvFilter, Option<String>) {
         // No directive in it (`""`, `","`) as unset too.
         Ok(text) if text.split(',').all(|directive| directive.trim().is_empty()) => (info(), None),
         Err(std::env::VarError::NotUnicode(_)) => (info(), Some("RUST_LOG is not UTF-8".into())),
-        Ok(text) => match EnvFilter::try_new(&text) {
-            Ok(filter) if sets_corral_s_level(&text) => (filter, None),
+        // Read as its directives, each trimmed: the filter's own reading keeps a space, and
+        // `hyper=debug, warn` was a filter for a target named " warn", nothing of Corral's.
+        Ok(written) => match EnvFilter::try_new(directives(&written).collect::<Vec<_>>().join(","))
+        {
+            Ok(filter) if sets_corral_s_level(&written) => (filter, None),
             // `RUST_LOG=warning` parsed, a filter for a target named `warning`, and every line
             // of Corral's went unlogged, a fatal error's included: they are logged at info.
             Ok(_) => {
-                let words: Vec<&str> = directives(&text)
+                let text = &written;
+                let words: Vec<&str> = directives(text)
                     .filter(|d| !d.contains(['=', '[']) && d.parse::<LevelFilter>().is_err())
                     .collect();
                 let hint = match words[..] {
@@ -267,11 +271,12 @@ fn log_filter() -> (EnvFilter, Option<String>) {
                     ),
                 };
                 let why = format!("RUST_LOG={text:?} sets no level for Corral's own lines{hint}");
+                let trimmed = directives(text).collect::<Vec<_>>().join(",");
                 let filter =
-                    EnvFilter::try_new(format!("corral=info,{text}")).unwrap_or_else(|_| info());
+                    EnvFilter::try_new(format!("corral=info,{trimmed}")).unwrap_or_else(|_| info());
                 (filter, Some(why))
             }
-            Err(e) => (info(), Some(format!("RUST_LOG={text:?} is not a log filter: {e}"))),
+            Err(e) => (info(), Some(format!("RUST_LOG={written:?} is not a log filter: {e}"))),
         },
     }
 }

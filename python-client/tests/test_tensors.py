@@ -848,6 +848,47 @@ def test_arrays_that_fit_their_declared_datatype_go_as_they_are():
         assert _tensors.encode(np.asarray(value, dtype=dtype), datatype)
 
 
+def test_a_struct_result_s_other_fields_go_as_msgspec_writes_them(np):
+    # Made a map by hand, a Struct's unset field failed every result ("cannot encode
+    # UnsetType"), a dataclass's field(init=False) was an AttributeError, fields left out as
+    # defaults went out, and a tagged Struct lost its tag.
+    import dataclasses
+
+    import msgspec
+
+    class Out(msgspec.Struct, omit_defaults=True, tag="out"):
+        PROBS: list
+        LABEL: str
+        note: str | None = None
+        later: Any = msgspec.UNSET
+
+    @dataclasses.dataclass
+    class Pair:
+        PROBS: list
+        LABEL: str
+        seen: int = dataclasses.field(init=False)
+
+    class Typed(Classify):
+        output_type = Out
+
+        def forward(self, batch):
+            return [Out(**item) for item in batch]
+
+    class Dataclass(Classify):
+        output_type = Pair
+
+        def forward(self, batch):
+            return [Pair(**item) for item in batch]
+
+    item = {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}
+    for worker, keys in ((Typed(), {"type", "PROBS", "LABEL"}), (Dataclass(), {"PROBS", "LABEL"})):
+        with FakeProxy(worker) as proxy:
+            (raw,) = raw_results(proxy, [item])
+        assert raw["status"] == "ok", raw
+        assert set(msgpack.unpackb(raw["data"])) == keys, worker
+        assert tensor_of(raw, "PROBS")[:2] == ["FP32", [3]]
+
+
 def test_an_output_type_whose_fields_are_the_outputs_is_a_whole_result(np):
     # A typed worker's Struct (or dataclass) is encoded as the map of its fields: it served v2
     # and KServe v1 clients, and the check of a result's outputs must not refuse it.

@@ -376,10 +376,10 @@ pub async fn accept(
         };
         // Each connection yet to say hello holds a descriptor and a task: past the bound one
         // waits for a slot in the waiting room, and is closed if the room is full or none comes
-        // (a spawned worker that meets that is restarted; an external one reconnects). Unbounded, 1,100 connections that said nothing took every descriptor,
-        // and HTTP (probes included) could not accept until the hello timeout closed them.
-        // A worker Corral spawned is never refused so: 33 silent connections held the slots,
-        // and a restarted worker was turned away until the hello timeout freed them.
+        // (an external worker reconnects). Unbounded, 1,100 connections that said nothing took
+        // every descriptor, and HTTP (probes included) could not accept until the hello timeout
+        // closed them. A worker Corral spawned is never refused so: 33 silent connections held
+        // the slots, and a restarted worker was turned away until the hello timeout freed them.
         // Looked up once, here: the connection reads it too (its device, its stage, a kill).
         let peer = stream.peer_cred().ok().and_then(|cred| cred.pid());
         let own_pid = peer.and_then(|pid| u32::try_from(pid).ok()).unwrap_or(0);
@@ -441,7 +441,7 @@ pub const AWAITING_HELLO: usize = 32;
 /// on a task of its own: with the slots, as many as may connect without being spawned
 /// (`connection::MAX_EXTERNAL`), so that all of them reconnecting together get in; past them a
 /// connection is closed at once. `open_files` keeps a descriptor for each.
-pub const WAITING_ROOM: usize = 96;
+pub const WAITING_ROOM: usize = connection::MAX_EXTERNAL - AWAITING_HELLO;
 
 /// How long a connection past [`AWAITING_HELLO`] waits for a slot before it is closed: ample
 /// for workers whose hellos are already sent (each read in well under a millisecond).

@@ -24,6 +24,7 @@ codecs for a worker class are built once and kept.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import decimal
@@ -226,24 +227,23 @@ class Codec:
                 raise TypeError(f"output {name!r} is missing from the result ({declared} declared)")
 
     def _with_tensors(self, output: Any) -> Any:
-        """In a dict, or an ``output_type``'s Struct or dataclass (made the map it is encoded
-        as), each value under a declared output's name as a tensor value. A Struct had gone out
-        as it was, its values neither converted nor held to their datatypes and shapes: ok in
-        FakeProxy and natively, a 500 for every v2 client."""
+        """Each value of a result under a declared output's name as a tensor value: in a dict,
+        or in an ``output_type``'s Struct or dataclass (a copy, each other field as msgspec
+        encodes it). A Struct had gone out as it was, its values neither converted nor held to
+        their datatypes and shapes: ok in FakeProxy and natively, a 500 for every v2 client."""
         if not self.outputs:
             return output
-        if not isinstance(output, dict):
-            as_map = _as_map(output)
-            if as_map is None:
-                return output
-            output = as_map
         ext = msgpack.ExtType if self.plain else msgspec.msgpack.Ext
-        return {
-            key: ext(_tensors.EXT_TENSOR, _tensor(value, self.outputs[key]))
-            if key in self.outputs
-            else value
-            for key, value in output.items()
-        }
+
+        def tensor(name: str, value: Any) -> Any:
+            return ext(_tensors.EXT_TENSOR, _tensor(value, self.outputs[name]))
+
+        if isinstance(output, dict):
+            return {
+                key: tensor(key, value) if key in self.outputs else value
+                for key, value in output.items()
+            }
+        return _with_tensor_fields(output, self.outputs, tensor)
 
     def content_type(self, output: Any) -> str | None:
         """A result's ``content_type``: the worker's ``output_content_type`` for an output that
@@ -316,15 +316,33 @@ def _names(output: Any) -> Collection[str] | None:
     return None
 
 
-def _as_map(output: Any) -> dict[str, Any] | None:
-    """A msgspec Struct or a dataclass as the map it is encoded as (its fields under the names
-    it encodes them by, in order); None for anything else."""
+def _with_tensor_fields(
+    output: Any, outputs: Collection[str], tensor: Callable[[str, Any], Any]
+) -> Any:
+    """A Struct or dataclass result with the fields named as declared outputs made tensor
+    values (``tensor(name, value)``), in a copy: its other fields, a tag, fields left out as
+    defaults or unset, go as msgspec writes them. Anything else as it is."""
     if isinstance(output, msgspec.Struct):
-        fields = msgspec.structs.fields(type(output))
-        return {field.encode_name: getattr(output, field.name) for field in fields}
+        changes = {
+            attribute: tensor(name, getattr(output, attribute))
+            for attribute, name in _struct_fields(type(output))
+            if name in outputs and getattr(output, attribute) is not msgspec.UNSET
+        }
+        return msgspec.structs.replace(output, **changes) if changes else output
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        return {field.name: getattr(output, field.name) for field in dataclasses.fields(output)}
-    return None
+        copied = copy.copy(output)
+        for name in _field_names(type(output)):
+            # A field never set (`field(init=False)`) has no value to convert.
+            if name in outputs and hasattr(output, name):
+                object.__setattr__(copied, name, tensor(name, getattr(output, name)))
+        return copied
+    return output
+
+
+@functools.cache
+def _struct_fields(cls: type) -> tuple[tuple[str, str], ...]:
+    """A Struct type's fields as (attribute, the name it is encoded under): once a type."""
+    return tuple((field.name, field.encode_name) for field in msgspec.structs.fields(cls))
 
 
 @functools.cache

@@ -232,9 +232,10 @@ class FakeProxy:
         batch of up to ``max`` of them, and those left when the worker holds no job go to it as
         a batch, as to an idle worker. Which of the two a ``join`` item meets is timing, as
         with the proxy: a generator whose steps take no time mostly ends before the batch
-        answering its ``pull`` is taken in (``events`` says which: a joined item's chunks come
-        before the first items' ends, where the batch is listed either way; to test the join
-        path, have the generator step with ``None`` until an item has joined).
+        answering its ``pull`` is taken in (``events`` says which: a batch of its own runs only
+        once the first items have all ended, so a chunk of the item before the last of their
+        ends means it joined; the batch is listed either way. To test the join path, have the
+        generator step with ``None`` until an item has joined).
         ``on_chunk(index, value)`` runs as each chunk is read (before the next frame is). As
         the proxy, it sends no batch larger than the worker's ``max_running`` (its hello's
         ``max_batch``): the items past it wait, as ``join`` items do.
