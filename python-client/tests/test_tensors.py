@@ -848,6 +848,18 @@ def test_arrays_that_fit_their_declared_datatype_go_as_they_are():
         assert _tensors.encode(np.asarray(value, dtype=dtype), datatype)
 
 
+def returning(result_type: type) -> corral.Worker:
+    """A ``Classify`` worker whose ``output_type`` is ``result_type``, each item made one."""
+
+    class Typed(Classify):
+        output_type = result_type
+
+        def forward(self, batch):
+            return [result_type(**item) for item in batch]
+
+    return Typed()
+
+
 def test_a_struct_result_s_other_fields_go_as_msgspec_writes_them(np):
     # Made a map by hand, a Struct's unset field failed every result ("cannot encode
     # UnsetType"), a dataclass's field(init=False) was an AttributeError, fields left out as
@@ -868,20 +880,11 @@ def test_a_struct_result_s_other_fields_go_as_msgspec_writes_them(np):
         LABEL: str
         seen: int = dataclasses.field(init=False)
 
-    class Typed(Classify):
-        output_type = Out
-
-        def forward(self, batch):
-            return [Out(**item) for item in batch]
-
-    class Dataclass(Classify):
-        output_type = Pair
-
-        def forward(self, batch):
-            return [Pair(**item) for item in batch]
-
     item = {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}
-    for worker, keys in ((Typed(), {"type", "PROBS", "LABEL"}), (Dataclass(), {"PROBS", "LABEL"})):
+    for worker, keys in (
+        (returning(Out), {"type", "PROBS", "LABEL"}),
+        (returning(Pair), {"PROBS", "LABEL"}),
+    ):
         with FakeProxy(worker) as proxy:
             (raw,) = raw_results(proxy, [item])
         assert raw["status"] == "ok", raw
@@ -905,20 +908,8 @@ def test_an_output_type_whose_fields_are_the_outputs_is_a_whole_result(np):
         PROBS: list
         LABEL: str
 
-    class Typed(Classify):
-        output_type = Out
-
-        def forward(self, batch):
-            return [Out(**item) for item in batch]
-
-    class Dataclass(Classify):
-        output_type = Pair
-
-        def forward(self, batch):
-            return [Pair(**item) for item in batch]
-
     item = {"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}
-    for worker in (Typed(), Dataclass()):
+    for worker in (returning(Out), returning(Pair)):
         with FakeProxy(worker) as proxy:
             (result,) = proxy.infer([item])
             # Held to the declarations as a dict is: a Struct went out as it was, ok here and
