@@ -697,3 +697,18 @@ def test_help_documents_the_config_file():
     assert "--config <FILE>" in result.stdout
     assert "[pipelines.arith]" in result.stdout
     assert "[routes.infer]" in result.stdout
+
+
+def test_a_stream_timeout_on_a_stage_last_in_no_route_is_warned_of(corral_factory, tmp_path):
+    # Only a route's last stage gives streamed answers: `a`'s own stream_timeout_ms bounds
+    # nothing, and was taken without a word; `b`'s, the last stage's, is used.
+    (tmp_path / "corral.toml").write_text(
+        f'[stages.a]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\nstream_timeout_ms = 1000\n'
+        f'[stages.b]\ncommand = ["{sys.executable}", "{SCRIPTED}"]\nstream_timeout_ms = 2000\n'
+        '[pipelines.p]\nstages = ["a", "b"]\n[routes.r]\npipeline = "p"\npath = "/r"\n'
+    )
+    proxy = corral_factory("--config", str(tmp_path / "corral.toml"), worker=None)
+    warned = proxy.wait_for_log(r"stream_timeout_ms is not used")
+    assert "stage=a" in warned, warned
+    proxy.wait_for_log("worker connected", count=2)
+    assert not [line for line in proxy.lines if "not used" in line and "stage=b" in line]

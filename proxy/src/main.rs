@@ -103,6 +103,7 @@ fn main() -> std::process::ExitCode {
     }
     warn_of_unused_options(&config, &topology, &explicit);
     warn_of_a_model_named_stats(&topology);
+    warn_of_stream_timeouts_no_stream_reaches(&config, &topology);
     warn_of_a_socket_its_workers_cannot_open(&config, &topology);
     keep_off_pinned_cores(&topology);
     let code = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -312,6 +313,24 @@ fn warn_of_a_model_named_stats(topology: &topology::Topology) {
              model (Triton's), so v2 clients cannot ask for this model's metadata there (its \
              other v2 endpoints, and KServe v1, serve); name the route otherwise"
         );
+    }
+}
+
+/// A stage's own `stream_timeout_ms` bounds the streamed answers it gives, and only a route's
+/// last stage gives any (a worker of an earlier stage may not declare `stream`): on a stage last
+/// in no route it bounds nothing, and had been taken without a word.
+fn warn_of_stream_timeouts_no_stream_reaches(config: &Config, topology: &topology::Topology) {
+    let everywhere = std::time::Duration::from_millis(config.stream_timeout_ms);
+    for stage in topology.stages.iter().filter(|stage| stage.stream_timeout != everywhere) {
+        let last = topology.routes.iter().any(|route| route.stages.last() == Some(&stage.name));
+        if !last {
+            tracing::warn!(
+                stage = %stage.name,
+                "this stage's stream_timeout_ms bounds the streamed answers it gives, and only a \
+                 route's last stage gives any: it is the last of no route, so its \
+                 stream_timeout_ms is not used"
+            );
+        }
     }
 }
 
