@@ -477,10 +477,7 @@ impl Config {
     pub fn traces_endpoint(&self) -> Option<String> {
         let var = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
         let base = |url: String| {
-            if !url
-                .parse::<http::Uri>()
-                .is_ok_and(|uri| uri.scheme_str() == Some("http") && uri.host().is_some())
-            {
+            if !url.parse::<http::Uri>().is_ok_and(|uri| crate::trace::is_collector_url(&uri)) {
                 // Left as written, for the check to name it: the path added to `http://` had
                 // been refused as "http:/v1/traces", and `https://collector:4318` as
                 // "https://collector:4318/v1/traces", which the operator never wrote.

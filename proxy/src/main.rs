@@ -250,36 +250,43 @@ fn log_filter() -> (EnvFilter, Option<String>) {
         // Empty as unset: an empty filter logs nothing, not even errors.
         Err(std::env::VarError::NotPresent) => (info(), None),
         // No directive in it (`""`, `","`) as unset too.
-        Ok(text) if text.split(',').all(|directive| directive.trim().is_empty()) => (info(), None),
+        Ok(text) if directives(&text).next().is_none() => (info(), None),
         Err(std::env::VarError::NotUnicode(_)) => (info(), Some("RUST_LOG is not UTF-8".into())),
-        // Read as its directives, each trimmed: the filter's own reading keeps a space, and
-        // `hyper=debug, warn` was a filter for a target named " warn", nothing of Corral's.
-        Ok(written) => match EnvFilter::try_new(directives(&written).collect::<Vec<_>>().join(","))
-        {
-            Ok(filter) if sets_corral_s_level(&written) => (filter, None),
-            // `RUST_LOG=warning` parsed, a filter for a target named `warning`, and every line
-            // of Corral's went unlogged, a fatal error's included: they are logged at info.
-            Ok(_) => {
-                let text = &written;
-                let words: Vec<&str> = directives(text)
-                    .filter(|d| !d.contains(['=', '[']) && d.parse::<LevelFilter>().is_err())
-                    .collect();
-                let hint = match words[..] {
-                    [] => String::new(),
-                    _ => format!(
-                        " ({words:?}: a word alone names a target, not a level; the levels are \
-                         trace, debug, info, warn, error and off)"
-                    ),
-                };
-                let why = format!("RUST_LOG={text:?} sets no level for Corral's own lines{hint}");
-                let trimmed = directives(text).collect::<Vec<_>>().join(",");
-                let filter =
-                    EnvFilter::try_new(format!("corral=info,{trimmed}")).unwrap_or_else(|_| info());
-                (filter, Some(why))
+        Ok(written) => {
+            // Read as its directives, each trimmed: the filter's own reading keeps a space, and
+            // `hyper=debug, warn` was a filter for a target named " warn", nothing of Corral's.
+            let text = directives(&written).collect::<Vec<_>>().join(",");
+            match EnvFilter::try_new(&text) {
+                Ok(filter) if sets_corral_s_level(&text) => (filter, None),
+                // `RUST_LOG=warning` parsed, a filter for a target named `warning`, and every
+                // line of Corral's went unlogged, a fatal error's included: logged at info.
+                Ok(_) => {
+                    let why = format!(
+                        "RUST_LOG={written:?} sets no level for Corral's own lines{}",
+                        bare_words_hint(&text)
+                    );
+                    let filter = EnvFilter::try_new(format!("corral=info,{text}"))
+                        .unwrap_or_else(|_| info());
+                    (filter, Some(why))
+                }
+                Err(e) => (info(), Some(format!("RUST_LOG={written:?} is not a log filter: {e}"))),
             }
-            Err(e) => (info(), Some(format!("RUST_LOG={written:?} is not a log filter: {e}"))),
-        },
+        }
     }
+}
+
+/// Said of a filter's words that are neither a level nor `target=level` (`warning`), if any.
+fn bare_words_hint(text: &str) -> String {
+    let words: Vec<&str> = directives(text)
+        .filter(|d| !d.contains(['=', '[']) && d.parse::<LevelFilter>().is_err())
+        .collect();
+    if words.is_empty() {
+        return String::new();
+    }
+    format!(
+        " ({words:?}: a word alone names a target, not a level; the levels are trace, debug, \
+         info, warn, error and off)"
+    )
 }
 
 fn directives(text: &str) -> impl Iterator<Item = &str> {

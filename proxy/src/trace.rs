@@ -36,7 +36,7 @@ use crate::stage::Shed;
 mod export;
 mod otlp;
 
-pub use export::QUEUE_SPANS;
+pub use export::{is_collector_url, QUEUE_SPANS};
 
 struct Tracing {
     tracer: SdkTracer,

@@ -924,3 +924,28 @@ def test_an_output_type_whose_fields_are_the_outputs_is_a_whole_result(np):
         assert "shape [2]" in short.message, short
         as_fp32 = struct.pack("<3f", 1.0, 0.0, 0.0)
         assert tensor_of(raw, "PROBS") == ["FP32", [3], as_fp32], worker
+
+
+def test_struct_results_at_users_sizes_come_back_whole(real_np):
+    # 64 results of 16,384 FP32 values, each made a tensor from a Struct's field in a copy: a
+    # results frame of 4 MiB, far past a socket buffer, every value back as sent.
+    import msgspec
+
+    class Out(msgspec.Struct):
+        Y: Any
+        id: int
+
+    class Wide(corral.Worker):
+        outputs = (corral.Tensor("Y", "FP32", [-1]),)
+        output_type = Out
+
+        def forward(self, batch):
+            return [Out(Y=real_np.full(16_384, item, dtype="<f8"), id=item) for item in batch]
+
+    with FakeProxy(Wide()) as proxy:
+        results = proxy.infer(list(range(64)))
+    assert [r.status for r in results] == ["ok"] * 64
+    for item, result in enumerate(results):
+        assert result.value["id"] == item
+        assert result.value["Y"].dtype == real_np.float32 and result.value["Y"].shape == (16_384,)
+        assert (result.value["Y"] == item).all()

@@ -60,6 +60,12 @@ fn sent_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String> 
     Ok(headers)
 }
 
+/// Whether an endpoint can be exported to: plain `http://` with a host (no TLS). Configuration
+/// asks it too, to leave any other as written for the check's message to name.
+pub fn is_collector_url(uri: &Uri) -> bool {
+    uri.scheme_str() == Some("http") && uri.host().is_some()
+}
+
 fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
     let uri = endpoint.parse::<Uri>();
     match uri {
@@ -70,7 +76,7 @@ fn endpoint_uri(endpoint: &str) -> Result<Uri, String> {
              OTEL_EXPORTER_OTLP_HEADERS"
                 .into())
         }
-        Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => Ok(uri),
+        Ok(uri) if is_collector_url(&uri) => Ok(uri),
         // The parser's own words ("empty string", "invalid format") say less than this.
         _ => Err(format!(
             "the OTLP endpoint {endpoint:?} must be an http:// URL with a host (a collector or \

@@ -260,11 +260,12 @@ def output_content_type(cls: type) -> str | None:
     Checked where the class is defined and again when its codec is built, for a class whose
     attribute was set after its definition (from configuration, say)."""
     named = getattr(cls, "output_content_type", None)
-    if isinstance(named, str) and len(named.encode("utf-8")) > protocol.MAX_MEDIA_TYPE:
+    length = len(named.encode("utf-8")) if isinstance(named, str) else 0
+    if length > protocol.MAX_MEDIA_TYPE:
         # It may well be one (a long parameter): "must be a media type" misled.
         raise TypeError(
-            f"{cls.__name__}.output_content_type is {len(named.encode('utf-8'))} bytes, longer "
-            f"than the {protocol.MAX_MEDIA_TYPE} a media type may have: {named!r:.80}"
+            f"{cls.__name__}.output_content_type is {length} bytes, longer than the "
+            f"{protocol.MAX_MEDIA_TYPE} a media type may have: {named!r:.80}"
         )
     if named is not None and not protocol.is_media_type(named):
         raise TypeError(
