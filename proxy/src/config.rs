@@ -231,7 +231,8 @@ pub struct Config {
     pub max_batch_weight: Option<u64>,
 
     /// How long a queued job waits in its priority class (x-corral-priority) before it is
-    /// promoted to the next: a low job competes as high after twice this.
+    /// promoted to the next: a low job competes as high after twice this (in a pipeline,
+    /// counted from its first stage's queue).
     #[arg(long, env = "CORRAL_PRIORITY_AGING_MS", default_value_t = 5000,
           value_parser = at_least_one::<u64>)]
     pub priority_aging_ms: u64,

@@ -113,6 +113,9 @@ pub struct Job {
     pub budget: Duration,
     /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
     pub class: Class,
+    /// When its class began to age, if on an earlier stage of its pipeline (None: from when it
+    /// is queued on this one). See [`crate::traffic::Traffic::aging_since`].
+    pub aging_since: Option<Instant>,
     /// The tenant the request named, if any.
     pub tenant: Option<Tenant>,
     /// What the job counts toward its batch's weight budget and the cost model (at least 1;
@@ -177,6 +180,7 @@ impl Job {
             allowance: deadline.saturating_duration_since(arrived),
             budget: deadline.saturating_duration_since(arrived),
             class: Class::Normal,
+            aging_since: None,
             tenant: None,
             weight: 1,
             retries: 0,

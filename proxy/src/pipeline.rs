@@ -66,16 +66,15 @@ impl Pipeline {
     }
 
     /// Runs the jobs through every stage but the last, for a streamed answer from the last one.
-    /// `Ok(Ok((entered, inputs)))`: the last stage's inputs, and when they arrived there;
-    /// `Ok(Err(outcomes))`: an earlier stage ended the request.
-    #[allow(clippy::type_complexity)]
+    /// `Ok(Ok(at_last))`: what the last stage takes; `Ok(Err(outcomes))`: an earlier stage
+    /// ended the request.
     pub async fn run_before_last(
         &self,
         mut jobs: Vec<Input>,
         deadline: Instant,
         retries: u32,
-        traffic: Traffic,
-    ) -> Result<Result<(Instant, Vec<Input>), Vec<Outcome>>, Shed> {
+        mut traffic: Traffic,
+    ) -> Result<Result<AtLast, Vec<Outcome>>, Shed> {
         // The first stage's jobs enter its queue now, with the body in: its reading is the
         // edge's time, not the queue's (`queue;dur` and `corral_queue_wait_seconds` had
         // counted a slow upload as queueing, and the batch window had opened before it ended).
@@ -88,9 +87,11 @@ impl Pipeline {
                 Ok(inputs) => inputs,
                 Err(outcomes) => return Ok(Err(outcomes)),
             };
+            // Its class goes on aging from the first stage's queue (`stage::lanes::aged`).
+            traffic.aging_since = traffic.aging_since.or(Some(entered));
             entered = Instant::now();
         }
-        Ok(Ok((entered, jobs)))
+        Ok(Ok(AtLast { inputs: jobs, entered, traffic }))
     }
 
     /// Runs the jobs through every stage; one outcome per job, in order. `Err` when a stage
@@ -103,12 +104,20 @@ impl Pipeline {
         traffic: Traffic,
     ) -> Result<Vec<Outcome>, Shed> {
         match self.run_before_last(jobs, deadline, retries, traffic).await? {
-            Ok((entered, inputs)) => {
+            Ok(AtLast { inputs, entered, traffic }) => {
                 run_stage(self.last(), inputs, entered, deadline, retries, traffic).await
             }
             Err(outcomes) => Ok(outcomes),
         }
     }
+}
+
+/// What a pipeline's last stage takes once the stages before it answered: its inputs, when
+/// they reached it, and the request's traffic there (its class aging since the first stage).
+pub struct AtLast {
+    pub inputs: Vec<Input>,
+    pub entered: Instant,
+    pub traffic: Traffic,
 }
 
 /// The outputs of `from` as the inputs of `to`, if every job has one that fits in `to`'s batches;

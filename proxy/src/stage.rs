@@ -521,7 +521,8 @@ impl Stage {
     /// [`Outcome::Preempted`] at once.
     pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), Shed> {
         let Some(first) = jobs.first() else { return Ok(()) };
-        let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
+        let (count, mut class, tenant, aging_since) =
+            (jobs.len(), first.class, first.tenant, first.aging_since);
         self.weigh(&mut jobs);
         let bytes: usize = jobs.iter().map(|job| job.size()).sum();
         let mut evicted = Vec::new();
@@ -533,6 +534,13 @@ impl Stage {
             }
             let now = Instant::now();
             queue.jobs.promote(now, self.aging);
+            // A later stage of a pipeline takes the request in at the class it has reached.
+            let entered = aging_since.map_or(now, |since| {
+                let (aged, entered) = lanes::aged(class, since, now, self.aging);
+                class = aged;
+                jobs.iter_mut().for_each(|job| job.class = aged);
+                entered
+            });
             // Jobs whose deadline passed (and those of clients that left within a purge's limit,
             // [`Stage::purge`]) still sit in the queue until a worker or a purge reaches them; cleared out now and then, they neither fill the queue nor
             // inflate the admission prediction. Never more often than every PURGE_EVERY: under
@@ -633,7 +641,7 @@ impl Stage {
                 queue.classes[job.class.index()].record(job.arrived, job.weight);
                 queue.returns.arrived(job.arrived, self.settings.max_wait);
             }
-            queue.jobs.push(jobs, now);
+            queue.jobs.push(jobs, entered);
         }
         self.arrivals.notify_waiters();
         for job in evicted {

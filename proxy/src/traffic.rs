@@ -107,6 +107,11 @@ pub struct Traffic {
     /// stage's entry). A later stage of a pipeline gets what is left of it; whether a request
     /// could ever make it is judged against the whole. See [`crate::job::Job::budget`].
     pub budget: Option<Duration>,
+    /// When the request's class began to age, if on an earlier stage than the one it is queued
+    /// on now: a later stage of a pipeline takes the request in at the class it has reached
+    /// since it was first queued (None: its class ages from when it is queued here). See
+    /// [`crate::stage::lanes::aged`].
+    pub aging_since: Option<tokio::time::Instant>,
 }
 
 impl Traffic {
@@ -119,6 +124,7 @@ impl Traffic {
         let budget = job.deadline.saturating_duration_since(job.arrived);
         job.allowance = self.allowance.map_or(budget, |allowance| allowance.max(budget));
         job.budget = self.budget.unwrap_or(budget).max(budget);
+        job.aging_since = self.aging_since;
     }
 }
 

@@ -58,8 +58,10 @@ pub async fn answer(
         .run_before_last(vec![input], deadline, app.retries, traffic)
         .await
         .map_err(shed)?;
-    let (entered, input) = match inputs {
-        Ok((entered, mut inputs)) => (entered, inputs.pop().expect("one job in, one out")),
+    let (entered, input, traffic) = match inputs {
+        Ok(pipeline::AtLast { entered, mut inputs, traffic }) => {
+            (entered, inputs.pop().expect("one job in, one out"), traffic)
+        }
         Err(outcomes) => {
             let outcome = outcomes.into_iter().next().expect("one job in, one outcome out");
             return Err(ApiError::from_outcome(outcome));

@@ -59,7 +59,7 @@ pub fn requested(
                 ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
             })
     })?;
-    Ok(Traffic { class, tenant, weight, allowance: None, budget: None })
+    Ok(Traffic { class, tenant, weight, ..Traffic::default() })
 }
 
 #[cfg(test)]
@@ -87,13 +87,7 @@ mod tests {
     #[test]
     fn without_headers_the_route_decides_and_nobody_is_named() {
         let none = requested(&HeaderMap::new(), Class::Low, &HeaderName::from_static("x-api-key"));
-        let nobody = Traffic {
-            class: Class::Low,
-            tenant: None,
-            weight: None,
-            allowance: None,
-            budget: None,
-        };
+        let nobody = Traffic { class: Class::Low, ..Traffic::default() };
         assert_eq!(none.unwrap(), nobody);
         assert_eq!(read(&[(TENANT_HEADER, " ")]).unwrap().tenant, None);
     }

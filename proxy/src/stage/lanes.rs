@@ -5,7 +5,9 @@
 //! - **Classes**: the highest class with queued work is served first. A queued request is
 //!   promoted one class for every aging period (`--priority-aging-ms`) it has waited, so a low
 //!   job is never starved: after two periods it competes as high, behind only the high jobs
-//!   queued before it was promoted.
+//!   queued before it was promoted. A pipeline's later stage takes a request in at the class it
+//!   has reached since its first stage queued it ([`aged`]): were it to start low again on each
+//!   stage, a low request would need two periods per stage, and starved within its deadline.
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least weight
 //!   goes next (start-time fair queueing; deficit round robin with an infinitely small quantum).
 //!   Chosen over plain round robin because batches are bounded by weight: a tenant of heavy items
@@ -60,6 +62,23 @@ impl Hasher for Fold {
 }
 
 /// The queued jobs of one request, in order.
+/// The class a request of `class` has reached at `now` if it began to age at `since`, and when it
+/// entered that class: one class up for every aging period, as [`Lanes::promote`] moves a queued
+/// request. How a pipeline's later stage takes in a request whose class aged on the stages
+/// before.
+pub fn aged(
+    mut class: Class,
+    mut since: Instant,
+    now: Instant,
+    aging: Duration,
+) -> (Class, Instant) {
+    while class != Class::High && since + aging <= now {
+        class = class.promoted();
+        since += aging;
+    }
+    (class, since)
+}
+
 #[derive(Debug)]
 struct Request {
     jobs: VecDeque<Job>,
@@ -329,11 +348,13 @@ impl Lanes {
         }
     }
 
-    /// Queues one request's jobs (all of one class and tenant) behind its lane's requests, at
-    /// `now`: its class ages from then, not from the request's arrival (its body may have
-    /// taken seconds to come, and it would enter the queue promoted already).
-    pub fn push(&mut self, jobs: Vec<Job>, now: Instant) {
-        self.enter(jobs, now, false);
+    /// Queues one request's jobs (all of one class and tenant) in its lane, as having entered
+    /// their class at `entered`: `now` on a request's first stage (its class ages from then,
+    /// not from the request's arrival: its body may have taken seconds to come, and it would
+    /// enter the queue promoted already); on a later stage of its pipeline, when it entered the
+    /// class it has reached ([`aged`]), among the lane's requests by that time.
+    pub fn push(&mut self, jobs: Vec<Job>, entered: Instant) {
+        self.enter(jobs, entered, false);
     }
 
     /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
@@ -351,19 +372,20 @@ impl Lanes {
         let bytes = jobs.iter().map(Job::size).sum();
         let lane = self.classes[class.index()].lane(key);
         lane.weight += weight;
-        let requests = &mut lane.requests;
         // Put back at the front, it counts as entered no later than the request it goes before:
         // the lane stays ordered by entry (promotion reads only its front), and the older work
         // behind it is not held back a whole aging period by the newcomer.
-        let entered = match requests.front() {
+        let entered = match lane.requests.front() {
             Some(next) if front => entered.min(next.entered),
             _ => entered,
         };
         let request = Request { jobs: jobs.into(), weight, bytes, started: false, entered };
         if front {
-            requests.push_front(request);
+            lane.requests.push_front(request);
         } else {
-            requests.push_back(request);
+            // Behind the lane's requests but for those that entered the class later (a later
+            // stage's request keeps its first stage's clock).
+            lane.insert(request);
         }
         self.due(class, entered);
     }
@@ -454,7 +476,7 @@ impl Lanes {
     }
 
     /// Promotes every request that has waited an aging period in its class to the next class
-    /// up; a request overdue by several periods moves up several classes at once. Cheap when
+    /// up (as [`aged`] says for one request); a request overdue by several periods moves up several classes at once. Cheap when
     /// nothing is due.
     pub fn promote(&mut self, now: Instant, aging: Duration) {
         if self.next_promotion.is_none_or(|at| at + aging > now) {

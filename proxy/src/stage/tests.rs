@@ -1338,6 +1338,29 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_later_stage_takes_a_request_in_at_the_class_it_reached_on_the_stages_before() {
+    // The flood above passes a low job with 3 s to live until its deadline. One first queued on
+    // an earlier stage of its pipeline two aging periods ago competes as high by now: it comes
+    // in high, is admitted, and goes before the high jobs that arrive after it. (Each stage had
+    // started it low again: a low request of a two-stage pipeline under such a flood waited out
+    // its promotion on the first stage, then was refused 503 on the second.)
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    let _high = flood_high(&stage, &seat, 5).await;
+    let (mut low, _low) = classed(b"low", Class::Low, None, 1);
+    low.deadline -= Duration::from_secs(2); // 3 s
+    low.aging_since = Some(Instant::now() - DEFAULT_AGING * 2);
+    stage.submit(low).unwrap();
+    let _later: Vec<_> = (0..3).map(|_| submit_high(&stage, 1)).collect();
+    tokio::time::advance(Duration::from_millis(50)).await;
+    seat.finished(4, 4, Duration::from_millis(50));
+    let batch = seat.next_batch().await;
+    assert_eq!(batch[0].payload.contiguous().as_ref(), b"low");
+    assert_eq!(batch[0].class, Class::High);
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
 async fn higher_arrivals_that_stopped_hold_nothing_back() {
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();
