@@ -1110,8 +1110,16 @@ def test_fake_proxy_refuses_a_cancel_for_no_item_and_a_negative_timeout():
     # A cancel_after index past the items was never sent, silently; timeout_ms=-5 stopped the
     # worker with a ProtocolError.
     with FakeProxy(Spell()) as proxy:
-        with pytest.raises(ValueError, match=r"cancel_after names items \[5\]; there are 3"):
+        with pytest.raises(ValueError, match=r"cancel_after names item 5; there are 3"):
             proxy.stream(["ab", "c"], join=["d"], cancel_after={5: 1})
+        # Nor was one for an item named by no whole number, or after a count of chunks no
+        # chunk reaches ("0": a bare TypeError).
+        for named in ({0.5: 1}, {"0": 1}, {True: 1}):
+            with pytest.raises(ValueError, match=r"cancel_after names item"):
+                proxy.stream(["ab", "c"], cancel_after=named)
+        for count in ({0: -1}, {0: "1"}, {0: 1.5}):
+            with pytest.raises(ValueError, match=r"cancel_after\[0\] must be a whole number"):
+                proxy.stream(["ab", "c"], cancel_after=count)
         with pytest.raises(ValueError, match=r"timeout_ms must be .* 0 or more: -5"):
             proxy.stream(["ab"], timeout_ms=-5)
         with pytest.raises(ValueError, match="timeout_ms must be"):

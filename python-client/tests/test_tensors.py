@@ -926,6 +926,57 @@ def test_an_output_type_whose_fields_are_the_outputs_is_a_whole_result(np):
         assert tensor_of(raw, "PROBS") == ["FP32", [3], as_fp32], worker
 
 
+def test_a_struct_result_s_post_init_is_not_run_again_on_its_tensors(np):
+    # The copy that holds the outputs as tensors had been made by `msgspec.structs.replace`,
+    # which ran `__post_init__` again on the tensor values: one that checked its fields failed
+    # every result ("PROBS must be a list").
+    import msgspec
+
+    made = []
+
+    class Checked(msgspec.Struct, frozen=True):
+        PROBS: list
+        LABEL: str
+
+        def __post_init__(self):
+            made.append(self.LABEL)
+            if not isinstance(self.PROBS, list):
+                raise ValueError("PROBS must be a list")
+
+    with FakeProxy(returning(Checked)) as proxy:
+        (result,) = proxy.infer([{"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}])
+    assert result.status == "ok", result
+    assert plain(result.value["PROBS"]) == [1.0, 0.0, 0.0]
+    assert made == ["b"]  # made once, by forward
+
+
+def test_an_array_like_output_type_is_refused_beside_declared_outputs():
+    # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
+    # v2 and KServe v1 client, which read a result as a map of the outputs.
+    import msgspec
+
+    class Row(msgspec.Struct, array_like=True):
+        PROBS: list
+        LABEL: str
+
+    with pytest.raises(TypeError, match=r"output_type Row is array_like.*drop array_like=True"):
+
+        class Declared(Classify):
+            output_type = Row
+
+    # Returned where no output_type says so, the result's check names what it is.
+    class Untyped(Classify):
+        output_type = Any
+
+        def forward(self, batch):
+            return [Row(**item) for item in batch]
+
+    with FakeProxy(Untyped()) as proxy:
+        (result,) = proxy.infer([{"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}])
+    assert result.status == "error", result
+    assert "not Row, an array_like Struct (written as an array)" in result.message, result
+
+
 def test_struct_results_at_users_sizes_come_back_whole(real_np):
     # 64 results of 16,384 FP32 values, each made a tensor from a Struct's field in a copy: a
     # results frame of 4 MiB, far past a socket buffer, every value back as sent.

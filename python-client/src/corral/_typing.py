@@ -217,9 +217,12 @@ class Codec:
             return
         names = _names(output)
         if names is None:
+            written = (
+                ", an array_like Struct (written as an array)" if array_like(type(output)) else ""
+            )
             raise TypeError(
                 "a worker that declares outputs returns a dict from output name to its row "
-                f"(or an output_type whose fields they are), not {type(output).__name__}"
+                f"(or an output_type whose fields they are), not {type(output).__name__}{written}"
             )
         for name in self.outputs:
             if name not in names:
@@ -310,11 +313,22 @@ def _names(output: Any) -> Collection[str] | None:
     None for anything that is encoded as no map."""
     if isinstance(output, Mapping):
         return output.keys()
+    if isinstance(output, msgspec.Struct) and array_like(type(output)):
+        return None
     if isinstance(output, msgspec.Struct) or (
         dataclasses.is_dataclass(output) and not isinstance(output, type)
     ):
         return _field_names(type(output))
     return None
+
+
+def array_like(cls: Any) -> bool:
+    """Whether ``cls`` is a msgspec Struct type encoded as an array (``array_like=True``)."""
+    return (
+        isinstance(cls, type)
+        and issubclass(cls, msgspec.Struct)
+        and bool(cls.__struct_config__.array_like)
+    )
 
 
 def _with_tensor_fields(
@@ -329,7 +343,14 @@ def _with_tensor_fields(
             for attribute, name in _struct_fields(type(output))
             if name in outputs and getattr(output, attribute) is not msgspec.UNSET
         }
-        return msgspec.structs.replace(output, **changes) if changes else output
+        if not changes:
+            return output
+        # Set on a copy, not by `structs.replace`: that runs the class's `__post_init__` again,
+        # on the tensor values (one that checked its fields failed every result).
+        copied = copy.copy(output)
+        for attribute, value in changes.items():
+            msgspec.structs.force_setattr(copied, attribute, value)
+        return copied
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
         copied = copy.copy(output)
         for name in _field_names(type(output)):

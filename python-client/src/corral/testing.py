@@ -244,15 +244,10 @@ class FakeProxy:
             raise ValueError("no items: the proxy sends a batch of one job or more")
         first, waiting = _jobs(items, timeout_ms, content_type), _jobs(list(join), timeout_ms)
         jobs = first + waiting
-        past = sorted(i for i in cancel_after or {} if not 0 <= i < len(jobs))
-        if past:  # silently never sent, a test of a cancel would pass without one
-            raise ValueError(
-                f"cancel_after names items {past}; there are {len(jobs)} (0 to {len(jobs) - 1})"
-            )
+        cancels = _cancels(cancel_after or {}, len(jobs))
         index = {job["id"]: i for i, job in enumerate(jobs)}
         chunks: list[list[Any]] = [[] for _ in jobs]
         ends: list[dict[str, Any] | None] = [None] * len(jobs)
-        cancels = dict(cancel_after or {})
         cancelled: set[int] = set()
         # Items whose chunk could not be read, and why: the proxy fails that job alone (500
         # bad_output) and cancels it in the worker.
@@ -366,13 +361,30 @@ class FakeProxy:
         return protocol.read_frame(self._stream)
 
 
+def _whole(value: Any) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _cancels(cancel_after: dict[int, int], count: int) -> dict[int, int]:
+    """``cancel_after`` checked: an item that is not one of the ``count`` sent, or a chunk
+    count that is no whole number of 0 or more, is ``ValueError``. Silently never sent, a test
+    of a cancel would pass without one."""
+    for i, n in cancel_after.items():
+        if not _whole(i) or not 0 <= i < count:
+            raise ValueError(f"cancel_after names item {i!r}; there are {count} (0 to {count - 1})")
+        if not _whole(n) or n < 0:
+            raise ValueError(
+                f"cancel_after[{i}] must be a whole number of chunks, 0 or more: {n!r}"
+            )
+    return {int(i): int(n) for i, n in cancel_after.items()}
+
+
 def _jobs(
     items: list[Any], timeout_ms: int, content_type: ContentTypes = None
 ) -> list[dict[str, Any]]:
     # The proxy sends the time left, never below 0: a negative one had stopped the worker with
     # a ProtocolError, as a proxy that sent it would.
-    whole = isinstance(timeout_ms, numbers.Integral) and not isinstance(timeout_ms, bool)
-    if not whole or not 0 <= timeout_ms < 2**64:
+    if not _whole(timeout_ms) or not 0 <= timeout_ms < 2**64:
         raise ValueError(
             f"timeout_ms must be a whole number of milliseconds, 0 or more: {timeout_ms!r}"
         )
