@@ -494,18 +494,28 @@ def test_a_malformed_otlp_setting_is_a_config_error(endpoint, headers, expected,
     assert "listening" not in done.stderr
 
 
-def test_a_malformed_otlp_endpoint_from_its_variable_is_named_by_the_variable():
+@pytest.mark.parametrize(
+    "variable, named",
+    [
+        ("CORRAL_OTLP_ENDPOINT", "CORRAL_OTLP_ENDPOINT (--otlp-endpoint): "),
+        # OpenTelemetry's two, each by itself: the error had named both, as if either.
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT: "),
+        ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT: "),
+    ],
+)
+def test_a_malformed_otlp_endpoint_from_its_variable_is_named_by_the_variable(variable, named):
     # A manifest's `env:` list shows no flag: the error named only `--otlp-endpoint`.
-    env = {**os.environ, "CORRAL_OTLP_ENDPOINT": "ftp://127.0.0.1"}
+    env = {k: v for k, v in os.environ.items() if "OTLP" not in k}
     done = subprocess.run(
         [BINARY, "--", sys.executable, "-c", "0"],
-        env=env,
+        env={**env, variable: "ftp://127.0.0.1"},
         capture_output=True,
         text=True,
         timeout=30,
     )
     assert done.returncode == 2, done.stderr
-    assert "CORRAL_OTLP_ENDPOINT (--otlp-endpoint): " in done.stderr, done.stderr
+    assert named in done.stderr, done.stderr
+    assert " or OTEL_" not in done.stderr, done.stderr
     assert "must be an http:// URL" in done.stderr
 
 

@@ -128,7 +128,12 @@ fn endpoint_source(config: &Config, explicit: &dyn Fn(&str) -> bool, from_env: b
         }
         (_, true) if from_env => "CORRAL_OTLP_ENDPOINT (--otlp-endpoint)".into(),
         (_, true) => "--otlp-endpoint".into(),
-        (_, false) => "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or OTEL_EXPORTER_OTLP_ENDPOINT".into(),
+        // The one read, as `Config::traces_endpoint` reads them: the traces' own first.
+        (_, false) => ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"]
+            .into_iter()
+            .find(|name| std::env::var(name).is_ok_and(|value| !value.trim().is_empty()))
+            .unwrap_or("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .into(),
     }
 }
 
@@ -275,18 +280,30 @@ fn log_filter() -> (EnvFilter, Option<String>) {
     }
 }
 
-/// Said of a filter's words that are neither a level nor `target=level` (`warning`), if any.
+/// Said of a filter's words that are neither a level nor `target=level` (`warning`), and of
+/// targets that name Corral in another case (`Corral=debug`), if any.
 fn bare_words_hint(text: &str) -> String {
     let words: Vec<&str> = directives(text)
         .filter(|d| !d.contains(['=', '[']) && d.parse::<LevelFilter>().is_err())
         .collect();
-    if words.is_empty() {
-        return String::new();
+    let mut hint = String::new();
+    if !words.is_empty() {
+        hint.push_str(&format!(
+            " ({words:?}: a word alone names a target, not a level; the levels are trace, debug, \
+             info, warn, error and off)"
+        ));
     }
-    format!(
-        " ({words:?}: a word alone names a target, not a level; the levels are trace, debug, \
-         info, warn, error and off)"
-    )
+    let cased =
+        directives(text).map(|d| d.split(['=', '[']).next().unwrap_or_default()).find(|target| {
+            let lower = target.to_ascii_lowercase();
+            lower.starts_with("corral") && !target.starts_with("corral")
+        });
+    if let Some(target) = cased {
+        hint.push_str(&format!(
+            " ({target:?}: targets are matched as written; Corral's is corral)"
+        ));
+    }
+    hint
 }
 
 fn directives(text: &str) -> impl Iterator<Item = &str> {
@@ -476,5 +493,15 @@ mod tests {
         for text in others.into_iter().chain(parts) {
             assert!(!sets_corral_s_level(text), "{text}");
         }
+    }
+
+    #[test]
+    fn the_hint_names_bare_words_and_corral_written_in_another_case() {
+        assert!(bare_words_hint("warning").contains("a word alone names a target"));
+        for text in ["Corral=debug", "CORRAL", "hyper=info,Corral::http=debug"] {
+            let hint = bare_words_hint(text);
+            assert!(hint.contains("targets are matched as written; Corral's is corral"), "{text}");
+        }
+        assert_eq!(bare_words_hint("hyper=debug,corral::http=debug"), "");
     }
 }
