@@ -13,7 +13,7 @@
 //! the spans of an export that failed, both counted in `corral_spans_dropped_total`.
 
 use std::sync::{Arc, OnceLock};
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
@@ -93,12 +93,17 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
         .map_err(|_| "tracing was already started".to_string())
 }
 
-/// Exports what is queued (for up to a few seconds) and stops; at the proxy's exit.
+/// Exports what is queued (for up to a few seconds) and stops exporting; at the proxy's exit,
+/// while its runtime still runs.
 pub fn shutdown() {
     if let Some(tracing) = TRACING.get() {
-        let _ = tracing.provider.force_flush();
+        let _ = tracing.provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
     }
 }
+
+/// Longest the proxy's exit waits for the spans queued to be exported (a collector that does
+/// not answer holds the exit this long after the drain).
+pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 
 /// An instant on the wall clock.
 fn wall(at: Instant) -> SystemTime {

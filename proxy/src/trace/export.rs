@@ -11,9 +11,10 @@ use http::{Request, StatusCode, Uri};
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use opentelemetry::Context;
-use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::error::{OTelSdkError, OTelSdkResult};
 use opentelemetry_sdk::trace::{Span, SpanData, SpanProcessor};
 use opentelemetry_sdk::Resource;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::otlp;
@@ -27,6 +28,8 @@ const BATCH_SPANS: usize = 2048;
 const BATCH_DELAY: Duration = Duration::from_millis(500);
 /// Longest one export may take (connect, send, answer).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest a flush waits for what was queued before it to be exported.
+const FLUSH_WAIT: Duration = Duration::from_secs(5);
 /// Most bytes of a collector's answer read, dropped as they come ([`Collector::send`]).
 const ANSWER_READ: usize = 64 * 1024;
 
@@ -140,6 +143,8 @@ fn export_headers() -> Result<Vec<(http::HeaderName, http::HeaderValue)>, String
 pub struct Queue {
     shared: std::sync::Arc<Shared>,
     thread: std::thread::Thread,
+    /// Disconnected when the export thread has ended (taken by the one shutdown).
+    ended: std::sync::Mutex<Option<mpsc::Receiver<()>>>,
 }
 
 #[derive(Debug, Default)]
@@ -147,6 +152,11 @@ struct Shared {
     spans: std::sync::Mutex<Vec<SpanData>>,
     /// Callers of `force_flush` waiting for everything queued before them to be exported.
     flushes: std::sync::Mutex<Vec<SyncSender<()>>>,
+    /// Cancelled at shutdown, once the last flush has had its time: the export under way is
+    /// given up and the thread ends, before the runtime its exports run on goes. (Left
+    /// exporting to a collector that never answered, the thread's timer panicked on the runtime
+    /// shutting down under it.)
+    closing: CancellationToken,
 }
 
 impl Queue {
@@ -166,17 +176,33 @@ impl Queue {
         let shared = std::sync::Arc::new(Shared {
             spans: std::sync::Mutex::new(Vec::with_capacity(2 * BATCH_SPANS)),
             flushes: std::sync::Mutex::default(),
+            closing: CancellationToken::new(),
         });
+        // Dropped by the thread as it ends: what shutdown waits for.
+        let (ending, ended) = mpsc::sync_channel::<()>(0);
         let thread = std::thread::Builder::new()
             .name("corral-otlp".into())
             .spawn({
                 let shared = shared.clone();
-                move || export_loop(&collector, &shared, &runtime)
+                move || {
+                    export_loop(&collector, &shared, &runtime);
+                    // All it held gone (its connection too) before shutdown is told it ended.
+                    drop((collector, shared, runtime));
+                    drop(ending);
+                }
             })
             .expect("a thread starts")
             .thread()
             .clone();
-        Self { shared, thread }
+        Self { shared, thread, ended: std::sync::Mutex::new(Some(ended)) }
+    }
+
+    /// Waits up to `wait` for everything queued before now to be exported.
+    fn flush_within(&self, wait: Duration) {
+        let (done, flushed) = mpsc::sync_channel(1);
+        self.shared.flushes.lock().unwrap_or_else(|p| p.into_inner()).push(done);
+        self.thread.unpark();
+        let _ = flushed.recv_timeout(wait);
     }
 }
 
@@ -200,15 +226,25 @@ impl SpanProcessor for Queue {
     }
 
     fn force_flush(&self) -> OTelSdkResult {
-        let (done, flushed) = mpsc::sync_channel(1);
-        self.shared.flushes.lock().unwrap_or_else(|p| p.into_inner()).push(done);
-        self.thread.unpark();
-        let _ = flushed.recv_timeout(Duration::from_secs(5));
+        self.flush_within(FLUSH_WAIT);
         Ok(())
     }
 
-    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
-        self.force_flush()
+    /// Flushes (up to `timeout`), then ends the export thread: an export still under way then
+    /// (a collector that takes connections and never answers) is given up, its spans counted
+    /// dropped. Call while the runtime still runs.
+    fn shutdown_with_timeout(&self, timeout: Duration) -> OTelSdkResult {
+        self.flush_within(timeout);
+        self.shared.closing.cancel();
+        self.thread.unpark();
+        let ended = self.ended.lock().unwrap_or_else(|p| p.into_inner()).take();
+        // Disconnected once the thread has ended; a second is ample for a cancelled wait.
+        match ended.map(|ended| ended.recv_timeout(Duration::from_secs(1))) {
+            Some(Err(mpsc::RecvTimeoutError::Timeout)) => {
+                Err(OTelSdkError::Timeout(Duration::from_secs(1)))
+            }
+            _ => Ok(()),
+        }
     }
 }
 
@@ -256,8 +292,20 @@ fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime:
             let mut queued = shared.spans.lock().unwrap_or_else(|p| p.into_inner());
             std::mem::replace(&mut *queued, std::mem::take(&mut spare))
         };
+        let closing = &shared.closing;
         for batch in spans.chunks(BATCH_SPANS) {
-            if let Err(e) = runtime.block_on(collector.export(batch)) {
+            let exported = match closing.is_cancelled() {
+                true => Err("the proxy stopped before they were exported".into()),
+                false => runtime.block_on(async {
+                    tokio::select! {
+                        exported = collector.export(batch) => exported,
+                        () = closing.cancelled() => {
+                            Err("the proxy stopped while they were being exported".into())
+                        }
+                    }
+                }),
+            };
+            if let Err(e) = exported {
                 metrics().spans_dropped.inc_by(batch.len() as u64);
                 failures.failed(batch.len(), &e);
             }
@@ -268,6 +316,9 @@ fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime:
         flushed.into_iter().for_each(|done| {
             let _ = done.send(());
         });
+        if closing.is_cancelled() {
+            return;
+        }
     }
 }
 
@@ -488,5 +539,29 @@ mod tests {
         let read = read.await.unwrap().expect("the connection closes (no read times out)");
         // Some was written (the export was under way when cut), not all of it.
         assert!(read > 0 && read < 64 << 20, "{read} bytes of the body arrived");
+    }
+
+    /// A collector that takes the connection and never answers: shutdown gives the export up
+    /// once its flush has had its time, and the export thread ends while the runtime still
+    /// runs. (Left exporting, its timer panicked on the runtime shutting down under it.)
+    #[test]
+    fn shutdown_ends_the_export_an_unanswering_collector_holds() {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let collector = collector_at(listener.local_addr().unwrap());
+        let queue =
+            runtime.block_on(async { Queue::with(collector, tokio::runtime::Handle::current()) });
+        let scope = opentelemetry::InstrumentationScope::builder("test").build();
+        queue.on_end(crate::trace::otlp::tests::span(1, &scope, false));
+        queue.thread.unpark();
+        // The export is under way once its connection comes (its request then waits forever).
+        let (_connection, _) = listener.accept().unwrap();
+        assert!(queue.shutdown_with_timeout(Duration::from_millis(50)).is_ok());
+        assert_eq!(std::sync::Arc::strong_count(&queue.shared), 1, "the thread has ended");
+        drop(runtime);
     }
 }

@@ -323,7 +323,7 @@ pub fn encode(spans: &[SpanData], from: &Resource) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use std::time::Duration;
 
     use opentelemetry::trace::{TraceFlags, TraceId, TraceState};
@@ -345,8 +345,9 @@ mod tests {
         SpanContext::new(TraceId::from(trace), SpanId::from(span), flags, remote, state)
     }
 
-    /// A span with every kind of field set, or left at its default (`bare`).
-    fn span(n: u64, scope: &InstrumentationScope, bare: bool) -> SpanData {
+    /// A span with every kind of field set, or left at its default (`bare`); sampled unless
+    /// bare.
+    pub(in crate::trace) fn span(n: u64, scope: &InstrumentationScope, bare: bool) -> SpanData {
         let at = UNIX_EPOCH + Duration::from_nanos(1_700_000_000_123_456_789 + n);
         let mut events = SpanEvents::default();
         let mut links = SpanLinks::default();
