@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
@@ -98,7 +99,9 @@ def test_a_killed_worker_s_jobs_succeed_on_another_worker(corral_factory, tmp_pa
         pending = pool.submit(proxy.post, {"tag": "t", "hold": str(gate)})
         holder = proxy.wait_until(lambda: received(log, with_pid=True), what="the job")[0][0]
         os.kill(holder, signal.SIGKILL)
-        proxy.wait_for_log(r"worker exited; restarting")
+        # With its pid, as the line of its lost connection: which failed is told apart.
+        restarting = proxy.wait_for_log(r"worker exited; restarting")
+        assert re.search(rf"pid\W+{holder}\b", restarting), restarting
         gate.touch()
         response = pending.result()
     assert response.status_code == 200, response.text

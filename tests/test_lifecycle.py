@@ -217,7 +217,8 @@ def test_without_a_batch_timeout_a_worker_silent_past_its_route_s_timeout_is_kil
     proxy = corral_factory("--max-wait-ms=0", "--timeout-ms=1000")
     first = proxy.post("warm").json()["pid"]
     assert proxy.post({"sleep_ms": 60_000}).status_code == 408
-    proxy.wait_for_log(r"killed a hung worker")
+    killed = proxy.wait_for_log(r"killed a hung worker")
+    assert "name" in killed and "Scripted" in killed, killed  # as its neighbouring lines
     line = proxy.wait_for_log(r"worker disconnected")
     assert "past its limit of 2000 ms (its jobs' time and 1 s)" in line, line
     proxy.wait_for_log(r"worker connected", count=2)
@@ -283,7 +284,7 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     assert ready.status_code == 503
     # Why, beyond "no connected worker" (a crash loop, not a slow start): it said only that.
     message = ready.json()["message"]
-    said = re.search(r"its workers exited (\d+) time\(s\), the last with exit status: 3", message)
+    said = re.search(r"its workers exited (\d+) time\(s\) since Corral started, the last with exit status: 3", message)
     assert said and int(said[1]) >= 3, message
 
 

@@ -424,7 +424,8 @@ impl Stage {
             let (count, last) = (exits.count, &exits.last);
             let _ = write!(
                 said,
-                "; its workers exited {count} time(s), the last with {last} (see the log)"
+                "; its workers exited {count} time(s) since Corral started, the last with {last} \
+                 (see the log)"
             );
         }
         if let Some(why) = &exits.refused {

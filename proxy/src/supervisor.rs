@@ -356,10 +356,12 @@ async fn supervise(
         }
         match status {
             Ok(status) => {
-                warn!(stage = %command.stage, worker = index, %status, restarts, restart_in_ms, "worker exited; restarting")
+                // With its pid, as the connection's "worker disconnected" line has: two workers
+                // that failed together are told apart.
+                warn!(stage = %command.stage, worker = index, pid, %status, restarts, restart_in_ms, "worker exited; restarting")
             }
             Err(e) => {
-                warn!(stage = %command.stage, worker = index, error = %e, restarts, restart_in_ms, "lost track of worker; restarting")
+                warn!(stage = %command.stage, worker = index, pid, error = %e, restarts, restart_in_ms, "lost track of worker; restarting")
             }
         }
         if wait_or_stop(backoff, &stop).await {

@@ -224,6 +224,7 @@ pub async fn serve(
                 warn!(
                     stage = stage.name(),
                     pid = own_pid,
+                    name = %logged_within(&hello.name, 200),
                     "killed a hung worker; it will be restarted"
                 );
             }
