@@ -589,7 +589,8 @@ impl Stage {
                 // Only the jobs of this class and above go before these: lower ones wait.
                 let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
                 let batch = self.batch_weight(&queue) as u64;
-                let ahead = Ahead::before(&queue.jobs, class, tenant, weight, batch);
+                let aged = aging_since.map(|_| entered);
+                let ahead = Ahead::before(&queue.jobs, class, tenant, (weight, batch), aged);
                 let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 // 5% of the request's whole time, as the README says (not of what its body's
                 // reading left).

@@ -206,17 +206,18 @@ impl Ahead {
     /// turns ([`Lanes::weight_before`], with a `batch` of slack; more than is queued, where the
     /// other tenants are expected to keep their turns): the higher classes' heavy jobs all, its
     /// own class's in proportion to its part of that class (their count rounded up: a heavy job
-    /// is costed only where one is counted), the rest light.
+    /// is costed only where one is counted), the rest light. `entered`: when the request
+    /// entered its class, if before now ([`Lanes::weight_before`]).
     pub(super) fn before(
         jobs: &Lanes,
         class: Class,
         tenant: Option<Tenant>,
-        weight: u64,
-        batch: u64,
+        (weight, batch): (u64, u64),
+        entered: Option<Instant>,
     ) -> Ahead {
         let all = Ahead::from(jobs, class);
         let total = all.weight() as u64;
-        let before = jobs.weight_before(class, tenant, weight, batch);
+        let before = jobs.weight_before(class, tenant, weight, batch, entered);
         if before >= total {
             let extra = usize::try_from(before - total).unwrap_or(usize::MAX);
             return Ahead { light: all.light.saturating_add(extra), heavy: all.heavy };

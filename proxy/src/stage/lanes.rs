@@ -105,6 +105,13 @@ struct TenantLane {
 }
 
 impl TenantLane {
+    /// The weight of its requests a request that entered their class at `entered` goes behind,
+    /// as [`TenantLane::insert`] places it: those that entered no later, and one a batch started.
+    fn before(&self, entered: Instant) -> u64 {
+        let ahead = |r: &&Request| r.entered <= entered || r.started;
+        self.requests.iter().filter(ahead).map(|r| r.weight).sum()
+    }
+
     /// Places a promoted request among the lane's requests by the time it entered the class,
     /// so that each lane stays ordered by it (what promotion reads off the front), but never
     /// before a request a batch has started.
@@ -241,20 +248,34 @@ impl Lanes {
     /// expired in the queue or the worker beside a quiet tenant taking a third of the turns;
     /// counted as every tenant's queued work, the quiet tenant's short deadlines were all
     /// refused, though its jobs went in the next batch. An O(1) count, not a walk of the
-    /// lanes: admission asks it on every arrival.
-    pub fn weight_before(&self, class: Class, key: Key, weight: u64, batch: u64) -> u64 {
+    /// lanes: admission asks it on every arrival. `entered`: when the request entered its class,
+    /// where that was before now (a pipeline's later stage, its class aged since its first:
+    /// [`aged`]): of its tenant's queued work only what entered the class before it goes first,
+    /// as it is placed ([`TenantLane::insert`]); a walk of that lane, then. (Counted behind all
+    /// of it, a request that had waited out its promotions on the first stage was refused 503
+    /// on the second, where it went first.)
+    pub fn weight_before(
+        &self,
+        class: Class,
+        key: Key,
+        weight: u64,
+        batch: u64,
+        entered: Option<Instant>,
+    ) -> u64 {
         let higher: u64 = self.classes[class.index() + 1..].iter().map(|c| c.weight).sum();
         let lanes = &self.classes[class.index()];
         let least = lanes.turns.first().map(|&(served, _, _)| served);
-        let (served, queued) = match lanes.tenants.get(&key) {
-            Some(lane) => (lane.served, lane.weight),
+        let (served, own, queued) = match lanes.tenants.get(&key) {
+            Some(lane) => {
+                (lane.served, lane.weight, entered.map_or(lane.weight, |at| lane.before(at)))
+            }
             // A tenant with nothing queued starts level with the least served (`ClassLane::lane`).
-            None => (least.unwrap_or(lanes.clock), 0),
+            None => (least.unwrap_or(lanes.clock), 0, 0),
         };
         let others = (lanes.tenants.len() - usize::from(lanes.tenants.contains_key(&key))) as u64;
         let lead = served.saturating_sub(least.unwrap_or(served));
         let rounds = queued.saturating_add(weight).saturating_add(lead);
-        let held = lanes.weight - queued;
+        let held = lanes.weight - own;
         let of_the_queue = held.min(others.saturating_mul(rounds.saturating_add(batch)));
         // What they keep sending goes beside this tenant's queue and the part of the request
         // past its first batch: that batch is not split by turns (a request of 32 rows beside

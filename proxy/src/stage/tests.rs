@@ -1361,6 +1361,30 @@ async fn a_later_stage_takes_a_request_in_at_the_class_it_reached_on_the_stages_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_come_in_aged_is_predicted_behind_only_what_entered_its_class_before_it() {
+    // High since before the 400 high jobs queued here came (on its pipeline's first stage), it
+    // goes before them: admitted with 3 s to live, where they take 5 s. Predicted behind them
+    // all, it had been refused 503, its first stage's work thrown away.
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    fifty_ms_batches(&seat, &[4; 5]);
+    let since = Instant::now();
+    tokio::time::advance(Duration::from_millis(10)).await;
+    let _high: Vec<_> = (0..400).map(|_| submit_high(&stage, 1)).collect();
+    let (mut aged, _aged) = classed(b"aged", Class::Low, None, 1);
+    aged.deadline -= Duration::from_secs(2); // 3 s
+    aged.aging_since = Some(since - DEFAULT_AGING * 2);
+    stage.submit(aged).unwrap();
+    // One of them that is high from now on is refused: it would go behind them all.
+    let (mut late, _late) = classed(b"late", Class::High, None, 1);
+    late.deadline -= Duration::from_secs(2);
+    assert!(matches!(stage.submit(late), Err(Shed::DeadlineUnreachable { .. })));
+    let batch = seat.next_batch().await;
+    assert_eq!(batch[0].payload.contiguous().as_ref(), b"aged");
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
 async fn higher_arrivals_that_stopped_hold_nothing_back() {
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();

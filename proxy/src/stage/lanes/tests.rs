@@ -379,25 +379,25 @@ fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() 
     let b = Some(Tenant::of(b"b"));
     // The high job, then one of a's for b's one, and a batch (of 8) a's may fill first: not
     // a's 300.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 1, 8), 1 + 9);
+    assert_eq!(lanes.weight_before(Class::Normal, b, 1, 8, None), 1 + 9);
     // A request of 3 waits for 3 of a's, and that batch.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 3, 8), 1 + 11);
+    assert_eq!(lanes.weight_before(Class::Normal, b, 3, 8, None), 1 + 11);
     // a itself waits for its own backlog.
     let a = Some(Tenant::of(b"a"));
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 301);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8, None), 301);
     // With b holding work, a's job waits as long for b's turns as for its own queue: b may
     // keep sending all the while (more than the 5 it holds).
     for i in 0..5 {
         one(&mut lanes, &format!("b{i}"), Class::Normal, Some("b"), now);
     }
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 1 + 300 + 300);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8, None), 1 + 300 + 300);
     // A new tenant's request of 32 rows beside ten tenants of one job each: its first batch is
     // not split by their turns, so they count as what they hold, not 32 each.
     let mut crowd = Lanes::default();
     for t in 0..10 {
         one(&mut crowd, "one", Class::Normal, Some(&format!("t{t}")), now);
     }
-    assert_eq!(crowd.weight_before(Class::Normal, Some(Tenant::of(b"new")), 32, 32), 10);
+    assert_eq!(crowd.weight_before(Class::Normal, Some(Tenant::of(b"new")), 32, 32, None), 10);
     lanes.remove_dead(|job| job.tenant == b);
     // And the turns bear it out: b's job goes within the first two normal ones.
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
