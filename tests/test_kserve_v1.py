@@ -134,6 +134,29 @@ def test_malformed_json_is_400_in_v1_shape(proxy):
     assert set(answer.json()) == {"error"}
 
 
+def test_a_body_in_another_encoding_its_charset_names_is_415_as_on_every_route(proxy):
+    # Native's alone had said so; KServe v1's 400 named neither the encoding nor UTF-8.
+    headers = {"content-type": "application/json; charset=latin1"}
+    answer = proxy.client.post(
+        "/v1/models/default:predict", content=b'{"instances": ["caf\xe9"]}', headers=headers
+    )
+    assert answer.status_code == 415, answer.text
+    assert "charset=latin1, but JSON is UTF-8" in answer.json()["error"]
+    # UTF-8 with a NUL in a string is JSON that is not, not another encoding.
+    headers = {"content-type": "application/json"}
+    nul = proxy.client.post(
+        "/v1/models/default:predict", content=b'{"instances": ["x\x00y"]}', headers=headers
+    )
+    assert nul.status_code == 400, nul.text
+    assert "not UTF-8" not in nul.json()["error"] and "control character" in nul.json()["error"]
+
+
+def test_the_columnar_inputs_form_is_told_not_taken(proxy):
+    answer = predict(proxy, {"inputs": {"x": [1, 2]}})
+    assert answer.status_code == 400
+    assert 'the columnar "inputs" form is not taken' in answer.json()["error"]
+
+
 def test_predict_takes_post_only(proxy):
     answer = proxy.client.get("/v1/models/default:predict")
     assert (answer.status_code, answer.headers["allow"]) == (405, "POST")

@@ -284,7 +284,10 @@ def test_a_crash_looping_worker_never_takes_the_proxy_down(corral_factory):
     assert ready.status_code == 503
     # Why, beyond "no connected worker" (a crash loop, not a slow start): it said only that.
     message = ready.json()["message"]
-    said = re.search(r"its workers exited (\d+) time\(s\) since Corral started, the last with exit status: 3", message)
+    said = re.search(
+        r"its workers exited (\d+) time\(s\) since Corral started, the last with exit status: 3",
+        message,
+    )
     assert said and int(said[1]) >= 3, message
 
 

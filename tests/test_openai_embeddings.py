@@ -184,6 +184,20 @@ def test_a_byte_order_mark_is_named_not_taken_for_a_body_that_is_no_object(proxy
     assert "begins with a byte order mark" in answer.json()["error"]["message"]
 
 
+def test_a_body_in_another_encoding_is_told_so(proxy):
+    # serde's "invalid unicode code point" had said nothing of why; with a charset naming the
+    # encoding it is 415, as on every route.
+    body = '{"model": "m", "input": "café"}'.encode("latin1")
+    named = {"content-type": "application/json; charset=latin1"}
+    answer = proxy.client.post("/v1/embeddings", content=body, headers=named)
+    assert answer.status_code == 415, answer.text
+    assert "charset=latin1, but JSON is UTF-8" in answer.json()["error"]["message"]
+    plain = {"content-type": "application/json"}
+    answer = proxy.client.post("/v1/embeddings", content=body, headers=plain)
+    assert answer.status_code == 400, answer.text
+    assert "it is not UTF-8, which JSON is" in answer.json()["error"]["message"]
+
+
 @pytest.mark.parametrize("media_type", ["application/msgpack", "text/plain"])
 def test_a_body_not_json_is_415_saying_json_only(proxy, media_type):
     # Any other type was told "application/json or application/msgpack", and msgpack is then

@@ -326,7 +326,7 @@ def good():
         ("unknown output", 400, 'unknown output "NOPE"'),
         # Was a 200 listing SUM twice, where an input given twice is a 400.
         ("output asked for twice", 400, 'output "SUM" is asked for twice'),
-        ("not JSON", 400, "header is not valid"),
+        ("not JSON", 400, "the inference request is not valid"),
         ("unknown model", 404, 'no model named "nope"'),
     ],
 )
@@ -423,6 +423,31 @@ def test_a_number_past_fp32_is_400_as_an_integer_too_large_is(proxy):
     answer = post(proxy, INFER, header)
     assert answer.status_code == 400
     assert answer.json() == {"error": 'input "X": element 2: 1e39 does not fit in FP32'}
+
+
+def test_a_nan_sent_as_json_is_told_to_go_as_binary_data(proxy):
+    # tritonclient writes a NaN bare with binary_data=False: the 400 had been serde's
+    # "expected value at line 1 column 64", calling the JSON body a "header".
+    x, scale, words = rows(1)
+    x[0][1] = np.nan
+    inputs = tensors(x, scale, words, binary=False)
+    with client(proxy) as c, pytest.raises(InferenceServerException) as failed:
+        c.infer("default", inputs)
+    assert failed.value.status() == "400"
+    assert "the inference request is not valid" in str(failed.value)
+    assert "JSON has no NaN or Infinity: send such a tensor as binary data" in str(failed.value)
+
+
+def test_a_body_in_another_encoding_its_charset_names_is_415_in_v2_shape(proxy):
+    body = b'{"id": "caf\xe9", ' + json.dumps(good())[1:].encode()
+    named = {"content-type": "application/json; charset=latin1"}
+    answer = proxy.client.post(INFER, content=body, headers=named)
+    assert answer.status_code == 415, answer.text
+    assert list(answer.json()) == ["error"]
+    assert "charset=latin1, but JSON is UTF-8" in answer.json()["error"]
+    plain = proxy.client.post(INFER, content=body, headers={"content-type": "application/json"})
+    assert plain.status_code == 400, plain.text
+    assert "it is not UTF-8, which JSON is" in plain.json()["error"]
 
 
 def test_a_compressed_body_is_415_in_v2_shape(proxy):

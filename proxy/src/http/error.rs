@@ -89,8 +89,26 @@ impl ApiError {
         Self::new(StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type", message)
     }
 
-    /// A JSON body that is not UTF-8 (or holds a NUL, as UTF-16 does) while its `charset` names
-    /// another encoding: JSON is UTF-8 (RFC 8259), and that is what the body is read as.
+    /// A JSON body a protocol could not read, answered `refused` (its own 400), but 415 where
+    /// the body is not UTF-8 text ([`super::format::is_utf8_text`]) and its `Content-Type`'s
+    /// `charset` names another encoding: the client's to fix by its encoding, on every protocol
+    /// alike (native's alone had said so; KServe v1's and OpenAI's 400 named neither).
+    pub fn or_charset(
+        refused: Self,
+        content_type: Option<&http::HeaderValue>,
+        json: &[u8],
+    ) -> Self {
+        let charset = content_type
+            .and_then(|value| value.to_str().ok())
+            .and_then(super::format::charset_is_not_utf8);
+        match charset {
+            Some(charset) if !super::format::is_utf8_text(json) => Self::json_not_utf8(charset),
+            _ => refused,
+        }
+    }
+
+    /// A JSON body that is not UTF-8 text while its `charset` names another encoding: JSON is
+    /// UTF-8 (RFC 8259), and that is what the body is read as.
     pub fn json_not_utf8(charset: &str) -> Self {
         let shown: String = charset.chars().take(40).collect();
         let message = format!(

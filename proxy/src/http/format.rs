@@ -354,12 +354,32 @@ pub fn begins_with_bom(body: &[u8]) -> bool {
 pub enum Unreadable {
     /// JSON with a byte order mark in front.
     Bom,
-    /// Read as JSON, bytes that are not UTF-8, or hold a NUL (UTF-16's do); serde's words.
+    /// Read as JSON, bytes that are not UTF-8 text ([`is_utf8_text`]); serde's words.
     NotUtf8(String),
     /// Read as JSON, UTF-8 that is no JSON; serde's words.
     NotJson(String),
     /// Anything else: msgpack that is not, JSON holding an integer past 64 bits.
     Other(String),
+}
+
+/// Whether a JSON body is UTF-8 text: its bytes UTF-8, and not beginning as UTF-16's or
+/// UTF-32's do (a NUL in its first two bytes: JSON's text begins with ASCII, which those write
+/// with NULs beside it; .NET's `Encoding.Unicode` writes no byte order mark). A NUL further in is
+/// UTF-8 all the same: JSON that is not (a control character in a string), not another encoding.
+pub fn is_utf8_text(body: &[u8]) -> bool {
+    !body.iter().take(2).any(|&byte| byte == 0) && std::str::from_utf8(body).is_ok()
+}
+
+/// Why a JSON reader failed on `body` (`e`, its words), by kind; on the error path only. Each
+/// protocol's reader says it so, whatever reader it is.
+pub fn json_failure(body: &[u8], e: &dyn std::fmt::Display) -> Unreadable {
+    if begins_with_bom(body) {
+        Unreadable::Bom
+    } else if !is_utf8_text(body) {
+        Unreadable::NotUtf8(e.to_string())
+    } else {
+        Unreadable::NotJson(e.to_string())
+    }
 }
 
 impl std::fmt::Display for Unreadable {
@@ -402,17 +422,7 @@ pub fn to_msgpack_with(
             let mut de = serde_json::Deserializer::from_slice(&body);
             // On the error path only: what serde says ("expected value at line 1 column 1",
             // "invalid unicode code point") did not say what was there.
-            let invalid = |e: &dyn std::fmt::Display| {
-                if begins_with_bom(&body) {
-                    Unreadable::Bom
-                } else if std::str::from_utf8(&body).is_err() || body.contains(&0) {
-                    // A NUL is UTF-8 but never in JSON's text: UTF-16 without a byte order
-                    // mark (.NET's `Encoding.Unicode`) is ASCII with NULs between.
-                    Unreadable::NotUtf8(e.to_string())
-                } else {
-                    Unreadable::NotJson(e.to_string())
-                }
-            };
+            let invalid = |e: &dyn std::fmt::Display| json_failure(&body, e);
             serde_transcode::transcode(&mut de, &mut rmp_serde::Serializer::new(&mut out))
                 .map_err(|e| invalid(&e))?;
             de.end().map_err(|e| invalid(&e))?;

@@ -115,15 +115,33 @@ async fn predict(
             route.model
         ))));
     }
+    let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     let body_len = body.len();
+    let refused = |problem: format::Unreadable, body: &[u8]| {
+        ApiError::or_charset(ApiError::bad_request(problem), content_type.as_ref(), body)
+    };
     // Every number of an instance for a worker that declares tensors becomes an element of
     // its input's datatype: an integer past 64 bits is a float there (an FP64 input takes
     // 1e20), as in v2's JSON.
     let tensors = declared.as_deref().is_some_and(|d| !d.inputs.is_empty());
-    let payload = format::to_msgpack_with(input, body, !tensors).map_err(ApiError::bad_request)?;
+    let payload = {
+        // The body, read again on the error path alone (for its `charset`'s 415); dropped once
+        // transcoded, as the body itself is.
+        let sent = (input == Format::Json).then(|| body.clone());
+        format::to_msgpack_with(input, body, !tensors)
+            .map_err(|problem| refused(problem, sent.as_deref().unwrap_or_default()))?
+    };
     let instances = match items::field(&payload, "instances") {
         Ok(Some(instances)) => instances,
+        // TF Serving's columnar form: the 400 had said only that `instances` was missing.
+        Ok(None) if items::field(&payload, "inputs").is_ok_and(|inputs| inputs.is_some()) => {
+            let message = format!(
+                "{NO_INSTANCES}: the columnar \"inputs\" form is not taken; send one element of \
+                 \"instances\" per row"
+            );
+            return Err(ApiError::bad_request(message));
+        }
         Ok(None) => return Err(ApiError::bad_request(NO_INSTANCES)),
         Err(why) => return Err(ApiError::bad_request(format!("{NO_INSTANCES} ({why})"))),
     };

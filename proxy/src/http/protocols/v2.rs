@@ -383,6 +383,7 @@ async fn infer(
     // A binary request keeps room after its header for a one-row payload's head, where it is
     // read into shared memory (`body::Buffer::for_body` leaves none elsewhere).
     let room = request::HEAD_ROOM;
+    let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let (received, room) = match header_length {
         Some(at) => {
             let gap = Gap { at, len: room, fill: request::single_row_head };
@@ -393,8 +394,12 @@ async fn infer(
     let Received { body, arrived, deadline, traffic } = received;
     let declared = Declared::of(route);
     let outputs = declared.outputs();
-    let mut parsed = request::parse(&body, header_length, room, declared.inputs())
-        .map_err(ApiError::bad_request)?;
+    let mut parsed =
+        request::parse(&body, header_length, room, declared.inputs()).map_err(|refused| {
+            // 415 for a header in another encoding its `charset` names, as on every route.
+            let json = &body[..header_length.unwrap_or(body.len()).min(body.len())];
+            ApiError::or_charset(ApiError::bad_request(refused), content_type.as_ref(), json)
+        })?;
     if !outputs.is_empty() {
         response::check_requested(&parsed, outputs.iter().map(|s| s.name.as_str()))?;
     }

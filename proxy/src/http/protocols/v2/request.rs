@@ -293,6 +293,48 @@ pub struct Request {
     body: Bytes,
 }
 
+/// Why serde could not read the request's JSON, in the client's terms: serde's words alone
+/// ("expected value at line 1 column 64", "key must be a string") named neither a NaN sent as
+/// JSON, nor binary data whose header length was not given, nor a body in another encoding.
+fn unreadable(json: &[u8], header_length: Option<usize>, e: &serde_json::Error) -> String {
+    let what = match header_length {
+        Some(_) => "the inference request header",
+        None => "the inference request",
+    };
+    if !crate::http::format::is_utf8_text(json) {
+        return format!(
+            "{what} is not valid JSON: it is not UTF-8, which JSON is (RFC 8259) ({e})"
+        );
+    }
+    let said = e.to_string();
+    let at = offset(json, e.line(), e.column());
+    let rest = json.get(at.saturating_sub(1)..).unwrap_or_default();
+    let hint = if [&b"NaN"[..], b"Infinity", b"-Infinity", b"inf", b"-inf", b"nan"]
+        .iter()
+        .any(|word| rest.starts_with(word))
+    {
+        // tritonclient's `set_data_from_numpy(..., binary_data=False)` writes them bare.
+        " (JSON has no NaN or Infinity: send such a tensor as binary data, binary_data=True in \
+         tritonclient)"
+    } else if header_length.is_none() && said.starts_with("trailing characters") {
+        // Binary tensor data after the JSON, its length not said: "trailing characters" said
+        // nothing of the header that was missing.
+        " (a body with binary tensor data after its JSON gives the JSON's length in \
+         Inference-Header-Content-Length)"
+    } else {
+        ""
+    };
+    format!("{what} is not valid: {said}{hint}")
+}
+
+/// The byte offset of serde's `line` and `column` (both from 1) in `json`, plus one: where the
+/// column's character starts, counted as serde counts (bytes).
+fn offset(json: &[u8], line: usize, column: usize) -> usize {
+    let start: usize =
+        json.split(|&byte| byte == b'\n').take(line.saturating_sub(1)).map(|l| l.len() + 1).sum();
+    start + column
+}
+
 /// Reads a body: `header_length` is the `Inference-Header-Content-Length` (None: all JSON), and
 /// `room` the bytes left free after the header ([`HEAD_ROOM`], or 0) when the body has them.
 /// `declared` are the inputs the route's first stage declared (empty: take what comes).
@@ -351,20 +393,8 @@ fn parse_reading(
         Some(header) => header,
         // The reading whose errors clients get, and what the one-pass reading could not settle.
         None => {
-            let header: Header<InputHeader<'_>> = serde_json::from_slice(json).map_err(|e| {
-                // Binary tensor data after the JSON, its length not said: "trailing
-                // characters" said nothing of the header that was missing.
-                let hint = match (header_length, e.classify()) {
-                    (None, serde_json::error::Category::Syntax)
-                        if e.to_string().starts_with("trailing characters") =>
-                    {
-                        " (a body with binary tensor data after its JSON gives the JSON's \
-                         length in Inference-Header-Content-Length)"
-                    }
-                    _ => "",
-                };
-                format!("the inference request header is not valid: {e}{hint}")
-            })?;
+            let header: Header<InputHeader<'_>> =
+                serde_json::from_slice(json).map_err(|e| unreadable(json, header_length, &e))?;
             let Header { id, parameters, inputs, outputs } = header;
             Header { id, parameters, inputs: inputs.into_iter().map(Into::into).collect(), outputs }
         }
@@ -867,6 +897,28 @@ mod tests {
         assert!(parse(&missing, None, 0, &[spec("Y", "FP32", &[]), spec("X", "FP32", &[])])
             .unwrap_err()
             .contains("missing input \"X\""));
+    }
+
+    #[test]
+    fn json_serde_cannot_read_is_said_in_the_client_s_terms() {
+        let refused = |json: &[u8]| parse(&Bytes::copy_from_slice(json), None, 0, &[]).unwrap_err();
+        // tritonclient's binary_data=False writes a NaN bare; on a later line too.
+        for json in [
+            &br#"{"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, NaN]}]}"#[..],
+            b"{\n\"inputs\": [{\"name\": \"X\", \"shape\": [1],\n \"datatype\": \"FP32\", \"data\": [-Infinity]}]}",
+        ] {
+            let error = refused(json);
+            assert!(error.starts_with("the inference request is not valid: "), "{error}");
+            assert!(error.contains("JSON has no NaN or Infinity"), "{error}");
+        }
+        let utf16: Vec<u8> = "{\"inputs\": []}".encode_utf16().flat_map(u16::to_le_bytes).collect();
+        assert!(refused(&utf16).contains("it is not UTF-8, which JSON is"), "{}", refused(&utf16));
+        let latin1 = b"{\"id\": \"caf\xe9\", \"inputs\": 5}";
+        assert!(refused(latin1).contains("it is not UTF-8"), "{}", refused(latin1));
+        // UTF-8 with a NUL in a string is no JSON, not another encoding.
+        let nul = refused(b"{\"id\": \"a\x00b\", \"inputs\": []}");
+        assert!(!nul.contains("UTF-8") && nul.contains("control character"), "{nul}");
+        assert!(!refused(b"{nope").contains("NaN"));
     }
 
     #[test]

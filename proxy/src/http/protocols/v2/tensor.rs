@@ -140,7 +140,21 @@ pub fn check_length(datatype: DataType, shape: &[u64], data: &[u8]) -> Result<()
     let count = elements(shape).ok_or("the shape's element count overflows")?;
     let expected = match datatype.size() {
         Some(size) => count.checked_mul(size as u64).ok_or("the tensor's size overflows")?,
-        None => bytes_elements(data, count)?.1 as u64,
+        None => {
+            let taken = bytes_elements(data, count)?.1;
+            // Its size is what its elements' lengths say: "which takes 5" had named the first
+            // element's bytes, as if the tensor's size were fixed.
+            if taken != data.len() {
+                return Err(format!(
+                    "{} bytes of BYTES data for shape {}: its {count} element(s) end at byte \
+                     {taken}, and {} bytes follow",
+                    data.len(),
+                    shown(shape),
+                    data.len() - taken
+                ));
+            }
+            taken as u64
+        }
     };
     if expected != data.len() as u64 {
         return Err(format!(

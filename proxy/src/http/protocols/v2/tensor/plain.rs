@@ -410,6 +410,11 @@ mod tests {
         assert!(check_length(DataType::Bool, &[2], &[1, 0]).is_ok());
         let odd = check_length(DataType::Bool, &[2], &[1, 2]).unwrap_err();
         assert_eq!(odd, "a BOOL tensor's bytes must each be 0 or 1");
+        // BYTES takes what its elements' lengths say: two elements where one is declared.
+        let two = [&1u32.to_le_bytes()[..], b"a", &1u32.to_le_bytes()[..], b"b"].concat();
+        let extra = check_length(DataType::Bytes, &[1, 1], &two).unwrap_err();
+        assert!(extra.contains("its 1 element(s) end at byte 5, and 5 bytes follow"), "{extra}");
+        assert!(check_length(DataType::Bytes, &[2], &two).is_ok());
         let both = plain(serde_json::json!([-1, u64::MAX]));
         assert!(row(&both, None).unwrap_err().contains("past INT64's range and negative"));
         let scalar = plain(serde_json::json!(true));
