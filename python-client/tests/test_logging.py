@@ -73,6 +73,30 @@ def test_a_long_record_is_shortened_in_its_middle_to_stay_one_line_corral_reads_
     assert entry["exception"].endswith("xxx")
 
 
+def test_a_long_record_of_text_json_escapes_keeps_its_head_and_tail():
+    # Measured in characters of text where `é` takes six in the line, the whole message went
+    # ("HEAD" and "TAIL" too), and a traceback quoting CJK text kept not even "Traceback".
+    message = "HEAD" + "é" * 6000 + "TAIL"
+    record = logging.LogRecord("corral", logging.INFO, __file__, 1, message, None, None)
+    error = raise_here("界" * 8400)
+    record.exc_info = (type(error), error, error.__traceback__)
+    line = _logging.JsonLines().format(record)
+    assert len(line.encode()) <= _logging.LINE
+    entry = json.loads(line)
+    assert entry["message"].startswith("HEADé") and entry["message"].endswith("éTAIL")
+    assert "characters left out" in entry["message"]
+    assert entry["exception"].startswith("Traceback (most recent call last):")
+    assert entry["exception"].endswith("界界界")
+    # Not cut further than the line needs: about the line's length is kept.
+    assert len(line) > _logging.LINE - 1000
+    # Control characters too (each six in the line).
+    record = logging.LogRecord(
+        "corral", logging.INFO, __file__, 1, "A" + "\x01" * 10_000 + "Z", None, None
+    )
+    entry = json.loads(_logging.JsonLines().format(record))
+    assert entry["message"].startswith("A\x01") and entry["message"].endswith("\x01Z")
+
+
 def test_failures_of_another_hook_or_line_are_logged_apart(caplog):
     with caplog.at_level(logging.ERROR, logger="corral"):
         _failures.failed("forward", raise_here("x"), [A.bytes])

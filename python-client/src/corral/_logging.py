@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable
 
 from corral._protocol import safe_text
 
@@ -66,11 +67,12 @@ class JsonLines(logging.Formatter):
             ]
             if len(line) <= LINE or not long:
                 break
-            # Each field gives up its share of the excess, by its length: a long message does
-            # not take the whole traceback with it.
-            excess, total = len(line) - LINE, sum(len(entry[key]) for key in long)
+            # Each field gives up its share of the excess, by its length in the line: a long
+            # message does not take the whole traceback with it.
+            sizes = {key: _encoded(entry[key]) for key in long}
+            excess, total = len(line) - LINE, sum(sizes.values())
             for key in long:
-                entry[key] = _shorten(entry[key], excess * len(entry[key]) // total + 1)
+                entry[key] = _shorten(entry[key], excess * sizes[key] // total + 1)
             line = _dumps(entry)
         return line
 
@@ -83,10 +85,30 @@ def _dumps(entry: dict[str, str]) -> str:
     return json.dumps({key: safe_text(str(value)) for key, value in entry.items()})
 
 
+def _encoded(text: str) -> int:
+    """The characters ``text`` takes in a line's JSON: ASCII only, so ``é`` takes six."""
+    return len(_dumps({"": text})) - len(_dumps({"": ""}))
+
+
 def _shorten(text: str, over: int) -> str:
-    """``text`` at least ``over`` characters of JSON shorter (each character left out is one or
-    more), its middle left out: a traceback's first and last frames say the most."""
-    keep = max(0, len(text) - over - 64)
-    head, tail = keep // 2, keep - keep // 2
-    gap = f" [... {len(text) - keep} characters left out ...] "
+    """``text`` at least ``over`` characters of JSON shorter, its middle left out: a traceback's
+    first and last frames say the most. Measured as written in the line: counted in characters
+    of text, a message of ``é`` (six in JSON) lost all of itself, head and tail too."""
+    budget = max(0, _encoded(text) - over - 64)
+    head = _fitting(budget // 2, lambda k: text[:k], len(text))
+    tail = _fitting(budget - _encoded(text[:head]), lambda k: text[len(text) - k :], len(text))
+    gap = f" [... {len(text) - head - tail} characters left out ...] "
     return text[:head] + gap + text[len(text) - tail :]
+
+
+def _fitting(budget: int, part: Callable[[int], str], most: int) -> int:
+    """The most characters ``part(k)`` takes within ``budget`` characters of JSON (each is at
+    least one): a bisection, on a long record's way out alone."""
+    low, high = 0, min(most, budget)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if _encoded(part(middle)) <= budget:
+            low = middle
+        else:
+            high = middle - 1
+    return low
