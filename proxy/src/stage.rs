@@ -92,6 +92,9 @@ pub struct Stage {
     /// The declarations, each part (schemas, tensors, weight rule) as the latest hello that
     /// declared it gave it (`Declared::over`; read per v2 request: shared, not copied).
     declared: Mutex<Option<Arc<Declared>>>,
+    /// Each connected worker's own declarations, in the order they joined: what the stage's are
+    /// laid again from when one leaves ([`Stage::forget_departed`]).
+    declarers: Mutex<declared::Declarers>,
     /// Whether those declarations hold a weight rule: jobs are weighed without a lock otherwise.
     weighs: AtomicBool,
     settings: BatchSettings,
@@ -384,6 +387,7 @@ impl Stage {
         Self {
             name: name.into(),
             declared: Mutex::default(),
+            declarers: Mutex::default(),
             weighs: AtomicBool::new(false),
             settings,
             capacity,
@@ -591,7 +595,8 @@ impl Stage {
                 let batch = self.batch_weight(&queue) as u64;
                 let aged = aging_since.map(|_| entered);
                 let ahead = Ahead::before(&queue.jobs, class, tenant, (weight, batch), aged);
-                let finish = self.predict(&queue, now, cost, ahead, &jobs);
+                let in_class = now.saturating_duration_since(entered);
+                let finish = self.predict(&queue, now, cost, (ahead, in_class), &jobs);
                 // 5% of the request's whole time, as the README says (not of what its body's
                 // reading left).
                 let latest = last.deadline - admission::margin(last.budget);
@@ -634,7 +639,9 @@ impl Stage {
                     }
                 }
                 let victim = std::slice::from_ref(victim);
-                if let Some(finish) = self.predict(&queue, now, cost, ahead, victim) {
+                if let Some(finish) =
+                    self.predict(&queue, now, cost, (ahead, Duration::ZERO), victim)
+                {
                     retry_after = admission::retry_after(finish, now);
                 }
             }

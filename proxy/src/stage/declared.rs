@@ -2,8 +2,10 @@
 //! rule), and how the stage keeps it as workers come and go: the latest declaration of each part
 //! wins ([`Declared::over`]); a newcomer whose tensors differ from those of connected workers is
 //! refused ([`Stage::tensor_conflict`]); a part no connected worker declares any more is
-//! forgotten as a newcomer joins or a worker leaves ([`Parts`], [`Stage::forget_all_but`]). A
-//! worker's check, its declarations and its seat are one step ([`Stage::joining`]).
+//! forgotten as a newcomer joins ([`Parts`], [`Stage::forget_all_but`]), and as a worker leaves
+//! the stage's are laid again from those of the workers still connected ([`Declarers`],
+//! [`Stage::forget_departed`]). A worker's check, its declarations and its seat are one step
+//! ([`Stage::joining`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -91,6 +93,37 @@ impl Parts {
     }
 }
 
+/// Each connected worker's own declarations (those that declared something), by seat, in the
+/// order they joined.
+#[derive(Debug, Default)]
+pub struct Declarers {
+    joins: u64,
+    /// (seat, join number, its declarations)
+    held: Vec<(usize, u64, Arc<Declared>)>,
+}
+
+impl Declarers {
+    pub(super) fn joined(&mut self, seat: usize, declared: Arc<Declared>) {
+        self.joins += 1;
+        self.held.retain(|&(held, _, _)| held != seat);
+        self.held.push((seat, self.joins, declared));
+    }
+
+    pub(super) fn left(&mut self, seat: usize) {
+        self.held.retain(|&(held, _, _)| held != seat);
+    }
+
+    /// Their declarations laid over one another in the order they joined (None: none declared
+    /// anything).
+    fn laid(&self) -> Option<Declared> {
+        let mut held: Vec<_> = self.held.iter().collect();
+        held.sort_by_key(|&&(_, join, _)| join);
+        held.into_iter().fold(None, |below, (_, _, declared)| {
+            Some(Declared::clone(declared).over(below.as_ref()))
+        })
+    }
+}
+
 impl Stage {
     /// Keeps what a joining worker declared (None: nothing to keep; `parts`, what it holds) as
     /// the stage's newest: a part it lacks, that no connected worker declares, goes (its lack of
@@ -109,11 +142,27 @@ impl Stage {
     /// stops: its successor had joined while it was there, and its tensors stayed in force (v2
     /// and KServe v1 requests refused for inputs the workers left no longer take) and its
     /// schemas in `/openapi.json`. With no worker left, the next hello decides, as at a restart.
+    /// The declarations are laid again from the workers still connected, in the order they
+    /// joined: a part the departed declared last goes back to the one declared before it by a
+    /// worker still there (a newer worker's weight rule, or schemas, had stayed in force after
+    /// it left, over the rule of the older worker still serving).
     pub fn forget_departed(&self) {
         let _joining = self.joining();
-        if self.workers() > 0 {
-            self.forget_all_but(self.declaring());
+        if self.workers() == 0 {
+            return;
         }
+        let laid = self.declarers().laid();
+        let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        if kept.is_none() && laid.is_none() {
+            return;
+        }
+        let laid = laid.unwrap_or_default();
+        self.weighs.store(laid.weight.is_some(), Ordering::Relaxed);
+        *kept = Some(Arc::new(laid));
+    }
+
+    pub(super) fn declarers(&self) -> MutexGuard<'_, Declarers> {
+        self.declarers.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Takes out of the stage's declarations each part `kept` does not hold, the parts departed
@@ -255,7 +304,35 @@ mod tests {
     fn a_departed_worker_s_weight_rule_leaves_with_it() {
         // Its successor joined first (a rolling update) and declares none: every job had gone
         // on being weighed by the departed worker's rule (its `/n`: items batched one by one).
-        let settings = BatchSettings {
+        let stage = Stage::new("default", settings(), 100);
+        let weighted = join(&stage, weighing("/n"));
+        let _plain = join(&stage, Declared::default());
+        assert!(stage.declared().unwrap().weight.is_some(), "kept while its worker is there");
+        drop(weighted);
+        stage.forget_departed();
+        assert!(stage.declared().unwrap().weight.is_none());
+    }
+
+    #[test]
+    fn a_departed_worker_s_rule_gives_way_to_the_one_before_it_of_a_worker_still_there() {
+        // An older worker weighs by `/b`; a newer one by `/a` (a rollback started and stopped
+        // it, say), its schemas its own. Once it leaves, `/b` weighs the jobs again and the
+        // older worker's schemas are `/openapi.json`'s: its rule and schemas had stayed.
+        let stage = Stage::new("default", settings(), 100);
+        let schema = |title: &str| Some(serde_json::json!({"title": title}));
+        let older = Declared { input: schema("older"), ..weighing("/b") };
+        let _older = join(&stage, older);
+        let newer = join(&stage, Declared { input: schema("newer"), ..weighing("/a") });
+        let rule = |stage: &Stage| stage.declared().unwrap().weight.clone();
+        assert_eq!(rule(&stage), Some(WeightRule::parse("/a").unwrap()));
+        drop(newer);
+        stage.forget_departed();
+        assert_eq!(rule(&stage), Some(WeightRule::parse("/b").unwrap()));
+        assert_eq!(stage.declared().unwrap().input, schema("older"));
+    }
+
+    fn settings() -> BatchSettings {
+        BatchSettings {
             max_batch_size: 8,
             max_wait: Duration::ZERO,
             max_batch_bytes: 1 << 20,
@@ -264,19 +341,20 @@ mod tests {
             policy: Policy::Fixed,
             prefetch: false,
             batch_timeout: None,
-        };
-        let stage = Stage::new("default", settings, 100);
-        let rule = WeightRule::parse("/n").unwrap();
-        let declared = Declared { weight: Some(rule), ..Declared::default() };
+        }
+    }
+
+    fn weighing(rule: &str) -> Declared {
+        Declared { weight: Some(WeightRule::parse(rule).unwrap()), ..Declared::default() }
+    }
+
+    /// A worker joining `stage` with these declarations, as a connection's hello does.
+    fn join(stage: &Stage, declared: Declared) -> crate::stage::WorkerSeat<'_> {
         let parts = Parts::of(Some(&declared));
+        let own = (parts != Parts::default()).then(|| Arc::new(declared.clone()));
         stage.keep(Some(declared), parts);
-        let weighted = stage.worker_joined();
-        weighted.declares(parts);
-        stage.keep(None, Parts::default());
-        let _plain = stage.worker_joined();
-        assert!(stage.declared().unwrap().weight.is_some(), "kept while its worker is there");
-        drop(weighted);
-        stage.forget_departed();
-        assert!(stage.declared().unwrap().weight.is_none());
+        let seat = stage.worker_joined();
+        seat.declares(parts, own);
+        seat
     }
 }

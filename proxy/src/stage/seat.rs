@@ -3,11 +3,12 @@
 //! what admission predicts from and what the cost model learns from.
 
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{Parts, Seat, Stage};
+use super::{Declared, Parts, Seat, Stage};
 use crate::job::Job;
 use crate::metrics::metrics;
 
@@ -62,9 +63,14 @@ impl WorkerSeat<'_> {
         self.stage.lock().seat(self.slot).max_batch = most.max(1);
     }
 
-    /// What the worker's hello declared ([`Stage::tensor_conflict`], [`Stage::forget_all_but`]).
-    pub fn declares(&self, parts: Parts) {
+    /// What the worker's hello declared, as `parts` ([`Stage::tensor_conflict`],
+    /// [`Stage::forget_all_but`]) and its own `declared` (what the stage's are laid from again
+    /// when a worker leaves, [`Stage::forget_departed`]).
+    pub fn declares(&self, parts: Parts, declared: Option<Arc<Declared>>) {
         self.stage.lock().seat(self.slot).declares = parts;
+        if let Some(declared) = declared {
+            self.stage.declarers().joined(self.slot, declared);
+        }
     }
 
     /// For an idle worker: [`Stage::next_batch_for`] this worker, which is then busy with it.
@@ -163,5 +169,6 @@ impl WorkerSeat<'_> {
 impl Drop for WorkerSeat<'_> {
     fn drop(&mut self) {
         self.stage.lock().seats[self.slot] = None;
+        self.stage.declarers().left(self.slot);
     }
 }

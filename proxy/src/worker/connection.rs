@@ -140,6 +140,9 @@ pub async fn serve(
     let declared = declarations(&hello);
     // As read: a schema ignored (unparsable, too large, no object) declares none.
     let parts = Parts::of(declared.as_ref());
+    // Its own, kept while it is connected: what the stage's are laid from again as workers
+    // leave (`Stage::forget_departed`).
+    let own = declared.clone().map(std::sync::Arc::new);
     // The check, the declarations and the seat in one step ([`Stage::joining`]).
     let joined = {
         let _joining = stage.joining();
@@ -170,7 +173,7 @@ pub async fn serve(
                 if let Some(most) = hello.max_batch {
                     seat.take_at_most(most as usize);
                 }
-                seat.declares(parts);
+                seat.declares(parts, own);
                 Ok((served, seat))
             }
         }
