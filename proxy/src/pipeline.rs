@@ -284,6 +284,7 @@ mod tests {
 
     use super::*;
     use crate::stage::{BatchSettings, Policy};
+    use crate::traffic::Class;
 
     fn stage(name: &str, max_job_bytes: usize) -> Stage {
         let settings = BatchSettings {
@@ -373,6 +374,31 @@ mod tests {
         assert_eq!(queue.queued(), 2);
         drop(wait); // the client left: hyper drops the handler's future
         assert_eq!(queue.queued(), 0, "purged at once, not at the deadline");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_later_stage_takes_the_request_at_the_class_it_reached_since_its_first_queue() {
+        // Low, two aging periods in the first stage's worker: high by the second stage (each
+        // stage had started it low again).
+        let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
+        let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
+        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
+        let queued = Instant::now();
+        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
+        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
+        let deadline = queued + Duration::from_secs(60);
+        let run =
+            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let first = seat_a.next_batch().await;
+        assert_eq!(first[0].class, Class::Low);
+        tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
+        first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
+        let second = seat_b.next_batch().await;
+        assert_eq!(second[0].class, Class::High);
+        let since = second[0].aging_since.expect("its first stage's clock");
+        assert!(since >= queued && since < queued + Duration::from_millis(50), "{since:?}");
+        second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
+        assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
     }
 
     #[test]

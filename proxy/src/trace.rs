@@ -13,7 +13,7 @@
 //! the spans of an export that failed, both counted in `corral_spans_dropped_total`.
 
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use http::HeaderMap;
 use opentelemetry::propagation::TextMapPropagator;
@@ -97,13 +97,12 @@ pub fn init(endpoint: &str, service: &str, ratio: f64) -> Result<(), String> {
 /// while its runtime still runs.
 pub fn shutdown() {
     if let Some(tracing) = TRACING.get() {
-        let _ = tracing.provider.shutdown_with_timeout(SHUTDOWN_FLUSH);
+        // A collector that does not answer holds the exit this long after the drain.
+        if let Err(e) = tracing.provider.shutdown_with_timeout(export::FLUSH_WAIT) {
+            tracing::warn!(error = %e, "the span exporter did not stop in time; exiting without it");
+        }
     }
 }
-
-/// Longest the proxy's exit waits for the spans queued to be exported (a collector that does
-/// not answer holds the exit this long after the drain).
-pub const SHUTDOWN_FLUSH: Duration = Duration::from_secs(5);
 
 /// An instant on the wall clock.
 fn wall(at: Instant) -> SystemTime {

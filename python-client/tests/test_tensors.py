@@ -949,6 +949,28 @@ def test_a_struct_result_s_post_init_is_not_run_again_on_its_tensors(np):
     assert plain(result.value["PROBS"]) == [1.0, 0.0, 0.0]
     assert made == ["b"]  # made once, by forward
 
+    # A frozen type whose own `__copy__` returns itself, returned as a constant: changed in
+    # place, its second result failed ("PROBS cannot be a tensor": it was one already).
+    class Constant(msgspec.Struct, frozen=True):
+        PROBS: list
+        LABEL: str
+
+        def __copy__(self):
+            return self
+
+    same = Constant([1.0, 0.0, 0.0], "b")
+
+    class Always(Classify):
+        output_type = Constant
+
+        def forward(self, batch):
+            return [same for _ in batch]
+
+    with FakeProxy(Always()) as proxy:
+        results = proxy.infer(["a"]) + proxy.infer(["b"])
+    assert [r.status for r in results] == ["ok", "ok"], results
+    assert same.PROBS == [1.0, 0.0, 0.0]
+
 
 def test_an_array_like_output_type_is_refused_beside_declared_outputs():
     # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
@@ -963,6 +985,16 @@ def test_an_array_like_output_type_is_refused_beside_declared_outputs():
 
         class Declared(Classify):
             output_type = Row
+
+    # An input_type alike: every v2 row, a map of the inputs, was a 422 blaming the client.
+    class Args(msgspec.Struct, array_like=True):
+        X: list
+
+    with pytest.raises(TypeError, match=r"input_type Args is array_like: .* declares inputs"):
+
+        class Reads(Classify):
+            inputs = (corral.Tensor("X", "FP32", [3]),)
+            input_type = Args
 
     # Returned where no output_type says so, the result's check names what it is.
     class Untyped(Classify):

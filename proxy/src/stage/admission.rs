@@ -342,12 +342,14 @@ impl Stage {
     /// could run beside the work before it. The heavy jobs queued ahead are costed alike, each
     /// once, their time shared by the workers (counted as weight, one of 1,000,000 behind a
     /// budget of 100 was 10,000 batches' overheads, and refused everything behind it).
+    /// `in_class`: how long the jobs have been in their class already (a pipeline's later
+    /// stage takes a request in aged, [`super::lanes::aged`]; zero for one queued now).
     pub(super) fn predict(
         &self,
         queue: &Queue,
         now: Instant,
         cost: Cost,
-        ahead: Ahead,
+        (ahead, in_class): (Ahead, Duration),
         jobs: &[Job],
     ) -> Option<Instant> {
         let first = queue.first_cost(cost);
@@ -357,8 +359,14 @@ impl Stage {
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let class = jobs.first().map_or(Class::High, |job| job.class);
-        let overtaken =
-            self.overtaken(queue, now, cost, class, (ahead.light, light, max), &free_at);
+        let overtaken = self.overtaken(
+            queue,
+            now,
+            cost,
+            (class, in_class),
+            (ahead.light, light, max),
+            &free_at,
+        );
         free_at.iter_mut().for_each(|at| *at += overtaken);
         let ahead = ahead.light;
         if weights().all(|weight| weight <= max) {
@@ -388,13 +396,16 @@ impl Stage {
     /// class at the rate its jobs were admitted over about the last second, until the job
     /// would be promoted into it, each of its jobs costing its share of a full batch of jobs of
     /// its mean weight: counted as weight in batches of the queue's mean weight, heavy high
-    /// jobs at a quarter of the workers' capacity had every normal job refused).
+    /// jobs at a quarter of the workers' capacity had every normal job refused). Its promotions
+    /// come `in_class` sooner for a job that has been in its class that long (one come in aged
+    /// to a pipeline's later stage: counted from now, one a moment from its promotion was
+    /// refused as if a whole period away).
     fn overtaken(
         &self,
         queue: &Queue,
         now: Instant,
         cost: Cost,
-        class: Class,
+        (class, in_class): (Class, Duration),
         (ahead, group, max): (usize, usize, usize),
         free_at: &[Instant],
     ) -> Duration {
@@ -418,7 +429,8 @@ impl Stage {
                 let per_batch = (batch as f64 / mean.max(1.0)).max(1.0);
                 let each = cost.of(batch).as_secs_f64() / per_batch;
                 let promotions = (higher.index() - class.index()) as f64;
-                Some((jobs * each / workers, aging * promotions))
+                let until = (aging * promotions - in_class.as_secs_f64()).max(0.0);
+                Some((jobs * each / workers, until))
             })
             .collect();
         if higher.is_empty() || free_at.is_empty() {

@@ -61,7 +61,6 @@ impl Hasher for Fold {
     }
 }
 
-/// The queued jobs of one request, in order.
 /// The class a request of `class` has reached at `now` if it began to age at `since`, and when it
 /// entered that class: one class up for every aging period, as [`Lanes::promote`] moves a queued
 /// request. How a pipeline's later stage takes in a request whose class aged on the stages
@@ -79,6 +78,7 @@ pub fn aged(
     (class, since)
 }
 
+/// The queued jobs of one request, in order.
 #[derive(Debug)]
 struct Request {
     jobs: VecDeque<Job>,
@@ -497,8 +497,8 @@ impl Lanes {
     }
 
     /// Promotes every request that has waited an aging period in its class to the next class
-    /// up (as [`aged`] says for one request); a request overdue by several periods moves up several classes at once. Cheap when
-    /// nothing is due.
+    /// up (as [`aged`] says for one request); a request overdue by several periods moves up
+    /// several classes at once. Cheap when nothing is due.
     pub fn promote(&mut self, now: Instant, aging: Duration) {
         if self.next_promotion.is_none_or(|at| at + aging > now) {
             return;

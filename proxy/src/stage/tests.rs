@@ -1361,6 +1361,21 @@ async fn a_later_stage_takes_a_request_in_at_the_class_it_reached_on_the_stages_
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_request_come_in_aged_is_overtaken_only_until_its_next_promotion() {
+    // Normal since 0.9 aging periods ago (low since 1.9), high in half a second: beside the
+    // flood it waits that half second, well within its 3 s. Its promotion counted a whole
+    // period from now, it had been refused 503.
+    let stage = stage(4, 1000);
+    let seat = stage.worker_joined();
+    let _high = flood_high(&stage, &seat, 5).await;
+    let (mut aged, _aged) = classed(b"aged", Class::Low, None, 1);
+    aged.deadline -= Duration::from_secs(2); // 3 s
+    aged.aging_since = Some(Instant::now() - DEFAULT_AGING * 19 / 10);
+    stage.submit(aged).unwrap();
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_request_come_in_aged_is_predicted_behind_only_what_entered_its_class_before_it() {
     // High since before the 400 high jobs queued here came (on its pipeline's first stage), it
     // goes before them: admitted with 3 s to live, where they take 5 s. Predicted behind them

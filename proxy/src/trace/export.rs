@@ -28,8 +28,9 @@ const BATCH_SPANS: usize = 2048;
 const BATCH_DELAY: Duration = Duration::from_millis(500);
 /// Longest one export may take (connect, send, answer).
 const EXPORT_TIMEOUT: Duration = Duration::from_secs(10);
-/// Longest a flush waits for what was queued before it to be exported.
-const FLUSH_WAIT: Duration = Duration::from_secs(5);
+/// Longest a flush waits for what was queued before it to be exported (at the proxy's exit
+/// too).
+pub const FLUSH_WAIT: Duration = Duration::from_secs(5);
 /// Most bytes of a collector's answer read, dropped as they come ([`Collector::send`]).
 const ANSWER_READ: usize = 64 * 1024;
 

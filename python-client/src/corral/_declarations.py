@@ -162,14 +162,19 @@ def _types(cls: type) -> None:
                 f"{cls.__name__}.{name} must be a type (a msgspec.Struct class, list[float], "
                 f"...), not the {type(declared).__name__} {declared!r:.60}"
             )
-    output_type = cls.output_type  # type: ignore[attr-defined]
-    if _typing.array_like(output_type) and _tensors.declared(cls, "outputs"):
-        # Written as an array, its results were ok natively and in FakeProxy, and a 500 for
-        # every v2 and KServe v1 client, which read a result as a map of the outputs.
-        raise TypeError(
-            f"{cls.__name__}.output_type {output_type.__name__} is array_like: a worker that "
-            "declares outputs answers a map of them (drop array_like=True)"
-        )
+    # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
+    # v2 and KServe v1 client, which read a result as a map of the outputs; read as one, every
+    # row of theirs (a map of the inputs) was a 422 blaming the client.
+    for name, tensors, does in (
+        ("output_type", "outputs", "answers"),
+        ("input_type", "inputs", "takes"),
+    ):
+        declared = getattr(cls, name)
+        if _typing.array_like(declared) and _tensors.declared(cls, tensors):
+            raise TypeError(
+                f"{cls.__name__}.{name} {declared.__name__} is array_like: a worker that "
+                f"declares {tensors} {does} a map of them (drop array_like=True)"
+            )
     if cls.input_type is not None:  # type: ignore[attr-defined]
         try:
             msgspec.msgpack.Decoder(cls.input_type)  # type: ignore[attr-defined]

@@ -346,8 +346,10 @@ def _with_tensor_fields(
         if not changes:
             return output
         # Set on a copy, not by `structs.replace`: that runs the class's `__post_init__` again,
-        # on the tensor values (one that checked its fields failed every result).
-        copied = copy.copy(output)
+        # on the tensor values (one that checked its fields failed every result). msgspec's own
+        # copy, not the class's `__copy__`: a frozen type's may return itself, and a constant
+        # result would have been changed for good.
+        copied = msgspec.Struct.__copy__(output)
         for attribute, value in changes.items():
             msgspec.structs.force_setattr(copied, attribute, value)
         return copied

@@ -159,7 +159,8 @@ fn waiting_promotes_one_class_per_period() {
 fn a_request_aged_on_earlier_stages_comes_in_at_its_class_among_those_that_entered_it_before() {
     let start = Instant::now();
     let aging = SECOND;
-    // Aged 2.5 periods: high since 0.5 periods ago; 0.5 periods: low still; never: as it is.
+    // Times are periods from `start`. Low from 0, at 2.5: high from 2; at 0.5: low still. High
+    // stays high, from when it began.
     assert_eq!(
         aged(Class::Low, start, start + aging * 5 / 2, aging),
         (Class::High, start + aging * 2)
@@ -168,14 +169,15 @@ fn a_request_aged_on_earlier_stages_comes_in_at_its_class_among_those_that_enter
     assert_eq!(aged(Class::High, start, start + aging * 9, aging), (Class::High, start));
     let mut lanes = Lanes::default();
     one(&mut lanes, "high", Class::High, None, start + aging * 2);
-    // High since 2 periods, as the job before: after it.
+    // At 3, three requests come in from earlier stages. Low from 0: high from 2, as the job
+    // before, and after it.
     let (class, entered) = aged(Class::Low, start, start + aging * 3, aging);
     lanes.push(vec![job("low", class, None, 1, start + aging * 3)], entered);
-    // High since 1 period: before both.
+    // Normal from 0: high from 1, before both.
     let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging);
     lanes.push(vec![job("normal", class, None, 1, start + aging * 3)], entered);
     one(&mut lanes, "late-high", Class::High, None, start + aging * 3);
-    // High since 2.5 periods: before the high job that came at 3.
+    // Low from 0.5: high from 2.5, before the high job that came at 3.
     let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging);
     lanes.push(vec![job("later-low", class, None, 1, start + aging * 3)], entered);
     assert_eq!(drain(&mut lanes), ["normal", "high", "low", "later-low", "late-high"]);
