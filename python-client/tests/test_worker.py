@@ -782,6 +782,36 @@ def test_warm_up_runs_the_examples_through_every_hook():
     assert seen == [("pre", 1), ("pre", 2), ("forward", [1, 2])]
 
 
+def test_warm_up_holds_outputs_to_what_the_proxy_reads():
+    # Nested past the proxy's 128 levels, an output passed warm-up and FakeProxy's start: the
+    # worker said ready and every request was a 500 bad_output. Streamed chunks alike.
+    def nested(levels):
+        value = 1
+        for _ in range(levels):
+            value = [value]
+        return value
+
+    class Deep(corral.Worker):
+        examples = (1,)
+        levels = 129
+
+        def forward(self, batch):
+            return [nested(self.levels) for _ in batch]
+
+    class DeepChunks(corral.Worker):
+        examples = (1,)
+
+        def forward(self, batch):
+            yield [nested(130) for _ in batch]
+
+    for worker in (Deep(), DeepChunks()):
+        with pytest.raises(ValueError, match="nested deeper than 128 levels"):
+            worker.warm_up()
+    shallow = Deep()
+    shallow.levels = 127
+    shallow.warm_up()
+
+
 def test_a_failing_warm_up_keeps_the_worker_from_serving(tmp_path, monkeypatch):
     class Broken(corral.Worker):
         examples = ("boom",)

@@ -29,7 +29,7 @@ import time
 from collections.abc import Generator, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral import _batch, _failures, _tracing, _typing
+from corral import _batch, _failures, _output, _tracing, _typing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
 from corral._errors import ConnectionEnded, ProtocolError, amount
@@ -435,7 +435,7 @@ def warm_up(worker: Streamer, inputs: list[Any]) -> None:
                 if value is END:
                     ended.add(position)
                     continue
-                codec.encode(worker.postprocess(value))
+                _output.check(codec.encode(worker.postprocess(value)))
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)

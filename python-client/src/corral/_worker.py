@@ -34,6 +34,7 @@ from corral import (
     _batch,
     _declarations,
     _logging,
+    _output,
     _plain,
     _process_end,
     _serve,
@@ -300,7 +301,9 @@ class Worker:
         outputs = _plain.counted(self.forward(inputs), count)
         for output in outputs:
             value = self.postprocess(output)
-            codec.encode(value)
+            # As the proxy reads it: one nested past its 128 levels had passed, and the worker
+            # said ready to fail every request.
+            _output.check(codec.encode(value))
             codec.check_result(value)
             codec.content_type(value)
         log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)

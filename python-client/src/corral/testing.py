@@ -48,6 +48,8 @@ import msgpack
 from corral import _failures, _tensors
 from corral import _protocol as protocol
 from corral._errors import named as _named
+from corral._output import NOT_READABLE
+from corral._output import unpack as _unpack
 from corral._worker import Worker
 
 __all__ = ["FakeProxy", "Result", "Stream", "tensor"]
@@ -439,49 +441,6 @@ def _payload(item: Any, content_type: str | None) -> bytes:
         raise TypeError(f"an item sent as raw bytes must be bytes, not {type(item).__name__}")
     # As the proxy sends raw bytes: one msgpack bin32, whatever the length.
     return b"\xc6" + struct.pack(">I", len(item)) + bytes(item)
-
-
-# As deep as the proxy lets an output nest (PROTOCOL.md): a deeper one is its job's 500.
-MAX_DEPTH = 128
-
-NOT_READABLE = "the worker's output for this job is not one well-formed msgpack value"
-
-
-def _unpack(data: bytes) -> Any:
-    # Tensor values as a worker's forward would see them: numpy arrays, or lists without numpy.
-    # A map key that is an array (a tuple key, which the proxy passes to msgpack clients) comes
-    # back as a tuple: as a list it cannot be a dict key.
-    value = msgpack.unpackb(
-        data,
-        raw=False,
-        strict_map_key=False,
-        ext_hook=_tensors.ext_hook,
-        object_pairs_hook=lambda pairs: {_hashable(key): v for key, v in pairs},
-    )
-    if _depth(value) > MAX_DEPTH:
-        raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
-    return value
-
-
-def _hashable(key: Any) -> Any:
-    if isinstance(key, list):
-        return tuple(_hashable(k) for k in key)
-    if isinstance(key, dict):
-        return tuple((_hashable(k), _hashable(v)) for k, v in key.items())
-    return key
-
-
-def _depth(value: Any) -> int:
-    """How many arrays and maps deep ``value`` nests (decoded tensors count as none). Only
-    containers are kept to visit: a flat list of a million numbers costs no entry each."""
-    containers = (dict, list, tuple)
-    deepest, todo = 0, [(value, 1)] if isinstance(value, containers) else []
-    while todo:
-        node, level = todo.pop()
-        deepest = max(deepest, level)
-        children = [*node.keys(), *node.values()] if isinstance(node, dict) else node
-        todo.extend((child, level + 1) for child in children if isinstance(child, containers))
-    return deepest
 
 
 def _result(raw: dict[str, Any]) -> Result:
