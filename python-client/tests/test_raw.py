@@ -147,6 +147,13 @@ def test_a_media_type_the_proxy_takes_is_one_for_the_package_too(media_type):
     assert protocol.is_media_type(media_type)
 
 
+@pytest.mark.parametrize("media_type", ["*/*", "image/*", "*/png"])
+def test_a_range_of_media_types_is_none_for_the_package_as_for_the_proxy(media_type):
+    # The proxy fails such an output 500 bad_output: a response names one type.
+    assert not protocol.is_media_type(media_type)
+    assert protocol.is_media_type("a/b; x=*")
+
+
 def test_a_content_type_that_is_not_a_string_is_a_protocol_error():
     with FakeProxy(Seen()) as proxy:
         payload = msgpack.packb(b"x")

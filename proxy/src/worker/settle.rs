@@ -129,6 +129,12 @@ pub fn output(data: bytes::Bytes, content_type: Option<String>) -> Outcome {
         return Outcome::Done(data, None);
     }
     match format::media_type(&named) {
+        // `*/*` or `image/*` passes as tokens, but names no type: a response's Content-Type
+        // must name one (RFC 9110 8.3), and it had been sent to the client as it was.
+        Some(_) if format::essence(&named).contains('*') => Outcome::BadOutput(format!(
+            "the worker's content_type for this job is a range of media types, not one: {:?}",
+            named.chars().take(100).collect::<String>()
+        )),
         Some(media_type) => Outcome::Done(data, Some(media_type)),
         None => {
             let shown: String = named.chars().take(100).collect();
@@ -463,6 +469,21 @@ mod tests {
         assert!(why.contains("not a media type") && why.contains("image png"), "{why}");
         assert_eq!(outcomes[3], Outcome::Done(png, None));
         assert_eq!(outcomes[4], Outcome::Done(Bytes::from_static(b"\x92\x01\x02"), None));
+    }
+
+    #[test]
+    fn a_range_of_media_types_names_none_and_fails_its_job() {
+        // `*/*` had gone to the client as its answer's Content-Type.
+        for range in ["*/*", "image/*", "*/png; q=1"] {
+            let Outcome::BadOutput(why) =
+                output(Bytes::from_static(b"\xc4\x01x"), Some(range.into()))
+            else {
+                panic!("{range}")
+            };
+            assert!(why.contains("a range of media types, not one"), "{why}");
+        }
+        let star_in_a_parameter = output(Bytes::from_static(b"\xc4\x01x"), Some("a/b; x=*".into()));
+        assert!(matches!(star_in_a_parameter, Outcome::Done(_, Some(_))));
     }
 
     #[test]

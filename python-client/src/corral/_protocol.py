@@ -57,6 +57,8 @@ def is_media_type(text: Any) -> bool:
         and len(text.encode("utf-8")) <= MAX_MEDIA_TYPE
         and _MEDIA_TYPE.fullmatch(text) is not None
         and text == text.strip(" \t")
+        # `*/*` or `image/*` names no type: the proxy refuses a range (a response names one).
+        and "*" not in text.split(";", 1)[0]
     )
 
 
