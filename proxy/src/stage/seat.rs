@@ -168,7 +168,9 @@ impl WorkerSeat<'_> {
 
 impl Drop for WorkerSeat<'_> {
     fn drop(&mut self) {
-        self.stage.lock().seats[self.slot] = None;
+        // Its declarations go first: once the seat is free a newcomer may take it and record
+        // its own under it, which clearing after would have taken away.
         self.stage.declarers().left(self.slot);
+        self.stage.lock().seats[self.slot] = None;
     }
 }
