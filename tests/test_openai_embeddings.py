@@ -196,6 +196,10 @@ def test_a_body_in_another_encoding_is_told_so(proxy):
     answer = proxy.client.post("/v1/embeddings", content=body, headers=plain)
     assert answer.status_code == 400, answer.text
     assert "it is not UTF-8, which JSON is" in answer.json()["error"]["message"]
+    # In a field the request does not read too (it had been served).
+    unread = '{"model": "m", "input": "x", "extra": "café"}'.encode("latin1")
+    answer = proxy.client.post("/v1/embeddings", content=unread, headers=named)
+    assert answer.status_code == 415, answer.text
 
 
 @pytest.mark.parametrize("media_type", ["application/msgpack", "text/plain"])

@@ -448,6 +448,10 @@ def test_a_body_in_another_encoding_its_charset_names_is_415_in_v2_shape(proxy):
     plain = proxy.client.post(INFER, content=body, headers={"content-type": "application/json"})
     assert plain.status_code == 400, plain.text
     assert "it is not UTF-8, which JSON is" in plain.json()["error"]
+    # In `parameters`, which v2 does not read, too (it had been served).
+    unread = b'{"parameters": {"note": "caf\xe9"}, ' + json.dumps(good())[1:].encode()
+    answer = proxy.client.post(INFER, content=unread, headers=named)
+    assert answer.status_code == 415, answer.text
 
 
 def test_a_compressed_body_is_415_in_v2_shape(proxy):

@@ -273,6 +273,13 @@ fn quality_ranges(accept: &str) -> impl Iterator<Item = (&str, f32)> {
     })
 }
 
+/// Whether a media type is a range (`*/*`, `image/*`): its type or subtype `*` alone (`*` is a
+/// token character, `vnd.a*b` a subtype like any).
+pub fn is_range(media_type: &str) -> bool {
+    let (kind, subtype) = essence(media_type).split_once('/').unwrap_or_default();
+    kind.trim() == "*" || subtype.trim() == "*"
+}
+
 /// A media type without its parameters: `image/png` of `image/png; q=1`.
 pub fn essence(media_type: &str) -> &str {
     media_type.split(';').next().unwrap_or("").trim()
@@ -282,7 +289,7 @@ pub fn essence(media_type: &str) -> &str {
 fn charset(media_type: &str) -> Option<&str> {
     media_type.split(';').skip(1).find_map(|parameter| {
         let (name, value) = parameter.split_once('=')?;
-        name.trim().eq_ignore_ascii_case("charset").then(|| value.trim().trim_matches('"'))
+        name.trim().eq_ignore_ascii_case("charset").then(|| value.trim().trim_matches('"').trim())
     })
 }
 
@@ -292,7 +299,8 @@ fn charset(media_type: &str) -> Option<&str> {
 /// body that reads is served whatever it says: .NET's `Encoding.Default` names windows-1252
 /// for ASCII JSON.)
 pub fn charset_is_not_utf8(media_type: &str) -> Option<&str> {
-    let charset = charset(media_type)?;
+    // An empty one names nothing: "says charset=, but" had been the 415's words.
+    let charset = charset(media_type).filter(|charset| !charset.is_empty())?;
     let utf8 = ["utf-8", "utf8", "us-ascii", "ascii"];
     (!utf8.iter().any(|name| charset.eq_ignore_ascii_case(name))).then_some(charset)
 }
@@ -370,6 +378,23 @@ pub fn is_utf8_text(body: &[u8]) -> bool {
     !body.iter().take(2).any(|&byte| byte == 0) && std::str::from_utf8(body).is_ok()
 }
 
+/// Why a JSON body is not UTF-8 text ([`is_utf8_text`]), for a reader that would not say: serde
+/// checks only the strings it reads, and a field it skips (v2's `parameters`, an unknown key)
+/// took any bytes. None for UTF-8 text.
+pub fn not_utf8_text(body: &[u8]) -> Option<Unreadable> {
+    if body.iter().take(2).any(|&byte| byte == 0) {
+        return Some(Unreadable::NotUtf8("a NUL in its first two bytes, as UTF-16's".into()));
+    }
+    let error = std::str::from_utf8(body).err()?;
+    Some(Unreadable::NotUtf8(format!("invalid UTF-8 at byte {}", error.valid_up_to())))
+}
+
+/// [`Unreadable::NotUtf8`]'s words after "not valid JSON: ", for a reader that names its body
+/// its own way (v2's "the inference request").
+pub fn not_utf8_words(detail: &str) -> String {
+    format!("it is not UTF-8, which JSON is (RFC 8259) ({detail})")
+}
+
 /// Why a JSON reader failed on `body` (`e`, its words), by kind; on the error path only. Each
 /// protocol's reader says it so, whatever reader it is.
 pub fn json_failure(body: &[u8], e: &dyn std::fmt::Display) -> Unreadable {
@@ -386,9 +411,7 @@ impl std::fmt::Display for Unreadable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Unreadable::Bom => f.write_str(BOM),
-            Unreadable::NotUtf8(e) => {
-                write!(f, "body is not valid JSON: it is not UTF-8, which JSON is (RFC 8259) ({e})")
-            }
+            Unreadable::NotUtf8(e) => write!(f, "body is not valid JSON: {}", not_utf8_words(e)),
             Unreadable::NotJson(e) => write!(f, "body is not valid JSON: {e}"),
             Unreadable::Other(message) => f.write_str(message),
         }

@@ -58,7 +58,7 @@ def is_media_type(text: Any) -> bool:
         and _MEDIA_TYPE.fullmatch(text) is not None
         and text == text.strip(" \t")
         # `*/*` or `image/*` names no type: the proxy refuses a range (a response names one).
-        and "*" not in text.split(";", 1)[0]
+        and "*" not in (part.strip() for part in text.split(";", 1)[0].split("/", 1))
     )
 
 

@@ -149,6 +149,13 @@ pub async fn embeddings(
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
     // 415 for a body in another encoding its `charset` names, as on every route.
     let refused = |error| ApiError::or_charset(error, content_type.as_ref(), &body);
+    // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked).
+    if format::begins_with_bom(&body) {
+        return Err(ApiError::bad_request(format::BOM));
+    }
+    if let Some(problem) = format::not_utf8_text(&body) {
+        return Err(refused(ApiError::bad_request(problem)));
+    }
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {

@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::result_row::SCANNED;
 use super::tensor::{self, DataType};
+use crate::http::format::Unreadable;
 
 /// The JSON header of an inference request; unknown keys are ignored, as v2 allows extensions.
 /// Its inputs are read as [`InputHeader`]s, or first as [`EagerInput`]s (see there).
@@ -296,27 +297,13 @@ pub struct Request {
 /// Why serde could not read the request's JSON, in the client's terms: serde's words alone
 /// ("expected value at line 1 column 64", "key must be a string") named neither a NaN sent as
 /// JSON, nor binary data whose header length was not given, nor a body in another encoding.
-fn unreadable(json: &[u8], header_length: Option<usize>, e: &serde_json::Error) -> String {
-    let what = match header_length {
-        Some(_) => "the inference request header",
-        None => "the inference request",
-    };
-    if !crate::http::format::is_utf8_text(json) {
-        return format!(
-            "{what} is not valid JSON: it is not UTF-8, which JSON is (RFC 8259) ({e})"
-        );
-    }
+fn unreadable(json: &[u8], what: &str, e: &serde_json::Error) -> String {
     let said = e.to_string();
-    let at = offset(json, e.line(), e.column());
-    let rest = json.get(at.saturating_sub(1)..).unwrap_or_default();
-    let hint = if [&b"NaN"[..], b"Infinity", b"-Infinity", b"inf", b"-inf", b"nan"]
-        .iter()
-        .any(|word| rest.starts_with(word))
-    {
+    let hint = if bare_non_finite(json, e) {
         // tritonclient's `set_data_from_numpy(..., binary_data=False)` writes them bare.
         " (JSON has no NaN or Infinity: send such a tensor as binary data, binary_data=True in \
          tritonclient)"
-    } else if header_length.is_none() && said.starts_with("trailing characters") {
+    } else if what == "the inference request" && said.starts_with("trailing characters") {
         // Binary tensor data after the JSON, its length not said: "trailing characters" said
         // nothing of the header that was missing.
         " (a body with binary tensor data after its JSON gives the JSON's length in \
@@ -327,12 +314,29 @@ fn unreadable(json: &[u8], header_length: Option<usize>, e: &serde_json::Error) 
     format!("{what} is not valid: {said}{hint}")
 }
 
-/// The byte offset of serde's `line` and `column` (both from 1) in `json`, plus one: where the
-/// column's character starts, counted as serde counts (bytes).
-fn offset(json: &[u8], line: usize, column: usize) -> usize {
-    let start: usize =
-        json.split(|&byte| byte == b'\n').take(line.saturating_sub(1)).map(|l| l.len() + 1).sum();
-    start + column
+/// Whether serde stopped at a bare NaN or infinity where a value was expected (`NaN`, `nan`,
+/// `-Infinity`, `inf`, in any case): the word around serde's `line` and `column` (from 1, in
+/// bytes), which for `nan` points past its `n` (read as the start of `null`) and for
+/// `-Infinity` past its `-` (an invalid number). Not for an error
+/// inside a string (an escape), nor a word of another kind.
+fn bare_non_finite(json: &[u8], e: &serde_json::Error) -> bool {
+    let said = e.to_string();
+    let at_a_value = ["expected value", "expected ident", "invalid number"];
+    if !at_a_value.iter().any(|start| said.starts_with(start)) {
+        return false;
+    }
+    let line_start: usize = json
+        .split(|&byte| byte == b'\n')
+        .take(e.line().saturating_sub(1))
+        .map(|l| l.len() + 1)
+        .sum();
+    let at = (line_start + e.column()).saturating_sub(1).min(json.len());
+    let word = |byte: &u8| byte.is_ascii_alphabetic() || matches!(byte, b'-' | b'+');
+    let start = json[..at].iter().rposition(|byte| !word(byte)).map_or(0, |i| i + 1);
+    let end = json[at..].iter().position(|byte| !word(byte)).map_or(json.len(), |i| at + i);
+    let token = String::from_utf8_lossy(&json[start..end]).to_ascii_lowercase();
+    let bare = token.trim_start_matches(['-', '+']);
+    matches!(bare, "nan" | "inf" | "infinity")
 }
 
 /// Reads a body: `header_length` is the `Inference-Header-Content-Length` (None: all JSON), and
@@ -374,6 +378,18 @@ fn parse_reading(
         ));
     }
     let json = &body[..json_end];
+    let what = match header_length {
+        Some(_) => "the inference request header",
+        None => "the inference request",
+    };
+    // Every byte, not only those of the fields serde reads (it skips `parameters` and unknown
+    // keys unchecked); UTF-16 too, which had been "must be a JSON object".
+    if !crate::http::format::begins_with_bom(json) {
+        if let Some(Unreadable::NotUtf8(detail)) = crate::http::format::not_utf8_text(json) {
+            let words = crate::http::format::not_utf8_words(&detail);
+            return Err(format!("{what} is not valid JSON: {words}"));
+        }
+    }
     // serde takes a struct from an array of its fields too: `[null, {}, [...], []]` had been
     // served, and `[]` told "expected struct Header with 4 elements".
     if json.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
@@ -394,7 +410,7 @@ fn parse_reading(
         // The reading whose errors clients get, and what the one-pass reading could not settle.
         None => {
             let header: Header<InputHeader<'_>> =
-                serde_json::from_slice(json).map_err(|e| unreadable(json, header_length, &e))?;
+                serde_json::from_slice(json).map_err(|e| unreadable(json, what, &e))?;
             let Header { id, parameters, inputs, outputs } = header;
             Header { id, parameters, inputs: inputs.into_iter().map(Into::into).collect(), outputs }
         }
@@ -902,23 +918,33 @@ mod tests {
     #[test]
     fn json_serde_cannot_read_is_said_in_the_client_s_terms() {
         let refused = |json: &[u8]| parse(&Bytes::copy_from_slice(json), None, 0, &[]).unwrap_err();
-        // tritonclient's binary_data=False writes a NaN bare; on a later line too.
+        // tritonclient's binary_data=False writes a NaN bare; on a later line too; C's `nan`,
+        // which serde reads as the start of `null`.
         for json in [
             &br#"{"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1, NaN]}]}"#[..],
             b"{\n\"inputs\": [{\"name\": \"X\", \"shape\": [1],\n \"datatype\": \"FP32\", \"data\": [-Infinity]}]}",
+            br#"{"inputs": [{"name": "X", "shape": [2], "datatype": "FP32", "data": [1.0, nan]}]}"#,
         ] {
             let error = refused(json);
             assert!(error.starts_with("the inference request is not valid: "), "{error}");
             assert!(error.contains("JSON has no NaN or Infinity"), "{error}");
         }
-        let utf16: Vec<u8> = "{\"inputs\": []}".encode_utf16().flat_map(u16::to_le_bytes).collect();
-        assert!(refused(&utf16).contains("it is not UTF-8, which JSON is"), "{}", refused(&utf16));
-        let latin1 = b"{\"id\": \"caf\xe9\", \"inputs\": 5}";
-        assert!(refused(latin1).contains("it is not UTF-8"), "{}", refused(latin1));
+        // Not where the error is of another kind: an escape in a string, a misplaced word.
+        for json in
+            [&br#"{"id": "\NaN", "inputs": []}"#[..], br#"{"id": "x" NaN, "inputs": []}"#, b"{nope"]
+        {
+            assert!(!refused(json).contains("NaN or Infinity"), "{}", refused(json));
+        }
+        // Every byte is UTF-8, those of fields serde skips too; UTF-16 is not "no JSON object".
+        let utf16: Vec<u8> = "{\"inputs\": []}".encode_utf16().flat_map(u16::to_be_bytes).collect();
+        let latin1 = b"{\"parameters\": {\"note\": \"caf\xe9\"}, \"inputs\": []}";
+        for json in [&utf16[..], latin1] {
+            let error = refused(json);
+            assert!(error.contains("is not valid JSON: it is not UTF-8, which JSON is"), "{error}");
+        }
         // UTF-8 with a NUL in a string is no JSON, not another encoding.
         let nul = refused(b"{\"id\": \"a\x00b\", \"inputs\": []}");
         assert!(!nul.contains("UTF-8") && nul.contains("control character"), "{nul}");
-        assert!(!refused(b"{nope").contains("NaN"));
     }
 
     #[test]
