@@ -406,7 +406,7 @@ def test_a_byte_order_mark_is_named_not_taken_for_a_header_that_is_no_object(pro
     body = b"\xef\xbb\xbf" + json.dumps(good()).encode()
     answer = proxy.client.post(INFER, content=body, headers={"content-type": "application/json"})
     assert answer.status_code == 400
-    assert "header begins with a byte order mark" in answer.json()["error"]
+    assert "request begins with a byte order mark" in answer.json()["error"]
 
 
 def test_a_v2_body_that_is_neither_json_nor_its_binary_form_is_400(proxy):

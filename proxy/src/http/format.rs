@@ -643,7 +643,10 @@ mod tests {
             ("application/json; charset=\"utf8\"", None),
             ("application/json; charset=us-ascii", None),
             ("application/json", None),
-            ("application/json; charset=", Some("")),
+            // Empty, it names nothing (the 415 had said "charset=, but"); spaces inside quotes
+            // are not its name.
+            ("application/json; charset=", None),
+            ("application/json; charset=\"utf-8 \"", None),
         ] {
             assert_eq!(charset_is_not_utf8(media_type), named, "{media_type}");
         }

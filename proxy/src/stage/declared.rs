@@ -17,7 +17,7 @@ use super::{Stage, WeightRule};
 /// What the stage's workers declared in their hello: their inputs' and outputs' JSON Schemas
 /// (parsed, for `/openapi.json`), their tensors (for Open Inference Protocol v2 clients), and
 /// their weight rule (for the stage's batches).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct Declared {
     pub input: Option<serde_json::Value>,
     pub output: Option<serde_json::Value>,
@@ -157,6 +157,9 @@ impl Stage {
             return;
         }
         let laid = laid.unwrap_or_default();
+        if kept.as_deref() == Some(&laid) {
+            return; // the same declarations: `/openapi.json` is not built again
+        }
         self.weighs.store(laid.weight.is_some(), Ordering::Relaxed);
         *kept = Some(Arc::new(laid));
     }

@@ -394,11 +394,11 @@ fn parse_reading(
     // served, and `[]` told "expected struct Header with 4 elements".
     if json.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
         if crate::http::format::begins_with_bom(json) {
-            return Err("the inference request header begins with a byte order mark, and JSON is \
-                        UTF-8 without one (RFC 8259)"
-                .to_string());
+            return Err(format!(
+                "{what} begins with a byte order mark, and JSON is UTF-8 without one (RFC 8259)"
+            ));
         }
-        return Err("the inference request header must be a JSON object".to_string());
+        return Err(format!("{what} must be a JSON object"));
     }
     let first = eager.then(|| {
         HEADER_LENGTH.with(|length| length.set(json.len()));
@@ -973,7 +973,9 @@ mod tests {
         for header in [serde_json::json!([null, {}, [x], []]), serde_json::json!([])] {
             let body = Bytes::from(serde_json::to_vec(&header).unwrap());
             let refused = parse(&body, None, 0, &[]).unwrap_err();
-            assert_eq!(refused, "the inference request header must be a JSON object");
+            assert_eq!(refused, "the inference request must be a JSON object");
+            let binary = parse(&body, Some(body.len()), 0, &[]).unwrap_err();
+            assert_eq!(binary, "the inference request header must be a JSON object");
         }
     }
 
