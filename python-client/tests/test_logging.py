@@ -97,6 +97,23 @@ def test_a_long_record_of_text_json_escapes_keeps_its_head_and_tail():
     assert entry["message"].startswith("A\x01") and entry["message"].endswith("\x01Z")
 
 
+def test_a_record_many_lines_long_is_cut_at_once_and_counts_all_it_left_out():
+    # A field past two lines' characters keeps a line's worth of each end before it is
+    # measured (a 10 MB message had taken 13 s to cut, and its worker was killed as hung); the
+    # count still says every character left out. A logger's name is kept short too.
+    message = "H" + "x" * 1_000_000 + "é" * 1_000_000 + "T"
+    record = logging.LogRecord("n" * 20_000, logging.INFO, __file__, 1, message, None, None)
+    line = _logging.JsonLines().format(record)
+    assert len(line.encode()) <= _logging.LINE
+    entry = json.loads(line)
+    head, left, tail = re.fullmatch(
+        r"(.*) \[\.\.\. (\d+) characters left out \.\.\.\] (.*)", entry["message"], re.S
+    ).groups()
+    assert head.startswith("Hxx") and tail.endswith("ééT")
+    assert len(head) + int(left) + len(tail) == len(message)
+    assert len(entry["logger"]) <= 201
+
+
 def test_failures_of_another_hook_or_line_are_logged_apart(caplog):
     with caplog.at_level(logging.ERROR, logger="corral"):
         _failures.failed("forward", raise_here("x"), [A.bytes])

@@ -148,11 +148,19 @@ def test_a_media_type_the_proxy_takes_is_one_for_the_package_too(media_type):
 
 
 @pytest.mark.parametrize("media_type", ["*/*", "image/*", "*/png"])
-def test_a_range_of_media_types_is_none_for_the_package_as_for_the_proxy(media_type):
-    # The proxy fails such an output 500 bad_output: a response names one type.
-    assert not protocol.is_media_type(media_type)
+def test_a_range_of_media_types_is_no_output_s_type_for_the_package_as_for_the_proxy(media_type):
+    # The proxy fails such an output 500 bad_output: a response names one type. A request may
+    # send one (the proxy serves it), and FakeProxy takes it.
+    assert protocol.is_range(media_type)
+    with pytest.raises(TypeError, match="not a range"):
+
+        class Ranged(corral.Worker):
+            output_content_type = media_type
+
     for named in ("a/b; x=*", "application/vnd.a*b", "image/png*"):
-        assert protocol.is_media_type(named)
+        assert not protocol.is_range(named)
+    with FakeProxy(Seen()) as proxy:
+        assert proxy.infer([b"abc"], content_type=media_type)[0].status == "ok"
 
 
 def test_a_content_type_that_is_not_a_string_is_a_protocol_error():

@@ -972,6 +972,32 @@ def test_a_struct_result_s_post_init_is_not_run_again_on_its_tensors(np):
     assert same.PROBS == [1.0, 0.0, 0.0]
 
 
+def test_a_struct_result_with_a_declared_output_unset_is_missing_it(np):
+    # Left out of its map, it passed warm-up and FakeProxy and was a 500 for every v2 client.
+    import msgspec
+
+    class Partial(msgspec.Struct):
+        PROBS: Any = msgspec.UNSET
+        LABEL: str = "b"
+
+    class Unset(Classify):
+        output_type = Partial
+        examples = ({},)
+
+        def forward(self, batch):
+            return [Partial() for _ in batch]
+
+    with pytest.raises(TypeError, match="output 'PROBS' is missing from the result"):
+        Unset().warm_up()
+
+    class Unwarmed(Unset):
+        examples = ()
+
+    with FakeProxy(Unwarmed()) as proxy:
+        (result,) = proxy.infer([{}])
+    assert result.status == "error" and "output 'PROBS' is missing" in result.message, result
+
+
 def test_an_array_like_output_type_is_refused_beside_declared_outputs():
     # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
     # v2 and KServe v1 client, which read a result as a map of the outputs.

@@ -55,16 +55,24 @@ class JsonLines(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         level = _standard_level(record.levelno)
-        entry = {"level": level, "logger": record.name, "message": record.getMessage()}
+        # A logger's name is a short word: one of 20,000 characters made the line too long.
+        logger = record.name if len(record.name) <= 200 else record.name[:200] + "…"
+        entry = {"level": level, "logger": logger, "message": record.getMessage()}
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
         if record.stack_info:
             entry["stack"] = self.formatStack(record.stack_info)
+        # A field of more than two lines' characters keeps a line's worth of each end at once
+        # (a character is at least one in the line), so that what follows measures and escapes
+        # at most that much, whatever the record's size: a 10 MB message had taken 13 s here.
+        omitted: dict[str, int] = {}
+        for key in _CUT:
+            text = entry.get(key, "")
+            if len(text) > 2 * LINE:
+                entry[key], omitted[key] = text[:LINE] + text[-LINE:], len(text) - 2 * LINE
         line = _dumps(entry)
         for _ in range(8):  # a few passes at most: one usually does
-            long = [
-                key for key in ("message", "exception", "stack") if len(entry.get(key, "")) > 256
-            ]
+            long = [key for key in _CUT if len(entry.get(key, "")) > 256]
             if len(line) <= LINE or not long:
                 break
             # Each field gives up its share of the excess, by its length in the line: a long
@@ -72,9 +80,14 @@ class JsonLines(logging.Formatter):
             sizes = {key: _encoded(entry[key]) for key in long}
             excess, total = len(line) - LINE, sum(sizes.values())
             for key in long:
-                entry[key] = _shorten(entry[key], excess * sizes[key] // total + 1)
+                share = excess * sizes[key] // total + 1
+                entry[key] = _shorten(entry[key], share, omitted.pop(key, 0))
             line = _dumps(entry)
         return line
+
+
+# The fields a long record is cut in.
+_CUT = ("message", "exception", "stack")
 
 
 def _dumps(entry: dict[str, str]) -> str:
@@ -90,14 +103,15 @@ def _encoded(text: str) -> int:
     return len(_dumps({"": text})) - len(_dumps({"": ""}))
 
 
-def _shorten(text: str, over: int) -> str:
+def _shorten(text: str, over: int, omitted: int = 0) -> str:
     """``text`` at least ``over`` characters of JSON shorter, its middle left out: a traceback's
     first and last frames say the most. Measured as written in the line: counted in characters
-    of text, a message of ``é`` (six in JSON) lost all of itself, head and tail too."""
+    of text, a message of ``é`` (six in JSON) lost all of itself, head and tail too. ``omitted``:
+    characters already left out of its middle (said in the count)."""
     budget = max(0, _encoded(text) - over - 64)
     head = _fitting(budget // 2, lambda k: text[:k], len(text))
     tail = _fitting(budget - _encoded(text[:head]), lambda k: text[len(text) - k :], len(text))
-    gap = f" [... {len(text) - head - tail} characters left out ...] "
+    gap = f" [... {len(text) - head - tail + omitted} characters left out ...] "
     return text[:head] + gap + text[len(text) - tail :]
 
 

@@ -57,9 +57,13 @@ def is_media_type(text: Any) -> bool:
         and len(text.encode("utf-8")) <= MAX_MEDIA_TYPE
         and _MEDIA_TYPE.fullmatch(text) is not None
         and text == text.strip(" \t")
-        # `*/*` or `image/*` names no type: the proxy refuses a range (a response names one).
-        and "*" not in (part.strip() for part in text.split(";", 1)[0].split("/", 1))
     )
+
+
+def is_range(text: str) -> bool:
+    """Whether a media type is a range (``*/*``, ``image/*``): no output's type, which the
+    proxy fails 500 ``bad_output`` (a response names one type). A request may send one."""
+    return "*" in (part.strip() for part in text.split(";", 1)[0].split("/", 1))
 
 
 def safe_text(text: str) -> str:

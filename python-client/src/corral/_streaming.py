@@ -435,7 +435,8 @@ def warm_up(worker: Streamer, inputs: list[Any]) -> None:
                 if value is END:
                     ended.add(position)
                     continue
-                _output.check(codec.encode(worker.postprocess(value)))
+                chunk = codec.encode(worker.postprocess(value))
+                _output.check(chunk, f"a chunk of example {position}")
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)

@@ -270,10 +270,10 @@ def output_content_type(cls: type) -> str | None:
             f"{cls.__name__}.output_content_type is {length} bytes, longer than the "
             f"{protocol.MAX_MEDIA_TYPE} a media type may have: {named!r:.80}"
         )
-    if named is not None and not protocol.is_media_type(named):
+    if named is not None and (not protocol.is_media_type(named) or protocol.is_range(named)):
         raise TypeError(
             f"{cls.__name__}.output_content_type must be a media type such as "
-            f'"image/png" (type/subtype, visible ASCII), not {named!r:.80}'
+            f'"image/png" (type/subtype, visible ASCII, not a range), not {named!r:.80}'
         )
     return named
 
@@ -313,11 +313,16 @@ def _names(output: Any) -> Collection[str] | None:
     None for anything that is encoded as no map."""
     if isinstance(output, Mapping):
         return output.keys()
-    if isinstance(output, msgspec.Struct) and array_like(type(output)):
-        return None
-    if isinstance(output, msgspec.Struct) or (
-        dataclasses.is_dataclass(output) and not isinstance(output, type)
-    ):
+    if isinstance(output, msgspec.Struct):
+        if array_like(type(output)):
+            return None
+        # Those set: an unset field is left out of its map (the proxy then answers v2 clients
+        # 500 "missing from the worker's result").
+        fields = _struct_fields(type(output))
+        return [
+            name for attribute, name in fields if getattr(output, attribute) is not msgspec.UNSET
+        ]
+    if dataclasses.is_dataclass(output) and not isinstance(output, type):
         return _field_names(type(output))
     return None
 
@@ -371,9 +376,7 @@ def _struct_fields(cls: type) -> tuple[tuple[str, str], ...]:
 
 @functools.cache
 def _field_names(cls: type) -> frozenset[str]:
-    """The names a Struct or dataclass type is encoded under: once a type, not once a result."""
-    if issubclass(cls, msgspec.Struct):
-        return frozenset(field.encode_name for field in msgspec.structs.fields(cls))
+    """The names a dataclass type is encoded under: once a type, not once a result."""
     return frozenset(field.name for field in dataclasses.fields(cls))
 
 

@@ -299,11 +299,11 @@ class Worker:
             return
         _batch.warm_up_batch(self, count)
         outputs = _plain.counted(self.forward(inputs), count)
-        for output in outputs:
+        for index, output in enumerate(outputs):
             value = self.postprocess(output)
             # As the proxy reads it: one nested past its 128 levels had passed, and the worker
             # said ready to fail every request.
-            _output.check(codec.encode(value))
+            _output.check(codec.encode(value), f"example {index}'s output")
             codec.check_result(value)
             codec.content_type(value)
         log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
