@@ -997,6 +997,24 @@ def test_a_struct_result_with_a_declared_output_unset_is_missing_it(np):
         (result,) = proxy.infer([{}])
     assert result.status == "error" and "output 'PROBS' is missing" in result.message, result
 
+    # A dataclass's field never set alike.
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Later:
+        LABEL: str = "b"
+        PROBS: Any = dataclasses.field(init=False)
+
+    class Unassigned(Classify):
+        output_type = Later
+        examples = ({},)
+
+        def forward(self, batch):
+            return [Later() for _ in batch]
+
+    with pytest.raises(TypeError, match="output 'PROBS' is missing from the result"):
+        Unassigned().warm_up()
+
 
 def test_an_array_like_output_type_is_refused_beside_declared_outputs():
     # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every

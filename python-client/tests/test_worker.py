@@ -811,6 +811,33 @@ def test_warm_up_holds_outputs_to_what_the_proxy_reads():
     shallow.levels = 127
     shallow.warm_up()
 
+    # The example is named, among streamed ones run max_running at a time too.
+    class OneAtATime(corral.Worker):
+        examples = ("ok", "deep")
+        max_running = 1
+
+        def forward(self, batch):
+            yield [nested(130 if item == "deep" else 1) for item in batch]
+
+    with pytest.raises(ValueError, match="a chunk of example 1 is not one the proxy reads"):
+        OneAtATime().warm_up()
+
+    # A map key that is a map (a frozen Struct as a dict's key, as msgspec writes it): served
+    # by the proxy, so not refused here.
+    import msgspec
+
+    class Key(msgspec.Struct, frozen=True):
+        k: int
+
+    class Keyed(corral.Worker):
+        examples = (1,)
+        output_type = dict[Key, int]
+
+        def forward(self, batch):
+            return [{Key(1): item} for item in batch]
+
+    Keyed().warm_up()
+
 
 def test_a_failing_warm_up_keeps_the_worker_from_serving(tmp_path, monkeypatch):
     class Broken(corral.Worker):

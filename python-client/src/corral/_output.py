@@ -5,6 +5,7 @@ fails the worker's start, not every request once it says ready."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import msgpack
@@ -40,10 +41,14 @@ def check(data: bytes, what: str) -> None:
     only tensor values are read, so that an example's output of a million small maps is not
     many times its encoding's cost (and an ext type of another code passes, as the proxy
     passes it)."""
+    read = functools.partial(
+        msgpack.unpackb, raw=False, strict_map_key=False, use_list=False, ext_hook=_tensor_only
+    )
     try:
-        value = msgpack.unpackb(
-            data, raw=False, strict_map_key=False, use_list=False, ext_hook=_tensor_only
-        )
+        try:
+            value = read(data)
+        except TypeError:  # a map key that is a map: read as FakeProxy reads it
+            value = read(data, object_pairs_hook=lambda pairs: {_hashable(k): v for k, v in pairs})
         if _depth(value) > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     except Exception as error:  # msgpack's, or a tensor's that is malformed

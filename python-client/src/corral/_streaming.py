@@ -413,9 +413,10 @@ class _Run:
     _cancel = _fail
 
 
-def warm_up(worker: Streamer, inputs: list[Any]) -> None:
+def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
     """Run a streaming ``forward`` on ``inputs`` to its end, each chunk postprocessed and encoded;
-    raises as the first failure does."""
+    raises as the first failure does. ``first``: the number of the first of them among the
+    worker's examples."""
     worker.cancelled = set()
     # Counted before forward, which may consume its list (as serving counts positions), and
     # what serving drops (a value at an ended position) is not postprocessed: warm-up had
@@ -436,7 +437,7 @@ def warm_up(worker: Streamer, inputs: list[Any]) -> None:
                     ended.add(position)
                     continue
                 chunk = codec.encode(worker.postprocess(value))
-                _output.check(chunk, f"a chunk of example {position}")
+                _output.check(chunk, f"a chunk of example {first + position}")
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)

@@ -323,7 +323,8 @@ def _names(output: Any) -> Collection[str] | None:
             name for attribute, name in fields if getattr(output, attribute) is not msgspec.UNSET
         ]
     if dataclasses.is_dataclass(output) and not isinstance(output, type):
-        return _field_names(type(output))
+        # As for a Struct: a field never set (`field(init=False)`) is left out of its map.
+        return [name for name in _field_names(type(output)) if hasattr(output, name)]
     return None
 
 

@@ -294,7 +294,7 @@ class Worker:
             # As serving runs them: at most `max_running` at once (a memory bound, say).
             step = _streaming.limit(self) or count or 1
             for start in range(0, count, step):
-                _streaming.warm_up(self, inputs[start : start + step])
+                _streaming.warm_up(self, inputs[start : start + step], start)
             log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
         _batch.warm_up_batch(self, count)

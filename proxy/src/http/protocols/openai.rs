@@ -96,10 +96,6 @@ const FIELDS: [(&str, Fits); 5] = [
 /// serde names a missing or repeated field in its message, but not one of the wrong type, and
 /// both had come with `param: null`. Only on this error path is the body read a second time.
 fn not_a_request(body: &[u8], e: serde_json::Error) -> ApiError {
-    // serde's "invalid unicode code point" or "key must be a string" said nothing of why.
-    if let problem @ format::Unreadable::NotUtf8(_) = format::json_failure(body, &e) {
-        return ApiError::bad_request(problem);
-    }
     let said = e.to_string();
     let named = FIELDS.iter().find(|(name, _)| said.contains(&format!("field `{name}`")));
     let field = named.map(|(name, _)| *name).or_else(|| {
@@ -147,26 +143,24 @@ pub async fn embeddings(
     let output = declared::output(last.declared().as_deref());
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
-    // 415 for a body in another encoding its `charset` names, as on every route.
-    let refused = |error| ApiError::or_charset(error, content_type.as_ref(), &body);
-    // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked).
+    // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked):
+    // serde's "invalid unicode code point" had said nothing of why, and an unknown field took
+    // any bytes. 415 for a body in another encoding its `charset` names, as on every route.
     if format::begins_with_bom(&body) {
         return Err(ApiError::bad_request(format::BOM));
     }
     if let Some(problem) = format::not_utf8_text(&body) {
-        return Err(refused(ApiError::bad_request(problem)));
+        let error = ApiError::bad_request(problem);
+        return Err(ApiError::or_charset(error, content_type.as_ref(), &body));
     }
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
-        if format::begins_with_bom(&body) {
-            return Err(ApiError::bad_request(format::BOM));
-        }
         let error = ApiError::bad_request("the body must be a JSON object: an embeddings request");
-        return Err(refused(error));
+        return Err(error);
     }
     let request: EmbeddingsRequest<'_> =
-        serde_json::from_slice(&body).map_err(|e| refused(not_a_request(&body, e)))?;
+        serde_json::from_slice(&body).map_err(|e| not_a_request(&body, e))?;
     let base64 = match request.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,
