@@ -19,8 +19,8 @@ import msgspec
 import pytest
 
 import corral
+from corral import _output, _worker, testing
 from corral import _protocol as protocol
-from corral import _worker, testing
 from corral.testing import FakeProxy, Result
 
 
@@ -837,6 +837,19 @@ def test_warm_up_holds_outputs_to_what_the_proxy_reads():
             return [{Key(1): item} for item in batch]
 
     Keyed().warm_up()
+
+    class InArrays(Keyed):
+        output_type = dict[tuple[Key, ...], int]
+
+        def forward(self, batch):
+            return [{(Key(1),): item} for item in batch]
+
+    InArrays().warm_up()
+    # A map as a key is one level, as the proxy counts it: 128 in all passes, 129 does not.
+    at_limit = b"\x81\x81\xa1a" + b"\x91" * 126 + b"\xc0\x01"
+    _output.check(at_limit, "the output")
+    with pytest.raises(ValueError, match="nested deeper than 128"):
+        _output.check(b"\x81\x81\xa1a" + b"\x91" * 127 + b"\xc0\x01", "the output")
 
 
 def test_a_failing_warm_up_keeps_the_worker_from_serving(tmp_path, monkeypatch):

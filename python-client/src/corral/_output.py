@@ -47,12 +47,22 @@ def check(data: bytes, what: str) -> None:
     try:
         try:
             value = read(data)
-        except TypeError:  # a map key that is a map: read as FakeProxy reads it
-            value = read(data, object_pairs_hook=lambda pairs: {_hashable(k): v for k, v in pairs})
+        except TypeError:  # a map key that is a map, or holds one
+            value = read(data, object_pairs_hook=lambda pairs: {_as_key(k): v for k, v in pairs})
         if _depth(value) > MAX_DEPTH:
             raise ValueError(f"nested deeper than {MAX_DEPTH} levels")
     except Exception as error:  # msgpack's, or a tensor's that is malformed
         raise ValueError(f"{what} is not one the proxy reads: {error}") from error
+
+
+def _as_key(key: Any) -> Any:
+    """A map key as a hashable value that nests as deep as the proxy counts it: a map's entries
+    in one tuple (one level, as a map is), an array's elements alike, each converted."""
+    if isinstance(key, dict):
+        return tuple(_as_key(part) for pair in key.items() for part in pair)
+    if isinstance(key, (list, tuple)):
+        return tuple(_as_key(part) for part in key)
+    return key
 
 
 def _tensor_only(code: int, data: bytes) -> Any:
