@@ -375,18 +375,19 @@ pub enum Unreadable {
 /// with NULs beside it; .NET's `Encoding.Unicode` writes no byte order mark). A NUL further in is
 /// UTF-8 all the same: JSON that is not (a control character in a string), not another encoding.
 pub fn is_utf8_text(body: &[u8]) -> bool {
-    !body.iter().take(2).any(|&byte| byte == 0) && std::str::from_utf8(body).is_ok()
+    utf8_text(body).is_ok()
 }
 
-/// Why a JSON body is not UTF-8 text ([`is_utf8_text`]), for a reader that would not say: serde
-/// checks only the strings it reads, and a field it skips (v2's `parameters`, an unknown key)
-/// took any bytes. None for UTF-8 text.
-pub fn not_utf8_text(body: &[u8]) -> Option<Unreadable> {
+/// A JSON body as UTF-8 text ([`is_utf8_text`]), or where it is not (the words for
+/// [`Unreadable::NotUtf8`]), for a reader that would not say: serde checks only the strings it
+/// reads, and a field it skips (v2's `parameters`, an unknown key) took any bytes. Checked
+/// once: a reader given the `&str` (`serde_json::from_str`) does not check its strings again.
+pub fn utf8_text(body: &[u8]) -> Result<&str, String> {
     if body.iter().take(2).any(|&byte| byte == 0) {
-        return Some(Unreadable::NotUtf8("a NUL in its first two bytes, as UTF-16's".into()));
+        return Err("a NUL in its first two bytes, as UTF-16's".into());
     }
-    let error = std::str::from_utf8(body).err()?;
-    Some(Unreadable::NotUtf8(format!("invalid UTF-8 at byte {}", error.valid_up_to())))
+    std::str::from_utf8(body)
+        .map_err(|error| format!("invalid UTF-8 at byte {}", error.valid_up_to()))
 }
 
 /// [`Unreadable::NotUtf8`]'s words after "not valid JSON: ", for a reader that names its body

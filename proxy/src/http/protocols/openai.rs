@@ -149,10 +149,13 @@ pub async fn embeddings(
     if format::begins_with_bom(&body) {
         return Err(ApiError::bad_request(format::BOM));
     }
-    if let Some(problem) = format::not_utf8_text(&body) {
-        let error = ApiError::bad_request(problem);
-        return Err(ApiError::or_charset(error, content_type.as_ref(), &body));
-    }
+    let text = match format::utf8_text(&body) {
+        Ok(text) => text,
+        Err(detail) => {
+            let error = ApiError::bad_request(format::Unreadable::NotUtf8(detail));
+            return Err(ApiError::or_charset(error, content_type.as_ref(), &body));
+        }
+    };
     // serde takes a struct from an array of its fields too (`["text", "model"]`): only an
     // object is an embeddings request.
     if body.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
@@ -160,7 +163,7 @@ pub async fn embeddings(
         return Err(error);
     }
     let request: EmbeddingsRequest<'_> =
-        serde_json::from_slice(&body).map_err(|e| not_a_request(&body, e))?;
+        serde_json::from_str(text).map_err(|e| not_a_request(&body, e))?;
     let base64 = match request.encoding_format.as_deref() {
         None | Some("float") => false,
         Some("base64") => true,

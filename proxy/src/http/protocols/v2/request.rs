@@ -17,7 +17,6 @@ use serde::Deserialize;
 
 use super::result_row::SCANNED;
 use super::tensor::{self, DataType};
-use crate::http::format::Unreadable;
 
 /// The JSON header of an inference request; unknown keys are ignored, as v2 allows extensions.
 /// Its inputs are read as [`InputHeader`]s, or first as [`EagerInput`]s (see there).
@@ -383,17 +382,16 @@ fn parse_reading(
         None => "the inference request",
     };
     // Every byte, not only those of the fields serde reads (it skips `parameters` and unknown
-    // keys unchecked); UTF-16 too, which had been "must be a JSON object".
-    if !crate::http::format::begins_with_bom(json) {
-        if let Some(Unreadable::NotUtf8(detail)) = crate::http::format::not_utf8_text(json) {
-            let words = crate::http::format::not_utf8_words(&detail);
-            return Err(format!("{what} is not valid JSON: {words}"));
-        }
-    }
+    // keys unchecked); UTF-16 too, which had been "must be a JSON object". Read as the text,
+    // serde does not check its strings again.
+    let json = crate::http::format::utf8_text(json).map_err(|detail| {
+        let words = crate::http::format::not_utf8_words(&detail);
+        format!("{what} is not valid JSON: {words}")
+    })?;
     // serde takes a struct from an array of its fields too: `[null, {}, [...], []]` had been
     // served, and `[]` told "expected struct Header with 4 elements".
-    if json.iter().find(|byte| !byte.is_ascii_whitespace()) != Some(&b'{') {
-        if crate::http::format::begins_with_bom(json) {
+    if json.bytes().find(|byte| !byte.is_ascii_whitespace()) != Some(b'{') {
+        if crate::http::format::begins_with_bom(json.as_bytes()) {
             return Err(format!(
                 "{what} begins with a byte order mark, and JSON is UTF-8 without one (RFC 8259)"
             ));
@@ -402,7 +400,7 @@ fn parse_reading(
     }
     let first = eager.then(|| {
         HEADER_LENGTH.with(|length| length.set(json.len()));
-        serde_json::from_slice(json).ok()
+        serde_json::from_str(json).ok()
     });
     let first = first.flatten();
     let header: Header<EagerInput<'_>> = match first {
@@ -410,7 +408,7 @@ fn parse_reading(
         // The reading whose errors clients get, and what the one-pass reading could not settle.
         None => {
             let header: Header<InputHeader<'_>> =
-                serde_json::from_slice(json).map_err(|e| unreadable(json, what, &e))?;
+                serde_json::from_str(json).map_err(|e| unreadable(json.as_bytes(), what, &e))?;
             let Header { id, parameters, inputs, outputs } = header;
             Header { id, parameters, inputs: inputs.into_iter().map(Into::into).collect(), outputs }
         }
