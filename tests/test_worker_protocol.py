@@ -552,6 +552,42 @@ def test_a_worker_declaring_no_tensors_keeps_no_departed_worker_s_tensors_in_for
             assert metadata["inputs"] == [{"name": "b", "datatype": "INT64", "shape": [-1, 5]}]
 
 
+def test_a_v2_row_queued_under_tensors_a_newcomer_replaced_is_answered_503_not_sent(sidecar, pool):
+    """A v2 request queued after the last worker of tensors `x` left was read against `x`; a
+    newcomer of tensors `y` was sent it as a row of `x` (PROTOCOL.md had called it a known
+    limit). It is answered 503 `tensors_changed` with Retry-After, and sent again it is read
+    against the newcomer's tensors and served."""
+    x = [{"name": "x", "datatype": "FP32", "shape": [3]}]
+    y = [{"name": "y", "datatype": "INT64", "shape": [2]}]
+    old = FakeWorker(sidecar.socket, inputs=x)
+    sidecar.wait_for_log(r"worker connected")
+    old.close()
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+                       what="the worker of x gone")  # fmt: skip
+    infer = "/v2/models/default/infer"
+    of_x = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
+    within = {"x-corral-timeout-ms": "8000"}
+    queued = pool.submit(sidecar.client.post, infer, json=of_x, headers=within)
+    sidecar.wait_until(lambda: sidecar.metric("corral_queue_depth", stage="default") == 1,
+                       what="the row of x queued")  # fmt: skip
+    new = FakeWorker(sidecar.socket, inputs=y)
+    response = queued.result(timeout=30)
+    assert response.status_code == 503, response.text
+    assert "tensors changed while the request was queued" in response.json()["error"]
+    assert response.headers["retry-after"] == "1"
+    of_y = {"inputs": [{"name": "y", "datatype": "INT64", "shape": [1, 2], "data": [4, 5]}]}
+    again = pool.submit(sidecar.client.post, infer, json=of_y, headers=within)
+    batch = new.receive()
+    assert batch["type"] == "batch" and len(batch["jobs"]) == 1, batch
+    row = msgpack.unpackb(batch["jobs"][0]["payload"])
+    assert list(row) == ["y"], row
+    echo_back(new, batch)
+    answer = again.result(timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["outputs"][0]["data"] == [4, 5]
+    new.close()
+
+
 def test_two_hellos_of_other_tensors_at_once_on_an_empty_stage_are_never_both_taken(sidecar):
     """Each hello was checked against the workers connected, then joined: two at once on an
     empty stage each saw none, and workers of other tensors served it together (18 rounds in

@@ -47,6 +47,10 @@ pub enum Outcome {
     Preempted { retry_after: Duration },
     /// The proxy is stopping and its grace period ran out before this job was answered (503).
     ShuttingDown,
+    /// The job's row was read against tensors its stage's workers no longer declare: a worker
+    /// of other tensors replaced them while it was queued (503 `tensors_changed`: sent again,
+    /// the request is read against the new ones).
+    TensorsChanged,
     /// A streamed job's stream ended normally: every chunk went through its sink.
     Ended,
     /// A streamed job's client fell behind by more than its buffer: the job was cancelled.
@@ -118,6 +122,11 @@ pub struct Job {
     pub aging_since: Option<Instant>,
     /// The tenant the request named, if any.
     pub tenant: Option<Tenant>,
+    /// The epoch of its stage's declared tensors its row was read against (a v2, KServe v1 or
+    /// OpenAI request's job on its first stage), if it was read against them: taken for a batch
+    /// after a worker of other tensors replaced them, it is answered 503 `tensors_changed`
+    /// ([`crate::stage::Stage::tensors_changed`]).
+    pub tensors: Option<u64>,
     /// What the job counts toward its batch's weight budget and the cost model (at least 1;
     /// 0 until its stage weighs it, by the client's `x-corral-weight` or the workers' rule).
     pub weight: u32,
@@ -182,6 +191,7 @@ impl Job {
             class: Class::Normal,
             aging_since: None,
             tenant: None,
+            tensors: None,
             weight: 1,
             retries: 0,
             alone: false,

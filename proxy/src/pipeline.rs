@@ -89,6 +89,8 @@ impl Pipeline {
             };
             // Its class goes on aging from the first stage's queue (`stage::lanes::aged`).
             traffic.aging_since = traffic.aging_since.or(Some(entered));
+            // Its rows were read against the first stage's tensors alone.
+            traffic.tensors = None;
             entered = Instant::now();
         }
         Ok(Ok(AtLast { inputs: jobs, entered, traffic }))
@@ -397,6 +399,37 @@ mod tests {
         assert_eq!(second[0].class, Class::High);
         let since = second[0].aging_since.expect("its first stage's clock");
         assert!(since >= queued && since < queued + Duration::from_millis(50), "{since:?}");
+        second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
+        assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn only_the_first_stage_s_jobs_carry_the_epoch_of_the_tensors_they_were_read_against() {
+        // The epoch is the first stage's: on the second (its own epochs, 0 here), the same
+        // number had marked every job stale, each answered 503 `tensors_changed`.
+        let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
+        let spec = corral_protocol::TensorSpec {
+            name: "x".into(),
+            datatype: "FP32".into(),
+            shape: vec![2],
+        };
+        a.declare(crate::stage::Declared { inputs: vec![spec], ..Default::default() });
+        let (_, epoch) = a.declared_marked();
+        assert_ne!(epoch, b.declared_marked().1);
+        let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
+        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
+        let traffic = Traffic { tensors: Some(epoch), ..Traffic::default() };
+        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run =
+            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let first = seat_a.next_batch().await;
+        assert_eq!(first[0].tensors, Some(epoch));
+        first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
+        let second = tokio::time::timeout(Duration::from_secs(1), seat_b.next_batch())
+            .await
+            .expect("the job reaches the second stage's worker");
+        assert_eq!(second[0].tensors, None);
         second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
         assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
     }

@@ -30,7 +30,7 @@ mod seat;
 mod taking;
 pub mod weight;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -92,6 +92,12 @@ pub struct Stage {
     /// The declarations, each part (schemas, tensors, weight rule) as the latest hello that
     /// declared it gave it (`Declared::over`; read per v2 request: shared, not copied).
     declared: Mutex<Option<Arc<Declared>>>,
+    /// Moved on, under `declared`'s lock, each time the declared tensors change: a v2, KServe v1
+    /// or OpenAI request's rows are marked with the one they were read against, and a row whose
+    /// mark is not the stage's when it is taken for a batch is answered 503
+    /// `tensors_changed` rather than sent as rows of tensors its worker does not take
+    /// ([`Stage::declared_marked`]).
+    tensors_epoch: AtomicU64,
     /// Each connected worker's own declarations, in the order they joined: what the stage's are
     /// laid again from when one leaves ([`Stage::forget_departed`]).
     declarers: Mutex<declared::Declarers>,
@@ -388,6 +394,7 @@ impl Stage {
             name: name.into(),
             declared: Mutex::default(),
             declarers: Mutex::default(),
+            tensors_epoch: AtomicU64::new(0),
             weighs: AtomicBool::new(false),
             settings,
             capacity,

@@ -112,6 +112,10 @@ pub struct Traffic {
     /// since it was first queued (None: its class ages from when it is queued here). See
     /// [`crate::stage::lanes::aged`].
     pub aging_since: Option<tokio::time::Instant>,
+    /// The epoch of the first stage's declared tensors the request's rows were read against, if
+    /// they were (v2, KServe v1, OpenAI; None for a native request, and on every later stage of
+    /// a pipeline). See [`crate::job::Job::tensors`].
+    pub tensors: Option<u64>,
 }
 
 impl Traffic {
@@ -125,6 +129,7 @@ impl Traffic {
         job.allowance = self.allowance.map_or(budget, |allowance| allowance.max(budget));
         job.budget = self.budget.unwrap_or(budget).max(budget);
         job.aging_since = self.aging_since;
+        job.tensors = self.tensors;
     }
 }
 

@@ -267,6 +267,16 @@ impl ApiError {
         error
     }
 
+    /// A queued job's row was read against tensors a newcomer's replaced ([`Outcome::TensorsChanged`]).
+    pub fn tensors_changed() -> Self {
+        let message = "the model's tensors changed while the request was queued (a worker \
+                       declaring other tensors replaced them): it was read against the old ones \
+                       and was not run; send it again";
+        let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "tensors_changed", message);
+        error.retry_after = Some(1);
+        error
+    }
+
     pub fn shutting_down() -> Self {
         let message = "the proxy is shutting down; retry on another instance";
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "shutting_down", message);
@@ -297,6 +307,7 @@ impl ApiError {
             Outcome::Expired => Self::deadline_exceeded(),
             Outcome::Preempted { retry_after } => Self::preempted(retry_after.as_secs()),
             Outcome::ShuttingDown => Self::shutting_down(),
+            Outcome::TensorsChanged => Self::tensors_changed(),
             Outcome::Ended => Self::internal("internal", "a stream's end was treated as an error"),
             Outcome::SlowClient => Self::slow_client(),
         }

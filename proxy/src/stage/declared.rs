@@ -161,7 +161,7 @@ impl Stage {
             return; // the same declarations: `/openapi.json` is not built again
         }
         self.weighs.store(laid.weight.is_some(), Ordering::Relaxed);
-        *kept = Some(Arc::new(laid));
+        self.put(&mut kept, laid);
     }
 
     pub(super) fn declarers(&self) -> MutexGuard<'_, Declarers> {
@@ -200,7 +200,36 @@ impl Stage {
             without.weight = None;
             self.weighs.store(false, Ordering::Relaxed);
         }
-        *declarations = Some(Arc::new(without));
+        self.put(&mut declarations, without);
+    }
+
+    /// Puts `declared` in as the stage's declarations (`kept`, under its lock), moving the
+    /// tensors' epoch on where its tensors are not those it replaces: rows queued already were
+    /// read against the old ones ([`Stage::declared_marked`]).
+    fn put(&self, kept: &mut Option<Arc<Declared>>, declared: Declared) {
+        let before = kept.as_deref();
+        let same = |b: &Declared| b.inputs == declared.inputs && b.outputs == declared.outputs;
+        if !before.map_or(!declared.declares_tensors(), same) {
+            self.tensors_epoch.fetch_add(1, Ordering::Relaxed);
+        }
+        *kept = Some(Arc::new(declared));
+    }
+
+    /// The stage's declarations, with the epoch of their tensors: a request whose rows are read
+    /// against them marks its jobs with it (`Traffic::tensors`), and a job whose mark is not the
+    /// stage's when it is taken for a batch is answered 503 `tensors_changed`
+    /// ([`Stage::tensors_changed`]). Read under one lock: the epoch is never newer than the
+    /// tensors beside it.
+    pub fn declared_marked(&self) -> (Option<Arc<Declared>>, u64) {
+        let kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
+        (kept.clone(), self.tensors_epoch.load(Ordering::Relaxed))
+    }
+
+    /// Whether `job`'s rows were read against tensors the stage no longer declares: a worker of
+    /// other tensors (or none) replaced them while it was queued. Sent on, it would reach that
+    /// worker as rows of the old tensors (and its answer be judged by the old outputs).
+    pub fn tensors_changed(&self, job: &crate::job::Job) -> bool {
+        job.tensors.is_some_and(|read| read != self.tensors_epoch.load(Ordering::Relaxed))
     }
 
     /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),
@@ -217,7 +246,7 @@ impl Stage {
         let mut kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
         let declared = declared.over(kept.as_deref());
         self.weighs.store(declared.weight.is_some(), Ordering::Relaxed);
-        *kept = Some(Arc::new(declared));
+        self.put(&mut kept, declared);
     }
 
     /// Why a hello declaring these tensors may not join, if it may not: while a connected
@@ -332,6 +361,66 @@ mod tests {
         stage.forget_departed();
         assert_eq!(rule(&stage), Some(WeightRule::parse("/b").unwrap()));
         assert_eq!(stage.declared().unwrap().input, schema("older"));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_row_read_against_tensors_a_newcomer_replaced_is_answered_not_sent() {
+        // The last worker of tensors `x` left with a v2 row queued, read against them; one of
+        // tensors `y` joined: the row had reached it as a row of `x`. Now it is answered 503
+        // `tensors_changed`, and a row read against `y` goes.
+        let stage = Stage::new("default", settings(), 100);
+        let old = join(&stage, tensors("x"));
+        let (_, read) = stage.declared_marked();
+        let (stale, mut stale_answer) = marked(read);
+        stage.submit(stale).unwrap();
+        drop(old);
+        stage.forget_departed();
+        let _new = join(&stage, tensors("y"));
+        let (_, now) = stage.declared_marked();
+        assert_ne!(read, now, "other tensors, another epoch");
+        let (fresh, _fresh_answer) = marked(now);
+        stage.submit(fresh).unwrap();
+        let batch = stage.next_batch().await;
+        assert_eq!(batch.iter().map(|job| job.tensors).collect::<Vec<_>>(), [Some(now)]);
+        let outcome = stale_answer.try_recv().unwrap().outcome;
+        assert_eq!(outcome, crate::job::Outcome::TensorsChanged);
+    }
+
+    #[test]
+    fn the_epoch_moves_only_when_the_tensors_change() {
+        // A newcomer of the same tensors, new schemas or a weight rule leave queued rows as they
+        // were read; a worker declaring none, joining alone, clears the tensors: rows read
+        // against them would reach it as rows of tensors it does not take.
+        let stage = Stage::new("default", settings(), 100);
+        let epoch = |stage: &Stage| stage.declared_marked().1;
+        let first = join(&stage, tensors("x"));
+        let read = epoch(&stage);
+        let _same = join(&stage, Declared { input: Some(serde_json::json!({})), ..tensors("x") });
+        let _weighs = join(&stage, weighing("/n"));
+        assert_eq!(epoch(&stage), read);
+        drop((first, _same, _weighs));
+        stage.forget_departed();
+        let _plain = join(&stage, Declared::default());
+        assert_ne!(epoch(&stage), read);
+    }
+
+    fn tensors(name: &str) -> Declared {
+        let spec = |name: &str| corral_protocol::TensorSpec {
+            name: name.into(),
+            datatype: "FP32".into(),
+            shape: vec![2],
+        };
+        Declared { inputs: vec![spec(name)], outputs: vec![spec("out")], ..Declared::default() }
+    }
+
+    /// A job whose row was read against the tensors of `epoch`.
+    fn marked(epoch: u64) -> (crate::job::Job, tokio::sync::oneshot::Receiver<crate::job::Reply>) {
+        let now = tokio::time::Instant::now();
+        let deadline = now + Duration::from_secs(5);
+        let (mut job, answer) =
+            crate::job::Job::new(corral_protocol::JobId::new(), &b"\x80"[..], now, deadline);
+        job.tensors = Some(epoch);
+        (job, answer)
     }
 
     fn settings() -> BatchSettings {

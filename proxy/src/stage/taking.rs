@@ -7,7 +7,7 @@ use tokio::time::Instant;
 
 use super::policy::{self, Release};
 use super::{bury, weight_of, Queue, Seat, Stage};
-use crate::job::Job;
+use crate::job::{Job, Outcome};
 use crate::metrics::metrics;
 
 /// What a pull found when it looked at the queue ([`Stage::take_when`]).
@@ -202,7 +202,9 @@ impl Stage {
         while batch.len() < max {
             let Some((next, request)) = queue.jobs.peek() else { break };
             let dead = next.is_abandoned() || next.is_expired(now);
-            if !batch.is_empty() && !dead {
+            // Read against tensors a newcomer's replaced: not sent as rows of the old ones.
+            let stale = !dead && self.tensors_changed(next);
+            if !batch.is_empty() && !dead && !stale {
                 if next.alone {
                     break;
                 }
@@ -220,9 +222,13 @@ impl Stage {
                     break;
                 }
             }
-            let job = queue.jobs.pop(!dead).expect("front exists");
+            let job = queue.jobs.pop(!(dead || stale)).expect("front exists");
             if dead {
                 bury(job, now);
+                continue;
+            }
+            if stale {
+                job.answer(Outcome::TensorsChanged);
                 continue;
             }
             bytes += job.size();

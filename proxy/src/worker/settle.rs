@@ -181,7 +181,7 @@ impl Orphan {
 /// job whose batch reached the worker costs one of its retries (the worker may have run it, and
 /// a poison input must not kill worker after worker) and goes on alone ([`Job::alone`]: which of
 /// the batch's jobs killed it nobody can tell); one whose batch never did costs nothing.
-/// The others are answered 500 (`worker_died`).
+/// The others are answered 500 (`worker_died`), or 408 where their deadline has passed.
 pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: Instant) {
     let mut retry = Vec::new();
     let mut retried = 0;
@@ -199,7 +199,16 @@ pub fn give_back(seat: &WorkerSeat<'_>, orphans: Vec<Orphan>, why: &str, now: In
             retry.push(job);
         } else {
             debug!(request_id = %job.id, reason = why, "job failed with its worker");
-            answer(job, Outcome::WorkerLost(told.clone()), now);
+            // Past its deadline, whether or not its client's timer has fired yet, the client
+            // gets the 408 its deadline says, as a late result does (`answer_result`): a worker
+            // dying a millisecond after it had answered 500 `worker_died` or 408 by which ran
+            // first, the 500 in no expiry count. A stream that has begun is past that.
+            let outcome = if job.is_expired(now) && !streamed(&job) {
+                Outcome::Expired
+            } else {
+                Outcome::WorkerLost(told.clone())
+            };
+            answer(job, outcome, now);
         }
     }
     if retried > 0 {
@@ -347,6 +356,18 @@ mod tests {
         assert!(matches!(seen_answer.await.map(|r| r.outcome), Ok(Outcome::WorkerLost(_))));
         assert!(unseen_answer.try_recv().is_err(), "not answered: queued again");
         assert_eq!(payloads_of(seat.next_batch().await), [b"unseen"]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_job_whose_worker_dies_at_its_deadline_is_a_408_though_the_client_still_waits() {
+        // The client's own timer had not run yet: the job was answered 500 `worker_died`, a
+        // run or two in ten where the worker died as the deadline passed.
+        let stage = stage();
+        let seat = stage.worker_joined();
+        let (held, answer) = orphan(b"held", 1, true);
+        let at_deadline = held.job.deadline;
+        give_back(&seat, vec![held], "died", at_deadline);
+        assert_eq!(answer.await.map(|r| r.outcome), Ok(Outcome::Expired));
     }
 
     #[test]

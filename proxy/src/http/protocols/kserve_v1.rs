@@ -108,7 +108,7 @@ async fn predict(
     // declares tensors as a list (every instance 500). Not ready yet, as v2 says then too. A
     // worker that connected without declarations takes plain values (restarting, too).
     let first = route.pipeline.stages.first().expect("a pipeline has a stage");
-    let declared = first.declared();
+    let (declared, epoch) = first.declared_marked();
     if declarations_unknown(route) {
         return Err(body::before_body(not_ready_yet(format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
@@ -116,7 +116,9 @@ async fn predict(
         ))));
     }
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
-    let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
+    let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
+    // Its instances are read against the tensors of this epoch, or as plain values.
+    traffic.tensors = Some(epoch);
     let body_len = body.len();
     let refused = |problem: format::Unreadable, body: &[u8]| {
         ApiError::or_charset(ApiError::bad_request(problem), content_type.as_ref(), body)
@@ -159,8 +161,13 @@ async fn predict(
     let mut outcomes = infer::run_items(app, route, rows, deadline, traffic).await?;
     // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
     // not them is the worker's fault, not a prediction.
-    let last = route.pipeline.stages.last().expect("a pipeline has a stage");
-    if let Some(declared) = last.declared().filter(|d| !d.outputs.is_empty()) {
+    // (A one-stage route's are those of the epoch its instances were read against.)
+    let stages = &route.pipeline.stages;
+    let last = match stages.len() {
+        1 => declared,
+        _ => stages.last().expect("a pipeline has a stage").declared(),
+    };
+    if let Some(declared) = last.filter(|d| !d.outputs.is_empty()) {
         check_outputs(&declared.outputs, &outcomes)?;
         if let [lone] = &declared.outputs[..] {
             outcomes =

@@ -138,11 +138,18 @@ pub async fn embeddings(
     }
     let stages = &route.pipeline.stages;
     let first = stages.first().expect("a pipeline has a stage");
-    let input = declared::Input::of(first.declared().as_deref()).map_err(body::before_body)?;
+    let (declared, epoch) = first.declared_marked();
+    let input = declared::Input::of(declared.as_deref()).map_err(body::before_body)?;
     let last = stages.last().expect("a pipeline has a stage");
-    let output = declared::output(last.declared().as_deref());
+    // A one-stage route's output is that of the epoch its inputs are marked with.
+    let output = match stages.len() {
+        1 => declared::output(declared.as_deref()),
+        _ => declared::output(last.declared().as_deref()),
+    };
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
-    let Received { body, deadline, traffic, .. } = body::receive(app, route, request).await?;
+    let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
+    // Its strings are read against the tensors of this epoch, or as plain values.
+    traffic.tensors = Some(epoch);
     // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked):
     // serde's "invalid unicode code point" had said nothing of why, and an unknown field took
     // any bytes. 415 for a body in another encoding its `charset` names, as on every route.

@@ -337,15 +337,21 @@ fn not_declared_yet(route: &Route) -> Option<String> {
 struct Declared {
     first: Option<Arc<crate::stage::Declared>>,
     last: Option<Arc<crate::stage::Declared>>,
+    /// The epoch of the first stage's tensors, which the request's rows are marked with
+    /// (`Traffic::tensors`).
+    epoch: u64,
 }
 
 impl Declared {
     fn of(route: &Route) -> Declared {
         let stages = &route.pipeline.stages;
-        Declared {
-            first: stages.first().and_then(|s| s.declared()),
-            last: stages.last().and_then(|s| s.declared()),
-        }
+        let (first, epoch) = stages.first().map_or((None, 0), |s| s.declared_marked());
+        // A one-stage route's outputs are those of the epoch its rows are marked with.
+        let last = match stages.len() {
+            1 => first.clone(),
+            _ => stages.last().and_then(|s| s.declared()),
+        };
+        Declared { first, last, epoch }
     }
 
     fn inputs(&self) -> &[TensorSpec] {
@@ -436,6 +442,7 @@ async fn infer(
     // 5% of that as its margin, and 5% of the route's 5 s (250 ms) had refused every 200 ms
     // timeout on an idle stage, which the same deadline as a header got served.
     let mut traffic = traffic;
+    traffic.tensors = Some(declared.epoch);
     let deadline = match parsed.timeout.and_then(|timeout| arrived.checked_add(timeout)) {
         Some(shorter) if shorter < deadline => {
             traffic.budget = traffic.budget.map(|budget| budget.min(shorter - arrived));
