@@ -230,9 +230,10 @@ pub struct Config {
           value_parser = at_least_one::<u64>)]
     pub max_batch_weight: Option<u64>,
 
-    /// How long a queued job waits in its priority class (x-corral-priority) before it is
-    /// promoted to the next: a low job competes as high after twice this (in a pipeline,
-    /// counted from its first stage's queue).
+    /// How long a queued job waits in its priority class (x-corral-priority), held back by the
+    /// higher classes, before it is promoted to the next: a low job competes as high after
+    /// twice this (in a pipeline, counted from its first stage's queue; time its class was
+    /// being served does not count).
     #[arg(long, env = "CORRAL_PRIORITY_AGING_MS", default_value_t = 5000,
           value_parser = at_least_one::<u64>)]
     pub priority_aging_ms: u64,

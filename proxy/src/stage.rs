@@ -145,8 +145,9 @@ struct Queue {
     classes: [Recent; 3],
     /// By class (by [`Class::index`]): when a batch last took in a job of this class or lower,
     /// or went out with room, no higher job left queued. The higher classes did not hold such
-    /// a job back then, however fast they came.
-    dry: [Option<Instant>; 3],
+    /// a job back then, however fast they came; nor does its class age from before then
+    /// ([`lanes::Held`]).
+    dry: lanes::Held,
     /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
     /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
@@ -545,10 +546,11 @@ impl Stage {
                 return Err(Shed::ShuttingDown);
             }
             let now = Instant::now();
-            queue.jobs.promote(now, self.aging);
+            let held = queue.dry;
+            queue.jobs.promote(now, self.aging, &held);
             // A later stage of a pipeline takes the request in at the class it has reached.
             let entered = aging_since.map_or(now, |since| {
-                let (aged, entered) = lanes::aged(class, since, now, self.aging);
+                let (aged, entered) = lanes::aged(class, since, now, self.aging, &held);
                 class = aged;
                 jobs.iter_mut().for_each(|job| job.class = aged);
                 entered
@@ -761,7 +763,8 @@ impl Stage {
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
     pub fn queued_by_class(&self) -> [usize; 3] {
         let mut queue = self.lock();
-        queue.jobs.promote(Instant::now(), self.aging);
+        let held = queue.dry;
+        queue.jobs.promote(Instant::now(), self.aging, &held);
         [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }
 

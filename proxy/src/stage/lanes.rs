@@ -3,9 +3,11 @@
 //! are taken, promoted and evicted together.
 //!
 //! - **Classes**: the highest class with queued work is served first. A queued request is
-//!   promoted one class for every aging period (`--priority-aging-ms`) it has waited, so a low
-//!   job is never starved: after two periods it competes as high, behind only the high jobs
-//!   queued before it was promoted. A pipeline's later stage takes a request in at the class it
+//!   promoted one class for every aging period (`--priority-aging-ms`) the higher classes have
+//!   held it back (from its entry, or from when its class was last served if later: [`Held`]),
+//!   so a low job is never starved: after two such periods it competes as high, behind only the
+//!   high jobs queued before it was promoted. Waiting behind its own class (its tenant's
+//!   backlog) is not starvation, and does not lift it past the other tenants of its class. A pipeline's later stage takes a request in at the class it
 //!   has reached since its first stage queued it ([`aged`]): were it to start low again on each
 //!   stage, a low request would need two periods per stage, and starved within its deadline.
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least weight
@@ -61,19 +63,33 @@ impl Hasher for Fold {
     }
 }
 
+/// By class (by [`Class::index`]): when the class was last not held back by the higher ones (a
+/// batch took in one of its jobs or a lower one, or went out with room and no higher job left
+/// queued; the stage's `dry`). A request ages only from then: waiting behind its own class's
+/// queue (its tenant's backlog, say) is not being starved by a higher class.
+pub type Held = [Option<Instant>; 3];
+
+/// When a request that entered `class` at `entered` began to be held back in it by the higher
+/// classes, as `held` says: from its entry, or from when the class was last served, whichever
+/// is later.
+fn held_from(class: Class, entered: Instant, held: &Held) -> Instant {
+    held[class.index()].map_or(entered, |served| served.max(entered))
+}
+
 /// The class a request of `class` has reached at `now` if it began to age at `since`, and when it
-/// entered that class: one class up for every aging period, as [`Lanes::promote`] moves a queued
-/// request. How a pipeline's later stage takes in a request whose class aged on the stages
-/// before.
+/// entered that class: one class up for every aging period the higher classes held it back
+/// (`held`), as [`Lanes::promote`] moves a queued request. How a pipeline's later stage takes in
+/// a request whose class aged on the stages before.
 pub fn aged(
     mut class: Class,
     mut since: Instant,
     now: Instant,
     aging: Duration,
+    held: &Held,
 ) -> (Class, Instant) {
-    while class != Class::High && since + aging <= now {
+    while class != Class::High && held_from(class, since, held) + aging <= now {
+        since = held_from(class, since, held) + aging;
         class = class.promoted();
-        since += aging;
     }
     (class, since)
 }
@@ -496,24 +512,35 @@ impl Lanes {
         self.current = None;
     }
 
-    /// Promotes every request that has waited an aging period in its class to the next class
-    /// up (as [`aged`] says for one request); a request overdue by several periods moves up
-    /// several classes at once. Cheap when nothing is due.
-    pub fn promote(&mut self, now: Instant, aging: Duration) {
+    /// Promotes every request the higher classes have held back an aging period in its class
+    /// (`held`: when each class was last served) to the next class up (as [`aged`] says for one
+    /// request); a request overdue by several periods moves up several classes at once. Cheap
+    /// when nothing is due.
+    pub fn promote(&mut self, now: Instant, aging: Duration, held: &Held) {
         if self.next_promotion.is_none_or(|at| at + aging > now) {
             return;
         }
         let mut next: Option<Instant> = None;
+        let mut soonest = |at: Instant| next = Some(next.map_or(at, |next: Instant| next.min(at)));
         // Low first: what it promotes to normal may be due again at once.
         for class in [Class::Low, Class::Normal] {
+            // A class the higher ones did not hold back within a period has nothing due: one
+            // check, not a walk of its lanes on every look while a deep queue of its own waits.
+            if let Some(served) = held[class.index()].filter(|&at| at + aging > now) {
+                if self.jobs_in(class) > 0 {
+                    soonest(served);
+                }
+                continue;
+            }
             let keys: Vec<Key> = self.classes[class.index()].tenants.keys().copied().collect();
             for key in keys {
                 loop {
                     let lanes = &mut self.classes[class.index()];
                     let Some(lane) = lanes.tenants.get_mut(&key) else { break };
                     let entered = lane.requests.front().expect("a lane has work").entered;
+                    let entered = held_from(class, entered, held);
                     if entered + aging > now {
-                        next = Some(next.map_or(entered, |at| at.min(entered)));
+                        soonest(entered);
                         break;
                     }
                     let mut request = lane.requests.pop_front().expect("checked above");
@@ -530,7 +557,7 @@ impl Lanes {
                     }
                     request.entered = entered + aging;
                     if up != Class::High {
-                        next = Some(next.map_or(request.entered, |at| at.min(request.entered)));
+                        soonest(request.entered);
                     }
                     let lane = self.classes[up.index()].lane(key);
                     lane.weight += request.weight;

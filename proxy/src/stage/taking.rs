@@ -153,7 +153,8 @@ impl Stage {
             let looked = {
                 let mut queue = self.lock();
                 let now = Instant::now();
-                queue.jobs.promote(now, self.aging);
+                let held = queue.dry;
+                queue.jobs.promote(now, self.aging, &held);
                 self.clear_dead(&mut queue, now, false);
                 look(self, &mut queue, now)
             };

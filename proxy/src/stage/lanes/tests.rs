@@ -22,6 +22,9 @@ fn job(name: &str, class: Class, tenant: Option<&str>, weight: u32, at: Instant)
 
 const SECOND: Duration = Duration::from_secs(1);
 
+/// No class ever served: every class held back since its requests came.
+const NEVER: Held = [None; 3];
+
 fn names(jobs: impl IntoIterator<Item = Job>) -> Vec<String> {
     jobs.into_iter().map(|j| String::from_utf8(j.payload.contiguous().to_vec()).unwrap()).collect()
 }
@@ -144,11 +147,11 @@ fn waiting_promotes_one_class_per_period() {
     let mut lanes = Lanes::default();
     one(&mut lanes, "old-low", Class::Low, None, start);
     one(&mut lanes, "high", Class::High, None, start + SECOND);
-    lanes.promote(start + SECOND / 2, aging);
+    lanes.promote(start + SECOND / 2, aging, &NEVER);
     assert_eq!(lanes.jobs_in(Class::Low), 1);
-    lanes.promote(start + SECOND, aging);
+    lanes.promote(start + SECOND, aging, &NEVER);
     assert_eq!((lanes.jobs_in(Class::Low), lanes.jobs_in(Class::Normal)), (0, 1));
-    lanes.promote(start + SECOND * 2, aging);
+    lanes.promote(start + SECOND * 2, aging, &NEVER);
     assert_eq!(lanes.jobs_in(Class::High), 2);
     assert_eq!(lanes.front().unwrap().class, Class::High);
     // Once high, it goes in the order it entered the class: after the high job queued before.
@@ -162,25 +165,68 @@ fn a_request_aged_on_earlier_stages_comes_in_at_its_class_among_those_that_enter
     // Times are periods from `start`. Low from 0, at 2.5: high from 2; at 0.5: low still. High
     // stays high, from when it began.
     assert_eq!(
-        aged(Class::Low, start, start + aging * 5 / 2, aging),
+        aged(Class::Low, start, start + aging * 5 / 2, aging, &NEVER),
         (Class::High, start + aging * 2)
     );
-    assert_eq!(aged(Class::Low, start, start + aging / 2, aging), (Class::Low, start));
-    assert_eq!(aged(Class::High, start, start + aging * 9, aging), (Class::High, start));
+    assert_eq!(aged(Class::Low, start, start + aging / 2, aging, &NEVER), (Class::Low, start));
+    assert_eq!(aged(Class::High, start, start + aging * 9, aging, &NEVER), (Class::High, start));
     let mut lanes = Lanes::default();
     one(&mut lanes, "high", Class::High, None, start + aging * 2);
     // At 3, three requests come in from earlier stages. Low from 0: high from 2, as the job
     // before, and after it.
-    let (class, entered) = aged(Class::Low, start, start + aging * 3, aging);
+    let (class, entered) = aged(Class::Low, start, start + aging * 3, aging, &NEVER);
     lanes.push(vec![job("low", class, None, 1, start + aging * 3)], entered);
     // Normal from 0: high from 1, before both.
-    let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging);
+    let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging, &NEVER);
     lanes.push(vec![job("normal", class, None, 1, start + aging * 3)], entered);
     one(&mut lanes, "late-high", Class::High, None, start + aging * 3);
     // Low from 0.5: high from 2.5, before the high job that came at 3.
-    let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging);
+    let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging, &NEVER);
     lanes.push(vec![job("later-low", class, None, 1, start + aging * 3)], entered);
     assert_eq!(drain(&mut lanes), ["normal", "high", "low", "later-low", "late-high"]);
+}
+
+#[test]
+fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tenant() {
+    // Tenant A queued 20 normal requests; its class was served all along (each batch took one
+    // of them), no higher work queued. Aging 0.4 s: A's backlog had moved up to high as it
+    // aged behind itself, and B's fresh request waited behind all of it (admission refused B's
+    // 1 s deadline: 503). Waiting behind one's own class is not starvation: none moves up, and
+    // B takes its turn.
+    let start = Instant::now();
+    let aging = SECOND * 2 / 5;
+    let mut lanes = Lanes::default();
+    for i in 0..20 {
+        one(&mut lanes, &format!("a{i}"), Class::Normal, Some("A"), start);
+    }
+    let now = start + SECOND * 2;
+    one(&mut lanes, "b", Class::Normal, Some("B"), now);
+    let served = [None, Some(now - SECOND / 10), None];
+    lanes.promote(now, aging, &served);
+    assert_eq!(lanes.jobs_in(Class::High), 0);
+    assert_eq!(names([lanes.pop(true).unwrap(), lanes.pop(true).unwrap()]), ["a0", "b"]);
+    // Held back by a higher class since it was last served, it climbs as before.
+    lanes.promote(now + aging, aging, &served);
+    assert_eq!(lanes.jobs_in(Class::High), 19);
+}
+
+#[test]
+fn a_request_ages_from_when_its_class_was_last_served_if_that_came_after_it() {
+    let start = Instant::now();
+    let aging = SECOND;
+    // Low from 0, its class last served at 1: at 2.5 it has been held back 1.5 periods (normal
+    // from 2), not 2.5 (high).
+    let served = [Some(start + SECOND), None, None];
+    assert_eq!(
+        aged(Class::Low, start, start + aging * 5 / 2, aging, &served),
+        (Class::Normal, start + aging * 2)
+    );
+    // Normal served at 3, after it came in at 2: at 3.5 it is normal still (high from 4).
+    let served = [Some(start + SECOND), Some(start + SECOND * 3), None];
+    assert_eq!(
+        aged(Class::Low, start, start + aging * 7 / 2, aging, &served),
+        (Class::Normal, start + aging * 2)
+    );
 }
 
 #[test]
@@ -189,7 +235,7 @@ fn a_long_overdue_job_climbs_several_classes_at_once() {
     let mut lanes = Lanes::default();
     one(&mut lanes, "low", Class::Low, Some("t"), start);
     one(&mut lanes, "normal", Class::Normal, Some("t"), start + SECOND * 10);
-    lanes.promote(start + SECOND * 10, SECOND);
+    lanes.promote(start + SECOND * 10, SECOND, &NEVER);
     assert_eq!(lanes.jobs_in(Class::High), 1);
     assert_eq!(lanes.jobs_in(Class::Normal), 1);
     assert_eq!(drain(&mut lanes), ["low", "normal"]);
@@ -291,7 +337,7 @@ fn a_request_put_back_does_not_hold_back_the_promotion_of_older_ones() {
     one(&mut lanes, "queued", Class::Low, Some("t"), start);
     let back = start + SECOND * 4;
     lanes.push_front(vec![job("put back", Class::Low, Some("t"), 1, back)], back);
-    lanes.promote(start + aging, aging);
+    lanes.promote(start + aging, aging, &NEVER);
     assert_eq!(lanes.jobs_in(Class::Low), 0);
     assert_eq!(drain(&mut lanes), ["put back", "queued"]);
 }
