@@ -197,6 +197,19 @@ def test_nan_and_infinity_go_back_in_msgpack_and_are_500_as_json(proxy):
     assert "NaN or infinity" in message and "msgpack can" in message
 
 
+def test_a_map_key_json_cannot_carry_is_named_as_such_not_as_any_non_string_key(proxy):
+    # serde's "key must be a string" denied what goes through: number and boolean keys are
+    # written as JSON strings.
+    headers = {"content-type": "application/msgpack", "accept": "application/json"}
+    served = proxy.client.post("/infer", content=msgpack.packb({1.5: 2, True: 3}), headers=headers)
+    assert served.json()["echo"] == {"1.5": 2, "true": 3}
+    body = msgpack.packb({b"k": 1}, use_bin_type=True)
+    response = proxy.client.post("/infer", content=body, headers=headers)
+    message = assert_error(response, 500, "unrepresentable_output")["message"]
+    assert "a map key that is not a string, a number or a boolean" in message, message
+    assert "must be a string" not in message, message
+
+
 def test_a_nan_among_a_thousand_items_fails_that_item_alone_in_json(proxy):
     """At the size clients send (1,000 items, many batches): one item's NaN output once failed
     the whole JSON answer with no list; it is that item's failure, listed by index."""

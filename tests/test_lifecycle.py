@@ -302,6 +302,8 @@ def test_a_worker_command_that_cannot_start_is_said_and_counted(corral_factory, 
     assert "restarts=0" in tries[0] and "restarts=1" in tries[1], tries
     message = proxy.client.get("/readyz").json()["message"]
     assert "the last with a failed start (No such file or directory" in message, message
+    # No process ran: none exited (it had said "its workers exited 4 time(s)").
+    assert re.search(r"its workers failed to start \d+ time\(s\)", message), message
     proxy.wait_until(
         lambda: proxy.metric("corral_worker_restarts_total") >= 1, what="the retry counted"
     )

@@ -537,6 +537,11 @@ CONFIG_ERRORS = {
         STAGE + '[routes.r]\npath = "/x/{y}"\npipeline = "a"\n',
         'routes.r.path: "/x/{y}": a route path has no query, fragment, space or brace',
     ),
+    # Its path comes from its name: `routes.r.path` had been blamed in a file with no `path`.
+    "a route name that makes no path": (
+        STAGE + '[routes."a#b"]\npipeline = "a"\n',
+        'routes.a#b: its path, made from its name, would be "/a#b": a route path has no query',
+    ),
     "a tenant header corral reads already": (
         'tenant_header = "x-corral-priority"\n' + STAGE + '[pipelines.p]\nstages = ["a"]\n',
         "tenant_header: x-corral-priority is a header Corral reads for something else",

@@ -824,3 +824,38 @@ def test_a_stream_open_when_the_drain_begins_finishes_and_new_requests_are_refus
     assert not proxy.socket.exists()
     proxy.stop()  # reads the log to its end
     assert not any("grace period ran out" in line for line in proxy.lines)
+
+
+def test_a_streaming_client_gets_no_plain_worker_of_an_earlier_stage_killed(
+    corral_factory, tmp_path
+):
+    """The stream timeout (0.8 s) had become the hung limit of the stages before the last: a
+    plain worker of the first stage, holding a streaming client's batch past 1.8 s (its route
+    allows 20 s), was killed as hung. A client's `Accept` had got a healthy worker killed. Its
+    client is answered 408 at the stream timeout; the worker keeps its connection and answers."""
+    from corral import _protocol as protocol
+
+    config = tmp_path / "corral.toml"
+    config.write_text(
+        "timeout_ms = 20000\n[stages.a]\n[stages.s]\nstream_timeout_ms = 800\n"
+        '[pipelines.as]\nstages = ["a", "s"]\n[routes.as]\npipeline = "as"\n'
+    )
+    proxy = corral_factory("--config", str(config), worker=None)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as plain:
+        plain.connect(str(proxy.socket))
+        plain.sendall(protocol.encode_frame(protocol.hello("a", 1, "plain")))
+        proxy.wait_for_log(r"worker connected")
+        stream = plain.makefile("rb")
+        headers = {"accept": "application/x-ndjson"}
+        with ThreadPoolExecutor(1) as pool:
+            answer = pool.submit(proxy.client.post, "/as", json=1, headers=headers)
+            batch = protocol.read_frame(stream)
+            assert answer.result(timeout=30).status_code == 408
+            # Held past the stream timeout + 1 s (counted from the batch): a hung worker's
+            # connection had been closed there. Nothing comes from the proxy before the limit
+            # of its route (20 s + 1 s), so a read that times out is the worker kept.
+            plain.settimeout(2.5)
+            with pytest.raises(TimeoutError):
+                stream.read(1)
+    assert not [line for line in proxy.lines if "hung" in line], proxy.lines[-5:]
+    del batch

@@ -490,6 +490,8 @@ def test_the_repository_index_lists_each_model_and_its_state(proxy, corral_facto
     assert (bad.status_code, bad.json()) == (400, {"error": '"ready" must be true or false'})
     not_an_object = idle.client.post("/v2/repository/index", content=b"[1, 2]")
     assert not_an_object.status_code == 400, not_an_object.text
+    # It had said "the body is a JSON object", the opposite of the problem.
+    assert not_an_object.json()["error"].startswith("the body must be a JSON object")
     # Declared over 4 KiB: refused before a byte of it is sent (none is, here).
     host, port = idle.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=20) as conn:

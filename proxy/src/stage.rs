@@ -377,12 +377,17 @@ fn bury(job: Job, now: Instant) {
     }
 }
 
+/// How the supervisor begins its words for a worker whose start failed ([`Stage::worker_exited`]).
+pub const FAILED_START: &str = "a failed start";
+
 /// What a stage's spawned workers told by leaving ([`Stage::exits_said`]).
 #[derive(Default)]
 struct Exits {
     /// How often they exited, and how the last did (the supervisor's words).
     count: u64,
     last: String,
+    /// How many of those were starts that failed (no process ran, so none exited).
+    failed_starts: u64,
     /// Why the last was refused, since a worker last joined.
     refused: Option<String>,
 }
@@ -417,6 +422,7 @@ impl Stage {
     pub fn worker_exited(&self, how: &str) {
         let mut exits = self.exits();
         exits.count += 1;
+        exits.failed_starts += u64::from(how.starts_with(FAILED_START));
         exits.last = how.to_string();
     }
 
@@ -434,9 +440,15 @@ impl Stage {
         let mut said = String::new();
         if exits.count > 0 {
             let (count, last) = (exits.count, &exits.last);
+            // A command that cannot start ran no process: "exited" had been said of it.
+            let how = match exits.failed_starts {
+                0 => "exited",
+                n if n == count => "failed to start",
+                _ => "exited or failed to start",
+            };
             let _ = write!(
                 said,
-                "; its workers exited {count} time(s) since Corral started, the last with {last} \
+                "; its workers {how} {count} time(s) since Corral started, the last with {last} \
                  (see the log)"
             );
         }

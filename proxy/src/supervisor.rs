@@ -303,7 +303,7 @@ async fn supervise(
                 error!(stage = %command.stage, worker = index, command = ?command.argv, error = %e, restarts, "could not start worker");
                 // Said where an exit is (`/readyz`) and counted as a restart when tried again:
                 // a command that never starts had looked like a slow start, with no alert.
-                (command.on_exit.0)(&format!("a failed start ({e})"));
+                (command.on_exit.0)(&format!("{} ({e})", crate::stage::FAILED_START));
                 // Keep trying: the command may appear (a volume mounted late, say).
                 if wait_or_stop(backoff, &stop).await {
                     return;
@@ -365,6 +365,9 @@ async fn supervise(
             }
         }
         if wait_or_stop(backoff, &stop).await {
+            // The line above said "restarting": the stop came first (a worker killed as hung
+            // during the drain, say), and the log had ended on a promise.
+            info!(stage = %command.stage, worker = index, "worker not restarted: Corral is stopping");
             return;
         }
         // Counted once it happens: a stop during the backoff restarts nothing.

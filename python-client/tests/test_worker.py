@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import uuid
+from typing import Any
 
 import msgpack
 import msgspec
@@ -1072,6 +1073,7 @@ class Color(enum.Enum):
     [
         (2**64, "an integer of 65 bits is past msgpack's range"),
         (datetime.date(2026, 1, 1), "return value.isoformat()"),
+        (datetime.timedelta(seconds=5), "return value.total_seconds() (seconds, a float)"),
         (uuid.UUID(int=1), "return str(value)"),
         (Color.RED, "return value.value"),
         (object(), "return str, int, float, bool, None, bytes, or a list or dict of them"),
@@ -1093,15 +1095,19 @@ def test_an_output_msgpack_cannot_encode_says_what_to_return_instead(output, sai
 @pytest.mark.parametrize(
     ("kind", "value", "said"),
     [
-        ("datetime64", "2026-01-01", "numpy's datetime64 as msgpack: return value.isoformat()"),
+        ("datetime64", "2026-01-01", "numpy's datetime64 as msgpack: return str(value) (ISO"),
+        ("timedelta64", 5, "numpy's timedelta64 as msgpack: return value / numpy.timedelta64(1"),
         ("complex128", 1 + 2j, "numpy's complex128 as msgpack: return str"),
     ],
 )
 def test_a_numpy_scalar_msgpack_cannot_encode_says_what_to_return_instead(kind, value, said):
-    """Converted to a Python date or complex, msgpack (its fallback spent) said only "can not
-    serialize 'datetime.date' object"."""
+    """Converted to a Python date, timedelta or complex, msgpack (its fallback spent) said only
+    "can not serialize 'datetime.date' object"; then a datetime64 was told to use the
+    `isoformat()` numpy's has not, and a timedelta64 was told nothing."""
     numpy = pytest.importorskip("numpy")
-    output = getattr(numpy, kind)(value)
+    output = (
+        getattr(numpy, kind)(value, "s") if kind == "timedelta64" else getattr(numpy, kind)(value)
+    )
 
     class Returning(corral.Worker):
         def forward(self, batch):
@@ -1110,6 +1116,28 @@ def test_a_numpy_scalar_msgpack_cannot_encode_says_what_to_return_instead(kind, 
     with FakeProxy(Returning()) as proxy:
         (got,) = proxy.infer([1])
     assert got.status == "error" and said in got.message, got.message
+    assert "isoformat" not in got.message
+
+
+def test_an_output_type_writes_numpy_s_dates_and_durations_as_the_advice_says():
+    # "declare an output_type, which writes it so" had been false for numpy's datetime64: the
+    # same error, with or without one.
+    numpy = pytest.importorskip("numpy")
+
+    class Out(msgspec.Struct):
+        when: datetime.datetime
+        took: Any
+
+    class Typed(corral.Worker):
+        output_type = Out
+
+        def forward(self, batch):
+            when, took = numpy.datetime64("2026-01-01T12:00:00"), numpy.timedelta64(5, "s")
+            return [Out(when, took) for _ in batch]
+
+    with FakeProxy(Typed()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "ok" and got.value == {"when": "2026-01-01T12:00:00", "took": "PT5S"}
 
 
 def test_run_checks_the_socket_path_before_the_model_is_made(tmp_path):

@@ -407,7 +407,21 @@ pub fn resolve(
             let key = format!("routes.{name}");
             check_model_name(name)?;
             let path = route.path.clone().unwrap_or_else(|| format!("/{name}"));
-            check_path(&format!("{key}.path"), &path)?;
+            // A path made from the route's name is the name's fault: `routes.x.path` had been
+            // blamed in a file that wrote no `path`.
+            match route.path {
+                Some(_) => check_path(&format!("{key}.path"), &path)?,
+                None => check_path(&key, &path).map_err(|e| {
+                    error(
+                        &key,
+                        format!(
+                            "its path, made from its name, would be {}: name the route \
+                             otherwise, or give it a `path`",
+                            e.problem
+                        ),
+                    )
+                })?,
+            }
             // As requests are matched: sent as written, or percent-decoded (`/%C3%BC` is `/ü`).
             if let Some(other) = paths.insert(plain_path(&path), name) {
                 let problem = format!("{path} is served twice: routes.{other} serves it too");

@@ -616,8 +616,17 @@ fn written(
             let mut de = crate::msgpack::reader(&data[..]);
             serde_transcode::transcode(&mut de, &mut serde_json::Serializer::new(&mut out))
                 .map_err(|e| {
+                    // serde's words for a map key of bytes, nil, an array or a map: numbers and
+                    // booleans are keys too (written as strings), which "must be a string" denied.
+                    let why = e.to_string();
+                    let why = match why.starts_with("key must be a string") {
+                        true => "a map key that is not a string, a number or a boolean (bytes, \
+                                 nil, an array or a map) has no JSON form"
+                            .to_string(),
+                        false => why,
+                    };
                     Unwritable::no_json_form(format!(
-                        "the worker's output cannot be written as JSON: {e}"
+                        "the worker's output cannot be written as JSON: {why}"
                     ))
                 })?;
             out.extend_from_slice(suffix);

@@ -471,12 +471,20 @@ fn own_get(operation: &str, summary: &str, ok: Value, may_be_unavailable: bool) 
          (`bad_request`).",
         request_id_header(),
     );
-    if may_be_unavailable {
-        responses["503"] = error_response(
-            "Not ready (`not_ready`): no worker yet, or stopping.",
-            request_id_header(),
-        );
-    }
+    // Every page may meet the connection limit: a connection past --max-connections and its
+    // reserve is answered so whatever it asks (the pages had listed no 503, or `not_ready`).
+    let crowded = "the connection is over --max-connections (`too_many_connections`, and it is \
+                   closed; a probe or this page is answered on the reserve of 16 above it)";
+    let unavailable = match may_be_unavailable {
+        true => format!("Not ready (`not_ready`): no worker yet, or stopping; or {crowded}."),
+        false => format!("Only where {crowded}; see Retry-After."),
+    };
+    let mut headers = request_id_header();
+    headers["Retry-After"] = json!({
+        "description": "Seconds after which a retry may succeed (`too_many_connections`).",
+        "schema": {"type": "integer"},
+    });
+    responses["503"] = error_response(&unavailable, headers);
     json!({"operationId": operation, "summary": summary, "responses": responses})
 }
 

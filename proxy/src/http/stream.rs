@@ -51,15 +51,20 @@ pub async fn answer(
     let last = route.pipeline.last();
     let stream_deadline = arrived + last.stream_timeout();
     let deadline = deadline.min(stream_deadline);
-    traffic.allowance = traffic.allowance.map(|allowance| allowance.min(last.stream_timeout()));
     traffic.budget = traffic.budget.map(|budget| budget.min(last.stream_timeout()));
+    // The stages before the last answer one-shot: their workers keep the route's allowance, as
+    // for any client. Capped there too, a plain worker of an earlier stage was killed as hung
+    // past the stream timeout + 1 s, where its route allows longer: a client's `Accept` had
+    // got a healthy worker killed.
     let inputs = route
         .pipeline
         .run_before_last(vec![input], deadline, app.retries, traffic)
         .await
         .map_err(shed)?;
     let (entered, input, traffic) = match inputs {
-        Ok(pipeline::AtLast { entered, mut inputs, traffic }) => {
+        Ok(pipeline::AtLast { entered, mut inputs, mut traffic }) => {
+            let stream_timeout = last.stream_timeout();
+            traffic.allowance = traffic.allowance.map(|allowance| allowance.min(stream_timeout));
             (entered, inputs.pop().expect("one job in, one out"), traffic)
         }
         Err(outcomes) => {

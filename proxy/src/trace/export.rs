@@ -215,7 +215,8 @@ impl SpanProcessor for Queue {
             return;
         }
         let mut spans = self.shared.spans.lock().unwrap_or_else(|p| p.into_inner());
-        if spans.len() >= QUEUE_SPANS {
+        // Past the stop nothing exports what is queued: counted dropped, not left uncounted.
+        if spans.len() >= QUEUE_SPANS || self.shared.closing.is_cancelled() {
             drop(spans);
             metrics().spans_dropped.inc();
             return;
@@ -279,6 +280,17 @@ impl Failures {
         );
         *self = Failures { warned: Some(now), exports: 0, spans: 0 };
     }
+
+    /// At the stop: failures the once-a-minute rule held back are told now, or never would be.
+    fn tell_the_rest(&self) {
+        if self.exports > 0 {
+            warn!(
+                exports = self.exports,
+                spans = self.spans,
+                "exports of spans to the OTLP endpoint failed before the stop: spans dropped (corral_spans_dropped_total counts them)"
+            );
+        }
+    }
 }
 
 fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime::Handle) {
@@ -318,6 +330,14 @@ fn export_loop(collector: &Collector, shared: &Shared, runtime: &tokio::runtime:
             let _ = done.send(());
         });
         if closing.is_cancelled() {
+            // Spans queued behind an export given up at the stop: dropped, so counted and told
+            // (they had been in no count, the warning saying the one batch given up).
+            let left = std::mem::take(&mut *shared.spans.lock().unwrap_or_else(|p| p.into_inner()));
+            if !left.is_empty() {
+                metrics().spans_dropped.inc_by(left.len() as u64);
+                failures.failed(left.len(), &"the proxy stopped before they were exported".into());
+            }
+            failures.tell_the_rest();
             return;
         }
     }
@@ -563,6 +583,33 @@ mod tests {
         let (_connection, _) = listener.accept().unwrap();
         assert!(queue.shutdown_with_timeout(Duration::from_millis(50)).is_ok());
         assert_eq!(std::sync::Arc::strong_count(&queue.shared), 1, "the thread has ended");
+        drop(runtime);
+    }
+
+    #[test]
+    fn spans_queued_behind_an_export_given_up_at_the_stop_are_dropped_not_left() {
+        // Queued while the export waited on a collector that never answers: at the stop they
+        // had stayed in the queue, in no count and no warning (and so did spans ending later).
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let collector = collector_at(listener.local_addr().unwrap());
+        let queue =
+            runtime.block_on(async { Queue::with(collector, tokio::runtime::Handle::current()) });
+        let scope = opentelemetry::InstrumentationScope::builder("test").build();
+        let span = |id| crate::trace::otlp::tests::span(id, &scope, false);
+        queue.on_end(span(1));
+        queue.thread.unpark();
+        let (_connection, _) = listener.accept().unwrap();
+        (2..5).for_each(|id| queue.on_end(span(id)));
+        assert!(queue.shutdown_with_timeout(Duration::from_millis(50)).is_ok());
+        let queued = || queue.shared.spans.lock().unwrap().len();
+        assert_eq!(queued(), 0, "taken out and counted dropped");
+        queue.on_end(span(5));
+        assert_eq!(queued(), 0, "one ending after the stop is dropped at once");
         drop(runtime);
     }
 }

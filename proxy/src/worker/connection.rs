@@ -228,7 +228,7 @@ pub async fn serve(
                     stage = stage.name(),
                     pid = own_pid,
                     name = %logged_within(&hello.name, 200),
-                    "killed a hung worker; it will be restarted"
+                    "killed a hung worker; it will be restarted (unless Corral is stopping)"
                 );
             }
         }

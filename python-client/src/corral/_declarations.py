@@ -164,17 +164,25 @@ def _types(cls: type) -> None:
             )
     # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
     # v2 and KServe v1 client, which read a result as a map of the outputs; read as one, every
-    # row of theirs (a map of the inputs) was a 422 blaming the client.
+    # row of theirs (a map of the inputs) was a 422 blaming the client ("Expected `array`").
     for name, tensors, does in (
         ("output_type", "outputs", "answers"),
         ("input_type", "inputs", "takes"),
     ):
         declared = getattr(cls, name)
-        if _typing.array_like(declared) and _tensors.declared(cls, tensors):
+        if not (_tensors.declared(cls, tensors) and _written_as_array(declared)):
+            continue
+        if _typing.array_like(declared):
             raise TypeError(
                 f"{cls.__name__}.{name} {declared.__name__} is array_like: a worker that "
                 f"declares {tensors} {does} a map of them (drop array_like=True)"
             )
+        shown = declared.__name__ if isinstance(declared, type) else repr(declared)
+        raise TypeError(
+            f"{cls.__name__}.{name} {shown} is written as an array: a worker that declares "
+            f"{tensors} {does} a map of them (a msgspec.Struct, a dataclass or a TypedDict "
+            "whose fields they are)"
+        )
     if cls.input_type is not None:  # type: ignore[attr-defined]
         try:
             msgspec.msgpack.Decoder(cls.input_type)  # type: ignore[attr-defined]
@@ -190,6 +198,36 @@ def _types(cls: type) -> None:
                 "(msgspec.Struct, dataclasses, list[float], dict[str, int], ...), or leave "
                 "input_type out and convert the payload in preprocess"
             )
+
+
+# What msgspec writes and reads as an array (a Struct only when `array_like`).
+_ARRAYS = (
+    msgspec.inspect.ListType,
+    msgspec.inspect.TupleType,
+    msgspec.inspect.VarTupleType,
+    msgspec.inspect.SetType,
+    msgspec.inspect.FrozenSetType,
+    msgspec.inspect.NamedTupleType,
+)
+
+
+def _written_as_array(declared: Any) -> bool:
+    """Whether msgspec writes (and reads) every value of ``declared`` but ``None`` as an array:
+    a list, tuple, set, NamedTuple or array_like Struct, under ``Annotated`` or in a union of
+    such (``Optional[...]`` too: its ``None`` is no map either). A union with a member written
+    as a map takes maps; a type msgspec cannot describe is left to the checks that read it."""
+    try:
+        info = msgspec.inspect.type_info(declared)
+    except (TypeError, ValueError):
+        return False
+    while isinstance(info, msgspec.inspect.Metadata):
+        info = info.type
+    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
+    members = tuple(m for m in members if not isinstance(m, msgspec.inspect.NoneType))
+    return bool(members) and all(
+        isinstance(m, _ARRAYS) or (isinstance(m, msgspec.inspect.StructType) and m.array_like)
+        for m in members
+    )
 
 
 def _custom_type(info: msgspec.inspect.Type) -> type | None:

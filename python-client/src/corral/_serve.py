@@ -255,7 +255,8 @@ def send_body(sock: socket.socket, body: bytes) -> None:
 class Link:
     """The connection as a batch in progress uses it: what a streaming batch sends as it goes
     (``chunks``, ``results`` of some of its jobs, ``pull``), and what it takes in between steps
-    without blocking (cancelled job ids, batches that join it)."""
+    (cancelled job ids, batches that join it): without blocking, but for a joining generator
+    that holds no job and waits for the next batch (:meth:`wait_batches`)."""
 
     def __init__(self, sock: socket.socket, reader: _Reader) -> None:
         self._sock = sock
@@ -288,6 +289,12 @@ class Link:
             except queue.Empty:
                 return batches
             batches.append(_jobs(message))
+
+    def wait_batches(self) -> list[list[dict[str, Any]]]:
+        """As :meth:`take_batches`, first waiting for the next frame that is not a ``cancel``:
+        for a worker idle in the proxy's eyes, that is a batch, a ``shutdown`` or the end (raised
+        as :meth:`take_batches` raises them), as the serve loop waits between batches."""
+        return [_jobs(self._reader.next()), *self.take_batches()]
 
 
 # What answers one batch: the results frame's list (a plain worker), or None when it sent its

@@ -9,6 +9,11 @@ and the deadlines become ``worker.cancelled``, queued batches join (a joining wo
 ``pull`` offers the room left under ``max_running``; and :func:`warm_up` for the examples.
 ``worker.deadlines`` and ``worker.content_types`` grow with the positions.
 
+A generator holding no job is given one step (``[]`` joined) to return. Yielding again instead,
+it is closed at that yield; but a joining one within its positions waits there, blocked on the
+connection, for the proxy's next batch (whose inputs that yield returns) or end (closed then):
+stepped on, an engine's loop spun a core while no request came. Warm-up closes it alike.
+
 Positions: the items of the batch that starts the generator are positions ``0 .. n-1``; each
 joined item gets the next position, in order; a position is never reused or moved during one
 run, whether its item ended or not. Each yield is a list with one entry per position so far.
@@ -226,7 +231,6 @@ class _Run:
         # Whether the generator yielded with no job live (see `abandoned`).
         self.yielded_after_all_ended = False
         self.sent_at = time.monotonic()  # when a frame last went to the proxy
-        self.idle_when_full = 0  # steps taken holding no job, past the positions
 
     @property
     def running(self) -> int:
@@ -255,15 +259,13 @@ class _Run:
         A joining run past its positions (:meth:`full`) that holds no job is given one more step
         to return, then closed alike: a generator written as a loop that never returns (a feed
         that takes whatever joins) had taken in every batch the proxy sent it once idle, and its
-        positions grew without end (8,000 after 8,000 requests)."""
+        positions grew without end (8,000 after 8,000 requests). One within them waits for the
+        next batch instead (:meth:`idle`)."""
         if self.live:
             return False
         if not self.limit:
             return self.last_cancelled or self.yielded_after_all_ended
-        if self.full():
-            self.idle_when_full += 1
-            return self.idle_when_full > 1
-        return False
+        return self.full() and self.yielded_after_all_ended
 
     def live_ids(self) -> list[bytes]:
         """The ids of the jobs not yet ended, in order."""
@@ -284,6 +286,7 @@ class _Run:
             self.by_id[job["id"]] = position
             self.live.add(position)
             self.waiting.add(position)
+            self.yielded_after_all_ended = False  # holding a job again: a new idle spell later
         return inputs
 
     def step(self, out: list[Any]) -> None:
@@ -324,9 +327,23 @@ class _Run:
         if self.live and time.monotonic() - self.sent_at >= HEARTBEAT:
             self._send(protocol.encode_frame(protocol.chunks([])))
 
+    def idle(self) -> bool:
+        """Whether a joining run within its positions holds no job and its generator, given a
+        step to return, yielded again (a feed, an engine's loop): the worker is idle, in the
+        proxy's eyes too, and nothing the generator computes reaches anyone until a batch
+        comes. :meth:`between_steps` then blocks for it rather than step the generator on."""
+        idle = bool(self.limit) and not self.live and self.yielded_after_all_ended
+        return idle and not self.full()
+
     def between_steps(self) -> list[Any]:
         """Take in what the proxy sent meanwhile, cancel what is over, offer room; returns the
-        inputs of the jobs that join (empty for a worker that does not join)."""
+        inputs of the jobs that join (empty for a worker that does not join). An :meth:`idle`
+        run first waits for the proxy's next batch (its inputs are what the generator's yield
+        returns), or for the end of the connection or a ``shutdown``, raised as between
+        batches (the generator is then closed at its yield)."""
+        # Blocked on the connection, not stepping: a generator that never returns had spun a
+        # core for as long as no request came (it is resumed with the batch that comes).
+        arrived = self.link.wait_batches() if self.idle() else []
         # Cancels first: a cancel was read after the batch of the job it names, so that batch
         # is queued by now and is taken in below.
         cancelled = self.link.take_cancelled()
@@ -334,7 +351,7 @@ class _Run:
         # Past its positions, a run takes no batch in: one sent to it once it held no job is the
         # next run's (read by the serve loop once this generator is closed).
         if self.limit and not self.full():
-            for jobs in self.link.take_batches():
+            for jobs in arrived + self.link.take_batches():
                 self.offer = 0  # the batch answering an offer uses it up
                 joined.extend(self.admit(jobs))
         for job_id in cancelled:
@@ -414,9 +431,10 @@ class _Run:
 
 
 def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
-    """Run a streaming ``forward`` on ``inputs`` to its end, each chunk postprocessed and encoded;
-    raises as the first failure does. ``first``: the number of the first of them among the
-    worker's examples."""
+    """Run a streaming ``forward`` on ``inputs`` to its end (or, once every example has ended,
+    to its next yield, where it is closed), each chunk postprocessed, encoded and held to the
+    declared ``outputs``; raises as the first failure does. ``first``: the number of the first
+    of them among the worker's examples."""
     worker.cancelled = set()
     # Counted before forward, which may consume its list (as serving counts positions), and
     # what serving drops (a value at an ended position) is not postprocessed: warm-up had
@@ -430,14 +448,20 @@ def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
         out = next(generator)
         while True:
             _check(out, positions)
+            if len(ended) == positions:
+                # It yielded again, given a step to return once every example had ended: it is
+                # closed at that yield, as serving closes it (or, joining, waits for a batch
+                # that never comes here). Stepped on, a feed loop's warm-up never ended.
+                break
             for position, value in enumerate(out):
                 if value is None or position in ended:
                     continue
                 if value is END:
                     ended.add(position)
                     continue
-                chunk = codec.encode(worker.postprocess(value))
-                _output.check(chunk, f"a chunk of example {first + position}")
+                value = worker.postprocess(value)
+                _output.check(codec.encode(value), f"a chunk of example {first + position}")
+                codec.check_result(value)  # each chunk, as a whole result is held to `outputs`
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)

@@ -322,9 +322,10 @@ def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> 
                 flat = [int(x) if type(x) is float else x for x in flat]
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
-            # A float for an integer type, or out of its range (OverflowError: FP16/FP32).
-            except (struct.error, OverflowError) as e:
+            except struct.error as e:  # an integer out of its type's range
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
+            except OverflowError as e:  # FP16/FP32: in the words used with numpy (`_exact`)
+                raise ValueError(f"a finite value is past {datatype}'s range") from e
     _held_to(shape, declared)  # each element's own error first, as before
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 
@@ -398,7 +399,12 @@ def _exact(np: Any, value: Any, datatype: str, target: Any) -> Any:
     # Only booleans and numbers are numbers: numpy would cast strings ("1.5", "False" to True),
     # None (to NaN, in an object array), Decimals and complex numbers (dropping the imaginary
     # part) without a word, and the client would get a value the worker never returned.
-    source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    try:
+        source = value if isinstance(value, np.ndarray) else np.asarray(value)
+    except ValueError as e:  # numpy's "setting an array element with a sequence...": in ours
+        if "sequence" not in str(e):
+            raise
+        raise ValueError("nested lists are not rectangular (lists of unequal lengths)") from e
     if source.size and source.dtype.kind == "O":
         source = _numbers_of(np, source)
     if source.size and source.dtype.kind == "O" and _plain_numbers(source):
@@ -476,14 +482,17 @@ def _flatten(value: Any) -> tuple[list[int], list[Any]]:
         probe = probe[0]
     flat: list[Any] = []
 
+    # As with numpy (`_exact`), with the shape the first lists gave.
+    ragged = f"nested lists are not rectangular (lists of unequal lengths: shape {shape} expected)"
+
     def walk(item: Any, depth: int) -> None:
         if depth == len(shape):
             if isinstance(item, (list, tuple)):
-                raise ValueError(f"nested lists are not rectangular (shape {shape} expected)")
+                raise ValueError(ragged)
             flat.append(item)
             return
         if not isinstance(item, (list, tuple)) or len(item) != shape[depth]:
-            raise ValueError(f"nested lists are not rectangular (shape {shape} expected)")
+            raise ValueError(ragged)
         for inner in item:
             walk(inner, depth + 1)
 

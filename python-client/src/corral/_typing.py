@@ -1,7 +1,7 @@
 """Payloads and outputs: each job's payload decoded on its own (plain msgpack, or validated by
 msgspec straight into a worker's ``input_type``), each output encoded to msgpack (objects with a
-``tolist`` method, such as numpy arrays, converted) with the media type of an output that is
-bytes, and the JSON Schemas the hello carries.
+``tolist`` method, such as numpy arrays, converted: ``_fallback``) with the media type of an
+output that is bytes, and the JSON Schemas the hello carries.
 
 A raw-bytes request's payload is one msgpack ``bin``: it decodes to ``bytes`` like any other
 ``bin``, so an untyped worker gets ``bytes``, and a typed one gets them where its ``input_type``
@@ -26,11 +26,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import datetime
-import decimal
-import enum
 import functools
-import uuid
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
@@ -40,6 +36,7 @@ import msgspec
 from corral import _json_form, _tensors
 from corral import _protocol as protocol
 from corral._errors import ProtocolError, ValidationError
+from corral._fallback import plain, typed
 
 
 class Codec:
@@ -53,7 +50,7 @@ class Codec:
         input_type = getattr(worker, "input_type", None)
         output_type = getattr(worker, "output_type", None)
         self.decoder = msgspec.msgpack.Decoder(input_type or Any, ext_hook=_tensors.ext_hook)
-        self.encoder = msgspec.msgpack.Encoder(enc_hook=plain)
+        self.encoder = msgspec.msgpack.Encoder(enc_hook=typed)
         self.outputs = {t.name: t for t in _tensors.declared(worker, "outputs")}
         self.inputs = {t.name: t for t in _tensors.declared(worker, "inputs")}
         self.plain = input_type is None and output_type is None
@@ -191,7 +188,7 @@ class Codec:
         if self.plain:
             return pack(output)
         if self.json_form and not isinstance(output, (bytes, bytearray, memoryview)):
-            output = _json_form.to_json_form(output, plain)
+            output = _json_form.to_json_form(output, typed)
         return self.encoder.encode(output)
 
     def batch_encoder(self) -> Callable[[Any], bytes]:
@@ -210,7 +207,7 @@ class Codec:
         return encode
 
     def check_result(self, output: Any) -> None:
-        """A whole result (not a chunk) of a worker that declares ``outputs``: a dict holding
+        """A result (or a streamed chunk) of a worker that declares ``outputs``: a dict holding
         each of them, as the proxy reads a v2 or KServe v1 answer. Unchecked, a result that was
         no dict, or lacked one, passed warm-up and FakeProxy and was a 500 for every v2 client."""
         if not self.outputs:
@@ -398,49 +395,6 @@ def pack(value: Any) -> bytes:
     # One value on its own (an example, a streamed chunk): packb's own Packer. A batch's outputs
     # share one instead (Codec.batch_encoder).
     return msgpack.packb(value, use_bin_type=True, default=plain)
-
-
-def plain(value: Any) -> Any:
-    """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
-    tolist = getattr(value, "tolist", None)
-    if callable(tolist):
-        converted = tolist()
-        # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that
-        # holds it: msgspec would call this hook again, until a RecursionError.
-        if type(converted) is not type(value):
-            if isinstance(converted, (datetime.date, datetime.time, complex)):
-                # A numpy datetime64 or complex scalar becomes a Python value msgpack has no
-                # form for, and msgpack, its fallback spent, had said only "can not serialize".
-                name = type(value).__name__
-                raise TypeError(f"cannot encode numpy's {name} as msgpack: {_instead(converted)}")
-            return converted
-        name = type(value).__name__
-        raise TypeError(
-            f"cannot encode {name} as msgpack: numpy's {name} has no Python type to hold it; "
-            "convert it first, e.g. value.astype(numpy.float64) (or complex128), or str(value) "
-            "to keep its precision"
-        )
-    raise TypeError(f"cannot encode {type(value).__name__} as msgpack: {_instead(value)}")
-
-
-def _instead(value: Any) -> str:
-    """What to return instead of a value msgpack does not encode (the message's second half:
-    the type alone told an author nothing, and "int" was about its size)."""
-    if isinstance(value, int):
-        return (
-            f"an integer of {value.bit_length()} bits is past msgpack's range (-2**63 to "
-            "2**64-1); return it as a str"
-        )
-    if isinstance(value, (datetime.date, datetime.time)):
-        return "return value.isoformat() (or declare an output_type, which writes it so)"
-    if isinstance(value, enum.Enum):
-        return "return value.value"
-    if isinstance(value, (uuid.UUID, decimal.Decimal)):
-        return "return str(value)"
-    return (
-        "return str, int, float, bool, None, bytes, or a list or dict of them (numpy arrays "
-        "and scalars are converted)"
-    )
 
 
 # An output that is bytes as a whole, as a JSON client gets it: the raw answer, which JSON has

@@ -42,15 +42,19 @@ pub fn paths(app: &App) -> Map<String, Value> {
     );
     let readiness = json!({"type": "object", "required": ["name", "ready"],
         "properties": {"name": {"type": "string"}, "ready": {"type": "boolean"}}});
+    let crowded = |mut responses: Value| {
+        or_crowded(&mut responses, &v1_error);
+        responses
+    };
     paths.insert(
         "/v1/models".into(),
         json!({"get": {
             "operationId": "kserve_v1_models",
             "summary": "KServe v1: the models served, one per route.",
-            "responses": {"200": ok(json!({"type": "object", "required": ["models"],
+            "responses": crowded(json!({"200": ok(json!({"type": "object", "required": ["models"],
                 "properties": {"models": {"type": "array", "items": {"type": "string"}}}})),
                 "405": get_only(&v1_error), "431": head_too_large(&v1_error),
-                "400": no_host(&v1_error)},
+                "400": no_host(&v1_error)})),
         }}),
     );
     paths.insert(
@@ -59,14 +63,14 @@ pub fn paths(app: &App) -> Map<String, Value> {
             "operationId": "kserve_v1_model",
             "summary": "KServe v1 readiness: every stage of the model's route has a worker.",
             "parameters": [name],
-            "responses": {
+            "responses": crowded(json!({
                 "200": ok(readiness.clone()),
                 "404": response("No such model.", &v1_error),
                 "503": response("Not ready.", &readiness),
                 "405": get_only(&v1_error),
                 "431": head_too_large(&v1_error),
                 "400": no_host(&v1_error),
-            },
+            })),
         }}),
     );
     if app.routes.iter().any(|route| route.protocol == Some(Protocol::OpenAiEmbeddings)) {
@@ -82,6 +86,7 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
         responses["405"] = get_only(error);
         responses["431"] = head_too_large(error);
         responses["400"] = no_host(error);
+        or_crowded(&mut responses, error);
         json!({"get": {"operationId": id, "summary": summary, "parameters": parameters,
             "responses": responses}})
     };
@@ -382,6 +387,21 @@ fn failed(status: &str, description: &str, schema: &Value) -> Value {
     let mut answer = response(description, schema);
     answer["headers"] = infer_error_headers(status);
     answer
+}
+
+/// Adds to a page's answers the one any page may give: a connection past --max-connections
+/// and its reserve is answered 503 `too_many_connections` whatever it asks (a page that is no
+/// probe, on the reserve too), with Retry-After; the pages had listed no such 503.
+fn or_crowded(responses: &mut Value, error: &Value) {
+    const CROWDED: &str = "the connection is over --max-connections (`too_many_connections`, \
+                           Corral's own error body; then closed)";
+    match responses.get_mut("503") {
+        Some(said) => {
+            let before = said["description"].as_str().unwrap_or_default().trim_end_matches('.');
+            said["description"] = format!("{before}; or {CROWDED}.").into();
+        }
+        None => responses["503"] = failed("503", &format!("Only where {CROWDED}."), error),
+    }
 }
 
 /// An answer of `schema`, with the id every answer carries.

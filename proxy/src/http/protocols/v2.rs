@@ -220,7 +220,8 @@ async fn repository_index(
         let asked: serde_json::Value = serde_json::from_slice(&bytes)
             .map_err(|e| ApiError::bad_request(format!("the body is not JSON: {e}")))?;
         if !asked.is_object() {
-            return Err(ApiError::bad_request("the body is a JSON object: {\"ready\": true}"));
+            let message = "the body must be a JSON object, such as {\"ready\": true}";
+            return Err(ApiError::bad_request(message));
         }
         match asked.get("ready") {
             None => false,
@@ -427,6 +428,18 @@ async fn infer(
     // The rows share the body's binary data (no copy): it stays in memory until they are done.
     let mut payloads = parsed.payloads();
     drop(body);
+    // A row past a job's size, told in a v2 client's terms (the shared check speaks of items
+    // encoded as msgpack, which a tritonclient user never sends).
+    let limit = route.pipeline.first().settings().max_job_bytes;
+    if let Some((row, payload)) = payloads.iter().enumerate().find(|(_, p)| p.len() > limit) {
+        let message = format!(
+            "row {row} of the inputs takes {} bytes as its worker is sent it, more than one \
+             row may ({limit}: what the worker protocol's 64 MiB frame carries of it): send \
+             fewer elements per row, in more rows of the batch dimension",
+            payload.len()
+        );
+        return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
+    }
     // A large row not in one piece of the shared memory (several rows or inputs, or a body that
     // did not go there) is gathered into a slot of its own, here on the request's task, so that
     // a worker that maps the memory reads it there; the body is freed once every row is.
