@@ -404,6 +404,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_later_stage_that_served_the_class_meanwhile_still_takes_the_request_aged() {
+        // Stage b took a low job of its own while the request was in stage a's worker: read
+        // against b's service, the request (high by then) had come in low again.
+        let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
+        let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
+        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
+        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
+        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run =
+            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let first = seat_a.next_batch().await;
+        tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
+        let now = Instant::now();
+        let (mut own, _own_answer) =
+            Job::new(JobId::new(), Bytes::from_static(b"\x04"), now, now + Duration::from_secs(9));
+        own.class = Class::Low;
+        b.submit(own).unwrap();
+        let served = seat_b.next_batch().await;
+        assert_eq!(served[0].class, Class::Low, "b served its class just now");
+        drop(served);
+        first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
+        let second = seat_b.next_batch().await;
+        assert_eq!(second[0].class, Class::High);
+        second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
+        assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn only_the_first_stage_s_jobs_carry_the_epoch_of_the_tensors_they_were_read_against() {
         // The epoch is the first stage's: on the second (its own epochs, 0 here), the same
         // number had marked every job stale, each answered 503 `tensors_changed`.

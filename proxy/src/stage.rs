@@ -560,9 +560,12 @@ impl Stage {
             let now = Instant::now();
             let held = queue.dry;
             queue.jobs.promote(now, self.aging, &held);
-            // A later stage of a pipeline takes the request in at the class it has reached.
+            // A later stage of a pipeline takes the request in at the class it has reached
+            // since its first queue (`lanes::aged`: not by this stage's `dry`, which says
+            // nothing of the stages before; read as the request's, a low request promoted to
+            // high on the first stage had started low again wherever its class was served once).
             let entered = aging_since.map_or(now, |since| {
-                let (aged, entered) = lanes::aged(class, since, now, self.aging, &held);
+                let (aged, entered) = lanes::aged(class, since, now, self.aging);
                 class = aged;
                 jobs.iter_mut().for_each(|job| job.class = aged);
                 entered

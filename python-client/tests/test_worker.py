@@ -1140,6 +1140,55 @@ def test_an_output_type_writes_numpy_s_dates_and_durations_as_the_advice_says():
     assert got.status == "ok" and got.value == {"when": "2026-01-01T12:00:00", "took": "PT5S"}
 
 
+def test_numpy_s_nanosecond_dates_are_written_as_dates_and_its_date_arrays_refused_alike():
+    # At nanoseconds (pandas' unit) numpy gives a bare integer: an output_type wrote 1704164645
+    # 123456789, and a plain worker sent it unrefused; an array of days was told `isoformat()`.
+    numpy = pytest.importorskip("numpy")
+    when = numpy.datetime64("2024-01-02T03:04:05.123456789", "ns")
+
+    class Out(msgspec.Struct):
+        when: Any
+        days: Any
+
+    class Typed(corral.Worker):
+        output_type = Out
+
+        def forward(self, batch):
+            days = numpy.array(["2024-01-02"], dtype="datetime64[D]")
+            return [Out(when, days) for _ in batch]
+
+    with FakeProxy(Typed()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.value == {"when": "2024-01-02T03:04:05.123456", "days": ["2024-01-02T00:00:00"]}
+
+    class Plain(corral.Worker):
+        def forward(self, batch):
+            return [{"when": when, "days": numpy.array(["2024-01-02"], "datetime64[D]")}] * len(
+                batch
+            )
+
+    with FakeProxy(Plain()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "error" and "numpy's datetime64 as msgpack" in got.message, got.message
+    assert "isoformat" not in got.message
+
+
+def test_a_type_not_yet_defined_beside_declared_tensors_is_left_to_the_checks_that_read_it():
+    # msgspec cannot describe a forward reference before its class exists: the class
+    # definition had raised NameError.
+    class Later(msgspec.Struct):
+        y: "Undefined"  # noqa: F821
+
+    class Early(corral.Worker):
+        outputs = (corral.Tensor("y", "FP32", [1]),)
+        output_type = Later
+
+        def forward(self, batch):
+            return batch
+
+    assert Early.output_type is Later
+
+
 def test_run_checks_the_socket_path_before_the_model_is_made(tmp_path):
     """The path was checked only once warm-up was done: minutes of loading, then the exit."""
     made = []

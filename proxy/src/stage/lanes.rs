@@ -7,7 +7,8 @@
 //!   held it back (from its entry, or from when its class was last served if later: [`Held`]),
 //!   so a low job is never starved: after two such periods it competes as high, behind only the
 //!   high jobs queued before it was promoted. Waiting behind its own class (its tenant's
-//!   backlog) is not starvation, and does not lift it past the other tenants of its class. A pipeline's later stage takes a request in at the class it
+//!   backlog, or a class served a job now and then) is not starvation, and does not lift it
+//!   past the other tenants of its class. A pipeline's later stage takes a request in at the class it
 //!   has reached since its first stage queued it ([`aged`]): were it to start low again on each
 //!   stage, a low request would need two periods per stage, and starved within its deadline.
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least weight
@@ -77,19 +78,18 @@ fn held_from(class: Class, entered: Instant, held: &Held) -> Instant {
 }
 
 /// The class a request of `class` has reached at `now` if it began to age at `since`, and when it
-/// entered that class: one class up for every aging period the higher classes held it back
-/// (`held`), as [`Lanes::promote`] moves a queued request. How a pipeline's later stage takes in
-/// a request whose class aged on the stages before.
+/// entered that class: one class up for every aging period, all of it counted as held back. How
+/// a pipeline's later stage takes in a request whose class aged on the stages before: how they
+/// served its class is not known there, and the stage's own [`Held`] says nothing of them.
 pub fn aged(
     mut class: Class,
     mut since: Instant,
     now: Instant,
     aging: Duration,
-    held: &Held,
 ) -> (Class, Instant) {
-    while class != Class::High && held_from(class, since, held) + aging <= now {
-        since = held_from(class, since, held) + aging;
+    while class != Class::High && since + aging <= now {
         class = class.promoted();
+        since += aging;
     }
     (class, since)
 }

@@ -159,13 +159,13 @@ def answerer(worker: Hooks, *, chunks: bool = False) -> Callable[..., dict[str, 
                 value = worker.postprocess(output)
             else:  # the usual case: no postprocess of the worker's own
                 value = output
-            encoded = encode(value)
-            # After: a value that cannot be its tensor is said first. A chunk too: each is what
-            # a v2 client's row would be made of (unchecked, a chunk lacking a declared output
-            # was a native client's 200 where a plain worker's result is everyone's 500).
-            check_result(value)
+            # A chunk is not held to the declared outputs: a stream's chunks may each carry
+            # part of them (a token's text, the log-probabilities at the end), and no v2 or
+            # KServe v1 answer is made of chunks (the proxy refuses a streaming worker's there).
             if chunks:
-                return protocol.chunk(job_id, encoded)
+                return protocol.chunk(job_id, encode(value))
+            encoded = encode(value)
+            check_result(value)  # after: a value that cannot be its tensor is said first
             return protocol.ok(job_id, encoded, media_type(value))
         except _STOPS as e:
             _failures.stopping("postprocess", e)

@@ -218,7 +218,7 @@ def _written_as_array(declared: Any) -> bool:
     as a map takes maps; a type msgspec cannot describe is left to the checks that read it."""
     try:
         info = msgspec.inspect.type_info(declared)
-    except (TypeError, ValueError):
+    except Exception:  # a forward reference not yet defined (NameError), a type it cannot read
         return False
     while isinstance(info, msgspec.inspect.Metadata):
         info = info.type

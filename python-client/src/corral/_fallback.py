@@ -15,20 +15,36 @@ from typing import Any
 
 def plain(value: Any) -> Any:
     """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
-    converted = _listed(value)
-    if isinstance(converted, _TIMES):
-        # A numpy datetime64 or timedelta64 becomes a Python value msgpack has no form for, and
-        # msgpack, its fallback spent, had said only "can not serialize".
-        name = type(value).__name__
-        raise TypeError(f"cannot encode numpy's {name} as msgpack: {_numpy_instead(converted)}")
-    return converted
+    kind = _time_kind(value)
+    if kind:
+        # A numpy datetime64 or timedelta64 (or an array of them) becomes a Python value msgpack
+        # has no form for, or at nanoseconds a bare integer, silently: refused whatever its unit,
+        # with numpy's advice (a date's `isoformat` is no numpy method).
+        what = "array of " + str(value.dtype) if hasattr(value, "shape") and value.shape else kind
+        raise TypeError(f"cannot encode numpy's {what} as msgpack: {_numpy_instead(kind)}")
+    return _listed(value)
 
 
 def typed(value: Any) -> Any:
     """msgspec's fallback (a worker with an ``input_type`` or ``output_type``): as :func:`plain`,
-    but a numpy datetime64 or timedelta64 becomes the Python datetime or timedelta msgspec
-    writes itself (ISO 8601), as the advice for a worker without such a type says."""
+    but a numpy datetime64 or timedelta64 (or an array of them) becomes the Python datetime or
+    timedelta msgspec writes itself (ISO 8601), as the advice for a worker without such a type
+    says: taken to microseconds first, since numpy gives a bare integer for nanoseconds (pandas'
+    unit) and a date for days."""
+    kind = _time_kind(value)
+    if kind:
+        try:
+            value = value.astype(f"{kind}[us]")
+        except (TypeError, ValueError):
+            pass  # months or years have no fixed length: numpy's own value, as it converts
     return _listed(value)
+
+
+def _time_kind(value: Any) -> str:
+    """``"datetime64"`` or ``"timedelta64"`` for a numpy value or array of that kind, else
+    ``""``."""
+    kind = getattr(getattr(value, "dtype", None), "kind", None)
+    return {"M": "datetime64", "m": "timedelta64"}.get(kind, "") if isinstance(kind, str) else ""
 
 
 _TIMES = (datetime.date, datetime.time, datetime.timedelta)
@@ -55,10 +71,11 @@ def _listed(value: Any) -> Any:
     return converted
 
 
-def _numpy_instead(converted: Any) -> str:
-    """What to return instead of a numpy datetime64 or timedelta64 (``converted``: its Python
-    value). Not a Python value's advice: numpy's have no ``isoformat`` or ``total_seconds``."""
-    if isinstance(converted, datetime.timedelta):
+def _numpy_instead(kind: str) -> str:
+    """What to return instead of a numpy datetime64 or timedelta64 (``kind``, as
+    :func:`_time_kind` says). Not a Python value's advice: numpy's have no ``isoformat`` or
+    ``total_seconds``."""
+    if kind == "timedelta64":
         return (
             "return value / numpy.timedelta64(1, 's') (seconds, a float) or str(value), or "
             "declare an output_type, which writes it as an ISO 8601 duration"

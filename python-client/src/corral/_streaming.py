@@ -432,8 +432,8 @@ class _Run:
 
 def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
     """Run a streaming ``forward`` on ``inputs`` to its end (or, once every example has ended,
-    to its next yield, where it is closed), each chunk postprocessed, encoded and held to the
-    declared ``outputs``; raises as the first failure does. ``first``: the number of the first
+    to its next yield, where it is closed), each chunk postprocessed and encoded; raises as
+    the first failure does. ``first``: the number of the first
     of them among the worker's examples."""
     worker.cancelled = set()
     # Counted before forward, which may consume its list (as serving counts positions), and
@@ -459,9 +459,8 @@ def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
                 if value is END:
                     ended.add(position)
                     continue
-                value = worker.postprocess(value)
-                _output.check(codec.encode(value), f"a chunk of example {first + position}")
-                codec.check_result(value)  # each chunk, as a whole result is held to `outputs`
+                chunk = codec.encode(worker.postprocess(value))
+                _output.check(chunk, f"a chunk of example {first + position}")
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)

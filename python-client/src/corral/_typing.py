@@ -207,7 +207,7 @@ class Codec:
         return encode
 
     def check_result(self, output: Any) -> None:
-        """A result (or a streamed chunk) of a worker that declares ``outputs``: a dict holding
+        """A whole result (not a chunk) of a worker that declares ``outputs``: a dict holding
         each of them, as the proxy reads a v2 or KServe v1 answer. Unchecked, a result that was
         no dict, or lacked one, passed warm-up and FakeProxy and was a 500 for every v2 client."""
         if not self.outputs:

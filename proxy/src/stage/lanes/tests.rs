@@ -165,23 +165,23 @@ fn a_request_aged_on_earlier_stages_comes_in_at_its_class_among_those_that_enter
     // Times are periods from `start`. Low from 0, at 2.5: high from 2; at 0.5: low still. High
     // stays high, from when it began.
     assert_eq!(
-        aged(Class::Low, start, start + aging * 5 / 2, aging, &NEVER),
+        aged(Class::Low, start, start + aging * 5 / 2, aging),
         (Class::High, start + aging * 2)
     );
-    assert_eq!(aged(Class::Low, start, start + aging / 2, aging, &NEVER), (Class::Low, start));
-    assert_eq!(aged(Class::High, start, start + aging * 9, aging, &NEVER), (Class::High, start));
+    assert_eq!(aged(Class::Low, start, start + aging / 2, aging), (Class::Low, start));
+    assert_eq!(aged(Class::High, start, start + aging * 9, aging), (Class::High, start));
     let mut lanes = Lanes::default();
     one(&mut lanes, "high", Class::High, None, start + aging * 2);
     // At 3, three requests come in from earlier stages. Low from 0: high from 2, as the job
     // before, and after it.
-    let (class, entered) = aged(Class::Low, start, start + aging * 3, aging, &NEVER);
+    let (class, entered) = aged(Class::Low, start, start + aging * 3, aging);
     lanes.push(vec![job("low", class, None, 1, start + aging * 3)], entered);
     // Normal from 0: high from 1, before both.
-    let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging, &NEVER);
+    let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging);
     lanes.push(vec![job("normal", class, None, 1, start + aging * 3)], entered);
     one(&mut lanes, "late-high", Class::High, None, start + aging * 3);
     // Low from 0.5: high from 2.5, before the high job that came at 3.
-    let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging, &NEVER);
+    let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging);
     lanes.push(vec![job("later-low", class, None, 1, start + aging * 3)], entered);
     assert_eq!(drain(&mut lanes), ["normal", "high", "low", "later-low", "late-high"]);
 }
@@ -208,25 +208,6 @@ fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tena
     // Held back by a higher class since it was last served, it climbs as before.
     lanes.promote(now + aging, aging, &served);
     assert_eq!(lanes.jobs_in(Class::High), 19);
-}
-
-#[test]
-fn a_request_ages_from_when_its_class_was_last_served_if_that_came_after_it() {
-    let start = Instant::now();
-    let aging = SECOND;
-    // Low from 0, its class last served at 1: at 2.5 it has been held back 1.5 periods (normal
-    // from 2), not 2.5 (high).
-    let served = [Some(start + SECOND), None, None];
-    assert_eq!(
-        aged(Class::Low, start, start + aging * 5 / 2, aging, &served),
-        (Class::Normal, start + aging * 2)
-    );
-    // Normal served at 3, after it came in at 2: at 3.5 it is normal still (high from 4).
-    let served = [Some(start + SECOND), Some(start + SECOND * 3), None];
-    assert_eq!(
-        aged(Class::Low, start, start + aging * 7 / 2, aging, &served),
-        (Class::Normal, start + aging * 2)
-    );
 }
 
 #[test]
