@@ -145,9 +145,13 @@ struct Queue {
     classes: [Recent; 3],
     /// By class (by [`Class::index`]): when a batch last took in a job of this class or lower,
     /// or went out with room, no higher job left queued. The higher classes did not hold such
-    /// a job back then, however fast they came; nor does its class age from before then
-    /// ([`lanes::Held`]).
-    dry: lanes::Held,
+    /// a job back then, however fast they came.
+    dry: [Option<Instant>; 3],
+    /// By class: when a batch last took in a job of this class or lower. Its queued requests
+    /// age only from then ([`lanes::Held`]): not from `dry`, whose batch with room may have
+    /// left the class's front request out (it did not fit beside the higher jobs taken), and
+    /// a low request of four items beside one high job a batch had never aged, and expired.
+    served: lanes::Held,
     /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
     /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
@@ -318,13 +322,16 @@ impl Queue {
     }
 
     /// Notes, once `batch` (of at most `max` jobs) is taken, which classes the higher ones did
-    /// not hold back ([`Queue::dry`]).
+    /// not hold back ([`Queue::dry`]), and which it served ([`Queue::served`]).
     fn mark_dry(&mut self, now: Instant, batch: &[Job], max: usize) {
         for class in [Class::Low, Class::Normal] {
             let seated = batch.iter().any(|job| job.class <= class);
             let room = batch.len() < max && self.jobs.jobs_above(class) == 0;
             if seated || room {
                 self.dry[class.index()] = Some(now);
+            }
+            if seated {
+                self.served[class.index()] = Some(now);
             }
         }
     }
@@ -558,10 +565,10 @@ impl Stage {
                 return Err(Shed::ShuttingDown);
             }
             let now = Instant::now();
-            let held = queue.dry;
+            let held = queue.served;
             queue.jobs.promote(now, self.aging, &held);
             // A later stage of a pipeline takes the request in at the class it has reached
-            // since its first queue (`lanes::aged`: not by this stage's `dry`, which says
+            // since its first queue (`lanes::aged`: not by this stage's `served`, which says
             // nothing of the stages before; read as the request's, a low request promoted to
             // high on the first stage had started low again wherever its class was served once).
             let entered = aging_since.map_or(now, |since| {
@@ -778,7 +785,7 @@ impl Stage {
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
     pub fn queued_by_class(&self) -> [usize; 3] {
         let mut queue = self.lock();
-        let held = queue.dry;
+        let held = queue.served;
         queue.jobs.promote(Instant::now(), self.aging, &held);
         [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }

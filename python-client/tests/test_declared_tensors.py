@@ -138,7 +138,8 @@ def test_a_finite_value_past_fp16_s_range_is_told_alike_with_numpy_and_without(n
         pytest.importorskip("numpy")
     else:
         monkeypatch.setattr(_tensors, "numpy", lambda: None)
-    for datatype, value in (("FP16", [70000.0]), ("FP32", [1e300])):
+    # An integer too: without numpy, struct's "int too large to convert" for 70000.
+    for datatype, value in (("FP16", [70000.0]), ("FP32", [1e300]), ("FP16", [70000])):
         with pytest.raises(ValueError, match=rf"^a finite value is past {datatype}'s range$"):
             _tensors.encode(value, datatype)
     with pytest.raises(ValueError, match=r"nested lists are not rectangular \(lists of unequal"):

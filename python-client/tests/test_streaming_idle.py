@@ -92,6 +92,32 @@ def test_warm_up_of_a_joining_loop_that_never_returns_ends_once_its_examples_end
         assert proxy.stream(["a"]) == [Stream(["a!"], "end")]
 
 
+class EndsThenStumbles(corral.Worker):
+    """Ends its item, then fails where nobody is left to fail: its closing yield of the wrong
+    length (joining), or a value returned (not)."""
+
+    examples = ("warm",)
+
+    def __init__(self, join: bool):
+        self.max_running = 4 if join else 1
+
+    def forward(self, items):
+        yield [corral.END for _ in items]
+        if self.max_running > 1:
+            yield []  # one entry short: a failure at the end fails nobody
+        return "done"
+
+
+@pytest.mark.parametrize("join", [True, False])
+def test_warm_up_passes_a_worker_whose_failure_past_its_last_end_serving_drops(join):
+    # Served, nothing fails (the stream had ended); warm-up had raised, and the worker never
+    # started.
+    worker = EndsThenStumbles(join)
+    worker.warm_up()
+    with FakeProxy(EndsThenStumbles(join)) as proxy:
+        assert proxy.stream(["a"]) == [Stream([], "end")]
+
+
 class IdleLink:
     """The proxy's side of a joining run that goes idle: nothing arrives while the run polls
     (``take_batches``); each wait for the next batch (``wait_batches``) is answered with the

@@ -1159,7 +1159,7 @@ def test_numpy_s_nanosecond_dates_are_written_as_dates_and_its_date_arrays_refus
 
     with FakeProxy(Typed()) as proxy:
         (got,) = proxy.infer([1])
-    assert got.value == {"when": "2024-01-02T03:04:05.123456", "days": ["2024-01-02T00:00:00"]}
+    assert got.value == {"when": "2024-01-02T03:04:05.123456789", "days": ["2024-01-02"]}
 
     class Plain(corral.Worker):
         def forward(self, batch):
@@ -1171,6 +1171,31 @@ def test_numpy_s_nanosecond_dates_are_written_as_dates_and_its_date_arrays_refus
         (got,) = proxy.infer([1])
     assert got.status == "error" and "numpy's datetime64 as msgpack" in got.message, got.message
     assert "isoformat" not in got.message
+
+
+@pytest.mark.parametrize(
+    ("value", "unit", "said"),
+    [
+        (10**9, "D", "longer than a Python timedelta holds"),  # cast, its sign had wrapped
+        (1500, "ns", "finer than a microsecond"),  # cut to 1 µs without a word
+        (3, "M", "months and years no fixed length"),  # numpy's average month, as exact
+    ],
+)
+def test_a_numpy_duration_an_output_type_cannot_write_exactly_is_refused(value, unit, said):
+    numpy = pytest.importorskip("numpy")
+
+    class Out(msgspec.Struct):
+        took: Any
+
+    class Typed(corral.Worker):
+        output_type = Out
+
+        def forward(self, batch):
+            return [Out(numpy.timedelta64(value, unit)) for _ in batch]
+
+    with FakeProxy(Typed()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "error" and said in got.message, got.message
 
 
 def test_a_type_not_yet_defined_beside_declared_tensors_is_left_to_the_checks_that_read_it():

@@ -64,10 +64,9 @@ impl Hasher for Fold {
     }
 }
 
-/// By class (by [`Class::index`]): when the class was last not held back by the higher ones (a
-/// batch took in one of its jobs or a lower one, or went out with room and no higher job left
-/// queued; the stage's `dry`). A request ages only from then: waiting behind its own class's
-/// queue (its tenant's backlog, say) is not being starved by a higher class.
+/// By class (by [`Class::index`]): when a batch last took in one of its jobs or a lower one (the
+/// stage's `served`). A request ages only from then: waiting behind its own class's queue (its
+/// tenant's backlog, say) is not being starved by a higher class.
 pub type Held = [Option<Instant>; 3];
 
 /// When a request that entered `class` at `entered` began to be held back in it by the higher

@@ -1471,3 +1471,36 @@ async fn a_lower_job_seated_in_a_batch_a_moment_ago_says_the_higher_classes_leav
     stage.submit(normal).unwrap();
     std::mem::forget(seat);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_request_left_out_of_every_batch_beside_one_high_job_still_ages() {
+    // A low request of 4 jobs, batches of 4, one high job queued before each batch: each batch
+    // went out with room and no high job left, which had counted as the low class served, and
+    // the request never aged (a probe's, with a 2 s deadline at an aging of 0.2 s: 408).
+    let stage = stage(4, 100);
+    let seat = stage.worker_joined();
+    let low = (0..4).map(|_| classed(b"low", Class::Low, None, 1));
+    let (jobs, _answers): (Vec<Job>, Vec<_>) = low
+        .map(|(mut job, answer)| {
+            job.deadline += Duration::from_secs(55);
+            (job, answer)
+        })
+        .unzip();
+    stage.submit_all(jobs).unwrap();
+    let start = Instant::now();
+    let taken = loop {
+        let _high = submit_high(&stage, 1);
+        let batch = seat.next_batch().await;
+        if payloads(&batch).contains(&&b"low"[..]) {
+            break payloads(&batch).len();
+        }
+        assert_eq!(payloads(&batch), [b"h"], "the low request does not fit beside it");
+        let waited = start.elapsed();
+        assert!(waited < DEFAULT_AGING * 3, "not promoted after {waited:?}");
+        tokio::time::advance(Duration::from_millis(100)).await;
+        seat.finished(1, 1, Duration::from_millis(100));
+    };
+    // Promoted to high after two periods, it goes before the high job queued after it.
+    assert_eq!(taken, 4);
+    assert!(start.elapsed() >= DEFAULT_AGING * 2);
+}

@@ -562,11 +562,11 @@ mod tests {
         assert!(read > 0 && read < 64 << 20, "{read} bytes of the body arrived");
     }
 
-    /// A collector that takes the connection and never answers: shutdown gives the export up
-    /// once its flush has had its time, and the export thread ends while the runtime still
-    /// runs. (Left exporting, its timer panicked on the runtime shutting down under it.)
-    #[test]
-    fn shutdown_ends_the_export_an_unanswering_collector_holds() {
+    /// An export under way to a collector that takes the connection and never answers (its
+    /// request waits forever): the runtime, the connection held open, and the queue.
+    fn stuck_export(
+        span: impl Fn(u64) -> SpanData,
+    ) -> (tokio::runtime::Runtime, std::net::TcpStream, Queue) {
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -576,11 +576,21 @@ mod tests {
         let collector = collector_at(listener.local_addr().unwrap());
         let queue =
             runtime.block_on(async { Queue::with(collector, tokio::runtime::Handle::current()) });
-        let scope = opentelemetry::InstrumentationScope::builder("test").build();
-        queue.on_end(crate::trace::otlp::tests::span(1, &scope, false));
+        queue.on_end(span(1));
         queue.thread.unpark();
-        // The export is under way once its connection comes (its request then waits forever).
-        let (_connection, _) = listener.accept().unwrap();
+        // The export is under way once its connection comes.
+        let (connection, _) = listener.accept().unwrap();
+        (runtime, connection, queue)
+    }
+
+    /// Shutdown gives the stuck export up once its flush has had its time, and the export
+    /// thread ends while the runtime still runs. (Left exporting, its timer panicked on the
+    /// runtime shutting down under it.)
+    #[test]
+    fn shutdown_ends_the_export_an_unanswering_collector_holds() {
+        let scope = opentelemetry::InstrumentationScope::builder("test").build();
+        let (runtime, _connection, queue) =
+            stuck_export(|id| crate::trace::otlp::tests::span(id, &scope, false));
         assert!(queue.shutdown_with_timeout(Duration::from_millis(50)).is_ok());
         assert_eq!(std::sync::Arc::strong_count(&queue.shared), 1, "the thread has ended");
         drop(runtime);
@@ -590,20 +600,9 @@ mod tests {
     fn spans_queued_behind_an_export_given_up_at_the_stop_are_dropped_not_left() {
         // Queued while the export waited on a collector that never answers: at the stop they
         // had stayed in the queue, in no count and no warning (and so did spans ending later).
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .enable_all()
-            .build()
-            .unwrap();
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let collector = collector_at(listener.local_addr().unwrap());
-        let queue =
-            runtime.block_on(async { Queue::with(collector, tokio::runtime::Handle::current()) });
         let scope = opentelemetry::InstrumentationScope::builder("test").build();
         let span = |id| crate::trace::otlp::tests::span(id, &scope, false);
-        queue.on_end(span(1));
-        queue.thread.unpark();
-        let (_connection, _) = listener.accept().unwrap();
+        let (runtime, _connection, queue) = stuck_export(span);
         (2..5).for_each(|id| queue.on_end(span(id)));
         assert!(queue.shutdown_with_timeout(Duration::from_millis(50)).is_ok());
         let queued = || queue.shared.spans.lock().unwrap().len();

@@ -27,17 +27,39 @@ def plain(value: Any) -> Any:
 
 def typed(value: Any) -> Any:
     """msgspec's fallback (a worker with an ``input_type`` or ``output_type``): as :func:`plain`,
-    but a numpy datetime64 or timedelta64 (or an array of them) becomes the Python datetime or
-    timedelta msgspec writes itself (ISO 8601), as the advice for a worker without such a type
-    says: taken to microseconds first, since numpy gives a bare integer for nanoseconds (pandas'
-    unit) and a date for days."""
+    but numpy's dates and durations are written as ISO 8601, as the advice for a worker without
+    such a type says (:func:`_iso`)."""
     kind = _time_kind(value)
-    if kind:
-        try:
-            value = value.astype(f"{kind}[us]")
-        except (TypeError, ValueError):
-            pass  # months or years have no fixed length: numpy's own value, as it converts
-    return _listed(value)
+    return _iso(value, kind) if kind else _listed(value)
+
+
+def _iso(value: Any, kind: str) -> Any:
+    """A numpy datetime64 or timedelta64 (or an array of them) as msgspec writes ISO 8601: a
+    date as numpy's own ISO text, in its own unit (its ``tolist`` gives a bare integer at
+    nanoseconds, pandas' unit, and past the years 1 to 9999); a duration as a Python timedelta,
+    where it is one exactly (cast to microseconds, numpy wraps a large one's sign without a word
+    and drops nanoseconds; a month or a year has no fixed length); NaT as null. Otherwise
+    refused with numpy's advice."""
+    import numpy  # only a numpy value comes here
+
+    if kind == "datetime64":
+        text = numpy.datetime_as_string(value)
+        return numpy.where(numpy.isnat(value), None, text).tolist()
+    unit = numpy.datetime_data(value.dtype)[0]
+    nat = numpy.isnat(value)
+    if numpy.all(nat):
+        return numpy.where(nat, None, None).tolist()
+    if unit in ("Y", "M"):
+        why = "numpy gives months and years no fixed length: return str(value)"
+    else:
+        micro = value.astype("timedelta64[us]")
+        if numpy.all(nat | (micro.astype(value.dtype) == value)):
+            return micro.tolist()
+        why = (
+            "it is finer than a microsecond, or longer than a Python timedelta holds: return "
+            "value / numpy.timedelta64(1, 's') (seconds, a float) or str(value)"
+        )
+    raise TypeError(f"cannot write numpy's timedelta64[{unit}] {value} as ISO 8601: {why}")
 
 
 def _time_kind(value: Any) -> str:
@@ -77,8 +99,9 @@ def _numpy_instead(kind: str) -> str:
     ``total_seconds``."""
     if kind == "timedelta64":
         return (
-            "return value / numpy.timedelta64(1, 's') (seconds, a float) or str(value), or "
-            "declare an output_type, which writes it as an ISO 8601 duration"
+            "return value / numpy.timedelta64(1, 's') (seconds, a float) or str(value) (str "
+            "alone for a unit of months or years), or declare an output_type, which writes it "
+            "as an ISO 8601 duration"
         )
     return (
         "return str(value) (ISO 8601; numpy.datetime_as_string(array) for an array), or "

@@ -432,9 +432,8 @@ class _Run:
 
 def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
     """Run a streaming ``forward`` on ``inputs`` to its end (or, once every example has ended,
-    to its next yield, where it is closed), each chunk postprocessed and encoded; raises as
-    the first failure does. ``first``: the number of the first
-    of them among the worker's examples."""
+    to its next yield, where it is closed), each chunk postprocessed and encoded; raises as the
+    first failure before the last example's end does. ``first``: the first's example number."""
     worker.cancelled = set()
     # Counted before forward, which may consume its list (as serving counts positions), and
     # what serving drops (a value at an ended position) is not postprocessed: warm-up had
@@ -447,12 +446,12 @@ def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
     try:
         out = next(generator)
         while True:
-            _check(out, positions)
             if len(ended) == positions:
                 # It yielded again, given a step to return once every example had ended: it is
                 # closed at that yield, as serving closes it (or, joining, waits for a batch
                 # that never comes here). Stepped on, a feed loop's warm-up never ended.
                 break
+            _check(out, positions)
             for position, value in enumerate(out):
                 if value is None or position in ended:
                     continue
@@ -464,7 +463,9 @@ def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
             out = generator.send([])
     except StopIteration as stop:
         returned = _returned(stop)
-        if returned is not None:
+        # Past its last example's end a failure fails nobody, as serving drops it (what that
+        # step yields, or a value returned): warm-up had failed a worker that serves.
+        if returned is not None and len(ended) < positions:
             raise returned from None
     finally:
         _close(generator)

@@ -322,10 +322,10 @@ def encode(value: Any, datatype: str, declared: Sequence[int] | None = None) -> 
                 flat = [int(x) if type(x) is float else x for x in flat]
             try:
                 data = struct.pack(f"<{len(flat)}{info.struct}", *flat)
-            except struct.error as e:  # an integer out of its type's range
+            except (struct.error, OverflowError) as e:  # out of the datatype's range
+                if info.struct in "efd":  # FP16/FP32 (an int or a float): numpy's words, `_exact`
+                    raise ValueError(f"a finite value is past {datatype}'s range") from e
                 raise ValueError(f"cannot encode these values as {datatype}: {e}") from e
-            except OverflowError as e:  # FP16/FP32: in the words used with numpy (`_exact`)
-                raise ValueError(f"a finite value is past {datatype}'s range") from e
     _held_to(shape, declared)  # each element's own error first, as before
     return msgpack.packb([datatype, shape, data], use_bin_type=True)
 

@@ -160,8 +160,17 @@ struct Output<'a> {
 /// they are (KServe v1): a map giving each once, of its datatype and a shape its declaration
 /// takes. The message names the output.
 pub fn check_row(declared: &[TensorSpec], data: &[u8]) -> Result<(), String> {
-    let entries = super::result_row::entries(data)
-        .ok_or("the worker's result is not a map from output name to its value")?;
+    let entries = super::result_row::entries(data).ok_or_else(|| {
+        // A streaming worker's one-shot answer is an array of its chunks: said, as v2 says it.
+        let array = matches!(data.first(), Some(0x90..=0x9f | 0xdc | 0xdd));
+        let why = if array {
+            ", not an array (a streaming worker answers with its chunks: serve KServe v1 from \
+             one that returns one map per instance)"
+        } else {
+            ""
+        };
+        format!("the worker's result is not a map from output name to its value{why}")
+    })?;
     let row = ResultRow::new(&entries);
     for spec in declared {
         let at = |e: String| format!("output {:?}: {e}", spec.name);
