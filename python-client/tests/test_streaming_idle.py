@@ -98,23 +98,26 @@ class EndsThenStumbles(corral.Worker):
 
     examples = ("warm",)
 
-    def __init__(self, join: bool):
-        self.max_running = 4 if join else 1
+    def __init__(self, stumble: str):
+        self.stumble = stumble
+        self.max_running = 4 if stumble == "short yield" else 1
 
     def forward(self, items):
         yield [corral.END for _ in items]
-        if self.max_running > 1:
+        if self.stumble == "short yield":
             yield []  # one entry short: a failure at the end fails nobody
+        if self.stumble == "raises":
+            raise RuntimeError("cleanup failed")
         return "done"
 
 
-@pytest.mark.parametrize("join", [True, False])
-def test_warm_up_passes_a_worker_whose_failure_past_its_last_end_serving_drops(join):
+@pytest.mark.parametrize("stumble", ["short yield", "raises", "returns"])
+def test_warm_up_passes_a_worker_whose_failure_past_its_last_end_serving_drops(stumble):
     # Served, nothing fails (the stream had ended); warm-up had raised, and the worker never
     # started.
-    worker = EndsThenStumbles(join)
+    worker = EndsThenStumbles(stumble)
     worker.warm_up()
-    with FakeProxy(EndsThenStumbles(join)) as proxy:
+    with FakeProxy(EndsThenStumbles(stumble)) as proxy:
         assert proxy.stream(["a"]) == [Stream([], "end")]
 
 

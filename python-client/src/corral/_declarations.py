@@ -216,6 +216,8 @@ def _written_as_array(declared: Any) -> bool:
     a list, tuple, set, NamedTuple or array_like Struct, under ``Annotated`` or in a union of
     such (``Optional[...]`` too: its ``None`` is no map either). A union with a member written
     as a map takes maps; a type msgspec cannot describe is left to the checks that read it."""
+    if _typing.array_like(declared):
+        return True  # told without reading its fields (one may not be defined yet)
     try:
         info = msgspec.inspect.type_info(declared)
     except Exception:  # a forward reference not yet defined (NameError), a type it cannot read

@@ -65,8 +65,11 @@ def _iso(value: Any, kind: str) -> Any:
 def _time_kind(value: Any) -> str:
     """``"datetime64"`` or ``"timedelta64"`` for a numpy value or array of that kind, else
     ``""``."""
-    kind = getattr(getattr(value, "dtype", None), "kind", None)
-    return {"M": "datetime64", "m": "timedelta64"}.get(kind, "") if isinstance(kind, str) else ""
+    dtype = getattr(value, "dtype", None)
+    # numpy's own dtypes only: pandas' zoned dates say "M" too, and go as their Timestamps.
+    if type(dtype).__module__.partition(".")[0] != "numpy":
+        return ""
+    return {"M": "datetime64", "m": "timedelta64"}.get(getattr(dtype, "kind", None), "")
 
 
 _TIMES = (datetime.date, datetime.time, datetime.timedelta)

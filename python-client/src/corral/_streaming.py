@@ -6,13 +6,13 @@ which drives one generator from the batch that starts it until it returns — ea
 becomes one ``chunks`` frame (postprocessed, aligned with the positions), ``END`` and every
 failure end their jobs at once in a ``results`` frame, and between two yields the cancelled ids
 and the deadlines become ``worker.cancelled``, queued batches join (a joining worker), and a
-``pull`` offers the room left under ``max_running``; and :func:`warm_up` for the examples.
-``worker.deadlines`` and ``worker.content_types`` grow with the positions.
+``pull`` offers the room left under ``max_running`` (warm-up runs the examples in
+``_stream_warm_up``). ``worker.deadlines`` and ``worker.content_types`` grow with the positions.
 
 A generator holding no job is given one step (``[]`` joined) to return. Yielding again instead,
 it is closed at that yield; but a joining one within its positions waits there, blocked on the
 connection, for the proxy's next batch (whose inputs that yield returns) or end (closed then):
-stepped on, an engine's loop spun a core while no request came. Warm-up closes it alike.
+stepped on, an engine's loop spun a core while no request came.
 
 Positions: the items of the batch that starts the generator are positions ``0 .. n-1``; each
 joined item gets the next position, in order; a position is never reused or moved during one
@@ -34,7 +34,7 @@ import time
 from collections.abc import Generator, Set
 from typing import TYPE_CHECKING, Any, Protocol
 
-from corral import _batch, _failures, _output, _tracing, _typing
+from corral import _batch, _failures, _tracing
 from corral import _protocol as protocol
 from corral._errors import STOPS as _STOPS
 from corral._errors import ConnectionEnded, ProtocolError, amount
@@ -428,47 +428,6 @@ class _Run:
         self.last_cancelled = True
 
     _cancel = _fail
-
-
-def warm_up(worker: Streamer, inputs: list[Any], first: int = 0) -> None:
-    """Run a streaming ``forward`` on ``inputs`` to its end (or, once every example has ended,
-    to its next yield, where it is closed), each chunk postprocessed and encoded; raises as the
-    first failure before the last example's end does. ``first``: the first's example number."""
-    worker.cancelled = set()
-    # Counted before forward, which may consume its list (as serving counts positions), and
-    # what serving drops (a value at an ended position) is not postprocessed: warm-up had
-    # failed a worker that serves.
-    positions = len(inputs)
-    _batch.warm_up_batch(worker, positions)
-    codec = _typing.codec(type(worker))
-    ended: set[int] = set()
-    generator = worker.forward(inputs)
-    try:
-        out = next(generator)
-        while True:
-            if len(ended) == positions:
-                # It yielded again, given a step to return once every example had ended: it is
-                # closed at that yield, as serving closes it (or, joining, waits for a batch
-                # that never comes here). Stepped on, a feed loop's warm-up never ended.
-                break
-            _check(out, positions)
-            for position, value in enumerate(out):
-                if value is None or position in ended:
-                    continue
-                if value is END:
-                    ended.add(position)
-                    continue
-                chunk = codec.encode(worker.postprocess(value))
-                _output.check(chunk, f"a chunk of example {first + position}")
-            out = generator.send([])
-    except StopIteration as stop:
-        returned = _returned(stop)
-        # Past its last example's end a failure fails nobody, as serving drops it (what that
-        # step yields, or a value returned): warm-up had failed a worker that serves.
-        if returned is not None and len(ended) < positions:
-            raise returned from None
-    finally:
-        _close(generator)
 
 
 def _returned(stop: StopIteration) -> TypeError | None:

@@ -39,6 +39,7 @@ from corral import (
     _process_end,
     _serve,
     _shared_memory,
+    _stream_warm_up,
     _streaming,
     _tensors,
     _typing,
@@ -294,7 +295,7 @@ class Worker:
             # As serving runs them: at most `max_running` at once (a memory bound, say).
             step = _streaming.limit(self) or count or 1
             for start in range(0, count, step):
-                _streaming.warm_up(self, inputs[start : start + step], start)
+                _stream_warm_up.warm_up(self, inputs[start : start + step], start)
             log.info("warmed up on %d examples in %.2fs", count, time.monotonic() - started)
             return
         _batch.warm_up_batch(self, count)
