@@ -588,6 +588,39 @@ def test_a_v2_row_queued_under_tensors_a_newcomer_replaced_is_answered_503_not_s
     new.close()
 
 
+def test_16_multi_mib_v2_requests_queued_under_replaced_tensors_are_each_answered_503(sidecar):
+    """At users' sizes: 16 clients, each of 8 rows of 256 KiB (2 MiB of tensor data a request,
+    128 jobs queued), all read against `x`; a newcomer of `y` joins. Every one is answered 503
+    `tensors_changed`, and none of their rows reaches the newcomer: its first batch is the
+    request of `y` sent after."""
+    x = [{"name": "x", "datatype": "FP32", "shape": [65536]}]
+    y = [{"name": "y", "datatype": "INT64", "shape": [2]}]
+    old = FakeWorker(sidecar.socket, inputs=x)
+    sidecar.wait_for_log(r"worker connected")
+    old.close()
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+                       what="the worker of x gone")  # fmt: skip
+    infer = "/v2/models/default/infer"
+    rows = {"name": "x", "datatype": "FP32", "shape": [8, 65536], "data": [0] * (8 * 65536)}
+    within = {"x-corral-timeout-ms": "20000"}
+    with ThreadPoolExecutor(16) as clients:
+        queued = [clients.submit(sidecar.client.post, infer, json={"inputs": [rows]},
+                                 headers=within) for _ in range(16)]  # fmt: skip
+        sidecar.wait_until(lambda: sidecar.metric("corral_queue_depth", stage="default") == 128,
+                           what="16 requests of 8 rows queued")  # fmt: skip
+        new = FakeWorker(sidecar.socket, inputs=y)
+        answers = [response.result(timeout=60) for response in queued]
+        assert [a.status_code for a in answers] == [503] * 16, [a.text[:200] for a in answers]
+        assert all(a.headers["retry-after"] == "1" for a in answers)
+        of_y = {"inputs": [{"name": "y", "datatype": "INT64", "shape": [1, 2], "data": [4, 5]}]}
+        again = clients.submit(sidecar.client.post, infer, json=of_y, headers=within)
+        batch = new.receive()
+        assert [list(msgpack.unpackb(job["payload"])) for job in batch["jobs"]] == [["y"]]
+        echo_back(new, batch)
+        assert again.result(timeout=30).status_code == 200
+    new.close()
+
+
 def test_two_hellos_of_other_tensors_at_once_on_an_empty_stage_are_never_both_taken(sidecar):
     """Each hello was checked against the workers connected, then joined: two at once on an
     empty stage each saw none, and workers of other tensors served it together (18 rounds in

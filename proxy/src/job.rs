@@ -125,7 +125,7 @@ pub struct Job {
     /// The epoch of its stage's declared tensors its row was read against (a v2, KServe v1 or
     /// OpenAI request's job on its first stage), if it was read against them: taken for a batch
     /// after a worker of other tensors replaced them, it is answered 503 `tensors_changed`
-    /// ([`crate::stage::Stage::tensors_changed`]).
+    /// ([`crate::stage::Stage::tensors_epoch`]).
     pub tensors: Option<u64>,
     /// What the job counts toward its batch's weight budget and the cost model (at least 1;
     /// 0 until its stage weighs it, by the client's `x-corral-weight` or the workers' rule).

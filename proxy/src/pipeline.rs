@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tokio_util::sync::DropGuard;
 
 use crate::job::{Job, Outcome, Reply, SentSlot};
-use crate::stage::{Departure, Shed, Stage};
+use crate::stage::{Declared, Departure, Shed, Stage};
 use crate::stream::ChunkSink;
 use crate::traffic::Traffic;
 use crate::{timing, trace};
@@ -63,6 +63,18 @@ impl Pipeline {
     /// The stage whose answers go to the client (the only one that may stream).
     pub fn last(&self) -> &Arc<Stage> {
         self.stages.last().expect("a pipeline has at least one stage")
+    }
+
+    /// What a v2, KServe v1 or OpenAI request is read against ([`Ends`]), read once as it comes.
+    pub fn declared_ends(&self) -> Ends {
+        let (first, epoch) = self.stages[0].declared_marked();
+        // A one-stage pipeline's outputs are those of the epoch its rows are marked with (its
+        // jobs run only while that epoch holds): read in the same step.
+        let last = match self.stages.len() {
+            1 => first.clone(),
+            _ => self.last().declared(),
+        };
+        Ends { first, last, epoch }
     }
 
     /// Runs the jobs through every stage but the last, for a streamed answer from the last one.
@@ -111,6 +123,27 @@ impl Pipeline {
             }
             Err(outcomes) => Ok(outcomes),
         }
+    }
+}
+
+/// The declarations at a pipeline's ends, shared (an `Arc` each, not copied): what its first
+/// stage's workers take, with the epoch of their tensors, which the request's first-stage jobs
+/// are marked with (`Traffic::tensors`), and what its last stage's give.
+pub struct Ends {
+    pub first: Option<Arc<Declared>>,
+    pub last: Option<Arc<Declared>>,
+    pub epoch: u64,
+}
+
+impl Ends {
+    /// The first stage's tensor inputs (none declared: empty).
+    pub fn inputs(&self) -> &[corral_protocol::TensorSpec] {
+        self.first.as_deref().map_or(&[], |d| &d.inputs)
+    }
+
+    /// The last stage's tensor outputs (none declared: empty).
+    pub fn outputs(&self) -> &[corral_protocol::TensorSpec] {
+        self.last.as_deref().map_or(&[], |d| &d.outputs)
     }
 }
 

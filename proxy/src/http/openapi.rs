@@ -445,6 +445,11 @@ fn error_response(description: &str, headers: Value) -> Value {
     })
 }
 
+/// Why any page may be answered 503 (`too_many_connections`), as every page's 503 says it.
+pub(super) const CROWDED: &str = "the connection is over --max-connections \
+    (`too_many_connections`, Corral's own error body, and it is closed; a probe or one of \
+    Corral's own pages is answered on the reserve of 16 above it)";
+
 fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value {
     let ok = json!({
         "description": "OK.",
@@ -473,11 +478,9 @@ fn own_get(operation: &str, summary: &str, ok: Value, may_be_unavailable: bool) 
     );
     // Every page may meet the connection limit: a connection past --max-connections and its
     // reserve is answered so whatever it asks (the pages had listed no 503, or `not_ready`).
-    let crowded = "the connection is over --max-connections (`too_many_connections`, and it is \
-                   closed; a probe or this page is answered on the reserve of 16 above it)";
     let unavailable = match may_be_unavailable {
-        true => format!("Not ready (`not_ready`): no worker yet, or stopping; or {crowded}."),
-        false => format!("Only where {crowded}; see Retry-After."),
+        true => format!("Not ready (`not_ready`): no worker yet, or stopping; or {CROWDED}."),
+        false => format!("Only where {CROWDED}; see Retry-After."),
     };
     let mut headers = request_id_header();
     headers["Retry-After"] = json!({

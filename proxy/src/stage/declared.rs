@@ -218,18 +218,19 @@ impl Stage {
     /// The stage's declarations, with the epoch of their tensors: a request whose rows are read
     /// against them marks its jobs with it (`Traffic::tensors`), and a job whose mark is not the
     /// stage's when it is taken for a batch is answered 503 `tensors_changed`
-    /// ([`Stage::tensors_changed`]). Read under one lock: the epoch is never newer than the
+    /// ([`Stage::tensors_epoch`]). Read under one lock: the epoch is never newer than the
     /// tensors beside it.
     pub fn declared_marked(&self) -> (Option<Arc<Declared>>, u64) {
         let kept = self.declared.lock().unwrap_or_else(|p| p.into_inner());
         (kept.clone(), self.tensors_epoch.load(Ordering::Relaxed))
     }
 
-    /// Whether `job`'s rows were read against tensors the stage no longer declares: a worker of
-    /// other tensors (or none) replaced them while it was queued. Sent on, it would reach that
-    /// worker as rows of the old tensors (and its answer be judged by the old outputs).
-    pub fn tensors_changed(&self, job: &crate::job::Job) -> bool {
-        job.tensors.is_some_and(|read| read != self.tensors_epoch.load(Ordering::Relaxed))
+    /// The epoch of the stage's declared tensors now: a job marked with another was read against
+    /// tensors the stage no longer declares (a worker of other tensors, or none, replaced them
+    /// while it was queued); sent on, it would reach that worker as rows of the old tensors.
+    /// Read once per batch taken, not per job.
+    pub fn tensors_epoch(&self) -> u64 {
+        self.tensors_epoch.load(Ordering::Relaxed)
     }
 
     /// Held while a worker's hello is checked against the stage ([`Stage::tensor_conflict`]),

@@ -200,11 +200,12 @@ impl Stage {
         let byte_budget = self.settings.max_batch_bytes;
         let mut batch = Vec::with_capacity(max.min(queue.jobs.len()));
         let (mut bytes, mut weight) = (0, 0);
+        let epoch = self.tensors_epoch();
         while batch.len() < max {
             let Some((next, request)) = queue.jobs.peek() else { break };
             let dead = next.is_abandoned() || next.is_expired(now);
             // Read against tensors a newcomer's replaced: not sent as rows of the old ones.
-            let stale = !dead && self.tensors_changed(next);
+            let stale = !dead && next.tensors.is_some_and(|read| read != epoch);
             if !batch.is_empty() && !dead && !stale {
                 if next.alone {
                     break;

@@ -107,8 +107,7 @@ async fn predict(
     // connected they are not known, and a plain list queued now would reach a worker that
     // declares tensors as a list (every instance 500). Not ready yet, as v2 says then too. A
     // worker that connected without declarations takes plain values (restarting, too).
-    let first = route.pipeline.stages.first().expect("a pipeline has a stage");
-    let (declared, epoch) = first.declared_marked();
+    let ends = route.pipeline.declared_ends();
     if declarations_unknown(route) {
         return Err(body::before_body(not_ready_yet(format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
@@ -118,7 +117,7 @@ async fn predict(
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
     // Its instances are read against the tensors of this epoch, or as plain values.
-    traffic.tensors = Some(epoch);
+    traffic.tensors = Some(ends.epoch);
     let body_len = body.len();
     let refused = |problem: format::Unreadable, body: &[u8]| {
         ApiError::or_charset(ApiError::bad_request(problem), content_type.as_ref(), body)
@@ -126,7 +125,7 @@ async fn predict(
     // Every number of an instance for a worker that declares tensors becomes an element of
     // its input's datatype: an integer past 64 bits is a float there (an FP64 input takes
     // 1e20), as in v2's JSON.
-    let tensors = declared.as_deref().is_some_and(|d| !d.inputs.is_empty());
+    let tensors = !ends.inputs().is_empty();
     let payload = {
         // The body, read again on the error path alone (for its `charset`'s 415); dropped once
         // transcoded, as the body itself is.
@@ -154,20 +153,15 @@ async fn predict(
     if rows.is_empty() {
         return Err(ApiError::bad_request(r#""instances" is empty"#));
     }
-    let rows = match declared.as_deref().map_or(&[][..], |d| &d.inputs[..]) {
+    let rows = match ends.inputs() {
         [] => rows,
         inputs => as_tensors(app, rows, inputs, body_len)?,
     };
     let mut outcomes = infer::run_items(app, route, rows, deadline, traffic).await?;
     // Held to the outputs the last stage's workers declared, as a v2 answer is: one that is
     // not them is the worker's fault, not a prediction.
-    // (A one-stage route's are those of the epoch its instances were read against.)
-    let stages = &route.pipeline.stages;
-    let last = match stages.len() {
-        1 => declared,
-        _ => stages.last().expect("a pipeline has a stage").declared(),
-    };
-    if let Some(declared) = last.filter(|d| !d.outputs.is_empty()) {
+    // (Read as the request came, with its inputs, as v2's and OpenAI's are.)
+    if let Some(declared) = ends.last.filter(|d| !d.outputs.is_empty()) {
         check_outputs(&declared.outputs, &outcomes)?;
         if let [lone] = &declared.outputs[..] {
             outcomes =

@@ -136,20 +136,13 @@ pub async fn embeddings(
             route.model
         ))));
     }
-    let stages = &route.pipeline.stages;
-    let first = stages.first().expect("a pipeline has a stage");
-    let (declared, epoch) = first.declared_marked();
-    let input = declared::Input::of(declared.as_deref()).map_err(body::before_body)?;
-    let last = stages.last().expect("a pipeline has a stage");
-    // A one-stage route's output is that of the epoch its inputs are marked with.
-    let output = match stages.len() {
-        1 => declared::output(declared.as_deref()),
-        _ => declared::output(last.declared().as_deref()),
-    };
+    let ends = route.pipeline.declared_ends();
+    let input = declared::Input::of(ends.first.as_deref()).map_err(body::before_body)?;
+    let output = declared::output(ends.last.as_deref());
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
     // Its strings are read against the tensors of this epoch, or as plain values.
-    traffic.tensors = Some(epoch);
+    traffic.tensors = Some(ends.epoch);
     // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked):
     // serde's "invalid unicode code point" had said nothing of why, and an unknown field took
     // any bytes. 415 for a body in another encoding its `charset` names, as on every route.

@@ -4,7 +4,7 @@
 use serde_json::{json, Map, Value};
 
 use super::super::openapi::{
-    answer_headers, infer_error_headers, job_headers, request_id_header, timeout_header,
+    answer_headers, infer_error_headers, job_headers, request_id_header, timeout_header, CROWDED,
 };
 use super::super::{App, Protocol};
 use super::openai::EMBEDDINGS_PATH;
@@ -393,8 +393,6 @@ fn failed(status: &str, description: &str, schema: &Value) -> Value {
 /// and its reserve is answered 503 `too_many_connections` whatever it asks (a page that is no
 /// probe, on the reserve too), with Retry-After; the pages had listed no such 503.
 fn or_crowded(responses: &mut Value, error: &Value) {
-    const CROWDED: &str = "the connection is over --max-connections (`too_many_connections`, \
-                           Corral's own error body; then closed)";
     match responses.get_mut("503") {
         Some(said) => {
             let before = said["description"].as_str().unwrap_or_default().trim_end_matches('.');

@@ -29,8 +29,6 @@ pub mod result_row;
 pub mod statistics;
 pub mod tensor;
 
-use std::sync::Arc;
-
 use bytes::Bytes;
 use corral_protocol::TensorSpec;
 use http::header::CONTENT_TYPE;
@@ -253,7 +251,7 @@ fn metadata(route: &Route) -> Result<Response<Body>, ApiError> {
     if let Some(message) = not_declared_yet(route) {
         return Err(not_ready_yet(message));
     }
-    let declared = Declared::of(route);
+    let declared = route.pipeline.declared_ends();
     let tensors = |specs: &[TensorSpec]| {
         specs
             .iter()
@@ -285,7 +283,7 @@ fn config(route: &Route) -> Result<Response<Body>, ApiError> {
     if let Some(message) = not_declared_yet(route) {
         return Err(not_ready_yet(message));
     }
-    let declared = Declared::of(route);
+    let declared = route.pipeline.declared_ends();
     let tensors = |specs: &[TensorSpec], input: bool| {
         specs
             .iter()
@@ -333,37 +331,6 @@ fn not_declared_yet(route: &Route) -> Option<String> {
     })
 }
 
-/// What the route's first stage's workers take and its last stage's give: the stages' shared
-/// declarations, borrowed per request, not copied.
-struct Declared {
-    first: Option<Arc<crate::stage::Declared>>,
-    last: Option<Arc<crate::stage::Declared>>,
-    /// The epoch of the first stage's tensors, which the request's rows are marked with
-    /// (`Traffic::tensors`).
-    epoch: u64,
-}
-
-impl Declared {
-    fn of(route: &Route) -> Declared {
-        let stages = &route.pipeline.stages;
-        let (first, epoch) = stages.first().map_or((None, 0), |s| s.declared_marked());
-        // A one-stage route's outputs are those of the epoch its rows are marked with.
-        let last = match stages.len() {
-            1 => first.clone(),
-            _ => stages.last().and_then(|s| s.declared()),
-        };
-        Declared { first, last, epoch }
-    }
-
-    fn inputs(&self) -> &[TensorSpec] {
-        self.first.as_deref().map_or(&[], |s| &s.inputs)
-    }
-
-    fn outputs(&self) -> &[TensorSpec] {
-        self.last.as_deref().map_or(&[], |s| &s.outputs)
-    }
-}
-
 async fn infer(
     app: &App,
     route: &Route,
@@ -399,7 +366,7 @@ async fn infer(
         _ => (body::receive(app, route, request).await?, 0),
     };
     let Received { body, arrived, deadline, traffic } = received;
-    let declared = Declared::of(route);
+    let declared = route.pipeline.declared_ends();
     let outputs = declared.outputs();
     let mut parsed =
         request::parse(&body, header_length, room, declared.inputs()).map_err(|refused| {
