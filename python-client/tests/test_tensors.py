@@ -346,7 +346,10 @@ MALFORMED = {
     ),
     "cut short": (msgpack.ExtType(1, msgpack.packb(["UINT8", [4], b"abcd"])[:-2]), "truncated"),
     "empty": (msgpack.ExtType(1, b""), "truncated"),
-    "datatype not UTF-8": (msgpack.ExtType(1, b"\x93\xa2\xff\xfe\x91\x01\xc4\x00"), "utf-8"),
+    "datatype not UTF-8": (
+        msgpack.ExtType(1, b"\x93\xa2\xff\xfe\x91\x01\xc4\x00"),
+        "datatype (its first item) is not valid UTF-8",
+    ),
     "too many dimensions": (
         ext("FP32", [1] * 65, b"\x00" * 4),
         "Expected `array` of length <= 64 - at `$[1]`",

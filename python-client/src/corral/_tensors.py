@@ -222,11 +222,20 @@ _HEADER = msgspec.msgpack.Decoder(
 )
 
 
+_NOT_UTF8 = "a tensor value's datatype (its first item) is not valid UTF-8"
+
+
 def _header(data: bytes | memoryview) -> tuple[str, list[int], memoryview]:
     """The datatype, the shape and a view of the elements."""
     try:
         datatype, shape, elements = _HEADER.decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+    except UnicodeDecodeError as e:
+        raise ValidationError(_NOT_UTF8) from e
+    except msgspec.DecodeError as e:
+        if "utf-8" in str(e).lower():
+            # msgspec's builds word this differently ("Invalid UTF-8 encoded string", or
+            # Python's codec error): the one str of the header is the datatype, so say that.
+            raise ValidationError(_NOT_UTF8) from e
         # msgspec says what and where: ``$[0]`` the datatype, ``$[1]`` the shape, ``$[2]`` the
         # data (e.g. "Expected `int` >= 0 - at `$[1][0]`").
         raise ValidationError(
