@@ -122,6 +122,14 @@ def test_v1_answers_json_whatever_accept_says_and_415_for_another_content_type(p
         headers={"content-type": "application/msgpack"},
     )
     assert answer.status_code == 200, answer.text
+    # A msgpack body that is no map is told so in words for both forms, once.
+    answer = proxy.client.post(
+        "/v1/models/default:predict",
+        content=msgpack.packb([1, 2]),
+        headers={"content-type": "application/msgpack"},
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json() == {"error": 'the body must be an object with an "instances" array'}
 
 
 def test_malformed_json_is_400_in_v1_shape(proxy):

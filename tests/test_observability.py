@@ -172,6 +172,26 @@ def test_a_worker_s_failures_are_logged_with_their_jobs_once_a_minute(corral_fac
     assert sum("RuntimeError" in line for line in proxy.lines) == 1, "one traceback, whole"
 
 
+def test_a_model_that_cannot_load_is_one_error_record(corral_factory):
+    """An exception from the worker's `__init__` (the commonest start-up failure) reached
+    Python's own handler: its traceback a line per frame, each forwarded as an INFO line, so
+    that an alert on errors never fired for a worker restarting forever."""
+    import sys
+
+    scripted = str(ROOT / "tests" / "workers" / "scripted.py")
+    env = {"SCRIPTED_BROKEN": "/models/weights.bin"}
+    # Spawned by hand: it never connects, which the factory would wait for.
+    command = ["--log-format=json", "--workers=1", "--", sys.executable, scripted]
+    proxy = corral_factory(*command, worker=None, env=env)
+    line = proxy.wait_for_log(r'"message":"the worker failed to start')
+    record = json.loads(line)
+    assert record["level"] == "ERROR"
+    assert record["exception"].startswith("Traceback (most recent call last)")
+    assert record["exception"].endswith("FileNotFoundError: /models/weights.bin")
+    proxy.wait_for_log(r"worker exited; restarting")
+    assert not [other for other in proxy.lines if "Traceback" in other and other != line]
+
+
 def test_a_worker_s_failure_of_megabytes_stays_one_error_record(corral_factory):
     """Corral forwards a worker's output in lines of at most 16 KiB: a record longer than that
     (an exception quoting a 1 MB input) came in pieces, none of them JSON, each an INFO line of

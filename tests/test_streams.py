@@ -316,6 +316,19 @@ def test_a_chunk_that_is_not_one_msgpack_value_fails_its_job_alone(corral_factor
     assert not [line for line in proxy.lines if "protocol error" in line]
 
 
+def test_a_broken_first_chunk_is_still_its_batch_s_first_chunk(corral_factory, tmp_path):
+    # Skipped as a chunk, its batch had no time to first chunk (or, without `cancel`, the whole
+    # stream's, taken at its `end`): a sample missing from the histogram and admission's model.
+    cancels = tmp_path / "cancels"
+    proxy = corral_factory(worker=STREAMER, env={"STREAMER_CANCELS": str(cancels)})
+    answer = proxy.post({"chunks": 3, "bad_chunk_after": 0}, headers=SSE)
+    assert (answer.status_code, answer.json()["error"]) == (500, "bad_output")
+    proxy.wait_until(lambda: ids(cancels), what="the cancel of the broken job")
+    # The worker ended that job before it streams this one: its end has been read by then.
+    assert stream_all(proxy, {"chunks": 1})[1] == [("message", "c-0"), ("done", {})]
+    assert proxy.metric("corral_time_to_first_chunk_seconds_count", stage="default") == 2
+
+
 def test_an_end_that_carries_data_is_a_bad_output_not_data_dropped(corral_factory):
     proxy = corral_factory(worker=STREAMER)
     _, received = stream_all(proxy, {"chunks": 1, "end_with_data": True})

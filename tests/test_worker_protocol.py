@@ -588,6 +588,41 @@ def test_a_v2_row_queued_under_tensors_a_newcomer_replaced_is_answered_503_not_s
     new.close()
 
 
+def test_a_kserve_v1_body_is_read_against_the_tensors_in_force_once_it_is_in(sidecar, pool):
+    """KServe v1 read the declared tensors before the body's upload: tensors replaced during a
+    slow one, a body of the newcomer's instances was read against the old ones (400), and one
+    of the old was answered 503 `tensors_changed`. Read once the body is in, as v2 does."""
+    from test_http_edge import connect, read_all
+
+    x = [{"name": "x", "datatype": "FP32", "shape": [3]}]
+    y = [{"name": "y", "datatype": "FP32", "shape": [2]}]
+    old = FakeWorker(sidecar.socket, inputs=x)
+    sidecar.wait_for_log(r"worker connected")
+    body = json.dumps({"instances": [[1.5, 2.5]]}).encode()
+    with connect(sidecar) as conn:
+        conn.sendall(
+            b"POST /v1/models/default:predict HTTP/1.1\r\nhost: x\r\nconnection: close\r\n"
+            b"content-type: application/json\r\nexpect: 100-continue\r\n"
+            + f"content-length: {len(body)}\r\n\r\n".encode()
+        )
+        # hyper says 100 Continue as the handler first reads the body: past its head now.
+        assert conn.recv(65536).startswith(b"HTTP/1.1 100 Continue")
+        old.close()
+        sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+                           what="the worker of x gone")  # fmt: skip
+        new = FakeWorker(sidecar.socket, inputs=y)
+        sidecar.wait_for_log(r"worker connected", count=2)
+        conn.sendall(body)
+        batch = new.receive()
+        assert list(msgpack.unpackb(batch["jobs"][0]["payload"])) == ["y"], batch
+        echo_back(new, batch)
+        answer = read_all(conn)
+    head, _, rest = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200"), answer
+    assert json.loads(rest) == {"predictions": [{"y": [1.5, 2.5]}]}
+    new.close()
+
+
 def test_16_multi_mib_v2_requests_queued_under_replaced_tensors_are_each_answered_503(sidecar):
     """At users' sizes: 16 clients, each of 8 rows of 256 KiB (2 MiB of tensor data a request,
     128 jobs queued), all read against `x`; a newcomer of `y` joins. Every one is answered 503

@@ -1,8 +1,8 @@
 //! A stage: a bounded queue of jobs and the idle workers that pull batches from it.
 //!
-//! HTTP handlers [`Stage::submit`] jobs; each worker connection, whenever its worker is idle,
-//! awaits [`WorkerSeat::next_batch`], which applies the batch [`policy`] and hands over up to a
-//! batch of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose
+//! HTTP handlers submit a request's jobs ([`Stage::submit_all`], through `pipeline`); each worker
+//! connection, whenever its worker is idle, awaits [`WorkerSeat::next_batch`], which applies the
+//! batch [`policy`] and hands over up to a batch of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose
 //! client left are dropped here, so neither is ever dispatched. Admission refuses jobs that the
 //! queue has no room for, or that could not finish before their deadline ([`admission`]).
 //!

@@ -3,6 +3,7 @@ the protocol rules a worker must follow."""
 
 import asyncio
 import datetime
+import decimal
 import enum
 import functools
 import logging
@@ -407,8 +408,9 @@ def test_run_on_an_instance_serves_that_instance():
     worker.run("some.sock", stage="s")
     assert served == [(worker, "some.sock", "s")]
     assert worker.threshold == 0.9
-    with pytest.raises(TypeError, match="threshold"):
-        Configured.run("some.sock")  # from the class it is built, as before
+    # From the class it is built, as before: a failure to, logged, ends the process.
+    with pytest.raises(SystemExit, match=r"the worker failed to start: TypeError: .*threshold"):
+        Configured.run("some.sock")
 
 
 def test_a_worker_without_forward_is_refused_before_it_serves():
@@ -423,7 +425,7 @@ def test_a_worker_without_forward_is_refused_before_it_serves():
             super().__init__()
             self.forward = lambda batch: batch
 
-    with pytest.raises(TypeError, match="Base has no forward"):
+    with pytest.raises(SystemExit, match="Base has no forward"):
         Base.run("some.sock")
     served = []
     Set._run_forever = lambda self, path: served.append(path)
@@ -1117,6 +1119,31 @@ def test_a_numpy_scalar_msgpack_cannot_encode_says_what_to_return_instead(kind, 
         (got,) = proxy.infer([1])
     assert got.status == "error" and said in got.message, got.message
     assert "isoformat" not in got.message
+
+
+def test_another_class_s_tolist_that_gives_nothing_msgpack_writes_is_said_so():
+    """msgpack calls the fallback once: a user's tensor class whose `tolist()` gave a Decimal
+    had msgpack's own "can not serialize" words, and one that gave its own class numpy's
+    advice for a longdouble."""
+
+    class Vec:
+        def __init__(self, value):
+            self.value = value
+
+        def tolist(self):
+            return self.value
+
+    class Returning(corral.Worker):
+        def forward(self, batch):
+            return [Vec(decimal.Decimal("1.5")), Vec(Vec([1])), Vec([1, 2])][: len(batch)]
+
+    with FakeProxy(Returning()) as proxy:
+        dec, again, fine = proxy.infer([1, 2, 3])
+    assert dec.status == "error"
+    assert "Vec as msgpack: its tolist() gave Decimal: return str(value)" in dec.message
+    assert again.status == "error" and "numpy" not in again.message.partition("(")[0]
+    assert "its tolist() gives a Vec again" in again.message
+    assert fine == Result("ok", [1, 2])
 
 
 def test_an_output_type_writes_numpy_s_dates_and_durations_as_the_advice_says():

@@ -20,7 +20,9 @@ If SCRIPTED_LOG names a file, every item received is appended to it as one JSON 
 (`{"pid": ..., "item": ...}`), so tests can check what reached which worker (and what never did).
 With SCRIPTED_THREAD set, the worker starts a thread that is not a daemon and never ends (a
 metrics pusher, a weights watcher), which keeps the interpreter from exiting by itself. With
-SCRIPTED_COLD set, its warm-up fails (its one example raises in forward).
+SCRIPTED_COLD set, its warm-up fails (its one example raises in forward); with SCRIPTED_BROKEN
+set, its `__init__` raises FileNotFoundError naming that value (a model whose weights are not
+there).
 """
 
 import json
@@ -39,6 +41,8 @@ class Scripted(corral.Worker):
         examples = [{"raise": "cold"}]
 
     def __init__(self):
+        if os.environ.get("SCRIPTED_BROKEN"):
+            raise FileNotFoundError(os.environ["SCRIPTED_BROKEN"])
         if os.environ.get("SCRIPTED_THREAD"):
             threading.Thread(target=threading.Event().wait, name="watcher").start()
 

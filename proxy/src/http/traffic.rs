@@ -7,7 +7,7 @@
 //!
 //! The tenant's value is hashed at once ([`Tenant::of`]) and never logged: it may be an API key.
 
-use http::{HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName, HeaderValue};
 
 use super::error::ApiError;
 use super::head::agreed;
@@ -31,9 +31,9 @@ pub fn requested(
     tenant_header: &HeaderName,
 ) -> Result<Traffic, ApiError> {
     let class = agreed(headers, &PRIORITY, PRIORITY_HEADER, |value| {
-        value.to_str().ok().and_then(|v| Class::parse(v.trim())).ok_or_else(|| {
+        each_folded(value, PRIORITY_HEADER, Class::parse).ok_or_else(|| {
             ApiError::bad_request(format!("{PRIORITY_HEADER} must be high, normal or low"))
-        })
+        })?
     })?
     .unwrap_or(default);
     // An empty value names nobody: the request is nobody's, as without the header. Fields
@@ -45,21 +45,40 @@ pub fn requested(
     })?
     .flatten();
     let weight = agreed(headers, &WEIGHT, WEIGHT_HEADER, |value| {
-        value
-            .to_str()
-            .ok()
+        each_folded(value, WEIGHT_HEADER, |v| {
             // Past u64 is past the cap too: it counts as the cap, as any value above it.
-            .and_then(|v| match v.trim().parse::<u64>() {
+            match v.parse::<u64>() {
                 Err(e) if *e.kind() == std::num::IntErrorKind::PosOverflow => Some(u64::MAX),
                 parsed => parsed.ok(),
-            })
+            }
             .filter(|&w| w > 0)
             .map(|w| w.min(u64::from(MAX_WEIGHT)) as u32)
-            .ok_or_else(|| {
-                ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
-            })
+        })
+        .ok_or_else(|| {
+            ApiError::bad_request(format!("{WEIGHT_HEADER} must be a positive integer"))
+        })?
     })?;
     Ok(Traffic { class, tenant, weight, ..Traffic::default() })
+}
+
+/// One field's value read as the list a proxy may have folded it into (`high, high`: RFC 9110
+/// allows fields to be joined so), each piece by `read`. None: a piece does not parse; Some(Err):
+/// pieces that parse but read differently, the same 400 as two fields that differ ([`agreed`]).
+/// Fields given apart were read alike while the same fields folded had been a 400.
+fn each_folded<T: PartialEq>(
+    value: &HeaderValue,
+    said: &str,
+    read: impl Fn(&str) -> Option<T>,
+) -> Option<Result<T, ApiError>> {
+    let mut pieces = value.to_str().ok()?.split(',').map(|piece| read(piece.trim()));
+    let first = pieces.next()??;
+    for piece in pieces {
+        if piece? != first {
+            let message = format!("{said} is given more than once, with different values");
+            return Some(Err(ApiError::bad_request(message)));
+        }
+    }
+    Some(Ok(first))
 }
 
 #[cfg(test)]
@@ -142,6 +161,22 @@ mod tests {
         alike.append(WEIGHT_HEADER, "02".parse().unwrap());
         let traffic = read_map(&alike).unwrap();
         assert_eq!((traffic.class, traffic.weight), (Class::High, Some(2)), "read alike");
+    }
+
+    #[test]
+    fn a_field_a_proxy_folded_counts_as_the_fields_it_joined() {
+        let traffic = read(&[(PRIORITY_HEADER, "high, High"), (WEIGHT_HEADER, "2,02")]).unwrap();
+        assert_eq!((traffic.class, traffic.weight), (Class::High, Some(2)), "read alike");
+        for (name, value, words) in [
+            (PRIORITY_HEADER, "high, low", "given more than once, with different values"),
+            (WEIGHT_HEADER, "2, 3", "given more than once, with different values"),
+            (PRIORITY_HEADER, "high, ", "must be high, normal or low"),
+            (WEIGHT_HEADER, "2, x", "must be a positive integer"),
+        ] {
+            let error = read(&[(name, value)]).unwrap_err();
+            assert_eq!(error.status, http::StatusCode::BAD_REQUEST);
+            assert!(error.message.starts_with(name) && error.message.contains(words), "{value}");
+        }
     }
 
     fn read_map(headers: &HeaderMap) -> Result<Traffic, ApiError> {

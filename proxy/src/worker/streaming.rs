@@ -411,8 +411,11 @@ impl State {
         let mut late = Vec::new();
         let now = Instant::now();
         for chunk in chunks.chunks {
+            // Its batch's first chunk came now, whatever becomes of it: a broken one, or one for
+            // a job answered already, had been skipped here, and the batch's time to first
+            // chunk taken at its `end` (a whole stream's time, learnt by admission).
+            self.heard_from(seat, self.held[&chunk.id].frame);
             let held = self.held.get_mut(&chunk.id).expect("checked above");
-            let frame = held.frame;
             let Some(job) = held.job.as_ref() else { continue };
             // Checked as an `ok` result's data is: a chunk that is not one well-formed msgpack
             // value fails its job alone, rather than reach the client as a broken answer.
@@ -475,7 +478,6 @@ impl State {
                     }
                 }
             }
-            self.heard_from(seat, frame);
         }
         for id in slow.into_iter().chain(broken).chain(late) {
             self.cancel(outbox, id);

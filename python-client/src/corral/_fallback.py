@@ -22,7 +22,21 @@ def plain(value: Any) -> Any:
         # with numpy's advice (a date's `isoformat` is no numpy method).
         what = "array of " + str(value.dtype) if hasattr(value, "shape") and value.shape else kind
         raise TypeError(f"cannot encode numpy's {what} as msgpack: {_numpy_instead(kind)}")
-    return _listed(value)
+    converted = _listed(value)
+    # msgpack calls this hook once for the value, not again for what it returned: a `tolist`
+    # of some other class that gives what msgpack does not write had msgpack's own words
+    # ("can not serialize 'Decimal' object"), with no advice.
+    if not isinstance(converted, _WRITTEN):
+        name, gave = type(value).__name__, type(converted).__name__
+        raise TypeError(
+            f"cannot encode {name} as msgpack: its tolist() gave {gave}: {_instead(converted)}"
+        )
+    return converted
+
+
+# What msgpack writes itself, as a fallback's answer (what a list or dict holds is looked at
+# again, with this fallback).
+_WRITTEN = (list, tuple, dict, str, bytes, bytearray, memoryview, int, float, bool, type(None))
 
 
 def typed(value: Any) -> Any:
@@ -86,6 +100,11 @@ def _listed(value: Any) -> Any:
     # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that holds
     # it: msgspec would call this hook again, until a RecursionError.
     if type(converted) is type(value):
+        if type(value).__module__.partition(".")[0] != "numpy":  # some other class's tolist()
+            raise TypeError(
+                f"cannot encode {name} as msgpack: its tolist() gives a {name} again; "
+                + _instead(value)
+            )
         raise TypeError(
             f"cannot encode {name} as msgpack: numpy's {name} has no Python type to hold it; "
             "convert it first, e.g. value.astype(numpy.float64) (or complex128), or str(value) "

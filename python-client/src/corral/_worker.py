@@ -258,9 +258,17 @@ class Worker:
         # on, since `__init__` may start them and a failed warm-up leave them running.
         status = 1
         try:
-            worker = cls() if instance is None else instance
-            worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
-            _declarations.check_instance(worker)  # before a warm-up of minutes
+            # A failure to start is logged as one record, its level and traceback kept (JSON
+            # logs: one ERROR object); left to Python's own handler, the commonest one, a model
+            # that cannot load, had been a line per frame, each forwarded as INFO. The exit's
+            # one line says it again in short, for whoever ran the worker by hand.
+            try:
+                worker = cls() if instance is None else instance
+                worker.stage = stage or argv.stage or os.environ.get("CORRAL_STAGE") or worker.stage
+                _declarations.check_instance(worker)  # before a warm-up of minutes
+            except Exception as e:
+                log.exception("the worker failed to start; it will not serve")
+                raise SystemExit(f"the worker failed to start: {_describe(e)}") from e
             try:
                 worker.warm_up()
             except Exception as e:

@@ -94,7 +94,8 @@ impl<'a> Endpoint<'a> {
     }
 }
 
-const NO_INSTANCES: &str = r#"the body must be a JSON object with an "instances" array"#;
+// (A msgpack body's map is its object: the words fit both.)
+const NO_INSTANCES: &str = r#"the body must be an object with an "instances" array"#;
 
 async fn predict(
     app: &App,
@@ -107,7 +108,6 @@ async fn predict(
     // connected they are not known, and a plain list queued now would reach a worker that
     // declares tensors as a list (every instance 500). Not ready yet, as v2 says then too. A
     // worker that connected without declarations takes plain values (restarting, too).
-    let ends = route.pipeline.declared_ends();
     if declarations_unknown(route) {
         return Err(body::before_body(not_ready_yet(format!(
             "model {:?} has no worker yet: what its instances are is known once one connects",
@@ -116,7 +116,10 @@ async fn predict(
     }
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
-    // Its instances are read against the tensors of this epoch, or as plain values.
+    // Its instances are read against the tensors declared once its body is in (read before its
+    // upload, a change during a slow one gave a needless 503 `tensors_changed`), or as plain
+    // values.
+    let ends = route.pipeline.declared_ends();
     traffic.tensors = Some(ends.epoch);
     let body_len = body.len();
     let refused = |problem: format::Unreadable, body: &[u8]| {
@@ -144,6 +147,11 @@ async fn predict(
             return Err(ApiError::bad_request(message));
         }
         Ok(None) => return Err(ApiError::bad_request(NO_INSTANCES)),
+        // A body that is no object at all: the words above say it (the reader's own, "the
+        // body must be an object", had followed them in brackets).
+        Err(_) if rmp::decode::read_map_len(&mut &payload[..]).is_err() => {
+            return Err(ApiError::bad_request(NO_INSTANCES))
+        }
         Err(why) => return Err(ApiError::bad_request(format!("{NO_INSTANCES} ({why})"))),
     };
     if let Some(count) = items::declared_len(&instances) {

@@ -136,12 +136,14 @@ pub async fn embeddings(
             route.model
         ))));
     }
-    let ends = route.pipeline.declared_ends();
-    let input = declared::Input::of(ends.first.as_deref()).map_err(body::before_body)?;
-    let output = declared::output(ends.last.as_deref());
     let content_type = request.headers().get(http::header::CONTENT_TYPE).cloned();
     let Received { body, deadline, mut traffic, .. } = body::receive(app, route, request).await?;
-    // Its strings are read against the tensors of this epoch, or as plain values.
+    // Its strings are read against the tensors declared once its body is in (read before its
+    // upload, a change during a slow one gave a needless 503 `tensors_changed`), or as plain
+    // values.
+    let ends = route.pipeline.declared_ends();
+    let input = declared::Input::of(ends.first.as_deref())?;
+    let output = declared::output(ends.last.as_deref());
     traffic.tensors = Some(ends.epoch);
     // Every byte, not only those of the fields serde reads (it skips unknown ones unchecked):
     // serde's "invalid unicode code point" had said nothing of why, and an unknown field took

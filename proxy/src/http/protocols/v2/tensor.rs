@@ -406,7 +406,8 @@ fn describe(element: Element) -> &'static str {
         Element::Bool(_) => "a boolean",
         Element::Uint(_) | Element::Int(_) => "an integer",
         Element::Float(_) | Element::Float32(_) => "a float",
-        Element::Bytes(_) => "a string",
+        // A JSON string, or msgpack's str or bin (KServe v1's msgpack bodies).
+        Element::Bytes(_) => "a string or bytes",
     }
 }
 
@@ -541,7 +542,10 @@ mod tests {
             refused(DataType::I64, Element::Bool(true)),
             "a boolean is not an INT64 element"
         );
-        assert_eq!(refused(DataType::U8, Element::Bytes(b"x")), "a string is not a UINT8 element");
+        assert_eq!(
+            refused(DataType::U8, Element::Bytes(b"x")),
+            "a string or bytes is not a UINT8 element"
+        );
         assert_eq!(refused(DataType::U8, Element::Uint(256)), "256 does not fit in UINT8");
     }
 
