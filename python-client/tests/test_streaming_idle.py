@@ -186,3 +186,93 @@ def test_an_idle_joining_generator_under_the_fake_proxy_takes_one_step_per_idle_
     # stepped on, it made yields by the thousand while nothing came.
     assert worker.most_idle <= 1, worker.resumed
     assert ["b"] in worker.resumed  # b joined the running generator
+
+
+class Spell(corral.Worker):
+    """README's ``Spell``, joining: a letter a step, then END; an item in ``self.cancelled`` is
+    over for it, found in the step after its cancel, which still yields. A ``"."`` sends no
+    chunk (the item still waits for its first), a ``"!"`` fails its postprocess. With
+    ``never_returns`` (an engine's loop) it yields on once every item has ended."""
+
+    max_running = 4
+    examples = ("ab",)
+
+    def __init__(self, never_returns=False):
+        self.never_returns = never_returns
+        self.idle_yields = 0  # yields made knowing every item had ended
+        self.returned = 0
+        self.closed = 0
+
+    def postprocess(self, letter):
+        if letter == "!":
+            raise ValueError("no such letter")
+        return letter
+
+    def forward(self, words):
+        words, sent = list(words), [0] * len(words)  # letters sent; len + 1: over
+        try:
+            while self.never_returns or any(n <= len(w) for n, w in zip(sent, words)):
+                if all(n > len(w) for n, w in zip(sent, words)):
+                    self.idle_yields += 1
+                    assert self.idle_yields < RUNAWAY, "stepped on while holding no job"
+                step = [None] * len(words)
+                for p, w in enumerate(words):
+                    if p in self.cancelled:  # client gone: already ended for us
+                        sent[p] = len(w) + 1
+                    elif sent[p] <= len(w):
+                        letter = w[sent[p]] if sent[p] < len(w) else corral.END
+                        step[p] = None if letter == "." else letter
+                        sent[p] += 1
+                words += yield step
+            self.returned += 1
+        finally:
+            self.closed += 1
+
+
+class CancellingLink(IdleLink):
+    """An :class:`IdleLink` whose proxy cancels ``cancelled`` (a client that left, a stream
+    timeout) at the run's first look for cancels, after its first step."""
+
+    def __init__(self, cancelled, batches=(), end=None):
+        super().__init__(batches, end or ConnectionEnded())
+        self.cancels = [set(cancelled)]
+
+    def take_cancelled(self):
+        return self.cancels.pop() if self.cancels else set()
+
+
+ENDINGS = {  # how the last item ends without its END: its word, and its result's status
+    "cancel": ("abcdef", "end"),  # its client left, or its stream timed out
+    "deadline": (".abc", "expired"),  # passed before its first chunk
+    "postprocess": ("a!c", "error"),
+}
+
+
+@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def test_a_joining_generator_whose_last_item_ended_without_end_returns(ending, monkeypatch):
+    # It learns of that end in `self.cancelled` only at the step after, and yields there; that
+    # yield was taken for an engine's loop that never returns, and the run waited at it for the
+    # next request (which joined it) or shutdown: its `finally` (an engine session, GPU memory)
+    # had run only then. Now it is resumed once more, and returns.
+    word, status = ENDINGS[ending]
+    a = job(word)
+    link = CancellingLink([a["id"]] if ending == "cancel" else [])
+    if ending == "deadline":
+        monkeypatch.setattr(_streaming, "_now", lambda: float("inf"))
+    worker = Spell()
+    _streaming.run(worker, [a], link, _streaming.limit(worker))
+    assert (worker.returned, worker.closed) == (1, 1)
+    assert link.waits == 0
+    assert link.statuses == [status]
+
+
+def test_a_joining_loop_that_never_returns_waits_once_it_has_seen_its_last_cancel():
+    # Its yield on seeing the cancel, then one more knowing every item ended (the step to
+    # return it was given); then it waits, not stepped on, and the proxy's end closes it there.
+    a = job("abcdef")
+    worker, link = Spell(never_returns=True), CancellingLink([a["id"]])
+    with pytest.raises(ConnectionEnded):
+        _streaming.run(worker, [a], link, _streaming.limit(worker))
+    assert (worker.idle_yields, worker.returned, worker.closed) == (1, 0, 1)
+    assert link.waits == 1
+    assert link.statuses == ["end"]

@@ -5,13 +5,16 @@ decoded to numpy arrays (or nested lists without numpy) for ``forward``, malform
 from __future__ import annotations
 
 import base64
+import dataclasses
+import datetime
+import enum
 import struct
 import subprocess
 import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal, Optional, TypedDict, Union
 
 import msgpack
 import msgspec
@@ -348,7 +351,7 @@ MALFORMED = {
     "empty": (msgpack.ExtType(1, b""), "truncated"),
     "datatype not UTF-8": (
         msgpack.ExtType(1, b"\x93\xa2\xff\xfe\x91\x01\xc4\x00"),
-        "datatype (its first item) is not valid UTF-8",
+        "a tensor value's datatype is not valid UTF-8",
     ),
     "too many dimensions": (
         ext("FP32", [1] * 65, b"\x00" * 4),
@@ -1054,6 +1057,84 @@ def test_an_array_like_output_type_is_refused_beside_declared_outputs():
         (result,) = proxy.infer([{"PROBS": [1.0, 0.0, 0.0], "LABEL": "b"}])
     assert result.status == "error", result
     assert "not Row, an array_like Struct (written as an array)" in result.message, result
+
+
+class Scores(msgspec.Struct):
+    PROBS: list
+    LABEL: str
+
+
+class ScoresRow(msgspec.Struct, array_like=True):
+    PROBS: list
+    LABEL: str
+
+
+class Mood(enum.Enum):
+    GOOD = "good"
+
+
+class ScoresDict(TypedDict):
+    PROBS: list
+    LABEL: str
+
+
+@dataclasses.dataclass
+class ScoresData:
+    PROBS: list
+    LABEL: str
+
+
+def _refusal(side: str, declared: Any) -> str | None:
+    """The TypeError's message where a Classify subclass declares ``declared`` as its ``side``
+    (``input_type`` beside declared inputs), or None where the class is accepted."""
+    attributes: dict[str, Any] = {side: declared}
+    if side == "input_type":
+        attributes["inputs"] = (corral.Tensor("X", "FP32", [3]),)
+    try:
+        type("Declares", (Classify,), attributes)
+    except TypeError as error:
+        return str(error)
+    return None
+
+
+def test_a_type_never_written_as_a_map_is_refused_beside_declared_tensors():
+    # Accepted, every request failed: `output_type = float`, a 500 for each result (no map of
+    # the outputs); `input_type = str`, a 422 "Expected `str`, got `object`" for each v2 row (a
+    # map of the inputs), blaming the client.
+    never = (str, float, int, bool, bytes, Optional[int], Literal["a", "b"], Mood)
+    for declared in (*never, datetime.datetime, Decimal, Union[int, list[int]]):
+        for side, does in (("output_type", "answers"), ("input_type", "takes")):
+            message = _refusal(side, declared)
+            assert message is not None, (side, declared)
+            assert "is never written as a map: a worker that declares" in message, message
+            assert f"{does} a map of them (a msgspec.Struct, a dataclass" in message, message
+    assert "Declares.output_type float is never" in str(_refusal("output_type", float))
+    # Whatever may be a map is left alone, alone or beside a scalar in a union.
+    for declared in (
+        Scores,
+        ScoresDict,
+        ScoresData,
+        dict[str, Any],
+        Any,
+        object,
+        msgspec.Raw,
+        Union[Scores, str],
+        Union[int, dict[str, Any]],
+        Optional[Annotated[Scores, msgspec.Meta(title="scores")]],
+    ):
+        for side in ("output_type", "input_type"):
+            assert _refusal(side, declared) is None, (side, declared)
+
+
+def test_an_array_like_struct_annotated_inside_a_union_is_refused_beside_declared_tensors():
+    # The metadata sits inside the union, around its member: unwrapped only at the top, it hid
+    # the array_like Struct, and every v2 result was a 500 (every v2 row a 422).
+    declared = Optional[Annotated[ScoresRow, msgspec.Meta(title="row")]]
+    for side in ("output_type", "input_type"):
+        message = _refusal(side, declared)
+        assert message is not None, side
+        assert f"{side} typing.Optional[" in message, message
+        assert "is written as an array: a worker that declares" in message, message
 
 
 def test_struct_results_at_users_sizes_come_back_whole(real_np):

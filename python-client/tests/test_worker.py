@@ -1225,6 +1225,55 @@ def test_a_numpy_duration_an_output_type_cannot_write_exactly_is_refused(value, 
     assert got.status == "error" and said in got.message, got.message
 
 
+def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_expanded_form():
+    # numpy's own text had gone out as is: the year -5 as "-005" (three digits) and 12000 with
+    # no sign, neither of them ISO 8601.
+    numpy = pytest.importorskip("numpy")
+
+    class Out(msgspec.Struct):
+        before: Any
+        after: Any
+        days: Any
+
+    class Typed(corral.Worker):
+        output_type = Out
+
+        def forward(self, batch):
+            before, after = numpy.datetime64("-0005-01-01"), numpy.datetime64("12000-01-01T05")
+            days = numpy.array([["0000-01-01", "NaT", "-10000-03-01"]], dtype="datetime64[D]")
+            return [Out(before, after, days) for _ in batch]
+
+    with FakeProxy(Typed()) as proxy:
+        (got,) = proxy.infer([1])
+    assert got.status == "ok", got.message
+    assert got.value == {
+        "before": "-0005-01-01",
+        "after": "+12000-01-01T05",
+        "days": [["0000-01-01", None, "-10000-03-01"]],
+    }
+
+
+def test_a_numpy_duration_without_a_unit_is_refused_by_an_output_type_too():
+    # numpy.timedelta64(5) has no unit: cast to microseconds it went out as "PT0.000005S",
+    # where a worker without an output_type refuses it.
+    numpy = pytest.importorskip("numpy")
+
+    class Out(msgspec.Struct):
+        took: Any
+
+    class Typed(corral.Worker):
+        output_type = Out
+
+        def forward(self, batch):
+            return [Out(numpy.timedelta64(5)), Out(numpy.timedelta64("NaT"))][: len(batch)]
+
+    with FakeProxy(Typed()) as proxy:
+        unitless, nat = proxy.infer([1, 2])
+    assert unitless.status == "error" and "timedelta64[generic]" in unitless.message
+    assert "it has no unit: give it one" in unitless.message, unitless.message
+    assert nat == Result("ok", {"took": None})
+
+
 def test_a_type_not_yet_defined_beside_declared_tensors_is_left_to_the_checks_that_read_it():
     # msgspec cannot describe a forward reference before its class exists: the class
     # definition had raised NameError.

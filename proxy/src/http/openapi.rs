@@ -447,8 +447,8 @@ fn error_response(description: &str, headers: Value) -> Value {
 
 /// Why any page may be answered 503 (`too_many_connections`), as every page's 503 says it.
 pub(super) const CROWDED: &str = "the connection is over --max-connections \
-    (`too_many_connections`, Corral's own error body, and it is closed; a probe or one of \
-    Corral's own pages is answered on the reserve of 16 above it)";
+    (`too_many_connections`, in the endpoint's own error shape, and it is closed; a probe or \
+    one of Corral's own pages is answered on the reserve of 16 above it)";
 
 fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value {
     let ok = json!({

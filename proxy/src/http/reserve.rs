@@ -24,6 +24,7 @@ use hyper::body::Incoming;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::error::ApiError;
+use super::protocols::Endpoint;
 use super::routes::{self, REQUEST_ID_HEADER};
 use super::{App, Body};
 use crate::metrics::metrics;
@@ -96,10 +97,11 @@ pub async fn answer(app: &App, request: Request<Incoming>) -> Response<Body> {
     let mut response = if answers(request.uri().path()) {
         routes::route(app, request).await
     } else {
+        let refused = refuse(app, request.uri().path());
         // hyper goes on reading the body while a task holds it, and closes the connection (its
         // keep-alive off) once it has ended or been dropped. At most [`CONNECTIONS`] of these.
         tokio::spawn(linger(request.into_body()));
-        refuse()
+        refused
     };
     response.headers_mut().insert(CONNECTION, HeaderValue::from_static("close"));
     response
@@ -107,11 +109,15 @@ pub async fn answer(app: &App, request: Request<Incoming>) -> Response<Body> {
 
 /// 503 `too_many_connections`, counted as a connection past the cap is: a shed with no class,
 /// in no `corral_requests_total` (it is no route's request). Its request, body unread, is
-/// dropped here.
-fn refuse() -> Response<Body> {
+/// dropped here. A client protocol's path is answered in that protocol's error shape, as its
+/// other errors are (OpenAI's clients lost the message in Corral's).
+fn refuse(app: &App, path: &str) -> Response<Body> {
     metrics().shed.with_label_values(&[super::error::TOO_MANY_CONNECTIONS, ""]).inc();
     let error = ApiError::too_many_connections();
-    let mut response = routes::error_response_with(&error, error.body());
+    let mut response = match Endpoint::find(app, path) {
+        Some(endpoint) => endpoint.refuse(&error),
+        None => routes::error_response_with(&error, error.body()),
+    };
     let id = HeaderValue::from_str(&JobId::new().to_string()).expect("a UUID is a valid value");
     response.headers_mut().insert(HeaderName::from_static(REQUEST_ID_HEADER), id);
     response

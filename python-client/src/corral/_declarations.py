@@ -162,27 +162,12 @@ def _types(cls: type) -> None:
                 f"{cls.__name__}.{name} must be a type (a msgspec.Struct class, list[float], "
                 f"...), not the {type(declared).__name__} {declared!r:.60}"
             )
-    # Written as an array, its results were ok natively and in FakeProxy, and a 500 for every
-    # v2 and KServe v1 client, which read a result as a map of the outputs; read as one, every
-    # row of theirs (a map of the inputs) was a 422 blaming the client ("Expected `array`").
-    for name, tensors, does in (
-        ("output_type", "outputs", "answers"),
-        ("input_type", "inputs", "takes"),
-    ):
-        declared = getattr(cls, name)
-        if not (_tensors.declared(cls, tensors) and _written_as_array(declared)):
-            continue
-        if _typing.array_like(declared):
-            raise TypeError(
-                f"{cls.__name__}.{name} {declared.__name__} is array_like: a worker that "
-                f"declares {tensors} {does} a map of them (drop array_like=True)"
-            )
-        shown = declared.__name__ if isinstance(declared, type) else repr(declared)
-        raise TypeError(
-            f"{cls.__name__}.{name} {shown} is written as an array: a worker that declares "
-            f"{tensors} {does} a map of them (a msgspec.Struct, a dataclass or a TypedDict "
-            "whose fields they are)"
-        )
+    # Never written as a map (an array, a str, a float), its results were ok natively and in
+    # FakeProxy, and a 500 for every v2 and KServe v1 client, which read a result as a map of the
+    # outputs; read as one, every row of theirs (a map of the inputs) was a 422 blaming the
+    # client ("Expected `array`, got `object`").
+    _map_of_tensors(cls, "output_type", "outputs", "answers")
+    _map_of_tensors(cls, "input_type", "inputs", "takes")
     if cls.input_type is not None:  # type: ignore[attr-defined]
         try:
             msgspec.msgpack.Decoder(cls.input_type)  # type: ignore[attr-defined]
@@ -200,6 +185,27 @@ def _types(cls: type) -> None:
             )
 
 
+def _map_of_tensors(cls: type, name: str, tensors: str, does: str) -> None:
+    """Raises ``TypeError`` when ``cls`` declares ``tensors`` and its ``name`` (``input_type``
+    or ``output_type``) is a type msgspec never writes as a map, saying what to declare."""
+    declared = getattr(cls, name)
+    if not (_tensors.declared(cls, tensors) and _never_a_map(declared)):
+        return
+    if _typing.array_like(declared):
+        raise TypeError(
+            f"{cls.__name__}.{name} {declared.__name__} is array_like: a worker that "
+            f"declares {tensors} {does} a map of them (drop array_like=True)"
+        )
+    shown = declared.__name__ if isinstance(declared, type) else repr(declared)
+    written = (
+        "is written as an array" if _written_as_array(declared) else "is never written as a map"
+    )
+    raise TypeError(
+        f"{cls.__name__}.{name} {shown} {written}: a worker that declares {tensors} {does} a "
+        "map of them (a msgspec.Struct, a dataclass or a TypedDict whose fields they are)"
+    )
+
+
 # What msgspec writes and reads as an array (a Struct only when `array_like`).
 _ARRAYS = (
     msgspec.inspect.ListType,
@@ -210,6 +216,28 @@ _ARRAYS = (
     msgspec.inspect.NamedTupleType,
 )
 
+# What msgspec writes and reads as a single value, never a map (Literal and Enum values are
+# strs and ints). Not a CustomType: the package's `enc_hook` may write one as a map, and
+# `object` is any value; nor Raw, which is whatever bytes it holds.
+_SCALARS = (
+    msgspec.inspect.BoolType,
+    msgspec.inspect.IntType,
+    msgspec.inspect.FloatType,
+    msgspec.inspect.StrType,
+    msgspec.inspect.BytesType,
+    msgspec.inspect.ByteArrayType,
+    msgspec.inspect.MemoryViewType,
+    msgspec.inspect.DateTimeType,
+    msgspec.inspect.TimeType,
+    msgspec.inspect.DateType,
+    msgspec.inspect.TimeDeltaType,
+    msgspec.inspect.UUIDType,
+    msgspec.inspect.DecimalType,
+    msgspec.inspect.ExtType,
+    msgspec.inspect.LiteralType,
+    msgspec.inspect.EnumType,
+)
+
 
 def _written_as_array(declared: Any) -> bool:
     """Whether msgspec writes (and reads) every value of ``declared`` but ``None`` as an array:
@@ -218,18 +246,46 @@ def _written_as_array(declared: Any) -> bool:
     as a map takes maps; a type msgspec cannot describe is left to the checks that read it."""
     if _typing.array_like(declared):
         return True  # told without reading its fields (one may not be defined yet)
+    kinds = _kinds(declared)
+    return bool(kinds) and all(_is_array(kind) for kind in kinds)
+
+
+def _never_a_map(declared: Any) -> bool:
+    """Whether msgspec writes (and reads) no value of ``declared`` but ``None`` as a map: each
+    is an array (:func:`_written_as_array`) or a scalar (a str, a float, a Literal, an Enum,
+    a datetime, ...). Anything that may be a map (a Struct, dataclass, attrs class, TypedDict,
+    dict, ``Any``, ``object``, a class the ``enc_hook`` writes) lets the whole union through."""
+    if _typing.array_like(declared):
+        return True
+    kinds = _kinds(declared)
+    return bool(kinds) and all(_is_array(kind) or isinstance(kind, _SCALARS) for kind in kinds)
+
+
+def _is_array(kind: msgspec.inspect.Type) -> bool:
+    """Whether msgspec writes a value of this kind (no union, no metadata) as an array."""
+    return isinstance(kind, _ARRAYS) or (
+        isinstance(kind, msgspec.inspect.StructType) and kind.array_like
+    )
+
+
+def _kinds(declared: Any) -> tuple[msgspec.inspect.Type, ...]:
+    """The kinds of value ``declared`` allows but ``None``, each stripped of its ``Annotated``
+    metadata; none for a type msgspec cannot describe (a forward reference not yet defined)."""
     try:
         info = msgspec.inspect.type_info(declared)
-    except Exception:  # a forward reference not yet defined (NameError), a type it cannot read
-        return False
+    except Exception:  # a NameError for an undefined forward reference, a type it cannot read
+        return ()
+    return _members(info)
+
+
+def _members(info: msgspec.inspect.Type) -> tuple[msgspec.inspect.Type, ...]:
+    """A union's members, but ``None``, unwrapped of metadata at every level: the metadata of
+    ``Optional[Annotated[Row, Meta(...)]]`` sits inside the union, and hid an array_like Row."""
     while isinstance(info, msgspec.inspect.Metadata):
         info = info.type
-    members = info.types if isinstance(info, msgspec.inspect.UnionType) else (info,)
-    members = tuple(m for m in members if not isinstance(m, msgspec.inspect.NoneType))
-    return bool(members) and all(
-        isinstance(m, _ARRAYS) or (isinstance(m, msgspec.inspect.StructType) and m.array_like)
-        for m in members
-    )
+    if isinstance(info, msgspec.inspect.UnionType):
+        return tuple(kind for member in info.types for kind in _members(member))
+    return () if isinstance(info, msgspec.inspect.NoneType) else (info,)
 
 
 def _custom_type(info: msgspec.inspect.Type) -> type | None:

@@ -48,22 +48,56 @@ def typed(value: Any) -> Any:
 
 
 def _iso(value: Any, kind: str) -> Any:
-    """A numpy datetime64 or timedelta64 (or an array of them) as msgspec writes ISO 8601: a
-    date as numpy's own ISO text, in its own unit (its ``tolist`` gives a bare integer at
-    nanoseconds, pandas' unit, and past the years 1 to 9999); a duration as a Python timedelta,
-    where it is one exactly (cast to microseconds, numpy wraps a large one's sign without a word
-    and drops nanoseconds; a month or a year has no fixed length); NaT as null. Otherwise
-    refused with numpy's advice."""
+    """A numpy datetime64 or timedelta64 (or an array of them) as msgspec writes ISO 8601, NaT
+    as null: a date by :func:`_iso_dates`, a duration by :func:`_iso_durations`."""
+    return _iso_dates(value) if kind == "datetime64" else _iso_durations(value)
+
+
+def _iso_dates(value: Any) -> Any:
+    """A numpy datetime64 (or an array of them) as ISO 8601 text in its own unit: numpy's own
+    text (its ``tolist`` gives a bare integer at nanoseconds, pandas' unit, and past the years 1
+    to 9999), with a year outside 0000 to 9999 in ISO 8601's expanded form (:func:`_expanded`)."""
     import numpy  # only a numpy value comes here
 
-    if kind == "datetime64":
-        text = numpy.datetime_as_string(value)
-        return numpy.where(numpy.isnat(value), None, text).tolist()
+    text = numpy.asarray(numpy.datetime_as_string(value), dtype=object)
+    # A date of picoseconds or finer lies within days of 1970, and numpy cannot cast it to
+    # years (the factor overflows int64).
+    if numpy.datetime_data(value.dtype)[0] not in ("ps", "fs", "as"):
+        # Compared in years: a bound cast to a finer unit could overflow; NaT is never outside.
+        # Only the few expanded years pay for Python's string work.
+        years = numpy.asarray(value).astype("datetime64[Y]")
+        # ISO 8601's four digits, without a sign, hold the years 0000 (1 BC) to 9999.
+        outside = (years < numpy.datetime64("0000", "Y")) | (years > numpy.datetime64("9999", "Y"))
+        text[outside] = [_expanded(date) for date in text[outside]]
+    return numpy.where(numpy.isnat(value), None, text).tolist()
+
+
+def _expanded(date: str) -> str:
+    """numpy's text for a date whose year is outside 0000 to 9999, in ISO 8601's expanded form:
+    a sign always and at least four digits (numpy writes the year -5 as "-005" and 12000 with
+    no sign, which a reader of ISO 8601 takes for no year or a malformed one)."""
+    sign, body = ("-", date[1:]) if date.startswith("-") else ("+", date)
+    rest = body.lstrip("0123456789")
+    year = body[: len(body) - len(rest)]
+    return f"{sign}{year.zfill(4)}{rest}"
+
+
+def _iso_durations(value: Any) -> Any:
+    """A numpy timedelta64 (or an array of them) as a Python timedelta, which msgspec writes as
+    an ISO 8601 duration, where it is one exactly (cast to microseconds, numpy wraps a large
+    one's sign without a word and drops nanoseconds; a month or a year has no fixed length, a
+    duration without a unit no length at all). Otherwise refused with numpy's advice."""
+    import numpy  # only a numpy value comes here
+
     unit = numpy.datetime_data(value.dtype)[0]
     nat = numpy.isnat(value)
     if numpy.all(nat):
         return numpy.where(nat, None, None).tolist()
-    if unit in ("Y", "M"):
+    if unit == "generic":
+        # numpy.timedelta64(5) is 5 of whatever unit it meets: cast to microseconds it had been
+        # written as 5 µs, where a worker without an output_type refuses it.
+        why = "it has no unit: give it one, e.g. numpy.timedelta64(5, 's') for 5 seconds"
+    elif unit in ("Y", "M"):
         why = "numpy gives months and years no fixed length: return str(value)"
     else:
         micro = value.astype("timedelta64[us]")

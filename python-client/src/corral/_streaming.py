@@ -9,7 +9,9 @@ and the deadlines become ``worker.cancelled``, queued batches join (a joining wo
 ``pull`` offers the room left under ``max_running`` (warm-up runs the examples in
 ``_stream_warm_up``). ``worker.deadlines`` and ``worker.content_types`` grow with the positions.
 
-A generator holding no job is given one step (``[]`` joined) to return. Yielding again instead,
+A generator holding no job is given one step (``[]`` joined) to return, once it has seen every
+end: an item that ended without its ``END`` (cancelled) it learns of in ``worker.cancelled`` only
+at the step after, and a yield in that step is not yet one too many. Yielding again instead,
 it is closed at that yield; but a joining one within its positions waits there, blocked on the
 connection, for the proxy's next batch (whose inputs that yield returns) or end (closed then):
 stepped on, an engine's loop spun a core while no request came.
@@ -228,6 +230,9 @@ class _Run:
         self.results: list[dict[str, Any]] = []  # to send at the next flush
         self.offer = 0  # the standing pull offer, 0 for none
         self.last_cancelled = False  # whether the job that ended last ended without an END
+        # Whether a job ended without an END since the generator's last yield: it learns of that
+        # (``worker.cancelled``) only when resumed, so its next yield is no step to return.
+        self.cancelled_unseen = False
         # Whether the generator yielded with no job live (see `abandoned`).
         self.yielded_after_all_ended = False
         self.sent_at = time.monotonic()  # when a frame last went to the proxy
@@ -257,9 +262,10 @@ class _Run:
         sign of life for a stream it no longer had, killed as hung).
 
         A joining run past its positions (:meth:`full`) that holds no job is given one more step
-        to return, then closed alike: a generator written as a loop that never returns (a feed
-        that takes whatever joins) had taken in every batch the proxy sent it once idle, and its
-        positions grew without end (8,000 after 8,000 requests). One within them waits for the
+        to return (once it has seen every end: :meth:`_note_yield`), then closed alike: a
+        generator written as a loop that never returns (a feed that takes whatever joins) had
+        taken in every batch the proxy sent it once idle, and its positions grew without end
+        (8,000 after 8,000 requests). One within them waits for the
         next batch instead (:meth:`idle`)."""
         if self.live:
             return False
@@ -291,8 +297,7 @@ class _Run:
 
     def step(self, out: list[Any]) -> None:
         """Send one yield: its chunks in one frame, its ENDs and failures in a results frame."""
-        if not self.live:
-            self.yielded_after_all_ended = True
+        self._note_yield()
         entries: list[dict[str, Any]] = []
         owners: list[int] = []
         answer = _batch.answerer(self.worker, chunks=True)  # one Packer for the step's chunks
@@ -327,11 +332,26 @@ class _Run:
         if self.live and time.monotonic() - self.sent_at >= HEARTBEAT:
             self._send(protocol.encode_frame(protocol.chunks([])))
 
+    def _note_yield(self) -> None:
+        """Mark a yield made holding no job, in a step that brought no new end, as one past the
+        step to return (:meth:`idle`, :meth:`abandoned`).
+
+        A step that brought a cancel does not count: the generator learns of one only when
+        resumed (``worker.cancelled``: its client left, its deadline or stream timeout passed,
+        its chunk failed), and README's ``Spell`` yields once on seeing it, then returns. Counted
+        there, a joining generator was left waiting, its ``finally`` (an engine session, GPU
+        memory) run only at the next request, which joined it, or at shutdown."""
+        seen_news = self.cancelled_unseen
+        self.cancelled_unseen = False  # what ends from here on, it learns of at its next step
+        if not self.live and not seen_news:
+            self.yielded_after_all_ended = True
+
     def idle(self) -> bool:
         """Whether a joining run within its positions holds no job and its generator, given a
-        step to return, yielded again (a feed, an engine's loop): the worker is idle, in the
-        proxy's eyes too, and nothing the generator computes reaches anyone until a batch
-        comes. :meth:`between_steps` then blocks for it rather than step the generator on."""
+        step to return once it had seen every end (:meth:`_note_yield`), yielded again (a feed,
+        an engine's loop): the worker is idle, in the proxy's eyes too, and nothing the
+        generator computes reaches anyone until a batch comes. :meth:`between_steps` then
+        blocks for it rather than step the generator on."""
         idle = bool(self.limit) and not self.live and self.yielded_after_all_ended
         return idle and not self.full()
 
@@ -426,6 +446,7 @@ class _Run:
         self._end(position, result)
         self.cancelled.add(position)
         self.last_cancelled = True
+        self.cancelled_unseen = True
 
     _cancel = _fail
 

@@ -222,26 +222,16 @@ _HEADER = msgspec.msgpack.Decoder(
 )
 
 
-_NOT_UTF8 = "a tensor value's datatype (its first item) is not valid UTF-8"
-
-
 def _header(data: bytes | memoryview) -> tuple[str, list[int], memoryview]:
     """The datatype, the shape and a view of the elements."""
     try:
         datatype, shape, elements = _HEADER.decode(data)
-    except UnicodeDecodeError as e:
-        raise ValidationError(_NOT_UTF8) from e
-    except msgspec.DecodeError as e:
-        if "utf-8" in str(e).lower():
-            # msgspec's builds word this differently ("Invalid UTF-8 encoded string", or
-            # Python's codec error): the one str of the header is the datatype, so say that.
-            raise ValidationError(_NOT_UTF8) from e
-        # msgspec says what and where: ``$[0]`` the datatype, ``$[1]`` the shape, ``$[2]`` the
-        # data (e.g. "Expected `int` >= 0 - at `$[1][0]`").
-        raise ValidationError(
-            f"a tensor value must be [datatype (str), shape (array of non-negative ints),"
-            f" data (bin)]: {e}"
-        ) from e
+    except (msgspec.DecodeError, UnicodeDecodeError) as e:
+        if "utf-8" in str(e).lower():  # msgspec's builds word it apart; the datatype is the str
+            raise ValidationError("a tensor value's datatype is not valid UTF-8") from e
+        # msgspec says what and where ("Expected `int` >= 0 - at `$[1][0]`": $[1] the shape).
+        head = "a tensor value must be [datatype (str), shape (array of non-negative ints)"
+        raise ValidationError(f"{head}, data (bin)]: {e}") from e
     if datatype not in DATATYPES:
         raise ValidationError(f"unknown tensor datatype {datatype!r}")
     return datatype, shape, elements

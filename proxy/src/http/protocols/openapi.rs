@@ -207,7 +207,8 @@ fn v2(app: &App, paths: &mut Map<String, Value>, name: &Value, error: &Value) {
             "405": failed("405", "The endpoint takes POST only; see Allow.", error),
             "408": failed("408", "The body did not arrive in time.", error),
             "413": failed("413", "The body is over 4 KiB.", error),
-            "503": failed("503", "The proxy is stopping and the body was still arriving.", error),
+            "503": failed("503", &format!("The proxy is stopping and the body was still \
+                arriving; or {CROWDED}."), error),
             "415": failed("415", "The body is compressed (Content-Encoding): send it \
                 uncompressed; see Accept-Encoding.", error),
             "431": head_too_large(error)}}});
@@ -351,7 +352,12 @@ fn errors(schema: &Value, row: &str) -> Map<String, Value> {
         ("422", format!("The worker rejected a row; the message names the {row}.")),
         ("431", "The request head is larger than --max-header-bytes.".to_string()),
         ("500", "The worker failed, or its output does not fit the protocol.".to_string()),
-        ("503", "Shed, stopping, or no worker has connected yet; see Retry-After.".to_string()),
+        (
+            "503",
+            format!(
+                "Shed, stopping, or no worker has connected yet (see Retry-After); or {CROWDED}."
+            ),
+        ),
     ];
     // With the headers they come with, as the native route's errors are documented (a client
     // generator had no Retry-After to read on a 503).
