@@ -92,6 +92,9 @@ pub struct Reply {
     pub outcome: Outcome,
     /// The batch the job rode, and when its answer was given.
     pub batch: Option<(Sent, Instant)>,
+    /// The class the job had reached by its answer (promoted while it waited): a pipeline's
+    /// next stage takes the request in at it ([`crate::pipeline`]).
+    pub class: Class,
 }
 
 /// One unit of work: a payload, its identity and its deadline.
@@ -117,9 +120,6 @@ pub struct Job {
     pub budget: Duration,
     /// The job's priority class (raised while it waits: see [`crate::stage::lanes`]).
     pub class: Class,
-    /// When its class began to age, if on an earlier stage of its pipeline (None: from when it
-    /// is queued on this one). See [`crate::traffic::Traffic::aging_since`].
-    pub aging_since: Option<Instant>,
     /// The tenant the request named, if any.
     pub tenant: Option<Tenant>,
     /// The epoch of its stage's declared tensors its row was read against (a v2, KServe v1 or
@@ -189,7 +189,6 @@ impl Job {
             allowance: deadline.saturating_duration_since(arrived),
             budget: deadline.saturating_duration_since(arrived),
             class: Class::Normal,
-            aging_since: None,
             tenant: None,
             tensors: None,
             weight: 1,
@@ -255,7 +254,7 @@ impl Job {
     /// deadline passed and it already got 408): the answer is dropped.
     pub fn answer(self, outcome: Outcome) -> bool {
         let batch = self.sent.map(|sent| (sent, Instant::now()));
-        self.reply.send(Reply { outcome, batch }).is_ok()
+        self.reply.send(Reply { outcome, batch, class: self.class }).is_ok()
     }
 
     /// Whether the client stopped waiting (disconnected, or answered 408 at its deadline).

@@ -21,7 +21,7 @@ use tokio_util::sync::DropGuard;
 use crate::job::{Job, Outcome, Reply, SentSlot};
 use crate::stage::{Declared, Departure, Shed, Stage};
 use crate::stream::ChunkSink;
-use crate::traffic::Traffic;
+use crate::traffic::{Class, Traffic};
 use crate::{timing, trace};
 
 pub struct Pipeline {
@@ -94,13 +94,18 @@ impl Pipeline {
         for pair in self.stages.windows(2) {
             let (stage, next) = (&pair[0], &pair[1]);
             let ids: Vec<JobId> = jobs.iter().map(|input| input.id).collect();
-            let outcomes = run_stage(stage, jobs, entered, deadline, retries, traffic).await?;
+            let (outcomes, reached) =
+                run_stage(stage, jobs, entered, deadline, retries, traffic).await?;
             jobs = match hand_over(stage, next, ids, outcomes) {
                 Ok(inputs) => inputs,
                 Err(outcomes) => return Ok(Err(outcomes)),
             };
-            // Its class goes on aging from the first stage's queue (`stage::lanes::aged`).
-            traffic.aging_since = traffic.aging_since.or(Some(entered));
+            // It goes on at the class it reached there, and ages on the next stage as any
+            // request queued there does: only while the higher classes hold it back. (Aged by the
+            // whole time since its first queue, worker time included, a generation stage of two
+            // aging periods had every low request come into the next as high, and a tenant's
+            // backlog that waited behind itself come in promoted.)
+            traffic.class = reached;
             // Its rows were read against the first stage's tensors alone.
             traffic.tensors = None;
             entered = Instant::now();
@@ -119,7 +124,8 @@ impl Pipeline {
     ) -> Result<Vec<Outcome>, Shed> {
         match self.run_before_last(jobs, deadline, retries, traffic).await? {
             Ok(AtLast { inputs, entered, traffic }) => {
-                run_stage(self.last(), inputs, entered, deadline, retries, traffic).await
+                let last = run_stage(self.last(), inputs, entered, deadline, retries, traffic);
+                last.await.map(|(outcomes, _)| outcomes)
             }
             Err(outcomes) => Ok(outcomes),
         }
@@ -277,7 +283,8 @@ async fn run_stage(
     deadline: Instant,
     retries: u32,
     traffic: Traffic,
-) -> Result<Vec<Outcome>, Shed> {
+) -> Result<(Vec<Outcome>, Class), Shed> {
+    let class = traffic.class;
     let mut queued = submit(stage, inputs, arrived, deadline, retries, traffic, None)?;
     let answers = std::mem::take(&mut queued.answers);
     let sent = std::mem::take(&mut queued.sent);
@@ -285,13 +292,14 @@ async fn run_stage(
         match tokio::time::timeout_at(deadline, answer).await {
             Err(_elapsed) => {
                 let batch = sent.get().map(|sent| (sent, Instant::now()));
-                Reply { outcome: Outcome::Expired, batch }
+                Reply { outcome: Outcome::Expired, batch, class }
             }
             Ok(Ok(reply)) => reply,
             // Only a bug drops a job unanswered; say so rather than hang or guess.
             Ok(Err(_dropped)) => Reply {
                 outcome: Outcome::WorkerLost("the job was dropped without an answer".into()),
                 batch: None,
+                class,
             },
         }
     });
@@ -310,7 +318,10 @@ async fn run_stage(
     if let Some(span) = queued.queue_span.take() {
         span.record(replies.iter().filter_map(|reply| reply.batch.map(|(sent, _)| sent)));
     }
-    Ok(replies.into_iter().map(|reply| reply.outcome).collect())
+    // The highest its jobs reached: a request's jobs are promoted together while queued, but
+    // one taken before a promotion kept the class it had.
+    let reached = replies.iter().map(|reply| reply.class).max().unwrap_or(class);
+    Ok((replies.into_iter().map(|reply| reply.outcome).collect(), reached))
 }
 
 #[cfg(test)]
@@ -392,7 +403,7 @@ mod tests {
         let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 3];
         let deadline = now + Duration::from_millis(100);
         let outcomes = run_stage(&queue, inputs, now, deadline, 0, Traffic::default()).await;
-        assert_eq!(outcomes.unwrap(), vec![Outcome::Expired; 3]);
+        assert_eq!(outcomes.unwrap().0, vec![Outcome::Expired; 3]);
         assert_eq!(queue.queued(), 0);
     }
 
@@ -412,34 +423,35 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_later_stage_takes_the_request_at_the_class_it_reached_since_its_first_queue() {
-        // Low, two aging periods in the first stage's worker: high by the second stage (each
-        // stage had started it low again).
+    async fn a_later_stage_takes_the_request_at_the_class_it_reached_on_the_stage_before() {
+        // Low, held two aging periods in the first stage's queue: high there, and high on the
+        // second (each stage had started it low again).
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
         let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
-        let queued = Instant::now();
         let traffic = Traffic { class: Class::Low, ..Traffic::default() };
         let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
-        let deadline = queued + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(60);
         let run =
             tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
-        let first = seat_a.next_batch().await;
-        assert_eq!(first[0].class, Class::Low);
+        while a.queued() == 0 {
+            tokio::task::yield_now().await;
+        }
         tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
+        let first = seat_a.next_batch().await;
+        assert_eq!(first[0].class, Class::High, "promoted while held in a's queue");
         first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
         let second = seat_b.next_batch().await;
         assert_eq!(second[0].class, Class::High);
-        let since = second[0].aging_since.expect("its first stage's clock");
-        assert!(since >= queued && since < queued + Duration::from_millis(50), "{since:?}");
         second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
         assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_later_stage_that_served_the_class_meanwhile_still_takes_the_request_aged() {
-        // Stage b took a low job of its own while the request was in stage a's worker: read
-        // against b's service, the request (high by then) had come in low again.
+    async fn time_in_a_stage_s_worker_does_not_age_the_request_for_the_next() {
+        // Taken at once by stage a, whose worker held it two aging periods (a generation): it
+        // had come into b as high, aged by the whole time since a's queue, and gone before b's
+        // normal work that no higher class had held back.
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
         let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
@@ -449,18 +461,11 @@ mod tests {
         let run =
             tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
         let first = seat_a.next_batch().await;
+        assert_eq!(first[0].class, Class::Low);
         tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
-        let now = Instant::now();
-        let (mut own, _own_answer) =
-            Job::new(JobId::new(), Bytes::from_static(b"\x04"), now, now + Duration::from_secs(9));
-        own.class = Class::Low;
-        b.submit(own).unwrap();
-        let served = seat_b.next_batch().await;
-        assert_eq!(served[0].class, Class::Low, "b served its class just now");
-        drop(served);
         first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
         let second = seat_b.next_batch().await;
-        assert_eq!(second[0].class, Class::High);
+        assert_eq!(second[0].class, Class::Low, "as it left a");
         second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
         assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
     }

@@ -553,8 +553,7 @@ impl Stage {
     /// [`Outcome::Preempted`] at once.
     pub fn submit_all(&self, mut jobs: Vec<Job>) -> Result<(), Shed> {
         let Some(first) = jobs.first() else { return Ok(()) };
-        let (count, mut class, tenant, aging_since) =
-            (jobs.len(), first.class, first.tenant, first.aging_since);
+        let (count, class, tenant) = (jobs.len(), first.class, first.tenant);
         self.weigh(&mut jobs);
         let bytes: usize = jobs.iter().map(|job| job.size()).sum();
         let mut evicted = Vec::new();
@@ -567,16 +566,6 @@ impl Stage {
             let now = Instant::now();
             let held = queue.served;
             queue.jobs.promote(now, self.aging, &held);
-            // A later stage of a pipeline takes the request in at the class it has reached
-            // since its first queue (`lanes::aged`: not by this stage's `served`, which says
-            // nothing of the stages before; read as the request's, a low request promoted to
-            // high on the first stage had started low again wherever its class was served once).
-            let entered = aging_since.map_or(now, |since| {
-                let (aged, entered) = lanes::aged(class, since, now, self.aging);
-                class = aged;
-                jobs.iter_mut().for_each(|job| job.class = aged);
-                entered
-            });
             // Jobs whose deadline passed (and those of clients that left within a purge's limit,
             // [`Stage::purge`]) still sit in the queue until a worker or a purge reaches them; cleared out now and then, they neither fill the queue nor
             // inflate the admission prediction. Never more often than every PURGE_EVERY: under
@@ -624,10 +613,8 @@ impl Stage {
                 // Only the jobs of this class and above go before these: lower ones wait.
                 let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
                 let batch = self.batch_weight(&queue) as u64;
-                let aged = aging_since.map(|_| entered);
-                let ahead = Ahead::before(&queue.jobs, class, tenant, (weight, batch), aged);
-                let in_class = now.saturating_duration_since(entered);
-                let finish = self.predict(&queue, now, cost, (ahead, in_class), &jobs);
+                let ahead = Ahead::before(&queue.jobs, class, tenant, (weight, batch));
+                let finish = self.predict(&queue, now, cost, ahead, &jobs);
                 // 5% of the request's whole time, as the README says (not of what its body's
                 // reading left).
                 let latest = last.deadline - admission::margin(last.budget);
@@ -670,9 +657,7 @@ impl Stage {
                     }
                 }
                 let victim = std::slice::from_ref(victim);
-                if let Some(finish) =
-                    self.predict(&queue, now, cost, (ahead, Duration::ZERO), victim)
-                {
+                if let Some(finish) = self.predict(&queue, now, cost, ahead, victim) {
                     retry_after = admission::retry_after(finish, now);
                 }
             }
@@ -681,7 +666,7 @@ impl Stage {
                 queue.classes[job.class.index()].record(job.arrived, job.weight);
                 queue.returns.arrived(job.arrived, self.settings.max_wait);
             }
-            queue.jobs.push(jobs, entered);
+            queue.jobs.push(jobs, now);
         }
         self.arrivals.notify_waiters();
         for job in evicted {

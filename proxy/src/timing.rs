@@ -177,7 +177,8 @@ mod tests {
     fn reply(entered: Instant, queued_ms: u64, took_ms: u64, size: u32) -> Reply {
         let at = entered + Duration::from_millis(queued_ms);
         let sent = Sent { at, batch_size: size, span: None };
-        Reply { outcome: Outcome::Ended, batch: Some((sent, at + Duration::from_millis(took_ms))) }
+        let batch = Some((sent, at + Duration::from_millis(took_ms)));
+        Reply { outcome: Outcome::Ended, batch, class: Default::default() }
     }
 
     #[tokio::test]
@@ -190,7 +191,10 @@ mod tests {
             let next = start + Duration::from_millis(20);
             record(next, &[reply(next, 1, 4, 2)]);
             // A job that never rode a batch adds nothing.
-            record(next, &[Reply { outcome: Outcome::Expired, batch: None }]);
+            record(
+                next,
+                &[Reply { outcome: Outcome::Expired, batch: None, class: Default::default() }],
+            );
         })
         .await;
         assert_eq!(timing.queue, Duration::from_millis(3));

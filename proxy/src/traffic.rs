@@ -94,6 +94,8 @@ pub const MAX_WEIGHT: u32 = 1_000_000;
 /// What a request's headers and route say about its jobs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
+    /// On a pipeline's later stage, the class the request reached on the stage before (its
+    /// jobs promoted while they waited there): it goes on from there, not from its first class.
     pub class: Class,
     /// None: the request named no tenant; such requests share one turn among the tenants.
     pub tenant: Option<Tenant>,
@@ -107,11 +109,6 @@ pub struct Traffic {
     /// stage's entry). A later stage of a pipeline gets what is left of it; whether a request
     /// could ever make it is judged against the whole. See [`crate::job::Job::budget`].
     pub budget: Option<Duration>,
-    /// When the request's class began to age, if on an earlier stage than the one it is queued
-    /// on now: a later stage of a pipeline takes the request in at the class it has reached
-    /// since it was first queued (None: its class ages from when it is queued here). See
-    /// [`crate::stage::lanes::aged`].
-    pub aging_since: Option<tokio::time::Instant>,
     /// The epoch of the first stage's declared tensors the request's rows were read against, if
     /// they were (v2, KServe v1, OpenAI; None for a native request, and on every later stage of
     /// a pipeline). See [`crate::job::Job::tensors`].
@@ -128,7 +125,6 @@ impl Traffic {
         let budget = job.deadline.saturating_duration_since(job.arrived);
         job.allowance = self.allowance.map_or(budget, |allowance| allowance.max(budget));
         job.budget = self.budget.unwrap_or(budget).max(budget);
-        job.aging_since = self.aging_since;
         job.tensors = self.tensors;
     }
 }

@@ -463,7 +463,9 @@ mod tests {
         let (sink, source) = chunks::channel(1 << 20);
         sink.push(Bytes::from_static(b"\xa1a")).unwrap();
         let (answer, reply) = oneshot::channel();
-        answer.send(Reply { outcome: Outcome::SlowClient, batch: None }).unwrap();
+        answer
+            .send(Reply { outcome: Outcome::SlowClient, batch: None, class: Default::default() })
+            .unwrap();
         let events = sse(source, reply);
         let _counting = DEADLINE_COUNT.lock().await;
         let deadline = || metrics().stream_cut(StreamCut::Deadline).get();

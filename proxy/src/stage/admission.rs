@@ -206,18 +206,16 @@ impl Ahead {
     /// turns ([`Lanes::weight_before`], with a `batch` of slack; more than is queued, where the
     /// other tenants are expected to keep their turns): the higher classes' heavy jobs all, its
     /// own class's in proportion to its part of that class (their count rounded up: a heavy job
-    /// is costed only where one is counted), the rest light. `entered`: when the request
-    /// entered its class, if before now ([`Lanes::weight_before`]).
+    /// is costed only where one is counted), the rest light.
     pub(super) fn before(
         jobs: &Lanes,
         class: Class,
         tenant: Option<Tenant>,
         (weight, batch): (u64, u64),
-        entered: Option<Instant>,
     ) -> Ahead {
         let all = Ahead::from(jobs, class);
         let total = all.weight() as u64;
-        let before = jobs.weight_before(class, tenant, weight, batch, entered);
+        let before = jobs.weight_before(class, tenant, weight, batch);
         if before >= total {
             let extra = usize::try_from(before - total).unwrap_or(usize::MAX);
             return Ahead { light: all.light.saturating_add(extra), heavy: all.heavy };
@@ -342,14 +340,12 @@ impl Stage {
     /// could run beside the work before it. The heavy jobs queued ahead are costed alike, each
     /// once, their time shared by the workers (counted as weight, one of 1,000,000 behind a
     /// budget of 100 was 10,000 batches' overheads, and refused everything behind it).
-    /// `in_class`: how long the jobs have been in their class already (a pipeline's later
-    /// stage takes a request in aged, [`super::lanes::aged`]; zero for one queued now).
     pub(super) fn predict(
         &self,
         queue: &Queue,
         now: Instant,
         cost: Cost,
-        (ahead, in_class): (Ahead, Duration),
+        ahead: Ahead,
         jobs: &[Job],
     ) -> Option<Instant> {
         let first = queue.first_cost(cost);
@@ -359,14 +355,8 @@ impl Stage {
         let weights = || jobs.iter().map(|job| job.weight as usize);
         let light: usize = weights().filter(|&weight| weight <= max).sum();
         let class = jobs.first().map_or(Class::High, |job| job.class);
-        let overtaken = self.overtaken(
-            queue,
-            now,
-            cost,
-            (class, in_class),
-            (ahead.light, light, max),
-            &free_at,
-        );
+        let overtaken =
+            self.overtaken(queue, now, cost, class, (ahead.light, light, max), &free_at);
         free_at.iter_mut().for_each(|at| *at += overtaken);
         let ahead = ahead.light;
         if weights().all(|weight| weight <= max) {
@@ -396,16 +386,13 @@ impl Stage {
     /// class at the rate its jobs were admitted over about the last second, until the job
     /// would be promoted into it, each of its jobs costing its share of a full batch of jobs of
     /// its mean weight: counted as weight in batches of the queue's mean weight, heavy high
-    /// jobs at a quarter of the workers' capacity had every normal job refused). Its promotions
-    /// come `in_class` sooner for a job that has been in its class that long (one come in aged
-    /// to a pipeline's later stage: counted from now, one a moment from its promotion was
-    /// refused as if a whole period away).
+    /// jobs at a quarter of the workers' capacity had every normal job refused).
     fn overtaken(
         &self,
         queue: &Queue,
         now: Instant,
         cost: Cost,
-        (class, in_class): (Class, Duration),
+        class: Class,
         (ahead, group, max): (usize, usize, usize),
         free_at: &[Instant],
     ) -> Duration {
@@ -429,7 +416,7 @@ impl Stage {
                 let per_batch = (batch as f64 / mean.max(1.0)).max(1.0);
                 let each = cost.of(batch).as_secs_f64() / per_batch;
                 let promotions = (higher.index() - class.index()) as f64;
-                let until = (aging * promotions - in_class.as_secs_f64()).max(0.0);
+                let until = aging * promotions;
                 Some((jobs * each / workers, until))
             })
             .collect();

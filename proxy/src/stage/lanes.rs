@@ -9,7 +9,7 @@
 //!   high jobs queued before it was promoted. Waiting behind its own class (its tenant's
 //!   backlog, or a class served a job now and then) is not starvation, and does not lift it
 //!   past the other tenants of its class. A pipeline's later stage takes a request in at the class it
-//!   has reached since its first stage queued it ([`aged`]): were it to start low again on each
+//!   reached on the stage before ([`crate::pipeline`]): were it to start low again on each
 //!   stage, a low request would need two periods per stage, and starved within its deadline.
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least weight
 //!   goes next (start-time fair queueing; deficit round robin with an infinitely small quantum).
@@ -76,23 +76,6 @@ fn held_from(class: Class, entered: Instant, held: &Held) -> Instant {
     held[class.index()].map_or(entered, |served| served.max(entered))
 }
 
-/// The class a request of `class` has reached at `now` if it began to age at `since`, and when it
-/// entered that class: one class up for every aging period, all of it counted as held back. How
-/// a pipeline's later stage takes in a request whose class aged on the stages before: how they
-/// served its class is not known there, and the stage's own [`Held`] says nothing of them.
-pub fn aged(
-    mut class: Class,
-    mut since: Instant,
-    now: Instant,
-    aging: Duration,
-) -> (Class, Instant) {
-    while class != Class::High && since + aging <= now {
-        class = class.promoted();
-        since += aging;
-    }
-    (class, since)
-}
-
 /// The queued jobs of one request, in order.
 #[derive(Debug)]
 struct Request {
@@ -120,13 +103,6 @@ struct TenantLane {
 }
 
 impl TenantLane {
-    /// The weight of its requests a request that entered their class at `entered` goes behind,
-    /// as [`TenantLane::insert`] places it: those that entered no later, and one a batch started.
-    fn before(&self, entered: Instant) -> u64 {
-        let ahead = |r: &&Request| r.entered <= entered || r.started;
-        self.requests.iter().filter(ahead).map(|r| r.weight).sum()
-    }
-
     /// Places a promoted request among the lane's requests by the time it entered the class,
     /// so that each lane stays ordered by it (what promotion reads off the front), but never
     /// before a request a batch has started.
@@ -258,39 +234,25 @@ impl Lanes {
     /// turns are ahead of the least served) and one `batch` more (a request a batch has started
     /// fills it before the turns are counted again, and a job is not split); and at least that
     /// much each (not the batch) whatever they hold, for the tenants with work keep sending:
-    /// each takes its turn all the while a long queue of this tenant's drains. Counted as what they held, a busy
-    /// tenant was admitted past what it would be served in time, and 60% of its requests
-    /// expired in the queue or the worker beside a quiet tenant taking a third of the turns;
-    /// counted as every tenant's queued work, the quiet tenant's short deadlines were all
-    /// refused, though its jobs went in the next batch. An O(1) count, not a walk of the
-    /// lanes: admission asks it on every arrival. `entered`: when the request entered its class,
-    /// where that was before now (a pipeline's later stage, its class aged since its first:
-    /// [`aged`]): of its tenant's queued work only what entered the class before it goes first,
-    /// as it is placed ([`TenantLane::insert`]); a walk of that lane, then. (Counted behind all
-    /// of it, a request that had waited out its promotions on the first stage was refused 503
-    /// on the second, where it went first.)
-    pub fn weight_before(
-        &self,
-        class: Class,
-        key: Key,
-        weight: u64,
-        batch: u64,
-        entered: Option<Instant>,
-    ) -> u64 {
+    /// each takes its turn all the while a long queue of this tenant's drains. Counted as what
+    /// they held, a busy tenant was admitted past what it would be served in time, and 60% of
+    /// its requests expired in the queue or the worker beside a quiet tenant taking a third of
+    /// the turns; counted as every tenant's queued work, the quiet tenant's short deadlines
+    /// were all refused, though its jobs went in the next batch. An O(1) count, not a walk of
+    /// the lanes: admission asks it on every arrival.
+    pub fn weight_before(&self, class: Class, key: Key, weight: u64, batch: u64) -> u64 {
         let higher: u64 = self.classes[class.index() + 1..].iter().map(|c| c.weight).sum();
         let lanes = &self.classes[class.index()];
         let least = lanes.turns.first().map(|&(served, _, _)| served);
-        let (served, own, queued) = match lanes.tenants.get(&key) {
-            Some(lane) => {
-                (lane.served, lane.weight, entered.map_or(lane.weight, |at| lane.before(at)))
-            }
+        let (served, queued) = match lanes.tenants.get(&key) {
+            Some(lane) => (lane.served, lane.weight),
             // A tenant with nothing queued starts level with the least served (`ClassLane::lane`).
-            None => (least.unwrap_or(lanes.clock), 0, 0),
+            None => (least.unwrap_or(lanes.clock), 0),
         };
         let others = (lanes.tenants.len() - usize::from(lanes.tenants.contains_key(&key))) as u64;
         let lead = served.saturating_sub(least.unwrap_or(served));
         let rounds = queued.saturating_add(weight).saturating_add(lead);
-        let held = lanes.weight - own;
+        let held = lanes.weight - queued;
         let of_the_queue = held.min(others.saturating_mul(rounds.saturating_add(batch)));
         // What they keep sending goes beside this tenant's queue and the part of the request
         // past its first batch: that batch is not split by turns (a request of 32 rows beside
@@ -384,13 +346,11 @@ impl Lanes {
         }
     }
 
-    /// Queues one request's jobs (all of one class and tenant) in its lane, as having entered
-    /// their class at `entered`: `now` on a request's first stage (its class ages from then,
-    /// not from the request's arrival: its body may have taken seconds to come, and it would
-    /// enter the queue promoted already); on a later stage of its pipeline, when it entered the
-    /// class it has reached ([`aged`]), among the lane's requests by that time.
-    pub fn push(&mut self, jobs: Vec<Job>, entered: Instant) {
-        self.enter(jobs, entered, false);
+    /// Queues one request's jobs (all of one class and tenant) at the back of their lane, as
+    /// having entered their class `now` (not at the request's arrival: its body may have taken
+    /// seconds to come, and it would enter the queue promoted already).
+    pub fn push(&mut self, jobs: Vec<Job>, now: Instant) {
+        self.enter(jobs, now, false);
     }
 
     /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
@@ -419,9 +379,7 @@ impl Lanes {
         if front {
             lane.requests.push_front(request);
         } else {
-            // Behind the lane's requests but for those that entered the class later (a later
-            // stage's request keeps its first stage's clock).
-            lane.insert(request);
+            lane.requests.push_back(request);
         }
         self.due(class, entered);
     }

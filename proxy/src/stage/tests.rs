@@ -1338,68 +1338,6 @@ async fn a_lower_job_that_higher_arrivals_would_pass_until_its_deadline_is_refus
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_later_stage_takes_a_request_in_at_the_class_it_reached_on_the_stages_before() {
-    // The flood above passes a low job with 3 s to live until its deadline. One first queued on
-    // an earlier stage of its pipeline two aging periods ago competes as high by now: it comes
-    // in high, is admitted, and goes before the high jobs that arrive after it. (Each stage had
-    // started it low again: a low request of a two-stage pipeline under such a flood waited out
-    // its promotion on the first stage, then was refused 503 on the second.)
-    let stage = stage(4, 1000);
-    let seat = stage.worker_joined();
-    let _high = flood_high(&stage, &seat, 5).await;
-    let (mut low, _low) = classed(b"low", Class::Low, None, 1);
-    low.deadline -= Duration::from_secs(2); // 3 s
-    low.aging_since = Some(Instant::now() - DEFAULT_AGING * 2);
-    stage.submit(low).unwrap();
-    let _later: Vec<_> = (0..3).map(|_| submit_high(&stage, 1)).collect();
-    tokio::time::advance(Duration::from_millis(50)).await;
-    seat.finished(4, 4, Duration::from_millis(50));
-    let batch = seat.next_batch().await;
-    assert_eq!(batch[0].payload.contiguous().as_ref(), b"low");
-    assert_eq!(batch[0].class, Class::High);
-    std::mem::forget(seat);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_request_come_in_aged_is_overtaken_only_until_its_next_promotion() {
-    // Normal since 0.9 aging periods ago (low since 1.9), high in half a second: beside the
-    // flood it waits that half second, well within its 3 s. Its promotion counted a whole
-    // period from now, it had been refused 503.
-    let stage = stage(4, 1000);
-    let seat = stage.worker_joined();
-    let _high = flood_high(&stage, &seat, 5).await;
-    let (mut aged, _aged) = classed(b"aged", Class::Low, None, 1);
-    aged.deadline -= Duration::from_secs(2); // 3 s
-    aged.aging_since = Some(Instant::now() - DEFAULT_AGING * 19 / 10);
-    stage.submit(aged).unwrap();
-    std::mem::forget(seat);
-}
-
-#[tokio::test(start_paused = true)]
-async fn a_request_come_in_aged_is_predicted_behind_only_what_entered_its_class_before_it() {
-    // High since before the 400 high jobs queued here came (on its pipeline's first stage), it
-    // goes before them: admitted with 3 s to live, where they take 5 s. Predicted behind them
-    // all, it had been refused 503, its first stage's work thrown away.
-    let stage = stage(4, 1000);
-    let seat = stage.worker_joined();
-    fifty_ms_batches(&seat, &[4; 5]);
-    let since = Instant::now();
-    tokio::time::advance(Duration::from_millis(10)).await;
-    let _high: Vec<_> = (0..400).map(|_| submit_high(&stage, 1)).collect();
-    let (mut aged, _aged) = classed(b"aged", Class::Low, None, 1);
-    aged.deadline -= Duration::from_secs(2); // 3 s
-    aged.aging_since = Some(since - DEFAULT_AGING * 2);
-    stage.submit(aged).unwrap();
-    // One of them that is high from now on is refused: it would go behind them all.
-    let (mut late, _late) = classed(b"late", Class::High, None, 1);
-    late.deadline -= Duration::from_secs(2);
-    assert!(matches!(stage.submit(late), Err(Shed::DeadlineUnreachable { .. })));
-    let batch = seat.next_batch().await;
-    assert_eq!(batch[0].payload.contiguous().as_ref(), b"aged");
-    std::mem::forget(seat);
-}
-
-#[tokio::test(start_paused = true)]
 async fn higher_arrivals_that_stopped_hold_nothing_back() {
     let stage = stage(4, 1000);
     let seat = stage.worker_joined();

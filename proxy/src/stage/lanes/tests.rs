@@ -159,34 +159,6 @@ fn waiting_promotes_one_class_per_period() {
 }
 
 #[test]
-fn a_request_aged_on_earlier_stages_comes_in_at_its_class_among_those_that_entered_it_before() {
-    let start = Instant::now();
-    let aging = SECOND;
-    // Times are periods from `start`. Low from 0, at 2.5: high from 2; at 0.5: low still. High
-    // stays high, from when it began.
-    assert_eq!(
-        aged(Class::Low, start, start + aging * 5 / 2, aging),
-        (Class::High, start + aging * 2)
-    );
-    assert_eq!(aged(Class::Low, start, start + aging / 2, aging), (Class::Low, start));
-    assert_eq!(aged(Class::High, start, start + aging * 9, aging), (Class::High, start));
-    let mut lanes = Lanes::default();
-    one(&mut lanes, "high", Class::High, None, start + aging * 2);
-    // At 3, three requests come in from earlier stages. Low from 0: high from 2, as the job
-    // before, and after it.
-    let (class, entered) = aged(Class::Low, start, start + aging * 3, aging);
-    lanes.push(vec![job("low", class, None, 1, start + aging * 3)], entered);
-    // Normal from 0: high from 1, before both.
-    let (class, entered) = aged(Class::Normal, start, start + aging * 3, aging);
-    lanes.push(vec![job("normal", class, None, 1, start + aging * 3)], entered);
-    one(&mut lanes, "late-high", Class::High, None, start + aging * 3);
-    // Low from 0.5: high from 2.5, before the high job that came at 3.
-    let (class, entered) = aged(Class::Low, start + aging / 2, start + aging * 3, aging);
-    lanes.push(vec![job("later-low", class, None, 1, start + aging * 3)], entered);
-    assert_eq!(drain(&mut lanes), ["normal", "high", "low", "later-low", "late-high"]);
-}
-
-#[test]
 fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tenant() {
     // Tenant A queued 20 normal requests; its class was served all along (each batch took one
     // of them), no higher work queued. Aging 0.4 s: A's backlog had moved up to high as it
@@ -408,25 +380,25 @@ fn a_new_tenant_has_one_turn_of_each_other_tenant_before_it_not_their_backlog() 
     let b = Some(Tenant::of(b"b"));
     // The high job, then one of a's for b's one, and a batch (of 8) a's may fill first: not
     // a's 300.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 1, 8, None), 1 + 9);
+    assert_eq!(lanes.weight_before(Class::Normal, b, 1, 8), 1 + 9);
     // A request of 3 waits for 3 of a's, and that batch.
-    assert_eq!(lanes.weight_before(Class::Normal, b, 3, 8, None), 1 + 11);
+    assert_eq!(lanes.weight_before(Class::Normal, b, 3, 8), 1 + 11);
     // a itself waits for its own backlog.
     let a = Some(Tenant::of(b"a"));
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8, None), 301);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 301);
     // With b holding work, a's job waits as long for b's turns as for its own queue: b may
     // keep sending all the while (more than the 5 it holds).
     for i in 0..5 {
         one(&mut lanes, &format!("b{i}"), Class::Normal, Some("b"), now);
     }
-    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8, None), 1 + 300 + 300);
+    assert_eq!(lanes.weight_before(Class::Normal, a, 1, 8), 1 + 300 + 300);
     // A new tenant's request of 32 rows beside ten tenants of one job each: its first batch is
     // not split by their turns, so they count as what they hold, not 32 each.
     let mut crowd = Lanes::default();
     for t in 0..10 {
         one(&mut crowd, "one", Class::Normal, Some(&format!("t{t}")), now);
     }
-    assert_eq!(crowd.weight_before(Class::Normal, Some(Tenant::of(b"new")), 32, 32, None), 10);
+    assert_eq!(crowd.weight_before(Class::Normal, Some(Tenant::of(b"new")), 32, 32), 10);
     lanes.remove_dead(|job| job.tenant == b);
     // And the turns bear it out: b's job goes within the first two normal ones.
     one(&mut lanes, "b0", Class::Normal, Some("b"), now);
