@@ -637,12 +637,14 @@ def test_16_multi_mib_v2_requests_queued_under_replaced_tensors_are_each_answere
                        what="the worker of x gone")  # fmt: skip
     infer = "/v2/models/default/infer"
     rows = {"name": "x", "datatype": "FP32", "shape": [8, 65536], "data": [0] * (8 * 65536)}
-    within = {"x-corral-timeout-ms": "20000"}
+    # Encoded once (16 threads encoding 2 MiB of JSON each took a loaded machine past the wait).
+    body = json.dumps({"inputs": [rows]}).encode()
+    within = {"x-corral-timeout-ms": "60000", "content-type": "application/json"}
     with ThreadPoolExecutor(16) as clients:
-        queued = [clients.submit(sidecar.client.post, infer, json={"inputs": [rows]},
-                                 headers=within) for _ in range(16)]  # fmt: skip
+        queued = [clients.submit(sidecar.client.post, infer, content=body, headers=within,
+                                 timeout=90) for _ in range(16)]  # fmt: skip
         sidecar.wait_until(lambda: sidecar.metric("corral_queue_depth", stage="default") == 128,
-                           what="16 requests of 8 rows queued")  # fmt: skip
+                           timeout=90, what="16 requests of 8 rows queued")  # fmt: skip
         new = FakeWorker(sidecar.socket, inputs=y)
         answers = [response.result(timeout=60) for response in queued]
         assert [a.status_code for a in answers] == [503] * 16, [a.text[:200] for a in answers]

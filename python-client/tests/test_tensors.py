@@ -14,7 +14,7 @@ import sys
 import uuid
 from decimal import Decimal
 from pathlib import Path
-from typing import Annotated, Any, Literal, Optional, TypedDict, Union
+from typing import Annotated, Any, Generic, Literal, NewType, Optional, TypedDict, TypeVar, Union
 
 import msgpack
 import msgspec
@@ -1084,6 +1084,22 @@ class ScoresData:
     LABEL: str
 
 
+Item = TypeVar("Item")
+
+
+class Generic_(msgspec.Struct, Generic[Item]):
+    PROBS: list[Item]
+    LABEL: str
+
+
+class Custom:
+    """A class of the worker's own, which msgspec writes only through the package's hook."""
+
+
+class Label(str):
+    pass
+
+
 def _refusal(side: str, declared: Any) -> str | None:
     """The TypeError's message where a Classify subclass declares ``declared`` as its ``side``
     (``input_type`` beside declared inputs), or None where the class is accepted."""
@@ -1121,9 +1137,16 @@ def test_a_type_never_written_as_a_map_is_refused_beside_declared_tensors():
         Union[Scores, str],
         Union[int, dict[str, Any]],
         Optional[Annotated[Scores, msgspec.Meta(title="scores")]],
+        NewType("Scored", dict),
+        Generic_[float],
     ):
         for side in ("output_type", "input_type"):
             assert _refusal(side, declared) is None, (side, declared)
+    # An output of a class of one's own may be written as a map by the hook (a str subclass is
+    # one to msgspec); a NewType of int is an int.
+    assert _refusal("output_type", Custom) is None
+    assert _refusal("output_type", Label) is None
+    assert "is never written as a map" in str(_refusal("output_type", NewType("Count", int)))
 
 
 def test_an_array_like_struct_annotated_inside_a_union_is_refused_beside_declared_tensors():

@@ -413,6 +413,23 @@ def test_run_on_an_instance_serves_that_instance():
         Configured.run("some.sock")
 
 
+def test_a_bad_max_running_set_in_init_is_refused_before_it_serves():
+    # Read first at serving: the worker failed past its warm-up, its traceback a line per frame.
+    class Engine(corral.Worker):
+        def __init__(self):
+            super().__init__()
+            self.max_running = "x"
+
+        def forward(self, batch):
+            yield [corral.END for _ in batch]
+
+        def _run_forever(self, path):
+            raise AssertionError("never served")
+
+    with pytest.raises(SystemExit, match="max_running must be None or a non-negative integer"):
+        Engine.run("some.sock")
+
+
 def test_a_worker_without_forward_is_refused_before_it_serves():
     # It had answered every batch 500 for as long as it ran. A base class of one's own may
     # leave forward to its subclasses: refused when run (or served), not where it is defined.
@@ -1135,10 +1152,12 @@ def test_another_class_s_tolist_that_gives_nothing_msgpack_writes_is_said_so():
 
     class Returning(corral.Worker):
         def forward(self, batch):
-            return [Vec(decimal.Decimal("1.5")), Vec(Vec([1])), Vec([1, 2])][: len(batch)]
+            returned = [Vec(decimal.Decimal("1.5")), Vec(Vec([1])), Vec([1, 2]), Vec(2**70)]
+            return returned[: len(batch)]
 
     with FakeProxy(Returning()) as proxy:
-        dec, again, fine = proxy.infer([1, 2, 3])
+        dec, again, fine, wide = proxy.infer([1, 2, 3, 4])
+    assert "its tolist() gave int: an integer of 71 bits is past msgpack's range" in wide.message
     assert dec.status == "error"
     assert "Vec as msgpack: its tolist() gave Decimal: return str(value)" in dec.message
     assert again.status == "error" and "numpy" not in again.message.partition("(")[0]
@@ -1234,6 +1253,7 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
         before: Any
         after: Any
         days: Any
+        wire: Any
 
     class Typed(corral.Worker):
         output_type = Out
@@ -1241,7 +1261,10 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
         def forward(self, batch):
             before, after = numpy.datetime64("-0005-01-01"), numpy.datetime64("12000-01-01T05")
             days = numpy.array([["0000-01-01", "NaT", "-10000-03-01"]], dtype="datetime64[D]")
-            return [Out(before, after, days) for _ in batch]
+            # Big-endian, as read from a file in network order: numpy's text had read its bytes
+            # as this machine's ("2020-01-01" as the year 17021397593678114).
+            wire = numpy.array(["2020-01-01", "12000-01-01"], dtype=">M8[D]")
+            return [Out(before, after, days, wire) for _ in batch]
 
     with FakeProxy(Typed()) as proxy:
         (got,) = proxy.infer([1])
@@ -1250,6 +1273,7 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
         "before": "-0005-01-01",
         "after": "+12000-01-01T05",
         "days": [["0000-01-01", None, "-10000-03-01"]],
+        "wire": ["2020-01-01", "+12000-01-01"],
     }
 
 

@@ -73,7 +73,7 @@ pub fn requested(headers: &HeaderMap) -> Result<Option<Duration>, ApiError> {
 }
 
 /// A field's values: split at every comma (`any_comma`), or only at one a space or tab follows.
-fn folded(value: &str, any_comma: bool) -> impl Iterator<Item = &str> {
+pub(super) fn folded(value: &str, any_comma: bool) -> impl Iterator<Item = &str> {
     let bytes = value.as_bytes();
     let mut start = 0;
     let mut cuts = value.match_indices(',').filter_map(move |(at, _)| {

@@ -9,6 +9,7 @@
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
+use super::deadline::folded;
 use super::error::ApiError;
 use super::head::agreed;
 use crate::traffic::{Class, Tenant, Traffic, MAX_WEIGHT};
@@ -62,7 +63,8 @@ pub fn requested(
 }
 
 /// One field's value read as the list a proxy may have folded it into (`high, high`: RFC 9110
-/// allows fields to be joined so), each piece by `read`. None: a piece does not parse; Some(Err):
+/// allows fields to be joined so), each piece by `read`, empty ones ignored as RFC 9110 says
+/// (as the deadline headers' are). None: a piece does not parse, or none is left; Some(Err):
 /// pieces that parse but read differently, the same 400 as two fields that differ ([`agreed`]).
 /// Fields given apart were read alike while the same fields folded had been a 400.
 fn each_folded<T: PartialEq>(
@@ -70,7 +72,8 @@ fn each_folded<T: PartialEq>(
     said: &str,
     read: impl Fn(&str) -> Option<T>,
 ) -> Option<Result<T, ApiError>> {
-    let mut pieces = value.to_str().ok()?.split(',').map(|piece| read(piece.trim()));
+    let pieces = folded(value.to_str().ok()?, true).map(str::trim).filter(|p| !p.is_empty());
+    let mut pieces = pieces.map(read);
     let first = pieces.next()??;
     for piece in pieces {
         if piece? != first {
@@ -167,10 +170,13 @@ mod tests {
     fn a_field_a_proxy_folded_counts_as_the_fields_it_joined() {
         let traffic = read(&[(PRIORITY_HEADER, "high, High"), (WEIGHT_HEADER, "2,02")]).unwrap();
         assert_eq!((traffic.class, traffic.weight), (Class::High, Some(2)), "read alike");
+        // Empty pieces are no value (RFC 9110 §5.6.1).
+        let traffic = read(&[(PRIORITY_HEADER, "high, ,"), (WEIGHT_HEADER, ",,3")]).unwrap();
+        assert_eq!((traffic.class, traffic.weight), (Class::High, Some(3)));
         for (name, value, words) in [
             (PRIORITY_HEADER, "high, low", "given more than once, with different values"),
             (WEIGHT_HEADER, "2, 3", "given more than once, with different values"),
-            (PRIORITY_HEADER, "high, ", "must be high, normal or low"),
+            (PRIORITY_HEADER, " , ", "must be high, normal or low"),
             (WEIGHT_HEADER, "2, x", "must be a positive integer"),
         ] {
             let error = read(&[(name, value)]).unwrap_err();

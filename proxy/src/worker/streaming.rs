@@ -619,9 +619,11 @@ impl State {
     }
 }
 
-/// Why a one-shot client's answer gathered from chunks was refused.
-const TOO_LARGE: &str =
-    "the stream is larger than one answer can carry; ask for a stream (Accept: text/event-stream)";
+/// Why a one-shot client's answer gathered from chunks was refused. (Only a native request of one
+/// item can stream: the advice says so, as a multi-item or client-protocol request cannot.)
+const TOO_LARGE: &str = "the stream is larger than one answer can carry (64 MiB); a native \
+                         request of one item may ask for it as a stream (Accept: \
+                         text/event-stream)";
 
 /// A one-shot client's chunks, gathered into one answer: a msgpack array of them, its values
 /// written one after another as they come (held apart, each chunk's own allocation and handle

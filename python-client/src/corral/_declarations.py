@@ -105,6 +105,10 @@ def check_instance(worker: Any) -> None:
     # Again: set after the class statement (from configuration), a weight the proxy refuses
     # had its worker refused at every start, which FakeProxy served.
     _weight(type(worker))
+    # And a streaming worker's `max_running`, which `__init__` may set (once its model is
+    # loaded): read first at serving, a bad one failed past the warm-up, its traceback in lines.
+    if _streaming.is_streaming(worker):
+        _streaming.limit(worker)
     _stage(name, worker.stage)
 
 

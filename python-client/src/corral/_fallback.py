@@ -12,6 +12,8 @@ import enum
 import uuid
 from typing import Any
 
+from msgpack import Timestamp
+
 
 def plain(value: Any) -> Any:
     """msgpack fallback for numpy arrays and scalars (and anything else with ``tolist``)."""
@@ -26,7 +28,8 @@ def plain(value: Any) -> Any:
     # msgpack calls this hook once for the value, not again for what it returned: a `tolist`
     # of some other class that gives what msgpack does not write had msgpack's own words
     # ("can not serialize 'Decimal' object"), with no advice.
-    if not isinstance(converted, _WRITTEN):
+    # (Nor an integer past its range: msgpack's bare "Integer value out of range".)
+    if not isinstance(converted, _WRITTEN) or _too_wide(converted):
         name, gave = type(value).__name__, type(converted).__name__
         raise TypeError(
             f"cannot encode {name} as msgpack: its tolist() gave {gave}: {_instead(converted)}"
@@ -34,9 +37,27 @@ def plain(value: Any) -> Any:
     return converted
 
 
+def _too_wide(value: Any) -> bool:
+    """Whether ``value`` is an integer msgpack has no form for (past -2**63 to 2**64-1)."""
+    return isinstance(value, int) and not -(2**63) <= value < 2**64
+
+
 # What msgpack writes itself, as a fallback's answer (what a list or dict holds is looked at
-# again, with this fallback).
-_WRITTEN = (list, tuple, dict, str, bytes, bytearray, memoryview, int, float, bool, type(None))
+# again, with this fallback; an ExtType is a tuple).
+_WRITTEN = (
+    list,
+    tuple,
+    dict,
+    str,
+    bytes,
+    bytearray,
+    memoryview,
+    int,
+    float,
+    bool,
+    type(None),
+    Timestamp,
+)
 
 
 def typed(value: Any) -> Any:
@@ -59,6 +80,9 @@ def _iso_dates(value: Any) -> Any:
     to 9999), with a year outside 0000 to 9999 in ISO 8601's expanded form (:func:`_expanded`)."""
     import numpy  # only a numpy value comes here
 
+    # In this machine's byte order: numpy's datetime_as_string reads a big-endian array's bytes
+    # as its own ("2020-01-01" came out as the year 17021397593678114).
+    value = numpy.asarray(value).astype(value.dtype.newbyteorder("="))
     text = numpy.asarray(numpy.datetime_as_string(value), dtype=object)
     # A date of picoseconds or finer lies within days of 1970, and numpy cannot cast it to
     # years (the factor overflows int64).
@@ -131,10 +155,11 @@ def _listed(value: Any) -> Any:
         raise TypeError(f"cannot encode {type(value).__name__} as msgpack: {_instead(value)}")
     converted = tolist()
     name = type(value).__name__
+    numpys = type(value).__module__.partition(".")[0] == "numpy"  # else some other class's
     # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that holds
     # it: msgspec would call this hook again, until a RecursionError.
     if type(converted) is type(value):
-        if type(value).__module__.partition(".")[0] != "numpy":  # some other class's tolist()
+        if not numpys:
             raise TypeError(
                 f"cannot encode {name} as msgpack: its tolist() gives a {name} again; "
                 + _instead(value)
@@ -145,7 +170,8 @@ def _listed(value: Any) -> Any:
             "to keep its precision"
         )
     if isinstance(converted, complex):
-        raise TypeError(f"cannot encode numpy's {name} as msgpack: {_instead(converted)}")
+        owner = "numpy's " if numpys else ""
+        raise TypeError(f"cannot encode {owner}{name} as msgpack: {_instead(converted)}")
     return converted
 
 
