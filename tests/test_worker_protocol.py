@@ -1062,3 +1062,25 @@ def test_a_joining_worker_that_pulls_and_never_reads_is_sent_no_more(corral_fact
     assert joined.result(timeout=30).status_code == 500
     assert first.result(timeout=30).status_code == 500
     healthy.close()
+
+
+def test_kserve_v1_says_a_streaming_worker_s_chunks_are_no_map_of_its_outputs(sidecar, pool):
+    """A streaming worker's one-shot answer is the array of its chunks: KServe v1, held to the
+    declared outputs, says so and what to serve it from (the message had no test)."""
+    outputs = [{"name": "y", "datatype": "FP32", "shape": [1]}]
+    worker = FakeWorker(sidecar.socket, features=["stream"], outputs=outputs)
+    sidecar.wait_for_log(r"worker connected")
+    try:
+        answer = pool.submit(
+            sidecar.client.post, "/v1/models/default:predict", json={"instances": [1]}
+        )
+        (job,) = worker.receive()["jobs"]
+        worker.send(protocol.chunks([{"id": job["id"], "data": msgpack.packb({"y": [1.0]})}]))
+        worker.send(protocol.results([{"id": job["id"], "status": "end"}]))
+        response = answer.result(timeout=30)
+        assert response.status_code == 500, response.text
+        message = response.json()["error"]
+        assert "not a map from output name to its value, not an array" in message, message
+        assert "serve KServe v1 from one that returns one map per instance" in message, message
+    finally:
+        worker.close()
