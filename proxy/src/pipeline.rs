@@ -154,7 +154,7 @@ impl Ends {
 }
 
 /// What a pipeline's last stage takes once the stages before it answered: its inputs, when
-/// they reached it, and the request's traffic there (its class aging since the first stage).
+/// they reached it, and the request's traffic there (at the class it reached on the stage before).
 pub struct AtLast {
     pub inputs: Vec<Input>,
     pub entered: Instant,
@@ -330,7 +330,6 @@ mod tests {
 
     use super::*;
     use crate::stage::{BatchSettings, Policy};
-    use crate::traffic::Class;
 
     fn stage(name: &str, max_job_bytes: usize) -> Stage {
         let settings = BatchSettings {
@@ -422,22 +421,37 @@ mod tests {
         assert_eq!(queue.queued(), 0, "purged at once, not at the deadline");
     }
 
+    /// Queues a high job of `stage`'s own (its answer kept by the caller): higher work that
+    /// holds a lower class back.
+    fn high_job(stage: &Stage) -> oneshot::Receiver<Reply> {
+        let now = Instant::now();
+        let (mut job, answer) =
+            Job::new(JobId::new(), Bytes::from_static(b"\x04"), now, now + Duration::from_secs(60));
+        job.class = Class::High;
+        stage.submit(job).unwrap();
+        answer
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_later_stage_takes_the_request_at_the_class_it_reached_on_the_stage_before() {
-        // Low, held two aging periods in the first stage's queue: high there, and high on the
-        // second (each stage had started it low again).
+        // Low, held back two aging periods by a high job in the first stage's queue: high
+        // there, and high on the second (each stage had started it low again).
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
         let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
         let traffic = Traffic { class: Class::Low, ..Traffic::default() };
         let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
         let deadline = Instant::now() + Duration::from_secs(60);
+        let _high = high_job(&a);
         let run =
             tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
-        while a.queued() == 0 {
+        while a.queued() < 2 {
             tokio::task::yield_now().await;
         }
         tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
+        let high = seat_a.next_batch().await; // one job a batch (the stages' byte bound)
+        assert_eq!(high[0].payload.contiguous().as_ref(), b"\x04");
+        drop(high);
         let first = seat_a.next_batch().await;
         assert_eq!(first[0].class, Class::High, "promoted while held in a's queue");
         first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
@@ -445,6 +459,34 @@ mod tests {
         assert_eq!(second[0].class, Class::High);
         second.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
         assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03")]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_taken_in_several_batches_goes_on_at_the_highest_class_its_jobs_reached() {
+        // One job a batch (the stages' byte bound): the first taken low, the second promoted
+        // while a high job held it back. The request goes on as high: its second job was held.
+        let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
+        let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
+        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
+        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
+        let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 2];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let run = tokio::spawn(async move { pipeline.run(inputs, deadline, 0, traffic).await });
+        let first = seat_a.next_batch().await;
+        assert_eq!((first.len(), first[0].class), (1, Class::Low));
+        first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
+        let _high = high_job(&a);
+        tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
+        drop(seat_a.next_batch().await); // the high job, queued before the promotion
+        let second = seat_a.next_batch().await;
+        assert_eq!((second.len(), second[0].class), (1, Class::High));
+        second.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
+        for _ in 0..2 {
+            let batch = seat_b.next_batch().await;
+            assert_eq!(batch[0].class, Class::High);
+            batch.into_iter().for_each(|job| assert!(job.answer(done(b"\x03"))));
+        }
+        assert_eq!(run.await.unwrap().unwrap(), vec![done(b"\x03"); 2]);
     }
 
     #[tokio::test(start_paused = true)]

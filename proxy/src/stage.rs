@@ -147,11 +147,6 @@ struct Queue {
     /// or went out with room, no higher job left queued. The higher classes did not hold such
     /// a job back then, however fast they came.
     dry: [Option<Instant>; 3],
-    /// By class: when a batch last took in a job of this class or lower. Its queued requests
-    /// age only from then ([`lanes::Held`]): not from `dry`, whose batch with room may have
-    /// left the class's front request out (it did not fit beside the higher jobs taken), and
-    /// a low request of four items beside one high job a batch had never aged, and expired.
-    served: lanes::Held,
     /// How long a batch keeps its worker busy, by weight (its size, when nothing is weighed):
     /// what the policy and a busy worker's free time are predicted from.
     cost: CostModel,
@@ -322,18 +317,19 @@ impl Queue {
     }
 
     /// Notes, once `batch` (of at most `max` jobs) is taken, which classes the higher ones did
-    /// not hold back ([`Queue::dry`]), and which it served ([`Queue::served`]).
+    /// not hold back ([`Queue::dry`], admission's), and which they hold back now, whose
+    /// requests age ([`lanes::Lanes::taken`]: not from `dry`, whose batch with room may have
+    /// left the class's front request out, as it did not fit beside the higher jobs taken: a
+    /// low request of four items beside one high job a batch had never aged, and expired).
     fn mark_dry(&mut self, now: Instant, batch: &[Job], max: usize) {
+        let seated = |class: Class| batch.iter().any(|job| job.class <= class);
         for class in [Class::Low, Class::Normal] {
-            let seated = batch.iter().any(|job| job.class <= class);
             let room = batch.len() < max && self.jobs.jobs_above(class) == 0;
-            if seated || room {
+            if seated(class) || room {
                 self.dry[class.index()] = Some(now);
             }
-            if seated {
-                self.served[class.index()] = Some(now);
-            }
         }
+        self.jobs.taken(now, seated);
     }
 
     /// When each connected worker takes its next batch from the queue, by the learned cost: at
@@ -564,8 +560,7 @@ impl Stage {
                 return Err(Shed::ShuttingDown);
             }
             let now = Instant::now();
-            let held = queue.served;
-            queue.jobs.promote(now, self.aging, &held);
+            queue.jobs.promote(now, self.aging);
             // Jobs whose deadline passed (and those of clients that left within a purge's limit,
             // [`Stage::purge`]) still sit in the queue until a worker or a purge reaches them; cleared out now and then, they neither fill the queue nor
             // inflate the admission prediction. Never more often than every PURGE_EVERY: under
@@ -770,8 +765,7 @@ impl Stage {
     /// Jobs waiting in the queue, by class (lowest first), as their class stands now.
     pub fn queued_by_class(&self) -> [usize; 3] {
         let mut queue = self.lock();
-        let held = queue.served;
-        queue.jobs.promote(Instant::now(), self.aging, &held);
+        queue.jobs.promote(Instant::now(), self.aging);
         [Class::Low, Class::Normal, Class::High].map(|class| queue.jobs.jobs_in(class))
     }
 

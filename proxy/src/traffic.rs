@@ -94,8 +94,9 @@ pub const MAX_WEIGHT: u32 = 1_000_000;
 /// What a request's headers and route say about its jobs.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Traffic {
-    /// On a pipeline's later stage, the class the request reached on the stage before (its
-    /// jobs promoted while they waited there): it goes on from there, not from its first class.
+    /// The class the request asked for (`x-corral-priority`, else its route's); on a pipeline's
+    /// later stage, the class it reached on the stage before (its jobs promoted while they
+    /// waited there): it goes on from there, not from its first class.
     pub class: Class,
     /// None: the request named no tenant; such requests share one turn among the tenants.
     pub tenant: Option<Tenant>,

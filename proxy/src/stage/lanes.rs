@@ -4,8 +4,8 @@
 //!
 //! - **Classes**: the highest class with queued work is served first. A queued request is
 //!   promoted one class for every aging period (`--priority-aging-ms`) the higher classes have
-//!   held it back (from its entry, or from when its class was last served if later: [`Held`]),
-//!   so a low job is never starved: after two such periods it competes as high, behind only the
+//!   held it back (from its entry, or from when they began to hold its class back if later:
+//!   [`Lanes::held_since`]), so a low job is never starved: after two such periods it competes as high, behind only the
 //!   high jobs queued before it was promoted. Waiting behind its own class (its tenant's
 //!   backlog, or a class served a job now and then) is not starvation, and does not lift it
 //!   past the other tenants of its class. A pipeline's later stage takes a request in at the class it
@@ -62,18 +62,6 @@ impl Hasher for Fold {
     fn write_u64(&mut self, word: u64) {
         self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
     }
-}
-
-/// By class (by [`Class::index`]): when a batch last took in one of its jobs or a lower one (the
-/// stage's `served`). A request ages only from then: waiting behind its own class's queue (its
-/// tenant's backlog, say) is not being starved by a higher class.
-pub type Held = [Option<Instant>; 3];
-
-/// When a request that entered `class` at `entered` began to be held back in it by the higher
-/// classes, as `held` says: from its entry, or from when the class was last served, whichever
-/// is later.
-fn held_from(class: Class, entered: Instant, held: &Held) -> Instant {
-    held[class.index()].map_or(entered, |served| served.max(entered))
 }
 
 /// The queued jobs of one request, in order.
@@ -186,6 +174,19 @@ pub struct Lanes {
     current: Option<(Class, Key)>,
     /// Earliest instant a queued request of a class below high is due for promotion.
     next_promotion: Option<Instant>,
+    /// By class (by [`Class::index`]): since when the higher classes have held its queued work
+    /// back without a break (None: they do not now). They begin to when their work is queued
+    /// above it, or a batch goes out with none of its jobs (nor a lower one's) while it has
+    /// some queued; they stop when a batch seats one of its jobs (or a lower one's) with no
+    /// higher work left queued, or it has none queued. Its requests age only while it is held
+    /// back: waiting behind its own class (a tenant's backlog, a class served a job now and
+    /// then) or behind a busy worker with nothing higher queued is not starvation, and had
+    /// been promoted all the same (a slow first stage sent its queued low requests into the
+    /// next as high; a tenant's backlog climbed past the other tenants).
+    held_since: [Option<Instant>; 3],
+    /// The time the queue was last told (by a push or a promotion): when work that appears
+    /// above a class starts its clock. Jobs are added only with a time.
+    seen: Option<Instant>,
     /// A batch's weight budget (`--max-batch-weight`; None: no budget, and no job is heavy).
     budget: Option<u64>,
 }
@@ -344,13 +345,47 @@ impl Lanes {
                 }
             }
         }
+        if sign > 0 {
+            self.note_above(class);
+        }
+    }
+
+    /// Starts the clock of the classes below `changed`, whose count just grew, where work above
+    /// them has just appeared ([`Lanes::held_since`]); its leaving stops no clock: the workers
+    /// are busy with it, and the next batch taken says whether they still hold the class back.
+    fn note_above(&mut self, changed: Class) {
+        for below in [Class::Low, Class::Normal].into_iter().filter(|&c| c < changed) {
+            if self.jobs_above(below) == 1 && self.held_since[below.index()].is_none() {
+                let at = self.seen.unwrap_or_else(Instant::now);
+                self.held_since[below.index()] = Some(at);
+                self.due(below, at);
+            }
+        }
+    }
+
+    /// A batch was taken at `now`; `seated(class)`: whether it took a job of that class or a
+    /// lower one. Keeps [`Lanes::held_since`].
+    pub fn taken(&mut self, now: Instant, seated: impl Fn(Class) -> bool) {
+        for class in [Class::Low, Class::Normal] {
+            let held = self.jobs_in(class) > 0 && (!seated(class) || self.jobs_above(class) > 0);
+            let since = &mut self.held_since[class.index()];
+            *since = match (held, seated(class), *since) {
+                (false, ..) => None,
+                // Served now, and the higher work left queued holds the rest back from now.
+                (true, true, _) => Some(now),
+                (true, false, since) => Some(since.unwrap_or(now)),
+            };
+            if let Some(at) = *since {
+                self.due(class, at);
+            }
+        }
     }
 
     /// Queues one request's jobs (all of one class and tenant) at the back of their lane, as
-    /// having entered their class `now` (not at the request's arrival: its body may have taken
-    /// seconds to come, and it would enter the queue promoted already).
-    pub fn push(&mut self, jobs: Vec<Job>, now: Instant) {
-        self.enter(jobs, now, false);
+    /// having entered their class at `entered`, the stage's now (not at the request's arrival:
+    /// its body may have taken seconds to come, and it would enter the queue promoted already).
+    pub fn push(&mut self, jobs: Vec<Job>, entered: Instant) {
+        self.enter(jobs, entered, false);
     }
 
     /// Puts the jobs of one request (of one class and tenant) back at the front of their lane
@@ -362,6 +397,7 @@ impl Lanes {
 
     fn enter(&mut self, jobs: Vec<Job>, entered: Instant, front: bool) {
         let Some(first) = jobs.first() else { return };
+        self.seen = Some(entered);
         let (class, key) = (first.class, first.tenant);
         jobs.iter().for_each(|job| self.count(class, job, 1));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
@@ -470,10 +506,11 @@ impl Lanes {
     }
 
     /// Promotes every request the higher classes have held back an aging period in its class
-    /// (`held`: when each class was last served) to the next class up (as [`aged`] says for one
-    /// request); a request overdue by several periods moves up several classes at once. Cheap
-    /// when nothing is due.
-    pub fn promote(&mut self, now: Instant, aging: Duration, held: &Held) {
+    /// to the next class up: the period counts from its entry or from when they began to hold
+    /// the class back ([`Lanes::held_since`]), whichever is later. A request overdue by several
+    /// periods moves up several classes at once. Cheap when nothing is due.
+    pub fn promote(&mut self, now: Instant, aging: Duration) {
+        self.seen = Some(now);
         if self.next_promotion.is_none_or(|at| at + aging > now) {
             return;
         }
@@ -481,11 +518,14 @@ impl Lanes {
         let mut soonest = |at: Instant| next = Some(next.map_or(at, |next: Instant| next.min(at)));
         // Low first: what it promotes to normal may be due again at once.
         for class in [Class::Low, Class::Normal] {
+            // Not held back, it has no clock running (it starts, and makes the class due, when
+            // the higher classes begin to hold it back).
+            let Some(since) = self.held_since[class.index()] else { continue };
             // A class the higher ones did not hold back within a period has nothing due: one
             // check, not a walk of its lanes on every look while a deep queue of its own waits.
-            if let Some(served) = held[class.index()].filter(|&at| at + aging > now) {
+            if since + aging > now {
                 if self.jobs_in(class) > 0 {
-                    soonest(served);
+                    soonest(since);
                 }
                 continue;
             }
@@ -495,7 +535,7 @@ impl Lanes {
                     let lanes = &mut self.classes[class.index()];
                     let Some(lane) = lanes.tenants.get_mut(&key) else { break };
                     let entered = lane.requests.front().expect("a lane has work").entered;
-                    let entered = held_from(class, entered, held);
+                    let entered = entered.max(since);
                     if entered + aging > now {
                         soonest(entered);
                         break;

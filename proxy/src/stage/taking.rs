@@ -153,8 +153,7 @@ impl Stage {
             let looked = {
                 let mut queue = self.lock();
                 let now = Instant::now();
-                let held = queue.served;
-                queue.jobs.promote(now, self.aging, &held);
+                queue.jobs.promote(now, self.aging);
                 self.clear_dead(&mut queue, now, false);
                 look(self, &mut queue, now)
             };

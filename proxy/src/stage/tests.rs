@@ -1442,3 +1442,31 @@ async fn a_request_left_out_of_every_batch_beside_one_high_job_still_ages() {
     assert_eq!(taken, 4);
     assert!(start.elapsed() >= DEFAULT_AGING * 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn requests_behind_a_busy_worker_with_nothing_higher_queued_keep_their_class() {
+    // A slow batch of low jobs, more low ones queued behind it, nothing higher: the class was
+    // served, and its wait is the worker's, not the higher classes'. They had been promoted all
+    // the same, and a slow first stage sent them into the next as high.
+    let stage = stage(4, 100);
+    let seat = stage.worker_joined();
+    let lows: Vec<_> = (0..5).map(|_| classed(b"low", Class::Low, None, 1)).collect();
+    let (jobs, _answers): (Vec<Job>, Vec<_>) = lows
+        .into_iter()
+        .map(|(mut job, answer)| {
+            job.deadline += Duration::from_secs(55);
+            (job, answer)
+        })
+        .unzip();
+    for job in jobs {
+        stage.submit(job).unwrap();
+    }
+    assert_eq!(seat.next_batch().await.len(), 4);
+    tokio::time::advance(DEFAULT_AGING * 5).await;
+    assert_eq!(stage.queued_by_class(), [1, 0, 0], "low still");
+    // A high job that comes holds it back from then: two periods on, it competes as high.
+    let _high = submit_high(&stage, 1);
+    tokio::time::advance(DEFAULT_AGING * 2).await;
+    assert_eq!(stage.queued_by_class(), [0, 0, 2]);
+    std::mem::forget(seat);
+}

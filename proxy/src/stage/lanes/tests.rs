@@ -22,9 +22,6 @@ fn job(name: &str, class: Class, tenant: Option<&str>, weight: u32, at: Instant)
 
 const SECOND: Duration = Duration::from_secs(1);
 
-/// No class ever served: every class held back since its requests came.
-const NEVER: Held = [None; 3];
-
 fn names(jobs: impl IntoIterator<Item = Job>) -> Vec<String> {
     jobs.into_iter().map(|j| String::from_utf8(j.payload.contiguous().to_vec()).unwrap()).collect()
 }
@@ -145,13 +142,14 @@ fn waiting_promotes_one_class_per_period() {
     let start = Instant::now();
     let aging = SECOND;
     let mut lanes = Lanes::default();
+    // The high job holds the low one back from when it came.
     one(&mut lanes, "old-low", Class::Low, None, start);
-    one(&mut lanes, "high", Class::High, None, start + SECOND);
-    lanes.promote(start + SECOND / 2, aging, &NEVER);
+    one(&mut lanes, "high", Class::High, None, start + SECOND / 4);
+    lanes.promote(start + SECOND, aging);
     assert_eq!(lanes.jobs_in(Class::Low), 1);
-    lanes.promote(start + SECOND, aging, &NEVER);
+    lanes.promote(start + SECOND * 5 / 4, aging);
     assert_eq!((lanes.jobs_in(Class::Low), lanes.jobs_in(Class::Normal)), (0, 1));
-    lanes.promote(start + SECOND * 2, aging, &NEVER);
+    lanes.promote(start + SECOND * 9 / 4, aging);
     assert_eq!(lanes.jobs_in(Class::High), 2);
     assert_eq!(lanes.front().unwrap().class, Class::High);
     // Once high, it goes in the order it entered the class: after the high job queued before.
@@ -173,25 +171,48 @@ fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tena
     }
     let now = start + SECOND * 2;
     one(&mut lanes, "b", Class::Normal, Some("B"), now);
-    let served = [None, Some(now - SECOND / 10), None];
-    lanes.promote(now, aging, &served);
+    lanes.promote(now, aging);
     assert_eq!(lanes.jobs_in(Class::High), 0);
     assert_eq!(names([lanes.pop(true).unwrap(), lanes.pop(true).unwrap()]), ["a0", "b"]);
-    // Held back by a higher class since it was last served, it climbs as before.
-    lanes.promote(now + aging, aging, &served);
-    assert_eq!(lanes.jobs_in(Class::High), 19);
+    lanes.taken(now, |_| true);
+    // Held back by a higher class from when its work came, it climbs as before.
+    one(&mut lanes, "h", Class::High, None, now);
+    lanes.promote(now + aging, aging);
+    assert_eq!(lanes.jobs_in(Class::High), 1 + 19);
+}
+
+#[test]
+fn a_class_waiting_only_for_a_busy_worker_is_not_held_back() {
+    // Low requests behind a slow batch of low ones, nothing higher queued: a slow first stage
+    // had sent every low request that queued there into the next stage as high.
+    let start = Instant::now();
+    let aging = SECOND;
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "taken", Class::Low, None, start);
+    one(&mut lanes, "waits", Class::Low, None, start);
+    assert_eq!(names([lanes.pop(true).unwrap()]), ["taken"]);
+    lanes.taken(start, |_| true);
+    lanes.promote(start + aging * 5, aging);
+    assert_eq!(lanes.jobs_in(Class::Low), 1, "not held back: the worker is busy with its class");
+    // A batch of higher work that leaves it out holds it back from then.
+    one(&mut lanes, "high", Class::High, None, start + aging * 5);
+    assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
+    lanes.taken(start + aging * 5, |class| class == Class::High);
+    lanes.promote(start + aging * 6, aging);
+    assert_eq!(lanes.jobs_in(Class::Normal), 1, "held back a period by the high batch");
 }
 
 #[test]
 fn a_long_overdue_job_climbs_several_classes_at_once() {
     let start = Instant::now();
     let mut lanes = Lanes::default();
+    one(&mut lanes, "high", Class::High, Some("h"), start);
     one(&mut lanes, "low", Class::Low, Some("t"), start);
     one(&mut lanes, "normal", Class::Normal, Some("t"), start + SECOND * 10);
-    lanes.promote(start + SECOND * 10, SECOND, &NEVER);
-    assert_eq!(lanes.jobs_in(Class::High), 1);
+    lanes.promote(start + SECOND * 10, SECOND);
+    assert_eq!(lanes.jobs_in(Class::High), 2);
     assert_eq!(lanes.jobs_in(Class::Normal), 1);
-    assert_eq!(drain(&mut lanes), ["low", "normal"]);
+    assert_eq!(drain(&mut lanes), ["high", "low", "normal"]);
 }
 
 #[test]
@@ -287,12 +308,13 @@ fn a_request_put_back_does_not_hold_back_the_promotion_of_older_ones() {
     let start = Instant::now();
     let aging = SECOND * 5;
     let mut lanes = Lanes::default();
+    one(&mut lanes, "high", Class::High, Some("h"), start);
     one(&mut lanes, "queued", Class::Low, Some("t"), start);
     let back = start + SECOND * 4;
     lanes.push_front(vec![job("put back", Class::Low, Some("t"), 1, back)], back);
-    lanes.promote(start + aging, aging, &NEVER);
+    lanes.promote(start + aging, aging);
     assert_eq!(lanes.jobs_in(Class::Low), 0);
-    assert_eq!(drain(&mut lanes), ["put back", "queued"]);
+    assert_eq!(drain(&mut lanes), ["high", "put back", "queued"]);
 }
 
 #[test]
