@@ -329,7 +329,10 @@ impl Queue {
                 self.dry[class.index()] = Some(now);
             }
         }
-        self.jobs.taken(now, seated);
+        // A take that found nothing to take (only dead jobs) left no class out.
+        if !batch.is_empty() {
+            self.jobs.taken(now, seated);
+        }
     }
 
     /// When each connected worker takes its next batch from the queue, by the learned cost: at

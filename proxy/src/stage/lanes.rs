@@ -175,17 +175,18 @@ pub struct Lanes {
     /// Earliest instant a queued request of a class below high is due for promotion.
     next_promotion: Option<Instant>,
     /// By class (by [`Class::index`]): since when the higher classes have held its queued work
-    /// back without a break (None: they do not now). They begin to when their work is queued
-    /// above it, or a batch goes out with none of its jobs (nor a lower one's) while it has
-    /// some queued; they stop when a batch seats one of its jobs (or a lower one's) with no
-    /// higher work left queued, or it has none queued. Its requests age only while it is held
-    /// back: waiting behind its own class (a tenant's backlog, a class served a job now and
-    /// then) or behind a busy worker with nothing higher queued is not starvation, and had
-    /// been promoted all the same (a slow first stage sent its queued low requests into the
-    /// next as high; a tenant's backlog climbed past the other tenants).
+    /// back without a break (None: they do not now, [`Lanes::held`]). Its requests age only
+    /// while it is held back: waiting behind its own class (a tenant's backlog, a class served
+    /// a job now and then) or behind a busy worker with nothing higher queued is not
+    /// starvation, and had been promoted all the same (a slow first stage sent its queued low
+    /// requests into the next as high; a tenant's backlog climbed past the other tenants).
     held_since: [Option<Instant>; 3],
-    /// The time the queue was last told (by a push or a promotion): when work that appears
-    /// above a class starts its clock. Jobs are added only with a time.
+    /// By class: whether the last batch taken went out without its jobs (nor a lower one's)
+    /// while it had some queued: the workers are busy with the higher classes' work, though
+    /// none may be queued now.
+    left_out: [bool; 3],
+    /// The time the queue was last told (by a push or a promotion): when a class that becomes
+    /// held back by work added starts its clock. Jobs are added only with a time.
     seen: Option<Instant>,
     /// A batch's weight budget (`--max-batch-weight`; None: no budget, and no job is heavy).
     budget: Option<u64>,
@@ -345,40 +346,40 @@ impl Lanes {
                 }
             }
         }
-        if sign > 0 {
-            self.note_above(class);
-        }
+        self.note_held(self.seen);
     }
 
-    /// Starts the clock of the classes below `changed`, whose count just grew, where work above
-    /// them has just appeared ([`Lanes::held_since`]); its leaving stops no clock: the workers
-    /// are busy with it, and the next batch taken says whether they still hold the class back.
-    fn note_above(&mut self, changed: Class) {
-        for below in [Class::Low, Class::Normal].into_iter().filter(|&c| c < changed) {
-            if self.jobs_above(below) == 1 && self.held_since[below.index()].is_none() {
-                let at = self.seen.unwrap_or_else(Instant::now);
-                self.held_since[below.index()] = Some(at);
-                self.due(below, at);
+    /// Whether the higher classes hold `class` back now: it has work queued, and theirs is
+    /// queued above it or the last batch left it out for theirs ([`Lanes::left_out`]).
+    fn held(&self, class: Class) -> bool {
+        self.jobs_in(class) > 0 && (self.jobs_above(class) > 0 || self.left_out[class.index()])
+    }
+
+    /// Starts the clock of a class the higher ones begin to hold back (at `now`), and stops
+    /// that of one they no longer do ([`Lanes::held_since`]). Checked wherever a count changes
+    /// or a batch is taken: O(1). A clock starts only as work is added or a batch is taken,
+    /// each with its time (`now`, or [`Lanes::seen`]).
+    fn note_held(&mut self, now: Option<Instant>) {
+        for class in [Class::Low, Class::Normal] {
+            let held = self.held(class);
+            if held == self.held_since[class.index()].is_some() {
+                continue;
+            }
+            let since = held.then(|| now.unwrap_or_else(Instant::now));
+            self.held_since[class.index()] = since;
+            if let Some(at) = since {
+                self.due(class, at);
             }
         }
     }
 
     /// A batch was taken at `now`; `seated(class)`: whether it took a job of that class or a
-    /// lower one. Keeps [`Lanes::held_since`].
+    /// lower one. Keeps [`Lanes::left_out`] and [`Lanes::held_since`].
     pub fn taken(&mut self, now: Instant, seated: impl Fn(Class) -> bool) {
         for class in [Class::Low, Class::Normal] {
-            let held = self.jobs_in(class) > 0 && (!seated(class) || self.jobs_above(class) > 0);
-            let since = &mut self.held_since[class.index()];
-            *since = match (held, seated(class), *since) {
-                (false, ..) => None,
-                // Served now, and the higher work left queued holds the rest back from now.
-                (true, true, _) => Some(now),
-                (true, false, since) => Some(since.unwrap_or(now)),
-            };
-            if let Some(at) = *since {
-                self.due(class, at);
-            }
+            self.left_out[class.index()] = self.jobs_in(class) > 0 && !seated(class);
         }
+        self.note_held(Some(now));
     }
 
     /// Queues one request's jobs (all of one class and tenant) at the back of their lane, as
@@ -547,12 +548,21 @@ impl Lanes {
                         self.current = None;
                     }
                     let up = class.promoted();
+                    // It entered the class above a period after it began to be held back, and
+                    // is held back there from then if it is now: that class's clock runs from
+                    // then at the latest (from the promotion's now, or from when a later
+                    // request of that class came, an overdue request climbed one class a
+                    // look, not several at once).
+                    request.entered = entered + aging;
+                    self.seen = Some(request.entered);
                     for job in request.jobs.iter_mut() {
                         self.count(class, job, -1);
                         job.class = up;
                         self.count(up, job, 1);
                     }
-                    request.entered = entered + aging;
+                    self.seen = Some(now);
+                    let clock = &mut self.held_since[up.index()];
+                    *clock = clock.map(|since| since.min(request.entered));
                     if up != Class::High {
                         soonest(request.entered);
                     }

@@ -1448,7 +1448,7 @@ async fn requests_behind_a_busy_worker_with_nothing_higher_queued_keep_their_cla
     // A slow batch of low jobs, more low ones queued behind it, nothing higher: the class was
     // served, and its wait is the worker's, not the higher classes'. They had been promoted all
     // the same, and a slow first stage sent them into the next as high.
-    let stage = stage(4, 100);
+    let stage = Arc::new(stage(4, 100));
     let seat = stage.worker_joined();
     let lows: Vec<_> = (0..5).map(|_| classed(b"low", Class::Low, None, 1)).collect();
     let (jobs, _answers): (Vec<Job>, Vec<_>) = lows
@@ -1464,6 +1464,14 @@ async fn requests_behind_a_busy_worker_with_nothing_higher_queued_keep_their_cla
     assert_eq!(seat.next_batch().await.len(), 4);
     tokio::time::advance(DEFAULT_AGING * 5).await;
     assert_eq!(stage.queued_by_class(), [1, 0, 0], "low still");
+    // A high job whose client left before any batch took it holds nothing back once it is gone.
+    let (mut gone, answer) = classed(b"gone", Class::High, None, 1);
+    gone.deadline += Duration::from_secs(25);
+    stage.submit(gone).unwrap();
+    drop(answer);
+    stage.purge();
+    tokio::time::advance(DEFAULT_AGING * 5).await;
+    assert_eq!(stage.queued_by_class(), [1, 0, 0], "low still, the high job gone");
     // A high job that comes holds it back from then: two periods on, it competes as high.
     let _high = submit_high(&stage, 1);
     tokio::time::advance(DEFAULT_AGING * 2).await;

@@ -203,6 +203,25 @@ fn a_class_waiting_only_for_a_busy_worker_is_not_held_back() {
 }
 
 #[test]
+fn a_request_that_comes_into_an_empty_class_under_queued_higher_work_ages_from_then() {
+    // The class was empty when the last batch went; high work stayed queued: the low request
+    // that came is held back from its arrival (its clock had waited for the next batch).
+    let start = Instant::now();
+    let aging = SECOND;
+    let mut lanes = Lanes::default();
+    for i in 0..8 {
+        one(&mut lanes, &format!("h{i}"), Class::High, None, start);
+    }
+    for _ in 0..4 {
+        lanes.pop(true).unwrap();
+    }
+    lanes.taken(start, |class| class == Class::High);
+    one(&mut lanes, "low", Class::Low, None, start + SECOND / 10);
+    lanes.promote(start + SECOND / 10 + aging * 2, aging);
+    assert_eq!(lanes.jobs_in(Class::High), 5, "promoted twice while the high jobs waited");
+}
+
+#[test]
 fn a_long_overdue_job_climbs_several_classes_at_once() {
     let start = Instant::now();
     let mut lanes = Lanes::default();
