@@ -329,10 +329,7 @@ impl Queue {
                 self.dry[class.index()] = Some(now);
             }
         }
-        // A take that found nothing to take (only dead jobs) left no class out.
-        if !batch.is_empty() {
-            self.jobs.taken(now, seated);
-        }
+        self.jobs.taken(now, !batch.is_empty(), seated);
     }
 
     /// When each connected worker takes its next batch from the queue, by the learned cost: at
@@ -715,6 +712,9 @@ impl Stage {
                 }
             }
             let now = Instant::now();
+            // Promotions due by now first: higher work put back starts clocks from now, and a
+            // promotion looked at later would be backdated across it (`Lanes::promote`).
+            queue.jobs.promote(now, self.aging);
             for run in runs.into_iter().rev() {
                 queue.jobs.push_front(run, now);
             }
@@ -739,6 +739,9 @@ impl Stage {
     /// (joins, batches sent ahead) look again: nothing else would tell them before the next
     /// arrival. (Notified under the lock: they take it once it is let go.)
     fn clear_dead(&self, queue: &mut Queue, now: Instant, whole: bool) {
+        // Promotions due by now first: a higher job leaving stops the clocks it held running,
+        // and a request already due would lose its promotion (`lanes::Lanes::promote`).
+        queue.jobs.promote(now, self.aging);
         if queue.drop_dead(now, whole) {
             self.arrivals.notify_waiters();
         }

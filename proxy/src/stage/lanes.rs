@@ -182,12 +182,16 @@ pub struct Lanes {
     /// requests into the next as high; a tenant's backlog climbed past the other tenants).
     held_since: [Option<Instant>; 3],
     /// By class: whether the last batch taken went out without its jobs (nor a lower one's)
-    /// while it had some queued: the workers are busy with the higher classes' work, though
-    /// none may be queued now.
+    /// while it or a lower class had some queued: the workers are busy with the higher
+    /// classes' work, though none may be queued now.
     left_out: [bool; 3],
     /// The time the queue was last told (by a push or a promotion): when a class that becomes
     /// held back by work added starts its clock. Jobs are added only with a time.
     seen: Option<Instant>,
+    /// Whether a batch is being taken ([`Lanes::pop`] of a dispatched job until
+    /// [`Lanes::taken`]): its pops do not stop clocks (the last higher job taken would stop
+    /// the clock of a class the batch then leaves out, and restart it at the batch).
+    taking: bool,
     /// A batch's weight budget (`--max-batch-weight`; None: no budget, and no job is heavy).
     budget: Option<u64>,
 }
@@ -304,6 +308,11 @@ impl Lanes {
         })
     }
 
+    /// Jobs queued in `class` and the classes below it.
+    fn jobs_from_below(&self, class: Class) -> usize {
+        self.classes[..=class.index()].iter().map(|c| c.jobs).sum()
+    }
+
     /// Jobs queued in classes above `class`: every one goes before any job of `class`.
     pub fn jobs_above(&self, class: Class) -> usize {
         self.classes[class.index() + 1..].iter().map(|c| c.jobs).sum()
@@ -346,7 +355,9 @@ impl Lanes {
                 }
             }
         }
-        self.note_held(self.seen);
+        if !self.taking {
+            self.note_held(self.seen);
+        }
     }
 
     /// Whether the higher classes hold `class` back now: it has work queued, and theirs is
@@ -361,6 +372,10 @@ impl Lanes {
     /// each with its time (`now`, or [`Lanes::seen`]).
     fn note_held(&mut self, now: Option<Instant>) {
         for class in [Class::Low, Class::Normal] {
+            // What a batch left out is no longer there to be held back.
+            if self.jobs_from_below(class) == 0 {
+                self.left_out[class.index()] = false;
+            }
             let held = self.held(class);
             if held == self.held_since[class.index()].is_some() {
                 continue;
@@ -373,11 +388,16 @@ impl Lanes {
         }
     }
 
-    /// A batch was taken at `now`; `seated(class)`: whether it took a job of that class or a
-    /// lower one. Keeps [`Lanes::left_out`] and [`Lanes::held_since`].
-    pub fn taken(&mut self, now: Instant, seated: impl Fn(Class) -> bool) {
-        for class in [Class::Low, Class::Normal] {
-            self.left_out[class.index()] = self.jobs_in(class) > 0 && !seated(class);
+    /// A take ended at `now`, with a batch (`some`: it found something to take) or none;
+    /// `seated(class)`: whether the batch took a job of that class or a lower one. Keeps
+    /// [`Lanes::left_out`] and [`Lanes::held_since`], once for the whole batch.
+    pub fn taken(&mut self, now: Instant, some: bool, seated: impl Fn(Class) -> bool) {
+        self.taking = false;
+        if some {
+            // A lower class's job left out too: promoted into this class, it is held back here.
+            for class in [Class::Low, Class::Normal] {
+                self.left_out[class.index()] = self.jobs_from_below(class) > 0 && !seated(class);
+            }
         }
         self.note_held(Some(now));
     }
@@ -480,6 +500,7 @@ impl Lanes {
         request.bytes -= job.size();
         // Only a batch starts a request (and so keeps it from eviction); a buried job does not.
         request.started |= dispatched;
+        self.taking |= dispatched;
         self.current = if request.jobs.is_empty() {
             lane.requests.pop_front();
             None
@@ -555,10 +576,12 @@ impl Lanes {
                     // look, not several at once).
                     request.entered = entered + aging;
                     self.seen = Some(request.entered);
+                    // Counted up before down: the class below never sees the work above it gone
+                    // for a moment (its clock had restarted at the promotion).
                     for job in request.jobs.iter_mut() {
+                        self.count(up, job, 1);
                         self.count(class, job, -1);
                         job.class = up;
-                        self.count(up, job, 1);
                     }
                     self.seen = Some(now);
                     let clock = &mut self.held_since[up.index()];

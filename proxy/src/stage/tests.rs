@@ -1478,3 +1478,52 @@ async fn requests_behind_a_busy_worker_with_nothing_higher_queued_keep_their_cla
     assert_eq!(stage.queued_by_class(), [0, 0, 2]);
     std::mem::forget(seat);
 }
+
+/// A stage whose one worker is busy with a batch of one low job: nothing is taken meanwhile.
+async fn busy_with_a_low_batch(stage: &Stage) -> (WorkerSeat<'_>, oneshot::Receiver<Reply>) {
+    let seat = stage.worker_joined();
+    let (mut first, answer) = classed(b"first", Class::Low, None, 1);
+    first.deadline += Duration::from_secs(55);
+    stage.submit(first).unwrap();
+    assert_eq!(seat.next_batch().await.len(), 1);
+    (seat, answer)
+}
+
+fn queued(stage: &Stage, name: &'static [u8], class: Class) -> oneshot::Receiver<Reply> {
+    let (mut job, answer) = classed(name, class, None, 1);
+    job.deadline += Duration::from_secs(55);
+    stage.submit(job).unwrap();
+    answer
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_promotion_due_before_a_higher_job_left_unbatched_is_not_lost() {
+    // Held back by a high job for 1.5 periods, nothing looking meanwhile; the high job's client
+    // leaves and a purge takes it out: the low request had been due a period in, and its clock
+    // stopped with the promotion never made.
+    let stage = Arc::new(stage(4, 100));
+    let (seat, _first) = busy_with_a_low_batch(&stage).await;
+    let _low = queued(&stage, b"low", Class::Low);
+    drop(queued(&stage, b"high", Class::High));
+    tokio::time::advance(DEFAULT_AGING * 3 / 2).await;
+    stage.purge();
+    assert_eq!(stage.queued_by_class(), [0, 1, 0]);
+    std::mem::forget(seat);
+}
+
+#[tokio::test(start_paused = true)]
+async fn higher_work_put_back_holds_back_from_then_not_from_an_earlier_promotion() {
+    // A normal and a low request behind a busy worker; nothing looks for 12 s (aging 5 s). A
+    // high job is put back (its worker died): the low request, due at 5 s, was promoted at the
+    // next look with the normal class's clock taken back to 5 s, and both went high at once.
+    let stage = stage(4, 100);
+    let (seat, _first) = busy_with_a_low_batch(&stage).await;
+    let _normal = queued(&stage, b"normal", Class::Normal);
+    let _low = queued(&stage, b"low", Class::Low);
+    tokio::time::advance(DEFAULT_AGING * 12 / 5).await;
+    let (mut high, _high) = classed(b"high", Class::High, None, 1);
+    high.deadline += Duration::from_secs(55);
+    stage.requeue(vec![high]);
+    assert_eq!(stage.queued_by_class(), [0, 2, 1]);
+    std::mem::forget(seat);
+}

@@ -174,7 +174,7 @@ fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tena
     lanes.promote(now, aging);
     assert_eq!(lanes.jobs_in(Class::High), 0);
     assert_eq!(names([lanes.pop(true).unwrap(), lanes.pop(true).unwrap()]), ["a0", "b"]);
-    lanes.taken(now, |_| true);
+    lanes.taken(now, true, |_| true);
     // Held back by a higher class from when its work came, it climbs as before.
     one(&mut lanes, "h", Class::High, None, now);
     lanes.promote(now + aging, aging);
@@ -191,13 +191,13 @@ fn a_class_waiting_only_for_a_busy_worker_is_not_held_back() {
     one(&mut lanes, "taken", Class::Low, None, start);
     one(&mut lanes, "waits", Class::Low, None, start);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["taken"]);
-    lanes.taken(start, |_| true);
+    lanes.taken(start, true, |_| true);
     lanes.promote(start + aging * 5, aging);
     assert_eq!(lanes.jobs_in(Class::Low), 1, "not held back: the worker is busy with its class");
     // A batch of higher work that leaves it out holds it back from then.
     one(&mut lanes, "high", Class::High, None, start + aging * 5);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
-    lanes.taken(start + aging * 5, |class| class == Class::High);
+    lanes.taken(start + aging * 5, true, |class| class == Class::High);
     lanes.promote(start + aging * 6, aging);
     assert_eq!(lanes.jobs_in(Class::Normal), 1, "held back a period by the high batch");
 }
@@ -215,10 +215,67 @@ fn a_request_that_comes_into_an_empty_class_under_queued_higher_work_ages_from_t
     for _ in 0..4 {
         lanes.pop(true).unwrap();
     }
-    lanes.taken(start, |class| class == Class::High);
+    lanes.taken(start, true, |class| class == Class::High);
     one(&mut lanes, "low", Class::Low, None, start + SECOND / 10);
     lanes.promote(start + SECOND / 10 + aging * 2, aging);
     assert_eq!(lanes.jobs_in(Class::High), 5, "promoted twice while the high jobs waited");
+}
+
+#[test]
+fn what_a_batch_left_out_holds_nothing_back_once_it_is_gone() {
+    // A high batch left a low job out; its client left. A low request that comes after, with
+    // nothing higher queued, waits for the busy worker only: it had aged all the same.
+    let start = Instant::now();
+    let aging = SECOND;
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "high", Class::High, None, start);
+    one(&mut lanes, "gone", Class::Low, None, start);
+    assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
+    lanes.taken(start, true, |class| class == Class::High);
+    assert_eq!(names(lanes.remove_dead(|_| true)), ["gone"]);
+    one(&mut lanes, "later", Class::Low, None, start + SECOND);
+    lanes.promote(start + aging * 5, aging);
+    assert_eq!(lanes.jobs_in(Class::Low), 1);
+}
+
+#[test]
+fn the_batch_that_takes_the_last_higher_job_does_not_restart_the_clock_of_one_it_leaves_out() {
+    let start = Instant::now();
+    let aging = SECOND;
+    let mut lanes = Lanes::default();
+    for i in 0..8 {
+        one(&mut lanes, &format!("h{i}"), Class::High, None, start);
+    }
+    for _ in 0..4 {
+        lanes.pop(true).unwrap();
+    }
+    lanes.taken(start, true, |class| class == Class::High);
+    one(&mut lanes, "low", Class::Low, None, start + SECOND / 10);
+    // The next batch takes the last high jobs and leaves it out: held from its arrival still.
+    for _ in 0..4 {
+        lanes.pop(true).unwrap();
+    }
+    lanes.taken(start + SECOND * 9 / 10, true, |class| class == Class::High);
+    lanes.promote(start + SECOND / 10 + aging * 2, aging);
+    assert_eq!(lanes.jobs_in(Class::High), 1, "held back from its arrival, not the batch");
+}
+
+#[test]
+fn a_promotion_out_of_the_class_above_does_not_restart_the_clock_below() {
+    // A high batch left a normal job out (low empty); a low one came at 1 s, held back by it.
+    // The normal job's promotion to high at 5 s (aging 4 s) had restarted the low clock there.
+    let start = Instant::now();
+    let aging = SECOND * 4;
+    let mut lanes = Lanes::default();
+    one(&mut lanes, "high", Class::High, None, start);
+    one(&mut lanes, "normal", Class::Normal, None, start);
+    assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
+    lanes.taken(start, true, |class| class == Class::High);
+    one(&mut lanes, "low", Class::Low, None, start + SECOND);
+    lanes.promote(start + SECOND * 5, aging);
+    assert_eq!(lanes.jobs_in(Class::High), 1, "the normal job, due at 4 s");
+    lanes.promote(start + SECOND * 5, aging);
+    assert_eq!(lanes.jobs_in(Class::Normal), 1, "the low one, held back from 1 s");
 }
 
 #[test]
