@@ -202,20 +202,31 @@ fn a_class_waiting_only_for_a_busy_worker_is_not_held_back() {
     assert_eq!(lanes.jobs_in(Class::Normal), 1, "held back a period by the high batch");
 }
 
+/// Eight high jobs queued at `start`, and a batch of four of them taken then (nothing left out).
+fn eight_high_and_a_batch_of_them_taken(start: Instant) -> Lanes {
+    let mut lanes = Lanes::default();
+    for i in 0..8 {
+        one(&mut lanes, &format!("h{i}"), Class::High, None, start);
+    }
+    high_batch(&mut lanes, start);
+    lanes
+}
+
+/// A batch of four high jobs taken at `at`, whatever it left out.
+fn high_batch(lanes: &mut Lanes, at: Instant) {
+    for _ in 0..4 {
+        assert_eq!(lanes.pop(true).unwrap().class, Class::High);
+    }
+    lanes.taken(at, true, |class| class == Class::High);
+}
+
 #[test]
 fn a_request_that_comes_into_an_empty_class_under_queued_higher_work_ages_from_then() {
     // The class was empty when the last batch went; high work stayed queued: the low request
     // that came is held back from its arrival (its clock had waited for the next batch).
     let start = Instant::now();
     let aging = SECOND;
-    let mut lanes = Lanes::default();
-    for i in 0..8 {
-        one(&mut lanes, &format!("h{i}"), Class::High, None, start);
-    }
-    for _ in 0..4 {
-        lanes.pop(true).unwrap();
-    }
-    lanes.taken(start, true, |class| class == Class::High);
+    let mut lanes = eight_high_and_a_batch_of_them_taken(start);
     one(&mut lanes, "low", Class::Low, None, start + SECOND / 10);
     lanes.promote(start + SECOND / 10 + aging * 2, aging);
     assert_eq!(lanes.jobs_in(Class::High), 5, "promoted twice while the high jobs waited");
@@ -242,20 +253,10 @@ fn what_a_batch_left_out_holds_nothing_back_once_it_is_gone() {
 fn the_batch_that_takes_the_last_higher_job_does_not_restart_the_clock_of_one_it_leaves_out() {
     let start = Instant::now();
     let aging = SECOND;
-    let mut lanes = Lanes::default();
-    for i in 0..8 {
-        one(&mut lanes, &format!("h{i}"), Class::High, None, start);
-    }
-    for _ in 0..4 {
-        lanes.pop(true).unwrap();
-    }
-    lanes.taken(start, true, |class| class == Class::High);
+    let mut lanes = eight_high_and_a_batch_of_them_taken(start);
     one(&mut lanes, "low", Class::Low, None, start + SECOND / 10);
     // The next batch takes the last high jobs and leaves it out: held from its arrival still.
-    for _ in 0..4 {
-        lanes.pop(true).unwrap();
-    }
-    lanes.taken(start + SECOND * 9 / 10, true, |class| class == Class::High);
+    high_batch(&mut lanes, start + SECOND * 9 / 10);
     lanes.promote(start + SECOND / 10 + aging * 2, aging);
     assert_eq!(lanes.jobs_in(Class::High), 1, "held back from its arrival, not the batch");
 }
