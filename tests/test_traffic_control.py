@@ -130,8 +130,8 @@ def test_eviction_answers_preempted_at_once_and_admits_the_high_job(gated):
 
 
 def test_a_waiting_low_job_is_promoted_and_not_starved(gated):
-    # Aging 1 s: a low job competes as normal after 1 s and as high after 2 s (time enough for
-    # "high-before" to be queued before that, on a loaded machine).
+    # Aging 1 s: a low job competes as normal after 1 s and as high after 2 s of "high-before"
+    # being queued above it (it waits for a busy worker alone before that, and does not age).
     proxy = gated("--max-batch-size=1", "--max-wait-ms=0", "--priority-aging-ms=1000")
     low = proxy.send({"id": "low"}, priority("low"))
     proxy.wait_queued("low", 1)

@@ -233,7 +233,8 @@ pub struct Config {
     /// How long a queued job waits in its priority class (x-corral-priority), held back by the
     /// higher classes, before it is promoted to the next: a low job competes as high after
     /// twice this (in a pipeline, each stage takes it in at the class it reached on the stage
-    /// before, and ages it from its entry there; time its class was being served does not count).
+    /// before, and ages it from its entry there). Time its class was being served does not
+    /// count.
     #[arg(long, env = "CORRAL_PRIORITY_AGING_MS", default_value_t = 5000,
           value_parser = at_least_one::<u64>)]
     pub priority_aging_ms: u64,

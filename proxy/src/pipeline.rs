@@ -2,11 +2,13 @@
 //! of stage k+1; each stage queues and batches on its own, with its own workers.
 //!
 //! The request's handler carries its jobs from stage to stage: it submits them to a stage, waits
-//! for their answers, and submits the outputs to the next. A job keeps its id and its deadline
-//! the whole way. The first stage that does not answer every job of the request with a result
-//! (a 422, a 500, a 408, or a shed at admission) ends the request there: its answer goes to the
-//! client at once and no later stage sees its jobs. The jobs of a multi-item request move
-//! together, stage by stage, so that they stay batch-mates (see [`Stage::submit_all`]).
+//! for their answers, and submits the outputs to the next. A job keeps its id and its deadline the
+//! whole way, and its priority class goes on as it reached it: a later stage takes the request in
+//! at the highest class its jobs reached on the stage before (`job::Reply::class`). The first stage
+//! that does not answer every job of the request with a result (a 422, a 500, a 408, or a shed at
+//! admission) ends the request there: its answer goes to the client at once and no later stage sees
+//! its jobs. The jobs of a multi-item request move together, stage by stage, so that they stay
+//! batch-mates (see [`Stage::submit_all`]).
 
 use std::sync::Arc;
 

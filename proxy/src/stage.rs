@@ -2,9 +2,10 @@
 //!
 //! HTTP handlers submit a request's jobs ([`Stage::submit_all`], through `pipeline`); each worker
 //! connection, whenever its worker is idle, awaits [`WorkerSeat::next_batch`], which applies the
-//! batch [`policy`] and hands over up to a batch of live jobs. Jobs past their deadline are answered [`Outcome::Expired`] and jobs whose
-//! client left are dropped here, so neither is ever dispatched. Admission refuses jobs that the
-//! queue has no room for, or that could not finish before their deadline ([`admission`]).
+//! batch [`policy`] and hands over up to a batch of live jobs. Jobs past their deadline are
+//! answered [`Outcome::Expired`] and jobs whose client left are dropped here, so neither is ever
+//! dispatched. Admission refuses jobs that the queue has no room for, or that could not finish
+//! before their deadline ([`admission`]).
 //!
 //! Admission predicts from the queue and the seats (what each worker holds), so a job is always
 //! in exactly one of them: a batch leaves the queue and lands on its worker's seat in the same
@@ -321,7 +322,7 @@ impl Queue {
     /// requests age ([`lanes::Lanes::taken`]: not from `dry`, whose batch with room may have
     /// left the class's front request out, as it did not fit beside the higher jobs taken: a
     /// low request of four items beside one high job a batch had never aged, and expired).
-    fn mark_dry(&mut self, now: Instant, batch: &[Job], max: usize) {
+    fn note_taken(&mut self, now: Instant, batch: &[Job], max: usize) {
         let seated = |class: Class| batch.iter().any(|job| job.class <= class);
         for class in [Class::Low, Class::Normal] {
             let room = batch.len() < max && self.jobs.jobs_above(class) == 0;

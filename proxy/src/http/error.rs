@@ -270,8 +270,8 @@ impl ApiError {
     /// A queued job's row was read against tensors a newcomer's replaced ([`Outcome::TensorsChanged`]).
     pub fn tensors_changed() -> Self {
         let message = "the model's tensors changed while the request was queued (a worker \
-                       declaring other tensors, or none, replaced them): it was read against the old ones \
-                       and was not run; send it again";
+                       declaring other tensors, or none, replaced them): it was read against \
+                       the old ones and was not run; send it again";
         let mut error = Self::new(StatusCode::SERVICE_UNAVAILABLE, "tensors_changed", message);
         error.retry_after = Some(1);
         error

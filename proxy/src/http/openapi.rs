@@ -447,9 +447,9 @@ fn error_response(description: &str, headers: Value) -> Value {
 
 /// Why any page may be answered 503 (`too_many_connections`), as every page's 503 says it.
 pub(super) const CROWDED: &str = "the connection is over --max-connections \
-    (`too_many_connections`, and it is closed: on the reserve of 16 above it, where a probe or \
-    one of Corral's own pages is answered, in the endpoint's own error shape; past the reserve, \
-    its request unread, in Corral's own)";
+    (`too_many_connections`, and it is closed: on the reserve of 16 above it (where probes and \
+    Corral's own pages are still answered), in the endpoint's own error shape; past the \
+    reserve, its request unread, in Corral's own)";
 
 fn plain_get(operation: &str, summary: &str, may_be_unavailable: bool) -> Value {
     let ok = json!({

@@ -2,15 +2,16 @@
 //! within a class one per tenant. A request's jobs stay together as one queued request, so they
 //! are taken, promoted and evicted together.
 //!
-//! - **Classes**: the highest class with queued work is served first. A queued request is
-//!   promoted one class for every aging period (`--priority-aging-ms`) the higher classes have
-//!   held it back (from its entry, or from when they began to hold its class back if later:
-//!   [`Lanes::held_since`]), so a low job is never starved: after two such periods it competes as high, behind only the
-//!   high jobs queued before it was promoted. Waiting behind its own class (its tenant's
-//!   backlog, or a class served a job now and then) is not starvation, and does not lift it
-//!   past the other tenants of its class. A pipeline's later stage takes a request in at the class it
-//!   reached on the stage before ([`crate::pipeline`]): were it to start low again on each
-//!   stage, a low request would need two periods per stage, and starved within its deadline.
+//! - **Classes**: the highest class with queued work is served first. A queued request is promoted
+//!   one class for every aging period (`--priority-aging-ms`) the higher classes have held it back
+//!   (from its entry, or from when they began to hold its class back if later:
+//!   [`Lanes::held_since`]), so a low job is never starved: after two such periods it competes as
+//!   high, behind only the high jobs queued before it was promoted. Waiting behind its own class
+//!   (its tenant's backlog, or a class served a job now and then) is not starvation, and does not
+//!   lift it past the other tenants of its class. A pipeline's later stage takes a request in at
+//!   the class it reached on the stage before ([`crate::job::Reply::class`]): were it to start low
+//!   again on each stage, a low request would need two periods per stage, and starved within its
+//!   deadline.
 //! - **Tenants**, within a class: the tenant with queued work that has been served the least weight
 //!   goes next (start-time fair queueing; deficit round robin with an infinitely small quantum).
 //!   Chosen over plain round robin because batches are bounded by weight: a tenant of heavy items
@@ -74,7 +75,8 @@ struct Request {
     /// Whether a batch took some of its jobs already.
     started: bool,
     /// When the request entered its class: when it was queued (again when put back, but no
-    /// later than the request it goes before), plus one aging period per promotion.
+    /// later than the request it goes before); on a promotion, when it became due: the later
+    /// of that and when its class began to be held back, plus one aging period.
     entered: Instant,
 }
 
@@ -543,8 +545,8 @@ impl Lanes {
             // Not held back, it has no clock running (it starts, and makes the class due, when
             // the higher classes begin to hold it back).
             let Some(since) = self.held_since[class.index()] else { continue };
-            // A class the higher ones did not hold back within a period has nothing due: one
-            // check, not a walk of its lanes on every look while a deep queue of its own waits.
+            // A class held back for less than a period has nothing due: one check, not a walk
+            // of its lanes on every look while a deep queue of its own waits.
             if since + aging > now {
                 if self.jobs_in(class) > 0 {
                     soonest(since);

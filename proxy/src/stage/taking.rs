@@ -153,7 +153,7 @@ impl Stage {
             let looked = {
                 let mut queue = self.lock();
                 let now = Instant::now();
-                queue.jobs.promote(now, self.aging);
+                // (Promotions due by now are made first, in `clear_dead`.)
                 self.clear_dead(&mut queue, now, false);
                 look(self, &mut queue, now)
             };
@@ -241,7 +241,7 @@ impl Stage {
             }
         }
         queue.jobs.end_batch();
-        queue.mark_dry(now, &batch, max);
+        queue.note_taken(now, &batch, max);
         if !batch.is_empty() {
             let waited = metrics().queue_wait_seconds.with_label_values(&[&self.name]);
             for job in &batch {

@@ -1,7 +1,9 @@
 """What a :class:`~corral.Worker` subclass declares, checked where the class is defined: a
 mistake there (an ``async`` hook, a type that is no type, ``examples`` without its comma) raises
 at once, naming the attribute, rather than in a worker that says ready and then fails every
-batch, or dies at every connection with a message that names none of it."""
+batch, or dies at every connection with a message that names none of it. What an instance may
+set or change (``stage``, ``max_running``, a ``weight`` set after the class statement) is
+checked again by :func:`check_instance`, before the worker warms up."""
 
 from __future__ import annotations
 
@@ -88,8 +90,9 @@ _DECLARATIONS = {
 
 def check_instance(worker: Any) -> None:
     """Raises ``TypeError`` for a declaration set on a worker instance (Corral reads those from
-    its class), and for a ``stage`` (from ``run``, the command line or ``__init__``) that names
-    no stage: checked before the worker warms up or says hello."""
+    its class), a missing ``forward``, a ``weight`` or a streaming worker's ``max_running``
+    the proxy would refuse, and a ``stage`` (from ``run``, the command line or ``__init__``)
+    that names no stage: checked before the worker warms up or says hello."""
     name = type(worker).__name__
     own = getattr(worker, "__dict__", {})
     for attribute, is_declaration in _DECLARATIONS.items():

@@ -1,8 +1,10 @@
 """What the encoders fall back on for a value they cannot write themselves: numpy's arrays and
-scalars converted (``tolist``), and anything else refused with a message that says what to return
-instead (the type alone had told an author nothing). :func:`plain` is msgpack's ``default`` (a
-worker without ``input_type`` or ``output_type``), :func:`typed` msgspec's ``enc_hook``: msgspec
-writes Python datetimes and timedeltas itself, msgpack does not."""
+scalars converted (``tolist``; another class's ``tolist`` too, if what it gives is written), and
+anything else refused with a message that says what to return instead (the type alone had told
+an author nothing). :func:`plain` is msgpack's ``default`` (a worker without ``input_type`` or
+``output_type``): numpy's dates and durations refused with numpy's advice. :func:`typed` is
+msgspec's ``enc_hook``, which writes them as ISO 8601 (:func:`_iso`): msgspec writes Python
+datetimes and timedeltas itself, msgpack does not."""
 
 from __future__ import annotations
 
