@@ -1251,6 +1251,22 @@ def test_a_numpy_duration_an_output_type_cannot_write_exactly_is_refused(value, 
         assert got.status == "error" and said in got.message, got.message
 
 
+def test_another_class_s_tolist_that_gives_a_numpy_value_is_converted_in_turn():
+    # Refused, saying that numpy's arrays are converted.
+    numpy = pytest.importorskip("numpy")
+
+    class Wrapped:
+        def tolist(self):
+            return numpy.array([1.5, 2.5])
+
+    class Returning(corral.Worker):
+        def forward(self, batch):
+            return [Wrapped() for _ in batch]
+
+    with FakeProxy(Returning()) as proxy:
+        assert proxy.infer([1]) == [Result("ok", [1.5, 2.5])]
+
+
 def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_expanded_form():
     # numpy's own text had gone out as is: the year -5 as "-005" (three digits) and 12000 with
     # no sign, neither of them ISO 8601.
@@ -1261,6 +1277,7 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
         after: Any
         days: Any
         wire: Any
+        hidden: Any
 
     class Typed(corral.Worker):
         output_type = Out
@@ -1271,7 +1288,9 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
             # Big-endian, as read from a file in network order: numpy's text had read its bytes
             # as this machine's ("2020-01-01" as the year 17021397593678114).
             wire = numpy.array(["2020-01-01", "12000-01-01"], dtype=">M8[D]")
-            return [Out(before, after, days, wire) for _ in batch]
+            # A masked date is missing, as a masked float is (null): its hidden value had gone.
+            hidden = numpy.ma.masked_array(wire.astype("M8[D]"), mask=[False, True])
+            return [Out(before, after, days, wire, hidden) for _ in batch]
 
     with FakeProxy(Typed()) as proxy:
         (got,) = proxy.infer([1])
@@ -1281,6 +1300,7 @@ def test_an_output_type_writes_numpy_s_years_past_0000_to_9999_in_iso_8601_s_exp
         "after": "+12000-01-01T05",
         "days": [["0000-01-01", None, "-10000-03-01"]],
         "wire": ["2020-01-01", "+12000-01-01"],
+        "hidden": ["2020-01-01", None],
     }
 
 

@@ -8,6 +8,7 @@ checked again by :func:`check_instance`, before the worker warms up."""
 from __future__ import annotations
 
 import inspect
+import types
 import typing
 from collections.abc import Collection, Mapping
 from typing import Any
@@ -281,7 +282,13 @@ def _kinds(declared: Any) -> tuple[msgspec.inspect.Type, ...]:
     try:
         info = msgspec.inspect.type_info(declared)
     except Exception:  # a NameError for an undefined forward reference, a type it cannot read
-        return ()
+        # A union msgspec refuses to describe as a whole (`Union[str, bytes]`: more than one
+        # str-like type) may still be described member by member; one member not describable
+        # leaves the whole alone.
+        if typing.get_origin(declared) not in (typing.Union, types.UnionType):
+            return ()
+        members = [_kinds(m) for m in typing.get_args(declared) if m is not type(None)]
+        return () if not all(members) else tuple(k for kinds in members for k in kinds)
     return _members(info)
 
 

@@ -27,6 +27,10 @@ def plain(value: Any) -> Any:
         what = "array of " + str(value.dtype) if hasattr(value, "shape") and value.shape else kind
         raise TypeError(f"cannot encode numpy's {what} as msgpack: {_numpy_instead(kind)}")
     converted = _listed(value)
+    # Another class's `tolist` that gives a numpy value (its own data, say): converted in turn,
+    # as the advice below promises, rather than refused saying numpy's values are converted.
+    if _numpys(converted) and not _numpys(value):
+        return plain(converted)
     # msgpack calls this hook once for the value, not again for what it returned: a `tolist`
     # of some other class that gives what msgpack does not write had msgpack's own words
     # ("can not serialize 'Decimal' object"), with no advice.
@@ -82,9 +86,11 @@ def _iso_dates(value: Any) -> Any:
     to 9999), with a year outside 0000 to 9999 in ISO 8601's expanded form (:func:`_expanded`)."""
     import numpy  # only a numpy value comes here
 
+    # A masked array's hidden values are missing, as its floats' are (written as null).
+    missing = numpy.ma.getmaskarray(value) | numpy.isnat(numpy.ma.getdata(value))
     # In this machine's byte order: numpy's datetime_as_string reads a big-endian array's bytes
     # as its own ("2020-01-01" came out as the year 17021397593678114).
-    value = numpy.asarray(value).astype(value.dtype.newbyteorder("="))
+    value = numpy.asarray(numpy.ma.getdata(value)).astype(value.dtype.newbyteorder("="))
     text = numpy.asarray(numpy.datetime_as_string(value), dtype=object)
     # A date of picoseconds or finer lies within days of 1970, and numpy cannot cast it to
     # years (the factor overflows int64).
@@ -95,7 +101,7 @@ def _iso_dates(value: Any) -> Any:
         # ISO 8601's four digits, without a sign, hold the years 0000 (1 BC) to 9999.
         outside = (years < numpy.datetime64("0000", "Y")) | (years > numpy.datetime64("9999", "Y"))
         text[outside] = [_expanded(date) for date in text[outside]]
-    return numpy.where(numpy.isnat(value), None, text).tolist()
+    return numpy.where(missing, None, text).tolist()
 
 
 def _expanded(date: str) -> str:
@@ -136,6 +142,11 @@ def _iso_durations(value: Any) -> Any:
     raise TypeError(f"cannot write numpy's timedelta64[{unit}] {value} as ISO 8601: {why}")
 
 
+def _numpys(value: Any) -> bool:
+    """Whether ``value`` is one of numpy's own (an array or a scalar)."""
+    return type(value).__module__.partition(".")[0] == "numpy"
+
+
 def _time_kind(value: Any) -> str:
     """``"datetime64"`` or ``"timedelta64"`` for a numpy value or array of that kind, else
     ``""``."""
@@ -157,7 +168,7 @@ def _listed(value: Any) -> Any:
         raise TypeError(f"cannot encode {type(value).__name__} as msgpack: {_instead(value)}")
     converted = tolist()
     name = type(value).__name__
-    numpys = type(value).__module__.partition(".")[0] == "numpy"  # else some other class's
+    numpys = _numpys(value)  # else some other class's
     # numpy's longdouble (and clongdouble) is its own tolist(), having no Python type that holds
     # it: msgspec would call this hook again, until a RecursionError.
     if type(converted) is type(value):
@@ -185,7 +196,7 @@ def _numpy_instead(kind: str) -> str:
         return (
             "return value / numpy.timedelta64(1, 's') (seconds, a float) or str(value) (str "
             "alone for a unit of months or years), or declare an output_type, which writes it "
-            "as an ISO 8601 duration"
+            "as an ISO 8601 duration (given a unit: numpy.timedelta64(5, 's'), not (5))"
         )
     return (
         "return str(value) (ISO 8601; numpy.datetime_as_string(array) for an array), or "
