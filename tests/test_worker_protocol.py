@@ -552,6 +552,15 @@ def test_a_worker_declaring_no_tensors_keeps_no_departed_worker_s_tensors_in_for
             assert metadata["inputs"] == [{"name": "b", "datatype": "INT64", "shape": [-1, 5]}]
 
 
+def left_behind(sidecar, tensors: list) -> None:
+    """A worker of `tensors` connects and leaves: its tensors stay declared, with no worker."""
+    old = FakeWorker(sidecar.socket, inputs=tensors)
+    sidecar.wait_for_log(r"worker connected")
+    old.close()
+    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
+                       what="its worker gone")  # fmt: skip
+
+
 def test_a_v2_row_queued_under_tensors_a_newcomer_replaced_is_answered_503_not_sent(sidecar, pool):
     """A v2 request queued after the last worker of tensors `x` left was read against `x`; a
     newcomer of tensors `y` was sent it as a row of `x` (PROTOCOL.md had called it a known
@@ -559,11 +568,7 @@ def test_a_v2_row_queued_under_tensors_a_newcomer_replaced_is_answered_503_not_s
     against the newcomer's tensors and served."""
     x = [{"name": "x", "datatype": "FP32", "shape": [3]}]
     y = [{"name": "y", "datatype": "INT64", "shape": [2]}]
-    old = FakeWorker(sidecar.socket, inputs=x)
-    sidecar.wait_for_log(r"worker connected")
-    old.close()
-    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
-                       what="the worker of x gone")  # fmt: skip
+    left_behind(sidecar, x)
     infer = "/v2/models/default/infer"
     of_x = {"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 3], "data": [1, 2, 3]}]}
     within = {"x-corral-timeout-ms": "8000"}
@@ -630,11 +635,7 @@ def test_16_multi_mib_v2_requests_queued_under_replaced_tensors_are_each_answere
     request of `y` sent after."""
     x = [{"name": "x", "datatype": "FP32", "shape": [65536]}]
     y = [{"name": "y", "datatype": "INT64", "shape": [2]}]
-    old = FakeWorker(sidecar.socket, inputs=x)
-    sidecar.wait_for_log(r"worker connected")
-    old.close()
-    sidecar.wait_until(lambda: sidecar.metric("corral_workers_connected", stage="default") == 0,
-                       what="the worker of x gone")  # fmt: skip
+    left_behind(sidecar, x)
     infer = "/v2/models/default/infer"
     rows = {"name": "x", "datatype": "FP32", "shape": [8, 65536], "data": [0] * (8 * 65536)}
     # Encoded once (16 threads encoding 2 MiB of JSON each took a loaded machine past the wait).

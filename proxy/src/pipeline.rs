@@ -423,6 +423,20 @@ mod tests {
         assert_eq!(queue.queued(), 0, "purged at once, not at the deadline");
     }
 
+    /// A request of `jobs` one-byte inputs run through stages `a` then `b` (60 s to live), as
+    /// its handler runs it.
+    fn run_through(
+        a: &Arc<Stage>,
+        b: &Arc<Stage>,
+        jobs: usize,
+        traffic: Traffic,
+    ) -> tokio::task::JoinHandle<Result<Vec<Outcome>, Shed>> {
+        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
+        let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); jobs];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        tokio::spawn(async move { pipeline.run(inputs, deadline, 0, traffic).await })
+    }
+
     /// Queues a high job of `stage`'s own (its answer kept by the caller): higher work that
     /// holds a lower class back.
     fn high_job(stage: &Stage) -> oneshot::Receiver<Reply> {
@@ -440,13 +454,8 @@ mod tests {
         // there, and high on the second (each stage had started it low again).
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
-        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
-        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
-        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
-        let deadline = Instant::now() + Duration::from_secs(60);
         let _high = high_job(&a);
-        let run =
-            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let run = run_through(&a, &b, 1, Traffic { class: Class::Low, ..Traffic::default() });
         while a.queued() < 2 {
             tokio::task::yield_now().await;
         }
@@ -469,11 +478,7 @@ mod tests {
         // while a high job held it back. The request goes on as high: its second job was held.
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
-        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
-        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
-        let inputs = vec![Input::new(JobId::new(), Bytes::from_static(b"\x01")); 2];
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let run = tokio::spawn(async move { pipeline.run(inputs, deadline, 0, traffic).await });
+        let run = run_through(&a, &b, 2, Traffic { class: Class::Low, ..Traffic::default() });
         let first = seat_a.next_batch().await;
         assert_eq!((first.len(), first[0].class), (1, Class::Low));
         first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));
@@ -498,12 +503,7 @@ mod tests {
         // normal work that no higher class had held back.
         let (a, b) = (Arc::new(stage("a", 100)), Arc::new(stage("b", 100)));
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
-        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
-        let traffic = Traffic { class: Class::Low, ..Traffic::default() };
-        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let run =
-            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let run = run_through(&a, &b, 1, Traffic { class: Class::Low, ..Traffic::default() });
         let first = seat_a.next_batch().await;
         assert_eq!(first[0].class, Class::Low);
         tokio::time::advance(crate::stage::DEFAULT_AGING * 2).await;
@@ -528,12 +528,7 @@ mod tests {
         let (_, epoch) = a.declared_marked();
         assert_ne!(epoch, b.declared_marked().1);
         let (seat_a, seat_b) = (a.worker_joined(), b.worker_joined());
-        let pipeline = Pipeline { stages: vec![a.clone(), b.clone()] };
-        let traffic = Traffic { tensors: Some(epoch), ..Traffic::default() };
-        let input = Input::new(JobId::new(), Bytes::from_static(b"\x01"));
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let run =
-            tokio::spawn(async move { pipeline.run(vec![input], deadline, 0, traffic).await });
+        let run = run_through(&a, &b, 1, Traffic { tensors: Some(epoch), ..Traffic::default() });
         let first = seat_a.next_batch().await;
         assert_eq!(first[0].tensors, Some(epoch));
         first.into_iter().for_each(|job| assert!(job.answer(done(b"\x02"))));

@@ -323,14 +323,16 @@ impl Queue {
     /// left the class's front request out, as it did not fit beside the higher jobs taken: a
     /// low request of four items beside one high job a batch had never aged, and expired).
     fn note_taken(&mut self, now: Instant, batch: &[Job], max: usize) {
-        let seated = |class: Class| batch.iter().any(|job| job.class <= class);
+        // The lowest class the batch seated: it seated every class from there up.
+        let lowest = batch.iter().map(|job| job.class).min();
         for class in [Class::Low, Class::Normal] {
+            let seated = lowest.is_some_and(|lowest| lowest <= class);
             let room = batch.len() < max && self.jobs.jobs_above(class) == 0;
-            if seated(class) || room {
+            if seated || room {
                 self.dry[class.index()] = Some(now);
             }
         }
-        self.jobs.taken(now, !batch.is_empty(), seated);
+        self.jobs.taken(now, lowest);
     }
 
     /// When each connected worker takes its next batch from the queue, by the learned cost: at

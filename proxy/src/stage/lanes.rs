@@ -187,13 +187,6 @@ pub struct Lanes {
     /// while it or a lower class had some queued: the workers are busy with the higher
     /// classes' work, though none may be queued now.
     left_out: [bool; 3],
-    /// The time the queue was last told (by a push or a promotion): when a class that becomes
-    /// held back by work added starts its clock. Jobs are added only with a time.
-    seen: Option<Instant>,
-    /// Whether a batch is being taken ([`Lanes::pop`] of a dispatched job until
-    /// [`Lanes::taken`]): its pops do not stop clocks (the last higher job taken would stop
-    /// the clock of a class the batch then leaves out, and restart it at the batch).
-    taking: bool,
     /// A batch's weight budget (`--max-batch-weight`; None: no budget, and no job is heavy).
     budget: Option<u64>,
 }
@@ -312,7 +305,7 @@ impl Lanes {
 
     /// Jobs queued in `class` and the classes below it.
     fn jobs_from_below(&self, class: Class) -> usize {
-        self.classes[..=class.index()].iter().map(|c| c.jobs).sum()
+        self.jobs - self.jobs_above(class)
     }
 
     /// Jobs queued in classes above `class`: every one goes before any job of `class`.
@@ -357,9 +350,6 @@ impl Lanes {
                 }
             }
         }
-        if !self.taking {
-            self.note_held(self.seen);
-        }
     }
 
     /// Whether the higher classes hold `class` back now: it has work queued, and theirs is
@@ -369,9 +359,11 @@ impl Lanes {
     }
 
     /// Starts the clock of a class the higher ones begin to hold back (at `now`), and stops
-    /// that of one they no longer do ([`Lanes::held_since`]). Checked wherever a count changes
-    /// or a batch is taken: O(1). A clock starts only as work is added or a batch is taken,
-    /// each with its time (`now`, or [`Lanes::seen`]).
+    /// that of one they no longer do ([`Lanes::held_since`]). O(1): called once a change to the
+    /// queue is whole (a request entered, promoted, evicted; dead jobs gone; a batch taken),
+    /// not per job. Not by a batch's own pops: the one that takes the last higher job would
+    /// stop the clock of a class the batch then leaves out ([`Lanes::taken`] settles them).
+    /// `now` is None where only work left: that stops clocks, never starts one.
     fn note_held(&mut self, now: Option<Instant>) {
         for class in [Class::Low, Class::Normal] {
             // What a batch left out is no longer there to be held back.
@@ -390,15 +382,14 @@ impl Lanes {
         }
     }
 
-    /// A take ended at `now`, with a batch (`some`: it found something to take) or none;
-    /// `seated(class)`: whether the batch took a job of that class or a lower one. Keeps
-    /// [`Lanes::left_out`] and [`Lanes::held_since`], once for the whole batch.
-    pub fn taken(&mut self, now: Instant, some: bool, seated: impl Fn(Class) -> bool) {
-        self.taking = false;
-        if some {
+    /// A take ended at `now`; `lowest`: the lowest class its batch seated (it seated every class
+    /// from there up), None where it found nothing to take. Keeps [`Lanes::left_out`] and
+    /// [`Lanes::held_since`], once for the whole batch.
+    pub fn taken(&mut self, now: Instant, lowest: Option<Class>) {
+        if let Some(lowest) = lowest {
             // A lower class's job left out too: promoted into this class, it is held back here.
             for class in [Class::Low, Class::Normal] {
-                self.left_out[class.index()] = self.jobs_from_below(class) > 0 && !seated(class);
+                self.left_out[class.index()] = self.jobs_from_below(class) > 0 && lowest > class;
             }
         }
         self.note_held(Some(now));
@@ -420,9 +411,9 @@ impl Lanes {
 
     fn enter(&mut self, jobs: Vec<Job>, entered: Instant, front: bool) {
         let Some(first) = jobs.first() else { return };
-        self.seen = Some(entered);
         let (class, key) = (first.class, first.tenant);
         jobs.iter().for_each(|job| self.count(class, job, 1));
+        self.note_held(Some(entered));
         let weight = jobs.iter().map(|job| u64::from(job.weight)).sum();
         let bytes = jobs.iter().map(Job::size).sum();
         let lane = self.classes[class.index()].lane(key);
@@ -502,7 +493,6 @@ impl Lanes {
         request.bytes -= job.size();
         // Only a batch starts a request (and so keeps it from eviction); a buried job does not.
         request.started |= dispatched;
-        self.taking |= dispatched;
         self.current = if request.jobs.is_empty() {
             lane.requests.pop_front();
             None
@@ -521,6 +511,10 @@ impl Lanes {
         }
         lanes.tidy(key);
         self.count(class, &job, -1);
+        // A batch's pops are settled once it is taken; a dead job's leaving now.
+        if !dispatched {
+            self.note_held(None);
+        }
         Some(job)
     }
 
@@ -534,7 +528,6 @@ impl Lanes {
     /// the class back ([`Lanes::held_since`]), whichever is later. A request overdue by several
     /// periods moves up several classes at once. Cheap when nothing is due.
     pub fn promote(&mut self, now: Instant, aging: Duration) {
-        self.seen = Some(now);
         if self.next_promotion.is_none_or(|at| at + aging > now) {
             return;
         }
@@ -577,15 +570,14 @@ impl Lanes {
                     // request of that class came, an overdue request climbed one class a
                     // look, not several at once).
                     request.entered = entered + aging;
-                    self.seen = Some(request.entered);
-                    // Counted up before down: the class below never sees the work above it gone
-                    // for a moment (its clock had restarted at the promotion).
+                    // Settled once the whole request moved: the class below never sees the work
+                    // above it gone for a moment (its clock had restarted at the promotion).
                     for job in request.jobs.iter_mut() {
                         self.count(up, job, 1);
                         self.count(class, job, -1);
                         job.class = up;
                     }
-                    self.seen = Some(now);
+                    self.note_held(Some(request.entered));
                     let clock = &mut self.held_since[up.index()];
                     *clock = clock.map(|since| since.min(request.entered));
                     if up != Class::High {
@@ -680,12 +672,14 @@ impl Lanes {
             }
         }
         let evicted = evicted.into_iter().flatten();
-        evicted
+        let evicted = evicted
             .map(|(lower, request)| {
                 request.jobs.iter().for_each(|job| self.count(lower, job, -1));
                 request.jobs.into()
             })
-            .collect()
+            .collect();
+        self.note_held(None);
+        evicted
     }
 
     /// The job that has waited longest (an O(tenants) scan over the lanes' fronts).
@@ -743,12 +737,15 @@ impl Lanes {
                 lanes.tidy(key);
             }
         }
-        gone.into_iter()
+        let gone = gone
+            .into_iter()
             .map(|(class, job)| {
                 self.count(class, &job, -1);
                 job
             })
-            .collect()
+            .collect();
+        self.note_held(None);
+        gone
     }
 
     /// Empties the queue (the proxy is stopping).

@@ -382,10 +382,17 @@ impl State {
         }
     }
 
-    /// The first chunk or result of a batch: the stage learns its time to first chunk.
-    fn heard_from(&mut self, seat: &WorkerSeat<'_>, frame: u64) {
-        if let Some(pending) = self.first.remove(&frame) {
-            seat.first_chunk(pending.weight, pending.size, pending.sent.elapsed(), self.joins);
+    /// The first chunk or result of a batch (`frame`, of those waiting for theirs in `first`):
+    /// the stage learns its time to first chunk. Over the fields it reads, so that a caller
+    /// holding one of `held`'s entries need not look it up again.
+    fn heard_from(
+        first: &mut HashMap<u64, Pending>,
+        joins: bool,
+        seat: &WorkerSeat<'_>,
+        frame: u64,
+    ) {
+        if let Some(pending) = first.remove(&frame) {
+            seat.first_chunk(pending.weight, pending.size, pending.sent.elapsed(), joins);
         }
     }
 
@@ -414,8 +421,8 @@ impl State {
             // Its batch's first chunk came now, whatever becomes of it: a broken one, or one for
             // a job answered already, had been skipped here, and the batch's time to first
             // chunk taken at its `end` (a whole stream's time, learnt by admission).
-            self.heard_from(seat, self.held[&chunk.id].frame);
             let held = self.held.get_mut(&chunk.id).expect("checked above");
+            Self::heard_from(&mut self.first, self.joins, seat, held.frame);
             let Some(job) = held.job.as_ref() else { continue };
             // Checked as an `ok` result's data is: a chunk that is not one well-formed msgpack
             // value fails its job alone, rather than reach the client as a broken answer.
@@ -534,7 +541,7 @@ impl State {
                     }
                 }
             } else {
-                self.heard_from(seat, held.frame);
+                Self::heard_from(&mut self.first, self.joins, seat, held.frame);
             }
             let Some(job) = held.job else { continue };
             let acknowledged = result.status == ResultStatus::End && result.data.is_none();

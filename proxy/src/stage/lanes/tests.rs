@@ -174,7 +174,7 @@ fn a_tenant_s_backlog_its_class_is_served_from_is_not_promoted_past_another_tena
     lanes.promote(now, aging);
     assert_eq!(lanes.jobs_in(Class::High), 0);
     assert_eq!(names([lanes.pop(true).unwrap(), lanes.pop(true).unwrap()]), ["a0", "b"]);
-    lanes.taken(now, true, |_| true);
+    lanes.taken(now, Some(Class::Low));
     // Held back by a higher class from when its work came, it climbs as before.
     one(&mut lanes, "h", Class::High, None, now);
     lanes.promote(now + aging, aging);
@@ -191,13 +191,13 @@ fn a_class_waiting_only_for_a_busy_worker_is_not_held_back() {
     one(&mut lanes, "taken", Class::Low, None, start);
     one(&mut lanes, "waits", Class::Low, None, start);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["taken"]);
-    lanes.taken(start, true, |_| true);
+    lanes.taken(start, Some(Class::Low));
     lanes.promote(start + aging * 5, aging);
     assert_eq!(lanes.jobs_in(Class::Low), 1, "not held back: the worker is busy with its class");
     // A batch of higher work that leaves it out holds it back from then.
     one(&mut lanes, "high", Class::High, None, start + aging * 5);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
-    lanes.taken(start + aging * 5, true, |class| class == Class::High);
+    lanes.taken(start + aging * 5, Some(Class::High));
     lanes.promote(start + aging * 6, aging);
     assert_eq!(lanes.jobs_in(Class::Normal), 1, "held back a period by the high batch");
 }
@@ -217,7 +217,7 @@ fn high_batch(lanes: &mut Lanes, at: Instant) {
     for _ in 0..4 {
         assert_eq!(lanes.pop(true).unwrap().class, Class::High);
     }
-    lanes.taken(at, true, |class| class == Class::High);
+    lanes.taken(at, Some(Class::High));
 }
 
 #[test]
@@ -242,7 +242,7 @@ fn what_a_batch_left_out_holds_nothing_back_once_it_is_gone() {
     one(&mut lanes, "high", Class::High, None, start);
     one(&mut lanes, "gone", Class::Low, None, start);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
-    lanes.taken(start, true, |class| class == Class::High);
+    lanes.taken(start, Some(Class::High));
     assert_eq!(names(lanes.remove_dead(|_| true)), ["gone"]);
     one(&mut lanes, "later", Class::Low, None, start + SECOND);
     lanes.promote(start + aging * 5, aging);
@@ -271,7 +271,7 @@ fn a_promotion_out_of_the_class_above_does_not_restart_the_clock_below() {
     one(&mut lanes, "high", Class::High, None, start);
     one(&mut lanes, "normal", Class::Normal, None, start);
     assert_eq!(names([lanes.pop(true).unwrap()]), ["high"]);
-    lanes.taken(start, true, |class| class == Class::High);
+    lanes.taken(start, Some(Class::High));
     one(&mut lanes, "low", Class::Low, None, start + SECOND);
     lanes.promote(start + SECOND * 5, aging);
     assert_eq!(lanes.jobs_in(Class::High), 1, "the normal job, due at 4 s");
