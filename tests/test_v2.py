@@ -823,3 +823,19 @@ def test_a_worker_without_declarations_echoes_uint64_rows_past_int64s_range(corr
         (output,) = answer.json()["outputs"]
         assert (output["datatype"], output["shape"]) == ("UINT64", [100, 1])
         assert output["data"] == [v for row in values for v in row]
+
+
+def test_a_row_past_one_frame_is_a_413_in_v2_terms(corral_factory):
+    """A row whose payload would not fit the worker protocol's 64 MiB frame (README: 413) is
+    refused before it is queued, naming the row and what to send instead, and the proxy serves on
+    (a promise with no test before: it needs a row of 64 MiB)."""
+    elements = (64 << 20) // 4 + 1024  # FP32: a little more than one frame's bytes
+    header = {"inputs": [{"name": "X", "shape": [1, elements], "datatype": "FP32",
+                          "parameters": {"binary_data_size": elements * 4}}]}  # fmt: skip
+    proxy = corral_factory("--max-body-bytes=100000000")  # a worker that declares no tensors
+    answer = post(proxy, INFER, header, bytes(elements * 4), timeout=120)
+    assert answer.status_code == 413, answer.text[:300]
+    message = answer.json()["error"]
+    assert message.startswith("row 0 of the inputs takes"), message
+    assert "send fewer elements per row, in more rows of the batch dimension" in message
+    assert proxy.post({"after": 1}).json()["echo"] == {"after": 1}

@@ -66,15 +66,26 @@ pub fn check_item_count(route: &Route, count: usize) -> Result<(), ApiError> {
 ///
 /// [`Input::size`]: crate::pipeline::Input::size
 pub fn check_payload_size(app: &App, route: &Route, size: usize) -> Result<(), ApiError> {
+    // A raw body's media type travels with it: counted, and said (the message had spoken of
+    // the payload alone, refused 24 bytes under the limit it named).
+    check_payload_size_said(app, route, size, |limit| {
+        format!(
+            "an item is larger than {limit} bytes once encoded as msgpack (with its media type, \
+             for raw bytes)"
+        )
+    })
+}
+
+/// [`check_payload_size`], its 413 told in a protocol's own terms by `said(limit)`.
+pub fn check_payload_size_said(
+    app: &App,
+    route: &Route,
+    size: usize,
+    said: impl FnOnce(usize) -> String,
+) -> Result<(), ApiError> {
     let limit = route.pipeline.first().settings().max_job_bytes;
     if size <= limit {
         return Ok(());
     }
-    // A raw body's media type travels with it: counted, and said (the message had spoken of
-    // the payload alone, refused 24 bytes under the limit it named).
-    let message = format!(
-        "an item is larger than {limit} bytes once encoded as msgpack (with its media type, \
-         for raw bytes)"
-    );
-    Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) })
+    Err(ApiError { message: said(limit), ..ApiError::body_too_large(app.max_body_bytes) })
 }

@@ -397,15 +397,15 @@ async fn infer(
     drop(body);
     // A row past a job's size, told in a v2 client's terms (the shared check speaks of items
     // encoded as msgpack, which a tritonclient user never sends).
-    let limit = route.pipeline.first().settings().max_job_bytes;
-    if let Some((row, payload)) = payloads.iter().enumerate().find(|(_, p)| p.len() > limit) {
-        let message = format!(
-            "row {row} of the inputs takes {} bytes as its worker is sent it, more than one \
-             row may ({limit}: what the worker protocol's 64 MiB frame carries of it): send \
-             fewer elements per row, in more rows of the batch dimension",
-            payload.len()
-        );
-        return Err(ApiError { message, ..ApiError::body_too_large(app.max_body_bytes) });
+    for (row, payload) in payloads.iter().enumerate() {
+        infer::check_payload_size_said(app, route, payload.len(), |limit| {
+            format!(
+                "row {row} of the inputs takes {} bytes as its worker is sent it, more than one \
+                 row may ({limit}: what the worker protocol's 64 MiB frame carries of it): send \
+                 fewer elements per row, in more rows of the batch dimension",
+                payload.len()
+            )
+        })?;
     }
     // A large row not in one piece of the shared memory (several rows or inputs, or a body that
     // did not go there) is gathered into a slot of its own, here on the request's task, so that
